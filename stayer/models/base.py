@@ -1,0 +1,78 @@
+"""The provider-neutral shapes every model adapter speaks, and the Model protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from stayer.errors import ConfigError  # noqa: F401  (re-exported)
+from stayer.usage import Usage
+
+Role = Literal["user", "assistant", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # raw JSON text as the model produced it; may be malformed
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One history entry. The system prompt and tool schemas live in the request prefix."""
+
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None  # set on role == "tool"
+    is_error: bool = False  # a tool result that reports a failure
+    kind: str = ""  # retention hint for context policies: task, observation, note, ...
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters: dict[str, Any]  # JSON schema of the arguments object
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    system: str
+    tools: list[ToolSpec]
+    messages: list[Message]
+    max_tokens: int = 4096
+    # Indices into ``messages`` after which an Anthropic cache breakpoint goes. The context
+    # layer decides; adapters for providers with automatic caching ignore them.
+    cache_breakpoints: list[int] = field(default_factory=list)
+    cache_key: str | None = None  # OpenAI prompt_cache_key (the run id)
+    service_tier: str | None = None
+    # Timestamp of the request on the caller's clock (seconds). The simulator uses it for
+    # cache TTLs so that tests and replays are deterministic.
+    now: float | None = None
+
+
+@dataclass(slots=True)
+class ModelResponse:
+    message: Message  # role == "assistant"
+    usage: Usage
+    raw_usage: dict[str, Any]  # the provider's own usage object, field names untouched
+    model: str  # model id as reported by the provider
+    latency_s: float
+    stop_reason: str = ""
+    service_tier: str | None = None
+
+
+class Model(Protocol):
+    """A chat model with tools. ``spec`` is the name the user gave (``anthropic:claude-…``)."""
+
+    spec: str
+    provider: str  # genai-prices provider id: anthropic, openai, deepseek, google, ...
+    model_id: str
+
+    async def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+
+class ModelError(Exception):
+    """A model call that failed after retries (or could not be attempted)."""

@@ -1,0 +1,30 @@
+"""The Tool protocol and what a tool call returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from stayer.models.base import ToolSpec
+from stayer.sandbox.base import Sandbox
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    output: str
+    is_error: bool = False
+    submitted: bool = False  # the agent called ``submit``: the loop ends after this step
+
+
+@dataclass(slots=True)
+class ToolContext:
+    sandbox: Sandbox
+    workspace: str  # host path of the directory mounted at /app
+    output_token_budget: int = 4096  # tool output beyond this is cut (head + tail)
+    command_timeout: float = 120.0
+
+
+class Tool(Protocol):
+    spec: ToolSpec
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...
