@@ -47,6 +47,7 @@ class ModelRequest:
     # layer decides; adapters for providers with automatic caching ignore them.
     cache_breakpoints: list[int] = field(default_factory=list)
     cache_key: str | None = None  # OpenAI prompt_cache_key (the run id)
+    cache_ttl: Literal["5m", "1h"] = "5m"  # Anthropic cache_control ttl
     service_tier: str | None = None
     # Timestamp of the request on the caller's clock (seconds). The simulator uses it for
     # cache TTLs so that tests and replays are deterministic.

@@ -1,0 +1,216 @@
+"""The agent loop: assemble → reserve → call → record → act, until submit or a limit.
+
+Everything that decides cost lives below this file: the prompt layout (``context``),
+prices (``pricing``), the budget (``guard``), the model adapters (``models``) and the
+sandboxed tools (``tools``). This file only wires them together, one step at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from stayer.context.layout import Context, MessageCounter
+from stayer.guard.budget import Budget, Reservation
+from stayer.models.base import Message, Model, ModelError, ToolCall
+from stayer.pricing import Cost, PriceBook
+from stayer.tools import run_tool
+from stayer.tools.base import Tool, ToolContext
+from stayer.usage import Usage
+
+SYSTEM_PROMPT = """\
+You are an autonomous software agent working in a Linux sandbox without network access.
+The task's workspace is /app; your commands run there. Work step by step with the tools:
+inspect before you change, keep command output short (use head, tail, grep), and check your
+work by running it. Tool output that is too long is cut, and the full text is saved in a
+file whose path the cut marker names. When the task is done, call `submit` with a one-line
+summary. You cannot ask questions: decide, act, and verify."""
+
+NUDGE = "No tool was called. Continue working with the tools, or call `submit` when the task is done."
+
+# Our token counts come from one tokenizer; providers' differ by a few percent. The budget
+# reserves with this margin so that a count that is slightly low cannot overshoot a cap.
+TOKEN_MARGIN = Decimal("1.2")
+# A call that cannot afford this much output is not worth making: the run winds down instead.
+MIN_OUTPUT_TOKENS = 256
+MTOK = Decimal(1_000_000)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_steps: int = 50
+    max_cost: Decimal | None = None
+    max_output_tokens: int = 8192  # per model call
+    service_tier: str | None = None
+
+
+@dataclass
+class LedgerEntry:
+    step: int
+    model: str
+    usage: Usage
+    cost: Cost
+    context_tokens: int
+    latency_s: float
+    tool_calls: list[dict[str, Any]]
+    cache_break: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "model": self.model,
+            "usage": self.usage.to_dict(),
+            "cost_usd": self.cost.to_json(),
+            "cache_hit_ratio": round(self.usage.cache_hit_ratio, 4),
+            "context_tokens": self.context_tokens,
+            "latency_s": round(self.latency_s, 4),
+            "tool_calls": self.tool_calls,
+            "tool_errors": sum(1 for c in self.tool_calls if c["is_error"]),
+            "cache_break": self.cache_break,
+        }
+
+
+@dataclass
+class RunResult:
+    status: str  # submitted, budget_exhausted, error
+    steps: int = 0
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: Decimal | None = Decimal(0)  # None: some step's price is unknown
+    ledger: list[LedgerEntry] = field(default_factory=list)
+    summary: str = ""
+    error: str | None = None
+    stop_reason: str = ""
+
+
+class Agent:
+    def __init__(
+        self,
+        model: Model,
+        tools: Sequence[Tool],
+        prices: PriceBook,
+        tool_context: ToolContext,
+        counter: MessageCounter,
+        limits: Limits = Limits(),
+        *,
+        system_prompt: str = SYSTEM_PROMPT,
+        on_step: Callable[[LedgerEntry], None] | None = None,
+        on_message: Callable[[Message], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.tools = {t.spec.name: t for t in tools}
+        self.prices = prices
+        self.tool_context = tool_context
+        self.counter = counter
+        self.limits = limits
+        self.system_prompt = system_prompt
+        self.on_step = on_step or (lambda e: None)
+        self.on_message = on_message or (lambda m: None)
+
+    def reserve(self, budget: Budget, prompt_tokens: int) -> tuple[Reservation, int] | None:
+        """Reserve the call's worst case: the whole prompt at the dearest input rate plus its
+        ``max_tokens`` of output. When the budget cannot cover the usual ``max_tokens``, the
+        call gets a smaller one (never below MIN_OUTPUT_TOKENS), so the cap still holds."""
+        max_out = self.limits.max_output_tokens
+        rates = self.prices.rates(
+            self.model.model_id, self.model.provider, self.limits.service_tier, prompt_tokens
+        )
+        if rates is None:  # only without a cap: a cap on unknown prices is refused up front
+            r = budget.reserve(Decimal(0))
+            return None if r is None else (r, max_out)
+        # The context layer writes with the default 5-minute TTL.
+        dearest_input = max(rates.input, rates.cache_write_5m)
+        input_cost = Decimal(prompt_tokens) * TOKEN_MARGIN * dearest_input / MTOK
+        available = budget.available
+        if available is not None and rates.output > 0:
+            affordable = int((available - input_cost) * MTOK / rates.output)
+            max_out = min(max_out, affordable)
+        if max_out < MIN_OUTPUT_TOKENS:
+            return None
+        r = budget.reserve(input_cost + max_out * rates.output / MTOK)
+        return None if r is None else (r, max_out)
+
+    async def run(self, instruction: str, run_id: str, history: Sequence[Message] = ()) -> RunResult:
+        """Run until submit or a limit. ``history`` continues an earlier context."""
+        ctx = Context(self.system_prompt, [t.spec for t in self.tools.values()], instruction, self.counter)
+        for m in history:
+            ctx.append(m)
+        for m in ctx.messages:
+            self.on_message(m)
+        budget = Budget(self.limits.max_cost)
+        result = RunResult(status="budget_exhausted", stop_reason="max_steps")
+        for step in range(1, self.limits.max_steps + 1):
+            context_tokens = ctx.tokens
+            held = self.reserve(budget, context_tokens)
+            if held is None:
+                result.stop_reason = "max_cost"
+                break
+            reservation, max_tokens = held
+            request = ctx.request(
+                max_tokens=max_tokens,
+                cache_key=run_id,
+                service_tier=self.limits.service_tier,
+                now=time.time(),
+            )
+            try:
+                response = await self.model.complete(request)
+            except ModelError as e:
+                budget.release(reservation)
+                result.status, result.error, result.stop_reason = "error", str(e), "model_error"
+                break
+            cost = self.prices.cost(
+                response.usage, self.model.model_id, self.model.provider, response.service_tier
+            )
+            budget.settle(reservation, cost.total if cost.total is not None else reservation.amount)
+            ctx.append(response.message)
+            self.on_message(response.message)
+
+            calls, submitted = await self._act(ctx, response.message.tool_calls, result)
+            entry = LedgerEntry(
+                step=step,
+                model=self.model.spec,
+                usage=response.usage,
+                cost=cost,
+                context_tokens=context_tokens,
+                latency_s=response.latency_s,
+                tool_calls=calls,
+            )
+            result.steps = step
+            result.usage += response.usage
+            if result.cost_usd is not None:
+                result.cost_usd = None if cost.total is None else result.cost_usd + cost.total
+            result.ledger.append(entry)
+            self.on_step(entry)
+            if submitted:
+                result.status, result.stop_reason = "submitted", "submit"
+                break
+        return result
+
+    async def _act(
+        self, ctx: Context, calls: tuple[ToolCall, ...], result: RunResult
+    ) -> tuple[list[dict[str, Any]], bool]:
+        if not calls:
+            nudge = Message(role="user", content=NUDGE, kind="nudge")
+            ctx.append(nudge)
+            self.on_message(nudge)
+            return [], False
+        records: list[dict[str, Any]] = []
+        submitted = False
+        for call in calls:
+            out = await run_tool(self.tools, call, self.tool_context)
+            message = Message(
+                role="tool",
+                content=out.output,
+                tool_call_id=call.id,
+                is_error=out.is_error,
+                kind="observation",
+            )
+            ctx.append(message)
+            self.on_message(message)
+            records.append({"id": call.id, "name": call.name, "is_error": out.is_error})
+            if out.submitted:
+                submitted = True
+                result.summary = out.output
+        return records, submitted

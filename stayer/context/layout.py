@@ -1,0 +1,104 @@
+"""Prompt layout: a stable prefix followed by an append-only history.
+
+The prefix (system prompt, tool schemas sorted by name and serialised canonically, the
+task instruction) is byte-identical on every step, and history is only ever appended, so
+each request's prompt starts with the whole previous prompt: with prefix caching, a step
+pays cache-read prices for everything it has already sent. Anthropic needs explicit
+breakpoints: one at the end of the prefix (it survives any later history compaction) and
+one rolling at the last message (each step reads the previous step's write).
+
+Every message is counted once, when appended; the context's size is a running sum.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from stayer.context.tokens import TokenCounter
+from stayer.models.base import Message, ModelRequest, ToolSpec
+
+
+def canonical_tools(tools: Iterable[ToolSpec]) -> str:
+    """Tool schemas as one canonical string: sorted by name, keys sorted, no whitespace
+    variation. Any change here is a cache break for the whole prompt."""
+    return json.dumps(
+        [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def render_message(m: Message) -> str:
+    """The text of a message as billed: role, content and tool calls."""
+    parts = [m.role, m.content]
+    for c in m.tool_calls:
+        parts.append(f"{c.name} {c.arguments}")
+    return "\n".join(parts)
+
+
+class MessageCounter:
+    """Counts each distinct message once. Messages are frozen, so they key a dict directly;
+    the simulator and the context share one instance and never count a message twice."""
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = counter
+        self._cache: dict[Message, int] = {}
+        self._text_cache: dict[str, int] = {}
+
+    def message(self, m: Message) -> int:
+        n = self._cache.get(m)
+        if n is None:
+            n = self._cache[m] = self.counter.count(render_message(m)) + 4  # role/framing overhead
+        return n
+
+    def text(self, s: str) -> int:
+        n = self._text_cache.get(s)
+        if n is None:
+            n = self._text_cache[s] = self.counter.count(s)
+        return n
+
+
+class Context:
+    def __init__(
+        self,
+        system: str,
+        tools: Iterable[ToolSpec],
+        instruction: str,
+        counter: MessageCounter,
+    ) -> None:
+        self.system = system
+        self.tools = sorted(tools, key=lambda t: t.name)
+        self.counter = counter
+        self.tools_text = canonical_tools(self.tools)
+        self.prefix_tokens = counter.text(system) + counter.text(self.tools_text)
+        self.messages: list[Message] = []
+        self.tokens = self.prefix_tokens
+        self.append(Message(role="user", content=instruction, kind="task"))
+        self.prefix_messages = 1  # the task instruction belongs to the stable prefix
+
+    def append(self, m: Message) -> None:
+        self.messages.append(m)
+        self.tokens += self.counter.message(m)
+
+    def request(
+        self,
+        *,
+        max_tokens: int,
+        cache_key: str | None = None,
+        service_tier: str | None = None,
+        now: float | None = None,
+    ) -> ModelRequest:
+        last = len(self.messages) - 1
+        breakpoints = [self.prefix_messages - 1] + ([last] if last >= self.prefix_messages else [])
+        return ModelRequest(
+            system=self.system,
+            tools=self.tools,
+            messages=list(self.messages),
+            max_tokens=max_tokens,
+            cache_breakpoints=breakpoints,
+            cache_key=cache_key,
+            service_tier=service_tier,
+            now=now,
+        )

@@ -1,0 +1,41 @@
+"""Model names → adapters: ``anthropic:<id>``, ``openai:<id>`` (Responses API),
+``openai-chat:<id>`` (Chat Completions; with ``base_url`` any OpenAI-compatible server such
+as vLLM, Ollama or DeepSeek), and ``sim:<id>`` (the offline simulator)."""
+
+from __future__ import annotations
+
+from stayer.errors import ConfigError
+from stayer.models.base import Model
+
+PROVIDERS = ("anthropic", "openai", "openai-chat", "sim")
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    kind, sep, model_id = spec.partition(":")
+    if not sep or not model_id:
+        raise ConfigError(
+            f"--model {spec}: expected PROVIDER:MODEL_ID with PROVIDER one of {', '.join(PROVIDERS)} "
+            "(e.g. sim:claude-sonnet-4-5, anthropic:claude-sonnet-4-5, openai:gpt-5)"
+        )
+    if kind not in PROVIDERS:
+        raise ConfigError(f"--model {spec}: unknown provider {kind!r}; use one of {', '.join(PROVIDERS)}")
+    return kind, model_id
+
+
+def make_real_model(spec: str, *, base_url: str | None = None) -> Model:
+    """A model that calls a provider's API (the simulator is built by the caller, which
+    knows the task that its policy plays)."""
+    kind, model_id = split_spec(spec)
+    if kind == "anthropic":
+        from stayer.models.anthropic import AnthropicModel
+
+        return AnthropicModel(model_id, base_url=base_url)
+    if kind == "openai":
+        from stayer.models.openai import OpenAIResponsesModel
+
+        return OpenAIResponsesModel(model_id, base_url=base_url)
+    if kind == "openai-chat":
+        from stayer.models.openai import OpenAIChatModel
+
+        return OpenAIChatModel(model_id, base_url=base_url)
+    raise ConfigError(f"--model {spec}: the simulator is not a real provider")

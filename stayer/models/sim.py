@@ -1,0 +1,297 @@
+"""The offline provider simulator: a provider in everything but intelligence.
+
+``sim:<model-id>`` counts the tokens of the real request, applies that provider's
+documented prompt-caching rules, reports usage in the provider's own field names (so it
+goes through the same normalisation and pricing as a real call), and waits a modelled
+latency. What the model *does* comes from a policy (``stayer.models.sim_policies``).
+
+Caching is modelled at segment boundaries: the request is the sequence
+``[tool schemas, system prompt, message 1, message 2, …]``; each boundary has a
+fingerprint chained over every segment before it, so two requests share a cached prefix
+exactly when their leading segments are identical. A prefix that diverges inside a segment
+is treated as diverging at that segment's start (never over-reporting a hit).
+
+Rules (from the providers' documentation):
+
+* Anthropic — explicit ``cache_control`` breakpoints (≤ 4). A breakpoint's prefix is
+  written when it is at least the model's minimum cacheable length (1,024 tokens for
+  Sonnet 4.5 / Opus 4.1 and older; 2,048 for Sonnet 4.6 and Haiku 3.x; 4,096 for Opus
+  4.5+ and Haiku 4.5). A read is the longest cached prefix ending at a block boundary
+  within 20 blocks before a breakpoint. Entries live 5 minutes (or 1 hour with
+  ``ttl: "1h"``), refreshed on every hit. Usage: ``input_tokens`` (uncached remainder),
+  ``cache_creation_input_tokens`` with its 5 m / 1 h split, ``cache_read_input_tokens``.
+* OpenAI — automatic for prompts of at least 1,024 tokens; hits count in 128-token
+  increments (1,024, 1,152, …); routed by ``prompt_cache_key``; entries live about 5–10
+  minutes of inactivity (5 modelled). Usage: Responses API ``input_tokens_details``.
+* DeepSeek — automatic disk cache in 64-token units (context caching on disk); usage
+  ``prompt_cache_hit_tokens`` / ``prompt_cache_miss_tokens``.
+* Google Gemini — implicit caching from 1,024 tokens (Flash) / 2,048 (Pro);
+  ``cachedContentTokenCount``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from stayer.context.layout import MessageCounter, canonical_tools
+from stayer.errors import ConfigError
+from stayer.models.base import Message, ModelRequest, ModelResponse
+from stayer.usage import Usage
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRules:
+    mode: Literal["explicit", "automatic"]
+    min_tokens: int
+    increment: int = 1  # granularity of an automatic hit, counted from min_tokens
+    ttl_s: float = 300.0
+    lookback_blocks: int = 20  # explicit mode: how far before a breakpoint a hit is found
+    usage_shape: Literal["anthropic", "openai_responses", "deepseek", "gemini"] = "anthropic"
+
+
+def provider_of(model_id: str) -> str:
+    """The provider whose rules a ``sim:`` model follows, from its model family."""
+    m = model_id.lower()
+    if m.startswith("claude"):
+        return "anthropic"
+    if m.startswith(("gpt-", "o1", "o3", "o4", "codex")):
+        return "openai"
+    if m.startswith("deepseek"):
+        return "deepseek"
+    if m.startswith("gemini"):
+        return "google"
+    raise ConfigError(
+        f"--model sim:{model_id}: unknown model family; use a real model id such as "
+        "sim:claude-sonnet-4-5, sim:gpt-5, sim:deepseek-chat or sim:gemini-2.5-flash"
+    )
+
+
+def cache_rules(provider: str, model_id: str) -> CacheRules:
+    m = model_id.lower()
+    if provider == "anthropic":
+        if any(k in m for k in ("opus-4-5", "opus-4-6", "haiku-4-5")):
+            minimum = 4096
+        elif "sonnet-4-6" in m or "haiku" in m:
+            minimum = 2048
+        else:
+            minimum = 1024
+        return CacheRules("explicit", minimum, usage_shape="anthropic")
+    if provider == "openai":
+        return CacheRules("automatic", 1024, increment=128, usage_shape="openai_responses")
+    if provider == "deepseek":
+        return CacheRules("automatic", 64, increment=64, ttl_s=3600.0, usage_shape="deepseek")
+    if provider == "google":
+        return CacheRules("automatic", 2048 if "pro" in m else 1024, usage_shape="gemini")
+    raise ConfigError(f"no caching rules for provider {provider!r}")
+
+
+@dataclass(slots=True)
+class CacheOutcome:
+    total: int
+    read: int
+    write_5m: int = 0
+    write_1h: int = 0
+
+
+class ProviderCache:
+    """The provider's cache state for one model: boundary fingerprint → expiry time."""
+
+    def __init__(self, rules: CacheRules) -> None:
+        self.rules = rules
+        self.entries: dict[int, float] = {}
+        # Fingerprints of the previous request, reused when its messages reappear
+        # unchanged (by identity), so a step costs O(new messages), not O(history).
+        self._prev_segments: list[object] = []
+        self._prev_fps: list[int] = []
+
+    def fingerprints(self, segments: list[object]) -> list[int]:
+        prev, fps = self._prev_segments, self._prev_fps
+        n = 0
+        limit = min(len(prev), len(segments))
+        while n < limit and prev[n] is segments[n]:
+            n += 1
+        out = fps[:n]
+        h = out[-1] if out else 0
+        for seg in segments[n:]:
+            h = hash((h, seg))
+            out.append(h)
+        self._prev_segments, self._prev_fps = segments, out
+        return out
+
+    def _alive(self, fp: int, now: float) -> bool:
+        exp = self.entries.get(fp)
+        return exp is not None and exp > now
+
+    def apply(
+        self,
+        segments: list[object],
+        cum: list[int],
+        breakpoints: list[int],
+        now: float,
+        ttl: str = "5m",
+    ) -> CacheOutcome:
+        """Account one request: what it reads, what it writes; update the cache."""
+        fps = self.fingerprints(segments)
+        total = cum[-1]
+        r = self.rules
+        if r.mode == "explicit":
+            ttl_s = 3600.0 if ttl == "1h" else r.ttl_s
+            read_at = -1
+            for bp in breakpoints:
+                for j in range(bp, max(bp - r.lookback_blocks, 0) - 1, -1):
+                    if self._alive(fps[j], now):
+                        read_at = max(read_at, j)
+                        break
+            read = cum[read_at] if read_at >= 0 else 0
+            if read_at >= 0:
+                self.entries[fps[read_at]] = now + ttl_s
+            eligible = [bp for bp in breakpoints if cum[bp] >= r.min_tokens and bp > read_at]
+            written = 0
+            if eligible:
+                written = cum[max(eligible)] - read
+                for bp in eligible:
+                    self.entries[fps[bp]] = now + ttl_s
+            if ttl == "1h":
+                return CacheOutcome(total, read, write_1h=written)
+            return CacheOutcome(total, read, write_5m=written)
+
+        # Automatic prefix caching: the longest live prefix, rounded down to the provider's
+        # increments; then every boundary of this prompt is cached (if it is long enough).
+        matched = 0
+        for j in range(len(fps) - 1, -1, -1):
+            if self._alive(fps[j], now):
+                matched = cum[j]
+                break
+        read = 0
+        if matched >= r.min_tokens:
+            read = r.min_tokens + (matched - r.min_tokens) // r.increment * r.increment
+        if total >= r.min_tokens:
+            exp = now + r.ttl_s
+            for fp in fps:
+                self.entries[fp] = exp
+        return CacheOutcome(total, read)
+
+
+def provider_usage(shape: str, c: CacheOutcome, output: int, reasoning: int = 0) -> dict[str, Any]:
+    """The usage object exactly as that provider's API would report it."""
+    if shape == "anthropic":
+        written = c.write_5m + c.write_1h
+        return {
+            "input_tokens": c.total - c.read - written,
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": c.read,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": c.write_5m,
+                "ephemeral_1h_input_tokens": c.write_1h,
+            },
+            "output_tokens": output,
+        }
+    if shape == "openai_responses":
+        return {
+            "input_tokens": c.total,
+            "input_tokens_details": {"cached_tokens": c.read},
+            "output_tokens": output,
+            "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": c.total + output,
+        }
+    if shape == "deepseek":
+        return {
+            "prompt_tokens": c.total,
+            "completion_tokens": output,
+            "total_tokens": c.total + output,
+            "prompt_cache_hit_tokens": c.read,
+            "prompt_cache_miss_tokens": c.total - c.read,
+            "completion_tokens_details": {"reasoning_tokens": reasoning},
+        }
+    return {
+        "promptTokenCount": c.total,
+        "cachedContentTokenCount": c.read,
+        "candidatesTokenCount": output - reasoning,
+        "thoughtsTokenCount": reasoning,
+        "totalTokenCount": c.total + output,
+    }
+
+
+_NORMALISE: dict[str, Callable[[dict[str, Any]], Usage]] = {
+    "anthropic": Usage.from_anthropic,
+    "openai_responses": Usage.from_openai_responses,
+    "deepseek": Usage.from_deepseek,
+    "gemini": Usage.from_gemini,
+}
+
+
+class SimPolicy(Protocol):
+    """Decides what the simulated model says next, given the request it received."""
+
+    def next_message(self, request: ModelRequest) -> Message: ...
+
+
+class SimModel:
+    def __init__(
+        self,
+        model_id: str,
+        policy: SimPolicy,
+        counter: MessageCounter,
+        *,
+        latency_s: float = 0.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.model_id = model_id
+        self.spec = f"sim:{model_id}"
+        self.provider = provider_of(model_id)
+        self.rules = cache_rules(self.provider, model_id)
+        self.policy = policy
+        self.counter = counter
+        self.latency_s = latency_s
+        self.clock = clock
+        self._caches: dict[str | None, ProviderCache] = {}
+        self._tools_key: tuple[int, str] | None = None
+
+    def _tools_text(self, request: ModelRequest) -> str:
+        # Serialising the schemas is the one per-step cost that grows with the tool set,
+        # not the history; memoise it on the (immutable) tool list's identity.
+        key = id(request.tools)
+        if self._tools_key is None or self._tools_key[0] != key:
+            self._tools_key = (key, canonical_tools(request.tools))
+        return self._tools_key[1]
+
+    def account(self, request: ModelRequest) -> CacheOutcome:
+        """Token counts and cache outcome of ``request`` (no latency, no reply)."""
+        tools_text = self._tools_text(request)
+        segments: list[object] = [tools_text, request.system, *request.messages]
+        cum: list[int] = []
+        running = 0
+        for seg in segments:
+            running += (
+                self.counter.text(seg) if isinstance(seg, str) else self.counter.message(seg)  # type: ignore[arg-type]
+            )
+            cum.append(running)
+        # A breakpoint after message i ends segment i + 2; -1 marks the end of the system.
+        bps = sorted({min(b + 2, len(segments) - 1) for b in request.cache_breakpoints})
+        cache = self._caches.setdefault(
+            request.cache_key if self.rules.mode == "automatic" else None, ProviderCache(self.rules)
+        )
+        now = request.now if request.now is not None else self.clock()
+        return cache.apply(segments, cum, bps, now, request.cache_ttl)
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        started = time.perf_counter()
+        outcome = self.account(request)
+        message = self.policy.next_message(request)
+        output = self.counter.message(message)
+        raw = provider_usage(self.rules.usage_shape, outcome, output)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        return ModelResponse(
+            message=message,
+            usage=_NORMALISE[self.rules.usage_shape](raw),
+            raw_usage=raw,
+            model=self.model_id,
+            latency_s=time.perf_counter() - started,
+            stop_reason="tool_use" if message.tool_calls else "end_turn",
+            service_tier=request.service_tier,
+        )

@@ -1,0 +1,165 @@
+"""What a simulated model does: the ``--sim-policy`` choices.
+
+* ``oracle`` — runs the task's ``solution/solve.sh`` through the bash tool, then submits.
+* ``synthetic:steps=N,obs_tokens=T,out_tokens=U`` — N steps of real bash commands that
+  print about T tokens each and append them to a file in the workspace, each reply about U
+  output tokens long; then submits. A workload with a known shape, for cost experiments.
+* ``replay:PATH`` — the assistant turns of a recorded stayer run, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from stayer.context.tokens import TokenCounter
+from stayer.errors import ConfigError
+from stayer.models.base import Message, ModelRequest, ToolCall
+from stayer.models.sim import SimPolicy
+
+# Each is one token (with its leading space) in the common BPE vocabularies, so a filler
+# of N words is about N tokens.
+_WORDS = "alpha delta echo golf hotel india mike november uniform whiskey".split()
+
+
+def _step(request: ModelRequest) -> int:
+    return 1 + sum(1 for m in request.messages if m.role == "assistant")
+
+
+def _call(step: int, name: str, **args: object) -> ToolCall:
+    return ToolCall(id=f"call_{step}_{name}", name=name, arguments=json.dumps(args))
+
+
+def _submit(step: int, text: str) -> Message:
+    return Message(role="assistant", content=text, tool_calls=(_call(step, "submit", summary=text),))
+
+
+@dataclass
+class OraclePolicy:
+    solution: str  # the text of solution/solve.sh
+
+    def next_message(self, request: ModelRequest) -> Message:
+        step = _step(request)
+        if step == 1:
+            delimiter = "STAYER_ORACLE_EOF"
+            while delimiter in self.solution:
+                delimiter += "_"
+            command = f"bash <<'{delimiter}'\n{self.solution.rstrip()}\n{delimiter}"
+            return Message(
+                role="assistant",
+                content="Running the reference solution.",
+                tool_calls=(_call(step, "bash", command=command),),
+            )
+        return _submit(step, "Reference solution applied.")
+
+
+@dataclass
+class SyntheticPolicy:
+    steps: int
+    obs_tokens: int
+    out_tokens: int
+    counter: TokenCounter
+    seed: int = 0
+
+    def _filler(self, step: int, tokens: int) -> str:
+        rng = random.Random(self.seed * 100_003 + step)
+        words = []
+        for _ in range(max(tokens, 0)):
+            words.append(rng.choice(_WORDS))
+        return " ".join(words)
+
+    def _command(self, step: int) -> str:
+        line = f"step {step} record 00000: " + " ".join(_WORDS)
+        per_line = max(self.counter.count(line + "\n"), 1)
+        lines = max(self.obs_tokens // per_line, 1)
+        words = " ".join(_WORDS)
+        return (
+            f"for i in $(seq -w 1 {lines}); do echo \"step {step} record $i: {words}\"; done"
+            f" | tee -a /app/synthetic.log"
+        )
+
+    def next_message(self, request: ModelRequest) -> Message:
+        step = _step(request)
+        if step > self.steps:
+            return _submit(step, "Synthetic workload finished.")
+        call = _call(step, "bash", command=self._command(step))
+        overhead = self.counter.count(f"assistant\n\nbash {call.arguments}") + 4
+        return Message(
+            role="assistant",
+            content=self._filler(step, self.out_tokens - overhead),
+            tool_calls=(call,),
+        )
+
+
+@dataclass
+class ReplayPolicy:
+    turns: list[Message]
+
+    @classmethod
+    def load(cls, path: Path) -> ReplayPolicy:
+        file = path / "trajectory.jsonl" if path.is_dir() else path
+        if not file.is_file():
+            raise ConfigError(f"--sim-policy replay:{path}: no recorded run there (expected a run directory or its trajectory.jsonl)")
+        turns = []
+        for n, line in enumerate(file.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                if rec.get("role") != "assistant":
+                    continue
+                calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in rec.get("tool_calls", []))
+                turns.append(Message(role="assistant", content=rec.get("content", ""), tool_calls=calls))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ConfigError(f"{file}:{n}: not a stayer trajectory record ({e})") from None
+        return cls(turns)
+
+    def next_message(self, request: ModelRequest) -> Message:
+        step = _step(request)
+        if step <= len(self.turns):
+            return self.turns[step - 1]
+        return _submit(step, "Replay finished.")
+
+
+def parse_policy(spec: str | None, *, solution: str | None, counter: TokenCounter) -> SimPolicy:
+    """Build a policy from a ``--sim-policy`` spec; the default is ``oracle`` when the task
+    has a solution."""
+    if spec is None:
+        if solution is None:
+            raise ConfigError(
+                "--sim-policy: the task has no solution/solve.sh, so there is no oracle; "
+                "pass --sim-policy synthetic:steps=N,obs_tokens=T,out_tokens=U or replay:PATH"
+            )
+        spec = "oracle"
+    name, _, arg = spec.partition(":")
+    if name == "oracle":
+        if solution is None:
+            raise ConfigError("--sim-policy oracle: the task has no solution/solve.sh")
+        return OraclePolicy(solution)
+    if name == "synthetic":
+        allowed = {"steps", "obs_tokens", "out_tokens", "seed"}
+        values: dict[str, int] = {"steps": 10, "obs_tokens": 1000, "out_tokens": 200, "seed": 0}
+        for part in filter(None, arg.split(",")):
+            key, eq, val = part.partition("=")
+            if key not in allowed or not eq:
+                raise ConfigError(
+                    f"--sim-policy {spec}: unknown or malformed {part!r}; "
+                    "expected synthetic:steps=N,obs_tokens=T,out_tokens=U"
+                )
+            try:
+                values[key] = int(val)
+            except ValueError:
+                raise ConfigError(f"--sim-policy {spec}: {key} must be an integer, got {val!r}") from None
+            if values[key] < 0 or (key == "steps" and values[key] < 1):
+                raise ConfigError(f"--sim-policy {spec}: {key} must be positive")
+        return SyntheticPolicy(values["steps"], values["obs_tokens"], values["out_tokens"], counter, values["seed"])
+    if name == "replay":
+        if not arg:
+            raise ConfigError("--sim-policy replay:PATH needs the path of a recorded run")
+        return ReplayPolicy.load(Path(arg))
+    raise ConfigError(
+        f"--sim-policy {spec}: unknown policy {name!r}; use oracle, "
+        "synthetic:steps=N,obs_tokens=T,out_tokens=U or replay:PATH"
+    )

@@ -1,0 +1,179 @@
+"""`stayer run` end to end, through the real command line, on the simulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from genai_prices import Usage as GPUsage
+from genai_prices import calc_price
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+CORPUS_TASK = ROOT.parent / "shared" / "corpus" / "terminal-bench" / "harbor" / "simple-task"
+PROVIDER = {"claude-sonnet-4-5": "anthropic", "gpt-5": "openai"}
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+def stayer(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    full_env.update({"STAYER_HOME": str(home)}, **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "stayer.cli", *args],
+        capture_output=True, text=True, env=full_env, cwd=home.parent, timeout=120,
+    )
+
+
+def genai_cost(step: dict, model_id: str) -> Decimal:
+    u = step["usage"]
+    return calc_price(
+        GPUsage(
+            input_tokens=u["input_tokens"],
+            cache_read_tokens=u["cache_read_tokens"],
+            cache_write_tokens=u["cache_write_tokens"],
+            output_tokens=u["output_tokens"],
+        ),
+        model_ref=model_id,
+        provider_id=PROVIDER[model_id],
+    ).total_price
+
+
+@needs_bwrap
+@pytest.mark.parametrize("model_id", ["claude-sonnet-4-5", "gpt-5"])
+@pytest.mark.parametrize("example", ["hello-file", "fix-median", "sales-report"])
+def test_examples_succeed_with_exact_cost(tmp_path, example, model_id):
+    home = tmp_path / "home"
+    r = stayer("run", str(EXAMPLES / example), "--model", f"sim:{model_id}", "--json", home=home)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)  # exactly one JSON document on stdout
+    assert doc["status"] == "succeeded" and doc["reward"] == 1
+    assert doc["task"] == example and doc["model"] == f"sim:{model_id}"
+    ledger = doc["ledger"]
+    assert len(ledger) == doc["steps"] >= 2
+    total = Decimal(doc["cost_usd"])
+    assert total == sum(Decimal(e["cost_usd"]) for e in ledger)
+    for e in ledger:
+        assert Decimal(e["cost_usd"]) == genai_cost(e, model_id)
+        assert set(e) >= {"step", "model", "usage", "cost_usd", "cache_hit_ratio", "latency_s", "tool_calls"}
+    assert set(doc["usage"]) >= {"input_tokens", "cache_read_tokens", "cache_write_tokens", "output_tokens", "reasoning_tokens"}
+    assert doc["usage"]["input_tokens"] == sum(e["usage"]["input_tokens"] for e in ledger)
+    # Progress goes to stderr, one line per step.
+    assert "step   1" in r.stderr
+
+
+@needs_bwrap
+@pytest.mark.parametrize(("model_id", "minimum"), [("claude-sonnet-4-5", 1024), ("gpt-5", 1024)])
+def test_synthetic_run_reads_whole_previous_prompt_from_cache(tmp_path, model_id, minimum):
+    home = tmp_path / "home"
+    r = stayer(
+        "run", str(EXAMPLES / "hello-file"), "--model", f"sim:{model_id}", "--json",
+        "--sim-policy", "synthetic:steps=10,obs_tokens=2000,out_tokens=200", home=home,
+    )
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["status"] == "failed"  # synthetic work does not solve the task
+    ledger = doc["ledger"]
+    assert len(ledger) == 11
+    checked = 0
+    for prev, cur in zip(ledger, ledger[1:], strict=False):
+        previous_prompt = prev["usage"]["input_tokens"]
+        if previous_prompt < minimum:
+            continue
+        read = cur["usage"]["cache_read_tokens"]
+        if model_id == "gpt-5":
+            assert read == minimum + (previous_prompt - minimum) // 128 * 128
+        else:
+            assert read == previous_prompt
+        checked += 1
+    assert checked >= 9
+    # The observations really ran: the workspace file grew every step.
+    log = Path(doc["run_dir"]) / "workspace" / "synthetic.log"
+    assert len(log.read_text().splitlines()) > 10 * 50
+
+
+@needs_bwrap
+def test_replay_of_a_recorded_run(tmp_path):
+    home = tmp_path / "home"
+    first = json.loads(stayer("run", str(EXAMPLES / "fix-median"), "--model", "sim:gpt-5", "--json", "--run-id", "a", home=home).stdout)
+    r = stayer(
+        "run", str(EXAMPLES / "fix-median"), "--model", "sim:claude-sonnet-4-5", "--json", "--run-id", "b",
+        "--sim-policy", f"replay:{first['run_dir']}", home=home,
+    )
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "succeeded" and doc["steps"] == first["steps"]
+
+
+@needs_bwrap
+@pytest.mark.skipif(not CORPUS_TASK.is_dir(), reason="shared corpus not present")
+def test_third_party_harbor_task(tmp_path):
+    """simple-task from the Harbor repository: its verifier installs pytest from the network,
+    which the sandbox does not have, so we also run its own test file offline."""
+    home = tmp_path / "home"
+    original = stayer("run", str(CORPUS_TASK), "--model", "sim:claude-sonnet-4-5", "--json", home=home)
+    doc = json.loads(original.stdout)
+    assert doc["status"] == "failed" and doc["reward"] == 0  # ran, and its verifier had no network
+    task = tmp_path / "simple-task"
+    shutil.copytree(CORPUS_TASK, task)
+    (task / "tests" / "test.sh").write_text(
+        "cd /tests && python3 -c 'import test_state as t; t.test_hello_file_exists(); t.test_hello_file_contents()'"
+        " && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    r = stayer("run", str(task), "--model", "sim:claude-sonnet-4-5", "--json", home=home)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["status"] == "succeeded"
+
+
+@needs_bwrap
+def test_max_cost_stops_before_overshooting(tmp_path):
+    home = tmp_path / "home"
+    r = stayer(
+        "run", str(EXAMPLES / "hello-file"), "--model", "sim:claude-sonnet-4-5", "--json",
+        "--sim-policy", "synthetic:steps=40,obs_tokens=3000,out_tokens=200", "--max-cost", "0.2",
+        home=home,
+    )
+    assert r.returncode == 3, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "budget_exhausted"
+    assert Decimal(doc["cost_usd"]) <= Decimal("0.2")
+    assert 5 <= doc["steps"] < 40
+    assert doc["stop_reason"] == "max_cost"
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["run", "{missing}", "--model", "sim:gpt-5"], "instruction.md"),
+    (["run", "{bad_toml}", "--model", "sim:gpt-5"], "task.toml"),
+    (["run", "{ok}", "--model", "bogus:gpt-5"], "--model"),
+    (["run", "{ok}", "--model", "gpt-5"], "--model"),
+    (["run", "{ok}", "--model", "sim:llama-3"], "sim:llama-3"),
+    (["run", "{ok}", "--model", "anthropic:claude-sonnet-4-5"], "ANTHROPIC_API_KEY"),
+    (["run", "{ok}", "--model", "openai:gpt-5"], "OPENAI_API_KEY"),
+    (["run", "{ok}", "--model", "sim:gpt-5", "--sim-policy", "synthetic:steps=-1"], "--sim-policy"),
+    (["run", "{ok}", "--model", "sim:gpt-5", "--max-steps", "-3"], "--max-steps"),
+    (["run", "{ok}", "--model", "sim:gpt-5", "--max-cost", "-1"], "--max-cost"),
+    (["run", "{ok}", "--model", "sim:gpt-5", "--max-cost", "ten"], "--max-cost"),
+    (["run", "{ok}", "--model", "sim:gpt-5", "--sandbox", "docker"], "docker"),
+    (["estimate", "--steps", "0", "--new-tokens", "1", "--output-tokens", "1", "--price-miss", "1", "--price-hit", "1", "--price-out", "1"], "--steps"),
+    (["estimate", "--steps", "3", "--new-tokens", "1", "--output-tokens", "1", "--price-miss", "1"], "--price-hit"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, needle):
+    home = tmp_path / "home"
+    ok = EXAMPLES / "hello-file"
+    bad_toml = tmp_path / "bad"
+    shutil.copytree(ok, bad_toml)
+    (bad_toml / "task.toml").write_text("[agent\n")
+    missing = tmp_path / "missing"
+    shutil.copytree(ok, missing)
+    (missing / "instruction.md").unlink()
+    subst = {"{ok}": str(ok), "{bad_toml}": str(bad_toml), "{missing}": str(missing)}
+    r = stayer(*[subst.get(a, a) for a in args], "--json", home=home)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stdout == ""
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert not home.exists()
