@@ -1,0 +1,199 @@
+"""The cost equation as a function: what an agent loop costs with and without caching.
+
+Why: it shows, before anything runs, how the input cost of an agent loop grows
+quadratically with its steps and how much of it prefix caching removes. That is the
+argument behind stayer's context layout and compaction scheduling (DESIGN.md). This
+module backs ``stayer estimate``.
+
+Convention. It reproduces the published example exactly: 30 steps, 20,000 new input
+tokens and 2,000 output tokens per step, prices miss = 10, hit = 1, out = 50 per million,
+giving 17.7 with caching and 96.0 without.
+
+* ``new_tokens`` is everything appended to the context per step: tool results, new
+  instructions, and the previous reply as it is sent back. Output is therefore not added
+  to the context a second time. At step t (1-based) the context is ``C_t = t * new``.
+* With ideal prefix caching, the prefix already sent, ``(t-1) * new``, is a cache hit at
+  ``rates.cache_read``. The ``new`` tokens are written to the cache at
+  ``rates.cache_write_5m`` (or ``cache_write_1h`` with ``cache_ttl="1h"``). With
+  ``rates_from_flags(price_write=None)`` the write price equals the miss price, so there
+  is no write premium.
+* Without caching, the whole ``C_t`` is billed at ``rates.input`` every step.
+* Output: ``output_tokens`` at ``rates.output`` every step, in both cases.
+
+Check against the example (tokens × price per million):
+
+* With cache: hits Σ_{t=1..30} 20000(t-1) = 8.7M × 1 = 8.7; new tokens 30 × 20000 = 0.6M
+  × 10 = 6.0; output 30 × 2000 = 0.06M × 50 = 3.0. Total 17.7.
+* Without cache: Σ_{t=1..30} 20000 t = 9.3M × 10 = 93.0, plus output 3.0. Total 96.0.
+
+If C_t also counted the previous outputs, ``(t-1)(new+out) + new``, the example would give
+18.57 and 104.7, not the published 17.7 and 96.0. Long-context tiers are not modelled
+here: ``rates`` are taken as fixed.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal
+
+from rich.console import Console
+from rich.table import Table
+
+from stayer.errors import ConfigError
+from stayer.pricing import Rates
+
+__all__ = ["estimate", "rates_from_flags", "render_estimate"]
+
+MTOK = Decimal(1_000_000)
+
+
+def _s(d: Decimal) -> str:
+    """Exact, without trailing zeros, but always with a decimal point: "96.0", "17.7"."""
+    d = d.normalize()
+    return format(d, "f") if d.as_tuple().exponent < 0 else format(d, ".1f")
+
+
+def _price(v: Decimal | str | int | float, flag: str) -> Decimal:
+    if isinstance(v, bool):
+        raise ConfigError(f"{flag}: expected a price per million tokens, got {v!r}")
+    try:
+        # floats go through str() so 0.1 stays 0.1, not its binary approximation
+        d = Decimal(str(v)) if isinstance(v, float) else Decimal(v)
+    except (InvalidOperation, TypeError, ValueError):
+        raise ConfigError(f"{flag}: {v!r} is not a number") from None
+    if not d.is_finite() or d < 0:
+        raise ConfigError(f"{flag}: must be a number >= 0, got {v!r}")
+    return d
+
+
+def rates_from_flags(
+    price_miss: Decimal | str | int | float,
+    price_hit: Decimal | str | int | float,
+    price_out: Decimal | str | int | float,
+    price_write: Decimal | str | int | float | None = None,
+) -> Rates:
+    """Rates from ``--price-miss/--price-hit/--price-out[/--price-write]`` (per million).
+
+    With no write price, cache writes cost the miss price (no write premium).
+    """
+    miss = _price(price_miss, "--price-miss")
+    write = miss if price_write is None else _price(price_write, "--price-write")
+    return Rates(
+        input=miss,
+        cache_read=_price(price_hit, "--price-hit"),
+        cache_write_5m=write,
+        cache_write_1h=write,
+        output=_price(price_out, "--price-out"),
+    )
+
+
+def estimate(
+    steps: int,
+    new_tokens: int,
+    output_tokens: int,
+    rates: Rates,
+    *,
+    cache_ttl: Literal["5m", "1h"] = "5m",
+) -> dict[str, Any]:
+    """Per-step and total cost of an agent loop with ideal caching and with none.
+
+    Returns a JSON-ready dict: money as strings, token counts as ints (see module doc)::
+
+        {"inputs": {...}, "currency": "USD",
+         "with_cache": {"total", "cache_read", "cache_write", "output", "input_tokens",
+                        "cached_tokens"},
+         "without_cache": {"total", "input", "output", "input_tokens"},
+         "savings": "…",
+         "steps": [{"step", "context_tokens", "with_cache", "without_cache"}, ...]}
+    """
+    for name, v in (("steps", steps), ("new_tokens", new_tokens), ("output_tokens", output_tokens)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be a whole number >= 0, got {v!r}")
+    write_price = rates.cache_write_1h if cache_ttl == "1h" else rates.cache_write_5m
+    out_cost = Decimal(output_tokens) * rates.output / MTOK
+
+    rows: list[dict[str, Any]] = []
+    read_total = write_total = miss_total = Decimal(0)
+    cached_tokens = context_total = 0
+    for t in range(1, steps + 1):
+        context = t * new_tokens
+        cached = (t - 1) * new_tokens
+        read = Decimal(cached) * rates.cache_read / MTOK
+        write = Decimal(new_tokens) * write_price / MTOK
+        miss = Decimal(context) * rates.input / MTOK
+        read_total += read
+        write_total += write
+        miss_total += miss
+        cached_tokens += cached
+        context_total += context
+        rows.append(
+            {
+                "step": t,
+                "context_tokens": context,
+                "with_cache": _s(read + write + out_cost),
+                "without_cache": _s(miss + out_cost),
+            }
+        )
+
+    output_total = out_cost * steps
+    with_total = read_total + write_total + output_total
+    without_total = miss_total + output_total
+    return {
+        "inputs": {
+            "steps": steps,
+            "new_tokens": new_tokens,
+            "output_tokens": output_tokens,
+            "cache_ttl": cache_ttl,
+            "rates": rates.to_dict(),
+        },
+        "currency": rates.currency,
+        "with_cache": {
+            "total": _s(with_total),
+            "cache_read": _s(read_total),
+            "cache_write": _s(write_total),
+            "output": _s(output_total),
+            "input_tokens": context_total,
+            "cached_tokens": cached_tokens,
+        },
+        "without_cache": {
+            "total": _s(without_total),
+            "input": _s(miss_total),
+            "output": _s(output_total),
+            "input_tokens": context_total,
+        },
+        "savings": _s(without_total - with_total),
+        "steps": rows,
+    }
+
+
+def render_estimate(result: dict[str, Any], console: Console, *, max_rows: int = 20) -> None:
+    """Print a per-step table and the totals; only the first and last rows when long."""
+    cur = result.get("currency", "USD")
+    table = Table(title="Cost per step", title_justify="left")
+    table.add_column("step", justify="right")
+    table.add_column("context tokens", justify="right")
+    table.add_column(f"with cache ({cur})", justify="right")
+    table.add_column(f"without cache ({cur})", justify="right")
+    rows = result["steps"]
+    if len(rows) > max_rows:
+        head, tail = max_rows // 2, max_rows - max_rows // 2
+        shown: list[dict[str, Any] | None] = [*rows[:head], None, *rows[-tail:]]
+    else:
+        shown = list(rows)
+    for r in shown:
+        if r is None:
+            table.add_row("…", f"({len(rows) - max_rows} steps)", "…", "…")
+        else:
+            table.add_row(
+                str(r["step"]), f"{r['context_tokens']:,}", r["with_cache"], r["without_cache"]
+            )
+    console.print(table)
+    w, wo = result["with_cache"], result["without_cache"]
+    console.print(
+        f"[bold]with cache[/]    {w['total']} {cur}  "
+        f"(reads {w['cache_read']}, writes {w['cache_write']}, output {w['output']})"
+    )
+    console.print(
+        f"[bold]without cache[/] {wo['total']} {cur}  (input {wo['input']}, output {wo['output']})"
+    )
+    console.print(f"[bold]savings[/]       {result['savings']} {cur}")

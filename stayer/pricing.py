@@ -1,0 +1,569 @@
+"""Usage × model × service tier → Cost, in exact ``Decimal`` USD.
+
+Why this module exists: the cost equation (DESIGN.md) is only useful if every call is
+priced exactly — cache reads, 5 m and 1 h cache writes, long-context tiers and service
+tiers included — and if a price we do not know is reported as *unknown*, never as 0
+(a silent 0 would let a budget be overshot). Prices come from genai-prices, the
+maintained community price data; stayer adds only what it lacks:
+
+* service tiers genai-prices has no variant for (a small built-in table shipped as
+  ``stayer/data/price_overrides.toml``, each figure commented with its source);
+* user overrides: models genai-prices does not know (fine-tunes, self-hosted
+  endpoints), negotiated prices, or tier multipliers.
+
+Pricing rules, all as genai-prices does them:
+
+* ``Usage.input_tokens`` is the whole prompt including cache reads and writes; the
+  uncached remainder is billed at the input rate, reads at the cache-read rate, 5 m
+  writes at the (5 m) cache-write rate and 1 h writes at the 1 h rate. A model with no
+  cache-read price bills reads as input; no cache-write price bills writes as input
+  (OpenAI-style free writes); no 1 h price bills 1 h writes at the 5 m rate.
+* Long-context tiers are cliffs: when the prompt (``input_tokens``) exceeds a tier's
+  threshold (e.g. 200K for claude-sonnet-4-5 or gemini-2.5-pro), *every* token of the
+  request — input, cache and output — is billed at that tier's rates.
+* Reasoning tokens are part of ``output_tokens`` and are billed once, as output.
+* Prices in force at ``at`` (default: now) are used — genai-prices dates its prices and
+  models time-of-day discounts (e.g. DeepSeek off-peak).
+
+Service tiers (``service_tier`` argument): ``None``, ``"default"``, ``"standard"``,
+``"auto"``, ``"standard_only"`` and ``"on_demand"`` mean standard pricing. Any other tier
+is resolved in this order: a user ``[tiers]`` multiplier; the genai-prices price variant
+(``service_tier=…`` for OpenAI/Google flex and priority, ``speed=fast`` for Anthropic
+fast mode, ``processing=batch`` for ``"batch"``); the built-in multiplier table. If none
+applies, the cost is unknown (``Cost.total is None``) — a tier with no known price is
+not guessed.
+
+Override file format (``PriceBook(overrides=path)``, or ``PriceBook.load()`` which reads
+``$STAYER_PRICES`` or ``./stayer-prices.toml``). Prices are USD per million tokens,
+written as strings (or TOML numbers) and read as exact ``Decimal``::
+
+    # a model genai-prices does not know, or your negotiated price for one it does
+    [models."my-finetune"]
+    provider = "openai"            # optional; the provider id tier multipliers key on
+    input = "2.00"                 # required: uncached input
+    output = "8.00"                # required
+    cache_read = "0.20"            # optional, default = input
+    cache_write_5m = "2.50"        # optional, default = input
+    cache_write_1h = "4.00"        # optional, default = cache_write_5m
+
+    # a multiplier on every rate for that provider and tier
+    [tiers.anthropic.fast]
+    multiplier = "6"
+    models = ["claude-opus-4-6"]   # optional model-id prefixes; default: all models
+
+Model names match case-insensitively, exactly. Override models have no long-context
+tiers. Any other key, a missing required key, a negative or non-numeric price, or
+malformed TOML raises ``stayer.errors.ConfigError`` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from genai_prices import Usage as GPUsage
+from genai_prices.data_snapshot import find_provider_by_id, get_snapshot
+from genai_prices.types import ModelInfo, ModelPrice, Provider, TieredPrices
+
+from stayer.errors import ConfigError
+from stayer.usage import Usage
+
+__all__ = ["Cost", "PriceBook", "Rates", "STANDARD_TIERS"]
+
+MTOK = Decimal(1_000_000)
+
+#: Tier names that mean "standard pricing" (request-side and response-side spellings).
+STANDARD_TIERS = frozenset({"", "default", "standard", "auto", "standard_only", "on_demand"})
+
+_RATE_KEYS = ("input", "cache_read", "cache_write_5m", "cache_write_1h", "output")
+_MODEL_KEYS = frozenset({"provider", *_RATE_KEYS})
+_TIER_KEYS = frozenset({"multiplier", "models"})
+_BUILTIN = "price_overrides.toml"
+
+
+def _money(d: Decimal) -> str:
+    """A Decimal as a plain (never scientific) string, trailing zeros dropped."""
+    d = d.normalize()
+    return format(d, "f") if d else "0"
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Prices in force, per million tokens (exact ``Decimal``)."""
+
+    input: Decimal
+    cache_read: Decimal
+    cache_write_5m: Decimal
+    cache_write_1h: Decimal
+    output: Decimal
+    currency: str = "USD"
+
+    def scaled(self, k: Decimal) -> Rates:
+        """Every rate multiplied by ``k`` (a service-tier multiplier)."""
+        if k == 1:
+            return self
+        return replace(self, **{n: getattr(self, n) * k for n in _RATE_KEYS})
+
+    def price(self, usage: Usage) -> tuple[Decimal, Decimal]:
+        """(input cost, output cost) of ``usage`` at these rates, same rules as genai-prices."""
+        uncached = usage.uncached_input_tokens
+        if uncached < 0:
+            raise ValueError(
+                f"inconsistent usage: cache reads+writes exceed input_tokens ({usage!r})"
+            )
+        inp = (
+            self.input * uncached
+            + self.cache_read * usage.cache_read_tokens
+            + self.cache_write_5m * usage.cache_write_5m_tokens
+            + self.cache_write_1h * usage.cache_write_1h_tokens
+        ) / MTOK
+        return inp, self.output * usage.output_tokens / MTOK
+
+    def to_dict(self) -> dict[str, str]:
+        d = {n: _money(getattr(self, n)) for n in _RATE_KEYS}
+        d["currency"] = self.currency
+        return d
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The price of one call (or a sum). ``total is None`` means unknown — never 0."""
+
+    total: Decimal | None
+    input: Decimal | None
+    output: Decimal | None
+    model_ref: str
+    provider: str | None = None
+    tier: str | None = None
+    long_context: bool = False  # priced at a long-context (>threshold) tier
+
+    @property
+    def known(self) -> bool:
+        return self.total is not None
+
+    def to_json(self) -> str:
+        """The total as a JSON-ready string, or the literal ``"unknown"``."""
+        return "unknown" if self.total is None else _money(self.total)
+
+    def to_dict(self) -> dict[str, Any]:
+        def m(d: Decimal | None) -> str:
+            return "unknown" if d is None else _money(d)
+
+        return {
+            "total": m(self.total),
+            "input": m(self.input),
+            "output": m(self.output),
+            "model": self.model_ref,
+            "provider": self.provider,
+            "tier": self.tier,
+            "long_context": self.long_context,
+        }
+
+    @classmethod
+    def unknown(cls, model_ref: str, provider: str | None = None, tier: str | None = None) -> Cost:
+        return cls(None, None, None, model_ref, provider, tier)
+
+
+# --- override tables -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _TierRule:
+    multiplier: Decimal
+    models: tuple[str, ...] = ()  # lower-case model-id prefixes; empty = every model
+
+    def applies(self, names: tuple[str, ...]) -> bool:
+        return not self.models or any(n.startswith(p) for n in names for p in self.models)
+
+
+@dataclass(frozen=True)
+class _ModelOverride:
+    rates: Rates
+    provider: str | None
+
+
+@dataclass(frozen=True)
+class _Table:
+    models: Mapping[str, _ModelOverride] = field(default_factory=dict)
+    tiers: Mapping[tuple[str, str], _TierRule] = field(default_factory=dict)
+
+    def tier_rule(
+        self, provider: str | None, tier: str, names: tuple[str, ...]
+    ) -> _TierRule | None:
+        if provider is None:
+            return None
+        rule = self.tiers.get((provider.lower(), tier))
+        return rule if rule is not None and rule.applies(names) else None
+
+
+def _decimal(v: object, where: str, name: str) -> Decimal:
+    if isinstance(v, bool) or not isinstance(v, (str, int, Decimal)):
+        raise ConfigError(f'{where}: expected a decimal number as a string, e.g. "2.50"')
+    try:
+        d = Decimal(v.strip() if isinstance(v, str) else v)
+    except InvalidOperation:
+        raise ConfigError(f"{where}: {v!r} is not a decimal number") from None
+    if not d.is_finite() or d < 0:
+        raise ConfigError(f"{where}: {name} must be a finite number >= 0, got {v!r}")
+    return d
+
+
+def _parse_table(data: Mapping[str, Any], src: str) -> _Table:
+    """Validate a parsed override document; every error names ``src`` and the field."""
+    for key in data:
+        if key not in ("models", "tiers"):
+            raise ConfigError(f"{src}: {key}: unknown top-level key; expected [models] or [tiers]")
+    models: dict[str, _ModelOverride] = {}
+    raw_models = data.get("models", {})
+    if not isinstance(raw_models, Mapping):
+        raise ConfigError(f'{src}: models: expected a table of [models."name"] tables')
+    for name, body in raw_models.items():
+        here = f"models.{name}"
+        if not isinstance(body, Mapping):
+            raise ConfigError(f"{src}: {here}: expected a table")
+        for k in body:
+            if k not in _MODEL_KEYS:
+                raise ConfigError(
+                    f"{src}: {here}.{k}: unknown key; expected one of {', '.join(sorted(_MODEL_KEYS))}"
+                )
+        for k in ("input", "output"):
+            if k not in body:
+                raise ConfigError(f"{src}: {here}.{k}: required (USD per million tokens)")
+        r = {k: _decimal(body[k], f"{src}: {here}.{k}", k) for k in _RATE_KEYS if k in body}
+        r.setdefault("cache_read", r["input"])
+        r.setdefault("cache_write_5m", r["input"])
+        r.setdefault("cache_write_1h", r["cache_write_5m"])
+        provider = body.get("provider")
+        if provider is not None and not isinstance(provider, str):
+            raise ConfigError(f"{src}: {here}.provider: expected a string")
+        models[name.lower()] = _ModelOverride(Rates(**r), provider.lower() if provider else None)
+    tiers: dict[tuple[str, str], _TierRule] = {}
+    raw_tiers = data.get("tiers", {})
+    if not isinstance(raw_tiers, Mapping):
+        raise ConfigError(f"{src}: tiers: expected [tiers.<provider>.<tier>] tables")
+    for provider, by_tier in raw_tiers.items():
+        if not isinstance(by_tier, Mapping):
+            raise ConfigError(f"{src}: tiers.{provider}: expected [tiers.{provider}.<tier>] tables")
+        for tier, body in by_tier.items():
+            here = f"tiers.{provider}.{tier}"
+            if not isinstance(body, Mapping):
+                raise ConfigError(f'{src}: {here}: expected a table with multiplier = "…"')
+            for k in body:
+                if k not in _TIER_KEYS:
+                    raise ConfigError(
+                        f"{src}: {here}.{k}: unknown key; expected one of {', '.join(sorted(_TIER_KEYS))}"
+                    )
+            if "multiplier" not in body:
+                raise ConfigError(f"{src}: {here}.multiplier: required")
+            mult = _decimal(body["multiplier"], f"{src}: {here}.multiplier", "multiplier")
+            prefixes = body.get("models", [])
+            if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
+                raise ConfigError(f"{src}: {here}.models: expected a list of model-id prefixes")
+            tiers[(provider.lower(), tier.lower())] = _TierRule(
+                mult, tuple(p.lower() for p in prefixes)
+            )
+    return _Table(models, tiers)
+
+
+def _parse_text(text: str, src: str) -> _Table:
+    try:
+        data = tomllib.loads(text, parse_float=Decimal)
+    except tomllib.TOMLDecodeError as e:
+        msg = " ".join(str(e).split())
+        raise ConfigError(f"{src}: invalid TOML: {msg}") from None
+    return _parse_table(data, src)
+
+
+def _load_file(path: Path) -> _Table:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: price override file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read price override file: {e}") from None
+    return _parse_text(text, str(path))
+
+
+@cache
+def _builtin_table() -> _Table:
+    ref = resources.files("stayer").joinpath("data", _BUILTIN)
+    return _parse_text(ref.read_text(encoding="utf-8"), f"stayer/data/{_BUILTIN}")
+
+
+# --- genai-prices helpers ------------------------------------------------------------
+
+
+def _at_size(price: Decimal | TieredPrices | None, prompt_tokens: int) -> Decimal | None:
+    """The per-MTok rate for a prompt of ``prompt_tokens`` (genai-prices' cliff rule)."""
+    if price is None or isinstance(price, Decimal):
+        return price
+    for tier in reversed(price.tiers):
+        if prompt_tokens > tier.start:
+            return tier.price
+    return price.base
+
+
+def _long_context(mp: ModelPrice, prompt_tokens: int) -> bool:
+    return any(
+        isinstance(p, TieredPrices) and any(prompt_tokens > t.start for t in p.tiers)
+        for p in mp.__dict__.values()
+    )
+
+
+def _tier_contexts(tier: str) -> tuple[dict[str, str], ...]:
+    if tier == "batch":
+        return ({"processing": "batch"},)
+    return ({"service_tier": tier}, {"speed": tier})
+
+
+def _variant_context(
+    model: ModelInfo, provider: Provider, tier: str, at: datetime
+) -> dict[str, str] | None:
+    """The genai-prices ``price_context`` that selects ``tier`` for this model, if any."""
+    if not any(model is m for m in provider.models):
+        return None  # genai-prices ignores variants for models reached via a fallback provider
+    for ctx in _tier_contexts(tier):
+        for v in model.price_variants or ():
+            if v.constraint is not None and not v.constraint.active(at):
+                continue
+            if all(ctx.get(k) == val for k, val in v.when.items()):
+                return ctx
+    return None
+
+
+def _gp_usage(u: Usage) -> GPUsage:
+    # reasoning_tokens is deliberately not passed: it is already inside output_tokens.
+    return GPUsage(
+        input_tokens=u.input_tokens,
+        cache_read_tokens=u.cache_read_tokens,
+        cache_write_tokens=u.cache_write_tokens,
+        cache_write_5m_tokens=u.cache_write_5m_tokens,
+        cache_write_1h_tokens=u.cache_write_1h_tokens,
+        output_tokens=u.output_tokens,
+    )
+
+
+def _norm_tier(service_tier: str | None) -> str | None:
+    if service_tier is None:
+        return None
+    t = service_tier.strip().lower()
+    return None if t in STANDARD_TIERS else t
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one (model, provider, tier) is priced."""
+
+    provider: str | None
+    multiplier: Decimal | None  # None: no known price for the requested tier
+    override: Rates | None = None
+    gp_provider: Provider | None = None
+    gp_model: ModelInfo | None = None
+    context: dict[str, str] | None = None
+
+
+class PriceBook:
+    """Prices calls. Holds its override tables; no module-level mutable state."""
+
+    def __init__(self, overrides: Path | None = None) -> None:
+        self.overrides_path = Path(overrides) if overrides is not None else None
+        self._builtin = _builtin_table()
+        self._user = _load_file(self.overrides_path) if self.overrides_path else _Table()
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> PriceBook:
+        """``path``, else ``$STAYER_PRICES`` (must exist), else ``./stayer-prices.toml`` if present."""
+        if path is None:
+            env = os.environ.get("STAYER_PRICES")
+            if env:
+                path = Path(env)
+            elif Path("stayer-prices.toml").is_file():
+                path = Path("stayer-prices.toml")
+        return cls(path)
+
+    # --- public API ---------------------------------------------------------------
+
+    def knows(self, model_id: str, provider: str | None = None) -> bool:
+        return (
+            self._override(model_id, provider) is not None
+            or self._lookup(model_id, provider) is not None
+        )
+
+    def cost(
+        self,
+        usage: Usage,
+        model_id: str,
+        provider: str | None = None,
+        service_tier: str | None = None,
+        *,
+        at: datetime | None = None,
+    ) -> Cost:
+        """Price one call's normalised usage. Unknown model, provider or tier → unknown cost."""
+        at = at or datetime.now(UTC)
+        tier = _norm_tier(service_tier)
+        plan = self._plan(model_id, provider, tier, at)
+        if plan is None or plan.multiplier is None:
+            return Cost.unknown(model_id, plan.provider if plan else provider, tier)
+        if plan.override is not None:
+            inp, out = plan.override.scaled(plan.multiplier).price(usage)
+            return Cost(inp + out, inp, out, model_id, plan.provider, tier)
+        assert plan.gp_model is not None and plan.gp_provider is not None
+        calc = plan.gp_model.calc_price(
+            _gp_usage(usage),
+            plan.gp_provider,
+            genai_request_timestamp=at,
+            price_context=plan.context,
+        )
+        inp = calc.input_price * plan.multiplier
+        out = calc.output_price * plan.multiplier
+        return Cost(
+            inp + out,
+            inp,
+            out,
+            model_id,
+            plan.provider,
+            tier,
+            long_context=_long_context(calc.model_price, usage.input_tokens),
+        )
+
+    def rates(
+        self,
+        model_id: str,
+        provider: str | None = None,
+        service_tier: str | None = None,
+        prompt_tokens: int = 0,
+        *,
+        at: datetime | None = None,
+    ) -> Rates | None:
+        """Rates in force for a prompt of ``prompt_tokens`` (long-context tier included)."""
+        at = at or datetime.now(UTC)
+        plan = self._plan(model_id, provider, _norm_tier(service_tier), at)
+        if plan is None or plan.multiplier is None:
+            return None
+        if plan.override is not None:
+            return plan.override.scaled(plan.multiplier)
+        assert plan.gp_model is not None
+        mp = plan.gp_model.get_prices(at, plan.context)
+        return _rates_of(mp, prompt_tokens).scaled(plan.multiplier)
+
+    # --- resolution ---------------------------------------------------------------
+
+    def _override(self, model_id: str, provider: str | None) -> _ModelOverride | None:
+        for ref, prov in _candidates(model_id, provider):
+            for table in (self._user, self._builtin):
+                o = table.models.get(ref.lower())
+                if o is not None and (
+                    prov is None or o.provider is None or o.provider == prov.lower()
+                ):
+                    return o
+        return None
+
+    def _lookup(
+        self, model_id: str, provider: str | None, at: datetime | None = None
+    ) -> tuple[Provider, ModelInfo] | None:
+        snap = get_snapshot()
+        for ref, prov in _candidates(model_id, provider):
+            try:
+                p, m = snap.find_provider_model(ref, None, prov, None)
+            except LookupError:
+                continue
+            mp = m.get_prices(at or datetime.now(UTC))
+            if mp.input_mtok is None and mp.output_mtok is None:
+                return None  # not priced per token (audio seconds, images…): not ours to guess
+            return p, m
+        return None
+
+    def _multiplier(
+        self,
+        tier: str | None,
+        provider: str | None,
+        names: tuple[str, ...],
+        found: tuple[Provider, ModelInfo] | None = None,
+        at: datetime | None = None,
+    ) -> tuple[Decimal, dict[str, str] | None] | None:
+        """(multiplier, genai-prices price_context) for ``tier``; None if no price is known.
+
+        Order: user [tiers] rule, genai-prices variant, built-in [tiers] rule.
+        """
+        if tier is None:
+            return Decimal(1), None
+        rule = self._user.tier_rule(provider, tier, names)
+        if rule is not None:
+            return rule.multiplier, None
+        if found is not None:
+            ctx = _variant_context(found[1], found[0], tier, at or datetime.now(UTC))
+            if ctx is not None:
+                return Decimal(1), ctx
+        rule = self._builtin.tier_rule(provider, tier, names)
+        if rule is not None:
+            return rule.multiplier, None
+        return None
+
+    def _plan(
+        self, model_id: str, provider: str | None, tier: str | None, at: datetime
+    ) -> _Plan | None:
+        names = tuple(ref.lower() for ref, _ in _candidates(model_id, provider))
+        o = self._override(model_id, provider)
+        if o is not None:
+            prov = o.provider or (provider.lower() if provider else None)
+            m = self._multiplier(tier, prov, names)
+            return _Plan(prov, None if m is None else m[0], override=o.rates)
+        found = self._lookup(model_id, provider, at)
+        if found is None:
+            return None
+        gp_provider, gp_model = found
+        names = (*names, gp_model.id.lower())
+        m = self._multiplier(tier, gp_provider.id, names, found, at)
+        return _Plan(
+            gp_provider.id,
+            None if m is None else m[0],
+            gp_provider=gp_provider,
+            gp_model=gp_model,
+            context=None if m is None else m[1],
+        )
+
+
+def _candidates(model_id: str, provider: str | None) -> Iterator[tuple[str, str | None]]:
+    """``model_id`` as given, then with a ``sim:`` or ``provider:``/``provider/`` prefix split off."""
+    yield model_id, provider
+    for sep in (":", "/"):
+        if sep not in model_id:
+            continue
+        prefix, rest = model_id.split(sep, 1)
+        if prefix.lower() == "sim":
+            yield from _candidates(rest, provider)
+        elif (
+            rest
+            and (provider is None or provider.lower() == prefix.lower())
+            and find_provider_by_id(get_snapshot().providers, prefix)
+        ):
+            yield rest, prefix.lower()
+
+
+def _rates_of(mp: ModelPrice, prompt_tokens: int) -> Rates:
+    def r(key: str) -> Decimal | None:
+        return _at_size(getattr(mp, key, None), prompt_tokens)
+
+    inp = r("input_mtok")
+    inp = Decimal(0) if inp is None else inp
+    read = r("cache_read_mtok")
+    w5 = r("cache_write_5m_mtok")
+    w5 = r("cache_write_mtok") if w5 is None else w5
+    w5 = inp if w5 is None else w5
+    w1 = r("cache_write_1h_mtok")
+    out = r("output_mtok")
+    return Rates(
+        input=inp,
+        cache_read=inp if read is None else read,
+        cache_write_5m=w5,
+        cache_write_1h=w5 if w1 is None else w1,
+        output=Decimal(0) if out is None else out,
+    )
