@@ -158,7 +158,7 @@ def estimate(
     """The cost equation: per-step and total cost with ideal caching and with none."""
     from stayer.estimate import estimate as run_estimate
     from stayer.estimate import rates_from_flags, render_estimate
-    from stayer.pricing import PriceBook
+    from stayer.pricing import PriceBook, Rates
 
     for flag, v in (("--steps", steps), ("--new-tokens", new_tokens), ("--output-tokens", output_tokens)):
         if v < 0 or (flag == "--steps" and v < 1):
@@ -169,9 +169,13 @@ def estimate(
             if any(v is not None for v in (*flags.values(), price_write)):
                 _bad_input("--model and --price-* flags: give one or the other")
             name = model.split(":", 1)[1] if model.startswith(("sim:", "anthropic:", "openai:", "openai-chat:")) else model
-            rates = PriceBook.load().rates(name)
-            if rates is None:
+            book = PriceBook.load()
+            if book.rates(name) is None:
                 _bad_input(f"--model {model}: no price data for this model; give --price-miss/--price-hit/--price-out")
+
+            def rates(context_tokens: int) -> Rates:  # long-context tiers apply per step
+                return book.rates(name, prompt_tokens=context_tokens)  # type: ignore[return-value]
+
         else:
             missing = [f for f, v in flags.items() if v is None]
             if missing:

@@ -27,12 +27,14 @@ Check against the example (tokens × price per million):
 * Without cache: Σ_{t=1..30} 20000 t = 9.3M × 10 = 93.0, plus output 3.0. Total 96.0.
 
 If C_t also counted the previous outputs, ``(t-1)(new+out) + new``, the example would give
-18.57 and 104.7, not the published 17.7 and 96.0. Long-context tiers are not modelled
-here: ``rates`` are taken as fixed.
+18.57 and 104.7, not the published 17.7 and 96.0. ``rates`` may be a function of the
+context size, so that a model's long-context tier applies to the steps past its threshold
+(``stayer estimate --model``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
@@ -91,7 +93,7 @@ def estimate(
     steps: int,
     new_tokens: int,
     output_tokens: int,
-    rates: Rates,
+    rates: Rates | Callable[[int], Rates],
     *,
     cache_ttl: Literal["5m", "1h"] = "5m",
 ) -> dict[str, Any]:
@@ -109,18 +111,20 @@ def estimate(
     for name, v in (("steps", steps), ("new_tokens", new_tokens), ("output_tokens", output_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ConfigError(f"--{name.replace('_', '-')}: must be a whole number >= 0, got {v!r}")
-    write_price = rates.cache_write_1h if cache_ttl == "1h" else rates.cache_write_5m
-    out_cost = Decimal(output_tokens) * rates.output / MTOK
-
+    rates_at = rates if callable(rates) else (lambda _tokens: rates)
     rows: list[dict[str, Any]] = []
-    read_total = write_total = miss_total = Decimal(0)
+    read_total = write_total = miss_total = output_total = Decimal(0)
     cached_tokens = context_total = 0
     for t in range(1, steps + 1):
         context = t * new_tokens
+        step_rates = rates_at(context)
+        write_price = step_rates.cache_write_1h if cache_ttl == "1h" else step_rates.cache_write_5m
+        out_cost = Decimal(output_tokens) * step_rates.output / MTOK
+        output_total += out_cost
         cached = (t - 1) * new_tokens
-        read = Decimal(cached) * rates.cache_read / MTOK
+        read = Decimal(cached) * step_rates.cache_read / MTOK
         write = Decimal(new_tokens) * write_price / MTOK
-        miss = Decimal(context) * rates.input / MTOK
+        miss = Decimal(context) * step_rates.input / MTOK
         read_total += read
         write_total += write
         miss_total += miss
@@ -135,7 +139,6 @@ def estimate(
             }
         )
 
-    output_total = out_cost * steps
     with_total = read_total + write_total + output_total
     without_total = miss_total + output_total
     return {
@@ -144,9 +147,9 @@ def estimate(
             "new_tokens": new_tokens,
             "output_tokens": output_tokens,
             "cache_ttl": cache_ttl,
-            "rates": rates.to_dict(),
+            "rates": rates_at(new_tokens).to_dict(),
         },
-        "currency": rates.currency,
+        "currency": rates_at(new_tokens).currency,
         "with_cache": {
             "total": _s(with_total),
             "cache_read": _s(read_total),

@@ -2,7 +2,8 @@ import json
 import sys
 
 try:
-    report = json.load(open("/app/report.json"))
+    with open("/app/report.json") as f:
+        report = json.load(f)
 except (OSError, ValueError) as e:
     print("FAIL: cannot read /app/report.json:", e)
     sys.exit(1)
