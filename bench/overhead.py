@@ -31,7 +31,7 @@ from stayer.pricing import PriceBook  # noqa: E402
 from stayer.tools.base import ToolContext, ToolResult  # noqa: E402
 from stayer.usage import Usage  # noqa: E402
 
-WORDS = "alpha delta echo golf hotel india mike november uniform whiskey".split()
+WORDS = ["alpha", "delta", "echo", "golf", "hotel", "india", "mike", "november", "uniform", "whiskey"]
 
 
 def text(n_tokens: int, seed: int) -> str:

@@ -94,6 +94,8 @@ class Usage:
             cache_write_5m_tokens=w5m,
             cache_write_1h_tokens=w1h,
             output_tokens=_get(u, "output_tokens"),
+            # Extended thinking is billed inside output_tokens; newer APIs also break it out.
+            reasoning_tokens=_get(u.get("output_tokens_details") or {}, "thinking_tokens"),
         )
 
     @classmethod

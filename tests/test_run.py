@@ -177,3 +177,25 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, needle)
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], r.stderr
     assert not home.exists()
+
+
+def test_estimate_command_published_example(tmp_path):
+    r = stayer(
+        "estimate", "--steps", "30", "--new-tokens", "20000", "--output-tokens", "2000",
+        "--price-miss", "10", "--price-hit", "1", "--price-out", "50", "--json", home=tmp_path / "h",
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert Decimal(doc["with_cache"]["total"]) == Decimal("17.7")
+    assert Decimal(doc["without_cache"]["total"]) == Decimal("96.0")
+    assert len(doc["steps"]) == 30
+
+
+def test_estimate_with_model_prices_long_context_steps_at_their_tier(tmp_path):
+    args = ["estimate", "--new-tokens", "50000", "--output-tokens", "1000", "--model", "claude-sonnet-4-5", "--json"]
+    short = json.loads(stayer(*args, "--steps", "4", home=tmp_path / "h").stdout)
+    long = json.loads(stayer(*args, "--steps", "5", home=tmp_path / "h").stdout)
+    # Step 5 has 250K tokens of context: past the 200K threshold every rate doubles or more.
+    step4 = Decimal(short["steps"][3]["without_cache"])
+    step5 = Decimal(long["steps"][4]["without_cache"])
+    assert step5 > step4 * 5 / 4 * Decimal("1.9")

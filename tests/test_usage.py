@@ -151,3 +151,8 @@ def test_add_dict_roundtrip_and_ratio() -> None:
     assert Usage.from_dict({"input_tokens": 10, "cache_write_tokens": 4}).cache_write_5m_tokens == 4
     assert b.cache_hit_ratio == 1920 / 2006
     assert Usage().cache_hit_ratio == 0.0
+
+
+def test_anthropic_thinking_tokens_are_a_breakdown_of_output():
+    u = Usage.from_anthropic({"input_tokens": 10, "output_tokens": 500, "output_tokens_details": {"thinking_tokens": 320}})
+    assert u.output_tokens == 500 and u.reasoning_tokens == 320

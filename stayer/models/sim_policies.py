@@ -21,7 +21,7 @@ from stayer.models.sim import SimPolicy
 
 # Each is one token (with its leading space) in the common BPE vocabularies, so a filler
 # of N words is about N tokens.
-_WORDS = "alpha delta echo golf hotel india mike november uniform whiskey".split()
+_WORDS = ["alpha", "delta", "echo", "golf", "hotel", "india", "mike", "november", "uniform", "whiskey"]
 
 
 def _step(request: ModelRequest) -> int:

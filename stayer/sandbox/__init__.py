@@ -1,0 +1,32 @@
+"""Sandboxes: where the agent's commands run. ``bwrap`` (default on Linux) or ``local``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from stayer.errors import ConfigError
+from stayer.sandbox.base import ExecResult, Mount, Sandbox
+
+KINDS = ("bwrap", "local")
+
+
+def make_sandbox(kind: str, workspace: str | Path, **limits: Any) -> Sandbox:
+    """Build the sandbox named ``kind`` over ``workspace``.
+
+    ``limits`` are the keyword arguments both backends accept: ``allow_net``, ``memory_mb``,
+    ``max_processes``, ``max_output_bytes``, ``env``. Imports are deferred so that choosing
+    one backend never requires the other's prerequisites.
+    """
+    if kind == "bwrap":
+        from stayer.sandbox.bwrap import BwrapSandbox
+
+        return BwrapSandbox(workspace, **limits)
+    if kind == "local":
+        from stayer.sandbox.local import LocalSandbox
+
+        return LocalSandbox(workspace, **limits)
+    raise ConfigError(f"--sandbox: unknown sandbox {kind!r}; choose one of {', '.join(KINDS)}")
+
+
+__all__ = ["KINDS", "ExecResult", "Mount", "Sandbox", "make_sandbox"]

@@ -1,0 +1,326 @@
+"""OpenAI adapters: the Responses API, and Chat Completions for OpenAI and any
+OpenAI-compatible server (vLLM, Ollama, DeepSeek, ...).
+
+OpenAI caches prefixes automatically, so ``cache_breakpoints`` are ignored here; what
+matters for hits is that the prefix bytes stay identical and that ``prompt_cache_key``
+(the run id) routes a run's calls to the same cache shard.
+
+Compatible servers often reject unknown fields, so OpenAI-only parameters
+(``prompt_cache_key``, ``service_tier``, ``max_completion_tokens``) are sent only to
+OpenAI itself: when ``base_url`` is None or points at api.openai.com (override with
+``openai_params``). Those servers get the portable ``max_tokens`` instead.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import openai
+
+from stayer.errors import ConfigError
+from stayer.models.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec
+from stayer.models.retry import DEFAULT_RETRY, RetryPolicy, SdkErrors, call_with_retries
+from stayer.usage import Usage
+
+_ERRORS = SdkErrors(
+    status=openai.APIStatusError,
+    connection=openai.APIConnectionError,
+    base=openai.OpenAIError,
+)
+
+
+def _is_openai(base_url: str | None) -> bool:
+    return base_url is None or "api.openai.com" in base_url
+
+
+def _make_client(
+    base_url: str | None,
+    api_key: str | None,
+    client: openai.AsyncOpenAI | None,
+    *,
+    provider: str,
+    model_id: str,
+    timeout_s: float,
+) -> tuple[openai.AsyncOpenAI, bool]:
+    """Our client (SDK retries off) and whether we own it.
+
+    OpenAI itself needs a key (OPENAI_API_KEY). Other servers get ``api_key``, else
+    ``<PROVIDER>_API_KEY`` (e.g. DEEPSEEK_API_KEY), else the placeholder "none" that local
+    servers accept; OPENAI_API_KEY is deliberately not sent to third-party URLs.
+    """
+    if client is not None:
+        return client.with_options(max_retries=0), False
+    if _is_openai(base_url):
+        key = api_key or os.environ.get("OPENAI_API_KEY")
+        if not key:
+            raise ConfigError(
+                f"no API key for openai:{model_id}: set OPENAI_API_KEY (or pass api_key)"
+            )
+    else:
+        env = f"{provider.upper().replace('-', '_')}_API_KEY"
+        key = api_key or os.environ.get(env) or "none"
+    return (
+        openai.AsyncOpenAI(api_key=key, base_url=base_url, max_retries=0, timeout=timeout_s),
+        True,
+    )
+
+
+class _OpenAIBase:
+    provider: str
+    model_id: str
+    client: openai.AsyncOpenAI
+    retry: RetryPolicy
+    _owns_client: bool
+
+    async def _call(self, create: Any, params: dict[str, Any]) -> tuple[Any, float]:
+        async def attempt() -> tuple[Any, float]:
+            t0 = time.perf_counter()
+            resp = await create(**params)
+            return resp, time.perf_counter() - t0
+
+        return await call_with_retries(
+            attempt, what=f"{self.provider} {self.model_id}", errors=_ERRORS, policy=self.retry
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP pool if we created it (a caller-supplied client is theirs)."""
+        if self._owns_client:
+            await self.client.close()
+
+
+# --- Responses API ---------------------------------------------------------------------
+
+
+class OpenAIResponsesModel(_OpenAIBase):
+    """OpenAI's Responses API, stateless (``store=False``): we resend the history each
+    turn, so the journal, not OpenAI, is the record of the conversation."""
+
+    def __init__(
+        self,
+        model_id: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        client: openai.AsyncOpenAI | None = None,
+        provider: str = "openai",
+        retry: RetryPolicy = DEFAULT_RETRY,
+        timeout_s: float = 600.0,
+        spec: str | None = None,
+    ) -> None:
+        self.model_id = model_id
+        self.provider = provider
+        self.spec = spec or f"{provider}:{model_id}"
+        self.retry = retry
+        self.client, self._owns_client = _make_client(
+            base_url, api_key, client, provider=provider, model_id=model_id, timeout_s=timeout_s
+        )
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        params = build_responses_params(self.model_id, request)
+        resp, latency = await self._call(self.client.responses.create, params)
+        return parse_responses_response(resp, latency, what=f"{self.provider} {self.model_id}")
+
+
+def build_responses_params(model_id: str, request: ModelRequest) -> dict[str, Any]:
+    """Keyword arguments for ``responses.create``; pure, so tests can inspect it."""
+    items: list[dict[str, Any]] = []
+    for m in request.messages:
+        if m.role == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": m.tool_call_id or "",
+                    "output": m.content,
+                }
+            )
+        elif m.role == "assistant":
+            if m.content:
+                items.append({"type": "message", "role": "assistant", "content": m.content})
+            for call in m.tool_calls:
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call.id,
+                        "name": call.name,
+                        "arguments": call.arguments,
+                    }
+                )
+        else:
+            items.append({"type": "message", "role": "user", "content": m.content})
+    params: dict[str, Any] = {
+        "model": model_id,
+        "input": items,
+        "max_output_tokens": request.max_tokens,
+        "store": False,
+    }
+    if request.system:
+        params["instructions"] = request.system
+    if request.tools:
+        # strict=False: the Responses API defaults to strict schemas, which reject ordinary
+        # JSON schemas (optional properties, no additionalProperties: false).
+        params["tools"] = [
+            {
+                "type": "function",
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.parameters,
+                "strict": False,
+            }
+            for t in request.tools
+        ]
+    if request.cache_key:
+        params["prompt_cache_key"] = request.cache_key
+    if request.service_tier:
+        params["service_tier"] = request.service_tier
+    return params
+
+
+def parse_responses_response(resp: Any, latency_s: float, *, what: str = "openai") -> ModelResponse:
+    """Output items → one assistant Message. Reasoning items are dropped (with
+    ``store=False`` they cannot be referenced later anyway); arguments stay raw text."""
+    if getattr(resp, "error", None):
+        raise ModelError(f"{what}: response failed: {resp.error.message}")
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for item in resp.output or []:
+        if item.type == "message":
+            for part in item.content or []:
+                if part.type == "output_text":
+                    texts.append(part.text)
+                elif part.type == "refusal":
+                    texts.append(part.refusal)
+        elif item.type == "function_call":
+            calls.append(ToolCall(id=item.call_id, name=item.name, arguments=item.arguments or ""))
+    raw_usage = (
+        resp.usage.model_dump(mode="json", exclude_unset=True) if resp.usage is not None else {}
+    )
+    details = getattr(resp, "incomplete_details", None)
+    stop = (details.reason if details is not None else None) or resp.status or ""
+    return ModelResponse(
+        message=Message(role="assistant", content="".join(texts), tool_calls=tuple(calls)),
+        usage=Usage.from_openai_responses(raw_usage),
+        raw_usage=raw_usage,
+        model=resp.model,
+        latency_s=latency_s,
+        stop_reason=stop,
+        service_tier=resp.service_tier,
+    )
+
+
+# --- Chat Completions ------------------------------------------------------------------
+
+
+class OpenAIChatModel(_OpenAIBase):
+    """Chat Completions: OpenAI, or any compatible server given by ``base_url``.
+
+    ``provider`` (the genai-prices id used for pricing) defaults to "deepseek" when the
+    base_url mentions deepseek, else "openai"; pass it for other vendors. ``openai_params``
+    forces (True) or suppresses (False) the OpenAI-only parameters; by default they are
+    sent only when base_url is None or api.openai.com.
+    """
+
+    def __init__(
+        self,
+        model_id: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        client: openai.AsyncOpenAI | None = None,
+        provider: str | None = None,
+        openai_params: bool | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        timeout_s: float = 600.0,
+        spec: str | None = None,
+    ) -> None:
+        if provider is None:
+            provider = "deepseek" if base_url and "deepseek" in base_url.lower() else "openai"
+        self.model_id = model_id
+        self.provider = provider
+        self.spec = spec or f"{provider}:{model_id}"
+        self.retry = retry
+        self.openai_params = _is_openai(base_url) if openai_params is None else openai_params
+        self.client, self._owns_client = _make_client(
+            base_url, api_key, client, provider=provider, model_id=model_id, timeout_s=timeout_s
+        )
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        params = build_chat_params(self.model_id, request, openai_params=self.openai_params)
+        resp, latency = await self._call(self.client.chat.completions.create, params)
+        return parse_chat_response(resp, latency, what=f"{self.provider} {self.model_id}")
+
+
+def _chat_tool(t: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+    }
+
+
+def build_chat_params(
+    model_id: str, request: ModelRequest, *, openai_params: bool
+) -> dict[str, Any]:
+    """Keyword arguments for ``chat.completions.create``; pure, so tests can inspect it."""
+    messages: list[dict[str, Any]] = []
+    if request.system:
+        messages.append({"role": "system", "content": request.system})
+    for m in request.messages:
+        if m.role == "tool":
+            messages.append(
+                {"role": "tool", "tool_call_id": m.tool_call_id or "", "content": m.content}
+            )
+        elif m.role == "assistant":
+            msg: dict[str, Any] = {"role": "assistant", "content": m.content}
+            if m.tool_calls:
+                msg["content"] = m.content or None  # the spec's "no text" with tool calls
+                msg["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
+                    for c in m.tool_calls
+                ]
+            messages.append(msg)
+        else:
+            messages.append({"role": "user", "content": m.content})
+    params: dict[str, Any] = {"model": model_id, "messages": messages}
+    if request.tools:
+        params["tools"] = [_chat_tool(t) for t in request.tools]
+    if openai_params:
+        params["max_completion_tokens"] = request.max_tokens
+        if request.cache_key:
+            params["prompt_cache_key"] = request.cache_key
+        if request.service_tier:
+            params["service_tier"] = request.service_tier
+    else:
+        params["max_tokens"] = request.max_tokens
+    return params
+
+
+def parse_chat_response(resp: Any, latency_s: float, *, what: str = "openai") -> ModelResponse:
+    """First choice → assistant Message; arguments kept as the raw string the model wrote.
+    Usage keeps vendor extras (DeepSeek's prompt_cache_hit_tokens) since the SDK's models
+    allow extra fields."""
+    if not resp.choices:
+        raise ModelError(f"{what}: response has no choices")
+    choice = resp.choices[0]
+    msg = choice.message
+    calls = tuple(
+        ToolCall(id=tc.id, name=tc.function.name, arguments=tc.function.arguments or "")
+        for tc in (msg.tool_calls or [])
+        if getattr(tc, "type", "function") == "function"
+    )
+    raw_usage = (
+        resp.usage.model_dump(mode="json", exclude_unset=True) if resp.usage is not None else {}
+    )
+    return ModelResponse(
+        message=Message(role="assistant", content=msg.content or "", tool_calls=calls),
+        usage=Usage.from_openai_chat(raw_usage),
+        raw_usage=raw_usage,
+        model=resp.model,
+        latency_s=latency_s,
+        stop_reason=choice.finish_reason or "",
+        service_tier=getattr(resp, "service_tier", None),
+    )

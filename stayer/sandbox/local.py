@@ -1,0 +1,89 @@
+"""No isolation at all: ``/bin/bash -c`` on the host, in the workspace directory.
+
+Only for ``--sandbox local``, chosen by name, e.g. where bubblewrap cannot run (macOS, a
+container without user namespaces) and the user accepts that the agent's commands can read
+and write anything the user can, including the network.
+
+It does not pretend to be a sandbox. The workspace is *not* at ``/app``: the only place
+``/app`` is translated is ``cwd`` (``/app/sub`` → ``<workspace>/sub``), and ``$APP`` holds
+the workspace path. Commands the model writes with literal ``/app/...`` paths will fail; the
+file tools avoid that by addressing files relative to the working directory. ``mounts``
+cannot be provided without namespaces, so asking for them is an error rather than a silent
+no-op. Limits, the timeout and output capture behave as under bwrap (same code), except that
+without a writable pids cgroup (i.e. not root and no delegation) a process that detaches
+into its own session (``setsid``, daemons) can outlive the call.
+
+The environment is a short allow-list taken from the host (``PATH``, ``HOME``, ``USER``,
+``LANG``), not all of it, so that API keys in the caller's environment do not end up in a
+transcript through a stray ``env``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from stayer.errors import ConfigError
+from stayer.sandbox.base import ExecResult, Mount
+from stayer.sandbox.process import Limits, run_process
+
+_HOST_ENV_KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ")
+
+
+class LocalSandbox:
+    """Runs commands directly on the host with ``cwd`` = the workspace. No isolation."""
+
+    def __init__(
+        self,
+        workspace: str | Path,
+        *,
+        allow_net: bool = True,  # accepted for a uniform make_sandbox(); the host net is always there
+        memory_mb: int | None = None,
+        max_processes: int | None = None,
+        max_output_bytes: int = 1_000_000,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.workspace = Path(workspace).resolve()
+        if not self.workspace.is_dir():
+            raise ConfigError(f"sandbox: workspace {self.workspace} is not a directory")
+        self.allow_net = allow_net
+        self.limits = Limits(memory_mb=memory_mb, max_processes=max_processes)
+        self.max_output_bytes = max_output_bytes
+        self.env = {k: os.environ[k] for k in _HOST_ENV_KEEP if k in os.environ}
+        self.env.setdefault("PATH", os.defpath)
+        self.env.update({"TERM": "dumb", "APP": str(self.workspace), **(env or {})})
+
+    def host_cwd(self, cwd: str) -> str:
+        """``/app`` and ``/app/...`` mapped into the workspace; any other path unchanged."""
+        if cwd == "/app" or cwd.startswith("/app/"):
+            return str(self.workspace / cwd[len("/app") :].lstrip("/"))
+        return cwd
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout: float = 120.0,
+        stdin: bytes | None = None,
+        mounts: tuple[Mount, ...] = (),
+        cwd: str = "/app",
+    ) -> ExecResult:
+        if mounts:
+            dests = ", ".join(m.dest for m in mounts)
+            raise ConfigError(
+                f"sandbox: the local sandbox cannot mount {dests}; use --sandbox bwrap"
+            )
+        host_cwd = self.host_cwd(cwd)
+        if not os.path.isdir(host_cwd):  # what bwrap --chdir reports, instead of an OSError
+            return ExecResult(
+                exit_code=1, stdout="", stderr=f"cannot chdir to {cwd}: no such directory\n"
+            )
+        return await run_process(
+            ["/bin/bash", "-c", command],
+            timeout=timeout,
+            stdin=stdin,
+            cwd=host_cwd,
+            env=self.env,
+            max_output_bytes=self.max_output_bytes,
+            limits=self.limits,
+        )

@@ -1,0 +1,368 @@
+"""Run one child process with a deadline, bounded output capture and resource limits.
+
+Both sandbox backends (``bwrap`` and ``local``) start a process the same way and differ only
+in the argv they build, so everything that is easy to get subtly wrong lives here once:
+
+* **Output.** stdout and stderr are drained concurrently until EOF, whatever their size, so a
+  chatty child never blocks on a full pipe. Each stream keeps at most ``max_output_bytes``:
+  the first half and the last half, with a marker saying how many bytes were dropped in
+  between. Memory is therefore bounded by the cap, not by what the child prints.
+* **Deadline.** The child starts in its own session (so its own process group). On timeout,
+  on cancellation of the caller, and also after a normal exit, the whole group is killed, so
+  ``sleep 1000 &`` does not outlive the call. Where a ``pids`` cgroup can be created (root,
+  or a delegated cgroup), every command gets one and all its members are killed at the
+  end, which also catches processes that left the group with ``setsid``. Under bwrap the
+  pid namespace guarantees all this anyway; for the local backend this is what does it.
+  Exit is detected from the exit status, not from the pipes closing, so a straggler that
+  keeps a pipe open cannot turn a finished command into a timeout.
+* **Limits.** ``memory_mb`` is ``RLIMIT_AS`` (per process address space, soft = hard, so the
+  child cannot raise it). ``max_processes`` uses a ``pids`` cgroup when one can be created,
+  because ``RLIMIT_NPROC`` is not enforced for root and, for other users, counts *all* of
+  that user's processes on the host. Without a usable cgroup it falls back to
+  ``RLIMIT_NPROC`` and, when running as root, logs once that the limit is not enforced.
+  Limits are applied by a tiny ``/bin/bash`` prelude that joins the cgroup, calls
+  ``ulimit`` and ``exec``\\ s the real argv: no ``preexec_fn``, which is unsafe in a process
+  that has threads (asyncio's executor, tokenizers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from stayer.sandbox.base import ExecResult
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 64 * 1024
+# After the main process exits, how long to wait for the pipes to reach EOF before giving up
+# on stragglers that escaped the process group (only possible for the local backend).
+_DRAIN_GRACE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource limits for one command; ``None`` means no limit."""
+
+    memory_mb: int | None = None  # RLIMIT_AS of every process in the tree
+    max_processes: int | None = None  # pids cgroup (or RLIMIT_NPROC as a fallback)
+
+
+class _Capture:
+    """Keeps the head and the tail of a byte stream, counting what fell in between."""
+
+    def __init__(self, limit: int) -> None:
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if not chunk:
+            return
+        self.tail += chunk
+        excess = len(self.tail) - self.tail_limit
+        if excess > 0:
+            # bytearray deletes from the front in O(1) amortised (it moves its start offset).
+            del self.tail[:excess]
+            self.dropped += excess
+
+    def text(self) -> str:
+        if not self.dropped:
+            return (self.head + self.tail).decode("utf-8", errors="replace")
+        return (
+            self.head.decode("utf-8", errors="replace")
+            + f"\n[... {self.dropped} bytes dropped ...]\n"
+            + self.tail.decode("utf-8", errors="replace")
+        )
+
+
+async def _drain(stream: asyncio.StreamReader, capture: _Capture) -> None:
+    while chunk := await stream.read(_CHUNK):
+        capture.feed(chunk)
+
+
+async def _feed_stdin(stream: asyncio.StreamWriter, data: bytes) -> None:
+    # The child may exit (or close stdin) without reading everything: that is its business.
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        stream.write(data)
+        await stream.drain()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        stream.close()
+        await stream.wait_closed()
+
+
+# --------------------------------------------------------------------------------------
+# pids cgroup
+
+
+def _pids_cgroup_candidate() -> Path | None:
+    """The directory of this process's own cgroup in a hierarchy that has the pids
+    controller (v1 ``pids`` mount or the v2 unified mount), or None."""
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text().splitlines()
+        own = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    v1: tuple[str, str] | None = None
+    v2: tuple[str, str] | None = None
+    for line in mountinfo:
+        left, _, right = line.partition(" - ")
+        fields, rfields = left.split(), right.split()
+        if len(fields) < 5 or len(rfields) < 3:
+            continue
+        root, mount_point, fstype, opts = fields[3], fields[4], rfields[0], rfields[2]
+        if fstype == "cgroup" and "pids" in opts.split(","):
+            v1 = (root, mount_point)
+        elif fstype == "cgroup2" and v2 is None:
+            v2 = (root, mount_point)
+    for line in own:
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if v1 and "pids" in controllers.split(","):
+            root, mount_point = v1
+        elif v2 and hier == "0" and controllers == "":
+            root, mount_point = v2
+        else:
+            continue
+        rel = os.path.relpath(path, root) if path.startswith(root) else "."
+        candidate = Path(mount_point) / rel
+        if candidate.is_dir():
+            return candidate.resolve()
+    return None
+
+
+@functools.cache
+def pids_cgroup_parent() -> Path | None:
+    """Where per-command pids cgroups can be created, probed once by really creating one.
+
+    Returns None when there is no pids controller, no permission (rootless without
+    delegation), or cgroup v2 refuses to enable the controller for children (the parent has
+    processes of its own).
+    """
+    parent = _pids_cgroup_candidate()
+    if parent is None:
+        return None
+    probe = parent / f"stayer-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.mkdir()
+    except OSError:
+        return None
+    try:
+        if not (probe / "pids.max").exists():
+            with contextlib.suppress(OSError):
+                (parent / "cgroup.subtree_control").write_text("+pids")
+        (probe / "pids.max").write_text("16")
+        return parent
+    except OSError:
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
+
+
+class _PidsCgroup:
+    """One cgroup per command: caps the number of tasks, and kills every leftover at the end."""
+
+    def __init__(self, parent: Path, max_processes: int | None) -> None:
+        self.path = parent / f"stayer-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.path.mkdir()
+        try:
+            (self.path / "pids.max").write_text(
+                "max" if max_processes is None else str(max_processes)
+            )
+        except OSError:
+            self.path.rmdir()
+            raise
+
+    def kill_all(self) -> None:
+        kill_file = self.path / "cgroup.kill"  # cgroup v2, Linux >= 5.14
+        if kill_file.exists():
+            with contextlib.suppress(OSError):
+                kill_file.write_text("1")
+                return
+        for _ in range(100):  # v1: a forking loop may add tasks while we kill; retry
+            try:
+                pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+            except OSError:
+                return
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+    async def remove(self) -> None:
+        self.kill_all()
+        for _ in range(200):  # killed tasks leave the cgroup asynchronously
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                await asyncio.sleep(0.01)
+                self.kill_all()
+        log.warning("could not remove cgroup %s", self.path)
+
+
+_warned_nproc = False
+
+
+def _limits_prelude(limits: Limits, cgroup: _PidsCgroup | None) -> list[str]:
+    """Shell lines that apply ``limits`` to the prelude itself before it execs the argv."""
+    global _warned_nproc
+    lines = ["set -e"]
+    if cgroup is not None:
+        lines.append(f"echo $$ > '{cgroup.path}/cgroup.procs'")
+    if limits.memory_mb is not None:
+        lines.append(f"ulimit -v {int(limits.memory_mb) * 1024}")  # KiB; sets soft and hard
+    if limits.max_processes is not None and cgroup is None:
+        lines.append(f"ulimit -u {int(limits.max_processes)}")
+        if os.geteuid() == 0 and not _warned_nproc:
+            _warned_nproc = True
+            log.warning(
+                "max_processes is not enforced: running as root and no pids cgroup could "
+                "be created (RLIMIT_NPROC does not apply to root)"
+            )
+    lines.append('exec "$@"')
+    return lines
+
+
+async def _wait_exit(proc: asyncio.subprocess.Process, timeout: float | None) -> bool:
+    """Wait until ``proc`` itself has exited; False if ``timeout`` passed first.
+
+    Not ``proc.wait()`` alone: since Python 3.11.? that also waits for the child's pipes to
+    close, which never happens while a background grandchild holds them, so a finished
+    command would look like a timeout. The exit status arrives through the child watcher
+    independently of the pipes; poll for it, backing off from 5 ms to 100 ms.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    waiter = asyncio.ensure_future(proc.wait())  # returns at once in the common case
+    interval = 0.005
+    try:
+        while proc.returncode is None:
+            step = interval if deadline is None else min(interval, deadline - loop.time())
+            if step <= 0:
+                return False
+            await asyncio.wait({waiter}, timeout=step)
+            interval = min(interval * 2, 0.1)
+        return True
+    finally:
+        waiter.cancel()
+
+
+def _kill_group(pgid: int) -> None:
+    # The group may outlive its (already reaped) leader while children remain in it; its id
+    # cannot be reused by a new process group while any member is alive.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+async def run_process(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    stdin: bytes | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    max_output_bytes: int = 1_000_000,
+    limits: Limits = Limits(),  # noqa: B008  (frozen dataclass: safe as a default)
+) -> ExecResult:
+    """Run ``argv`` to completion or until ``timeout`` seconds, then kill its process group.
+
+    Never raises for the child's behaviour (non-zero exit, signals, timeouts); raises
+    ``OSError`` only when the process cannot be started at all.
+    """
+    # A cgroup is used whenever one can be made, limit or not: killing its members at the
+    # end is the one way to also catch processes that left the process group (setsid).
+    cgroup: _PidsCgroup | None = None
+    if (parent := pids_cgroup_parent()) is not None:
+        try:
+            cgroup = _PidsCgroup(parent, limits.max_processes)
+        except OSError as e:
+            log.warning("could not create pids cgroup under %s: %s", parent, e)
+    argv = list(argv)
+    if cgroup is not None or limits.memory_mb is not None or limits.max_processes is not None:
+        prelude = "\n".join(_limits_prelude(limits, cgroup))
+        argv = ["/bin/bash", "-c", prelude, "stayer-limits", *argv]
+
+    out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
+    start = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            start_new_session=True,  # own session and process group: kill the whole tree
+            limit=_CHUNK,
+        )
+    except BaseException:
+        if cgroup is not None:
+            await cgroup.remove()
+        raise
+
+    assert proc.stdout is not None and proc.stderr is not None
+    tasks = [
+        asyncio.create_task(_drain(proc.stdout, out)),
+        asyncio.create_task(_drain(proc.stderr, err)),
+    ]
+    if stdin is not None:
+        assert proc.stdin is not None
+        tasks.append(asyncio.create_task(_feed_stdin(proc.stdin, stdin)))
+
+    timed_out = False
+    try:
+        timed_out = not await _wait_exit(proc, max(timeout, 0.001))
+        # Whether it finished or not: nothing it started may outlive the call.
+        _kill_group(proc.pid)
+        if cgroup is not None:
+            cgroup.kill_all()
+        await _wait_exit(proc, None)
+        _done, pending = await asyncio.wait(tasks, timeout=_DRAIN_GRACE_S)
+        if pending:  # a straggler escaped the group and still holds a pipe open
+            log.warning("a process started by %.80r outlived it, holding its output", argv[-1])
+            for task in pending:
+                task.cancel()
+            transport = getattr(proc, "_transport", None)
+            if transport is not None:
+                transport.close()  # release our ends of the pipes
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        if proc.returncode is None:  # the caller was cancelled: kill before propagating
+            _kill_group(proc.pid)
+        for task in tasks:
+            task.cancel()
+        if cgroup is not None:
+            await cgroup.remove()
+
+    code = proc.returncode
+    assert code is not None
+    if code < 0:  # killed by a signal: report it the way a shell would
+        code = 128 - code
+    return ExecResult(
+        exit_code=code,
+        stdout=out.text(),
+        stderr=err.text(),
+        timed_out=timed_out,
+        truncated=bool(out.dropped or err.dropped),
+        duration_s=time.monotonic() - start,
+    )

@@ -1,0 +1,296 @@
+"""``read_file``, ``write_file``, ``edit_file``: file access for the model, through the sandbox.
+
+The host never opens these paths itself. Every read and write is a ``cat``/``sed`` inside the
+sandbox, so a symlink the agent planted (``/app/link -> /etc/passwd``) resolves in the
+sandbox's view of the filesystem, where everything outside ``/app`` and ``/tmp`` is
+read-only or absent, and cannot reach the host. Paths are given as ``/app/...`` or relative
+to ``/app``; commands run with cwd ``/app`` and address the file relatively, which also works
+under the local backend (where ``/app`` is only a name for the workspace).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from typing import Any
+
+from stayer.context.tokens import TokenCounter
+from stayer.models.base import ToolSpec
+from stayer.tools.base import ToolContext, ToolResult
+
+DEFAULT_LIMIT = 2000  # lines per read_file call
+MAX_LINE_CHARS = 2000  # longer lines (minified code, data) are cut in the listing
+
+_PATH_PROP = {
+    "type": "string",
+    "description": "File path: absolute under /app, or relative to /app.",
+}
+
+
+class PathError(ValueError):
+    """A path the file tools refuse; the message is meant for the model."""
+
+
+def app_relative(path: str) -> str:
+    """``path`` as a normalised path relative to ``/app``; PathError if it leaves ``/app``."""
+    if not path or not path.strip():
+        raise PathError("path is empty")
+    if "\0" in path:
+        raise PathError("path contains a NUL byte")
+    norm = posixpath.normpath(path)
+    if norm.startswith("/"):
+        if norm == "/app":
+            return "."
+        if not norm.startswith("/app/"):
+            raise PathError(f"{path} is outside /app; these tools only access files under /app")
+        return norm[len("/app/") :]
+    if norm == ".." or norm.startswith("../"):
+        raise PathError(f"{path} is outside /app; these tools only access files under /app")
+    return norm
+
+
+def _shown(rel: str) -> str:
+    return "/app" if rel == "." else f"/app/{rel}"
+
+
+def _q(rel: str) -> str:
+    # "./" keeps a name that starts with "-" from being read as an option, even where "--"
+    # is not supported.
+    return shlex.quote(rel if rel.startswith("/") else f"./{rel}")
+
+
+def _stderr(res: Any) -> str:
+    return (res.stderr.strip() or res.stdout.strip() or f"exit code {res.exit_code}")[:2000]
+
+
+async def _read_whole(ctx: ToolContext, rel: str) -> str | ToolResult:
+    """The file's text, or a ToolResult error saying why it cannot be edited as text."""
+    res = await ctx.sandbox.exec(f"cat -- {_q(rel)}", timeout=ctx.command_timeout, cwd="/app")
+    if res.timed_out:
+        return ToolResult(f"reading {_shown(rel)} timed out", is_error=True)
+    if res.exit_code != 0:
+        return ToolResult(f"cannot read {_shown(rel)}: {_stderr(res)}", is_error=True)
+    if res.truncated:
+        return ToolResult(
+            f"{_shown(rel)} is too large for edit_file; use bash (sed, python) instead",
+            is_error=True,
+        )
+    if "\0" in res.stdout or "\ufffd" in res.stdout:
+        return ToolResult(
+            f"{_shown(rel)} is not UTF-8 text; edit_file would corrupt it, use bash instead",
+            is_error=True,
+        )
+    return res.stdout
+
+
+async def _write_whole(ctx: ToolContext, rel: str, content: str) -> ToolResult | None:
+    """Write ``content`` to ``rel`` (creating parent directories); None on success."""
+    parent = posixpath.dirname(rel) or "."
+    res = await ctx.sandbox.exec(
+        f"mkdir -p -- {_q(parent)} && cat > {_q(rel)}",
+        timeout=ctx.command_timeout,
+        stdin=content.encode("utf-8"),
+        cwd="/app",
+    )
+    if res.timed_out:
+        return ToolResult(f"writing {_shown(rel)} timed out", is_error=True)
+    if res.exit_code != 0:
+        return ToolResult(f"cannot write {_shown(rel)}: {_stderr(res)}", is_error=True)
+    return None
+
+
+class ReadFileTool:
+    """Numbered lines of a text file, a window at a time, cut to the output budget."""
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = counter
+        self.spec = ToolSpec(
+            name="read_file",
+            description=(
+                "Read a text file under /app and return its lines numbered from 1, like cat -n. "
+                f"At most `limit` lines (default {DEFAULT_LIMIT}) starting at line `offset` "
+                "(default 1) are returned, and fewer if they do not fit the output budget; the "
+                "result then says which offset to pass to continue. Lines longer than "
+                f"{MAX_LINE_CHARS} characters are cut. Use it instead of cat, head or tail "
+                "to look at files, including saved command outputs."
+            ),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "path": _PATH_PROP,
+                    "offset": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "description": "First line to return, counting from 1.",
+                    },
+                    "limit": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "description": "Maximum number of lines to return.",
+                    },
+                },
+                "required": ["path"],
+                "additionalProperties": False,
+            },
+        )
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        try:
+            rel = app_relative(args["path"])
+        except PathError as e:
+            return ToolResult(f"read_file: {e}", is_error=True)
+        offset = int(args.get("offset") or 1)
+        limit = int(args.get("limit") or DEFAULT_LIMIT)
+        last = offset + limit  # one line past the window: tells us whether more follow
+        # sed stops reading at `last`, so a window near the top of a huge file is cheap.
+        res = await ctx.sandbox.exec(
+            f"if [ -d {_q(rel)} ]; then echo 'is a directory' >&2; exit 1; fi; "
+            f"sed -n '{offset},{last}p;{last}q' -- {_q(rel)}",
+            timeout=ctx.command_timeout,
+            cwd="/app",
+        )
+        shown = _shown(rel)
+        if res.timed_out:
+            return ToolResult(f"read_file: reading {shown} timed out", is_error=True)
+        if res.exit_code != 0:
+            return ToolResult(f"read_file: cannot read {shown}: {_stderr(res)}", is_error=True)
+        if "\0" in res.stdout:
+            return ToolResult(
+                f"read_file: {shown} is a binary file; inspect it with bash (xxd, file, strings)",
+                is_error=True,
+            )
+        # Split on "\n" only, as sed counts lines (splitlines would also split on \r, \f...).
+        lines = res.stdout.split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        more = len(lines) > limit
+        lines = lines[:limit]
+        if not lines:
+            if offset == 1:
+                return ToolResult(f"({shown} is empty)")
+            return ToolResult(f"({shown} has fewer than {offset} lines)")
+        numbered = []
+        for n, line in enumerate(lines, start=offset):
+            if len(line) > MAX_LINE_CHARS:
+                line = line[:MAX_LINE_CHARS] + f" [... {len(line) - MAX_LINE_CHARS} chars cut]"
+            numbered.append(f"{n:6}\t{line}")
+        text = "\n".join(numbered)
+        end = offset + len(numbered) - 1
+        tokens = self.counter.encode(text)
+        if len(tokens) > ctx.output_token_budget:
+            head = self.counter.decode(tokens[: ctx.output_token_budget])
+            kept = max(head.count("\n"), 1)  # whole lines only; always make progress
+            text = "\n".join(numbered[:kept])
+            end = offset + kept - 1
+            more = True
+        if more:
+            text += (
+                f"\n[showing lines {offset}-{end}; the file continues: "
+                f"call read_file with offset={end + 1}]"
+            )
+        return ToolResult(text)
+
+
+class WriteFileTool:
+    """Create or overwrite a file with exactly the given content."""
+
+    spec = ToolSpec(
+        name="write_file",
+        description=(
+            "Create a file under /app, or overwrite it entirely, with exactly `content`; "
+            "missing parent directories are created. To change part of an existing file use "
+            "edit_file instead, which does not require repeating the whole file."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "path": _PATH_PROP,
+                "content": {"type": "string", "description": "The complete new file content."},
+            },
+            "required": ["path", "content"],
+            "additionalProperties": False,
+        },
+    )
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        try:
+            rel = app_relative(args["path"])
+        except PathError as e:
+            return ToolResult(f"write_file: {e}", is_error=True)
+        if rel == ".":
+            return ToolResult("write_file: /app is a directory, give a file path", is_error=True)
+        content: str = args["content"]
+        err = await _write_whole(ctx, rel, content)
+        if err is not None:
+            return ToolResult(f"write_file: {err.output}", is_error=True)
+        n_bytes = len(content.encode("utf-8"))
+        n_lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
+        return ToolResult(f"wrote {n_bytes} bytes ({n_lines} lines) to {_shown(rel)}")
+
+
+class EditFileTool:
+    """Exact string replacement in a text file: the cheap way to change a large file."""
+
+    spec = ToolSpec(
+        name="edit_file",
+        description=(
+            "Edit a text file under /app by replacing an exact string: `old_string` must "
+            "occur in the file exactly as given (including whitespace and indentation) and, "
+            "unless `replace_all` is true, exactly once; include enough surrounding lines to "
+            "make it unique. It is replaced by `new_string`. Read the file first so that the "
+            "text matches. To create a file use write_file."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "path": _PATH_PROP,
+                "old_string": {"type": "string", "description": "Exact text to replace."},
+                "new_string": {"type": "string", "description": "Text to put in its place."},
+                "replace_all": {
+                    "type": "boolean",
+                    "description": "Replace every occurrence instead of requiring exactly one.",
+                },
+            },
+            "required": ["path", "old_string", "new_string"],
+            "additionalProperties": False,
+        },
+    )
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        try:
+            rel = app_relative(args["path"])
+        except PathError as e:
+            return ToolResult(f"edit_file: {e}", is_error=True)
+        old: str = args["old_string"]
+        new: str = args["new_string"]
+        replace_all = bool(args.get("replace_all", False))
+        if not old:
+            return ToolResult(
+                "edit_file: old_string is empty; to create or overwrite a file use write_file",
+                is_error=True,
+            )
+        if old == new:
+            return ToolResult("edit_file: old_string and new_string are the same", is_error=True)
+        text = await _read_whole(ctx, rel)
+        if isinstance(text, ToolResult):
+            return ToolResult(f"edit_file: {text.output}", is_error=True)
+        shown = _shown(rel)
+        count = text.count(old)
+        if count == 0:
+            return ToolResult(
+                f"edit_file: old_string not found in {shown}; it must match exactly, including "
+                "whitespace and indentation (read the file again to check)",
+                is_error=True,
+            )
+        if count > 1 and not replace_all:
+            return ToolResult(
+                f"edit_file: old_string occurs {count} times in {shown}; include more "
+                "surrounding text to make it unique, or set replace_all to true",
+                is_error=True,
+            )
+        line = text[: text.index(old)].count("\n") + 1
+        err = await _write_whole(ctx, rel, text.replace(old, new))
+        if err is not None:
+            return ToolResult(f"edit_file: {err.output}", is_error=True)
+        what = f"{count} occurrences" if count > 1 else f"1 occurrence at line {line}"
+        return ToolResult(f"edited {shown}: replaced {what}")
