@@ -1,0 +1,3 @@
+from stayer.cli import main
+
+main()

@@ -1,0 +1,64 @@
+"""``stayer estimate``: the cost equation, with ideal caching and with none."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from stayer.cli.common import JsonFlag, app, bad_input, emit_json, parse_decimal
+from stayer.errors import ConfigError
+
+
+@app.command()
+def estimate(
+    steps: Annotated[int, typer.Option("--steps", help="Agent steps (model calls).")],
+    new_tokens: Annotated[int, typer.Option("--new-tokens", help="New input tokens per step.")],
+    output_tokens: Annotated[int, typer.Option("--output-tokens", help="Output tokens per step.")],
+    price_miss: Annotated[str | None, typer.Option("--price-miss", help="Uncached input price per million tokens.")] = None,
+    price_hit: Annotated[str | None, typer.Option("--price-hit", help="Cache read price per million tokens.")] = None,
+    price_out: Annotated[str | None, typer.Option("--price-out", help="Output price per million tokens.")] = None,
+    price_write: Annotated[str | None, typer.Option("--price-write", help="Cache write price per million tokens.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Take prices from price data for this model id.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """The cost equation: per-step and total cost with ideal caching and with none."""
+    from stayer.estimate import estimate as run_estimate
+    from stayer.estimate import rates_from_flags, render_estimate
+    from stayer.pricing import PriceBook, Rates
+
+    for flag, v in (("--steps", steps), ("--new-tokens", new_tokens), ("--output-tokens", output_tokens)):
+        if v < 0 or (flag == "--steps" and v < 1):
+            bad_input(f"{flag} {v}: must be {'at least 1' if flag == '--steps' else 'zero or more'}")
+    flags = {"--price-miss": price_miss, "--price-hit": price_hit, "--price-out": price_out}
+    try:
+        if model is not None:
+            if any(v is not None for v in (*flags.values(), price_write)):
+                bad_input("--model and --price-* flags: give one or the other")
+            name = model.split(":", 1)[1] if model.startswith(("sim:", "anthropic:", "openai:", "openai-chat:")) else model
+            book = PriceBook.load()
+            if book.rates(name) is None:
+                bad_input(f"--model {model}: no price data for this model; give --price-miss/--price-hit/--price-out")
+
+            def rates(context_tokens: int) -> Rates:  # long-context tiers apply per step
+                return book.rates(name, prompt_tokens=context_tokens)  # type: ignore[return-value]
+
+        else:
+            missing = [f for f, v in flags.items() if v is None]
+            if missing:
+                bad_input(f"{', '.join(missing)}: required without --model (prices per million tokens)")
+            values = {f: parse_decimal(v, f) for f, v in flags.items()}
+            write = parse_decimal(price_write, "--price-write")
+            for f, v in (*values.items(), ("--price-write", write)):
+                if v is not None and v < 0:
+                    bad_input(f"{f} {v}: prices cannot be negative")
+            rates = rates_from_flags(values["--price-miss"], values["--price-hit"], values["--price-out"], write)
+    except ConfigError as e:
+        bad_input(str(e))
+    result = run_estimate(steps, new_tokens, output_tokens, rates)
+    if json_out:
+        emit_json(result)
+        render_estimate(result, Console(stderr=True))
+    else:
+        render_estimate(result, Console())

@@ -1,0 +1,111 @@
+"""``stayer run``: one task, one model, verified, with the cost of every step."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stayer.cli.common import (
+    EXIT_BUDGET,
+    EXIT_FAILED,
+    EXIT_OK,
+    JsonFlag,
+    app,
+    bad_input,
+    emit_json,
+    parse_decimal,
+    stderr,
+)
+from stayer.errors import ConfigError
+
+
+@app.command()
+def run(
+    task: Annotated[str, typer.Argument(help="Task directory (Harbor layout).")],
+    model: Annotated[str, typer.Option("--model", "-m", help="PROVIDER:MODEL, e.g. sim:claude-sonnet-4-5.")],
+    max_steps: Annotated[int, typer.Option("--max-steps", help="Model calls at most.")] = 50,
+    max_cost: Annotated[str | None, typer.Option("--max-cost", help="Hard cap in USD; never overshot.")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Id of this run (default: time + random).")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible server for openai-chat: models.")] = None,
+    sim_policy: Annotated[str | None, typer.Option("--sim-policy", help="oracle | synthetic:steps=N,obs_tokens=T,out_tokens=U | replay:PATH")] = None,
+    sim_latency: Annotated[float, typer.Option("--sim-latency", help="Simulated seconds per model call.")] = 0.0,
+    sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local (unsandboxed, only by name).")] = "bwrap",
+    service_tier: Annotated[str | None, typer.Option("--service-tier", help="Provider service tier (flex, priority, fast…).")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Run an agent on one task, verify the result, and report cost per step."""
+    from stayer.eval.trial import RunConfig, execute, prepare
+
+    config = RunConfig(
+        task_dir=task,
+        model=model,
+        max_steps=max_steps,
+        max_cost=parse_decimal(max_cost, "--max-cost"),
+        run_id=run_id,
+        base_url=base_url,
+        sim_policy=sim_policy,
+        sim_latency=sim_latency,
+        sandbox=sandbox,
+        service_tier=service_tier,
+    )
+    try:
+        prepared = prepare(config)
+    except ConfigError as e:
+        bad_input(str(e))
+    err = stderr()
+    err.print(
+        f"[bold]stayer run[/] {prepared.task.name} · {model} · run {prepared.run_id}", highlight=False
+    )
+
+    def progress(entry: Any) -> None:
+        d = entry.to_dict()
+        tools = ",".join(c["name"] for c in d["tool_calls"]) or "-"
+        step_cost = d["cost_usd"] if d["cost_usd"] == "unknown" else f"{Decimal(d['cost_usd']):.6f}"
+        err.print(
+            f"step {d['step']:>3} │ ctx {d['context_tokens']:>9,} │ cache {d['cache_hit_ratio'] * 100:5.1f}% │ "
+            f"${step_cost} │ total ${_running_total(entry)} │ {tools}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    totals: list[Decimal | None] = [Decimal(0)]
+
+    def _running_total(entry: Any) -> str:
+        t = totals[0]
+        totals[0] = None if t is None or entry.cost.total is None else t + entry.cost.total
+        return "unknown" if totals[0] is None else f"{totals[0]:.6f}"
+
+    try:
+        doc = asyncio.run(execute(prepared, on_step=progress))
+    except ConfigError as e:
+        bad_input(str(e))
+    if json_out:
+        emit_json(doc)
+    _summary_table(doc, Console(stderr=json_out))
+    code = {"succeeded": EXIT_OK, "budget_exhausted": EXIT_BUDGET}.get(doc["status"], EXIT_FAILED)
+    raise typer.Exit(code)
+
+
+def _summary_table(doc: dict[str, Any], console: Console) -> None:
+    t = Table(title=f"run {doc['run_id']} · {doc['task']} · {doc['model']}", show_header=False)
+    u = doc["usage"]
+    rows = [
+        ("status", doc["status"]),
+        ("reward", str(doc["reward"])),
+        ("steps", str(doc["steps"])),
+        ("input tokens", f"{u['input_tokens']:,}"),
+        ("  cache read", f"{u['cache_read_tokens']:,}"),
+        ("  cache write", f"{u['cache_write_tokens']:,}"),
+        ("output tokens", f"{u['output_tokens']:,} (reasoning {u['reasoning_tokens']:,})"),
+        ("cost (USD)", doc["cost_usd"]),
+    ]
+    if doc.get("error"):
+        rows.append(("error", doc["error"]))
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
