@@ -98,6 +98,7 @@ class Agent:
         system_prompt: str = SYSTEM_PROMPT,
         on_step: Callable[[LedgerEntry], None] | None = None,
         on_message: Callable[[Message], None] | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.model = model
         self.tools = {t.spec.name: t for t in tools}
@@ -108,6 +109,9 @@ class Agent:
         self.system_prompt = system_prompt
         self.on_step = on_step or (lambda e: None)
         self.on_message = on_message or (lambda m: None)
+        # Structured events for the journal and observers: compaction, breaker, ... Each
+        # carries the data needed to rebuild the context exactly on resume.
+        self.on_event = on_event or (lambda kind, payload: None)
 
     def reserve(self, budget: Budget, prompt_tokens: int) -> tuple[Reservation, int] | None:
         """Reserve the call's worst case: the whole prompt at the dearest input rate plus its
