@@ -13,9 +13,19 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from stayer.context.forensics import CacheForensics
 from stayer.context.layout import Context, MessageCounter
+from stayer.context.policies import (
+    AutoPolicy,
+    Compaction,
+    ContextOverflow,
+    ContextPolicy,
+    StepView,
+    policy_cost,
+)
 from stayer.guard.budget import Budget, Reservation
 from stayer.models.base import Message, Model, ModelError, ToolCall
+from stayer.models.caching import CacheRules, cache_rules
 from stayer.pricing import Cost, PriceBook
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext
@@ -45,6 +55,7 @@ class Limits:
     max_cost: Decimal | None = None
     max_output_tokens: int = 8192  # per model call
     service_tier: str | None = None
+    max_context: int | None = None  # prompt tokens; never exceeded (context policy)
 
 
 @dataclass
@@ -57,6 +68,7 @@ class LedgerEntry:
     latency_s: float
     tool_calls: list[dict[str, Any]]
     cache_break: dict[str, Any] | None = None
+    compaction: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,6 +82,7 @@ class LedgerEntry:
             "tool_calls": self.tool_calls,
             "tool_errors": sum(1 for c in self.tool_calls if c["is_error"]),
             "cache_break": self.cache_break,
+            "compaction": self.compaction,
         }
 
 
@@ -83,6 +96,12 @@ class RunResult:
     summary: str = ""
     error: str | None = None
     stop_reason: str = ""
+    peak_context_tokens: int = 0
+
+    def add_cost(self, amount: Decimal | None) -> None:
+        """Unknown stays unknown: one unpriced call makes the total unknown, never 0."""
+        if self.cost_usd is not None:
+            self.cost_usd = None if amount is None else self.cost_usd + amount
 
 
 class Agent:
@@ -99,6 +118,7 @@ class Agent:
         on_step: Callable[[LedgerEntry], None] | None = None,
         on_message: Callable[[Message], None] | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        policy: ContextPolicy | None = None,
     ) -> None:
         self.model = model
         self.tools = {t.spec.name: t for t in tools}
@@ -112,6 +132,11 @@ class Agent:
         # Structured events for the journal and observers: compaction, breaker, ... Each
         # carries the data needed to rebuild the context exactly on resume.
         self.on_event = on_event or (lambda kind, payload: None)
+        self.policy = policy or AutoPolicy()
+        self.rules = _rules_for(model)
+
+    def rates_at(self, prompt_tokens: int):  # noqa: ANN201 - Rates | None
+        return self.prices.rates(self.model.model_id, self.model.provider, self.limits.service_tier, prompt_tokens)
 
     def reserve(self, budget: Budget, prompt_tokens: int) -> tuple[Reservation, int] | None:
         """Reserve the call's worst case: the whole prompt at the dearest input rate plus its
@@ -144,19 +169,43 @@ class Agent:
         for m in ctx.messages:
             self.on_message(m)
         budget = Budget(self.limits.max_cost)
+        forensics = CacheForensics(self.counter)
         result = RunResult(status="budget_exhausted", stop_reason="max_steps")
+        last_output = 0
         for step in range(1, self.limits.max_steps + 1):
+            view = StepView(
+                step=step,
+                max_steps=self.limits.max_steps,
+                max_context=self.limits.max_context,
+                rates_at=self.rates_at,
+                explicit_cache=self.rules.mode == "explicit",
+                output_tokens=last_output,
+            )
+            try:
+                compaction = self.policy.plan(ctx, view)
+            except ContextOverflow as e:
+                result.status, result.error, result.stop_reason = "error", str(e), "max_context"
+                break
+            compaction_record, compaction_cost = None, Decimal(0)
+            if compaction is not None:
+                held_summary = self._fund_compaction(budget, compaction)
+                if held_summary is None:
+                    result.stop_reason = "max_cost"
+                    break
+                compaction_cost = held_summary
+                compaction_record = await self._compact(ctx, compaction, step, compaction_cost)
             context_tokens = ctx.tokens
             held = self.reserve(budget, context_tokens)
             if held is None:
                 result.stop_reason = "max_cost"
                 break
             reservation, max_tokens = held
+            now = time.time()
             request = ctx.request(
                 max_tokens=max_tokens,
                 cache_key=run_id,
                 service_tier=self.limits.service_tier,
-                now=time.time(),
+                now=now,
             )
             try:
                 response = await self.model.complete(request)
@@ -168,6 +217,15 @@ class Agent:
                 response.usage, self.model.model_id, self.model.provider, response.service_tier
             )
             budget.settle(reservation, cost.total if cost.total is not None else reservation.amount)
+            cache_break = forensics.observe(
+                request,
+                response.usage,
+                self.model.spec,
+                self.rules,
+                request.now if request.now is not None else now,
+                compaction_at=compaction_record["first_index"] if compaction_record else None,
+            )
+            last_output = response.usage.output_tokens
             ctx.append(response.message)
             self.on_message(response.message)
 
@@ -180,17 +238,59 @@ class Agent:
                 context_tokens=context_tokens,
                 latency_s=response.latency_s,
                 tool_calls=calls,
+                cache_break=cache_break,
+                compaction=compaction_record,
             )
             result.steps = step
             result.usage += response.usage
-            if result.cost_usd is not None:
-                result.cost_usd = None if cost.total is None else result.cost_usd + cost.total
+            result.add_cost(cost.total)
+            result.add_cost(compaction_cost)
+            result.peak_context_tokens = max(result.peak_context_tokens, context_tokens)
             result.ledger.append(entry)
             self.on_step(entry)
             if submitted:
                 result.status, result.stop_reason = "submitted", "submit"
                 break
         return result
+
+    def _fund_compaction(self, budget: Budget, c: Compaction) -> Decimal | None:
+        """A summarising compaction is a model call: pay for it from the budget first."""
+        cost = policy_cost(c, self.rates_at(c.summary_input_tokens))
+        if cost is None:
+            return Decimal(0)
+        r = budget.reserve(cost)
+        if r is None:
+            return None
+        budget.settle(r, cost)
+        return cost
+
+    async def _compact(self, ctx: Context, c: Compaction, step: int, cost: Decimal) -> dict[str, Any]:
+        await self._archive(c.archive)
+        first = c.apply(ctx)
+        event = {"step": step, **c.to_event(), "cost_usd": str(cost)}
+        self.on_event("compaction", event)
+        return {
+            "reason": c.reason,
+            "first_index": first,
+            "tokens_before": c.tokens_before,
+            "tokens_after": c.tokens_after,
+            "cost_usd": str(cost),
+        }
+
+    async def _archive(self, files: dict[str, str]) -> None:
+        """Save elided tool output in the workspace (the stubs name these files). Written
+        from inside the sandbox, so a path the agent planted cannot lead outside /app."""
+        if not files or self.tool_context.sandbox is None:
+            return
+        payload = b"".join(
+            f"{path}\n{len(body.encode())}\n".encode() + body.encode() for path, body in files.items()
+        )
+        script = (
+            "export LC_ALL=C; mkdir -p /app/.stayer/outputs; "
+            'while IFS= read -r path && IFS= read -r len; do '
+            'IFS= read -r -d "" -N "$len" body; printf %s "$body" > "$path"; done'
+        )
+        await self.tool_context.sandbox.exec(script, stdin=payload, timeout=self.tool_context.command_timeout)
 
     async def _act(
         self, ctx: Context, calls: tuple[ToolCall, ...], result: RunResult
@@ -209,7 +309,7 @@ class Agent:
                 content=out.output,
                 tool_call_id=call.id,
                 is_error=out.is_error,
-                kind="observation",
+                kind="error" if out.is_error else out.kind,
             )
             ctx.append(message)
             self.on_message(message)
@@ -218,3 +318,10 @@ class Agent:
                 submitted = True
                 result.summary = out.output
         return records, submitted
+
+
+def _rules_for(model: Model) -> CacheRules:
+    try:
+        return cache_rules(model.provider, model.model_id)
+    except ValueError:  # a provider without documented caching rules: assume automatic
+        return CacheRules("automatic", 1024)

@@ -74,7 +74,7 @@ def test_synthetic_run_reads_whole_previous_prompt_from_cache(tmp_path, model_id
     home = tmp_path / "home"
     r = stayer(
         "run", str(EXAMPLES / "hello-file"), "--model", f"sim:{model_id}", "--json",
-        "--sim-policy", "synthetic:steps=10,obs_tokens=2000,out_tokens=200", home=home,
+        "--sim-policy", "synthetic:steps=10,obs_tokens=2000,out_tokens=200", "--policy", "none", home=home,
     )
     doc = json.loads(r.stdout)
     assert r.returncode == 1 and doc["status"] == "failed"  # synthetic work does not solve the task

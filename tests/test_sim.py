@@ -13,7 +13,8 @@ import pytest
 from stayer.context.layout import MessageCounter
 from stayer.errors import ConfigError
 from stayer.models.base import Message, ModelRequest, ToolSpec
-from stayer.models.sim import SimModel, cache_rules, provider_of
+from stayer.models.caching import cache_rules, provider_of
+from stayer.models.sim import SimModel
 from stayer.models.sim_policies import OraclePolicy, parse_policy
 
 

@@ -55,7 +55,7 @@ def raw_call(ctx: ToolContext, name: str, arguments: str) -> ToolResult:
 
 
 def test_default_tools_and_schemas() -> None:
-    assert list(TOOLS) == ["bash", "read_file", "write_file", "edit_file", "submit"]
+    assert list(TOOLS) == ["bash", "read_file", "write_file", "edit_file", "memory", "submit"]
     for tool in TOOLS.values():
         assert isinstance(tool.spec, ToolSpec) and len(tool.spec.description) > 80
         params = tool.spec.parameters

@@ -36,6 +36,8 @@ def run(
     sim_latency: Annotated[float, typer.Option("--sim-latency", help="Simulated seconds per model call.")] = 0.0,
     sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local (unsandboxed, only by name).")] = "bwrap",
     service_tier: Annotated[str | None, typer.Option("--service-tier", help="Provider service tier (flex, priority, fast…).")] = None,
+    policy: Annotated[str, typer.Option("--policy", help="Context policy: auto | none | mask[:W] | summarize[:TOKENS].")] = "auto",
+    max_context: Annotated[int | None, typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Run an agent on one task, verify the result, and report cost per step."""
@@ -52,6 +54,8 @@ def run(
         sim_latency=sim_latency,
         sandbox=sandbox,
         service_tier=service_tier,
+        policy=policy,
+        max_context=max_context,
     )
     try:
         prepared = prepare(config)

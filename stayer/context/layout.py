@@ -74,13 +74,42 @@ class Context:
         self.tools_text = canonical_tools(self.tools)
         self.prefix_tokens = counter.text(system) + counter.text(self.tools_text)
         self.messages: list[Message] = []
+        self.sizes: list[int] = []  # tokens of each message, counted once
         self.tokens = self.prefix_tokens
         self.append(Message(role="user", content=instruction, kind="task"))
         self.prefix_messages = 1  # the task instruction belongs to the stable prefix
 
     def append(self, m: Message) -> None:
+        n = self.counter.message(m)
         self.messages.append(m)
-        self.tokens += self.counter.message(m)
+        self.sizes.append(n)
+        self.tokens += n
+
+    def rewrite(self, changes: dict[int, Message]) -> int:
+        """Replace some messages in place (a compaction). Returns the index of the first
+        changed message: everything from there on is a cache miss on the next request."""
+        if not changes:
+            return len(self.messages)
+        first = min(changes)
+        if first < self.prefix_messages:
+            raise ValueError("the pinned prefix is never rewritten")
+        for i, m in changes.items():
+            n = self.counter.message(m)
+            self.tokens += n - self.sizes[i]
+            self.messages[i], self.sizes[i] = m, n
+        return first
+
+    def insert(self, index: int, m: Message) -> None:
+        if index < self.prefix_messages:
+            raise ValueError("the pinned prefix is never rewritten")
+        n = self.counter.message(m)
+        self.messages.insert(index, m)
+        self.sizes.insert(index, n)
+        self.tokens += n
+
+    def tokens_before(self, index: int) -> int:
+        """Prompt tokens that precede message ``index`` (the cacheable prefix up to it)."""
+        return self.prefix_tokens + sum(self.sizes[:index])
 
     def request(
         self,

@@ -18,8 +18,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from stayer.agent import Agent, LedgerEntry, Limits, RunResult
-from stayer.context.layout import MessageCounter
+from stayer.agent import SYSTEM_PROMPT, Agent, LedgerEntry, Limits, RunResult
+from stayer.context.layout import Context, MessageCounter
+from stayer.context.policies import ContextPolicy, make_policy
 from stayer.context.tokens import TiktokenCounter
 from stayer.errors import ConfigError
 from stayer.eval.task import Task, load_task
@@ -54,6 +55,8 @@ class RunConfig:
     output_token_budget: int = 4096
     command_timeout: float = 120.0
     service_tier: str | None = None
+    policy: str = "auto"
+    max_context: int | None = None
 
 
 @dataclass
@@ -65,6 +68,7 @@ class PreparedRun:
     prices: PriceBook
     run_id: str
     run_dir: Path
+    policy: ContextPolicy
 
 
 def prepare(config: RunConfig, prices: PriceBook | None = None) -> PreparedRun:
@@ -79,6 +83,9 @@ def prepare(config: RunConfig, prices: PriceBook | None = None) -> PreparedRun:
         raise ConfigError(f"--sandbox {config.sandbox}: unknown sandbox; choose one of {', '.join(SANDBOX_KINDS)}")
     if config.sandbox == "bwrap":
         check_bwrap()  # fails with how-to-fix before anything is written
+    if config.max_context is not None and config.max_context < 1:
+        raise ConfigError(f"--max-context {config.max_context}: must be a positive number of tokens")
+    policy = make_policy(config.policy)
     task = load_task(config.task_dir)
     prices = prices or PriceBook.load()
     counter = MessageCounter(TiktokenCounter())
@@ -87,8 +94,8 @@ def prepare(config: RunConfig, prices: PriceBook | None = None) -> PreparedRun:
     if kind == "sim":
         if config.base_url:
             raise ConfigError("--base-url: only meaningful for openai-chat: models")
-        policy = parse_policy(config.sim_policy, solution=task.solution, counter=counter.counter)
-        model = SimModel(model_id, policy, counter, latency_s=config.sim_latency)
+        behaviour = parse_policy(config.sim_policy, solution=task.solution, counter=counter.counter)
+        model = SimModel(model_id, behaviour, counter, latency_s=config.sim_latency)
     else:
         if config.sim_policy:
             raise ConfigError(f"--sim-policy: only meaningful for sim: models, not {config.model}")
@@ -101,10 +108,23 @@ def prepare(config: RunConfig, prices: PriceBook | None = None) -> PreparedRun:
     run_id = config.run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
+    if config.max_context is not None:
+        pinned = pinned_tokens(task.instruction, counter)
+        if config.max_context <= pinned:
+            raise ConfigError(
+                f"--max-context {config.max_context}: below the pinned prefix (system prompt, tools, "
+                f"task) of {pinned:,} tokens"
+            )
     run_dir = stayer_home() / "runs" / run_id
     if run_dir.exists():
         raise ConfigError(f"--run-id {run_id}: a run with this id already exists in {run_dir}")
-    return PreparedRun(config, task, model, counter, prices, run_id, run_dir)
+    return PreparedRun(config, task, model, counter, prices, run_id, run_dir, policy)
+
+
+def pinned_tokens(instruction: str, counter: MessageCounter) -> int:
+    """Tokens of the stable prefix a run starts with: system prompt, tool schemas, task."""
+    tools = [t.spec for t in default_tools(counter.counter)]
+    return Context(SYSTEM_PROMPT, tools, instruction, counter).tokens
 
 
 async def execute(
@@ -139,9 +159,10 @@ async def execute(
             p.prices,
             tool_ctx,
             p.counter,
-            Limits(cfg.max_steps, cfg.max_cost, service_tier=cfg.service_tier),
+            Limits(cfg.max_steps, cfg.max_cost, service_tier=cfg.service_tier, max_context=cfg.max_context),
             on_step=on_step,
             on_message=record,
+            policy=p.policy,
         )
         result = await agent.run(task.instruction, p.run_id)
     verdict = None
@@ -196,6 +217,9 @@ def result_document(p: PreparedRun, result: RunResult, verdict: Any, started: da
         },
         "cost_usd": "unknown" if result.cost_usd is None else str(result.cost_usd),
         "stop_reason": result.stop_reason,
+        "policy": p.config.policy,
+        "peak_context_tokens": result.peak_context_tokens,
+        "compactions": sum(1 for e in result.ledger if e.compaction),
         "summary": result.summary,
         "error": result.error,
         "ledger": [e.to_dict() for e in result.ledger],

@@ -11,22 +11,7 @@ fingerprint chained over every segment before it, so two requests share a cached
 exactly when their leading segments are identical. A prefix that diverges inside a segment
 is treated as diverging at that segment's start (never over-reporting a hit).
 
-Rules (from the providers' documentation):
-
-* Anthropic — explicit ``cache_control`` breakpoints (≤ 4). A breakpoint's prefix is
-  written when it is at least the model's minimum cacheable length (1,024 tokens for
-  Sonnet 4.5 / Opus 4.1 and older; 2,048 for Sonnet 4.6 and Haiku 3.x; 4,096 for Opus
-  4.5+ and Haiku 4.5). A read is the longest cached prefix ending at a block boundary
-  within 20 blocks before a breakpoint. Entries live 5 minutes (or 1 hour with
-  ``ttl: "1h"``), refreshed on every hit. Usage: ``input_tokens`` (uncached remainder),
-  ``cache_creation_input_tokens`` with its 5 m / 1 h split, ``cache_read_input_tokens``.
-* OpenAI — automatic for prompts of at least 1,024 tokens; hits count in 128-token
-  increments (1,024, 1,152, …); routed by ``prompt_cache_key``; entries live about 5–10
-  minutes of inactivity (5 modelled). Usage: Responses API ``input_tokens_details``.
-* DeepSeek — automatic disk cache in 64-token units (context caching on disk); usage
-  ``prompt_cache_hit_tokens`` / ``prompt_cache_miss_tokens``.
-* Google Gemini — implicit caching from 1,024 tokens (Flash) / 2,048 (Pro);
-  ``cachedContentTokenCount``.
+The rules themselves are in ``stayer.models.caching``.
 """
 
 from __future__ import annotations
@@ -35,58 +20,12 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from stayer.context.layout import MessageCounter, canonical_tools
-from stayer.errors import ConfigError
 from stayer.models.base import Message, ModelRequest, ModelResponse
+from stayer.models.caching import CacheRules, cache_rules, provider_of
 from stayer.usage import Usage
-
-
-@dataclass(frozen=True, slots=True)
-class CacheRules:
-    mode: Literal["explicit", "automatic"]
-    min_tokens: int
-    increment: int = 1  # granularity of an automatic hit, counted from min_tokens
-    ttl_s: float = 300.0
-    lookback_blocks: int = 20  # explicit mode: how far before a breakpoint a hit is found
-    usage_shape: Literal["anthropic", "openai_responses", "deepseek", "gemini"] = "anthropic"
-
-
-def provider_of(model_id: str) -> str:
-    """The provider whose rules a ``sim:`` model follows, from its model family."""
-    m = model_id.lower()
-    if m.startswith("claude"):
-        return "anthropic"
-    if m.startswith(("gpt-", "o1", "o3", "o4", "codex")):
-        return "openai"
-    if m.startswith("deepseek"):
-        return "deepseek"
-    if m.startswith("gemini"):
-        return "google"
-    raise ConfigError(
-        f"--model sim:{model_id}: unknown model family; use a real model id such as "
-        "sim:claude-sonnet-4-5, sim:gpt-5, sim:deepseek-chat or sim:gemini-2.5-flash"
-    )
-
-
-def cache_rules(provider: str, model_id: str) -> CacheRules:
-    m = model_id.lower()
-    if provider == "anthropic":
-        if any(k in m for k in ("opus-4-5", "opus-4-6", "haiku-4-5")):
-            minimum = 4096
-        elif "sonnet-4-6" in m or "haiku" in m:
-            minimum = 2048
-        else:
-            minimum = 1024
-        return CacheRules("explicit", minimum, usage_shape="anthropic")
-    if provider == "openai":
-        return CacheRules("automatic", 1024, increment=128, usage_shape="openai_responses")
-    if provider == "deepseek":
-        return CacheRules("automatic", 64, increment=64, ttl_s=3600.0, usage_shape="deepseek")
-    if provider == "google":
-        return CacheRules("automatic", 2048 if "pro" in m else 1024, usage_shape="gemini")
-    raise ConfigError(f"no caching rules for provider {provider!r}")
 
 
 @dataclass(slots=True)

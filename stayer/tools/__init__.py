@@ -11,6 +11,7 @@ from stayer.models.base import ToolCall
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.tools.bash import BashTool
 from stayer.tools.files import EditFileTool, ReadFileTool, WriteFileTool
+from stayer.tools.memory import MemoryTool
 from stayer.tools.submit import SubmitTool
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
@@ -24,9 +25,9 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 
 
 def default_tools(counter: TokenCounter) -> list[Tool]:
-    """bash, read_file, write_file, edit_file, submit — in a fixed order, because the tool
-    schemas are part of the cached prompt prefix and must be byte-identical every call."""
-    return [BashTool(counter), ReadFileTool(counter), WriteFileTool(), EditFileTool(), SubmitTool()]
+    """bash, read_file, write_file, edit_file, memory, submit — in a fixed order, because the
+    tool schemas are part of the cached prompt prefix and must be byte-identical every call."""
+    return [BashTool(counter), ReadFileTool(counter), WriteFileTool(), EditFileTool(), MemoryTool(), SubmitTool()]
 
 
 def check_args(schema: Mapping[str, Any], args: Any) -> str | None:

@@ -14,6 +14,9 @@ class ToolResult:
     output: str
     is_error: bool = False
     submitted: bool = False  # the agent called ``submit``: the loop ends after this step
+    # Retention hint for the context policy (``context.retention``): "observation" is
+    # evictable tool output; "note" and "result" are kept verbatim through compactions.
+    kind: str = "observation"
 
 
 @dataclass(slots=True)

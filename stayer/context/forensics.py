@@ -1,0 +1,131 @@
+"""Cache-break forensics: why a request did not read its whole previous prompt from cache.
+
+Each request is compared with the previous one segment by segment (tool schemas, system
+prompt, then each message; messages are compared by identity first, so an unchanged
+history costs one pointer comparison per message) and with the cache reads the provider
+reported. The verdict goes on the ledger entry as ``cache_break``: null, or
+``{position_tokens, reason, detail}`` with reason one of
+
+* ``model_switch`` — another model: caches are per model;
+* ``tools_changed`` — the tool schemas differ (they lead the prompt);
+* ``prefix_edit`` — the system prompt or an earlier message changed (which, and the first
+  differing bytes);
+* ``compaction`` — the context policy rewrote history before this request;
+* ``ttl_expired`` — the previous request is older than the cache lifetime;
+* ``below_minimum`` — the previous prompt was too short to be cached;
+* ``unknown`` — the prompt was reusable but the provider read less (evicted, routed to
+  another machine): seen only in reported reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stayer.context.layout import MessageCounter, canonical_tools, render_message
+from stayer.models.base import Message, ModelRequest
+from stayer.models.caching import CacheRules, cached_length
+from stayer.usage import Usage
+
+
+@dataclass
+class _Previous:
+    model: str
+    tools_text: str
+    system: str
+    messages: list[Message]
+    tokens: int
+    at: float
+    ttl_s: float
+
+
+def _first_difference(old: str, new: str) -> tuple[int, str, str]:
+    n = 0
+    limit = min(len(old), len(new))
+    while n < limit and old[n] == new[n]:
+        n += 1
+    return n, old[n : n + 40], new[n : n + 40]
+
+
+class CacheForensics:
+    def __init__(self, counter: MessageCounter) -> None:
+        self.counter = counter
+        self.previous: _Previous | None = None
+        self._tools_cache: tuple[int, str] | None = None
+
+    def _tools_text(self, request: ModelRequest) -> str:
+        if self._tools_cache is None or self._tools_cache[0] != id(request.tools):
+            self._tools_cache = (id(request.tools), canonical_tools(request.tools))
+        return self._tools_cache[1]
+
+    def _tokens(self, system: str, tools_text: str, messages: Sequence[Message]) -> int:
+        return (
+            self.counter.text(tools_text)
+            + self.counter.text(system)
+            + sum(self.counter.message(m) for m in messages)
+        )
+
+    def observe(
+        self,
+        request: ModelRequest,
+        usage: Usage,
+        model: str,
+        rules: CacheRules,
+        now: float,
+        compaction_at: int | None = None,
+    ) -> dict[str, Any] | None:
+        """Record ``request`` (answered with ``usage``) and explain any break against the
+        previous request. ``compaction_at`` is the first message a compaction rewrote."""
+        tools_text = self._tools_text(request)
+        prev = self.previous
+        ttl = 3600.0 if request.cache_ttl == "1h" else rules.ttl_s
+        tokens = usage.input_tokens or self._tokens(request.system, tools_text, request.messages)
+        self.previous = _Previous(model, tools_text, request.system, request.messages, tokens, now, ttl)
+        if prev is None:
+            return None
+        head = self.counter.text(tools_text)
+        if model != prev.model:
+            return _break(0, "model_switch", f"{prev.model} → {model}: each model has its own cache")
+        if tools_text != prev.tools_text:
+            at, old, new = _first_difference(prev.tools_text, tools_text)
+            return _break(0, "tools_changed", f"tool schemas differ at byte {at}: {old!r} → {new!r}")
+        if request.system != prev.system:
+            at, old, new = _first_difference(prev.system, request.system)
+            return _break(head, "prefix_edit", f"system prompt differs at byte {at}: {old!r} → {new!r}")
+        k = 0
+        limit = min(len(prev.messages), len(request.messages))
+        while k < limit and (prev.messages[k] is request.messages[k] or prev.messages[k] == request.messages[k]):
+            k += 1
+        if k < len(prev.messages):
+            position = self._tokens(request.system, tools_text, request.messages[:k])
+            if compaction_at is not None and compaction_at <= k:
+                return _break(position, "compaction", f"context compacted from message {compaction_at}")
+            if k < len(request.messages):
+                at, old, new = _first_difference(render_message(prev.messages[k]), render_message(request.messages[k]))
+                detail = f"message {k} ({request.messages[k].role}) differs at byte {at}: {old!r} → {new!r}"
+            else:
+                detail = f"history shortened from {len(prev.messages)} to {len(request.messages)} messages"
+            return _break(position, "prefix_edit", detail)
+        # The previous prompt is a prefix of this one: it should have been read in full.
+        expected = cached_length(rules, prev.tokens)
+        if usage.cache_read_tokens >= expected:
+            return None
+        if prev.tokens < rules.min_tokens:
+            return _break(
+                usage.cache_read_tokens,
+                "below_minimum",
+                f"previous prompt {prev.tokens:,} tokens < minimum cacheable {rules.min_tokens:,}",
+            )
+        gap = now - prev.at
+        if gap > prev.ttl_s:
+            return _break(usage.cache_read_tokens, "ttl_expired", f"idle {gap:.0f} s > cache lifetime {prev.ttl_s:.0f} s")
+        return _break(
+            usage.cache_read_tokens,
+            "unknown",
+            f"provider read {usage.cache_read_tokens:,} of {expected:,} reusable tokens",
+        )
+
+
+def _break(position: int, reason: str, detail: str) -> dict[str, Any]:
+    return {"position_tokens": position, "reason": reason, "detail": detail}
