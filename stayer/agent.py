@@ -282,11 +282,13 @@ class Agent:
         from inside the sandbox, so a path the agent planted cannot lead outside /app."""
         if not files or self.tool_context.sandbox is None:
             return
+        # Paths relative to /app (the working directory), so that every sandbox kind works.
         payload = b"".join(
-            f"{path}\n{len(body.encode())}\n".encode() + body.encode() for path, body in files.items()
+            f"{path.removeprefix('/app/')}\n{len(body.encode())}\n".encode() + body.encode()
+            for path, body in files.items()
         )
         script = (
-            "export LC_ALL=C; mkdir -p /app/.stayer/outputs; "
+            "export LC_ALL=C; mkdir -p .stayer/outputs; "
             'while IFS= read -r path && IFS= read -r len; do '
             'IFS= read -r -d "" -N "$len" body; printf %s "$body" > "$path"; done'
         )

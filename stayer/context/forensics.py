@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stayer.context.layout import MessageCounter, canonical_tools, render_message
-from stayer.models.base import Message, ModelRequest
+from stayer.models.base import Message, ModelRequest, ToolSpec
 from stayer.models.caching import CacheRules, cached_length
 from stayer.usage import Usage
 
@@ -52,11 +52,12 @@ class CacheForensics:
     def __init__(self, counter: MessageCounter) -> None:
         self.counter = counter
         self.previous: _Previous | None = None
-        self._tools_cache: tuple[int, str] | None = None
+        self._tools_cache: tuple[list[ToolSpec], str] | None = None
 
     def _tools_text(self, request: ModelRequest) -> str:
-        if self._tools_cache is None or self._tools_cache[0] != id(request.tools):
-            self._tools_cache = (id(request.tools), canonical_tools(request.tools))
+        # Holding the list itself (not its id) keeps identity meaningful: an id can be reused.
+        if self._tools_cache is None or self._tools_cache[0] is not request.tools:
+            self._tools_cache = (request.tools, canonical_tools(request.tools))
         return self._tools_cache[1]
 
     def _tokens(self, system: str, tools_text: str, messages: Sequence[Message]) -> int:
@@ -108,15 +109,15 @@ class CacheForensics:
                 detail = f"history shortened from {len(prev.messages)} to {len(request.messages)} messages"
             return _break(position, "prefix_edit", detail)
         # The previous prompt is a prefix of this one: it should have been read in full.
-        expected = cached_length(rules, prev.tokens)
-        if usage.cache_read_tokens >= expected:
-            return None
         if prev.tokens < rules.min_tokens:
             return _break(
                 usage.cache_read_tokens,
                 "below_minimum",
                 f"previous prompt {prev.tokens:,} tokens < minimum cacheable {rules.min_tokens:,}",
             )
+        expected = cached_length(rules, prev.tokens)
+        if usage.cache_read_tokens >= expected:
+            return None
         gap = now - prev.at
         if gap > prev.ttl_s:
             return _break(usage.cache_read_tokens, "ttl_expired", f"idle {gap:.0f} s > cache lifetime {prev.ttl_s:.0f} s")

@@ -44,6 +44,7 @@ capped by ``--max-steps``.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -118,7 +119,9 @@ class ContextPolicy(Protocol):
 
 def stub_for(m: Message, size: int) -> tuple[Message, str]:
     """A one-line stand-in for an evicted message, and where its full text is kept."""
-    path = f"{OUTPUTS_DIR}/{m.tool_call_id or 'message'}.txt"
+    # Call ids come from the model: keep them to a safe file name.
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", m.tool_call_id or "message").lstrip(".") or "message"
+    path = f"{OUTPUTS_DIR}/{name}.txt"
     text = f"[tool output elided from context ({size:,} tokens); full text saved at {path}]"
     if m.role != "tool":
         text = "[elided]"
@@ -147,13 +150,14 @@ def _evict(ctx: Context, victims: Sequence[int], reason: str, summary: str | Non
 
 def victims_of(ctx: Context, window: int) -> list[int]:
     """Evictable messages outside the protected window of the last ``window`` observations;
-    ephemeral ones always."""
+    ephemeral ones once the model has answered after them."""
     evictable, ephemeral = [], []
+    answered = max((i for i, m in enumerate(ctx.messages) if m.role == "assistant"), default=-1)
     for i in range(ctx.prefix_messages, len(ctx.messages)):
         r = retention_of(ctx.messages[i])
         if r is Retention.EVICTABLE:
             evictable.append(i)
-        elif r is Retention.EPHEMERAL:
+        elif r is Retention.EPHEMERAL and i < answered:
             ephemeral.append(i)
     kept = evictable[len(evictable) - window :] if window else []
     return sorted(set(evictable) - set(kept) | set(ephemeral))
@@ -174,6 +178,16 @@ def _enforce_limit(ctx: Context, view: StepView, planned: Compaction | None, win
         f"--max-context {view.max_context}: the pinned and keep-class content alone is "
         f"{(forced.tokens_after if forced else ctx.tokens):,} tokens"
     )
+
+
+def kept_prefix(ctx: Context, first: int, explicit_cache: bool) -> int:
+    """Tokens still read from cache after rewriting from message ``first`` on. Automatic
+    caching keeps every prefix. Explicit (Anthropic) caching keeps only prefixes that end at
+    an earlier request's breakpoint: the pinned prefix, since every later breakpoint ended
+    at a message at or after the oldest one still unstubbed — the first one rewritten."""
+    if not explicit_cache:
+        return ctx.tokens_before(first)
+    return ctx.tokens_before(ctx.prefix_messages)
 
 
 @dataclass
@@ -249,19 +263,20 @@ class AutoPolicy:
     summarizer: Summarizer | None = None
     name: str = "auto"
     _growth: float = field(default=0.0, init=False)  # evictable tokens per step (EWMA)
-    _seen: int = field(default=0, init=False)
+    _seen: int = field(default=0, init=False)  # messages in the context at this plan
+    _previous: int = field(default=0, init=False)  # ... and at the previous one
 
     def _observe_growth(self, ctx: Context) -> float:
         start = max(self._seen, ctx.prefix_messages)
         added = sum(
             ctx.sizes[i] for i in range(start, len(ctx.messages)) if retention_of(ctx.messages[i]) is Retention.EVICTABLE
         )
-        self._seen = len(ctx.messages)
         self._growth = added if self._growth == 0 else 0.7 * self._growth + 0.3 * added
         return self._growth
 
     def plan(self, ctx: Context, view: StepView) -> Compaction | None:
         growth = self._observe_growth(ctx)
+        self._previous, self._seen = self._seen, len(ctx.messages)
         victims = victims_of(ctx, self.window)
         if self.summarizer is not None:
             candidate = summarize_victims(ctx, victims, self.summarizer, "scheduled")
@@ -276,8 +291,14 @@ class AutoPolicy:
             return False  # without prices there is nothing to trade off; only the limit acts
         read = float(rates_after.cache_read)
         miss_rate = float(rates_after.cache_write_5m if view.explicit_cache else rates_after.input)
-        prefix = ctx.tokens_before(c.first_index)
-        miss = (c.tokens_after - prefix) * (miss_rate - read) / MTOK
+        prefix = kept_prefix(ctx, c.first_index, view.explicit_cache)
+        # Messages new since the previous request are billed as new either way; the miss is
+        # what the previous prompt re-bills beyond the kept prefix, in its compacted form.
+        new = sum(
+            ctx.counter.message(c.changes[i]) if i in c.changes else ctx.sizes[i]
+            for i in range(max(self._previous, ctx.prefix_messages), len(ctx.messages))
+        )
+        miss = max(c.tokens_after - new - prefix, 0) * (miss_rate - read) / MTOK
         miss += (c.summary_input_tokens * float(rates_after.input) + c.summary_output_tokens * float(rates_after.output)) / MTOK
         evicted = c.tokens_before - c.tokens_after
         if evicted <= 0:

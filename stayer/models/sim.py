@@ -188,14 +188,14 @@ class SimModel:
         self.latency_s = latency_s
         self.clock = clock
         self._caches: dict[str | None, ProviderCache] = {}
-        self._tools_key: tuple[int, str] | None = None
+        self._tools_key: tuple[list, str] | None = None
 
     def _tools_text(self, request: ModelRequest) -> str:
         # Serialising the schemas is the one per-step cost that grows with the tool set,
         # not the history; memoise it on the (immutable) tool list's identity.
-        key = id(request.tools)
-        if self._tools_key is None or self._tools_key[0] != key:
-            self._tools_key = (key, canonical_tools(request.tools))
+        # Holding the list itself (not its id) keeps identity meaningful: an id can be reused.
+        if self._tools_key is None or self._tools_key[0] is not request.tools:
+            self._tools_key = (request.tools, canonical_tools(request.tools))
         return self._tools_key[1]
 
     def account(self, request: ModelRequest) -> CacheOutcome:

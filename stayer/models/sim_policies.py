@@ -21,7 +21,12 @@ from stayer.models.sim import SimPolicy
 
 # Each is one token (with its leading space) in the common BPE vocabularies, so a filler
 # of N words is about N tokens.
-_WORDS = ["alpha", "delta", "echo", "golf", "hotel", "india", "mike", "november", "uniform", "whiskey"]
+FILLER_WORDS = ["alpha", "delta", "echo", "golf", "hotel", "india", "mike", "november", "uniform", "whiskey"]
+
+
+def filler(tokens: int, rng: random.Random) -> str:
+    """About ``tokens`` tokens of deterministic text (for synthetic workloads)."""
+    return " ".join(rng.choice(FILLER_WORDS) for _ in range(max(tokens, 0)))
 
 
 def _step(request: ModelRequest) -> int:
@@ -64,17 +69,13 @@ class SyntheticPolicy:
     seed: int = 0
 
     def _filler(self, step: int, tokens: int) -> str:
-        rng = random.Random(self.seed * 100_003 + step)
-        words = []
-        for _ in range(max(tokens, 0)):
-            words.append(rng.choice(_WORDS))
-        return " ".join(words)
+        return filler(tokens, random.Random(self.seed * 100_003 + step))
 
     def _command(self, step: int) -> str:
-        line = f"step {step} record 00000: " + " ".join(_WORDS)
+        line = f"step {step} record 00000: " + " ".join(FILLER_WORDS)
         per_line = max(self.counter.count(line + "\n"), 1)
         lines = max(self.obs_tokens // per_line, 1)
-        words = " ".join(_WORDS)
+        words = " ".join(FILLER_WORDS)
         return (
             f"for i in $(seq -w 1 {lines}); do echo \"step {step} record $i: {words}\"; done"
             f" | tee -a /app/synthetic.log"
