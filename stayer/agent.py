@@ -23,6 +23,7 @@ from stayer.context.policies import (
     StepView,
     policy_cost,
 )
+from stayer.context.summarizer import ModelSummarizer
 from stayer.guard.budget import Budget, Reservation
 from stayer.models.base import Message, Model, ModelError, ToolCall
 from stayer.models.caching import CacheRules, cache_rules
@@ -119,6 +120,7 @@ class Agent:
         on_message: Callable[[Message], None] | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         policy: ContextPolicy | None = None,
+        summarizer: ModelSummarizer | None = None,
     ) -> None:
         self.model = model
         self.tools = {t.spec.name: t for t in tools}
@@ -133,6 +135,9 @@ class Agent:
         # carries the data needed to rebuild the context exactly on resume.
         self.on_event = on_event or (lambda kind, payload: None)
         self.policy = policy or AutoPolicy()
+        # Writes summaries for summarising policies with a real model; None keeps the
+        # policy's local digest (the simulator, what-if replays).
+        self.summarizer = summarizer
         self.rules = _rules_for(model)
 
     def rates_at(self, prompt_tokens: int):  # noqa: ANN201 - Rates | None
@@ -192,8 +197,9 @@ class Agent:
                 if held_summary is None:
                     result.stop_reason = "max_cost"
                     break
-                compaction_cost = held_summary
-                compaction_record = await self._compact(ctx, compaction, step, compaction_cost)
+                compaction_record = await self._compact(ctx, compaction, step)
+                compaction_cost = Decimal(compaction_record["cost_usd"])
+                budget.settle(held_summary, compaction_cost)
             context_tokens = ctx.tokens
             held = self.reserve(budget, context_tokens)
             if held is None:
@@ -253,19 +259,22 @@ class Agent:
                 break
         return result
 
-    def _fund_compaction(self, budget: Budget, c: Compaction) -> Decimal | None:
-        """A summarising compaction is a model call: pay for it from the budget first."""
-        cost = policy_cost(c, self.rates_at(c.summary_input_tokens))
-        if cost is None:
-            return Decimal(0)
-        r = budget.reserve(cost)
-        if r is None:
-            return None
-        budget.settle(r, cost)
-        return cost
+    def _fund_compaction(self, budget: Budget, c: Compaction) -> Reservation | None:
+        """A summarising compaction is a model call: hold its worst case from the budget."""
+        if not c.summary_input_tokens:
+            return budget.reserve(Decimal(0))
+        rates = self.rates_at(c.summary_input_tokens)
+        if rates is None:
+            return budget.reserve(Decimal(0))
+        out = self.summarizer.max_tokens if isinstance(self.summarizer, ModelSummarizer) else c.summary_output_tokens
+        worst = (Decimal(c.summary_input_tokens) * TOKEN_MARGIN * rates.input + out * rates.output) / MTOK
+        return budget.reserve(worst)
 
-    async def _compact(self, ctx: Context, c: Compaction, step: int, cost: Decimal) -> dict[str, Any]:
+    async def _compact(self, ctx: Context, c: Compaction, step: int) -> dict[str, Any]:
         await self._archive(c.archive)
+        cost = policy_cost(c, self.rates_at(c.summary_input_tokens)) or Decimal(0)
+        if self.summarizer is not None and c.summary_input_tokens:
+            cost = await self._summarize(ctx, c, cost)
         first = c.apply(ctx)
         event = {"step": step, **c.to_event(), "cost_usd": str(cost)}
         self.on_event("compaction", event)
@@ -276,6 +285,16 @@ class Agent:
             "tokens_after": c.tokens_after,
             "cost_usd": str(cost),
         }
+
+    async def _summarize(self, ctx: Context, c: Compaction, planned: Decimal) -> Decimal:
+        """Replace the planned digest with a model-written summary of the evicted span."""
+        first = min(c.changes)
+        span = [ctx.messages[i] for i in sorted(c.changes)]
+        text, _usage, cost = await self.summarizer(span)  # type: ignore[misc]
+        stub = c.changes[first]
+        marker = stub.content.splitlines()[-1]
+        c.changes[first] = Message(stub.role, f"{text}\n{marker}", (), stub.tool_call_id, False, "summary")
+        return cost.total if cost.total is not None else planned
 
     async def _archive(self, files: dict[str, str]) -> None:
         """Save elided tool output in the workspace (the stubs name these files). Written

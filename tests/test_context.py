@@ -310,3 +310,33 @@ def test_usage_of_unknown_prices_never_compacts_except_for_the_limit():
     c = AutoPolicy().plan(ctx, StepView(step=6, max_context=1_000))
     assert c is not None and c.reason == "max_context" and c.tokens_after <= 1_000
     assert Usage().cache_hit_ratio == 0
+
+
+def test_summarize_with_a_real_model_asks_it_for_the_summary(tmp_path):
+    from stayer.context.summarizer import ModelSummarizer
+    from stayer.models.base import ModelResponse
+    from stayer.sandbox.local import LocalSandbox
+    from stayer.tools.base import ToolContext
+
+    class Writer:
+        spec, provider, model_id = "test:claude-haiku-4-5", "anthropic", "claude-haiku-4-5"
+        prompts: list[str] = []
+
+        async def complete(self, request):
+            self.prompts.append(request.messages[0].content)
+            return ModelResponse(Message("assistant", "Files: none. Failed: nothing."), Usage(input_tokens=900, output_tokens=12), {}, self.model_id, 0.0)
+
+    writer = Writer()
+    outputs = iter([text(600, i) for i in range(6)])
+    turns = [Message("assistant", "", (ToolCall(f"c{i}", "bash", "{}"),)) for i in range(6)]
+    from stayer.context.whatif import RecordedTool
+
+    agent = Agent(SimModel("claude-sonnet-4-5", _Turns(turns), COUNTER), [RecordedTool(BASH, outputs)], PRICES,
+                  ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path)), COUNTER, Limits(max_steps=6),
+                  policy=SummarizePolicy(high_watermark=1_500, window=1), summarizer=ModelSummarizer(writer, PRICES))
+    result = asyncio.run(agent.run("task", "r"))
+    compactions = [e.compaction for e in result.ledger if e.compaction]
+    assert compactions and writer.prompts
+    # Haiku 4.5: 900 input at $1/M + 12 output at $5/M
+    assert Decimal(compactions[0]["cost_usd"]) == Decimal("0.00096")
+    assert result.cost_usd == sum((e.cost.total for e in result.ledger), Decimal(0)) + sum(Decimal(c["cost_usd"]) for c in compactions)

@@ -1,0 +1,39 @@
+"""Summaries of evicted tool output written by a model (for real providers).
+
+The ``summarize`` policy decides *what* to evict and plans with a local state digest
+(``StateSummarizer``) whose size and price stand in for the call; with a real provider the
+loop then asks a model for the summary itself, keeping the state an agent needs to go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from stayer.context.layout import render_message
+from stayer.models.base import Message, Model, ModelRequest
+from stayer.pricing import Cost, PriceBook
+from stayer.usage import Usage
+
+INSTRUCTIONS = """\
+You compress an autonomous agent's old tool output so that it can keep working without it.
+Write a terse summary that keeps the state: files created or changed (paths), commands that
+failed and why, facts established, decisions taken, and open items. No preamble."""
+
+
+class ModelSummarizer:
+    def __init__(self, model: Model, prices: PriceBook, max_tokens: int = 1024) -> None:
+        self.model = model
+        self.prices = prices
+        self.max_tokens = max_tokens
+
+    async def __call__(self, span: Sequence[Message]) -> tuple[str, Usage, Cost]:
+        body = "\n\n".join(render_message(m) for m in span)
+        request = ModelRequest(
+            system=INSTRUCTIONS,
+            tools=[],
+            messages=[Message("user", f"Tool output to summarise:\n\n{body}")],
+            max_tokens=self.max_tokens,
+        )
+        response = await self.model.complete(request)
+        cost = self.prices.cost(response.usage, self.model.model_id, self.model.provider, response.service_tier)
+        return response.message.content.strip(), response.usage, cost
