@@ -66,3 +66,12 @@ def test_read_reward_txt_and_json(tmp_path):
     assert reward == 0.5 and rewards == {"correctness": 1.0, "performance": 0.0}
     (tmp_path / "reward.json").write_text("garbage")
     assert read_reward(tmp_path)[0] is None
+
+
+def test_materialise_does_not_follow_links_out_of_environment(tmp_path):
+    root = make_task(tmp_path)
+    (root / "environment").mkdir()
+    (root / "environment" / "tests").symlink_to("../tests")
+    ws = tmp_path / "ws"
+    load_task(root).materialise(ws)
+    assert (ws / "tests").is_symlink() and not (ws / "tests" / "test.sh").exists()

@@ -34,6 +34,7 @@ class Task:
     verifier_timeout_s: float = 600.0
     allow_internet: bool = False
     memory_mb: int | None = None
+    storage_mb: int | None = None  # what /app (and /tmp) may hold; see stayer.sandbox
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -54,7 +55,11 @@ class Task:
                 if item.name in _IMAGE_FILES:
                     continue
                 dest = workspace / item.name
-                if item.is_dir():
+                if item.is_symlink():
+                    # Copied as a link, never followed: a link to ../tests or ../solution
+                    # must not bring the verifier's files into the agent's workspace.
+                    dest.symlink_to(item.readlink())
+                elif item.is_dir():
                     shutil.copytree(item, dest, symlinks=True, dirs_exist_ok=True)
                 else:
                     shutil.copy2(item, dest, follow_symlinks=False)
@@ -99,6 +104,7 @@ def load_task(path: str | Path) -> Task:
     if not test_sh.is_file():
         raise ConfigError(f"{test_sh}: missing; the verifier script must write /logs/verifier/reward.txt")
     memory = _number(env, "memory_mb", f"{toml_file}: environment", None)
+    storage = _number(env, "storage_mb", f"{toml_file}: environment", None)
     return Task(
         path=root.resolve(),
         name=root.resolve().name,
@@ -107,5 +113,6 @@ def load_task(path: str | Path) -> Task:
         verifier_timeout_s=_number(verifier, "timeout_sec", f"{toml_file}: verifier", 600.0) or 600.0,
         allow_internet=allow,
         memory_mb=int(memory) if memory else None,
+        storage_mb=int(storage) if storage else None,
         metadata=dict(config.get("metadata", {})),
     )
