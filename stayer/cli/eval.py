@@ -1,0 +1,176 @@
+"""``stayer eval``: tasks × epochs × configurations, with success and cost with confidence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from stayer.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    JsonFlag,
+    app,
+    bad_input,
+    emit_json,
+    parse_decimal,
+    stderr,
+)
+from stayer.errors import ConfigError
+
+
+def report_problems(problems: list[str]) -> NoReturn:
+    """Bad input with several problems: one line each on stderr, exit 2."""
+    err = stderr()
+    for line in problems:
+        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _split(value: str | None) -> list[str]:
+    return [part.strip() for part in (value or "").split(",") if part.strip()]
+
+
+@app.command("eval")
+def eval_command(
+    suite: Annotated[str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")],
+    model: Annotated[str, typer.Option("--model", "-m", help="Comma-separated models, e.g. sim:claude-sonnet-4-5,sim:gpt-5.")],
+    policy: Annotated[str | None, typer.Option("--policy", help="Context policy (comma-separated to compare several).")] = None,
+    epochs: Annotated[int, typer.Option("--epochs", help="Trials per task and configuration.")] = 1,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Trials running at once.")] = 4,
+    out: Annotated[str | None, typer.Option("--out", help="Directory for trial records, eval.json and report.html; re-running resumes.")] = None,
+    max_steps: Annotated[int, typer.Option("--max-steps", help="Model calls at most per trial.")] = 50,
+    max_cost: Annotated[str | None, typer.Option("--max-cost", help="Hard cap in USD per trial.")] = None,
+    sim_policy: Annotated[str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")] = None,
+    sim_latency: Annotated[float, typer.Option("--sim-latency", help="Simulated seconds per model call.")] = 0.0,
+    sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")] = "bwrap",
+    json_out: JsonFlag = False,
+) -> None:
+    """Evaluate models (and policies) on a task suite, with success and cost with confidence.
+
+    Reports success with 95 % intervals, pass@k, pass^k, cost per solved task, paired
+    significance tests and the cost–success frontier."""
+    from stayer.eval.report import render
+    from stayer.eval.runner import (
+        INFRASTRUCTURE,
+        EvalConfig,
+        TrialStore,
+        plan_trials,
+        policy_supported,
+        run_trials,
+        write_atomic,
+    )
+    from stayer.eval.suite import ProblemsError, load_suite
+    from stayer.eval.summary import summarise
+    from stayer.eval.trial import prepare
+    from stayer.pricing import PriceBook
+
+    models = _split(model)
+    if not models:
+        bad_input("--model: give at least one model, e.g. --model sim:claude-sonnet-4-5")
+    if len(set(models)) != len(models):
+        bad_input(f"--model {model}: a model is listed twice")
+    if epochs < 1:
+        bad_input(f"--epochs {epochs}: must be at least 1")
+    if concurrency < 1:
+        bad_input(f"--concurrency {concurrency}: must be at least 1")
+    out_dir = Path(out) if out else None
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        bad_input(f"--out {out}: exists and is not a directory")
+    err = stderr()
+    policies: list[str | None] = list(_split(policy)) or [None]
+    if policy and not policy_supported():
+        err.print("[yellow]warning:[/] --policy: this build has no context policies yet; recorded as 'none'")
+        policies = [None]
+    cap = parse_decimal(max_cost, "--max-cost")
+    configs = [
+        EvalConfig(m, p, sim_policy, max_steps, cap, sandbox, sim_latency) for m in models for p in policies
+    ]
+    try:
+        tasks = load_suite(suite)
+        prices = PriceBook.load()
+        # Every task × configuration must be runnable before the first trial starts.
+        problems = []
+        for task in tasks:
+            for config in configs:
+                try:
+                    prepare(config.run_config(task, f"eval-validate-{uuid.uuid4().hex}"), prices)
+                except ConfigError as e:
+                    problems.append(f"{task.path.name} · {config.label}: {e}")
+    except ProblemsError as e:
+        report_problems(e.problems)
+    except ConfigError as e:
+        bad_input(str(e))
+    if problems:
+        report_problems(sorted(set(problems)))
+
+    trials = plan_trials(tasks, configs, epochs)
+    store = TrialStore(out_dir) if out_dir else None
+    counts = {"ok": 0, "fail": 0, "infra": 0, "reused": 0}
+    progress = Progress(
+        TextColumn("[bold]eval[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}"), console=Console(stderr=True), transient=False,
+    )
+
+    def on_done(trial: Any, record: dict[str, Any], reused: bool) -> None:
+        key = "ok" if record["status"] == "succeeded" else "infra" if record["error_class"] == INFRASTRUCTURE else "fail"
+        counts[key] += 1
+        counts["reused"] += reused
+        progress.update(
+            bar, advance=1,
+            description=f"✓ {counts['ok']}  ✗ {counts['fail']}  infra {counts['infra']}  reused {counts['reused']}",
+        )
+
+    err.print(
+        f"[bold]stayer eval[/] {len(tasks)} tasks × {len(configs)} configurations × {epochs} epochs "
+        f"= {len(trials)} trials, {concurrency} at a time", highlight=False,
+    )
+    with progress:
+        bar = progress.add_task("", total=len(trials))
+        records = asyncio.run(run_trials(trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done))
+
+    doc: dict[str, Any] = {
+        "suite": str(Path(suite).resolve()),
+        "epochs": epochs,
+        "trials_total": len(records),
+        "trials_reused": counts["reused"],
+        **summarise(records, configs, epochs),
+    }
+    if out_dir is not None:
+        doc["out"] = str(out_dir.resolve())
+        write_atomic(out_dir / "eval.json", json.dumps(doc, indent=2))
+        write_atomic(out_dir / "report.html", render(doc, records, f"stayer eval · {Path(suite).name}"))
+        doc["report"] = str((out_dir / "report.html").resolve())
+    if json_out:
+        emit_json(doc)
+    _summary_table(doc, Console(stderr=json_out))
+    raise typer.Exit(EXIT_FAILED if counts["infra"] else EXIT_OK)
+
+
+def _summary_table(doc: dict[str, Any], console: Console) -> None:
+    def f(v: Any) -> str:
+        return "–" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    t = Table(title="stayer eval")
+    for h in ("configuration", "success", "95 % CI", "pass^k", "mean cost", "cost / success", "infra"):
+        t.add_column(h)
+    for c in doc["configs"]:
+        k = max(c["pass_hat_k"], key=int)
+        t.add_row(
+            c["label"], f"{c['successes']}/{c['trials']} = {f(c['success_rate'])}",
+            f"{f(c['ci_low'])}–{f(c['ci_high'])}", f"^{k} {f(c['pass_hat_k'][k])}",
+            f"${c['mean_cost_usd']}", f"${c['cost_per_success_usd']}", str(c["infra_errors"]),
+        )
+    console.print(t)
+    for x in doc["comparisons"]:
+        console.print(f"{x['b']['label']} vs {x['a']['label']}: Δ success {f(x['success_diff'])}, {x['verdict']}", highlight=False)
+    if doc.get("report"):
+        console.print(f"report: {doc['report']}", highlight=False)

@@ -1,0 +1,88 @@
+"""``stayer tasks``: check a task suite before trusting it; import Terminal-Bench tasks."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stayer.cli.common import EXIT_FAILED, EXIT_OK, JsonFlag, app, bad_input, emit_json, stderr
+from stayer.cli.eval import report_problems
+from stayer.errors import ConfigError
+
+tasks_app = typer.Typer(no_args_is_help=True, help="Check task suites; import Terminal-Bench tasks.")
+app.add_typer(tasks_app, name="tasks")
+
+
+@tasks_app.command("check")
+def check(
+    suite: Annotated[str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")],
+    reruns: Annotated[int, typer.Option("--reruns", help="Extra verifications of the oracle's workspace (flakiness).")] = 3,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Tasks checked at once.")] = 4,
+    json_out: JsonFlag = False,
+) -> None:
+    """Check every task of a suite before trusting it.
+
+    Per task: the oracle passes, doing nothing fails, verdicts are stable, the oracle leaves
+    time to spare, the agent cannot see tests or solution, and the task can run here."""
+    from stayer.eval.checks import TaskCheck, check_suite
+    from stayer.sandbox.bwrap import check_bwrap
+
+    if reruns < 0:
+        bad_input(f"--reruns {reruns}: must be zero or more")
+    if concurrency < 1:
+        bad_input(f"--concurrency {concurrency}: must be at least 1")
+    err = stderr()
+
+    def done(c: TaskCheck) -> None:
+        verdict = "[green]ok[/]" if c.ok else "[red]" + ", ".join(sorted({p.kind for p in c.problems})) + "[/]"
+        err.print(f"checked {c.name}: {verdict}", highlight=False)
+
+    try:
+        check_bwrap()  # the checks mount tests and solution, which only bwrap can
+        checks = asyncio.run(check_suite(suite, reruns=reruns, concurrency=concurrency, on_done=done))
+    except ConfigError as e:
+        bad_input(str(e))
+    if json_out:
+        emit_json({"suite": suite, "ok": all(c.ok for c in checks), "tasks": [c.to_dict() for c in checks]})
+    table = Table(title=f"stayer tasks check · {suite}")
+    for h in ("task", "verdict", "oracle s", "tests s", "problems"):
+        table.add_column(h)
+    for c in checks:
+        table.add_row(
+            c.name,
+            "[green]ok[/]" if c.ok else "[red]problem[/]",
+            "–" if c.oracle_s is None else f"{c.oracle_s:.2f}",
+            "–" if c.verify_s is None else f"{c.verify_s:.2f}",
+            "\n".join(f"[bold]{p.kind}[/]: {p.detail}" for p in c.problems),
+        )
+    Console(stderr=json_out).print(table)
+    raise typer.Exit(EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED)
+
+
+@tasks_app.command("import-tb")
+def import_tb_command(
+    src: Annotated[str, typer.Argument(help="A Terminal-Bench task (task.yaml) or a directory of them.")],
+    dest: Annotated[str, typer.Argument(help="Suite directory to write the Harbor-layout tasks into.")],
+    json_out: JsonFlag = False,
+) -> None:
+    """Convert Terminal-Bench tasks (task.yaml, solution.sh, run-tests.sh, tests/) to the Harbor layout."""
+    from stayer.eval.import_tb import import_tb
+    from stayer.eval.suite import ProblemsError
+
+    try:
+        imported = import_tb(src, dest)
+    except ProblemsError as e:
+        report_problems(e.problems)
+    except ConfigError as e:
+        bad_input(str(e))
+    if json_out:
+        emit_json({"imported": [t.to_dict() for t in imported]})
+    out = Console(stderr=json_out)
+    for t in imported:
+        out.print(f"imported {t.source} → {t.dest}", highlight=False)
+        for note in t.notes:
+            out.print(f"  note: {note}", highlight=False)

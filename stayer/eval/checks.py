@@ -1,0 +1,300 @@
+"""Task-suite checks: refuse to trust a task until it has shown it can tell right from wrong.
+
+Per task, each on a fresh copy of its environment, in the same sandboxes a trial uses:
+
+* ``oracle_fails`` — the reference solution must pass the tests;
+* ``nop_passes`` — doing nothing must fail them;
+* ``flaky`` — verifying the oracle's workspace N more times must give the same verdict;
+* ``timeout_margin`` — the oracle must use at most half of the agent timeout (a real agent
+  thinks between commands), and the tests at most half of the verifier timeout;
+* ``leak`` — the agent's sandbox must show neither the tests nor the solution: probed from
+  inside that sandbox, by path and by content hash of every workspace file;
+* ``environment`` — the oracle fails because the task cannot run here: it needs the network,
+  installs packages, needs a command or Python module the host lacks, or writes outside the
+  writable paths. Told apart from a broken oracle by evidence in the scripts' output, which
+  the detail quotes; without evidence a failing oracle is ``oracle_fails``;
+* ``invalid`` — the task does not load (or has no solution to check).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import shlex
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stayer.eval.suite import scan_suite
+from stayer.eval.task import Task
+from stayer.eval.verify import Verdict, verify
+from stayer.sandbox import make_sandbox
+from stayer.sandbox.base import ExecResult, Sandbox
+
+KINDS = ("invalid", "oracle_fails", "nop_passes", "flaky", "timeout_margin", "leak", "environment")
+TIME_MARGIN = 0.5  # share of a timeout the oracle (or the tests) may use
+# Files this small (an empty __init__.py, "1\n") match by accident, not by leaking.
+_MIN_LEAK_BYTES = 16
+
+_NETWORK = re.compile(
+    r"Could not resolve host|Temporary failure in name resolution|Name or service not known|"
+    r"Network is unreachable|getaddrinfo failed|Failed to establish a new connection|"
+    r"No address associated with hostname|No matching distribution found",
+    re.IGNORECASE,
+)
+_PACKAGES = re.compile(
+    r"Could not open lock file|Unable to acquire the dpkg|are you root\?|"
+    r"List directory /var/lib/apt/lists/partial is missing"
+)
+_MISSING_COMMAND = re.compile(r"\b([\w.+-]+): command not found|^\S*sh: \d+: ([\w.+-]+): not found", re.MULTILINE)
+_MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+_READ_ONLY = re.compile(r"Read-only file system")
+# Where a task declares what it installs; a missing module named there is the environment's.
+_INSTALL_FILES = ("Dockerfile", "requirements*.txt", "pyproject.toml", "*.sh")
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str
+    detail: str
+
+
+@dataclass
+class TaskCheck:
+    name: str
+    path: Path
+    problems: list[Problem] = field(default_factory=list)
+    oracle_s: float | None = None
+    verify_s: float | None = None
+    rewards: list[float | None] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "ok": self.ok,
+            "problems": [{"kind": p.kind, "detail": p.detail} for p in self.problems],
+            "oracle_s": self.oracle_s,
+            "verify_s": self.verify_s,
+            "rewards": self.rewards,
+        }
+
+
+def _first_line(pattern: re.Pattern[str], text: str) -> str | None:
+    for line in text.splitlines():
+        if pattern.search(line):
+            return line.strip()[:160]
+    return None
+
+
+def _declared_installs(task: Task) -> str:
+    texts = []
+    for pattern in _INSTALL_FILES:
+        for where in ("environment", "tests", "solution"):
+            for p in (task.path / where).rglob(pattern):
+                if p.is_file():
+                    texts.append(p.read_text(errors="replace"))
+    return "\n".join(texts)
+
+
+def environment_evidence(output: str, task: Task) -> list[str]:
+    """Why the task cannot run on this host, from what its scripts printed; [] if no sign."""
+    reasons = []
+    if line := _first_line(_NETWORK, output):
+        reasons.append(f"needs the network ({line})")
+    if line := _first_line(_PACKAGES, output):
+        reasons.append(f"installs system packages at run time ({line})")
+    commands = sorted({a or b for a, b in _MISSING_COMMAND.findall(output)})
+    if commands:
+        reasons.append(f"needs commands this host lacks: {', '.join(commands)}")
+    modules = sorted({m.split(".")[0] for m in _MISSING_MODULE.findall(output)})
+    if modules:
+        declared = _declared_installs(task)
+        # A module the task's own files should have created is the oracle's fault, not ours.
+        missing = [m for m in modules if re.search(rf"\b{re.escape(m)}\b", declared)]
+        if missing:
+            reasons.append(f"needs Python modules this host lacks: {', '.join(missing)}")
+    if line := _first_line(_READ_ONLY, output):
+        reasons.append(f"writes outside /app and /tmp, which are the only writable paths here ({line})")
+    return reasons
+
+
+def _agent_sandbox(task: Task, workspace: Path, kind: str) -> Sandbox:
+    # As eval.trial builds it, so that what the probe sees is what the agent would see.
+    return make_sandbox(
+        kind, workspace, allow_net=task.allow_internet, memory_mb=task.memory_mb, storage_mb=task.storage_mb
+    )
+
+
+def _fresh(task: Task, workspace: Path) -> Path:
+    task.materialise(workspace)
+    return workspace
+
+
+def _output(r: ExecResult | None) -> str:
+    return "" if r is None else r.stdout + "\n" + r.stderr
+
+
+def _tail(text: str, limit: int = 300) -> str:
+    text = " ⏎ ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
+def _passed(v: Verdict) -> bool:
+    return v.reward is not None and v.reward >= 1
+
+
+async def _verify_copy(task: Task, snapshot: Path, dest: Path, kind: str) -> Verdict:
+    shutil.copytree(snapshot, dest, symlinks=True)
+    return await verify(task, make_sandbox(kind, dest, allow_net=task.allow_internet))
+
+
+def _hidden_file_digests(task: Task) -> dict[str, str]:
+    digests = {}
+    for where in ("tests", "solution"):
+        for p in sorted((task.path / where).rglob("*")):
+            if p.is_file() and p.stat().st_size >= _MIN_LEAK_BYTES:
+                digests.setdefault(hashlib.sha256(p.read_bytes()).hexdigest(), str(p.relative_to(task.path)))
+    return digests
+
+
+async def check_leaks(task: Task, workspace: Path, kind: str) -> list[Problem]:
+    """Probe from inside the agent's sandbox for the tests and the solution."""
+    paths = ["/tests", "/solution", "/oracle", "/logs/verifier", str(task.path / "tests"), str(task.path / "solution")]
+    probe = (
+        f"for p in {' '.join(shlex.quote(p) for p in paths)}; do [ -e \"$p\" ] && echo \"VISIBLE $p\"; done; "
+        "find -L /app -type f -size -4M -print0 2>/dev/null | xargs -0 -r sha256sum 2>/dev/null; true"
+    )
+    result = await _agent_sandbox(task, _fresh(task, workspace), kind).exec(probe, timeout=60)
+    hidden = _hidden_file_digests(task)
+    problems = []
+    for line in result.stdout.splitlines():
+        if line.startswith("VISIBLE "):
+            problems.append(Problem("leak", f"the agent's sandbox shows {line[8:]}"))
+            continue
+        digest, _, name = line.partition("  ")
+        if digest in hidden:
+            problems.append(Problem("leak", f"the agent can read {name}, a copy of {hidden[digest]}"))
+    return problems
+
+
+async def check_nop(task: Task, workspace: Path, kind: str) -> list[Problem]:
+    """Doing nothing must not pass."""
+    verdict = await verify(task, make_sandbox(kind, _fresh(task, workspace), allow_net=task.allow_internet))
+    if _passed(verdict):
+        return [Problem("nop_passes", f"the untouched environment scores reward {verdict.reward:g}")]
+    return []
+
+
+async def check_oracle(
+    task: Task, work: Path, kind: str, reruns: int, margin: float, check: TaskCheck
+) -> list[Problem]:
+    """The oracle must pass, the same way every time, well inside the timeouts."""
+    solution = task.solution
+    if solution is None:
+        return [Problem("invalid", f"{task.path / 'solution' / 'solve.sh'}: missing; the oracle cannot be checked")]
+    workspace = _fresh(task, work / "oracle")
+    # As the simulator's oracle runs it: the script on bash's stdin, cwd /app.
+    run = await _agent_sandbox(task, workspace, kind).exec("bash -s", stdin=solution.encode(), timeout=task.agent_timeout_s)
+    check.oracle_s = round(run.duration_s, 3)
+    problems = []
+    if run.timed_out:
+        return [Problem("timeout_margin", f"the oracle did not finish within the agent timeout ({task.agent_timeout_s:g} s)")]
+    if run.duration_s > margin * task.agent_timeout_s:
+        problems.append(Problem(
+            "timeout_margin",
+            f"the oracle took {run.duration_s:.1f} s of the agent's {task.agent_timeout_s:g} s "
+            f"(more than {margin:.0%}): an agent has little time to think",
+        ))
+    verdicts = [await _verify_copy(task, workspace, work / "verify-0", kind)]
+    evidence = []
+    if not _passed(verdicts[0]):
+        evidence = environment_evidence(_output(run) + "\n" + _output(verdicts[0].exec), task)
+    if not evidence:  # repeating a verification that cannot run here tells nothing
+        for i in range(1, 1 + reruns):
+            verdicts.append(await _verify_copy(task, workspace, work / f"verify-{i}", kind))
+    check.rewards = [v.reward for v in verdicts]
+    durations = [v.exec.duration_s for v in verdicts if v.exec]
+    check.verify_s = round(max(durations), 3) if durations else None
+    passes = [_passed(v) for v in verdicts]
+    if not any(passes):
+        if not evidence:
+            output = _output(run) + "\n".join(_output(v.exec) for v in verdicts)
+            evidence = environment_evidence(output, task)
+        if evidence:
+            problems.append(Problem("environment", "; ".join(evidence)))
+        elif all(v.exec and v.exec.timed_out for v in verdicts):
+            problems.append(Problem("timeout_margin", f"the tests did not finish within the verifier timeout ({task.verifier_timeout_s:g} s)"))
+        else:
+            v = verdicts[0]
+            why = f"reward {v.reward:g}" if v.reward is not None else (v.error or "no reward")
+            hint = ""
+            if (task.path / "environment" / "Dockerfile").is_file() and "RUN " in (task.path / "environment" / "Dockerfile").read_text(errors="replace"):
+                hint = "; note: the Dockerfile's RUN steps are not executed here"
+            problems.append(Problem(
+                "oracle_fails",
+                f"{why}; solve.sh exit {run.exit_code}; tests said: {_tail(_output(v.exec))}{hint}",
+            ))
+    elif not all(passes):
+        problems.append(Problem(
+            "flaky",
+            f"{sum(passes)} of {len(passes)} verifications of the same oracle workspace passed "
+            f"(rewards {', '.join('none' if r is None else f'{r:g}' for r in check.rewards)})",
+        ))
+    if check.verify_s is not None and check.verify_s > margin * task.verifier_timeout_s and any(passes):
+        problems.append(Problem(
+            "timeout_margin",
+            f"the tests took {check.verify_s:.1f} s of the verifier's {task.verifier_timeout_s:g} s (more than {margin:.0%})",
+        ))
+    return problems
+
+
+async def check_task(task: Task, *, reruns: int = 3, sandbox: str = "bwrap", margin: float = TIME_MARGIN) -> TaskCheck:
+    check = TaskCheck(task.name, task.path)
+    with tempfile.TemporaryDirectory(prefix="stayer-check-") as tmp:
+        work = Path(tmp)
+        found = await asyncio.gather(
+            check_oracle(task, work, sandbox, reruns, margin, check),
+            check_nop(task, work / "nop", sandbox),
+            check_leaks(task, work / "leak", sandbox),
+        )
+    check.problems = [p for group in found for p in group]
+    return check
+
+
+async def check_suite(
+    path: str | Path,
+    *,
+    reruns: int = 3,
+    concurrency: int = 4,
+    sandbox: str = "bwrap",
+    margin: float = TIME_MARGIN,
+    on_done: Callable[[TaskCheck], None] | None = None,
+) -> list[TaskCheck]:
+    """Check every task of a suite, ``concurrency`` at a time; invalid tasks are reported
+    as such, in suite order with the rest."""
+    suite = scan_suite(path)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(task: Task) -> TaskCheck:
+        async with gate:
+            check = await check_task(task, reruns=reruns, sandbox=sandbox, margin=margin)
+        if on_done:
+            on_done(check)
+        return check
+
+    checks = list(await asyncio.gather(*(one(t) for t in suite.tasks)))
+    for bad in suite.invalid:
+        check = TaskCheck(bad.name, bad.path.resolve(), [Problem("invalid", bad.problem)])
+        checks.append(check)
+        if on_done:
+            on_done(check)
+    return sorted(checks, key=lambda c: c.name)

@@ -1,0 +1,285 @@
+"""Run tasks × epochs × configurations concurrently, each trial on a fresh workspace.
+
+A trial is one ``stayer run`` (``eval.trial.prepare`` + ``execute``): the runner adds
+concurrency, a wall-clock limit, an error class, and a store that makes evaluations
+resumable. Each finished trial is written atomically to ``OUT/trials/<config>/<task>.e<N>.json``;
+re-running with the same ``OUT`` reuses those records and runs only what is missing.
+
+Error classes (a succeeded trial has none):
+
+* ``agent_failure`` — the agent finished and the tests ran, but did not pass (including
+  tests that timed out on the agent's work);
+* ``limit_reached`` — the step or cost limit, or the task's wall-clock time, ran out;
+* ``infrastructure`` — the trial could not be judged: the model API failed after retries,
+  the verifier wrote no reward, or the run crashed. These are excluded from scores, counted
+  apart, and run again when the evaluation is resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from stayer.eval.task import Task
+from stayer.eval.trial import RunConfig, execute, prepare
+from stayer.pricing import PriceBook
+
+AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE = "agent_failure", "limit_reached", "infrastructure"
+ERROR_CLASSES = (AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE)
+# Beyond the task's own agent + verifier timeouts: workspace copy, sandbox start-up.
+WALL_SLACK_S = 30.0
+
+
+def _slug(text: str, limit: int = 48) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.")[:limit] or "x"
+
+
+def policy_supported() -> bool:
+    """Whether this build's RunConfig takes a context ``policy``."""
+    return any(f.name == "policy" for f in dataclasses.fields(RunConfig))
+
+
+def default_policy() -> str:
+    """The context policy a run gets when none is named ("none" where there are none)."""
+    for f in dataclasses.fields(RunConfig):
+        if f.name == "policy" and isinstance(f.default, str):
+            return f.default
+    return "none"
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One configuration under evaluation: a model and the harness settings that matter."""
+
+    model: str
+    policy: str | None = None  # context policy; None: the run's default
+    sim_policy: str | None = None
+    max_steps: int = 50
+    max_cost: Decimal | None = None
+    sandbox: str = "bwrap"
+    sim_latency: float = 0.0
+
+    @property
+    def policy_name(self) -> str:
+        return self.policy or default_policy()
+
+    @property
+    def label(self) -> str:
+        return self.model if self.policy is None else f"{self.model} · {self.policy}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "policy": self.policy_name,
+            "sim_policy": self.sim_policy,
+            "max_steps": self.max_steps,
+            "max_cost": None if self.max_cost is None else str(self.max_cost),
+            "sandbox": self.sandbox,
+            "sim_latency": self.sim_latency,
+        }
+
+    @property
+    def key(self) -> str:
+        """Directory name of this configuration's trials: readable, plus a hash of every
+        setting, so that changing any of them never reuses another setting's results."""
+        digest = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+        return f"{_slug(self.model)}-{_slug(self.policy_name, 24)}-{digest[:8]}"
+
+    def run_config(self, task: Task, run_id: str) -> RunConfig:
+        extra: dict[str, Any] = {}
+        if self.policy is not None and policy_supported():
+            extra["policy"] = self.policy
+        return RunConfig(
+            task_dir=str(task.path),
+            model=self.model,
+            max_steps=self.max_steps,
+            max_cost=self.max_cost,
+            run_id=run_id,
+            sim_policy=self.sim_policy,
+            sim_latency=self.sim_latency,
+            sandbox=self.sandbox,
+            **extra,
+        )
+
+
+def task_digest(task: Task) -> str:
+    """Content hash of a task directory: a record is reused only for the same task content."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in task.path.rglob("*") if p.is_file() and not p.is_symlink()):
+        h.update(str(path.relative_to(task.path)).encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Trial:
+    task: Task
+    config: EvalConfig
+    epoch: int  # 1-based
+    digest: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.config.key}/{self.task.name}.e{self.epoch}"
+
+    def new_run_id(self) -> str:
+        return f"eval-{_slug(self.task.name, 32)}-e{self.epoch}-{uuid.uuid4().hex[:8]}"
+
+
+def plan_trials(tasks: Sequence[Task], configs: Sequence[EvalConfig], epochs: int) -> list[Trial]:
+    """Every (task, config, epoch), epoch-major, so that a partial run covers every task and
+    configuration evenly before repeating any."""
+    digests = {t.path: task_digest(t) for t in tasks}
+    return [
+        Trial(task, config, epoch, digests[task.path])
+        for epoch in range(1, epochs + 1)
+        for task in tasks
+        for config in configs
+    ]
+
+
+def error_class(doc: dict[str, Any]) -> str | None:
+    status = doc["status"]
+    if status == "succeeded":
+        return None
+    if status == "budget_exhausted":
+        return LIMIT_REACHED
+    if status == "error":  # the model call failed after retries
+        return INFRASTRUCTURE
+    if doc.get("reward") is None and not (doc.get("verifier") or {}).get("timed_out"):
+        return INFRASTRUCTURE  # the verifier crashed or was not run: no judgement
+    return AGENT_FAILURE
+
+
+def _record(trial: Trial, **fields: Any) -> dict[str, Any]:
+    return {
+        "key": trial.key,
+        "task": trial.task.name,
+        "task_path": str(trial.task.path),
+        "task_digest": trial.digest,
+        "model": trial.config.model,
+        "policy": trial.config.policy_name,
+        "config_key": trial.config.key,
+        "config": trial.config.to_dict(),
+        "epoch": trial.epoch,
+        **fields,
+        "finished": datetime.now(UTC).isoformat(),
+    }
+
+
+async def run_trial(trial: Trial, prices: PriceBook) -> dict[str, Any]:
+    """Run one trial to a record; never raises for a failure of the trial itself."""
+    task = trial.task
+    limit = task.agent_timeout_s + task.verifier_timeout_s + WALL_SLACK_S
+    started = time.monotonic()
+    empty = {"reward": None, "steps": 0, "usage": {}, "tokens": 0, "cost_usd": "0", "run_id": None}
+    try:
+        prepared = prepare(trial.config.run_config(task, trial.new_run_id()), prices)
+        doc = await asyncio.wait_for(execute(prepared), timeout=limit)
+    except TimeoutError:
+        return _record(
+            trial, **empty, status="budget_exhausted", error_class=LIMIT_REACHED,
+            error=f"wall-clock limit of {limit:g} s reached (task agent + verifier timeouts)",
+            wall_s=round(time.monotonic() - started, 3),
+        )
+    except Exception as e:  # a trial that cannot run is recorded, not fatal to the evaluation
+        return _record(
+            trial, **empty, status="error", error_class=INFRASTRUCTURE,
+            error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8),
+            wall_s=round(time.monotonic() - started, 3),
+        )
+    usage = doc["usage"]
+    return _record(
+        trial,
+        status=doc["status"],
+        error_class=error_class(doc),
+        reward=doc["reward"],
+        steps=doc["steps"],
+        usage=usage,
+        tokens=usage["input_tokens"] + usage["output_tokens"],
+        cost_usd=doc["cost_usd"],
+        wall_s=round(time.monotonic() - started, 3),
+        run_id=doc["run_id"],
+        run_dir=doc["run_dir"],
+        stop_reason=doc.get("stop_reason"),
+        error=doc.get("error") or (doc.get("verifier") or {}).get("error"),
+    )
+
+
+class TrialStore:
+    """Finished trials as one JSON file each, written atomically (temp file + rename), so a
+    killed evaluation never leaves a half-written record and resumes where it stopped."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.dir = out / "trials"
+
+    def path(self, trial: Trial) -> Path:
+        return self.dir / f"{trial.key}.json"
+
+    def load(self, trial: Trial) -> dict[str, Any] | None:
+        """The finished record of ``trial``, or None if it must (re)run: missing, unreadable,
+        another task content, or an infrastructure error (which is worth retrying)."""
+        try:
+            record = json.loads(self.path(trial).read_text())
+        except (OSError, ValueError):
+            return None
+        if record.get("task_digest") != trial.digest or record.get("error_class") == INFRASTRUCTURE:
+            return None
+        return record
+
+    def save(self, record: dict[str, Any]) -> None:
+        path = self.dir / f"{record['key']}.json"
+        write_atomic(path, json.dumps(record, indent=2))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+async def run_trials(
+    trials: Sequence[Trial],
+    *,
+    concurrency: int,
+    prices: PriceBook,
+    store: TrialStore | None = None,
+    on_start: Callable[[Trial], None] | None = None,
+    on_done: Callable[[Trial, dict[str, Any], bool], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run (or reuse) every trial, at most ``concurrency`` at a time; records in trial order.
+
+    ``on_done(trial, record, reused)`` is called as each finishes, for live progress."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(trial: Trial) -> dict[str, Any]:
+        if store is not None and (record := store.load(trial)) is not None:
+            if on_done:
+                on_done(trial, record, True)
+            return record
+        async with gate:
+            if on_start:
+                on_start(trial)
+            record = await run_trial(trial, prices)
+        if store is not None:
+            store.save(record)
+        if on_done:
+            on_done(trial, record, False)
+        return record
+
+    return list(await asyncio.gather(*(one(t) for t in trials)))

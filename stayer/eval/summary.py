@@ -1,0 +1,184 @@
+"""From trial records to the ``stayer eval --json`` document.
+
+    {"configs": [{"model", "policy", "trials", "successes", "success_rate", "ci_low",
+                  "ci_high", "pass_at_k": {k: …}, "pass_hat_k": {k: …}, "mean_cost_usd",
+                  "cost_per_success_usd", "infra_errors", …}],
+     "comparisons": [{"a", "b", "test", "p_value", "significant", …}],
+     "pareto": [{"model", "policy", "mean_cost_usd", "success_rate"}],
+     "tasks": [{"task", "results": {config id: {"successes", "trials", "infra_errors"}}}]}
+
+Scores count only judged trials: infrastructure errors are reported in ``infra_errors`` and
+left out of every rate. Money is a decimal string; ``"unknown"`` when a trial's model has
+no price data (a mean over unknown amounts is unknown, not zero).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from decimal import Decimal
+from itertools import combinations
+from typing import Any
+
+from stayer.eval import stats
+from stayer.eval.runner import ERROR_CLASSES, INFRASTRUCTURE, EvalConfig
+
+_MONEY_PLACES = Decimal("1e-10")
+
+
+def money(amount: Decimal | None) -> str | None:
+    """A decimal string without exponent; means are rounded to 1e-10 USD."""
+    if amount is None:
+        return None
+    return format(amount.quantize(_MONEY_PLACES).normalize(), "f")
+
+
+def _scored(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r["error_class"] != INFRASTRUCTURE]
+
+
+def _succeeded(record: dict[str, Any]) -> bool:
+    return record["status"] == "succeeded"
+
+
+def _costs(records: Sequence[dict[str, Any]]) -> list[Decimal] | None:
+    """Every record's cost, or None if any is unknown."""
+    if any(r["cost_usd"] == "unknown" for r in records):
+        return None
+    return [Decimal(r["cost_usd"]) for r in records]
+
+
+def config_summary(config: EvalConfig, records: Sequence[dict[str, Any]], epochs: int) -> dict[str, Any]:
+    scored = _scored(records)
+    n = len(scored)
+    successes = sum(1 for r in scored if _succeeded(r))
+    low, high = stats.wilson_interval(successes, n) if n else (None, None)
+    per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in scored:
+        per_task[r["task"]][0] += 1
+        per_task[r["task"]][1] += int(_succeeded(r))
+    counts = [(t, c) for t, c in per_task.values()]
+    costs = _costs(scored)
+    all_costs = _costs(records)
+    tokens = [r["tokens"] for r in scored]
+    classes = {c: sum(1 for r in records if r["error_class"] == c) for c in ERROR_CLASSES}
+    total = sum(costs, Decimal(0)) if costs is not None else None
+    return {
+        "id": config.key,
+        "label": config.label,
+        "model": config.model,
+        "policy": config.policy_name,
+        "settings": config.to_dict(),
+        "trials": n,
+        "successes": successes,
+        "success_rate": successes / n if n else None,
+        "ci_low": low,
+        "ci_high": high,
+        "pass_at_k": {str(k): stats.mean_over_tasks(counts, k, stats.pass_at_k) for k in range(1, epochs + 1)},
+        "pass_hat_k": {str(k): stats.mean_over_tasks(counts, k, stats.pass_hat_k) for k in range(1, epochs + 1)},
+        "mean_tokens": sum(tokens) / n if n else None,
+        "median_tokens": stats.median(tokens),
+        "mean_cost_usd": "unknown" if costs is None else money(stats.decimal_mean(costs)),
+        "median_cost_usd": "unknown" if costs is None else money(stats.decimal_median(costs)),
+        "total_cost_usd": "unknown" if all_costs is None else money(sum(all_costs, Decimal(0))),
+        "cost_per_success_usd": (
+            "unknown" if total is None else money(total / successes) if successes else None
+        ),
+        "mean_steps": sum(r["steps"] for r in scored) / n if n else None,
+        "mean_wall_s": sum(r["wall_s"] for r in scored) / n if n else None,
+        "infra_errors": classes[INFRASTRUCTURE],
+        "error_classes": classes,
+        "tasks": len(per_task),
+    }
+
+
+def compare(
+    a: EvalConfig, b: EvalConfig, records_a: Sequence[dict[str, Any]], records_b: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """Paired comparison of B against A on the (task, epoch) units both judged; see
+    ``stats`` for why McNemar decides with one epoch and the task bootstrap with more."""
+    by_unit_a = {(r["task"], r["epoch"]): r for r in _scored(records_a)}
+    by_unit_b = {(r["task"], r["epoch"]): r for r in _scored(records_b)}
+    units = sorted(by_unit_a.keys() & by_unit_b.keys())
+    success_diffs: dict[str, list[float]] = defaultdict(list)
+    cost_diffs: dict[str, list[float]] = defaultdict(list)
+    only_a = only_b = 0
+    paired_cost: list[Decimal] | None = []
+    for unit in units:
+        ra, rb = by_unit_a[unit], by_unit_b[unit]
+        sa, sb = _succeeded(ra), _succeeded(rb)
+        only_a += sa and not sb
+        only_b += sb and not sa
+        success_diffs[unit[0]].append(float(sb) - float(sa))
+        if paired_cost is not None and "unknown" not in (ra["cost_usd"], rb["cost_usd"]):
+            d = Decimal(rb["cost_usd"]) - Decimal(ra["cost_usd"])
+            paired_cost.append(d)
+            cost_diffs[unit[0]].append(float(d))
+        else:
+            paired_cost = None
+    mcnemar_p = stats.mcnemar_exact(only_a, only_b)
+    boot = stats.paired_bootstrap(list(success_diffs.values()))
+    several = any(len(d) > 1 for d in success_diffs.values())
+    test, p = ("paired_bootstrap_tasks", boot.p_value) if several and boot else ("mcnemar_exact", mcnemar_p)
+    significant = p < stats.ALPHA
+    cost_boot = stats.paired_bootstrap(list(cost_diffs.values())) if paired_cost else None
+    diff = sum(sum(d) for d in success_diffs.values()) / len(units) if units else None
+    return {
+        "a": {"id": a.key, "label": a.label, "model": a.model, "policy": a.policy_name},
+        "b": {"id": b.key, "label": b.label, "model": b.model, "policy": b.policy_name},
+        "pairs": len(units),
+        "tasks": len(success_diffs),
+        "a_only": only_a,
+        "b_only": only_b,
+        "success_diff": diff,  # B − A, in success rate
+        "test": test,
+        "p_value": p,
+        "significant": significant,
+        "verdict": (
+            f"{'significant' if significant else 'not significant'} at {stats.ALPHA:g} "
+            f"({test}, p = {p:.3g})"
+        ),
+        "mcnemar_p": mcnemar_p,
+        "bootstrap": None if boot is None else {
+            "diff": boot.diff, "ci_low": boot.ci_low, "ci_high": boot.ci_high, "p_value": boot.p_value,
+        },
+        "cost_diff_usd": "unknown" if paired_cost is None else money(stats.decimal_mean(paired_cost)),
+        "cost_diff_ci_usd": None if cost_boot is None else [
+            money(Decimal(repr(cost_boot.ci_low))), money(Decimal(repr(cost_boot.ci_high)))
+        ],
+    }
+
+
+def pareto(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Configurations on the cost–success frontier (mean cost per trial vs success rate)."""
+    priced = [s for s in summaries if s["mean_cost_usd"] not in ("unknown", None) and s["success_rate"] is not None]
+    front = stats.pareto_front([(Decimal(s["mean_cost_usd"]), s["success_rate"]) for s in priced])
+    return [
+        {k: priced[i][k] for k in ("id", "label", "model", "policy", "mean_cost_usd", "success_rate", "cost_per_success_usd")}
+        for i in front
+    ]
+
+
+def summarise(
+    records: Sequence[dict[str, Any]], configs: Sequence[EvalConfig], epochs: int
+) -> dict[str, Any]:
+    by_config = {c.key: [r for r in records if r["config_key"] == c.key] for c in configs}
+    summaries = [config_summary(c, by_config[c.key], epochs) for c in configs]
+    grid: dict[str, dict[str, dict[str, int]]] = defaultdict(
+        lambda: {c.key: {"successes": 0, "trials": 0, "infra_errors": 0} for c in configs}
+    )
+    for r in records:
+        cell = grid[r["task"]][r["config_key"]]
+        if r["error_class"] == INFRASTRUCTURE:
+            cell["infra_errors"] += 1
+        else:
+            cell["trials"] += 1
+            cell["successes"] += int(_succeeded(r))
+    return {
+        "configs": summaries,
+        "comparisons": [
+            compare(a, b, by_config[a.key], by_config[b.key]) for a, b in combinations(configs, 2)
+        ],
+        "pareto": pareto(summaries),
+        "tasks": [{"task": t, "results": grid[t]} for t in sorted(grid)],
+    }

@@ -1,0 +1,151 @@
+"""`stayer eval` end to end, through the real command line, on the provider simulator."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from test_eval_fixtures import EXAMPLES, FIXTURES, needs_bwrap, stayer, write_task
+
+from stayer.eval.runner import policy_supported
+
+MODELS = "sim:claude-sonnet-4-5,sim:gpt-5"
+
+
+def runs(home: Path) -> set[str]:
+    d = home / "runs"
+    return {p.name for p in d.iterdir()} if d.is_dir() else set()
+
+
+@needs_bwrap
+def test_examples_two_models_three_epochs_resumable(tmp_path):
+    home, out = tmp_path / "home", tmp_path / "out"
+    args = ("eval", str(EXAMPLES), "--model", MODELS, "--epochs", "3", "--json", "--out", str(out))
+    r = stayer(*args, home=home)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [c["model"] for c in doc["configs"]] == MODELS.split(",")
+    for c in doc["configs"]:
+        assert (c["trials"], c["successes"], c["success_rate"], c["infra_errors"]) == (9, 9, 1.0, 0)
+        assert 0.6 < c["ci_low"] < 1.0 and c["ci_high"] == 1.0
+        assert c["pass_hat_k"] == {"1": 1.0, "2": 1.0, "3": 1.0} and c["pass_at_k"]["3"] == 1.0
+        assert Decimal(c["mean_cost_usd"]) > 0 and c["cost_per_success_usd"] == c["mean_cost_usd"]
+        assert c["policy"] and c["mean_tokens"] > 0
+    [cmp] = doc["comparisons"]
+    assert cmp["significant"] is False and cmp["success_diff"] == 0.0 and "not significant" in cmp["verdict"]
+    assert Decimal(cmp["cost_diff_usd"]) != 0  # same work, different prices
+    cheapest = min(doc["configs"], key=lambda c: Decimal(c["mean_cost_usd"]))
+    assert [p["model"] for p in doc["pareto"]] == [cheapest["model"]]
+    assert len(doc["tasks"]) == 3 and doc["trials_total"] == 18 and doc["trials_reused"] == 0
+    # Each finished trial is one record; the page is self-contained.
+    trials = sorted((out / "trials").rglob("*.json"))
+    assert len(trials) == 18
+    record = json.loads(trials[0].read_text())
+    assert record["error_class"] is None and record["reward"] == 1.0 and record["wall_s"] > 0
+    assert Decimal(record["cost_usd"]) > 0 and record["usage"]["input_tokens"] > 0
+    page = (out / "report.html").read_text()
+    assert page.count("<svg") == 3 and "src=" not in page
+    assert json.loads((out / "eval.json").read_text())["configs"] == doc["configs"]
+    assert "18/18" in r.stderr  # live progress on stderr
+
+    # Resume: nothing runs again ...
+    before = runs(home)
+    r = stayer(*args, home=home)
+    assert r.returncode == 0 and json.loads(r.stdout)["trials_reused"] == 18
+    assert runs(home) == before
+    # ... except a trial whose record is gone.
+    trials[0].unlink()
+    r = stayer(*args, home=home)
+    again = json.loads(r.stdout)
+    assert again["trials_reused"] == 17 and len(runs(home) - before) == 1
+    assert again["configs"][0]["successes"] == 9
+
+
+@needs_bwrap
+def test_error_classes_and_infrastructure_errors_apart(tmp_path):
+    suite = tmp_path / "suite"
+    write_task(suite, "good")
+    write_task(suite, "oracle-fails", **{k: v for k, v in FIXTURES["oracle-fails"].items()})
+    write_task(suite, "no-reward", test="echo 'the verifier crashed' >&2\nexit 3\n")
+    home, out = tmp_path / "home", tmp_path / "out"
+    args = ("eval", str(suite), "--model", "sim:gpt-5", "--json", "--out", str(out))
+    r = stayer(*args, home=home)
+    assert r.returncode == 1, r.stderr  # an evaluation with infrastructure errors is incomplete
+    doc = json.loads(r.stdout)
+    [c] = doc["configs"]
+    assert (c["trials"], c["successes"], c["success_rate"], c["infra_errors"]) == (2, 1, 0.5, 1)
+    assert c["error_classes"] == {"agent_failure": 1, "limit_reached": 0, "infrastructure": 1}
+    cells = {t["task"]: next(iter(t["results"].values())) for t in doc["tasks"]}
+    assert cells["no-reward"] == {"successes": 0, "trials": 0, "infra_errors": 1}
+    # A resumed evaluation retries the infrastructure error and keeps the rest.
+    r = stayer(*args, home=home)
+    assert json.loads(r.stdout)["trials_reused"] == 2
+
+    r = stayer("eval", str(suite / "good"), "--model", "sim:gpt-5", "--max-steps", "1", "--json", home=home)
+    assert r.returncode == 0
+    [c] = json.loads(r.stdout)["configs"]
+    assert c["error_classes"]["limit_reached"] == 1 and c["successes"] == 0 and c["trials"] == 1
+
+
+def test_invalid_suite_is_bad_input_one_line_per_problem_nothing_written(tmp_path):
+    suite = tmp_path / "suite"
+    write_task(suite, "good")
+    write_task(suite, "no-tests", test=None)
+    (write_task(suite, "bad-toml") / "task.toml").write_text("[agent\n")
+    home, out = tmp_path / "home", tmp_path / "out"
+    r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--out", str(out), "--json", home=home)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 2
+    assert any("no-tests/tests/test.sh: missing" in line for line in lines)
+    assert any("bad-toml/task.toml: malformed TOML" in line for line in lines)
+    assert not out.exists() and not runs(home)
+
+
+def test_unrunnable_configuration_is_bad_input_before_any_trial(tmp_path):
+    suite = tmp_path / "suite"
+    write_task(suite, "no-solution", solve=None)
+    home, out = tmp_path / "home", tmp_path / "out"
+    r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--out", str(out), home=home)
+    assert r.returncode == 2 and "no-solution" in r.stderr and "solve.sh" in r.stderr
+    assert not out.exists() and not runs(home)
+    for flags, named in [(("--epochs", "0"), "--epochs"), (("--concurrency", "0"), "--concurrency"),
+                         (("--model", ","), "--model")]:
+        r = stayer("eval", str(EXAMPLES), "--model", "sim:gpt-5", *flags, home=home)
+        assert r.returncode == 2 and named in r.stderr
+
+
+@needs_bwrap
+@pytest.mark.skipif(not policy_supported(), reason="this build has no context policies")
+def test_policies_are_configurations(tmp_path):
+    home = tmp_path / "home"
+    r = stayer("eval", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--policy", "none,mask",
+               "--json", home=home)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [(c["model"], c["policy"]) for c in doc["configs"]] == [("sim:gpt-5", "none"), ("sim:gpt-5", "mask")]
+    assert len(doc["comparisons"]) == 1
+    r = stayer("eval", str(EXAMPLES), "--model", "sim:gpt-5", "--policy", "no-such-policy", home=home)
+    assert r.returncode == 2 and "--policy" in r.stderr
+
+
+@needs_bwrap
+def test_a_trial_past_the_task_wall_clock_is_stopped_and_counts_as_limit_reached(tmp_path, monkeypatch):
+    import asyncio
+
+    from stayer.eval import runner
+    from stayer.eval.task import load_task
+    from stayer.pricing import PriceBook
+
+    monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(runner, "WALL_SLACK_S", 0.0)
+    task = load_task(write_task(
+        tmp_path / "suite", "slow", solve="#!/bin/bash\nsleep 30\n",
+        toml="[agent]\ntimeout_sec = 1.0\n\n[verifier]\ntimeout_sec = 1.0\n",
+    ))
+    [trial] = runner.plan_trials([task], [runner.EvalConfig("sim:gpt-5")], epochs=1)
+    record = asyncio.run(runner.run_trial(trial, PriceBook.load()))
+    assert record["error_class"] == "limit_reached" and "wall-clock limit of 2 s" in record["error"]
+    assert record["wall_s"] < 10
