@@ -1,0 +1,475 @@
+"""Why a session cost what it did: prices, cache breaks, context growth, costliest calls.
+
+Everything here works on :class:`~stayer.audit.calls.Call` records, so it is the same for
+every log format. A session is analysed chain by chain (its own agent and each sub-agent),
+because each chain has its own prompt and therefore its own cache.
+
+**Cache breaks from usage alone.** Imported logs hold token counts, not prompts, so a break
+is inferred the way the provider's caching rules (``stayer.models.caching``) predict the
+next read: with explicit breakpoints (Anthropic) everything the previous call read or wrote
+is reusable; with automatic caching (OpenAI and others) the whole previous prompt is. When a
+call reads at least ``MIN_LOST_TOKENS`` less than that (smaller shortfalls are block
+rounding, not a break worth a line) the shortfall is a break, and its likely cause is, in
+order: ``model_switch`` (caches are per model), ``compaction`` (the log marks one just
+before the call), ``ttl_expired`` (idle longer than the cache lifetime: 5 minutes, or 1 hour
+when the previous writes were 1-hour writes), otherwise ``prefix_edit`` (something early in
+the prompt changed: with explicit caching nothing else evicts an entry within its lifetime)
+or, for automatic caching, ``unknown`` (eviction and routing miss as often as edits do).
+stayer's own ledger carries the verdict its forensics reached with the full request in
+view; that verdict is used as is. The vocabulary is ``stayer.context.forensics``'s.
+
+The money a break cost (``extra_cost``) is what the shortfall was billed — as cache writes
+(5 m / 1 h in the call's own proportion) and then as uncached input — minus what the same
+tokens would have cost as cache reads, at the rates of that call.
+
+**Context growth.** With an append-only context each call re-sends everything before it,
+so a context that grows linearly per call makes cumulative input grow quadratically. The
+main chain's context size is fitted against the call index by least squares;
+``quadratic`` is true when the fit explains at least half the variance (R² ≥ 0.5), the slope
+is positive, and the growth term accounts for at least a fifth of the cumulative input.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from decimal import Decimal
+from functools import cache
+from typing import Any
+
+from stayer.audit.calls import MAIN_CHAIN, Call, ImportedSession
+from stayer.audit.costing import CallPricer
+from stayer.errors import ConfigError
+from stayer.models.caching import CacheRules, cache_rules, cached_length, provider_of
+from stayer.pricing import MTOK, Rates, _money
+from stayer.usage import Usage
+
+MIN_LOST_TOKENS = 1024
+COSTLIEST = 5
+_FALLBACK_RULES = CacheRules("automatic", 1024)
+
+
+def money(d: Decimal | None) -> str:
+    """A Decimal USD amount as the JSON string every stayer command uses."""
+    return "unknown" if d is None else _money(d)
+
+
+_KINDS = tuple(f.name for f in fields(Usage))
+
+
+def usage_json(u: Usage) -> dict[str, int]:
+    """``Usage.to_dict()`` plus the uncached remainder (built directly: ``asdict`` deep-copies,
+    and a report over thousands of sessions makes tens of thousands of these)."""
+    d = {k: getattr(u, k) for k in _KINDS}
+    d["cache_write_tokens"] = u.cache_write_tokens
+    d["uncached_input_tokens"] = u.uncached_input_tokens
+    return d
+
+
+def iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+@dataclass(slots=True)
+class Tally:
+    """Calls, tokens by kind and money of a set of calls; unpriced calls are kept apart."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_5m_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_priced: Decimal = Decimal(0)
+    unpriced_calls: int = 0
+    unpriced_models: set[str] = field(default_factory=set)
+
+    def add(self, u: Usage, cost: Decimal | None, model: str) -> None:
+        self.calls += 1
+        self.input_tokens += u.input_tokens
+        self.cache_read_tokens += u.cache_read_tokens
+        self.cache_write_5m_tokens += u.cache_write_5m_tokens
+        self.cache_write_1h_tokens += u.cache_write_1h_tokens
+        self.output_tokens += u.output_tokens
+        self.reasoning_tokens += u.reasoning_tokens
+        if cost is None:
+            self.unpriced_calls += 1
+            self.unpriced_models.add(model)
+        else:
+            self.cost_priced += cost
+
+    def merge(self, o: Tally) -> None:
+        self.calls += o.calls
+        self.input_tokens += o.input_tokens
+        self.cache_read_tokens += o.cache_read_tokens
+        self.cache_write_5m_tokens += o.cache_write_5m_tokens
+        self.cache_write_1h_tokens += o.cache_write_1h_tokens
+        self.output_tokens += o.output_tokens
+        self.reasoning_tokens += o.reasoning_tokens
+        self.cost_priced += o.cost_priced
+        self.unpriced_calls += o.unpriced_calls
+        self.unpriced_models |= o.unpriced_models
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(
+            self.input_tokens,
+            self.cache_read_tokens,
+            self.cache_write_5m_tokens,
+            self.cache_write_1h_tokens,
+            self.output_tokens,
+            self.reasoning_tokens,
+        )
+
+    @property
+    def cost(self) -> Decimal | None:
+        """The total, or None when any call's price is unknown (a partial sum is not a total)."""
+        return None if self.unpriced_calls else self.cost_priced
+
+    @property
+    def cache_hit_ratio(self) -> float:
+        return round(self.cache_read_tokens / self.input_tokens, 4) if self.input_tokens else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "usage": usage_json(self.usage),
+            "cost_usd": money(self.cost),
+            "cost_usd_priced": money(self.cost_priced),
+            "unpriced_calls": self.unpriced_calls,
+            "unpriced_models": sorted(self.unpriced_models),
+            "cache_hit_ratio": self.cache_hit_ratio,
+        }
+
+
+@dataclass(slots=True)
+class CacheBreak:
+    call: int  # 1-based position in the session's calls, in time order
+    chain: str
+    ts: float
+    reason: str
+    lost_tokens: int  # reusable prompt tokens that were not read from cache
+    gap_s: float | None
+    extra_cost: Decimal | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "call": self.call,
+            "chain": self.chain or "main",
+            "ts": iso(self.ts),
+            "reason": self.reason,
+            "lost_tokens": self.lost_tokens,
+            "gap_s": None if self.gap_s is None else round(self.gap_s, 1),
+            "extra_cost_usd": money(self.extra_cost),
+        }
+
+
+@dataclass(slots=True)
+class CallCost:
+    call: int
+    chain: str
+    ts: float
+    model: str
+    context_tokens: int
+    cost: Decimal
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "call": self.call,
+            "chain": self.chain or "main",
+            "ts": iso(self.ts),
+            "model": self.model,
+            "context_tokens": self.context_tokens,
+            "cost_usd": money(self.cost),
+        }
+
+
+@dataclass(slots=True)
+class ContextGrowth:
+    calls: int
+    first_tokens: int
+    last_tokens: int
+    peak_tokens: int
+    growth_per_call: float  # fitted slope, tokens per call
+    fit_r2: float
+    cumulative_input_tokens: int
+    growth_share: float  # share of cumulative input due to the growth term
+    quadratic: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "first_tokens": self.first_tokens,
+            "last_tokens": self.last_tokens,
+            "peak_tokens": self.peak_tokens,
+            "growth_per_call_tokens": round(self.growth_per_call, 1),
+            "fit_r2": round(self.fit_r2, 4),
+            "cumulative_input_tokens": self.cumulative_input_tokens,
+            "growth_share": round(self.growth_share, 4),
+            "quadratic": self.quadratic,
+        }
+
+
+def context_growth(contexts: list[int]) -> ContextGrowth | None:
+    """Least-squares line through (call index, context size); see the module docstring."""
+    n = len(contexts)
+    if n == 0:
+        return None
+    total = sum(contexts)
+    slope, r2 = 0.0, 0.0
+    if n >= 2:
+        mean_x, mean_y = (n - 1) / 2, total / n
+        sxx = sum((i - mean_x) ** 2 for i in range(n))
+        sxy = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(contexts))
+        syy = sum((y - mean_y) ** 2 for y in contexts)
+        slope = sxy / sxx
+        r2 = (sxy * sxy) / (sxx * syy) if syy else 0.0
+    share = max(slope, 0.0) * n * (n - 1) / 2 / total if total else 0.0
+    return ContextGrowth(
+        calls=n,
+        first_tokens=contexts[0],
+        last_tokens=contexts[-1],
+        peak_tokens=max(contexts),
+        growth_per_call=slope,
+        fit_r2=r2,
+        cumulative_input_tokens=total,
+        growth_share=min(share, 1.0),
+        quadratic=n >= 3 and slope > 0 and r2 >= 0.5 and share >= 0.2,
+    )
+
+
+@dataclass(slots=True)
+class Series:
+    """Per-call values for plots, in session order."""
+
+    ts: list[float] = field(default_factory=list)
+    chain: list[str] = field(default_factory=list)
+    context: list[int] = field(default_factory=list)
+    cumulative_cost: list[float] = field(default_factory=list)
+    hit_ratio: list[float] = field(default_factory=list)
+
+
+@dataclass
+class SessionReport:
+    source: str
+    id: str
+    project: str
+    files: int
+    bytes: int
+    skipped_lines: int
+    first_ts: float = 0.0
+    last_ts: float = 0.0
+    approximate_ts: bool = False
+    total: Tally = field(default_factory=Tally)
+    by_model: dict[str, Tally] = field(default_factory=dict)
+    by_day: dict[str, Tally] = field(default_factory=dict)
+    by_chain: dict[str, Tally] = field(default_factory=dict)
+    cache_breaks: list[CacheBreak] = field(default_factory=list)
+    costliest: list[CallCost] = field(default_factory=list)
+    context: ContextGrowth | None = None
+    series: Series | None = None
+    ref_id: str = ""  # the id discovery gave the session (before its log named it)
+    first_main_context: int = 0  # prompt size of the session's own agent's first call
+    main_models: dict[str, int] = field(default_factory=dict)  # its own agent's calls per model
+
+    @property
+    def break_cost(self) -> Decimal | None:
+        costs = [b.extra_cost for b in self.cache_breaks]
+        return None if any(c is None for c in costs) else sum(costs, Decimal(0))  # type: ignore[misc]
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "id": self.id,
+            "project": self.project,
+            "source": self.source,
+            "first_ts": iso(self.first_ts),
+            "last_ts": iso(self.last_ts),
+            "approximate_ts": self.approximate_ts,
+        }
+        doc.update(self.total.to_json())
+        doc["models"] = [{"model": m, **t.to_json()} for m, t in sorted(self.by_model.items())]
+        doc["cache_breaks"] = [b.to_json() for b in self.cache_breaks]
+        doc["cache_break_cost_usd"] = money(self.break_cost)
+        doc["context"] = self.context.to_json() if self.context else None
+        doc["costliest_calls"] = [c.to_json() for c in self.costliest]
+        doc["subagents"] = [
+            {"id": chain, **t.to_json()}
+            for chain, t in sorted(self.by_chain.items())
+            if chain != MAIN_CHAIN
+        ]
+        doc["skipped_lines"] = self.skipped_lines
+        return doc
+
+
+@cache
+def _rules(provider: str | None, model: str) -> CacheRules:
+    model_id = model.split(":", 1)[1] if ":" in model else model
+    try:
+        return cache_rules(provider or provider_of(model_id), model_id)
+    except ConfigError:
+        return _FALLBACK_RULES
+
+
+@dataclass(slots=True)
+class _ChainState:
+    previous: Call
+    ttl_s: float
+
+
+def _lost_tokens(previous: Call, call: Call, rules: CacheRules) -> int:
+    u, p = call.usage, previous.usage
+    if rules.mode == "explicit":
+        reusable = p.cache_read_tokens + p.cache_write_tokens
+    else:
+        reusable = p.input_tokens
+    expected = cached_length(rules, min(reusable, u.input_tokens))
+    return max(expected - u.cache_read_tokens, 0)
+
+
+def _extra_cost(u: Usage, lost: int, rates: Rates | None) -> Decimal | None:
+    if rates is None:
+        return None
+    written = min(lost, u.cache_write_tokens)
+    uncached = min(lost - written, max(u.uncached_input_tokens, 0))
+    w1h = written * u.cache_write_1h_tokens // u.cache_write_tokens if u.cache_write_tokens else 0
+    w5m = written - w1h
+    read = rates.cache_read
+    return (
+        w5m * (rates.cache_write_5m - read)
+        + w1h * (rates.cache_write_1h - read)
+        + uncached * (rates.input - read)
+    ) / MTOK
+
+
+def _reason(previous: Call, call: Call, gap: float, ttl_s: float, rules: CacheRules) -> str:
+    if call.model != previous.model:
+        return "model_switch"
+    if call.compacted:
+        return "compaction"
+    if gap > ttl_s:
+        return "ttl_expired"
+    return "prefix_edit" if rules.mode == "explicit" else "unknown"
+
+
+def analyse(
+    session: ImportedSession,
+    pricer: CallPricer,
+    since: float | None = None,
+    keep_series: bool = False,
+) -> SessionReport:
+    """One session's report. A session with no calls (at or after ``since``) still gets
+    one, with ``total.calls == 0``, so that its unreadable lines are counted."""
+    calls: Iterable[Call] = session.calls
+    if since is not None:
+        calls = [c for c in calls if c.ts >= since]
+    calls = sorted(calls, key=lambda c: c.ts)
+    if not calls:
+        return SessionReport(
+            session.source, session.id, session.project, session.files, session.bytes, session.skipped_lines
+        )
+    r = SessionReport(
+        session.source,
+        session.id,
+        session.project,
+        session.files,
+        session.bytes,
+        session.skipped_lines,
+        first_ts=calls[0].ts,
+        last_ts=calls[-1].ts,
+        approximate_ts=any(c.approximate_ts for c in calls),
+        series=Series() if keep_series else None,
+    )
+    chains: dict[str, _ChainState] = {}
+    days: dict[int, str] = {}
+    top: list[tuple[Decimal, int, Call]] = []
+    main_context: list[int] = []
+    all_context: list[int] = []
+    running = 0.0
+    for n, call in enumerate(calls, 1):
+        u = call.usage
+        cost, rates = pricer.cost(u, call.model, call.provider, call.service_tier, call.ts)
+        day_no = int(call.ts // 86400)
+        day = days.get(day_no)
+        if day is None:
+            day = days[day_no] = time.strftime("%Y-%m-%d", time.gmtime(call.ts))
+        for tally in (
+            r.total,
+            _slot(r.by_model, call.model),
+            _slot(r.by_day, day),
+            _slot(r.by_chain, call.chain),
+        ):
+            tally.add(u, cost, call.model)
+        if cost is not None:  # keep the COSTLIEST dearest (earlier first among equals)
+            item = (cost, -n, call)
+            if len(top) < COSTLIEST:
+                heapq.heappush(top, item)
+            elif item > top[0]:
+                heapq.heapreplace(top, item)
+        all_context.append(u.input_tokens)
+        if call.chain == MAIN_CHAIN:
+            if not main_context:
+                r.first_main_context = u.input_tokens
+            main_context.append(u.input_tokens)
+            r.main_models[call.model] = r.main_models.get(call.model, 0) + 1
+
+        rules = _rules(call.provider, call.model)
+        state = chains.get(call.chain)
+        if state is not None:
+            brk = _break(n, state, call, rules, rates)
+            if brk is not None:
+                r.cache_breaks.append(brk)
+        ttl = state.ttl_s if state is not None else rules.ttl_s
+        if u.cache_write_5m_tokens:
+            ttl = rules.ttl_s
+        elif u.cache_write_1h_tokens:
+            ttl = 3600.0
+        chains[call.chain] = _ChainState(call, ttl)
+
+        if r.series is not None:
+            running += float(cost or 0)
+            r.series.ts.append(call.ts)
+            r.series.chain.append(call.chain)
+            r.series.context.append(u.input_tokens)
+            r.series.cumulative_cost.append(running)
+            r.series.hit_ratio.append(u.cache_hit_ratio)
+    r.costliest = [
+        CallCost(-neg, c.chain, c.ts, c.model, c.usage.input_tokens, cost)
+        for cost, neg, c in sorted(top, reverse=True)
+    ]
+    r.context = context_growth(main_context or all_context)
+    if not main_context:
+        r.first_main_context = all_context[0]
+    return r
+
+
+def _slot(d: dict[str, Tally], key: str) -> Tally:
+    t = d.get(key)
+    if t is None:
+        t = d[key] = Tally()
+    return t
+
+
+def _break(n: int, state: _ChainState, call: Call, rules: CacheRules, rates: Rates | None) -> CacheBreak | None:
+    previous = state.previous
+    gap = call.ts - previous.ts
+    lost = _lost_tokens(previous, call, rules)
+    if call.cache_break_reason is not None:  # the log's own verdict
+        if not call.cache_break_reason:
+            return None
+        reason = call.cache_break_reason
+    elif lost < MIN_LOST_TOKENS:
+        return None
+    else:
+        reason = _reason(previous, call, gap, state.ttl_s, rules)
+    return CacheBreak(
+        call=n,
+        chain=call.chain,
+        ts=call.ts,
+        reason=reason,
+        lost_tokens=lost,
+        gap_s=None if call.approximate_ts else gap,
+        extra_cost=_extra_cost(call.usage, lost, rates),
+    )

@@ -1,0 +1,79 @@
+"""What every importer produces: one session's deduplicated model calls, in a shape that
+does not depend on which agent wrote the log.
+
+Importers differ only in how they read bytes; everything after (pricing, cache-break
+forensics, context growth, reports) works on :class:`Call` records, so a new log format is
+one small module implementing :class:`Importer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from stayer.usage import Usage
+
+#: The chain name of a session's own agent; sub-agents get their own chain names.
+MAIN_CHAIN = ""
+
+
+@dataclass(slots=True)
+class Call:
+    """One billed model call, after deduplication."""
+
+    ts: float  # request time, seconds since the epoch (UTC)
+    model: str
+    usage: Usage
+    chain: str = MAIN_CHAIN  # which agent made it: MAIN_CHAIN or a sub-agent's id
+    provider: str | None = None  # the provider whose caching rules and prices apply
+    service_tier: str | None = None
+    compacted: bool = False  # the log shows a compaction of this chain just before this call
+    # A cache-break verdict the log itself carries (stayer's own ledger, reached with the
+    # full request in view): "" no break, else the reason; None when the log has none and
+    # the usage-only forensics decide.
+    cache_break_reason: str | None = None
+    approximate_ts: bool = False  # ts reconstructed (stayer runs record latencies, not times)
+
+
+@dataclass
+class ImportedSession:
+    """A session's calls (any order) plus what could not be read."""
+
+    source: str  # "claude-code", "codex", "stayer"
+    id: str
+    project: str
+    calls: list[Call] = field(default_factory=list)
+    skipped_lines: int = 0
+    files: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class SessionRef:
+    """Where one session's data lives: cheap to build, cheap to send to a worker process."""
+
+    source: str
+    id: str
+    project: str
+    paths: tuple[Path, ...]
+    bytes: int = 0
+
+
+class Importer(Protocol):
+    """One log format: find its sessions under some paths, and read one session."""
+
+    source: str
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        """Whether ``path`` (whose first bytes are ``head``) is a log of this format."""
+        ...
+
+    def group(self, paths: Sequence[Path]) -> Iterable[SessionRef]:
+        """Group files of this format into sessions (a session may span several files)."""
+        ...
+
+    def read(self, ref: SessionRef) -> ImportedSession:
+        """Read one session, streaming; malformed lines are counted, never fatal."""
+        ...

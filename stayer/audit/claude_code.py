@@ -1,0 +1,300 @@
+"""Claude Code transcripts: ``~/.claude/projects/<project>/<session>.jsonl``.
+
+Each assistant line carries the API response's ``message.usage``; what makes counting them
+tricky, and how this importer matches ccusage (the reference tool people already trust):
+
+* **Repeated entries.** Claude Code writes one line per content block of a streamed
+  response, each repeating the response's usage (early ones with partial output counts).
+  Entries are deduplicated by (message id, request id, session id); of a group the one kept
+  is the main-chain one over a sidechain one, then the one with the most tokens.
+  A sidechain replay of a parent message (same message id and time, new request id) is the
+  same call too. Entries without a message id are never merged.
+* **Sub-agents.** Task sub-agents are written either inline as ``isSidechain`` entries
+  (older versions; concurrent sub-agents interleave, so each is told apart by the root of
+  its ``parentUuid`` chain) or to ``agent-<id>.jsonl`` files (next to the session file, or
+  under ``<session>/subagents/``) whose entries carry the parent's ``sessionId``. Either way
+  their calls belong to the parent session, in a chain of their own.
+* **Compaction.** A ``compact_boundary`` system entry, a compact-summary user entry or a
+  ``summary`` entry between two calls marks the next call of that chain as following a
+  compaction.
+* Only lines containing a ``"usage":`` key, a compaction marker or a sidechain flag
+  are parsed (with orjson); the rest are only checked for JSON-object framing, so a
+  truncated or garbled line anywhere is counted in ``skipped_lines``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from stayer.audit.calls import MAIN_CHAIN, Call, ImportedSession, SessionRef
+from stayer.usage import Usage
+
+_USAGE = b'"usage":'
+_SIDECHAIN = b'"isSidechain":true'
+_COMPACT = b"ompact"  # in "compact_boundary" and "isCompactSummary"
+_SUMMARY = b'{"type":"summary"'
+_SESSION_ID = re.compile(rb'"sessionId":"([^"]+)"')
+
+
+def parse_ts(value: Any) -> float | None:
+    """ISO-8601 time (``…Z`` or with offset) → epoch seconds; None if it is not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def well_framed(line: bytes) -> bool:
+    """A line that was not parsed still has to look like one JSON object (or be blank).
+    Checked at the ends only: lines can be megabytes of tool output."""
+    if line.startswith(b"{") and line.endswith((b"}\n", b"}", b"}\r\n")):
+        return True
+    return not line.strip()
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One usage-bearing line, before deduplication."""
+
+    ts: float
+    model: str
+    usage: dict[str, Any]
+    total: int  # all four token counts: the larger of two repeats is the complete one
+    chain: str
+    sidechain: bool
+    compacted: bool
+    message_id: str | None
+    request_id: str | None
+    session_id: str
+
+
+_TOKEN_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+class _Dedup:
+    """ccusage's rule for repeated entries of one API response (see module docstring)."""
+
+    def __init__(self) -> None:
+        self.kept: list[_Entry] = []
+        self._exact: dict[tuple[str, str | None, str], int] = {}
+        self._by_message: dict[tuple[str, str], list[int]] = {}
+
+    def add(self, e: _Entry) -> None:
+        if e.message_id is None:
+            self.kept.append(e)
+            return
+        key = (e.message_id, e.request_id, e.session_id)
+        index = self._exact.get(key)
+        if index is None:
+            for j in self._by_message.get((e.message_id, e.session_id), ()):
+                other = self.kept[j]
+                if other.ts == e.ts and (e.sidechain or other.sidechain):
+                    index = j
+                    break
+        if index is None:
+            index = len(self.kept)
+            self.kept.append(e)
+            self._by_message.setdefault((e.message_id, e.session_id), []).append(index)
+        else:
+            old = self.kept[index]
+            if _replaces(e, old):
+                e.compacted = e.compacted or old.compacted
+                self.kept[index] = e
+            elif e.compacted:
+                old.compacted = True
+        self._exact.setdefault(key, index)
+
+
+def _replaces(new: _Entry, old: _Entry) -> bool:
+    if new.sidechain != old.sidechain:
+        return old.sidechain
+    a, b = new.total, old.total
+    if a != b:
+        return a > b
+    return new.usage.get("speed") is not None and old.usage.get("speed") is None
+
+
+def _layout(path: Path) -> tuple[str, str | None, bool]:
+    """(project, session id if the path says it, is a sub-agent file). Otherwise the session
+    is the first ``sessionId`` the file holds: a transcript's name is its session id, but a
+    copied or renamed one — or a sub-agent's ``agent-<id>.jsonl`` — is known by its entries."""
+    if path.parent.name == "subagents":  # <project>/<session>/subagents/agent-<id>.jsonl
+        return path.parent.parent.parent.name, path.parent.parent.name, True
+    return path.parent.name, None, path.stem.startswith("agent-")
+
+
+class ClaudeCodeImporter:
+    """Reads Claude Code session transcripts (see module docstring)."""
+
+    source = "claude-code"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return (
+            path.suffix == ".jsonl"
+            and (b'"sessionId"' in head or b'"leafUuid"' in head)
+            and b'"session_meta"' not in head
+        )
+
+    def group(self, files: Sequence[tuple[Path, bytes]]) -> Iterable[SessionRef]:
+        sessions: dict[tuple[str, str], list[tuple[bool, Path, int]]] = {}
+        for path, head in files:
+            project, session, agent = _layout(path)
+            if session is None:
+                m = _SESSION_ID.search(head) or _SESSION_ID.search(_read_head(path, 1 << 16))
+                session = m.group(1).decode() if m else path.stem
+            size = path.stat().st_size
+            sessions.setdefault((project, session), []).append((agent, path, size))
+        for (project, session), members in sessions.items():
+            members.sort()  # the session's own file first, then its sub-agents by name
+            yield SessionRef(
+                self.source,
+                session,
+                project,
+                tuple(p for _, p, _ in members),
+                sum(s for _, _, s in members),
+            )
+
+    def read(self, ref: SessionRef) -> ImportedSession:
+        out = ImportedSession(self.source, ref.id, ref.project)
+        dedup = _Dedup()
+        for path in ref.paths:
+            out.files += 1
+            out.bytes += self._read_file(path, ref, dedup, out)
+        for e in dedup.kept:
+            u = e.usage
+            tier = "fast" if u.get("speed") == "fast" else u.get("service_tier")
+            out.calls.append(
+                Call(
+                    ts=e.ts,
+                    model=e.model,
+                    usage=Usage.from_anthropic(u),
+                    chain=e.chain,
+                    provider="anthropic",
+                    service_tier=tier if isinstance(tier, str) else None,
+                    compacted=e.compacted,
+                )
+            )
+        return out
+
+    def _read_file(self, path: Path, ref: SessionRef, dedup: _Dedup, out: ImportedSession) -> int:
+        _, _, agent_file = _layout(path)
+        file_chain = path.stem.removeprefix("agent-") if agent_file else None
+        roots: dict[str, str] = {}  # sidechain entry uuid -> uuid of its chain's first entry
+        compaction: set[str] = set()  # chains with a compaction since their last call
+        size = 0
+        try:
+            f = path.open("rb")
+        except OSError:
+            out.skipped_lines += 1
+            return 0
+        with f:
+            for line in f:
+                size += len(line)
+                usage_line = _USAGE in line
+                if not (
+                    usage_line
+                    or (file_chain is None and line.find(_SIDECHAIN, 0, 512) != -1)
+                    or line.startswith(_SUMMARY)
+                    or _COMPACT in line  # one scan for both compaction markers
+                ):
+                    if not well_framed(line):
+                        out.skipped_lines += 1
+                    continue
+                try:
+                    d = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    out.skipped_lines += 1
+                    continue
+                if type(d) is not dict:
+                    out.skipped_lines += 1
+                    continue
+                sidechain = d.get("isSidechain") is True
+                chain = self._chain(d, file_chain, roots) if sidechain else MAIN_CHAIN
+                msg = d.get("message")
+                usage = msg.get("usage") if type(msg) is dict else None
+                if not (usage_line and type(usage) is dict):
+                    if (
+                        d.get("type") == "summary"
+                        or d.get("subtype") == "compact_boundary"
+                        or d.get("isCompactSummary") is True
+                    ):
+                        compaction.add(chain)
+                    continue
+                entry = self._entry(d, msg, usage, chain, sidechain, ref, chain in compaction)
+                if entry is None:
+                    out.skipped_lines += 1
+                    continue
+                if entry.model == "<synthetic>":
+                    continue  # Claude Code's own notices (errors, interruptions): no API call
+                compaction.discard(chain)
+                dedup.add(entry)
+        return size
+
+    @staticmethod
+    def _chain(d: dict[str, Any], file_chain: str | None, roots: dict[str, str]) -> str:
+        """The sub-agent a sidechain entry belongs to."""
+        agent = d.get("agentId")
+        if isinstance(agent, str) and agent:
+            return agent
+        if file_chain is not None:
+            return file_chain
+        uuid, parent = d.get("uuid"), d.get("parentUuid")
+        root = roots.get(parent, parent) if isinstance(parent, str) else uuid
+        if not isinstance(root, str):
+            return "sidechain"
+        if isinstance(uuid, str):
+            roots[uuid] = root
+        return root[:8]
+
+    @staticmethod
+    def _entry(
+        d: dict[str, Any],
+        msg: dict[str, Any],
+        usage: dict[str, Any],
+        chain: str,
+        sidechain: bool,
+        ref: SessionRef,
+        compacted: bool,
+    ) -> _Entry | None:
+        ts = parse_ts(d.get("timestamp"))
+        model = msg.get("model")
+        if ts is None or type(model) is not str or not model:
+            return None
+        total = 0
+        for k in _TOKEN_KEYS:
+            v = usage.get(k)
+            if v is None:
+                continue
+            if type(v) is not int or v < 0:
+                return None
+            total += v
+        mid, rid, sid = msg.get("id"), d.get("requestId"), d.get("sessionId")
+        return _Entry(
+            ts,
+            model,
+            usage,
+            total,
+            chain,
+            sidechain,
+            compacted,
+            mid if type(mid) is str and mid else None,
+            rid if type(rid) is str and rid else None,
+            sid if type(sid) is str and sid else ref.id,
+        )
+
+
+def _read_head(path: Path, n: int) -> bytes:
+    try:
+        with path.open("rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""

@@ -1,0 +1,161 @@
+"""Codex CLI sessions: ``~/.codex/sessions/YYYY/MM/DD/rollout-<time>-<uuid>.jsonl``.
+
+Every line is ``{"timestamp", "type", "payload"}``. What this importer uses (the format as
+documented by Codex's protocol types and the tools that read it; no real Codex log was
+available to check against, so the test fixtures are built from that documentation):
+
+* ``session_meta`` — ``payload.id`` (the session id) and ``payload.cwd`` (the project);
+* ``turn_context`` — ``payload.model``, the model of the following turns;
+* ``event_msg`` with ``payload.type == "token_count"`` — ``payload.info`` holds
+  ``total_token_usage`` (cumulative) and ``last_token_usage`` (the latest request), each
+  ``{input_tokens, cached_input_tokens, output_tokens, reasoning_output_tokens,
+  total_tokens}`` in OpenAI's convention: input includes the cached part, output includes
+  reasoning. Codex repeats an event when only rate limits changed, so a call is counted
+  only when the cumulative total advanced; without ``last_token_usage`` the call is the
+  difference of cumulative totals. ``info`` is null before the first response.
+* ``compacted`` (and ``event_msg`` ``context_compacted``) — history was summarised.
+
+Sessions forked from another replay the parent's history; those replayed events are
+counted here as the fork's own (ccusage tries to detect them).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from stayer.audit.calls import Call, ImportedSession, SessionRef
+from stayer.audit.claude_code import parse_ts, well_framed
+from stayer.usage import Usage
+
+_UUID = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
+_FIELDS = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_output_tokens")
+UNKNOWN_MODEL = "(unknown model)"
+
+
+def _counts(u: Any) -> tuple[int, ...] | None:
+    if not isinstance(u, Mapping):
+        return None
+    out = []
+    for k in _FIELDS:
+        v = u.get(k, 0)
+        if v is None:
+            v = 0
+        if not isinstance(v, int) or v < 0:
+            return None
+        out.append(v)
+    return tuple(out)
+
+
+class CodexImporter:
+    """Reads Codex CLI rollout files (see module docstring)."""
+
+    source = "codex"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return path.suffix == ".jsonl" and (
+            b'"session_meta"' in head or b'"turn_context"' in head or b'"type":"event_msg"' in head
+        )
+
+    def group(self, files: Sequence[tuple[Path, bytes]]) -> Iterable[SessionRef]:
+        for path, _ in files:
+            m = _UUID.search(path.stem)
+            yield SessionRef(
+                self.source, m.group(1) if m else path.stem, "", (path,), path.stat().st_size
+            )
+
+    def read(self, ref: SessionRef) -> ImportedSession:
+        out = ImportedSession(self.source, ref.id, ref.project)
+        for path in ref.paths:
+            out.files += 1
+            try:
+                f = path.open("rb")
+            except OSError:
+                out.skipped_lines += 1
+                continue
+            with f:
+                self._read(f, out)
+        return out
+
+    def _read(self, lines: Iterable[bytes], out: ImportedSession) -> None:
+        model = UNKNOWN_MODEL
+        previous_total: tuple[int, ...] | None = None
+        compacted = False
+        for line in lines:
+            out.bytes += len(line)
+            if not (
+                b'"token_count"' in line
+                or b'"turn_context"' in line
+                or b'"session_meta"' in line
+                or b"compacted" in line
+            ):
+                if not well_framed(line):
+                    out.skipped_lines += 1
+                continue
+            try:
+                d = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                out.skipped_lines += 1
+                continue
+            payload = d.get("payload") if isinstance(d, dict) else None
+            if not isinstance(payload, dict):
+                out.skipped_lines += 1
+                continue
+            kind, ptype = d.get("type"), payload.get("type")
+            if kind == "session_meta":
+                if isinstance(payload.get("id"), str):
+                    out.id = payload["id"]
+                if isinstance(payload.get("cwd"), str):
+                    out.project = payload["cwd"]
+            elif kind == "turn_context":
+                if isinstance(payload.get("model"), str) and payload["model"]:
+                    model = payload["model"]
+            elif kind == "compacted" or ptype == "context_compacted":
+                compacted = True
+            elif kind == "event_msg" and ptype == "token_count":
+                info = payload.get("info")
+                if info is None:
+                    continue  # rate-limit update before the first response
+                ts = parse_ts(d.get("timestamp"))
+                total = _counts(info.get("total_token_usage")) if isinstance(info, dict) else None
+                last = _counts(info.get("last_token_usage")) if isinstance(info, dict) else None
+                if ts is None or (total is None and last is None):
+                    out.skipped_lines += 1
+                    continue
+                advanced = total is None or total != previous_total
+                if last is not None and advanced:
+                    counts = last
+                elif total is not None and advanced:
+                    base = previous_total or (0,) * len(_FIELDS)
+                    counts = tuple(max(a - b, 0) for a, b in zip(total, base, strict=True))
+                else:
+                    counts = None
+                if total is not None:
+                    previous_total = total
+                if counts is None or not any(counts):
+                    continue
+                inp, cached, output, reasoning = counts
+                if cached > inp or reasoning > output:
+                    out.skipped_lines += 1
+                    continue
+                named = payload.get("model") or info.get("model")
+                out.calls.append(
+                    Call(
+                        ts=ts,
+                        model=named if isinstance(named, str) and named else model,
+                        usage=Usage(
+                            input_tokens=inp,
+                            cache_read_tokens=cached,
+                            output_tokens=output,
+                            reasoning_tokens=reasoning,
+                        ),
+                        provider="openai",
+                        compacted=compacted,
+                    )
+                )
+                compacted = False
+

@@ -1,0 +1,170 @@
+"""Find the logs, read each session once, analyse it, and keep only its report.
+
+Memory does not grow with the size of the input: a session is read and analysed inside one
+task and only its report (tallies, breaks, the few costliest calls) comes back, so what is
+held at any time is one session's calls per worker plus one small report per session
+(plus one point per call for plots when ``keep_series`` is set, for ``--html``).
+Deduplication is per session — the key includes the session id, and a session's files
+(its transcript and its sub-agents') are read together — so nothing global is kept. The one
+case this misses and ccusage catches: an entry copied, under its original session id, into
+another session's file.
+
+Sessions are spread over worker processes (``fork`` where available) in batches of
+similar byte size; each batch task builds its own :class:`CallPricer` from the parent's
+``PriceBook``, so no state is shared between processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stayer.audit.analysis import SessionReport, analyse
+from stayer.audit.calls import Importer, SessionRef
+from stayer.audit.claude_code import ClaudeCodeImporter
+from stayer.audit.codex import CodexImporter
+from stayer.audit.costing import CallPricer
+from stayer.audit.stayer_runs import StayerRunImporter
+from stayer.pricing import PriceBook
+
+_HEAD = 4096
+_PARALLEL_MIN_BYTES = 16 << 20  # below this a process pool costs more than it saves
+
+
+def importers() -> list[Importer]:
+    """The formats ``stayer audit`` reads, in sniffing order."""
+    return [CodexImporter(), ClaudeCodeImporter(), StayerRunImporter()]
+
+
+def default_paths(env: dict[str, str] | None = None) -> list[Path]:
+    """Where the agents keep their logs when no PATH is given: Claude Code
+    (``$CLAUDE_CONFIG_DIR``, comma-separated, else ``~/.claude`` and ``~/.config/claude``),
+    Codex (``$CODEX_HOME``, else ``~/.codex``) and stayer (``$STAYER_HOME``, else ``./.stayer``)."""
+    env = dict(os.environ) if env is None else env
+    home = Path(env.get("HOME") or Path.home())
+    claude = [Path(p) for p in env.get("CLAUDE_CONFIG_DIR", "").split(",") if p.strip()]
+    if not claude:
+        claude = [home / ".claude", home / ".config" / "claude"]
+    codex = Path(env.get("CODEX_HOME") or home / ".codex")
+    stayer = Path(env.get("STAYER_HOME") or ".stayer")
+    return [*(c / "projects" for c in claude), codex / "sessions", stayer / "runs"]
+
+
+@dataclass
+class Discovery:
+    refs: list[SessionRef] = field(default_factory=list)
+    unrecognised: list[Path] = field(default_factory=list)
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                stack.append(Path(e.path))
+            elif e.name.endswith(".jsonl") or e.name == "result.json":
+                yield Path(e.path)
+
+
+def discover(paths: Iterable[Path], formats: Sequence[Importer] | None = None) -> Discovery:
+    """Sessions under ``paths`` (files or directories); files given by name that no format
+    recognises are reported in ``unrecognised`` (files found by walking are just ignored)."""
+    formats = list(formats) if formats is not None else importers()
+    found: dict[int, list[tuple[Path, bytes]]] = {i: [] for i in range(len(formats))}
+    out = Discovery()
+    seen: set[tuple[int, int]] = set()  # (device, inode): overlapping PATHs count once
+    for root in paths:
+        named = root.is_file()
+        for path in [root] if named else _walk(root):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            try:
+                with path.open("rb") as f:
+                    head = f.read(_HEAD)
+            except OSError:
+                head = b""
+            for i, fmt in enumerate(formats):
+                if fmt.sniff(path, head):
+                    found[i].append((path, head))
+                    break
+            else:
+                if named:
+                    out.unrecognised.append(path)
+    for i, fmt in enumerate(formats):
+        out.refs.extend(fmt.group(found[i]))
+    return out
+
+
+@dataclass(frozen=True)
+class _Task:
+    refs: tuple[SessionRef, ...]
+    book: PriceBook
+    since: float | None
+    keep_series: bool
+
+
+def _run(task: _Task) -> list[SessionReport]:
+    pricer = CallPricer(task.book)
+    by_source = {f.source: f for f in importers()}
+    reports = []
+    for ref in task.refs:
+        report = analyse(by_source[ref.source].read(ref), pricer, task.since, task.keep_series)
+        report.ref_id = ref.id
+        reports.append(report)
+    return reports
+
+
+def _batches(refs: Sequence[SessionRef], n: int) -> list[tuple[SessionRef, ...]]:
+    """``n`` batches of similar total size (largest first into the lightest batch)."""
+    bins: list[list[SessionRef]] = [[] for _ in range(n)]
+    sizes = [0] * n
+    for ref in sorted(refs, key=lambda r: r.bytes, reverse=True):
+        i = sizes.index(min(sizes))
+        bins[i].append(ref)
+        sizes[i] += ref.bytes + 1
+    return [tuple(b) for b in bins if b]
+
+
+def _cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def analyse_all(
+    refs: Sequence[SessionRef],
+    book: PriceBook,
+    since: float | None = None,
+    keep_series: bool = False,
+    jobs: int | None = None,
+    parallel_min_bytes: int = _PARALLEL_MIN_BYTES,
+) -> Iterator[SessionReport]:
+    """Reports of every session (with or without calls), in no particular order. Inputs smaller than
+    ``parallel_min_bytes`` are analysed in this process."""
+    jobs = jobs or _cores()
+    total = sum(r.bytes for r in refs)
+    if jobs <= 1 or len(refs) < 2 or total < parallel_min_bytes:
+        yield from _run(_Task(tuple(refs), book, since, keep_series))
+        return
+    import multiprocessing as mp
+
+    method = "fork" if "fork" in mp.get_all_start_methods() else None
+    # Several batches per worker so that one large session does not leave a core idle.
+    tasks = [_Task(b, book, since, keep_series) for b in _batches(refs, jobs * 4)]
+    with mp.get_context(method).Pool(min(jobs, len(tasks))) as pool:
+        for reports in pool.imap_unordered(_run, tasks):
+            yield from reports

@@ -1,0 +1,209 @@
+"""Session reports → the ``stayer audit`` document and its Rich tables.
+
+``--json`` document::
+
+    {"totals": {"calls", "usage": {…}, "cost_usd", "cost_usd_priced", "unpriced_calls",
+                "unpriced_models", "cache_hit_ratio", "cache_breaks", "cache_break_cost_usd",
+                "cache_breaks_by_reason": {reason: {"count", "extra_cost_usd"}}},
+     "sessions": [{"id", "project", "source", "first_ts", "last_ts", "calls", "usage",
+                   "cost_usd", "cache_hit_ratio", "models": […], "cache_breaks": [{"call",
+                   "chain", "ts", "reason", "lost_tokens", "gap_s", "extra_cost_usd"}],
+                   "cache_break_cost_usd", "context": {…}, "costliest_calls": […],
+                   "subagents": [{"id", "calls", "usage", "cost_usd", …}], …}],
+     "groups": [{"key", "calls", "usage", "cost_usd", …}],   # by --group
+     "costliest_calls": [{"session", "call", …}],
+     "what_if": [{"session", "scenario", "estimate": true, "actual_cost_usd",
+                  "baseline_cost_usd", "cost_usd", …}],      # --what-if
+     "skipped_lines": N, "files": N, "bytes": N}
+
+``cost_usd`` is ``"unknown"`` whenever a call in it has no price data (``cost_usd_priced``
+is then the sum of the calls that do, and ``unpriced_models`` names the rest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from stayer.audit.analysis import SessionReport, Tally, money
+
+GROUPS = ("session", "day", "model")
+_TOP = 10
+
+
+@dataclass
+class AuditReport:
+    sessions: list[SessionReport] = field(default_factory=list)  # those with calls
+    group: str = "session"
+    skipped_lines: int = 0  # in every file read, sessions without calls included
+    what_if: list[dict[str, Any]] = field(default_factory=list)  # estimates (stayer.audit.whatif)
+
+    @property
+    def total(self) -> Tally:
+        t = Tally()
+        for s in self.sessions:
+            t.merge(s.total)
+        return t
+
+    def groups(self) -> list[tuple[str, Tally]]:
+        if self.group == "session":
+            return [(s.id, s.total) for s in self.sessions]
+        merged: dict[str, Tally] = {}
+        for s in self.sessions:
+            for key, t in (s.by_day if self.group == "day" else s.by_model).items():
+                merged.setdefault(key, Tally()).merge(t)
+        return sorted(merged.items())
+
+    def to_json(self) -> dict[str, Any]:
+        total = self.total
+        breaks = [b for s in self.sessions for b in s.cache_breaks]
+        break_costs = [b.extra_cost for b in breaks]
+        totals = total.to_json()
+        totals["cache_breaks"] = len(breaks)
+        totals["cache_break_cost_usd"] = _sum(break_costs)
+        reasons: dict[str, list[Decimal | None]] = {}
+        for b in breaks:
+            reasons.setdefault(b.reason, []).append(b.extra_cost)
+        totals["cache_breaks_by_reason"] = {
+            r: {"count": len(c), "extra_cost_usd": _sum(c)} for r, c in sorted(reasons.items())
+        }
+        costliest = sorted(
+            ((s, c) for s in self.sessions for c in s.costliest), key=lambda sc: sc[1].cost, reverse=True
+        )[:_TOP]
+        return {
+            "totals": totals,
+            "sessions": [s.to_json() for s in self.sessions],
+            "group": self.group,
+            "groups": [{"key": k, **t.to_json()} for k, t in self.groups()],
+            "costliest_calls": [{"session": s.id, **c.to_json()} for s, c in costliest],
+            "what_if": self.what_if,
+            "skipped_lines": self.skipped_lines,
+            "files": sum(s.files for s in self.sessions),
+            "bytes": sum(s.bytes for s in self.sessions),
+        }
+
+
+def _sum(amounts: list[Decimal | None]) -> str:
+    return money(None if any(a is None for a in amounts) else sum(amounts, Decimal(0)))  # type: ignore[arg-type]
+
+
+def build(reports: Iterable[SessionReport], group: str = "session") -> AuditReport:
+    """Sessions with calls in time order (ties by source and id), so the document is
+    reproducible; the others only add their unreadable lines."""
+    every = list(reports)
+    sessions = sorted((s for s in every if s.total.calls), key=lambda s: (s.first_ts, s.source, s.id))
+    return AuditReport(sessions, group, skipped_lines=sum(s.skipped_lines for s in every))
+
+
+def _k(n: int) -> str:
+    """Token counts for a table: exact up to 9,999, then k / M (the JSON keeps them exact)."""
+    if n < 10_000:
+        return f"{n:,}"
+    if n < 1_000_000:
+        return f"{n / 1000:.1f}k"
+    return f"{n / 1_000_000:,.1f}M"
+
+
+def _usd(d: Decimal | None) -> str:
+    return "unknown" if d is None else f"${d:,.4f}"
+
+
+def _table(
+    width: int, title: str, header: tuple[str, ...], rows: list[list[str]], footer: list[str] | None = None
+) -> Table:
+    """First column (a name) gives way to fit ``width``; the numbers keep their full width."""
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    every = rows + ([footer] if footer else [])
+    widths = [max([len(col)] + [len(r[i]) for r in every]) for i, col in enumerate(header)]
+    room = width - sum(widths[1:]) - 3 * len(header) - 1
+    t.add_column(header[0], overflow="ellipsis", no_wrap=True, max_width=max(8, min(widths[0], room)))
+    for col, w in zip(header[1:], widths[1:], strict=True):
+        t.add_column(col, justify="right", no_wrap=True, min_width=w)
+    for r in rows:
+        t.add_row(*r)
+    if footer:
+        t.add_section()
+        t.add_row(*footer)
+    return t
+
+
+def _tally_row(key: str, tally: Tally) -> list[str]:
+    u = tally.usage
+    return [
+        key,
+        _k(tally.calls),
+        _k(u.uncached_input_tokens),
+        _k(u.cache_read_tokens),
+        _k(u.cache_write_tokens),
+        _k(u.output_tokens),
+        f"{tally.cache_hit_ratio * 100:.1f}",
+        _usd(tally.cost),
+    ]
+
+
+def render(report: AuditReport, console: Console, limit: int = 30) -> None:
+    """Tables for people: the groups, then where the cache broke and what it cost."""
+    title = {"session": "Sessions", "day": "Days (UTC)", "model": "Models"}[report.group]
+    groups = report.groups()
+    if report.group == "session":
+        groups.sort(key=lambda kt: kt[1].cost_priced, reverse=True)
+    rows = [_tally_row(key, tally) for key, tally in groups[:limit]]
+    if len(groups) > limit:
+        rows.append([f"… {len(groups) - limit} more"] + [""] * 7)
+    total = report.total
+    header = (report.group, "calls", "uncached", "c.read", "c.write", "output", "hit %", "cost")
+    console.print(_table(console.width, f"stayer audit · {title}", header, rows, _tally_row("total", total)))
+    if total.unpriced_calls:
+        console.print(
+            f"[yellow]{total.unpriced_calls} calls have no price data "
+            f"({', '.join(sorted(total.unpriced_models))}); priced part {_usd(total.cost_priced)}[/]",
+            highlight=False,
+        )
+    breaks = sorted(
+        ((s, b) for s in report.sessions for b in s.cache_breaks),
+        key=lambda sb: sb[1].extra_cost or Decimal(0),
+        reverse=True,
+    )
+    if breaks:
+        rows = [
+            [
+                s.id,
+                str(b.call),
+                b.chain or "main",
+                b.reason,
+                _k(b.lost_tokens),
+                "" if b.gap_s is None else f"{b.gap_s:,.0f} s",
+                _usd(b.extra_cost),
+            ]
+            for s, b in breaks[:limit]
+        ]
+        header = ("session", "call", "chain", "reason", "lost", "idle", "extra cost")
+        console.print(_table(console.width, "Costliest cache breaks", header, rows))
+    if report.what_if:
+        rows = [
+            [
+                w["session"],
+                w["scenario"]["model"] or "(own)",
+                w["scenario"]["policy"],
+                w["actual_main_chain_cost_usd"],
+                w.get("baseline_cost_usd", ""),
+                w.get("cost_usd", w.get("error", "")),
+            ]
+            for w in report.what_if
+        ]
+        # The replay covers the session's own agent, so that is the actual cost to set beside it.
+        header = ("session", "model", "policy", "actual (agent)", "replayed", "what-if")
+        console.print(_table(console.width, "What-if (estimates, USD)", header, rows))
+    quadratic = [s for s in report.sessions if s.context and s.context.quadratic]
+    if quadratic:
+        console.print(
+            f"{len(quadratic)} of {len(report.sessions)} sessions re-send a context that grows "
+            "every call (cumulative input ~ calls²); see context.growth_per_call_tokens in --json.",
+            highlight=False,
+        )

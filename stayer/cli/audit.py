@@ -1,0 +1,113 @@
+"""``stayer audit``: why an agent's budget burned, from the logs other agents already write."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from stayer.cli.common import JsonFlag, app, bad_input, emit_json, stderr
+from stayer.errors import ConfigError
+
+
+def _since(value: str | None) -> float | None:
+    if value is None:
+        return None
+    for fmt in ("%Y-%m-%d", "%Y%m%d"):
+        try:
+            return datetime.strptime(value, fmt).replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            continue
+    bad_input(f"--since {value!r}: expected a date as YYYY-MM-DD or YYYYMMDD (UTC)")
+
+
+@app.command()
+def audit(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Log files or directories (Claude Code, Codex, stayer runs). "
+            "Default: ~/.claude/projects, $CLAUDE_CONFIG_DIR, ~/.codex/sessions, $STAYER_HOME/runs."
+        ),
+    ] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only calls on or after this UTC date (YYYY-MM-DD).")] = None,
+    group: Annotated[str, typer.Option("--group", help="Rows of the table: session, day (UTC) or model.")] = "session",
+    html: Annotated[Path | None, typer.Option("--html", help="Also write a self-contained HTML report with plots per session.")] = None,
+    what_if: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--what-if",
+            help="model=ID,policy=P[,max_context=N]: estimate the costliest sessions under another "
+            "model or context policy (repeatable).",
+        ),
+    ] = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", help="Worker processes (default: all cores).")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Costs, cache breaks and context growth per session, from agents' own logs."""
+    from stayer.audit.engine import analyse_all, default_paths, discover
+    from stayer.audit.report import GROUPS, build, render
+    from stayer.pricing import PriceBook
+
+    if group not in GROUPS:
+        bad_input(f"--group {group!r}: expected one of {', '.join(GROUPS)}")
+    if jobs is not None and jobs < 1:
+        bad_input(f"--jobs {jobs}: must be at least 1")
+    since_ts = _since(since)
+    for p in paths or ():
+        if not p.exists():
+            bad_input(f"{p}: no such file or directory")
+    if html is not None:
+        if html.is_dir() or not html.parent.is_dir():
+            bad_input(f"--html {html}: expected a file path in an existing directory")
+        from stayer.audit.html import check_available
+
+        missing = check_available()
+        if missing:
+            bad_input(f"--html: {missing}")
+    try:
+        book = PriceBook.load()
+        if what_if:
+            from stayer.audit.whatif import parse_scenario
+
+            scenarios = [parse_scenario(spec) for spec in what_if]
+    except ConfigError as e:
+        bad_input(str(e))
+
+    found = discover(paths or default_paths())
+    if found.unrecognised:
+        names = ", ".join(str(p) for p in found.unrecognised[:3])
+        bad_input(f"{names}: not a Claude Code, Codex or stayer run log (.jsonl session or run result.json)")
+    err = stderr()
+    if paths and not found.refs:
+        err.print(f"[yellow]no agent logs found under {', '.join(str(p) for p in paths)}[/]", highlight=False)
+    report = build(
+        analyse_all(found.refs, book, since=since_ts, keep_series=html is not None, jobs=jobs),
+        group,
+    )
+    if what_if:
+        from stayer.audit.whatif import run_what_ifs
+
+        err.print("what-if: replaying the costliest sessions (estimates)…", highlight=False)
+        refs = {(r.source, r.id): r for r in found.refs}
+        report.what_if = run_what_ifs(report.sessions, refs, scenarios, book)
+    if html is not None:
+        from stayer.audit.html import write_html
+
+        tmp = html.with_name(html.name + f".{os.getpid()}.tmp")
+        try:
+            tmp.write_text(write_html(report), encoding="utf-8")
+            tmp.replace(html)
+        finally:
+            tmp.unlink(missing_ok=True)
+        err.print(f"wrote {html}", highlight=False)
+    if json_out:
+        emit_json(report.to_json())
+        if err.is_terminal:  # a person is watching; a pipe gets just the document
+            render(report, err)
+    else:
+        render(report, Console())
