@@ -7,35 +7,26 @@ network is allowed), so a broken probe cannot pass as isolation.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import resource
+import shutil
 import socket
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sandbox_helpers import NO_BWRAP as _NO_BWRAP
+from sandbox_helpers import count_forks, marker, needs_bwrap, procs_with, run, wait_gone
 
 from stayer.errors import ConfigError
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.base import Mount
+from stayer.sandbox.bwrap import BwrapSandbox, check_bwrap
 from stayer.sandbox.local import LocalSandbox
 from stayer.sandbox.process import pids_cgroup_parent
-
-try:
-    from stayer.sandbox.bwrap import BwrapSandbox, check_bwrap
-
-    check_bwrap()
-    _NO_BWRAP = ""
-except ConfigError as e:  # pragma: no cover - depends on the machine
-    _NO_BWRAP = str(e)
-
-needs_bwrap = pytest.mark.skipif(bool(_NO_BWRAP), reason=f"bwrap unavailable: {_NO_BWRAP}")
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 @pytest.fixture
@@ -43,29 +34,6 @@ def ws(tmp_path: Path) -> Path:
     d = tmp_path / "ws"
     d.mkdir()
     return d
-
-
-def _procs_with(marker: str) -> list[int]:
-    """Host pids whose command line contains ``marker``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmd and state != "Z":
-            found.append(int(entry))
-    return found
-
-
-def _wait_gone(marker: str, within: float = 2.0) -> list[int]:
-    deadline = time.monotonic() + within
-    while (left := _procs_with(marker)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
 
 
 # ----------------------------------------------------------------------------- factory
@@ -79,6 +47,19 @@ def test_make_sandbox_unknown_kind(ws: Path) -> None:
 def test_missing_bwrap_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="--sandbox local"):
         check_bwrap("/nonexistent/bwrap")
+
+
+def test_no_bubblewrap_on_another_platform_says_what_to_do(monkeypatch) -> None:
+    import stayer.sandbox.bwrap as bwrap
+
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name: None)
+    monkeypatch.setattr(bwrap.os.path, "exists", lambda path: False)
+    monkeypatch.setattr(bwrap.sys, "platform", "darwin")
+    with pytest.raises(ConfigError, match="Linux VM or container.*--sandbox local"):
+        check_bwrap.__wrapped__()
+    monkeypatch.setattr(bwrap.sys, "platform", "linux")
+    with pytest.raises(ConfigError, match="apt install bubblewrap.*--sandbox local"):
+        check_bwrap.__wrapped__()
 
 
 def test_workspace_must_exist(tmp_path: Path) -> None:
@@ -158,21 +139,21 @@ def test_no_network_unless_allowed(ws: Path) -> None:
 
 @needs_bwrap
 def test_timeout_kills_background_children(ws: Path) -> None:
-    marker = f"1000.{uuid.uuid4().int % 10**6:06d}"
+    mark = marker()
     sb = BwrapSandbox(ws)
     t0 = time.monotonic()
-    r = run(sb.exec(f"sleep {marker} & sleep {marker}", timeout=1))
+    r = run(sb.exec(f"sleep {mark} & sleep {mark}", timeout=1))
     assert time.monotonic() - t0 < 3
     assert r.timed_out and r.exit_code != 0
-    assert _wait_gone(marker) == []
+    assert wait_gone(mark) == []
 
 
 @needs_bwrap
 def test_background_child_does_not_outlive_a_finished_command(ws: Path) -> None:
-    marker = f"1000.{uuid.uuid4().int % 10**6:06d}"
-    r = run(BwrapSandbox(ws).exec(f"sleep {marker} > /dev/null 2>&1 & echo started", timeout=10))
+    mark = marker()
+    r = run(BwrapSandbox(ws).exec(f"sleep {mark} > /dev/null 2>&1 & echo started", timeout=10))
     assert r.stdout == "started\n" and r.duration_s < 3
-    assert _wait_gone(marker) == []
+    assert wait_gone(mark) == []
 
 
 @needs_bwrap
@@ -196,19 +177,6 @@ def test_memory_limit(ws: Path) -> None:
     assert r.stdout == f"{32 * 1024**2}\n"
 
 
-_FORK_PROBE = """python3 - <<'EOF'
-import os, time
-n = 0
-try:
-    while n < 200:
-        if os.fork() == 0:
-            time.sleep(5)
-            os._exit(0)
-        n += 1
-except OSError:
-    pass
-print(n)
-EOF"""
 
 
 @needs_bwrap
@@ -217,10 +185,10 @@ EOF"""
     reason="max_processes is not enforceable here: root and no writable pids cgroup",
 )
 def test_process_limit(ws: Path) -> None:
-    r = run(BwrapSandbox(ws, max_processes=20).exec(_FORK_PROBE, timeout=20))
+    r = run(BwrapSandbox(ws, max_processes=20).exec(count_forks(200), timeout=20))
     assert r.exit_code == 0, r.stderr
     assert 5 <= int(r.stdout) < 20
-    r = run(BwrapSandbox(ws).exec(_FORK_PROBE, timeout=20))
+    r = run(BwrapSandbox(ws).exec(count_forks(200), timeout=20))
     assert int(r.stdout) == 200  # control: without the limit the probe is not capped
 
 
@@ -272,12 +240,12 @@ def test_local_does_not_pass_through_secrets(ws: Path, monkeypatch) -> None:
 
 
 def test_local_timeout_kills_background_children(ws: Path) -> None:
-    marker = f"1000.{uuid.uuid4().int % 10**6:06d}"
+    mark = marker()
     t0 = time.monotonic()
-    r = run(LocalSandbox(ws).exec(f"sleep {marker} & sleep {marker}", timeout=1))
+    r = run(LocalSandbox(ws).exec(f"sleep {mark} & sleep {mark}", timeout=1))
     assert time.monotonic() - t0 < 3
     assert r.timed_out
-    assert _wait_gone(marker) == []
+    assert wait_gone(mark) == []
 
 
 def test_local_output_cap(ws: Path) -> None:
@@ -290,18 +258,179 @@ def test_local_straggler_holding_the_pipe_is_not_a_timeout(ws: Path, monkeypatch
     import stayer.sandbox.process as process
 
     monkeypatch.setattr(process, "pids_cgroup_parent", lambda: None)  # worst case: no cgroup
-    marker = f"1000.{uuid.uuid4().int % 10**6:06d}"
+    mark = marker()
     try:
-        r = run(LocalSandbox(ws).exec(f"setsid sleep {marker} & echo hi", timeout=10))
+        r = run(LocalSandbox(ws).exec(f"setsid sleep {mark} & echo hi", timeout=10))
         assert r.stdout == "hi\n" and not r.timed_out and r.duration_s < 3
     finally:
-        for pid in _procs_with(marker):
+        for pid in procs_with(mark):
             os.kill(pid, 9)
 
 
 @pytest.mark.skipif(pids_cgroup_parent() is None, reason="no writable pids cgroup here")
 def test_local_setsid_escapee_is_killed_via_the_cgroup(ws: Path) -> None:
-    marker = f"1000.{uuid.uuid4().int % 10**6:06d}"
-    r = run(LocalSandbox(ws).exec(f"setsid sleep {marker} > /dev/null 2>&1 & echo hi", timeout=10))
+    mark = marker()
+    r = run(LocalSandbox(ws).exec(f"setsid sleep {mark} > /dev/null 2>&1 & echo hi", timeout=10))
     assert r.stdout == "hi\n" and not r.timed_out
-    assert _wait_gone(marker) == []
+    assert wait_gone(mark) == []
+
+
+# ----------------------------------------------------------------------------- what is hidden
+
+
+def test_etc_secrets_are_what_other_users_cannot_read(tmp_path: Path) -> None:
+    from stayer.sandbox.bwrap import etc_secrets
+
+    etc = tmp_path / "etc"
+    (etc / "ssl" / "private").mkdir(parents=True)
+    (etc / "ssl" / "private" / "key.pem").write_text("k")
+    (etc / "ssl" / "cert.pem").write_text("c")
+    (etc / "shadow").write_text("s")
+    (etc / "hosts").write_text("h")
+    os.chmod(etc / "ssl" / "private", 0o700)
+    os.chmod(etc / "shadow", 0o640)
+    os.chmod(etc / "hosts", 0o644)
+    os.chmod(etc / "ssl" / "cert.pem", 0o644)
+    os.symlink("shadow", etc / "shadow-link")  # links are judged where they point
+    assert etc_secrets(str(etc)) == (
+        (str(etc / "shadow"), False),
+        (str(etc / "ssl" / "private"), True),
+    )
+
+
+@needs_bwrap
+def test_etc_secrets_are_covered_in_the_sandbox(ws: Path) -> None:
+    from stayer.sandbox.bwrap import etc_secrets
+
+    secrets = etc_secrets()
+    if not secrets:
+        pytest.skip("this host's /etc has nothing unreadable to others")
+    probe = "; ".join(f"ls -A {p}" if is_dir else f"cat {p}" for p, is_dir in secrets)
+    r = run(BwrapSandbox(ws).exec(probe))
+    assert r.stdout == "", r.stdout  # empty directories, unreadable files
+    r = run(BwrapSandbox(ws).exec("cat /etc/hosts > /dev/null && cat /etc/passwd | head -1"))
+    assert r.exit_code == 0 and r.stdout.startswith("root:")  # the rest of /etc is there
+
+
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A scratch directory not under /tmp (which the sandbox's private /tmp covers)."""
+    d = Path(tempfile.mkdtemp(dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@needs_bwrap
+def test_private_dirs_inside_system_dirs_are_covered(ws: Path, outside_tmp: Path, monkeypatch) -> None:
+    """A checkout in /usr/src, a home in /etc...: whatever system directory is mounted, the
+    directory stayer runs from, the home directory and $STAYER_HOME stay out of sight."""
+    import stayer.sandbox.bwrap as bwrap
+
+    system = outside_tmp
+    checkout, home, state = system / "checkout", system / "home", system / "state"
+    for d in (checkout, home, state):
+        d.mkdir(parents=True)
+        (d / "private.txt").write_text("private")
+    (system / "public.txt").write_text("public")
+    monkeypatch.setattr(bwrap, "SYSTEM_DIRS", (*bwrap.SYSTEM_DIRS, str(system)))
+    monkeypatch.chdir(checkout)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("STAYER_HOME", str(state))
+    sb = BwrapSandbox(ws)
+    r = run(sb.exec(f"cat {system}/public.txt; ls -A {checkout} {home} {state}; touch {state}/x"))
+    assert r.stdout.startswith("public") and "private" not in r.stdout
+    assert "Read-only file system" in r.stderr and not (state / "x").exists()
+
+
+@needs_bwrap
+def test_bwrap_command_line_is_not_readable_inside(ws: Path, monkeypatch) -> None:
+    import stayer.sandbox.bwrap as bwrap
+
+    probe = "tr '\\0' ' ' < /proc/1/cmdline"
+    r = run(BwrapSandbox(ws).exec(probe))
+    assert str(ws) not in r.stdout and "--args" in r.stdout
+    # Options that do not fit in the pipe are passed on the command line instead.
+    monkeypatch.setattr(bwrap, "_options_pipe", lambda options: None)
+    r = run(BwrapSandbox(ws).exec(f"{probe}; echo; pwd"))
+    assert str(ws) in r.stdout and r.stdout.endswith("\n/app\n")
+
+
+# ----------------------------------------------------------------------------- size limits
+
+
+def test_disk_usage_counts_what_is_allocated_once(tmp_path: Path) -> None:
+    from stayer.sandbox.tree import disk_usage, iter_tree
+
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "a").write_bytes(b"x" * 100_000)
+    os.link(root / "sub" / "a", root / "hardlink")
+    with open(root / "sparse", "wb") as f:
+        f.truncate(10**9)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(b"y" * 1_000_000)
+    os.symlink(outside, root / "link")
+    assert sorted(rel for rel, _ in iter_tree(root)) == ["hardlink", "link", "sparse", "sub", "sub/a"]
+    used = disk_usage(root)
+    assert 100_000 <= used < 200_000  # the file once; not the sparse hole, not the link's target
+    assert disk_usage(tmp_path / "missing") == 0
+
+
+@pytest.mark.parametrize("kind", ["bwrap", "local"])
+def test_file_size_limit(ws: Path, kind: str) -> None:
+    if kind == "bwrap" and _NO_BWRAP:
+        pytest.skip(_NO_BWRAP)
+    sb = make_sandbox(kind, ws, max_file_mb=1)
+    r = run(sb.exec("head -c 5000000 /dev/zero > big", timeout=20))
+    assert r.exit_code == 153 and "File size limit exceeded" in r.stderr  # 128 + SIGXFSZ
+    assert (ws / "big").stat().st_size == 2**20
+    r = run(sb.exec("head -c 500000 /dev/zero > small && wc -c < small", timeout=20))
+    assert r.exit_code == 0 and r.stdout == "500000\n"
+
+
+def test_storage_limit_polls_and_stops_growth_local(ws: Path, monkeypatch) -> None:
+    import stayer.sandbox.process as process
+
+    sb = LocalSandbox(ws, storage_mb=10)
+    assert sb.limits.max_file_mb == 10  # no single file beyond what the whole may hold
+    script = "for i in $(seq 1 200); do head -c 1000000 /dev/zero > f$i; sleep 0.01; done"
+    r = run(sb.exec(script, timeout=30))
+    assert r.exit_code == 137 and not r.timed_out, r  # killed by the watcher, not the clock
+    assert f"[storage limit: {ws} holds" in r.stderr and "limit of 10 MiB" in r.stderr
+    assert len(list(ws.iterdir())) < 40
+    # Growth that finishes between two polls is still reported, by the check at the end
+    # (the first poll comes at once, the next one only after the command is done).
+    monkeypatch.setattr(process, "_STORAGE_POLL_MIN_S", 600)
+    for f in ws.glob("f*"):
+        f.unlink()
+    r = run(sb.exec("sleep 1; head -c 9000000 /dev/zero > a; head -c 9000000 /dev/zero > b"))
+    assert r.exit_code == 1 and "the command went over it" in r.stderr, r
+    r = run(sb.exec("rm a b && echo freed"))
+    assert r.exit_code == 0 and r.stdout == "freed\n" and "storage limit" not in r.stderr
+
+
+@needs_bwrap
+def test_tmp_is_a_sized_tmpfs(ws: Path) -> None:
+    from stayer.sandbox.bwrap import DEFAULT_TMP_MB
+
+    df = "df -k --output=size /tmp | tail -1"
+    assert int(run(BwrapSandbox(ws).exec(df)).stdout) == DEFAULT_TMP_MB * 1024
+    assert int(run(BwrapSandbox(ws, storage_mb=50).exec(df)).stdout) == 50 * 1024
+
+
+def test_task_toml_sets_the_sandbox_limits(tmp_path: Path) -> None:
+    from stayer.eval.task import load_task
+
+    task = tmp_path / "task"
+    (task / "tests").mkdir(parents=True)
+    (task / "instruction.md").write_text("Do it.\n")
+    (task / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    (task / "task.toml").write_text("[environment]\nmemory_mb = 512\nstorage_mb = 64\n")
+    t = load_task(task)
+    assert (t.memory_mb, t.storage_mb) == (512, 64)
+    (task / "task.toml").write_text("[environment]\nstorage_mb = -1\n")
+    with pytest.raises(ConfigError, match="environment.storage_mb"):
+        load_task(task)

@@ -14,9 +14,12 @@ KINDS = ("bwrap", "local")
 def make_sandbox(kind: str, workspace: str | Path, **limits: Any) -> Sandbox:
     """Build the sandbox named ``kind`` over ``workspace``.
 
-    ``limits`` are the keyword arguments both backends accept: ``allow_net``, ``memory_mb``,
-    ``max_processes``, ``max_output_bytes``, ``env``. Imports are deferred so that choosing
-    one backend never requires the other's prerequisites.
+    ``limits`` are the keyword arguments both backends accept: ``allow_net``, ``memory_mb``
+    (address space per process), ``max_processes``, ``max_file_mb`` (largest file),
+    ``storage_mb`` (what the workspace may hold), ``max_output_bytes`` (captured per stream),
+    ``env``; ``None`` means unlimited, and a limit left out keeps the backend's default.
+    Imports are deferred so that choosing one backend never requires the other's
+    prerequisites.
     """
     if kind == "bwrap":
         from stayer.sandbox.bwrap import BwrapSandbox

@@ -16,27 +16,49 @@ What the command sees:
 
 Because the command runs as pid 2 under bwrap's pid 1, when bwrap dies every process in the
 sandbox dies with it: killing bwrap's process group on timeout kills the whole tree.
-``/etc`` is visible (resolvers, users, CA certificates); hiding sensitive files in it is a
-separate concern.
+
+What is hidden even where a system directory would show it:
+
+* ``/etc`` is visible (resolvers, users, CA certificates) but every file or directory in it
+  that the host keeps from other users (not world-readable: ``/etc/shadow``, ssh host keys,
+  ``/etc/ssl/private``) is covered by an empty one. The command runs as the host user, so
+  without this root-owned secrets would be readable by a command running as root.
+* the directory stayer was started from, the home directory and ``$STAYER_HOME`` are
+  covered by empty directories when they lie inside a mounted system directory (e.g. a
+  checkout in ``/usr/src``); elsewhere they are not mounted at all.
+
+Limits (see :mod:`stayer.sandbox.process`): the default allows
+:data:`DEFAULT_MAX_PROCESSES` processes, so a fork bomb is contained without any
+configuration; memory and file size are unlimited unless asked for. ``storage_mb`` caps
+both the workspace (polled on disk) and the private ``/tmp`` (a sized tmpfs, which lives
+in memory); without it ``/tmp`` is capped at :data:`DEFAULT_TMP_MB`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import pwd
 import shutil
+import stat
 import subprocess
+import sys
 from pathlib import Path
 
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
-from stayer.sandbox.process import Limits, run_process
+from stayer.sandbox.process import Limits, StorageLimit, file_size_cap, run_process
 
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # bwrap's own two processes (the outer one and pid 1 of the namespace) sit in the same pids
 # cgroup as the command; max_processes is about the command, so they are added on top.
 _BWRAP_OWN_PROCESSES = 2
+# Enough for parallel builds and test runners, few enough that a fork bomb stays harmless.
+DEFAULT_MAX_PROCESSES = 1024
+# /tmp is a tmpfs, i.e. memory: without a storage limit it still may not take much of it.
+DEFAULT_TMP_MB = 1024
 
 _FIX = (
     "install bubblewrap (apt install bubblewrap / dnf install bubblewrap), enable "
@@ -56,6 +78,12 @@ def check_bwrap(bwrap: str | None = None) -> str:
         or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else None)
     )
     if path is None:
+        if not sys.platform.startswith("linux"):
+            raise ConfigError(
+                f"sandbox: bubblewrap needs Linux namespaces, which {sys.platform} does not "
+                "have; run stayer inside a Linux VM or container, or pass --sandbox local "
+                "explicitly to run without isolation"
+            )
         raise ConfigError(f"sandbox: bwrap (bubblewrap) not found on PATH; {_FIX}")
     try:
         proc = subprocess.run(
@@ -74,6 +102,59 @@ def check_bwrap(bwrap: str | None = None) -> str:
     return path
 
 
+@functools.cache
+def _supports_tmpfs_size(bwrap: str) -> bool:
+    """bwrap learnt ``--size`` in 0.7; older ones reject the whole command line."""
+    try:
+        proc = subprocess.run([bwrap, "--help"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b"--size" in proc.stdout + proc.stderr
+
+
+@functools.cache
+def etc_secrets(etc: str = "/etc") -> tuple[tuple[str, bool], ...]:
+    """``(path, is_dir)`` of what under ``etc`` other users may not read, outermost only.
+
+    Probed once per process: /etc does not change under a running agent, and walking it on
+    every command would cost more than the sandbox itself.
+    """
+    found: list[tuple[str, bool]] = []
+    for dirpath, dirnames, filenames in os.walk(etc):
+        for name in list(dirnames):
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o005 != 0o005:
+                found.append((path, True))
+                dirnames.remove(name)  # covered as a whole
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and not st.st_mode & stat.S_IROTH:
+                found.append((path, False))
+    return tuple(sorted(found))
+
+
+def _private_host_dirs() -> list[str]:
+    """Host directories the command must not see (where stayer runs, home, its state), as
+    real paths. Read at sandbox construction: they describe the host, not the task."""
+    candidates = [os.getcwd(), os.environ.get("HOME", ""), os.environ.get("STAYER_HOME", "")]
+    with contextlib.suppress(KeyError):  # the passwd entry, whatever $HOME says
+        candidates.append(pwd.getpwuid(os.getuid()).pw_dir)
+    return [os.path.realpath(c) for c in candidates if c]
+
+
+def _covers(system_dirs: list[str], path: str) -> bool:
+    """Whether ``path`` lies strictly inside one of the mounted ``system_dirs``."""
+    return any(path.startswith(d.rstrip("/") + "/") for d in system_dirs)
+
+
 class BwrapSandbox:
     """Runs each command in a fresh bubblewrap sandbox with the workspace at ``/app``."""
 
@@ -83,7 +164,9 @@ class BwrapSandbox:
         *,
         allow_net: bool = False,
         memory_mb: int | None = None,
-        max_processes: int | None = None,
+        max_processes: int | None = DEFAULT_MAX_PROCESSES,
+        max_file_mb: int | None = None,
+        storage_mb: int | None = None,
         max_output_bytes: int = 1_000_000,
         env: dict[str, str] | None = None,
     ) -> None:
@@ -94,7 +177,15 @@ class BwrapSandbox:
         self.allow_net = allow_net
         self.memory_mb = memory_mb
         self.max_processes = max_processes
+        self.max_file_mb = file_size_cap(max_file_mb, storage_mb)
+        self.storage_mb = storage_mb
         self.max_output_bytes = max_output_bytes
+        real_system_dirs = [
+            os.path.realpath(d) for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)
+        ]
+        self._hidden_dirs = sorted(
+            {p for p in _private_host_dirs() if os.path.isdir(p) and _covers(real_system_dirs, p)}
+        )
         self.env = {
             "PATH": SANDBOX_PATH,
             "HOME": "/tmp",
@@ -104,8 +195,9 @@ class BwrapSandbox:
             **(env or {}),
         }
 
-    def _argv(self, command: str, mounts: tuple[Mount, ...], cwd: str) -> list[str]:
-        args = [self.bwrap, "--unshare-all"]
+    def _options(self, mounts: tuple[Mount, ...], cwd: str) -> list[str]:
+        """bwrap's options: everything but the program to run."""
+        args = ["--unshare-all"]
         if self.allow_net:
             args.append("--share-net")
         args += ["--die-with-parent", "--new-session", "--clearenv"]
@@ -116,17 +208,36 @@ class BwrapSandbox:
                 args += ["--symlink", os.readlink(d), d]
             elif os.path.isdir(d):
                 args += ["--ro-bind", d, d]
+        # Covered by an empty read-only directory, or by /dev/null (which, on a nodev
+        # mount, cannot even be opened).
+        for path, is_dir in etc_secrets():
+            if is_dir:
+                args += ["--tmpfs", path, "--remount-ro", path]
+            else:
+                args += ["--ro-bind", "/dev/null", path]
+        for path in self._hidden_dirs:
+            args += ["--tmpfs", path, "--remount-ro", path]
         if self.allow_net and os.path.islink("/etc/resolv.conf"):
             # systemd-resolved and friends point it into /run, which is not mounted.
             target = os.path.realpath("/etc/resolv.conf")
             if os.path.exists(target):
                 args += ["--ro-bind", target, target]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        args += ["--bind", str(self.workspace), "/app"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        if _supports_tmpfs_size(self.bwrap):
+            args += ["--size", str((self.storage_mb or DEFAULT_TMP_MB) * 2**20)]
+        args += ["--tmpfs", "/tmp", "--bind", str(self.workspace), "/app"]
         for m in mounts:
             args += ["--bind" if m.writable else "--ro-bind", str(Path(m.host).resolve()), m.dest]
-        args += ["--remount-ro", "/", "--chdir", cwd, "/bin/bash", "-c", command]
+        args += ["--remount-ro", "/", "--chdir", cwd]
         return args
+
+    def _argv(self, command: str, options: list[str], args_fd: int | None) -> list[str]:
+        """The command line that runs ``command``. With ``args_fd`` the options are read
+        from that descriptor: bwrap stays pid 1 of the sandbox, and its command line, which
+        the command can read in /proc/1/cmdline, would otherwise show the host paths of the
+        workspace, of the hidden directories and of the secrets."""
+        head = [self.bwrap, "--args", str(args_fd)] if args_fd is not None else [self.bwrap, *options]
+        return [*head, "/bin/bash", "-c", command]
 
     async def exec(
         self,
@@ -144,12 +255,47 @@ class BwrapSandbox:
                 if self.max_processes is not None
                 else None
             ),
+            max_file_mb=self.max_file_mb,
         )
-        return await run_process(
-            self._argv(command, mounts, cwd),
-            timeout=timeout,
-            stdin=stdin,
-            env={"PATH": SANDBOX_PATH},  # for bwrap itself; the sandbox gets --clearenv
-            max_output_bytes=self.max_output_bytes,
-            limits=limits,
+        storage = (
+            StorageLimit(self.workspace, self.storage_mb, shown_as="/app")
+            if self.storage_mb is not None
+            else None
         )
+        options = self._options(mounts, cwd)
+        args_fd = _options_pipe(options)
+        try:
+            return await run_process(
+                self._argv(command, options, args_fd),
+                timeout=timeout,
+                stdin=stdin,
+                env={"PATH": SANDBOX_PATH},  # for bwrap itself; the sandbox gets --clearenv
+                max_output_bytes=self.max_output_bytes,
+                limits=limits,
+                storage=storage,
+                pass_fds=() if args_fd is None else (args_fd,),
+            )
+        finally:
+            if args_fd is not None:
+                os.close(args_fd)
+
+
+def _options_pipe(options: list[str]) -> int | None:
+    """The read end of a pipe holding ``options`` NUL-separated (for ``bwrap --args``), or
+    None if they do not fit in it at once: writing more would block before bwrap reads."""
+    packed = b"".join(os.fsencode(o) + b"\0" for o in options)
+    read_end, write_end = os.pipe()
+    try:
+        os.set_blocking(write_end, False)
+        written = os.write(write_end, packed)
+    except BlockingIOError:
+        written = 0
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    if written < len(packed):
+        os.close(read_end)
+        return None
+    return read_end

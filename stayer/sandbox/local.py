@@ -25,7 +25,7 @@ from pathlib import Path
 
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
-from stayer.sandbox.process import Limits, run_process
+from stayer.sandbox.process import Limits, StorageLimit, file_size_cap, run_process
 
 _HOST_ENV_KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ")
 
@@ -40,6 +40,8 @@ class LocalSandbox:
         allow_net: bool = True,  # accepted for a uniform make_sandbox(); the host net is always there
         memory_mb: int | None = None,
         max_processes: int | None = None,
+        max_file_mb: int | None = None,
+        storage_mb: int | None = None,
         max_output_bytes: int = 1_000_000,
         env: dict[str, str] | None = None,
     ) -> None:
@@ -47,7 +49,16 @@ class LocalSandbox:
         if not self.workspace.is_dir():
             raise ConfigError(f"sandbox: workspace {self.workspace} is not a directory")
         self.allow_net = allow_net
-        self.limits = Limits(memory_mb=memory_mb, max_processes=max_processes)
+        self.limits = Limits(
+            memory_mb=memory_mb,
+            max_processes=max_processes,
+            max_file_mb=file_size_cap(max_file_mb, storage_mb),
+        )
+        self.storage = (
+            StorageLimit(self.workspace, storage_mb, shown_as=str(self.workspace))
+            if storage_mb is not None
+            else None
+        )
         self.max_output_bytes = max_output_bytes
         self.env = {k: os.environ[k] for k in _HOST_ENV_KEEP if k in os.environ}
         self.env.setdefault("PATH", os.defpath)
@@ -86,4 +97,5 @@ class LocalSandbox:
             env=self.env,
             max_output_bytes=self.max_output_bytes,
             limits=self.limits,
+            storage=self.storage,
         )

@@ -16,10 +16,17 @@ in the argv they build, so everything that is easy to get subtly wrong lives her
   Exit is detected from the exit status, not from the pipes closing, so a straggler that
   keeps a pipe open cannot turn a finished command into a timeout.
 * **Limits.** ``memory_mb`` is ``RLIMIT_AS`` (per process address space, soft = hard, so the
-  child cannot raise it). ``max_processes`` uses a ``pids`` cgroup when one can be created,
-  because ``RLIMIT_NPROC`` is not enforced for root and, for other users, counts *all* of
-  that user's processes on the host. Without a usable cgroup it falls back to
-  ``RLIMIT_NPROC`` and, when running as root, logs once that the limit is not enforced.
+  child cannot raise it). ``max_file_mb`` is ``RLIMIT_FSIZE``: a write past it fails and the
+  writer gets ``SIGXFSZ`` (exit 153, "File size limit exceeded"), so a runaway ``dd`` stops
+  at the limit instead of filling the disk. A :class:`StorageLimit` caps what a whole
+  directory may grow to: it is measured before the command, polled while it runs (the
+  command is killed as soon as the tree is over the limit) and checked once more at the end;
+  as polling cannot stop a write mid-flight, the overshoot is bounded by write speed times
+  the poll interval, which is why a file-size limit no larger than it is set alongside.
+  ``max_processes`` uses a ``pids`` cgroup when one can be created, because
+  ``RLIMIT_NPROC`` is not enforced for root and, for other users, counts *all* of that
+  user's processes on the host. Without a usable cgroup it falls back to ``RLIMIT_NPROC``
+  and, when running as root, logs once that the limit is not enforced.
   Limits are applied by a tiny ``/bin/bash`` prelude that joins the cgroup, calls
   ``ulimit`` and ``exec``\\ s the real argv: no ``preexec_fn``, which is unsafe in a process
   that has threads (asyncio's executor, tokenizers).
@@ -40,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stayer.sandbox.base import ExecResult
+from stayer.sandbox.tree import disk_usage
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +63,32 @@ class Limits:
 
     memory_mb: int | None = None  # RLIMIT_AS of every process in the tree
     max_processes: int | None = None  # pids cgroup (or RLIMIT_NPROC as a fallback)
+    max_file_mb: int | None = None  # RLIMIT_FSIZE: the largest file any process may write
+
+
+@dataclass(frozen=True, slots=True)
+class StorageLimit:
+    """``path`` may hold at most ``max_mb`` MiB on disk; a command that grows it past that
+    (or past what it already held, if it started over) is killed."""
+
+    path: Path
+    max_mb: int
+    shown_as: str = "the workspace"  # how the command's own view names ``path`` (``/app``)
+
+
+def file_size_cap(max_file_mb: int | None, storage_mb: int | None) -> int | None:
+    """The ``max_file_mb`` to enforce: no single file may be larger than the space the
+    workspace has in total, because the storage limit is only polled while the file-size
+    limit stops a write the moment it passes."""
+    sizes = [n for n in (max_file_mb, storage_mb) if n is not None]
+    return min(sizes) if sizes else None
+
+
+# A StorageLimit is polled no more often than every _STORAGE_POLL_MIN_S, and no more often
+# than _STORAGE_POLL_COST_FACTOR times what one walk took, so that watching a large tree
+# costs under a tenth of one core while a small one is watched closely.
+_STORAGE_POLL_MIN_S = 0.02
+_STORAGE_POLL_COST_FACTOR = 10
 
 
 class _Capture:
@@ -231,6 +265,8 @@ def _limits_prelude(limits: Limits, cgroup: _PidsCgroup | None) -> list[str]:
         lines.append(f"echo $$ > '{cgroup.path}/cgroup.procs'")
     if limits.memory_mb is not None:
         lines.append(f"ulimit -v {int(limits.memory_mb) * 1024}")  # KiB; sets soft and hard
+    if limits.max_file_mb is not None:
+        lines.append(f"ulimit -f {int(limits.max_file_mb) * 1024}")  # 1024-byte blocks in bash
     if limits.max_processes is not None and cgroup is None:
         lines.append(f"ulimit -u {int(limits.max_processes)}")
         if os.geteuid() == 0 and not _warned_nproc:
@@ -267,6 +303,27 @@ async def _wait_exit(proc: asyncio.subprocess.Process, timeout: float | None) ->
         waiter.cancel()
 
 
+async def _wait_exit_watching(
+    proc: asyncio.subprocess.Process, timeout: float, path: Path, cap_bytes: int
+) -> tuple[bool, int | None]:
+    """Like :func:`_wait_exit`, while polling the size of ``path``. Returns ``(timed_out,
+    bytes used)``, the latter only if the tree grew past ``cap_bytes`` (the caller then
+    kills the command as it would on a timeout)."""
+    exited = asyncio.ensure_future(_wait_exit(proc, timeout))
+    try:
+        while True:
+            t0 = time.monotonic()
+            used = await asyncio.to_thread(disk_usage, path)
+            if used > cap_bytes:
+                return False, used
+            pause = max(_STORAGE_POLL_MIN_S, _STORAGE_POLL_COST_FACTOR * (time.monotonic() - t0))
+            done, _ = await asyncio.wait({exited}, timeout=pause)
+            if done:
+                return not exited.result(), None
+    finally:
+        exited.cancel()
+
+
 def _kill_group(pgid: int) -> None:
     # The group may outlive its (already reaped) leader while children remain in it; its id
     # cannot be reused by a new process group while any member is alive.
@@ -283,12 +340,19 @@ async def run_process(
     env: Mapping[str, str] | None = None,
     max_output_bytes: int = 1_000_000,
     limits: Limits = Limits(),  # noqa: B008  (frozen dataclass: safe as a default)
+    storage: StorageLimit | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> ExecResult:
     """Run ``argv`` to completion or until ``timeout`` seconds, then kill its process group.
 
     Never raises for the child's behaviour (non-zero exit, signals, timeouts); raises
     ``OSError`` only when the process cannot be started at all.
     """
+    storage_cap = 0
+    if storage is not None:
+        # A tree that is already over the limit may still shrink (``rm``): only growth
+        # beyond the larger of the two is stopped.
+        storage_cap = max(storage.max_mb * 2**20, await asyncio.to_thread(disk_usage, storage.path))
     # A cgroup is used whenever one can be made, limit or not: killing its members at the
     # end is the one way to also catch processes that left the process group (setsid).
     cgroup: _PidsCgroup | None = None
@@ -298,7 +362,7 @@ async def run_process(
         except OSError as e:
             log.warning("could not create pids cgroup under %s: %s", parent, e)
     argv = list(argv)
-    if cgroup is not None or limits.memory_mb is not None or limits.max_processes is not None:
+    if cgroup is not None or limits != Limits():
         prelude = "\n".join(_limits_prelude(limits, cgroup))
         argv = ["/bin/bash", "-c", prelude, "stayer-limits", *argv]
 
@@ -314,6 +378,7 @@ async def run_process(
             env=dict(env) if env is not None else None,
             start_new_session=True,  # own session and process group: kill the whole tree
             limit=_CHUNK,
+            pass_fds=tuple(pass_fds),
         )
     except BaseException:
         if cgroup is not None:
@@ -330,8 +395,14 @@ async def run_process(
         tasks.append(asyncio.create_task(_feed_stdin(proc.stdin, stdin)))
 
     timed_out = False
+    storage_used: int | None = None  # set when the storage limit was exceeded
     try:
-        timed_out = not await _wait_exit(proc, max(timeout, 0.001))
+        if storage is None:
+            timed_out = not await _wait_exit(proc, max(timeout, 0.001))
+        else:
+            timed_out, storage_used = await _wait_exit_watching(
+                proc, max(timeout, 0.001), storage.path, storage_cap
+            )
         # Whether it finished or not: nothing it started may outlive the call.
         _kill_group(proc.pid)
         if cgroup is not None:
@@ -358,10 +429,23 @@ async def run_process(
     assert code is not None
     if code < 0:  # killed by a signal: report it the way a shell would
         code = 128 - code
+    stderr_text = err.text()
+    if storage is not None:
+        stopped = storage_used is not None
+        if not stopped and (used := await asyncio.to_thread(disk_usage, storage.path)) > storage_cap:
+            storage_used = used  # it finished between two polls, but over the limit
+        if storage_used is not None:
+            code = code or 1  # a command that broke a limit did not succeed
+            stderr_text += (
+                f"\n[storage limit: {storage.shown_as} holds {storage_used / 2**20:.0f} MiB, "
+                f"over its limit of {storage.max_mb} MiB; "
+                f"{'the command was stopped' if stopped else 'the command went over it'}. "
+                "Delete files to free space.]\n"
+            )
     return ExecResult(
         exit_code=code,
         stdout=out.text(),
-        stderr=err.text(),
+        stderr=stderr_text,
         timed_out=timed_out,
         truncated=bool(out.dropped or err.dropped),
         duration_s=time.monotonic() - start,

@@ -1,0 +1,190 @@
+"""Sandbox start-up overhead and workspace snapshot speed.
+
+    python bench/sandbox.py [--runs 200] [--files 10000] [--mb 100] [--repeat 3] [--settle 6]
+                            [--dir DIR] [--json]
+
+1. **Exec overhead.** The same command (``true``) run ``--runs`` times, interleaved, as a
+   bare ``subprocess.run(["/bin/bash", "-c", "true"])`` and through stayer's sandbox exactly
+   as the agent's bash tool runs it (bwrap with the default limits, pids cgroup, output
+   capture, asyncio); also through the unsandboxed ``local`` backend, to separate stayer's
+   own cost from bubblewrap's. p50 and p99 of each, overhead in ms and as a ratio.
+   Target (issue 3): p50 overhead under 10 ms.
+2. **Snapshots** of a ``--mb`` MB, ``--files``-file workspace (random bytes, 100
+   directories), each figure the median of ``--repeat`` rounds: a first snapshot into an
+   empty store plus a restore into an empty directory (target under 1 s), a snapshot of
+   the unchanged workspace (target under 50 ms; with the change watch, and by stat scan as
+   a new process would), a step that changed 10 files, and a rollback of that step. The
+   baseline is what "a full copy each time" costs: ``cp -a`` of the workspace, measured in
+   the same run, right before or after the restore (alternating). Before each of the
+   three bulk operations (first snapshot, restore, ``cp -a``) the benchmark waits
+   ``--settle`` seconds (default 6): creating or deleting 10,000 files keeps an ext4
+   journal busy for up to its 5 s commit interval, and whichever operation comes next
+   would pay for the one before. ``--settle 0`` shows that back-to-back cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from stayer.sandbox import make_sandbox  # noqa: E402
+from stayer.sandbox.snapshot import FileSnapshotStore  # noqa: E402
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+async def exec_overhead(runs: int, workspace: Path) -> dict[str, dict[str, float]]:
+    boxes = {"stayer bwrap": make_sandbox("bwrap", workspace), "stayer local": make_sandbox("local", workspace)}
+    samples: dict[str, list[float]] = {"bare subprocess.run": [], **{k: [] for k in boxes}}
+    for i in range(runs + 10):  # the first 10 warm up caches and probes
+        t0 = time.perf_counter()
+        subprocess.run(["/bin/bash", "-c", "true"], check=True)
+        bare = time.perf_counter() - t0
+        times = {"bare subprocess.run": bare}
+        for name, box in boxes.items():
+            t0 = time.perf_counter()
+            r = await box.exec("true", timeout=30)
+            times[name] = time.perf_counter() - t0
+            assert r.exit_code == 0, r
+        if i >= 10:
+            for name, t in times.items():
+                samples[name].append(t)
+    return {
+        name: {"p50_ms": percentile(xs, 50) * 1000, "p99_ms": percentile(xs, 99) * 1000}
+        for name, xs in samples.items()
+    }
+
+
+def make_workspace(root: Path, files: int, total_bytes: int, seed: int = 3) -> None:
+    rnd = random.Random(seed)
+    size = total_bytes // files
+    for i in range(files):
+        d = root / f"pkg{i % 100:02d}" / f"sub{i % 7}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"file{i}.dat").write_bytes(rnd.randbytes(size))
+    # Settled files, as in a workspace between two steps (not written this very instant).
+    time.sleep(0.1)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def change_step(ws: Path, rnd: random.Random) -> None:
+    """What an agent step might do: edit 10 files, add 10, delete a directory."""
+    for i in rnd.sample(range(1000), 10):
+        (ws / f"pkg{i % 100:02d}" / f"sub{i % 7}" / f"file{i}.dat").write_bytes(rnd.randbytes(10_000))
+    for i in range(10):
+        (ws / f"new{i}.txt").write_text(f"new {i}\n" * 100)
+    shutil.rmtree(ws / "pkg99" / "sub0", ignore_errors=True)
+
+
+def snapshot_figures(base: Path, files: int, mb: int, repeat: int, settle: float) -> dict[str, float]:
+    ws = base / "ws"
+    make_workspace(ws, files, mb * 10**6)
+    rows: dict[str, list[float]] = {k: [] for k in (
+        "first snapshot (empty store)", "restore into an empty dir", "snapshot + restore",
+        "unchanged snapshot (change watch)", "unchanged snapshot (stat scan, new process)",
+        "snapshot after a 10-file step", "rollback of that step (restore in place)", "cp -a (full copy baseline)",
+    )}
+    rnd = random.Random(7)
+    for r in range(repeat):
+        store_dir, copy = base / f"store{r}", base / f"copy{r}"
+        store = FileSnapshotStore(store_dir)
+        time.sleep(settle)
+        first = timed(lambda s=store: s.snapshot(ws))
+        sid = store.snapshot(ws)
+        cp_dest = base / f"cp{r}"
+
+        def cp(d: Path = cp_dest) -> float:
+            time.sleep(settle)
+            return timed(lambda: subprocess.run(["cp", "-a", str(ws), str(d)], check=True))
+
+        if r % 2:
+            rows["cp -a (full copy baseline)"].append(cp())
+        time.sleep(settle)
+        restore = timed(lambda s=store, c=copy, i=sid: s.restore(i, c))
+        if not r % 2:
+            rows["cp -a (full copy baseline)"].append(cp())
+        rows["first snapshot (empty store)"].append(first)
+        rows["restore into an empty dir"].append(restore)
+        rows["snapshot + restore"].append(first + restore)
+        rows["unchanged snapshot (change watch)"].append(timed(lambda s=store: s.snapshot(ws)))
+        fresh = FileSnapshotStore(store_dir)  # no watch yet: a stat scan against the cache
+        rows["unchanged snapshot (stat scan, new process)"].append(timed(lambda s=fresh: s.snapshot(ws)))
+        fresh.close()
+        change_step(ws, rnd)
+        rows["snapshot after a 10-file step"].append(timed(lambda s=store: s.snapshot(ws)))
+        rows["rollback of that step (restore in place)"].append(timed(lambda s=store, i=sid: s.restore(i, ws)))
+        store.close()
+        for d in (store_dir, copy, cp_dest):
+            shutil.rmtree(d)
+    return {k: statistics.median(v) * 1000 for k, v in rows.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=200, help="exec calls per variant")
+    ap.add_argument("--files", type=int, default=10_000)
+    ap.add_argument("--mb", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of snapshot figures (median)")
+    ap.add_argument("--settle", type=float, default=6.0, help="seconds to wait before each bulk operation")
+    ap.add_argument("--dir", default=None, help="where to build the workspaces (default: temp)")
+    ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="stayer-bench-", dir=args.dir) as tmp:
+        base = Path(tmp)
+        (base / "exec-ws").mkdir()
+        execs = asyncio.run(exec_overhead(args.runs, base / "exec-ws"))
+        snaps = snapshot_figures(base, args.files, args.mb, args.repeat, args.settle)
+
+    bare = execs["bare subprocess.run"]
+    print(f"exec of `true`, {args.runs} runs each, interleaved ({os.cpu_count()} CPUs)")
+    print(f"{'':24} {'p50 ms':>8} {'p99 ms':>8} {'p50 over':>9} {'p99 over':>9} {'p50 ×':>6} {'p99 ×':>6}")
+    for name, r in execs.items():
+        print(
+            f"{name:24} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['p50_ms'] - bare['p50_ms']:9.2f} "
+            f"{r['p99_ms'] - bare['p99_ms']:9.2f} {r['p50_ms'] / bare['p50_ms']:6.2f} {r['p99_ms'] / bare['p99_ms']:6.2f}"
+        )
+    over = execs["stayer bwrap"]["p50_ms"] - bare["p50_ms"]
+    print(f"target: p50 overhead < 10 ms; measured {over:.2f} ms ({'met' if over < 10 else 'NOT met'})")
+    print()
+    print(
+        f"snapshots of a {args.mb} MB, {args.files:,}-file workspace "
+        f"(median of {args.repeat}; {args.settle:g} s settle before bulk operations)"
+    )
+    for name, ms in snaps.items():
+        print(f"{name:46} {ms:9.1f} ms")
+    both, unchanged = snaps["snapshot + restore"], snaps["unchanged snapshot (change watch)"]
+    scan = snaps["unchanged snapshot (stat scan, new process)"]
+    cp = snaps["cp -a (full copy baseline)"]
+    print(f"target: snapshot + restore < 1000 ms; measured {both:.0f} ms ({'met' if both < 1000 else 'NOT met'}; {both / cp:.2f}× one cp -a)")
+    print(
+        f"target: unchanged snapshot < 50 ms; measured {unchanged:.2f} ms with the change watch, "
+        f"{scan:.1f} ms by stat scan ({'met' if unchanged < 50 else 'NOT met'}; {cp / unchanged:.0f}× faster than cp -a)"
+    )
+    if args.json:
+        print(json.dumps({"exec": execs, "snapshot_ms": snaps, "runs": args.runs, "files": args.files, "mb": args.mb}))
+
+
+if __name__ == "__main__":
+    main()
