@@ -1,0 +1,94 @@
+"""PostgreSQL store (``STAYER_DB=postgresql://…``): runs, events and blobs in one database
+that several processes and machines share.
+
+Blobs live in a table and are inserted in the same transaction as the events that refer to
+them. Leases use the database's clock, so machines with skewed clocks agree on expiry;
+``claim_next`` locks candidate rows with ``FOR UPDATE SKIP LOCKED``, so concurrent workers
+each get a different run without waiting on one another. Needs ``psycopg`` 3 (the
+``postgres`` extra).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from stayer.journal.snapshot import BlobSnapshots
+from stayer.journal.sql import SqlStore, schema
+from stayer.journal.store import JournalError
+from stayer.sandbox.snapshot import SnapshotStore
+
+# Serialises schema creation across processes that open a fresh database at once.
+_DDL_LOCK = 0x5741_5945_52  # "STAYER"-ish; any constant shared by all stayer processes
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+
+
+class _Cursor:
+    """A psycopg cursor that accepts the ``?`` placeholders the shared SQL is written in."""
+
+    def __init__(self, cur: Any) -> None:
+        self.cur = cur
+
+    @property
+    def rowcount(self) -> int:
+        return int(self.cur.rowcount)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor:
+        self.cur.execute(sql.replace("?", "%s"), tuple(params))
+        return self
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        self.cur.executemany(sql.replace("?", "%s"), list(rows))
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self.cur.fetchone()
+
+
+class PostgresStore(SqlStore):
+    NOW = "extract(epoch from clock_timestamp())::double precision"
+    LOCK_ROW = " FOR UPDATE"
+    LOCK_ROW_SKIP = " FOR UPDATE SKIP LOCKED"
+
+    def __init__(self, url: str) -> None:
+        self.location = _redact(url)
+        try:
+            import psycopg
+        except ImportError:
+            raise JournalError(
+                "STAYER_DB: PostgreSQL needs psycopg 3; install it with pip install 'stayer[postgres]'"
+            ) from None
+        self._psycopg = psycopg
+        try:
+            self.conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+            with self._tx() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(?)", (_DDL_LOCK,))
+                for ddl in schema("BYTEA"):
+                    cur.execute(ddl)
+                self._check_version(cur)
+        except psycopg.Error as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise JournalError(f"STAYER_DB {self.location}: cannot open the journal database ({first})") from None
+
+    @contextmanager
+    def _tx(self, *, sync: bool = True) -> Iterator[_Cursor]:
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            if not sync:  # committed for every client at once; flushed to disk shortly after
+                cur.execute("SET LOCAL synchronous_commit TO OFF")
+            yield _Cursor(cur)
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self.conn.cursor() as cur:
+            cur.execute(sql.replace("?", "%s"), tuple(params))
+            return list(cur.fetchall())
+
+    def snapshots(self) -> SnapshotStore:
+        # In the database: a run may be resumed on another machine.
+        return BlobSnapshots(self.put_blobs, self.get_blob)
+
+    def close(self) -> None:
+        self.conn.close()

@@ -1,0 +1,68 @@
+"""A run's ledger and totals, read from its journal (finished or not)."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+from stayer.journal.lease import run_status
+from stayer.journal.log import load_log
+from stayer.journal.session import lost_ledger_entries
+from stayer.journal.store import RunRow, Store
+from stayer.usage import Usage
+
+
+def run_report(store: Store, row: RunRow) -> dict[str, Any]:
+    """Per-step ledger (``lost_in_flight`` entries included) and totals for ``row``."""
+    log = load_log(store, row.id)
+    ledger = sorted(
+        [*log.steps.values(), *lost_ledger_entries(log.lost)],
+        key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
+    )
+    usage = Usage()
+    cost: Decimal | None = Decimal(0)
+    for e in ledger:
+        usage += Usage.from_dict(e["usage"])
+        cost = None if cost is None or e["cost_usd"] == "unknown" else cost + Decimal(e["cost_usd"])
+        if cost is not None and e.get("compaction") and e["compaction"].get("cost_usd"):
+            cost += Decimal(e["compaction"]["cost_usd"])  # a summarising compaction is billed too
+    lost = [e for e in ledger if e.get("kind") == "lost_in_flight"]
+    result = json.loads(log.blobs[log.finished["result"]]) if log.finished else None
+    return {
+        "run_id": row.id,
+        "task": row.task,
+        "model": row.model,
+        "status": run_status(row),
+        "reward": result.get("reward") if result else None,
+        "started": row.started,
+        "updated": row.updated,
+        "steps": max(log.steps, default=0),
+        "ledger": ledger,
+        "totals": {
+            "usage": usage.to_dict(),
+            "cost_usd": "unknown" if cost is None else str(cost),
+            "model_calls": sum(1 for c in log.calls.values() if c.finished) + len(lost),
+            "lost_in_flight": len(lost),
+            "lost_in_flight_cost_usd": _sum_cost(lost),
+            "tool_calls": len(log.tools),
+        },
+        "journal": {
+            "store": store.location,
+            "events": len(log.events),
+            "torn_events": log.torn,
+            "resumes": log.resumes,
+            "snapshots": len(log.snapshots),
+            "blobs": len(log.blobs),
+            "blob_bytes": store.blob_bytes(log.blobs),
+        },
+    }
+
+
+def _sum_cost(entries: list[dict[str, Any]]) -> str:
+    total = Decimal(0)
+    for e in entries:
+        if e["cost_usd"] == "unknown":
+            return "unknown"
+        total += Decimal(e["cost_usd"])
+    return str(total)

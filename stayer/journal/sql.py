@@ -1,0 +1,298 @@
+"""The SQL behind both stores: one implementation, two dialects (SQLite and PostgreSQL).
+
+Statements are written with ``?`` placeholders; the Postgres store translates them. What
+differs per dialect is small and named here: the database clock (``NOW``), row locking for
+claims (``FOR UPDATE [SKIP LOCKED]``, which SQLite does not need: a write transaction
+there locks the whole database), how a transaction starts, and (SQLite) which blobs go to
+files instead of the blob table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime
+from typing import Any
+
+from stayer.journal.blobs import BlobError, decode, encode
+from stayer.journal.store import SCHEMA_VERSION, Event, JournalError, LeaseLost, RunRow
+
+RUN_COLUMNS = "id, task, model, status, steps, cost_usd, started, updated, header, lease_owner"
+_UPDATABLE = ("status", "steps", "cost_usd")
+
+
+def schema(blob_type: str) -> list[str]:
+    ddl = [
+        "CREATE TABLE IF NOT EXISTS stayer_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE IF NOT EXISTS stayer_runs (
+            id TEXT PRIMARY KEY,
+            task TEXT NOT NULL,
+            model TEXT NOT NULL,
+            status TEXT NOT NULL,
+            steps INTEGER NOT NULL DEFAULT 0,
+            cost_usd TEXT NOT NULL DEFAULT '0',
+            started TEXT NOT NULL,
+            updated TEXT NOT NULL,
+            header TEXT NOT NULL,
+            lease_owner TEXT,
+            lease_expires DOUBLE PRECISION
+        )""",
+        "CREATE INDEX IF NOT EXISTS stayer_runs_claim ON stayer_runs (status, updated)",
+        """CREATE TABLE IF NOT EXISTS stayer_events (
+            run_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            data TEXT NOT NULL,
+            at TEXT NOT NULL,
+            PRIMARY KEY (run_id, seq)
+        )""",
+        f"CREATE TABLE IF NOT EXISTS stayer_blobs (hash TEXT PRIMARY KEY, data {blob_type} NOT NULL)",
+    ]
+    return ddl
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class SqlStore:
+    """Everything both backends do the same way. Subclasses provide the connection, the
+    dialect constants and blob storage."""
+
+    location: str
+    NOW: str  # SQL expression: seconds since the epoch on the database's clock
+    LOCK_ROW = ""  # appended to a SELECT that must lock the rows it returns
+    LOCK_ROW_SKIP = ""
+
+    # --- dialect hooks -----------------------------------------------------------------
+
+    def _tx(self, *, sync: bool = True) -> AbstractContextManager[Any]:
+        """A write transaction; yields something with ``execute(sql, params)``. With
+        ``sync=False`` the commit is in the database's log when it returns (it survives
+        the process) and on disk with the next synced commit (it may not survive a power
+        cut before that)."""
+        raise NotImplementedError
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _store_blobs(self, cur: Any, blobs: Mapping[str, bytes]) -> int:
+        """Store blobs inside the transaction ``cur``; returns the bytes written. A blob
+        sent again replaces the stored copy, so a damaged one heals the next time any run
+        writes the same content (writers send only blobs new to their session)."""
+        return self._insert_stored(cur, [(a, encode(d)) for a, d in blobs.items()])
+
+    def _insert_stored(self, cur: Any, rows: list[tuple[str, bytes]]) -> int:
+        """Blobs already in their stored form (:func:`encode`) into the blob table."""
+        cur.executemany(
+            "INSERT INTO stayer_blobs (hash, data) VALUES (?, ?) ON CONFLICT (hash) DO UPDATE SET data = excluded.data",
+            rows,
+        )
+        return sum(len(stored) for _, stored in rows)
+
+    # --- schema ------------------------------------------------------------------------
+
+    def _check_version(self, cur: Any) -> None:
+        row = cur.execute("SELECT value FROM stayer_meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            cur.execute(
+                "INSERT INTO stayer_meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+            return
+        try:
+            version = int(row[0])
+        except ValueError:
+            raise JournalError(f"{self.location}: unreadable journal schema version {row[0]!r}") from None
+        if version > SCHEMA_VERSION:
+            raise JournalError(
+                f"{self.location}: journal schema version {version} is newer than this stayer "
+                f"supports ({SCHEMA_VERSION}); upgrade stayer to read it"
+            )
+
+    # --- runs --------------------------------------------------------------------------
+
+    def create_run(self, row: RunRow, owner: str, ttl_s: float) -> None:
+        with self._tx() as cur:
+            if cur.execute("SELECT 1 FROM stayer_runs WHERE id = ?", (row.id,)).fetchone():
+                raise JournalError(f"--run-id {row.id}: a run with this id already exists in {self.location}")
+            cur.execute(
+                f"INSERT INTO stayer_runs ({RUN_COLUMNS}, lease_expires) "
+                f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {self.NOW} + ?)",
+                (
+                    row.id, row.task, row.model, row.status, row.steps, row.cost_usd,
+                    row.started, row.updated, json.dumps(row.header), owner, ttl_s,
+                ),
+            )
+
+    def _row(self, r: Sequence[Any]) -> RunRow:
+        return RunRow(
+            id=r[0], task=r[1], model=r[2], status=r[3], steps=int(r[4]), cost_usd=r[5],
+            started=r[6], updated=r[7], header=json.loads(r[8]), lease_owner=r[9],
+            lease_live=bool(r[10]),
+        )
+
+    def _select_runs(self, where: str, params: Sequence[Any]) -> list[RunRow]:
+        live = f"CASE WHEN lease_owner IS NOT NULL AND lease_expires > {self.NOW} THEN 1 ELSE 0 END"
+        rows = self._read(f"SELECT {RUN_COLUMNS}, {live} FROM stayer_runs {where}", params)
+        return [self._row(r) for r in rows]
+
+    def run(self, run_id: str) -> RunRow | None:
+        rows = self._select_runs("WHERE id = ?", (run_id,))
+        return rows[0] if rows else None
+
+    def runs(self, limit: int | None = None) -> list[RunRow]:
+        if limit is None:
+            return self._select_runs("ORDER BY started DESC, id", ())
+        return self._select_runs("ORDER BY started DESC, id LIMIT ?", (limit,))
+
+    # --- events ------------------------------------------------------------------------
+
+    def _fence(self, cur: Any, run_id: str, owner: str, update: Mapping[str, Any] | None) -> None:
+        sets, params = ["updated = ?"], [utc_now()]
+        for key, value in (update or {}).items():
+            if key not in _UPDATABLE:
+                raise ValueError(f"run column {key!r} is not updatable")
+            sets.append(f"{key} = ?")
+            params.append(value)
+        cur.execute(
+            f"UPDATE stayer_runs SET {', '.join(sets)} WHERE id = ? AND lease_owner = ?",
+            (*params, run_id, owner),
+        )
+        if cur.rowcount != 1:
+            raise LeaseLost(f"run {run_id}: another process holds its lease now; this one stops writing")
+
+    def append(
+        self,
+        run_id: str,
+        owner: str,
+        first_seq: int,
+        events: Sequence[tuple[str, dict[str, Any]]],
+        blobs: Mapping[str, bytes] | None = None,
+        update: Mapping[str, Any] | None = None,
+        *,
+        sync: bool = True,
+    ) -> None:
+        at = utc_now()
+        rows = [
+            (run_id, first_seq + i, kind, json.dumps(data, separators=(",", ":")), at)
+            for i, (kind, data) in enumerate(events)
+        ]
+        with self._tx(sync=sync) as cur:
+            self._fence(cur, run_id, owner, update)
+            if blobs:
+                self._store_blobs(cur, blobs)
+            if rows:
+                cur.executemany(
+                    "INSERT INTO stayer_events (run_id, seq, kind, data, at) VALUES (?, ?, ?, ?, ?)", rows
+                )
+
+    def events(self, run_id: str) -> list[Event]:
+        rows = self._read(
+            "SELECT seq, kind, data, at FROM stayer_events WHERE run_id = ? ORDER BY seq", (run_id,)
+        )
+        out = []
+        for seq, kind, data, at in rows:
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                break  # a damaged record ends the usable journal
+            out.append(Event(int(seq), kind, parsed, at))
+        return out
+
+    def truncate(self, run_id: str, owner: str, after_seq: int) -> None:
+        with self._tx() as cur:
+            self._fence(cur, run_id, owner, None)
+            cur.execute("DELETE FROM stayer_events WHERE run_id = ? AND seq > ?", (run_id, after_seq))
+
+    # --- leases ------------------------------------------------------------------------
+
+    def claim(
+        self, run_id: str, owner: str, ttl_s: float, is_dead: Callable[[str], bool]
+    ) -> str | None:
+        with self._tx() as cur:
+            row = cur.execute(
+                f"SELECT lease_owner, CASE WHEN lease_expires > {self.NOW} THEN 1 ELSE 0 END "
+                f"FROM stayer_runs WHERE id = ?{self.LOCK_ROW}",
+                (run_id,),
+            ).fetchone()
+            if row is None:
+                raise JournalError(f"run {run_id}: no such run in {self.location}")
+            holder, live = row
+            if holder is not None and live and holder != owner and not is_dead(holder):
+                return str(holder)
+            cur.execute(
+                f"UPDATE stayer_runs SET lease_owner = ?, lease_expires = {self.NOW} + ?, updated = ? "
+                "WHERE id = ?",
+                (owner, ttl_s, utc_now(), run_id),
+            )
+        return None
+
+    def claim_next(self, owner: str, ttl_s: float) -> str | None:
+        with self._tx() as cur:
+            row = cur.execute(
+                "SELECT id FROM stayer_runs WHERE status = 'running' "
+                f"AND (lease_owner IS NULL OR lease_expires <= {self.NOW}) "
+                f"ORDER BY updated LIMIT 1{self.LOCK_ROW_SKIP}",
+                (),
+            ).fetchone()
+            if row is None:
+                return None
+            cur.execute(
+                f"UPDATE stayer_runs SET lease_owner = ?, lease_expires = {self.NOW} + ?, updated = ? "
+                "WHERE id = ?",
+                (owner, ttl_s, utc_now(), row[0]),
+            )
+        return str(row[0])
+
+    def renew(self, run_id: str, owner: str, ttl_s: float) -> bool:
+        with self._tx() as cur:
+            cur.execute(
+                f"UPDATE stayer_runs SET lease_expires = {self.NOW} + ? WHERE id = ? AND lease_owner = ?",
+                (ttl_s, run_id, owner),
+            )
+            return bool(cur.rowcount == 1)
+
+    def release(self, run_id: str, owner: str) -> None:
+        with self._tx() as cur:
+            cur.execute(
+                "UPDATE stayer_runs SET lease_owner = NULL, lease_expires = NULL "
+                "WHERE id = ? AND lease_owner = ?",
+                (run_id, owner),
+            )
+
+    # --- blobs -------------------------------------------------------------------------
+
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> int:
+        todo = {a: blobs[a] for a in self.missing_blobs(blobs)}
+        if not todo:
+            return 0
+        with self._tx() as cur:
+            return self._store_blobs(cur, todo)
+
+    def get_blob(self, address: str) -> bytes:
+        rows = self._read("SELECT data FROM stayer_blobs WHERE hash = ?", (address,))
+        if not rows:
+            raise BlobError(f"blob {address[:12]}: missing from {self.location}")
+        return decode(bytes(rows[0][0]), address)
+
+    def _blob_sizes(self, addresses: Iterable[str]) -> dict[str, int]:
+        """Stored size of each of ``addresses`` that the table holds."""
+        out: dict[str, int] = {}
+        for part in chunked(sorted(set(addresses))):
+            marks = ", ".join("?" * len(part))
+            rows = self._read(f"SELECT hash, length(data) FROM stayer_blobs WHERE hash IN ({marks})", part)
+            out.update((h, int(n)) for h, n in rows)
+        return out
+
+    def missing_blobs(self, addresses: Iterable[str]) -> set[str]:
+        wanted = set(addresses)
+        return wanted - set(self._blob_sizes(wanted))
+
+    def blob_bytes(self, addresses: Iterable[str]) -> int:
+        return sum(self._blob_sizes(addresses).values())
+
+
+def chunked(items: Sequence[str], n: int = 500) -> Iterator[Sequence[str]]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]

@@ -1,0 +1,158 @@
+"""Where journals live: the Store protocol, its row types, and choosing a backend.
+
+A store holds three things: runs (one row each, with a lease saying which process is
+running it), events (append-only, numbered per run) and content-addressed blobs. Two
+backends share one SQL implementation (``stayer.journal.sql``): SQLite in WAL mode under
+``$STAYER_HOME`` (the default; blobs as files in ``$STAYER_HOME/blobs/``) and PostgreSQL
+(``STAYER_DB=postgresql://…``; blobs in a table), where several processes or machines can
+claim runs with leases.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from stayer.errors import ConfigError
+from stayer.sandbox.snapshot import SnapshotStore
+
+#: Version of the tables and event payloads this code writes. A journal written by a newer
+#: stayer is refused rather than misread.
+SCHEMA_VERSION = 1
+
+
+class JournalError(ConfigError):
+    """A journal that cannot be used as asked: an unknown run, an unopenable database, a
+    newer schema, a run held by another live process. One line, exit 2 in the CLI."""
+
+
+class LeaseLost(JournalError):
+    """Another process took over this run (our lease expired while we were stalled). We
+    must stop writing: its events and ours would interleave."""
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    kind: str
+    data: dict[str, Any]
+    at: str  # ISO 8601 UTC, the writer's clock
+
+
+@dataclass
+class RunRow:
+    id: str
+    task: str
+    model: str
+    status: str  # running (or interrupted, see ``lease_live``), then the final status
+    steps: int
+    cost_usd: str  # decimal string, or "unknown"
+    started: str
+    updated: str
+    header: dict[str, Any] = field(default_factory=dict)
+    lease_owner: str | None = None
+    lease_live: bool = False  # the lease has not expired (on the database's clock)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "task": self.task,
+            "model": self.model,
+            "status": self.status,
+            "steps": self.steps,
+            "cost_usd": self.cost_usd,
+            "started": self.started,
+            "updated": self.updated,
+        }
+
+
+class Store(Protocol):
+    """Runs, their append-only events, and blobs. Every write is durable on return (see
+    ``append`` for the one relaxation)."""
+
+    location: str  # where it is, for messages (never contains a password)
+
+    def create_run(self, row: RunRow, owner: str, ttl_s: float) -> None:
+        """Insert ``row`` leased to ``owner``; JournalError if the id is taken."""
+
+    def run(self, run_id: str) -> RunRow | None: ...
+
+    def runs(self, limit: int | None = None) -> list[RunRow]:
+        """Most recently started first."""
+
+    def append(
+        self,
+        run_id: str,
+        owner: str,
+        first_seq: int,
+        events: Sequence[tuple[str, dict[str, Any]]],
+        blobs: Mapping[str, bytes] = ...,
+        update: Mapping[str, Any] | None = None,
+        *,
+        sync: bool = True,
+    ) -> None:
+        """Atomically store ``blobs`` and ``events`` (numbered from ``first_seq``) and apply
+        ``update`` (status, steps, cost_usd) to the run row. LeaseLost if ``owner`` no
+        longer holds the run. ``sync=False``: durable against the process dying on return,
+        against a power cut only once a later synced append returns."""
+
+    def events(self, run_id: str) -> list[Event]: ...
+
+    def truncate(self, run_id: str, owner: str, after_seq: int) -> None:
+        """Drop events numbered above ``after_seq`` (a torn tail found on resume)."""
+
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> int:
+        """Store blobs durably; returns the bytes newly stored."""
+
+    def get_blob(self, address: str) -> bytes: ...
+
+    def missing_blobs(self, addresses: Iterable[str]) -> set[str]: ...
+
+    def blob_bytes(self, addresses: Iterable[str]) -> int:
+        """Stored (compressed) size of those blobs that exist."""
+
+    def claim(
+        self, run_id: str, owner: str, ttl_s: float, is_dead: Callable[[str], bool]
+    ) -> str | None:
+        """Take the run's lease if it is free, expired, ours, or held by a process
+        ``is_dead`` says has died. None when claimed; else the current holder."""
+
+    def claim_next(self, owner: str, ttl_s: float) -> str | None:
+        """Claim the least recently updated interrupted run (status running, lease expired);
+        its id, or None. Safe with many concurrent claimers."""
+
+    def renew(self, run_id: str, owner: str, ttl_s: float) -> bool: ...
+
+    def release(self, run_id: str, owner: str) -> None: ...
+
+    def snapshots(self) -> SnapshotStore:
+        """Where this store's runs keep workspace snapshots: somewhere every process that
+        can resume them can read."""
+
+    def close(self) -> None: ...
+
+
+def open_store(home: Path, url: str | None = None, *, create: bool = True) -> Store | None:
+    """The store ``STAYER_DB`` (or ``url``) names, else SQLite at ``home/stayer.db``.
+
+    With ``create=False`` a SQLite journal that does not exist yet is not created: the
+    result is None (read-only commands on a fresh home).
+    """
+    url = os.environ.get("STAYER_DB") if url is None else url
+    if url:
+        if url.startswith(("postgresql://", "postgres://")):
+            from stayer.journal.postgres import PostgresStore
+
+            return PostgresStore(url)
+        raise JournalError(
+            "STAYER_DB: expected a postgresql://… URL; unset it to use SQLite in $STAYER_HOME"
+        )
+    from stayer.journal.sqlite import SqliteStore
+
+    db = Path(home) / "stayer.db"
+    if not create and not db.exists():
+        return None
+    return SqliteStore(db, Path(home) / "blobs")
