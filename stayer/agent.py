@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from stayer.context.forensics import CacheForensics
@@ -24,10 +25,19 @@ from stayer.context.policies import (
     policy_cost,
 )
 from stayer.context.summarizer import ModelSummarizer
+from stayer.guard.breakers import (
+    GuardConfig,
+    StepRecord,
+    ToolCallRecord,
+    TreeFingerprint,
+    WorkspaceProbe,
+)
 from stayer.guard.budget import Budget, Reservation
+from stayer.guard.guard import Guard
+from stayer.guard.reserve import MIN_OUTPUT_TOKENS, TOKEN_MARGIN  # noqa: F401  (re-exported)
 from stayer.models.base import Message, Model, ModelError, ToolCall
-from stayer.models.caching import CacheRules, cache_rules
 from stayer.pricing import Cost, PriceBook
+from stayer.routing.router import Route, Router, RouteView, rules_for
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext
 from stayer.usage import Usage
@@ -42,11 +52,6 @@ summary. You cannot ask questions: decide, act, and verify."""
 
 NUDGE = "No tool was called. Continue working with the tools, or call `submit` when the task is done."
 
-# Our token counts come from one tokenizer; providers' differ by a few percent. The budget
-# reserves with this margin so that a count that is slightly low cannot overshoot a cap.
-TOKEN_MARGIN = Decimal("1.2")
-# A call that cannot afford this much output is not worth making: the run winds down instead.
-MIN_OUTPUT_TOKENS = 256
 MTOK = Decimal(1_000_000)
 
 
@@ -57,6 +62,7 @@ class Limits:
     max_output_tokens: int = 8192  # per model call
     service_tier: str | None = None
     max_context: int | None = None  # prompt tokens; never exceeded (context policy)
+    guard: GuardConfig = GuardConfig()  # breakers, soft threshold, wrap-up
 
 
 @dataclass
@@ -70,9 +76,13 @@ class LedgerEntry:
     tool_calls: list[dict[str, Any]]
     cache_break: dict[str, Any] | None = None
     compaction: dict[str, Any] | None = None
+    agent: str = "main"  # the agent's path in the tree: main, main/sub-1, ...
+    breakers: list[dict[str, Any]] = field(default_factory=list)  # trips decided at this step
+    route: dict[str, Any] | None = None  # a model switch, or a switch weighed and declined
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "agent": self.agent,
             "step": self.step,
             "model": self.model,
             "usage": self.usage.to_dict(),
@@ -84,6 +94,8 @@ class LedgerEntry:
             "tool_errors": sum(1 for c in self.tool_calls if c["is_error"]),
             "cache_break": self.cache_break,
             "compaction": self.compaction,
+            "breakers": self.breakers,
+            "route": self.route,
         }
 
 
@@ -98,11 +110,18 @@ class RunResult:
     error: str | None = None
     stop_reason: str = ""
     peak_context_tokens: int = 0
+    breakers: list[dict[str, Any]] = field(default_factory=list)
 
     def add_cost(self, amount: Decimal | None) -> None:
         """Unknown stays unknown: one unpriced call makes the total unknown, never 0."""
         if self.cost_usd is not None:
             self.cost_usd = None if amount is None else self.cost_usd + amount
+
+    def adopt(self, child: RunResult) -> None:
+        """Roll a sub-agent's usage, cost and ledger (entries keep its path) into this run."""
+        self.usage += child.usage
+        self.add_cost(child.cost_usd)
+        self.ledger.extend(child.ledger)
 
 
 class Agent:
@@ -121,6 +140,10 @@ class Agent:
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         policy: ContextPolicy | None = None,
         summarizer: ModelSummarizer | None = None,
+        router: Router | None = None,
+        budget: Budget | None = None,
+        path: str = "main",
+        probe: WorkspaceProbe | None = None,
     ) -> None:
         self.model = model
         self.tools = {t.spec.name: t for t in tools}
@@ -138,33 +161,28 @@ class Agent:
         # Writes summaries for summarising policies with a real model; None keeps the
         # policy's local digest (the simulator, what-if replays).
         self.summarizer = summarizer
-        self.rules = _rules_for(model)
+        self.rules = rules_for(model)
+        self.service_tier = limits.service_tier
+        # Which model makes each call; by default always ``model``.
+        self.router = router or Router(model, prices, service_tier=limits.service_tier)
+        self.budget = budget  # None: a fresh one of ``limits.max_cost``; a carved slice for sub-agents
+        self.path = path
+        workspace = Path(tool_context.workspace) if tool_context.workspace else None
+        self.probe = probe or (TreeFingerprint(workspace) if workspace and workspace.is_dir() else None)
+        self.guard: Guard | None = None  # the running step's guard (sub-agents carve from it)
+        self.run_id = ""
+        self._children: list[RunResult] = []
+
+    def add_tool(self, tool: Tool) -> None:
+        """Before ``run``: the tool schemas are part of the cached prefix from the start."""
+        self.tools[tool.spec.name] = tool
+
+    def adopt(self, child: RunResult) -> None:
+        """A sub-agent's finished run, folded into this run's result after the step."""
+        self._children.append(child)
 
     def rates_at(self, prompt_tokens: int):  # noqa: ANN201 - Rates | None
-        return self.prices.rates(self.model.model_id, self.model.provider, self.limits.service_tier, prompt_tokens)
-
-    def reserve(self, budget: Budget, prompt_tokens: int) -> tuple[Reservation, int] | None:
-        """Reserve the call's worst case: the whole prompt at the dearest input rate plus its
-        ``max_tokens`` of output. When the budget cannot cover the usual ``max_tokens``, the
-        call gets a smaller one (never below MIN_OUTPUT_TOKENS), so the cap still holds."""
-        max_out = self.limits.max_output_tokens
-        rates = self.prices.rates(
-            self.model.model_id, self.model.provider, self.limits.service_tier, prompt_tokens
-        )
-        if rates is None:  # only without a cap: a cap on unknown prices is refused up front
-            r = budget.reserve(Decimal(0))
-            return None if r is None else (r, max_out)
-        # The context layer writes with the default 5-minute TTL.
-        dearest_input = max(rates.input, rates.cache_write_5m)
-        input_cost = Decimal(prompt_tokens) * TOKEN_MARGIN * dearest_input / MTOK
-        available = budget.available
-        if available is not None and rates.output > 0:
-            affordable = int((available - input_cost) * MTOK / rates.output)
-            max_out = min(max_out, affordable)
-        if max_out < MIN_OUTPUT_TOKENS:
-            return None
-        r = budget.reserve(input_cost + max_out * rates.output / MTOK)
-        return None if r is None else (r, max_out)
+        return self.prices.rates(self.model.model_id, self.model.provider, self.service_tier, prompt_tokens)
 
     async def run(self, instruction: str, run_id: str, history: Sequence[Message] = ()) -> RunResult:
         """Run until submit or a limit. ``history`` continues an earlier context."""
@@ -173,13 +191,26 @@ class Agent:
             ctx.append(m)
         for m in ctx.messages:
             self.on_message(m)
-        budget = Budget(self.limits.max_cost)
+        self.run_id = run_id
+        guard = self.guard = Guard(
+            self.budget or Budget(self.limits.max_cost),
+            self.limits.guard,
+            max_steps=self.limits.max_steps,
+            max_output_tokens=self.limits.max_output_tokens,
+            probe=self.probe,
+            escalate=self.router.on_trip,
+        )
         forensics = CacheForensics(self.counter)
-        result = RunResult(status="budget_exhausted", stop_reason="max_steps")
-        last_output = 0
-        for step in range(1, self.limits.max_steps + 1):
+        result = RunResult(status="budget_exhausted")
+        last_output, compactions, step = 0, 0, 0
+        while (gate := guard.begin_step(step + 1)).go:
+            if gate.instruction is not None:  # the wrap-up has begun
+                ctx.append(gate.instruction)
+                self.on_message(gate.instruction)
+            now = time.time()
+            route = self._route(ctx, step + 1, compactions, now)
             view = StepView(
-                step=step,
+                step=step + 1,
                 max_steps=self.limits.max_steps,
                 max_context=self.limits.max_context,
                 rates_at=self.rates_at,
@@ -193,36 +224,37 @@ class Agent:
                 break
             compaction_record, compaction_cost = None, Decimal(0)
             if compaction is not None:
-                held_summary = self._fund_compaction(budget, compaction)
+                held_summary = self._fund_compaction(guard.budget, compaction)
                 if held_summary is None:
-                    result.stop_reason = "max_cost"
-                    break
-                compaction_record = await self._compact(ctx, compaction, step)
+                    guard.unaffordable("max_cost", "the compaction's summary call does not fit the budget")
+                    continue
+                compaction_record = await self._compact(ctx, compaction, step + 1)
                 compaction_cost = Decimal(compaction_record["cost_usd"])
-                budget.settle(held_summary, compaction_cost)
+                guard.budget.settle(held_summary, compaction_cost)
+                compactions += 1
             context_tokens = ctx.tokens
-            held = self.reserve(budget, context_tokens)
+            held = guard.reserve(self.rates_at, context_tokens)
             if held is None:
-                result.stop_reason = "max_cost"
-                break
-            reservation, max_tokens = held
-            now = time.time()
+                continue  # not affordable: the wrap-up begins (or the run stops) at the top
             request = ctx.request(
-                max_tokens=max_tokens,
+                max_tokens=held.max_tokens,
                 cache_key=run_id,
-                service_tier=self.limits.service_tier,
+                service_tier=self.service_tier,
                 now=now,
             )
             try:
                 response = await self.model.complete(request)
             except ModelError as e:
-                budget.release(reservation)
+                guard.release(held)
+                if self._fail_over(e):
+                    continue
                 result.status, result.error, result.stop_reason = "error", str(e), "model_error"
                 break
+            step += 1
             cost = self.prices.cost(
                 response.usage, self.model.model_id, self.model.provider, response.service_tier
             )
-            budget.settle(reservation, cost.total if cost.total is not None else reservation.amount)
+            guard.settle(held, cost.total)
             cache_break = forensics.observe(
                 request,
                 response.usage,
@@ -235,7 +267,18 @@ class Agent:
             ctx.append(response.message)
             self.on_message(response.message)
 
-            calls, submitted = await self._act(ctx, response.message.tool_calls, result)
+            calls, observed, submitted = await self._act(ctx, response.message.tool_calls, result)
+            record = StepRecord(
+                step,
+                cost.total,
+                observed,
+                response.message.content,
+                response.usage.output_tokens,
+                planned_miss=compaction is not None or route.switched,
+            )
+            wrapping_up = not guard.working
+            guard.after_step(record, response.usage.input_tokens + response.usage.output_tokens)
+            self.router.observe(record)
             entry = LedgerEntry(
                 step=step,
                 model=self.model.spec,
@@ -246,6 +289,9 @@ class Agent:
                 tool_calls=calls,
                 cache_break=cache_break,
                 compaction=compaction_record,
+                agent=self.path,
+                breakers=self._trips(guard),
+                route=route.to_dict() if route.switched or route.quote else None,
             )
             result.steps = step
             result.usage += response.usage
@@ -254,10 +300,51 @@ class Agent:
             result.peak_context_tokens = max(result.peak_context_tokens, context_tokens)
             result.ledger.append(entry)
             self.on_step(entry)
-            if submitted:
-                result.status, result.stop_reason = "submitted", "submit"
+            for child in self._children:
+                result.adopt(child)
+            self._children.clear()
+            if wrapping_up and not calls and response.message.content.strip():
+                result.summary = response.message.content.strip()  # a summary given as text
+            if submitted or (wrapping_up and result.summary):
+                if not wrapping_up:
+                    result.status, result.stop_reason = "submitted", "submit"
                 break
+        self._finish(guard, ctx, result)
         return result
+
+    def _route(self, ctx: Context, step: int, compactions: int, now: float) -> Route:
+        """Ask the router which model and tier make this step's call, and use them."""
+        prefix = ctx.tokens_before(ctx.prefix_messages)
+        view = RouteView(step, self.limits.max_steps, ctx.tokens, prefix, compactions, now, len(ctx.messages))
+        route = self.router.choose(view)
+        if route.model is not self.model:
+            self.model, self.rules = route.model, rules_for(route.model)
+        self.service_tier = route.tier
+        return route
+
+    def _fail_over(self, error: ModelError) -> bool:
+        """After the adapter's retries failed: another provider's model, if configured."""
+        replacement = self.router.failover(self.model)
+        if replacement is not None:
+            self.on_event("failover", {"agent": self.path, "from": self.model.spec, "to": replacement.spec, "error": str(error)})
+        return replacement is not None
+
+    def _trips(self, guard: Guard) -> list[dict[str, Any]]:
+        """Breaker trips since the last step, journaled as events and kept on the ledger."""
+        trips = [{"agent": self.path, **t.to_dict()} for t in guard.take_trips()]
+        for t in trips:
+            self.on_event("breaker", t)
+        return trips
+
+    def _finish(self, guard: Guard, ctx: Context, result: RunResult) -> None:
+        guard.finish()
+        result.stop_reason = result.stop_reason or guard.stop_reason
+        left = self._trips(guard)
+        if left and result.ledger:
+            result.ledger[-1].breakers.extend(left)
+        result.breakers = [{"agent": self.path, **t.to_dict()} for t in guard.trips]
+        if result.status == "budget_exhausted":
+            result.summary = guard.final_summary(result.summary, ctx.messages, result.steps, result.cost_usd)
 
     def _fund_compaction(self, budget: Budget, c: Compaction) -> Reservation | None:
         """A summarising compaction is a model call: hold its worst case from the budget."""
@@ -315,13 +402,14 @@ class Agent:
 
     async def _act(
         self, ctx: Context, calls: tuple[ToolCall, ...], result: RunResult
-    ) -> tuple[list[dict[str, Any]], bool]:
+    ) -> tuple[list[dict[str, Any]], tuple[ToolCallRecord, ...], bool]:
         if not calls:
             nudge = Message(role="user", content=NUDGE, kind="nudge")
             ctx.append(nudge)
             self.on_message(nudge)
-            return [], False
+            return [], (), False
         records: list[dict[str, Any]] = []
+        observed: list[ToolCallRecord] = []
         submitted = False
         for call in calls:
             out = await run_tool(self.tools, call, self.tool_context)
@@ -334,15 +422,11 @@ class Agent:
             )
             ctx.append(message)
             self.on_message(message)
-            records.append({"id": call.id, "name": call.name, "is_error": out.is_error})
+            seen = ToolCallRecord.of(call.name, call.arguments, out.is_error, out.output)
+            observed.append(seen)
+            records.append({"id": call.id, "name": call.name, "is_error": out.is_error, "exit_code": seen.exit_code})
             if out.submitted:
                 submitted = True
                 result.summary = out.output
-        return records, submitted
+        return records, tuple(observed), submitted
 
-
-def _rules_for(model: Model) -> CacheRules:
-    try:
-        return cache_rules(model.provider, model.model_id)
-    except ValueError:  # a provider without documented caching rules: assume automatic
-        return CacheRules("automatic", 1024)

@@ -83,7 +83,8 @@ def test_history_is_append_only_and_prefix_stable(tmp_path):
 
 
 def test_cost_cap_never_overshot_and_shrinks_max_tokens(tmp_path):
-    model = Scripted([call("bash", '{"command": "true"}', i) for i in range(50)])
+    # Distinct commands: the same one repeated would (rightly) trip the loop breaker first.
+    model = Scripted([call("bash", f'{{"command": "echo {i}"}}', i) for i in range(50)])
     result, _ = run(model, tmp_path, max_cost=Decimal("0.05"), max_steps=50)
     assert result.status == "budget_exhausted" and result.stop_reason == "max_cost"
     assert result.cost_usd <= Decimal("0.05")

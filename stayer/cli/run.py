@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -38,6 +39,7 @@ def run(
     service_tier: Annotated[str | None, typer.Option("--service-tier", help="Provider service tier (flex, priority, fast…).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="Context policy: auto | none | mask[:W] | summarize[:TOKENS].")] = "auto",
     max_context: Annotated[int | None, typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded.")] = None,
+    config_file: Annotated[str | None, typer.Option("--config", help="stayer.toml: models by role, cascade, tiers, failover, sub-agents, breakers.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Run an agent on one task, verify the result, and report cost per step."""
@@ -56,6 +58,7 @@ def run(
         service_tier=service_tier,
         policy=policy,
         max_context=max_context,
+        config_file=config_file,
     )
     try:
         prepared = prepare(config)
@@ -65,6 +68,34 @@ def run(
     err.print(
         f"[bold]stayer run[/] {prepared.task.name} · {model} · run {prepared.run_id}", highlight=False
     )
+
+    finish(lambda: execute(prepared, on_step=step_printer(err)), json_out)
+
+
+def finish(run: Callable[[], Any], json_out: bool) -> NoReturn:
+    """Run the coroutine ``run()`` makes; print its result document; exit by its status."""
+    try:
+        doc = asyncio.run(run())
+    except ConfigError as e:
+        bad_input(str(e))
+    if json_out:
+        emit_json(doc)
+    summary_table(doc, Console(stderr=json_out))
+    raise typer.Exit(exit_code(doc["status"]))
+
+
+def exit_code(status: str) -> int:
+    return {"succeeded": EXIT_OK, "budget_exhausted": EXIT_BUDGET}.get(status, EXIT_FAILED)
+
+
+def step_printer(err: Console) -> Callable[[Any], None]:
+    """One progress line per step on ``err``, with the running total."""
+    totals: list[Decimal | None] = [Decimal(0)]
+
+    def _running_total(entry: Any) -> str:
+        t = totals[0]
+        totals[0] = None if t is None or entry.cost.total is None else t + entry.cost.total
+        return "unknown" if totals[0] is None else f"{totals[0]:.6f}"
 
     def progress(entry: Any) -> None:
         d = entry.to_dict()
@@ -77,25 +108,10 @@ def run(
             soft_wrap=True,
         )
 
-    totals: list[Decimal | None] = [Decimal(0)]
-
-    def _running_total(entry: Any) -> str:
-        t = totals[0]
-        totals[0] = None if t is None or entry.cost.total is None else t + entry.cost.total
-        return "unknown" if totals[0] is None else f"{totals[0]:.6f}"
-
-    try:
-        doc = asyncio.run(execute(prepared, on_step=progress))
-    except ConfigError as e:
-        bad_input(str(e))
-    if json_out:
-        emit_json(doc)
-    _summary_table(doc, Console(stderr=json_out))
-    code = {"succeeded": EXIT_OK, "budget_exhausted": EXIT_BUDGET}.get(doc["status"], EXIT_FAILED)
-    raise typer.Exit(code)
+    return progress
 
 
-def _summary_table(doc: dict[str, Any], console: Console) -> None:
+def summary_table(doc: dict[str, Any], console: Console) -> None:
     t = Table(title=f"run {doc['run_id']} · {doc['task']} · {doc['model']}", show_header=False)
     u = doc["usage"]
     rows = [

@@ -171,6 +171,7 @@ async def replay(
 ) -> dict[str, Any]:
     """Replay ``trace`` through ``policy`` on ``sim:model_id``; the ``whatif --json`` document."""
     from stayer.agent import Agent, Limits
+    from stayer.guard.breakers import GuardConfig
     from stayer.models.sim import SimModel
 
     names = sorted({c.name for t in trace.turns for c in t.tool_calls} | {t.name for t in trace.tools})
@@ -184,7 +185,7 @@ async def replay(
         prices,
         ToolContext(sandbox=None, workspace=""),  # type: ignore[arg-type]
         counter,
-        Limits(max_steps=len(trace.turns), max_context=max_context),
+        Limits(max_steps=len(trace.turns), max_context=max_context, guard=GuardConfig.off()),
         system_prompt=trace.system,
         policy=policy,
     )

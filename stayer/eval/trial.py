@@ -3,7 +3,8 @@
 Everything the run needs is validated before the first byte is written, so bad input
 leaves nothing behind. The run's files live in ``$STAYER_HOME/runs/<run_id>/``:
 ``workspace/`` (mounted at /app), ``trajectory.jsonl`` (every message, replayable with
-``--sim-policy replay:PATH``) and ``result.json`` (the ``--json`` document).
+``--sim-policy replay:PATH``) and ``result.json`` (the ``--json`` document). Every step is
+journaled (``stayer.journal``), so ``execute`` can also continue a run that was killed.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -21,20 +22,28 @@ from typing import Any
 from stayer.agent import SYSTEM_PROMPT, Agent, LedgerEntry, Limits, RunResult
 from stayer.context.layout import Context, MessageCounter
 from stayer.context.policies import ContextPolicy, make_policy
+from stayer.context.summarizer import ModelSummarizer
 from stayer.context.tokens import TiktokenCounter
+from stayer.delegation import ChildAgents, ChildSettings
 from stayer.errors import ConfigError
 from stayer.eval.task import Task, load_task
 from stayer.eval.verify import verify
+from stayer.guard.attribution import per_agent
+from stayer.guard.breakers import GuardConfig, TreeFingerprint
+from stayer.journal import RunJournal, Store, lost_ledger_entries, open_store
+from stayer.journal.codec import message_record
 from stayer.models.base import Message, Model
 from stayer.models.registry import make_real_model, split_spec
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
 from stayer.pricing import PriceBook
+from stayer.routing.setup import RoutingSetup, prepare_routing
 from stayer.sandbox import KINDS as SANDBOX_KINDS
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.bwrap import check_bwrap
 from stayer.tools import default_tools
 from stayer.tools.base import ToolContext
+from stayer.usage import Usage
 
 
 def stayer_home() -> Path:
@@ -57,6 +66,21 @@ class RunConfig:
     service_tier: str | None = None
     policy: str = "auto"
     max_context: int | None = None
+    config_file: str | None = None  # stayer.toml: routing, sub-agents, breakers
+
+    def to_record(self) -> dict[str, Any]:
+        """JSON-ready, for the journal (a resume rebuilds the run from it)."""
+        d = asdict(self)
+        d["max_cost"] = None if self.max_cost is None else str(self.max_cost)
+        return d
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        if kw.get("max_cost") is not None:
+            kw["max_cost"] = Decimal(kw["max_cost"])
+        return cls(**kw)
 
 
 @dataclass
@@ -69,10 +93,23 @@ class PreparedRun:
     run_id: str
     run_dir: Path
     policy: ContextPolicy
+    store: Store | None = None  # where the run is journaled
+    close_store: bool = False  # opened by prepare(), so execute() closes it
+    routing: RoutingSetup | None = None  # from --config
 
 
-def prepare(config: RunConfig, prices: PriceBook | None = None) -> PreparedRun:
-    """Validate the whole run; raises ConfigError and writes nothing on bad input."""
+def prepare(
+    config: RunConfig,
+    prices: PriceBook | None = None,
+    *,
+    store: Store | None = None,
+    resume: bool = False,
+) -> PreparedRun:
+    """Validate the whole run; raises ConfigError and writes nothing on bad input.
+
+    ``store`` is the journal to use (default: ``open_store``, opened last, once everything
+    else is valid); callers running many runs at once should share one. ``resume`` prepares
+    an existing run, for ``execute(..., journal=RunJournal.reopen(…))``."""
     if config.max_steps < 1:
         raise ConfigError(f"--max-steps {config.max_steps}: must be at least 1")
     if config.max_cost is not None and config.max_cost <= 0:
@@ -89,22 +126,15 @@ def prepare(config: RunConfig, prices: PriceBook | None = None) -> PreparedRun:
     task = load_task(config.task_dir)
     prices = prices or PriceBook.load()
     counter = MessageCounter(TiktokenCounter())
-    kind, model_id = split_spec(config.model)
-    model: Model
-    if kind == "sim":
-        if config.base_url:
-            raise ConfigError("--base-url: only meaningful for openai-chat: models")
-        behaviour = parse_policy(config.sim_policy, solution=task.solution, counter=counter.counter)
-        model = SimModel(model_id, behaviour, counter, latency_s=config.sim_latency)
-    else:
-        if config.sim_policy:
-            raise ConfigError(f"--sim-policy: only meaningful for sim: models, not {config.model}")
-        model = make_real_model(config.model, base_url=config.base_url)
+    model = build_model(config.model, config, task, counter)
     if config.max_cost is not None and not prices.knows(model.model_id, model.provider):
         raise ConfigError(
             f"--max-cost: no price data for {config.model}, so a cost cap cannot be enforced; "
             "add its prices to stayer-prices.toml or drop --max-cost"
         )
+    routing = prepare_routing(
+        config.config_file, config.model, lambda spec: build_model(spec, config, task, counter), prices, config.max_cost
+    )
     run_id = config.run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
@@ -116,9 +146,40 @@ def prepare(config: RunConfig, prices: PriceBook | None = None) -> PreparedRun:
                 f"task) of {pinned:,} tokens"
             )
     run_dir = stayer_home() / "runs" / run_id
-    if run_dir.exists():
+    if run_dir.exists() and not resume:
         raise ConfigError(f"--run-id {run_id}: a run with this id already exists in {run_dir}")
-    return PreparedRun(config, task, model, counter, prices, run_id, run_dir, policy)
+    opened = store is None
+    store = store or open_store(stayer_home())
+    assert store is not None
+    if not resume and store.run(run_id) is not None:
+        raise ConfigError(f"--run-id {run_id}: a run with this id already exists in {store.location}")
+    return PreparedRun(config, task, model, counter, prices, run_id, run_dir, policy, store, opened, routing)
+
+
+def build_model(spec: str, config: RunConfig, task: Task, counter: MessageCounter) -> Model:
+    """The model ``spec`` names: a simulator playing ``--sim-policy``, or a real adapter."""
+    kind, model_id = split_spec(spec)
+    if kind == "sim":
+        if config.base_url:
+            raise ConfigError("--base-url: only meaningful for openai-chat: models")
+        behaviour = parse_policy(config.sim_policy, solution=task.solution, counter=counter.counter)
+        return SimModel(model_id, behaviour, counter, latency_s=config.sim_latency)
+    if config.sim_policy:
+        raise ConfigError(f"--sim-policy: only meaningful for sim: models, not {spec}")
+    return make_real_model(spec, base_url=config.base_url)
+
+
+def run_header(p: PreparedRun) -> dict[str, Any]:
+    """What the journal records about a run up front: enough to prepare it again."""
+    config = p.config.to_record()
+    # Paths made absolute, so that a resume from another directory finds the same files.
+    config["task_dir"] = str(Path(p.config.task_dir).resolve())
+    if p.config.config_file:
+        config["config_file"] = str(Path(p.config.config_file).resolve())
+    if p.config.sim_policy and p.config.sim_policy.startswith("replay:"):
+        config["sim_policy"] = "replay:" + str(Path(p.config.sim_policy.removeprefix("replay:")).resolve())
+    config["run_id"] = p.run_id
+    return {"task": p.task.name, "task_path": str(p.task.path), "model": p.config.model, "config": config}
 
 
 def pinned_tokens(instruction: str, counter: MessageCounter) -> int:
@@ -130,16 +191,43 @@ def pinned_tokens(instruction: str, counter: MessageCounter) -> int:
 async def execute(
     prepared: PreparedRun,
     on_step: Callable[[LedgerEntry], None] | None = None,
+    *,
+    journal: RunJournal | None = None,
 ) -> dict[str, Any]:
-    """Run the agent on the task, verify, and return the ``--json`` result document."""
-    p, cfg, task = prepared, prepared.config, prepared.task
+    """Run the agent on the task, verify, and return the ``--json`` result document.
+
+    With ``journal`` (``RunJournal.reopen``), continue that run instead: the workspace comes
+    back from its latest snapshot and the loop replays the journal up to where it stopped."""
+    try:
+        return await _execute(prepared, on_step, journal)
+    finally:
+        if prepared.close_store and prepared.store is not None:
+            prepared.store.close()
+
+
+async def _execute(
+    p: PreparedRun, on_step: Callable[[LedgerEntry], None] | None, journal: RunJournal | None
+) -> dict[str, Any]:
+    cfg, task = p.config, p.task
     workspace = p.run_dir / "workspace"
-    p.run_dir.mkdir(parents=True)
-    started = datetime.now(UTC)
-    # An interrupted run keeps its workspace and trajectory for inspection.
-    task.materialise(workspace)
-    agent_sandbox = make_sandbox(
-        cfg.sandbox, workspace, allow_net=task.allow_internet, memory_mb=task.memory_mb
+    if journal is None:
+        assert p.store is not None
+        journal = RunJournal.create(p.store, p.run_id, run_header(p), workspace, p.prices)
+        p.run_dir.mkdir(parents=True)
+        task.materialise(workspace)
+        journal.take_snapshot(0)
+    else:
+        p.run_dir.mkdir(parents=True, exist_ok=True)
+        journal.restore_workspace(task.materialise)
+    started = datetime.fromisoformat(journal.started)
+    agent_sandbox = journal.sandbox(
+        make_sandbox(
+            cfg.sandbox,
+            workspace,
+            allow_net=task.allow_internet,
+            memory_mb=task.memory_mb,
+            storage_mb=task.storage_mb,
+        )
     )
     tool_ctx = ToolContext(
         sandbox=agent_sandbox,
@@ -147,46 +235,70 @@ async def execute(
         output_token_budget=cfg.output_token_budget,
         command_timeout=cfg.command_timeout,
     )
-    with (p.run_dir / "trajectory.jsonl").open("w") as trajectory:
+    # Rewritten from the start on resume: the replay emits every message again.
+    async with journal.leased():
+        with (p.run_dir / "trajectory.jsonl").open("w") as trajectory:
 
-        def record(m: Message) -> None:
-            trajectory.write(json.dumps(_message_record(m)) + "\n")
-            trajectory.flush()
+            def record(m: Message) -> None:
+                trajectory.write(json.dumps(message_record(m)) + "\n")
+                trajectory.flush()
 
-        agent = Agent(
-            p.model,
-            default_tools(p.counter.counter),
-            p.prices,
-            tool_ctx,
-            p.counter,
-            Limits(cfg.max_steps, cfg.max_cost, service_tier=cfg.service_tier, max_context=cfg.max_context),
-            on_step=on_step,
-            on_message=record,
-            policy=p.policy,
-        )
-        result = await agent.run(task.instruction, p.run_id)
+            def step_done(entry: LedgerEntry) -> None:
+                journal.on_step(entry)  # journaled first, then shown
+                if on_step is not None:
+                    on_step(entry)
+
+            model = journal.model(p.model)  # every call journaled, the summariser's included
+            routing = p.routing
+            router = routing.router(model, journal.model, p.prices, cfg.service_tier) if routing else None
+            agent = Agent(
+                model,
+                journal.tools(default_tools(p.counter.counter)),
+                p.prices,
+                tool_ctx,
+                p.counter,
+                Limits(
+                    cfg.max_steps,
+                    cfg.max_cost,
+                    service_tier=cfg.service_tier,
+                    max_context=cfg.max_context,
+                    guard=routing.guard if routing else GuardConfig(),
+                ),
+                on_step=step_done,
+                on_message=record,
+                on_event=journal.on_event,
+                policy=p.policy,
+                # A summarising policy with a real provider has the model write its summaries.
+                summarizer=None
+                if isinstance(p.model, SimModel)
+                else ModelSummarizer(router.role("summariser") if router else model, p.prices),
+                probe=journal.probe(TreeFingerprint(workspace)),
+                router=router,
+            )
+            if routing and router and routing.subagents:
+                children = ChildAgents(
+                    agent,
+                    router.role("subagent"),
+                    lambda: journal.tools(default_tools(p.counter.counter)),
+                    ChildSettings(**routing.subagents.model_dump()),
+                )
+                agent.add_tool(journal.tools([children.tool()])[0])
+            result = await agent.run(task.instruction, p.run_id)
+            journal.flush()
     verdict = None
     if result.status != "error":
         verifier_sandbox = make_sandbox(cfg.sandbox, workspace, allow_net=task.allow_internet)
         verdict = await verify(task, verifier_sandbox)
-    doc = result_document(p, result, verdict, started)
-    tmp = p.run_dir / "result.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=2))
-    tmp.replace(p.run_dir / "result.json")
+    doc = result_document(p, result, verdict, started, lost_ledger_entries(journal.lost))
+    journal.finish(doc)
+    write_result(p.run_dir, doc)
     return doc
 
 
-def _message_record(m: Message) -> dict[str, Any]:
-    rec: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        rec["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.tool_calls]
-    if m.tool_call_id:
-        rec["tool_call_id"] = m.tool_call_id
-    if m.is_error:
-        rec["is_error"] = True
-    if m.kind:
-        rec["kind"] = m.kind
-    return rec
+def write_result(run_dir: Path, doc: dict[str, Any]) -> None:
+    tmp = run_dir / "result.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.replace(run_dir / "result.json")
 
 
 def status_of(result: RunResult, reward: float | None) -> str:
@@ -195,8 +307,24 @@ def status_of(result: RunResult, reward: float | None) -> str:
     return "succeeded" if reward is not None and reward >= 1 else "failed"
 
 
-def result_document(p: PreparedRun, result: RunResult, verdict: Any, started: datetime) -> dict[str, Any]:
+def result_document(
+    p: PreparedRun,
+    result: RunResult,
+    verdict: Any,
+    started: datetime,
+    lost: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """The ``--json`` document. ``lost`` are ``lost_in_flight`` ledger entries (model calls
+    in flight at a crash): billed, so they count in the ledger, the usage and the cost."""
     u = result.usage
+    cost = result.cost_usd
+    for entry in lost:
+        u += Usage.from_dict(entry["usage"])
+        cost = None if cost is None or entry["cost_usd"] == "unknown" else cost + Decimal(entry["cost_usd"])
+    ledger = sorted(
+        [e.to_dict() for e in result.ledger] + list(lost),
+        key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
+    )
     reward = verdict.reward if verdict else None
     doc: dict[str, Any] = {
         "run_id": p.run_id,
@@ -215,14 +343,16 @@ def result_document(p: PreparedRun, result: RunResult, verdict: Any, started: da
             "output_tokens": u.output_tokens,
             "reasoning_tokens": u.reasoning_tokens,
         },
-        "cost_usd": "unknown" if result.cost_usd is None else str(result.cost_usd),
+        "cost_usd": "unknown" if cost is None else str(cost),
         "stop_reason": result.stop_reason,
         "policy": p.config.policy,
         "peak_context_tokens": result.peak_context_tokens,
         "compactions": sum(1 for e in result.ledger if e.compaction),
         "summary": result.summary,
+        "breakers": result.breakers,
+        "agents": per_agent(ledger),
         "error": result.error,
-        "ledger": [e.to_dict() for e in result.ledger],
+        "ledger": ledger,
         "started": started.isoformat(),
         "finished": datetime.now(UTC).isoformat(),
         "run_dir": str(p.run_dir),

@@ -4,6 +4,7 @@
 * ``synthetic:steps=N,obs_tokens=T,out_tokens=U`` — N steps of real bash commands that
   print about T tokens each and append them to a file in the workspace, each reply about U
   output tokens long; then submits. A workload with a known shape, for cost experiments.
+  Asked to wrap up (a budget's soft threshold), it submits a DONE / REMAINING / STATE summary.
 * ``replay:PATH`` — the assistant turns of a recorded stayer run, in order.
 """
 
@@ -39,6 +40,11 @@ def _call(step: int, name: str, **args: object) -> ToolCall:
 
 def _submit(step: int, text: str) -> Message:
     return Message(role="assistant", content=text, tool_calls=(_call(step, "submit", summary=text),))
+
+
+def _wrap_up_requested(request: ModelRequest) -> bool:
+    """The harness asked for a final summary (``stayer.guard.wrapup``; kind ``wrap_up``)."""
+    return any(m.kind == "wrap_up" for m in request.messages)
 
 
 @dataclass
@@ -85,6 +91,14 @@ class SyntheticPolicy:
         step = _step(request)
         if step > self.steps:
             return _submit(step, "Synthetic workload finished.")
+        if _wrap_up_requested(request):
+            done = sum(1 for m in request.messages for c in m.tool_calls if c.name == "bash")
+            return _submit(
+                step,
+                f"DONE: {done} of {self.steps} synthetic steps; each appended its records to "
+                f"/app/synthetic.log. REMAINING: steps {done + 1} to {self.steps}. STATE: "
+                f"/app/synthetic.log holds the records of steps 1 to {done}; nothing else changed.",
+            )
         call = _call(step, "bash", command=self._command(step))
         overhead = self.counter.count(f"assistant\n\nbash {call.arguments}") + 4
         return Message(

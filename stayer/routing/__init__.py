@@ -1,0 +1,8 @@
+"""Which model and service tier make each call: roles and phases, a cascade that escalates
+on failure signals, latency-targeted tiers, failover — and switches priced against the
+prompt cache (``switch``). Configured in ``stayer.toml`` (``config``)."""
+
+from stayer.routing.config import StayerConfig, load_config
+from stayer.routing.router import Route, Router, RouteView
+
+__all__ = ["Route", "RouteView", "Router", "StayerConfig", "load_config"]

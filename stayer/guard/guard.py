@@ -1,0 +1,249 @@
+"""The guard: one object the loop asks before and after every step.
+
+* ``begin_step`` — may this step run? It checks the limits (steps, tokens, wall time) and
+  their soft thresholds, and on the first trip switches the run to wrap-up: the loop then
+  appends the instruction it returns.
+* ``reserve`` / ``settle`` / ``release`` — the step's worst case is held in the budget
+  before the call (``stayer.guard.reserve``) and replaced by its real cost after. A call
+  the working budget cannot afford starts the wrap-up; one the wrap-up cannot afford ends
+  the run.
+* ``after_step`` — feeds the behaviour breakers; a trip is offered to ``escalate`` (the
+  router's cascade) and otherwise starts the wrap-up.
+* ``final_summary`` — the model's wrap-up summary if it wrote a usable one, else one
+  built from the trajectory.
+
+The wrap-up is paid for by a slice carved from the budget at the start (the part above the
+soft threshold), so the work can never eat it. Phases: ``work`` → ``wrap_up`` → stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from stayer.guard.breakers import (
+    BehaviourBreakers,
+    GuardConfig,
+    StepRecord,
+    Trip,
+    WorkspaceProbe,
+)
+from stayer.guard.budget import Budget, Reservation
+from stayer.guard.reserve import MIN_OUTPUT_TOKENS, RatesAt, margin_tokens, quote
+from stayer.guard.wrapup import instruction, summary_from_trajectory, usable
+from stayer.models.base import Message
+
+# Behaviour trips a stronger model may fix; the others (cost anomaly) are not its doing.
+ESCALATABLE = frozenset({"tool_errors", "loop", "no_progress"})
+
+
+@dataclass(frozen=True)
+class Held:
+    reservation: Reservation
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Gate:
+    go: bool
+    instruction: Message | None = None  # append before the call: the wrap-up has begun
+
+
+@dataclass
+class Guard:
+    budget: Budget
+    config: GuardConfig = field(default_factory=GuardConfig)
+    max_steps: int = 50
+    max_output_tokens: int = 8192
+    probe: WorkspaceProbe | None = None
+    escalate: Callable[[Trip], bool] = lambda trip: False
+    clock: Callable[[], float] = time.monotonic
+
+    phase: str = field(default="work", init=False)  # work, wrap_up, stopped
+    trips: list[Trip] = field(default_factory=list, init=False)
+    stop_reason: str = field(default="", init=False)
+    tokens_used: int = field(default=0, init=False)
+    _steps_done: int = field(default=0, init=False)
+    _wrapup_steps: int = field(default=0, init=False)
+    _pending: Message | None = field(default=None, init=False)
+    _new_trips: list[Trip] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+        self.breakers = BehaviourBreakers(self.config, self.probe)
+        self.slice: Budget | None = None
+        available = self.budget.available
+        if available is not None and self.config.wrapup_steps:
+            share = (available * Decimal(str(1 - self.config.soft_fraction))).quantize(Decimal("1e-12"))
+            self.slice = self.budget.carve(max(share, Decimal(0)), "wrap-up")
+
+    # --- state ---------------------------------------------------------------------
+
+    @property
+    def working(self) -> bool:
+        return self.phase == "work"
+
+    @property
+    def stopped(self) -> bool:
+        return self.phase == "stopped"
+
+    @property
+    def delegable(self) -> Decimal | None:
+        """What a sub-agent may be given: the working budget left (the wrap-up slice is not
+        the work's to give away)."""
+        return self.budget.available
+
+    def take_trips(self) -> list[Trip]:
+        """Trips since the last call, for the step's ledger entry."""
+        out, self._new_trips = self._new_trips, []
+        return out
+
+    # --- before a step ----------------------------------------------------------------
+
+    def begin_step(self, step: int) -> Gate:
+        done = self._steps_done = step - 1
+        if not self.stopped:
+            hard = self._hard_limit(done)
+            if hard is not None:
+                self._stop(hard)
+            elif self.working and (soft := self._soft_limit(done)) is not None:
+                self.wrap_up(soft)
+        if self.phase == "wrap_up" and self._wrapup_steps >= self.config.wrapup_steps:
+            self._stop(None)  # the wrap-up had its steps
+        if self.stopped:
+            return Gate(False)
+        pending, self._pending = self._pending, None
+        return Gate(True, pending)
+
+    def _hard_limit(self, done: int) -> Trip | None:
+        if done >= self.max_steps:
+            return Trip("max_steps", f"{done} of {self.max_steps} steps", done, "stop")
+        c = self.config
+        if c.max_tokens and self.tokens_used >= c.max_tokens:
+            return Trip("max_tokens", f"{self.tokens_used:,} of {c.max_tokens:,} tokens", done, "stop")
+        elapsed = self.clock() - self.started
+        if c.max_wall_s and elapsed >= c.max_wall_s:
+            return Trip("max_wall_time", f"{elapsed:.0f} s of {c.max_wall_s:.0f} s", done, "stop")
+        return None
+
+    def _soft_limit(self, done: int) -> Trip | None:
+        c, soft = self.config, self.config.soft_fraction
+        if not c.wrapup_steps:
+            return None
+        if done >= 1 and (done >= soft * self.max_steps or self.max_steps - done <= c.wrapup_steps):
+            return Trip("max_steps", f"{done} of {self.max_steps} steps", done, soft=True)
+        if c.max_tokens and self.tokens_used >= soft * c.max_tokens:
+            return Trip("max_tokens", f"{self.tokens_used:,} of {c.max_tokens:,} tokens", done, soft=True)
+        elapsed = self.clock() - self.started
+        if c.max_wall_s and elapsed >= soft * c.max_wall_s:
+            return Trip("max_wall_time", f"{elapsed:.0f} s of {c.max_wall_s:.0f} s", done, soft=True)
+        return None
+
+    def wrap_up(self, trip: Trip) -> None:
+        """Switch to wrap-up: record why, free the reserved slice for it, and queue the
+        instruction for the next step."""
+        if not self.config.wrapup_steps:
+            self._stop(Trip(trip.reason, trip.detail, trip.step, "stop", trip.soft))
+            return
+        self._record(trip)
+        if not self.working:
+            return
+        self.phase = "wrap_up"
+        self.stop_reason = trip.reason
+        self._release_slice()
+        steps_left = min(self.config.wrapup_steps, self.max_steps - trip.step)
+        self._pending = instruction(trip.reason, trip.detail, max(steps_left, 1))
+
+    def _stop(self, trip: Trip | None) -> None:
+        if trip is not None:
+            self._record(trip)
+            self.stop_reason = self.stop_reason or trip.reason
+        self.phase = "stopped"
+        self._release_slice()
+
+    def _release_slice(self) -> None:
+        if self.slice is not None:
+            self.slice.close()
+            self.slice = None
+
+    def _record(self, trip: Trip) -> None:
+        self.trips.append(trip)
+        self._new_trips.append(trip)
+
+    # --- the call's money -------------------------------------------------------------
+
+    def reserve(self, rates_at: RatesAt, prompt_tokens: int, cache_ttl: str = "5m") -> Held | None:
+        """Hold the call's worst case. None: not affordable — the run has switched to
+        wrap-up (call ``begin_step`` again) or stopped."""
+        c = self.config
+        wanted = c.wrapup_output_tokens if self.phase == "wrap_up" else self.max_output_tokens
+        wanted = min(wanted, self.max_output_tokens)
+        if c.max_tokens:
+            wanted = min(wanted, c.max_tokens - self.tokens_used - margin_tokens(prompt_tokens))
+            if wanted < MIN_OUTPUT_TOKENS:
+                return self.unaffordable("max_tokens", f"the next call needs about {margin_tokens(prompt_tokens) + MIN_OUTPUT_TOKENS:,} tokens; {c.max_tokens - self.tokens_used:,} of {c.max_tokens:,} are left")
+        q = quote(rates_at, prompt_tokens, cache_ttl)
+        if q is None:  # no price data: only possible without a cap (a cap is refused up front)
+            r = self.budget.reserve(Decimal(0))
+            return Held(r, wanted) if r is not None else self.unaffordable("max_cost", "the budget is spent")
+        available = self.budget.available
+        max_tokens = q.affordable_output(available, wanted)
+        r = self.budget.reserve(q.cost(max_tokens)) if max_tokens >= MIN_OUTPUT_TOKENS else None
+        if r is None:
+            where = "before the wrap-up reserve" if self.working and self.slice is not None else "in the budget"
+            return self.unaffordable(
+                "max_cost",
+                f"the next call's worst case (${q.cost(MIN_OUTPUT_TOKENS):.6f} or more) does not fit the "
+                f"${available:.6f} left {where} of ${self.budget.cap}",
+            )
+        return Held(r, max_tokens)
+
+    def unaffordable(self, reason: str, detail: str) -> None:
+        trip = Trip(reason, detail, self._steps_done, soft=self.working)
+        if self.working:
+            self.wrap_up(trip)
+        else:
+            self._stop(Trip(reason, detail, self._steps_done, "stop"))
+        return None
+
+    def settle(self, held: Held, cost: Decimal | None) -> None:
+        """Replace the hold by the call's real cost (unknown prices: the hold stays spent)."""
+        overrun = self.budget.settle(held.reservation, held.reservation.amount if cost is None else cost)
+        if overrun > 0:
+            self._record(
+                Trip(
+                    "reservation_overrun",
+                    f"the call cost ${overrun} more than its reserved worst case (token counts far off)",
+                    self._steps_done + 1,
+                    "record",
+                )
+            )
+
+    def release(self, held: Held) -> None:
+        self.budget.release(held.reservation)
+
+    # --- after a step -----------------------------------------------------------------
+
+    def after_step(self, record: StepRecord, tokens: int) -> None:
+        self.tokens_used += tokens
+        if self.phase == "wrap_up":
+            self._wrapup_steps += 1
+            return
+        for trip in self.breakers.observe(record):
+            if trip.reason in ESCALATABLE and self.working and self.escalate(trip):
+                self._record(Trip(trip.reason, trip.detail, trip.step, "escalate"))
+            else:
+                self.wrap_up(trip)
+
+    def final_summary(self, submitted: str, messages: Sequence[Message], steps: int, spent: Decimal | None) -> str:
+        if usable(submitted):
+            return submitted.removeprefix("submitted: ")
+        reason = self.stop_reason or "stopped"
+        detail = next((t.detail for t in self.trips if t.reason == reason), "")
+        return summary_from_trajectory(messages, reason, detail, steps, spent)
+
+    def finish(self) -> None:
+        """Give back an unused wrap-up slice (a finished run needs none)."""
+        self._release_slice()
