@@ -407,8 +407,11 @@ class FileSnapshotStore:
             have = current.get(rel)
             if kind == "d":
                 if have is None:  # (the root always exists by now)
-                    os.mkdir(path, 0o700)  # final mode below, once its children are in place
-                    dir_modes.append((path, mode))
+                    if mode & 0o700 == 0o700 and mode & ~self._umask == mode:
+                        os.mkdir(path, mode)  # the usual case: final at once
+                    else:  # e.g. read-only: made final once its children are in place
+                        os.mkdir(path, 0o700)
+                        dir_modes.append((path, mode))
                 elif stat.S_IMODE(have.st_mode) != mode:
                     dir_modes.append((path, mode))
             elif kind == "f":
