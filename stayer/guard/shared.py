@@ -16,6 +16,7 @@ from pathlib import Path
 
 from stayer.errors import ConfigError
 from stayer.guard.budget import Account, BudgetStore, Rows
+from stayer.sqlite_tx import immediate
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS budget_accounts (
@@ -42,17 +43,8 @@ class SqliteBudgetStore(BudgetStore):
 
     @contextmanager
     def transaction(self) -> Iterator[_SqlRows]:
-        cur = self.conn.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(self.conn) as cur:
             yield _SqlRows(cur)
-        except BaseException:
-            self.conn.rollback()
-            raise
-        else:
-            self.conn.commit()
-        finally:
-            cur.close()
 
     def close_connection(self) -> None:
         self.conn.close()

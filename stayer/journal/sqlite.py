@@ -22,6 +22,7 @@ from stayer.journal.blobs import FileBlobStore, encode
 from stayer.journal.sql import SqlStore, schema
 from stayer.journal.store import JournalError
 from stayer.sandbox.snapshot import FileSnapshotStore, SnapshotStore
+from stayer.sqlite_tx import immediate
 
 INLINE_MAX = 128 * 1024
 
@@ -53,19 +54,10 @@ class SqliteStore(SqlStore):
     def _tx(self, *, sync: bool = True) -> Iterator[sqlite3.Cursor]:
         if not sync:  # WAL + NORMAL: appended to the log, fsynced by the next FULL commit
             self.conn.execute("PRAGMA synchronous=NORMAL")
-        cur = self.conn.cursor()
-        # IMMEDIATE takes the write lock up front, so a read-then-write (a lease claim)
-        # cannot interleave with another process's.
-        cur.execute("BEGIN IMMEDIATE")
         try:
-            yield cur
-        except BaseException:
-            self.conn.rollback()
-            raise
-        else:
-            self.conn.commit()
+            with immediate(self.conn) as cur:
+                yield cur
         finally:
-            cur.close()
             if not sync:
                 self.conn.execute("PRAGMA synchronous=FULL")
 
