@@ -158,6 +158,8 @@ def test_max_cost_stops_before_overshooting(tmp_path):
     (["run", "{ok}", "--model", "sim:gpt-5", "--max-cost", "-1"], "--max-cost"),
     (["run", "{ok}", "--model", "sim:gpt-5", "--max-cost", "ten"], "--max-cost"),
     (["run", "{ok}", "--model", "sim:gpt-5", "--sandbox", "docker"], "docker"),
+    (["run", "{ok}", "--model", "sim:gpt-5", "--memory-mb", "0"], "--memory-mb"),
+    (["run", "{ok}", "--model", "sim:gpt-5", "--command-timeout", "-1"], "--command-timeout"),
     (["estimate", "--steps", "0", "--new-tokens", "1", "--output-tokens", "1", "--price-miss", "1", "--price-hit", "1", "--price-out", "1"], "--steps"),
     (["estimate", "--steps", "3", "--new-tokens", "1", "--output-tokens", "1", "--price-miss", "1"], "--price-hit"),
 ])
@@ -199,3 +201,17 @@ def test_estimate_with_model_prices_long_context_steps_at_their_tier(tmp_path):
     step4 = Decimal(short["steps"][3]["without_cache"])
     step5 = Decimal(long["steps"][4]["without_cache"])
     assert step5 > step4 * 5 / 4 * Decimal("1.9")
+
+
+@needs_bwrap
+def test_per_run_sandbox_limits_apply(tmp_path):
+    """A run's own --storage-mb holds the agent's commands (the synthetic workload's log grows
+    past it), where the task sets none."""
+    home = tmp_path / "home"
+    r = stayer(
+        "run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--json", "--storage-mb", "1",
+        "--sim-policy", "synthetic:steps=4,obs_tokens=200000,out_tokens=50", "--policy", "none", home=home,
+    )
+    doc = json.loads(r.stdout)
+    log = Path(doc["run_dir"]) / "workspace" / "synthetic.log"
+    assert log.stat().st_size <= 2 * 1024 * 1024

@@ -40,6 +40,10 @@ def run(
     policy: Annotated[str, typer.Option("--policy", help="Context policy: auto | none | mask[:W] | summarize[:TOKENS].")] = "auto",
     max_context: Annotated[int | None, typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded.")] = None,
     config_file: Annotated[str | None, typer.Option("--config", help="stayer.toml: models by role, cascade, tiers, failover, sub-agents, breakers.")] = None,
+    command_timeout: Annotated[float, typer.Option("--command-timeout", help="Seconds each sandboxed command may run (the whole process tree is killed).")] = 120.0,
+    memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory per sandboxed process (default: task.toml's).")] = None,
+    storage_mb: Annotated[int | None, typer.Option("--storage-mb", help="What /app and /tmp may hold (default: task.toml's).")] = None,
+    max_processes: Annotated[int | None, typer.Option("--max-processes", help="Processes per sandboxed command.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Run an agent on one task, verify the result, and report cost per step."""
@@ -59,6 +63,10 @@ def run(
         policy=policy,
         max_context=max_context,
         config_file=config_file,
+        command_timeout=command_timeout,
+        memory_mb=memory_mb,
+        storage_mb=storage_mb,
+        max_processes=max_processes,
     )
     try:
         prepared = prepare(config)

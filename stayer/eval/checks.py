@@ -129,9 +129,7 @@ def environment_evidence(output: str, task: Task) -> list[str]:
 
 def _agent_sandbox(task: Task, workspace: Path, kind: str) -> Sandbox:
     # As eval.trial builds it, so that what the probe sees is what the agent would see.
-    return make_sandbox(
-        kind, workspace, allow_net=task.allow_internet, memory_mb=task.memory_mb, storage_mb=task.storage_mb
-    )
+    return make_sandbox(kind, workspace, **task.sandbox_limits())
 
 
 def _fresh(task: Task, workspace: Path) -> Path:

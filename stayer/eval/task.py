@@ -37,6 +37,17 @@ class Task:
     storage_mb: int | None = None  # what /app (and /tmp) may hold; see stayer.sandbox
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    def sandbox_limits(self, **overrides: Any) -> dict[str, Any]:
+        """The limits of the agent's sandbox for this task: task.toml's, then ``overrides``
+        (a run's own flags) where given."""
+        limits: dict[str, Any] = {
+            "allow_net": self.allow_internet,
+            "memory_mb": self.memory_mb,
+            "storage_mb": self.storage_mb,
+        }
+        limits.update({k: v for k, v in overrides.items() if v is not None})
+        return limits
+
     @property
     def solution(self) -> str | None:
         p = self.path / "solution" / "solve.sh"

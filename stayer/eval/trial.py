@@ -67,6 +67,13 @@ class RunConfig:
     policy: str = "auto"
     max_context: int | None = None
     config_file: str | None = None  # stayer.toml: routing, sub-agents, breakers
+    # Per-run sandbox limits; None keeps the task's (task.toml [environment]).
+    memory_mb: int | None = None
+    storage_mb: int | None = None
+    max_processes: int | None = None
+
+    def sandbox_overrides(self) -> dict[str, Any]:
+        return {"memory_mb": self.memory_mb, "storage_mb": self.storage_mb, "max_processes": self.max_processes}
 
     def to_record(self) -> dict[str, Any]:
         """JSON-ready, for the journal (a resume rebuilds the run from it)."""
@@ -120,6 +127,10 @@ def prepare(
         raise ConfigError(f"--sandbox {config.sandbox}: unknown sandbox; choose one of {', '.join(SANDBOX_KINDS)}")
     if config.sandbox == "bwrap":
         check_bwrap()  # fails with how-to-fix before anything is written
+    for flag, value in (("--memory-mb", config.memory_mb), ("--storage-mb", config.storage_mb),
+                        ("--max-processes", config.max_processes), ("--command-timeout", config.command_timeout)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} {value}: must be positive")
     if config.max_context is not None and config.max_context < 1:
         raise ConfigError(f"--max-context {config.max_context}: must be a positive number of tokens")
     policy = make_policy(config.policy)
@@ -221,13 +232,7 @@ async def _execute(
         journal.restore_workspace(task.materialise)
     started = datetime.fromisoformat(journal.started)
     agent_sandbox = journal.sandbox(
-        make_sandbox(
-            cfg.sandbox,
-            workspace,
-            allow_net=task.allow_internet,
-            memory_mb=task.memory_mb,
-            storage_mb=task.storage_mb,
-        )
+        make_sandbox(cfg.sandbox, workspace, **task.sandbox_limits(**cfg.sandbox_overrides()))
     )
     tool_ctx = ToolContext(
         sandbox=agent_sandbox,
