@@ -144,6 +144,7 @@ class Agent:
         budget: Budget | None = None,
         path: str = "main",
         probe: WorkspaceProbe | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.model = model
         self.tools = {t.spec.name: t for t in tools}
@@ -168,6 +169,9 @@ class Agent:
         self.budget = budget  # None: a fresh one of ``limits.max_cost``; a carved slice for sub-agents
         self.path = path
         workspace = Path(tool_context.workspace) if tool_context.workspace else None
+        # Every reading of the time goes through here, so that a journal can record it and
+        # a resumed run decides (TTLs, wall-time breakers, routing) as the original did.
+        self.clock = clock
         self.probe = probe or (TreeFingerprint(workspace) if workspace and workspace.is_dir() else None)
         self.guard: Guard | None = None  # the running step's guard (sub-agents carve from it)
         self.run_id = ""
@@ -199,6 +203,7 @@ class Agent:
             max_output_tokens=self.limits.max_output_tokens,
             probe=self.probe,
             escalate=self.router.on_trip,
+            clock=self.clock,
         )
         forensics = CacheForensics(self.counter)
         result = RunResult(status="budget_exhausted")
@@ -207,7 +212,7 @@ class Agent:
             if gate.instruction is not None:  # the wrap-up has begun
                 ctx.append(gate.instruction)
                 self.on_message(gate.instruction)
-            now = time.time()
+            now = self.clock()
             route = self._route(ctx, step + 1, compactions, now)
             view = StepView(
                 step=step + 1,

@@ -85,7 +85,8 @@ class ChildAgents:
             policy=replace(parent.policy) if hasattr(parent.policy, "__dataclass_fields__") else None,  # type: ignore[type-var]
             budget=budget,
             path=path,
-            probe=parent.probe,  # the parent's probe is the journaled one: resume sees the same
+            probe=parent.probe,  # the parent's probe and clock are the journaled ones
+            clock=parent.clock,
         )
         if self.depth < self.settings.max_depth:
             child.add_tool(ChildAgents(child, self.model, self.tools, self.settings, self.depth + 1).tool())

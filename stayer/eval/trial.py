@@ -278,6 +278,7 @@ async def _execute(
                 if isinstance(p.model, SimModel)
                 else ModelSummarizer(router.role("summariser") if router else model, p.prices),
                 probe=journal.probe(TreeFingerprint(workspace)),
+                clock=journal.clock,
                 router=router,
             )
             if routing and router and routing.subagents:

@@ -321,6 +321,10 @@ class RunJournal:
         self._record("observed", {"i": i, "value": value})
         return value
 
+    def clock(self) -> float:
+        """The loop's clock: live time, journaled; the journaled time on replay."""
+        return self.observe(time.time)
+
     @property
     def in_restored_step(self) -> bool:
         """True while replaying a step whose effects on the workspace the restored
