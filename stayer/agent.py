@@ -35,7 +35,7 @@ from stayer.guard.breakers import (
 from stayer.guard.budget import Budget, Reservation
 from stayer.guard.guard import Guard
 from stayer.guard.reserve import MIN_OUTPUT_TOKENS, TOKEN_MARGIN  # noqa: F401  (re-exported)
-from stayer.models.base import Message, Model, ModelError, ToolCall
+from stayer.models.base import Message, Model, ModelError, ModelResponse, ToolCall
 from stayer.pricing import Cost, PriceBook
 from stayer.routing.router import Route, Router, RouteView, rules_for
 from stayer.tools import run_tool
@@ -238,7 +238,8 @@ class Agent:
                 guard.budget.settle(held_summary, compaction_cost)
                 compactions += 1
             context_tokens = ctx.tokens
-            held = guard.reserve(self.rates_at, context_tokens)
+            lost_attempts = getattr(self.model, "pending_lost_attempts", lambda: 0)()
+            held = guard.reserve(self.rates_at, context_tokens, attempts=1 + lost_attempts)
             if held is None:
                 continue  # not affordable: the wrap-up begins (or the run stops) at the top
             request = ctx.request(
@@ -259,7 +260,7 @@ class Agent:
             cost = self.prices.cost(
                 response.usage, self.model.model_id, self.model.provider, response.service_tier
             )
-            guard.settle(held, cost.total)
+            guard.settle(held, self._with_lost(cost.total, response))
             cache_break = forensics.observe(
                 request,
                 response.usage,
@@ -316,6 +317,14 @@ class Agent:
                 break
         self._finish(guard, ctx, result)
         return result
+
+    def _with_lost(self, cost: Decimal | None, response: ModelResponse) -> Decimal | None:
+        """What this call spent from the budget: its own cost and that of attempts lost in
+        a crash (the run's result reports those apart, as ``lost_in_flight``)."""
+        if response.lost_usage is None or cost is None:
+            return cost
+        lost = self.prices.cost(response.lost_usage, self.model.model_id, self.model.provider, response.service_tier)
+        return None if lost.total is None else cost + lost.total
 
     def _route(self, ctx: Context, step: int, compactions: int, now: float) -> Route:
         """Ask the router which model and tier make this step's call, and use them."""

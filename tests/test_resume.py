@@ -454,3 +454,31 @@ def test_config_error_names_the_run(env):
     shutil.rmtree(env)
     with pytest.raises(ConfigError, match=str(env)):
         prepare_resume("k")
+
+
+def test_a_lost_call_is_held_and_charged_against_the_cap(env, monkeypatch):
+    """The attempt in flight at the crash was billed: on resume the re-issued call holds the
+    budget for both attempts, and both are charged, so the cap holds over the whole run."""
+    from stayer.guard.guard import Guard
+
+    holds = []
+    original = Guard.reserve
+
+    def spy(self, rates_at, prompt_tokens, cache_ttl="5m", attempts=1):
+        holds.append(attempts)
+        return original(self, rates_at, prompt_tokens, cache_ttl, attempts)
+
+    monkeypatch.setattr(Guard, "reserve", spy)
+    cap = Decimal("0.08")
+    k = rid("cap")
+    config = RunConfig(str(env), "sim:claude-sonnet-4-5", max_steps=30, run_id=k, max_cost=cap,
+                       sim_policy="synthetic:steps=1", sandbox="local")
+    prepared = prepare(config)
+    prepared.model = _model(prepared, crash_at=4)
+    assert _drive(prepared, None, None) is None
+    holds.clear()
+    doc, _ = resume(k)
+    assert 2 in holds  # the re-issue of call 4 held two attempts' worst case
+    lost = [e for e in doc["ledger"] if e.get("kind") == "lost_in_flight"]
+    assert len(lost) == 1
+    assert Decimal(doc["cost_usd"]) <= cap

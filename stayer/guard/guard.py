@@ -174,9 +174,10 @@ class Guard:
 
     # --- the call's money -------------------------------------------------------------
 
-    def reserve(self, rates_at: RatesAt, prompt_tokens: int, cache_ttl: str = "5m") -> Held | None:
-        """Hold the call's worst case. None: not affordable — the run has switched to
-        wrap-up (call ``begin_step`` again) or stopped."""
+    def reserve(self, rates_at: RatesAt, prompt_tokens: int, cache_ttl: str = "5m", attempts: int = 1) -> Held | None:
+        """Hold the call's worst case (``attempts`` times: earlier attempts lost in a crash
+        were billed too). None: not affordable — the run has switched to wrap-up (call
+        ``begin_step`` again) or stopped."""
         c = self.config
         wanted = c.wrapup_output_tokens if self.phase == "wrap_up" else self.max_output_tokens
         wanted = min(wanted, self.max_output_tokens)
@@ -190,7 +191,15 @@ class Guard:
             return Held(r, wanted) if r is not None else self.unaffordable("max_cost", "the budget is spent")
         available = self.budget.available
         max_tokens = q.affordable_output(available, wanted)
-        r = self.budget.reserve(q.cost(max_tokens)) if max_tokens >= MIN_OUTPUT_TOKENS else None
+        r = None
+        if max_tokens >= MIN_OUTPUT_TOKENS and attempts > 1:
+            # The request must stay the one the lost attempt sent (a resume replays it), so
+            # its max_tokens is a single attempt's; the lost ones are held beside it.
+            r = self.budget.reserve(attempts * q.cost(max_tokens))
+            if r is None:
+                self._record(Trip("lost_attempt_unreserved", f"the budget cannot also hold the {attempts - 1} attempt(s) lost in a crash; their estimated cost is charged after the call", self._steps_done + 1, "record"))
+        if r is None and max_tokens >= MIN_OUTPUT_TOKENS:
+            r = self.budget.reserve(q.cost(max_tokens))
         if r is None:
             where = "before the wrap-up reserve" if self.working and self.slice is not None else "in the budget"
             return self.unaffordable(

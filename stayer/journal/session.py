@@ -448,6 +448,11 @@ class RunJournal:
         self.stats.live_calls += 1
         for attempt in range(1, lost_attempts + 1):
             self._record_lost(inner, n, attempt, response)
+        if lost_attempts:
+            lost = response.usage
+            for _ in range(lost_attempts - 1):
+                lost = lost + response.usage
+            response.lost_usage = lost
         raw = canonical(message_record(response.message))
         address = digest(raw)
         self._record(
@@ -467,6 +472,12 @@ class RunJournal:
         )
         self.stats.seconds += time.perf_counter() - t1
         return response
+
+    def pending_lost_attempts(self) -> int:
+        """Attempts at the next model call that were in flight at a crash: each was billed,
+        so the loop must hold budget for them as well as for the call it is about to make."""
+        rec = self.log.calls.get(self.n)
+        return rec.attempts if rec is not None and rec.finished is None and rec.failed is None else 0
 
     def _record_lost(self, inner: Model, n: int, attempt: int, reissued: ModelResponse) -> None:
         """The attempt in flight at a crash: billed by the provider, its reply never seen.
@@ -556,6 +567,9 @@ class JournaledModel:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         return await self.journal.complete(self.inner, request)
+
+    def pending_lost_attempts(self) -> int:
+        return self.journal.pending_lost_attempts()
 
 
 class ReplayingSandbox:

@@ -63,6 +63,9 @@ class ModelResponse:
     latency_s: float
     stop_reason: str = ""
     service_tier: str | None = None
+    # Usage the provider billed for earlier attempts at this same call whose replies were
+    # lost (a crash mid-call, then a resume): charged to the budget, reported apart.
+    lost_usage: Usage | None = None
 
 
 class Model(Protocol):
