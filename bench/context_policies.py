@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stayer.context.layout import Context, MessageCounter  # noqa: E402
+from stayer.context.layout import Context  # noqa: E402
 from stayer.context.policies import (  # noqa: E402
     AutoPolicy,
     Compaction,
@@ -46,12 +46,12 @@ from stayer.context.policies import (  # noqa: E402
     _evict,
     victims_of,
 )
-from stayer.context.tokens import TiktokenCounter  # noqa: E402
 from stayer.context.whatif import BASH, Trace, load_trace, replay  # noqa: E402
 from stayer.models.base import Message, ToolCall  # noqa: E402
 from stayer.models.caching import cache_rules, cached_length, provider_of  # noqa: E402
 from stayer.models.sim_policies import filler  # noqa: E402
 from stayer.pricing import PriceBook  # noqa: E402
+from stayer.tokens import MessageCounter, TiktokenCounter  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "corpus" / "swe-agent"
 MODELS = ("claude-sonnet-4-5", "gpt-5")

@@ -63,7 +63,7 @@ def observation(step: int, tokens: int, count) -> str:  # noqa: ANN001
 
 
 def workload(steps: int, obs_tokens: int) -> list[dict]:
-    from stayer.context.tokens import TiktokenCounter
+    from stayer.tokens import TiktokenCounter
 
     counter = TiktokenCounter()
     out = []
@@ -86,14 +86,13 @@ def measure_stayer(data: list[dict], where: Path) -> dict:
     import asyncio
 
     from stayer.agent import Agent, Limits
-    from stayer.context.layout import MessageCounter
     from stayer.context.policies import make_policy
-    from stayer.context.tokens import TiktokenCounter
     from stayer.guard.breakers import TreeFingerprint
     from stayer.journal import RunJournal, open_store
     from stayer.models.base import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec
     from stayer.pricing import PriceBook
     from stayer.sandbox.base import ExecResult
+    from stayer.tokens import MessageCounter, TiktokenCounter
     from stayer.tools.base import ToolContext, ToolResult
     from stayer.tools.submit import SubmitTool
     from stayer.usage import Usage

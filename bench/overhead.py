@@ -24,10 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from stayer.agent import Agent, Limits  # noqa: E402
-from stayer.context.layout import MessageCounter  # noqa: E402
-from stayer.context.tokens import TiktokenCounter  # noqa: E402
 from stayer.models.base import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec  # noqa: E402
 from stayer.pricing import PriceBook  # noqa: E402
+from stayer.tokens import (
+    MessageCounter,  # noqa: E402
+    TiktokenCounter,  # noqa: E402
+)
 from stayer.tools.base import ToolContext, ToolResult  # noqa: E402
 from stayer.usage import Usage  # noqa: E402
 

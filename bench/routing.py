@@ -42,8 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from stayer.agent import SYSTEM_PROMPT  # noqa: E402
-from stayer.context.layout import Context, MessageCounter  # noqa: E402
-from stayer.context.tokens import TiktokenCounter  # noqa: E402
+from stayer.context.layout import Context  # noqa: E402
 from stayer.guard.breakers import StepRecord  # noqa: E402
 from stayer.models.base import Message, ModelRequest, ToolCall  # noqa: E402
 from stayer.models.sim import SimModel  # noqa: E402
@@ -51,6 +50,7 @@ from stayer.models.sim_policies import filler  # noqa: E402
 from stayer.pricing import PriceBook  # noqa: E402
 from stayer.routing.router import Router, RouteView  # noqa: E402
 from stayer.routing.tiers import TIER_SPEEDS  # noqa: E402
+from stayer.tokens import MessageCounter, TiktokenCounter  # noqa: E402
 from stayer.tools import default_tools  # noqa: E402
 
 PAIRS = (("claude-sonnet-4-5", "claude-haiku-4-5"), ("gpt-5", "gpt-5-mini"))

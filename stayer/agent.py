@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stayer.context.forensics import CacheForensics
-from stayer.context.layout import Context, MessageCounter
+from stayer.context.layout import Context
 from stayer.context.policies import (
     AutoPolicy,
     Compaction,
@@ -38,6 +38,7 @@ from stayer.guard.reserve import MIN_OUTPUT_TOKENS, TOKEN_MARGIN  # noqa: F401  
 from stayer.models.base import Message, Model, ModelError, ModelResponse, ToolCall
 from stayer.pricing import Cost, PriceBook
 from stayer.routing.router import Route, Router, RouteView, rules_for
+from stayer.tokens import MessageCounter
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext
 from stayer.usage import Usage

@@ -12,10 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from stayer.context.layout import MessageCounter, canonical_tools
-from stayer.context.tokens import TiktokenCounter
 from stayer.models.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall
 from stayer.pricing import Cost, Rates
+from stayer.tokens import MessageCounter, TiktokenCounter, canonical_tools
 from stayer.usage import Usage
 
 COUNTER = MessageCounter(TiktokenCounter())

@@ -6,11 +6,11 @@ import asyncio
 from decimal import Decimal
 
 from stayer.agent import Agent, Limits
-from stayer.context.layout import Context, MessageCounter
-from stayer.context.tokens import TiktokenCounter
+from stayer.context.layout import Context
 from stayer.models.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from stayer.pricing import PriceBook
 from stayer.sandbox.local import LocalSandbox
+from stayer.tokens import MessageCounter, TiktokenCounter
 from stayer.tools import default_tools
 from stayer.tools.base import ToolContext
 from stayer.usage import Usage

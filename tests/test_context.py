@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from stayer.agent import Agent, Limits
 from stayer.context.forensics import CacheForensics
-from stayer.context.layout import Context, MessageCounter
+from stayer.context.layout import Context
 from stayer.context.policies import (
     AutoPolicy,
     ContextOverflow,
@@ -25,7 +25,6 @@ from stayer.context.policies import (
     TextbookPolicy,
     make_policy,
 )
-from stayer.context.tokens import TiktokenCounter
 from stayer.context.whatif import BASH, Trace, load_trace, replay
 from stayer.errors import ConfigError
 from stayer.models.base import Message, ModelRequest, ToolCall, ToolSpec
@@ -33,6 +32,7 @@ from stayer.models.caching import cache_rules
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import filler
 from stayer.pricing import PriceBook
+from stayer.tokens import MessageCounter, TiktokenCounter
 from stayer.usage import Usage
 
 COUNTER = MessageCounter(TiktokenCounter())

@@ -10,12 +10,12 @@ import asyncio
 
 import pytest
 
-from stayer.context.layout import MessageCounter
 from stayer.errors import ConfigError
 from stayer.models.base import Message, ModelRequest, ToolSpec
 from stayer.models.caching import cache_rules, provider_of
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import OraclePolicy, parse_policy
+from stayer.tokens import MessageCounter
 
 
 class WordCounter:
@@ -63,7 +63,7 @@ def sim(model: str) -> SimModel:
 
 def prompt_tokens(sim_model: SimModel, system: str, messages: list[Message]) -> int:
     mc = sim_model.counter
-    from stayer.context.layout import canonical_tools
+    from stayer.tokens import canonical_tools
 
     return mc.text(canonical_tools(TOOLS)) + mc.text(system) + sum(mc.message(m) for m in messages)
 

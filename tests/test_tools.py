@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from stayer.context.tokens import TiktokenCounter
 from stayer.errors import ConfigError
 from stayer.models.base import ToolCall, ToolSpec
 from stayer.sandbox.local import LocalSandbox
+from stayer.tokens import TiktokenCounter
 from stayer.tools import check_args, default_tools, run_tool
 from stayer.tools.base import ToolContext, ToolResult
 

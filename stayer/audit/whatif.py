@@ -240,10 +240,9 @@ def run_what_ifs(
     book: PriceBook,
 ) -> list[dict[str, Any]]:
     """The ``what_if`` entries of the audit document, for the costliest sessions."""
-    from stayer.context.layout import MessageCounter
     from stayer.context.policies import make_policy
-    from stayer.context.tokens import TiktokenCounter
     from stayer.context.whatif import replay
+    from stayer.tokens import MessageCounter, TiktokenCounter
 
     counter = MessageCounter(TiktokenCounter())
     out: list[dict[str, Any]] = []

@@ -22,13 +22,13 @@ def whatif(
     json_out: JsonFlag = False,
 ) -> None:
     """Replay a trajectory (actions and observations fixed) through a context policy; an estimate."""
-    from stayer.context.layout import Context, MessageCounter
+    from stayer.context.layout import Context
     from stayer.context.policies import make_policy
-    from stayer.context.tokens import TiktokenCounter
     from stayer.context.whatif import load_trace, replay
     from stayer.eval.trial import stayer_home
     from stayer.models.caching import provider_of
     from stayer.pricing import PriceBook
+    from stayer.tokens import MessageCounter, TiktokenCounter
 
     model_id = model.split(":", 1)[1] if ":" in model else model
     try:

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stayer.context.layout import MessageCounter, canonical_tools, render_message
 from stayer.models.base import Message, ModelRequest, ToolSpec
 from stayer.models.caching import CacheRules, cached_length
+from stayer.tokens import MessageCounter, canonical_tools, render_message
 from stayer.usage import Usage
 
 

@@ -12,52 +12,10 @@ Every message is counted once, when appended; the context's size is a running su
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 
-from stayer.context.tokens import TokenCounter
 from stayer.models.base import Message, ModelRequest, ToolSpec
-
-
-def canonical_tools(tools: Iterable[ToolSpec]) -> str:
-    """Tool schemas as one canonical string: sorted by name, keys sorted, no whitespace
-    variation. Any change here is a cache break for the whole prompt."""
-    return json.dumps(
-        [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools],
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-
-
-def render_message(m: Message) -> str:
-    """The text of a message as billed: role, content and tool calls."""
-    parts = [m.role, m.content]
-    for c in m.tool_calls:
-        parts.append(f"{c.name} {c.arguments}")
-    return "\n".join(parts)
-
-
-class MessageCounter:
-    """Counts each distinct message once. Messages are frozen, so they key a dict directly;
-    the simulator and the context share one instance and never count a message twice."""
-
-    def __init__(self, counter: TokenCounter) -> None:
-        self.counter = counter
-        self._cache: dict[Message, int] = {}
-        self._text_cache: dict[str, int] = {}
-
-    def message(self, m: Message) -> int:
-        n = self._cache.get(m)
-        if n is None:
-            n = self._cache[m] = self.counter.count(render_message(m)) + 4  # role/framing overhead
-        return n
-
-    def text(self, s: str) -> int:
-        n = self._text_cache.get(s)
-        if n is None:
-            n = self._text_cache[s] = self.counter.count(s)
-        return n
+from stayer.tokens import MessageCounter, canonical_tools
 
 
 class Context:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stayer.context.layout import render_message
 from stayer.models.base import Message, Model, ModelRequest
 from stayer.pricing import Cost, PriceBook
+from stayer.tokens import render_message
 from stayer.usage import Usage
 
 INSTRUCTIONS = """\

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stayer.context.layout import MessageCounter
 from stayer.context.policies import ContextPolicy
 from stayer.errors import ConfigError
 from stayer.models.base import Message, ModelRequest, ToolCall, ToolSpec
 from stayer.pricing import PriceBook
+from stayer.tokens import MessageCounter
 from stayer.tools.base import ToolContext, ToolResult
 
 
@@ -124,7 +124,7 @@ def _swe_agent(path: Path, data: dict) -> Trace:
 
 def _stayer_run(run_dir: Path) -> Trace:
     from stayer.agent import SYSTEM_PROMPT
-    from stayer.context.tokens import TiktokenCounter
+    from stayer.tokens import TiktokenCounter
     from stayer.tools import default_tools
 
     file = run_dir / "trajectory.jsonl"

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from stayer.agent import SYSTEM_PROMPT, Agent, LedgerEntry, Limits, RunResult
-from stayer.context.layout import Context, MessageCounter
+from stayer.context.layout import Context
 from stayer.context.policies import ContextPolicy, make_policy
 from stayer.context.summarizer import ModelSummarizer
-from stayer.context.tokens import TiktokenCounter
 from stayer.delegation import ChildAgents, ChildSettings
 from stayer.errors import ConfigError
 from stayer.eval.task import Task, load_task
@@ -41,6 +40,7 @@ from stayer.routing.setup import RoutingSetup, prepare_routing
 from stayer.sandbox import KINDS as SANDBOX_KINDS
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.bwrap import check_bwrap
+from stayer.tokens import MessageCounter, TiktokenCounter
 from stayer.tools import default_tools
 from stayer.tools.base import ToolContext
 from stayer.usage import Usage

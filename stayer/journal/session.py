@@ -49,7 +49,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from stayer.context.layout import canonical_tools
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.journal.blobs import BlobError, digest
 from stayer.journal.codec import canonical, message_from_record, message_record
@@ -62,6 +61,7 @@ from stayer.models.base import Message, Model, ModelError, ModelRequest, ModelRe
 from stayer.pricing import PriceBook
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.sandbox.snapshot import SnapshotNotFound, SnapshotStore
+from stayer.tokens import canonical_tools
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stayer.context.layout import MessageCounter, canonical_tools
 from stayer.models.base import Message, ModelRequest, ModelResponse
 from stayer.models.caching import CacheRules, cache_rules, provider_of
+from stayer.tokens import MessageCounter, canonical_tools
 from stayer.usage import Usage
 
 

@@ -15,10 +15,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from stayer.context.tokens import TokenCounter
 from stayer.errors import ConfigError
 from stayer.models.base import Message, ModelRequest, ToolCall
 from stayer.models.sim import SimPolicy
+from stayer.tokens import TokenCounter
 
 # Each is one token (with its leading space) in the common BPE vocabularies, so a filler
 # of N words is about N tokens.

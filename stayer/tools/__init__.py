@@ -6,8 +6,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from stayer.context.tokens import TokenCounter
 from stayer.models.base import ToolCall
+from stayer.tokens import TokenCounter
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.tools.bash import BashTool
 from stayer.tools.files import EditFileTool, ReadFileTool, WriteFileTool

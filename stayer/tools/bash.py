@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stayer.context.tokens import TokenCounter, truncate_middle
 from stayer.models.base import ToolSpec
+from stayer.tokens import TokenCounter, truncate_middle
 from stayer.tools.base import ToolContext, ToolResult
 
 # Saves stdin as the next free .stayer/outputs/<n>.txt and prints the path it used. Runs in

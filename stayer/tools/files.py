@@ -14,8 +14,8 @@ import posixpath
 import shlex
 from typing import Any
 
-from stayer.context.tokens import TokenCounter
 from stayer.models.base import ToolSpec
+from stayer.tokens import TokenCounter
 from stayer.tools.base import ToolContext, ToolResult
 
 DEFAULT_LIMIT = 2000  # lines per read_file call
