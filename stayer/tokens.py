@@ -76,6 +76,22 @@ def canonical_tools(tools: Iterable[ToolSpec]) -> str:
     )
 
 
+class ToolsText:
+    """``canonical_tools`` of a request's tool list, recomputed only when the list object
+    changes. Serialising the schemas is a per-step cost that grows with the tool set, not
+    the history; the context layer passes the same (immutable) list every step. The list
+    itself is held, not its id: an id can be reused once the list is gone."""
+
+    def __init__(self) -> None:
+        self._tools: list[ToolSpec] | None = None
+        self._text = ""
+
+    def __call__(self, tools: list[ToolSpec]) -> str:
+        if tools is not self._tools:
+            self._tools, self._text = tools, canonical_tools(tools)
+        return self._text
+
+
 def render_message(m: Message) -> str:
     """The text of a message as billed: role, content and tool calls."""
     parts = [m.role, m.content]

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stayer.models.base import Message, ModelRequest, ToolSpec
+from stayer.models.base import Message, ModelRequest
 from stayer.models.caching import CacheRules, cached_length
-from stayer.tokens import MessageCounter, canonical_tools, render_message
+from stayer.tokens import MessageCounter, ToolsText, render_message
 from stayer.usage import Usage
 
 
@@ -52,13 +52,7 @@ class CacheForensics:
     def __init__(self, counter: MessageCounter) -> None:
         self.counter = counter
         self.previous: _Previous | None = None
-        self._tools_cache: tuple[list[ToolSpec], str] | None = None
-
-    def _tools_text(self, request: ModelRequest) -> str:
-        # Holding the list itself (not its id) keeps identity meaningful: an id can be reused.
-        if self._tools_cache is None or self._tools_cache[0] is not request.tools:
-            self._tools_cache = (request.tools, canonical_tools(request.tools))
-        return self._tools_cache[1]
+        self._tools_text = ToolsText()
 
     def _tokens(self, system: str, tools_text: str, messages: Sequence[Message]) -> int:
         return (
@@ -78,7 +72,7 @@ class CacheForensics:
     ) -> dict[str, Any] | None:
         """Record ``request`` (answered with ``usage``) and explain any break against the
         previous request. ``compaction_at`` is the first message a compaction rewrote."""
-        tools_text = self._tools_text(request)
+        tools_text = self._tools_text(request.tools)
         prev = self.previous
         ttl = 3600.0 if request.cache_ttl == "1h" else rules.ttl_s
         tokens = usage.input_tokens or self._tokens(request.system, tools_text, request.messages)

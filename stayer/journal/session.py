@@ -61,7 +61,7 @@ from stayer.models.base import Message, Model, ModelError, ModelRequest, ModelRe
 from stayer.pricing import PriceBook
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.sandbox.snapshot import SnapshotNotFound, SnapshotStore
-from stayer.tokens import canonical_tools
+from stayer.tokens import ToolsText
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage
@@ -149,6 +149,7 @@ class RunJournal:
         self.lost: list[dict[str, Any]] = list(log.lost)
         self._message_hashes: dict[Message, bytes] = {}
         self._digest_prefix: tuple[tuple[str, str], list[Message], Any] = (("", ""), [], None)
+        self._tools_text = ToolsText()
 
     # --- opening --------------------------------------------------------------------
 
@@ -380,7 +381,7 @@ class RunJournal:
 
         Requests grow by appending, so the hash of the previous request's leading part is
         kept and continued: a step costs its new messages, not the whole history."""
-        head = (request.system, canonical_tools(request.tools))
+        head = (request.system, self._tools_text(request.tools))
         prev_head, prev_messages, prev_state = self._digest_prefix
         messages = request.messages
         keep = 0

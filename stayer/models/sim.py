@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from stayer.models.base import Message, ModelRequest, ModelResponse
 from stayer.models.caching import CacheRules, cache_rules, provider_of
-from stayer.tokens import MessageCounter, canonical_tools
+from stayer.tokens import MessageCounter, ToolsText
 from stayer.usage import Usage
 
 
@@ -188,19 +188,11 @@ class SimModel:
         self.latency_s = latency_s
         self.clock = clock
         self._caches: dict[str | None, ProviderCache] = {}
-        self._tools_key: tuple[list, str] | None = None
-
-    def _tools_text(self, request: ModelRequest) -> str:
-        # Serialising the schemas is the one per-step cost that grows with the tool set,
-        # not the history; memoise it on the (immutable) tool list's identity.
-        # Holding the list itself (not its id) keeps identity meaningful: an id can be reused.
-        if self._tools_key is None or self._tools_key[0] is not request.tools:
-            self._tools_key = (request.tools, canonical_tools(request.tools))
-        return self._tools_key[1]
+        self._tools_text = ToolsText()
 
     def account(self, request: ModelRequest) -> CacheOutcome:
         """Token counts and cache outcome of ``request`` (no latency, no reply)."""
-        tools_text = self._tools_text(request)
+        tools_text = self._tools_text(request.tools)
         segments: list[object] = [tools_text, request.system, *request.messages]
         cum: list[int] = []
         running = 0
