@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+import orjson
 
 from stayer.usage import Usage
 
@@ -77,3 +80,36 @@ class Importer(Protocol):
     def read(self, ref: SessionRef) -> ImportedSession:
         """Read one session, streaming; malformed lines are counted, never fatal."""
         ...
+
+
+# --- reading log lines: every importer skips and counts malformed lines the same way ---
+
+
+def parse_ts(value: Any) -> float | None:
+    """ISO-8601 time (``…Z`` or with offset) → epoch seconds; None if it is not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def well_framed(line: bytes) -> bool:
+    """A line that was not parsed still has to look like one JSON object (or be blank).
+    Checked at the ends only: lines can be megabytes of tool output."""
+    if line.startswith(b"{") and line.endswith((b"}\n", b"}", b"}\r\n")):
+        return True
+    return not line.strip()
+
+
+def json_object(line: bytes, out: ImportedSession) -> dict[str, Any] | None:
+    """The line's JSON object; None, counted in ``out.skipped_lines``, when it is not one."""
+    try:
+        d = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        d = None
+    if type(d) is dict:
+        return d
+    out.skipped_lines += 1
+    return None

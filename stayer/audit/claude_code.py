@@ -27,13 +27,18 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from stayer.audit.calls import MAIN_CHAIN, Call, ImportedSession, SessionRef
+from stayer.audit.calls import (
+    MAIN_CHAIN,
+    Call,
+    ImportedSession,
+    SessionRef,
+    json_object,
+    parse_ts,
+    well_framed,
+)
 from stayer.usage import Usage
 
 _USAGE = b'"usage":'
@@ -41,24 +46,6 @@ _SIDECHAIN = b'"isSidechain":true'
 _COMPACT = b"ompact"  # in "compact_boundary" and "isCompactSummary"
 _SUMMARY = b'{"type":"summary"'
 _SESSION_ID = re.compile(rb'"sessionId":"([^"]+)"')
-
-
-def parse_ts(value: Any) -> float | None:
-    """ISO-8601 time (``…Z`` or with offset) → epoch seconds; None if it is not one."""
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
-
-
-def well_framed(line: bytes) -> bool:
-    """A line that was not parsed still has to look like one JSON object (or be blank).
-    Checked at the ends only: lines can be megabytes of tool output."""
-    if line.startswith(b"{") and line.endswith((b"}\n", b"}", b"}\r\n")):
-        return True
-    return not line.strip()
 
 
 @dataclass(slots=True)
@@ -209,13 +196,8 @@ class ClaudeCodeImporter:
                     if not well_framed(line):
                         out.skipped_lines += 1
                     continue
-                try:
-                    d = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    out.skipped_lines += 1
-                    continue
-                if type(d) is not dict:
-                    out.skipped_lines += 1
+                d = json_object(line, out)
+                if d is None:
                     continue
                 sidechain = d.get("isSidechain") is True
                 chain = self._chain(d, file_chain, roots) if sidechain else MAIN_CHAIN

@@ -26,10 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from stayer.audit.calls import Call, ImportedSession, SessionRef
-from stayer.audit.claude_code import parse_ts, well_framed
+from stayer.audit.calls import Call, ImportedSession, SessionRef, json_object, parse_ts, well_framed
 from stayer.usage import Usage
 
 _UUID = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
@@ -96,12 +93,10 @@ class CodexImporter:
                 if not well_framed(line):
                     out.skipped_lines += 1
                 continue
-            try:
-                d = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                out.skipped_lines += 1
+            d = json_object(line, out)
+            if d is None:
                 continue
-            payload = d.get("payload") if isinstance(d, dict) else None
+            payload = d.get("payload")
             if not isinstance(payload, dict):
                 out.skipped_lines += 1
                 continue

@@ -16,8 +16,7 @@ from typing import Any
 
 import orjson
 
-from stayer.audit.calls import Call, ImportedSession, SessionRef
-from stayer.audit.claude_code import parse_ts
+from stayer.audit.calls import Call, ImportedSession, SessionRef, parse_ts
 from stayer.usage import Usage
 
 
