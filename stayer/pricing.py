@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -216,6 +216,12 @@ def _decimal(v: object, where: str, name: str) -> Decimal:
     return d
 
 
+def _check_keys(src: str, here: str, body: Mapping[str, Any], allowed: Collection[str]) -> None:
+    for k in body:
+        if k not in allowed:
+            raise ConfigError(f"{src}: {here}.{k}: unknown key; expected one of {', '.join(sorted(allowed))}")
+
+
 def _parse_table(data: Mapping[str, Any], src: str) -> _Table:
     """Validate a parsed override document; every error names ``src`` and the field."""
     for key in data:
@@ -229,11 +235,7 @@ def _parse_table(data: Mapping[str, Any], src: str) -> _Table:
         here = f"models.{name}"
         if not isinstance(body, Mapping):
             raise ConfigError(f"{src}: {here}: expected a table")
-        for k in body:
-            if k not in _MODEL_KEYS:
-                raise ConfigError(
-                    f"{src}: {here}.{k}: unknown key; expected one of {', '.join(sorted(_MODEL_KEYS))}"
-                )
+        _check_keys(src, here, body, _MODEL_KEYS)
         for k in ("input", "output"):
             if k not in body:
                 raise ConfigError(f"{src}: {here}.{k}: required (USD per million tokens)")
@@ -256,11 +258,7 @@ def _parse_table(data: Mapping[str, Any], src: str) -> _Table:
             here = f"tiers.{provider}.{tier}"
             if not isinstance(body, Mapping):
                 raise ConfigError(f'{src}: {here}: expected a table with multiplier = "…"')
-            for k in body:
-                if k not in _TIER_KEYS:
-                    raise ConfigError(
-                        f"{src}: {here}.{k}: unknown key; expected one of {', '.join(sorted(_TIER_KEYS))}"
-                    )
+            _check_keys(src, here, body, _TIER_KEYS)
             if "multiplier" not in body:
                 raise ConfigError(f"{src}: {here}.multiplier: required")
             mult = _decimal(body["multiplier"], f"{src}: {here}.multiplier", "multiplier")
