@@ -14,47 +14,12 @@ from pathlib import Path
 
 import pytest
 
+# Provider usage objects as documented, shared with the normalisation tests.
+from test_usage import ANTHROPIC, DEEPSEEK, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES
+
 from stayer.errors import ConfigError
 from stayer.pricing import Cost, PriceBook, Rates
 from stayer.usage import Usage
-
-# Provider usage objects as documented (same shapes as tests/test_usage.py).
-OPENAI_CHAT = {
-    "prompt_tokens": 2006,
-    "completion_tokens": 300,
-    "total_tokens": 2306,
-    "prompt_tokens_details": {"cached_tokens": 1920, "audio_tokens": 0},
-    "completion_tokens_details": {"reasoning_tokens": 192, "audio_tokens": 0},
-}
-OPENAI_RESPONSES = {
-    "input_tokens": 10000,
-    "input_tokens_details": {"cached_tokens": 8000},
-    "output_tokens": 1000,
-    "output_tokens_details": {"reasoning_tokens": 600},
-    "total_tokens": 11000,
-}
-ANTHROPIC = {
-    "input_tokens": 50,
-    "cache_creation_input_tokens": 2048,
-    "cache_read_input_tokens": 10000,
-    "cache_creation": {"ephemeral_5m_input_tokens": 48, "ephemeral_1h_input_tokens": 2000},
-    "output_tokens": 503,
-}
-DEEPSEEK = {
-    "prompt_tokens": 1500,
-    "completion_tokens": 400,
-    "total_tokens": 1900,
-    "prompt_cache_hit_tokens": 1024,
-    "prompt_cache_miss_tokens": 476,
-    "completion_tokens_details": {"reasoning_tokens": 300},
-}
-GEMINI = {
-    "promptTokenCount": 12000,
-    "candidatesTokenCount": 350,
-    "cachedContentTokenCount": 8000,
-    "thoughtsTokenCount": 900,
-    "totalTokenCount": 13250,
-}
 
 AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)  # 12:00 UTC: DeepSeek standard hours
 M = D(1_000_000)
