@@ -13,6 +13,12 @@ What the command sees:
 * new user, pid, ipc, uts, cgroup and network namespaces (``--unshare-all``; the network is
   shared only with ``allow_net``), a new session (no TIOCSTI into the caller's terminal),
   and an environment built from an allow-list, never the host's.
+* the same identity whoever starts stayer, root included: uid :data:`SANDBOX_UID` in its own
+  user namespace (the caller's uid outside, 0 unmapped), no capabilities, no nested user
+  namespaces, ``/proc/sys`` read-only, root-only ``/proc`` files covered, and a seccomp
+  filter that refuses setuid and setgid bits (:mod:`stayer.sandbox.seccomp`). Every
+  writable mount is ``nosuid,nodev`` (bwrap's default for binds). SECURITY.md has the
+  threat model.
 
 Because the command runs as pid 2 under bwrap's pid 1, when bwrap dies every process in the
 sandbox dies with it: killing bwrap's process group on timeout kills the whole tree.
@@ -21,8 +27,8 @@ What is hidden even where a system directory would show it:
 
 * ``/etc`` is visible (resolvers, users, CA certificates) but every file or directory in it
   that the host keeps from other users (not world-readable: ``/etc/shadow``, ssh host keys,
-  ``/etc/ssl/private``) is covered by an empty one. The command runs as the host user, so
-  without this root-owned secrets would be readable by a command running as root.
+  ``/etc/ssl/private``) is covered by an empty one. The command's uid is the host user's, so
+  without this root-owned secrets would be readable by a command of a root caller.
 * the directory stayer was started from, the home directory and ``$STAYER_HOME`` are
   covered by empty directories when they lie inside a mounted system directory (e.g. a
   checkout in ``/usr/src``); elsewhere they are not mounted at all.
@@ -133,6 +139,18 @@ def _supports_disable_userns(bwrap: str) -> bool:
     return b"--disable-userns" in _bwrap_help(bwrap)
 
 
+def _kept_from_others(path: str) -> bool:
+    """Whether other users may not read ``path``: a directory they cannot list and enter, or
+    a regular file they cannot read (links and special files are never secrets here)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    if stat.S_ISDIR(mode):
+        return mode & 0o005 != 0o005
+    return stat.S_ISREG(mode) and not mode & stat.S_IROTH
+
+
 @functools.cache
 def etc_secrets(etc: str = "/etc") -> tuple[tuple[str, bool], ...]:
     """``(path, is_dir)`` of what under ``etc`` other users may not read, outermost only.
@@ -143,21 +161,11 @@ def etc_secrets(etc: str = "/etc") -> tuple[tuple[str, bool], ...]:
     found: list[tuple[str, bool]] = []
     for dirpath, dirnames, filenames in os.walk(etc):
         for name in list(dirnames):
-            path = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o005 != 0o005:
+            if _kept_from_others(path := os.path.join(dirpath, name)):
                 found.append((path, True))
                 dirnames.remove(name)  # covered as a whole
         for name in filenames:
-            path = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode) and not st.st_mode & stat.S_IROTH:
+            if _kept_from_others(path := os.path.join(dirpath, name)):
                 found.append((path, False))
     return tuple(sorted(found))
 
@@ -187,20 +195,17 @@ def proc_secrets(proc: str = "/proc") -> tuple[tuple[str, bool], ...]:
     """``(path, is_dir)`` of the entries at the top of ``/proc`` (not the processes) that
     other users may not read: ``kpageflags``, ``slabinfo`` and the like are exploit aids,
     and the command's uid is the caller's, root's when stayer runs as root."""
-    found: list[tuple[str, bool]] = []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(proc):
-            if entry.name.isdigit() or entry.name in ("self", "thread-self"):
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o005 != 0o005:
-                found.append((entry.path, True))
-            elif stat.S_ISREG(st.st_mode) and not st.st_mode & stat.S_IROTH:
-                found.append((entry.path, False))
-    return tuple(sorted(found))
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return ()
+    return tuple(
+        sorted(
+            (path, os.path.isdir(path))
+            for name in names
+            if not name.isdigit() and _kept_from_others(path := os.path.join(proc, name))
+        )
+    )
 
 
 def _cover(secrets: tuple[tuple[str, bool], ...]) -> list[str]:
