@@ -284,6 +284,8 @@ try:
     os.chmod(os.path.join(d, "f1"), 0o4755, follow_symlinks=True)
 except OSError:
     pass
+import ctypes  # fchmodat2 (452 on every ABI), which a libc may not call yet
+ctypes.CDLL(None, use_errno=True).syscall(452, -100, os.path.join(d, "f1").encode(), 0o4755, 0)
 EOF
 echo ATTEMPTED
 """

@@ -63,12 +63,15 @@ class _ModeCall:
     flags: int | None = None
 
 
+# Numbered alike on every ABI, being newer than the unification of syscall tables.
+_OPENAT2 = 437
+_FCHMODAT2 = _ModeCall(452, mode=2)
+
+
 @dataclass(frozen=True, slots=True)
 class _Abi:
     arch: int
     calls: tuple[_ModeCall, ...]
-    openat2: int = 437
-    fchmodat2: int = 452
     strip: int = 0  # bits cleared from nr first (x32 shares x86-64's numbers)
 
 
@@ -81,6 +84,7 @@ def _at_calls(
         _ModeCall(mknodat, mode=2),
         _ModeCall(fchmod, mode=1),
         _ModeCall(fchmodat, mode=2),
+        _FCHMODAT2,
     )
 
 
@@ -142,14 +146,13 @@ def _abi_block(p: _Program, abi: _Abi, name: str) -> None:
     p.op(_LD_W_ABS, _NR)
     if abi.strip:
         p.op(_ALU_AND_K, 0xFFFFFFFF & ~abi.strip)
-    p.op(_JEQ_K, abi.openat2, jt=f"{name}.enosys")
-    p.op(_JEQ_K, abi.fchmodat2, jt=f"{name}.fchmodat2")
+    p.op(_JEQ_K, _OPENAT2, jt=f"{name}.enosys")
     for i, call in enumerate(abi.calls):
         p.op(_JEQ_K, call.nr, jt=f"{name}.{i}")
     _ret(p, _RET_ALLOW)
     p.label(f"{name}.enosys")
     _ret(p, _RET_ERRNO | errno.ENOSYS)
-    for i, call in [("fchmodat2", _ModeCall(abi.fchmodat2, mode=2)), *enumerate(abi.calls)]:
+    for i, call in enumerate(abi.calls):
         p.label(f"{name}.{i}")
         if call.flags is not None:
             p.op(_LD_W_ABS, _arg(call.flags))
