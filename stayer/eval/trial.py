@@ -50,6 +50,20 @@ def stayer_home() -> Path:
     return Path(os.environ.get("STAYER_HOME") or ".stayer")
 
 
+def make_run_dir(run_dir: Path, *, exist_ok: bool) -> None:
+    """Create ``run_dir``, and whatever is missing above it, private to its owner (0700).
+
+    The workspace inside holds whatever the sandbox wrote, trajectories hold the task and
+    the model's words: no other local user has business there. A run directory that
+    exists (a resumed run, maybe made before this rule) is made private too; existing
+    directories above it belong to the user and keep their mode."""
+    for d in reversed(run_dir.parents):  # top down
+        if not d.exists():
+            d.mkdir(mode=0o700, exist_ok=True)  # another run may create it at the same time
+    run_dir.mkdir(mode=0o700, exist_ok=exist_ok)
+    os.chmod(run_dir, 0o700)  # mkdir's mode went through the umask
+
+
 @dataclass(frozen=True)
 class RunConfig:
     task_dir: str
@@ -224,11 +238,11 @@ async def _execute(
     if journal is None:
         assert p.store is not None
         journal = RunJournal.create(p.store, p.run_id, run_header(p), workspace, p.prices)
-        p.run_dir.mkdir(parents=True)
+        make_run_dir(p.run_dir, exist_ok=False)
         task.materialise(workspace)
         journal.take_snapshot(0)
     else:
-        p.run_dir.mkdir(parents=True, exist_ok=True)
+        make_run_dir(p.run_dir, exist_ok=True)
         journal.restore_workspace(task.materialise)
     started = datetime.fromisoformat(journal.started)
     agent_sandbox = journal.sandbox(

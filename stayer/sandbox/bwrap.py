@@ -13,6 +13,12 @@ What the command sees:
 * new user, pid, ipc, uts, cgroup and network namespaces (``--unshare-all``; the network is
   shared only with ``allow_net``), a new session (no TIOCSTI into the caller's terminal),
   and an environment built from an allow-list, never the host's.
+* the same identity whoever starts stayer, root included: uid :data:`SANDBOX_UID` in its own
+  user namespace (the caller's uid outside, 0 unmapped), no capabilities, no nested user
+  namespaces, ``/proc/sys`` read-only, root-only ``/proc`` files covered, and a seccomp
+  filter that refuses setuid and setgid bits (:mod:`stayer.sandbox.seccomp`). Every
+  writable mount is ``nosuid,nodev`` (bwrap's default for binds). SECURITY.md has the
+  threat model.
 
 Because the command runs as pid 2 under bwrap's pid 1, when bwrap dies every process in the
 sandbox dies with it: killing bwrap's process group on timeout kills the whole tree.
@@ -21,8 +27,8 @@ What is hidden even where a system directory would show it:
 
 * ``/etc`` is visible (resolvers, users, CA certificates) but every file or directory in it
   that the host keeps from other users (not world-readable: ``/etc/shadow``, ssh host keys,
-  ``/etc/ssl/private``) is covered by an empty one. The command runs as the host user, so
-  without this root-owned secrets would be readable by a command running as root.
+  ``/etc/ssl/private``) is covered by an empty one. The command's uid is the host user's, so
+  without this root-owned secrets would be readable by a command of a root caller.
 * the directory stayer was started from, the home directory and ``$STAYER_HOME`` are
   covered by empty directories when they lie inside a mounted system directory (e.g. a
   checkout in ``/usr/src``); elsewhere they are not mounted at all.
@@ -49,6 +55,7 @@ from pathlib import Path
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.process import Limits, StorageLimit, file_size_cap, run_process
+from stayer.sandbox.seccomp import suid_filter
 
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -59,6 +66,10 @@ _BWRAP_OWN_PROCESSES = 2
 DEFAULT_MAX_PROCESSES = 1024
 # /tmp is a tmpfs, i.e. memory: without a storage limit it still may not take much of it.
 DEFAULT_TMP_MB = 1024
+# Who the command is inside its user namespace: not 0, so that nothing in the sandbox is
+# root even by name; mapped to the caller's uid outside (see _identity).
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
 
 _FIX = (
     "install bubblewrap (apt install bubblewrap / dnf install bubblewrap), enable "
@@ -85,9 +96,16 @@ def check_bwrap(bwrap: str | None = None) -> str:
                 "explicitly to run without isolation"
             )
         raise ConfigError(f"sandbox: bwrap (bubblewrap) not found on PATH; {_FIX}")
+    if os.geteuid() == 0 and not _supports_disable_userns(path):
+        raise ConfigError(
+            f"sandbox: {path} is older than bubblewrap 0.8, which cannot stop the command from "
+            "creating user namespaces of its own; run as root, that lets it set file "
+            "capabilities valid on the host. Install bubblewrap >= 0.8, run stayer as a "
+            "user other than root, or pass --sandbox local explicitly to run without isolation"
+        )
     try:
         proc = subprocess.run(
-            [path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
+            [path, "--unshare-all", *_identity(path), "--die-with-parent", "--ro-bind", "/", "/", "true"],
             capture_output=True,
             timeout=30,
             env={"PATH": SANDBOX_PATH},
@@ -103,13 +121,34 @@ def check_bwrap(bwrap: str | None = None) -> str:
 
 
 @functools.cache
-def _supports_tmpfs_size(bwrap: str) -> bool:
-    """bwrap learnt ``--size`` in 0.7; older ones reject the whole command line."""
+def _bwrap_help(bwrap: str) -> bytes:
     try:
         proc = subprocess.run([bwrap, "--help"], capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
+        return b""
+    return proc.stdout + proc.stderr
+
+
+def _supports_tmpfs_size(bwrap: str) -> bool:
+    """bwrap learnt ``--size`` in 0.7; older ones reject the whole command line."""
+    return b"--size" in _bwrap_help(bwrap)
+
+
+def _supports_disable_userns(bwrap: str) -> bool:
+    """bwrap learnt ``--disable-userns`` in 0.8."""
+    return b"--disable-userns" in _bwrap_help(bwrap)
+
+
+def _kept_from_others(path: str) -> bool:
+    """Whether other users may not read ``path``: a directory they cannot list and enter, or
+    a regular file they cannot read (links and special files are never secrets here)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
         return False
-    return b"--size" in proc.stdout + proc.stderr
+    if stat.S_ISDIR(mode):
+        return mode & 0o005 != 0o005
+    return stat.S_ISREG(mode) and not mode & stat.S_IROTH
 
 
 @functools.cache
@@ -122,23 +161,63 @@ def etc_secrets(etc: str = "/etc") -> tuple[tuple[str, bool], ...]:
     found: list[tuple[str, bool]] = []
     for dirpath, dirnames, filenames in os.walk(etc):
         for name in list(dirnames):
-            path = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o005 != 0o005:
+            if _kept_from_others(path := os.path.join(dirpath, name)):
                 found.append((path, True))
                 dirnames.remove(name)  # covered as a whole
         for name in filenames:
-            path = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode) and not st.st_mode & stat.S_IROTH:
+            if _kept_from_others(path := os.path.join(dirpath, name)):
                 found.append((path, False))
     return tuple(sorted(found))
+
+
+def _identity(bwrap: str) -> list[str]:
+    """Who the command is: :data:`SANDBOX_UID` in a user namespace of its own, with no
+    capabilities, unable to create further user namespaces.
+
+    Without ``--unshare-user`` a bwrap started by root keeps every capability (uid_map
+    ``0 0 1``): the command could remount the system read-write or unmount what covers a
+    secret. The namespace maps only :data:`SANDBOX_UID` to the caller's uid, so what the
+    command writes in the workspace is the caller's on the host, and nothing inside can
+    become uid 0. A nested user namespace would give the command every capability over
+    files it owns, including writing file capabilities that, for a root caller, hold on
+    the host: ``--disable-userns`` forbids it (bwrap >= 0.8; :func:`check_bwrap` refuses
+    an older one for root, for whom that matters).
+    """
+    args = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
+    args += ["--cap-drop", "ALL"]
+    if _supports_disable_userns(bwrap):
+        args.append("--disable-userns")
+    return args
+
+
+@functools.cache
+def proc_secrets(proc: str = "/proc") -> tuple[tuple[str, bool], ...]:
+    """``(path, is_dir)`` of the entries at the top of ``/proc`` (not the processes) that
+    other users may not read: ``kpageflags``, ``slabinfo`` and the like are exploit aids,
+    and the command's uid is the caller's, root's when stayer runs as root."""
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return ()
+    return tuple(
+        sorted(
+            (path, os.path.isdir(path))
+            for name in names
+            if not name.isdigit() and _kept_from_others(path := os.path.join(proc, name))
+        )
+    )
+
+
+def _cover(secrets: tuple[tuple[str, bool], ...]) -> list[str]:
+    """Cover each with an empty read-only directory, or with /dev/null (which, on a nodev
+    mount, cannot even be opened)."""
+    args: list[str] = []
+    for path, is_dir in secrets:
+        if is_dir:
+            args += ["--tmpfs", path, "--remount-ro", path]
+        else:
+            args += ["--ro-bind", "/dev/null", path]
+    return args
 
 
 def _private_host_dirs() -> list[str]:
@@ -195,9 +274,11 @@ class BwrapSandbox:
             **(env or {}),
         }
 
-    def _options(self, mounts: tuple[Mount, ...], cwd: str) -> list[str]:
+    def _options(self, mounts: tuple[Mount, ...], cwd: str, seccomp_fd: int | None) -> list[str]:
         """bwrap's options: everything but the program to run."""
-        args = ["--unshare-all"]
+        args = ["--unshare-all", *_identity(self.bwrap)]
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
         if self.allow_net:
             args.append("--share-net")
         args += ["--die-with-parent", "--new-session", "--clearenv"]
@@ -208,13 +289,7 @@ class BwrapSandbox:
                 args += ["--symlink", os.readlink(d), d]
             elif os.path.isdir(d):
                 args += ["--ro-bind", d, d]
-        # Covered by an empty read-only directory, or by /dev/null (which, on a nodev
-        # mount, cannot even be opened).
-        for path, is_dir in etc_secrets():
-            if is_dir:
-                args += ["--tmpfs", path, "--remount-ro", path]
-            else:
-                args += ["--ro-bind", "/dev/null", path]
+        args += _cover(etc_secrets())
         for path in self._hidden_dirs:
             args += ["--tmpfs", path, "--remount-ro", path]
         if self.allow_net and os.path.islink("/etc/resolv.conf"):
@@ -222,7 +297,11 @@ class BwrapSandbox:
             target = os.path.realpath("/etc/resolv.conf")
             if os.path.exists(target):
                 args += ["--ro-bind", target, target]
-        args += ["--proc", "/proc", "--dev", "/dev"]
+        # The kernel lets uid 0 write sysctls whatever its capabilities, and the command's
+        # uid is root's when stayer runs as root: /proc/sys is read-only for everyone.
+        args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
+        args += _cover(proc_secrets())
+        args += ["--dev", "/dev"]
         if _supports_tmpfs_size(self.bwrap):
             args += ["--size", str((self.storage_mb or DEFAULT_TMP_MB) * 2**20)]
         args += ["--tmpfs", "/tmp", "--bind", str(self.workspace), "/app"]
@@ -262,22 +341,45 @@ class BwrapSandbox:
             if self.storage_mb is not None
             else None
         )
-        options = self._options(mounts, cwd)
-        args_fd = _options_pipe(options)
+        seccomp_fd = _seccomp_fd()
+        args_fd = None
         try:
+            options = self._options(mounts, cwd, seccomp_fd)
+            args_fd = _options_pipe(options)
             return await run_process(
                 self._argv(command, options, args_fd),
                 timeout=timeout,
                 stdin=stdin,
-                env={"PATH": SANDBOX_PATH},  # for bwrap itself; the sandbox gets --clearenv
+                # bwrap stays pid 1 of the sandbox, so the command can read its environment
+                # in /proc/1/environ: only PATH, and "/" as the directory, whatever the
+                # host's (a shell exports its directory as PWD). The sandbox gets --clearenv.
+                cwd="/",
+                env={"PATH": SANDBOX_PATH},
                 max_output_bytes=self.max_output_bytes,
                 limits=limits,
                 storage=storage,
-                pass_fds=() if args_fd is None else (args_fd,),
+                pass_fds=[fd for fd in (args_fd, seccomp_fd) if fd is not None],
             )
         finally:
-            if args_fd is not None:
-                os.close(args_fd)
+            for fd in (args_fd, seccomp_fd):
+                if fd is not None:
+                    os.close(fd)
+
+
+def _seccomp_fd() -> int | None:
+    """A descriptor holding :func:`suid_filter` for ``bwrap --seccomp``, read from its start;
+    None where there is no filter for this machine."""
+    program = suid_filter()
+    if program is None:
+        return None
+    fd = os.memfd_create("stayer-seccomp", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, program)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _options_pipe(options: list[str]) -> int | None:

@@ -1,0 +1,182 @@
+"""A seccomp filter that keeps setuid and setgid bits from being set inside the sandbox.
+
+The command runs under the caller's host uid (a user namespace maps it to an unprivileged
+uid inside, so that the workspace stays the caller's). It owns the files it creates, and the
+owner of a file may set its setuid bit without any capability: a ``chmod 4755`` in ``/app``
+would leave a setuid binary of the caller (root, when stayer runs as root) in the host's
+run directory. The mounts are ``nosuid``, which protects only the sandbox itself.
+
+So every system call that can set a mode — ``chmod``, ``fchmod``, ``fchmodat``,
+``fchmodat2``, and the creating ones ``open``/``openat``/``creat`` (with ``O_CREAT`` or
+``O_TMPFILE``), ``mkdir``/``mkdirat``, ``mknod``/``mknodat`` — fails with ``EPERM`` when the
+mode carries ``S_ISUID`` or ``S_ISGID`` (what systemd's ``RestrictSUIDSGID=`` does).
+``openat2`` takes its mode in a structure a filter cannot read, so it fails with ``ENOSYS``,
+which makes libraries fall back to ``openat``. A process of an ABI the filter does not
+describe (e.g. 32-bit ARM on arm64) is killed: its system call numbers would bypass it.
+
+Supported: x86-64 (with its i386 and x32 ABIs) and arm64. Elsewhere :func:`suid_filter`
+returns None and the bits are not blocked (SECURITY.md says so).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import platform
+import struct
+from dataclasses import dataclass
+
+# <linux/filter.h>, <linux/seccomp.h>, <linux/audit.h>
+_LD_W_ABS = 0x20
+_ALU_AND_K = 0x54
+_JEQ_K = 0x15
+_JSET_K = 0x45
+_RET_K = 0x06
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000
+_RET_KILL_PROCESS = 0x80000000
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_AUDIT_ARCH_I386 = 0x40000003
+_AUDIT_ARCH_AARCH64 = 0xC00000B7
+_X32_SYSCALL_BIT = 0x40000000
+
+# struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6]. Every
+# supported ABI is little-endian, so an argument's low 32 bits come first.
+_NR, _ARCH = 0, 4
+
+
+def _arg(i: int) -> int:
+    return 16 + 8 * i
+
+
+_S_ISUID_ISGID = 0o6000
+_O_CREAT_OR_TMPFILE = 0o100 | 0o20000000  # O_CREAT | __O_TMPFILE (same on every ABI here)
+
+
+@dataclass(frozen=True, slots=True)
+class _ModeCall:
+    """A system call whose argument ``mode`` may carry the bits; with ``flags``, only when
+    that argument has O_CREAT or O_TMPFILE (otherwise the mode is ignored, maybe garbage)."""
+
+    nr: int
+    mode: int
+    flags: int | None = None
+
+
+# Numbered alike on every ABI, being newer than the unification of syscall tables.
+_OPENAT2 = 437
+_FCHMODAT2 = _ModeCall(452, mode=2)
+
+
+@dataclass(frozen=True, slots=True)
+class _Abi:
+    arch: int
+    calls: tuple[_ModeCall, ...]
+    strip: int = 0  # bits cleared from nr first (x32 shares x86-64's numbers)
+
+
+def _at_calls(
+    openat: int, mkdirat: int, mknodat: int, fchmod: int, fchmodat: int
+) -> tuple[_ModeCall, ...]:
+    return (
+        _ModeCall(openat, mode=3, flags=2),
+        _ModeCall(mkdirat, mode=2),
+        _ModeCall(mknodat, mode=2),
+        _ModeCall(fchmod, mode=1),
+        _ModeCall(fchmodat, mode=2),
+        _FCHMODAT2,
+    )
+
+
+def _legacy_calls(
+    open_: int, creat: int, mkdir: int, mknod: int, chmod: int
+) -> tuple[_ModeCall, ...]:
+    return (
+        _ModeCall(open_, mode=2, flags=1),
+        _ModeCall(creat, mode=1),
+        _ModeCall(mkdir, mode=1),
+        _ModeCall(mknod, mode=1),
+        _ModeCall(chmod, mode=1),
+    )
+
+
+_X86_64 = _Abi(
+    _AUDIT_ARCH_X86_64,
+    _at_calls(257, 258, 259, 91, 268) + _legacy_calls(2, 85, 83, 133, 90),
+    strip=_X32_SYSCALL_BIT,
+)
+_I386 = _Abi(_AUDIT_ARCH_I386, _at_calls(295, 296, 297, 94, 306) + _legacy_calls(5, 8, 39, 14, 15))
+_AARCH64 = _Abi(_AUDIT_ARCH_AARCH64, _at_calls(56, 34, 33, 52, 53))
+
+_ABIS = {"x86_64": (_X86_64, _I386), "aarch64": (_AARCH64,)}
+
+
+class _Program:
+    """Classic BPF with forward jumps to labels, resolved when packed."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[int, int | str, int | str, int]] = []
+        self.labels: dict[str, int] = {}
+
+    def op(self, code: int, k: int, jt: int | str = 0, jf: int | str = 0) -> None:
+        self.ops.append((code, jt, jf, k))
+
+    def label(self, name: str) -> None:
+        self.labels[name] = len(self.ops)
+
+    def pack(self) -> bytes:
+        def offset(at: int, target: int | str) -> int:
+            if isinstance(target, int):
+                return target
+            jump = self.labels[target] - at - 1
+            assert 0 <= jump <= 255, target
+            return jump
+
+        return b"".join(
+            struct.pack("=HBBI", code, offset(i, jt), offset(i, jf), k)
+            for i, (code, jt, jf, k) in enumerate(self.ops)
+        )
+
+
+def _ret(p: _Program, action: int) -> None:
+    p.op(_RET_K, action)
+
+
+def _abi_block(p: _Program, abi: _Abi, name: str) -> None:
+    p.op(_LD_W_ABS, _NR)
+    if abi.strip:
+        p.op(_ALU_AND_K, 0xFFFFFFFF & ~abi.strip)
+    p.op(_JEQ_K, _OPENAT2, jt=f"{name}.enosys")
+    for i, call in enumerate(abi.calls):
+        p.op(_JEQ_K, call.nr, jt=f"{name}.{i}")
+    _ret(p, _RET_ALLOW)
+    p.label(f"{name}.enosys")
+    _ret(p, _RET_ERRNO | errno.ENOSYS)
+    for i, call in enumerate(abi.calls):
+        p.label(f"{name}.{i}")
+        if call.flags is not None:
+            p.op(_LD_W_ABS, _arg(call.flags))
+            p.op(_JSET_K, _O_CREAT_OR_TMPFILE, jf="allow")
+        p.op(_LD_W_ABS, _arg(call.mode))
+        p.op(_JSET_K, _S_ISUID_ISGID, jt="deny", jf="allow")
+
+
+@functools.cache
+def suid_filter(machine: str | None = None) -> bytes | None:
+    """The compiled filter for ``machine`` (default: this one), or None if unsupported."""
+    abis = _ABIS.get(machine or platform.machine())
+    if abis is None:
+        return None
+    p = _Program()
+    p.op(_LD_W_ABS, _ARCH)
+    for abi in abis:
+        p.op(_JEQ_K, abi.arch, jt=f"arch{abi.arch:x}")
+    _ret(p, _RET_KILL_PROCESS)
+    for abi in abis:
+        p.label(f"arch{abi.arch:x}")
+        _abi_block(p, abi, f"a{abi.arch:x}")
+    p.label("allow")
+    _ret(p, _RET_ALLOW)
+    p.label("deny")
+    _ret(p, _RET_ERRNO | errno.EPERM)
+    return p.pack()
