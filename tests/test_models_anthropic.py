@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from histories import histories
 from http_fake import ANTHROPIC_MESSAGE, FakeServer, complete
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -212,33 +213,10 @@ def test_missing_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     assert m.client.max_retries == 0
 
 
-_texts = st.sampled_from(["", "  ", "plain", "ünïcode ✓", 'quote " and \\ slash', "x" * 50])
-
-
-@st.composite
-def _histories(draw: st.DrawFn) -> list[Message]:
-    history = []
-    for i in range(draw(st.integers(0, 12))):
-        kind = draw(st.sampled_from(["user", "assistant", "tool", "tool-no-id"]))
-        if kind == "assistant":
-            calls = tuple(
-                ToolCall(f"c{i}.{k}", "bash", draw(st.sampled_from(['{"command": "ls"}', "not json", "", "[1]"])))
-                for k in range(draw(st.integers(0, 2)))
-            )
-            history.append(Message("assistant", draw(_texts), calls))
-        elif kind == "tool":
-            history.append(Message("tool", draw(_texts), tool_call_id=f"c{i}", is_error=draw(st.booleans())))
-        elif kind == "tool-no-id":
-            history.append(Message("tool", draw(_texts)))
-        else:
-            history.append(Message("user", draw(_texts)))
-    return history
-
-
 @settings(max_examples=300, deadline=None)
 @given(
-    history=_histories(),
-    more=_histories(),
+    history=histories(),
+    more=histories(),
     system=st.sampled_from(["", "S"]),
     tools=st.sampled_from([[], TOOLS]),
     breakpoints=st.lists(st.integers(-2, 14), max_size=6),

@@ -51,9 +51,17 @@ class MessageJson(Generic[T]):
         return out
 
 
-def json_object(fields: Sequence[tuple[str, str]]) -> bytes:
-    """``{"k": v, …}`` from keys and already-encoded values, as UTF-8 bytes."""
-    return ("{" + ",".join(f"{dumps(k)}:{v}" for k, v in fields) + "}").encode()
+def object_with_array(fields: dict[str, Any], key: str, items: Sequence[bytes]) -> bytes:
+    """``{**fields, key: [items…]}`` as UTF-8 JSON, ``items`` already encoded; joined in
+    one go, because at 1M tokens every extra copy of the body costs milliseconds."""
+    head = dumps(fields)[:-1]
+    pieces = [f"{head}{',' if fields else ''}{dumps(key)}:[".encode()]
+    for item in items:
+        pieces += (item, b",")
+    if items:
+        pieces.pop()
+    pieces.append(b"]}")
+    return b"".join(pieces)
 
 
 async def post_json(
