@@ -41,12 +41,15 @@ class Verdict:
 
     @property
     def outcome(self) -> str:
-        """passed, infrastructure, timed_out or failed."""
+        """passed, infrastructure, timed_out, failed, or not_run (a sandbox that cannot
+        mount the tests: no verdict at all, which is the run's setting, not the host's)."""
         if passes(self.reward):
             return "passed"
+        if self.exec is None:
+            return "not_run"
         if self.infrastructure:
             return "infrastructure"
-        return "timed_out" if self.exec is not None and self.exec.timed_out else "failed"
+        return "timed_out" if self.exec.timed_out else "failed"
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -63,13 +66,11 @@ def infrastructure_reason(verdict: Verdict, task: Task) -> str | None:
     """Why the tests could not judge the work on this host, or None if they could.
 
     A passing reward is never infrastructure; tests that ran out of time are the agent's
-    (its work may hang them)."""
+    (its work may hang them); tests that were not run at all give no verdict to classify."""
     if passes(verdict.reward):
         return None
     result = verdict.exec
-    if result is None:
-        return verdict.error or "the verifier did not run"
-    if result.timed_out:
+    if result is None or result.timed_out:
         return None
     if why := _UNRUNNABLE_EXIT.get(result.exit_code):
         return f"the test script exited {result.exit_code}: {why}"
@@ -110,8 +111,7 @@ async def verify(task: Task, sandbox: Sandbox) -> Verdict:
                 ),
             )
         except ConfigError as e:  # e.g. the local sandbox, which cannot mount /tests
-            error = f"verifier not run: {e}"
-            return Verdict(None, error=error, infrastructure=error)
+            return Verdict(None, error=f"verifier not run: {e}")
         reward, rewards, error = read_reward(Path(logs))
     if result.timed_out:
         error = f"verifier timed out after {task.verifier_timeout_s:g} s"
