@@ -113,7 +113,7 @@ class _Listing:
     """What the fingerprint keeps of one directory."""
 
     inode: int
-    digest: bytes  # of its entries' names, sizes and modification times
+    mark: int  # hash of its path and of its entries' names, sizes and modification times
     subdirs: tuple[str, ...]
     files: int
     linked: bool  # holds a hard-linked file, whose edits elsewhere no event reports
@@ -136,6 +136,9 @@ class TreeFingerprint:
     _dirs: dict[str, _Listing] = field(default_factory=dict, init=False, repr=False)
     _digest: str | None = field(default=None, init=False, repr=False)
     _files: int = field(default=0, init=False, repr=False)  # in ``_dirs``
+    # XOR of every listing's mark: the tree's hash, updated per directory in O(1) (paths
+    # are unique, so no two marks cancel but by a collision of SHA-256).
+    _combined: int = field(default=0, init=False, repr=False)
 
     def fingerprint(self) -> str:
         key = str(self.root)
@@ -150,17 +153,14 @@ class TreeFingerprint:
             for directory in sorted(changed, key=lambda d: d.count(os.sep)):
                 if directory in self._dirs:
                     self._read_tree(directory)
-        h = hashlib.sha256()
-        for directory in sorted(self._dirs):
-            h.update(os.fsencode(directory) + b"\0" + self._dirs[directory].digest)
-        self._digest = h.hexdigest()
+        self._digest = f"{self._combined:064x}"
         return self._digest
 
     def _scan_all(self) -> None:
         key = str(self.root)
         self._watch.begin(key)
         self._dirs.clear()
-        self._files = 0
+        self._files = self._combined = 0
         self._read_tree(key)
         if self._files < self.max_entries and not any(d.linked for d in self._dirs.values()):
             self._watch.end(key)
@@ -170,16 +170,14 @@ class TreeFingerprint:
         pending = [top]
         while pending:
             directory = pending.pop()
-            old = self._dirs.pop(directory, None)
-            self._files -= old.files if old else 0
+            old = self._take(directory)
             new = self._read_dir(directory)
             for name in old.subdirs if old else ():
                 if new is None or name not in new.subdirs:
                     self._drop_tree(os.path.join(directory, name))
             if new is None:
                 continue
-            self._dirs[directory] = new
-            self._files += new.files
+            self._put(directory, new)
             for name in new.subdirs:
                 sub = os.path.join(directory, name)
                 known = self._dirs.get(sub)
@@ -189,7 +187,19 @@ class TreeFingerprint:
     def _drop_tree(self, top: str) -> None:
         below = top + os.sep
         for directory in [d for d in self._dirs if d == top or d.startswith(below)]:
-            self._files -= self._dirs.pop(directory).files
+            self._take(directory)
+
+    def _put(self, directory: str, listing: _Listing) -> None:
+        self._dirs[directory] = listing
+        self._files += listing.files
+        self._combined ^= listing.mark
+
+    def _take(self, directory: str) -> _Listing | None:
+        listing = self._dirs.pop(directory, None)
+        if listing is not None:
+            self._files -= listing.files
+            self._combined ^= listing.mark
+        return listing
 
     def _read_dir(self, directory: str) -> _Listing | None:
         """One directory's entries, watched from before they are read; None if it is gone
@@ -217,8 +227,9 @@ class TreeFingerprint:
             return None
         subdirs.sort()
         lines.sort()
-        digest = hashlib.sha256(b"".join(lines) + b"\0".join(os.fsencode(d) for d in subdirs)).digest()
-        return _Listing(inode, digest, tuple(subdirs), len(lines), linked)
+        h = hashlib.sha256(os.fsencode(directory) + b"\0\0")
+        h.update(b"".join(lines) + b"\0".join(os.fsencode(d) for d in subdirs))
+        return _Listing(inode, int.from_bytes(h.digest()), tuple(subdirs), len(lines), linked)
 
 
 def _inode(path: str) -> int:
