@@ -117,3 +117,14 @@ def test_the_workspace_removed_and_made_again(tmp_path):
     tree(root, dirs=2)
     (root / "d0" / "f0.txt").write_text("different\n")
     assert fp.fingerprint() == TreeFingerprint(root).fingerprint()
+
+
+def test_names_that_are_not_utf8_are_fingerprinted(tmp_path):
+    root = tree(tmp_path / "ws")
+    fp = TreeFingerprint(root)
+    before = fp.fingerprint()
+    name = os.fsencode(root / "d0") + b"/caf\xe9.txt"
+    with open(name, "wb") as f:
+        f.write(b"x\n")
+    now = fp.fingerprint()
+    assert now != before and now == TreeFingerprint(root).fingerprint()

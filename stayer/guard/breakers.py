@@ -139,6 +139,7 @@ class TreeFingerprint:
     # XOR of every listing's mark: the tree's hash, updated per directory in O(1) (paths
     # are unique, so no two marks cancel but by a collision of SHA-256).
     _combined: int = field(default=0, init=False, repr=False)
+    _device: int = field(default=-1, init=False, repr=False)  # the root's file system
 
     def fingerprint(self) -> str:
         key = str(self.root)
@@ -161,6 +162,7 @@ class TreeFingerprint:
         self._watch.begin(key)
         self._dirs.clear()
         self._files = self._combined = 0
+        self._device = _device_of(key)
         self._read_tree(key)
         if self._files < self.max_entries and not any(d.linked for d in self._dirs.values()):
             self._watch.end(key)
@@ -218,7 +220,8 @@ class TreeFingerprint:
                         st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue
-                    if stat.S_ISDIR(st.st_mode):
+                    # Another file system mounted inside is not entered (as snapshots walk).
+                    if stat.S_ISDIR(st.st_mode) and st.st_dev == self._device:
                         subdirs.append(entry.name)
                         continue
                     linked = linked or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1)
@@ -230,6 +233,13 @@ class TreeFingerprint:
         h = hashlib.sha256(os.fsencode(directory) + b"\0\0")
         h.update(b"".join(lines) + b"\0".join(os.fsencode(d) for d in subdirs))
         return _Listing(inode, int.from_bytes(h.digest()), tuple(subdirs), len(lines), linked)
+
+
+def _device_of(path: str) -> int:
+    try:
+        return os.lstat(path).st_dev
+    except OSError:
+        return -1
 
 
 def _inode(path: str) -> int:
