@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import json
 import random
 import sys
 from dataclasses import dataclass
@@ -195,15 +197,18 @@ POLICIES = {
 }
 
 
-async def run_all(quick: bool) -> int:
+async def run_all(quick: bool, as_json: bool = False) -> int:
+    """The comparison table (on stderr with ``as_json``, which prints one JSON document)."""
+    say = functools.partial(print, file=sys.stderr if as_json else sys.stdout)
+    rows: list[dict] = []
     prices = PriceBook()
     counter = MessageCounter(TiktokenCounter())
     failures: list[str] = []
     peaks: list[int] = []
     header = f"{'workload':<44} {'model':<18}" + "".join(f"{p:>11}" for p in [*POLICIES, "optimal"])
     header += f"{'auto/none':>10}{'auto/mask':>10}{'auto/opt':>9}"
-    print(header)
-    print("-" * len(header))
+    say(header)
+    say("-" * len(header))
     for trace in workloads(quick):
         name = Path(trace.source).name if "/" in trace.source else trace.source
         for model in MODELS:
@@ -218,7 +223,9 @@ async def run_all(quick: bool) -> int:
             vs_none = costs["auto"] / costs["none"]
             vs_mask = costs["auto"] / costs["mask(5)"]
             vs_opt = costs["auto"] / costs["optimal"]
-            print(row + f"{float(vs_none):>10.3f}{float(vs_mask):>10.3f}{float(vs_opt):>9.3f}")
+            say(row + f"{float(vs_none):>10.3f}{float(vs_mask):>10.3f}{float(vs_opt):>9.3f}")
+            rows.append({"workload": name, "model": model, "cost_usd": {k: str(v) for k, v in costs.items()},
+                         "auto_vs_none": float(vs_none), "auto_vs_mask": float(vs_mask), "auto_vs_optimal": float(vs_opt)})
             if vs_none > 1 or vs_mask > 1 or vs_opt > Decimal("1.15"):
                 failures.append(f"{name} / {model}")
             if name.startswith("published") and model.startswith("claude") and vs_none > Decimal("0.5"):
@@ -227,17 +234,22 @@ async def run_all(quick: bool) -> int:
             if limited["peak_context_tokens"] > LIMIT:
                 failures.append(f"{name} / {model}: peak {limited['peak_context_tokens']} > --max-context {LIMIT}")
             peaks.append(limited["peak_context_tokens"])
-    print()
-    print("targets: auto ≤ none, auto ≤ mask(5), auto ≤ 1.15× optimal everywhere; published/Anthropic auto ≤ 0.5× none")
-    print(f"auto with --max-context {LIMIT:,}: highest peak context {max(peaks):,} tokens")
-    print("missed: " + ("; ".join(failures) if failures else "none"))
+    say()
+    say("targets: auto ≤ none, auto ≤ mask(5), auto ≤ 1.15× optimal everywhere; published/Anthropic auto ≤ 0.5× none")
+    say(f"auto with --max-context {LIMIT:,}: highest peak context {max(peaks):,} tokens")
+    say("missed: " + ("; ".join(failures) if failures else "none"))
+    if as_json:
+        print(json.dumps({"bench": "context_policies", "rows": rows, "max_context": LIMIT,
+                          "highest_peak_tokens": max(peaks), "missed": failures}, indent=2))
     return 1 if failures else 0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a 60-step synthetic workload instead of 200")
-    raise SystemExit(asyncio.run(run_all(ap.parse_args().quick)))
+    ap.add_argument("--json", action="store_true", help="Print one JSON document of the figures.")
+    args = ap.parse_args()
+    raise SystemExit(asyncio.run(run_all(args.quick, args.json)))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import json
 import os
 import shutil
 import sys
@@ -62,25 +64,33 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=20)
     ap.add_argument("--levels", default="1,4,16")
     ap.add_argument("--latencies", default="0,0.5", help="simulated seconds per model call")
+    ap.add_argument("--json", action="store_true", help="Print one JSON document of the figures.")
     args = ap.parse_args()
+    say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
+    rows = []
     levels = [int(x) for x in args.levels.split(",")]
     latencies = [float(x) for x in args.latencies.split(",")]
     prices = PriceBook.load()
     with tempfile.TemporaryDirectory(prefix="stayer-bench-eval-") as tmp:
         os.environ["STAYER_HOME"] = str(Path(tmp) / "home")  # this process only: run dirs go here
         suite = make_suite(Path(tmp) / "suite", args.tasks)
-        print(f"{args.tasks}-task suite, oracle policy, sim:claude-sonnet-4-5, {os.cpu_count()} CPUs")
+        say(f"{args.tasks}-task suite, oracle policy, sim:claude-sonnet-4-5, {os.cpu_count()} CPUs")
         # Warm-up (tokenizer, price tables, bwrap probe), so that no level pays it.
         measure(suite, max(levels), 0.0, prices)
         for latency in latencies:
-            print(f"\nmodel latency {latency:g} s per call")
-            print(f"{'concurrency':>11} {'trials':>6} {'solved':>6} {'seconds':>8} {'trials/min':>10} {'speed-up':>8}")
+            say(f"\nmodel latency {latency:g} s per call")
+            say(f"{'concurrency':>11} {'trials':>6} {'solved':>6} {'seconds':>8} {'trials/min':>10} {'speed-up':>8}")
             base = None
             for level in levels:
                 seconds, n, solved = measure(suite, level, latency, prices)
                 rate = n / seconds * 60
                 base = base or rate
-                print(f"{level:>11} {n:>6} {solved:>6} {seconds:>8.2f} {rate:>10.1f} {rate / base:>7.2f}x")
+                say(f"{level:>11} {n:>6} {solved:>6} {seconds:>8.2f} {rate:>10.1f} {rate / base:>7.2f}x")
+                rows.append({"latency_s": latency, "concurrency": level, "trials": n, "solved": solved,
+                             "seconds": seconds, "trials_per_min": rate, "speedup": rate / base})
+    if args.json:
+        print(json.dumps({"bench": "eval", "tasks": args.tasks, "cpus": os.cpu_count(),
+                          "loadavg": os.getloadavg(), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ step than SqliteSaver.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -265,7 +266,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs per side; the fastest counts")
     ap.add_argument("--langgraph-python", help="a Python with langgraph and langgraph-checkpoint-sqlite")
     ap.add_argument("--langgraph-worker", nargs=3, metavar=("DATA", "DB", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--json", action="store_true", help="Print one JSON document of the figures.")
     args = ap.parse_args()
+    say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
     if args.langgraph_worker:
         langgraph_worker(*args.langgraph_worker)
         return
@@ -274,13 +277,13 @@ def main() -> None:
     try:
         data = workload(args.steps, args.obs_tokens)
         raw = sum(len(d["assistant"].encode()) + len(d["observation"].encode()) for d in data)
-        print(f"workload: {args.steps} steps, {args.obs_tokens:,}-token observations; {raw / 1e6:.1f} MB of unique message text")
+        say(f"workload: {args.steps} steps, {args.obs_tokens:,}-token observations; {raw / 1e6:.1f} MB of unique message text")
         ours = min((measure_stayer(data, where / f"stayer{i}") for i in range(args.repeat)),
                    key=lambda r: r["journal_s_per_step"])
         python, why = langgraph_python(args.langgraph_python)
         theirs = None
         if python is None:
-            print(f"LangGraph baseline skipped: {why}")
+            say(f"LangGraph baseline skipped: {why}")
         else:
             (where / "data.json").write_text(json.dumps(data))
             for i in range(args.repeat):
@@ -290,23 +293,26 @@ def main() -> None:
                 for p in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
                     p.unlink(missing_ok=True)  # ~1 GB each at the defaults
                 if r.returncode != 0:
-                    print(f"LangGraph baseline failed: {r.stderr.strip().splitlines()[-1:]}")
+                    say(f"LangGraph baseline failed: {r.stderr.strip().splitlines()[-1:]}")
                     break
                 run = json.loads(out.read_text())
                 if theirs is None or run["journal_s_per_step"] < theirs["journal_s_per_step"]:
                     theirs = run
-        print(f"{'':28} {'bytes on disk':>15} {'journaling ms/step':>19}")
-        print(f"{'stayer journal (SQLite)':28} {ours['bytes']:>15,} {ours['journal_s_per_step'] * 1000:>19.3f}")
-        print(f"{'  (A/B wall difference)':28} {'':>15} {ours['ab_s_per_step'] * 1000:>19.3f}")
+        say(f"{'':28} {'bytes on disk':>15} {'journaling ms/step':>19}")
+        say(f"{'stayer journal (SQLite)':28} {ours['bytes']:>15,} {ours['journal_s_per_step'] * 1000:>19.3f}")
+        say(f"{'  (A/B wall difference)':28} {'':>15} {ours['ab_s_per_step'] * 1000:>19.3f}")
         if theirs is not None:
-            print(f"{'LangGraph SqliteSaver':28} {theirs['bytes']:>15,} {theirs['journal_s_per_step'] * 1000:>19.3f}")
+            say(f"{'LangGraph SqliteSaver':28} {theirs['bytes']:>15,} {theirs['journal_s_per_step'] * 1000:>19.3f}")
             size_x = theirs["bytes"] / ours["bytes"]
             time_x = theirs["journal_s_per_step"] / ours["journal_s_per_step"]
-            print(f"stayer is {size_x:.1f}× smaller and {time_x:.1f}× faster per step (target: ≥10× each)")
-            print(f"LangGraph: {theirs['checkpoints']} checkpoints, journal_mode={theirs['journal_mode']}, "
+            say(f"stayer is {size_x:.1f}× smaller and {time_x:.1f}× faster per step (target: ≥10× each)")
+            say(f"LangGraph: {theirs['checkpoints']} checkpoints, journal_mode={theirs['journal_mode']}, "
                   f"synchronous={theirs['synchronous']}, {theirs['versions']}")
-        print(f"stayer: {ours['events']} events in {ours['writes']} durable writes; "
+        say(f"stayer: {ours['events']} events in {ours['writes']} durable writes; "
               f"stored/unique text = {ours['bytes'] / raw:.2f} (blobs are zlib-compressed)")
+        if args.json:
+            print(json.dumps({"bench": "journal", "steps": args.steps, "obs_tokens": args.obs_tokens,
+                              "unique_text_bytes": raw, "stayer": ours, "langgraph": theirs}, indent=2, default=str))
     finally:
         shutil.rmtree(where, ignore_errors=True)
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import json
 import random
 import sys
 from dataclasses import dataclass
@@ -152,11 +154,13 @@ async def serve(w: Workload, strong_id: str, cheap_id: str, strategy: str, price
     return Outcome(cost, latency, switches, hard_on_cheap, read / total if total else 0.0)
 
 
-async def main(quick: bool) -> int:
+async def main(quick: bool, as_json: bool = False) -> int:
+    say = functools.partial(print, file=sys.stderr if as_json else sys.stdout)
+    rows: list[dict] = []
     prices = PriceBook.load()
     counter = MessageCounter(TiktokenCounter())
     totals = {s: Decimal(0) for s in STRATEGIES}
-    print(f"{'workload':<50} {'models':<34} {'strategy':<13} {'cost $':>9} {'latency s':>10} {'switches':>8} {'hard→cheap':>10} {'cache hit':>9}")
+    say(f"{'workload':<50} {'models':<34} {'strategy':<13} {'cost $':>9} {'latency s':>10} {'switches':>8} {'hard→cheap':>10} {'cache hit':>9}")
     ratios = []
     for w in workloads(quick):
         for strong_id, cheap_id in PAIRS:
@@ -164,23 +168,31 @@ async def main(quick: bool) -> int:
             for s in STRATEGIES:
                 o = outcomes[s] = await serve(w, strong_id, cheap_id, s, prices, counter)
                 totals[s] += o.cost
-                print(
+                say(
                     f"{w.name:<50} {strong_id + ' / ' + cheap_id:<34} {s:<13} {o.cost:>9.4f} {o.latency_s:>10.1f} "
                     f"{o.switches:>8} {o.hard_on_cheap:>10} {o.cache_hit:>9.1%}"
                 )
+            rows += [{"workload": w.name, "strong": strong_id, "cheap": cheap_id, "strategy": s, "cost_usd": str(o.cost),
+                      "latency_s": o.latency_s, "switches": o.switches, "hard_on_cheap": o.hard_on_cheap,
+                      "cache_hit": o.cache_hit} for s, o in outcomes.items()]
             ratio = outcomes["cache-aware"].cost / outcomes["per-step"].cost
             ratios.append(ratio)
-            print(f"{'':<50} {'':<34} {'ratio':<13} cache-aware / per-step = {ratio:.3f}")
+            say(f"{'':<50} {'':<34} {'ratio':<13} cache-aware / per-step = {ratio:.3f}")
     overall = totals["cache-aware"] / totals["per-step"]
-    print()
+    say()
     for s in STRATEGIES:
-        print(f"total {s:<13} ${totals[s]:.4f}")
-    print(f"cache-aware / per-step (total cost): {overall:.3f}  (target ≤ {TARGET}: {'met' if overall <= TARGET else 'NOT met'})")
-    print(f"per workload: {min(ratios):.3f} … {max(ratios):.3f}; met on {sum(r <= TARGET for r in ratios)} of {len(ratios)}")
+        say(f"total {s:<13} ${totals[s]:.4f}")
+    say(f"cache-aware / per-step (total cost): {overall:.3f}  (target ≤ {TARGET}: {'met' if overall <= TARGET else 'NOT met'})")
+    say(f"per workload: {min(ratios):.3f} … {max(ratios):.3f}; met on {sum(r <= TARGET for r in ratios)} of {len(ratios)}")
+    if as_json:
+        print(json.dumps({"bench": "routing", "rows": rows, "totals_usd": {k: str(v) for k, v in totals.items()},
+                          "cache_aware_vs_per_step": float(overall), "target": float(TARGET)}, indent=2))
     return 0
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="60 steps per workload instead of 150")
-    sys.exit(asyncio.run(main(ap.parse_args().quick)))
+    ap.add_argument("--json", action="store_true", help="Print one JSON document of the figures.")
+    args = ap.parse_args()
+    sys.exit(asyncio.run(main(args.quick, args.json)))

@@ -653,3 +653,33 @@ def test_what_if_replays_a_claude_code_session_through_the_engine(tmp_path: Path
     assert Decimal(haiku["cost_usd"]) < Decimal(haiku["baseline_cost_usd"])
     # the stand-in prefix makes the replayed first prompt as large as the recorded one
     assert haiku["peak_context_tokens"] >= 15_000
+
+
+def test_what_if_says_it_sets_the_main_chain_beside_the_replay_in_every_output(tmp_path: Path) -> None:
+    """The replay covers the session's own agent only: every output labels its "actual" as
+    the main chain and shows the session's total beside it; the HTML report has the section."""
+    pytest.importorskip("matplotlib")
+    s = "s-scope"
+    lines: list[dict[str, Any]] = [{**user(s, 0), "message": {"role": "user", "content": "Fix calc.py"}}]
+    for i in range(4):
+        call = f"toolu_{i}"
+        line = assistant(s, 10 + 20 * i, f"msg_{i}", read=12_000 if i else 0, write=900 if i else 12_000, out=100)
+        line["message"]["content"] = [{"type": "tool_use", "id": call, "name": "Bash", "input": {"command": f"cat f{i}"}}]
+        lines += [line, {**user(s, 20 + 20 * i), "message": {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": call, "content": "x = 1\n" * 200}]}}]
+    # A sub-agent's calls: in the session's total, not in the main chain the replay covers.
+    lines += [assistant(s, 100 + i, f"msg_sub{i}", write=40_000, sidechain=True, agent="a1") for i in range(3)]
+    write_jsonl(tmp_path / "projects" / "p" / f"{s}.jsonl", lines)
+    out = tmp_path / "report.html"
+    args = (str(tmp_path / "projects"), "--what-if", "policy=none")
+    doc = json.loads(stayer(*args, "--json", cwd=tmp_path).stdout)
+    [w] = doc["what_if"]
+    main, total = Decimal(w["actual_main_chain_cost_usd"]), Decimal(w["actual_cost_usd"])
+    assert 0 < main < total
+    terminal = stayer(*args, "--html", str(out), cwd=tmp_path)
+    assert terminal.returncode == 0, terminal.stderr
+    for text in (terminal.stdout, out.read_text()):
+        assert "actual, main chain" in text and "session total" in text
+        assert "sub-agents&#x27; calls are left out" in text or "sub-agents' calls are left out" in text
+        assert w["actual_main_chain_cost_usd"] in text and w["actual_cost_usd"] in text
+    assert "What-if (estimates, USD)" in out.read_text()

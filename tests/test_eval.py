@@ -7,7 +7,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from test_eval_fixtures import EXAMPLES, FIXTURES, needs_bwrap, stayer, write_task
+from test_eval_fixtures import EXAMPLES, FIXTURES, GOOD_TEST, needs_bwrap, stayer, write_task
 
 from stayer.eval.runner import policy_supported
 
@@ -70,7 +70,7 @@ def test_error_classes_and_infrastructure_errors_apart(tmp_path):
     write_task(suite, "oracle-fails", **{k: v for k, v in FIXTURES["oracle-fails"].items()})
     write_task(suite, "no-reward", test="echo 'the verifier crashed' >&2\nexit 3\n")
     home, out = tmp_path / "home", tmp_path / "out"
-    args = ("eval", str(suite), "--model", "sim:gpt-5", "--json", "--out", str(out))
+    args = ("eval", str(suite), "--model", "sim:gpt-5", "--json", "--out", str(out), "--no-preflight")
     r = stayer(*args, home=home)
     assert r.returncode == 1, r.stderr  # an evaluation with infrastructure errors is incomplete
     doc = json.loads(r.stdout)
@@ -83,10 +83,61 @@ def test_error_classes_and_infrastructure_errors_apart(tmp_path):
     r = stayer(*args, home=home)
     assert json.loads(r.stdout)["trials_reused"] == 2
 
-    r = stayer("eval", str(suite / "good"), "--model", "sim:gpt-5", "--max-steps", "1", "--json", home=home)
+    r = stayer("eval", str(suite / "good"), "--model", "sim:gpt-5", "--max-steps", "2", "--json",
+               "--sim-policy", "synthetic:steps=5,obs_tokens=50,out_tokens=20", home=home)
     assert r.returncode == 0
     [c] = json.loads(r.stdout)["configs"]
     assert c["error_classes"]["limit_reached"] == 1 and c["successes"] == 0 and c["trials"] == 1
+
+
+@needs_bwrap
+def test_a_trial_is_scored_by_its_tests_not_by_why_the_agent_stopped(tmp_path):
+    """The oracle solves the task at step 1 and --max-steps 1 stops it before it submits:
+    the tests pass, so the trial is a success."""
+    suite = tmp_path / "suite"
+    write_task(suite, "good")
+    out = tmp_path / "out"
+    r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--max-steps", "1", "--json", "--out", str(out),
+               home=tmp_path / "home")
+    assert r.returncode == 0, r.stderr
+    [c] = json.loads(r.stdout)["configs"]
+    assert (c["trials"], c["successes"], c["success_rate"]) == (1, 1, 1.0)
+    assert c["error_classes"] == {"agent_failure": 0, "limit_reached": 0, "infrastructure": 0}
+    [record] = [json.loads(p.read_text()) for p in (out / "trials").rglob("*.json")]
+    assert (record["status"], record["stop_reason"], record["error_class"]) == ("succeeded", "max_steps", None)
+
+
+@needs_bwrap
+def test_preflight_refuses_tasks_whose_tests_cannot_run_here_and_force_counts_them_apart(tmp_path):
+    suite = tmp_path / "suite"
+    write_task(suite, "good")
+    write_task(suite, "needs-tool", test="stayer-fixture-missing-tool --check || exit 1\n" + GOOD_TEST)
+    home, out = tmp_path / "home", tmp_path / "out"
+    r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--json", "--out", str(out), home=home)
+    assert r.returncode == 2 and r.stdout == ""
+    [line] = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert "needs-tool: environment" in line and "stayer-fixture-missing-tool" in line and "--force" in line
+    assert not out.exists() and not runs(home)
+
+    r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--json", "--out", str(out), "--force", home=home)
+    assert r.returncode == 1, r.stderr  # incomplete: one task could not be judged
+    doc = json.loads(r.stdout)
+    [c] = doc["configs"]
+    assert (c["trials"], c["successes"], c["success_rate"], c["infra_errors"]) == (1, 1, 1.0, 1)
+    assert [f["task"] for f in doc["preflight"]] == ["needs-tool"]
+    [record] = [json.loads(p.read_text()) for p in (out / "trials").rglob("needs-tool.*.json")]
+    assert record["error_class"] == "infrastructure" and record["verifier_outcome"] == "infrastructure"
+    assert "stayer-fixture-missing-tool" in record["error"]
+
+
+@needs_bwrap
+def test_preflight_refuses_a_task_that_passes_untouched(tmp_path):
+    suite = tmp_path / "suite"
+    write_task(suite, "nop-passes", **FIXTURES["nop-passes"])
+    r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--json", home=tmp_path / "home")
+    assert r.returncode == 2 and "nop-passes: nop_passes" in r.stderr
+    r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--json", "--no-preflight", home=tmp_path / "home")
+    assert r.returncode == 0, r.stderr
 
 
 def test_invalid_suite_is_bad_input_one_line_per_problem_nothing_written(tmp_path):

@@ -101,7 +101,7 @@ def record(config: EvalConfig, task: str, epoch: int, ok: bool, cost: str = "0.0
     return {
         "task": task, "epoch": epoch, "config_key": config.key,
         "status": "succeeded" if ok else ("error" if error_class == INFRASTRUCTURE else "failed"),
-        "error_class": error_class, "cost_usd": cost, "tokens": 1000, "steps": 2, "wall_s": 0.5,
+        "reward": 1.0 if ok else 0.0, "error_class": error_class, "cost_usd": cost, "tokens": 1000, "steps": 2, "wall_s": 0.5,
     }
 
 

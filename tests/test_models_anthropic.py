@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from histories import histories
 from http_fake import ANTHROPIC_MESSAGE, FakeServer, complete
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stayer.errors import ConfigError
-from stayer.models.anthropic import AnthropicModel, build_params
+from stayer.models.anthropic import AnthropicModel, build_body, build_params, wire_blocks
 from stayer.models.base import Message, ModelRequest, ToolCall, ToolSpec
 from stayer.models.retry import RetryPolicy
+from stayer.models.wire import MessageJson
 from stayer.usage import Usage
 
 EPH = {"type": "ephemeral"}
@@ -205,3 +211,25 @@ def test_missing_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     m = AnthropicModel("claude-sonnet-4-5", retry=RetryPolicy(max_attempts=1))
     assert m.spec == "anthropic:claude-sonnet-4-5" and m.provider == "anthropic"
     assert m.client.max_retries == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    history=histories(),
+    more=histories(),
+    system=st.sampled_from(["", "S"]),
+    tools=st.sampled_from([[], TOOLS]),
+    breakpoints=st.lists(st.integers(-2, 14), max_size=6),
+    tier=st.sampled_from([None, "fast", "auto", "standard"]),
+)
+def test_the_body_sent_is_the_request_built_whatever_was_encoded_before(history, more, system, tools, breakpoints, tier) -> None:
+    """``build_body`` (per-message JSON, reused between calls) sends exactly what
+    ``build_params`` describes, also when the same messages were encoded for an earlier
+    request with other breakpoints."""
+    wire = MessageJson(wire_blocks)
+    build_body("claude-x", ModelRequest(system, tools, history, cache_breakpoints=[len(history) - 1]), wire)
+    req = ModelRequest(system, tools, history + more, cache_breakpoints=breakpoints, max_tokens=77, service_tier=tier)
+    body, headers = build_body("claude-x", req, wire)
+    params = build_params("claude-x", req)
+    assert headers == params.pop("extra_headers", {})
+    assert json.loads(body) == params

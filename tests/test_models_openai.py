@@ -3,8 +3,11 @@ local HTTP fake answering with the real response shapes."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
+from histories import histories
 from http_fake import (
     DEEPSEEK_CHAT_COMPLETION,
     OPENAI_CHAT_COMPLETION,
@@ -12,10 +15,22 @@ from http_fake import (
     FakeServer,
     complete,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stayer.errors import ConfigError
 from stayer.models.base import Message, ModelRequest, ToolCall, ToolSpec
-from stayer.models.openai import OpenAIChatModel, OpenAIResponsesModel
+from stayer.models.openai import (
+    OpenAIChatModel,
+    OpenAIResponsesModel,
+    _chat_wire,
+    _responses_wire,
+    build_chat_body,
+    build_chat_params,
+    build_responses_body,
+    build_responses_params,
+)
+from stayer.models.wire import MessageJson
 from stayer.usage import Usage
 
 TOOLS = [
@@ -240,3 +255,27 @@ def test_missing_openai_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -
         assert "\n" not in str(e.value)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
     assert OpenAIResponsesModel("gpt-5").client.api_key == "sk-env"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    history=histories(),
+    more=histories(),
+    system=st.sampled_from(["", "S"]),
+    tools=st.sampled_from([[], [ToolSpec("bash", "Run.", {"type": "object", "properties": {}})]]),
+    openai_params=st.booleans(),
+    cache_key=st.sampled_from([None, "run-1"]),
+    tier=st.sampled_from([None, "flex"]),
+)
+def test_the_bodies_sent_are_the_requests_built(history, more, system, tools, openai_params, cache_key, tier) -> None:
+    """Chat and Responses bodies, from per-message JSON kept between calls, say exactly
+    what ``build_*_params`` describe."""
+    chat, responses = MessageJson(_chat_wire), MessageJson(_responses_wire)
+    first = ModelRequest(system, tools, history)
+    build_chat_body("m", first, chat, openai_params=openai_params)
+    build_responses_body("m", first, responses)
+    req = ModelRequest(system, tools, history + more, max_tokens=55, cache_key=cache_key, service_tier=tier)
+    assert json.loads(build_chat_body("m", req, chat, openai_params=openai_params)) == build_chat_params(
+        "m", req, openai_params=openai_params
+    )
+    assert json.loads(build_responses_body("m", req, responses)) == build_responses_params("m", req)

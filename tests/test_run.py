@@ -117,7 +117,9 @@ def test_third_party_harbor_task(tmp_path):
     home = tmp_path / "home"
     original = stayer("run", str(CORPUS_TASK), "--model", "sim:claude-sonnet-4-5", "--json", home=home)
     doc = json.loads(original.stdout)
-    assert doc["status"] == "failed" and doc["reward"] == 0  # ran, and its verifier had no network
+    # It ran, and its verifier had no network: the environment's failure, not the agent's.
+    assert doc["status"] == "error" and doc["reward"] == 0 and original.returncode == 1
+    assert doc["verifier"]["outcome"] == "infrastructure" and "network" in doc["verifier"]["infrastructure"]
     task = tmp_path / "simple-task"
     shutil.copytree(CORPUS_TASK, task)
     (task / "tests" / "test.sh").write_text(
@@ -143,6 +145,48 @@ def test_max_cost_stops_before_overshooting(tmp_path):
     assert Decimal(doc["cost_usd"]) <= Decimal("0.2")
     assert 5 <= doc["steps"] < 40
     assert doc["stop_reason"] == "max_cost"
+
+
+@needs_bwrap
+def test_tests_that_pass_after_a_limit_was_reached_succeed_and_name_the_limit(tmp_path):
+    """The oracle solves hello-file at step 1, where --max-steps 1 stops the agent before it
+    submits: the verifier decides, so the run succeeded (exit 0) and stop_reason says why
+    the agent stopped."""
+    r = stayer("run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--max-steps", "1", "--json",
+               home=tmp_path / "home")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["status"], doc["reward"], doc["stop_reason"], doc["steps"]) == ("succeeded", 1.0, "max_steps", 1)
+    assert doc["verifier"]["outcome"] == "passed"
+
+
+@needs_bwrap
+def test_tests_failing_after_a_limit_was_reached_are_budget_exhausted(tmp_path):
+    r = stayer("run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--max-steps", "2", "--json",
+               "--sim-policy", "synthetic:steps=5,obs_tokens=50,out_tokens=20", home=tmp_path / "home")
+    assert r.returncode == 3, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["status"], doc["reward"], doc["stop_reason"]) == ("budget_exhausted", 0.0, "max_steps")
+    assert doc["verifier"]["outcome"] == "failed"
+
+
+@needs_bwrap
+@pytest.mark.parametrize(("test_sh", "reason"), [
+    ("stayer-test-missing-tool --check && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n",
+     "needs commands this host lacks: stayer-test-missing-tool"),
+    ("echo 0 > /logs/verifier/reward.txt\nexit 127\n", "exited 127"),
+    ("echo 'the verifier crashed' >&2\n", "neither reward.txt nor reward.json"),
+])
+def test_tests_that_cannot_run_here_are_an_infrastructure_error_not_a_failure(tmp_path, test_sh, reason):
+    task = tmp_path / "task"
+    shutil.copytree(EXAMPLES / "hello-file", task)
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\n" + test_sh)
+    r = stayer("run", str(task), "--model", "sim:gpt-5", "--json", home=tmp_path / "home")
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "error" and doc["stop_reason"] == "submit"
+    assert doc["verifier"]["outcome"] == "infrastructure" and reason in doc["verifier"]["infrastructure"]
+    assert doc["error"] == doc["verifier"]["infrastructure"]
 
 
 @pytest.mark.parametrize(("args", "needle"), [

@@ -116,6 +116,15 @@ def test_missing_module_is_environment_only_when_the_task_installs_it(tmp_path):
     assert environment_evidence("AssertionError: 3 != 4", task) == []
 
 
+def test_a_module_a_script_only_mentions_is_the_work_not_the_environment(tmp_path):
+    """A solution that writes dedupe.py names dedupe without installing it: a verifier that
+    cannot import it judged the agent's work, so the trial is scored."""
+    solve = "#!/bin/bash\ncat > /app/dedupe.py <<'EOF'\ndef dedupe(xs): return list(dict.fromkeys(xs))\nEOF\npip install fastapi\n"
+    task = load_task(write_task(tmp_path, "t", solve=solve))
+    output = "ModuleNotFoundError: No module named 'dedupe'\nModuleNotFoundError: No module named 'fastapi'"
+    assert environment_evidence(output, task) == ["needs Python modules this host lacks: fastapi"]
+
+
 # --- import-tb ---------------------------------------------------------------------------
 
 TB_YAML = """\

@@ -16,7 +16,7 @@ from typing import Any
 
 from stayer.audit.analysis import SessionReport, iso, money
 from stayer.audit.calls import MAIN_CHAIN
-from stayer.audit.report import AuditReport
+from stayer.audit.report import WHAT_IF_NOTE, AuditReport, what_if_table
 
 MAX_PLOTTED = 50
 
@@ -122,6 +122,11 @@ def write_html(report: AuditReport) -> str:
             )
         )
     out.append("</table>")
+    if report.what_if:
+        header, rows = what_if_table(report.what_if)
+        out.append("<h2>What-if (estimates, USD)</h2><table>" + _row(list(header), "th"))
+        out += [_row(r) for r in rows]
+        out.append(f"</table><p class='note'>{_html.escape(WHAT_IF_NOTE)}</p>")
     if len(ranked) > MAX_PLOTTED:
         out.append(f"<p class='note'>Plots for the {MAX_PLOTTED} costliest sessions.</p>")
     for s in ranked[:MAX_PLOTTED]:

@@ -114,6 +114,32 @@ def _usd(d: Decimal | None) -> str:
     return "unknown" if d is None else f"${d:,.4f}"
 
 
+#: What the what-if columns total, said wherever they are shown.
+WHAT_IF_NOTE = (
+    "actual, main chain: what the session's own agent cost, the part the replay covers "
+    "(sub-agents' calls are left out of every replay); session total: every call of the session. "
+    "Compare a what-if with its replay, not with an actual cost."
+)
+
+
+def what_if_table(what_if: list[dict[str, Any]]) -> tuple[tuple[str, ...], list[list[str]]]:
+    """Header and rows of the what-if estimates, for the terminal and the HTML report alike."""
+    header = ("session", "model", "policy", "actual, main chain", "session total", "replayed", "what-if")
+    rows = [
+        [
+            w["session"],
+            w["scenario"]["model"] or "(own)",
+            w["scenario"]["policy"],
+            w["actual_main_chain_cost_usd"],
+            w["actual_cost_usd"],
+            w.get("baseline_cost_usd", ""),
+            w.get("cost_usd", w.get("error", "")),
+        ]
+        for w in what_if
+    ]
+    return header, rows
+
+
 def _table(
     width: int, title: str, header: tuple[str, ...], rows: list[list[str]], footer: list[str] | None = None
 ) -> Table:
@@ -186,20 +212,9 @@ def render(report: AuditReport, console: Console, limit: int = 30) -> None:
         header = ("session", "call", "chain", "reason", "lost", "idle", "extra cost")
         console.print(_table(console.width, "Costliest cache breaks", header, rows))
     if report.what_if:
-        rows = [
-            [
-                w["session"],
-                w["scenario"]["model"] or "(own)",
-                w["scenario"]["policy"],
-                w["actual_main_chain_cost_usd"],
-                w.get("baseline_cost_usd", ""),
-                w.get("cost_usd", w.get("error", "")),
-            ]
-            for w in report.what_if
-        ]
-        # The replay covers the session's own agent, so that is the actual cost to set beside it.
-        header = ("session", "model", "policy", "actual (agent)", "replayed", "what-if")
+        header, rows = what_if_table(report.what_if)
         console.print(_table(console.width, "What-if (estimates, USD)", header, rows))
+        console.print(WHAT_IF_NOTE, highlight=False)
     quadratic = [s for s in report.sessions if s.context and s.context.quadratic]
     if quadratic:
         console.print(

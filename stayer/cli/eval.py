@@ -10,6 +10,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -31,7 +32,7 @@ def report_problems(problems: list[str]) -> NoReturn:
     """Bad input with several problems: one line each on stderr, exit 2."""
     err = stderr()
     for line in problems:
-        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
@@ -52,6 +53,8 @@ def eval_command(
     sim_policy: Annotated[str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")] = None,
     sim_latency: Annotated[float, typer.Option("--sim-latency", help="Simulated seconds per model call.")] = 0.0,
     sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")] = "bwrap",
+    preflight: Annotated[bool, typer.Option("--preflight/--no-preflight", help="First verify each untouched task here: refuse tasks whose tests cannot run, pass untouched, or leak.")] = True,
+    force: Annotated[bool, typer.Option("--force", help="Run tasks that fail the preflight; their unjudgeable trials count in infra_errors.")] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Evaluate models (and policies) on a task suite, with success and cost with confidence.
@@ -69,7 +72,7 @@ def eval_command(
         write_atomic,
     )
     from stayer.eval.suite import ProblemsError, load_suite
-    from stayer.eval.summary import summarise
+    from stayer.eval.summary import succeeded, summarise
     from stayer.eval.trial import prepare
     from stayer.pricing import PriceBook
 
@@ -111,6 +114,7 @@ def eval_command(
         bad_input(str(e))
     if problems:
         report_problems(sorted(set(problems)))
+    preflight_found = _preflight(tasks, sandbox, concurrency, force) if preflight else []
 
     trials = plan_trials(tasks, configs, epochs)
     store = TrialStore(out_dir) if out_dir else None
@@ -121,7 +125,7 @@ def eval_command(
     )
 
     def on_done(trial: Any, record: dict[str, Any], reused: bool) -> None:
-        key = "ok" if record["status"] == "succeeded" else "infra" if record["error_class"] == INFRASTRUCTURE else "fail"
+        key = "ok" if succeeded(record) else "infra" if record["error_class"] == INFRASTRUCTURE else "fail"
         counts[key] += 1
         counts["reused"] += reused
         progress.update(
@@ -142,6 +146,7 @@ def eval_command(
         "epochs": epochs,
         "trials_total": len(records),
         "trials_reused": counts["reused"],
+        "preflight": preflight_found,
         **summarise(records, configs, epochs),
     }
     if out_dir is not None:
@@ -153,6 +158,38 @@ def eval_command(
         emit_json(doc)
     _summary_table(doc, Console(stderr=json_out))
     raise typer.Exit(EXIT_FAILED if counts["infra"] else EXIT_OK)
+
+
+def _preflight(tasks: list[Any], sandbox: str, concurrency: int, force: bool) -> list[dict[str, Any]]:
+    """The cheap checks on every task (``eval.checks.preflight``): refuse, exit 2, naming each
+    task and its problem; with ``force``, warn and return them for the document."""
+    from stayer.eval.checks import preflight
+
+    err = stderr()
+    if sandbox != "bwrap":
+        err.print(f"[yellow]note:[/] --sandbox {escape(sandbox)} cannot mount the tests: no preflight", highlight=False)
+        return []
+
+    async def check_all() -> list[list[Any]]:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(task: Any) -> list[Any]:
+            async with gate:
+                return await preflight(task, sandbox=sandbox)
+
+        return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+    found = [
+        {"task": task.name, "problems": [{"kind": p.kind, "detail": p.detail} for p in problems]}
+        for task, problems in zip(tasks, asyncio.run(check_all()), strict=True)
+        if problems
+    ]
+    lines = [f"{f['task']}: {p['kind']}: {p['detail']}" for f in found for p in f["problems"]]
+    if lines and not force:
+        report_problems([f"preflight: {line} (--force runs it anyway)" for line in lines])
+    for line in lines:
+        err.print(f"[yellow]warning:[/] preflight: {escape(line)}", highlight=False, soft_wrap=True)
+    return found
 
 
 def _summary_table(doc: dict[str, Any], console: Console) -> None:

@@ -124,6 +124,7 @@ def summary_table(doc: dict[str, Any], console: Console) -> None:
     u = doc["usage"]
     rows = [
         ("status", doc["status"]),
+        ("stop reason", doc.get("stop_reason") or "–"),
         ("reward", str(doc["reward"])),
         ("steps", str(doc["steps"])),
         ("input tokens", f"{u['input_tokens']:,}"),

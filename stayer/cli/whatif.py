@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from decimal import Decimal
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from stayer.cli.common import JsonFlag, app, bad_input, emit_json
@@ -16,49 +18,83 @@ from stayer.errors import ConfigError
 @app.command()
 def whatif(
     trace: Annotated[str, typer.Argument(help="A stayer run id or directory, a SWE-agent .traj, or a mini-swe-agent .traj.json.")],
-    model: Annotated[str, typer.Option("--model", "-m", help="Model whose caching rules and prices apply (sim:ID or ID).")],
-    policy: Annotated[str, typer.Option("--policy", help="auto | none | mask[:W] | summarize[:TOKENS] | textbook[:TOKENS]")] = "auto",
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model whose caching rules and prices apply (sim:ID or ID; default: the recorded one).")] = None,
+    policy: Annotated[str, typer.Option("--policy", help="auto | none | mask[:W] | summarize[:TOKENS] | textbook[:TOKENS]; comma-separated to compare several.")] = "auto",
     max_context: Annotated[int | None, typer.Option("--max-context", help="Hard limit on prompt tokens.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Replay a trajectory (actions and observations fixed) through a context policy; an estimate."""
+    """Replay a trajectory (actions and observations fixed) through context policies; an estimate.
+
+    Shows what the recording cost, its replay under the recorded model and policy (the
+    replay's own error), and each policy's difference from that replay."""
     from stayer.context.layout import Context
     from stayer.context.policies import make_policy
-    from stayer.context.whatif import load_trace, replay
+    from stayer.context.whatif import compare, load_trace
     from stayer.eval.trial import stayer_home
     from stayer.models.caching import provider_of
     from stayer.pricing import PriceBook
     from stayer.tokens import MessageCounter, TiktokenCounter
 
-    model_id = model.split(":", 1)[1] if ":" in model else model
+    model_id = None if model is None else model.split(":", 1)[1] if ":" in model else model
+    policies = [p.strip() for p in policy.split(",") if p.strip()]
     try:
-        provider_of(model_id)
-        context_policy = make_policy(policy)
+        if model_id is not None:
+            provider_of(model_id)
+        if not policies:
+            raise ConfigError(f"--policy {policy!r}: name at least one policy")
+        for p in policies:
+            make_policy(p)
         loaded = load_trace(trace, stayer_home())
         counter = MessageCounter(TiktokenCounter())
         if max_context is not None:
             pinned = Context(loaded.system, loaded.tools, loaded.instruction, counter).tokens
             if max_context <= pinned:
                 raise ConfigError(f"--max-context {max_context}: below the trace's pinned prefix of {pinned:,} tokens")
-        result = asyncio.run(
-            replay(loaded, model_id, context_policy, prices=PriceBook.load(), counter=counter, max_context=max_context)
+        compared = asyncio.run(
+            compare(loaded, [(model_id, p) for p in policies], prices=PriceBook.load(), counter=counter, max_context=max_context)
         )
     except ConfigError as e:
         bad_input(str(e))
+    # The first scenario's figures stay at the top level, where earlier versions put them.
+    doc = {**compared["scenarios"][0], **compared}
     if json_out:
-        emit_json(result)
+        emit_json(doc)
         return
-    t = Table(title=f"what-if (estimate): {loaded.source}", show_header=False)
-    u = result["usage"]
-    for k, v in [
-        ("model", result["model"]),
-        ("policy", result["policy"]),
-        ("requests", str(result["requests"])),
-        ("cost (USD)", result["cost_usd"]),
-        ("input tokens", f"{u['input_tokens']:,}"),
-        ("cache hit ratio", f"{result['cache_hit_ratio']:.1%}"),
-        ("peak context", f"{result['peak_context_tokens']:,}"),
-        ("compactions", str(result["compactions"])),
-    ]:
-        t.add_row(k, v)
-    Console().print(t)
+    comparison_table(doc, Console())
+
+
+def comparison_table(doc: dict[str, Any], console: Console) -> None:
+    """Recorded, the baseline replay, and every scenario, in one table."""
+    recorded, baseline = doc["recorded"], doc["baseline"]
+    t = Table(title=f"what-if (estimate): {escape(recorded['source'])}")
+    for h in ("", "model", "policy", "USD", "Δ USD", "calls", "cache hit", "peak ctx", "compactions"):
+        t.add_column(h)
+
+    def row(label: str, r: dict[str, Any], delta: str | None) -> None:
+        t.add_row(
+            label, escape(r["model"]), escape(r["policy"]), _money(r["cost_usd"]), _money(delta, signed=True),
+            str(r["requests"]), f"{r['cache_hit_ratio']:.1%}", f"{r['peak_context_tokens']:,}", str(r["compactions"]),
+        )
+
+    t.add_row(
+        "recorded", escape(recorded["model"] or "?"), escape(recorded["policy"]), _money(recorded["cost_usd"]),
+        "", "?" if recorded["requests"] is None else str(recorded["requests"]), "", "", "",
+    )
+    if baseline is not None:
+        row("replay", baseline, doc["replay_error_usd"])
+    for r in doc["scenarios"]:
+        row("what-if", r, r["delta_usd"])
+    console.print(t)
+    if baseline is None:
+        console.print(f"[yellow]{escape(doc['baseline_error'])}[/]; Δ not shown", highlight=False)
+    console.print(
+        "replay: the recording re-simulated under its own model and policy; its Δ is the replay's own error "
+        "against the recorded cost. A what-if's Δ is against that replay.",
+        highlight=False,
+    )
+
+
+def _money(amount: str | None, *, signed: bool = False) -> str:
+    if amount is None or amount == "unknown":
+        return "–" if amount is None else "unknown"
+    return f"{Decimal(amount):{'+' if signed else ''}.6f}"

@@ -8,13 +8,20 @@ simulator's accounting, the same pricing path as a real call). The result is an
 
 Traces: a stayer run (its id under ``$STAYER_HOME/runs``, or its directory), a SWE-agent
 ``.traj`` file, or a mini-swe-agent ``.traj.json`` file.
+
+Every comparison shows its baseline (``compare``): what the trace says the run cost, the
+replay of the trace under its own model and policy (so the replay's own error is in plain
+sight), and each scenario's difference from that replay. The reasoning tokens each turn
+spent, where the trace records them, are billed in every replay: they are output the
+provider charged for though no text of them is in the trace.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +33,24 @@ from stayer.tokens import MessageCounter
 from stayer.tools.base import ToolContext, ToolResult
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What a trace says about its own run: its cost, model and context policy."""
+
+    cost_usd: Decimal | None = None  # None: the trace does not say
+    model: str | None = None  # the model id as the trace names it (provider prefix dropped)
+    policy: str = "none"  # other agents keep the whole history
+    requests: int | None = None  # model calls the run made, where the trace counts them
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cost_usd": None if self.cost_usd is None else str(self.cost_usd),
+            "model": self.model,
+            "policy": self.policy,
+            "requests": self.requests,
+        }
+
+
 @dataclass
 class Trace:
     source: str
@@ -34,6 +59,8 @@ class Trace:
     turns: list[Message]  # assistant messages, each with at least one tool call
     observations: dict[str, str]  # tool_call_id → observation text
     tools: list[ToolSpec] = field(default_factory=list)
+    reasoning: list[int] = field(default_factory=list)  # per turn, where recorded
+    recorded: Recorded = field(default_factory=Recorded)
 
 
 BASH = ToolSpec("bash", "Run a shell command in the workspace and return its output.", {
@@ -55,9 +82,13 @@ def load_trace(ref: str, home: Path | None = None) -> Trace:
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid JSON ({e}); the file may be truncated") from None
     if isinstance(data, dict) and isinstance(data.get("messages"), list):
-        return _mini_swe_agent(path, data["messages"])
+        trace = _mini_swe_agent(path, data["messages"])
+        trace.recorded = _recorded_by_swe_agent(data, _mini_swe_agent_model(data))
+        return trace
     if isinstance(data, dict) and isinstance(data.get("history"), list) and isinstance(data.get("trajectory"), list):
-        return _swe_agent(path, data)
+        trace = _swe_agent(path, data)
+        trace.recorded = _recorded_by_swe_agent(data, _swe_agent_model(data))
+        return trace
     raise ConfigError(
         f"{path}: unknown trace format (expected a mini-swe-agent .traj.json with 'messages', "
         "or a SWE-agent .traj with 'history' and 'trajectory')"
@@ -72,17 +103,59 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
+def _model_id(name: object) -> str | None:
+    """``openai/gpt-5-mini``, ``sim:gpt-5`` → ``gpt-5-mini``, ``gpt-5``."""
+    if not isinstance(name, str) or not name:
+        return None
+    return name.rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+
+
+def _recorded_by_swe_agent(data: dict, model: str | None) -> Recorded:
+    stats = (data.get("info") or {}).get("model_stats") or {}
+    cost, calls = stats.get("instance_cost"), stats.get("api_calls")
+    return Recorded(
+        Decimal(repr(cost)) if isinstance(cost, int | float) else None,
+        model,
+        requests=calls if isinstance(calls, int) else None,
+    )
+
+
+def _mini_swe_agent_model(data: dict) -> str | None:
+    config = (data.get("info") or {}).get("config") or {}
+    return _model_id(((config.get("model") or {}) if isinstance(config, dict) else {}).get("model_name"))
+
+
+def _swe_agent_model(data: dict) -> str | None:
+    config = data.get("replay_config")
+    try:
+        config = json.loads(config) if isinstance(config, str) else config
+    except ValueError:
+        return None
+    model = ((config or {}).get("agent") or {}).get("model") or {} if isinstance(config, dict) else {}
+    return _model_id(model.get("name") if isinstance(model, dict) else None)
+
+
+def _reasoning_of(message: dict) -> int:
+    """The reasoning tokens an OpenAI-style usage logged with a message reports."""
+    usage = ((message.get("extra") or {}).get("response") or {}).get("usage") or {}
+    details = usage.get("completion_tokens_details") or {} if isinstance(usage, dict) else {}
+    value = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return value if isinstance(value, int) and value > 0 else 0
+
+
 def _mini_swe_agent(path: Path, messages: list[dict]) -> Trace:
     system = "\n".join(_text(m.get("content")) for m in messages if m.get("role") == "system")
     rest = [m for m in messages if m.get("role") != "system"]
     first = next((i for i, m in enumerate(rest) if m.get("role") == "assistant"), len(rest))
     instruction = "\n\n".join(_text(m.get("content")) for m in rest[:first])
     turns: list[Message] = []
+    reasoning: list[int] = []
     observations: dict[str, str] = {}
     pending: list[str] = []
     for n, m in enumerate(rest[first:]):
         role = m.get("role")
         if role == "assistant":
+            reasoning.append(_reasoning_of(m))
             calls = []
             for i, c in enumerate(m.get("tool_calls") or []):
                 fn = c.get("function") or {}
@@ -101,7 +174,7 @@ def _mini_swe_agent(path: Path, messages: list[dict]) -> Trace:
                 pending.remove(key)
     if not turns:
         raise ConfigError(f"{path}: the trajectory has no assistant turns")
-    return Trace(str(path), system, instruction, turns, observations, [BASH])
+    return Trace(str(path), system, instruction, turns, observations, [BASH], reasoning)
 
 
 def _swe_agent(path: Path, data: dict) -> Trace:
@@ -130,7 +203,15 @@ def _stayer_run(run_dir: Path) -> Trace:
     file = run_dir / "trajectory.jsonl"
     if not file.is_file():
         raise ConfigError(f"{run_dir}: not a stayer run directory (no trajectory.jsonl)")
-    instruction, turns, observations = "", [], {}
+    result = _run_result(run_dir)
+    # Reasoning tokens per assistant message: the main agent's ledger, one entry per call.
+    reasoning_by_call = [
+        (e.get("usage") or {}).get("reasoning_tokens", 0)
+        for e in result.get("ledger", [])
+        if e.get("agent", "main") == "main" and e.get("kind") != "lost_in_flight"
+    ]
+    instruction, turns, observations, reasoning = "", [], {}, []
+    calls_seen = 0
     for n, line in enumerate(file.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -140,24 +221,51 @@ def _stayer_run(run_dir: Path) -> Trace:
             raise ConfigError(f"{file}:{n}: truncated or malformed record") from None
         if rec.get("kind") == "task":
             instruction = rec.get("content", "")
-        elif rec.get("role") == "assistant" and rec.get("tool_calls"):
-            calls = tuple(ToolCall(c["id"], c["name"], _object_arguments(c["arguments"])) for c in rec["tool_calls"])
-            turns.append(Message("assistant", rec.get("content", ""), calls))
+        elif rec.get("role") == "assistant":
+            calls_seen += 1
+            if rec.get("tool_calls"):
+                calls = tuple(ToolCall(c["id"], c["name"], _object_arguments(c["arguments"])) for c in rec["tool_calls"])
+                turns.append(Message("assistant", rec.get("content", ""), calls))
+                reasoning.append(reasoning_by_call[calls_seen - 1] if calls_seen <= len(reasoning_by_call) else 0)
         elif rec.get("role") == "tool":
             observations[rec.get("tool_call_id", "")] = rec.get("content", "")
     tools = [t.spec for t in default_tools(TiktokenCounter())]
-    return Trace(str(run_dir), SYSTEM_PROMPT, instruction, turns, observations, tools)
+    cost = result.get("cost_usd")
+    recorded = Recorded(
+        Decimal(cost) if isinstance(cost, str) and cost != "unknown" else None,
+        _model_id(result.get("model")),
+        result.get("policy") or "none",
+        len(reasoning_by_call) if result else None,
+    )
+    return Trace(str(run_dir), SYSTEM_PROMPT, instruction, turns, observations, tools, reasoning, recorded)
+
+
+def _run_result(run_dir: Path) -> dict[str, Any]:
+    """The run's result.json ({} if it has none yet: a run still going or killed)."""
+    try:
+        doc = json.loads((run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 class _Script:
-    """The simulated model's behaviour: the trace's own assistant turns, in order."""
+    """The simulated model's behaviour: the trace's own assistant turns, in order, each
+    with the reasoning tokens it was recorded with."""
 
-    def __init__(self, turns: list[Message]) -> None:
+    def __init__(self, turns: list[Message], reasoning: list[int]) -> None:
         self.turns = turns
+        self.reasoning = reasoning
+
+    def _step(self, request: ModelRequest) -> int:
+        return min(sum(1 for m in request.messages if m.role == "assistant"), len(self.turns) - 1)
 
     def next_message(self, request: ModelRequest) -> Message:
-        step = sum(1 for m in request.messages if m.role == "assistant")
-        return self.turns[min(step, len(self.turns) - 1)]
+        return self.turns[self._step(request)]
+
+    def reasoning_tokens(self, request: ModelRequest) -> int:
+        step = self._step(request)
+        return self.reasoning[step] if step < len(self.reasoning) else 0
 
 
 async def replay(
@@ -174,11 +282,14 @@ async def replay(
     from stayer.guard.breakers import GuardConfig
     from stayer.models.sim import SimModel
 
-    names = sorted({c.name for t in trace.turns for c in t.tool_calls} | {t.name for t in trace.tools})
+    # The run's own tools in its order (the prompt's prefix), then any other the trace called.
+    called = [c for t in trace.turns for c in t.tool_calls]
     specs = {t.name: t for t in trace.tools}
-    outputs = iter([trace.observations.get(c.id, "") for t in trace.turns for c in t.tool_calls])
-    tools = [RecordedTool(specs.get(n, ToolSpec(n, f"Recorded tool {n}.", {"type": "object"})), outputs) for n in names]
-    model = SimModel(model_id, _Script(trace.turns), counter)
+    for name in sorted({c.name for c in called} - specs.keys()):
+        specs[name] = ToolSpec(name, f"Recorded tool {name}.", {"type": "object"})
+    outputs = iter([trace.observations.get(c.id, "") for c in called])
+    tools = [RecordedTool(_replayable(spec, [c for c in called if c.name == name]), outputs) for name, spec in specs.items()]
+    model = SimModel(model_id, _Script(trace.turns, trace.reasoning), counter)
     agent = Agent(
         model,
         tools,
@@ -210,12 +321,78 @@ async def replay(
     }
 
 
+async def compare(
+    trace: Trace,
+    scenarios: Sequence[tuple[str | None, str]],
+    *,
+    prices: PriceBook,
+    counter: MessageCounter,
+    max_context: int | None = None,
+) -> dict[str, Any]:
+    """What the trace cost, its replay under its own model and policy (the baseline), and
+    each ``(model, policy)`` scenario (model None: the recorded one) with its difference
+    from the baseline. The ``whatif --json`` document's comparison part."""
+    from stayer.context.policies import make_policy
+    from stayer.models.caching import provider_of
+
+    recorded = trace.recorded
+    baseline: dict[str, Any] | None = None
+    baseline_error = None
+    try:
+        if recorded.model is None:
+            raise ConfigError("the trace does not name its model")
+        provider_of(recorded.model)
+        baseline = await replay(trace, recorded.model, make_policy(recorded.policy), prices=prices, counter=counter)
+    except ConfigError as e:
+        baseline_error = f"no replay under the recorded model and policy: {e}"
+    results = []
+    for model, policy in scenarios:
+        model = model or recorded.model
+        if model is None:
+            raise ConfigError("--model: the trace does not name its model; give the one to replay under")
+        result = await replay(trace, model, make_policy(policy), prices=prices, counter=counter, max_context=max_context)
+        result["delta_usd"] = _difference(result["cost_usd"], baseline["cost_usd"] if baseline else None)
+        results.append(result)
+    return {
+        "recorded": {**recorded.to_json(), "source": trace.source},
+        "baseline": baseline,
+        "baseline_error": baseline_error,
+        # The replay's own error: how far re-simulating the recording is from what it cost.
+        "replay_error_usd": _difference(baseline["cost_usd"] if baseline else None, recorded.to_json()["cost_usd"]),
+        "scenarios": results,
+    }
+
+
+def _difference(a: str | None, b: str | None) -> str | None:
+    """``a − b`` of two money strings; None if either is missing or unknown."""
+    if a in (None, "unknown") or b in (None, "unknown"):
+        return None
+    return format(Decimal(a) - Decimal(b), "f")
+
+
+def _replayable(spec: ToolSpec, calls: list[ToolCall]) -> ToolSpec:
+    """``spec`` if every recorded call passes its schema, so the replayed prompt carries the
+    schema the run sent; else a schema any arguments pass, so that every call reaches the
+    recorded observation (a call the loop refused would not take its turn)."""
+    from stayer.tools import check_args
+
+    def fits(call: ToolCall) -> bool:
+        try:
+            return check_args(spec.parameters, json.loads(call.arguments or "{}")) is None
+        except ValueError:
+            return False
+
+    if all(fits(c) for c in calls):
+        return spec
+    return ToolSpec(spec.name, spec.description, {"type": "object"})
+
+
 class RecordedTool:
     """Returns the recorded observations in call order (what-if keeps actions fixed; the
     loop runs calls in the order the trace made them)."""
 
     def __init__(self, spec: ToolSpec, outputs: Iterator[str]) -> None:
-        self.spec = ToolSpec(spec.name, spec.description, {"type": "object"})
+        self.spec = spec
         self.outputs = outputs
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
 import shlex
 import shutil
 import tempfile
@@ -29,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stayer.eval.evidence import environment_evidence
 from stayer.eval.suite import scan_suite
 from stayer.eval.task import Task
-from stayer.eval.verify import Verdict, verify
+from stayer.eval.verify import Verdict, passes, verify
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.base import ExecResult, Sandbox
 
@@ -39,23 +39,6 @@ KINDS = ("invalid", "oracle_fails", "nop_passes", "flaky", "timeout_margin", "le
 TIME_MARGIN = 0.5  # share of a timeout the oracle (or the tests) may use
 # Files this small (an empty __init__.py, "1\n") match by accident, not by leaking.
 _MIN_LEAK_BYTES = 16
-
-_NETWORK = re.compile(
-    r"Could not resolve host|Temporary failure in name resolution|Name or service not known|"
-    r"Network is unreachable|getaddrinfo failed|Failed to establish a new connection|"
-    r"No address associated with hostname|No matching distribution found",
-    re.IGNORECASE,
-)
-_PACKAGES = re.compile(
-    r"Could not open lock file|Unable to acquire the dpkg|are you root\?|"
-    r"List directory /var/lib/apt/lists/partial is missing"
-)
-_MISSING_COMMAND = re.compile(r"\b([\w.+-]+): command not found|^\S*sh: \d+: ([\w.+-]+): not found", re.MULTILINE)
-_MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
-_READ_ONLY = re.compile(r"Read-only file system")
-# Where a task declares what it installs; a missing module named there is the environment's.
-_INSTALL_FILES = ("Dockerfile", "requirements*.txt", "pyproject.toml", "*.sh")
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -88,45 +71,6 @@ class TaskCheck:
         }
 
 
-def _first_line(pattern: re.Pattern[str], text: str) -> str | None:
-    for line in text.splitlines():
-        if pattern.search(line):
-            return line.strip()[:160]
-    return None
-
-
-def _declared_installs(task: Task) -> str:
-    texts = []
-    for pattern in _INSTALL_FILES:
-        for where in ("environment", "tests", "solution"):
-            for p in (task.path / where).rglob(pattern):
-                if p.is_file():
-                    texts.append(p.read_text(errors="replace"))
-    return "\n".join(texts)
-
-
-def environment_evidence(output: str, task: Task) -> list[str]:
-    """Why the task cannot run on this host, from what its scripts printed; [] if no sign."""
-    reasons = []
-    if line := _first_line(_NETWORK, output):
-        reasons.append(f"needs the network ({line})")
-    if line := _first_line(_PACKAGES, output):
-        reasons.append(f"installs system packages at run time ({line})")
-    commands = sorted({a or b for a, b in _MISSING_COMMAND.findall(output)})
-    if commands:
-        reasons.append(f"needs commands this host lacks: {', '.join(commands)}")
-    modules = sorted({m.split(".")[0] for m in _MISSING_MODULE.findall(output)})
-    if modules:
-        declared = _declared_installs(task)
-        # A module the task's own files should have created is the oracle's fault, not ours.
-        missing = [m for m in modules if re.search(rf"\b{re.escape(m)}\b", declared)]
-        if missing:
-            reasons.append(f"needs Python modules this host lacks: {', '.join(missing)}")
-    if line := _first_line(_READ_ONLY, output):
-        reasons.append(f"writes outside /app and /tmp, which are the only writable paths here ({line})")
-    return reasons
-
-
 def _agent_sandbox(task: Task, workspace: Path, kind: str) -> Sandbox:
     # As eval.trial builds it, so that what the probe sees is what the agent would see.
     return make_sandbox(kind, workspace, **task.sandbox_limits())
@@ -147,7 +91,7 @@ def _tail(text: str, limit: int = 300) -> str:
 
 
 def _passed(v: Verdict) -> bool:
-    return v.reward is not None and v.reward >= 1
+    return passes(v.reward)
 
 
 async def _verify_copy(task: Task, snapshot: Path, dest: Path, kind: str) -> Verdict:
@@ -184,12 +128,35 @@ async def check_leaks(task: Task, workspace: Path, kind: str) -> list[Problem]:
     return problems
 
 
-async def check_nop(task: Task, workspace: Path, kind: str) -> list[Problem]:
-    """Doing nothing must not pass."""
-    verdict = await verify(task, make_sandbox(kind, _fresh(task, workspace), allow_net=task.allow_internet))
+async def _verify_untouched(task: Task, workspace: Path, kind: str) -> Verdict:
+    return await verify(task, make_sandbox(kind, _fresh(task, workspace), allow_net=task.allow_internet))
+
+
+def _nop_problems(verdict: Verdict) -> list[Problem]:
     if _passed(verdict):
         return [Problem("nop_passes", f"the untouched environment scores reward {verdict.reward:g}")]
     return []
+
+
+async def check_nop(task: Task, workspace: Path, kind: str) -> list[Problem]:
+    """Doing nothing must not pass."""
+    return _nop_problems(await _verify_untouched(task, workspace, kind))
+
+
+async def preflight(task: Task, *, sandbox: str = "bwrap") -> list[Problem]:
+    """The cheap checks ``stayer eval`` runs before any trial: one verification of the
+    untouched environment, which must fail, and fail on the missing work rather than for
+    want of something on this host; and the leak probe. The oracle is not run: it can take
+    as long as an agent."""
+    with tempfile.TemporaryDirectory(prefix="stayer-preflight-") as tmp:
+        work = Path(tmp)
+        untouched, leaks = await asyncio.gather(
+            _verify_untouched(task, work / "nop", sandbox), check_leaks(task, work / "leak", sandbox)
+        )
+    problems = _nop_problems(untouched)
+    if untouched.infrastructure:
+        problems.append(Problem("environment", f"its tests cannot run here: {untouched.infrastructure}"))
+    return problems + leaks
 
 
 async def check_oracle(

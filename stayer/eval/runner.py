@@ -5,14 +5,17 @@ concurrency, a wall-clock limit, an error class, and a store that makes evaluati
 resumable. Each finished trial is written atomically to ``OUT/trials/<config>/<task>.e<N>.json``;
 re-running with the same ``OUT`` reuses those records and runs only what is missing.
 
-Error classes (a succeeded trial has none):
+A trial succeeds when its tests pass (reward ≥ 1), whatever limit the agent reached on the
+way. Error classes of the others:
 
 * ``agent_failure`` — the agent finished and the tests ran, but did not pass (including
   tests that timed out on the agent's work);
-* ``limit_reached`` — the step or cost limit, or the task's wall-clock time, ran out;
+* ``limit_reached`` — the step or cost limit, or the task's wall-clock time, ran out and the
+  tests did not pass;
 * ``infrastructure`` — the trial could not be judged: the model API failed after retries,
-  the verifier wrote no reward, or the run crashed. These are excluded from scores, counted
-  apart, and run again when the evaluation is resumed.
+  the tests could not run here (``eval.verify.infrastructure_reason``), or the run crashed.
+  These are excluded from scores, counted apart, and run again when the evaluation is
+  resumed.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 
 from stayer.eval.task import Task
 from stayer.eval.trial import RunConfig, execute, prepare
+from stayer.eval.verify import passes
 from stayer.pricing import PriceBook
 
 AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE = "agent_failure", "limit_reached", "infrastructure"
@@ -152,15 +156,16 @@ def plan_trials(tasks: Sequence[Task], configs: Sequence[EvalConfig], epochs: in
 
 
 def error_class(doc: dict[str, Any]) -> str | None:
-    status = doc["status"]
-    if status == "succeeded":
+    """None for a trial whose tests passed; else why it did not succeed (module docstring)."""
+    if passes(doc.get("reward")):
         return None
-    if status == "budget_exhausted":
+    verifier = doc.get("verifier") or {}
+    if doc["status"] == "error" or verifier.get("outcome") == "infrastructure":
+        return INFRASTRUCTURE  # the model call failed after retries, or the tests could not run
+    if doc["status"] == "budget_exhausted":
         return LIMIT_REACHED
-    if status == "error":  # the model call failed after retries
-        return INFRASTRUCTURE
-    if doc.get("reward") is None and not (doc.get("verifier") or {}).get("timed_out"):
-        return INFRASTRUCTURE  # the verifier crashed or was not run: no judgement
+    if doc.get("reward") is None and not verifier.get("timed_out"):
+        return INFRASTRUCTURE  # no judgement (a record from before outcomes were classified)
     return AGENT_FAILURE
 
 
@@ -215,6 +220,7 @@ async def run_trial(trial: Trial, prices: PriceBook) -> dict[str, Any]:
         run_id=doc["run_id"],
         run_dir=doc["run_dir"],
         stop_reason=doc.get("stop_reason"),
+        verifier_outcome=(doc.get("verifier") or {}).get("outcome"),
         error=doc.get("error") or (doc.get("verifier") or {}).get("error"),
     )
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from stayer.eval import stats
 from stayer.eval.runner import ERROR_CLASSES, INFRASTRUCTURE, EvalConfig
+from stayer.eval.verify import passes
 
 _MONEY_PLACES = Decimal("1e-10")
 
@@ -37,8 +38,9 @@ def _scored(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["error_class"] != INFRASTRUCTURE]
 
 
-def _succeeded(record: dict[str, Any]) -> bool:
-    return record["status"] == "succeeded"
+def succeeded(record: dict[str, Any]) -> bool:
+    """Scored by the verifier's reward, never by why the agent stopped."""
+    return record["error_class"] != INFRASTRUCTURE and passes(record.get("reward"))
 
 
 def _costs(records: Sequence[dict[str, Any]]) -> list[Decimal] | None:
@@ -51,12 +53,12 @@ def _costs(records: Sequence[dict[str, Any]]) -> list[Decimal] | None:
 def config_summary(config: EvalConfig, records: Sequence[dict[str, Any]], epochs: int) -> dict[str, Any]:
     scored = _scored(records)
     n = len(scored)
-    successes = sum(1 for r in scored if _succeeded(r))
+    successes = sum(1 for r in scored if succeeded(r))
     low, high = stats.wilson_interval(successes, n) if n else (None, None)
     per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for r in scored:
         per_task[r["task"]][0] += 1
-        per_task[r["task"]][1] += int(_succeeded(r))
+        per_task[r["task"]][1] += int(succeeded(r))
     counts = [(t, c) for t, c in per_task.values()]
     costs = _costs(scored)
     all_costs = _costs(records)
@@ -106,7 +108,7 @@ def compare(
     paired_cost: list[Decimal] | None = []
     for unit in units:
         ra, rb = by_unit_a[unit], by_unit_b[unit]
-        sa, sb = _succeeded(ra), _succeeded(rb)
+        sa, sb = succeeded(ra), succeeded(rb)
         only_a += sa and not sb
         only_b += sb and not sa
         success_diffs[unit[0]].append(float(sb) - float(sa))
@@ -173,7 +175,7 @@ def summarise(
             cell["infra_errors"] += 1
         else:
             cell["trials"] += 1
-            cell["successes"] += int(_succeeded(r))
+            cell["successes"] += int(succeeded(r))
     return {
         "configs": summaries,
         "comparisons": [

@@ -26,7 +26,7 @@ from stayer.context.summarizer import ModelSummarizer
 from stayer.delegation import ChildAgents, ChildSettings
 from stayer.errors import ConfigError
 from stayer.eval.task import Task, load_task
-from stayer.eval.verify import verify
+from stayer.eval.verify import Verdict, passes, verify
 from stayer.guard.attribution import per_agent
 from stayer.guard.breakers import GuardConfig, TreeFingerprint
 from stayer.journal import RunJournal, Store, lost_ledger_entries, open_store
@@ -305,10 +305,9 @@ async def _execute(
                 agent.add_tool(journal.tools([children.tool()])[0])
             result = await agent.run(task.instruction, p.run_id)
             journal.flush()
-    verdict = None
-    if result.status != "error":
-        verifier_sandbox = make_sandbox(cfg.sandbox, workspace, allow_net=task.allow_internet)
-        verdict = await verify(task, verifier_sandbox)
+    # Always verified: the tests decide success, however and wherever the agent stopped.
+    verifier_sandbox = make_sandbox(cfg.sandbox, workspace, allow_net=task.allow_internet)
+    verdict = await verify(task, verifier_sandbox)
     doc = result_document(p, result, verdict, started, lost_ledger_entries(journal.lost))
     journal.finish(doc)
     write_result(p.run_dir, doc)
@@ -321,16 +320,23 @@ def write_result(run_dir: Path, doc: dict[str, Any]) -> None:
     tmp.replace(run_dir / "result.json")
 
 
-def status_of(result: RunResult, reward: float | None) -> str:
+def status_of(result: RunResult, verdict: Verdict | None) -> str:
+    """succeeded whenever the tests pass, whatever limit the agent reached on the way; else
+    error when the tests could not judge (or the agent errored), budget_exhausted when a
+    limit stopped the agent, failed otherwise. Why the agent stopped is ``stop_reason``."""
+    if verdict is not None and passes(verdict.reward):
+        return "succeeded"
+    if verdict is not None and verdict.infrastructure:
+        return "error"
     if result.status in ("error", "budget_exhausted"):
         return result.status
-    return "succeeded" if reward is not None and reward >= 1 else "failed"
+    return "failed"
 
 
 def result_document(
     p: PreparedRun,
     result: RunResult,
-    verdict: Any,
+    verdict: Verdict | None,
     started: datetime,
     lost: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
@@ -351,7 +357,7 @@ def result_document(
         "task": p.task.name,
         "task_path": str(p.task.path),
         "model": p.config.model,
-        "status": status_of(result, reward),
+        "status": status_of(result, verdict),
         "reward": reward,
         "steps": result.steps,
         "usage": {
@@ -371,7 +377,7 @@ def result_document(
         "summary": result.summary,
         "breakers": result.breakers,
         "agents": per_agent(ledger),
-        "error": result.error,
+        "error": result.error or (verdict.infrastructure if verdict else None),
         "ledger": ledger,
         "started": started.isoformat(),
         "finished": datetime.now(UTC).isoformat(),
@@ -380,10 +386,5 @@ def result_document(
     }
     if verdict is not None:
         doc["rewards"] = verdict.rewards
-        doc["verifier"] = {
-            "exit_code": verdict.exec.exit_code if verdict.exec else None,
-            "timed_out": verdict.exec.timed_out if verdict.exec else False,
-            "error": verdict.error,
-            "output_tail": (verdict.exec.stdout + verdict.exec.stderr)[-2000:] if verdict.exec else "",
-        }
+        doc["verifier"] = verdict.to_dict()
     return doc

@@ -2,6 +2,11 @@
 
 The tests are mounted read-only at /tests and a fresh, empty /logs/verifier collects the
 reward; neither exists while the agent works, so the agent can neither read nor forge them.
+
+A verdict is also classified: a reward ≥ 1 passes, whatever else happened; tests that could
+not run here (no reward file, the script exited 126/127, or its output shows the host
+lacks what the task needs) are ``infrastructure``: they say nothing about the agent's work,
+so evaluations never score them.
 """
 
 from __future__ import annotations
@@ -12,8 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stayer.errors import ConfigError
+from stayer.eval.evidence import environment_evidence
 from stayer.eval.task import Task
 from stayer.sandbox.base import ExecResult, Mount, Sandbox
+
+# What a test script's exit status says about the host: bash's "found but not executable"
+# and "command not found".
+_UNRUNNABLE_EXIT = {126: "a command it runs is not executable here", 127: "a command it runs is not found here"}
+
+
+def passes(reward: float | None) -> bool:
+    """The one rule for success: the verifier's reward is at least 1."""
+    return reward is not None and reward >= 1
 
 
 @dataclass
@@ -22,6 +37,48 @@ class Verdict:
     rewards: dict[str, float] = field(default_factory=dict)
     exec: ExecResult | None = None
     error: str | None = None
+    infrastructure: str | None = None  # why this verdict cannot judge the agent's work
+
+    @property
+    def outcome(self) -> str:
+        """passed, infrastructure, timed_out, failed, or not_run (a sandbox that cannot
+        mount the tests: no verdict at all, which is the run's setting, not the host's)."""
+        if passes(self.reward):
+            return "passed"
+        if self.exec is None:
+            return "not_run"
+        if self.infrastructure:
+            return "infrastructure"
+        return "timed_out" if self.exec.timed_out else "failed"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "outcome": self.outcome,
+            "infrastructure": self.infrastructure,
+            "exit_code": self.exec.exit_code if self.exec else None,
+            "timed_out": self.exec.timed_out if self.exec else False,
+            "error": self.error,
+            "output_tail": (self.exec.stdout + self.exec.stderr)[-2000:] if self.exec else "",
+        }
+
+
+def infrastructure_reason(verdict: Verdict, task: Task) -> str | None:
+    """Why the tests could not judge the work on this host, or None if they could.
+
+    A passing reward is never infrastructure; tests that ran out of time are the agent's
+    (its work may hang them); tests that were not run at all give no verdict to classify."""
+    if passes(verdict.reward):
+        return None
+    result = verdict.exec
+    if result is None or result.timed_out:
+        return None
+    if why := _UNRUNNABLE_EXIT.get(result.exit_code):
+        return f"the test script exited {result.exit_code}: {why}"
+    if evidence := environment_evidence(result.stdout + "\n" + result.stderr, task):
+        return "; ".join(evidence)
+    if verdict.reward is None:
+        return verdict.error or "the verifier wrote no reward"
+    return None
 
 
 def read_reward(logs: Path) -> tuple[float | None, dict[str, float], str | None]:
@@ -46,7 +103,7 @@ async def verify(task: Task, sandbox: Sandbox) -> Verdict:
     with tempfile.TemporaryDirectory(prefix="stayer-verifier-") as logs:
         try:
             result = await sandbox.exec(
-            "bash /tests/test.sh",
+                "bash /tests/test.sh",
                 timeout=task.verifier_timeout_s,
                 mounts=(
                     Mount(str(task.tests_dir), "/tests", writable=False),
@@ -58,4 +115,6 @@ async def verify(task: Task, sandbox: Sandbox) -> Verdict:
         reward, rewards, error = read_reward(Path(logs))
     if result.timed_out:
         error = f"verifier timed out after {task.verifier_timeout_s:g} s"
-    return Verdict(reward, rewards, result, error)
+    verdict = Verdict(reward, rewards, result, error)
+    verdict.infrastructure = infrastructure_reason(verdict, task)
+    return verdict

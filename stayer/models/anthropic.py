@@ -19,13 +19,16 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import anthropic
+from anthropic.types import Message as AnthropicMessage
 
 from stayer.errors import ConfigError
 from stayer.models.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall
 from stayer.models.retry import DEFAULT_RETRY, RetryPolicy, SdkErrors, call_with_retries
+from stayer.models.wire import MessageJson, dumps, post_json
 from stayer.usage import Usage
 
 MAX_BREAKPOINTS = 4  # Anthropic rejects requests with more cache_control blocks
@@ -74,13 +77,14 @@ class AnthropicModel:
             client = client.with_options(max_retries=0)
             self._owns_client = False
         self.client = client
+        self._wire = MessageJson(wire_blocks)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        params = build_params(self.model_id, request)
+        body, headers = build_body(self.model_id, request, self._wire)
 
         async def attempt() -> tuple[Any, float]:
             t0 = time.perf_counter()
-            resp = await self.client.messages.create(**params, timeout=self.timeout_s)
+            resp = await post_json(self.client, "/v1/messages", body, AnthropicMessage, headers, self.timeout_s)
             return resp, time.perf_counter() - t0
 
         resp, latency = await call_with_retries(
@@ -97,92 +101,143 @@ class AnthropicModel:
 # --- request ---------------------------------------------------------------------------
 
 
+# Where a cache breakpoint goes: "prefix" (the system block, else the last tool), or
+# (message index, block index) into the blocks each message produces.
+Position = str | tuple[int, int]
+_PREFIX = "prefix"
+
+
 def build_params(model_id: str, request: ModelRequest) -> dict[str, Any]:
-    """The keyword arguments for ``messages.create``; pure, so tests can inspect it."""
-    tools: list[Block] = [
-        {"name": t.name, "description": t.description, "input_schema": t.parameters}
-        for t in request.tools
-    ]
-    system: list[Block] = [{"type": "text", "text": request.system}] if request.system else []
-    messages, last_block_after = _to_messages(request.messages)
-
-    prefix_end: Block | None = system[-1] if system else (tools[-1] if tools else None)
-    targets: list[Block] = []
-    for index in sorted(set(request.cache_breakpoints)):
-        if index == -1:
-            block = prefix_end
-        elif 0 <= index < len(last_block_after):
-            # A message that produced no block (empty text) shares its predecessor's end.
-            block = last_block_after[index] or prefix_end
-        else:
-            continue  # out of range: nothing sensible to mark
-        if block is not None and all(block is not t for t in targets):
-            targets.append(block)
-    if len(targets) > MAX_BREAKPOINTS:
-        # Keep the first (the stable prefix, reused all run) and the most recent ones
-        # (where the next call's read starts).
-        targets = targets[:1] + targets[-(MAX_BREAKPOINTS - 1) :]
-    for block in targets:
-        block["cache_control"] = dict(_EPHEMERAL)
-
-    params: dict[str, Any] = {
-        "model": model_id,
-        "max_tokens": request.max_tokens,
-        "messages": messages,
-    }
+    """The keyword arguments for ``messages.create``; pure, so tests can inspect it.
+    ``build_body`` sends the same request, encoded from per-message pieces."""
+    tools, system = _tools(request), _system(request)
+    per_message = [_blocks(m) for m in request.messages]
+    marked = _breakpoints(request.cache_breakpoints, [len(b) for b in per_message], bool(system or tools))
+    if _PREFIX in marked:
+        (system or tools)[-1]["cache_control"] = dict(_EPHEMERAL)
+    messages: list[dict[str, Any]] = []
+    for i, blocks in enumerate(per_message):
+        for j, (role, block) in enumerate(blocks):
+            if (i, j) in marked:
+                block = {**block, "cache_control": dict(_EPHEMERAL)}
+            if messages and messages[-1]["role"] == role:
+                messages[-1]["content"].append(block)
+            else:
+                messages.append({"role": role, "content": [block]})
+    params: dict[str, Any] = {"model": model_id, "max_tokens": request.max_tokens, "messages": messages}
     if system:
         params["system"] = system
     if tools:
         params["tools"] = tools
-    tier = request.service_tier
-    if tier == "fast":
-        params["speed"] = "fast"
-        params["extra_headers"] = {"anthropic-beta": FAST_MODE_BETA}
-    elif tier in ("auto", "standard_only"):
-        params["service_tier"] = tier
+    params.update(_tier_params(request.service_tier))
     return params
 
 
-def _to_messages(history: list[Message]) -> tuple[list[dict[str, Any]], list[Block | None]]:
-    """History → Messages API turns. Consecutive same-role turns are merged (so a run of
-    tool results becomes ONE user message, as the API requires). Also returns, per history
-    index, the last block emitted up to and including that message."""
-    out: list[dict[str, Any]] = []
-    last_after: list[Block | None] = []
-    last: Block | None = None
+def build_body(model_id: str, request: ModelRequest, wire: MessageJson[WireBlocks]) -> tuple[bytes, dict[str, str]]:
+    """The request ``build_params`` describes, as the JSON body and the extra headers;
+    each message's blocks are encoded once, by ``wire``, for as long as it is in the context.
+    The body is joined from its pieces in one go: at 1M tokens every extra copy of it costs
+    milliseconds."""
+    tools, system = _tools(request), _system(request)
+    per_message = wire(request.messages)
+    marked = _breakpoints(request.cache_breakpoints, [len(b) for b in per_message], bool(system or tools))
+    if _PREFIX in marked:
+        (system or tools)[-1]["cache_control"] = dict(_EPHEMERAL)
+    tier = _tier_params(request.service_tier)
+    headers = tier.pop("extra_headers", {})
+    head = {"model": model_id, "max_tokens": request.max_tokens}
+    pieces = [dumps(head)[:-1].encode(), b',"messages":[']
+    role_now = ""
+    for i, blocks in enumerate(per_message):
+        for j, (role, block) in enumerate(blocks):
+            if (i, j) in marked:
+                block = block[:-1] + _CACHE_CONTROL_FIELD  # its last field, as in build_params
+            if role == role_now:
+                pieces += (b",", block)
+            else:
+                pieces += (b"]},{\"role\":" if role_now else b"{\"role\":", _ROLES[role], b',"content":[', block)
+                role_now = role
+    pieces.append(b"]}]" if role_now else b"]")
+    rest = {"system": system, "tools": tools, **tier}
+    pieces += (b"," + dumps({k: v for k, v in rest.items() if v})[1:-1].encode() if any(rest.values()) else b"", b"}")
+    return b"".join(pieces), headers
 
-    def emit(role: str, block: Block) -> None:
-        nonlocal last
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].append(block)
-        else:
-            out.append({"role": role, "content": [block]})
-        last = block
 
-    for m in history:
-        if m.role == "assistant":
-            if m.content.strip():  # the API rejects empty / whitespace-only text blocks
-                emit("assistant", {"type": "text", "text": m.content})
-            for call in m.tool_calls:
-                emit(
-                    "assistant",
-                    {
-                        "type": "tool_use",
-                        "id": call.id,
-                        "name": call.name,
-                        "input": _parse_args(call.arguments),
-                    },
-                )
-        elif m.role == "tool" and m.tool_call_id:
-            block: Block = {"type": "tool_result", "tool_use_id": m.tool_call_id}
-            if m.content:
-                block["content"] = m.content
-            block["is_error"] = m.is_error
-            emit("user", block)
-        elif m.content.strip():  # user text (or a tool result with no id: keep its text)
-            emit("user", {"type": "text", "text": m.content})
+WireBlocks = tuple[tuple[str, bytes], ...]  # (role, block JSON) per block of one message
+_CACHE_CONTROL_FIELD = b',"cache_control":' + dumps(_EPHEMERAL).encode() + b"}"
+_ROLES = {role: dumps(role).encode() for role in ("user", "assistant")}
+
+
+def wire_blocks(m: Message) -> WireBlocks:
+    return tuple((role, dumps(block).encode()) for role, block in _blocks(m))
+
+
+def _tools(request: ModelRequest) -> list[Block]:
+    return [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools]
+
+
+def _system(request: ModelRequest) -> list[Block]:
+    return [{"type": "text", "text": request.system}] if request.system else []
+
+
+def _tier_params(tier: str | None) -> dict[str, Any]:
+    if tier == "fast":
+        return {"speed": "fast", "extra_headers": {"anthropic-beta": FAST_MODE_BETA}}
+    if tier in ("auto", "standard_only"):
+        return {"service_tier": tier}
+    return {}
+
+
+def _breakpoints(indices: Sequence[int], blocks_per_message: list[int], has_prefix: bool) -> set[Position]:
+    """Where the cache breakpoints go. A breakpoint after message *i* marks the last block
+    emitted up to and including it (a message that produced none shares its predecessor's
+    end, or the prefix's); ``-1`` marks the prefix."""
+    last_after: list[Position | None] = []
+    last: Position | None = None
+    for i, n in enumerate(blocks_per_message):
+        if n:
+            last = (i, n - 1)
         last_after.append(last)
-    return out, last_after
+    prefix: Position | None = _PREFIX if has_prefix else None
+    targets: list[Position] = []
+    for index in sorted(set(indices)):
+        if index == -1:
+            position = prefix
+        elif 0 <= index < len(last_after):
+            position = last_after[index] or prefix
+        else:
+            continue  # out of range: nothing sensible to mark
+        if position is not None and position not in targets:
+            targets.append(position)
+    if len(targets) > MAX_BREAKPOINTS:
+        # Keep the first (the stable prefix, reused all run) and the most recent ones
+        # (where the next call's read starts).
+        targets = targets[:1] + targets[-(MAX_BREAKPOINTS - 1) :]
+    return set(targets)
+
+
+def _blocks(m: Message) -> list[tuple[str, Block]]:
+    """One history message → its Messages API blocks, each with the role of the turn it
+    belongs to. Consecutive same-role blocks are merged into one turn (so a run of tool
+    results becomes ONE user message, as the API requires)."""
+    if m.role == "assistant":
+        blocks: list[tuple[str, Block]] = []
+        if m.content.strip():  # the API rejects empty / whitespace-only text blocks
+            blocks.append(("assistant", {"type": "text", "text": m.content}))
+        for call in m.tool_calls:
+            blocks.append(
+                ("assistant", {"type": "tool_use", "id": call.id, "name": call.name, "input": _parse_args(call.arguments)})
+            )
+        return blocks
+    if m.role == "tool" and m.tool_call_id:
+        block: Block = {"type": "tool_result", "tool_use_id": m.tool_call_id}
+        if m.content:
+            block["content"] = m.content
+        block["is_error"] = m.is_error
+        return [("user", block)]
+    if m.content.strip():  # user text (or a tool result with no id: keep its text)
+        return [("user", {"type": "text", "text": m.content})]
+    return []
 
 
 def _parse_args(arguments: str) -> dict[str, Any]:

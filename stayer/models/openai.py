@@ -18,10 +18,13 @@ import time
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 from stayer.errors import ConfigError
 from stayer.models.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from stayer.models.retry import DEFAULT_RETRY, RetryPolicy, SdkErrors, call_with_retries
+from stayer.models.wire import MessageJson, dumps, object_with_array, post_json
 from stayer.usage import Usage
 
 _ERRORS = SdkErrors(
@@ -74,10 +77,10 @@ class _OpenAIBase:
     retry: RetryPolicy
     _owns_client: bool
 
-    async def _call(self, create: Any, params: dict[str, Any]) -> tuple[Any, float]:
+    async def _post(self, path: str, body: bytes, cast_to: type) -> tuple[Any, float]:
         async def attempt() -> tuple[Any, float]:
             t0 = time.perf_counter()
-            resp = await create(**params)
+            resp = await post_json(self.client, path, body, cast_to, {})
             return resp, time.perf_counter() - t0
 
         return await call_with_retries(
@@ -116,42 +119,47 @@ class OpenAIResponsesModel(_OpenAIBase):
         self.client, self._owns_client = _make_client(
             base_url, api_key, client, provider=provider, model_id=model_id, timeout_s=timeout_s
         )
+        self._wire = MessageJson(_responses_wire)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        params = build_responses_params(self.model_id, request)
-        resp, latency = await self._call(self.client.responses.create, params)
+        body = build_responses_body(self.model_id, request, self._wire)
+        resp, latency = await self._post("/responses", body, Response)
         return parse_responses_response(resp, latency, what=f"{self.provider} {self.model_id}")
 
 
+def _responses_items(m: Message) -> list[dict[str, Any]]:
+    """One history message → its Responses API input items."""
+    if m.role == "tool":
+        return [{"type": "function_call_output", "call_id": m.tool_call_id or "", "output": m.content}]
+    if m.role == "assistant":
+        items: list[dict[str, Any]] = []
+        if m.content:
+            items.append({"type": "message", "role": "assistant", "content": m.content})
+        for call in m.tool_calls:
+            items.append({"type": "function_call", "call_id": call.id, "name": call.name, "arguments": call.arguments})
+        return items
+    return [{"type": "message", "role": "user", "content": m.content}]
+
+
+def _responses_wire(m: Message) -> tuple[bytes, ...]:
+    return tuple(dumps(item).encode() for item in _responses_items(m))
+
+
 def build_responses_params(model_id: str, request: ModelRequest) -> dict[str, Any]:
-    """Keyword arguments for ``responses.create``; pure, so tests can inspect it."""
-    items: list[dict[str, Any]] = []
-    for m in request.messages:
-        if m.role == "tool":
-            items.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": m.tool_call_id or "",
-                    "output": m.content,
-                }
-            )
-        elif m.role == "assistant":
-            if m.content:
-                items.append({"type": "message", "role": "assistant", "content": m.content})
-            for call in m.tool_calls:
-                items.append(
-                    {
-                        "type": "function_call",
-                        "call_id": call.id,
-                        "name": call.name,
-                        "arguments": call.arguments,
-                    }
-                )
-        else:
-            items.append({"type": "message", "role": "user", "content": m.content})
+    """Keyword arguments for ``responses.create``; pure, so tests can inspect it.
+    ``build_responses_body`` sends the same, encoded from per-message pieces."""
+    return {"input": [item for m in request.messages for item in _responses_items(m)], **_responses_fields(model_id, request)}
+
+
+def build_responses_body(model_id: str, request: ModelRequest, wire: MessageJson[tuple[bytes, ...]]) -> bytes:
+    items = [item for per_message in wire(request.messages) for item in per_message]
+    return object_with_array(_responses_fields(model_id, request), "input", items)
+
+
+def _responses_fields(model_id: str, request: ModelRequest) -> dict[str, Any]:
+    """Everything of a Responses request but its input items."""
     params: dict[str, Any] = {
         "model": model_id,
-        "input": items,
         "max_output_tokens": request.max_tokens,
         "store": False,
     }
@@ -244,10 +252,11 @@ class OpenAIChatModel(_OpenAIBase):
         self.client, self._owns_client = _make_client(
             base_url, api_key, client, provider=provider, model_id=model_id, timeout_s=timeout_s
         )
+        self._wire = MessageJson(_chat_wire)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        params = build_chat_params(self.model_id, request, openai_params=self.openai_params)
-        resp, latency = await self._call(self.client.chat.completions.create, params)
+        body = build_chat_body(self.model_id, request, self._wire, openai_params=self.openai_params)
+        resp, latency = await self._post("/chat/completions", body, ChatCompletion)
         return parse_chat_response(resp, latency, what=f"{self.provider} {self.model_id}")
 
 
@@ -258,34 +267,46 @@ def _chat_tool(t: ToolSpec) -> dict[str, Any]:
     }
 
 
+def _chat_message(m: Message) -> dict[str, Any]:
+    """One history message → its Chat Completions message."""
+    if m.role == "tool":
+        return {"role": "tool", "tool_call_id": m.tool_call_id or "", "content": m.content}
+    if m.role == "assistant":
+        msg: dict[str, Any] = {"role": "assistant", "content": m.content}
+        if m.tool_calls:
+            msg["content"] = m.content or None  # the spec's "no text" with tool calls
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in m.tool_calls
+            ]
+        return msg
+    return {"role": "user", "content": m.content}
+
+
+def _chat_wire(m: Message) -> bytes:
+    return dumps(_chat_message(m)).encode()
+
+
 def build_chat_params(
     model_id: str, request: ModelRequest, *, openai_params: bool
 ) -> dict[str, Any]:
-    """Keyword arguments for ``chat.completions.create``; pure, so tests can inspect it."""
-    messages: list[dict[str, Any]] = []
-    if request.system:
-        messages.append({"role": "system", "content": request.system})
-    for m in request.messages:
-        if m.role == "tool":
-            messages.append(
-                {"role": "tool", "tool_call_id": m.tool_call_id or "", "content": m.content}
-            )
-        elif m.role == "assistant":
-            msg: dict[str, Any] = {"role": "assistant", "content": m.content}
-            if m.tool_calls:
-                msg["content"] = m.content or None  # the spec's "no text" with tool calls
-                msg["tool_calls"] = [
-                    {
-                        "id": c.id,
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": c.arguments},
-                    }
-                    for c in m.tool_calls
-                ]
-            messages.append(msg)
-        else:
-            messages.append({"role": "user", "content": m.content})
-    params: dict[str, Any] = {"model": model_id, "messages": messages}
+    """Keyword arguments for ``chat.completions.create``; pure, so tests can inspect it.
+    ``build_chat_body`` sends the same, encoded from per-message pieces."""
+    messages = [{"role": "system", "content": request.system}] if request.system else []
+    messages += [_chat_message(m) for m in request.messages]
+    return {"messages": messages, **_chat_fields(model_id, request, openai_params)}
+
+
+def build_chat_body(
+    model_id: str, request: ModelRequest, wire: MessageJson[bytes], *, openai_params: bool
+) -> bytes:
+    system = [dumps({"role": "system", "content": request.system}).encode()] if request.system else []
+    return object_with_array(_chat_fields(model_id, request, openai_params), "messages", system + wire(request.messages))
+
+
+def _chat_fields(model_id: str, request: ModelRequest, openai_params: bool) -> dict[str, Any]:
+    """Everything of a Chat Completions request but its messages."""
+    params: dict[str, Any] = {"model": model_id}
     if request.tools:
         params["tools"] = [_chat_tool(t) for t in request.tools]
     if openai_params:

@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from stayer.models.base import Message, ModelRequest, ModelResponse
 from stayer.models.caching import CacheRules, cache_rules, provider_of
@@ -169,6 +169,15 @@ class SimPolicy(Protocol):
     def next_message(self, request: ModelRequest) -> Message: ...
 
 
+@runtime_checkable
+class ReasoningPolicy(SimPolicy, Protocol):
+    """A policy that also knows how many reasoning tokens the model spent before its next
+    message (a recorded trajectory does). They are billed as output, as the provider
+    bills them, though no text of them is in the message."""
+
+    def reasoning_tokens(self, request: ModelRequest) -> int: ...
+
+
 class SimModel:
     def __init__(
         self,
@@ -212,9 +221,10 @@ class SimModel:
     async def complete(self, request: ModelRequest) -> ModelResponse:
         started = time.perf_counter()
         outcome = self.account(request)
+        reasoning = self.policy.reasoning_tokens(request) if isinstance(self.policy, ReasoningPolicy) else 0
         message = self.policy.next_message(request)
-        output = self.counter.message(message)
-        raw = provider_usage(self.rules.usage_shape, outcome, output)
+        output = self.counter.message(message) + reasoning
+        raw = provider_usage(self.rules.usage_shape, outcome, output, reasoning)
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         return ModelResponse(

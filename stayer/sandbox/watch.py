@@ -8,6 +8,10 @@ reports which trees saw any change since they were last cleared. It only ever an
 (no inotify on this system, the per-user watch limit reached, the event queue overflowed)
 counts as changed, so correctness never depends on it.
 
+It can also say *where*: :meth:`TreeWatch.changed_directories` names the directories that
+saw an event, so that a caller keeping per-directory state (the workspace fingerprint)
+re-reads only those.
+
 inotify reports changes made through any path to the same inode, so writes made inside the
 sandbox through its bind mount at ``/app`` are seen. Writes through a shared ``mmap`` are
 not reported by inotify, but they do not update ``mtime`` either, so the stat scan this
@@ -57,8 +61,11 @@ class TreeWatch:
         if self._libc is not None:
             self._fd = self._libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         self._key_of_wd: dict[int, str] = {}
+        self._dir_of_wd: dict[int, str] = {}
         self._changed: set[str] = set()
         self._vouched: set[str] = set()  # keys fully watched since they were last cleared
+        self._dirty: dict[str, set[str]] = {}  # key → directories that saw an event
+        self._lost: set[str] = set()  # keys with events or directories we cannot place
 
     @property
     def available(self) -> bool:
@@ -71,6 +78,8 @@ class TreeWatch:
         self._drain()
         self._changed.discard(key)
         self._vouched.discard(key)
+        self._dirty.pop(key, None)
+        self._lost.discard(key)
 
     def add(self, key: str, directory: str) -> bool:
         """Watch ``directory`` as part of ``key``'s tree; False if it cannot be watched,
@@ -81,8 +90,11 @@ class TreeWatch:
         wd = self._libc.inotify_add_watch(self._fd, os.fsencode(directory), _MASK)
         if wd < 0:
             self._changed.add(key)
+            self._lost.add(key)
             return False
+        # Watching a directory again (moved, or re-read) returns its watch: its new path.
         self._key_of_wd[wd] = key
+        self._dir_of_wd[wd] = directory
         return True
 
     def end(self, key: str) -> None:
@@ -96,6 +108,20 @@ class TreeWatch:
             return False
         self._drain()
         return key not in self._changed
+
+    def changed_directories(self, key: str) -> set[str] | None:
+        """The directories of ``key``'s tree that saw a change since the last call (or since
+        the scan that :meth:`end` vouched for), and forget them; None when only a full scan
+        can tell (never vouched, events lost, a directory not watched). The caller re-reads
+        each named directory, calling :meth:`add` on it and on every new directory under
+        it before listing them."""
+        if key not in self._vouched:
+            return None
+        self._drain()
+        if key in self._lost:
+            return None
+        self._changed.discard(key)
+        return self._dirty.pop(key, set())
 
     def forget(self, key: str) -> None:
         """Stop vouching for ``key`` (e.g. after the caller changed the tree itself)."""
@@ -129,8 +155,10 @@ class TreeWatch:
                 offset += _EVENT.size + length
                 if mask & _IN_Q_OVERFLOW:  # events were lost: any tree may have changed
                     self._changed.update(self._vouched)
+                    self._lost.update(self._vouched)
                 elif (key := self._key_of_wd.get(wd)) is not None:
                     self._changed.add(key)
+                    self._dirty.setdefault(key, set()).add(self._dir_of_wd[wd])
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
