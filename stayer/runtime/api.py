@@ -1,0 +1,229 @@
+"""The HTTP API (FastAPI): runs, their ledgers and live event streams, per tenant.
+
+Every ``/v1`` request carries ``Authorization: Bearer KEY``; without a valid key the answer
+is 401, and another tenant's run is 404 (the same answer as a run that does not exist).
+API processes hold no state: they read and write the runtime's tables and read the
+journal, so any number of them can serve one database.
+
+Database connections are per thread (FastAPI runs plain ``def`` endpoints in a thread
+pool; SQLite connections must stay in the thread that opened them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse, ServerSentEvent
+from starlette.concurrency import run_in_threadpool
+
+from stayer.errors import ConfigError
+from stayer.journal import load_log, open_store
+from stayer.journal.sql import SqlStore
+from stayer.runtime.db import QUEUED, STATUSES, ServiceDB
+from stayer.runtime.events import PublicEvent, public_event, status_event
+from stayer.runtime.schemas import Ledger, RunCreate, RunList, RunOut
+from stayer.runtime.webhooks import url_problem
+from stayer.runtime.worker import resolve_task
+
+#: How often an open event stream looks for new journal events. The journal is the one
+#: source of events for every API process, so this bounds the delivery lag.
+POLL_S = 0.05
+
+
+class Databases:
+    """One ``ServiceDB`` per thread, opened on first use."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self._local = threading.local()
+        self._all: list[SqlStore] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> ServiceDB:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            store = open_store(self.home)
+            assert isinstance(store, SqlStore)
+            db = self._local.db = ServiceDB(store)
+            with self._lock:
+                self._all.append(store)
+        return db
+
+    def close(self) -> None:
+        with self._lock:
+            for store in self._all:
+                # Closing from another thread may be refused; the process is ending anyway.
+                with contextlib.suppress(Exception):
+                    store.close()
+            self._all.clear()
+
+
+def tenant_of(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+    """The tenant whose API key the request carries; 401 otherwise."""
+    scheme, _, key = (authorization or "").partition(" ")
+    key = key.strip()
+    dbs: Databases = request.app.state.databases
+    tenant = dbs.get().tenant_for_key(key) if scheme.lower() == "bearer" and key else None
+    if tenant is None:
+        raise HTTPException(401, "missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})
+    return tenant
+
+
+Tenant = Annotated[str, Depends(tenant_of)]
+
+
+def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = False) -> FastAPI:
+    from stayer import __version__
+
+    app = FastAPI(
+        title="stayer",
+        version=__version__,
+        description="Long-horizon agent runs as a service: exact cost per step, budgets that never overshoot.",
+    )
+    dbs = Databases(home)
+    app.state.databases = dbs
+
+    def own_run(run_id: str, tenant: str) -> Any:
+        run = dbs.get().run(run_id, tenant)
+        if run is None:
+            raise HTTPException(404, f"no run {run_id!r}")
+        return run
+
+    @app.exception_handler(ConfigError)
+    async def config_error(_request: Request, exc: ConfigError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/runs", status_code=201, response_model=RunOut)
+    def create_run(body: RunCreate, tenant: Tenant) -> RunOut:
+        from stayer.models.registry import split_spec
+
+        resolve_task(tasks_dir, body.task)  # 422 for a task the server does not have
+        split_spec(body.model)
+        if body.sim_policy and body.sim_policy.startswith("replay:"):
+            raise ConfigError("sim_policy: replay:PATH reads a file on the server; not available through the API")
+        if body.webhook is not None:
+            problem = url_problem(body.webhook, allow_private=allow_private_webhooks)
+            if problem is not None:
+                raise ConfigError(f"webhook: {problem}")
+        request = body.model_dump(mode="json")
+        run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:12]
+        return RunOut.of(dbs.get().insert_run(run_id, tenant, body.task, body.model, request))
+
+    @app.get("/v1/runs", response_model=RunList)
+    def list_runs(
+        tenant: Tenant,
+        status: Annotated[str | None, Query(description=" | ".join(STATUSES))] = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        cursor: Annotated[str | None, Query(max_length=200)] = None,
+    ) -> RunList:
+        if status is not None and status not in STATUSES:
+            raise HTTPException(422, f"status: one of {', '.join(STATUSES)}")
+        runs = dbs.get().runs(tenant, status, limit + 1, cursor)
+        page = runs[:limit]
+        return RunList(data=[RunOut.of(r) for r in page], next_cursor=page[-1].id if len(runs) > limit else None)
+
+    @app.get("/v1/runs/{run_id}", response_model=RunOut)
+    def get_run(run_id: str, tenant: Tenant) -> RunOut:
+        return RunOut.of(own_run(run_id, tenant))
+
+    @app.post("/v1/runs/{run_id}/cancel", response_model=RunOut)
+    def cancel_run(run_id: str, tenant: Tenant) -> RunOut:
+        own_run(run_id, tenant)
+        dbs.get().request_cancel(run_id)
+        return RunOut.of(own_run(run_id, tenant))
+
+    @app.get("/v1/runs/{run_id}/ledger", response_model=Ledger)
+    def get_ledger(run_id: str, tenant: Tenant) -> Ledger:
+        own_run(run_id, tenant)
+        log = load_log(dbs.get().store, run_id)
+        entries = [log.steps[s] for s in sorted(log.steps)]
+        if log.finished is not None:
+            import json
+
+            entries = json.loads(log.blobs[log.finished["result"]]).get("ledger", entries)
+        return Ledger(run_id=run_id, ledger=entries)
+
+    @app.get("/v1/runs/{run_id}/events", response_class=EventSourceResponse)
+    async def run_events(
+        run_id: str,
+        tenant: Tenant,
+        request: Request,
+        after: Annotated[int | None, Query(ge=-1)] = None,
+        last_event_id: Annotated[str | None, Header()] = None,
+    ) -> EventSourceResponse:
+        """The run's events as Server-Sent Events; resumes after ``Last-Event-ID`` or
+        ``?after=``; ends after the run's final status."""
+        await run_in_threadpool(own_run, run_id, tenant)
+        start = after if after is not None else -1
+        if last_event_id is not None:
+            try:
+                start = int(last_event_id)
+            except ValueError:
+                raise HTTPException(422, "Last-Event-ID: expected an event id (an integer)") from None
+
+        async def stream() -> AsyncIterator[ServerSentEvent]:
+            async for event in follow(dbs, run_id, start):
+                if await request.is_disconnected():
+                    return
+                yield ServerSentEvent(data=event.to_json(), event=event.type, id=str(event.id))
+
+        return EventSourceResponse(stream(), ping=15)
+
+    @app.on_event("shutdown")
+    def close() -> None:
+        dbs.close()
+
+    return app
+
+
+async def follow(dbs: Databases, run_id: str, after: int) -> AsyncIterator[PublicEvent]:
+    """Public events of ``run_id`` with ids above ``after``, as they are journaled, until
+    the run's final status."""
+    if after < 0:
+        yield status_event(0, run_id, QUEUED)
+    last = max(after, 0)
+
+    def read(seen: int) -> tuple[list[PublicEvent], bool, int, Any]:
+        """Events after public id ``seen``; whether the journal's final status was among
+        them; the new ``seen``; the run's row (read after the events, see below)."""
+        db = dbs.get()
+        out, finished = [], False
+        for ev in db.events_after(run_id, seen - 1):
+            seen = ev.seq + 1
+            public = public_event(run_id, ev, db.store.get_blob)
+            if public is not None:
+                out.append(public)
+            finished = finished or ev.kind == "run_finished"
+        return out, finished, seen, db.run(run_id)
+
+    while True:
+        events, finished, last, row = await run_in_threadpool(read, last)
+        for event in events:
+            yield event
+        if finished:
+            return
+        if row is not None and row.terminal:
+            # The row turns final after the journal does: read the journal once more, then
+            # say the final status ourselves if the journal never got one (a run cancelled
+            # while queued, or stopped before it began).
+            events, finished, last, _ = await run_in_threadpool(read, last)
+            for event in events:
+                yield event
+            top, journaled = await run_in_threadpool(lambda: dbs.get().journal_tail(run_id))
+            if not finished and not journaled and top + 1 > after:
+                yield status_event(top + 1, run_id, row.status, row.stop_reason)
+            return
+        await asyncio.sleep(POLL_S)

@@ -1,0 +1,265 @@
+"""``stayer worker``: claim runs from the queue and run them, many at once, with leases.
+
+A worker is an asyncio loop with ``concurrency`` slots. For each free slot it claims the
+oldest queued run (or a running one whose worker died: its lease expired) and runs it
+through the same code as ``stayer run`` (``eval.trial.prepare`` / ``execute``) on the
+shared journal, so a run another worker started is resumed from its journal, exactly and
+without paying again for its model calls. While a run executes, a heartbeat renews the
+lease and reads the cancel flag; a cancelled run stops at its next step, and what it spent
+is on its ledger and its result. Before a run starts, its cap is held in its tenant's
+budget (``tenants``); a run that does not fit waits as ``paused``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import sys
+import traceback
+from collections.abc import Callable
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from stayer.agent import LedgerEntry, RunResult
+from stayer.errors import ConfigError
+from stayer.journal import JournalError, RunJournal, lost_ledger_entries, open_store
+from stayer.journal.lease import new_owner
+from stayer.journal.sql import SqlStore
+from stayer.pricing import PriceBook
+from stayer.runtime.db import CANCELLED, ERROR, PAUSED, ServiceDB, ServiceRun
+from stayer.runtime.tenants import TenantBudgets, open_budget_store
+from stayer.runtime.webhooks import Webhooks
+
+TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class RunCancelled(Exception):
+    """Raised at a step boundary of a run whose cancel was requested."""
+
+
+def resolve_task(tasks_dir: Path, name: str) -> Path:
+    """The task directory ``name`` under ``tasks_dir``; never a path outside it."""
+    if not TASK_NAME.fullmatch(name) or name in (".", ".."):
+        raise ConfigError(f"task {name!r}: a task name is letters, digits, '.', '_' and '-'")
+    root = tasks_dir.resolve()
+    path = (root / name).resolve()
+    if path.parent != root or not (path / "task.toml").is_file():
+        raise ConfigError(f"task {name!r}: no such task in the server's tasks directory")
+    return path
+
+
+def usage_totals(entries: list[LedgerEntry]) -> dict[str, Any]:
+    """Usage of the run so far, for the run's row (the journal holds the exact ledger)."""
+    result = RunResult(status="running")
+    for e in entries:
+        result.usage += e.usage
+    return result.usage.to_dict()
+
+
+class Worker:
+    def __init__(
+        self,
+        home: Path,
+        tasks_dir: Path,
+        *,
+        concurrency: int = 4,
+        lease_ttl_s: float = 30.0,
+        poll_s: float = 0.2,
+        sandbox: str = "bwrap",
+        webhooks: Webhooks | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.home = Path(home)
+        self.tasks_dir = Path(tasks_dir)
+        self.concurrency = concurrency
+        self.lease_ttl_s = lease_ttl_s
+        self.poll_s = poll_s
+        self.sandbox = sandbox
+        self.name = new_owner()
+        self.webhooks = webhooks or Webhooks()
+        self.log = log or (lambda msg: print(f"stayer worker: {msg}", file=sys.stderr))
+        store = open_store(self.home)
+        assert isinstance(store, SqlStore)
+        self.store = store
+        self.db = ServiceDB(store)
+        self.budgets = TenantBudgets(open_budget_store(self.home))
+        self.prices = PriceBook.load()
+        self.running: dict[str, asyncio.Task[None]] = {}
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Claim and run until ``stop`` is set; then let the runs in hand finish."""
+        try:
+            while not stop.is_set():
+                if len(self.running) < self.concurrency:
+                    claimed = self.db.claim_next(self.name, self.lease_ttl_s)
+                    if claimed is not None:
+                        task = asyncio.create_task(self._guarded(claimed))
+                        self.running[claimed.id] = task
+                        task.add_done_callback(lambda _t, rid=claimed.id: self.running.pop(rid, None))
+                        continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_s)
+            if self.running:
+                await asyncio.gather(*self.running.values(), return_exceptions=True)
+        finally:
+            await self.webhooks.aclose()
+            self.store.close()
+
+    async def _guarded(self, run: ServiceRun) -> None:
+        try:
+            await self._run(run)
+        except Exception as e:  # a bug must not take the worker (and its other runs) down
+            self.log(f"run {run.id} failed in the worker: {e}\n{traceback.format_exc()}")
+            self._set(run, status=ERROR, stop_reason="error", error=f"{type(e).__name__}: {e}", release=True)
+
+    def _set(self, run: ServiceRun, *, release: bool = False, **values: Any) -> None:
+        if self.db.update(run.id, self.name, release=release, **values) and "status" in values:
+            self._notify(run, values["status"], values.get("stop_reason"))
+
+    def _notify(self, run: ServiceRun, status: str, stop_reason: str | None) -> None:
+        url = run.request.get("webhook")
+        secret = self.db.webhook_secret(run.tenant)
+        if url and secret:
+            self.webhooks.send(url, secret, {"type": "run.status", "run_id": run.id, "status": status, "stop_reason": stop_reason})
+
+    def _hold_budget(self, run: ServiceRun) -> Decimal | None | bool:
+        """The run's cap, held from its tenant's budget; False when it does not fit."""
+        if run.budget_hold is not None:
+            return Decimal(run.run_cap) if run.run_cap is not None else None
+        asked = run.request.get("max_cost")
+        cap = Decimal(asked) if asked is not None else None
+        account = self.budgets.account(run.tenant)
+        if account.cap is None:
+            return cap
+        amount = cap if cap is not None else account.available
+        hold = self.budgets.hold(run.tenant, amount) if amount is not None and amount > 0 else None
+        if hold is None:
+            return False
+        self.db.update(run.id, self.name, budget_hold=hold, run_cap=str(amount))
+        run.budget_hold, run.run_cap = hold, str(amount)
+        return amount
+
+    async def _run(self, run: ServiceRun) -> None:
+        from stayer.eval.resume import prepare_resume
+        from stayer.eval.trial import RunConfig, execute, prepare
+
+        if run.cancel_requested:
+            self._set(run, status=CANCELLED, stop_reason="cancelled", release=True)
+            return
+        cap = self._hold_budget(run)
+        if cap is False:
+            self._set(run, status=PAUSED, stop_reason="budget_reached", release=True)
+            return
+        self._notify(run, "running", None)
+        req = run.request
+        try:
+            if self.store.run(run.id) is None:
+                config = RunConfig(
+                    task_dir=str(resolve_task(self.tasks_dir, run.task)),
+                    model=run.model,
+                    max_steps=int(req.get("max_steps") or 50),
+                    max_cost=cap if isinstance(cap, Decimal) else None,
+                    run_id=run.id,
+                    sim_policy=req.get("sim_policy"),
+                    sim_latency=float(req.get("sim_latency") or 0.0),
+                    sandbox=self.sandbox,
+                    policy=req.get("policy") or "auto",
+                )
+                prepared, journal = prepare(config, self.prices, store=self.store), None
+            else:
+                prepared, journal = prepare_resume(run.id, store=self.store, prices=self.prices)
+        except ConfigError as e:  # RunFinished included: its result is taken as it is
+            result = getattr(e, "result", None)
+            if result is not None:
+                self._finish(run, result)
+            else:
+                self._set(run, status=ERROR, stop_reason="error", error=str(e), release=True)
+            return
+
+        entries: list[LedgerEntry] = []
+        cancel = asyncio.Event()
+
+        def on_step(entry: LedgerEntry) -> None:
+            entries.append(entry)
+            cost = sum((e.cost.total for e in entries if e.cost.total is not None), Decimal(0))
+            self.db.update(run.id, self.name, steps=entry.step, cost_usd=str(cost), usage=_json(usage_totals(entries)))
+            if cancel.is_set():
+                raise RunCancelled
+
+        execution = asyncio.create_task(execute(prepared, on_step, journal=journal))
+        beat = asyncio.create_task(self._heartbeat(run, cancel, execution))
+        try:
+            doc = await execution
+        except RunCancelled:
+            doc = self._cancelled_document(prepared, entries)
+        except asyncio.CancelledError:
+            if not beat.done() or beat.result() != "lost":
+                raise
+            self.log(f"run {run.id}: lost its lease to another worker; stopped here")
+            return
+        except JournalError as e:
+            self._set(run, status=ERROR, stop_reason="error", error=str(e), release=True)
+            return
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+        self._finish(run, doc)
+
+    async def _heartbeat(self, run: ServiceRun, cancel: asyncio.Event, execution: asyncio.Task[Any]) -> str:
+        while True:
+            await asyncio.sleep(min(self.lease_ttl_s / 3, 1.0))
+            ours, cancel_requested = self.db.renew(run.id, self.name, self.lease_ttl_s)
+            if not ours:
+                execution.cancel()
+                return "lost"
+            if cancel_requested:
+                cancel.set()
+
+    def _cancelled_document(self, prepared: Any, entries: list[LedgerEntry]) -> dict[str, Any]:
+        """Finish a run stopped by cancel: its journal and result say ``cancelled`` and
+        carry every step it paid for."""
+        from stayer.eval.trial import result_document, write_result
+
+        row, log = RunJournal.load(self.store, prepared.run_id)
+        journal = RunJournal.reopen(self.store, row, log, prepared.run_dir / "workspace", prepared.prices)
+        result = RunResult(status=CANCELLED, stop_reason="cancelled")
+        for e in entries:
+            result.steps = max(result.steps, e.step)
+            result.usage += e.usage
+            result.add_cost(e.cost.total)
+            if e.compaction:
+                result.add_cost(Decimal(e.compaction["cost_usd"]))
+            result.ledger.append(e)
+        started = datetime.fromisoformat(journal.started)
+        doc = result_document(prepared, result, None, started, lost_ledger_entries(journal.lost))
+        doc["status"], doc["stop_reason"] = CANCELLED, "cancelled"
+        journal.finish(doc)
+        write_result(prepared.run_dir, doc)
+        return doc
+
+    def _finish(self, run: ServiceRun, doc: dict[str, Any]) -> None:
+        cost = doc.get("cost_usd", "0")
+        if run.budget_hold is not None:
+            spent = Decimal(cost) if cost != "unknown" else Decimal(run.run_cap or 0)
+            self.budgets.settle(run.budget_hold, spent)
+        self._set(
+            run,
+            status=doc["status"],
+            stop_reason=doc.get("stop_reason") or None,
+            steps=int(doc.get("steps") or 0),
+            cost_usd=cost,
+            reward=doc.get("reward"),
+            error=doc.get("error"),
+            usage=_json(doc.get("usage") or {}),
+            release=True,
+        )
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, separators=(",", ":"))

@@ -1,0 +1,307 @@
+"""The hosted runtime against live servers and workers, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import signal
+import threading
+import uuid
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+from pg_server import _fresh_database as fresh_database
+from pg_server import database_fixture
+from service_helpers import Env, copy_tasks, finished, read_events, spawn, start_server, wait_for
+
+from stayer.runtime.webhooks import sign, url_problem
+
+pg_url = database_fixture()
+
+SIM = "sim:claude-sonnet-4-5"
+LONG = "synthetic:steps=400,obs_tokens=50,out_tokens=20"
+
+
+# One server per backend for the module: tests keep apart by using tenants of their own.
+# The PostgreSQL lane is `slow` (CI runs it); SQLite runs in the default suite.
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return "" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_tasks(tmp_path_factory.mktemp("tasks"), "hello-file", "fix-median")
+
+
+@pytest.fixture(scope="module")
+def server(backend: str, tasks: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    s = start_server(Env(tmp_path_factory.mktemp("shared") / "home", backend), tasks, "--workers", "2")
+    yield s
+    s.process.kill()
+
+
+@pytest.fixture
+def env(backend: str, tmp_path: Path) -> Env:
+    """A home (and database) of the test's own, for servers without workers."""
+    return Env(tmp_path / "home", fresh_database(backend) if backend else "")
+
+
+def name() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+def ledger_total(ledger: list[dict]) -> Decimal:
+    return sum((Decimal(e["cost_usd"]) for e in ledger), Decimal(0))
+
+
+def test_a_run_through_the_api_succeeds_and_its_cost_is_its_ledger(server) -> None:
+    key = server.env.tenant(name())["api_key"]
+    with server.client(key) as c:
+        created = c.post("/v1/runs", json={"task": "hello-file", "model": SIM, "metadata": {"ticket": "T-1"}})
+        assert created.status_code == 201, created.text
+        body = created.json()
+        assert body["status"] == "queued" and body["metadata"] == {"ticket": "T-1"}
+        run = wait_for(c, body["id"], finished)
+        assert run["status"] == "succeeded" and run["reward"] == 1.0 and run["stop_reason"] == "submit"
+        ledger = c.get(f"/v1/runs/{body['id']}/ledger").json()["ledger"]
+        assert len(ledger) == run["steps"] > 0
+        assert ledger_total(ledger) == Decimal(run["cost_usd"])
+        assert run["usage"]["input_tokens"] == sum(e["usage"]["input_tokens"] for e in ledger)
+        listed = c.get("/v1/runs", params={"status": "succeeded"}).json()
+        assert [r["id"] for r in listed["data"]] == [body["id"]]
+        assert c.get("/openapi.json").json()["paths"]["/v1/runs"]["post"]
+
+
+def test_every_request_needs_a_key_and_tenants_see_only_their_runs(server) -> None:
+    alice, bob = server.env.tenant(name())["api_key"], server.env.tenant(name())["api_key"]
+    with server.client(alice) as a:
+        run_id = a.post("/v1/runs", json={"task": "hello-file", "model": SIM}).json()["id"]
+    for key in (None, "", "sk-stayer-wrong", alice + "x"):
+        with server.client(key) as anon:
+            assert anon.get("/v1/runs").status_code == 401
+            assert anon.get(f"/v1/runs/{run_id}").status_code == 401
+            assert anon.post("/v1/runs", json={"task": "hello-file", "model": SIM}).status_code == 401
+    with server.client(alice) as a:
+        assert a.get(f"/v1/runs/{run_id}", headers={"Authorization": f"Basic {alice}"}).status_code == 401
+    with server.client(bob) as b:
+        for path in ("", "/ledger", "/events"):
+            assert b.get(f"/v1/runs/{run_id}{path}").status_code == 404
+        assert b.post(f"/v1/runs/{run_id}/cancel").status_code == 404
+        assert b.get("/v1/runs").json()["data"] == []
+    with server.client(alice) as a:
+        wait_for(a, run_id, finished)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"task": "../hello-file", "model": SIM},
+        {"task": "nope", "model": SIM},
+        {"task": ".", "model": SIM},
+        {"task": "hello-file", "model": "nomodel"},
+        {"task": "hello-file", "model": "gpt:x"},
+        {"task": "hello-file", "model": SIM, "max_cost": -1},
+        {"task": "hello-file", "model": SIM, "max_cost": "NaN"},
+        {"task": "hello-file", "model": SIM, "max_cost": "1e17"},
+        {"task": "hello-file", "model": SIM, "max_steps": 0},
+        {"task": "hello-file", "model": SIM, "sim_latency": "inf"},
+        {"task": "hello-file", "model": SIM, "sim_policy": "replay:/etc/passwd"},
+        {"task": "hello-file", "model": SIM, "webhook": "file:///etc/passwd"},
+        {"task": "hello-file", "model": SIM, "surprise": 1},
+    ],
+)
+def test_bad_run_requests_are_422_and_create_nothing(server, body: dict) -> None:
+    key = server.env.tenant(name())["api_key"]
+    with server.client(key) as c:
+        r = c.post("/v1/runs", json=body)
+        assert r.status_code == 422, r.text
+        assert c.get("/v1/runs").json()["data"] == []
+
+
+def test_events_stream_from_the_journal_and_resume_exactly_after_last_event_id(server) -> None:
+    key = server.env.tenant(name())["api_key"]
+    with server.client(key) as c:
+        run_id = c.post("/v1/runs", json={"task": "fix-median", "model": SIM}).json()["id"]
+        full = list(read_events(c, run_id))  # follows the run live until its final status
+        ids = [int(e["id"]) for e in full]
+        assert ids == sorted(set(ids)) and ids[0] == 0
+        assert full[0]["data"]["status"] == "queued" and full[-1]["data"]["status"] == "succeeded"
+        types = {e["event"] for e in full}
+        assert {"run.status", "message", "tool.call", "tool.result", "step"} <= types
+        steps = [e["data"] for e in full if e["event"] == "step"]
+        run = c.get(f"/v1/runs/{run_id}").json()
+        assert len(steps) == run["steps"] and ledger_total(steps) == Decimal(run["cost_usd"])
+        # Reconnect after every event (20 at most): the rest of the stream, exactly.
+        for cut in ids[:: max(1, len(ids) // 20)]:
+            rest = list(read_events(c, run_id, last_event_id=str(cut)))
+            assert [int(e["id"]) for e in rest] == [i for i in ids if i > cut]
+            assert rest == [e for e in full if int(e["id"]) > cut]
+        assert list(read_events(c, run_id, last_event_id=str(ids[-1]))) == []
+        assert c.get(f"/v1/runs/{run_id}/events", params={"after": ids[-2]}).text.count("event: run.status") == 1
+        assert c.get(f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": "x"}).status_code == 422
+
+
+def test_cancel_stops_a_running_run_and_keeps_what_it_spent(server) -> None:
+    key = server.env.tenant(name())["api_key"]
+    with server.client(key) as c:
+        body = {"task": "hello-file", "model": SIM, "sim_policy": LONG, "max_steps": 400, "sim_latency": 0.02}
+        run_id = c.post("/v1/runs", json=body).json()["id"]
+        wait_for(c, run_id, lambda r: r["steps"] >= 2)
+        assert c.post(f"/v1/runs/{run_id}/cancel").json()["cancel_requested"] is True
+        run = wait_for(c, run_id, finished)
+        assert run["status"] == "cancelled" and run["stop_reason"] == "cancelled"
+        assert 2 <= run["steps"] < 400
+        ledger = c.get(f"/v1/runs/{run_id}/ledger").json()["ledger"]
+        assert len(ledger) == run["steps"] and ledger_total(ledger) == Decimal(run["cost_usd"])
+        events = list(read_events(c, run_id))
+        assert events[-1]["data"]["status"] == "cancelled"
+        # Cancelling again changes nothing.
+        assert c.post(f"/v1/runs/{run_id}/cancel").json()["status"] == "cancelled"
+    result = json.loads((server.env.home / "runs" / run_id / "result.json").read_text())
+    assert result["status"] == "cancelled" and len(result["ledger"]) == run["steps"]
+
+
+def test_a_queued_run_cancels_at_once(env: Env, tasks: Path) -> None:
+    api_only = start_server(env, tasks, "--workers", "0")
+    try:
+        key = env.tenant(name())["api_key"]
+        with api_only.client(key) as c:
+            run_id = c.post("/v1/runs", json={"task": "hello-file", "model": SIM}).json()["id"]
+            assert c.get(f"/v1/runs/{run_id}").json()["status"] == "queued"
+            assert c.post(f"/v1/runs/{run_id}/cancel").json()["status"] == "cancelled"
+            events = list(read_events(c, run_id))
+            assert [(e["id"], e["data"]["status"]) for e in events] == [("0", "queued"), ("1", "cancelled")]
+            assert list(read_events(c, run_id, last_event_id="1")) == []
+    finally:
+        api_only.process.kill()
+
+
+def test_a_run_over_its_tenants_budget_pauses_until_the_budget_is_raised(server) -> None:
+    tenant = name()
+    key = server.env.tenant(tenant, "--max-cost", "0.01")["api_key"]
+    with server.client(key) as c:
+        run_id = c.post("/v1/runs", json={"task": "hello-file", "model": SIM, "max_cost": "0.5"}).json()["id"]
+        run = wait_for(c, run_id, lambda r: r["status"] == "paused")
+        assert run["stop_reason"] == "budget_reached" and run["steps"] == 0
+        raised = json.loads(server.env.cli("tenants", "budget", tenant, "--max-cost", "1", "--json").stdout)
+        assert raised["requeued_runs"] == 1
+        run = wait_for(c, run_id, finished)
+        assert run["status"] == "succeeded"
+    tenants = json.loads(server.env.cli("tenants", "list", "--json").stdout)["tenants"]
+    mine = next(t for t in tenants if t["tenant"] == tenant)
+    assert Decimal(mine["spent_usd"]) == Decimal(run["cost_usd"]) and Decimal(mine["reserved_usd"]) == 0
+
+
+def test_tenant_commands_refuse_bad_input(env: Env) -> None:
+    tenant = name()
+    env.tenant(tenant, "--max-cost", "1")
+    r = env.cli("tenants", "budget", tenant, "--max-cost", "-1", check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = env.cli("tenants", "budget", "nobody-" + tenant, "--max-cost", "1", check=False)
+    assert r.returncode == 2 and "no such tenant" in r.stderr
+    r = env.cli("tenants", "create", tenant, check=False)
+    assert r.returncode == 2 and "already exists" in r.stderr
+    r = env.cli("tenants", "create", "../x", check=False)
+    assert r.returncode == 2
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: list[tuple[bytes, str]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append((body, self.headers.get("X-Stayer-Signature", "")))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_webhooks_are_signed_with_the_tenants_secret(server) -> None:
+    tenant = server.env.tenant(name())
+    receiver = HTTPServer(("127.0.0.1", 0), _Receiver)
+    _Receiver.received = []
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        hook = f"http://127.0.0.1:{receiver.server_port}/hook"
+        with server.client(tenant["api_key"]) as c:
+            run_id = c.post("/v1/runs", json={"task": "hello-file", "model": SIM, "webhook": hook}).json()["id"]
+            wait_for(c, run_id, finished)
+            wait_for(c, run_id, lambda _r: any(b"succeeded" in b for b, _ in _Receiver.received))
+    finally:
+        receiver.shutdown()
+    statuses = []
+    for body, signature in _Receiver.received:
+        expected = "sha256=" + hmac.new(tenant["webhook_secret"].encode(), body, hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(signature, expected)
+        doc = json.loads(body)
+        assert doc["type"] == "run.status" and doc["run_id"] == run_id
+        statuses.append(doc["status"])
+    assert statuses[0] == "running" and statuses[-1] == "succeeded"
+
+
+def test_webhook_urls_to_private_addresses_are_refused_unless_allowed() -> None:
+    for url in ("http://127.0.0.1/x", "http://localhost:9/x", "http://169.254.169.254/latest", "http://10.0.0.1/",
+                "http://[::1]/x", "ftp://example.org/", "http://user:pw@example.org/", "http:///x"):
+        assert url_problem(url, allow_private=False) is not None, url
+    assert url_problem("http://127.0.0.1:9/x", allow_private=True) is None
+    assert sign("s", b"{}") == "sha256=" + hmac.new(b"s", b"{}", hashlib.sha256).hexdigest()
+
+
+def _comparable(ledger: list[dict]) -> list[dict]:
+    drop = {"latency_s"}
+    return [{k: v for k, v in e.items() if k not in drop} for e in ledger]
+
+
+def test_a_sigkilled_workers_run_is_finished_by_another_with_the_same_ledger(env: Env, tasks: Path) -> None:
+    api = start_server(env, tasks, "--workers", "0")
+    key = env.tenant(name())["api_key"]
+    body = {"task": "hello-file", "model": SIM, "sim_policy": "synthetic:steps=12,obs_tokens=300,out_tokens=40",
+            "max_steps": 30, "sim_latency": 0.05}
+    worker_args = ["worker", "--tasks-dir", str(tasks), "--concurrency", "1", "--lease-ttl", "2"]
+    try:
+        with api.client(key) as c:
+            # The reference: the same run, uninterrupted.
+            first = spawn(env, worker_args, env.home.parent / "w0.log")
+            ref_id = c.post("/v1/runs", json=body).json()["id"]
+            reference = wait_for(c, ref_id, finished)
+            first.kill()
+            # The synthetic policy works and submits without solving the task: "failed".
+            assert reference["status"] == "failed" and reference["steps"] > 4, first.output()
+
+            victim = spawn(env, worker_args, env.home.parent / "w1.log")
+            run_id = c.post("/v1/runs", json=body).json()["id"]
+            wait_for(c, run_id, lambda r: r["steps"] >= 4)
+            victim.kill(signal.SIGKILL)
+            assert not finished(c.get(f"/v1/runs/{run_id}").json())
+            rescuer = spawn(env, worker_args, env.home.parent / "w2.log")
+            try:
+                run = wait_for(c, run_id, finished)
+            finally:
+                rescuer.kill()
+            assert run["status"] == reference["status"], rescuer.output()
+            assert run["steps"] == reference["steps"]
+            ledger = c.get(f"/v1/runs/{run_id}/ledger").json()["ledger"]
+            ref_ledger = c.get(f"/v1/runs/{ref_id}/ledger").json()["ledger"]
+            # A model call in flight at the kill was billed and is issued again: it is on the
+            # ledger as lost_in_flight, and every other entry is the uninterrupted run's.
+            lost = [e for e in ledger if e.get("kind") == "lost_in_flight"]
+            steps = [e for e in ledger if e.get("kind") != "lost_in_flight"]
+            assert len(lost) <= 1 and _comparable(steps) == _comparable(ref_ledger)
+            assert Decimal(run["cost_usd"]) == Decimal(reference["cost_usd"]) + ledger_total(lost)
+            events = list(read_events(c, run_id))
+            ids = [int(e["id"]) for e in events]
+            assert ids == sorted(set(ids))
+            stepped = [e["data"] for e in events if e["event"] == "step"]
+            assert [d["step"] for d in stepped if d.get("kind") != "lost_in_flight"] == list(range(1, run["steps"] + 1))
+            assert len([d for d in stepped if d.get("kind") == "lost_in_flight"]) == len(lost)
+    finally:
+        api.process.kill()
