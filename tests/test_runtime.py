@@ -305,3 +305,71 @@ def test_a_sigkilled_workers_run_is_finished_by_another_with_the_same_ledger(env
             assert len([d for d in stepped if d.get("kind") == "lost_in_flight"]) == len(lost)
     finally:
         api.process.kill()
+
+
+def _decide_all(c, run_id: str, decision: str, message: str | None = None) -> dict:
+    """Answer every call the run asks about until it ends; its final state."""
+    while True:
+        run = wait_for(c, run_id, lambda r: r["status"] == "requires_action" or finished(r))
+        if finished(run):
+            return run
+        pending = run["pending_action"]
+        r = c.post(f"/v1/runs/{run_id}/actions", json={"call_id": pending["call_id"], "decision": decision, "message": message})
+        assert r.status_code == 200, r.text
+
+
+def test_confirmed_tools_wait_for_a_person_without_holding_a_worker(server) -> None:
+    key = server.env.tenant(name())["api_key"]
+    with server.client(key) as c:
+        waiting = [c.post("/v1/runs", json={"task": "hello-file", "model": SIM, "confirm_tools": ["bash"]}).json()["id"]
+                   for _ in range(3)]  # more than the server's 2 worker slots
+        for run_id in waiting:
+            run = wait_for(c, run_id, lambda r: r["status"] == "requires_action")
+            action = run["pending_action"]
+            assert action["call_id"] == "act-1" and action["tool"] == "bash" and action["status"] == "pending"
+            assert "command" in action["arguments"]
+            cost = action["wait_cost"]
+            assert cost["cache_ttl_s"] == 300 and Decimal(cost["cost_if_cache_expires_usd"]) >= 0
+            assert cost["context_tokens"] > 0 and cost["cache_expires_at"]
+        # Nobody holds a slot while they wait: a plain run still goes through.
+        plain = c.post("/v1/runs", json={"task": "hello-file", "model": SIM}).json()["id"]
+        assert wait_for(c, plain, finished)["status"] == "succeeded"
+
+        run_id = waiting[0]
+        assert c.post(f"/v1/runs/{run_id}/actions", json={"call_id": "act-9", "decision": "approve"}).status_code == 409
+        assert c.post(f"/v1/runs/{run_id}/actions", json={"call_id": "x", "decision": "approve"}).status_code == 422
+        assert c.post(f"/v1/runs/{run_id}/actions", json={"call_id": "act-1", "decision": "maybe"}).status_code == 422
+        run = _decide_all(c, run_id, "approve")
+        assert run["status"] == "succeeded" and run["pending_action"] is None
+        actions = c.get(f"/v1/runs/{run_id}/actions").json()["data"]
+        assert actions and all(a["status"] == "approved" for a in actions)
+        ledger = c.get(f"/v1/runs/{run_id}/ledger").json()["ledger"]
+        assert len(ledger) == run["steps"] and ledger_total(ledger) == Decimal(run["cost_usd"])
+        events = list(read_events(c, run_id))
+        kinds = [(e["event"], e["data"].get("status")) for e in events]
+        assert ("requires_action", None) in [(k, None) for k, _ in kinds]
+        assert ("run.status", "requires_action") in kinds and kinds[-1] == ("run.status", "succeeded")
+        ids = [int(e["id"]) for e in events]
+        assert ids == sorted(set(ids))
+
+        # Rejected: the person's reason reaches the model as the tool's error.
+        rejected = waiting[1]
+        run = _decide_all(c, rejected, "reject", "not on production")
+        assert finished(run)
+        tool_results = [e["data"] for e in read_events(c, rejected) if e["event"] == "tool.result"]
+        assert not any(r["name"] == "bash" for r in tool_results)  # no bash call ever ran
+        actions = c.get(f"/v1/runs/{rejected}/actions").json()["data"]
+        assert actions and all(a["status"] == "rejected" and a["message"] == "not on production" for a in actions)
+        trajectory = (server.env.home / "runs" / rejected / "trajectory.jsonl").read_text()
+        assert "a person rejected this call: not on production" in trajectory
+
+        # Cancelled while it waits: ends at once, its journal closed with what it spent.
+        idle = waiting[2]
+        spent_before = c.get(f"/v1/runs/{idle}/ledger").json()["ledger"]
+        run = c.post(f"/v1/runs/{idle}/cancel").json()
+        assert run["status"] == "cancelled" and run["steps"] == len(spent_before)
+        assert Decimal(run["cost_usd"]) == ledger_total(spent_before)
+        assert list(read_events(c, idle))[-1]["data"]["status"] == "cancelled"
+    with server.client(server.env.tenant(name())["api_key"]) as other:
+        assert other.post(f"/v1/runs/{waiting[0]}/actions", json={"call_id": "act-1", "decision": "approve"}).status_code == 404
+        assert other.get(f"/v1/runs/{waiting[0]}/actions").status_code == 404

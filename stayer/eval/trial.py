@@ -42,7 +42,7 @@ from stayer.sandbox import make_sandbox
 from stayer.sandbox.bwrap import check_bwrap
 from stayer.tokens import MessageCounter, TiktokenCounter
 from stayer.tools import default_tools
-from stayer.tools.base import ToolContext
+from stayer.tools.base import Tool, ToolContext
 from stayer.usage import Usage
 
 
@@ -204,20 +204,25 @@ async def execute(
     on_step: Callable[[LedgerEntry], None] | None = None,
     *,
     journal: RunJournal | None = None,
+    gate: Callable[[list[Tool]], list[Tool]] | None = None,
 ) -> dict[str, Any]:
     """Run the agent on the task, verify, and return the ``--json`` result document.
 
     With ``journal`` (``RunJournal.reopen``), continue that run instead: the workspace comes
-    back from its latest snapshot and the loop replays the journal up to where it stopped."""
+    back from its latest snapshot and the loop replays the journal up to where it stopped.
+    ``gate`` wraps the run's (journaled) tools, e.g. to have a person confirm some calls."""
     try:
-        return await _execute(prepared, on_step, journal)
+        return await _execute(prepared, on_step, journal, gate)
     finally:
         if prepared.close_store and prepared.store is not None:
             prepared.store.close()
 
 
 async def _execute(
-    p: PreparedRun, on_step: Callable[[LedgerEntry], None] | None, journal: RunJournal | None
+    p: PreparedRun,
+    on_step: Callable[[LedgerEntry], None] | None,
+    journal: RunJournal | None,
+    gate: Callable[[list[Tool]], list[Tool]] | None = None,
 ) -> dict[str, Any]:
     cfg, task = p.config, p.task
     workspace = p.run_dir / "workspace"
@@ -256,9 +261,10 @@ async def _execute(
             model = journal.model(p.model)  # every call journaled, the summariser's included
             routing = p.routing
             router = routing.router(model, journal.model, p.prices, cfg.service_tier) if routing else None
+            tools = journal.tools(default_tools(p.counter.counter))
             agent = Agent(
                 model,
-                journal.tools(default_tools(p.counter.counter)),
+                gate(tools) if gate else tools,
                 p.prices,
                 tool_ctx,
                 p.counter,

@@ -276,7 +276,11 @@ class RunJournal:
         try:
             yield
         except BaseException:
-            # Failed or cancelled in this process (which lives on): resumable at once.
+            # Failed, cancelled or suspended in this process (which lives on): what is
+            # buffered is true (finished tools, recorded steps), so it is written; then the
+            # run is resumable at once.
+            with contextlib.suppress(Exception):
+                self.flush()
             with contextlib.suppress(Exception):
                 self.release()
             raise

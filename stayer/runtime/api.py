@@ -28,11 +28,13 @@ from starlette.concurrency import run_in_threadpool
 from stayer.errors import ConfigError
 from stayer.journal import load_log, open_store
 from stayer.journal.sql import SqlStore
-from stayer.runtime.db import QUEUED, STATUSES, ServiceDB
+from stayer.runtime.actions import Actions
+from stayer.runtime.db import CANCELLED, QUEUED, STATUSES, ServiceDB, ServiceRun
 from stayer.runtime.events import PublicEvent, public_event, status_event
-from stayer.runtime.schemas import Ledger, RunCreate, RunList, RunOut
-from stayer.runtime.webhooks import url_problem
-from stayer.runtime.worker import resolve_task
+from stayer.runtime.schemas import ActionList, Decision, Ledger, RunCreate, RunList, RunOut
+from stayer.runtime.tenants import TenantBudgets, open_budget_store
+from stayer.runtime.webhooks import Webhooks, url_problem
+from stayer.runtime.worker import close_idle_journal, resolve_task, settle_hold
 
 #: How often an open event stream looks for new journal events. The journal is the one
 #: source of events for every API process, so this bounds the delivery lag.
@@ -40,7 +42,8 @@ POLL_S = 0.05
 
 
 class Databases:
-    """One ``ServiceDB`` per thread, opened on first use."""
+    """One ``ServiceDB`` (with the actions table and the tenants' budgets) per thread,
+    opened on first use."""
 
     def __init__(self, home: Path) -> None:
         self.home = home
@@ -54,9 +57,19 @@ class Databases:
             store = open_store(self.home)
             assert isinstance(store, SqlStore)
             db = self._local.db = ServiceDB(store)
+            self._local.actions = Actions(store)
+            self._local.budgets = TenantBudgets(open_budget_store(self.home))
             with self._lock:
                 self._all.append(store)
         return db
+
+    def actions(self) -> Actions:
+        self.get()
+        return self._local.actions  # type: ignore[no-any-return]
+
+    def budgets(self) -> TenantBudgets:
+        self.get()
+        return self._local.budgets  # type: ignore[no-any-return]
 
     def close(self) -> None:
         with self._lock:
@@ -91,6 +104,11 @@ def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = Fa
     )
     dbs = Databases(home)
     app.state.databases = dbs
+    webhooks = Webhooks(allow_private=allow_private_webhooks)
+
+    def out(run: ServiceRun) -> RunOut:
+        pending = dbs.actions().pending(run.id) if run.status == "requires_action" else None
+        return RunOut.of(run, pending.to_dict() if pending else None)
 
     def own_run(run_id: str, tenant: str) -> Any:
         run = dbs.get().run(run_id, tenant)
@@ -120,7 +138,7 @@ def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = Fa
                 raise ConfigError(f"webhook: {problem}")
         request = body.model_dump(mode="json")
         run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:12]
-        return RunOut.of(dbs.get().insert_run(run_id, tenant, body.task, body.model, request))
+        return out(dbs.get().insert_run(run_id, tenant, body.task, body.model, request))
 
     @app.get("/v1/runs", response_model=RunList)
     def list_runs(
@@ -133,17 +151,49 @@ def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = Fa
             raise HTTPException(422, f"status: one of {', '.join(STATUSES)}")
         runs = dbs.get().runs(tenant, status, limit + 1, cursor)
         page = runs[:limit]
-        return RunList(data=[RunOut.of(r) for r in page], next_cursor=page[-1].id if len(runs) > limit else None)
+        return RunList(data=[out(r) for r in page], next_cursor=page[-1].id if len(runs) > limit else None)
 
     @app.get("/v1/runs/{run_id}", response_model=RunOut)
     def get_run(run_id: str, tenant: Tenant) -> RunOut:
-        return RunOut.of(own_run(run_id, tenant))
+        return out(own_run(run_id, tenant))
 
     @app.post("/v1/runs/{run_id}/cancel", response_model=RunOut)
-    def cancel_run(run_id: str, tenant: Tenant) -> RunOut:
+    async def cancel_run(run_id: str, tenant: Tenant) -> RunOut:
+        """Stop a run: at once when no worker holds it (queued, paused, awaiting a person;
+        its journal is closed with what it spent), else within one step."""
+
+        def cancel() -> tuple[ServiceRun, bool]:
+            run = own_run(run_id, tenant)
+            db = dbs.get()
+            before, after = db.request_cancel(run_id)
+            ended_here = after == CANCELLED and before != CANCELLED
+            if ended_here:
+                doc = close_idle_journal(db.store, run_id, CANCELLED, "cancelled")
+                settle_hold(dbs.budgets(), run, doc)
+                db.record_result(run_id, steps=int(doc.get("steps") or 0), cost_usd=doc.get("cost_usd", "0"))
+            return own_run(run_id, tenant), ended_here
+
+        run, ended_here = await run_in_threadpool(cancel)
+        secret = await run_in_threadpool(lambda: dbs.get().webhook_secret(run.tenant))
+        if ended_here and run.request.get("webhook") and secret:
+            webhooks.send(run.request["webhook"], secret, {"type": "run.status", "run_id": run.id, "status": CANCELLED, "stop_reason": "cancelled"})
+        return out(run)
+
+    @app.get("/v1/runs/{run_id}/actions", response_model=ActionList)
+    def list_actions(run_id: str, tenant: Tenant) -> ActionList:
+        """Every confirmable call of the run: pending, approved or rejected."""
         own_run(run_id, tenant)
-        dbs.get().request_cancel(run_id)
-        return RunOut.of(own_run(run_id, tenant))
+        return ActionList(data=[a.to_dict() for a in dbs.actions().of_run(run_id)])
+
+    @app.post("/v1/runs/{run_id}/actions", response_model=RunOut)
+    def decide(run_id: str, body: Decision, tenant: Tenant) -> RunOut:
+        """Approve or reject the pending call; the run continues from its journal."""
+        run = own_run(run_id, tenant)
+        n = int(body.call_id.removeprefix("act-"))
+        if run.status != "requires_action" or not dbs.actions().decide(run_id, n, body.decision == "approve", body.message):
+            raise HTTPException(409, f"{body.call_id}: not awaiting a decision (run {run.status})")
+        dbs.get().resume_after_decision(run_id)
+        return out(own_run(run_id, tenant))
 
     @app.get("/v1/runs/{run_id}/ledger", response_model=Ledger)
     def get_ledger(run_id: str, tenant: Tenant) -> Ledger:
@@ -183,7 +233,8 @@ def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = Fa
         return EventSourceResponse(stream(), ping=15)
 
     @app.on_event("shutdown")
-    def close() -> None:
+    async def close() -> None:
+        await webhooks.aclose()
         dbs.close()
 
     return app

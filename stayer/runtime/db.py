@@ -27,8 +27,9 @@ from stayer.journal.sql import SqlStore, utc_now
 from stayer.journal.store import Event
 
 QUEUED, RUNNING, PAUSED, CANCELLED, ERROR = "queued", "running", "paused", "cancelled", "error"
+REQUIRES_ACTION = "requires_action"
 TERMINAL = frozenset({"succeeded", "failed", "budget_exhausted", CANCELLED, ERROR})
-STATUSES = (QUEUED, RUNNING, "requires_action", PAUSED, "succeeded", "failed", "budget_exhausted", CANCELLED, ERROR)
+STATUSES = (QUEUED, RUNNING, REQUIRES_ACTION, PAUSED, "succeeded", "failed", "budget_exhausted", CANCELLED, ERROR)
 
 _DDL = [
     """CREATE TABLE IF NOT EXISTS stayer_tenants (
@@ -191,9 +192,10 @@ class ServiceDB:
             params += [after, after, after]
         return self._rows(f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT ?", (*params, limit))
 
-    def request_cancel(self, run_id: str) -> str:
-        """Cancel: a queued (or paused) run ends at once; a running one is told to stop
-        (its worker sees the flag within a step). Returns the status after the request."""
+    def request_cancel(self, run_id: str) -> tuple[str, str]:
+        """Cancel: a run no worker holds (queued, paused, awaiting a person) ends at once;
+        a running one is told to stop (its worker sees the flag within a step). Returns
+        (status before, status after)."""
         with self.store._tx() as cur:
             row = cur.execute(
                 f"SELECT status FROM stayer_service_runs WHERE id = ?{self.store.LOCK_ROW}", (run_id,)
@@ -202,18 +204,37 @@ class ServiceDB:
                 raise KeyError(run_id)
             status = str(row[0])
             if status in TERMINAL:
-                return status
-            if status in (QUEUED, PAUSED):
+                return status, status
+            if status in (QUEUED, PAUSED, REQUIRES_ACTION):
                 cur.execute(
                     "UPDATE stayer_service_runs SET status = ?, stop_reason = 'cancelled', updated_at = ? WHERE id = ?",
                     (CANCELLED, utc_now(), run_id),
                 )
-                return CANCELLED
+                return status, CANCELLED
             cur.execute(
                 "UPDATE stayer_service_runs SET cancel_requested = 1, updated_at = ? WHERE id = ?",
                 (utc_now(), run_id),
             )
-            return status
+            return status, status
+
+    def record_result(self, run_id: str, **values: Any) -> None:
+        """Totals of a run that ended while no worker held it (the API cancelled it)."""
+        bad = set(values) - _WRITABLE
+        if bad:
+            raise ValueError(f"not writable: {sorted(bad)}")
+        sets = ", ".join(f"{k} = ?" for k in values)
+        with self.store._tx() as cur:
+            cur.execute(f"UPDATE stayer_service_runs SET {sets} WHERE id = ?", (*values.values(), run_id))
+
+    def resume_after_decision(self, run_id: str) -> bool:
+        """A run that waited for a person goes back to the queue."""
+        with self.store._tx() as cur:
+            cur.execute(
+                "UPDATE stayer_service_runs SET status = 'queued', stop_reason = NULL, updated_at = ? "
+                "WHERE id = ? AND status = 'requires_action'",
+                (utc_now(), run_id),
+            )
+            return cur.rowcount == 1
 
     def requeue_paused(self, tenant: str) -> int:
         """Runs paused on the tenant's budget go back to the queue (its cap was raised)."""

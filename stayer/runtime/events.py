@@ -7,8 +7,9 @@ events after N: nothing lost, nothing repeated, whichever API process it reaches
 the journal is the one source. Events the public does not need (snapshots, observations,
 lease bookkeeping) are skipped; ids stay increasing across the gaps.
 
-Public types: ``run.status`` (``queued``, ``running``, and the final status with its stop
-reason), ``message`` (what the model said, with its tool calls), ``tool.call`` and
+Public types: ``run.status`` (``queued``, ``running``, ``requires_action`` and the final
+status with its stop reason), ``requires_action`` (the call awaiting a person, with what
+waiting costs), ``message`` (what the model said, with its tool calls), ``tool.call`` and
 ``tool.result``, ``step`` (the ledger entry: usage, cost, cache, context), ``compaction``,
 ``breaker``, ``failover`` and any other event the agent emits, under its own name.
 """
@@ -73,6 +74,10 @@ def public_event(run_id: str, ev: Event, blob: Callable[[str], bytes]) -> Public
         )
     if kind == "step":
         return PublicEvent(event_id, "step", {"run_id": run_id, **d["entry"]})
+    if kind == "requires_action":
+        return PublicEvent(event_id, "requires_action", {"run_id": run_id, **d})
+    if kind == "suspended":
+        return status_event(event_id, run_id, d["status"], d["status"])
     if kind == "model_lost":
         return PublicEvent(event_id, "step", {"run_id": run_id, "kind": "lost_in_flight", **d})
     if kind in JOURNAL_KINDS:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +26,17 @@ class RunCreate(BaseModel):
     sim_latency: float = Field(default=0.0, ge=0, le=600, allow_inf_nan=False)
     webhook: str | None = Field(default=None, max_length=2000, description="URL that receives signed status changes.")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=50)
+    confirm_tools: list[Literal["bash", "read_file", "write_file", "edit_file", "memory"]] = Field(
+        default_factory=list, description="Tools whose every call waits for a person's approval (requires_action)."
+    )
+
+
+class Decision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    call_id: str = Field(pattern=r"^act-[0-9]{1,9}$", description="The pending action's call_id.")
+    decision: Literal["approve", "reject"]
+    message: str | None = Field(default=None, max_length=10_000, description="Said to the agent with the decision.")
 
 
 class Usage(BaseModel):
@@ -49,12 +60,15 @@ class RunOut(BaseModel):
     reward: float | None
     error: str | None
     cancel_requested: bool
+    pending_action: dict[str, Any] | None = Field(
+        default=None, description="The call awaiting a decision, with wait_cost: when the prompt cache expires and what that costs."
+    )
     metadata: dict[str, str]
     created_at: str
     updated_at: str
 
     @classmethod
-    def of(cls, run: ServiceRun) -> RunOut:
+    def of(cls, run: ServiceRun, pending_action: dict[str, Any] | None = None) -> RunOut:
         usage: dict[str, Any] = {k: run.usage.get(k, 0) for k in Usage.model_fields}
         return cls(
             id=run.id,
@@ -69,6 +83,7 @@ class RunOut(BaseModel):
             reward=run.reward,
             error=run.error,
             cancel_requested=run.cancel_requested,
+            pending_action=pending_action,
             metadata=run.request.get("metadata") or {},
             created_at=run.created_at,
             updated_at=run.updated_at,
@@ -78,6 +93,10 @@ class RunOut(BaseModel):
 class RunList(BaseModel):
     data: list[RunOut]
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last.")
+
+
+class ActionList(BaseModel):
+    data: list[dict[str, Any]]
 
 
 class Ledger(BaseModel):

@@ -18,18 +18,26 @@ import re
 import sys
 import traceback
 from collections.abc import Callable
-from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from stayer.agent import LedgerEntry, RunResult
 from stayer.errors import ConfigError
-from stayer.journal import JournalError, RunJournal, lost_ledger_entries, open_store
+from stayer.journal import JournalError, open_store
 from stayer.journal.lease import new_owner
 from stayer.journal.sql import SqlStore
 from stayer.pricing import PriceBook
-from stayer.runtime.db import CANCELLED, ERROR, PAUSED, ServiceDB, ServiceRun
+from stayer.runtime.actions import (
+    Actions,
+    Gate,
+    RunSuspended,
+    close_journal,
+    last_context_tokens,
+    note_in_journal,
+    pause_price,
+)
+from stayer.runtime.db import CANCELLED, ERROR, PAUSED, REQUIRES_ACTION, ServiceDB, ServiceRun
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
 from stayer.runtime.webhooks import Webhooks
 
@@ -85,6 +93,7 @@ class Worker:
         assert isinstance(store, SqlStore)
         self.store = store
         self.db = ServiceDB(store)
+        self.actions = Actions(store)
         self.budgets = TenantBudgets(open_budget_store(self.home))
         self.prices = PriceBook.load()
         self.running: dict[str, asyncio.Task[None]] = {}
@@ -147,7 +156,7 @@ class Worker:
         from stayer.eval.trial import RunConfig, execute, prepare
 
         if run.cancel_requested:
-            self._set(run, status=CANCELLED, stop_reason="cancelled", release=True)
+            self._finish(run, close_idle_journal(self.store, run.id, CANCELLED, "cancelled"))
             return
         cap = self._hold_budget(run)
         if cap is False:
@@ -189,12 +198,17 @@ class Worker:
             if cancel.is_set():
                 raise RunCancelled
 
-        execution = asyncio.create_task(execute(prepared, on_step, journal=journal))
+        confirm = req.get("confirm_tools") or []
+        gate = Gate(self.actions, run.id, confirm) if confirm else None
+        execution = asyncio.create_task(execute(prepared, on_step, journal=journal, gate=gate))
         beat = asyncio.create_task(self._heartbeat(run, cancel, execution))
         try:
             doc = await execution
         except RunCancelled:
-            doc = self._cancelled_document(prepared, entries)
+            doc = close_idle_journal(self.store, run.id, CANCELLED, "cancelled")
+        except RunSuspended as s:
+            self._await_decision(run, prepared.model, s)
+            return
         except asyncio.CancelledError:
             if not beat.done() or beat.result() != "lost":
                 raise
@@ -209,6 +223,19 @@ class Worker:
                 await beat
         self._finish(run, doc)
 
+    def _await_decision(self, run: ServiceRun, model: Any, suspended: RunSuspended) -> None:
+        """The run waits for a person: priced, journaled, and given up by this worker."""
+        action = suspended.action
+        price = pause_price(model, self.prices, last_context_tokens(self.store, run.id))
+        self.actions.set_price(run.id, action.n, price)
+        action.price = price
+        note_in_journal(
+            self.store,
+            run.id,
+            [("requires_action", action.to_dict()), ("suspended", {"status": REQUIRES_ACTION})],
+        )
+        self._set(run, status=REQUIRES_ACTION, stop_reason=REQUIRES_ACTION, release=True)
+
     async def _heartbeat(self, run: ServiceRun, cancel: asyncio.Event, execution: asyncio.Task[Any]) -> str:
         while True:
             await asyncio.sleep(min(self.lease_ttl_s / 3, 1.0))
@@ -219,44 +246,46 @@ class Worker:
             if cancel_requested:
                 cancel.set()
 
-    def _cancelled_document(self, prepared: Any, entries: list[LedgerEntry]) -> dict[str, Any]:
-        """Finish a run stopped by cancel: its journal and result say ``cancelled`` and
-        carry every step it paid for."""
-        from stayer.eval.trial import result_document, write_result
-
-        row, log = RunJournal.load(self.store, prepared.run_id)
-        journal = RunJournal.reopen(self.store, row, log, prepared.run_dir / "workspace", prepared.prices)
-        result = RunResult(status=CANCELLED, stop_reason="cancelled")
-        for e in entries:
-            result.steps = max(result.steps, e.step)
-            result.usage += e.usage
-            result.add_cost(e.cost.total)
-            if e.compaction:
-                result.add_cost(Decimal(e.compaction["cost_usd"]))
-            result.ledger.append(e)
-        started = datetime.fromisoformat(journal.started)
-        doc = result_document(prepared, result, None, started, lost_ledger_entries(journal.lost))
-        doc["status"], doc["stop_reason"] = CANCELLED, "cancelled"
-        journal.finish(doc)
-        write_result(prepared.run_dir, doc)
-        return doc
-
     def _finish(self, run: ServiceRun, doc: dict[str, Any]) -> None:
-        cost = doc.get("cost_usd", "0")
-        if run.budget_hold is not None:
-            spent = Decimal(cost) if cost != "unknown" else Decimal(run.run_cap or 0)
-            self.budgets.settle(run.budget_hold, spent)
+        settle_hold(self.budgets, run, doc)
         self._set(
             run,
             status=doc["status"],
             stop_reason=doc.get("stop_reason") or None,
             steps=int(doc.get("steps") or 0),
-            cost_usd=cost,
+            cost_usd=doc.get("cost_usd", "0"),
             reward=doc.get("reward"),
             error=doc.get("error"),
             usage=_json(doc.get("usage") or {}),
             release=True,
         )
+
+
+def settle_hold(budgets: TenantBudgets, run: ServiceRun, doc: dict[str, Any]) -> None:
+    """Settle the run's hold on its tenant's budget at what the run spent (its whole cap
+    when a price was unknown: the tenant is never charged less than it may have spent)."""
+    if run.budget_hold is not None:
+        cost = doc.get("cost_usd", "0")
+        budgets.settle(run.budget_hold, Decimal(cost) if cost != "unknown" else Decimal(run.run_cap or 0))
+
+
+def close_idle_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -> dict[str, Any]:
+    """The result of a run ended while no process runs it: its journal is closed with
+    what it spent (a run that never started has spent nothing)."""
+    from stayer.eval.trial import stayer_home, write_result
+    from stayer.journal import RunFinished, RunJournal
+
+    if store.run(run_id) is None:
+        return {"status": status, "stop_reason": stop_reason, "steps": 0, "cost_usd": "0", "usage": {}}
+    try:
+        RunJournal.load(store, run_id)
+    except RunFinished as e:
+        return e.result
+    doc = close_journal(store, run_id, status, stop_reason)
+    run_dir = stayer_home() / "runs" / run_id
+    if run_dir.is_dir():
+        write_result(run_dir, doc)
+    return doc
 
 
 def _json(value: Any) -> str:
