@@ -373,3 +373,36 @@ def test_confirmed_tools_wait_for_a_person_without_holding_a_worker(server) -> N
     with server.client(server.env.tenant(name())["api_key"]) as other:
         assert other.post(f"/v1/runs/{waiting[0]}/actions", json={"call_id": "act-1", "decision": "approve"}).status_code == 404
         assert other.get(f"/v1/runs/{waiting[0]}/actions").status_code == 404
+
+
+def test_people_talk_to_a_running_or_waiting_agent(server) -> None:
+    key = server.env.tenant(name())["api_key"]
+    with server.client(key) as c:
+        # Waiting for a decision: the message is read at the step after it.
+        waiting = c.post("/v1/runs", json={"task": "hello-file", "model": SIM, "confirm_tools": ["bash"]}).json()["id"]
+        wait_for(c, waiting, lambda r: r["status"] == "requires_action")
+        assert c.post(f"/v1/runs/{waiting}/messages", json={"content": "use [b]printf[/b], not echo"}).json()["n"] == 1
+        run = _decide_all(c, waiting, "approve")
+        assert run["status"] == "succeeded"
+        said = [e["data"] for e in read_events(c, waiting) if e["event"] == "message" and e["data"].get("role") == "user"]
+        assert [m["content"] for m in said] == ["use [b]printf[/b], not echo"]
+        trajectory = [json.loads(line) for line in (server.env.home / "runs" / waiting / "trajectory.jsonl").read_text().splitlines()]
+        assert sum(1 for m in trajectory if m.get("kind") == "person") == 1
+        assert c.post(f"/v1/runs/{waiting}/messages", json={"content": "late"}).status_code == 409
+
+        # Running: read within a step, in order.
+        body = {"task": "hello-file", "model": SIM, "sim_policy": LONG, "max_steps": 400, "sim_latency": 0.02}
+        running = c.post("/v1/runs", json=body).json()["id"]
+        wait_for(c, running, lambda r: r["steps"] >= 1)
+        for text in ("first", "second"):
+            c.post(f"/v1/runs/{running}/messages", json={"content": text})
+        seen: list[str] = []
+        for event in read_events(c, running):
+            if event["event"] == "message" and event["data"].get("role") == "user":
+                seen.append(event["data"]["content"])
+                if len(seen) == 2:
+                    break
+        assert seen == ["first", "second"]
+        c.post(f"/v1/runs/{running}/cancel")
+        wait_for(c, running, finished)
+        assert c.post(f"/v1/runs/{running}/messages", json={"content": ""}).status_code == 422

@@ -205,14 +205,16 @@ async def execute(
     *,
     journal: RunJournal | None = None,
     gate: Callable[[list[Tool]], list[Tool]] | None = None,
+    inbox: Inbox | None = None,
 ) -> dict[str, Any]:
     """Run the agent on the task, verify, and return the ``--json`` result document.
 
     With ``journal`` (``RunJournal.reopen``), continue that run instead: the workspace comes
     back from its latest snapshot and the loop replays the journal up to where it stopped.
-    ``gate`` wraps the run's (journaled) tools, e.g. to have a person confirm some calls."""
+    ``gate`` wraps the run's (journaled) tools, e.g. to have a person confirm some calls;
+    ``inbox`` brings what people said to the agent, read (and journaled) at every step."""
     try:
-        return await _execute(prepared, on_step, journal, gate)
+        return await _execute(prepared, on_step, journal, gate, inbox)
     finally:
         if prepared.close_store and prepared.store is not None:
             prepared.store.close()
@@ -223,6 +225,7 @@ async def _execute(
     on_step: Callable[[LedgerEntry], None] | None,
     journal: RunJournal | None,
     gate: Callable[[list[Tool]], list[Tool]] | None = None,
+    inbox: Inbox | None = None,
 ) -> dict[str, Any]:
     cfg, task = p.config, p.task
     workspace = p.run_dir / "workspace"
@@ -286,6 +289,7 @@ async def _execute(
                 probe=journal.probe(TreeFingerprint(workspace)),
                 clock=journal.clock,
                 router=router,
+                inbox=inbox.reader(journal) if inbox else None,
             )
             if routing and router and routing.subagents:
                 children = ChildAgents(
@@ -305,6 +309,27 @@ async def _execute(
     journal.finish(doc)
     write_result(p.run_dir, doc)
     return doc
+
+
+class Inbox:
+    """Messages people send a running agent (``fetch(after)`` → ``[{"n", "content"}]``,
+    numbered from 1), delivered at the agent's next step. What each step received is
+    journaled, so a resumed run replays the same messages at the same steps and then
+    continues with the ones it has not seen."""
+
+    def __init__(self, fetch: Callable[[int], list[dict[str, Any]]]) -> None:
+        self.fetch = fetch
+
+    def reader(self, journal: RunJournal) -> Callable[[], list[Message]]:
+        seen = 0
+
+        def read() -> list[Message]:
+            nonlocal seen
+            got = journal.observe(lambda: self.fetch(seen))
+            seen = max((int(m["n"]) for m in got), default=seen)
+            return [Message("user", str(m["content"]), kind="person") for m in got]
+
+        return read
 
 
 def write_result(run_dir: Path, doc: dict[str, Any]) -> None:

@@ -31,7 +31,16 @@ from stayer.journal.sql import SqlStore
 from stayer.runtime.actions import Actions
 from stayer.runtime.db import CANCELLED, QUEUED, STATUSES, ServiceDB, ServiceRun
 from stayer.runtime.events import PublicEvent, public_event, status_event
-from stayer.runtime.schemas import ActionList, Decision, Ledger, RunCreate, RunList, RunOut
+from stayer.runtime.schemas import (
+    ActionList,
+    Decision,
+    Ledger,
+    MessageIn,
+    MessageOut,
+    RunCreate,
+    RunList,
+    RunOut,
+)
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
 from stayer.runtime.webhooks import Webhooks, url_problem
 from stayer.runtime.worker import close_idle_journal, resolve_task, settle_hold
@@ -178,6 +187,17 @@ def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = Fa
         if ended_here and run.request.get("webhook") and secret:
             webhooks.send(run.request["webhook"], secret, {"type": "run.status", "run_id": run.id, "status": CANCELLED, "stop_reason": "cancelled"})
         return out(run)
+
+    @app.post("/v1/runs/{run_id}/messages", status_code=201, response_model=MessageOut)
+    def post_message(run_id: str, body: MessageIn, tenant: Tenant) -> MessageOut:
+        """Talk to a running, waiting or paused agent: the message is appended to its
+        context at its next step (the cached prefix is never rewritten)."""
+        own_run(run_id, tenant)
+        try:
+            n = dbs.get().add_message(run_id, body.content)
+        except ValueError as e:
+            raise HTTPException(409, str(e)) from None
+        return MessageOut(run_id=run_id, n=n)
 
     @app.get("/v1/runs/{run_id}/actions", response_model=ActionList)
     def list_actions(run_id: str, tenant: Tenant) -> ActionList:

@@ -59,6 +59,13 @@ _DDL = [
         run_cap TEXT,
         usage TEXT
     )""",
+    """CREATE TABLE IF NOT EXISTS stayer_messages (
+        run_id TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        content TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (run_id, n)
+    )""",
     "CREATE INDEX IF NOT EXISTS stayer_service_runs_queue ON stayer_service_runs (status, created_at)",
     "CREATE INDEX IF NOT EXISTS stayer_service_runs_tenant ON stayer_service_runs (tenant, created_at)",
 ]
@@ -245,6 +252,30 @@ class ServiceDB:
                 (utc_now(), tenant),
             )
             return int(cur.rowcount)
+
+    # --- what people say to a run -------------------------------------------------------
+
+    def add_message(self, run_id: str, content: str) -> int:
+        """Queue a person's message for the run's next step; its number (from 1)."""
+        with self.store._tx() as cur:
+            row = cur.execute(
+                f"SELECT status FROM stayer_service_runs WHERE id = ?{self.store.LOCK_ROW}", (run_id,)
+            ).fetchone()
+            if row is None or row[0] in TERMINAL:
+                raise ValueError(f"run {run_id} has ended; it takes no more messages")
+            top = cur.execute("SELECT MAX(n) FROM stayer_messages WHERE run_id = ?", (run_id,)).fetchone()
+            n = 1 + (int(top[0]) if top and top[0] is not None else 0)
+            cur.execute(
+                "INSERT INTO stayer_messages (run_id, n, content, created_at) VALUES (?, ?, ?, ?)",
+                (run_id, n, content, utc_now()),
+            )
+            return n
+
+    def messages_after(self, run_id: str, after: int) -> list[dict[str, Any]]:
+        rows = self.store._read(
+            "SELECT n, content, created_at FROM stayer_messages WHERE run_id = ? AND n > ? ORDER BY n", (run_id, after)
+        )
+        return [{"n": int(n), "content": c, "created_at": at} for n, c, at in rows]
 
     # --- the queue (workers) -------------------------------------------------------------
 

@@ -95,6 +95,17 @@ class RunList(BaseModel):
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last.")
 
 
+class MessageIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    content: str = Field(min_length=1, max_length=100_000, description="Said to the agent; it reads it at its next step.")
+
+
+class MessageOut(BaseModel):
+    run_id: str
+    n: int = Field(description="The message's number in the run, from 1.")
+
+
 class ActionList(BaseModel):
     data: list[dict[str, Any]]
 

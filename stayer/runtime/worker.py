@@ -153,7 +153,7 @@ class Worker:
 
     async def _run(self, run: ServiceRun) -> None:
         from stayer.eval.resume import prepare_resume
-        from stayer.eval.trial import RunConfig, execute, prepare
+        from stayer.eval.trial import Inbox, RunConfig, execute, prepare
 
         if run.cancel_requested:
             self._finish(run, close_idle_journal(self.store, run.id, CANCELLED, "cancelled"))
@@ -200,7 +200,8 @@ class Worker:
 
         confirm = req.get("confirm_tools") or []
         gate = Gate(self.actions, run.id, confirm) if confirm else None
-        execution = asyncio.create_task(execute(prepared, on_step, journal=journal, gate=gate))
+        inbox = Inbox(lambda after: self.db.messages_after(run.id, after))
+        execution = asyncio.create_task(execute(prepared, on_step, journal=journal, gate=gate, inbox=inbox))
         beat = asyncio.create_task(self._heartbeat(run, cancel, execution))
         try:
             doc = await execution
