@@ -22,6 +22,8 @@ from typing import Any
 
 import httpx
 
+from stayer.runtime.client import iter_sse
+
 ROOT = Path(__file__).resolve().parent.parent
 HANG_S = 240.0  # a wait longer than this is a hang, not slowness
 
@@ -135,24 +137,9 @@ def finished(run: dict[str, Any]) -> bool:
     return run["status"] in ("succeeded", "failed", "budget_exhausted", "cancelled", "error")
 
 
-def read_events(client: httpx.Client, run_id: str, last_event_id: str | None = None, limit: int | None = None) -> Iterator[dict[str, Any]]:
+def read_events(client: httpx.Client, run_id: str, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
     """The run's SSE stream, parsed: one dict per event (``id``, ``event``, ``data``)."""
     headers = {"Last-Event-ID": last_event_id} if last_event_id is not None else {}
     with client.stream("GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=HANG_S) as response:
         assert response.status_code == 200, response.read()
-        event: dict[str, Any] = {}
-        n = 0
-        for line in response.iter_lines():
-            if not line:
-                if "data" in event:
-                    event["data"] = json.loads(event["data"])
-                    yield event
-                    n += 1
-                    if limit is not None and n >= limit:
-                        return
-                event = {}
-            elif line.startswith(":"):
-                continue
-            else:
-                name, _, value = line.partition(":")
-                event[name] = value[1:] if value.startswith(" ") else value
+        yield from iter_sse(response.iter_lines())

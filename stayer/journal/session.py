@@ -49,6 +49,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from stayer.errors import OrderlyStop
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.journal.blobs import BlobError, digest
 from stayer.journal.codec import canonical, message_from_record, message_record
@@ -275,12 +276,12 @@ class RunJournal:
         task = asyncio.create_task(beat())
         try:
             yield
-        except BaseException:
-            # Failed, cancelled or suspended in this process (which lives on): what is
-            # buffered is true (finished tools, recorded steps), so it is written; then the
-            # run is resumable at once.
-            with contextlib.suppress(Exception):
-                self.flush()
+        except BaseException as e:
+            # Failed or cancelled in this process (which lives on): resumable at once. An
+            # orderly stop first writes what is buffered (finished tools, recorded steps).
+            if isinstance(e, OrderlyStop):
+                with contextlib.suppress(Exception):
+                    self.flush()
             with contextlib.suppress(Exception):
                 self.release()
             raise

@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from stayer.errors import OrderlyStop
 from stayer.journal import load_log, lost_ledger_entries
 from stayer.journal.blobs import digest
 from stayer.journal.codec import canonical
@@ -53,9 +54,8 @@ _DDL = """CREATE TABLE IF NOT EXISTS stayer_actions (
 )"""
 
 
-class RunSuspended(BaseException):  # noqa: N818 - a control-flow signal, like GeneratorExit
-    """A confirmable call has no decision yet: the run stops here until it has one. A
-    BaseException, so that no tool's error handling turns it into a tool result."""
+class RunSuspended(OrderlyStop):
+    """A confirmable call has no decision yet: the run stops here until it has one."""
 
     def __init__(self, action: Action) -> None:
         super().__init__(f"awaiting a decision on {action.call_id}")

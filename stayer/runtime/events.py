@@ -43,7 +43,15 @@ def status_event(event_id: int, run_id: str, status: str, stop_reason: str | Non
 
 
 def public_event(run_id: str, ev: Event, blob: Callable[[str], bytes]) -> PublicEvent | None:
-    """The public form of journal event ``ev``, or None for bookkeeping events."""
+    """The public form of journal event ``ev`` (with ``at``, when it was journaled), or
+    None for bookkeeping events."""
+    event = _public(run_id, ev, blob)
+    if event is not None:
+        event.data["at"] = ev.at
+    return event
+
+
+def _public(run_id: str, ev: Event, blob: Callable[[str], bytes]) -> PublicEvent | None:
     d, kind, event_id = ev.data, ev.kind, ev.seq + 1
     if kind == "run_created":
         return status_event(event_id, run_id, "running")

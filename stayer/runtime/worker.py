@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stayer.agent import LedgerEntry, RunResult
-from stayer.errors import ConfigError
+from stayer.errors import ConfigError, OrderlyStop
 from stayer.journal import JournalError, open_store
 from stayer.journal.lease import new_owner
 from stayer.journal.sql import SqlStore
@@ -44,7 +44,7 @@ from stayer.runtime.webhooks import Webhooks
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-class RunCancelled(Exception):
+class RunCancelled(OrderlyStop):
     """Raised at a step boundary of a run whose cancel was requested."""
 
 
