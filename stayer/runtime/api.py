@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
@@ -48,6 +49,15 @@ from stayer.runtime.worker import close_idle_journal, resolve_task, settle_hold
 #: How often an open event stream looks for new journal events. The journal is the one
 #: source of events for every API process, so this bounds the delivery lag.
 POLL_S = 0.05
+STATIC = Path(__file__).parent / "static"
+# The dashboard loads nothing from elsewhere and may not be framed; no response is sniffed.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
 
 
 class Databases:
@@ -124,6 +134,19 @@ def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = Fa
         if run is None:
             raise HTTPException(404, f"no run {run_id!r}")
         return run
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Any) -> Any:
+        response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def dashboard() -> FileResponse:
+        """The dashboard: a few static files; it signs in with a tenant's API key."""
+        return FileResponse(STATIC / "index.html")
 
     @app.exception_handler(ConfigError)
     async def config_error(_request: Request, exc: ConfigError) -> JSONResponse:
