@@ -12,3 +12,8 @@ class OrderlyStop(BaseException):  # noqa: N818 - a signal, like GeneratorExit
     writes what it has buffered before giving the run up, so the run can be resumed or
     closed with everything it did (a crash, by contrast, loses the buffer). A
     BaseException, so that no tool's or loop's error handling turns it into a result."""
+
+
+class BudgetReached(OrderlyStop):
+    """The next call does not fit the run's cap, and the run was asked to pause there
+    (``GuardConfig.pause_at_cap``) rather than wrap up: raising the cap resumes it."""

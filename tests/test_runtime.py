@@ -406,3 +406,31 @@ def test_people_talk_to_a_running_or_waiting_agent(server) -> None:
         c.post(f"/v1/runs/{running}/cancel")
         wait_for(c, running, finished)
         assert c.post(f"/v1/runs/{running}/messages", json={"content": ""}).status_code == 422
+
+
+def test_a_run_pauses_at_its_cap_and_resumes_when_it_is_raised_without_paying_again(server) -> None:
+    key = server.env.tenant(name())["api_key"]
+    with server.client(key) as c:
+        body = {"task": "hello-file", "model": SIM, "max_cost": "0.02", "max_steps": 40,
+                "sim_policy": "synthetic:steps=30,obs_tokens=400,out_tokens=30"}
+        run_id = c.post("/v1/runs", json=body).json()["id"]
+        paused = wait_for(c, run_id, lambda r: r["status"] == "paused" or finished(r))
+        assert paused["status"] == "paused" and paused["stop_reason"] == "budget_reached"
+        assert 1 <= paused["steps"] < 30 and Decimal(paused["cost_usd"]) <= Decimal("0.02")
+        before = c.get(f"/v1/runs/{run_id}/ledger").json()["ledger"]
+        assert len(before) == paused["steps"] and ledger_total(before) == Decimal(paused["cost_usd"])
+        assert c.patch(f"/v1/runs/{run_id}", json={"max_cost": "0.01"}).status_code == 422
+        assert c.patch(f"/v1/runs/{run_id}", json={"max_cost": "NaN"}).status_code == 422
+        raised = c.patch(f"/v1/runs/{run_id}", json={"max_cost": "5"})
+        assert raised.status_code == 200 and raised.json()["status"] == "queued"
+        run = wait_for(c, run_id, finished)
+        assert run["steps"] == 31 and run["stop_reason"] == "submit"
+        after = c.get(f"/v1/runs/{run_id}/ledger").json()["ledger"]
+        assert _comparable(after[: len(before)]) == _comparable(before)  # the paid steps, as they were
+        assert not [e for e in after if e.get("kind") == "lost_in_flight"]
+        assert ledger_total(after) == Decimal(run["cost_usd"])
+        statuses = [e["data"]["status"] for e in read_events(c, run_id) if e["event"] == "run.status"]
+        assert statuses == ["queued", "running", "paused", "running", run["status"]]
+        assert c.patch(f"/v1/runs/{run_id}", json={"max_cost": "9"}).status_code == 409
+    with server.client(server.env.tenant(name())["api_key"]) as other:
+        assert other.patch(f"/v1/runs/{run_id}", json={"max_cost": "9"}).status_code == 404

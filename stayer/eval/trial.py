@@ -9,6 +9,7 @@ journaled (``stayer.journal``), so ``execute`` can also continue a run that was 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import uuid
@@ -29,6 +30,7 @@ from stayer.eval.task import Task, load_task
 from stayer.eval.verify import verify
 from stayer.guard.attribution import per_agent
 from stayer.guard.breakers import GuardConfig, TreeFingerprint
+from stayer.guard.budget import Budget
 from stayer.journal import RunJournal, Store, lost_ledger_entries, open_store
 from stayer.journal.codec import message_record
 from stayer.models.base import Message, Model
@@ -204,17 +206,15 @@ async def execute(
     on_step: Callable[[LedgerEntry], None] | None = None,
     *,
     journal: RunJournal | None = None,
-    gate: Callable[[list[Tool]], list[Tool]] | None = None,
-    inbox: Inbox | None = None,
+    controls: Controls | None = None,
 ) -> dict[str, Any]:
     """Run the agent on the task, verify, and return the ``--json`` result document.
 
     With ``journal`` (``RunJournal.reopen``), continue that run instead: the workspace comes
     back from its latest snapshot and the loop replays the journal up to where it stopped.
-    ``gate`` wraps the run's (journaled) tools, e.g. to have a person confirm some calls;
-    ``inbox`` brings what people said to the agent, read (and journaled) at every step."""
+    ``controls``: what the runtime adds (people in the loop, pausing at the cap)."""
     try:
-        return await _execute(prepared, on_step, journal, gate, inbox)
+        return await _execute(prepared, on_step, journal, controls or Controls())
     finally:
         if prepared.close_store and prepared.store is not None:
             prepared.store.close()
@@ -224,8 +224,7 @@ async def _execute(
     p: PreparedRun,
     on_step: Callable[[LedgerEntry], None] | None,
     journal: RunJournal | None,
-    gate: Callable[[list[Tool]], list[Tool]] | None = None,
-    inbox: Inbox | None = None,
+    controls: Controls,
 ) -> dict[str, Any]:
     cfg, task = p.config, p.task
     workspace = p.run_dir / "workspace"
@@ -265,9 +264,11 @@ async def _execute(
             routing = p.routing
             router = routing.router(model, journal.model, p.prices, cfg.service_tier) if routing else None
             tools = journal.tools(default_tools(p.counter.counter))
+            guard_config = routing.guard if routing else GuardConfig()
+            budget = Budget(cfg.max_cost, top_up=controls.top_up(journal))
             agent = Agent(
                 model,
-                gate(tools) if gate else tools,
+                controls.gate(tools) if controls.gate else tools,
                 p.prices,
                 tool_ctx,
                 p.counter,
@@ -276,7 +277,7 @@ async def _execute(
                     cfg.max_cost,
                     service_tier=cfg.service_tier,
                     max_context=cfg.max_context,
-                    guard=routing.guard if routing else GuardConfig(),
+                    guard=dataclasses.replace(guard_config, pause_at_cap=controls.pause_at_cap),
                 ),
                 on_step=step_done,
                 on_message=record,
@@ -289,7 +290,8 @@ async def _execute(
                 probe=journal.probe(TreeFingerprint(workspace)),
                 clock=journal.clock,
                 router=router,
-                inbox=inbox.reader(journal) if inbox else None,
+                inbox=controls.inbox.reader(journal) if controls.inbox else None,
+                budget=budget,
             )
             if routing and router and routing.subagents:
                 children = ChildAgents(
@@ -309,6 +311,36 @@ async def _execute(
     journal.finish(doc)
     write_result(p.run_dir, doc)
     return doc
+
+
+@dataclass
+class Controls:
+    """What whoever runs the run (the runtime) adds to it."""
+
+    gate: Callable[[list[Tool]], list[Tool]] | None = None  # wraps the (journaled) tools
+    inbox: Inbox | None = None  # what people say to the agent
+    pause_at_cap: bool = False  # a call the cap cannot afford raises BudgetReached
+    cap: Callable[[], Decimal | None] | None = None  # the run's cap now (raised while it paused)
+
+    def top_up(self, journal: RunJournal) -> Callable[[Decimal | None], Decimal | None] | None:
+        """The budget's source of a raised cap, read through the journal at the point the
+        run paused: a resumed run replays the raise where it happened."""
+        if self.cap is None:
+            return None
+        source = self.cap
+
+        def raised(current: Decimal | None) -> Decimal | None:
+            def larger(value: str | None) -> bool:
+                return value is not None and (current is None or Decimal(value) > current)
+
+            def read() -> str | None:
+                cap = source()
+                return None if cap is None else str(cap)
+
+            value = journal.observe(read, keep=larger)
+            return None if value is None else Decimal(value)
+
+        return raised
 
 
 class Inbox:

@@ -41,6 +41,7 @@ from stayer.runtime.schemas import (
     RunCreate,
     RunList,
     RunOut,
+    RunPatch,
 )
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
 from stayer.runtime.webhooks import Webhooks, url_problem
@@ -187,6 +188,23 @@ def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = Fa
 
     @app.get("/v1/runs/{run_id}", response_model=RunOut)
     def get_run(run_id: str, tenant: Tenant) -> RunOut:
+        return out(own_run(run_id, tenant))
+
+    @app.patch("/v1/runs/{run_id}", response_model=RunOut)
+    def patch_run(run_id: str, body: RunPatch, tenant: Tenant) -> RunOut:
+        """Raise a run's cap (held from the tenant's budget); a run paused at its cap is
+        queued again and resumes from its journal without paying again."""
+        from decimal import Decimal
+
+        run = own_run(run_id, tenant)
+        if run.status not in ("queued", "paused", "requires_action"):
+            raise HTTPException(409, f"run {run_id} is {run.status}; its cap can be raised while it is queued or waiting")
+        asked = run.run_cap or run.request.get("max_cost")
+        old = Decimal(asked) if asked is not None else None
+        if old is not None and body.max_cost <= old:
+            raise HTTPException(422, f"max_cost: {body.max_cost} is not above the run's cap {old}")
+        if not dbs.get().raise_run_cap(run_id, str(body.max_cost)):
+            raise HTTPException(409, f"run {run_id} started meanwhile; raise its cap when it waits")
         return out(own_run(run_id, tenant))
 
     @app.post("/v1/runs/{run_id}/cancel", response_model=RunOut)

@@ -57,7 +57,9 @@ _DDL = [
         cancel_requested INTEGER NOT NULL DEFAULT 0,
         budget_hold INTEGER,
         run_cap TEXT,
-        usage TEXT
+        usage TEXT,
+        paused_on TEXT,
+        held TEXT
     )""",
     """CREATE TABLE IF NOT EXISTS stayer_messages (
         run_id TEXT NOT NULL,
@@ -72,10 +74,12 @@ _DDL = [
 
 _COLUMNS = (
     "id, tenant, task, model, request, status, stop_reason, steps, cost_usd, reward, error, "
-    "created_at, updated_at, worker, cancel_requested, budget_hold, run_cap, usage"
+    "created_at, updated_at, worker, cancel_requested, budget_hold, run_cap, usage, paused_on, held"
 )
 # What a worker may write to its run's row (never the tenant, the request or the id).
-_WRITABLE = frozenset({"status", "stop_reason", "steps", "cost_usd", "reward", "error", "budget_hold", "run_cap", "usage"})
+_WRITABLE = frozenset(
+    {"status", "stop_reason", "steps", "cost_usd", "reward", "error", "budget_hold", "run_cap", "usage", "paused_on", "held"}
+)
 
 
 def key_hash(api_key: str) -> str:
@@ -102,6 +106,8 @@ class ServiceRun:
     budget_hold: int | None = None  # the tenant-budget reservation funding the run
     run_cap: str | None = None  # the run's own cap as held from the tenant's budget
     usage: dict[str, Any] = field(default_factory=dict)
+    paused_on: str | None = None  # "tenant": its budget could not hold the run's cap; "run": the run reached its cap
+    held: str | None = None  # the amount ``budget_hold`` holds
 
     @property
     def terminal(self) -> bool:
@@ -170,7 +176,7 @@ class ServiceDB:
                 stop_reason=r[6], steps=int(r[7]), cost_usd=r[8], reward=r[9], error=r[10],
                 created_at=r[11], updated_at=r[12], worker=r[13], cancel_requested=bool(r[14]),
                 budget_hold=None if r[15] is None else int(r[15]), run_cap=r[16],
-                usage=json.loads(r[17]) if r[17] else {},
+                usage=json.loads(r[17]) if r[17] else {}, paused_on=r[18], held=r[19],
             )
             for r in rows
         ]
@@ -233,6 +239,18 @@ class ServiceDB:
         with self.store._tx() as cur:
             cur.execute(f"UPDATE stayer_service_runs SET {sets} WHERE id = ?", (*values.values(), run_id))
 
+    def raise_run_cap(self, run_id: str, cap: str) -> bool:
+        """A larger cap for a run no worker holds (the worker that next takes it grows the
+        tenant-budget hold to it); a run paused at its cap is queued again."""
+        with self.store._tx() as cur:
+            cur.execute(
+                "UPDATE stayer_service_runs SET run_cap = ?, updated_at = ?, "
+                "status = CASE WHEN status = 'paused' THEN 'queued' ELSE status END "
+                "WHERE id = ? AND status IN ('queued', 'paused', 'requires_action')",
+                (cap, utc_now(), run_id),
+            )
+            return cur.rowcount == 1
+
     def resume_after_decision(self, run_id: str) -> bool:
         """A run that waited for a person goes back to the queue."""
         with self.store._tx() as cur:
@@ -248,7 +266,7 @@ class ServiceDB:
         with self.store._tx() as cur:
             cur.execute(
                 "UPDATE stayer_service_runs SET status = 'queued', stop_reason = NULL, updated_at = ? "
-                "WHERE tenant = ? AND status = 'paused' AND stop_reason = 'budget_reached'",
+                "WHERE tenant = ? AND status = 'paused' AND paused_on = 'tenant'",
                 (utc_now(), tenant),
             )
             return int(cur.rowcount)

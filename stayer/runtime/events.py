@@ -85,7 +85,7 @@ def _public(run_id: str, ev: Event, blob: Callable[[str], bytes]) -> PublicEvent
     if kind == "requires_action":
         return PublicEvent(event_id, "requires_action", {"run_id": run_id, **d})
     if kind == "suspended":
-        return status_event(event_id, run_id, d["status"], d["status"])
+        return status_event(event_id, run_id, d["status"], d.get("reason", d["status"]))
     if kind == "model_lost":
         return PublicEvent(event_id, "step", {"run_id": run_id, "kind": "lost_in_flight", **d})
     if kind in JOURNAL_KINDS:

@@ -31,6 +31,12 @@ class RunCreate(BaseModel):
     )
 
 
+class RunPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_cost: Decimal = Field(gt=0, le=MAX_RUN_COST, description="A larger cap; a run paused at its cap resumes.")
+
+
 class Decision(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -74,7 +74,29 @@ class TenantBudgets:
         self.account(tenant)
         return self.store.reserve(account_name(tenant), amount)
 
+    def regrow(self, tenant: str, hold_id: int | None, amount: Decimal) -> int | None:
+        """Replace a run's hold (or none) by one of ``amount``, in one transaction; the new
+        hold's id, or None (and the old hold untouched) when the budget cannot hold it."""
+        name = account_name(tenant)
+        self.account(tenant)
+        try:
+            with self.store.transaction() as rows:
+                a = rows.get(name)
+                assert a is not None
+                held = rows.take(hold_id) if hold_id is not None else None
+                old = held[1] if held is not None else Decimal(0)
+                if a.cap is not None and a.spent + a.reserved - old + amount > a.cap:
+                    raise _NoRoom  # rolls the transaction back: the old hold stays
+                rows.put(replace(a, reserved=a.reserved - old + amount))
+                return rows.hold(name, amount)
+        except _NoRoom:
+            return None
+
     def settle(self, hold_id: int, spent: Decimal) -> None:
         # KeyError: settled already (a worker that died after settling, before recording it).
         with contextlib.suppress(KeyError):
             self.store.settle(hold_id, spent)
+
+
+class _NoRoom(Exception):
+    pass

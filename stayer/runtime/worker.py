@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stayer.agent import LedgerEntry, RunResult
-from stayer.errors import ConfigError, OrderlyStop
+from stayer.errors import BudgetReached, ConfigError, OrderlyStop
 from stayer.journal import JournalError, open_store
 from stayer.journal.lease import new_owner
 from stayer.journal.sql import SqlStore
@@ -135,32 +135,40 @@ class Worker:
             self.webhooks.send(url, secret, {"type": "run.status", "run_id": run.id, "status": status, "stop_reason": stop_reason})
 
     def _hold_budget(self, run: ServiceRun) -> Decimal | None | bool:
-        """The run's cap, held from its tenant's budget; False when it does not fit."""
-        if run.budget_hold is not None:
-            return Decimal(run.run_cap) if run.run_cap is not None else None
-        asked = run.request.get("max_cost")
+        """The run's cap, held from its tenant's budget; False when it does not fit.
+
+        The cap is ``run_cap`` (set when the run was first admitted, or raised since by a
+        person) or the request's ``max_cost``; the hold is grown to it in one transaction
+        (``TenantBudgets.regrow``), so a raised cap is covered before the run uses it."""
+        asked = run.run_cap or run.request.get("max_cost")
         cap = Decimal(asked) if asked is not None else None
         account = self.budgets.account(run.tenant)
-        if account.cap is None:
+        if account.cap is None and run.budget_hold is None:
+            if cap is not None and run.run_cap is None:
+                self.db.update(run.id, self.name, run_cap=str(cap))
+                run.run_cap = str(cap)
             return cap
-        amount = cap if cap is not None else account.available
-        hold = self.budgets.hold(run.tenant, amount) if amount is not None and amount > 0 else None
+        if cap is None:
+            cap = account.available
+        if run.budget_hold is not None and run.held == str(cap):
+            return cap
+        hold = self.budgets.regrow(run.tenant, run.budget_hold, cap) if cap is not None and cap > 0 else None
         if hold is None:
             return False
-        self.db.update(run.id, self.name, budget_hold=hold, run_cap=str(amount))
-        run.budget_hold, run.run_cap = hold, str(amount)
-        return amount
+        self.db.update(run.id, self.name, budget_hold=hold, held=str(cap), run_cap=str(cap))
+        run.budget_hold, run.held, run.run_cap = hold, str(cap), str(cap)
+        return cap
 
     async def _run(self, run: ServiceRun) -> None:
         from stayer.eval.resume import prepare_resume
-        from stayer.eval.trial import Inbox, RunConfig, execute, prepare
+        from stayer.eval.trial import Controls, Inbox, RunConfig, execute, prepare
 
         if run.cancel_requested:
             self._finish(run, close_idle_journal(self.store, run.id, CANCELLED, "cancelled"))
             return
         cap = self._hold_budget(run)
         if cap is False:
-            self._set(run, status=PAUSED, stop_reason="budget_reached", release=True)
+            self._set(run, status=PAUSED, stop_reason="budget_reached", paused_on="tenant", release=True)
             return
         self._notify(run, "running", None)
         req = run.request
@@ -200,8 +208,13 @@ class Worker:
 
         confirm = req.get("confirm_tools") or []
         gate = Gate(self.actions, run.id, confirm) if confirm else None
-        inbox = Inbox(lambda after: self.db.messages_after(run.id, after))
-        execution = asyncio.create_task(execute(prepared, on_step, journal=journal, gate=gate, inbox=inbox))
+        controls = Controls(
+            gate=gate,
+            inbox=Inbox(lambda after: self.db.messages_after(run.id, after)),
+            pause_at_cap=True,
+            cap=lambda: cap if isinstance(cap, Decimal) else None,  # as held at admission
+        )
+        execution = asyncio.create_task(execute(prepared, on_step, journal=journal, controls=controls))
         beat = asyncio.create_task(self._heartbeat(run, cancel, execution))
         try:
             doc = await execution
@@ -209,6 +222,10 @@ class Worker:
             doc = close_idle_journal(self.store, run.id, CANCELLED, "cancelled")
         except RunSuspended as s:
             self._await_decision(run, prepared.model, s)
+            return
+        except BudgetReached as e:
+            note_in_journal(self.store, run.id, [("suspended", {"status": PAUSED, "reason": "budget_reached", "detail": str(e)})])
+            self._set(run, status=PAUSED, stop_reason="budget_reached", paused_on="run", release=True)
             return
         except asyncio.CancelledError:
             if not beat.done() or beat.result() != "lost":
