@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import json
 import signal
+import tarfile
 import threading
 import uuid
 from decimal import Decimal
@@ -434,3 +436,70 @@ def test_a_run_pauses_at_its_cap_and_resumes_when_it_is_raised_without_paying_ag
         assert c.patch(f"/v1/runs/{run_id}", json={"max_cost": "9"}).status_code == 409
     with server.client(server.env.tenant(name())["api_key"]) as other:
         assert other.patch(f"/v1/runs/{run_id}", json={"max_cost": "9"}).status_code == 404
+
+
+def _tgz(entries: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for info, data in entries:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+def _file(path: str, data: bytes, mode: int = 0o644) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(path)
+    info.mode = mode
+    return info, data
+
+
+def _task_entries(top: str = "mine") -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    root = Path(__file__).resolve().parent.parent / "examples" / "hello-file"
+    out = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            out.append(_file(f"{top}/{p.relative_to(root)}", p.read_bytes(), p.stat().st_mode & 0o777))
+    return out
+
+
+def _special(path: str, kind: bytes, link: str = "") -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(path)
+    info.type, info.linkname = kind, link
+    return info, None
+
+
+def test_uploaded_tasks_are_checked_unpacked_safely_and_private(server) -> None:
+    alice, bob = server.env.tenant(name())["api_key"], server.env.tenant(name())["api_key"]
+    uploads = server.env.home / "uploads"
+    with server.client(alice) as c:
+        ok = c.post("/v1/tasks", params={"name": "mine"}, content=_tgz(_task_entries()))
+        assert ok.status_code == 201, ok.text
+        assert c.post("/v1/tasks", params={"name": "mine"}, content=_tgz(_task_entries())).status_code == 422
+        run_id = c.post("/v1/runs", json={"task": "mine", "model": SIM}).json()["id"]
+        assert wait_for(c, run_id, finished)["status"] == "succeeded"
+        bad = {
+            "symlink": [*_task_entries(), _special("mine/environment/x", tarfile.SYMTYPE, "/etc/shadow")],
+            "hardlink": [*_task_entries(), _special("mine/environment/y", tarfile.LNKTYPE, "mine/instruction.md")],
+            "device": [*_task_entries(), _special("mine/environment/z", tarfile.CHRTYPE)],
+            "fifo": [*_task_entries(), _special("mine/environment/f", tarfile.FIFOTYPE)],
+            "dotdot": [*_task_entries(), _file("mine/../../escape", b"x")],
+            "absolute": [*_task_entries(), _file("/tmp/escape", b"x")],
+            "network": [e if e[0].name != "mine/task.toml" else _file("mine/task.toml", b"[environment]\nallow_internet = true\n")
+                        for e in _task_entries()],
+            "no-instruction": [e for e in _task_entries() if not e[0].name.endswith("instruction.md")],
+        }
+        for label, entries in bad.items():
+            r = c.post("/v1/tasks", params={"name": f"bad-{label}"}, content=_tgz(entries))
+            assert r.status_code == 422, (label, r.text)
+            assert str(server.env.home) not in r.text, label  # no server paths in answers
+        assert c.post("/v1/tasks", params={"name": "junk"}, content=b"not a tarball").status_code == 422
+        assert c.post("/v1/tasks", params={"name": "../x"}, content=_tgz(_task_entries())).status_code == 422
+        setuid = [e if not e[0].name.endswith("solve.sh") else _file(e[0].name, e[1], 0o4755) for e in _task_entries("s")]
+        assert c.post("/v1/tasks", params={"name": "suid"}, content=_tgz(setuid)).status_code == 201
+    tenant_dir = next(d for d in uploads.iterdir() if (d / "mine").is_dir())
+    assert sorted(p.name for p in tenant_dir.iterdir()) == ["mine", "suid"]  # nothing half-unpacked
+    assert all(p.stat().st_mode & 0o7000 == 0 for p in (tenant_dir / "suid").rglob("*"))
+    assert not (Path("/tmp") / "escape").exists()
+    with server.client(bob) as b:
+        assert b.post("/v1/runs", json={"task": "mine", "model": SIM}).status_code == 422

@@ -42,8 +42,10 @@ from stayer.runtime.schemas import (
     RunList,
     RunOut,
     RunPatch,
+    TaskOut,
 )
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
+from stayer.runtime.uploads import MAX_ARCHIVE_BYTES, unpack_task, uploads_dir
 from stayer.runtime.webhooks import Webhooks, url_problem
 from stayer.runtime.worker import close_idle_journal, resolve_task, settle_hold
 
@@ -161,7 +163,7 @@ def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = Fa
     def create_run(body: RunCreate, tenant: Tenant) -> RunOut:
         from stayer.models.registry import split_spec
 
-        resolve_task(tasks_dir, body.task)  # 422 for a task the server does not have
+        resolve_task(tasks_dir, body.task, uploads_dir(home, tenant))  # 422 for a task the tenant cannot run
         split_spec(body.model)
         if body.sim_policy and body.sim_policy.startswith("replay:"):
             raise ConfigError("sim_policy: replay:PATH reads a file on the server; not available through the API")
@@ -172,6 +174,20 @@ def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = Fa
         request = body.model_dump(mode="json")
         run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:12]
         return out(dbs.get().insert_run(run_id, tenant, body.task, body.model, request))
+
+    @app.post("/v1/tasks", status_code=201, response_model=TaskOut)
+    async def upload_task(
+        request: Request, tenant: Tenant, name: Annotated[str, Query(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+    ) -> TaskOut:
+        """Upload a task (the request body: a tar.gz in the Harbor layout) as ``name``;
+        runs of this tenant may then name it."""
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_ARCHIVE_BYTES:
+                raise HTTPException(413, f"archive: larger than {MAX_ARCHIVE_BYTES // 2**20} MiB")
+        path = await run_in_threadpool(unpack_task, bytes(body), home, tenant, name)
+        return TaskOut(name=name, files=sum(1 for p in path.rglob("*") if p.is_file()))
 
     @app.get("/v1/runs", response_model=RunList)
     def list_runs(

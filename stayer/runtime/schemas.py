@@ -112,6 +112,11 @@ class MessageOut(BaseModel):
     n: int = Field(description="The message's number in the run, from 1.")
 
 
+class TaskOut(BaseModel):
+    name: str
+    files: int
+
+
 class ActionList(BaseModel):
     data: list[dict[str, Any]]
 

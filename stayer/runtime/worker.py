@@ -39,6 +39,7 @@ from stayer.runtime.actions import (
 )
 from stayer.runtime.db import CANCELLED, ERROR, PAUSED, REQUIRES_ACTION, ServiceDB, ServiceRun
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
+from stayer.runtime.uploads import uploads_dir
 from stayer.runtime.webhooks import Webhooks
 
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -48,15 +49,19 @@ class RunCancelled(OrderlyStop):
     """Raised at a step boundary of a run whose cancel was requested."""
 
 
-def resolve_task(tasks_dir: Path, name: str) -> Path:
-    """The task directory ``name`` under ``tasks_dir``; never a path outside it."""
+def resolve_task(tasks_dir: Path, name: str, uploads: Path | None = None) -> Path:
+    """The task ``name``: the tenant's upload of that name (in ``uploads``), else the one
+    in the server's ``tasks_dir``; never a path outside them."""
     if not TASK_NAME.fullmatch(name) or name in (".", ".."):
         raise ConfigError(f"task {name!r}: a task name is letters, digits, '.', '_' and '-'")
-    root = tasks_dir.resolve()
-    path = (root / name).resolve()
-    if path.parent != root or not (path / "task.toml").is_file():
-        raise ConfigError(f"task {name!r}: no such task in the server's tasks directory")
-    return path
+    for root in (uploads, tasks_dir):
+        if root is None or not root.is_dir():
+            continue
+        base = root.resolve()
+        path = (base / name).resolve()
+        if path.parent == base and (path / "instruction.md").is_file():
+            return path
+    raise ConfigError(f"task {name!r}: no such task (upload it with POST /v1/tasks, or ask for one in the server's tasks)")
 
 
 def usage_totals(entries: list[LedgerEntry]) -> dict[str, Any]:
@@ -175,7 +180,7 @@ class Worker:
         try:
             if self.store.run(run.id) is None:
                 config = RunConfig(
-                    task_dir=str(resolve_task(self.tasks_dir, run.task)),
+                    task_dir=str(resolve_task(self.tasks_dir, run.task, uploads_dir(self.home, run.tenant))),
                     model=run.model,
                     max_steps=int(req.get("max_steps") or 50),
                     max_cost=cap if isinstance(cap, Decimal) else None,
