@@ -503,3 +503,26 @@ def test_uploaded_tasks_are_checked_unpacked_safely_and_private(server) -> None:
     assert not (Path("/tmp") / "escape").exists()
     with server.client(bob) as b:
         assert b.post("/v1/runs", json={"task": "mine", "model": SIM}).status_code == 422
+
+
+def test_the_api_restarts_without_affecting_runs(env: Env, tasks: Path) -> None:
+    first = start_server(env, tasks, "--workers", "0")
+    worker = spawn(env, ["worker", "--tasks-dir", str(tasks), "--concurrency", "2"], env.home.parent / "w.log")
+    key = env.tenant(name())["api_key"]
+    body = {"task": "hello-file", "model": SIM, "sim_policy": "synthetic:steps=10,obs_tokens=100,out_tokens=20", "sim_latency": 0.05}
+    try:
+        with first.client(key) as c:
+            run_id = c.post("/v1/runs", json=body).json()["id"]
+            wait_for(c, run_id, lambda r: r["steps"] >= 2)
+        first.process.kill(signal.SIGKILL)
+        second = start_server(env, tasks, "--workers", "0")
+        try:
+            with second.client(key) as c:
+                run = wait_for(c, run_id, finished)
+                assert run["steps"] == 11, worker.output()
+                events = list(read_events(c, run_id))
+                assert [e["data"]["step"] for e in events if e["event"] == "step"] == list(range(1, 12))
+        finally:
+            second.process.kill()
+    finally:
+        worker.kill()
