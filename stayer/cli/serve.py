@@ -155,6 +155,7 @@ def serve(
     sandbox: Annotated[str, typer.Option("--sandbox", help="Sandbox of the embedded worker.")] = "bwrap",
     allow_private_webhooks: Annotated[bool, typer.Option("--allow-private-webhooks", help="Let webhooks target loopback and private addresses.")] = False,
     lease_ttl: Annotated[float, typer.Option("--lease-ttl", help="Seconds a dead worker's run waits before another takes it.", min=1.0, max=3600.0)] = 30.0,
+    otlp: Annotated[str | None, typer.Option("--otlp", help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
 ) -> None:
     """Serve the HTTP API (and, by default, one embedded worker) on the journal.
 
@@ -170,7 +171,7 @@ def serve(
         application = create_app(_home(), tasks, allow_private_webhooks=allow_private_webhooks)
         worker = (
             Worker(_home(), tasks, concurrency=workers, lease_ttl_s=lease_ttl, sandbox=sandbox,
-                   webhooks=Webhooks(allow_private=allow_private_webhooks))
+                   webhooks=Webhooks(allow_private=allow_private_webhooks), otlp=otlp)
             if workers
             else None
         )
@@ -201,6 +202,7 @@ def worker(
     sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")] = "bwrap",
     allow_private_webhooks: Annotated[bool, typer.Option("--allow-private-webhooks", help="Let webhooks target loopback and private addresses.")] = False,
     lease_ttl: Annotated[float, typer.Option("--lease-ttl", help="Seconds a dead worker's run waits before another takes it.", min=1.0, max=3600.0)] = 30.0,
+    otlp: Annotated[str | None, typer.Option("--otlp", help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
 ) -> None:
     """Claim runs from the journal's queue and run them (any number of workers, any
     number of machines, one database: STAYER_DB=postgresql://…).
@@ -212,7 +214,7 @@ def worker(
     tasks = _tasks_dir(tasks_dir)
     try:
         w = Worker(_home(), tasks, concurrency=concurrency, lease_ttl_s=lease_ttl, sandbox=sandbox,
-                   webhooks=Webhooks(allow_private=allow_private_webhooks))
+                   webhooks=Webhooks(allow_private=allow_private_webhooks), otlp=otlp)
     except ConfigError as e:
         bad_input(str(e))
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from stayer.agent import SYSTEM_PROMPT, Agent, LedgerEntry, Limits, RunResult
 from stayer.context.layout import Context
@@ -257,13 +257,31 @@ async def _execute(
 
             def step_done(entry: LedgerEntry) -> None:
                 journal.on_step(entry)  # journaled first, then shown
+                for o in controls.observers:
+                    o.on_step(entry)
                 if on_step is not None:
                     on_step(entry)
 
-            model = journal.model(p.model)  # every call journaled, the summariser's included
+            def on_event(kind: str, payload: dict[str, Any]) -> None:
+                journal.on_event(kind, payload)
+                for o in controls.observers:
+                    o.on_event(kind, payload)
+
+            def wrap_model(m: Model) -> Model:
+                # Observers inside the journal: they see live calls, never replayed ones.
+                for o in controls.observers:
+                    m = o.model(m)
+                return journal.model(m)
+
+            def wrap_tools(ts: list[Tool]) -> list[Tool]:
+                for o in controls.observers:
+                    ts = o.tools(ts)
+                return journal.tools(ts)
+
+            model = wrap_model(p.model)  # every call journaled, the summariser's included
             routing = p.routing
-            router = routing.router(model, journal.model, p.prices, cfg.service_tier) if routing else None
-            tools = journal.tools(default_tools(p.counter.counter))
+            router = routing.router(model, wrap_model, p.prices, cfg.service_tier) if routing else None
+            tools = wrap_tools(default_tools(p.counter.counter))
             guard_config = routing.guard if routing else GuardConfig()
             budget = Budget(cfg.max_cost, top_up=controls.top_up(journal))
             agent = Agent(
@@ -281,7 +299,7 @@ async def _execute(
                 ),
                 on_step=step_done,
                 on_message=record,
-                on_event=journal.on_event,
+                on_event=on_event,
                 policy=p.policy,
                 # A summarising policy with a real provider has the model write its summaries.
                 summarizer=None
@@ -297,10 +315,10 @@ async def _execute(
                 children = ChildAgents(
                     agent,
                     router.role("subagent"),
-                    lambda: journal.tools(default_tools(p.counter.counter)),
+                    lambda: wrap_tools(default_tools(p.counter.counter)),
                     ChildSettings(**routing.subagents.model_dump()),
                 )
-                agent.add_tool(journal.tools([children.tool()])[0])
+                agent.add_tool(wrap_tools([children.tool()])[0])
             result = await agent.run(task.instruction, p.run_id)
             journal.flush()
     verdict = None
@@ -313,14 +331,29 @@ async def _execute(
     return doc
 
 
+class RunObserver(Protocol):
+    """Watches a run from outside the loop (telemetry): wraps its model and tools inside
+    the journal, so it sees live calls and never replayed ones, and hears its steps and
+    events."""
+
+    def model(self, inner: Model) -> Model: ...
+
+    def tools(self, tools: list[Tool]) -> list[Tool]: ...
+
+    def on_step(self, entry: LedgerEntry) -> None: ...
+
+    def on_event(self, kind: str, payload: dict[str, Any]) -> None: ...
+
+
 @dataclass
 class Controls:
-    """What whoever runs the run (the runtime) adds to it."""
+    """What whoever runs the run (the CLI, the runtime) adds to it."""
 
     gate: Callable[[list[Tool]], list[Tool]] | None = None  # wraps the (journaled) tools
     inbox: Inbox | None = None  # what people say to the agent
     pause_at_cap: bool = False  # a call the cap cannot afford raises BudgetReached
     cap: Callable[[], Decimal | None] | None = None  # the run's cap now (raised while it paused)
+    observers: list[RunObserver] = dataclasses.field(default_factory=list)
 
     def top_up(self, journal: RunJournal) -> Callable[[Decimal | None], Decimal | None] | None:
         """The budget's source of a raised cap, read through the journal at the point the

@@ -84,6 +84,7 @@ class Worker:
         sandbox: str = "bwrap",
         webhooks: Webhooks | None = None,
         log: Callable[[str], None] | None = None,
+        otlp: str | None = None,
     ) -> None:
         self.home = Path(home)
         self.tasks_dir = Path(tasks_dir)
@@ -102,6 +103,13 @@ class Worker:
         self.budgets = TenantBudgets(open_budget_store(self.home))
         self.prices = PriceBook.load()
         self.running: dict[str, asyncio.Task[None]] = {}
+        self.tracing: Any = None  # an OpenTelemetry TracerProvider, when traces are configured
+        from stayer.telemetry import tracing_configured
+
+        if tracing_configured(otlp):
+            from stayer.telemetry.tracing import provider
+
+            self.tracing = provider(otlp, service_name="stayer-worker")
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Claim and run until ``stop`` is set; then let the runs in hand finish."""
@@ -120,6 +128,8 @@ class Worker:
                 await asyncio.gather(*self.running.values(), return_exceptions=True)
         finally:
             await self.webhooks.aclose()
+            if self.tracing is not None:
+                self.tracing.shutdown()
             self.store.close()
 
     async def _guarded(self, run: ServiceRun) -> None:
@@ -219,7 +229,13 @@ class Worker:
             pause_at_cap=True,
             cap=lambda: cap if isinstance(cap, Decimal) else None,  # as held at admission
         )
-        execution = asyncio.create_task(execute(prepared, on_step, journal=journal, controls=controls))
+        if self.tracing is not None:
+            from stayer.telemetry.tracing import execute_traced
+
+            running = execute_traced(prepared, on_step, self.tracing, journal=journal, controls=controls)
+        else:
+            running = execute(prepared, on_step, journal=journal, controls=controls)
+        execution = asyncio.create_task(running)
         beat = asyncio.create_task(self._heartbeat(run, cancel, execution))
         try:
             doc = await execution
