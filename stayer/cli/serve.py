@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated
 
@@ -156,6 +157,8 @@ def serve(
     allow_private_webhooks: Annotated[bool, typer.Option("--allow-private-webhooks", help="Let webhooks target loopback and private addresses.")] = False,
     lease_ttl: Annotated[float, typer.Option("--lease-ttl", help="Seconds a dead worker's run waits before another takes it.", min=1.0, max=3600.0)] = 30.0,
     otlp: Annotated[str | None, typer.Option("--otlp", help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
+    metrics_token: Annotated[str | None, typer.Option("--metrics-token", envvar="STAYER_METRICS_TOKEN", help="Bearer token of GET /metrics (Prometheus); off without one.")] = None,
+    default_max_cost: Annotated[str, typer.Option("--default-max-cost", help="Cap (USD) of a run that names none, for tenants with a budget.")] = "1",
 ) -> None:
     """Serve the HTTP API (and, by default, one embedded worker) on the journal.
 
@@ -168,12 +171,16 @@ def serve(
 
     tasks = _tasks_dir(tasks_dir)
     try:
-        application = create_app(_home(), tasks, allow_private_webhooks=allow_private_webhooks)
         worker = (
             Worker(_home(), tasks, concurrency=workers, lease_ttl_s=lease_ttl, sandbox=sandbox,
                    webhooks=Webhooks(allow_private=allow_private_webhooks), otlp=otlp)
             if workers
             else None
+        )
+        application = create_app(
+            _home(), tasks, allow_private_webhooks=allow_private_webhooks, metrics_token=metrics_token,
+            worker_registry=worker.metrics.registry if worker else None,
+            default_max_cost=_cap(default_max_cost) or Decimal(1),
         )
     except ConfigError as e:
         bad_input(str(e))
@@ -203,6 +210,7 @@ def worker(
     allow_private_webhooks: Annotated[bool, typer.Option("--allow-private-webhooks", help="Let webhooks target loopback and private addresses.")] = False,
     lease_ttl: Annotated[float, typer.Option("--lease-ttl", help="Seconds a dead worker's run waits before another takes it.", min=1.0, max=3600.0)] = 30.0,
     otlp: Annotated[str | None, typer.Option("--otlp", help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.", min=1, max=65535)] = None,
 ) -> None:
     """Claim runs from the journal's queue and run them (any number of workers, any
     number of machines, one database: STAYER_DB=postgresql://…).
@@ -217,6 +225,11 @@ def worker(
                    webhooks=Webhooks(allow_private=allow_private_webhooks), otlp=otlp)
     except ConfigError as e:
         bad_input(str(e))
+
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr="127.0.0.1", registry=w.metrics.registry)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -17,11 +17,12 @@ import threading
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
@@ -116,7 +117,15 @@ def tenant_of(request: Request, authorization: Annotated[str | None, Header()] =
 Tenant = Annotated[str, Depends(tenant_of)]
 
 
-def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = False) -> FastAPI:
+def create_app(
+    home: Path,
+    tasks_dir: Path,
+    *,
+    allow_private_webhooks: bool = False,
+    metrics_token: str | None = None,
+    worker_registry: Any = None,
+    default_max_cost: Decimal = Decimal(1),
+) -> FastAPI:
     from stayer import __version__
 
     app = FastAPI(
@@ -155,6 +164,26 @@ def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = Fa
     async def config_error(_request: Request, exc: ConfigError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
 
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(authorization: Annotated[str | None, Header()] = None) -> Response:
+        """Prometheus text. Every tenant's spend is in it, so it takes its own token
+        (``--metrics-token``), never a tenant's key; without one it is off."""
+        import hmac
+
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        from stayer.telemetry.metrics import ServiceCollector
+
+        if not metrics_token:
+            raise HTTPException(404, "metrics are off; start stayer serve with --metrics-token")
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), metrics_token.encode()):
+            raise HTTPException(401, "missing or invalid metrics token", headers={"WWW-Authenticate": "Bearer"})
+        registry = CollectorRegistry()
+        registry.register(ServiceCollector(dbs.get, dbs.budgets))
+        text = generate_latest(registry) + (generate_latest(worker_registry) if worker_registry is not None else b"")
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
@@ -172,6 +201,9 @@ def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = Fa
             if problem is not None:
                 raise ConfigError(f"webhook: {problem}")
         request = body.model_dump(mode="json")
+        if body.max_cost is None and dbs.budgets().account(tenant).cap is not None:
+            # A capped tenant's run without a cap of its own would hold all that is left.
+            request["max_cost"] = str(default_max_cost)
         run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:12]
         return out(dbs.get().insert_run(run_id, tenant, body.task, body.model, request))
 
@@ -210,8 +242,6 @@ def create_app(home: Path, tasks_dir: Path, *, allow_private_webhooks: bool = Fa
     def patch_run(run_id: str, body: RunPatch, tenant: Tenant) -> RunOut:
         """Raise a run's cap (held from the tenant's budget); a run paused at its cap is
         queued again and resumes from its journal without paying again."""
-        from decimal import Decimal
-
         run = own_run(run_id, tenant)
         if run.status not in ("queued", "paused", "requires_action"):
             raise HTTPException(409, f"run {run_id} is {run.status}; its cap can be raised while it is queued or waiting")

@@ -205,6 +205,18 @@ class ServiceDB:
             params += [after, after, after]
         return self._rows(f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT ?", (*params, limit))
 
+    def all_runs(self) -> list[ServiceRun]:
+        """Every run (the metrics' totals)."""
+        return self._rows("ORDER BY created_at", ())
+
+    def active_runs(self) -> list[ServiceRun]:
+        return self._rows(f"WHERE status IN ('queued', 'running', 'paused', '{REQUIRES_ACTION}')", ())
+
+    def seconds_since(self, iso: str) -> float:
+        from datetime import UTC, datetime
+
+        return max((datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds(), 0.0)
+
     def request_cancel(self, run_id: str) -> tuple[str, str]:
         """Cancel: a run no worker holds (queued, paused, awaiting a person) ends at once;
         a running one is told to stop (its worker sees the flag within a step). Returns

@@ -103,6 +103,9 @@ class Worker:
         self.budgets = TenantBudgets(open_budget_store(self.home))
         self.prices = PriceBook.load()
         self.running: dict[str, asyncio.Task[None]] = {}
+        from stayer.telemetry.metrics import WorkerMetrics
+
+        self.metrics = WorkerMetrics()
         self.tracing: Any = None  # an OpenTelemetry TracerProvider, when traces are configured
         from stayer.telemetry import tracing_configured
 
@@ -133,11 +136,14 @@ class Worker:
             self.store.close()
 
     async def _guarded(self, run: ServiceRun) -> None:
+        self.metrics.active.inc()
         try:
             await self._run(run)
         except Exception as e:  # a bug must not take the worker (and its other runs) down
             self.log(f"run {run.id} failed in the worker: {e}\n{traceback.format_exc()}")
             self._set(run, status=ERROR, stop_reason="error", error=f"{type(e).__name__}: {e}", release=True)
+        finally:
+            self.metrics.active.dec()
 
     def _set(self, run: ServiceRun, *, release: bool = False, **values: Any) -> None:
         if self.db.update(run.id, self.name, release=release, **values) and "status" in values:
@@ -216,6 +222,7 @@ class Worker:
 
         def on_step(entry: LedgerEntry) -> None:
             entries.append(entry)
+            self.metrics.on_step(entry)
             cost = sum((e.cost.total for e in entries if e.cost.total is not None), Decimal(0))
             self.db.update(run.id, self.name, steps=entry.step, cost_usd=str(cost), usage=_json(usage_totals(entries)))
             if cancel.is_set():
@@ -280,6 +287,7 @@ class Worker:
             await asyncio.sleep(min(self.lease_ttl_s / 3, 1.0))
             ours, cancel_requested = self.db.renew(run.id, self.name, self.lease_ttl_s)
             if not ours:
+                self.metrics.leases_lost.inc()
                 execution.cancel()
                 return "lost"
             if cancel_requested:
