@@ -146,6 +146,7 @@ class Agent:
         path: str = "main",
         probe: WorkspaceProbe | None = None,
         clock: Callable[[], float] = time.time,
+        inbox: Callable[[], Sequence[Message]] | None = None,
     ) -> None:
         self.model = model
         self.tools = {t.spec.name: t for t in tools}
@@ -173,6 +174,8 @@ class Agent:
         # Every reading of the time goes through here, so that a journal can record it and
         # a resumed run decides (TTLs, wall-time breakers, routing) as the original did.
         self.clock = clock
+        # What people said to the agent since the last step (the runtime's messages).
+        self.inbox = inbox or (lambda: ())
         self.probe = probe or (TreeFingerprint(workspace) if workspace and workspace.is_dir() else None)
         self.guard: Guard | None = None  # the running step's guard (sub-agents carve from it)
         self.run_id = ""
@@ -213,6 +216,10 @@ class Agent:
             if gate.instruction is not None:  # the wrap-up has begun
                 ctx.append(gate.instruction)
                 self.on_message(gate.instruction)
+            for said in self.inbox():  # appended at the end: the cached prefix stays as it is
+                ctx.append(said)
+                self.on_message(said)
+                self.on_event("message", {"agent": self.path, "role": said.role, "content": said.content})
             now = self.clock()
             route = self._route(ctx, step + 1, compactions, now)
             view = StepView(

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from stayer.cli.common import EXIT_BAD_INPUT, JsonFlag, app, bad_input, emit_json, stderr
-from stayer.cli.run import finish, step_printer, summary_table
+from stayer.cli.run import finish, step_printer, summary_table, traced
 from stayer.errors import ConfigError
 
 
@@ -19,7 +19,6 @@ def resume(
 ) -> None:
     """Continue an interrupted run from its journal: same result as if it had never stopped."""
     from stayer.eval.resume import prepare_resume
-    from stayer.eval.trial import execute
     from stayer.journal import RunFinished
 
     err = stderr()
@@ -40,4 +39,4 @@ def resume(
         f"{len(journal.log.steps)} step(s) journaled",
         highlight=False,
     )
-    finish(lambda: execute(prepared, on_step=step_printer(err), journal=journal), json_out)
+    finish(lambda: traced(prepared, step_printer(err), None, journal), json_out)

@@ -44,10 +44,11 @@ def run(
     memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory per sandboxed process (default: task.toml's).")] = None,
     storage_mb: Annotated[int | None, typer.Option("--storage-mb", help="What /app and /tmp may hold (default: task.toml's).")] = None,
     max_processes: Annotated[int | None, typer.Option("--max-processes", help="Processes per sandboxed command.")] = None,
+    otlp: Annotated[str | None, typer.Option("--otlp", help="Export OpenTelemetry spans to this OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Run an agent on one task, verify the result, and report cost per step."""
-    from stayer.eval.trial import RunConfig, execute, prepare
+    from stayer.eval.trial import RunConfig, prepare
 
     config = RunConfig(
         task_dir=task,
@@ -77,7 +78,24 @@ def run(
         f"[bold]stayer run[/] {prepared.task.name} · {model} · run {prepared.run_id}", highlight=False
     )
 
-    finish(lambda: execute(prepared, on_step=step_printer(err)), json_out)
+    finish(lambda: traced(prepared, step_printer(err), otlp), json_out)
+
+
+async def traced(prepared: Any, on_step: Callable[[Any], None], otlp: str | None, journal: Any = None) -> dict[str, Any]:
+    """Execute the run, inside an OpenTelemetry trace when one is configured (``--otlp`` or
+    the OTLP environment); without one, OpenTelemetry is not even imported."""
+    from stayer.eval.trial import execute
+    from stayer.telemetry import tracing_configured
+
+    if not tracing_configured(otlp):
+        return await execute(prepared, on_step, journal=journal)
+    from stayer.telemetry.tracing import execute_traced, provider
+
+    tp = provider(otlp)
+    try:
+        return await execute_traced(prepared, on_step, tp, journal=journal)
+    finally:
+        tp.shutdown()  # flushes the batch
 
 
 def finish(run: Callable[[], Any], json_out: bool) -> NoReturn:

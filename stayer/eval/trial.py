@@ -9,6 +9,7 @@ journaled (``stayer.journal``), so ``execute`` can also continue a run that was 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import uuid
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from stayer.agent import SYSTEM_PROMPT, Agent, LedgerEntry, Limits, RunResult
 from stayer.context.layout import Context
@@ -29,6 +30,7 @@ from stayer.eval.task import Task, load_task
 from stayer.eval.verify import Verdict, passes, verify
 from stayer.guard.attribution import per_agent
 from stayer.guard.breakers import GuardConfig, TreeFingerprint
+from stayer.guard.budget import Budget
 from stayer.journal import RunJournal, Store, lost_ledger_entries, open_store
 from stayer.journal.codec import message_record
 from stayer.models.base import Message, Model
@@ -42,7 +44,7 @@ from stayer.sandbox import make_sandbox
 from stayer.sandbox.bwrap import check_bwrap
 from stayer.tokens import MessageCounter, TiktokenCounter
 from stayer.tools import default_tools
-from stayer.tools.base import ToolContext
+from stayer.tools.base import Tool, ToolContext
 from stayer.usage import Usage
 
 
@@ -218,20 +220,25 @@ async def execute(
     on_step: Callable[[LedgerEntry], None] | None = None,
     *,
     journal: RunJournal | None = None,
+    controls: Controls | None = None,
 ) -> dict[str, Any]:
     """Run the agent on the task, verify, and return the ``--json`` result document.
 
     With ``journal`` (``RunJournal.reopen``), continue that run instead: the workspace comes
-    back from its latest snapshot and the loop replays the journal up to where it stopped."""
+    back from its latest snapshot and the loop replays the journal up to where it stopped.
+    ``controls``: what the runtime adds (people in the loop, pausing at the cap)."""
     try:
-        return await _execute(prepared, on_step, journal)
+        return await _execute(prepared, on_step, journal, controls or Controls())
     finally:
         if prepared.close_store and prepared.store is not None:
             prepared.store.close()
 
 
 async def _execute(
-    p: PreparedRun, on_step: Callable[[LedgerEntry], None] | None, journal: RunJournal | None
+    p: PreparedRun,
+    on_step: Callable[[LedgerEntry], None] | None,
+    journal: RunJournal | None,
+    controls: Controls,
 ) -> dict[str, Any]:
     cfg, task = p.config, p.task
     workspace = p.run_dir / "workspace"
@@ -264,15 +271,36 @@ async def _execute(
 
             def step_done(entry: LedgerEntry) -> None:
                 journal.on_step(entry)  # journaled first, then shown
+                for o in controls.observers:
+                    o.on_step(entry)
                 if on_step is not None:
                     on_step(entry)
 
-            model = journal.model(p.model)  # every call journaled, the summariser's included
+            def on_event(kind: str, payload: dict[str, Any]) -> None:
+                journal.on_event(kind, payload)
+                for o in controls.observers:
+                    o.on_event(kind, payload)
+
+            def wrap_model(m: Model) -> Model:
+                # Observers inside the journal: they see live calls, never replayed ones.
+                for o in controls.observers:
+                    m = o.model(m)
+                return journal.model(m)
+
+            def wrap_tools(ts: list[Tool]) -> list[Tool]:
+                for o in controls.observers:
+                    ts = o.tools(ts)
+                return journal.tools(ts)
+
+            model = wrap_model(p.model)  # every call journaled, the summariser's included
             routing = p.routing
-            router = routing.router(model, journal.model, p.prices, cfg.service_tier) if routing else None
+            router = routing.router(model, wrap_model, p.prices, cfg.service_tier) if routing else None
+            tools = wrap_tools(default_tools(p.counter.counter))
+            guard_config = routing.guard if routing else GuardConfig()
+            budget = Budget(cfg.max_cost, top_up=controls.top_up(journal))
             agent = Agent(
                 model,
-                journal.tools(default_tools(p.counter.counter)),
+                controls.gate(tools) if controls.gate else tools,
                 p.prices,
                 tool_ctx,
                 p.counter,
@@ -281,11 +309,11 @@ async def _execute(
                     cfg.max_cost,
                     service_tier=cfg.service_tier,
                     max_context=cfg.max_context,
-                    guard=routing.guard if routing else GuardConfig(),
+                    guard=dataclasses.replace(guard_config, pause_at_cap=controls.pause_at_cap),
                 ),
                 on_step=step_done,
                 on_message=record,
-                on_event=journal.on_event,
+                on_event=on_event,
                 policy=p.policy,
                 # A summarising policy with a real provider has the model write its summaries.
                 summarizer=None
@@ -294,15 +322,17 @@ async def _execute(
                 probe=journal.probe(TreeFingerprint(workspace)),
                 clock=journal.clock,
                 router=router,
+                inbox=controls.inbox.reader(journal) if controls.inbox else None,
+                budget=budget,
             )
             if routing and router and routing.subagents:
                 children = ChildAgents(
                     agent,
                     router.role("subagent"),
-                    lambda: journal.tools(default_tools(p.counter.counter)),
+                    lambda: wrap_tools(default_tools(p.counter.counter)),
                     ChildSettings(**routing.subagents.model_dump()),
                 )
-                agent.add_tool(journal.tools([children.tool()])[0])
+                agent.add_tool(wrap_tools([children.tool()])[0])
             result = await agent.run(task.instruction, p.run_id)
             journal.flush()
     # Always verified: the tests decide success, however and wherever the agent stopped.
@@ -312,6 +342,72 @@ async def _execute(
     journal.finish(doc)
     write_result(p.run_dir, doc)
     return doc
+
+
+class RunObserver(Protocol):
+    """Watches a run from outside the loop (telemetry): wraps its model and tools inside
+    the journal, so it sees live calls and never replayed ones, and hears its steps and
+    events."""
+
+    def model(self, inner: Model) -> Model: ...
+
+    def tools(self, tools: list[Tool]) -> list[Tool]: ...
+
+    def on_step(self, entry: LedgerEntry) -> None: ...
+
+    def on_event(self, kind: str, payload: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Controls:
+    """What whoever runs the run (the CLI, the runtime) adds to it."""
+
+    gate: Callable[[list[Tool]], list[Tool]] | None = None  # wraps the (journaled) tools
+    inbox: Inbox | None = None  # what people say to the agent
+    pause_at_cap: bool = False  # a call the cap cannot afford raises BudgetReached
+    cap: Callable[[], Decimal | None] | None = None  # the run's cap now (raised while it paused)
+    observers: list[RunObserver] = dataclasses.field(default_factory=list)
+
+    def top_up(self, journal: RunJournal) -> Callable[[Decimal | None], Decimal | None] | None:
+        """The budget's source of a raised cap, read through the journal at the point the
+        run paused: a resumed run replays the raise where it happened."""
+        if self.cap is None:
+            return None
+        source = self.cap
+
+        def raised(current: Decimal | None) -> Decimal | None:
+            def larger(value: str | None) -> bool:
+                return value is not None and (current is None or Decimal(value) > current)
+
+            def read() -> str | None:
+                cap = source()
+                return None if cap is None else str(cap)
+
+            value = journal.observe(read, keep=larger)
+            return None if value is None else Decimal(value)
+
+        return raised
+
+
+class Inbox:
+    """Messages people send a running agent (``fetch(after)`` → ``[{"n", "content"}]``,
+    numbered from 1), delivered at the agent's next step. What each step received is
+    journaled, so a resumed run replays the same messages at the same steps and then
+    continues with the ones it has not seen."""
+
+    def __init__(self, fetch: Callable[[int], list[dict[str, Any]]]) -> None:
+        self.fetch = fetch
+
+    def reader(self, journal: RunJournal) -> Callable[[], list[Message]]:
+        seen = 0
+
+        def read() -> list[Message]:
+            nonlocal seen
+            got = journal.observe(lambda: self.fetch(seen))
+            seen = max((int(m["n"]) for m in got), default=seen)
+            return [Message("user", str(m["content"]), kind="person") for m in got]
+
+        return read
 
 
 def write_result(run_dir: Path, doc: dict[str, Any]) -> None:

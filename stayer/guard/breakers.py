@@ -51,6 +51,9 @@ class GuardConfig:
     soft_fraction: float = 0.8
     wrapup_steps: int = 2  # 0: no wrap-up; a limit stops the run where it is
     wrapup_output_tokens: int = 1024
+    # A call the cap cannot afford pauses the run (``BudgetReached``) instead of wrapping
+    # it up: the runtime's runs wait for a raised cap and resume from the journal.
+    pause_at_cap: bool = False
 
     @classmethod
     def off(cls) -> GuardConfig:

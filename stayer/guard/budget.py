@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -205,16 +205,36 @@ class _MemoryRows:
 class Budget:
     """A handle on one budget in a store. ``Budget(cap)`` is a fresh in-memory root."""
 
-    def __init__(self, cap: Decimal | None = None, *, store: BudgetStore | None = None, name: str = "main") -> None:
+    def __init__(
+        self,
+        cap: Decimal | None = None,
+        *,
+        store: BudgetStore | None = None,
+        name: str = "main",
+        top_up: Callable[[Decimal | None], Decimal | None] | None = None,
+    ) -> None:
         self.store = store or MemoryBudgetStore()
         self.name = name
         self.store.open(name, cap)
+        # Where a larger cap may come from when this one is reached (a person raised it
+        # while the run was paused): called with the current cap, returns the cap to use.
+        self._top_up = top_up
 
     @classmethod
     def _attached(cls, store: BudgetStore, name: str) -> Budget:
         b = cls.__new__(cls)
-        b.store, b.name = store, name
+        b.store, b.name, b._top_up = store, name, None
         return b
+
+    def top_up(self) -> bool:
+        """Raise the cap from ``top_up`` if it offers more; True if it did."""
+        if self._top_up is None:
+            return False
+        cap = self._top_up(self.cap)
+        if cap is None or (self.cap is not None and cap <= self.cap):
+            return False
+        self.raise_cap(cap)
+        return True
 
     @property
     def state(self) -> Account:
@@ -235,6 +255,14 @@ class Budget:
     @property
     def available(self) -> Decimal | None:
         return self.state.available
+
+    def raise_cap(self, cap: Decimal) -> None:
+        """A larger cap for this (root) budget: what is spent and held stays as it is."""
+        with self.store.transaction() as rows:
+            a = _open_account(rows, self.name)
+            if a.cap is not None and cap < a.cap:
+                raise ValueError(f"budget {self.name!r}: {cap} is below its cap {a.cap}")
+            rows.put(replace(a, cap=cap))
 
     def reserve(self, amount: Decimal) -> Reservation | None:
         """Hold ``amount`` for a call; None when that would exceed the cap."""

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from stayer.errors import BudgetReached
 from stayer.guard.breakers import (
     BehaviourBreakers,
     GuardConfig,
@@ -75,7 +76,8 @@ class Guard:
         self.breakers = BehaviourBreakers(self.config, self.probe)
         self.slice: Budget | None = None
         available = self.budget.available
-        if available is not None and self.config.wrapup_steps:
+        # A run that pauses at its cap needs no money kept for a wrap-up on cost.
+        if available is not None and self.config.wrapup_steps and not self.config.pause_at_cap:
             share = (available * Decimal(str(1 - self.config.soft_fraction))).quantize(Decimal("1e-12"))
             self.slice = self.budget.carve(max(share, Decimal(0)), "wrap-up")
 
@@ -177,7 +179,16 @@ class Guard:
     def reserve(self, rates_at: RatesAt, prompt_tokens: int, cache_ttl: str = "5m", attempts: int = 1) -> Held | None:
         """Hold the call's worst case (``attempts`` times: earlier attempts lost in a crash
         were billed too). None: not affordable — the run has switched to wrap-up (call
-        ``begin_step`` again) or stopped."""
+        ``begin_step`` again) or stopped. With ``pause_at_cap``, BudgetReached instead,
+        unless the budget can be topped up (a raised cap), when the call is held again."""
+        while True:
+            try:
+                return self._reserve(rates_at, prompt_tokens, cache_ttl, attempts)
+            except BudgetReached:
+                if not self.budget.top_up():
+                    raise
+
+    def _reserve(self, rates_at: RatesAt, prompt_tokens: int, cache_ttl: str, attempts: int) -> Held | None:
         c = self.config
         wanted = c.wrapup_output_tokens if self.phase == "wrap_up" else self.max_output_tokens
         wanted = min(wanted, self.max_output_tokens)
@@ -210,6 +221,8 @@ class Guard:
         return Held(r, max_tokens)
 
     def unaffordable(self, reason: str, detail: str) -> None:
+        if reason == "max_cost" and self.config.pause_at_cap:
+            raise BudgetReached(detail)
         trip = Trip(reason, detail, self._steps_done, soft=self.working)
         if self.working:
             self.wrap_up(trip)

@@ -22,6 +22,8 @@ JOURNAL_KINDS = frozenset({
     "model_started", "model_finished", "model_failed", "model_lost",
     "tool_started", "tool_finished", "tool_diverged",
     "step", "snapshot", "run_finished", "observed",
+    # Written by the runtime while no process runs the run: a person's decision is awaited.
+    "requires_action", "suspended",
 })
 
 

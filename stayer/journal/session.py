@@ -49,6 +49,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from stayer.errors import OrderlyStop
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.journal.blobs import BlobError, digest
 from stayer.journal.codec import canonical, message_from_record, message_record
@@ -275,8 +276,12 @@ class RunJournal:
         task = asyncio.create_task(beat())
         try:
             yield
-        except BaseException:
-            # Failed or cancelled in this process (which lives on): resumable at once.
+        except BaseException as e:
+            # Failed or cancelled in this process (which lives on): resumable at once. An
+            # orderly stop first writes what is buffered (finished tools, recorded steps).
+            if isinstance(e, OrderlyStop):
+                with contextlib.suppress(Exception):
+                    self.flush()
             with contextlib.suppress(Exception):
                 self.release()
             raise
@@ -311,15 +316,22 @@ class RunJournal:
     def probe(self, inner: WorkspaceProbe) -> WorkspaceProbe:
         return JournaledProbe(inner, self)
 
-    def observe(self, compute: Callable[[], Any]) -> Any:
+    def observe(self, compute: Callable[[], Any], keep: Callable[[Any], bool] | None = None) -> Any:
         """A value the loop reads from outside itself (a workspace fingerprint, …): computed
         and journaled live, the journaled one on replay, so decisions taken on it (breakers)
-        come out the same. The value must be JSON."""
-        i, self.o = self.o, self.o + 1
+        come out the same. The value must be JSON.
+
+        ``keep``: journal a live value only if ``keep(value)``. For a reading that, when
+        not kept, ends the run (a cap checked at a pause): the resumed run reads it again,
+        live, at the same point, and journals what it then acts on."""
+        i = self.o
         if i in self.log.observations:
+            self.o += 1
             return self.log.observations[i]
         value = compute()
-        self._record("observed", {"i": i, "value": value})
+        if keep is None or keep(value):
+            self.o += 1
+            self._record("observed", {"i": i, "value": value})
         return value
 
     def clock(self) -> float:

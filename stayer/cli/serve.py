@@ -1,0 +1,243 @@
+"""``stayer serve``, ``stayer worker`` and ``stayer tenants``: the runtime as a service."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from stayer.cli.common import JsonFlag, app, bad_input, emit_json, parse_decimal, stderr
+from stayer.errors import ConfigError
+
+tenants_app = typer.Typer(no_args_is_help=True, help="Tenants of the runtime: API keys and dollar budgets.")
+app.add_typer(tenants_app, name="tenants")
+
+TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+
+
+def _home() -> Path:
+    from stayer.eval.trial import stayer_home
+
+    return stayer_home()
+
+
+def _service_db():  # noqa: ANN202 - ServiceDB (imported lazily: the CLI starts fast)
+    from stayer.journal import open_store
+    from stayer.journal.sql import SqlStore
+    from stayer.runtime.db import ServiceDB
+
+    store = open_store(_home())
+    assert isinstance(store, SqlStore)
+    return ServiceDB(store)
+
+
+def _budgets():  # noqa: ANN202 - TenantBudgets
+    from stayer.runtime.tenants import TenantBudgets, open_budget_store
+
+    return TenantBudgets(open_budget_store(_home()))
+
+
+def _tasks_dir(tasks_dir: str) -> Path:
+    path = Path(tasks_dir)
+    if not path.is_dir():
+        bad_input(f"--tasks-dir {tasks_dir}: not a directory")
+    return path.resolve()
+
+
+@tenants_app.command("create")
+def tenants_create(
+    name: Annotated[str, typer.Argument(help="Tenant name: letters, digits, '.', '_', '-'.")],
+    max_cost: Annotated[str | None, typer.Option("--max-cost", help="The tenant's budget in USD over all its runs.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Add a tenant; prints its API key (shown once: only its hash is stored).
+
+    Example: stayer tenants create acme --max-cost 50 --json"""
+    import re
+
+    if not re.fullmatch(TENANT_NAME, name):
+        bad_input(f"tenant {name!r}: use letters, digits, '.', '_' and '-' (at most 64)")
+    cap = _cap(max_cost)
+    try:
+        db = _service_db()
+        key = db.create_tenant(name)
+        account = _budgets().set_cap(name, cap)
+        secret = db.webhook_secret(name)
+    except ConfigError as e:
+        bad_input(str(e))
+    doc = {"tenant": name, "api_key": key, "webhook_secret": secret, "max_cost": _money(account.cap)}
+    if json_out:
+        emit_json(doc)
+        return
+    out = Console()
+    out.print(f"tenant [bold]{escape(name)}[/] created; budget {_money(account.cap) or 'unlimited'}")
+    out.print(f"API key (shown once): {key}", highlight=False, soft_wrap=True)
+    out.print(f"webhook secret: {secret}", highlight=False, soft_wrap=True)
+
+
+@tenants_app.command("budget")
+def tenants_budget(
+    name: Annotated[str, typer.Argument(help="Tenant name.")],
+    max_cost: Annotated[str, typer.Option("--max-cost", help="New budget in USD ('none' for unlimited).")],
+    json_out: JsonFlag = False,
+) -> None:
+    """Set a tenant's budget; runs paused on it are queued again.
+
+    Example: stayer tenants budget acme --max-cost 80"""
+    cap = None if max_cost.lower() in ("none", "unlimited") else _cap(max_cost)
+    try:
+        db = _service_db()
+        if not db.tenant_exists(name):
+            bad_input(f"tenant {name!r}: no such tenant; `stayer tenants list` shows them")
+        account = _budgets().set_cap(name, cap)
+        requeued = db.requeue_paused(name)
+    except ConfigError as e:
+        bad_input(str(e))
+    doc = {"tenant": name, **_account_doc(account), "requeued_runs": requeued}
+    if json_out:
+        emit_json(doc)
+    else:
+        Console().print(f"tenant {escape(name)}: budget {_money(account.cap) or 'unlimited'}; {requeued} paused run(s) queued again")
+
+
+@tenants_app.command("list")
+def tenants_list(json_out: JsonFlag = False) -> None:
+    """The tenants, with their budgets: cap, spent, held by running runs, available."""
+    try:
+        db, budgets = _service_db(), _budgets()
+        rows = [{"tenant": n, "created_at": c, **_account_doc(budgets.account(n))} for n, c in db.tenants()]
+    except ConfigError as e:
+        bad_input(str(e))
+    if json_out:
+        emit_json({"tenants": rows})
+        return
+    t = Table("tenant", "cap", "spent", "held", "available", "created")
+    for r in rows:
+        t.add_row(escape(r["tenant"]), r["max_cost"] or "—", r["spent_usd"], r["reserved_usd"], r["available_usd"] or "—", r["created_at"])
+    Console().print(t)
+
+
+def _cap(text: str | None):  # noqa: ANN202 - Decimal | None
+    from decimal import Decimal
+
+    cap = parse_decimal(text, "--max-cost")
+    if cap is not None and not (Decimal(0) <= cap <= Decimal(10) ** 9):
+        bad_input(f"--max-cost {text}: must be between 0 and 1,000,000,000 USD")
+    return cap
+
+
+def _money(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _account_doc(a) -> dict[str, str | None]:  # noqa: ANN001 - guard.budget.Account
+    return {
+        "max_cost": _money(a.cap),
+        "spent_usd": str(a.spent),
+        "reserved_usd": str(a.reserved),
+        "available_usd": _money(a.available),
+    }
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=1, max=65535)] = 8080,
+    workers: Annotated[int, typer.Option("--workers", help="Embedded worker slots (0: API only; run `stayer worker`s).", min=0, max=1000)] = 4,
+    tasks_dir: Annotated[str, typer.Option("--tasks-dir", help="Directory of tasks that runs may name.")] = "tasks",
+    sandbox: Annotated[str, typer.Option("--sandbox", help="Sandbox of the embedded worker.")] = "bwrap",
+    allow_private_webhooks: Annotated[bool, typer.Option("--allow-private-webhooks", help="Let webhooks target loopback and private addresses.")] = False,
+    lease_ttl: Annotated[float, typer.Option("--lease-ttl", help="Seconds a dead worker's run waits before another takes it.", min=1.0, max=3600.0)] = 30.0,
+    otlp: Annotated[str | None, typer.Option("--otlp", help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
+    metrics_token: Annotated[str | None, typer.Option("--metrics-token", envvar="STAYER_METRICS_TOKEN", help="Bearer token of GET /metrics (Prometheus); off without one.")] = None,
+    default_max_cost: Annotated[str, typer.Option("--default-max-cost", help="Cap (USD) of a run that names none, for tenants with a budget.")] = "1",
+) -> None:
+    """Serve the HTTP API (and, by default, one embedded worker) on the journal.
+
+    Example: stayer serve --tasks-dir examples --port 8080"""
+    import uvicorn
+
+    from stayer.runtime.api import create_app
+    from stayer.runtime.webhooks import Webhooks
+    from stayer.runtime.worker import Worker
+
+    tasks = _tasks_dir(tasks_dir)
+    try:
+        worker = (
+            Worker(_home(), tasks, concurrency=workers, lease_ttl_s=lease_ttl, sandbox=sandbox,
+                   webhooks=Webhooks(allow_private=allow_private_webhooks), otlp=otlp)
+            if workers
+            else None
+        )
+        application = create_app(
+            _home(), tasks, allow_private_webhooks=allow_private_webhooks, metrics_token=metrics_token,
+            worker_registry=worker.metrics.registry if worker else None,
+            default_max_cost=_cap(default_max_cost) or Decimal(1),
+        )
+    except ConfigError as e:
+        bad_input(str(e))
+    stop = asyncio.Event()
+    background: list[asyncio.Task[None]] = []
+
+    @application.on_event("startup")
+    async def start_worker() -> None:
+        if worker is not None:
+            background.append(asyncio.create_task(worker.serve(stop)))
+
+    @application.on_event("shutdown")
+    async def stop_worker() -> None:
+        stop.set()
+        if background:
+            await asyncio.gather(*background, return_exceptions=True)
+
+    stderr().print(f"stayer serve on http://{escape(host)}:{port} · tasks {escape(str(tasks))} · {workers} worker slot(s)", highlight=False)
+    uvicorn.run(application, host=host, port=port, log_level="warning")
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Runs at once.", min=1, max=1000)] = 4,
+    tasks_dir: Annotated[str, typer.Option("--tasks-dir", help="Directory of tasks that runs may name.")] = "tasks",
+    sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")] = "bwrap",
+    allow_private_webhooks: Annotated[bool, typer.Option("--allow-private-webhooks", help="Let webhooks target loopback and private addresses.")] = False,
+    lease_ttl: Annotated[float, typer.Option("--lease-ttl", help="Seconds a dead worker's run waits before another takes it.", min=1.0, max=3600.0)] = 30.0,
+    otlp: Annotated[str | None, typer.Option("--otlp", help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.", min=1, max=65535)] = None,
+) -> None:
+    """Claim runs from the journal's queue and run them (any number of workers, any
+    number of machines, one database: STAYER_DB=postgresql://…).
+
+    Example: STAYER_DB=postgresql://… stayer worker --concurrency 8 --tasks-dir tasks"""
+    from stayer.runtime.webhooks import Webhooks
+    from stayer.runtime.worker import Worker
+
+    tasks = _tasks_dir(tasks_dir)
+    try:
+        w = Worker(_home(), tasks, concurrency=concurrency, lease_ttl_s=lease_ttl, sandbox=sandbox,
+                   webhooks=Webhooks(allow_private=allow_private_webhooks), otlp=otlp)
+    except ConfigError as e:
+        bad_input(str(e))
+
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr="127.0.0.1", registry=w.metrics.registry)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        stderr().print(f"stayer worker {escape(w.name)} · {concurrency} slot(s) · {escape(w.store.location)}", highlight=False)
+        await w.serve(stop)
+
+    asyncio.run(main())

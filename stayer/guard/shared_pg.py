@@ -1,0 +1,100 @@
+"""Budgets shared by processes on several machines: ``stayer.guard.budget``'s accounting
+in PostgreSQL (the database ``STAYER_DB`` names).
+
+Each operation is one transaction that first takes a transaction-scoped advisory lock, so
+every read-modify-write of the budget tables is serialised across all clients: two workers
+reserving against one tenant's cap cannot both see the same headroom. Amounts are decimal
+strings added in Python (exact), as in the SQLite store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any
+
+from stayer.errors import ConfigError
+from stayer.guard.budget import Account, BudgetStore, Rows
+
+_LOCK = 0x5354_4255_4447  # "STBUDG": one lock for all budget transactions
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS budget_accounts (
+        name TEXT PRIMARY KEY, cap TEXT, spent TEXT NOT NULL, reserved TEXT NOT NULL,
+        parent TEXT, parent_hold BIGINT, closed INTEGER NOT NULL, overrun TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS budget_holds (
+        id BIGSERIAL PRIMARY KEY, budget TEXT NOT NULL, amount TEXT NOT NULL)""",
+)
+
+
+class PostgresBudgetStore(BudgetStore):
+    def __init__(self, url: str) -> None:
+        try:
+            import psycopg
+        except ImportError:
+            raise ConfigError("STAYER_DB: PostgreSQL needs psycopg 3; pip install 'stayer[postgres]'") from None
+        try:
+            self.conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+            with self.transaction() as rows:
+                for ddl in _SCHEMA:
+                    rows.cur.execute(ddl)
+        except psycopg.Error as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigError(f"STAYER_DB: cannot open the budget tables ({first})") from None
+
+    @contextmanager
+    def transaction(self) -> Iterator[_PgRows]:
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+            yield _PgRows(cur)
+
+    def close_connection(self) -> None:
+        self.conn.close()
+
+
+def _dec(v: str | None) -> Decimal | None:
+    return None if v is None else Decimal(v)
+
+
+class _PgRows(Rows):
+    def __init__(self, cur: Any) -> None:
+        self.cur = cur
+
+    def get(self, name: str) -> Account | None:
+        self.cur.execute(
+            "SELECT name, cap, spent, reserved, parent, parent_hold, closed, overrun "
+            "FROM budget_accounts WHERE name = %s",
+            (name,),
+        )
+        row = self.cur.fetchone()
+        if row is None:
+            return None
+        n, cap, spent, reserved, parent, hold, closed, overrun = row
+        return Account(n, _dec(cap), Decimal(spent), Decimal(reserved), parent, hold, bool(closed), Decimal(overrun))
+
+    def put(self, a: Account) -> None:
+        self.cur.execute(
+            "INSERT INTO budget_accounts VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (name) DO UPDATE SET "
+            "cap = excluded.cap, spent = excluded.spent, reserved = excluded.reserved, parent = excluded.parent, "
+            "parent_hold = excluded.parent_hold, closed = excluded.closed, overrun = excluded.overrun",
+            (
+                a.name,
+                None if a.cap is None else str(a.cap),
+                str(a.spent),
+                str(a.reserved),
+                a.parent,
+                a.parent_hold,
+                int(a.closed),
+                str(a.overrun),
+            ),
+        )
+
+    def hold(self, name: str, amount: Decimal) -> int:
+        self.cur.execute("INSERT INTO budget_holds (budget, amount) VALUES (%s, %s) RETURNING id", (name, str(amount)))
+        return int(self.cur.fetchone()[0])
+
+    def take(self, hold_id: int) -> tuple[str, Decimal] | None:
+        self.cur.execute("DELETE FROM budget_holds WHERE id = %s RETURNING budget, amount", (hold_id,))
+        row = self.cur.fetchone()
+        return None if row is None else (row[0], Decimal(row[1]))

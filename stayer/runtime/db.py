@@ -1,0 +1,384 @@
+"""The runtime's tables, beside the journal's in the same database, and the run queue.
+
+``stayer_tenants``: a tenant's name, the SHA-256 of its API key and its webhook signing
+secret. Keys are 256-bit random tokens, so a fast hash is enough (there is nothing to
+brute-force) and a stolen database yields no usable key.
+
+``stayer_service_runs``: what was asked (the request, as JSON), by which tenant, and where
+the run stands: status, stop reason and the totals of its result, the worker holding it and
+until when (a lease on the database's clock, as the journal's), whether a person asked to
+cancel it, and the tenant-budget hold that funds it. A worker claims the oldest queued run,
+or a running one whose worker's lease expired (it died); the journal then resumes it.
+
+Both backends share the journal's SQL layer (``stayer.journal.sql.SqlStore``): statements
+use ``?`` placeholders and the dialect's ``NOW`` and row locks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from stayer.errors import ConfigError
+from stayer.journal.sql import SqlStore, utc_now
+from stayer.journal.store import Event
+
+QUEUED, RUNNING, PAUSED, CANCELLED, ERROR = "queued", "running", "paused", "cancelled", "error"
+REQUIRES_ACTION = "requires_action"
+TERMINAL = frozenset({"succeeded", "failed", "budget_exhausted", CANCELLED, ERROR})
+STATUSES = (QUEUED, RUNNING, REQUIRES_ACTION, PAUSED, "succeeded", "failed", "budget_exhausted", CANCELLED, ERROR)
+
+_DDL = [
+    """CREATE TABLE IF NOT EXISTS stayer_tenants (
+        name TEXT PRIMARY KEY,
+        key_hash TEXT NOT NULL UNIQUE,
+        webhook_secret TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS stayer_service_runs (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        task TEXT NOT NULL,
+        model TEXT NOT NULL,
+        request TEXT NOT NULL,
+        status TEXT NOT NULL,
+        stop_reason TEXT,
+        steps INTEGER NOT NULL DEFAULT 0,
+        cost_usd TEXT NOT NULL DEFAULT '0',
+        reward DOUBLE PRECISION,
+        error TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        worker TEXT,
+        lease_expires DOUBLE PRECISION,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        budget_hold INTEGER,
+        run_cap TEXT,
+        usage TEXT,
+        paused_on TEXT,
+        held TEXT
+    )""",
+    """CREATE TABLE IF NOT EXISTS stayer_messages (
+        run_id TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        content TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (run_id, n)
+    )""",
+    "CREATE INDEX IF NOT EXISTS stayer_service_runs_queue ON stayer_service_runs (status, created_at)",
+    "CREATE INDEX IF NOT EXISTS stayer_service_runs_tenant ON stayer_service_runs (tenant, created_at)",
+]
+
+_COLUMNS = (
+    "id, tenant, task, model, request, status, stop_reason, steps, cost_usd, reward, error, "
+    "created_at, updated_at, worker, cancel_requested, budget_hold, run_cap, usage, paused_on, held"
+)
+# What a worker may write to its run's row (never the tenant, the request or the id).
+_WRITABLE = frozenset(
+    {"status", "stop_reason", "steps", "cost_usd", "reward", "error", "budget_hold", "run_cap", "usage", "paused_on", "held"}
+)
+
+
+def key_hash(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+@dataclass
+class ServiceRun:
+    id: str
+    tenant: str
+    task: str
+    model: str
+    request: dict[str, Any]
+    status: str
+    stop_reason: str | None = None
+    steps: int = 0
+    cost_usd: str = "0"
+    reward: float | None = None
+    error: str | None = None
+    created_at: str = ""
+    updated_at: str = ""
+    worker: str | None = None
+    cancel_requested: bool = False
+    budget_hold: int | None = None  # the tenant-budget reservation funding the run
+    run_cap: str | None = None  # the run's own cap as held from the tenant's budget
+    usage: dict[str, Any] = field(default_factory=dict)
+    paused_on: str | None = None  # "tenant": its budget could not hold the run's cap; "run": the run reached its cap
+    held: str | None = None  # the amount ``budget_hold`` holds
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+class ServiceDB:
+    """The runtime's rows in the journal's database ``store``."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+        with store._tx() as cur:
+            for ddl in _DDL:
+                cur.execute(ddl)
+
+    # --- tenants -------------------------------------------------------------------------
+
+    def create_tenant(self, name: str) -> str:
+        """Add tenant ``name``; returns its API key, which is shown once and never stored."""
+        api_key = "sk-stayer-" + secrets.token_urlsafe(32)
+        with self.store._tx() as cur:
+            if cur.execute("SELECT 1 FROM stayer_tenants WHERE name = ?", (name,)).fetchone():
+                raise ConfigError(f"tenant {name!r}: already exists; `stayer tenants list` shows the tenants")
+            cur.execute(
+                "INSERT INTO stayer_tenants (name, key_hash, webhook_secret, created_at) VALUES (?, ?, ?, ?)",
+                (name, key_hash(api_key), secrets.token_hex(32), utc_now()),
+            )
+        return api_key
+
+    def tenant_for_key(self, api_key: str) -> str | None:
+        rows = self.store._read("SELECT name FROM stayer_tenants WHERE key_hash = ?", (key_hash(api_key),))
+        return str(rows[0][0]) if rows else None
+
+    def tenant_exists(self, name: str) -> bool:
+        return bool(self.store._read("SELECT 1 FROM stayer_tenants WHERE name = ?", (name,)))
+
+    def tenants(self) -> list[tuple[str, str]]:
+        """(name, created_at), by name."""
+        return [(str(n), str(c)) for n, c in self.store._read("SELECT name, created_at FROM stayer_tenants ORDER BY name")]
+
+    def webhook_secret(self, name: str) -> str | None:
+        rows = self.store._read("SELECT webhook_secret FROM stayer_tenants WHERE name = ?", (name,))
+        return str(rows[0][0]) if rows else None
+
+    # --- runs ----------------------------------------------------------------------------
+
+    def insert_run(self, run_id: str, tenant: str, task: str, model: str, request: dict[str, Any]) -> ServiceRun:
+        now = utc_now()
+        with self.store._tx() as cur:
+            if cur.execute("SELECT 1 FROM stayer_service_runs WHERE id = ?", (run_id,)).fetchone():
+                raise ConfigError(f"run {run_id}: already exists")
+            cur.execute(
+                "INSERT INTO stayer_service_runs (id, tenant, task, model, request, status, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, tenant, task, model, json.dumps(request), QUEUED, now, now),
+            )
+        run = self.run(run_id)
+        assert run is not None
+        return run
+
+    def _rows(self, where: str, params: tuple[Any, ...]) -> list[ServiceRun]:
+        rows = self.store._read(f"SELECT {_COLUMNS} FROM stayer_service_runs {where}", params)
+        return [
+            ServiceRun(
+                id=r[0], tenant=r[1], task=r[2], model=r[3], request=json.loads(r[4]), status=r[5],
+                stop_reason=r[6], steps=int(r[7]), cost_usd=r[8], reward=r[9], error=r[10],
+                created_at=r[11], updated_at=r[12], worker=r[13], cancel_requested=bool(r[14]),
+                budget_hold=None if r[15] is None else int(r[15]), run_cap=r[16],
+                usage=json.loads(r[17]) if r[17] else {}, paused_on=r[18], held=r[19],
+            )
+            for r in rows
+        ]
+
+    def run(self, run_id: str, tenant: str | None = None) -> ServiceRun | None:
+        """The run, or None; with ``tenant``, None also when it belongs to another tenant
+        (the API answers 404 either way, so ids of other tenants' runs leak nothing)."""
+        found = self._rows("WHERE id = ?", (run_id,))
+        if not found or (tenant is not None and found[0].tenant != tenant):
+            return None
+        return found[0]
+
+    def runs(
+        self, tenant: str, status: str | None = None, limit: int = 50, after: str | None = None
+    ) -> list[ServiceRun]:
+        """The tenant's runs, newest first; ``after`` (a run id, the cursor) continues a page."""
+        where, params = ["tenant = ?"], [tenant]
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        if after is not None:
+            where.append(
+                "(created_at < (SELECT created_at FROM stayer_service_runs WHERE id = ?) OR "
+                "(created_at = (SELECT created_at FROM stayer_service_runs WHERE id = ?) AND id < ?))"
+            )
+            params += [after, after, after]
+        return self._rows(f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT ?", (*params, limit))
+
+    def all_runs(self) -> list[ServiceRun]:
+        """Every run (the metrics' totals)."""
+        return self._rows("ORDER BY created_at", ())
+
+    def active_runs(self) -> list[ServiceRun]:
+        return self._rows(f"WHERE status IN ('queued', 'running', 'paused', '{REQUIRES_ACTION}')", ())
+
+    def seconds_since(self, iso: str) -> float:
+        from datetime import UTC, datetime
+
+        return max((datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds(), 0.0)
+
+    def request_cancel(self, run_id: str) -> tuple[str, str]:
+        """Cancel: a run no worker holds (queued, paused, awaiting a person) ends at once;
+        a running one is told to stop (its worker sees the flag within a step). Returns
+        (status before, status after)."""
+        with self.store._tx() as cur:
+            row = cur.execute(
+                f"SELECT status FROM stayer_service_runs WHERE id = ?{self.store.LOCK_ROW}", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise KeyError(run_id)
+            status = str(row[0])
+            if status in TERMINAL:
+                return status, status
+            if status in (QUEUED, PAUSED, REQUIRES_ACTION):
+                cur.execute(
+                    "UPDATE stayer_service_runs SET status = ?, stop_reason = 'cancelled', updated_at = ? WHERE id = ?",
+                    (CANCELLED, utc_now(), run_id),
+                )
+                return status, CANCELLED
+            cur.execute(
+                "UPDATE stayer_service_runs SET cancel_requested = 1, updated_at = ? WHERE id = ?",
+                (utc_now(), run_id),
+            )
+            return status, status
+
+    def record_result(self, run_id: str, **values: Any) -> None:
+        """Totals of a run that ended while no worker held it (the API cancelled it)."""
+        bad = set(values) - _WRITABLE
+        if bad:
+            raise ValueError(f"not writable: {sorted(bad)}")
+        sets = ", ".join(f"{k} = ?" for k in values)
+        with self.store._tx() as cur:
+            cur.execute(f"UPDATE stayer_service_runs SET {sets} WHERE id = ?", (*values.values(), run_id))
+
+    def raise_run_cap(self, run_id: str, cap: str) -> bool:
+        """A larger cap for a run no worker holds (the worker that next takes it grows the
+        tenant-budget hold to it); a run paused at its cap is queued again."""
+        with self.store._tx() as cur:
+            cur.execute(
+                "UPDATE stayer_service_runs SET run_cap = ?, updated_at = ?, "
+                "status = CASE WHEN status = 'paused' THEN 'queued' ELSE status END "
+                "WHERE id = ? AND status IN ('queued', 'paused', 'requires_action')",
+                (cap, utc_now(), run_id),
+            )
+            return cur.rowcount == 1
+
+    def resume_after_decision(self, run_id: str) -> bool:
+        """A run that waited for a person goes back to the queue."""
+        with self.store._tx() as cur:
+            cur.execute(
+                "UPDATE stayer_service_runs SET status = 'queued', stop_reason = NULL, updated_at = ? "
+                "WHERE id = ? AND status = 'requires_action'",
+                (utc_now(), run_id),
+            )
+            return cur.rowcount == 1
+
+    def requeue_paused(self, tenant: str) -> int:
+        """Runs paused on the tenant's budget go back to the queue (its cap was raised)."""
+        with self.store._tx() as cur:
+            cur.execute(
+                "UPDATE stayer_service_runs SET status = 'queued', stop_reason = NULL, updated_at = ? "
+                "WHERE tenant = ? AND status = 'paused' AND paused_on = 'tenant'",
+                (utc_now(), tenant),
+            )
+            return int(cur.rowcount)
+
+    # --- what people say to a run -------------------------------------------------------
+
+    def add_message(self, run_id: str, content: str) -> int:
+        """Queue a person's message for the run's next step; its number (from 1)."""
+        with self.store._tx() as cur:
+            row = cur.execute(
+                f"SELECT status FROM stayer_service_runs WHERE id = ?{self.store.LOCK_ROW}", (run_id,)
+            ).fetchone()
+            if row is None or row[0] in TERMINAL:
+                raise ValueError(f"run {run_id} has ended; it takes no more messages")
+            top = cur.execute("SELECT MAX(n) FROM stayer_messages WHERE run_id = ?", (run_id,)).fetchone()
+            n = 1 + (int(top[0]) if top and top[0] is not None else 0)
+            cur.execute(
+                "INSERT INTO stayer_messages (run_id, n, content, created_at) VALUES (?, ?, ?, ?)",
+                (run_id, n, content, utc_now()),
+            )
+            return n
+
+    def messages_after(self, run_id: str, after: int) -> list[dict[str, Any]]:
+        rows = self.store._read(
+            "SELECT n, content, created_at FROM stayer_messages WHERE run_id = ? AND n > ? ORDER BY n", (run_id, after)
+        )
+        return [{"n": int(n), "content": c, "created_at": at} for n, c, at in rows]
+
+    # --- the queue (workers) -------------------------------------------------------------
+
+    def claim_next(self, worker: str, ttl_s: float) -> ServiceRun | None:
+        """Lease the oldest queued run, or a running one whose worker stopped renewing."""
+        now_sql = self.store.NOW
+        with self.store._tx() as cur:
+            row = cur.execute(
+                "SELECT id FROM stayer_service_runs WHERE status = 'queued' "
+                f"OR (status = 'running' AND (lease_expires IS NULL OR lease_expires <= {now_sql})) "
+                f"ORDER BY created_at, id LIMIT 1{self.store.LOCK_ROW_SKIP}",
+                (),
+            ).fetchone()
+            if row is None:
+                return None
+            cur.execute(
+                f"UPDATE stayer_service_runs SET status = 'running', worker = ?, lease_expires = {now_sql} + ?, "
+                "updated_at = ? WHERE id = ?",
+                (worker, ttl_s, utc_now(), row[0]),
+            )
+        return self.run(str(row[0]))
+
+    def renew(self, run_id: str, worker: str, ttl_s: float) -> tuple[bool, bool]:
+        """Extend the lease. Returns (still ours, cancel requested)."""
+        with self.store._tx() as cur:
+            cur.execute(
+                f"UPDATE stayer_service_runs SET lease_expires = {self.store.NOW} + ? WHERE id = ? AND worker = ?",
+                (ttl_s, run_id, worker),
+            )
+            ours = cur.rowcount == 1
+            row = cur.execute("SELECT cancel_requested FROM stayer_service_runs WHERE id = ?", (run_id,)).fetchone()
+        return ours, bool(row and row[0])
+
+    def update(self, run_id: str, worker: str, *, release: bool = False, **values: Any) -> bool:
+        """Write the run's status and totals, only while ``worker`` holds it; ``release``
+        gives the lease up (a finished or paused run). False if another worker took over."""
+        bad = set(values) - _WRITABLE
+        if bad:
+            raise ValueError(f"not writable by a worker: {sorted(bad)}")
+        sets = [f"{k} = ?" for k in values] + ["updated_at = ?"]
+        params: list[Any] = [*values.values(), utc_now()]
+        if release:
+            sets += ["worker = NULL", "lease_expires = NULL"]
+        with self.store._tx() as cur:
+            cur.execute(
+                f"UPDATE stayer_service_runs SET {', '.join(sets)} WHERE id = ? AND worker = ?",
+                (*params, run_id, worker),
+            )
+            return cur.rowcount == 1
+
+    # --- the journal, read for the event stream -------------------------------------------
+
+    def journal_tail(self, run_id: str) -> tuple[int, bool]:
+        """The public id of the run's newest journal event (0: none yet, see ``events``),
+        and whether the journal holds the run's final status."""
+        rows = self.store._read(
+            "SELECT MAX(seq), SUM(CASE WHEN kind = 'run_finished' THEN 1 ELSE 0 END) FROM stayer_events WHERE run_id = ?",
+            (run_id,),
+        )
+        top, finished = rows[0] if rows else (None, None)
+        return (0 if top is None else int(top) + 1), bool(finished)
+
+    def events_after(self, run_id: str, after_seq: int, limit: int = 500) -> list[Event]:
+        """Journal events of ``run_id`` numbered above ``after_seq``, oldest first."""
+        rows = self.store._read(
+            "SELECT seq, kind, data, at FROM stayer_events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (run_id, after_seq, limit),
+        )
+        out = []
+        for seq, kind, data, at in rows:
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                break  # a damaged record: the stream stops before it, like the journal's reader
+            out.append(Event(int(seq), str(kind), parsed, str(at)))
+        return out

@@ -1,0 +1,126 @@
+"""Request and response bodies of the HTTP API (pydantic: validated in, documented in
+``/openapi.json``)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stayer.runtime.db import ServiceRun
+
+#: A run's cap; above this, a typo is likelier than a real budget.
+MAX_RUN_COST = Decimal(100_000)
+
+
+class RunCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="A task under the server's --tasks-dir.")
+    model: str = Field(min_length=3, max_length=200, description="PROVIDER:MODEL, e.g. sim:claude-sonnet-4-5.")
+    max_cost: Decimal | None = Field(default=None, gt=0, le=MAX_RUN_COST, description="Hard cap in USD, carved from the tenant's budget.")
+    max_steps: int = Field(default=50, ge=1, le=10_000)
+    policy: str = Field(default="auto", max_length=100, description="Context policy: auto | none | mask[:W] | summarize[:TOKENS].")
+    sim_policy: str | None = Field(default=None, max_length=500, description="For sim: models; replay: is refused.")
+    sim_latency: float = Field(default=0.0, ge=0, le=600, allow_inf_nan=False)
+    webhook: str | None = Field(default=None, max_length=2000, description="URL that receives signed status changes.")
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=50)
+    confirm_tools: list[Literal["bash", "read_file", "write_file", "edit_file", "memory"]] = Field(
+        default_factory=list, description="Tools whose every call waits for a person's approval (requires_action)."
+    )
+
+
+class RunPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_cost: Decimal = Field(gt=0, le=MAX_RUN_COST, description="A larger cap; a run paused at its cap resumes.")
+
+
+class Decision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    call_id: str = Field(pattern=r"^act-[0-9]{1,9}$", description="The pending action's call_id.")
+    decision: Literal["approve", "reject"]
+    message: str | None = Field(default=None, max_length=10_000, description="Said to the agent with the decision.")
+
+
+class Usage(BaseModel):
+    input_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+class RunOut(BaseModel):
+    id: str
+    tenant: str
+    task: str
+    model: str
+    status: str
+    stop_reason: str | None
+    steps: int
+    usage: Usage
+    cost_usd: str = Field(description="Decimal USD as a string, or 'unknown'.")
+    reward: float | None
+    error: str | None
+    cancel_requested: bool
+    pending_action: dict[str, Any] | None = Field(
+        default=None, description="The call awaiting a decision, with wait_cost: when the prompt cache expires and what that costs."
+    )
+    metadata: dict[str, str]
+    created_at: str
+    updated_at: str
+
+    @classmethod
+    def of(cls, run: ServiceRun, pending_action: dict[str, Any] | None = None) -> RunOut:
+        usage: dict[str, Any] = {k: run.usage.get(k, 0) for k in Usage.model_fields}
+        return cls(
+            id=run.id,
+            tenant=run.tenant,
+            task=run.task,
+            model=run.model,
+            status=run.status,
+            stop_reason=run.stop_reason,
+            steps=run.steps,
+            usage=Usage(**usage),
+            cost_usd=run.cost_usd,
+            reward=run.reward,
+            error=run.error,
+            cancel_requested=run.cancel_requested,
+            pending_action=pending_action,
+            metadata=run.request.get("metadata") or {},
+            created_at=run.created_at,
+            updated_at=run.updated_at,
+        )
+
+
+class RunList(BaseModel):
+    data: list[RunOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last.")
+
+
+class MessageIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    content: str = Field(min_length=1, max_length=100_000, description="Said to the agent; it reads it at its next step.")
+
+
+class MessageOut(BaseModel):
+    run_id: str
+    n: int = Field(description="The message's number in the run, from 1.")
+
+
+class TaskOut(BaseModel):
+    name: str
+    files: int
+
+
+class ActionList(BaseModel):
+    data: list[dict[str, Any]]
+
+
+class Ledger(BaseModel):
+    run_id: str
+    ledger: list[dict[str, Any]]

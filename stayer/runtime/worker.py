@@ -1,0 +1,341 @@
+"""``stayer worker``: claim runs from the queue and run them, many at once, with leases.
+
+A worker is an asyncio loop with ``concurrency`` slots. For each free slot it claims the
+oldest queued run (or a running one whose worker died: its lease expired) and runs it
+through the same code as ``stayer run`` (``eval.trial.prepare`` / ``execute``) on the
+shared journal, so a run another worker started is resumed from its journal, exactly and
+without paying again for its model calls. While a run executes, a heartbeat renews the
+lease and reads the cancel flag; a cancelled run stops at its next step, and what it spent
+is on its ledger and its result. Before a run starts, its cap is held in its tenant's
+budget (``tenants``); a run that does not fit waits as ``paused``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import sys
+import traceback
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from stayer.agent import LedgerEntry, RunResult
+from stayer.errors import BudgetReached, ConfigError, OrderlyStop
+from stayer.journal import JournalError, open_store
+from stayer.journal.lease import new_owner
+from stayer.journal.sql import SqlStore
+from stayer.pricing import PriceBook
+from stayer.runtime.actions import (
+    Actions,
+    Gate,
+    RunSuspended,
+    close_journal,
+    last_context_tokens,
+    note_in_journal,
+    pause_price,
+)
+from stayer.runtime.db import CANCELLED, ERROR, PAUSED, REQUIRES_ACTION, ServiceDB, ServiceRun
+from stayer.runtime.tenants import TenantBudgets, open_budget_store
+from stayer.runtime.uploads import uploads_dir
+from stayer.runtime.webhooks import Webhooks
+
+TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class RunCancelled(OrderlyStop):
+    """Raised at a step boundary of a run whose cancel was requested."""
+
+
+def resolve_task(tasks_dir: Path, name: str, uploads: Path | None = None) -> Path:
+    """The task ``name``: the tenant's upload of that name (in ``uploads``), else the one
+    in the server's ``tasks_dir``; never a path outside them."""
+    if not TASK_NAME.fullmatch(name) or name in (".", ".."):
+        raise ConfigError(f"task {name!r}: a task name is letters, digits, '.', '_' and '-'")
+    for root in (uploads, tasks_dir):
+        if root is None or not root.is_dir():
+            continue
+        base = root.resolve()
+        path = (base / name).resolve()
+        if path.parent == base and (path / "instruction.md").is_file():
+            return path
+    raise ConfigError(f"task {name!r}: no such task (upload it with POST /v1/tasks, or ask for one in the server's tasks)")
+
+
+def usage_totals(entries: list[LedgerEntry]) -> dict[str, Any]:
+    """Usage of the run so far, for the run's row (the journal holds the exact ledger)."""
+    result = RunResult(status="running")
+    for e in entries:
+        result.usage += e.usage
+    return result.usage.to_dict()
+
+
+class Worker:
+    def __init__(
+        self,
+        home: Path,
+        tasks_dir: Path,
+        *,
+        concurrency: int = 4,
+        lease_ttl_s: float = 30.0,
+        poll_s: float = 0.2,
+        sandbox: str = "bwrap",
+        webhooks: Webhooks | None = None,
+        log: Callable[[str], None] | None = None,
+        otlp: str | None = None,
+    ) -> None:
+        self.home = Path(home)
+        self.tasks_dir = Path(tasks_dir)
+        self.concurrency = concurrency
+        self.lease_ttl_s = lease_ttl_s
+        self.poll_s = poll_s
+        self.sandbox = sandbox
+        self.name = new_owner()
+        self.webhooks = webhooks or Webhooks()
+        self.log = log or (lambda msg: print(f"stayer worker: {msg}", file=sys.stderr))
+        store = open_store(self.home)
+        assert isinstance(store, SqlStore)
+        self.store = store
+        self.db = ServiceDB(store)
+        self.actions = Actions(store)
+        self.budgets = TenantBudgets(open_budget_store(self.home))
+        self.prices = PriceBook.load()
+        self.running: dict[str, asyncio.Task[None]] = {}
+        from stayer.telemetry.metrics import WorkerMetrics
+
+        self.metrics = WorkerMetrics()
+        self.tracing: Any = None  # an OpenTelemetry TracerProvider, when traces are configured
+        from stayer.telemetry import tracing_configured
+
+        if tracing_configured(otlp):
+            from stayer.telemetry.tracing import provider
+
+            self.tracing = provider(otlp, service_name="stayer-worker")
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Claim and run until ``stop`` is set; then let the runs in hand finish."""
+        try:
+            while not stop.is_set():
+                if len(self.running) < self.concurrency:
+                    claimed = self.db.claim_next(self.name, self.lease_ttl_s)
+                    if claimed is not None:
+                        task = asyncio.create_task(self._guarded(claimed))
+                        self.running[claimed.id] = task
+                        task.add_done_callback(lambda _t, rid=claimed.id: self.running.pop(rid, None))
+                        continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_s)
+            if self.running:
+                await asyncio.gather(*self.running.values(), return_exceptions=True)
+        finally:
+            await self.webhooks.aclose()
+            if self.tracing is not None:
+                self.tracing.shutdown()
+            self.store.close()
+
+    async def _guarded(self, run: ServiceRun) -> None:
+        self.metrics.active.inc()
+        try:
+            await self._run(run)
+        except Exception as e:  # a bug must not take the worker (and its other runs) down
+            self.log(f"run {run.id} failed in the worker: {e}\n{traceback.format_exc()}")
+            self._set(run, status=ERROR, stop_reason="error", error=f"{type(e).__name__}: {e}", release=True)
+        finally:
+            self.metrics.active.dec()
+
+    def _set(self, run: ServiceRun, *, release: bool = False, **values: Any) -> None:
+        if self.db.update(run.id, self.name, release=release, **values) and "status" in values:
+            self._notify(run, values["status"], values.get("stop_reason"))
+
+    def _notify(self, run: ServiceRun, status: str, stop_reason: str | None) -> None:
+        url = run.request.get("webhook")
+        secret = self.db.webhook_secret(run.tenant)
+        if url and secret:
+            self.webhooks.send(url, secret, {"type": "run.status", "run_id": run.id, "status": status, "stop_reason": stop_reason})
+
+    def _hold_budget(self, run: ServiceRun) -> Decimal | None | bool:
+        """The run's cap, held from its tenant's budget; False when it does not fit.
+
+        The cap is ``run_cap`` (set when the run was first admitted, or raised since by a
+        person) or the request's ``max_cost``; the hold is grown to it in one transaction
+        (``TenantBudgets.regrow``), so a raised cap is covered before the run uses it."""
+        asked = run.run_cap or run.request.get("max_cost")
+        cap = Decimal(asked) if asked is not None else None
+        account = self.budgets.account(run.tenant)
+        if account.cap is None and run.budget_hold is None:
+            if cap is not None and run.run_cap is None:
+                self.db.update(run.id, self.name, run_cap=str(cap))
+                run.run_cap = str(cap)
+            return cap
+        if cap is None:
+            cap = account.available
+        if run.budget_hold is not None and run.held == str(cap):
+            return cap
+        hold = self.budgets.regrow(run.tenant, run.budget_hold, cap) if cap is not None and cap > 0 else None
+        if hold is None:
+            return False
+        self.db.update(run.id, self.name, budget_hold=hold, held=str(cap), run_cap=str(cap))
+        run.budget_hold, run.held, run.run_cap = hold, str(cap), str(cap)
+        return cap
+
+    async def _run(self, run: ServiceRun) -> None:
+        from stayer.eval.resume import prepare_resume
+        from stayer.eval.trial import Controls, Inbox, RunConfig, execute, prepare
+
+        if run.cancel_requested:
+            self._finish(run, close_idle_journal(self.store, run.id, CANCELLED, "cancelled"))
+            return
+        cap = self._hold_budget(run)
+        if cap is False:
+            self._set(run, status=PAUSED, stop_reason="budget_reached", paused_on="tenant", release=True)
+            return
+        self._notify(run, "running", None)
+        req = run.request
+        try:
+            if self.store.run(run.id) is None:
+                config = RunConfig(
+                    task_dir=str(resolve_task(self.tasks_dir, run.task, uploads_dir(self.home, run.tenant))),
+                    model=run.model,
+                    max_steps=int(req.get("max_steps") or 50),
+                    max_cost=cap if isinstance(cap, Decimal) else None,
+                    run_id=run.id,
+                    sim_policy=req.get("sim_policy"),
+                    sim_latency=float(req.get("sim_latency") or 0.0),
+                    sandbox=self.sandbox,
+                    policy=req.get("policy") or "auto",
+                )
+                prepared, journal = prepare(config, self.prices, store=self.store), None
+            else:
+                prepared, journal = prepare_resume(run.id, store=self.store, prices=self.prices)
+        except ConfigError as e:  # RunFinished included: its result is taken as it is
+            result = getattr(e, "result", None)
+            if result is not None:
+                self._finish(run, result)
+            else:
+                self._set(run, status=ERROR, stop_reason="error", error=str(e), release=True)
+            return
+
+        entries: list[LedgerEntry] = []
+        cancel = asyncio.Event()
+
+        def on_step(entry: LedgerEntry) -> None:
+            entries.append(entry)
+            self.metrics.on_step(entry)
+            cost = sum((e.cost.total for e in entries if e.cost.total is not None), Decimal(0))
+            self.db.update(run.id, self.name, steps=entry.step, cost_usd=str(cost), usage=_json(usage_totals(entries)))
+            if cancel.is_set():
+                raise RunCancelled
+
+        confirm = req.get("confirm_tools") or []
+        gate = Gate(self.actions, run.id, confirm) if confirm else None
+        controls = Controls(
+            gate=gate,
+            inbox=Inbox(lambda after: self.db.messages_after(run.id, after)),
+            pause_at_cap=True,
+            cap=lambda: cap if isinstance(cap, Decimal) else None,  # as held at admission
+        )
+        if self.tracing is not None:
+            from stayer.telemetry.tracing import execute_traced
+
+            running = execute_traced(prepared, on_step, self.tracing, journal=journal, controls=controls)
+        else:
+            running = execute(prepared, on_step, journal=journal, controls=controls)
+        execution = asyncio.create_task(running)
+        beat = asyncio.create_task(self._heartbeat(run, cancel, execution))
+        try:
+            doc = await execution
+        except RunCancelled:
+            doc = close_idle_journal(self.store, run.id, CANCELLED, "cancelled")
+        except RunSuspended as s:
+            self._await_decision(run, prepared.model, s)
+            return
+        except BudgetReached as e:
+            note_in_journal(self.store, run.id, [("suspended", {"status": PAUSED, "reason": "budget_reached", "detail": str(e)})])
+            self._set(run, status=PAUSED, stop_reason="budget_reached", paused_on="run", release=True)
+            return
+        except asyncio.CancelledError:
+            if not beat.done() or beat.result() != "lost":
+                raise
+            self.log(f"run {run.id}: lost its lease to another worker; stopped here")
+            return
+        except JournalError as e:
+            self._set(run, status=ERROR, stop_reason="error", error=str(e), release=True)
+            return
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+        self._finish(run, doc)
+
+    def _await_decision(self, run: ServiceRun, model: Any, suspended: RunSuspended) -> None:
+        """The run waits for a person: priced, journaled, and given up by this worker."""
+        action = suspended.action
+        price = pause_price(model, self.prices, last_context_tokens(self.store, run.id))
+        self.actions.set_price(run.id, action.n, price)
+        action.price = price
+        note_in_journal(
+            self.store,
+            run.id,
+            [("requires_action", action.to_dict()), ("suspended", {"status": REQUIRES_ACTION})],
+        )
+        self._set(run, status=REQUIRES_ACTION, stop_reason=REQUIRES_ACTION, release=True)
+
+    async def _heartbeat(self, run: ServiceRun, cancel: asyncio.Event, execution: asyncio.Task[Any]) -> str:
+        while True:
+            await asyncio.sleep(min(self.lease_ttl_s / 3, 1.0))
+            ours, cancel_requested = self.db.renew(run.id, self.name, self.lease_ttl_s)
+            if not ours:
+                self.metrics.leases_lost.inc()
+                execution.cancel()
+                return "lost"
+            if cancel_requested:
+                cancel.set()
+
+    def _finish(self, run: ServiceRun, doc: dict[str, Any]) -> None:
+        settle_hold(self.budgets, run, doc)
+        self._set(
+            run,
+            status=doc["status"],
+            stop_reason=doc.get("stop_reason") or None,
+            steps=int(doc.get("steps") or 0),
+            cost_usd=doc.get("cost_usd", "0"),
+            reward=doc.get("reward"),
+            error=doc.get("error"),
+            usage=_json(doc.get("usage") or {}),
+            release=True,
+        )
+
+
+def settle_hold(budgets: TenantBudgets, run: ServiceRun, doc: dict[str, Any]) -> None:
+    """Settle the run's hold on its tenant's budget at what the run spent (its whole cap
+    when a price was unknown: the tenant is never charged less than it may have spent)."""
+    if run.budget_hold is not None:
+        cost = doc.get("cost_usd", "0")
+        budgets.settle(run.budget_hold, Decimal(cost) if cost != "unknown" else Decimal(run.run_cap or 0))
+
+
+def close_idle_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -> dict[str, Any]:
+    """The result of a run ended while no process runs it: its journal is closed with
+    what it spent (a run that never started has spent nothing)."""
+    from stayer.eval.trial import stayer_home, write_result
+    from stayer.journal import RunFinished, RunJournal
+
+    if store.run(run_id) is None:
+        return {"status": status, "stop_reason": stop_reason, "steps": 0, "cost_usd": "0", "usage": {}}
+    try:
+        RunJournal.load(store, run_id)
+    except RunFinished as e:
+        return e.result
+    doc = close_journal(store, run_id, status, stop_reason)
+    run_dir = stayer_home() / "runs" / run_id
+    if run_dir.is_dir():
+        write_result(run_dir, doc)
+    return doc
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, separators=(",", ":"))

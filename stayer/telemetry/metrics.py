@@ -1,0 +1,137 @@
+"""Prometheus metrics of the runtime (``prometheus-client``), named by its conventions:
+base units (USD, seconds, tokens), ``_total`` for counters, no run ids on counters.
+
+Two sources, so that every figure has one owner:
+
+* ``ServiceCollector`` (``stayer serve``'s ``/metrics``) reads the runtime's tables at
+  scrape time: cost and tokens by tenant, model and task (what the runs' ledgers add up
+  to, exactly, whichever worker ran them and however often processes restarted), runs by
+  status, tenants' budgets, runs waiting for a person. Every API process of one database
+  reports the same totals: scrape one, or aggregate with ``max``, not ``sum``.
+* ``WorkerMetrics`` (``stayer worker --metrics-port``, and the embedded worker of
+  ``serve``) observes steps as they happen: step latency and cost histograms, cache breaks
+  by reason (from the forensics), compactions' savings, leases lost.
+
+Token kinds: ``input_uncached``, ``cache_read``, ``cache_write``, ``output``,
+``reasoning`` (part of ``output``, as in the ledger: do not add the two).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+TOKEN_KINDS = ("input_uncached", "cache_read", "cache_write", "output", "reasoning")
+# Buckets of one step's cost in USD: a cent's fractions up to a few dollars.
+COST_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def token_counts(usage: dict[str, Any]) -> dict[str, int]:
+    """A ledger usage document as the exported token kinds."""
+    read = int(usage.get("cache_read_tokens", 0))
+    write = int(usage.get("cache_write_tokens", 0))
+    total_in = int(usage.get("input_tokens", 0))
+    return {
+        "input_uncached": max(total_in - read - write, 0),
+        "cache_read": read,
+        "cache_write": write,
+        "output": int(usage.get("output_tokens", 0)),
+        "reasoning": int(usage.get("reasoning_tokens", 0)),
+    }
+
+
+class ServiceCollector:
+    """Computed from the runtime's tables at each scrape (see the module docstring)."""
+
+    def __init__(self, db: Callable[[], Any], budgets: Callable[[], Any]) -> None:
+        self.db = db  # () -> ServiceDB of the calling thread
+        self.budgets = budgets  # () -> TenantBudgets
+
+    def describe(self) -> list[Metric]:
+        return []  # collected on demand; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        db = self.db()
+        cost = CounterMetricFamily("stayer_cost_usd", "Spend of the runtime's runs, as their ledgers add up", labels=["tenant", "model", "task"])
+        tokens = CounterMetricFamily("stayer_tokens", "Tokens of the runtime's runs by kind", labels=["tenant", "model", "task", "kind"])
+        unpriced = CounterMetricFamily("stayer_unpriced_runs", "Runs with a step whose price is unknown (not in stayer_cost_usd_total)", labels=["tenant", "model"])
+        runs = GaugeMetricFamily("stayer_runs", "Runs by status", labels=["tenant", "status"])
+        cost_by: dict[tuple[str, str, str], Decimal] = defaultdict(Decimal)
+        tokens_by: dict[tuple[str, str, str, str], int] = defaultdict(int)
+        unpriced_by: dict[tuple[str, str], int] = defaultdict(int)
+        status_by: dict[tuple[str, str], int] = defaultdict(int)
+        for r in db.all_runs():
+            key = (r.tenant, r.model, r.task)
+            if r.cost_usd == "unknown":
+                unpriced_by[(r.tenant, r.model)] += 1
+            else:
+                cost_by[key] += Decimal(r.cost_usd)
+            for kind, n in token_counts(r.usage).items():
+                tokens_by[(*key, kind)] += n
+            status_by[(r.tenant, r.status)] += 1
+        for k, v in sorted(cost_by.items()):
+            cost.add_metric(list(k), float(v))
+        for k2, n in sorted(tokens_by.items()):
+            tokens.add_metric(list(k2), n)
+        for k3, n in sorted(unpriced_by.items()):
+            unpriced.add_metric(list(k3), n)
+        for k4, n in sorted(status_by.items()):
+            runs.add_metric(list(k4), n)
+        yield from (cost, tokens, unpriced, runs)
+
+        cap = GaugeMetricFamily("stayer_tenant_budget_usd", "A tenant's budget (absent: unlimited)", labels=["tenant"])
+        spent = GaugeMetricFamily("stayer_tenant_spent_usd", "What a tenant's finished runs spent", labels=["tenant"])
+        held = GaugeMetricFamily("stayer_tenant_held_usd", "Held for a tenant's admitted runs (their caps)", labels=["tenant"])
+        left = GaugeMetricFamily("stayer_tenant_budget_remaining_usd", "A tenant's budget not spent or held", labels=["tenant"])
+        budgets = self.budgets()
+        for name, _created in db.tenants():
+            a = budgets.account(name)
+            spent.add_metric([name], float(a.spent))
+            held.add_metric([name], float(a.reserved))
+            if a.cap is not None:
+                cap.add_metric([name], float(a.cap))
+                left.add_metric([name], float(a.available))
+        yield from (cap, spent, held, left)
+
+        run_left = GaugeMetricFamily("stayer_run_budget_remaining_usd", "Cap minus spend of runs not finished", labels=["tenant", "run_id"])
+        waiting = GaugeMetricFamily("stayer_requires_action_oldest_seconds", "How long the oldest run waiting for a person has waited", labels=["tenant"])
+        oldest: dict[str, float] = {}
+        for r in db.active_runs():
+            if r.run_cap is not None and r.cost_usd != "unknown":
+                run_left.add_metric([r.tenant, r.id], float(Decimal(r.run_cap) - Decimal(r.cost_usd)))
+            if r.status == "requires_action":
+                oldest[r.tenant] = max(oldest.get(r.tenant, 0.0), db.seconds_since(r.updated_at))
+        for tenant, seconds in sorted(oldest.items()):
+            waiting.add_metric([tenant], seconds)
+        yield from (run_left, waiting)
+
+
+class WorkerMetrics:
+    """What a worker observes as steps happen, in its own registry (no global state)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.step_latency = Histogram("stayer_step_latency_seconds", "Model call latency per step", ["model"], registry=r)
+        self.step_cost = Histogram("stayer_step_cost_usd", "Cost of one step", ["model"], buckets=COST_BUCKETS, registry=r)
+        self.cache_breaks = Counter("stayer_cache_breaks", "Steps whose prompt missed the cache, by the forensics' reason", ["reason"], registry=r)
+        self.compaction_saved = Counter("stayer_compaction_tokens_saved", "Context tokens removed by compactions", registry=r)
+        self.leases_lost = Counter("stayer_worker_leases_lost", "Runs this worker lost to another (it stalled past its lease)", registry=r)
+        self.active = Gauge("stayer_worker_runs_active", "Runs this worker is executing", registry=r)
+
+    def on_step(self, entry: Any) -> None:
+        """A ledger entry (``agent.LedgerEntry``) of a step just made."""
+        model = entry.model
+        self.step_latency.labels(model).observe(entry.latency_s)
+        if entry.cost.total is not None:
+            self.step_cost.labels(model).observe(float(entry.cost.total))
+        if entry.cache_break:
+            self.cache_breaks.labels(str(entry.cache_break.get("reason", "unknown"))).inc()
+        if entry.compaction:
+            saved = int(entry.compaction.get("tokens_before", 0)) - int(entry.compaction.get("tokens_after", 0))
+            self.compaction_saved.inc(max(saved, 0))
