@@ -87,6 +87,9 @@ class TimedModel:
     """The adapter, with the time of each ``complete`` recorded (request building, SDK,
     the transport, reply parsing)."""
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
     def __init__(self, inner: AnthropicModel) -> None:
         self.inner = inner
         self.spec, self.provider, self.model_id = inner.spec, inner.provider, inner.model_id
@@ -156,20 +159,53 @@ def history_of(tokens: int, counter: MessageCounter) -> list[Message]:
     return msgs
 
 
-async def measure(context_tokens: int, steps: int, files: int, prices: PriceBook) -> dict[str, Any]:
+class NullExporter:
+    """Where spans go in the tracing-on runs: accepted and dropped, so the figure is what
+    tracing costs the loop (span creation, attributes, the batch queue), not a network."""
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def tracer_for(prices: PriceBook) -> Any:
+    """stayer's run tracer (the ``otel`` extra) over a batch processor and a null exporter."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from stayer.telemetry.tracing import RunTracer
+
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(NullExporter()))
+    return tp, RunTracer(tp, prices, "bench")
+
+
+async def measure(context_tokens: int, steps: int, files: int, prices: PriceBook, tracing: bool = False) -> dict[str, Any]:
     counter = MessageCounter(TiktokenCounter())  # fresh: each size counts its own content
     history = history_of(context_tokens, counter)
     network = InstantAnthropic()
     client = anthropic.AsyncAnthropic(
         api_key="bench", http_client=httpx.AsyncClient(transport=httpx.MockTransport(network.handle))
     )
-    model = TimedModel(AnthropicModel("claude-sonnet-4-5", client=client))
+    model: Any = TimedModel(AnthropicModel("claude-sonnet-4-5", client=client))
+    tp, tracer = tracer_for(prices) if tracing else (None, None)
     with tempfile.TemporaryDirectory(prefix="stayer-bench-ws-") as tmp:
         workspace = Path(tmp)
         tool = EditingTool(workspace, make_workspace(workspace, files))
         probe = TimedProbe(TreeFingerprint(workspace))
+        timed = model
+        tools: list[Any] = [tool]
+        if tracer is not None:  # the tracer's wrappers sit outside the timed parts: their cost counts
+            model, tools = tracer.model(model), tracer.tools(tools)
         agent = Agent(
-            model, [tool], prices, ToolContext(sandbox=None, workspace=str(workspace)),  # type: ignore[arg-type]
+            model, tools, prices, ToolContext(sandbox=None, workspace=str(workspace)),  # type: ignore[arg-type]
             counter,
             # Every step a working step (no wrap-up), so that every step fingerprints.
             Limits(max_steps=steps, max_cost=Decimal("1000000"), guard=GuardConfig(soft_fraction=1.0, wrapup_steps=0)),
@@ -179,15 +215,22 @@ async def measure(context_tokens: int, steps: int, files: int, prices: PriceBook
         last = [time.perf_counter(), 0.0, 0.0, 0.0]
 
         def on_step(entry: Any) -> None:
+            if tracer is not None:
+                tracer.on_step(entry)
             now = time.perf_counter()
             inside = network.seconds + tool.seconds
-            request = model.seconds - network.seconds
+            request = timed.seconds - network.seconds
             total = (now - last[0]) - (inside - last[1])
             rows.append((total, request - last[2], probe.seconds - last[3], entry.context_tokens))
             last[:] = [now, inside, request, probe.seconds]
 
         agent.on_step = on_step
-        result = await agent.run("Benchmark task.", "bench", history=history)
+        if tracer is not None:
+            with tracer.run_span("bench", "claude-sonnet-4-5"):
+                result = await agent.run("Benchmark task.", "bench", history=history)
+            tp.shutdown()
+        else:
+            result = await agent.run("Benchmark task.", "bench", history=history)
         await client.close()
     warm = rows[1:]  # the first step also builds the context from the history
     if result.stop_reason != "max_steps" or not warm:
@@ -199,6 +242,7 @@ async def measure(context_tokens: int, steps: int, files: int, prices: PriceBook
                 "p90": ordered[int(len(ordered) * 0.9)] * 1000}
 
     return {
+        "tracing": tracing,
         "context_tokens": context_tokens,
         "context_tokens_seen": [min(r[3] for r in warm), max(r[3] for r in warm)],
         "messages": len(history),
@@ -216,13 +260,35 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--files", type=int, default=10_000, help="Workspace files (default 10000).")
     ap.add_argument("--sizes", default="10000,100000,1000000", help="Context sizes in tokens.")
+    ap.add_argument("--tracing", action="store_true",
+                    help="Also run each size with OpenTelemetry tracing on (batch processor), interleaved with off.")
     ap.add_argument("--json", action="store_true", help="Print one JSON document of the figures.")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     prices = PriceBook.load()
     asyncio.run(measure(10_000, 5, 100, prices))  # warm-up: imports, price lookups
-    results = [asyncio.run(measure(size, args.steps, args.files, prices)) for size in sizes]
+    if args.tracing:
+        asyncio.run(measure(10_000, 5, 100, prices, tracing=True))
+    results, tracing = [], []
+    for size in sizes:
+        if not args.tracing:
+            results.append(asyncio.run(measure(size, args.steps, args.files, prices)))
+            continue
+        # Off and on, interleaved twice, so that the machine's load falls on both alike.
+        pair = {False: [], True: []}
+        for on in (False, True, False, True):
+            pair[on].append(asyncio.run(measure(size, args.steps, args.files, prices, tracing=on)))
+        results += pair[False] + pair[True]
+        best = {on: min(pair[on], key=lambda r: r["total_ms"]["median"]) for on in (False, True)}
+        tracing.append({
+            "context_tokens": size,
+            "off_ms": {k: min(r["total_ms"][k] for r in pair[False]) for k in ("min", "median")},
+            "on_ms": {k: min(r["total_ms"][k] for r in pair[True]) for k in ("min", "median")},
+            "overhead_ms": {k: best[True]["total_ms"][k] - best[False]["total_ms"][k] for k in ("min", "median")},
+        })
     doc = {"bench": "overhead", "loadavg": os.getloadavg(), "results": results}
+    if tracing:
+        doc["tracing"] = tracing
     if args.json:
         print(json.dumps(doc, indent=2))
         return
@@ -235,6 +301,9 @@ def main() -> None:
         seen = f"{r['context_tokens_seen'][0]:,}–{r['context_tokens_seen'][1]:,}"
         print(f"{r['context_tokens']:>10,} {seen:>19} {r['workspace_files']:>6} {r['steps']:>5} {cols}")
     print("target: < 2 ms/step at 100K tokens, < 10 ms/step at 1M (with 10K workspace files)")
+    for t in doc.get("tracing", []):
+        print(f"tracing at {t['context_tokens']:,}: off {t['off_ms']['median']:.3f} ms, on {t['on_ms']['median']:.3f} ms "
+              f"(median); overhead {t['overhead_ms']['median']:.3f} ms (min-to-min {t['overhead_ms']['min']:.3f}); target < 0.5 ms")
 
 
 if __name__ == "__main__":
