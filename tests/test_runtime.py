@@ -526,3 +526,17 @@ def test_the_api_restarts_without_affecting_runs(env: Env, tasks: Path) -> None:
             second.process.kill()
     finally:
         worker.kill()
+
+
+def test_request_bodies_are_bounded(server) -> None:
+    key = server.env.tenant(name())["api_key"]
+    with server.client(key) as c:
+        huge = {"task": "hello-file", "model": SIM, "metadata": {"k": "x" * (2 << 20)}}
+        assert c.post("/v1/runs", json=huge).status_code == 413
+
+        def chunks():  # no Content-Length: counted as it streams
+            for _ in range(40):
+                yield b"x" * 65536
+
+        assert c.post("/v1/runs", content=chunks(), headers={"Content-Type": "application/json"}).status_code == 413
+        assert c.get("/v1/runs").json()["data"] == []

@@ -64,6 +64,55 @@ SECURITY_HEADERS = {
 }
 
 
+#: The largest request body; a task archive (POST /v1/tasks) may be as large as its own cap.
+MAX_BODY = 1 << 20
+
+
+class BodyLimit:
+    """Refuses (413) a request body over its limit, declared or streamed, before the app
+    sees it: a tenant cannot make the server buffer gigabytes of JSON. The body is read
+    here (up to the limit) and handed on whole."""
+
+    def __init__(self, app: Any, limits: dict[str, int], default: int = MAX_BODY) -> None:
+        self.app, self.limits, self.default = app, limits, default
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        limit = self.limits.get(scope["path"], self.default)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            return await _too_large(send, limit)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return await _too_large(send, limit)
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        body, sent = b"".join(chunks), False
+
+        async def replay() -> Any:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _too_large(send: Any, limit: int) -> None:
+    body = f'{{"detail":"request body over {limit} bytes"}}'.encode()
+    await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
 class Databases:
     """One ``ServiceDB`` (with the actions table and the tenants' budgets) per thread,
     opened on first use."""
@@ -147,6 +196,8 @@ def create_app(
             raise HTTPException(404, f"no run {run_id!r}")
         return run
 
+    app.add_middleware(BodyLimit, limits={"/v1/tasks": MAX_ARCHIVE_BYTES})
+
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Any) -> Any:
         response = await call_next(request)
@@ -213,12 +264,8 @@ def create_app(
     ) -> TaskOut:
         """Upload a task (the request body: a tar.gz in the Harbor layout) as ``name``;
         runs of this tenant may then name it."""
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_ARCHIVE_BYTES:
-                raise HTTPException(413, f"archive: larger than {MAX_ARCHIVE_BYTES // 2**20} MiB")
-        path = await run_in_threadpool(unpack_task, bytes(body), home, tenant, name)
+        body = await request.body()  # at most MAX_ARCHIVE_BYTES: BodyLimit saw to it
+        path = await run_in_threadpool(unpack_task, body, home, tenant, name)
         return TaskOut(name=name, files=sum(1 for p in path.rglob("*") if p.is_file()))
 
     @app.get("/v1/runs", response_model=RunList)
