@@ -434,6 +434,48 @@ def test_codex_rollout_from_documented_format() -> None:
     assert Decimal(session["cost_usd"]) == want
 
 
+def codex_usage(inp: int, cached: int = 0, out: int = 0, reasoning: int = 0) -> dict[str, int]:
+    return {"input_tokens": inp, "cached_input_tokens": cached, "output_tokens": out,
+            "reasoning_output_tokens": reasoning, "total_tokens": inp + out}
+
+
+def codex_token_count(at: float, total: Any, last: Any = None) -> dict[str, Any]:
+    info: dict[str, Any] = {"model_context_window": 272000, "total_token_usage": total}
+    if last is not None:
+        info["last_token_usage"] = last
+    return {"timestamp": ts(at), "type": "event_msg", "payload": {"type": "token_count", "info": info}}
+
+
+CODEX_START = [
+    {"timestamp": ts(0), "type": "session_meta", "payload": {"id": "0199a1b2-0000-7000-8000-00000000c0de", "cwd": "/w"}},
+    {"timestamp": ts(0), "type": "turn_context", "payload": {"model": "gpt-5"}},
+]
+
+
+@pytest.mark.parametrize("bad_total", [None, "25000", codex_usage(3_000), {**codex_usage(10_000), "input_tokens": None}],
+                         ids=["null", "string", "decreasing", "null_field"])
+@pytest.mark.parametrize("later_have_last", [True, False], ids=["with_last", "totals_only"])
+def test_codex_bad_running_total_counts_every_call_once(tmp_path: Path, bad_total: Any, later_have_last: bool) -> None:
+    """Three calls of 10,000 / 12,000 / 9,000 input tokens; the second event's running total
+    is broken (null, a string, lower than before), the third is given once more when only the
+    rate limits changed. Every call counts once: 31,000 input tokens, never 56,000."""
+    calls = [codex_usage(10_000, 0, 500), codex_usage(12_000, 9_000, 400), codex_usage(9_000, 8_000, 300)]
+    totals = [codex_usage(10_000, 0, 500), codex_usage(22_000, 9_000, 900), codex_usage(31_000, 17_000, 1_200)]
+    lines = [
+        *CODEX_START,
+        codex_token_count(1, totals[0], calls[0] if later_have_last else None),
+        codex_token_count(2, bad_total, calls[1]),
+        codex_token_count(3, totals[2], calls[2] if later_have_last else None),
+        codex_token_count(4, totals[2], calls[2] if later_have_last else None),  # rate limits only
+    ]
+    path = tmp_path / "2025" / "11" / "19" / "rollout-2025-11-19T22-00-00-0199a1b2-0000-7000-8000-00000000c0de.jsonl"
+    write_jsonl(path, lines)
+    session = only_session(audit(tmp_path))
+    u = session["usage"]
+    assert session["calls"] == 3
+    assert (u["input_tokens"], u["cache_read_tokens"], u["output_tokens"]) == (31_000, 17_000, 1_200)
+
+
 def test_stayer_run_ledger_keeps_its_own_cache_break_verdicts(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)

@@ -21,6 +21,7 @@ counted here as the fork's own (ccusage tries to detect them).
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -31,6 +32,7 @@ from stayer.usage import Usage
 
 _UUID = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
 _FIELDS = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_output_tokens")
+_ZERO = (0,) * len(_FIELDS)
 UNKNOWN_MODEL = "(unknown model)"
 
 
@@ -80,7 +82,9 @@ class CodexImporter:
 
     def _read(self, lines: Iterable[bytes], out: ImportedSession) -> None:
         model = UNKNOWN_MODEL
-        previous_total: tuple[int, ...] | None = None
+        previous_info: Any = None
+        # The cumulative usage of the calls counted so far, as Codex's running total has it.
+        accounted: tuple[int, ...] | None = None
         compacted = False
         for line in lines:
             out.bytes += len(line)
@@ -115,23 +119,30 @@ class CodexImporter:
                 info = payload.get("info")
                 if info is None:
                     continue  # rate-limit update before the first response
+                if info == previous_info:
+                    continue  # repeated when only the rate limits changed
+                previous_info = info
                 ts = parse_ts(d.get("timestamp"))
                 total = _counts(info.get("total_token_usage")) if isinstance(info, dict) else None
                 last = _counts(info.get("last_token_usage")) if isinstance(info, dict) else None
                 if ts is None or (total is None and last is None):
                     out.skipped_lines += 1
                     continue
-                advanced = total is None or total != previous_total
-                if last is not None and advanced:
+                if total is not None and (accounted is None or all(map(operator.ge, total, accounted))):
+                    if total == accounted:
+                        continue  # nothing new since the calls already counted
+                    counts = last or tuple(map(operator.sub, total, accounted or _ZERO))
+                    accounted = total
+                elif last is not None:
+                    # A null, non-numeric or decreasing total is no base for the next
+                    # difference: the calls counted so far stay the base, or the call
+                    # after it would be counted again.
                     counts = last
-                elif total is not None and advanced:
-                    base = previous_total or (0,) * len(_FIELDS)
-                    counts = tuple(max(a - b, 0) for a, b in zip(total, base, strict=True))
+                    accounted = tuple(map(operator.add, accounted or _ZERO, last))
                 else:
-                    counts = None
-                if total is not None:
-                    previous_total = total
-                if counts is None or not any(counts):
+                    out.skipped_lines += 1
+                    continue
+                if not any(counts):
                     continue
                 inp, cached, output, reasoning = counts
                 if cached > inp or reasoning > output:

@@ -30,6 +30,7 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from stayer.audit.analysis import SessionReport, Tally, money
 
@@ -151,11 +152,12 @@ def _table(
     t.add_column(header[0], overflow="ellipsis", no_wrap=True, max_width=max(8, min(widths[0], room)))
     for col, w in zip(header[1:], widths[1:], strict=True):
         t.add_column(col, justify="right", no_wrap=True, min_width=w)
+    # Cells are text, never markup: session ids, projects and model names come from the logs.
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*map(Text, r))
     if footer:
         t.add_section()
-        t.add_row(*footer)
+        t.add_row(*map(Text, footer))
     return t
 
 
@@ -187,9 +189,11 @@ def render(report: AuditReport, console: Console, limit: int = 30) -> None:
     console.print(_table(console.width, f"stayer audit · {title}", header, rows, _tally_row("total", total)))
     if total.unpriced_calls:
         console.print(
-            f"[yellow]{total.unpriced_calls} calls have no price data "
-            f"({', '.join(sorted(total.unpriced_models))}); priced part {_usd(total.cost_priced)}[/]",
-            highlight=False,
+            Text(
+                f"{total.unpriced_calls} calls have no price data "
+                f"({', '.join(sorted(total.unpriced_models))}); priced part {_usd(total.cost_priced)}",
+                style="yellow",
+            )
         )
     breaks = sorted(
         ((s, b) for s in report.sessions for b in s.cache_breaks),

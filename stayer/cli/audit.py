@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.text import Text
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json, stderr
+from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json, stderr
 from stayer.errors import ConfigError
 
 
@@ -52,11 +52,14 @@ def audit(
     from stayer.audit.engine import analyse_all, default_paths, discover
     from stayer.audit.report import GROUPS, build, render
     from stayer.pricing import PriceBook
+    from stayer.settings import ListSettings, check_flags
 
     if group not in GROUPS:
         bad_input(f"--group {group!r}: expected one of {', '.join(GROUPS)}")
-    if jobs is not None and jobs < 1:
-        bad_input(f"--jobs {jobs}: must be at least 1")
+    try:
+        check_flags(ListSettings, {"jobs": jobs})
+    except ConfigError as e:
+        bad_input(str(e))
     since_ts = _since(since)
     for p in paths or ():
         if not p.exists():
@@ -64,6 +67,8 @@ def audit(
     if html is not None:
         if html.is_dir() or not html.parent.is_dir():
             bad_input(f"--html {html}: expected a file path in an existing directory")
+        if not os.access(html.parent, os.W_OK | os.X_OK) or (html.exists() and not os.access(html, os.W_OK)):
+            bad_input(f"--html {html}: cannot write there (read-only)")
         from stayer.audit.html import check_available
 
         missing = check_available()
@@ -84,7 +89,8 @@ def audit(
         bad_input(f"{names}: not a Claude Code, Codex or stayer run log (.jsonl session or run result.json)")
     err = stderr()
     if paths and not found.refs:
-        err.print(f"[yellow]no agent logs found under {', '.join(str(p) for p in paths)}[/]", highlight=False)
+        where = ", ".join(str(p) for p in paths)
+        err.print(Text(f"no agent logs found under {where}", style="yellow"))
     report = build(
         analyse_all(found.refs, book, since=since_ts, keep_series=html is not None, jobs=jobs),
         group,
@@ -104,10 +110,10 @@ def audit(
             tmp.replace(html)
         finally:
             tmp.unlink(missing_ok=True)
-        err.print(f"wrote {html}", highlight=False)
+        err.print(Text(f"wrote {html}"))
     if json_out:
         emit_json(report.to_json())
         if err.is_terminal:  # a person is watching; a pipe gets just the document
             render(report, err)
     else:
-        render(report, Console())
+        render(report, console())

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json, parse_decimal
+from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json, parse_decimal, stderr
 from stayer.errors import ConfigError
 
 
@@ -27,12 +26,11 @@ def estimate(
     from stayer.estimate import estimate as run_estimate
     from stayer.estimate import rates_from_flags, render_estimate
     from stayer.pricing import PriceBook, Rates
+    from stayer.settings import EstimateSettings, check_flags
 
-    for flag, v in (("--steps", steps), ("--new-tokens", new_tokens), ("--output-tokens", output_tokens)):
-        if v < 0 or (flag == "--steps" and v < 1):
-            bad_input(f"{flag} {v}: must be {'at least 1' if flag == '--steps' else 'zero or more'}")
     flags = {"--price-miss": price_miss, "--price-hit": price_hit, "--price-out": price_out}
     try:
+        check_flags(EstimateSettings, {"steps": steps, "new_tokens": new_tokens, "output_tokens": output_tokens})
         if model is not None:
             if any(v is not None for v in (*flags.values(), price_write)):
                 bad_input("--model and --price-* flags: give one or the other")
@@ -48,17 +46,17 @@ def estimate(
             missing = [f for f, v in flags.items() if v is None]
             if missing:
                 bad_input(f"{', '.join(missing)}: required without --model (prices per million tokens)")
-            values = {f: parse_decimal(v, f) for f, v in flags.items()}
-            write = parse_decimal(price_write, "--price-write")
-            for f, v in (*values.items(), ("--price-write", write)):
-                if v is not None and v < 0:
-                    bad_input(f"{f} {v}: prices cannot be negative")
-            rates = rates_from_flags(values["--price-miss"], values["--price-hit"], values["--price-out"], write)
+            prices = {f.removeprefix("--").replace("-", "_"): parse_decimal(v, f) for f, v in flags.items()}
+            prices["price_write"] = parse_decimal(price_write, "--price-write")
+            p = check_flags(
+                EstimateSettings, {"steps": steps, "new_tokens": new_tokens, "output_tokens": output_tokens, **prices}
+            )
+            rates = rates_from_flags(p.price_miss, p.price_hit, p.price_out, p.price_write)
     except ConfigError as e:
         bad_input(str(e))
     result = run_estimate(steps, new_tokens, output_tokens, rates)
     if json_out:
         emit_json(result)
-        render_estimate(result, Console(stderr=True))
+        render_estimate(result, stderr())
     else:
-        render_estimate(result, Console())
+        render_estimate(result, console())

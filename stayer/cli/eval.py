@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from stayer.cli.common import (
     EXIT_BAD_INPUT,
@@ -21,7 +22,10 @@ from stayer.cli.common import (
     JsonFlag,
     app,
     bad_input,
+    check_writable_dir,
+    console,
     emit_json,
+    error_line,
     parse_decimal,
     stderr,
 )
@@ -30,9 +34,8 @@ from stayer.errors import ConfigError
 
 def report_problems(problems: list[str]) -> NoReturn:
     """Bad input with several problems: one line each on stderr, exit 2."""
-    err = stderr()
     for line in problems:
-        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        error_line(line)
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
@@ -75,25 +78,27 @@ def eval_command(
     from stayer.eval.summary import succeeded, summarise
     from stayer.eval.trial import prepare
     from stayer.pricing import PriceBook
+    from stayer.settings import EvalSettings, RunSettings, check_flags
 
     models = _split(model)
     if not models:
         bad_input("--model: give at least one model, e.g. --model sim:claude-sonnet-4-5")
     if len(set(models)) != len(models):
         bad_input(f"--model {model}: a model is listed twice")
-    if epochs < 1:
-        bad_input(f"--epochs {epochs}: must be at least 1")
-    if concurrency < 1:
-        bad_input(f"--concurrency {concurrency}: must be at least 1")
+    try:
+        check_flags(EvalSettings, {"epochs": epochs, "concurrency": concurrency})
+        cap = parse_decimal(max_cost, "--max-cost")
+        check_flags(RunSettings, {"max_steps": max_steps, "max_cost": cap, "sim_latency": sim_latency})
+    except ConfigError as e:
+        bad_input(str(e))
     out_dir = Path(out) if out else None
-    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
-        bad_input(f"--out {out}: exists and is not a directory")
+    if out_dir is not None:
+        check_writable_dir(out_dir, "--out")
     err = stderr()
     policies: list[str | None] = list(_split(policy)) or [None]
     if policy and not policy_supported():
         err.print("[yellow]warning:[/] --policy: this build has no context policies yet; recorded as 'none'")
         policies = [None]
-    cap = parse_decimal(max_cost, "--max-cost")
     configs = [
         EvalConfig(m, p, sim_policy, max_steps, cap, sandbox, sim_latency) for m in models for p in policies
     ]
@@ -121,7 +126,7 @@ def eval_command(
     counts = {"ok": 0, "fail": 0, "infra": 0, "reused": 0}
     progress = Progress(
         TextColumn("[bold]eval[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.description}"), console=Console(stderr=True), transient=False,
+        TextColumn("{task.description}"), console=stderr(), transient=False,
     )
 
     def on_done(trial: Any, record: dict[str, Any], reused: bool) -> None:
@@ -156,7 +161,7 @@ def eval_command(
         doc["report"] = str((out_dir / "report.html").resolve())
     if json_out:
         emit_json(doc)
-    _summary_table(doc, Console(stderr=json_out))
+    _summary_table(doc, console(stderr=json_out))
     raise typer.Exit(EXIT_FAILED if counts["infra"] else EXIT_OK)
 
 
@@ -202,12 +207,12 @@ def _summary_table(doc: dict[str, Any], console: Console) -> None:
     for c in doc["configs"]:
         k = max(c["pass_hat_k"], key=int)
         t.add_row(
-            c["label"], f"{c['successes']}/{c['trials']} = {f(c['success_rate'])}",
+            Text(c["label"]), f"{c['successes']}/{c['trials']} = {f(c['success_rate'])}",
             f"{f(c['ci_low'])}–{f(c['ci_high'])}", f"^{k} {f(c['pass_hat_k'][k])}",
             f"${c['mean_cost_usd']}", f"${c['cost_per_success_usd']}", str(c["infra_errors"]),
         )
     console.print(t)
     for x in doc["comparisons"]:
-        console.print(f"{x['b']['label']} vs {x['a']['label']}: Δ success {f(x['success_diff'])}, {x['verdict']}", highlight=False)
+        console.print(Text(f"{x['b']['label']} vs {x['a']['label']}: Δ success {f(x['success_diff'])}, {x['verdict']}"))
     if doc.get("report"):
-        console.print(f"report: {doc['report']}", highlight=False)
+        console.print(Text(f"report: {doc['report']}"))

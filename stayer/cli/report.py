@@ -6,10 +6,10 @@ from decimal import Decimal
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json
+from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json
 from stayer.errors import ConfigError
 
 
@@ -35,10 +35,10 @@ def report(
     if json_out:
         emit_json(doc)
         return
-    console = Console()
+    out = console()
     t = Table(
         "step", "input", "cache read", "cache write", "output", "cache %", "cost (USD)", "tools",
-        title=f"run {doc['run_id']} · {doc['task']} · {doc['model']} · {doc['status']}",
+        title=Text(f"run {doc['run_id']} · {doc['task']} · {doc['model']} · {doc['status']}"),
     )
     for e in doc["ledger"]:
         u = e["usage"]
@@ -48,7 +48,7 @@ def report(
             str(e["step"]), f"{u['input_tokens']:,}", f"{u['cache_read_tokens']:,}",
             f"{u['cache_write_tokens']:,}", f"{u['output_tokens']:,}", f"{e['cache_hit_ratio'] * 100:.1f}",
             cost + (" (est.)" if lost else ""),
-            "lost in flight" if lost else ",".join(c["name"] for c in e["tool_calls"]) or "-",
+            Text("lost in flight" if lost else ",".join(c["name"] for c in e["tool_calls"]) or "-"),
         )
     tot = doc["totals"]
     u = tot["usage"]
@@ -57,10 +57,9 @@ def report(
         "total", f"{u['input_tokens']:,}", f"{u['cache_read_tokens']:,}", f"{u['cache_write_tokens']:,}",
         f"{u['output_tokens']:,}", "", tot["cost_usd"], f"{tot['tool_calls']} tool calls",
     )
-    console.print(t)
+    out.print(t)
     j = doc["journal"]
-    console.print(
+    out.print(Text(
         f"{tot['model_calls']} model calls ({tot['lost_in_flight']} lost in flight, ${tot['lost_in_flight_cost_usd']}) · "
-        f"{j['events']} events · {j['resumes']} resume(s) · {j['blob_bytes']:,} blob bytes · {j['store']}",
-        highlight=False,
-    )
+        f"{j['events']} events · {j['resumes']} resume(s) · {j['blob_bytes']:,} blob bytes · {j['store']}"
+    ))

@@ -5,9 +5,18 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.text import Text
 
-from stayer.cli.common import EXIT_BAD_INPUT, JsonFlag, app, bad_input, emit_json, stderr
+from stayer.cli.common import (
+    EXIT_BAD_INPUT,
+    JsonFlag,
+    app,
+    bad_input,
+    console,
+    emit_json,
+    error_line,
+    stderr,
+)
 from stayer.cli.run import finish, step_printer, summary_table, traced
 from stayer.errors import ConfigError
 
@@ -26,17 +35,19 @@ def resume(
         prepared, journal = prepare_resume(run_id)
     except RunFinished as e:
         # Its result, as `stayer run` printed it, after the one-line explanation.
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        error_line(str(e))
         if json_out:
             emit_json(e.result)
         else:
-            summary_table(e.result, Console())
+            summary_table(e.result, console())
         raise typer.Exit(EXIT_BAD_INPUT) from None
     except ConfigError as e:
         bad_input(str(e))
     err.print(
-        f"[bold]stayer resume[/] {prepared.task.name} · {prepared.config.model} · run {prepared.run_id} · "
-        f"{len(journal.log.steps)} step(s) journaled",
-        highlight=False,
+        Text.assemble(
+            ("stayer resume", "bold"),
+            f" {prepared.task.name} · {prepared.config.model} · run {prepared.run_id} · "
+            f"{len(journal.log.steps)} step(s) journaled",
+        )
     )
-    finish(lambda: traced(prepared, step_printer(err), None, journal), json_out)
+    finish(lambda: traced(prepared, step_printer(err), None, journal), json_out, prepared.run_id)

@@ -10,6 +10,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from stayer.cli.common import (
     EXIT_BUDGET,
@@ -18,7 +19,10 @@ from stayer.cli.common import (
     JsonFlag,
     app,
     bad_input,
+    console,
     emit_json,
+    environment_error,
+    is_store_error,
     parse_decimal,
     stderr,
 )
@@ -74,11 +78,9 @@ def run(
     except ConfigError as e:
         bad_input(str(e))
     err = stderr()
-    err.print(
-        f"[bold]stayer run[/] {prepared.task.name} · {model} · run {prepared.run_id}", highlight=False
-    )
+    err.print(Text.assemble(("stayer run", "bold"), f" {prepared.task.name} · {model} · run {prepared.run_id}"))
 
-    finish(lambda: traced(prepared, step_printer(err), otlp), json_out)
+    finish(lambda: traced(prepared, step_printer(err), otlp), json_out, prepared.run_id)
 
 
 async def traced(prepared: Any, on_step: Callable[[Any], None], otlp: str | None, journal: Any = None) -> dict[str, Any]:
@@ -98,15 +100,22 @@ async def traced(prepared: Any, on_step: Callable[[Any], None], otlp: str | None
         tp.shutdown()  # flushes the batch
 
 
-def finish(run: Callable[[], Any], json_out: bool) -> NoReturn:
-    """Run the coroutine ``run()`` makes; print its result document; exit by its status."""
+def finish(run: Callable[[], Any], json_out: bool, run_id: str) -> NoReturn:
+    """Run the coroutine ``run()`` makes; print its result document; exit by its status.
+
+    A full disk or a journal database gone mid-run stops the run where its journal says it
+    was: one line saying so, exit 2, and ``stayer resume`` continues it."""
     try:
         doc = asyncio.run(run())
     except ConfigError as e:
         bad_input(str(e))
+    except Exception as e:
+        if not (isinstance(e, OSError) or is_store_error(e)):
+            raise
+        bad_input(f"run {run_id} stopped: {environment_error(e)}; once fixed, `stayer resume {run_id}` continues it")
     if json_out:
         emit_json(doc)
-    summary_table(doc, Console(stderr=json_out))
+    summary_table(doc, console(stderr=json_out))
     raise typer.Exit(exit_code(doc["status"]))
 
 
@@ -128,8 +137,10 @@ def step_printer(err: Console) -> Callable[[Any], None]:
         tools = ",".join(c["name"] for c in d["tool_calls"]) or "-"
         step_cost = d["cost_usd"] if d["cost_usd"] == "unknown" else f"{Decimal(d['cost_usd']):.6f}"
         err.print(
-            f"step {d['step']:>3} │ ctx {d['context_tokens']:>9,} │ cache {d['cache_hit_ratio'] * 100:5.1f}% │ "
-            f"${step_cost} │ total ${_running_total(entry)} │ {tools}",
+            Text(
+                f"step {d['step']:>3} │ ctx {d['context_tokens']:>9,} │ cache {d['cache_hit_ratio'] * 100:5.1f}% │ "
+                f"${step_cost} │ total ${_running_total(entry)} │ {tools}"
+            ),
             highlight=False,
             soft_wrap=True,
         )
@@ -138,7 +149,7 @@ def step_printer(err: Console) -> Callable[[Any], None]:
 
 
 def summary_table(doc: dict[str, Any], console: Console) -> None:
-    t = Table(title=f"run {doc['run_id']} · {doc['task']} · {doc['model']}", show_header=False)
+    t = Table(title=Text(f"run {doc['run_id']} · {doc['task']} · {doc['model']}"), show_header=False)
     u = doc["usage"]
     rows = [
         ("status", doc["status"]),
@@ -154,5 +165,5 @@ def summary_table(doc: dict[str, Any], console: Console) -> None:
     if doc.get("error"):
         rows.append(("error", doc["error"]))
     for k, v in rows:
-        t.add_row(k, v)
+        t.add_row(k, Text(str(v)))
     console.print(t)

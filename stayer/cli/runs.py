@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json
+from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json
 from stayer.errors import ConfigError
 
 
@@ -21,10 +21,10 @@ def runs(
     from stayer.eval.trial import stayer_home
     from stayer.journal import open_store
     from stayer.journal.lease import run_status
+    from stayer.settings import ListSettings, check_flags
 
-    if limit < 1:
-        bad_input(f"--limit {limit}: must be at least 1")
     try:
+        check_flags(ListSettings, {"limit": limit})
         store = open_store(stayer_home(), create=False)
         rows = [] if store is None else store.runs(limit)
     except ConfigError as e:
@@ -33,14 +33,14 @@ def runs(
     if json_out:
         emit_json({"store": store.location if store else None, "runs": docs})
         return
-    console = Console()
+    out = console()
     if not docs:
-        console.print("no runs yet", highlight=False)
+        out.print("no runs yet", highlight=False)
         return
     t = Table("id", "task", "model", "status", "steps", "cost (USD)", "started", "updated")
     for d in docs:
-        t.add_row(
-            d["id"], d["task"], d["model"], d["status"], str(d["steps"]), d["cost_usd"],
+        t.add_row(*(Text(str(v)) for v in (
+            d["id"], d["task"], d["model"], d["status"], d["steps"], d["cost_usd"],
             d["started"][:19].replace("T", " "), d["updated"][:19].replace("T", " "),
-        )
-    console.print(t)
+        )))
+    out.print(t)

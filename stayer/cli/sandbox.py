@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from stayer.cli.common import EXIT_FAILED, EXIT_OK, JsonFlag, app, bad_input, emit_json, stderr
 from stayer.errors import ConfigError
@@ -30,11 +31,6 @@ app.add_typer(sandbox_app, name="sandbox")
 
 # The agent's own default per command (ToolContext.command_timeout).
 DEFAULT_TIMEOUT_S = 120.0
-
-
-def _positive(value: float | None, flag: str) -> None:
-    if value is not None and value <= 0:
-        bad_input(f"{flag} {value:g}: must be a positive number")
 
 
 @sandbox_app.command(
@@ -57,15 +53,16 @@ def exec_command(
 ) -> None:
     """Run one command in the sandbox exactly as the agent's bash tool would."""
     from stayer.sandbox import make_sandbox
+    from stayer.settings import SandboxSettings, check_flags
 
-    _positive(timeout, "--timeout")
-    for flag, value in (
-        ("--memory", memory),
-        ("--max-processes", max_processes),
-        ("--max-file-mb", max_file_mb),
-        ("--storage-mb", storage_mb),
-    ):
-        _positive(value, flag)
+    try:
+        check_flags(
+            SandboxSettings,
+            {"timeout": timeout, "memory": memory, "max_processes": max_processes,
+             "max_file_mb": max_file_mb, "storage_mb": storage_mb},
+        )
+    except ConfigError as e:
+        bad_input(str(e))
     if workspace is not None and not Path(workspace).is_dir():
         bad_input(f"--workspace {workspace}: not a directory; create it or leave the flag out")
     # Only the limits given replace the sandbox's defaults, so that "no flag" means exactly
@@ -104,6 +101,6 @@ def exec_command(
             notes.append(f"timed out after {timeout:g} s: killed with everything it started")
         if result.truncated:
             notes.append("output truncated in the middle")
-        stderr().print(f"[dim]sandbox ({sandbox}): {' · '.join(notes)}[/]", highlight=False, soft_wrap=True)
+        stderr().print(Text(f"sandbox ({sandbox}): " + " · ".join(notes), style="dim"), soft_wrap=True)
     ok = result.exit_code == 0 and not result.timed_out
     raise typer.Exit(EXIT_OK if ok else EXIT_FAILED)

@@ -6,10 +6,19 @@ import asyncio
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from stayer.cli.common import EXIT_FAILED, EXIT_OK, JsonFlag, app, bad_input, emit_json, stderr
+from stayer.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    JsonFlag,
+    app,
+    bad_input,
+    console,
+    emit_json,
+    stderr,
+)
 from stayer.cli.eval import report_problems
 from stayer.errors import ConfigError
 
@@ -30,16 +39,17 @@ def check(
     time to spare, the agent cannot see tests or solution, and the task can run here."""
     from stayer.eval.checks import TaskCheck, check_suite
     from stayer.sandbox.bwrap import check_bwrap
+    from stayer.settings import CheckSettings, check_flags
 
-    if reruns < 0:
-        bad_input(f"--reruns {reruns}: must be zero or more")
-    if concurrency < 1:
-        bad_input(f"--concurrency {concurrency}: must be at least 1")
+    try:
+        check_flags(CheckSettings, {"reruns": reruns, "concurrency": concurrency})
+    except ConfigError as e:
+        bad_input(str(e))
     err = stderr()
 
     def done(c: TaskCheck) -> None:
-        verdict = "[green]ok[/]" if c.ok else "[red]" + ", ".join(sorted({p.kind for p in c.problems})) + "[/]"
-        err.print(f"checked {c.name}: {verdict}", highlight=False)
+        verdict = ("ok", "green") if c.ok else (", ".join(sorted({p.kind for p in c.problems})), "red")
+        err.print(Text.assemble(f"checked {c.name}: ", verdict))
 
     try:
         check_bwrap()  # the checks mount tests and solution, which only bwrap can
@@ -48,18 +58,18 @@ def check(
         bad_input(str(e))
     if json_out:
         emit_json({"suite": suite, "ok": all(c.ok for c in checks), "tasks": [c.to_dict() for c in checks]})
-    table = Table(title=f"stayer tasks check · {suite}")
+    table = Table(title=Text(f"stayer tasks check · {suite}"))
     for h in ("task", "verdict", "oracle s", "tests s", "problems"):
         table.add_column(h)
     for c in checks:
         table.add_row(
-            c.name,
+            Text(c.name),
             "[green]ok[/]" if c.ok else "[red]problem[/]",
             "–" if c.oracle_s is None else f"{c.oracle_s:.2f}",
             "–" if c.verify_s is None else f"{c.verify_s:.2f}",
-            "\n".join(f"[bold]{p.kind}[/]: {p.detail}" for p in c.problems),
+            Text("\n").join(Text.assemble((p.kind, "bold"), f": {p.detail}") for p in c.problems),
         )
-    Console(stderr=json_out).print(table)
+    console(stderr=json_out).print(table)
     raise typer.Exit(EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED)
 
 
@@ -81,8 +91,8 @@ def import_tb_command(
         bad_input(str(e))
     if json_out:
         emit_json({"imported": [t.to_dict() for t in imported]})
-    out = Console(stderr=json_out)
+    out = console(stderr=json_out)
     for t in imported:
-        out.print(f"imported {t.source} → {t.dest}", highlight=False)
+        out.print(Text(f"imported {t.source} → {t.dest}"))
         for note in t.notes:
-            out.print(f"  note: {note}", highlight=False)
+            out.print(Text(f"  note: {note}"))

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json
+from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json
 from stayer.errors import ConfigError
 
 
@@ -33,11 +33,13 @@ def whatif(
     from stayer.eval.trial import stayer_home
     from stayer.models.caching import provider_of
     from stayer.pricing import PriceBook
+    from stayer.settings import RunSettings, check_flags
     from stayer.tokens import MessageCounter, TiktokenCounter
 
     model_id = None if model is None else model.split(":", 1)[1] if ":" in model else model
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     try:
+        check_flags(RunSettings, {"max_context": max_context})
         if model_id is not None:
             provider_of(model_id)
         if not policies:
@@ -60,7 +62,7 @@ def whatif(
     if json_out:
         emit_json(doc)
         return
-    comparison_table(doc, Console())
+    comparison_table(doc, console())
 
 
 def comparison_table(doc: dict[str, Any], console: Console) -> None:

@@ -374,14 +374,15 @@ POLICIES = ("auto", "none", "mask", "summarize", "textbook")
 def make_policy(spec: str) -> ContextPolicy:
     """``auto``, ``none``, ``mask[:W]``, ``summarize[:TOKENS]``, ``textbook[:TOKENS]``."""
     from stayer.errors import ConfigError
+    from stayer.settings import MAX_TOKENS
 
     name, _, arg = spec.partition(":")
     try:
         value = int(arg) if arg else None
     except ValueError:
         raise ConfigError(f"--policy {spec}: the parameter after ':' must be an integer") from None
-    if value is not None and value < 0:
-        raise ConfigError(f"--policy {spec}: the parameter must be positive")
+    if value is not None and not 0 <= value <= MAX_TOKENS:
+        raise ConfigError(f"--policy {spec}: the parameter must be 0 to {MAX_TOKENS:,}")
     if name == "auto":
         return AutoPolicy(window=value if value is not None else 1)
     if name == "none":

@@ -29,6 +29,7 @@ from stayer.context.policies import ContextPolicy
 from stayer.errors import ConfigError
 from stayer.models.base import Message, ModelRequest, ToolCall, ToolSpec
 from stayer.pricing import PriceBook
+from stayer.settings import read_text
 from stayer.tokens import MessageCounter
 from stayer.tools.base import ToolContext, ToolResult
 
@@ -77,12 +78,15 @@ def load_trace(ref: str, home: Path | None = None) -> Trace:
         return _stayer_run(path)
     if not path.is_file():
         raise ConfigError(f"{ref}: no such trace (expected a stayer run id or directory, a SWE-agent .traj or a mini-swe-agent .traj.json file)")
+    text = read_text(path, "")
     try:
-        data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
+        data = json.loads(text)
+    except ValueError as e:
         raise ConfigError(f"{path}: not valid JSON ({e}); the file may be truncated") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a trajectory") from None
     if isinstance(data, dict) and isinstance(data.get("messages"), list):
-        trace = _mini_swe_agent(path, data["messages"])
+        trace = _mini_swe_agent(path, _objects(data["messages"], path, "messages"))
         trace.recorded = _recorded_by_swe_agent(data, _mini_swe_agent_model(data))
         return trace
     if isinstance(data, dict) and isinstance(data.get("history"), list) and isinstance(data.get("trajectory"), list):
@@ -93,6 +97,18 @@ def load_trace(ref: str, home: Path | None = None) -> Trace:
         f"{path}: unknown trace format (expected a mini-swe-agent .traj.json with 'messages', "
         "or a SWE-agent .traj with 'history' and 'trajectory')"
     )
+
+
+def _objects(items: list[Any], path: Path, field: str) -> list[dict[str, Any]]:
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}: {field}[{i}]: expected an object, got {type(item).__name__}")
+    return items
+
+
+def _call_arguments(value: Any) -> str:
+    """Recorded arguments as the loop's dispatcher sees them: JSON text of an object."""
+    return _object_arguments(value if isinstance(value, str) else json.dumps(value))
 
 
 def _text(content: Any) -> str:
@@ -157,10 +173,13 @@ def _mini_swe_agent(path: Path, messages: list[dict]) -> Trace:
         if role == "assistant":
             reasoning.append(_reasoning_of(m))
             calls = []
-            for i, c in enumerate(m.get("tool_calls") or []):
-                fn = c.get("function") or {}
-                args = _object_arguments(fn.get("arguments") or "{}")
-                calls.append(ToolCall(c.get("id") or f"t{n}_{i}", fn.get("name") or "bash", args))
+            tool_calls = m.get("tool_calls") or []
+            if not isinstance(tool_calls, list):
+                raise ConfigError(f"{path}: messages: tool_calls: expected a list, got {type(tool_calls).__name__}")
+            for i, c in enumerate(_objects(tool_calls, path, "tool_calls")):
+                fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+                args = _call_arguments(fn.get("arguments") or "{}")
+                calls.append(ToolCall(str(c.get("id") or f"t{n}_{i}"), str(fn.get("name") or "bash"), args))
             if not calls:  # text actions (older format): the next user message is the output
                 calls = [ToolCall(f"t{n}", "bash", "{}")]
             turns.append(Message("assistant", _text(m.get("content")), tuple(calls)))
@@ -168,7 +187,7 @@ def _mini_swe_agent(path: Path, messages: list[dict]) -> Trace:
         elif role in ("tool", "user") and turns:
             # A user message after the calls were answered (a format-error nudge) was part of
             # the prompt too: it goes with the last call's observation.
-            key = m.get("tool_call_id") or (pending[0] if pending else turns[-1].tool_calls[-1].id)
+            key = str(m.get("tool_call_id") or (pending[0] if pending else turns[-1].tool_calls[-1].id))
             observations[key] = observations.get(key, "") + _text(m.get("content"))
             if key in pending:
                 pending.remove(key)
@@ -178,7 +197,7 @@ def _mini_swe_agent(path: Path, messages: list[dict]) -> Trace:
 
 
 def _swe_agent(path: Path, data: dict) -> Trace:
-    history = data["history"]
+    history = _objects(data["history"], path, "history")
     system = "\n".join(_text(h.get("content")) for h in history if h.get("role") == "system")
     first = next((i for i, h in enumerate(history) if h.get("role") == "assistant"), len(history))
     instruction = "\n\n".join(_text(h.get("content")) for h in history[:first] if h.get("role") != "system")
@@ -212,23 +231,25 @@ def _stayer_run(run_dir: Path) -> Trace:
     ]
     instruction, turns, observations, reasoning = "", [], {}, []
     calls_seen = 0
-    for n, line in enumerate(file.read_text().splitlines(), 1):
+    for n, line in enumerate(read_text(file, "").splitlines(), 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ConfigError(f"{file}:{n}: truncated or malformed record") from None
+        if not isinstance(rec, dict):
+            raise ConfigError(f"{file}:{n}: expected a JSON object, got {type(rec).__name__}")
         if rec.get("kind") == "task":
-            instruction = rec.get("content", "")
+            instruction = _text(rec.get("content"))
         elif rec.get("role") == "assistant":
             calls_seen += 1
             if rec.get("tool_calls"):
-                calls = tuple(ToolCall(c["id"], c["name"], _object_arguments(c["arguments"])) for c in rec["tool_calls"])
-                turns.append(Message("assistant", rec.get("content", ""), calls))
+                calls = _recorded_calls(rec["tool_calls"], file, n)
+                turns.append(Message("assistant", _text(rec.get("content")), calls))
                 reasoning.append(reasoning_by_call[calls_seen - 1] if calls_seen <= len(reasoning_by_call) else 0)
         elif rec.get("role") == "tool":
-            observations[rec.get("tool_call_id", "")] = rec.get("content", "")
+            observations[str(rec.get("tool_call_id", ""))] = _text(rec.get("content"))
     tools = [t.spec for t in default_tools(TiktokenCounter())]
     cost = result.get("cost_usd")
     recorded = Recorded(
@@ -247,6 +268,18 @@ def _run_result(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
+
+
+def _recorded_calls(value: Any, file: Path, n: int) -> tuple[ToolCall, ...]:
+    """A trajectory record's tool calls: each an object with string ``id`` and ``name``."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{file}:{n}: tool_calls: expected a list, got {type(value).__name__}")
+    calls = []
+    for i, c in enumerate(value):
+        if not isinstance(c, dict) or not isinstance(c.get("id"), str) or not isinstance(c.get("name"), str):
+            raise ConfigError(f"{file}:{n}: tool_calls[{i}]: expected an object with string 'id' and 'name'")
+        calls.append(ToolCall(c["id"], c["name"], _call_arguments(c.get("arguments", "{}"))))
+    return tuple(calls)
 
 
 class _Script:

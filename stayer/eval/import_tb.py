@@ -27,10 +27,8 @@ import yaml
 
 from stayer.errors import ConfigError
 from stayer.eval.suite import ProblemsError
+from stayer.settings import TerminalBenchTimeouts, check_file, read_text
 
-# Terminal-Bench's defaults when task.yaml leaves the timeouts out.
-DEFAULT_AGENT_TIMEOUT_S = 360.0
-DEFAULT_TEST_TIMEOUT_S = 60.0
 _HANDLED = {"task.yaml", "solution.sh", "solution.yaml", "run-tests.sh", "tests"}
 _METADATA_KEYS = (
     "author_name", "author_email", "difficulty", "category", "tags", "parser_name",
@@ -105,13 +103,27 @@ def task_toml(t: TbTask) -> str:
     return "\n".join(lines)
 
 
-def _timeout(data: dict[str, Any], key: str, default: float, where: Path) -> float:
-    v = data.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-        raise ConfigError(f"{where}: {key}: expected a positive number of seconds, got {v!r}")
-    return float(v)
+_MAX_DEPTH = 64  # far beyond any task file; deeper nesting is an attack on the parser
+
+
+class _NoAliases(yaml.SafeLoader):
+    """YAML without aliases. Task files never need them, and a few nested aliases (a "billion
+    laughs") expand into more data than any machine holds once the task is written out."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in task files", mark)
+        if self.depth >= _MAX_DEPTH:
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, f"nested deeper than {_MAX_DEPTH} levels", mark)
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def _instruction(data: dict[str, Any], where: Path) -> str:
@@ -127,16 +139,22 @@ def _instruction(data: dict[str, Any], where: Path) -> str:
 
 
 def _load_yaml(path: Path) -> Any:
+    text = read_text(path, "")
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(text, Loader=_NoAliases)  # a SafeLoader
+    except yaml.MarkedYAMLError as e:
+        at = f" at line {e.problem_mark.line + 1}" if e.problem_mark else ""
+        raise ConfigError(f"{path}: malformed YAML{at} ({e.problem or e.context})") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: malformed YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(f"{path}: malformed YAML ({' '.join(str(e).split())})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
 
 
 def _solution(src: Path) -> str | None:
     sh, steps = src / "solution.sh", src / "solution.yaml"
     if sh.is_file():
-        return sh.read_text()
+        return read_text(sh, "")
     if not steps.is_file():
         return None
     data = _load_yaml(steps)
@@ -165,15 +183,17 @@ def plan_task(src: Path, dest: Path) -> TbTask:
     if dest.exists():
         raise ConfigError(f"{dest}: already exists; remove it or import into another directory")
     run_tests = src / "run-tests.sh"
+    given = {k: data[k] for k in ("max_agent_timeout_sec", "max_test_timeout_sec") if data.get(k) is not None}
+    timeouts = check_file(TerminalBenchTimeouts, given, str(yaml_file))
     task = TbTask(
         source=src,
         dest=dest,
         instruction=_instruction(data, yaml_file),
-        agent_timeout_s=_timeout(data, "max_agent_timeout_sec", DEFAULT_AGENT_TIMEOUT_S, yaml_file),
-        test_timeout_s=_timeout(data, "max_test_timeout_sec", DEFAULT_TEST_TIMEOUT_S, yaml_file),
+        agent_timeout_s=timeouts.max_agent_timeout_sec,
+        test_timeout_s=timeouts.max_test_timeout_sec,
         metadata={k: data[k] for k in _METADATA_KEYS if data.get(k) is not None} | {"source": "terminal-bench"},
         solution=_solution(src),
-        run_tests=run_tests.read_text() if run_tests.is_file() else DEFAULT_RUN_TESTS,
+        run_tests=read_text(run_tests, "") if run_tests.is_file() else DEFAULT_RUN_TESTS,
     )
     if not run_tests.is_file():
         task.notes.append("no run-tests.sh: uses Terminal-Bench's default runner (installs uv and pytest)")
@@ -240,6 +260,13 @@ def import_tb(src: str | Path, dest: str | Path) -> list[TbTask]:
     if problems:
         raise ProblemsError(problems)
     dest.mkdir(parents=True, exist_ok=True)
-    for plan in plans:
-        write_task(plan)
+    written: list[Path] = []
+    try:
+        for plan in plans:
+            write_task(plan)
+            written.append(plan.dest)
+    except BaseException:
+        for d in written:  # all or nothing, also when the disk fills up half-way
+            shutil.rmtree(d, ignore_errors=True)
+        raise
     return plans

@@ -14,12 +14,12 @@ Loading validates everything up front so that bad input fails before anything is
 from __future__ import annotations
 
 import shutil
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stayer.errors import ConfigError
+from stayer.settings import TaskToml, check_file, read_text, read_toml
 
 # Files in environment/ that describe a container image rather than workspace content.
 _IMAGE_FILES = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore"}
@@ -51,7 +51,7 @@ class Task:
     @property
     def solution(self) -> str | None:
         p = self.path / "solution" / "solve.sh"
-        return p.read_text() if p.is_file() else None
+        return read_text(p, "") if p.is_file() else None
 
     @property
     def tests_dir(self) -> Path:
@@ -76,15 +76,6 @@ class Task:
                     shutil.copy2(item, dest, follow_symlinks=False)
 
 
-def _number(table: dict[str, Any], key: str, where: str, default: float | None) -> float | None:
-    v = table.get(key, default)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-        raise ConfigError(f"{where}.{key}: expected a positive number, got {v!r}")
-    return float(v)
-
-
 def load_task(path: str | Path) -> Task:
     root = Path(path)
     if not root.is_dir():
@@ -96,34 +87,22 @@ def load_task(path: str | Path) -> Task:
     if not instruction:
         raise ConfigError(f"{instruction_file}: empty; write the task for the agent there")
     toml_file = root / "task.toml"
-    config: dict[str, Any] = {}
-    if toml_file.is_file():
-        try:
-            config = tomllib.loads(toml_file.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{toml_file}: malformed TOML ({e})") from None
+    config: dict[str, Any] = read_toml(toml_file) if toml_file.is_file() else {}
     for section in ("agent", "verifier", "environment", "metadata"):
         if section in config and not isinstance(config[section], dict):
             raise ConfigError(f"{toml_file}: [{section}] must be a table")
-    agent = config.get("agent", {})
-    verifier = config.get("verifier", {})
-    env = config.get("environment", {})
-    allow = env.get("allow_internet", False)
-    if not isinstance(allow, bool):
-        raise ConfigError(f"{toml_file}: environment.allow_internet must be true or false")
     test_sh = root / "tests" / "test.sh"
     if not test_sh.is_file():
         raise ConfigError(f"{test_sh}: missing; the verifier script must write /logs/verifier/reward.txt")
-    memory = _number(env, "memory_mb", f"{toml_file}: environment", None)
-    storage = _number(env, "storage_mb", f"{toml_file}: environment", None)
+    settings = check_file(TaskToml, config, str(toml_file))
     return Task(
         path=root.resolve(),
         name=root.resolve().name,
         instruction=instruction,
-        agent_timeout_s=_number(agent, "timeout_sec", f"{toml_file}: agent", 600.0) or 600.0,
-        verifier_timeout_s=_number(verifier, "timeout_sec", f"{toml_file}: verifier", 600.0) or 600.0,
-        allow_internet=allow,
-        memory_mb=int(memory) if memory else None,
-        storage_mb=int(storage) if storage else None,
-        metadata=dict(config.get("metadata", {})),
+        agent_timeout_s=settings.agent.timeout_sec,
+        verifier_timeout_s=settings.verifier.timeout_sec,
+        allow_internet=settings.environment.allow_internet,
+        memory_mb=settings.environment.memory_mb,
+        storage_mb=settings.environment.storage_mb,
+        metadata=dict(settings.metadata),
     )

@@ -42,6 +42,7 @@ from stayer.routing.setup import RoutingSetup, prepare_routing
 from stayer.sandbox import KINDS as SANDBOX_KINDS
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.bwrap import check_bwrap
+from stayer.settings import RunSettings, check_flags
 from stayer.tokens import MessageCounter, TiktokenCounter
 from stayer.tools import default_tools
 from stayer.tools.base import Tool, ToolContext
@@ -49,7 +50,11 @@ from stayer.usage import Usage
 
 
 def stayer_home() -> Path:
-    return Path(os.environ.get("STAYER_HOME") or ".stayer")
+    home = os.environ.get("STAYER_HOME") or ".stayer"
+    if not home.isprintable() or not home.encode("utf-8", "replace").decode() == home:
+        # The journal stores paths as UTF-8 text (SQLite, JSON): such a name cannot be kept.
+        raise ConfigError(f"STAYER_HOME {home!r}: not a UTF-8 path; choose a directory whose name is UTF-8")
+    return Path(home)
 
 
 def make_run_dir(run_dir: Path, *, exist_ok: bool) -> None:
@@ -133,22 +138,11 @@ def prepare(
     ``store`` is the journal to use (default: ``open_store``, opened last, once everything
     else is valid); callers running many runs at once should share one. ``resume`` prepares
     an existing run, for ``execute(..., journal=RunJournal.reopen(…))``."""
-    if config.max_steps < 1:
-        raise ConfigError(f"--max-steps {config.max_steps}: must be at least 1")
-    if config.max_cost is not None and config.max_cost <= 0:
-        raise ConfigError(f"--max-cost {config.max_cost}: must be a positive amount in USD")
-    if config.sim_latency < 0:
-        raise ConfigError(f"--sim-latency {config.sim_latency}: must be zero or more seconds")
+    check_flags(RunSettings, {k: getattr(config, k) for k in RunSettings.model_fields})
     if config.sandbox not in SANDBOX_KINDS:
         raise ConfigError(f"--sandbox {config.sandbox}: unknown sandbox; choose one of {', '.join(SANDBOX_KINDS)}")
     if config.sandbox == "bwrap":
         check_bwrap()  # fails with how-to-fix before anything is written
-    for flag, value in (("--memory-mb", config.memory_mb), ("--storage-mb", config.storage_mb),
-                        ("--max-processes", config.max_processes), ("--command-timeout", config.command_timeout)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"{flag} {value}: must be positive")
-    if config.max_context is not None and config.max_context < 1:
-        raise ConfigError(f"--max-context {config.max_context}: must be a positive number of tokens")
     policy = make_policy(config.policy)
     task = load_task(config.task_dir)
     prices = prices or PriceBook.load()
@@ -163,8 +157,6 @@ def prepare(
         config.config_file, config.model, lambda spec: build_model(spec, config, task, counter), prices, config.max_cost
     )
     run_id = config.run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-    if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
     if config.max_context is not None:
         pinned = pinned_tokens(task.instruction, counter)
         if config.max_context <= pinned:

@@ -14,10 +14,12 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stayer.errors import ConfigError
 from stayer.models.base import Message, ModelRequest, ToolCall
 from stayer.models.sim import SimPolicy
+from stayer.settings import MAX_STEPS, read_text
 from stayer.tokens import TokenCounter
 
 # Each is one token (with its leading space) in the common BPE vocabularies, so a filler
@@ -118,16 +120,18 @@ class ReplayPolicy:
         if not file.is_file():
             raise ConfigError(f"--sim-policy replay:{path}: no recorded run there (expected a run directory or its trajectory.jsonl)")
         turns = []
-        for n, line in enumerate(file.read_text().splitlines(), 1):
+        for n, line in enumerate(read_text(file, "--sim-policy replay:").splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
+                if not isinstance(rec, dict):
+                    raise TypeError(f"expected an object, got {type(rec).__name__}")
                 if rec.get("role") != "assistant":
                     continue
-                calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in rec.get("tool_calls", []))
-                turns.append(Message(role="assistant", content=rec.get("content", ""), tool_calls=calls))
-            except (ValueError, KeyError, TypeError) as e:
+                calls = tuple(_recorded_call(c) for c in rec.get("tool_calls") or [])
+                turns.append(Message(role="assistant", content=str(rec.get("content") or ""), tool_calls=calls))
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
                 raise ConfigError(f"{file}:{n}: not a stayer trajectory record ({e})") from None
         return cls(turns)
 
@@ -136,6 +140,15 @@ class ReplayPolicy:
         if step <= len(self.turns):
             return self.turns[step - 1]
         return _submit(step, "Replay finished.")
+
+
+# One synthetic observation or reply is at most a million tokens: beyond any context window.
+_SYNTHETIC_MAX = {"steps": MAX_STEPS, "obs_tokens": 1_000_000, "out_tokens": 1_000_000, "seed": 2**63}
+
+
+def _recorded_call(c: dict[str, Any]) -> ToolCall:
+    args = c["arguments"]
+    return ToolCall(str(c["id"]), str(c["name"]), args if isinstance(args, str) else json.dumps(args))
 
 
 def parse_policy(spec: str | None, *, solution: str | None, counter: TokenCounter) -> SimPolicy:
@@ -169,6 +182,8 @@ def parse_policy(spec: str | None, *, solution: str | None, counter: TokenCounte
                 raise ConfigError(f"--sim-policy {spec}: {key} must be an integer, got {val!r}") from None
             if values[key] < 0 or (key == "steps" and values[key] < 1):
                 raise ConfigError(f"--sim-policy {spec}: {key} must be positive")
+            if values[key] > _SYNTHETIC_MAX[key]:
+                raise ConfigError(f"--sim-policy {spec}: {key} must be at most {_SYNTHETIC_MAX[key]:,}")
         return SyntheticPolicy(values["steps"], values["obs_tokens"], values["out_tokens"], counter, values["seed"])
     if name == "replay":
         if not arg:

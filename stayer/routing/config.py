@@ -43,24 +43,33 @@ silently ignored setting).
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stayer.errors import ConfigError
 from stayer.guard.breakers import GuardConfig
+from stayer.settings import (
+    Factor,
+    Fraction,
+    Seconds,
+    StepCount,
+    Steps,
+    Tokens,
+    describe,
+    read_toml,
+)
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelsSection(_Section):
     main: str | None = None
     planning: str | None = None
-    planning_steps: int = Field(3, ge=0)
+    planning_steps: StepCount = 3
     execution: str | None = None
     summariser: str | None = None
     subagent: str | None = None
@@ -68,10 +77,10 @@ class ModelsSection(_Section):
 
 class CascadeSection(_Section):
     models: list[str] = Field(min_length=1)
-    escalate_after_errors: int = Field(2, ge=0)
+    escalate_after_errors: StepCount = 2
     escalate_on_loop: bool = True
-    escalate_after_failing_tests: int = Field(2, ge=0)
-    relax_after: int = Field(5, ge=0)
+    escalate_after_failing_tests: StepCount = 2
+    relax_after: StepCount = 5
 
 
 class RoutingSection(_Section):
@@ -79,27 +88,27 @@ class RoutingSection(_Section):
 
 
 class TiersSection(_Section):
-    latency_target_s: float | None = Field(None, gt=0)
+    latency_target_s: Seconds | None = None
     batch: bool = False
 
 
 class SubagentsSection(_Section):
-    max_steps: int = Field(20, ge=1)
-    budget_fraction: float = Field(0.25, gt=0, le=1)
-    max_depth: int = Field(1, ge=1)
+    max_steps: Steps = 20
+    budget_fraction: Fraction = 0.25
+    max_depth: int = Field(1, ge=1, le=8)
 
 
 class GuardSection(_Section):
-    max_tokens: int | None = Field(None, ge=1)
-    max_wall_s: float | None = Field(None, gt=0)
-    max_tool_errors: int = Field(5, ge=0)
-    loop_repeats: int = Field(4, ge=0)
-    no_change_steps: int = Field(20, ge=0)
-    anomaly_factor: float = Field(10.0, ge=0)
-    anomaly_window: int = Field(5, ge=1)
-    soft_fraction: float = Field(0.8, gt=0, le=1)
-    wrapup_steps: int = Field(2, ge=1)
-    wrapup_output_tokens: int = Field(1024, ge=256)
+    max_tokens: Tokens | None = None
+    max_wall_s: Seconds | None = None
+    max_tool_errors: StepCount = 5
+    loop_repeats: StepCount = 4
+    no_change_steps: StepCount = 20
+    anomaly_factor: Factor = 10.0
+    anomaly_window: Steps = 5
+    soft_fraction: Fraction = 0.8
+    wrapup_steps: Annotated[int, Field(ge=1, le=100)] = 2
+    wrapup_output_tokens: Annotated[int, Field(ge=256, le=1_000_000)] = 1024
 
     def to_guard(self) -> GuardConfig:
         return GuardConfig(**self.model_dump())
@@ -127,13 +136,7 @@ class StayerConfig(_Section):
 def load_config(path: str | Path) -> StayerConfig:
     """Parse and validate ``path``; ConfigError (one line, naming the file and key) if bad."""
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except OSError as e:
-        raise ConfigError(f"--config {p}: cannot read it ({e.strerror or e})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: not valid TOML ({e})") from None
-    return parse_config(data, str(p))
+    return parse_config(read_toml(p, "--config "), str(p))
 
 
 def parse_config(data: dict[str, Any], source: str) -> StayerConfig:
@@ -144,7 +147,7 @@ def parse_config(data: dict[str, Any], source: str) -> StayerConfig:
         key = ".".join(str(part) for part in err["loc"])
         if err["type"] == "extra_forbidden":
             raise ConfigError(f"{source}: unknown key {key!r}; {_allowed(err['loc'])}") from None
-        raise ConfigError(f"{source}: {key}: {err['msg']}") from None
+        raise ConfigError(describe(e, source)) from None
 
 
 def _allowed(loc: tuple[Any, ...]) -> str:
