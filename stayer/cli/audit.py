@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json, stderr
+from stayer.cli.common import JsonFlag, app, bad_input, emit_json, parse_since, stderr
 from stayer.errors import ConfigError
-
-
-def _since(value: str | None) -> float | None:
-    if value is None:
-        return None
-    for fmt in ("%Y-%m-%d", "%Y%m%d"):
-        try:
-            return datetime.strptime(value, fmt).replace(tzinfo=UTC).timestamp()
-        except ValueError:
-            continue
-    bad_input(f"--since {value!r}: expected a date as YYYY-MM-DD or YYYYMMDD (UTC)")
 
 
 @app.command()
@@ -48,7 +36,11 @@ def audit(
     jobs: Annotated[int | None, typer.Option("--jobs", help="Worker processes (default: all cores).")] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Costs, cache breaks and context growth per session, from agents' own logs."""
+    """Costs, cache breaks and context growth per session, from agents' own logs.
+
+    \b
+    Example:  stayer audit --since 2026-01-01 --html audit.html --what-if model=claude-haiku-4-5,policy=auto
+    """
     from stayer.audit.engine import analyse_all, default_paths, discover
     from stayer.audit.report import GROUPS, build, render
     from stayer.pricing import PriceBook
@@ -57,18 +49,12 @@ def audit(
         bad_input(f"--group {group!r}: expected one of {', '.join(GROUPS)}")
     if jobs is not None and jobs < 1:
         bad_input(f"--jobs {jobs}: must be at least 1")
-    since_ts = _since(since)
+    since_ts = parse_since(since)
     for p in paths or ():
         if not p.exists():
             bad_input(f"{p}: no such file or directory")
-    if html is not None:
-        if html.is_dir() or not html.parent.is_dir():
-            bad_input(f"--html {html}: expected a file path in an existing directory")
-        from stayer.audit.html import check_available
-
-        missing = check_available()
-        if missing:
-            bad_input(f"--html: {missing}")
+    if html is not None and (html.is_dir() or not html.parent.is_dir()):
+        bad_input(f"--html {html}: expected a file path in an existing directory")
     try:
         book = PriceBook.load()
         if what_if:
