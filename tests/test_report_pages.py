@@ -41,7 +41,7 @@ def test_eval_and_audit_reports_render_in_chromium_without_errors(tmp_path):
     pages = {
         "eval": (out / "report.html", ["total cost", "Cost vs success", "Trials"]),
         "run": (run_page, ["Per step", "Transcript"]),
-        "audit": (audit, ["total cost", "Tokens", "Costliest calls", "What if"]),
+        "audit": (audit, ["total cost", "Tokens", "Costliest calls", "What-if"]),
     }
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
