@@ -92,7 +92,12 @@ class LedgerEntry:
             "context_tokens": self.context_tokens,
             "latency_s": round(self.latency_s, 4),
             "tool_calls": self.tool_calls,
-            "tool_errors": sum(1 for c in self.tool_calls if c["is_error"]),
+            # Failed as the breakers count it: an error, or a command that exited non-zero.
+            "tool_errors": sum(
+                1
+                for c in self.tool_calls
+                if ToolCallRecord(c["name"], "", c["is_error"], c.get("exit_code")).failed
+            ),
             "cache_break": self.cache_break,
             "compaction": self.compaction,
             "breakers": self.breakers,

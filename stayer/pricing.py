@@ -395,6 +395,16 @@ class PriceBook:
             or self._lookup(model_id, provider) is not None
         )
 
+    def closest(self, model_id: str, provider: str, n: int = 3) -> list[str]:
+        """Priced model ids of ``provider`` that look most like ``model_id`` (for "did you
+        mean"): the price data's and the override tables'."""
+        import difflib
+
+        ids = {m.id for p in get_snapshot().providers if p.id == provider for m in p.models}
+        for table in (self._user, self._builtin):
+            ids |= {ref for ref, o in table.models.items() if o.provider in (None, provider)}
+        return difflib.get_close_matches(model_id.lower(), sorted(ids), n=n, cutoff=0.5)
+
     def cost(
         self,
         usage: Usage,

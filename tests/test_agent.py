@@ -52,6 +52,13 @@ def test_malformed_tool_arguments_go_back_to_the_model_as_errors(tmp_path):
     assert tool_msgs[1].is_error and "nope" in tool_msgs[1].content
 
 
+def test_commands_that_exit_non_zero_count_as_tool_errors_in_the_ledger(tmp_path):
+    # The breakers trip on them; the ledger must say why, not show 0 errors a step.
+    model = Scripted([call("bash", f'{{"command": "exit {i}"}}', i) for i in (3, 0, 1)] + [call("submit", "{}", 9)])
+    result, _ = run(model, tmp_path)
+    assert [e.to_dict()["tool_errors"] for e in result.ledger] == [1, 0, 1, 0]
+
+
 def test_reply_without_tool_call_gets_a_nudge(tmp_path):
     model = Scripted([Message("assistant", "thinking"), call("submit", "{}")])
     result, _ = run(model, tmp_path)

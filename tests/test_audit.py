@@ -579,7 +579,6 @@ def test_cli_json_contract_and_bad_input(tmp_path: Path) -> None:
 
 
 def test_html_report_is_self_contained_with_plots(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     s = "s-html"
     write_jsonl(
         tmp_path / "projects" / "p" / f"{s}.jsonl",

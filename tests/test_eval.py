@@ -46,7 +46,11 @@ def test_examples_two_models_three_epochs_resumable(tmp_path):
     assert record["error_class"] is None and record["reward"] == 1.0 and record["wall_s"] > 0
     assert Decimal(record["cost_usd"]) > 0 and record["usage"]["input_tokens"] > 0
     page = (out / "report.html").read_text()
-    assert page.count("<svg") == 3 and "src=" not in page
+    assert page.count("<svg") == 2 and "src=" not in page
+    # every trial links to a page of its run: transcript, per-step plots, ledger
+    run_pages = sorted((out / "runs").glob("*.html"))
+    assert len(run_pages) == 18 and all(f"href='runs/{p.name}'" in page for p in run_pages)
+    assert "<h2>Transcript</h2>" in run_pages[0].read_text()
     assert json.loads((out / "eval.json").read_text())["configs"] == doc["configs"]
     assert "18/18" in r.stderr  # live progress on stderr
 

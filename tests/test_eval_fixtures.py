@@ -7,7 +7,6 @@ way that makes them good or broken.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from stayer.eval.task import load_task
+from stayer.sandbox.locate import locate_bwrap
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 CORPUS_TB = ROOT.parent / "shared" / "corpus" / "terminal-bench"
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+needs_bwrap = pytest.mark.skipif(locate_bwrap() is None, reason="bubblewrap not installed")
 
 GOOD_TEST = """\
 if [ "$(cat /app/out.txt 2>/dev/null)" = "done" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt

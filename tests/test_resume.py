@@ -38,12 +38,13 @@ from stayer.models.base import Message, ModelRequest, ModelResponse, ToolCall, T
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import filler
 from stayer.pricing import PriceBook
+from stayer.sandbox.locate import locate_bwrap
 from stayer.tools.base import ToolContext, ToolResult
 from stayer.usage import Usage
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+needs_bwrap = pytest.mark.skipif(locate_bwrap() is None, reason="bubblewrap not installed")
 
 
 class Crash(BaseException):
@@ -369,30 +370,50 @@ def one_line(stderr: str) -> str:
     return lines[0]
 
 
-@needs_bwrap
+def gated_trajectory(path: Path, gate: Path, started: Path) -> Path:
+    """A recorded run for ``replay:``: three plain steps, then one whose command waits for
+    ``gate`` to exist (after creating ``started``), then two more. The killed run blocks
+    there for as long as the test needs, however slow the machine: no race with its work."""
+    commands = ["echo one", "echo two", "echo three",
+                f"touch {started}; while [ ! -e {gate} ]; do sleep 0.05; done; echo gate open",
+                "echo five", "echo six"]
+    lines = [json.dumps({"role": "assistant", "content": f"step {i}",
+                         "tool_calls": [{"id": f"c{i}", "name": "bash", "arguments": json.dumps({"command": c})}]})
+             for i, c in enumerate(commands, 1)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def test_killed_run_shows_as_interrupted_then_resumes_with_the_same_result(tmp_path):
     home = tmp_path / "home"
-    args = ["run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--json",
-            "--sim-policy", "synthetic:steps=12,obs_tokens=100,out_tokens=40", "--sim-latency", "0.1"]
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    trajectory = gated_trajectory(tmp_path / "trajectory.jsonl", gate, started)
+    # --sandbox local: the command must see the gate on the host (the journal is the subject here)
+    args = ["run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--json", "--sandbox", "local",
+            "--sim-policy", f"replay:{trajectory}", "--command-timeout", "3600"]
+    gate.touch()
     base = json.loads(stayer(*args, "--run-id", "base", home=home).stdout)
+    assert base["steps"] == 7  # six commands and the submission
+    gate.unlink()
+    started.unlink()
     env = {k: v for k, v in os.environ.items() if k != "STAYER_DB"}
     proc = subprocess.Popen([sys.executable, "-m", "stayer.cli", *args, "--run-id", "k"], cwd=tmp_path,
                             env={**env, "STAYER_HOME": str(home)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        runs = json.loads(stayer("runs", "--json", home=home).stdout)["runs"]
-        if any(r["id"] == "k" and r["steps"] >= 3 for r in runs):
-            break
-        time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:
+        while not started.exists():  # step 4's command is running: steps 1-3 are journaled
+            assert proc.poll() is None, "the run ended before reaching the gate"
+            time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    gate.touch()  # lets the orphaned command, and the resumed run's, go on
     listed = {r["id"]: r for r in json.loads(stayer("runs", "--json", home=home).stdout)["runs"]}
     assert listed["k"]["status"] == "interrupted" and listed["base"]["status"] == "failed"
     assert set(listed["k"]) == {"id", "task", "model", "status", "steps", "cost_usd", "started", "updated"}
     partial = json.loads(stayer("report", "k", "--json", home=home).stdout)
-    assert partial["status"] == "interrupted" and 3 <= len(partial["ledger"]) < base["steps"] + 1
+    assert partial["status"] == "interrupted" and 3 <= len(partial["ledger"]) < base["steps"]
     r = stayer("resume", "k", "--json", home=home)
-    assert r.returncode == 1, r.stderr  # synthetic work does not pass the verifier: failed, as base
+    assert r.returncode == 1, r.stderr  # this work does not pass the verifier: failed, as base
     doc = json.loads(r.stdout)
     assert set(doc) == set(base)
     assert (doc["status"], doc["reward"], doc["steps"]) == (base["status"], base["reward"], base["steps"])
@@ -402,12 +423,12 @@ def test_killed_run_shows_as_interrupted_then_resumes_with_the_same_result(tmp_p
     assert [e["usage"] for e in report["ledger"]] == [e["usage"] for e in doc["ledger"]]
     assert report["journal"]["resumes"] == 1
     # The resumed run's trajectory is complete: it replays like any other recorded run.
-    replayed = stayer("run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--json",
+    replayed = stayer("run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--json", "--sandbox", "local",
                       "--sim-policy", f"replay:{home / 'runs' / 'k'}", home=home)
     assert json.loads(replayed.stdout)["steps"] == base["steps"]
-    # Resuming a finished run prints its result after a one-line explanation (exit 2).
+    # Resuming a finished run says so in one line and prints its result (exit 0).
     again = stayer("resume", "k", "--json", home=home)
-    assert again.returncode == 2 and "already finished" in one_line(again.stderr)
+    assert again.returncode == 0 and "already finished" in one_line(again.stderr)
     assert json.loads(again.stdout) == doc
     human = stayer("report", "k", home=home)
     assert human.returncode == 0 and "total" in human.stdout

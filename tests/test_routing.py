@@ -66,7 +66,7 @@ def stayer(*args: str, home: Path) -> subprocess.CompletedProcess:
     ("toml", "expected"),
     [
         ('[cascade]\nmodels = ["sim:claude-haiku-4-5"]\nfoo = 1\n', "unknown key 'cascade.foo'"),
-        ('[models]\nsubagent = "sim:claude-unknown-9"\n', "no price data for sim:claude-unknown-9, so --max-cost cannot be enforced"),
+        ('[models]\nsubagent = "sim:claude-unknown-9"\n', "sim:claude-unknown-9: no anthropic model of that name in the price data; did you mean"),
         ('[models]\nexecution = "anthropic:claude-haiku-4-5"\n', "mixes simulated and real models"),
     ],
 )
@@ -93,6 +93,8 @@ def test_cost_capped_run_that_cannot_finish_exits_3_with_a_summary(tmp_path):
     assert doc["summary"].startswith("DONE: ") and "REMAINING" in doc["summary"]
     assert any(t["reason"] == "max_cost" for e in doc["ledger"] for t in e["breakers"])
     assert doc["breakers"][0]["reason"] == "max_cost" and doc["agents"][0]["agent"] == "main"
+    # The synthetic commands work without a sandbox too (no /app on the host needed).
+    assert all(e["tool_errors"] == 0 for e in doc["ledger"])
 
 
 # --- roles, cascade and the priced switch -------------------------------------------------------

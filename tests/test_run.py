@@ -14,12 +14,14 @@ import pytest
 from genai_prices import Usage as GPUsage
 from genai_prices import calc_price
 
+from stayer.sandbox.locate import locate_bwrap
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 CORPUS_TASK = ROOT.parent / "shared" / "corpus" / "terminal-bench" / "harbor" / "simple-task"
 PROVIDER = {"claude-sonnet-4-5": "anthropic", "gpt-5": "openai"}
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+needs_bwrap = pytest.mark.skipif(locate_bwrap() is None, reason="bubblewrap not installed")
 
 
 def stayer(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

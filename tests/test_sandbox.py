@@ -52,8 +52,7 @@ def test_missing_bwrap_is_a_config_error() -> None:
 def test_no_bubblewrap_on_another_platform_says_what_to_do(monkeypatch) -> None:
     import stayer.sandbox.bwrap as bwrap
 
-    monkeypatch.setattr(bwrap.shutil, "which", lambda name: None)
-    monkeypatch.setattr(bwrap.os.path, "exists", lambda path: False)
+    monkeypatch.setattr(bwrap, "locate_bwrap", lambda: None)
     monkeypatch.setattr(bwrap.sys, "platform", "darwin")
     with pytest.raises(ConfigError, match="Linux VM or container.*--sandbox local"):
         check_bwrap.__wrapped__()

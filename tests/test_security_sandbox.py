@@ -67,9 +67,10 @@ def via_cli(
         cwd=cwd,
         timeout=120,
     )
-    assert proc.returncode in (0, 1), proc.stderr
     doc = json.loads(proc.stdout)
     assert not doc["timed_out"], doc
+    code = doc["exit_code"]
+    assert proc.returncode == (128 - code if code < 0 else code), proc.stderr  # the command's own
     return doc["stdout"] + doc["stderr"]
 
 

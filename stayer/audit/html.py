@@ -2,21 +2,23 @@
 
 Per session, three plots over its calls in time order: context size (the prompt each call
 sent; sub-agent calls as dots, cache breaks as red marks), cumulative cost, and the cache
-hit ratio of each call. matplotlib draws them (the ``report`` extra:
-``pip install 'stayer[report]'``); each figure is a ``Figure`` of its own, never pyplot's
-global state. Only the costliest ``MAX_PLOTTED`` sessions get plots, so a report over
-thousands of sessions stays small and quick; the table lists them all.
+hit ratio of each call, written as SVG directly (``stayer.svgplot``: milliseconds, no
+plotting library). Before them: a header (date, stayer version, totals), the token
+breakdown, cache breaks by reason, the costliest calls and the what-if estimates. Only the
+costliest ``MAX_PLOTTED`` sessions get plots, so a report over thousands of sessions stays
+small and quick; the table lists them all.
 """
 
 from __future__ import annotations
 
 import html as _html
-import io
-from typing import Any
+from datetime import UTC, datetime
 
+from stayer import __version__
 from stayer.audit.analysis import SessionReport, iso, money
 from stayer.audit.calls import MAIN_CHAIN
 from stayer.audit.report import WHAT_IF_NOTE, AuditReport, what_if_table
+from stayer.svgplot import Series, line_chart
 
 MAX_PLOTTED = 50
 
@@ -24,34 +26,9 @@ _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1200px}
 table{border-collapse:collapse;margin:1em 0}td,th{padding:.2em .6em;border-bottom:1px solid #ddd;text-align:right}
 td:first-child,th:first-child{text-align:left}h2{margin-top:2em}.plots{display:flex;flex-wrap:wrap;gap:1em}
-.plots svg{width:380px;height:auto}.note{color:#666}
+.plots svg{max-width:100%;height:auto}.note{color:#666}.header{display:grid;grid-template-columns:max-content auto;gap:2px 1em}
+.header dt{color:#666}.header dd{margin:0}
 """
-
-
-def check_available() -> str | None:
-    """None when plots can be drawn, else what to install."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return "plots need matplotlib; install it with pip install 'stayer[report]'"
-    return None
-
-
-def _svg(draw: Any) -> str:
-    import matplotlib
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(4.2, 2.6), dpi=96)
-    ax = fig.add_subplot()
-    draw(ax)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    buf = io.StringIO()
-    # Text as text, not glyph outlines: a fifth of the size, and searchable.
-    with matplotlib.rc_context({"svg.fonttype": "none"}):
-        fig.savefig(buf, format="svg")
-    text = buf.getvalue()
-    return text[text.index("<svg") :]
 
 
 def _plots(s: SessionReport) -> str:
@@ -60,31 +37,20 @@ def _plots(s: SessionReport) -> str:
     main = [(i, c) for i, c, ch in zip(x, s.series.context, s.series.chain, strict=True) if ch == MAIN_CHAIN]
     sub = [(i, c) for i, c, ch in zip(x, s.series.context, s.series.chain, strict=True) if ch != MAIN_CHAIN]
     breaks = [b.call for b in s.cache_breaks]
-
-    def context(ax: Any) -> None:
-        if main:
-            ax.plot(*zip(*main, strict=True), lw=1.2, label="main")
-        if sub:
-            ax.plot(*zip(*sub, strict=True), ".", ms=3, label="sub-agents")
-        for b in breaks:
-            ax.axvline(b, color="tab:red", lw=0.6, alpha=0.6)
-        ax.set_title("context size per call (tokens)", fontsize=9)
-        ax.set_xlabel("call", fontsize=8)
-        if main and sub:
-            ax.legend(fontsize=7)
-
-    def cost(ax: Any) -> None:
-        ax.plot(x, s.series.cumulative_cost, lw=1.2, color="tab:green")
-        ax.set_title("cumulative cost (USD)", fontsize=9)
-        ax.set_xlabel("call", fontsize=8)
-
-    def hits(ax: Any) -> None:
-        ax.plot(x, s.series.hit_ratio, ".", ms=3, color="tab:purple")
-        ax.set_ylim(-0.05, 1.05)
-        ax.set_title("cache hit ratio per call", fontsize=9)
-        ax.set_xlabel("call", fontsize=8)
-
-    return "".join(_svg(f) for f in (context, cost, hits))
+    context = [Series("main", main)] + ([Series("sub-agents", sub, dots=True)] if sub else [])
+    return "".join(
+        (
+            line_chart(context, title="context size per call (tokens); red: cache breaks", xlabel="call", marks=breaks),
+            line_chart(
+                [Series("cost", list(zip(x, map(float, s.series.cumulative_cost), strict=True)), color="#2ca02c")],
+                title="cumulative cost (USD)", xlabel="call",
+            ),
+            line_chart(
+                [Series("hit ratio", list(zip(x, s.series.hit_ratio, strict=True)), dots=True, color="#9467bd")],
+                title="cache hit ratio per call", xlabel="call", ylim=(0.0, 1.0),
+            ),
+        )
+    )
 
 
 def _row(cells: list[str], tag: str = "td") -> str:
@@ -95,14 +61,53 @@ def write_html(report: AuditReport) -> str:
     """The whole report as one HTML document (no external resources)."""
     doc = report.to_json()
     t = doc["totals"]
+    u = t["usage"]
     out = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>stayer audit</title>",
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'><title>stayer audit</title>",
         f"<style>{_CSS}</style></head><body><h1>stayer audit</h1>",
-        f"<p>{t['calls']:,} calls in {len(report.sessions):,} sessions · cost "
-        f"{_html.escape(t['cost_usd'])} USD · cache hit ratio {t['cache_hit_ratio']:.1%} · "
-        f"{t['cache_breaks']:,} cache breaks costing {_html.escape(t['cache_break_cost_usd'])} USD extra · "
-        f"{doc['skipped_lines']:,} unreadable lines skipped</p>",
-        "<table>",
+        "<dl class='header'>"
+        + "".join(
+            f"<dt>{_html.escape(k)}</dt><dd>{_html.escape(v)}</dd>"
+            for k, v in (
+                ("date", datetime.now(UTC).isoformat(timespec="seconds")),
+                ("stayer", __version__),
+                ("sessions", f"{len(report.sessions):,} ({doc['files']:,} files, {doc['bytes']:,} bytes)"),
+                ("calls", f"{t['calls']:,}"),
+                ("total cost", f"{t['cost_usd']} USD"),
+                ("cache hit ratio", f"{t['cache_hit_ratio']:.1%}"),
+                ("cache breaks", f"{t['cache_breaks']:,}, costing {t['cache_break_cost_usd']} USD extra"),
+                ("unreadable lines", f"{doc['skipped_lines']:,} skipped"),
+            )
+        )
+        + "</dl>",
+        "<h2>Tokens</h2><table>",
+        _row(["kind", "tokens", "share of input"], "th"),
+        *(
+            _row([label, f"{u[key]:,}", f"{u[key] / u['input_tokens']:.1%}" if u["input_tokens"] and key != "output_tokens" else ""])
+            for label, key in (
+                ("input, all", "input_tokens"),
+                ("\u2003uncached", "uncached_input_tokens"),
+                ("\u2003cache reads", "cache_read_tokens"),
+                ("\u2003cache writes", "cache_write_tokens"),
+                ("output", "output_tokens"),
+                ("\u2003of which reasoning", "reasoning_tokens"),
+            )
+        ),
+        "</table>",
+    ]
+    if t["cache_breaks_by_reason"]:
+        out.append("<h2>Cache breaks by reason</h2><table>" + _row(["reason", "count", "extra cost (USD)"], "th"))
+        out.extend(_row([r, str(v["count"]), v["extra_cost_usd"]]) for r, v in t["cache_breaks_by_reason"].items())
+        out.append("</table>")
+    if doc["costliest_calls"]:
+        out.append("<h2>Costliest calls</h2><table>" + _row(["session", "call", "when", "model", "context", "cost (USD)"], "th"))
+        out.extend(
+            _row([c["session"], str(c["call"]), c["ts"] or "", c["model"], f"{c['context_tokens']:,}", c["cost_usd"]])
+            for c in doc["costliest_calls"]
+        )
+        out.append("</table>")
+    out += [
+        "<h2>Sessions</h2><table>",
         _row(["session", "project", "calls", "cost (USD)", "hit ratio", "breaks", "break cost (USD)", "quadratic"], "th"),
     ]
     ranked = sorted(report.sessions, key=lambda s: s.total.cost_priced, reverse=True)

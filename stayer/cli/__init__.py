@@ -2,6 +2,7 @@
 
 from stayer.cli import (  # noqa: F401  (registers the commands)
     audit,
+    doctor,
     estimate,
     eval,
     report,

@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.text import Text
 
-from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json, stderr
+from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json, parse_since, stderr
 from stayer.errors import ConfigError
-
-
-def _since(value: str | None) -> float | None:
-    if value is None:
-        return None
-    for fmt in ("%Y-%m-%d", "%Y%m%d"):
-        try:
-            return datetime.strptime(value, fmt).replace(tzinfo=UTC).timestamp()
-        except ValueError:
-            continue
-    bad_input(f"--since {value!r}: expected a date as YYYY-MM-DD or YYYYMMDD (UTC)")
 
 
 @app.command()
@@ -48,7 +36,11 @@ def audit(
     jobs: Annotated[int | None, typer.Option("--jobs", help="Worker processes (default: all cores).")] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Costs, cache breaks and context growth per session, from agents' own logs."""
+    """Costs, cache breaks and context growth per session, from agents' own logs.
+
+    \b
+    Example:  stayer audit --since 2026-01-01 --html audit.html --what-if model=claude-haiku-4-5,policy=auto
+    """
     from stayer.audit.engine import analyse_all, default_paths, discover
     from stayer.audit.report import GROUPS, build, render
     from stayer.pricing import PriceBook
@@ -60,7 +52,7 @@ def audit(
         check_flags(ListSettings, {"jobs": jobs})
     except ConfigError as e:
         bad_input(str(e))
-    since_ts = _since(since)
+    since_ts = parse_since(since)
     for p in paths or ():
         if not p.exists():
             bad_input(f"{p}: no such file or directory")

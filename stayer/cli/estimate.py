@@ -22,7 +22,11 @@ def estimate(
     model: Annotated[str | None, typer.Option("--model", help="Take prices from price data for this model id.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """The cost equation: per-step and total cost with ideal caching and with none."""
+    """The cost equation: per-step and total cost with ideal caching and with none.
+
+    \b
+    Example:  stayer estimate --steps 30 --new-tokens 20000 --output-tokens 2000 --model claude-sonnet-4-5
+    """
     from stayer.estimate import estimate as run_estimate
     from stayer.estimate import rates_from_flags, render_estimate
     from stayer.pricing import PriceBook, Rates

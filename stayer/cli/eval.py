@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
-import uuid
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
 from stayer.cli.common import (
@@ -28,8 +23,12 @@ from stayer.cli.common import (
     error_line,
     parse_decimal,
     stderr,
+    usd,
 )
 from stayer.errors import ConfigError
+
+# The shell's status for a process stopped by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 def report_problems(problems: list[str]) -> NoReturn:
@@ -63,8 +62,20 @@ def eval_command(
     """Evaluate models (and policies) on a task suite, with success and cost with confidence.
 
     Reports success with 95 % intervals, pass@k, pass^k, cost per solved task, paired
-    significance tests and the cost–success frontier."""
-    from stayer.eval.report import render
+    significance tests and the cost–success frontier.
+
+    \b
+    Example:  stayer eval examples --model sim:claude-sonnet-4-5,sim:gpt-5 --epochs 3 --out eval-out
+    """
+    import asyncio
+    import json
+    import time
+    import uuid
+    from datetime import UTC, datetime
+
+    from stayer import __version__
+    from stayer.cli.progress import WorkProgress
+    from stayer.eval.report import render, write_run_pages
     from stayer.eval.runner import (
         INFRASTRUCTURE,
         EvalConfig,
@@ -119,32 +130,39 @@ def eval_command(
         bad_input(str(e))
     if problems:
         report_problems(sorted(set(problems)))
-    preflight_found = _preflight(tasks, sandbox, concurrency, force) if preflight else []
-
     trials = plan_trials(tasks, configs, epochs)
     store = TrialStore(out_dir) if out_dir else None
+    # Only tasks with trials still to run: re-rendering a finished --out verifies nothing again.
+    pending = {t.task.path for t in trials if store is None or store.load(t) is None}
+    to_check = [t for t in tasks if t.path in pending]
+    preflight_found = _preflight(to_check, sandbox, concurrency, force) if preflight and to_check else []
     counts = {"ok": 0, "fail": 0, "infra": 0, "reused": 0}
-    progress = Progress(
-        TextColumn("[bold]eval[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.description}"), console=stderr(), transient=False,
-    )
+    progress = WorkProgress(err, "eval", len(trials))
 
     def on_done(trial: Any, record: dict[str, Any], reused: bool) -> None:
         key = "ok" if succeeded(record) else "infra" if record["error_class"] == INFRASTRUCTURE else "fail"
         counts[key] += 1
         counts["reused"] += reused
-        progress.update(
-            bar, advance=1,
-            description=f"✓ {counts['ok']}  ✗ {counts['fail']}  infra {counts['infra']}  reused {counts['reused']}",
+        progress.advance(
+            record.get("cost_usd"),
+            f"✓ {counts['ok']}  ✗ {counts['fail']}  infra {counts['infra']}  reused {counts['reused']}",
+            reused,
         )
 
-    err.print(
-        f"[bold]stayer eval[/] {len(tasks)} tasks × {len(configs)} configurations × {epochs} epochs "
-        f"= {len(trials)} trials, {concurrency} at a time", highlight=False,
-    )
-    with progress:
-        bar = progress.add_task("", total=len(trials))
-        records = asyncio.run(run_trials(trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done))
+    try:
+        err.print(
+            f"[bold]stayer eval[/] {len(tasks)} tasks × {len(configs)} configurations × {epochs} epochs "
+            f"= {len(trials)} trials, {concurrency} at a time", highlight=False,
+        )
+        with progress:
+            records = asyncio.run(run_trials(trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done))
+    except KeyboardInterrupt:
+        resume = (
+            f"rerun with the same --out {out} to resume" if out_dir is not None
+            else "nothing was kept: pass --out DIR to make an eval resumable"
+        )
+        err.print(f"interrupted: {progress.done}/{len(trials)} done; {escape(resume)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
     doc: dict[str, Any] = {
         "suite": str(Path(suite).resolve()),
@@ -152,11 +170,19 @@ def eval_command(
         "trials_total": len(records),
         "trials_reused": counts["reused"],
         "preflight": preflight_found,
+        "stayer_version": __version__,
+        "settings": {
+            "models": model, "policies": policy or "auto", "epochs": epochs, "concurrency": concurrency,
+            "max_steps": max_steps, "max_cost": max_cost, "sandbox": sandbox, "sim_policy": sim_policy,
+        },
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+        "wall_s": round(time.monotonic() - progress.started, 3),
         **summarise(records, configs, epochs),
     }
     if out_dir is not None:
         doc["out"] = str(out_dir.resolve())
         write_atomic(out_dir / "eval.json", json.dumps(doc, indent=2))
+        write_run_pages(out_dir, records, write_atomic)
         write_atomic(out_dir / "report.html", render(doc, records, f"stayer eval · {Path(suite).name}"))
         doc["report"] = str((out_dir / "report.html").resolve())
     if json_out:
@@ -168,6 +194,8 @@ def eval_command(
 def _preflight(tasks: list[Any], sandbox: str, concurrency: int, force: bool) -> list[dict[str, Any]]:
     """The cheap checks on every task (``eval.checks.preflight``): refuse, exit 2, naming each
     task and its problem; with ``force``, warn and return them for the document."""
+    import asyncio
+
     from stayer.eval.checks import preflight
 
     err = stderr()
@@ -198,8 +226,10 @@ def _preflight(tasks: list[Any], sandbox: str, concurrency: int, force: bool) ->
 
 
 def _summary_table(doc: dict[str, Any], console: Console) -> None:
+    from rich.table import Table
+
     def f(v: Any) -> str:
-        return "–" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+        return "—" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
     t = Table(title="stayer eval")
     for h in ("configuration", "success", "95 % CI", "pass^k", "mean cost", "cost / success", "infra"):
@@ -209,7 +239,7 @@ def _summary_table(doc: dict[str, Any], console: Console) -> None:
         t.add_row(
             Text(c["label"]), f"{c['successes']}/{c['trials']} = {f(c['success_rate'])}",
             f"{f(c['ci_low'])}–{f(c['ci_high'])}", f"^{k} {f(c['pass_hat_k'][k])}",
-            f"${c['mean_cost_usd']}", f"${c['cost_per_success_usd']}", str(c["infra_errors"]),
+            usd(c["mean_cost_usd"]), usd(c["cost_per_success_usd"]), str(c["infra_errors"]),
         )
     console.print(t)
     for x in doc["comparisons"]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
+from rich.console import Console
+from rich.markup import escape
 
-from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json
+from stayer.cli.common import JsonFlag, app, bad_input, emit_json, step_notes, usd
 from stayer.errors import ConfigError
 
 
@@ -18,10 +17,16 @@ def report(
     run_id: Annotated[str, typer.Argument(help="Id of the run (see `stayer runs`).")],
     json_out: JsonFlag = False,
 ) -> None:
-    """Per-step ledger (tokens, cache, cost) and totals of one run, finished or not."""
-    from stayer.eval.trial import stayer_home
-    from stayer.journal import open_store
+    """Per-step ledger (model, tokens, cache, cost, cache breaks, compactions) and totals of
+    one run, finished or not.
+
+    \b
+    Example:  stayer report 20260101-120000-a1b2c3
+    """
+    from rich.table import Table
+
     from stayer.journal.report import run_report
+    from stayer.journal.store import open_store, stayer_home
 
     try:
         store = open_store(stayer_home(), create=False)
@@ -35,31 +40,35 @@ def report(
     if json_out:
         emit_json(doc)
         return
-    out = console()
-    t = Table(
-        "step", "input", "cache read", "cache write", "output", "cache %", "cost (USD)", "tools",
-        title=Text(f"run {doc['run_id']} · {doc['task']} · {doc['model']} · {doc['status']}"),
+    console = Console(emoji=False)
+    console.print(
+        f"[bold]run {escape(doc['run_id'])}[/] · {escape(doc['task'])} · {escape(doc['model'])} · {escape(doc['status'])}",
+        highlight=False,
+        soft_wrap=True,
     )
+    t = Table("step", "model", "input", "cache read", "cache write", "output", "cache %", "cost (USD)", "tools", "notes")
     for e in doc["ledger"]:
         u = e["usage"]
         lost = e.get("kind") == "lost_in_flight"
-        cost = e["cost_usd"] if e["cost_usd"] == "unknown" else f"{Decimal(e['cost_usd']):.6f}"
         t.add_row(
-            str(e["step"]), f"{u['input_tokens']:,}", f"{u['cache_read_tokens']:,}",
+            str(e["step"]), escape(e.get("model") or "—"), f"{u['input_tokens']:,}", f"{u['cache_read_tokens']:,}",
             f"{u['cache_write_tokens']:,}", f"{u['output_tokens']:,}", f"{e['cache_hit_ratio'] * 100:.1f}",
-            cost + (" (est.)" if lost else ""),
-            Text("lost in flight" if lost else ",".join(c["name"] for c in e["tool_calls"]) or "-"),
+            usd(e["cost_usd"]) + (" (est.)" if lost else ""),
+            "lost in flight" if lost else escape(",".join(c["name"] for c in e["tool_calls"]) or "-"),
+            escape("; ".join(step_notes(e))),
         )
     tot = doc["totals"]
     u = tot["usage"]
     t.add_section()
     t.add_row(
-        "total", f"{u['input_tokens']:,}", f"{u['cache_read_tokens']:,}", f"{u['cache_write_tokens']:,}",
-        f"{u['output_tokens']:,}", "", tot["cost_usd"], f"{tot['tool_calls']} tool calls",
+        "total", "", f"{u['input_tokens']:,}", f"{u['cache_read_tokens']:,}", f"{u['cache_write_tokens']:,}",
+        f"{u['output_tokens']:,}", "", usd(tot["cost_usd"]), f"{tot['tool_calls']} tool calls", "",
     )
-    out.print(t)
+    console.print(t)
     j = doc["journal"]
-    out.print(Text(
-        f"{tot['model_calls']} model calls ({tot['lost_in_flight']} lost in flight, ${tot['lost_in_flight_cost_usd']}) · "
-        f"{j['events']} events · {j['resumes']} resume(s) · {j['blob_bytes']:,} blob bytes · {j['store']}"
-    ))
+    console.print(
+        f"{tot['model_calls']} model calls ({tot['lost_in_flight']} lost in flight, {usd(tot['lost_in_flight_cost_usd'])}) · "
+        f"{j['events']} events · {j['resumes']} resume(s) · {j['blob_bytes']:,} blob bytes · {escape(j['store'])}",
+        highlight=False,
+        soft_wrap=True,
+    )

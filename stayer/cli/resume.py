@@ -7,16 +7,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from stayer.cli.common import (
-    EXIT_BAD_INPUT,
-    JsonFlag,
-    app,
-    bad_input,
-    console,
-    emit_json,
-    error_line,
-    stderr,
-)
+from stayer.cli.common import EXIT_OK, JsonFlag, app, bad_input, console, emit_json, stderr
 from stayer.cli.run import finish, step_printer, summary_table, traced
 from stayer.errors import ConfigError
 
@@ -26,7 +17,13 @@ def resume(
     run_id: Annotated[str, typer.Argument(help="Id of the run to continue (see `stayer runs`).")],
     json_out: JsonFlag = False,
 ) -> None:
-    """Continue an interrupted run from its journal: same result as if it had never stopped."""
+    """Continue an interrupted run from its journal: same result as if it had never stopped.
+
+    A run that already finished is not run again: its result is printed (exit 0).
+
+    \b
+    Example:  stayer resume 20260101-120000-a1b2c3
+    """
     from stayer.eval.resume import prepare_resume
     from stayer.journal import RunFinished
 
@@ -34,13 +31,13 @@ def resume(
     try:
         prepared, journal = prepare_resume(run_id)
     except RunFinished as e:
-        # Its result, as `stayer run` printed it, after the one-line explanation.
-        error_line(str(e))
+        # Not an error: there is nothing left to do. Its result, as `stayer run` printed it.
+        err.print(Text(f"{e}; its result:"), highlight=False, soft_wrap=True)
         if json_out:
             emit_json(e.result)
         else:
             summary_table(e.result, console())
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        raise typer.Exit(EXIT_OK) from None
     except ConfigError as e:
         bad_input(str(e))
     err.print(

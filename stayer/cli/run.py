@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 from rich.text import Text
 
 from stayer.cli.common import (
@@ -20,11 +19,14 @@ from stayer.cli.common import (
     app,
     bad_input,
     console,
+    dash,
     emit_json,
     environment_error,
     is_store_error,
     parse_decimal,
     stderr,
+    step_notes,
+    usd,
 )
 from stayer.errors import ConfigError
 
@@ -51,7 +53,13 @@ def run(
     otlp: Annotated[str | None, typer.Option("--otlp", help="Export OpenTelemetry spans to this OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Run an agent on one task, verify the result, and report cost per step."""
+    """Run an agent on one task, verify the result, and report cost per step.
+
+    Exit 0 succeeded, 1 failed, 2 bad input, 3 budget exhausted.
+
+    \b
+    Example:  stayer run examples/hello-file --model sim:claude-sonnet-4-5 --max-cost 0.05
+    """
     from stayer.eval.trial import RunConfig, prepare
 
     config = RunConfig(
@@ -105,6 +113,8 @@ def finish(run: Callable[[], Any], json_out: bool, run_id: str) -> NoReturn:
 
     A full disk or a journal database gone mid-run stops the run where its journal says it
     was: one line saying so, exit 2, and ``stayer resume`` continues it."""
+    import asyncio
+
     try:
         doc = asyncio.run(run())
     except ConfigError as e:
@@ -124,46 +134,137 @@ def exit_code(status: str) -> int:
 
 
 def step_printer(err: Console) -> Callable[[Any], None]:
-    """One progress line per step on ``err``, with the running total."""
+    """One progress line per step on ``err``: model, context, cache, cost with the running
+    total, tools, and why the cache broke or the context was compacted."""
     totals: list[Decimal | None] = [Decimal(0)]
 
     def _running_total(entry: Any) -> str:
         t = totals[0]
         totals[0] = None if t is None or entry.cost.total is None else t + entry.cost.total
-        return "unknown" if totals[0] is None else f"{totals[0]:.6f}"
+        return usd(totals[0])
 
     def progress(entry: Any) -> None:
         d = entry.to_dict()
         tools = ",".join(c["name"] for c in d["tool_calls"]) or "-"
-        step_cost = d["cost_usd"] if d["cost_usd"] == "unknown" else f"{Decimal(d['cost_usd']):.6f}"
-        err.print(
-            Text(
-                f"step {d['step']:>3} │ ctx {d['context_tokens']:>9,} │ cache {d['cache_hit_ratio'] * 100:5.1f}% │ "
-                f"${step_cost} │ total ${_running_total(entry)} │ {tools}"
-            ),
-            highlight=False,
-            soft_wrap=True,
+        line = (
+            f"step {d['step']:>3} │ {d['model']} │ ctx {d['context_tokens']:>9,} │ "
+            f"cache {d['cache_hit_ratio'] * 100:5.1f}% │ {usd(d['cost_usd'])} │ "
+            f"total {_running_total(entry)} │ {tools}"
         )
+        notes = step_notes(d)
+        err.print(escape(line + "".join(f" │ {n}" for n in notes)), highlight=False, soft_wrap=True)
 
     return progress
 
 
 def summary_table(doc: dict[str, Any], console: Console) -> None:
-    t = Table(title=Text(f"run {doc['run_id']} · {doc['task']} · {doc['model']}"), show_header=False)
+    """The result: a table of figures, then why the run stopped, the wrap-up summary, the
+    verifier's output when it failed, and what to do next."""
+    from rich.table import Table
+
+    console.print(
+        f"[bold]run {escape(doc['run_id'])}[/] · {escape(doc['task'])} · {escape(doc['model'])}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    t = Table(show_header=False)
     u = doc["usage"]
     rows = [
         ("status", doc["status"]),
-        ("stop reason", doc.get("stop_reason") or "–"),
-        ("reward", str(doc["reward"])),
+        ("stop reason", dash(doc.get("stop_reason"))),
+        ("reward", dash(doc["reward"])),
         ("steps", str(doc["steps"])),
         ("input tokens", f"{u['input_tokens']:,}"),
         ("  cache read", f"{u['cache_read_tokens']:,}"),
         ("  cache write", f"{u['cache_write_tokens']:,}"),
         ("output tokens", f"{u['output_tokens']:,} (reasoning {u['reasoning_tokens']:,})"),
-        ("cost (USD)", doc["cost_usd"]),
+        ("cost (USD)", usd(doc["cost_usd"])),
     ]
-    if doc.get("error"):
-        rows.append(("error", doc["error"]))
+    if doc.get("compactions"):
+        rows.append(("compactions", str(doc["compactions"])))
     for k, v in rows:
         t.add_row(k, Text(str(v)))
     console.print(t)
+    explain(doc, console)
+
+
+def explain(doc: dict[str, Any], console: Console) -> None:
+    """Why the run ended as it did, and the next step, in words."""
+
+    def say(label: str, text: str = "") -> None:
+        console.print(f"[bold]{label}:[/] {escape(text)}".rstrip(), highlight=False, soft_wrap=True)
+
+    stop = stop_detail(doc)
+    if stop:
+        say("stopped", stop)
+    if doc.get("error"):
+        say("error", doc["error"])
+    summary = (doc.get("summary") or "").strip()
+    if summary and doc["status"] != "succeeded":
+        say("wrap-up summary" if doc["status"] == "budget_exhausted" else "summary")
+        for line in summary.splitlines():
+            console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+    verifier = doc.get("verifier") or {}
+    tail = (verifier.get("output_tail") or "").strip()
+    if doc["status"] != "succeeded" and tail:
+        lines = tail.splitlines()[-VERIFIER_TAIL_LINES:]
+        say("verifier output", f"(last {len(lines)} lines, exit code {dash(verifier.get('exit_code'))})")
+        for line in lines:
+            console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+    say("next", next_step(doc))
+
+
+VERIFIER_TAIL_LINES = 15
+
+
+def stop_detail(doc: dict[str, Any]) -> str:
+    """The reason the run stopped, with the breaker's own words when one stopped it."""
+    reason = doc.get("stop_reason") or ""
+    hard = [b for b in doc.get("breakers") or () if not b.get("soft")]
+    if hard:
+        return f"{hard[-1]['reason']}: {hard[-1]['detail']}"
+    return STOP_WORDS.get(reason, reason)
+
+
+STOP_WORDS = {"submit": "the agent submitted its work (then the verifier ran)"}
+
+
+def next_step(doc: dict[str, Any]) -> str:
+    run_id, status, reason = doc["run_id"], doc["status"], doc.get("stop_reason") or ""
+    if status == "succeeded":
+        return f"`stayer report {run_id}` shows the cost of every step"
+    if status == "budget_exhausted":
+        if reason == "max_cost":
+            need = next_call_cost(doc)
+            spent = Decimal(doc["cost_usd"]) if doc["cost_usd"] != "unknown" else Decimal(0)
+            floor = f" to ≥ {usd(round_up(spent + need))}" if need is not None else ""
+            return f"raise --max-cost{floor} (each further step costs about as much again)"
+        if reason == "max_steps":
+            return f"raise --max-steps above {doc['steps']}, or read the wrap-up summary above"
+        return f"read the wrap-up summary above; `stayer report {run_id}` shows every step"
+    if status == "error":
+        return f"`stayer doctor` checks this machine; `stayer resume {run_id}` retries from the journal"
+    return (
+        f"read the verifier output above; `stayer report {run_id}` shows every step; "
+        f"`stayer tasks check {doc.get('task_path') or doc['task']}` checks the task itself"
+    )
+
+
+def next_call_cost(doc: dict[str, Any]) -> Decimal | None:
+    """What the call that did not fit needed, from the max_cost breaker's words."""
+    import re
+
+    for b in reversed(doc.get("breakers") or ()):
+        m = re.search(r"worst case \(\$([0-9.]+)", b.get("detail", ""))
+        if b.get("reason") == "max_cost" and m:
+            return Decimal(m.group(1))
+    return None
+
+
+def round_up(amount: Decimal) -> Decimal:
+    """Up to two significant digits: $0.009278 → $0.0093."""
+    if amount <= 0:
+        return amount
+    exponent = amount.adjusted() - 1
+    step = Decimal(1).scaleb(exponent)
+    return (amount / step).to_integral_value(rounding="ROUND_CEILING") * step

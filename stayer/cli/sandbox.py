@@ -2,14 +2,13 @@
 
 Same sandbox, same limits and same defaults as the agent's bash tool, so that a user can
 check a task's environment (is the compiler there? does the network stay shut?) or try an
-escape by hand. Exit code: 0 when the command ran and exited 0, 1 when it failed, timed out
-or broke a limit (its own exit code is in the output), 2 for bad input, including a machine
-where bubblewrap cannot run.
+escape by hand. Exit code: the command's own, as from a shell (128 + N when signal N killed
+it); 124 when it timed out, as timeout(1) says; 2 for bad input too, including a machine
+where bubblewrap cannot run (then with a one-line error and nothing on stdout).
 """
 
 from __future__ import annotations
 
-import asyncio
 import shlex
 import shutil
 import sys
@@ -20,15 +19,21 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from stayer.cli.common import EXIT_FAILED, EXIT_OK, JsonFlag, app, bad_input, emit_json, stderr
-from stayer.errors import ConfigError
-from stayer.sandbox.bwrap import DEFAULT_MAX_PROCESSES
-
-sandbox_app = typer.Typer(
-    no_args_is_help=True, help="Run commands in the agent's sandbox.", add_completion=False
+from stayer.cli.common import (
+    JsonFlag,
+    app,
+    bad_input,
+    emit_json,
+    stderr,
+    sub_app,
 )
+from stayer.errors import ConfigError
+
+sandbox_app = sub_app("Run commands in the agent's sandbox.")
 app.add_typer(sandbox_app, name="sandbox")
 
+# timeout(1)'s exit status for a command it had to kill.
+EXIT_TIMED_OUT = 124
 # The agent's own default per command (ToolContext.command_timeout).
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -45,13 +50,21 @@ def exec_command(
     allow_net: Annotated[bool, typer.Option("--allow-net", help="Share the host's network (as allow_internet = true in task.toml).")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the command and everything it started are killed.")] = DEFAULT_TIMEOUT_S,
     memory: Annotated[int | None, typer.Option("--memory", help="Address space per process, MiB (default: unlimited).")] = None,
-    max_processes: Annotated[int | None, typer.Option("--max-processes", help=f"Processes at once (default: {DEFAULT_MAX_PROCESSES} under bwrap).")] = None,
+    max_processes: Annotated[int | None, typer.Option("--max-processes", help="Processes at once (default: the agent's limit).")] = None,
     max_file_mb: Annotated[int | None, typer.Option("--max-file-mb", help="Largest file a process may write, MiB.")] = None,
     storage_mb: Annotated[int | None, typer.Option("--storage-mb", help="What /app (and /tmp) may hold, MiB.")] = None,
     sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local (no isolation, only by name).")] = "bwrap",
     json_out: JsonFlag = False,
 ) -> None:
-    """Run one command in the sandbox exactly as the agent's bash tool would."""
+    """Run one command in the sandbox exactly as the agent's bash tool would.
+
+    Exits with the command's own exit code (124 when it timed out).
+
+    \b
+    Example:  stayer sandbox exec -- python3 -c 'import socket; socket.create_connection(("1.1.1.1", 53))'
+    """
+    import asyncio
+
     from stayer.sandbox import make_sandbox
     from stayer.settings import SandboxSettings, check_flags
 
@@ -102,5 +115,11 @@ def exec_command(
         if result.truncated:
             notes.append("output truncated in the middle")
         stderr().print(Text(f"sandbox ({sandbox}): " + " · ".join(notes), style="dim"), soft_wrap=True)
-    ok = result.exit_code == 0 and not result.timed_out
-    raise typer.Exit(EXIT_OK if ok else EXIT_FAILED)
+    raise typer.Exit(command_exit_code(result))
+
+
+def command_exit_code(result: Any) -> int:
+    """What a shell would report: the command's status, 128 + N for signal N, 124 on timeout."""
+    if result.timed_out:
+        return EXIT_TIMED_OUT
+    return 128 - result.exit_code if result.exit_code < 0 else result.exit_code

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated
@@ -12,12 +9,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json, parse_decimal, stderr
+from stayer.cli.common import JsonFlag, app, bad_input, emit_json, parse_decimal, stderr, sub_app
 from stayer.errors import ConfigError
 
-tenants_app = typer.Typer(no_args_is_help=True, help="Tenants of the runtime: API keys and dollar budgets.")
+# asyncio, signal and rich.table are imported inside the commands: `stayer --help` and the
+# other commands load this module too (see stayer.cli.common).
+tenants_app = sub_app("Tenants of the runtime: API keys and dollar budgets.")
 app.add_typer(tenants_app, name="tenants")
 
 TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
@@ -110,7 +108,11 @@ def tenants_budget(
 
 @tenants_app.command("list")
 def tenants_list(json_out: JsonFlag = False) -> None:
-    """The tenants, with their budgets: cap, spent, held by running runs, available."""
+    """The tenants, with their budgets: cap, spent, held by running runs, available.
+
+    Example: stayer tenants list --json"""
+    from rich.table import Table
+
     try:
         db, budgets = _service_db(), _budgets()
         rows = [{"tenant": n, "created_at": c, **_account_doc(budgets.account(n))} for n, c in db.tenants()]
@@ -163,6 +165,8 @@ def serve(
     """Serve the HTTP API (and, by default, one embedded worker) on the journal.
 
     Example: stayer serve --tasks-dir examples --port 8080"""
+    import asyncio
+
     import uvicorn
 
     from stayer.runtime.api import create_app
@@ -216,6 +220,10 @@ def worker(
     number of machines, one database: STAYER_DB=postgresql://…).
 
     Example: STAYER_DB=postgresql://… stayer worker --concurrency 8 --tasks-dir tasks"""
+    import asyncio
+    import contextlib
+    import signal
+
     from stayer.runtime.webhooks import Webhooks
     from stayer.runtime.worker import Worker
 

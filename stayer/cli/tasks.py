@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from stayer.cli.common import (
@@ -18,11 +16,12 @@ from stayer.cli.common import (
     console,
     emit_json,
     stderr,
+    sub_app,
 )
 from stayer.cli.eval import report_problems
 from stayer.errors import ConfigError
 
-tasks_app = typer.Typer(no_args_is_help=True, help="Check task suites; import Terminal-Bench tasks.")
+tasks_app = sub_app("Check task suites; import Terminal-Bench tasks.")
 app.add_typer(tasks_app, name="tasks")
 
 
@@ -36,7 +35,15 @@ def check(
     """Check every task of a suite before trusting it.
 
     Per task: the oracle passes, doing nothing fails, verdicts are stable, the oracle leaves
-    time to spare, the agent cannot see tests or solution, and the task can run here."""
+    time to spare, the agent cannot see tests or solution, and the task can run here.
+
+    \b
+    Example:  stayer tasks check examples
+    """
+    import asyncio
+
+    from rich.table import Table
+
     from stayer.eval.checks import TaskCheck, check_suite
     from stayer.sandbox.bwrap import check_bwrap
     from stayer.settings import CheckSettings, check_flags
@@ -79,7 +86,11 @@ def import_tb_command(
     dest: Annotated[str, typer.Argument(help="Suite directory to write the Harbor-layout tasks into.")],
     json_out: JsonFlag = False,
 ) -> None:
-    """Convert Terminal-Bench tasks (task.yaml, solution.sh, run-tests.sh, tests/) to the Harbor layout."""
+    """Convert Terminal-Bench tasks (task.yaml, solution.sh, run-tests.sh, tests/) to the Harbor layout.
+
+    \b
+    Example:  stayer tasks import-tb terminal-bench/tasks suites/tb
+    """
     from stayer.eval.import_tb import import_tb
     from stayer.eval.suite import ProblemsError
 

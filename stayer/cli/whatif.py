@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from decimal import Decimal
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json
 from stayer.errors import ConfigError
@@ -26,11 +24,17 @@ def whatif(
     """Replay a trajectory (actions and observations fixed) through context policies; an estimate.
 
     Shows what the recording cost, its replay under the recorded model and policy (the
-    replay's own error), and each policy's difference from that replay."""
+    replay's own error), and each policy's difference from that replay.
+
+    \b
+    Example:  stayer whatif 20260101-120000-a1b2c3 --model sim:claude-haiku-4-5 --policy auto,mask:5
+    """
+    import asyncio
+
     from stayer.context.layout import Context
     from stayer.context.policies import make_policy
     from stayer.context.whatif import compare, load_trace
-    from stayer.eval.trial import stayer_home
+    from stayer.journal.store import stayer_home
     from stayer.models.caching import provider_of
     from stayer.pricing import PriceBook
     from stayer.settings import RunSettings, check_flags
@@ -67,6 +71,8 @@ def whatif(
 
 def comparison_table(doc: dict[str, Any], console: Console) -> None:
     """Recorded, the baseline replay, and every scenario, in one table."""
+    from rich.table import Table
+
     recorded, baseline = doc["recorded"], doc["baseline"]
     t = Table(title=f"what-if (estimate): {escape(recorded['source'])}")
     for h in ("", "model", "policy", "USD", "Δ USD", "calls", "cache hit", "peak ctx", "compactions"):

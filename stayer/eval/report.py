@@ -1,154 +1,291 @@
-"""``report.html``: one self-contained page (inline SVG, no scripts, no links) that can be
-mailed or opened offline: the cost–success Pareto plot, the per-task outcome grid, cost
-distributions, and the tables behind them.
+"""``report.html``: one self-contained page (inline SVG, no scripts, nothing fetched) that
+can be mailed or opened offline — a header (when, which stayer, the settings, total cost
+and time), the configurations and their comparisons, the cost–success plot, the outcome
+grid per task, cost per trial, and every trial, linked to a page per run (``runs/ID.html``:
+the transcript, per-step cost, context and cache, cache breaks and compactions).
 
-Plots need matplotlib (``pip install 'stayer[report]'``); without it the page still has
-every table and says how to get the plots.
+Plots are written as SVG directly (``stayer.svgplot``): rendering a report takes
+milliseconds, so re-running an evaluation whose trials are all done is instant.
 """
 
 from __future__ import annotations
 
 import html
-import io
+import json
 from collections.abc import Sequence
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
-_STYLE = """
-body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
-table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
+from stayer.svgplot import Point, Series, line_chart, points_chart, strip_chart
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;padding:0 1em;color:#222;line-height:1.4}
+table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right;vertical-align:top}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}.note{color:#666}
+.header{display:grid;grid-template-columns:max-content auto;gap:2px 1em;margin:1em 0}.header dt{color:#666}
+.header dd{margin:0}td.grid{text-align:center;min-width:6em}td.left{text-align:left}
+pre{white-space:pre-wrap;background:#f7f7f7;padding:.5em;margin:.2em 0;max-height:24em;overflow:auto}
+.msg{border-left:3px solid #ccc;padding-left:.6em;margin:.8em 0}.msg.assistant{border-color:#1f77b4}
+.msg.tool{border-color:#2ca02c}td a{white-space:nowrap}.msg.user{border-color:#999}.plots{display:flex;flex-wrap:wrap;gap:1em}
 """
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "–"
+def fmt(value: Any, digits: int = 3) -> str:
+    """A cell for people: "—" for nothing, floats rounded."""
+    if value is None or value == "":
+        return "—"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
 
 
-def _svg(fig: Any) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prologue and doctype: inline SVG
+def usd(value: Any) -> str:
+    if value in (None, ""):
+        return "—"
+    if value == "unknown":
+        return "unknown"
+    return f"${Decimal(value):,.6f}"
 
 
-def _figure(width: float, height: float) -> Any:
-    # The object API (no pyplot): no global figure registry, no GUI backend.
-    from matplotlib.figure import Figure
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Cells are escaped text, except those given as ``("html", markup)``."""
 
-    return Figure(figsize=(width, height))
+    def cell(v: Any) -> str:
+        if isinstance(v, tuple) and v and v[0] == "html":
+            return f"<td>{v[1]}</td>"
+        return f"<td>{html.escape(fmt(v))}</td>"
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(cell(v) for v in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def page(title: str, body: Sequence[str]) -> str:
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        "<meta name=viewport content='width=device-width,initial-scale=1'>"
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+        + "\n".join(body)
+        + "</body></html>\n"
+    )
+
+
+def total_cost(records: Sequence[dict[str, Any]]) -> str:
+    total = Decimal(0)
+    for r in records:
+        if r.get("cost_usd") in (None, "unknown"):
+            return "unknown"
+        total += Decimal(r["cost_usd"])
+    return str(total)
+
+
+def header(doc: dict[str, Any], records: Sequence[dict[str, Any]]) -> str:
+    settings = doc.get("settings") or {}
+    rows = [
+        ("date", doc.get("finished", "—")),
+        ("stayer", doc.get("stayer_version", "—")),
+        ("suite", doc.get("suite", "—")),
+        ("trials", f"{doc.get('trials_total', len(records))} ({doc.get('trials_reused', 0)} reused from an earlier run)"),
+        ("total cost", usd(total_cost(records))),
+        ("wall time", f"{fmt(doc.get('wall_s'), 1)} s (trials together: {sum(r.get('wall_s') or 0 for r in records):,.1f} s)"),
+        *((k.replace("_", " "), fmt(v)) for k, v in settings.items()),
+    ]
+    items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in rows)
+    return f"<dl class=header>{items}</dl>"
 
 
 def pareto_plot(configs: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]]) -> str:
-    fig = _figure(7, 4.5)
-    ax = fig.add_subplot()
-    for c in configs:
-        if c["mean_cost_usd"] in ("unknown", None) or c["success_rate"] is None:
-            continue
-        x, y = float(Decimal(c["mean_cost_usd"])), c["success_rate"]
-        ax.errorbar(x, y, yerr=[[y - c["ci_low"]], [c["ci_high"] - y]], fmt="o", capsize=4)
-        ax.annotate(c["label"], (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
-    if front:
-        ax.plot(
-            [float(Decimal(p["mean_cost_usd"])) for p in front],
-            [p["success_rate"] for p in front],
-            "--s", color="grey", markerfacecolor="none", markersize=14, label="Pareto frontier",
-        )
-        ax.legend(loc="lower right", fontsize=8)
-    ax.set_xlabel("mean cost per trial (USD)")
-    ax.set_ylabel("success rate (Wilson 95 % interval)")
-    ax.set_ylim(-0.05, 1.05)
-    ax.grid(alpha=0.3)
-    return _svg(fig)
+    points = [
+        Point(float(Decimal(c["mean_cost_usd"])), c["success_rate"], c["label"], c["ci_low"], c["ci_high"])
+        for c in configs
+        if c["mean_cost_usd"] not in ("unknown", None) and c["success_rate"] is not None
+    ]
+    frontier = [(float(Decimal(p["mean_cost_usd"])), p["success_rate"]) for p in front]
+    return points_chart(
+        points, front=frontier, ylim=(0.0, 1.0), title="cost vs success (dashed: Pareto frontier)",
+        xlabel="mean cost per trial (USD)", ylabel="success rate (Wilson 95 % interval)",
+    )
 
 
 def outcome_grid(tasks: Sequence[dict[str, Any]], configs: Sequence[dict[str, Any]]) -> str:
-    ids = [c["id"] for c in configs]
-    fig = _figure(1.6 + 1.4 * len(ids), 1.0 + 0.32 * len(tasks))
-    ax = fig.add_subplot()
-    cells = []
-    for row in tasks:
-        cells.append([
-            row["results"][i]["successes"] / row["results"][i]["trials"] if row["results"][i]["trials"] else float("nan")
-            for i in ids
-        ])
-    ax.imshow(cells, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
-    for y, row in enumerate(tasks):
-        for x, i in enumerate(ids):
-            r = row["results"][i]
-            text = f"{r['successes']}/{r['trials']}" + (f" +{r['infra_errors']} infra" if r["infra_errors"] else "")
-            ax.text(x, y, text, ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(len(ids)), [c["label"] for c in configs], rotation=20, ha="right", fontsize=8)
-    ax.set_yticks(range(len(tasks)), [t["task"] for t in tasks], fontsize=8)
-    ax.set_title("solved / judged trials per task", fontsize=9)
-    return _svg(fig)
+    """Tasks × configurations as a table coloured by success: labels are plain text."""
+    head = "<tr><th>task</th>" + "".join(f"<th>{html.escape(c['label'])}</th>" for c in configs) + "</tr>"
+    rows = []
+    for t in tasks:
+        cells = []
+        for c in configs:
+            r = t["results"][c["id"]]
+            rate = r["successes"] / r["trials"] if r["trials"] else None
+            text = f"{r['successes']}/{r['trials']}" + (f" (+{r['infra_errors']} infra)" if r["infra_errors"] else "")
+            color = "#eee" if rate is None else f"hsl({round(120 * rate)},60%,80%)"
+            cells.append(f"<td class=grid style='background:{color}'>{html.escape(text)}</td>")
+        rows.append(f"<tr><td>{html.escape(t['task'])}</td>{''.join(cells)}</tr>")
+    return f"<table>{head}{''.join(rows)}</table><p class=note>solved / judged trials per task</p>"
 
 
 def cost_distribution(configs: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]) -> str:
-    fig = _figure(7, 3.5)
-    ax = fig.add_subplot()
-    data, labels = [], []
-    for c in configs:
-        costs = [
-            float(Decimal(r["cost_usd"])) for r in records
-            if r["config_key"] == c["id"] and r["cost_usd"] != "unknown"
-        ]
-        if costs:
-            data.append(costs)
-            labels.append(c["label"])
-    if data:
-        ax.boxplot(data, orientation="horizontal", showmeans=True)
-        ax.set_yticks(range(1, len(labels) + 1), labels, fontsize=8)
-    ax.set_xlabel("cost per trial (USD)")
-    ax.grid(alpha=0.3, axis="x")
-    return _svg(fig)
+    groups = [
+        (
+            c["label"],
+            [float(Decimal(r["cost_usd"])) for r in records if r["config_key"] == c["id"] and r["cost_usd"] != "unknown"],
+        )
+        for c in configs
+    ]
+    return strip_chart(groups, title="cost per trial (bar: mean)", xlabel="cost per trial (USD)")
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>" for row in rows
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
+def run_link(record: dict[str, Any]) -> Any:
+    run_id = record.get("run_id")
+    if not run_id:
+        return None
+    return ("html", f"<a href='runs/{html.escape(run_id)}.html'>{html.escape(run_id)}</a>")
 
 
 def render(doc: dict[str, Any], records: Sequence[dict[str, Any]], title: str = "stayer eval") -> str:
     configs = doc["configs"]
-    parts = [f"<h1>{html.escape(title)}</h1>"]
-    parts.append("<h2>Configurations</h2>")
-    parts.append(_table(
-        ["configuration", "trials", "successes", "success rate", "95 % CI", "mean cost (USD)",
-         "cost per success (USD)", "mean tokens", "infra errors"],
+    parts = [f"<h1>{html.escape(title)}</h1>", header(doc, records), "<h2>Configurations</h2>"]
+    parts.append(table(
+        ["configuration", "trials", "successes", "success rate", "95 % CI", "mean cost",
+         "cost per success", "mean tokens", "infra errors"],
         [[c["label"], c["trials"], c["successes"], c["success_rate"],
-          f"{_fmt(c['ci_low'])} – {_fmt(c['ci_high'])}", c["mean_cost_usd"],
-          c["cost_per_success_usd"], c["mean_tokens"], c["infra_errors"]] for c in configs],
+          f"{fmt(c['ci_low'])} – {fmt(c['ci_high'])}", usd(c["mean_cost_usd"]),
+          usd(c["cost_per_success_usd"]), c["mean_tokens"], c["infra_errors"]] for c in configs],
     ))
     ks = sorted({k for c in configs for k in c["pass_at_k"]}, key=int)
-    parts.append(_table(
+    parts.append(table(
         ["configuration", *[f"pass@{k}" for k in ks], *[f"pass^{k}" for k in ks]],
         [[c["label"], *[c["pass_at_k"].get(k) for k in ks], *[c["pass_hat_k"].get(k) for k in ks]] for c in configs],
     ))
     if doc["comparisons"]:
         parts.append("<h2>Paired comparisons</h2>")
-        parts.append(_table(
-            ["A", "B", "pairs", "A only", "B only", "success diff (B − A)", "test", "p", "verdict", "cost diff (USD)"],
+        parts.append(table(
+            ["A", "B", "pairs", "A only", "B only", "success diff (B − A)", "test", "p", "verdict", "cost diff"],
             [[x["a"]["label"], x["b"]["label"], x["pairs"], x["a_only"], x["b_only"], x["success_diff"],
-              x["test"], x["p_value"], x["verdict"], x["cost_diff_usd"]] for x in doc["comparisons"]],
+              x["test"], x["p_value"], x["verdict"], usd(x["cost_diff_usd"])] for x in doc["comparisons"]],
         ))
+    parts.append("<h2>Cost vs success</h2>" + pareto_plot(configs, doc["pareto"]))
+    parts.append("<h2>Outcomes per task</h2>" + outcome_grid(doc["tasks"], configs))
+    parts.append("<h2>Cost per trial</h2>" + cost_distribution(configs, records))
+    parts.append("<h2>Trials</h2>")
+    labels = {c["id"]: c["label"] for c in configs}
+    ordered = sorted(records, key=lambda r: (r["task"], labels.get(r["config_key"], ""), r["epoch"]))
+    parts.append(table(
+        ["task", "configuration", "epoch", "status", "reward", "steps", "cost", "wall s", "run", "why"],
+        [[r["task"], labels.get(r["config_key"], r["config_key"]), r["epoch"], r["status"], r.get("reward"),
+          r.get("steps"), usd(r.get("cost_usd")), r.get("wall_s"), run_link(r),
+          r.get("error") or r.get("stop_reason")] for r in ordered],
+    ))
+    return page(title, parts)
+
+
+# --- one run ---------------------------------------------------------------------------------
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """A run's result document and transcript, or None if it left no result."""
     try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        parts.append("<p class=note>Plots need matplotlib: <code>pip install 'stayer[report]'</code>.</p>")
-    else:
-        parts.append("<h2>Cost vs success</h2>" + pareto_plot(configs, doc["pareto"]))
-        parts.append("<h2>Outcomes per task</h2>" + outcome_grid(doc["tasks"], configs))
-        parts.append("<h2>Cost per trial</h2>" + cost_distribution(configs, records))
-    return (
-        "<!doctype html><html><head><meta charset=utf-8>"
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
-        + "\n".join(parts) + "</body></html>\n"
-    )
+        result = json.loads((run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    transcript = []
+    try:
+        for line in (run_dir / "trajectory.jsonl").read_text().splitlines():
+            if line.strip():
+                try:
+                    transcript.append(json.loads(line))
+                except ValueError:
+                    break  # a torn last line
+    except OSError:
+        pass
+    return result, transcript
+
+
+def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> str:
+    """One run: summary, per-step plots, the ledger with cache breaks and compactions, and
+    the transcript."""
+    ledger = [e for e in result.get("ledger", []) if e.get("kind") != "lost_in_flight"]
+    title = f"run {result['run_id']}"
+    parts = [
+        "<p><a href='../report.html'>← evaluation report</a></p>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
+    facts = [
+        ("task", result.get("task")), ("model", result.get("model")), ("status", result.get("status")),
+        ("reward", result.get("reward")), ("steps", result.get("steps")), ("cost", usd(result.get("cost_usd"))),
+        ("stop reason", result.get("stop_reason")), ("started", result.get("started")),
+        ("finished", result.get("finished")),
+    ]
+    parts.append("<dl class=header>" + "".join(
+        f"<dt>{html.escape(k)}</dt><dd>{html.escape(fmt(v))}</dd>" for k, v in facts) + "</dl>")
+    if result.get("summary"):
+        parts.append(f"<h2>Summary</h2><pre>{html.escape(result['summary'])}</pre>")
+    tail = (result.get("verifier") or {}).get("output_tail")
+    if tail and result.get("status") != "succeeded":
+        parts.append(f"<h2>Verifier output</h2><pre>{html.escape(tail)}</pre>")
+    if ledger:
+        steps = [e["step"] for e in ledger]
+        running, costs = Decimal(0), []
+        for e in ledger:
+            running += Decimal(0) if e["cost_usd"] == "unknown" else Decimal(e["cost_usd"])
+            costs.append((e["step"], float(running)))
+        breaks = [e["step"] for e in ledger if e.get("cache_break")]
+        parts.append("<h2>Per step</h2><div class=plots>")
+        parts.append(line_chart([Series("cost", costs)], title="cumulative cost (USD)", xlabel="step", marks=breaks))
+        parts.append(line_chart(
+            [Series("context", [(e["step"], e["context_tokens"]) for e in ledger])],
+            title="context (tokens); red: cache breaks", xlabel="step", marks=breaks,
+        ))
+        parts.append(line_chart(
+            [Series("hit ratio", list(zip(steps, [e["cache_hit_ratio"] for e in ledger], strict=True)), dots=True)],
+            title="cache hit ratio", xlabel="step", ylim=(0.0, 1.0),
+        ))
+        parts.append("</div>")
+        parts.append(table(
+            ["step", "model", "context", "cache %", "cost", "tools", "tool errors", "cache break", "compaction"],
+            [[e["step"], e.get("model"), f"{e['context_tokens']:,}", f"{e['cache_hit_ratio'] * 100:.1f}",
+              usd(e["cost_usd"]), ", ".join(c["name"] for c in e.get("tool_calls", [])) or "—",
+              e.get("tool_errors", 0),
+              f"{e['cache_break']['reason']}: {e['cache_break'].get('detail') or ''}" if e.get("cache_break") else None,
+              (f"{e['compaction']['tokens_before']:,} → {e['compaction']['tokens_after']:,} ({e['compaction']['reason']})"
+               if e.get("compaction") else None)] for e in ledger],
+        ))
+    if transcript:
+        parts.append("<h2>Transcript</h2>")
+        for m in transcript:
+            role = m.get("role", "?")
+            calls = "".join(
+                f"<pre>→ {html.escape(c.get('name', '?'))} {html.escape(call_text(c.get('arguments', '')))}</pre>"
+                for c in m.get("tool_calls", [])
+            )
+            kind = f" · {html.escape(m['kind'])}" if m.get("kind") else ""
+            parts.append(
+                f"<div class='msg {html.escape(role)}'><b>{html.escape(role)}</b>{kind}"
+                f"<pre>{html.escape(m.get('content') or '')}</pre>{calls}</div>"
+            )
+    return page(title, parts)
+
+
+def call_text(arguments: str) -> str:
+    """A tool call's arguments for reading: a bash command as the command itself."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(args, dict) and set(args) == {"command"} and isinstance(args["command"], str):
+        return args["command"]
+    return json.dumps(args, indent=1, ensure_ascii=False)
+
+
+def write_run_pages(out: Path, records: Sequence[dict[str, Any]], write: Any) -> int:
+    """``out/runs/ID.html`` for every trial whose run left a result; the number written."""
+    written = 0
+    for r in records:
+        if not r.get("run_id") or not r.get("run_dir"):
+            continue
+        found = read_run(Path(r["run_dir"]))
+        if found is None:
+            continue
+        write(out / "runs" / f"{r['run_id']}.html", run_page(*found))
+        written += 1
+    return written

@@ -33,6 +33,7 @@ from stayer.guard.breakers import GuardConfig, TreeFingerprint
 from stayer.guard.budget import Budget
 from stayer.journal import RunJournal, Store, lost_ledger_entries, open_store
 from stayer.journal.codec import message_record
+from stayer.journal.store import stayer_home
 from stayer.models.base import Message, Model
 from stayer.models.registry import make_real_model, split_spec
 from stayer.models.sim import SimModel
@@ -47,14 +48,6 @@ from stayer.tokens import MessageCounter, TiktokenCounter
 from stayer.tools import default_tools
 from stayer.tools.base import Tool, ToolContext
 from stayer.usage import Usage
-
-
-def stayer_home() -> Path:
-    home = os.environ.get("STAYER_HOME") or ".stayer"
-    if not home.isprintable() or not home.encode("utf-8", "replace").decode() == home:
-        # The journal stores paths as UTF-8 text (SQLite, JSON): such a name cannot be kept.
-        raise ConfigError(f"STAYER_HOME {home!r}: not a UTF-8 path; choose a directory whose name is UTF-8")
-    return Path(home)
 
 
 def make_run_dir(run_dir: Path, *, exist_ok: bool) -> None:
@@ -147,14 +140,14 @@ def prepare(
     task = load_task(config.task_dir)
     prices = prices or PriceBook.load()
     counter = MessageCounter(TiktokenCounter())
-    model = build_model(config.model, config, task, counter)
+    model = model_for(config.model, config, task, counter, prices)
     if config.max_cost is not None and not prices.knows(model.model_id, model.provider):
         raise ConfigError(
             f"--max-cost: no price data for {config.model}, so a cost cap cannot be enforced; "
             "add its prices to stayer-prices.toml or drop --max-cost"
         )
     routing = prepare_routing(
-        config.config_file, config.model, lambda spec: build_model(spec, config, task, counter), prices, config.max_cost
+        config.config_file, config.model, lambda spec: model_for(spec, config, task, counter, prices), prices, config.max_cost
     )
     run_id = config.run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     if config.max_context is not None:
@@ -173,6 +166,17 @@ def prepare(
     if not resume and store.run(run_id) is not None:
         raise ConfigError(f"--run-id {run_id}: a run with this id already exists in {store.location}")
     return PreparedRun(config, task, model, counter, prices, run_id, run_dir, policy, store, opened, routing)
+
+
+def model_for(spec: str, config: RunConfig, task: Task, counter: MessageCounter, prices: PriceBook) -> Model:
+    """``build_model``, refusing a ``sim:`` model that no price data knows: it is a typo
+    (``sim:claude-sonet-4-5``) far more often than a model, and would be priced "unknown"."""
+    model = build_model(spec, config, task, counter)
+    if spec.startswith("sim:") and not prices.knows(model.model_id, model.provider):
+        close = [f"sim:{m}" for m in prices.closest(model.model_id, model.provider)]
+        hint = f"did you mean {' or '.join(close)}?" if close else "e.g. sim:claude-sonnet-4-5 or sim:gpt-5"
+        raise ConfigError(f"--model {spec}: no {model.provider} model of that name in the price data; {hint}")
+    return model
 
 
 def build_model(spec: str, config: RunConfig, task: Task, counter: MessageCounter) -> Model:

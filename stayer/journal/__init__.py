@@ -7,30 +7,66 @@
 * ``log`` — a journal read back (torn tail cut off);
 * ``snapshot`` — workspace snapshots in the blob store (for Postgres; SQLite journals use
   the sandbox's ``FileSnapshotStore`` beside the database).
+
+The names are imported when first used: ``stayer runs`` needs only the store, and the
+session pulls in the agent and the price data (a third of a second).
 """
 
-from stayer.journal.log import RunLog, load_log
-from stayer.journal.session import (
-    CacheStateful,
-    JournalStats,
-    ReplayDiverged,
-    RunFinished,
-    RunJournal,
-    lost_ledger_entries,
-)
-from stayer.journal.snapshot import BlobSnapshots
-from stayer.journal.store import (
-    SCHEMA_VERSION,
-    Event,
-    JournalError,
-    LeaseLost,
-    RunRow,
-    Store,
-    open_store,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name → the module that defines it
+_EXPORTS = {
+    "RunLog": "log",
+    "load_log": "log",
+    "CacheStateful": "session",
+    "JournalStats": "session",
+    "ReplayDiverged": "session",
+    "RunFinished": "session",
+    "RunJournal": "session",
+    "lost_ledger_entries": "session",
+    "BlobSnapshots": "snapshot",
+    "SCHEMA_VERSION": "store",
+    "Event": "store",
+    "JournalError": "store",
+    "LeaseLost": "store",
+    "RunRow": "store",
+    "Store": "store",
+    "open_store": "store",
+}
+
+if TYPE_CHECKING:
+    from stayer.journal.log import RunLog, load_log
+    from stayer.journal.session import (
+        CacheStateful,
+        JournalStats,
+        ReplayDiverged,
+        RunFinished,
+        RunJournal,
+        lost_ledger_entries,
+    )
+    from stayer.journal.snapshot import BlobSnapshots
+    from stayer.journal.store import (
+        SCHEMA_VERSION,
+        Event,
+        JournalError,
+        LeaseLost,
+        RunRow,
+        Store,
+        open_store,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
-    "SCHEMA_VERSION",
     "BlobSnapshots",
     "CacheStateful",
     "Event",
@@ -42,6 +78,7 @@ __all__ = [
     "RunJournal",
     "RunLog",
     "RunRow",
+    "SCHEMA_VERSION",
     "Store",
     "load_log",
     "lost_ledger_entries",

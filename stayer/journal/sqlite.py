@@ -16,13 +16,15 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stayer.journal.blobs import FileBlobStore, encode
 from stayer.journal.sql import SqlStore, schema
 from stayer.journal.store import JournalError
-from stayer.sandbox.snapshot import FileSnapshotStore, SnapshotStore
 from stayer.sqlite_tx import immediate
+
+if TYPE_CHECKING:
+    from stayer.sandbox.snapshot import FileSnapshotStore, SnapshotStore
 
 INLINE_MAX = 128 * 1024
 
@@ -97,6 +99,8 @@ class SqliteStore(SqlStore):
         # journal event names, resume falls back to an older one (or the task's own files)
         # and re-runs the journaled tool calls since, which the journal always has.
         if self._snapshots is None:
+            from stayer.sandbox.snapshot import FileSnapshotStore
+
             self._snapshots = FileSnapshotStore(self.path.parent / "snapshots")
         return self._snapshots
 

@@ -14,10 +14,12 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stayer.errors import ConfigError
-from stayer.sandbox.snapshot import SnapshotStore
+
+if TYPE_CHECKING:  # the snapshot code is only needed by runs, not by `stayer runs`
+    from stayer.sandbox.snapshot import SnapshotStore
 
 #: Version of the tables and event payloads this code writes. A journal written by a newer
 #: stayer is refused rather than misread.
@@ -133,6 +135,15 @@ class Store(Protocol):
         can resume them can read."""
 
     def close(self) -> None: ...
+
+
+def stayer_home() -> Path:
+    """Where state lives: ``$STAYER_HOME``, default ``./.stayer``."""
+    home = os.environ.get("STAYER_HOME") or ".stayer"
+    if not home.isprintable() or not home.encode("utf-8", "replace").decode() == home:
+        # The journal stores paths as UTF-8 text (SQLite, JSON): such a name cannot be kept.
+        raise ConfigError(f"STAYER_HOME {home!r}: not a UTF-8 path; choose a directory whose name is UTF-8")
+    return Path(home)
 
 
 def open_store(home: Path, url: str | None = None, *, create: bool = True) -> Store | None:

@@ -86,7 +86,8 @@ class SyntheticPolicy:
         words = " ".join(FILLER_WORDS)
         return (
             f"for i in $(seq -w 1 {lines}); do echo \"step {step} record $i: {words}\"; done"
-            f" | tee -a /app/synthetic.log"
+            # Relative to the working directory, /app: with --sandbox local there is no /app.
+            f" | tee -a synthetic.log"
         )
 
     def next_message(self, request: ModelRequest) -> Message:

@@ -24,7 +24,7 @@ Example::
     batch = false                        # or: the batch/flex tier, latency be what it may
 
     [failover]                           # after the adapter's retries fail
-    "anthropic:claude-sonnet-4-5" = ["openai:gpt-5"]
+    "sim:claude-sonnet-4-5" = ["sim:gpt-5"]  # real ones alike: "anthropic:…" = ["openai:…"]
 
     [subagents]                          # offer the `subagent` tool
     max_steps = 20

