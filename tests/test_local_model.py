@@ -106,3 +106,19 @@ def test_stop_never_signals_a_process_it_did_not_start(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_the_local_model_is_free_unless_priced_by_an_override(tmp_path: Path) -> None:
+    from decimal import Decimal
+
+    from stayer.pricing import PriceBook
+    from stayer.usage import Usage
+
+    u = Usage(input_tokens=1000, cache_read_tokens=600, output_tokens=10)
+    free = PriceBook().cost(u, local.MODEL_NAME, "local")
+    assert free.total == 0 and free.provider == "local"
+    assert not PriceBook().knows(local.MODEL_NAME, "openai")  # never priced as OpenAI's
+    override = tmp_path / "prices.toml"
+    override.write_text(f'[models."{local.MODEL_NAME}"]\nprovider = "local"\ninput = "1"\ncache_read = "0.1"\noutput = "2"\n')
+    priced = PriceBook(override).cost(u, local.MODEL_NAME, "local")
+    assert priced.total == (400 * Decimal(1) + 600 * Decimal("0.1") + 10 * Decimal(2)) / 1_000_000
