@@ -53,7 +53,7 @@ def build_command(
 @local_app.command("start")
 def start_command(
     port: Annotated[int | None, typer.Option("--port", help="Port on 127.0.0.1 (default: a free one).")] = None,
-    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: one per core).")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: half the cores).")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Start the server on 127.0.0.1 and wait until it is healthy (no-op if running)."""

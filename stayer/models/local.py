@@ -380,6 +380,13 @@ def healthy(state: ServerState, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def default_threads() -> int:
+    """Half the cores: llama.cpp's threads spin while they wait for each other, and on a
+    shared machine one thread preempted stalls the rest (on 2 busy cores, 2 threads ran
+    ten times slower than 1)."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 def start(paths: LocalModelPaths, *, port: int | None = None, threads: int | None = None) -> ServerState:
     """Start the server on 127.0.0.1 (a free port unless given) and wait until ``/health``
     answers 200. Already running: returns that server."""
@@ -399,7 +406,7 @@ def start(paths: LocalModelPaths, *, port: int | None = None, threads: int | Non
         "--port", str(port),
         "--ctx-size", str(CONTEXT_TOKENS),
         "--parallel", "1",  # one slot: each request reuses the previous one's KV cache
-        "--threads", str(threads or os.cpu_count() or 1),
+        "--threads", str(threads or default_threads()),
         "--temp", "0",
         "--seed", "0",
         "--jinja",
