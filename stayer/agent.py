@@ -274,7 +274,7 @@ class Agent:
                 result.status, result.error, result.stop_reason = "error", str(e), "model_error"
                 break
             step += 1
-            self.estimator.observe(context_tokens, response.usage.input_tokens)
+            self.estimator.observe(context_tokens, response.usage.input_tokens, len(request.messages))
             cost = self.prices.cost(
                 response.usage, self.model.model_id, self.model.provider, response.service_tier
             )
@@ -342,7 +342,7 @@ class Agent:
         provider has a count endpoint, its own count is asked for when the bound is not yet
         backed by a report (the first call) or would decide the call (the budget cannot
         hold its usual worst case): the error is then zero."""
-        estimate = self.estimator.estimate(counted)
+        estimate = self.estimator.estimate(counted, len(ctx.messages))
         count = getattr(self.model, "count_tokens", None)
         if count is None or guard.budget.available is None:
             return estimate

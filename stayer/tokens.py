@@ -133,65 +133,78 @@ class PromptEstimator:
     """Our count of the next prompt, anchored to the provider's count of the previous one.
 
     After each call the provider reports the prompt's true size (``input_tokens``). The
-    next prompt is that report plus what was added since (our count of the difference)
-    times a per-run factor: reported tokens per counted token over the growth between
-    consecutive prompts (the fixed prefix is framed differently from the history, so the
-    whole-prompt ratio is only the first guess). The bound puts ``ADDED_MARGIN`` on the
-    added part, at the largest ratio any single step has shown (and is never below the
-    blanket margin on our own count). A shrunk prompt (after a
-    compaction) is scaled by the last whole-prompt ratio instead. One estimator per model:
-    ``reset`` on a switch, since another model has another tokenizer."""
+    next prompt is that report plus what was added since: ``a`` tokens of framing per new
+    message (a chat template's role markers, tool-call wrappers) plus ``f`` of the
+    provider's tokens per token of ours, both fitted by least squares to the growth
+    between consecutive reports, with a weak prior of f = 1 and a = 0 (the fixed prefix is
+    framed differently from the history, so the first report's whole-prompt ratio is no
+    guide to new content). The bound puts ``ADDED_MARGIN`` on the added part, at the
+    largest growth ratio any step has shown, and is never below the blanket margin on our
+    own count. A shrunk prompt (after a compaction) is scaled by the last whole-prompt
+    ratio instead. One estimator per model: ``reset`` on a switch."""
+
+    PRIOR_WEIGHT = 1000.0  # as one step of ~32 tokens at f = 1: the data soon outweighs it
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        self._anchor: tuple[int, int] | None = None  # (counted, reported) of the last prompt
-        self._grown_counted = 0
-        self._grown_reported = 0
+        # (counted, messages, reported) of the last prompt
+        self._anchor: tuple[int, int, int] | None = None
+        # Normal equations of the fit y = a·m + f·c over the steps' growth.
+        self._smm = self._smc = self._scc = self._smy = self._scy = 0.0
         self._max_step_ratio = 0.0
 
     @property
     def anchored(self) -> bool:
         return self._anchor is not None
 
+    def fit(self) -> tuple[float, float]:
+        """(framing tokens per message, provider tokens per counted token)."""
+        w = self.PRIOR_WEIGHT
+        smm, smc, scc = self._smm + 1e-3, self._smc, self._scc + w  # a: only kept finite
+        smy, scy = self._smy, self._scy + w
+        det = smm * scc - smc * smc
+        return (smy * scc - smc * scy) / det, (smm * scy - smc * smy) / det
+
     @property
     def factor(self) -> float:
-        """Reported tokens per counted token of growth, as learned so far. 1 until the
-        prompt has grown between two reports: the first report's whole-prompt ratio is
-        mostly the template's framing of the prefix (tool schemas re-serialised, a
-        preamble), not how the provider counts new content."""
-        if self._grown_counted:
-            return self._grown_reported / self._grown_counted
-        return 1.0
+        return self.fit()[1]
 
-    def estimate(self, counted: int) -> PromptEstimate:
+    def estimate(self, counted: int, messages: int = 0) -> PromptEstimate:
         """The bound is never below the blanket margin on our own count: a provider that
         counts fewer tokens than we do leaves that guarantee as it was, and one that counts
         more (a tokenizer we do not have) raises the bound to what its reports show."""
         blanket = math.ceil(counted * ADDED_MARGIN)
         if self._anchor is None:
             return PromptEstimate(counted, blanket)
-        c0, r0 = self._anchor
-        added = counted - c0
+        c0, m0, r0 = self._anchor
+        added, new = counted - c0, max(0, messages - m0)
         if added < 0:
             ratio = r0 / c0
             return PromptEstimate(round(counted * ratio), max(blanket, math.ceil(counted * ratio * ADDED_MARGIN)))
-        f = self.factor
-        worst = max(f, self._max_step_ratio, r0 / c0)
-        return PromptEstimate(r0 + round(added * f), max(blanket, r0 + math.ceil(added * worst * ADDED_MARGIN)))
+        a, f = self.fit()
+        predicted = max(0.0, a * new + f * added)
+        worst = max(predicted, added * max(self._max_step_ratio, r0 / c0, f))
+        return PromptEstimate(r0 + round(predicted), max(blanket, r0 + math.ceil(worst * ADDED_MARGIN)))
 
-    def observe(self, counted: int, reported: int) -> None:
-        """A call's prompt: ``counted`` by us, ``reported`` by the provider (0: no report)."""
+    def observe(self, counted: int, reported: int, messages: int = 0) -> None:
+        """A call's prompt of ``messages`` messages: ``counted`` by us, ``reported`` by the
+        provider (0: no report)."""
         if reported <= 0 or counted <= 0:
             return
         if self._anchor is not None:
-            dc, dr = counted - self._anchor[0], reported - self._anchor[1]
-            if dc >= MIN_INCREMENT and dr > 0:
-                self._grown_counted += dc
-                self._grown_reported += dr
-                self._max_step_ratio = max(self._max_step_ratio, dr / dc)
-        self._anchor = (counted, reported)
+            c0, m0, r0 = self._anchor
+            dc, dm, dr = counted - c0, messages - m0, reported - r0
+            if dc > 0 and dm >= 0 and dr > 0:
+                self._smm += dm * dm
+                self._smc += dm * dc
+                self._scc += dc * dc
+                self._smy += dm * dr
+                self._scy += dc * dr
+                if dc >= MIN_INCREMENT:
+                    self._max_step_ratio = max(self._max_step_ratio, dr / dc)
+        self._anchor = (counted, messages, reported)
 
     def exact(self, tokens: int) -> PromptEstimate:
         """The provider's own count of the prompt (a count endpoint): no error left."""

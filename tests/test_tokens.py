@@ -136,11 +136,11 @@ def _anchored_errors(provider: ProviderTokenizer, steps: int = 30) -> tuple[list
         messages.append(f"step {step}: looked at {src.name}")  # the agent's reply
         counted = sum(ours.count(m) + 4 for m in messages)
         truth = provider.count(messages)
-        e = est.estimate(counted)
+        e = est.estimate(counted, len(messages))
         if step:  # before the first report only a count endpoint knows (see below)
             assert truth <= e.upper, f"step {step}: the bound {e.upper} is below the provider's {truth}"
             errors.append(abs(e.tokens - truth) / truth)
-        est.observe(counted, truth)
+        est.observe(counted, truth, len(messages))
     return errors, est
 
 
