@@ -83,6 +83,7 @@ def test_hello_file_succeeds(hello: dict) -> None:
     # The verifier decides: the model writes the file at once, then repeats the write until
     # the loop breaker asks it to wrap up, and submits (stop_reason says which limit).
     assert hello["reward"] == 1.0, hello.get("verifier")
+    assert hello["status"] == "succeeded" and hello["exit_code"] == 0, (hello["status"], hello["stop_reason"])
     assert 1 <= hello["steps"] <= 12
     calls = [c["name"] for e in hello["ledger"] for c in e["tool_calls"]]
     assert calls[0] == "write_file" and calls[-1] == "submit", calls
