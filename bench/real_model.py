@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_task(task: str, base_url: str, max_steps: int, home: Path) -> dict:
+    home.parent.mkdir(parents=True)
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "stayer.cli", "run", str(REPO / "examples" / task), "--model", local.SPEC,
