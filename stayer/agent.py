@@ -38,7 +38,7 @@ from stayer.guard.reserve import MIN_OUTPUT_TOKENS, TOKEN_MARGIN  # noqa: F401  
 from stayer.models.base import Message, Model, ModelError, ModelResponse, ToolCall
 from stayer.pricing import Cost, PriceBook
 from stayer.routing.router import Route, Router, RouteView, rules_for
-from stayer.tokens import MessageCounter
+from stayer.tokens import MessageCounter, PromptEstimate, PromptEstimator
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext
 from stayer.usage import Usage
@@ -80,6 +80,9 @@ class LedgerEntry:
     agent: str = "main"  # the agent's path in the tree: main, main/sub-1, ...
     breakers: list[dict[str, Any]] = field(default_factory=list)  # trips decided at this step
     route: dict[str, Any] | None = None  # a model switch, or a switch weighed and declined
+    # What the budget expected the provider to count for this prompt (``tokens``) and the
+    # bound it reserved for (``upper``); the usage's input_tokens is what it did count.
+    prompt_estimate: PromptEstimate | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +105,9 @@ class LedgerEntry:
             "compaction": self.compaction,
             "breakers": self.breakers,
             "route": self.route,
+            "prompt_estimate": None
+            if self.prompt_estimate is None
+            else {"tokens": self.prompt_estimate.tokens, "upper": self.prompt_estimate.upper},
         }
 
 
@@ -185,6 +191,8 @@ class Agent:
         self.guard: Guard | None = None  # the running step's guard (sub-agents carve from it)
         self.run_id = ""
         self._children: list[RunResult] = []
+        # The provider's count of the next prompt, learned from its reports (per model).
+        self.estimator = PromptEstimator()
 
     def add_tool(self, tool: Tool) -> None:
         """Before ``run``: the tool schemas are part of the cached prefix from the start."""
@@ -251,8 +259,9 @@ class Agent:
                 guard.budget.settle(held_summary, compaction_cost)
                 compactions += 1
             context_tokens = ctx.tokens
+            estimate = await self._estimate(ctx, guard, context_tokens, run_id, now)
             lost_attempts = getattr(self.model, "pending_lost_attempts", lambda: 0)()
-            held = guard.reserve(self.rates_at, context_tokens, attempts=1 + lost_attempts)
+            held = guard.reserve(self.rates_at, context_tokens, attempts=1 + lost_attempts, upper=estimate.upper)
             if held is None:
                 continue  # not affordable: the wrap-up begins (or the run stops) at the top
             request = ctx.request(
@@ -270,6 +279,7 @@ class Agent:
                 result.status, result.error, result.stop_reason = "error", str(e), "model_error"
                 break
             step += 1
+            self.estimator.observe(context_tokens, response.usage.input_tokens, len(request.messages))
             cost = self.prices.cost(
                 response.usage, self.model.model_id, self.model.provider, response.service_tier
             )
@@ -311,6 +321,7 @@ class Agent:
                 agent=self.path,
                 breakers=self._trips(guard),
                 route=route.to_dict() if route.switched or route.quote else None,
+                prompt_estimate=estimate,
             )
             result.steps = step
             result.usage += response.usage
@@ -331,6 +342,20 @@ class Agent:
         self._finish(guard, ctx, result)
         return result
 
+    async def _estimate(self, ctx: Context, guard: Guard, counted: int, run_id: str, now: float) -> PromptEstimate:
+        """The provider's likely count of the prompt and its bound. Under a cap, where the
+        provider has a count endpoint, its own count is asked for when the bound is not yet
+        backed by a report (the first call) or would decide the call (the budget cannot
+        hold its usual worst case): the error is then zero."""
+        estimate = self.estimator.estimate(counted, len(ctx.messages))
+        count = getattr(self.model, "count_tokens", None)
+        if count is None or guard.budget.available is None:
+            return estimate
+        if self.estimator.anchored and not guard.tight(self.rates_at, counted, estimate.upper):
+            return estimate
+        exact = await count(ctx.request(max_tokens=self.limits.max_output_tokens, cache_key=run_id, now=now))
+        return estimate if exact is None else self.estimator.exact(exact)
+
     def _with_lost(self, cost: Decimal | None, response: ModelResponse) -> Decimal | None:
         """What this call spent from the budget: its own cost and that of attempts lost in
         a crash (the run's result reports those apart, as ``lost_in_flight``)."""
@@ -346,6 +371,7 @@ class Agent:
         route = self.router.choose(view)
         if route.model is not self.model:
             self.model, self.rules = route.model, rules_for(route.model)
+            self.estimator.reset()  # another tokenizer: what was learned does not carry over
         self.service_tier = route.tier
         return route
 

@@ -233,3 +233,29 @@ def test_the_body_sent_is_the_request_built_whatever_was_encoded_before(history,
     params = build_params("claude-x", req)
     assert headers == params.pop("extra_headers", {})
     assert json.loads(body) == params
+
+
+def test_count_tokens_asks_anthropic_and_falls_back_to_none() -> None:
+    import asyncio
+
+    request = ModelRequest(
+        "You are terse.", [ToolSpec("bash", "run", {"type": "object"})], [Message("user", "hi")], max_tokens=99, cache_breakpoints=[0]
+    )
+
+    async def count(srv: FakeServer) -> int | None:
+        model = _model(srv)  # the SDK does not retry: one failure is one None
+        try:
+            return await model.count_tokens(request)
+        finally:
+            await model.aclose()
+
+    with FakeServer() as srv:
+        srv.reply(200, {"input_tokens": 1234})
+        srv.reply(500, {"type": "error", "error": {"type": "api_error", "message": "down"}})
+        assert asyncio.run(count(srv)) == 1234
+        assert asyncio.run(count(srv)) is None
+        first = srv.requests[0]
+    assert first.path == "/v1/messages/count_tokens"
+    body = first.json
+    assert body["model"] == "claude-test-1" and "max_tokens" not in body
+    assert body["system"][0]["text"] == "You are terse." and body["tools"][0]["name"] == "bash"

@@ -213,7 +213,8 @@ def test_chat_compatible_server_gets_only_standard_fields(monkeypatch: pytest.Mo
         model = OpenAIChatModel("qwen3-coder", base_url=srv.url + "/v1")  # e.g. vLLM: no key
         complete(model, _request(service_tier="priority"))
         [got] = srv.requests
-    assert model.provider == "openai"
+    # A server on this machine is its own provider, never priced as OpenAI.
+    assert model.provider == "local" and model.spec == "local:qwen3-coder"
     assert got.headers["authorization"] == "Bearer none"
     body = got.json
     assert body["messages"] == EXPECTED_CHAT_MESSAGES
@@ -279,3 +280,14 @@ def test_the_bodies_sent_are_the_requests_built(history, more, system, tools, op
         "m", req, openai_params=openai_params
     )
     assert json.loads(build_responses_body("m", req, responses)) == build_responses_params("m", req)
+
+
+def test_chat_provider_label_follows_the_base_url() -> None:
+    from stayer.models.openai import default_provider
+
+    assert default_provider(None) == "openai"
+    assert default_provider("https://api.openai.com/v1") == "openai"
+    assert default_provider("https://api.deepseek.com/v1") == "deepseek"
+    for url in ("http://127.0.0.1:8080/v1", "http://localhost:8080/v1", "http://[::1]:9/v1", "http://127.3.4.5/v1"):
+        assert default_provider(url) == "local", url
+    assert default_provider("https://llm.example.com/v1") == "openai"

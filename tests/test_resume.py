@@ -485,9 +485,9 @@ def test_a_lost_call_is_held_and_charged_against_the_cap(env, monkeypatch):
     holds = []
     original = Guard.reserve
 
-    def spy(self, rates_at, prompt_tokens, cache_ttl="5m", attempts=1):
+    def spy(self, rates_at, prompt_tokens, cache_ttl="5m", attempts=1, **kw):
         holds.append(attempts)
-        return original(self, rates_at, prompt_tokens, cache_ttl, attempts)
+        return original(self, rates_at, prompt_tokens, cache_ttl, attempts, **kw)
 
     monkeypatch.setattr(Guard, "reserve", spy)
     cap = Decimal("0.08")

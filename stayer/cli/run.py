@@ -38,7 +38,7 @@ def run(
     max_steps: Annotated[int, typer.Option("--max-steps", help="Model calls at most.")] = 50,
     max_cost: Annotated[str | None, typer.Option("--max-cost", help="Hard cap in USD; never overshot.")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Id of this run (default: time + random).")] = None,
-    base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible server for openai-chat: models.")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible server for openai-chat: and local: models.")] = None,
     sim_policy: Annotated[str | None, typer.Option("--sim-policy", help="oracle | synthetic:steps=N,obs_tokens=T,out_tokens=U | replay:PATH")] = None,
     sim_latency: Annotated[float, typer.Option("--sim-latency", help="Simulated seconds per model call.")] = 0.0,
     sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local (unsandboxed, only by name).")] = "bwrap",

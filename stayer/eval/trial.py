@@ -44,7 +44,7 @@ from stayer.sandbox import KINDS as SANDBOX_KINDS
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.bwrap import check_bwrap
 from stayer.settings import RunSettings, check_flags
-from stayer.tokens import MessageCounter, TiktokenCounter
+from stayer.tokens import MessageCounter, TiktokenCounter, counter_for
 from stayer.tools import default_tools
 from stayer.tools.base import Tool, ToolContext
 from stayer.usage import Usage
@@ -141,6 +141,8 @@ def prepare(
     prices = prices or PriceBook.load()
     counter = MessageCounter(TiktokenCounter())
     model = model_for(config.model, config, task, counter, prices)
+    if not isinstance(model, SimModel):  # a real provider: its own tokenizer where we have it
+        counter = MessageCounter(counter_for(model.provider, model.model_id))
     if config.max_cost is not None and not prices.knows(model.model_id, model.provider):
         raise ConfigError(
             f"--max-cost: no price data for {config.model}, so a cost cap cannot be enforced; "

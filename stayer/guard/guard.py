@@ -176,27 +176,31 @@ class Guard:
 
     # --- the call's money -------------------------------------------------------------
 
-    def reserve(self, rates_at: RatesAt, prompt_tokens: int, cache_ttl: str = "5m", attempts: int = 1) -> Held | None:
+    def reserve(
+        self, rates_at: RatesAt, prompt_tokens: int, cache_ttl: str = "5m", attempts: int = 1, upper: int | None = None
+    ) -> Held | None:
         """Hold the call's worst case (``attempts`` times: earlier attempts lost in a crash
-        were billed too). None: not affordable — the run has switched to wrap-up (call
-        ``begin_step`` again) or stopped. With ``pause_at_cap``, BudgetReached instead,
+        were billed too). ``upper`` bounds the provider's count of the prompt (default: our
+        count with ``TOKEN_MARGIN``). None: not affordable — the run has switched to wrap-up
+        (call ``begin_step`` again) or stopped. With ``pause_at_cap``, BudgetReached instead,
         unless the budget can be topped up (a raised cap), when the call is held again."""
         while True:
             try:
-                return self._reserve(rates_at, prompt_tokens, cache_ttl, attempts)
+                return self._reserve(rates_at, prompt_tokens, cache_ttl, attempts, upper)
             except BudgetReached:
                 if not self.budget.top_up():
                     raise
 
-    def _reserve(self, rates_at: RatesAt, prompt_tokens: int, cache_ttl: str, attempts: int) -> Held | None:
+    def _reserve(self, rates_at: RatesAt, prompt_tokens: int, cache_ttl: str, attempts: int, upper: int | None) -> Held | None:
         c = self.config
+        bound = margin_tokens(prompt_tokens) if upper is None else max(upper, prompt_tokens)
         wanted = c.wrapup_output_tokens if self.phase == "wrap_up" else self.max_output_tokens
         wanted = min(wanted, self.max_output_tokens)
         if c.max_tokens:
-            wanted = min(wanted, c.max_tokens - self.tokens_used - margin_tokens(prompt_tokens))
+            wanted = min(wanted, c.max_tokens - self.tokens_used - bound)
             if wanted < MIN_OUTPUT_TOKENS:
-                return self.unaffordable("max_tokens", f"the next call needs about {margin_tokens(prompt_tokens) + MIN_OUTPUT_TOKENS:,} tokens; {c.max_tokens - self.tokens_used:,} of {c.max_tokens:,} are left")
-        q = quote(rates_at, prompt_tokens, cache_ttl)
+                return self.unaffordable("max_tokens", f"the next call needs about {bound + MIN_OUTPUT_TOKENS:,} tokens; {c.max_tokens - self.tokens_used:,} of {c.max_tokens:,} are left")
+        q = quote(rates_at, prompt_tokens, cache_ttl, upper)
         if q is None:  # no price data: only possible without a cap (a cap is refused up front)
             r = self.budget.reserve(Decimal(0))
             return Held(r, wanted) if r is not None else self.unaffordable("max_cost", "the budget is spent")
@@ -219,6 +223,15 @@ class Guard:
                 f"${available:.6f} left {where} of ${self.budget.cap}",
             )
         return Held(r, max_tokens)
+
+    def tight(self, rates_at: RatesAt, prompt_tokens: int, upper: int) -> bool:
+        """Whether the prompt's error bound decides the next call: under a cap, its worst
+        case at ``upper`` does not fit what is left (an exact count may still let it run)."""
+        available = self.budget.available
+        if available is None:
+            return False
+        q = quote(rates_at, prompt_tokens, upper=upper)
+        return q is not None and q.cost(self.max_output_tokens) > available
 
     def unaffordable(self, reason: str, detail: str) -> None:
         if reason == "max_cost" and self.config.pause_at_cap:

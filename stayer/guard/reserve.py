@@ -49,10 +49,14 @@ def margin_tokens(prompt_tokens: int) -> int:
     return math.ceil(prompt_tokens * TOKEN_MARGIN)
 
 
-def quote(rates_at: RatesAt, prompt_tokens: int, cache_ttl: str = "5m") -> CallQuote | None:
+def quote(
+    rates_at: RatesAt, prompt_tokens: int, cache_ttl: str = "5m", upper: int | None = None
+) -> CallQuote | None:
     """The worst case of a call with a prompt of about ``prompt_tokens`` (our count);
-    None when the model has no price data."""
-    counted = margin_tokens(prompt_tokens)
+    None when the model has no price data. ``upper``, when given, is a bound on the
+    provider's count that replaces the blanket ``TOKEN_MARGIN`` (``stayer.tokens``'s
+    estimate anchored to the provider's reports, or an exact count from the provider)."""
+    counted = margin_tokens(prompt_tokens) if upper is None else max(upper, prompt_tokens)
     candidates = [r for r in (rates_at(prompt_tokens), rates_at(counted)) if r is not None]
     if not candidates:
         return None

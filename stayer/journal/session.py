@@ -584,6 +584,12 @@ class JournaledModel:
     def pending_lost_attempts(self) -> int:
         return self.journal.pending_lost_attempts()
 
+    async def count_tokens(self, request: ModelRequest) -> int | None:
+        """The provider's own count of a prompt, where it has a count endpoint (not a
+        billed call, so not journaled)."""
+        count = getattr(self.inner, "count_tokens", None)
+        return None if count is None else await count(request)
+
 
 class ReplayingSandbox:
     """The agent's sandbox, for commands the loop runs itself (not through a tool, e.g.

@@ -92,6 +92,18 @@ class AnthropicModel:
         )
         return parse_response(resp, latency)
 
+    async def count_tokens(self, request: ModelRequest) -> int | None:
+        """Anthropic's own count of the request's prompt (the free ``count_tokens``
+        endpoint; its tokenizer is not published). None when it cannot be had: the budget
+        then keeps its estimate and bound."""
+        params = build_params(self.model_id, request)
+        body = {k: params[k] for k in ("model", "messages", "system", "tools") if k in params}
+        try:
+            resp = await self.client.messages.count_tokens(**body, timeout=60.0)
+        except anthropic.AnthropicError:
+            return None
+        return resp.input_tokens
+
     async def aclose(self) -> None:
         """Close the HTTP pool if we created it (a caller-supplied client is theirs)."""
         if self._owns_client:

@@ -12,6 +12,8 @@ them) and the cache-break forensics (which explains a request that missed).
   minutes of inactivity (5 modelled).
 * DeepSeek — automatic disk cache in 64-token units.
 * Google Gemini — implicit caching from 1,024 tokens (Flash) / 2,048 (Pro).
+* A local llama.cpp server (``local:``) — each slot keeps the previous prompt's KV cache
+  and reuses its longest common prefix, of any length, until another prompt replaces it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def cache_rules(provider: str, model_id: str) -> CacheRules:
         return CacheRules("automatic", 64, increment=64, ttl_s=3600.0, usage_shape="deepseek")
     if provider == "google":
         return CacheRules("automatic", 2048 if "pro" in m else 1024, usage_shape="gemini")
+    if provider == "local":
+        return CacheRules("automatic", 1, ttl_s=float("inf"), usage_shape="openai_responses")
     raise ConfigError(f"no caching rules for provider {provider!r}")
 
 

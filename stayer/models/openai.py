@@ -13,9 +13,11 @@ OpenAI itself: when ``base_url`` is None or points at api.openai.com (override w
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -36,6 +38,28 @@ _ERRORS = SdkErrors(
 
 def _is_openai(base_url: str | None) -> bool:
     return base_url is None or "api.openai.com" in base_url
+
+
+def is_loopback(base_url: str) -> bool:
+    """A server on this machine (llama.cpp, vLLM, Ollama run locally)."""
+    host = (urlsplit(base_url).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def default_provider(base_url: str | None) -> str:
+    """The provider a Chat Completions endpoint is priced and labelled as: DeepSeek when
+    the URL names it, a server on this machine ``local`` (never OpenAI's prices), else
+    OpenAI."""
+    if base_url and "deepseek" in base_url.lower():
+        return "deepseek"
+    if base_url and is_loopback(base_url):
+        return "local"
+    return "openai"
 
 
 def _make_client(
@@ -223,8 +247,9 @@ def parse_responses_response(resp: Any, latency_s: float, *, what: str = "openai
 class OpenAIChatModel(_OpenAIBase):
     """Chat Completions: OpenAI, or any compatible server given by ``base_url``.
 
-    ``provider`` (the genai-prices id used for pricing) defaults to "deepseek" when the
-    base_url mentions deepseek, else "openai"; pass it for other vendors. ``openai_params``
+    ``provider`` (the genai-prices id used for pricing) defaults to "local" for a server on
+    this machine (a loopback ``base_url``), "deepseek" when the base_url mentions deepseek,
+    else "openai"; pass it for other vendors. ``openai_params``
     forces (True) or suppresses (False) the OpenAI-only parameters; by default they are
     sent only when base_url is None or api.openai.com.
     """
@@ -243,7 +268,7 @@ class OpenAIChatModel(_OpenAIBase):
         spec: str | None = None,
     ) -> None:
         if provider is None:
-            provider = "deepseek" if base_url and "deepseek" in base_url.lower() else "openai"
+            provider = default_provider(base_url)
         self.model_id = model_id
         self.provider = provider
         self.spec = spec or f"{provider}:{model_id}"

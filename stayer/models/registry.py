@@ -1,13 +1,15 @@
 """Model names → adapters: ``anthropic:<id>``, ``openai:<id>`` (Responses API),
 ``openai-chat:<id>`` (Chat Completions; with ``base_url`` any OpenAI-compatible server such
-as vLLM, Ollama or DeepSeek), and ``sim:<id>`` (the offline simulator)."""
+as vLLM, Ollama or DeepSeek), ``local:<id>`` (a server on this machine, such as the one
+``stayer local-model start`` runs: its own provider, never priced as OpenAI), and ``sim:<id>``
+(the offline simulator)."""
 
 from __future__ import annotations
 
 from stayer.errors import ConfigError
 from stayer.models.base import Model
 
-PROVIDERS = ("anthropic", "openai", "openai-chat", "sim")
+PROVIDERS = ("anthropic", "openai", "openai-chat", "local", "sim")
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -38,4 +40,14 @@ def make_real_model(spec: str, *, base_url: str | None = None) -> Model:
         from stayer.models.openai import OpenAIChatModel
 
         return OpenAIChatModel(model_id, base_url=base_url)
+    if kind == "local":
+        from stayer.models.local import LocalChatModel, running_base_url
+
+        url = base_url or running_base_url()
+        if url is None:
+            raise ConfigError(
+                f"--model {spec}: no --base-url and no local model running; "
+                "start one with `stayer local-model start`"
+            )
+        return LocalChatModel(model_id, base_url=url)
     raise ConfigError(f"--model {spec}: the simulator is not a real provider")
