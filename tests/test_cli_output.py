@@ -239,3 +239,33 @@ def test_ctrl_c_on_eval_says_how_far_it_got_and_how_to_resume(tmp_path):
     assert "Traceback" not in stderr and stdout == ""
     # what it says is so: as many trials as it counted are kept in --out for the rerun
     assert len(list((out / "trials").glob("*.json"))) >= int(done.group(1))
+
+
+def test_report_follow_tails_a_running_run_from_another_process(tmp_path: Path) -> None:
+    import time
+
+    from stayer.cli.common import usd
+
+    env = {**os.environ, "STAYER_HOME": str(tmp_path / "home")}
+    task = Path(__file__).resolve().parent.parent / "examples" / "hello-file"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", "run", str(task), "--model", "sim:claude-sonnet-4-5", "--run-id", "tailed",
+         "--sim-policy", "synthetic:steps=6,obs_tokens=50,out_tokens=10", "--sim-latency", "0.3", "--json"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        for _ in range(2400):  # until the run is in the journal (a hang guard, not a timing margin)
+            probe = subprocess.run([sys.executable, "-m", "stayer.cli", "runs", "--json"], env=env, capture_output=True, text=True)
+            if '"tailed"' in probe.stdout:
+                break
+            time.sleep(0.1)
+        tail = subprocess.run([sys.executable, "-m", "stayer.cli", "report", "tailed", "--follow"], env=env,
+                              capture_output=True, text=True, timeout=600)
+        doc = json.loads(run.communicate(timeout=600)[0])
+    finally:
+        run.kill()
+    lines = [line for line in tail.stdout.splitlines() if line.startswith("step")]
+    assert len(lines) == doc["steps"] == 7
+    assert lines[-1].split("│")[5].strip() == f"total {usd(doc['cost_usd'])}"
+    assert tail.stdout.splitlines()[-1].startswith(f"finished: {doc['status']}")
+    assert tail.returncode == run.returncode

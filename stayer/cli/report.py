@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,6 +15,7 @@ from stayer.errors import ConfigError
 @app.command()
 def report(
     run_id: Annotated[str, typer.Argument(help="Id of the run (see `stayer runs`).")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Print each step as it is journaled, until the run ends (any process may be running it).")] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Per-step ledger (model, tokens, cache, cost, cache breaks, compactions) and totals of
@@ -37,6 +38,8 @@ def report(
         doc = run_report(store, row)
     except ConfigError as e:
         bad_input(str(e))
+    if follow and not json_out:
+        raise typer.Exit(follow_run(store, run_id))
     if json_out:
         emit_json(doc)
         return
@@ -72,3 +75,39 @@ def report(
         highlight=False,
         soft_wrap=True,
     )
+
+
+def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
+    """Tail the run's journal: a line per step (and per call lost in flight) as it is
+    written, then the final status; the exit code follows it (as ``stayer run``'s)."""
+    import json
+    import time
+    from decimal import Decimal
+
+    from rich.text import Text
+
+    from stayer.cli.run import add_cost, exit_code, step_line
+    from stayer.journal.session import lost_ledger_entries
+
+    out = Console(emoji=False)
+    seen, total = 0, Decimal(0)
+    try:
+        while True:
+            events = store.events(run_id)
+            for ev in events[seen:]:
+                if ev.kind == "step":
+                    entry = ev.data["entry"]
+                elif ev.kind == "model_lost":
+                    entry = lost_ledger_entries([ev.data])[0]
+                elif ev.kind == "run_finished":
+                    result = json.loads(store.get_blob(ev.data["result"]))
+                    out.print(Text.assemble(("finished: ", "bold"), f"{result['status']} · {result.get('stop_reason') or '—'} · {usd(result['cost_usd'])}"))
+                    return exit_code(result["status"])
+                else:
+                    continue
+                total = add_cost(total, entry["cost_usd"])
+                out.print(escape(step_line(entry, total)), highlight=False, soft_wrap=True)
+            seen = len(events)
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        return 130

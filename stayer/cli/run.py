@@ -134,27 +134,31 @@ def exit_code(status: str) -> int:
 
 
 def step_printer(err: Console) -> Callable[[Any], None]:
-    """One progress line per step on ``err``: model, context, cache, cost with the running
-    total, tools, and why the cache broke or the context was compacted."""
-    totals: list[Decimal | None] = [Decimal(0)]
-
-    def _running_total(entry: Any) -> str:
-        t = totals[0]
-        totals[0] = None if t is None or entry.cost.total is None else t + entry.cost.total
-        return usd(totals[0])
+    """One progress line per step on ``err`` (see ``step_line``)."""
+    total: list[Decimal | None] = [Decimal(0)]
 
     def progress(entry: Any) -> None:
         d = entry.to_dict()
-        tools = ",".join(c["name"] for c in d["tool_calls"]) or "-"
-        line = (
-            f"step {d['step']:>3} │ {d['model']} │ ctx {d['context_tokens']:>9,} │ "
-            f"cache {d['cache_hit_ratio'] * 100:5.1f}% │ {usd(d['cost_usd'])} │ "
-            f"total {_running_total(entry)} │ {tools}"
-        )
-        notes = step_notes(d)
-        err.print(escape(line + "".join(f" │ {n}" for n in notes)), highlight=False, soft_wrap=True)
+        total[0] = add_cost(total[0], d["cost_usd"])
+        err.print(escape(step_line(d, total[0])), highlight=False, soft_wrap=True)
 
     return progress
+
+
+def add_cost(total: Decimal | None, cost: str) -> Decimal | None:
+    """A running total; one unknown price makes it unknown."""
+    return None if total is None or cost == "unknown" else total + Decimal(cost)
+
+
+def step_line(d: dict[str, Any], total: Decimal | None) -> str:
+    """A ledger entry in one line: model, context, cache, cost with the running total,
+    tools, and why the cache broke or the context was compacted."""
+    tools = ",".join(c["name"] for c in d["tool_calls"]) or "-"
+    line = (
+        f"step {d['step']:>3} │ {d['model']} │ ctx {d['context_tokens'] or 0:>9,} │ "
+        f"cache {d['cache_hit_ratio'] * 100:5.1f}% │ {usd(d['cost_usd'])} │ total {usd(total)} │ {tools}"
+    )
+    return line + "".join(f" │ {n}" for n in step_notes(d))
 
 
 def summary_table(doc: dict[str, Any], console: Console) -> None:
