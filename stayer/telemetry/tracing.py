@@ -186,11 +186,19 @@ class RunTracer:
             self._open = None
             span.end(end_time=end)
 
+    def parent(self) -> Any:
+        """Where a span goes: under the tool call in progress (a sub-agent's calls nest
+        under its parent's ``execute_tool subagent``), else under the run's agent span."""
+        current = trace.get_current_span()
+        if current.get_span_context().is_valid and current.is_recording():
+            return None  # the current context
+        return self._context
+
     def model_span(self, inner: Model, request: ModelRequest, start: int) -> Any:
         self._end_open()  # a call before this one with no step of its own (a summary)
         return self.tracer.start_span(
             f"chat {inner.model_id}",
-            context=self._context,
+            context=self.parent(),
             kind=SpanKind.CLIENT,
             start_time=start,
             attributes={
@@ -248,7 +256,7 @@ class _TracedTool:
         name = self.spec.name
         with self.tracer.tracer.start_as_current_span(
             f"execute_tool {name}",
-            context=self.tracer._context,
+            context=self.tracer.parent(),
             kind=SpanKind.INTERNAL,
             attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name},
         ) as span:
