@@ -389,11 +389,12 @@ class PriceBook:
 
     # --- public API ---------------------------------------------------------------
 
-    def knows(self, model_id: str, provider: str | None = None) -> bool:
-        return (
-            self._override(model_id, provider) is not None
-            or self._lookup(model_id, provider) is not None
-        )
+    def knows(
+        self, model_id: str, provider: str | None = None, service_tier: str | None = None
+    ) -> bool:
+        """Can a call to ``model_id`` at ``service_tier`` be priced (so held to a budget)?"""
+        plan = self._plan(model_id, provider, _norm_tier(service_tier), datetime.now(UTC))
+        return plan is not None and plan.multiplier is not None
 
     def cost(
         self,

@@ -38,7 +38,7 @@ from stayer.models.registry import make_real_model, split_spec
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
 from stayer.pricing import PriceBook
-from stayer.routing.setup import RoutingSetup, prepare_routing
+from stayer.routing.setup import RoutingSetup, prepare_routing, require_prices
 from stayer.sandbox import KINDS as SANDBOX_KINDS
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.bwrap import check_bwrap
@@ -154,14 +154,9 @@ def prepare(
     prices = prices or PriceBook.load()
     counter = MessageCounter(TiktokenCounter())
     model = build_model(config.model, config, task, counter)
-    if config.max_cost is not None and not prices.knows(model.model_id, model.provider):
-        raise ConfigError(
-            f"--max-cost: no price data for {config.model}, so a cost cap cannot be enforced; "
-            "add its prices to stayer-prices.toml or drop --max-cost"
-        )
-    routing = prepare_routing(
-        config.config_file, config.model, lambda spec: build_model(spec, config, task, counter), prices, config.max_cost
-    )
+    routing = prepare_routing(config.config_file, config.model, lambda spec: build_model(spec, config, task, counter))
+    if config.max_cost is not None:
+        require_prices(prices, model, config.service_tier, routing)
     run_id = config.run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
