@@ -112,6 +112,10 @@ class Rates:
             return self
         return replace(self, **{n: getattr(self, n) * k for n in _RATE_KEYS})
 
+    def dearest(self, other: Rates) -> Rates:
+        """Each rate the higher of the two (a worst case over two possible tiers)."""
+        return replace(self, **{n: max(getattr(self, n), getattr(other, n)) for n in _RATE_KEYS})
+
     def price(self, usage: Usage) -> tuple[Decimal, Decimal]:
         """(input cost, output cost) of ``usage`` at these rates, same rules as genai-prices."""
         uncached = usage.uncached_input_tokens
