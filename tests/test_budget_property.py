@@ -233,9 +233,8 @@ def check(result: RunResult, budget: Budget, billing: Billing, cap: Decimal) -> 
 
 
 def unpriced(models: list[str], tier: str | None) -> bool:
-    return any(
-        not PRICES.knows(m, provider_of(m)) or not PRICES.knows(m, provider_of(m), tier) for m in models
-    )
+    """Has any of ``models`` no price at the standard tier or at ``tier``?"""
+    return any(PRICES.rates(m, provider_of(m), t) is None for m in models for t in (None, tier))
 
 
 # --- the simulator, with routes, failover and sub-agents -----------------------------------
@@ -248,7 +247,7 @@ def caps() -> st.SearchStrategy[Decimal]:
 
 def tiers(model_id: str) -> st.SearchStrategy[str | None]:
     """Mostly a tier the model is priced at; any tier (priced or not) a third of the time."""
-    priced = [t for t in TIERS if PRICES.knows(model_id, provider_of(model_id), t)]
+    priced = [t for t in TIERS if not unpriced([model_id], t)]
     return st.sampled_from(priced) | st.sampled_from(priced) | st.sampled_from(TIERS)
 
 
@@ -321,7 +320,7 @@ async def sim_case(c: dict[str, Any]) -> None:
         main, counter, c["cap"], c["tier"], c["steps"], c["max_output_tokens"], setup=setup, policy=c["policy"]
     )
     check(result, budget, billing, c["cap"])
-    if not PRICES.knows(c["main"], provider_of(c["main"]), c["tier"]) and not (c["planning"] or c["cascade"] or c["latency_target"]):
+    if unpriced([c["main"]], c["tier"]) and not (c["planning"] or c["cascade"] or c["latency_target"]):
         assert billing.calls == 0  # the first call is the main model's: refused, nothing sent
 
 
