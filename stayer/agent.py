@@ -56,13 +56,11 @@ NUDGE = "No tool was called. Continue working with the tools, or call `submit` w
 # The answer to every tool call of a reply cut off at max_tokens. Such a call may be
 # incomplete however well-formed it looks (Anthropic returns the partial input it parsed),
 # and the provider does not say which calls were finished, so none of them is run.
-CUT_OFF = ToolResult(
+CUT_OFF_ANSWER = ToolResult(
     "not run: your reply was cut off at its max_tokens limit before it was complete; "
     "send the call again with shorter text or arguments (split a long file into several writes)",
     is_error=True,
 )
-
-MTOK = Decimal(1_000_000)
 
 
 @dataclass(frozen=True)
@@ -474,7 +472,7 @@ class Agent:
         observed: list[ToolCallRecord] = []
         submitted = False
         for call in calls:
-            out = CUT_OFF if cut_off else await run_tool(self.tools, call, self.tool_context)
+            out = CUT_OFF_ANSWER if cut_off else await run_tool(self.tools, call, self.tool_context)
             message = Message(
                 role="tool",
                 content=out.output,

@@ -517,6 +517,29 @@ class TakeNote:
         return ToolResult("noted")
 
 
+@pytest.mark.parametrize(
+    ("model_id", "cut", "whole", "output_field"),
+    [("claude-sonnet-4-5", "max_tokens", "tool_use", "output_tokens"),
+     ("gpt-5", "max_output_tokens", "completed", "output_tokens"),
+     ("deepseek-chat", "length", "tool_calls", "completion_tokens"),
+     ("gemini-2.5-flash", "MAX_TOKENS", "STOP", "candidatesTokenCount")],
+)
+def test_the_simulator_cuts_a_reply_at_max_tokens_as_each_provider_does(model_id, cut, whole, output_field):
+    counter = MessageCounter(TOKENIZER)
+    sim = SimModel(model_id, CutThenSubmit(), counter)
+    request = ModelRequest("Be brief.", [TakeNote.spec], [Message("user", "Take a note.")], max_tokens=120)
+    r = asyncio.run(sim.complete(request))
+    assert r.cut_off and r.stop_reason == cut
+    assert r.usage.output_tokens == 120 and r.raw_usage[output_field] == 120  # billed: exactly max_tokens
+    assert counter.message(r.message) <= 120 and r.message.content == "Writing the note."
+    [call] = r.message.tool_calls  # the call the limit fell in: cut mid-arguments
+    assert call.id == "call_1" and call.name == "take_note" and not call.arguments.endswith('"}')
+    request.max_tokens = 8_000
+    whole_reply = asyncio.run(SimModel(model_id, CutThenSubmit(), counter).complete(request))
+    assert not whole_reply.cut_off and whole_reply.stop_reason == whole
+    assert whole_reply.usage.output_tokens == counter.message(whole_reply.message) < 8_000
+
+
 @pytest.mark.parametrize("api", sorted(APIS))
 def test_a_reply_cut_off_at_max_tokens_is_billed_max_tokens_and_its_call_is_not_run(api):
     """Through each real adapter: the provider's own cut-off signal (Anthropic
