@@ -603,3 +603,19 @@ def stayer(*args: str, home: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_PRICES"}
     return subprocess.run([sys.executable, "-m", "stayer.cli", *args], capture_output=True, text=True,
                           env=env | {"STAYER_HOME": str(home)}, cwd=home.parent, timeout=120)
+
+
+def test_the_loop_never_sends_a_call_it_cannot_price_under_a_cap():
+    """Whatever got past the up-front check (a route, a tier chosen at run time), the guard
+    refuses a call without price data when the budget has a cap: nothing is sent."""
+    counter = MessageCounter(TOKENIZER)
+    billing = Billing()
+    model = Metered(SimModel("gpt-5", Workload(1, 3, 50, 50), counter), billing, "sim:gpt-5")
+    result, budget = asyncio.run(run_agent(model, counter, D("1"), "scale", 3, 1_024))
+    assert billing.calls == 0 and budget.spent == 0 and result.steps == 0
+    assert result.status == "budget_exhausted" and result.stop_reason == "max_cost"
+    assert "no price data for the next call's model and service tier" in result.breakers[0]["detail"]
+    # Without a cap the same calls are made, their cost reported as unknown (never as 0).
+    result = asyncio.run(Agent(model, [Observe(), SubmitTool()], PRICES, ToolContext(None, ""), counter,  # type: ignore[arg-type]
+                               Limits(5, None, 1_024, "scale")).run("Do the task.", "run-2"))
+    assert billing.calls > 0 and billing.unpriced and result.cost_usd is None
