@@ -34,13 +34,13 @@ from stayer.guard.breakers import (
 )
 from stayer.guard.budget import Budget, Reservation
 from stayer.guard.guard import Guard
-from stayer.guard.reserve import MIN_OUTPUT_TOKENS, TOKEN_MARGIN  # noqa: F401  (re-exported)
+from stayer.guard.reserve import MIN_OUTPUT_TOKENS, TOKEN_MARGIN, quote  # noqa: F401  (re-exported)
 from stayer.models.base import Message, Model, ModelError, ModelResponse, ToolCall
-from stayer.pricing import Cost, PriceBook
+from stayer.pricing import Cost, PriceBook, Rates
 from stayer.routing.router import Route, Router, RouteView, rules_for
 from stayer.tokens import MessageCounter, PromptEstimate, PromptEstimator
 from stayer.tools import run_tool
-from stayer.tools.base import Tool, ToolContext
+from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage
 
 SYSTEM_PROMPT = """\
@@ -53,7 +53,14 @@ summary. You cannot ask questions: decide, act, and verify."""
 
 NUDGE = "No tool was called. Continue working with the tools, or call `submit` when the task is done."
 
-MTOK = Decimal(1_000_000)
+# The answer to every tool call of a reply cut off at max_tokens. Such a call may be
+# incomplete however well-formed it looks (Anthropic returns the partial input it parsed),
+# and the provider does not say which calls were finished, so none of them is run.
+CUT_OFF_ANSWER = ToolResult(
+    "not run: your reply was cut off at its max_tokens limit before it was complete; "
+    "send the call again with shorter text or arguments (split a long file into several writes)",
+    is_error=True,
+)
 
 
 @dataclass(frozen=True)
@@ -205,6 +212,18 @@ class Agent:
     def rates_at(self, prompt_tokens: int):  # noqa: ANN201 - Rates | None
         return self.prices.rates(self.model.model_id, self.model.provider, self.service_tier, prompt_tokens)
 
+    def worst_rates_at(self, prompt_tokens: int) -> Rates | None:
+        """The rates a call's reservation holds: the requested tier's, or the standard
+        tier's where those are dearer, since a provider bills the tier it served and some
+        serve a cheaper tier's request at standard (Anthropic's Messages API has no batch
+        tier and is sent none; OpenAI-compatible servers ignore ``service_tier``). None
+        when the requested tier has no price (a capped budget then refuses the call)."""
+        tiered = self.rates_at(prompt_tokens)
+        if tiered is None or self.service_tier is None:
+            return tiered
+        standard = self.prices.rates(self.model.model_id, self.model.provider, None, prompt_tokens)
+        return tiered if standard is None else tiered.dearest(standard)
+
     async def run(self, instruction: str, run_id: str, history: Sequence[Message] = ()) -> RunResult:
         """Run until submit or a limit. ``history`` continues an earlier context."""
         ctx = Context(self.system_prompt, [t.spec for t in self.tools.values()], instruction, self.counter)
@@ -248,20 +267,22 @@ class Agent:
             except ContextOverflow as e:
                 result.status, result.error, result.stop_reason = "error", str(e), "max_context"
                 break
-            compaction_record, compaction_cost = None, Decimal(0)
+            compaction_record = None
             if compaction is not None:
-                held_summary = self._fund_compaction(guard.budget, compaction)
+                held_summary = self._fund_compaction(guard.budget, compaction, ctx)
                 if held_summary is None:
                     guard.unaffordable("max_cost", "the compaction's summary call does not fit the budget")
                     continue
                 compaction_record = await self._compact(ctx, compaction, step + 1)
                 compaction_cost = Decimal(compaction_record["cost_usd"])
                 guard.budget.settle(held_summary, compaction_cost)
+                # Spent now, whether or not this step's own call can then be afforded.
+                result.add_cost(compaction_cost)
                 compactions += 1
             context_tokens = ctx.tokens
             estimate = await self._estimate(ctx, guard, context_tokens, run_id, now)
             lost_attempts = getattr(self.model, "pending_lost_attempts", lambda: 0)()
-            held = guard.reserve(self.rates_at, context_tokens, attempts=1 + lost_attempts, upper=estimate.upper)
+            held = guard.reserve(self.worst_rates_at, context_tokens, attempts=1 + lost_attempts, upper=estimate.upper)
             if held is None:
                 continue  # not affordable: the wrap-up begins (or the run stops) at the top
             request = ctx.request(
@@ -296,7 +317,7 @@ class Agent:
             ctx.append(response.message)
             self.on_message(response.message)
 
-            calls, observed, submitted = await self._act(ctx, response.message.tool_calls, result)
+            calls, observed, submitted = await self._act(ctx, response.message.tool_calls, result, response.cut_off)
             record = StepRecord(
                 step,
                 cost.total,
@@ -326,7 +347,6 @@ class Agent:
             result.steps = step
             result.usage += response.usage
             result.add_cost(cost.total)
-            result.add_cost(compaction_cost)
             result.peak_context_tokens = max(result.peak_context_tokens, context_tokens)
             result.ledger.append(entry)
             self.on_step(entry)
@@ -399,16 +419,25 @@ class Agent:
         if result.status == "budget_exhausted":
             result.summary = guard.final_summary(result.summary, ctx.messages, result.steps, result.cost_usd)
 
-    def _fund_compaction(self, budget: Budget, c: Compaction) -> Reservation | None:
-        """A summarising compaction is a model call: hold its worst case from the budget."""
+    def _fund_compaction(self, budget: Budget, c: Compaction, ctx: Context) -> Reservation | None:
+        """A summarising compaction is a model call: hold its worst case from the budget.
+        A model-written summary's is that of the summariser's request exactly as it will be
+        sent (its instructions and the span, its tier, its ``max_tokens``); the local
+        digest is priced as the policy planned it, on the current model. None: the budget
+        cannot hold it."""
         if not c.summary_input_tokens:
             return budget.reserve(Decimal(0))
-        rates = self.rates_at(c.summary_input_tokens)
-        if rates is None:
-            return budget.reserve(Decimal(0))
-        out = self.summarizer.max_tokens if isinstance(self.summarizer, ModelSummarizer) else c.summary_output_tokens
-        worst = (Decimal(c.summary_input_tokens) * TOKEN_MARGIN * rates.input + out * rates.output) / MTOK
-        return budget.reserve(worst)
+        if self.summarizer is not None:
+            request = self.summarizer.request(self._summary_span(ctx, c))
+            prompt = self.counter.text(request.system) + sum(self.counter.message(m) for m in request.messages)
+            m, tier = self.summarizer.model, request.service_tier
+            q = quote(lambda n: self.prices.rates(m.model_id, m.provider, tier, n), prompt)
+            out = request.max_tokens
+        else:
+            q, out = quote(self.rates_at, c.summary_input_tokens), c.summary_output_tokens
+        if q is None:  # unpriced: only an uncapped budget may let it through
+            return budget.reserve(Decimal(0)) if budget.cap is None else None
+        return budget.reserve(q.cost(out))
 
     async def _compact(self, ctx: Context, c: Compaction, step: int) -> dict[str, Any]:
         await self._archive(c.archive)
@@ -426,11 +455,20 @@ class Agent:
             "cost_usd": str(cost),
         }
 
+    @staticmethod
+    def _summary_span(ctx: Context, c: Compaction) -> list[Message]:
+        return [ctx.messages[i] for i in sorted(c.changes)]
+
     async def _summarize(self, ctx: Context, c: Compaction, planned: Decimal) -> Decimal:
-        """Replace the planned digest with a model-written summary of the evicted span."""
+        """Replace the planned digest with a model-written summary of the evicted span.
+        If the summariser's call fails (after its retries), the digest stays: the
+        compaction still happens, and a failed call bills nothing."""
         first = min(c.changes)
-        span = [ctx.messages[i] for i in sorted(c.changes)]
-        text, _usage, cost = await self.summarizer(span)  # type: ignore[misc]
+        try:
+            text, _usage, cost = await self.summarizer(self._summary_span(ctx, c))  # type: ignore[misc]
+        except ModelError as e:
+            self.on_event("summary_failed", {"agent": self.path, "model": self.summarizer.model.spec, "error": str(e)})  # type: ignore[union-attr]
+            return Decimal(0)
         stub = c.changes[first]
         marker = stub.content.splitlines()[-1]
         c.changes[first] = Message(stub.role, f"{text}\n{marker}", (), stub.tool_call_id, False, "summary")
@@ -454,7 +492,7 @@ class Agent:
         await self.tool_context.sandbox.exec(script, stdin=payload, timeout=self.tool_context.command_timeout)
 
     async def _act(
-        self, ctx: Context, calls: tuple[ToolCall, ...], result: RunResult
+        self, ctx: Context, calls: tuple[ToolCall, ...], result: RunResult, cut_off: bool = False
     ) -> tuple[list[dict[str, Any]], tuple[ToolCallRecord, ...], bool]:
         if not calls:
             nudge = Message(role="user", content=NUDGE, kind="nudge")
@@ -465,7 +503,7 @@ class Agent:
         observed: list[ToolCallRecord] = []
         submitted = False
         for call in calls:
-            out = await run_tool(self.tools, call, self.tool_context)
+            out = CUT_OFF_ANSWER if cut_off else await run_tool(self.tools, call, self.tool_context)
             message = Message(
                 role="tool",
                 content=out.output,

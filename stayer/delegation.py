@@ -83,6 +83,7 @@ class ChildAgents:
             replace(parent.limits, max_steps=steps, max_cost=amount),
             on_event=parent.on_event,
             policy=replace(parent.policy) if hasattr(parent.policy, "__dataclass_fields__") else None,  # type: ignore[type-var]
+            summarizer=parent.summarizer,  # compacts as its parent does (a model-written summary is billed)
             budget=budget,
             path=path,
             probe=parent.probe,  # the parent's probe and clock are the journaled ones

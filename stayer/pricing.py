@@ -112,6 +112,10 @@ class Rates:
             return self
         return replace(self, **{n: getattr(self, n) * k for n in _RATE_KEYS})
 
+    def dearest(self, other: Rates) -> Rates:
+        """Each rate the higher of the two (a worst case over two possible tiers)."""
+        return replace(self, **{n: max(getattr(self, n), getattr(other, n)) for n in _RATE_KEYS})
+
     def price(self, usage: Usage) -> tuple[Decimal, Decimal]:
         """(input cost, output cost) of ``usage`` at these rates, same rules as genai-prices."""
         uncached = usage.uncached_input_tokens
@@ -389,11 +393,12 @@ class PriceBook:
 
     # --- public API ---------------------------------------------------------------
 
-    def knows(self, model_id: str, provider: str | None = None) -> bool:
-        return (
-            self._override(model_id, provider) is not None
-            or self._lookup(model_id, provider) is not None
-        )
+    def knows(
+        self, model_id: str, provider: str | None = None, service_tier: str | None = None
+    ) -> bool:
+        """Can a call to ``model_id`` at ``service_tier`` be priced (so held to a budget)?"""
+        plan = self._plan(model_id, provider, _norm_tier(service_tier), datetime.now(UTC))
+        return plan is not None and plan.multiplier is not None
 
     def closest(self, model_id: str, provider: str, n: int = 3) -> list[str]:
         """Priced model ids of ``provider`` that look most like ``model_id`` (for "did you

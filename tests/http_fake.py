@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -42,9 +43,11 @@ class Recorded:
 
 
 class FakeServer:
-    """Replays queued replies in order; an unscripted request gets a 599 error."""
+    """Replays queued replies in order; an unscripted request goes to ``responder`` (which
+    builds a reply from the request, e.g. a simulated provider's) or gets a 599 error."""
 
-    def __init__(self) -> None:
+    def __init__(self, responder: Callable[[Recorded], Reply] | None = None) -> None:
+        self.responder = responder
         self.requests: list[Recorded] = []
         self._replies: list[Reply] = []
         self._lock = threading.Lock()
@@ -78,6 +81,8 @@ class FakeServer:
             self.requests.append(rec)
             if self._replies:
                 return self._replies.pop(0)
+        if self.responder is not None:
+            return self.responder(rec)
         return Reply(599, {"error": {"message": "fake server: no scripted reply"}})
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:

@@ -66,7 +66,7 @@ def stayer(*args: str, home: Path) -> subprocess.CompletedProcess:
     ("toml", "expected"),
     [
         ('[cascade]\nmodels = ["sim:claude-haiku-4-5"]\nfoo = 1\n', "unknown key 'cascade.foo'"),
-        ('[models]\nsubagent = "sim:claude-unknown-9"\n', "sim:claude-unknown-9: no anthropic model of that name in the price data; did you mean"),
+        ('[models]\nsubagent = "sim:claude-unknown-9"\n', "no price data for sim:claude-unknown-9 (models.subagent), so --max-cost cannot be enforced"),
         ('[models]\nexecution = "anthropic:claude-haiku-4-5"\n', "mixes simulated and real models"),
     ],
 )

@@ -26,14 +26,18 @@ class ModelSummarizer:
         self.prices = prices
         self.max_tokens = max_tokens
 
-    async def __call__(self, span: Sequence[Message]) -> tuple[str, Usage, Cost]:
+    def request(self, span: Sequence[Message]) -> ModelRequest:
+        """The call that summarises ``span`` (also what its budget reservation is for)."""
         body = "\n\n".join(render_message(m) for m in span)
-        request = ModelRequest(
+        return ModelRequest(
             system=INSTRUCTIONS,
             tools=[],
             messages=[Message("user", f"Tool output to summarise:\n\n{body}")],
             max_tokens=self.max_tokens,
         )
+
+    async def __call__(self, span: Sequence[Message]) -> tuple[str, Usage, Cost]:
+        request = self.request(span)
         response = await self.model.complete(request)
         cost = self.prices.cost(response.usage, self.model.model_id, self.model.provider, response.service_tier)
         return response.message.content.strip(), response.usage, cost

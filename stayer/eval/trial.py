@@ -39,7 +39,7 @@ from stayer.models.registry import make_real_model, split_spec
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
 from stayer.pricing import PriceBook
-from stayer.routing.setup import RoutingSetup, prepare_routing
+from stayer.routing.setup import RoutingSetup, prepare_routing, require_prices
 from stayer.sandbox import KINDS as SANDBOX_KINDS
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.bwrap import check_bwrap
@@ -143,14 +143,9 @@ def prepare(
     model = model_for(config.model, config, task, counter, prices)
     if not isinstance(model, SimModel):  # a real provider: its own tokenizer where we have it
         counter = MessageCounter(counter_for(model.provider, model.model_id))
-    if config.max_cost is not None and not prices.knows(model.model_id, model.provider):
-        raise ConfigError(
-            f"--max-cost: no price data for {config.model}, so a cost cap cannot be enforced; "
-            "add its prices to stayer-prices.toml or drop --max-cost"
-        )
-    routing = prepare_routing(
-        config.config_file, config.model, lambda spec: model_for(spec, config, task, counter, prices), prices, config.max_cost
-    )
+    routing = prepare_routing(config.config_file, config.model, lambda spec: build_model(spec, config, task, counter))
+    if config.max_cost is not None:
+        require_prices(prices, model, config.service_tier, routing)
     run_id = config.run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     if config.max_context is not None:
         pinned = pinned_tokens(task.instruction, counter)

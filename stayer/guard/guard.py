@@ -201,7 +201,12 @@ class Guard:
             if wanted < MIN_OUTPUT_TOKENS:
                 return self.unaffordable("max_tokens", f"the next call needs about {bound + MIN_OUTPUT_TOKENS:,} tokens; {c.max_tokens - self.tokens_used:,} of {c.max_tokens:,} are left")
         q = quote(rates_at, prompt_tokens, cache_ttl, upper)
-        if q is None:  # no price data: only possible without a cap (a cap is refused up front)
+        if q is None:  # no price data for this model at this tier
+            if self.budget.cap is not None:
+                # Its worst case is unknown, so it cannot be held against the cap: the call
+                # is never sent. (A run is refused up front when any model it could call is
+                # unpriced; this holds whatever the router picks at run time.)
+                return self.unaffordable("max_cost", "no price data for the next call's model and service tier, so it cannot be held against the cost cap")
             r = self.budget.reserve(Decimal(0))
             return Held(r, wanted) if r is not None else self.unaffordable("max_cost", "the budget is spent")
         available = self.budget.available

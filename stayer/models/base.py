@@ -54,6 +54,12 @@ class ModelRequest:
     now: float | None = None
 
 
+#: ``stop_reason`` values that mean the reply was cut off at ``max_tokens``, as each API
+#: spells it: Anthropic ``stop_reason``, OpenAI Responses ``incomplete_details.reason``,
+#: Chat Completions ``finish_reason``, Gemini ``finishReason``.
+CUT_OFF_STOP_REASONS = frozenset({"max_tokens", "max_output_tokens", "length", "MAX_TOKENS"})
+
+
 @dataclass(slots=True)
 class ModelResponse:
     message: Message  # role == "assistant"
@@ -66,6 +72,12 @@ class ModelResponse:
     # Usage the provider billed for earlier attempts at this same call whose replies were
     # lost (a crash mid-call, then a resume): charged to the budget, reported apart.
     lost_usage: Usage | None = None
+
+    @property
+    def cut_off(self) -> bool:
+        """Generation stopped at ``max_tokens``: the reply's last part (text or a tool
+        call's arguments) is incomplete."""
+        return self.stop_reason in CUT_OFF_STOP_REASONS
 
 
 class Model(Protocol):

@@ -5,6 +5,11 @@ documented prompt-caching rules, reports usage in the provider's own field names
 goes through the same normalisation and pricing as a real call), and waits a modelled
 latency. What the model *does* comes from a policy (``stayer.models.sim_policies``).
 
+Like a provider, it never generates more than the request's ``max_tokens``: a longer reply
+is cut there (text first, then tool calls in order, the last one mid-arguments), billed as
+exactly ``max_tokens`` output tokens, and its stop reason is the provider's own "cut off"
+(``STOP_REASONS``), so budgets and the loop meet the same edge as with a real provider.
+
 Caching is modelled at segment boundaries: the request is the sequence
 ``[tool schemas, system prompt, message 1, message 2, …]``; each boundary has a
 fingerprint chained over every segment before it, so two requests share a cached prefix
@@ -19,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
-from stayer.models.base import Message, ModelRequest, ModelResponse
+from stayer.models.base import Message, ModelRequest, ModelResponse, ToolCall
 from stayer.models.caching import CacheRules, cache_rules, provider_of
 from stayer.tokens import MessageCounter, ToolsText
 from stayer.usage import Usage
@@ -155,6 +160,55 @@ def provider_usage(shape: str, c: CacheOutcome, output: int, reasoning: int = 0)
     }
 
 
+#: Why a reply ended, as each usage shape's API reports it (what its adapter puts in
+#: ``ModelResponse.stop_reason``): (with tool calls, text only, cut off at max_tokens).
+STOP_REASONS: dict[str, tuple[str, str, str]] = {
+    "anthropic": ("tool_use", "end_turn", "max_tokens"),  # Messages API stop_reason
+    # Responses API: the status, or incomplete_details.reason when status is "incomplete"
+    "openai_responses": ("completed", "completed", "max_output_tokens"),
+    "deepseek": ("tool_calls", "stop", "length"),  # Chat Completions finish_reason
+    "gemini": ("STOP", "STOP", "MAX_TOKENS"),  # generateContent finishReason
+}
+
+
+def served_tier(provider: str, requested: str | None) -> str:
+    """The service tier the provider serves (and bills) a request at, as its response
+    reports it. Anthropic's Messages API offers only fast mode beyond standard (stayer's
+    adapter sends no other tier); OpenAI honours the tier asked for (``auto`` is the
+    project's default); DeepSeek and Gemini, reached through OpenAI-compatible endpoints,
+    are sent none."""
+    if provider == "anthropic":
+        return "fast" if requested == "fast" else "standard"
+    if provider == "openai":
+        return "default" if requested in (None, "", "auto") else requested
+    return "standard"
+
+
+def cut_off(message: Message, max_tokens: int, counter: MessageCounter) -> Message:
+    """``message`` as generated up to ``max_tokens`` output tokens (as ``counter.message``
+    counts them): the text, then each tool call in order; the one the limit falls in keeps
+    its id and name with its arguments cut mid-way, and nothing after it is generated."""
+    tokens = counter.counter
+    left = max_tokens - counter.message(Message(message.role))  # the role line and framing
+
+    def take(text: str, n: int) -> str:
+        return tokens.decode(tokens.encode(text)[: max(n, 0)])
+
+    content = tokens.encode(message.content)
+    if len(content) >= left:
+        return replace(message, content=take(message.content, left), tool_calls=())
+    left -= len(content) + 1  # the newline before the calls
+    calls: list[ToolCall] = []
+    for call in message.tool_calls:
+        size = tokens.count(f"{call.name} {call.arguments}") + 1
+        if size > left:
+            calls.append(replace(call, arguments=take(call.arguments, left - tokens.count(f"{call.name} "))))
+            break
+        calls.append(call)
+        left -= size
+    return replace(message, tool_calls=tuple(calls))
+
+
 _NORMALISE: dict[str, Callable[[dict[str, Any]], Usage]] = {
     "anthropic": Usage.from_anthropic,
     "openai_responses": Usage.from_openai_responses,
@@ -220,19 +274,35 @@ class SimModel:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         started = time.perf_counter()
+        response = self.respond(request)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        response.latency_s = time.perf_counter() - started
+        return response
+
+    def respond(self, request: ModelRequest) -> ModelResponse:
+        """The reply to ``request`` without the modelled latency (for callers that serve
+        it themselves, e.g. over HTTP in the provider's wire shape)."""
+        started = time.perf_counter()
         outcome = self.account(request)
         reasoning = self.policy.reasoning_tokens(request) if isinstance(self.policy, ReasoningPolicy) else 0
         message = self.policy.next_message(request)
+        # Reasoning comes first and counts towards max_tokens, as providers bill it.
+        reasoning = min(reasoning, request.max_tokens)
         output = self.counter.message(message) + reasoning
+        with_tools, text_only, cut = STOP_REASONS[self.rules.usage_shape]
+        if output > request.max_tokens:
+            message = cut_off(message, request.max_tokens - reasoning, self.counter)
+            output, stop = request.max_tokens, cut
+        else:
+            stop = with_tools if message.tool_calls else text_only
         raw = provider_usage(self.rules.usage_shape, outcome, output, reasoning)
-        if self.latency_s:
-            await asyncio.sleep(self.latency_s)
         return ModelResponse(
             message=message,
             usage=_NORMALISE[self.rules.usage_shape](raw),
             raw_usage=raw,
             model=self.model_id,
             latency_s=time.perf_counter() - started,
-            stop_reason="tool_use" if message.tool_calls else "end_turn",
-            service_tier=request.service_tier,
+            stop_reason=stop,
+            service_tier=served_tier(self.provider, request.service_tier),
         )

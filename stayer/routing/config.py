@@ -125,12 +125,26 @@ class StayerConfig(_Section):
 
     def model_specs(self) -> list[str]:
         """Every model the file names (each must be buildable and, under a cap, priced)."""
-        m = self.models
-        specs = [s for s in (m.main, m.planning, m.execution, m.summariser, m.subagent) if s]
-        specs += self.cascade.models if self.cascade else []
+        return list(self.model_roles())
+
+    def model_roles(self) -> dict[str, list[str]]:
+        """Every model the file names → where it names it (``models.subagent``,
+        ``cascade.models``, ``failover."<primary>"``), in the file's order; for errors."""
+        roles: dict[str, list[str]] = {}
+
+        def add(spec: str | None, where: str) -> None:
+            if spec:
+                roles.setdefault(spec, []).append(where)
+
+        for role in ("main", "planning", "execution", "summariser", "subagent"):
+            add(getattr(self.models, role), f"models.{role}")
+        for spec in self.cascade.models if self.cascade else []:
+            add(spec, "cascade.models")
         for primary, fallbacks in self.failover.items():
-            specs += [primary, *fallbacks]
-        return list(dict.fromkeys(specs))
+            add(primary, "failover")
+            for spec in fallbacks:
+                add(spec, f'failover."{primary}"')
+        return {spec: list(dict.fromkeys(where)) for spec, where in roles.items()}
 
 
 def load_config(path: str | Path) -> StayerConfig:

@@ -334,9 +334,4 @@ def rules_for(m: Model) -> CacheRules:
         return CacheRules("automatic", 1024)
 
 
-def price_unknown(models: Sequence[Model], prices: PriceBook) -> list[str]:
-    """Specs among ``models`` without price data (refused under a cost cap)."""
-    return [m.spec for m in models if not prices.knows(m.model_id, m.provider)]
-
-
-__all__ = ["Route", "RouteView", "Router", "price_unknown", "rules_for"]
+__all__ = ["Route", "RouteView", "Router", "rules_for"]

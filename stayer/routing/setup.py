@@ -1,16 +1,16 @@
 """A run's ``--config`` file, validated up front and turned into a router at run time.
 
 Everything is checked before the run starts (so bad input writes nothing): the file's
-keys, every model it names (buildable, and priced when there is a cost cap — a cap cannot
-be enforced on a model whose prices are unknown), and that simulated and real models are
-not mixed (a ``sim:`` run must never reach a real provider).
+keys, every model it names (buildable, and — ``require_prices`` — priced at every tier the
+run may use when there is a cost cap: a cap cannot be enforced on a call whose price is
+unknown), and that simulated and real models are not mixed (a ``sim:`` run must never
+reach a real provider).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 
 from stayer.errors import ConfigError
@@ -18,7 +18,7 @@ from stayer.guard.breakers import GuardConfig
 from stayer.models.base import Model
 from stayer.pricing import PriceBook
 from stayer.routing.config import StayerConfig, SubagentsSection, load_config
-from stayer.routing.router import Router, price_unknown
+from stayer.routing.router import Router
 
 
 @dataclass
@@ -44,8 +44,6 @@ def prepare_routing(
     path: str | None,
     main_spec: str,
     build: Callable[[str], Model],
-    prices: PriceBook,
-    max_cost: Decimal | None,
 ) -> RoutingSetup | None:
     if path is None:
         return None
@@ -65,10 +63,44 @@ def prepare_routing(
             models[spec] = build(spec)
         except ConfigError as e:
             raise ConfigError(f"{path}: model {spec!r}: {e}") from None
-    unknown = price_unknown(list(models.values()), prices)
-    if max_cost is not None and unknown:
-        raise ConfigError(
-            f"{path}: no price data for {', '.join(unknown)}, so --max-cost cannot be enforced; "
-            "add its prices to stayer-prices.toml or drop --max-cost"
-        )
     return RoutingSetup(str(Path(path)), config, models)
+
+
+def require_prices(
+    prices: PriceBook, main: Model, service_tier: str | None, routing: RoutingSetup | None
+) -> None:
+    """Under a cost cap, every call the run could make must be priced: a call whose price
+    is unknown cannot be held against the cap, so it would switch the cap off.
+
+    The run calls the main model and every model ``--config`` names (roles, cascade,
+    failover targets, the summariser, sub-agents) at ``service_tier`` (``--service-tier``;
+    sub-agents and the wrap-up inherit it), and at the standard tier (the summariser's
+    calls, and where a tier policy finds no priced tier; a tier policy only ever picks
+    priced tiers). ConfigError (one line) names each unpriced model, where it is named
+    and the tier, before anything is written or called."""
+    named: list[tuple[Model, str | None]] = [(main, None)]
+    if routing is not None:
+        roles = routing.config.model_roles()
+        named += [(m, ", ".join(roles.get(spec, ()))) for spec, m in routing.models.items()]
+    missing: list[str] = []
+    tier_tables: list[str] = []  # the override tables that would price the missing tiers
+    from_file = False  # some model named in --config is among them: the error names the file
+    for model, role in named:
+        name = model.spec if role is None else f"{model.spec} ({role})"
+        if not prices.knows(model.model_id, model.provider):
+            missing.append(name)
+        elif service_tier is not None and not prices.knows(model.model_id, model.provider, service_tier):
+            missing.append(f"{name} at service tier {service_tier!r}")
+            tier_tables.append(f"tiers.{model.provider}.{service_tier}")
+        else:
+            continue
+        from_file = from_file or role is not None
+    if not missing:
+        return
+    fixes = ["add its prices to stayer-prices.toml"] if len(tier_tables) < len(missing) else []
+    if tier_tables:
+        fixes.append(f"add a {' / '.join(dict.fromkeys(tier_tables))} multiplier to stayer-prices.toml")
+    drop = "--service-tier or --max-cost" if tier_tables else "--max-cost"
+    fix = f"{' and '.join(fixes)}, or drop {drop}" if tier_tables else f"{fixes[0]} or drop {drop}"
+    where, what = (routing.path, "--max-cost") if from_file and routing else ("--max-cost", "a cost cap")
+    raise ConfigError(f"{where}: no price data for {', '.join(missing)}, so {what} cannot be enforced; {fix}")
