@@ -12,7 +12,8 @@ the same addresses and are stored once, so per-step snapshots cost what changed,
 workspace size, and a file that only grows (a log) re-stores only its last chunk. The
 workspace is the sandbox's: it is walked by directory fd and read as
 :mod:`stayer.sandbox.hostfs` reads (no link followed, only regular files opened, names as
-bytes), and modes keep permission bits only (no setuid, setgid or sticky bit). A stat cache skips re-reading files
+bytes), and modes keep permission bits only (no setuid, setgid or sticky bit). FIFOs are
+kept (never opened); sockets and device files are not workspace content. A stat cache skips re-reading files
 whose size, times and inode are unchanged; files modified within the last second are
 always re-read, since a same-size rewrite within the filesystem's timestamp granularity
 would otherwise go unnoticed.
@@ -95,9 +96,11 @@ class BlobSnapshots:
                     entries.append(
                         {"name": e.name, "mode": plain_mode(st.st_mode), "size": size, "mtime_ns": st.st_mtime_ns, "chunks": chunks}
                     )
+                elif stat.S_ISFIFO(st.st_mode):  # kept as the sandbox's snapshots keep it; never opened
+                    entries.append({"name": e.name, "mode": plain_mode(st.st_mode), "fifo": True})
             except (UnsafeFile, FileNotFoundError):  # replaced or gone since listed
                 continue
-            # sockets, fifos and devices are not workspace content
+            # sockets and devices are not workspace content
             if len(pending) > 64:  # bound memory: large trees flush as they go
                 self._flush(pending)
         return self._add(json.dumps(entries, separators=(",", ":")).encode(), pending)
@@ -160,6 +163,9 @@ class BlobSnapshots:
             path = directory / entry["name"]
             if "link" in entry:
                 os.symlink(entry["link"], path)
+            elif entry.get("fifo"):
+                os.mkfifo(path, plain_mode(entry["mode"]))
+                os.chmod(path, plain_mode(entry["mode"]))  # past the umask
             elif "tree" in entry:
                 path.mkdir()
                 self._restore_tree(entry["tree"], path)
