@@ -92,9 +92,9 @@ def count_hashing(monkeypatch, store: FileSnapshotStore) -> list[str]:
     hashed: list[str] = []
     real = store._store_file
 
-    def counting(dir_fd: int, name: str, st: os.stat_result):
+    def counting(dir_fd: int, name: str):
         hashed.append(name)
-        return real(dir_fd, name, st)
+        return real(dir_fd, name)
 
     monkeypatch.setattr(store, "_store_file", counting)
     return hashed

@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from stayer.journal.blobs import digest
-from stayer.sandbox.hostfs import UnsafeFile, data_extents, is_sparse, open_regular, plain_mode
+from stayer.sandbox.hostfs import (
+    UnsafeFile,
+    data_extents,
+    is_sparse,
+    open_regular,
+    plain_mode,
+    pwrite_all,
+)
 from stayer.sandbox.tree import MAX_DEPTH
 
 CHUNK = 1 << 20
@@ -128,19 +135,26 @@ class BlobSnapshots:
             cached = self._stat_cache.get(key)
             if cached is not None and cached[0] == sig:
                 return cached[1], st.st_size
-            extents = data_extents(fd, st.st_size) if is_sparse(st) else None
+            sparse = is_sparse(st)
+            extents = data_extents(fd, st.st_size) if sparse else []
             chunks: list[str | None] = []
-            offset = 0
+            offset, i = 0, 0  # extents[i]: the first one that ends after offset
             while offset < st.st_size:
-                if extents is not None and not _holds_data(extents, offset, offset + CHUNK):
-                    chunks.append(None)
-                else:
-                    block = os.pread(fd, min(CHUNK, st.st_size - offset), offset)
-                    if not block:  # shrank since the fstat
-                        break
-                    chunks.append(self._add(block, pending))
-                    if len(pending) > 64:
-                        self._flush(pending)
+                while i < len(extents) and sum(extents[i]) <= offset:
+                    i += 1
+                next_data = extents[i][0] if i < len(extents) else st.st_size
+                if sparse and next_data >= offset + CHUNK:
+                    # a hole up to the chunk holding the next data: skip its chunks at once
+                    holes = (next_data - offset) // CHUNK
+                    chunks.extend([None] * holes)
+                    offset += holes * CHUNK
+                    continue
+                block = os.pread(fd, min(CHUNK, st.st_size - offset), offset)
+                if not block:  # shrank since the fstat
+                    break
+                chunks.append(self._add(block, pending))
+                if len(pending) > 64:
+                    self._flush(pending)
                 offset += CHUNK
         finally:
             os.close(fd)
@@ -175,7 +189,7 @@ class BlobSnapshots:
                 try:
                     for i, chunk in enumerate(entry["chunks"]):
                         if chunk is not None:  # None: a hole, left unwritten
-                            _pwrite_all(fd, self._get(chunk), i * CHUNK)
+                            pwrite_all(fd, self._get(chunk), i * CHUNK)
                     os.ftruncate(fd, entry["size"])
                     os.fchmod(fd, plain_mode(entry["mode"]))
                     os.utime(fd, ns=(entry["mtime_ns"], entry["mtime_ns"]))
@@ -184,18 +198,6 @@ class BlobSnapshots:
         # Modes last: a read-only directory must be filled before it becomes read-only.
         for path, mode in dir_modes:
             os.chmod(path, mode)
-
-
-def _holds_data(extents: list[tuple[int, int]], start: int, end: int) -> bool:
-    """Whether any data extent overlaps ``[start, end)``."""
-    return any(offset < end and start < offset + length for offset, length in extents)
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
 
 
 def clear_workspace(workspace: Path) -> None:

@@ -206,11 +206,16 @@ def copy_range(src: int, dst: int, length: int, src_offset: int, dst_offset: int
     except OSError:
         pass
     while done < length and (chunk := os.pread(src, min(length - done, _CHUNK), src_offset + done)):
-        view = memoryview(chunk)
-        while view:
-            n = os.pwrite(dst, view, dst_offset + done)
-            view = view[n:]
-            done += n
+        pwrite_all(dst, chunk, dst_offset + done)
+        done += len(chunk)
+
+
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` of ``fd`` (the file offset is left alone)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 def copy_contents(src: int, dst: int, st: os.stat_result) -> None:
@@ -325,6 +330,7 @@ __all__ = [
     "open_dir_beneath",
     "open_regular",
     "plain_mode",
+    "pwrite_all",
     "read_at_most",
     "read_regular",
 ]

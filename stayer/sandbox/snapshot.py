@@ -74,6 +74,7 @@ from stayer.sandbox.hostfs import (
     is_sparse,
     open_regular,
     plain_mode,
+    pwrite_all,
     read_at_most,
 )
 from stayer.sandbox.tree import iter_tree, walk
@@ -376,7 +377,7 @@ class FileSnapshotStore:
                     blob, size = hit[1], sig[0]
                 else:
                     try:
-                        blob, size = self._store_file(dir_fd, name, st)
+                        blob, size = self._store_file(dir_fd, name)
                     except (UnsafeFile, FileNotFoundError):  # replaced or gone since listed
                         continue
                 if sig[3] < racy_since and size == sig[0]:
@@ -497,7 +498,7 @@ class FileSnapshotStore:
             self._workspaces[str(ws)] = state
         return state
 
-    def _store_file(self, dir_fd: int, name: str, listed: os.stat_result) -> tuple[str, int]:
+    def _store_file(self, dir_fd: int, name: str) -> tuple[str, int]:
         """Hash the file ``name`` in ``dir_fd`` and make sure its blob is stored;
         ``(blob id, size)``; the id of a sparse file's extent map is marked with a leading
         ``s`` (see :meth:`_store_sparse`).
@@ -696,11 +697,7 @@ class FileSnapshotStore:
         doc = json.loads(self._blobs.read(map_blob))
         for offset, length, blob in doc["extents"]:
             if length <= _SMALL_FILE:
-                view = memoryview(self._blobs.read(blob))
-                at = offset
-                while view:
-                    n = os.pwrite(dst, view, at)
-                    view, at = view[n:], at + n
+                pwrite_all(dst, self._blobs.read(blob), offset)
             else:
                 src = self._blobs.open_loose(blob)
                 try:
