@@ -13,7 +13,8 @@
    directories), each figure the median of ``--repeat`` rounds: a first snapshot into an
    empty store plus a restore into an empty directory (target under 1 s), a snapshot of
    the unchanged workspace (target under 50 ms; with the change watch, and by stat scan as
-   a new process would), a step that changed 10 files, and a rollback of that step. The
+   a new process would), a step that changed 10 files, a rollback of that step, and the
+   breakers' workspace fingerprint (also taken every step). The
    baseline is what "a full copy each time" costs: ``cp -a`` of the workspace, measured in
    the same run, right before or after the restore (alternating). Before each of the
    three bulk operations (first snapshot, restore, ``cp -a``) the benchmark waits
@@ -40,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from stayer.guard.breakers import TreeFingerprint  # noqa: E402
 from stayer.sandbox import make_sandbox  # noqa: E402
 from stayer.sandbox.snapshot import FileSnapshotStore  # noqa: E402
 
@@ -104,6 +106,7 @@ def snapshot_figures(base: Path, files: int, mb: int, repeat: int, settle: float
         "first snapshot (empty store)", "restore into an empty dir", "snapshot + restore",
         "unchanged snapshot (change watch)", "unchanged snapshot (stat scan, new process)",
         "snapshot after a 10-file step", "rollback of that step (restore in place)", "cp -a (full copy baseline)",
+        "breakers' workspace fingerprint",
     )}
     rnd = random.Random(7)
     for r in range(repeat):
@@ -131,6 +134,7 @@ def snapshot_figures(base: Path, files: int, mb: int, repeat: int, settle: float
         fresh = FileSnapshotStore(store_dir)  # no watch yet: a stat scan against the cache
         rows["unchanged snapshot (stat scan, new process)"].append(timed(lambda s=fresh: s.snapshot(ws)))
         fresh.close()
+        rows["breakers' workspace fingerprint"].append(timed(TreeFingerprint(ws).fingerprint))
         change_step(ws, rnd)
         rows["snapshot after a 10-file step"].append(timed(lambda s=store: s.snapshot(ws)))
         rows["rollback of that step (restore in place)"].append(timed(lambda s=store, i=sid: s.restore(i, ws)))

@@ -53,7 +53,7 @@ def populate(ws: Path) -> None:
     (ws / "readonly.txt").write_text("ro")
     os.chmod(ws / "readonly.txt", 0o444)
     (ws / "shared.txt").write_text("group-writable: beyond the usual umask")
-    os.chmod(ws / "shared.txt", 0o2664)
+    os.chmod(ws / "shared.txt", 0o664)  # (setgid and setuid are dropped: test_security_hostfs)
     (ws / "empty-dir" / "nested-empty").mkdir(parents=True)
     (ws / "locked").mkdir()
     (ws / "locked" / "inside.txt").write_text("inside")
@@ -92,9 +92,9 @@ def count_hashing(monkeypatch, store: FileSnapshotStore) -> list[str]:
     hashed: list[str] = []
     real = store._store_file
 
-    def counting(path: str, size: int):
-        hashed.append(os.path.basename(path))
-        return real(path, size)
+    def counting(dir_fd: int, name: str):
+        hashed.append(name)
+        return real(dir_fd, name)
 
     monkeypatch.setattr(store, "_store_file", counting)
     return hashed

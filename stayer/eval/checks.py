@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shlex
-import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from stayer.eval.task import Task
 from stayer.eval.verify import Verdict, passes, verify
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.base import ExecResult, Sandbox
+from stayer.sandbox.hostfs import copy_tree
 
 KINDS = ("invalid", "oracle_fails", "nop_passes", "flaky", "timeout_margin", "leak", "environment")
 TIME_MARGIN = 0.5  # share of a timeout the oracle (or the tests) may use
@@ -95,7 +95,7 @@ def _passed(v: Verdict) -> bool:
 
 
 async def _verify_copy(task: Task, snapshot: Path, dest: Path, kind: str) -> Verdict:
-    shutil.copytree(snapshot, dest, symlinks=True)
+    copy_tree(snapshot, dest)  # the oracle's workspace: links and specials not followed
     return await verify(task, make_sandbox(kind, dest, allow_net=task.allow_internet))
 
 

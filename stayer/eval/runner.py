@@ -40,6 +40,7 @@ from stayer.eval.task import Task
 from stayer.eval.trial import RunConfig, execute, prepare
 from stayer.eval.verify import passes
 from stayer.pricing import PriceBook
+from stayer.sandbox.hostfs import content_digest
 
 AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE = "agent_failure", "limit_reached", "infrastructure"
 ERROR_CLASSES = (AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE)
@@ -123,8 +124,12 @@ def task_digest(task: Task) -> str:
     """Content hash of a task directory: a record is reused only for the same task content."""
     h = hashlib.sha256()
     for path in sorted(p for p in task.path.rglob("*") if p.is_file() and not p.is_symlink()):
-        h.update(str(path.relative_to(task.path)).encode() + b"\0")
-        h.update(hashlib.sha256(path.read_bytes()).digest())
+        h.update(os.fsencode(path.relative_to(task.path)) + b"\0")  # any name, UTF-8 or not
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            h.update(content_digest(fd, os.fstat(fd)))  # streamed; a sparse file's holes unread
+        finally:
+            os.close(fd)
     return h.hexdigest()[:16]
 
 

@@ -13,12 +13,12 @@ Loading validates everything up front so that bad input fails before anything is
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stayer.errors import ConfigError
+from stayer.sandbox.hostfs import copy_tree
 from stayer.settings import TaskToml, check_file, read_text, read_toml
 
 # Files in environment/ that describe a container image rather than workspace content.
@@ -58,22 +58,17 @@ class Task:
         return self.path / "tests"
 
     def materialise(self, workspace: Path) -> None:
-        """Lay out a fresh workspace: the environment's files, nothing from tests or solution."""
-        workspace.mkdir(parents=True, exist_ok=True)
+        """Lay out a fresh workspace: the environment's files, nothing from tests or solution.
+
+        Copied by :func:`~stayer.sandbox.hostfs.copy_tree`: links as links, never followed
+        (a link to ../tests or ../solution must not bring the verifier's files into the
+        agent's workspace), sparse files sparse, FIFOs re-created and never opened, no
+        sockets, devices or setuid bits, any file name."""
         env = self.path / "environment"
         if env.is_dir():
-            for item in env.iterdir():
-                if item.name in _IMAGE_FILES:
-                    continue
-                dest = workspace / item.name
-                if item.is_symlink():
-                    # Copied as a link, never followed: a link to ../tests or ../solution
-                    # must not bring the verifier's files into the agent's workspace.
-                    dest.symlink_to(item.readlink())
-                elif item.is_dir():
-                    shutil.copytree(item, dest, symlinks=True, dirs_exist_ok=True)
-                else:
-                    shutil.copy2(item, dest, follow_symlinks=False)
+            copy_tree(env, workspace, skip=_IMAGE_FILES)
+        else:
+            workspace.mkdir(parents=True, exist_ok=True)
 
 
 def load_task(path: str | Path) -> Task:

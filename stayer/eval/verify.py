@@ -12,6 +12,7 @@ so evaluations never score them.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from stayer.errors import ConfigError
 from stayer.eval.evidence import environment_evidence
 from stayer.eval.task import Task
 from stayer.sandbox.base import ExecResult, Mount, Sandbox
+from stayer.sandbox.hostfs import read_regular
 
 # What a test script's exit status says about the host: bash's "found but not executable"
 # and "command not found".
@@ -81,22 +83,43 @@ def infrastructure_reason(verdict: Verdict, task: Task) -> str | None:
     return None
 
 
+# A reward file is a number or a small JSON object; anything larger is not one.
+REWARD_LIMIT = 64 * 1024
+
+
 def read_reward(logs: Path) -> tuple[float | None, dict[str, float], str | None]:
-    txt, js = logs / "reward.txt", logs / "reward.json"
-    try:
-        if txt.is_file():
-            return float(txt.read_text().strip()), {}, None
-        if js.is_file():
-            data = json.loads(js.read_text())
+    """``(reward, rewards, error)`` from what the verifier left in ``logs``.
+
+    The verifier runs the agent's code, which can write ``logs``: a reward file that is a
+    link (to a host file holding ``1``), a hard link, a FIFO, a directory, too large or not
+    a finite number is an error here (reward ``None``), never a score, and its content is
+    never echoed. Read through :mod:`stayer.sandbox.hostfs`: no link is followed."""
+    for name in ("reward.txt", "reward.json"):
+        try:
+            raw = read_regular(logs, name, limit=REWARD_LIMIT, single_link=True)
+        except FileNotFoundError:
+            continue
+        except OSError as e:  # UnsafeFile: a link, a special file, too large
+            return None, {}, f"unusable {name}: {e.strerror}"
+        try:
+            if name == "reward.txt":
+                return _finite(float(raw.decode().strip())), {}, None
+            data = json.loads(raw)
             if isinstance(data, int | float):
-                return float(data), {}, None
-            rewards = {k: float(v) for k, v in data.items()}
-            if "reward" in rewards:
-                return rewards["reward"], rewards, None
-            return (sum(rewards.values()) / len(rewards) if rewards else None), rewards, None
-    except (ValueError, TypeError, AttributeError) as e:
-        return None, {}, f"unreadable reward file: {e}"
+                return _finite(float(data)), {}, None
+            rewards = {str(k): _finite(float(v)) for k, v in data.items()}
+        except (ValueError, TypeError, AttributeError, RecursionError):
+            return None, {}, f"unreadable {name}: not a finite number{'' if name == 'reward.txt' else ' or an object of them'}"
+        if "reward" in rewards:
+            return rewards["reward"], rewards, None
+        return (sum(rewards.values()) / len(rewards) if rewards else None), rewards, None
     return None, {}, "the verifier wrote neither reward.txt nor reward.json"
+
+
+def _finite(x: float) -> float:
+    if not math.isfinite(x):
+        raise ValueError("not finite")
+    return x
 
 
 async def verify(task: Task, sandbox: Sandbox) -> Verdict:

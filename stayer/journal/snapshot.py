@@ -6,9 +6,14 @@ its snapshots must live where its events do: this ``SnapshotStore`` (same protoc
 into the journal store's blobs.
 
 Layout, as in git: a directory is a tree blob listing its entries; a file is a list of
-1 MiB chunk blobs. Unchanged files, chunks and subtrees hash to the same addresses and are
-stored once, so per-step snapshots cost what changed, not the workspace size, and a file
-that only grows (a log) re-stores only its last chunk. A stat cache skips re-reading files
+1 MiB chunk blobs (``null`` for a chunk wholly inside a hole of a sparse file: never read,
+never written back, so sparse stays sparse). Unchanged files, chunks and subtrees hash to
+the same addresses and are stored once, so per-step snapshots cost what changed, not the
+workspace size, and a file that only grows (a log) re-stores only its last chunk. The
+workspace is the sandbox's: it is walked by directory fd and read as
+:mod:`stayer.sandbox.hostfs` reads (no link followed, only regular files opened, names as
+bytes), and modes keep permission bits only (no setuid, setgid or sticky bit). FIFOs are
+kept (never opened); sockets and device files are not workspace content. A stat cache skips re-reading files
 whose size, times and inode are unchanged; files modified within the last second are
 always re-read, since a same-size rewrite within the filesystem's timestamp granularity
 would otherwise go unnoticed.
@@ -26,8 +31,19 @@ from pathlib import Path
 from typing import Any
 
 from stayer.journal.blobs import digest
+from stayer.sandbox.hostfs import (
+    UnsafeFile,
+    data_extents,
+    is_sparse,
+    open_regular,
+    plain_mode,
+    pwrite_all,
+)
+from stayer.sandbox.tree import MAX_DEPTH
 
 CHUNK = 1 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _RACY_NS = 1_000_000_000
 
 
@@ -42,12 +58,16 @@ class BlobSnapshots:
     ) -> None:
         self._put = put
         self._get = get
-        self._stat_cache: dict[str, tuple[tuple[int, ...], list[str]]] = {}
+        self._stat_cache: dict[str, tuple[tuple[int, ...], list[str | None]]] = {}
         self._known: set[str] = set()  # addresses stored by this instance
 
     def snapshot(self, workspace: Path) -> str:
         pending: dict[str, bytes] = {}
-        root = self._tree(Path(workspace), pending, time.time_ns() - _RACY_NS)
+        fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            root = self._tree(fd, os.fspath(workspace), pending, time.time_ns() - _RACY_NS)
+        finally:
+            os.close(fd)
         self._flush(pending)
         return root
 
@@ -63,39 +83,84 @@ class BlobSnapshots:
             self._known.update(pending)
             pending.clear()
 
-    def _tree(self, directory: Path, pending: dict[str, bytes], racy_after: int) -> str:
+    def _tree(self, dir_fd: int, key: str, pending: dict[str, bytes], racy_after: int, depth: int = 0) -> str:
+        """Store the directory ``dir_fd`` (``key``: its path, for the stat cache) as a tree
+        blob. Walked by fd and opened with ``O_NOFOLLOW`` (:mod:`stayer.sandbox.hostfs`):
+        the workspace is the sandbox's, and nothing it plants is followed or read."""
         entries: list[dict[str, Any]] = []
-        with os.scandir(directory) as it:
+        with os.scandir(dir_fd) as it:
             items = sorted(it, key=lambda e: e.name)
         for e in items:
-            st = e.stat(follow_symlinks=False)
-            mode = stat.S_IMODE(st.st_mode)
-            if stat.S_ISLNK(st.st_mode):
-                entries.append({"name": e.name, "link": os.readlink(e.path)})
-            elif stat.S_ISDIR(st.st_mode):
-                entries.append({"name": e.name, "mode": mode, "tree": self._tree(Path(e.path), pending, racy_after)})
-            elif stat.S_ISREG(st.st_mode):
-                chunks = self._file(e.path, st, pending, racy_after)
-                entries.append({"name": e.name, "mode": mode, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "chunks": chunks})
-            # sockets, fifos and devices are not workspace content
+            try:
+                st = e.stat(follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    entries.append({"name": e.name, "link": os.readlink(e.name, dir_fd=dir_fd)})
+                elif stat.S_ISDIR(st.st_mode):
+                    tree = self._subtree(dir_fd, e.name, f"{key}/{e.name}", pending, racy_after, depth + 1)
+                    entries.append({"name": e.name, "mode": plain_mode(st.st_mode), "tree": tree})
+                elif stat.S_ISREG(st.st_mode):
+                    chunks, size = self._file(dir_fd, e.name, f"{key}/{e.name}", pending, racy_after)
+                    entries.append(
+                        {"name": e.name, "mode": plain_mode(st.st_mode), "size": size, "mtime_ns": st.st_mtime_ns, "chunks": chunks}
+                    )
+                elif stat.S_ISFIFO(st.st_mode):  # kept as the sandbox's snapshots keep it; never opened
+                    entries.append({"name": e.name, "mode": plain_mode(st.st_mode), "fifo": True})
+            except (UnsafeFile, FileNotFoundError):  # replaced or gone since listed
+                continue
+            # sockets and devices are not workspace content
             if len(pending) > 64:  # bound memory: large trees flush as they go
                 self._flush(pending)
         return self._add(json.dumps(entries, separators=(",", ":")).encode(), pending)
 
-    def _file(self, path: str, st: os.stat_result, pending: dict[str, bytes], racy_after: int) -> list[str]:
-        key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-        cached = self._stat_cache.get(path)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        chunks = []
-        with open(path, "rb") as f:
-            while block := f.read(CHUNK):
+    def _subtree(self, dir_fd: int, name: str, key: str, pending: dict[str, bytes], racy_after: int, depth: int) -> str:
+        if depth > MAX_DEPTH:  # as deep as the walk goes (stayer.sandbox.tree)
+            return self._add(b"[]", pending)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except OSError as e:  # a link now, not the directory that was listed
+            raise UnsafeFile(e.errno, "not a directory any more", name) from None
+        try:
+            return self._tree(fd, key, pending, racy_after, depth)
+        finally:
+            os.close(fd)
+
+    def _file(
+        self, dir_fd: int, name: str, key: str, pending: dict[str, bytes], racy_after: int
+    ) -> tuple[list[str | None], int]:
+        """The chunk addresses of a file and its size; a chunk entirely in a hole of a
+        sparse file is ``None``, never read and never written back."""
+        fd, st = open_regular(name, dir_fd)
+        try:
+            sig = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            cached = self._stat_cache.get(key)
+            if cached is not None and cached[0] == sig:
+                return cached[1], st.st_size
+            sparse = is_sparse(st)
+            extents = data_extents(fd, st.st_size) if sparse else []
+            chunks: list[str | None] = []
+            offset, i = 0, 0  # extents[i]: the first one that ends after offset
+            while offset < st.st_size:
+                while i < len(extents) and sum(extents[i]) <= offset:
+                    i += 1
+                next_data = extents[i][0] if i < len(extents) else st.st_size
+                if sparse and next_data >= offset + CHUNK:
+                    # a hole up to the chunk holding the next data: skip its chunks at once
+                    holes = (next_data - offset) // CHUNK
+                    chunks.extend([None] * holes)
+                    offset += holes * CHUNK
+                    continue
+                block = os.pread(fd, min(CHUNK, st.st_size - offset), offset)
+                if not block:  # shrank since the fstat
+                    break
                 chunks.append(self._add(block, pending))
                 if len(pending) > 64:
                     self._flush(pending)
+                offset += CHUNK
+        finally:
+            os.close(fd)
         if st.st_mtime_ns < racy_after and st.st_ctime_ns < racy_after:
-            self._stat_cache[path] = (key, chunks)
-        return chunks
+            self._stat_cache[key] = (sig, chunks)
+        return chunks, st.st_size
 
     def restore(self, snapshot_id: str, workspace: Path) -> None:
         """Make ``workspace`` exactly the snapshot: extra files removed, contents, modes,
@@ -112,16 +177,24 @@ class BlobSnapshots:
             path = directory / entry["name"]
             if "link" in entry:
                 os.symlink(entry["link"], path)
+            elif entry.get("fifo"):
+                os.mkfifo(path, plain_mode(entry["mode"]))
+                os.chmod(path, plain_mode(entry["mode"]))  # past the umask
             elif "tree" in entry:
                 path.mkdir()
                 self._restore_tree(entry["tree"], path)
-                dir_modes.append((path, entry["mode"]))
+                dir_modes.append((path, plain_mode(entry["mode"])))
             else:
-                with open(path, "wb") as f:
-                    for chunk in entry["chunks"]:
-                        f.write(self._get(chunk))
-                os.chmod(path, entry["mode"])
-                os.utime(path, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+                fd = os.open(path, _CREATE_FLAGS, 0o600)
+                try:
+                    for i, chunk in enumerate(entry["chunks"]):
+                        if chunk is not None:  # None: a hole, left unwritten
+                            pwrite_all(fd, self._get(chunk), i * CHUNK)
+                    os.ftruncate(fd, entry["size"])
+                    os.fchmod(fd, plain_mode(entry["mode"]))
+                    os.utime(fd, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+                finally:
+                    os.close(fd)
         # Modes last: a read-only directory must be filled before it becomes read-only.
         for path, mode in dir_modes:
             os.chmod(path, mode)

@@ -40,11 +40,16 @@ How :class:`FileSnapshotStore` keeps that cheap:
 Blobs are never hard-linked into a workspace: a command that edits a file in place would
 then edit the stored snapshot too.
 
-What a snapshot holds: regular files (content, permission bits, mtime), directories
-(permission bits; empty ones included), symlinks (the link itself, never its target) and
-FIFOs. Not kept: owners, hard links between workspace files (restored as separate
-copies), sockets and device files, extended attributes, directory mtimes. A workspace must
-not be written to while it is being snapshotted or restored.
+What a snapshot holds: regular files (content, permission bits, mtime; a sparse file as its
+data extents, so it stays sparse and its holes are never read), directories (permission
+bits; empty ones included), symlinks (the link itself, never its target) and FIFOs (never
+opened). Not kept: owners, setuid, setgid and sticky bits (a workspace is written by the
+sandbox, and a setuid file restored on the host is a way in), hard links between workspace
+files (restored as separate copies), sockets and device files, extended attributes,
+directory mtimes. The workspace is read as :mod:`stayer.sandbox.hostfs` reads anything the
+sandbox wrote: walked by directory fd, files opened without following links and only if
+they are regular files. It must not be written to while it is being snapshotted or
+restored.
 """
 
 from __future__ import annotations
@@ -62,7 +67,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from stayer.sandbox.tree import iter_tree
+from stayer.sandbox.hostfs import (
+    UnsafeFile,
+    copy_range,
+    data_extents,
+    is_sparse,
+    open_regular,
+    plain_mode,
+    pwrite_all,
+    read_at_most,
+)
+from stayer.sandbox.tree import iter_tree, walk
 from stayer.sandbox.watch import TreeWatch
 
 FORMAT = 1
@@ -80,10 +95,12 @@ _PACK_BUFFER = 8 << 20
 _IOV_MAX = 1024  # buffers per writev (Linux's limit)
 
 # One manifest entry: (path, kind, mode, data, size, mtime_ns). kind is "d" (directory),
-# "f" (regular file, data = blob id), "l" (symlink, data = target) or "p" (FIFO); the
-# workspace root itself is the entry with path "".
+# "f" (regular file, data = blob id), "s" (sparse regular file, data = the blob id of its
+# extent map), "l" (symlink, data = target) or "p" (FIFO); the workspace root itself is the
+# entry with path "". mode holds permission bits only (0o777).
 Entry = tuple[str, str, int, str | None, int, int]
-# What the stat cache keeps per file: ((size, mtime_ns, inode, ctime_ns), blob id).
+# What the stat cache keeps per file: ((size, mtime_ns, inode, ctime_ns), blob id); a
+# sparse file's blob id is its map's, marked with a leading "s".
 CacheRecord = tuple[tuple[int, int, int, int], str]
 _S_IFMT = 0o170000
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -211,14 +228,14 @@ class _Blobs:
             return
         self._publish(_tmp_file_with(self.tmp, data), blob)
 
-    def put_stream(self, src: int) -> tuple[str, int, bool]:
-        """Store what remains to read from ``src``, hashing it on the way (one pass):
-        ``(blob, size, whether it was new)``."""
+    def put_stream(self, src: int, limit: int = -1) -> tuple[str, int, bool]:
+        """Store what remains to read from ``src`` (at most ``limit`` bytes, if given),
+        hashing it on the way (one pass): ``(blob, size, whether it was new)``."""
         digest = hashlib.sha256()
         size = 0
         tmp, out = _tmp_file(self.tmp)
         try:
-            while chunk := os.read(src, _CHUNK):
+            while size != limit and (chunk := os.read(src, _CHUNK if limit < 0 else min(_CHUNK, limit - size))):
                 digest.update(chunk)
                 _write_all(out, chunk)
                 size += len(chunk)
@@ -340,15 +357,15 @@ class FileSnapshotStore:
         self._watch.begin(key)
         # Files changed since this instant are not cached (the "racily clean" rule).
         racy_since = time.time_ns() - _RACY_NS
-        prefix = f"{ws}/"
-        entries: list[Entry] = [("", "d", stat.S_IMODE(os.lstat(ws).st_mode), None, 0, 0)]
+        entries: list[Entry] = [("", "d", plain_mode(os.lstat(ws).st_mode), None, 0, 0)]
         append = entries.append
         cached = state.cache.get
         fresh_cache: dict[str, CacheRecord] = {}
         linked = False
         # The loop below runs once per file on every step: it is kept free of function
         # calls where a bit test does (S_IFMT), because that is most of its cost.
-        for rel, st in iter_tree(ws, lambda d: self._watch.add(key, d)):
+        # Files are opened relative to their directory's fd, never by path (see walk).
+        for rel, st, dir_fd, name in walk(ws, lambda d: self._watch.add(key, d)):
             mode = st.st_mode
             fmt = mode & _S_IFMT
             if fmt == stat.S_IFREG:
@@ -359,16 +376,25 @@ class FileSnapshotStore:
                 if hit is not None and hit[0] == sig:
                     blob, size = hit[1], sig[0]
                 else:
-                    blob, size = self._store_file(prefix + rel, st.st_size)
+                    try:
+                        blob, size = self._store_file(dir_fd, name)
+                    except (UnsafeFile, FileNotFoundError):  # replaced or gone since listed
+                        continue
                 if sig[3] < racy_since and size == sig[0]:
                     fresh_cache[rel] = (sig, blob)
-                append((rel, "f", mode & 0o7777, blob, size, sig[1]))
+                if blob[0] == "s":  # a sparse file's extent map (see _store_sparse)
+                    append((rel, "s", mode & 0o777, blob[1:], size, sig[1]))
+                else:
+                    append((rel, "f", mode & 0o777, blob, size, sig[1]))
             elif fmt == stat.S_IFDIR:
-                append((rel, "d", mode & 0o7777, None, 0, 0))
+                append((rel, "d", mode & 0o777, None, 0, 0))
             elif fmt == stat.S_IFLNK:
-                append((rel, "l", 0, os.readlink(prefix + rel), 0, 0))
+                try:
+                    append((rel, "l", 0, os.readlink(name, dir_fd=dir_fd), 0, 0))
+                except OSError:  # replaced or gone since listed
+                    continue
             elif fmt == stat.S_IFIFO:
-                append((rel, "p", mode & 0o7777, None, 0, 0))
+                append((rel, "p", mode & 0o777, None, 0, 0))
             # sockets and devices are not workspace content (see module doc)
         written = self._blobs.end_batch()
         self._watch.end(key)
@@ -405,6 +431,7 @@ class FileSnapshotStore:
         for rel, kind, mode, data, size, mtime_ns in entries:
             path = prefix + rel if rel else str(ws)
             have = current.get(rel)
+            mode = plain_mode(mode)  # manifests written before setuid bits were dropped
             if kind == "d":
                 if have is None:  # (the root always exists by now)
                     if mode & 0o700 == 0o700 and mode & ~self._umask == mode:
@@ -414,9 +441,9 @@ class FileSnapshotStore:
                         dir_modes.append((path, mode))
                 elif stat.S_IMODE(have.st_mode) != mode:
                     dir_modes.append((path, mode))
-            elif kind == "f":
+            elif kind == "f" or kind == "s":
                 assert data is not None
-                record = self._restore_file(path, have, cache.get(rel), data, size, mode, mtime_ns)
+                record = self._restore_file(path, have, cache.get(rel), kind, data, size, mode, mtime_ns)
                 fresh_cache[rel] = record
             elif kind == "l":
                 assert data is not None
@@ -471,16 +498,22 @@ class FileSnapshotStore:
             self._workspaces[str(ws)] = state
         return state
 
-    def _store_file(self, path: str, size: int) -> tuple[str, int]:
-        """Hash ``path`` and make sure its blob is stored; ``(blob id, size)``.
+    def _store_file(self, dir_fd: int, name: str) -> tuple[str, int]:
+        """Hash the file ``name`` in ``dir_fd`` and make sure its blob is stored;
+        ``(blob id, size)``; the id of a sparse file's extent map is marked with a leading
+        ``s`` (see :meth:`_store_sparse`).
 
-        The blob is written from exactly the bytes that were hashed (never re-read), so a
-        file changing under the scan cannot leave a blob whose name lies about it; the size
-        returned is that of those bytes. Plain ``os`` calls: this runs once per file of a
-        first snapshot.
+        Opened with :func:`~stayer.sandbox.hostfs.open_regular`: a link or special file put
+        there since it was listed raises :class:`UnsafeFile` and is never read. The blob is
+        written from exactly the bytes that were hashed (never re-read), so a file changing
+        under the scan cannot leave a blob whose name lies about it; the size returned is
+        that of those bytes. Plain ``os`` calls: this runs once per file of a first snapshot.
         """
-        src = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        src, st = open_regular(name, dir_fd)
         try:
+            size = st.st_size
+            if size > _SMALL_FILE and is_sparse(st):
+                return "s" + self._store_sparse(src, size), size
             if size <= _SMALL_FILE:
                 data = os.read(src, size + 1)
                 if len(data) <= size:  # else it grew since the stat: stream it instead
@@ -493,6 +526,28 @@ class FileSnapshotStore:
             return blob, size
         finally:
             os.close(src)
+
+    def _store_sparse(self, src: int, size: int) -> str:
+        """Store a sparse file as the blobs of its data extents plus an extent map (a blob
+        of ``{"size", "extents": [[offset, length, blob], …]}``); return the map's id. Holes
+        are never read, so a 1 TB file holding 1 MB costs 1 MB, here and on restore."""
+        extents = []
+        for offset, length in data_extents(src, size, min_hole=_SMALL_FILE):
+            os.lseek(src, offset, os.SEEK_SET)
+            if length <= _SMALL_FILE:
+                data = read_at_most(src, length)
+                blob = self._put_small(data)
+            else:
+                blob, _size, _new = self._blobs.put_stream(src, length)
+            extents.append((offset, length, blob))
+        body = json.dumps({"size": size, "extents": extents}, separators=(",", ":")).encode()
+        return self._put_small(body)
+
+    def _put_small(self, data: bytes) -> str:
+        blob = hashlib.sha256(data).hexdigest()
+        if not self._blobs.has(blob):
+            self._blobs.put(blob, data)
+        return blob
 
     def _manifest_path(self, snapshot_id: str) -> Path:
         return self._snapshots / f"{snapshot_id}.json"
@@ -560,7 +615,7 @@ class FileSnapshotStore:
     def _remove_unwanted(ws: Path, current: dict[str, os.stat_result], wanted: dict[str, Entry]) -> None:
         """Delete what the snapshot does not have, or has as another kind of thing; drop it
         from ``current`` so that what remains is what can be kept or updated in place."""
-        kinds = {"d": stat.S_ISDIR, "f": stat.S_ISREG, "l": stat.S_ISLNK, "p": stat.S_ISFIFO}
+        kinds = {"d": stat.S_ISDIR, "f": stat.S_ISREG, "s": stat.S_ISREG, "l": stat.S_ISLNK, "p": stat.S_ISFIFO}
         # A directory the agent made read-only would refuse deletions inside it (for a
         # non-root user); its final mode is set from the manifest afterwards anyway.
         for rel, st in current.items():
@@ -587,17 +642,20 @@ class FileSnapshotStore:
         path: str,
         have: os.stat_result | None,
         cached: CacheRecord | None,
+        kind: str,
         blob: str,
         size: int,
         mode: int,
         mtime_ns: int,
     ) -> CacheRecord:
-        """Put blob ``blob`` at ``path`` unless the file there provably has that content;
-        fix mode and mtime; return the file's new stat cache record."""
+        """Put blob ``blob`` (kind ``f``) or the sparse file mapped by ``blob`` (kind
+        ``s``) at ``path`` unless the file there provably has that content; fix mode and
+        mtime; return the file's new stat cache record."""
+        record = "s" + blob if kind == "s" else blob
         if (
             have is not None
             and cached is not None
-            and cached[1] == blob
+            and cached[1] == record
             and cached[0] == (have.st_size, have.st_mtime_ns, have.st_ino, have.st_ctime_ns)
         ):
             changed = False
@@ -608,29 +666,45 @@ class FileSnapshotStore:
                 os.utime(path, ns=(mtime_ns, mtime_ns))
                 changed = True
             st = os.lstat(path) if changed else have
-            return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns), blob
+            return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns), record
         if have is not None:
             os.unlink(path)
-        # Small files: one read and one write, faster than the kernel's copy paths
-        # (copy_file_range measured several times slower for 10 KB files on ext4).
-        data = self._blobs.read(blob) if size <= _SMALL_FILE else None
-        dst = os.open(path, _CREATE_FLAGS, mode & 0o777)
+        dst = os.open(path, _CREATE_FLAGS, mode)
         try:
-            if data is not None:
-                _write_all(dst, data)
+            if kind == "s":
+                self._write_sparse(dst, blob)
+            elif size <= _SMALL_FILE:
+                # One read and one write, faster than the kernel's copy paths
+                # (copy_file_range measured several times slower for 10 KB files on ext4).
+                _write_all(dst, self._blobs.read(blob))
             else:
                 src = self._blobs.open_loose(blob)
                 try:
                     _copy_fd(src, dst)
                 finally:
                     os.close(src)
-            if mode & ~self._umask != mode:  # the umask (or setuid bits) got in the way
+            if mode & ~self._umask != mode:  # the umask got in the way
                 os.fchmod(dst, mode)
             os.utime(dst, ns=(mtime_ns, mtime_ns))
             st = os.fstat(dst)
         finally:
             os.close(dst)
-        return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns), blob
+        return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns), record
+
+    def _write_sparse(self, dst: int, map_blob: str) -> None:
+        """Write the extents of a sparse file's map into the empty file ``dst``, leaving
+        the holes between them unwritten."""
+        doc = json.loads(self._blobs.read(map_blob))
+        for offset, length, blob in doc["extents"]:
+            if length <= _SMALL_FILE:
+                pwrite_all(dst, self._blobs.read(blob), offset)
+            else:
+                src = self._blobs.open_loose(blob)
+                try:
+                    copy_range(src, dst, length, 0, offset)
+                finally:
+                    os.close(src)
+        os.ftruncate(dst, doc["size"])
 
 
 def _fsync_paths(paths: list[str]) -> bool:
