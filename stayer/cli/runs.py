@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json
+from stayer.cli.common import EXIT_BAD_INPUT, JsonFlag, app, bad_input, emit_json, stderr
 from stayer.errors import ConfigError
 
 
@@ -17,9 +18,12 @@ def runs(
     limit: Annotated[int, typer.Option("--limit", help="Show at most this many runs.")] = 50,
     json_out: JsonFlag = False,
 ) -> None:
-    """List runs: id, task, model, status, steps, cost, started, updated."""
+    """List runs: id, task, model, status, steps, cost, started, updated.
+
+    Each listed run's journal is read through: a corrupt one is listed as ``corrupt``, its
+    one-line error goes to stderr, and the command exits 2."""
     from stayer.eval.trial import stayer_home
-    from stayer.journal import open_store
+    from stayer.journal import JournalCorrupt, load_log, open_store
     from stayer.journal.lease import run_status
 
     if limit < 1:
@@ -27,11 +31,29 @@ def runs(
     try:
         store = open_store(stayer_home(), create=False)
         rows = [] if store is None else store.runs(limit)
+        docs: list[dict[str, Any]] = []
+        corrupt: list[str] = []
+        for r in rows:
+            status = run_status(r)
+            try:
+                load_log(store, r.id)  # type: ignore[arg-type]  (rows exist only with a store)
+            except JournalCorrupt as e:
+                status = "corrupt"
+                corrupt.append(str(e))
+            docs.append({**r.to_dict(), "status": status})
     except ConfigError as e:
         bad_input(str(e))
-    docs = [{**r.to_dict(), "status": run_status(r)} for r in rows]
+    _show(docs, store.location if store else None, json_out)
+    if corrupt:
+        err = stderr()
+        for line in corrupt:
+            err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _show(docs: list[dict[str, Any]], location: str | None, json_out: bool) -> None:
     if json_out:
-        emit_json({"store": store.location if store else None, "runs": docs})
+        emit_json({"store": location, "runs": docs})
         return
     console = Console()
     if not docs:

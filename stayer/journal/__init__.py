@@ -4,7 +4,7 @@
   default, PostgreSQL with ``STAYER_DB=postgresql://…``);
 * ``session`` — ``RunJournal``: wraps a run's model and tools, journals every step, and
   replays the journal on resume;
-* ``log`` — a journal read back (torn tail cut off);
+* ``log`` — a journal read back (a torn tail cut off, corruption refused);
 * ``snapshot`` — workspace snapshots in the blob store (for Postgres; SQLite journals use
   the sandbox's ``FileSnapshotStore`` beside the database).
 """
@@ -22,6 +22,7 @@ from stayer.journal.snapshot import BlobSnapshots
 from stayer.journal.store import (
     SCHEMA_VERSION,
     Event,
+    JournalCorrupt,
     JournalError,
     LeaseLost,
     RunRow,
@@ -34,6 +35,7 @@ __all__ = [
     "BlobSnapshots",
     "CacheStateful",
     "Event",
+    "JournalCorrupt",
     "JournalError",
     "JournalStats",
     "LeaseLost",

@@ -173,7 +173,9 @@ class SqlStore:
         *,
         sync: bool = True,
     ) -> None:
-        at = utc_now()
+        # Microseconds: every write of a run gets its own ``at``, which is how ``load_log``
+        # tells the last write (which a crash may have torn) from the ones before it.
+        at = datetime.now(UTC).isoformat(timespec="microseconds")
         rows = [
             (run_id, first_seq + i, kind, json.dumps(data, separators=(",", ":")), at)
             for i, (kind, data) in enumerate(events)
@@ -195,8 +197,13 @@ class SqlStore:
         for seq, kind, data, at in rows:
             try:
                 parsed = json.loads(data)
-            except ValueError:
-                break  # a damaged record ends the usable journal
+                if not isinstance(parsed, dict):
+                    raise ValueError(f"a JSON {type(parsed).__name__}, not an object")
+            except ValueError as e:
+                # Returned, not skipped: whether it is a torn tail or corruption depends on
+                # where it is (``load_log`` decides).
+                out.append(Event(int(seq), kind, {}, at, damage=f"unreadable record ({e})"))
+                continue
             out.append(Event(int(seq), kind, parsed, at))
         return out
 
