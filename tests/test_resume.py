@@ -379,11 +379,14 @@ def test_killed_run_shows_as_interrupted_then_resumes_with_the_same_result(tmp_p
     proc = subprocess.Popen([sys.executable, "-m", "stayer.cli", *args, "--run-id", "k"], cwd=tmp_path,
                             env={**env, "STAYER_HOME": str(home)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
-    while time.time() < deadline:
-        runs = json.loads(stayer("runs", "--json", home=home).stdout)["runs"]
-        if any(r["id"] == "k" and r["steps"] >= 3 for r in runs):
+    while time.time() < deadline:  # read in process: a command per poll could miss the window
+        store = open_store(home, "", create=False)
+        row = store.run("k") if store is not None else None
+        if store is not None:
+            store.close()
+        if row is not None and row.steps >= 3:
             break
-        time.sleep(0.1)
+        time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     listed = {r["id"]: r for r in json.loads(stayer("runs", "--json", home=home).stdout)["runs"]}

@@ -371,6 +371,11 @@ class RunJournal:
         in flight at the stop has no reply to price; it stays journaled as started.)"""
         if not self._unstepped:
             return None
+        step = self.steps_done + 1
+        if step in self.log.steps:  # stopped while replaying a step the journal holds whole
+            self._unstepped.clear()
+            self.steps_done = step
+            return dict(self.log.steps[step])
         usage, cost = Usage(), Decimal(0)
         for inner, response in self._unstepped:
             usage += response.usage
@@ -380,7 +385,7 @@ class RunJournal:
         calls = [{"id": c.id, "name": c.name, "is_error": True, "exit_code": None} for c in first.message.tool_calls]
         entry = {
             "agent": "main",
-            "step": self.steps_done + 1,
+            "step": step,
             "kind": "cut_short",
             "model": first_model.spec,
             "model_calls": len(self._unstepped),
@@ -394,10 +399,10 @@ class RunJournal:
             "cache_break": None,
         }
         self._unstepped.clear()
-        self.steps_done = entry["step"]
+        self.steps_done = step
         if self.steps_cost is not None:
             self.steps_cost = None if cost is None else self.steps_cost + cost
-        self._record("step", {"step": entry["step"], "entry": entry}, update={"steps": entry["step"], "cost_usd": self.cost_text()})
+        self._record("step", {"step": step, "entry": entry}, update={"steps": step, "cost_usd": self.cost_text()})
         return entry
 
     def take_snapshot(self, step: int) -> None:
