@@ -518,3 +518,28 @@ def test_a_corrupt_shared_blob_is_reported_never_read_as_a_shorter_run_or_re_pai
     listed = {d["id"]: d["status"] for d in json.loads(r.stdout)["runs"]}
     assert listed[k] == listed[base_id] == "corrupt"
     assert {line.split(":")[1].strip() for line in r.stderr.splitlines() if "corrupt" in line} >= {f"run {k}", f"run {base_id}"}
+
+
+def test_a_step_stopped_mid_way_is_kept_as_cut_short_and_replays_as_journaled(tmp_path):
+    """A step whose model call was answered but that a stop (the agent time limit) cut
+    short: its call is on the ledger, in the journal, and a replay reports it unchanged."""
+    store, ws, prices = open_store(tmp_path / "home", ""), tmp_path / "ws", PriceBook.load()
+    ws.mkdir()
+    request = lambda: ModelRequest("system", [], [Message("user", "hi")])  # noqa: E731
+    journal = RunJournal.create(store, "c", {"task": "t", "model": "m"}, ws, prices)
+    assert journal.cut_short() is None  # no call made: nothing to keep
+    asyncio.run(journal.model(Provider()).complete(request()))
+    entry = journal.cut_short()
+    assert (entry["kind"], entry["step"], entry["model_calls"], entry["usage"]["input_tokens"]) == ("cut_short", 1, 1, 50)
+    assert Decimal(entry["cost_usd"]) > 0 and journal.cost_text() == entry["cost_usd"]
+    assert journal.cut_short() is None  # kept once
+    journal.flush()
+    journal.release()
+    assert store.run("c").cost_usd == entry["cost_usd"]
+    row, log = RunJournal.load(store, "c")
+    assert log.steps[1] == entry
+    again = RunJournal.reopen(store, row, log, ws, prices)
+    provider = Provider()
+    asyncio.run(again.model(provider).complete(request()))
+    assert provider.calls == 0 and again.cut_short() == entry  # the journaled step, not a second one
+    store.close()
