@@ -20,6 +20,7 @@ from stayer.journal.blobs import BlobError, FileBlobStore, digest, encode
 from stayer.journal.lease import new_owner, owner_is_dead, run_status
 from stayer.journal.snapshot import BlobSnapshots
 from stayer.journal.sql import utc_now
+from stayer.journal.sqlite import SqliteStore
 
 pg_url = database_fixture()
 
@@ -224,6 +225,11 @@ def test_an_unreadable_or_missing_event_before_the_last_write_is_corruption(stor
         cur.execute("DELETE FROM stayer_events WHERE run_id = ? AND seq = 2", (run_id,))
     with pytest.raises(JournalCorrupt, match=r"corrupt at event 2 of 5 \(missing\)"):
         load_log(store, run_id)
+    if isinstance(store, SqliteStore):  # SQLite stores any bytes as text; PostgreSQL refuses them
+        with store._tx() as cur:
+            cur.execute("UPDATE stayer_events SET data = CAST(X'7b22ff' AS TEXT) WHERE run_id = ? AND seq = 1", (run_id,))
+        with pytest.raises(JournalCorrupt, match=r"corrupt at event 1 of 5 \(tool_finished\): unreadable record"):
+            load_log(store, run_id)
     # An unreadable record in the last write is a torn tail.
     other, _owner, _outs = _three_writes(store)
     with store._tx() as cur:

@@ -64,6 +64,9 @@ class SqlStore:
     NOW: str  # SQL expression: seconds since the epoch on the database's clock
     LOCK_ROW = ""  # appended to a SELECT that must lock the rows it returns
     LOCK_ROW_SKIP = ""
+    # How an event's record is read: as stored (SQLite reads it as bytes, since a damaged
+    # record need not even be UTF-8, which would fail the whole query as text).
+    EVENT_DATA = "data"
 
     # --- dialect hooks -----------------------------------------------------------------
 
@@ -191,7 +194,7 @@ class SqlStore:
 
     def events(self, run_id: str) -> list[Event]:
         rows = self._read(
-            "SELECT seq, kind, data, at FROM stayer_events WHERE run_id = ? ORDER BY seq", (run_id,)
+            f"SELECT seq, kind, {self.EVENT_DATA}, at FROM stayer_events WHERE run_id = ? ORDER BY seq", (run_id,)
         )
         out = []
         for seq, kind, data, at in rows:
