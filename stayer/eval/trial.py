@@ -5,6 +5,8 @@ leaves nothing behind. The run's files live in ``$STAYER_HOME/runs/<run_id>/``:
 ``workspace/`` (mounted at /app), ``trajectory.jsonl`` (every message, replayable with
 ``--sim-policy replay:PATH``) and ``result.json`` (the ``--json`` document). Every step is
 journaled (``stayer.journal``), so ``execute`` can also continue a run that was killed.
+``execute`` is also the one place that enforces the task's agent time limit, for ``stayer
+run``, ``resume`` and every eval trial (the limit counts from the start of each process).
 """
 
 from __future__ import annotations
