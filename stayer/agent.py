@@ -196,6 +196,9 @@ class Agent:
         self.inbox = inbox or (lambda: ())
         self.probe = probe or (TreeFingerprint(workspace) if workspace and workspace.is_dir() else None)
         self.guard: Guard | None = None  # the running step's guard (sub-agents carve from it)
+        # The running run's result, complete up to its last finished step: what a caller
+        # that stops the run from outside (a time limit) reports.
+        self.result: RunResult | None = None
         self.run_id = ""
         self._children: list[RunResult] = []
         # The provider's count of the next prompt, learned from its reports (per model).
@@ -242,7 +245,7 @@ class Agent:
             clock=self.clock,
         )
         forensics = CacheForensics(self.counter)
-        result = RunResult(status="budget_exhausted")
+        result = self.result = RunResult(status="budget_exhausted")
         last_output, compactions, step = 0, 0, 0
         while (gate := guard.begin_step(step + 1)).go:
             if gate.instruction is not None:  # the wrap-up has begun

@@ -187,7 +187,7 @@ def test_policies_are_configurations(tmp_path):
 
 
 @needs_bwrap
-def test_a_trial_past_the_task_wall_clock_is_stopped_and_counts_as_limit_reached(tmp_path, monkeypatch):
+def test_a_trial_past_the_task_agent_timeout_is_stopped_and_counts_as_limit_reached(tmp_path, monkeypatch):
     import asyncio
 
     from stayer.eval import runner
@@ -195,12 +195,12 @@ def test_a_trial_past_the_task_wall_clock_is_stopped_and_counts_as_limit_reached
     from stayer.pricing import PriceBook
 
     monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(runner, "WALL_SLACK_S", 0.0)
     task = load_task(write_task(
         tmp_path / "suite", "slow", solve="#!/bin/bash\nsleep 30\n",
         toml="[agent]\ntimeout_sec = 1.0\n\n[verifier]\ntimeout_sec = 1.0\n",
     ))
     [trial] = runner.plan_trials([task], [runner.EvalConfig("sim:gpt-5")], epochs=1)
     record = asyncio.run(runner.run_trial(trial, PriceBook.load()))
-    assert record["error_class"] == "limit_reached" and "wall-clock limit of 2 s" in record["error"]
-    assert record["wall_s"] < 10
+    assert (record["error_class"], record["stop_reason"]) == ("limit_reached", "agent_timeout")
+    # Its run and what it spent are kept: step 1's model call was billed.
+    assert record["run_id"] and record["steps"] == 1 and Decimal(record["cost_usd"]) > 0

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from pg_server import database_fixture
 
-from stayer.journal import JournalError, LeaseLost, RunRow, load_log, open_store
-from stayer.journal.blobs import BlobError, FileBlobStore, digest
+from stayer.journal import JournalCorrupt, JournalError, LeaseLost, RunRow, load_log, open_store
+from stayer.journal.blobs import BlobError, FileBlobStore, digest, encode
 from stayer.journal.lease import new_owner, owner_is_dead, run_status
 from stayer.journal.snapshot import BlobSnapshots
 from stayer.journal.sql import utc_now
+from stayer.journal.sqlite import SqliteStore
 
 pg_url = database_fixture()
 
@@ -153,6 +154,88 @@ def test_torn_tail_is_dropped_back_to_the_last_complete_event(store):
     log = load_log(store, run_id)
     assert [e.kind for e in log.events] == ["run_created", "tool_finished"]
     assert log.torn == 2 and set(log.tools) == {0}
+
+
+def _three_writes(store) -> tuple[str, str, dict[str, bytes]]:
+    """A run of three writes (events 0-1, 2-3, 4-5), each with a tool output blob; the
+    first two outputs are large enough for SQLite to keep them as files."""
+    owner = new_owner()
+    run_id = new_run(store, owner)
+    outs = {k: os.urandom(200_000) if k != "c" else b"small output" for k in "abc"}
+    seq = 0
+    for t, data in enumerate(outs.values()):
+        events = [("tool_started", {"t": t, "name": "bash"}), ("tool_finished", {"t": t, "output": digest(data)})]
+        store.append(run_id, owner, seq, events, {digest(data): data})
+        seq += 2
+    return run_id, owner, outs
+
+
+def _set_blob(store, address: str, stored: bytes | None) -> None:
+    """Overwrite (or with None delete) one stored blob, wherever the store keeps it."""
+    files = getattr(store, "blobs", None)
+    if files is not None and files.has(address):
+        path = files.path(address)
+        path.unlink() if stored is None else path.write_bytes(stored)
+        return
+    with store._tx() as cur:
+        if stored is None:
+            cur.execute("DELETE FROM stayer_blobs WHERE hash = ?", (address,))
+        else:
+            cur.execute("UPDATE stayer_blobs SET data = ? WHERE hash = ?", (stored, address))
+
+
+def _flip_one_byte(store, address: str) -> None:
+    files = getattr(store, "blobs", None)
+    if files is not None and files.has(address):
+        stored = files.path(address).read_bytes()
+    else:
+        stored = bytes(store._read("SELECT data FROM stayer_blobs WHERE hash = ?", (address,))[0][0])
+    _set_blob(store, address, stored[:-1] + bytes([stored[-1] ^ 1]))
+
+
+@pytest.mark.parametrize("damage", ["flipped", "missing"])
+def test_a_damaged_blob_before_the_last_write_is_corruption_not_a_torn_tail(store, damage):
+    run_id, _owner, outs = _three_writes(store)
+    for k, seq in (("a", 1), ("b", 3)):
+        address = digest(outs[k])
+        (_flip_one_byte(store, address) if damage == "flipped" else _set_blob(store, address, None))
+        with pytest.raises(JournalCorrupt) as e:
+            load_log(store, run_id)
+        assert (e.value.run_id, e.value.seq, e.value.kind) == (run_id, seq, "tool_finished")
+        message = str(e.value)
+        assert f"run {run_id}" in message and f"event {seq} of 6" in message and "\n" not in message
+        assert ("missing" if damage == "missing" else "do not match") in message
+        assert len(store.events(run_id)) == 6  # nothing dropped
+        # Repaired (put back if missing, rewritten if damaged), then the next one is damaged.
+        store.put_blobs({address: outs[k]})
+        _set_blob(store, address, encode(outs[k]))
+    # The same damage in the last write is a torn tail: dropped, the rest read.
+    _set_blob(store, digest(outs["c"]), None)
+    log = load_log(store, run_id)
+    assert log.torn == 1 and [e.seq for e in log.events] == [0, 1, 2, 3, 4] and set(log.tools) == {0, 1}
+
+
+def test_an_unreadable_or_missing_event_before_the_last_write_is_corruption(store):
+    run_id, _owner, _outs = _three_writes(store)
+    with store._tx() as cur:
+        cur.execute("UPDATE stayer_events SET data = ? WHERE run_id = ? AND seq = 2", ('{"t": 1, "na', run_id))
+    with pytest.raises(JournalCorrupt, match=r"corrupt at event 2 of 6 \(tool_started\): unreadable record"):
+        load_log(store, run_id)
+    with store._tx() as cur:
+        cur.execute("DELETE FROM stayer_events WHERE run_id = ? AND seq = 2", (run_id,))
+    with pytest.raises(JournalCorrupt, match=r"corrupt at event 2 of 5 \(missing\)"):
+        load_log(store, run_id)
+    if isinstance(store, SqliteStore):  # SQLite stores any bytes as text; PostgreSQL refuses them
+        with store._tx() as cur:
+            cur.execute("UPDATE stayer_events SET data = CAST(X'7b22ff' AS TEXT) WHERE run_id = ? AND seq = 1", (run_id,))
+        with pytest.raises(JournalCorrupt, match=r"corrupt at event 1 of 5 \(tool_finished\): unreadable record"):
+            load_log(store, run_id)
+    # An unreadable record in the last write is a torn tail.
+    other, _owner, _outs = _three_writes(store)
+    with store._tx() as cur:
+        cur.execute("UPDATE stayer_events SET data = ? WHERE run_id = ? AND seq = 5", ("[1]", other))
+    log = load_log(store, other)
+    assert log.torn == 1 and len(log.events) == 5
 
 
 def test_snapshots_in_the_blob_store_restore_exactly(store, tmp_path):

@@ -503,3 +503,61 @@ def test_a_lost_call_is_held_and_charged_against_the_cap(env, monkeypatch):
     lost = [e for e in doc["ledger"] if e.get("kind") == "lost_in_flight"]
     assert len(lost) == 1
     assert Decimal(doc["cost_usd"]) <= cap
+
+
+def test_a_corrupt_shared_blob_is_reported_never_read_as_a_shorter_run_or_re_paid(env):
+    """One blob both runs refer to (the same model reply) is damaged: report, resume and
+    runs say which run and event, exit 2, and nothing is dropped or re-issued."""
+    home = Path(os.environ["STAYER_HOME"])
+    base_id, k = rid("base"), rid("k")
+    start(env, base_id)
+    assert start(env, k, crash_at=9)[0] is None
+    store = open_store(home)
+    events = store.events(k)
+    reply = next(e for e in events if e.kind == "model_finished" and e.data["n"] == 2)
+    assert reply.data["message"] in {e.data.get("message") for e in store.events(base_id)}  # shared
+    with store._tx() as cur:
+        cur.execute("UPDATE stayer_blobs SET data = ? WHERE hash = ?", (b"\x00not the reply", reply.data["message"]))
+    store.close()
+    db = {"STAYER_DB": os.environ.get("STAYER_DB", "")}
+    for run_id in (k, base_id):
+        r = stayer("report", run_id, "--json", home=home, env=db)
+        assert r.returncode == 2 and r.stdout == "", r.stdout[:200]
+        line = one_line(r.stderr)
+        seq = next(e.seq for e in journal_events(run_id) if e.kind == "model_finished" and e.data["n"] == 2)
+        assert f"run {run_id}: journal corrupt at event {seq} " in line and "model_finished" in line
+    r = stayer("resume", k, "--json", home=home, env=db)
+    assert r.returncode == 2 and r.stdout == "" and f"run {k}: journal corrupt at event {reply.seq} " in one_line(r.stderr)
+    with pytest.raises(JournalError, match="journal corrupt"):
+        resume(k)  # in process: its provider would count any call
+    assert [(e.seq, e.kind) for e in journal_events(k)] == [(e.seq, e.kind) for e in events]  # nothing dropped
+    r = stayer("runs", "--json", home=home, env=db)
+    assert r.returncode == 2
+    listed = {d["id"]: d["status"] for d in json.loads(r.stdout)["runs"]}
+    assert listed[k] == listed[base_id] == "corrupt"
+    assert {line.split(":")[1].strip() for line in r.stderr.splitlines() if "corrupt" in line} >= {f"run {k}", f"run {base_id}"}
+
+
+def test_a_step_stopped_mid_way_is_kept_as_cut_short_and_replays_as_journaled(tmp_path):
+    """A step whose model call was answered but that a stop (the agent time limit) cut
+    short: its call is on the ledger, in the journal, and a replay reports it unchanged."""
+    store, ws, prices = open_store(tmp_path / "home", ""), tmp_path / "ws", PriceBook.load()
+    ws.mkdir()
+    request = lambda: ModelRequest("system", [], [Message("user", "hi")])  # noqa: E731
+    journal = RunJournal.create(store, "c", {"task": "t", "model": "m"}, ws, prices)
+    assert journal.cut_short() is None  # no call made: nothing to keep
+    asyncio.run(journal.model(Provider()).complete(request()))
+    entry = journal.cut_short()
+    assert (entry["kind"], entry["step"], entry["model_calls"], entry["usage"]["input_tokens"]) == ("cut_short", 1, 1, 50)
+    assert Decimal(entry["cost_usd"]) > 0 and journal.cost_text() == entry["cost_usd"]
+    assert journal.cut_short() is None  # kept once
+    journal.flush()
+    journal.release()
+    assert store.run("c").cost_usd == entry["cost_usd"]
+    row, log = RunJournal.load(store, "c")
+    assert log.steps[1] == entry
+    again = RunJournal.reopen(store, row, log, ws, prices)
+    provider = Provider()
+    asyncio.run(again.model(provider).complete(request()))
+    assert provider.calls == 0 and again.cut_short() == entry  # the journaled step, not a second one
+    store.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from stayer.journal import open_store
 from stayer.sandbox.locate import locate_bwrap
 
 ROOT = Path(__file__).resolve().parent.parent
-TASK = ROOT / "examples" / "hello-file"
+EXAMPLE = ROOT / "examples" / "hello-file"
 KILLS = 30
 WORKERS = 4
 RUN_ARGS = [
@@ -58,13 +59,20 @@ def usage_by_step(doc: dict) -> list[tuple[int, dict]]:
 class Harness:
     def __init__(self, home: Path, db: str) -> None:
         self.home, self.db = home, db
+        # The example with room for 40 steps on a loaded machine: the task's agent time
+        # limit is enforced, and this suite is about kills, not time limits.
+        self.task = home.parent / "task"
+        shutil.copytree(EXAMPLE, self.task)
+        toml = self.task / "task.toml"
+        toml.write_text(toml.read_text().replace("[agent]\ntimeout_sec = 60.0", "[agent]\ntimeout_sec = 3600.0"))
+        assert "3600.0" in toml.read_text()
         self.env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
         self.env.update(STAYER_HOME=str(home), STAYER_DB=db)
 
     def start(self, run_id: str, capture: bool = False) -> tuple[subprocess.Popen, float]:
         """Start ``stayer run``; returns it and the time its run appeared in the journal."""
         proc = subprocess.Popen(
-            [sys.executable, "-m", "stayer.cli", "run", str(TASK), *RUN_ARGS, "--run-id", run_id],
+            [sys.executable, "-m", "stayer.cli", "run", str(self.task), *RUN_ARGS, "--run-id", run_id],
             env=self.env, cwd=self.home.parent, stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, text=True,
         )

@@ -8,10 +8,19 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json, parse_since, usd
+from stayer.cli.common import (
+    EXIT_BAD_INPUT,
+    JsonFlag,
+    app,
+    bad_input,
+    emit_json,
+    error_line,
+    parse_since,
+    usd,
+)
 from stayer.errors import ConfigError
 
-STATUSES = ("running", "interrupted", "succeeded", "failed", "budget_exhausted", "error")
+STATUSES = ("running", "interrupted", "succeeded", "failed", "budget_exhausted", "error", "corrupt")
 # Dropped first to last when the terminal is too narrow: the id is what people copy, so it
 # is never cut.
 DROPPABLE = ("updated", "steps", "started", "task", "model", "cost (USD)")
@@ -52,19 +61,41 @@ def runs(
     docs = [{**r.to_dict(), "status": run_status(r)} for r in rows]
     total = len(docs)
     docs = [d for d in docs if matches(d, status, task, model, since_ts)][:limit]
+    corrupt = mark_corrupt(store, docs)
     if json_out:
         emit_json({"store": store.location if store else None, "runs": docs})
-        return
+    else:
+        show(docs, total, store is not None, where, (("status", status), ("task", task), ("model", model), ("since", since)))
+    if corrupt:
+        for line in corrupt:
+            error_line(line)
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def mark_corrupt(store: Any, docs: list[dict[str, Any]]) -> list[str]:
+    """Read each listed run's journal through: a damaged one is listed as ``corrupt``; its
+    one-line error is returned, to be said after the listing (the command then exits 2)."""
+    from stayer.journal import JournalCorrupt, load_log
+
+    errors = []
+    for d in docs:
+        try:
+            load_log(store, d["id"])
+        except JournalCorrupt as e:
+            d["status"] = "corrupt"
+            errors.append(str(e))
+    return errors
+
+
+def show(docs: list[dict[str, Any]], total: int, found: bool, where: str, filters: Any) -> None:
     console = Console(emoji=False)
-    filters = ", ".join(
-        f"{k} {v}" for k, v in (("status", status), ("task", task), ("model", model), ("since", since)) if v
-    )
-    if store is None:
+    if not found:
         console.print(f"no runs yet: no journal at {escape(where)} (set STAYER_HOME or STAYER_DB to look elsewhere)", highlight=False, soft_wrap=True)
         return
     if docs:
         print_table(console, docs)
-    shown = f"{len(docs)} of {total} run(s)" + (f" matching {filters}" if filters else "")
+    said = ", ".join(f"{k} {v}" for k, v in filters if v)
+    shown = f"{len(docs)} of {total} run(s)" + (f" matching {said}" if said else "")
     console.print(f"{escape(shown)} in {escape(where)}", highlight=False, soft_wrap=True)
 
 

@@ -1,17 +1,25 @@
 """Run tasks × epochs × configurations concurrently, each trial on a fresh workspace.
 
-A trial is one ``stayer run`` (``eval.trial.prepare`` + ``execute``): the runner adds
-concurrency, a wall-clock limit, an error class, and a store that makes evaluations
-resumable. Each finished trial is written atomically to ``OUT/trials/<config>/<task>.e<N>.json``;
-re-running with the same ``OUT`` reuses those records and runs only what is missing.
+A trial is one ``stayer run`` (``eval.trial.prepare`` + ``execute``, which also enforces the
+task's agent time limit): the runner adds concurrency, an error class, and a store that
+makes evaluations resumable. Each finished trial is written atomically to
+``OUT/trials/<config>/<task>.e<N>.json``; re-running with the same ``OUT`` reuses those
+records and runs only what is missing.
+
+Every dollar an evaluation spends is in its records. A trial's run id is written down
+(``<task>.e<N>.run``) before the run starts, so a trial that a killed evaluation left in
+flight is continued through its journal under the same id — its finished model calls are
+not paid for again — and counted once. A trial that crashed keeps its run id and what its
+journal says it spent. A record that is replaced (an infrastructure error run again) is
+kept in the new record's ``earlier_attempts``, and its cost in the configuration's total.
 
 A trial succeeds when its tests pass (reward ≥ 1), whatever limit the agent reached on the
 way. Error classes of the others:
 
 * ``agent_failure`` — the agent finished and the tests ran, but did not pass (including
   tests that timed out on the agent's work);
-* ``limit_reached`` — the step or cost limit, or the task's wall-clock time, ran out and the
-  tests did not pass;
+* ``limit_reached`` — the step or cost limit, or the task's agent time limit, ran out and
+  the tests did not pass;
 * ``infrastructure`` — the trial could not be judged: the model API failed after retries,
   the tests could not run here (``eval.verify.infrastructure_reason``), or the run crashed.
   These are excluded from scores, counted apart, and run again when the evaluation is
@@ -36,16 +44,16 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from stayer.eval.resume import prepare_resume
 from stayer.eval.task import Task
-from stayer.eval.trial import RunConfig, execute, prepare
+from stayer.eval.trial import RunConfig, execute, prepare, stayer_home
 from stayer.eval.verify import passes
+from stayer.journal import RunFinished, open_store
 from stayer.pricing import PriceBook
 from stayer.sandbox.hostfs import content_digest
 
 AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE = "agent_failure", "limit_reached", "infrastructure"
 ERROR_CLASSES = (AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE)
-# Beyond the task's own agent + verifier timeouts: workspace copy, sandbox start-up.
-WALL_SLACK_S = 30.0
 
 
 def _slug(text: str, limit: int = 48) -> str:
@@ -190,24 +198,26 @@ def _record(trial: Trial, **fields: Any) -> dict[str, Any]:
     }
 
 
-async def run_trial(trial: Trial, prices: PriceBook) -> dict[str, Any]:
-    """Run one trial to a record; never raises for a failure of the trial itself."""
-    task = trial.task
-    limit = task.agent_timeout_s + task.verifier_timeout_s + WALL_SLACK_S
+async def run_trial(
+    trial: Trial,
+    prices: PriceBook,
+    *,
+    run_id: str | None = None,
+    on_started: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run one trial to a record; never raises for a failure of the trial itself.
+
+    ``run_id`` names the run of an earlier attempt that a killed evaluation left behind: it
+    is continued through its journal, or, if it had finished, its result is taken as it is.
+    ``on_started(run_id)`` is called once the run's id is fixed, before the run starts."""
     started = time.monotonic()
-    empty = {"reward": None, "steps": 0, "usage": {}, "tokens": 0, "cost_usd": "0", "run_id": None}
+    run_id = run_id or trial.new_run_id()
+    resumed = False
     try:
-        prepared = prepare(trial.config.run_config(task, trial.new_run_id()), prices)
-        doc = await asyncio.wait_for(execute(prepared), timeout=limit)
-    except TimeoutError:
-        return _record(
-            trial, **empty, status="budget_exhausted", error_class=LIMIT_REACHED,
-            error=f"wall-clock limit of {limit:g} s reached (task agent + verifier timeouts)",
-            wall_s=round(time.monotonic() - started, 3),
-        )
+        doc, resumed = await _run_or_resume(trial, prices, run_id, on_started)
     except Exception as e:  # a trial that cannot run is recorded, not fatal to the evaluation
         return _record(
-            trial, **empty, status="error", error_class=INFRASTRUCTURE,
+            trial, **_spent(run_id), reward=None, usage={}, tokens=0, status="error", error_class=INFRASTRUCTURE,
             error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8),
             wall_s=round(time.monotonic() - started, 3),
         )
@@ -224,15 +234,62 @@ async def run_trial(trial: Trial, prices: PriceBook) -> dict[str, Any]:
         wall_s=round(time.monotonic() - started, 3),
         run_id=doc["run_id"],
         run_dir=doc["run_dir"],
+        resumed=resumed,
         stop_reason=doc.get("stop_reason"),
         verifier_outcome=(doc.get("verifier") or {}).get("outcome"),
         error=doc.get("error") or (doc.get("verifier") or {}).get("error"),
     )
 
 
+async def _run_or_resume(
+    trial: Trial, prices: PriceBook, run_id: str, on_started: Callable[[str], None] | None
+) -> tuple[dict[str, Any], bool]:
+    """The result document of run ``run_id``: run from the start if the journal has no such
+    run, else continued from its journal (or its result, if it had finished). Whether it
+    was continued comes second."""
+    store = open_store(stayer_home())
+    assert store is not None
+    journal = None
+    try:
+        if store.run(run_id) is None:
+            prepared = prepare(trial.config.run_config(trial.task, run_id), prices, store=store)
+            if on_started is not None:
+                on_started(run_id)
+        else:
+            try:
+                prepared, journal = prepare_resume(run_id, store=store, prices=prices)
+            except RunFinished as e:
+                store.close()
+                return e.result, True
+    except BaseException:
+        store.close()
+        raise
+    prepared.close_store = True  # execute closes it
+    return await execute(prepared, journal=journal), journal is not None
+
+
+def _spent(run_id: str) -> dict[str, Any]:
+    """What the journal says run ``run_id`` spent (a trial that crashed still paid for its
+    calls); nothing if it never started."""
+    try:
+        store = open_store(stayer_home(), create=False)
+    except Exception:  # the journal itself is the problem: the error says so
+        store = None
+    if store is None:
+        return {"steps": 0, "cost_usd": "0", "run_id": None}
+    try:
+        row = store.run(run_id)
+    finally:
+        store.close()
+    if row is None:
+        return {"steps": 0, "cost_usd": "0", "run_id": None}
+    return {"steps": row.steps, "cost_usd": row.cost_usd, "run_id": run_id}
+
+
 class TrialStore:
     """Finished trials as one JSON file each, written atomically (temp file + rename), so a
-    killed evaluation never leaves a half-written record and resumes where it stopped."""
+    killed evaluation never leaves a half-written record and resumes where it stopped; and
+    the run id of each trial in progress (``<key>.run``), so that its run is continued."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
@@ -241,20 +298,49 @@ class TrialStore:
     def path(self, trial: Trial) -> Path:
         return self.dir / f"{trial.key}.json"
 
-    def load(self, trial: Trial) -> dict[str, Any] | None:
-        """The finished record of ``trial``, or None if it must (re)run: missing, unreadable,
-        another task content, or an infrastructure error (which is worth retrying)."""
+    def run_path(self, trial: Trial) -> Path:
+        return self.dir / f"{trial.key}.run"
+
+    def _read(self, trial: Trial) -> dict[str, Any] | None:
         try:
             record = json.loads(self.path(trial).read_text())
         except (OSError, ValueError):
             return None
-        if record.get("task_digest") != trial.digest or record.get("error_class") == INFRASTRUCTURE:
+        return record if isinstance(record, dict) else None
+
+    def load(self, trial: Trial) -> dict[str, Any] | None:
+        """The finished record of ``trial``, or None if it must (re)run: missing, unreadable,
+        another task content, or an infrastructure error (which is worth retrying)."""
+        record = self._read(trial)
+        if record is None or record.get("task_digest") != trial.digest or record.get("error_class") == INFRASTRUCTURE:
             return None
         return record
+
+    def earlier_attempts(self, trial: Trial) -> list[dict[str, Any]]:
+        """The attempts that the trial's next record replaces (a record that ``load``
+        rejected, and those it replaced): their money was spent all the same."""
+        record = self._read(trial)
+        if record is None:
+            return []
+        this = {k: record.get(k) for k in ("run_id", "status", "error_class", "cost_usd", "error", "finished")}
+        return [*record.get("earlier_attempts", []), this]
+
+    def run_in_progress(self, trial: Trial) -> str | None:
+        """The run id of the trial's run that a killed evaluation left unrecorded, if any."""
+        try:
+            run_id = self.run_path(trial).read_text().strip()
+        except OSError:
+            return None
+        record = self._read(trial)
+        return run_id if run_id and (record is None or record.get("run_id") != run_id) else None
+
+    def started(self, trial: Trial, run_id: str) -> None:
+        write_atomic(self.run_path(trial), run_id + "\n")
 
     def save(self, record: dict[str, Any]) -> None:
         path = self.dir / f"{record['key']}.json"
         write_atomic(path, json.dumps(record, indent=2))
+        path.with_suffix(".run").unlink(missing_ok=True)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -286,9 +372,16 @@ async def run_trials(
         async with gate:
             if on_start:
                 on_start(trial)
-            record = await run_trial(trial, prices)
-        if store is not None:
-            store.save(record)
+            if store is None:
+                record = await run_trial(trial, prices)
+            else:
+                earlier = store.earlier_attempts(trial)
+                record = await run_trial(
+                    trial, prices, run_id=store.run_in_progress(trial), on_started=lambda rid: store.started(trial, rid)
+                )
+                if earlier:
+                    record["earlier_attempts"] = earlier
+                store.save(record)
         if on_done:
             on_done(trial, record, False)
         return record

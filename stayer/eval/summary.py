@@ -8,7 +8,9 @@
      "tasks": [{"task", "results": {config id: {"successes", "trials", "infra_errors"}}}]}
 
 Scores count only judged trials: infrastructure errors are reported in ``infra_errors`` and
-left out of every rate. Money is a decimal string; ``"unknown"`` when a trial's model has
+left out of every rate. ``total_cost_usd`` is everything the configuration spent: every
+trial, infrastructure errors and the earlier attempts of trials that were run again
+included. Money is a decimal string; ``"unknown"`` when a trial's model has
 no price data (a mean over unknown amounts is unknown, not zero).
 """
 
@@ -50,6 +52,14 @@ def _costs(records: Sequence[dict[str, Any]]) -> list[Decimal] | None:
     return [Decimal(r["cost_usd"]) for r in records]
 
 
+def _total_spent(records: Sequence[dict[str, Any]]) -> Decimal | None:
+    """What the configuration's trials cost, attempts that were run again included; None
+    if any amount is unknown."""
+    attempts = [*records, *(a for r in records for a in r.get("earlier_attempts", ()))]
+    costs = _costs(attempts)
+    return None if costs is None else sum(costs, Decimal(0))
+
+
 def config_summary(config: EvalConfig, records: Sequence[dict[str, Any]], epochs: int) -> dict[str, Any]:
     scored = _scored(records)
     n = len(scored)
@@ -61,7 +71,7 @@ def config_summary(config: EvalConfig, records: Sequence[dict[str, Any]], epochs
         per_task[r["task"]][1] += int(succeeded(r))
     counts = [(t, c) for t, c in per_task.values()]
     costs = _costs(scored)
-    all_costs = _costs(records)
+    spent = _total_spent(records)
     tokens = [r["tokens"] for r in scored]
     classes = {c: sum(1 for r in records if r["error_class"] == c) for c in ERROR_CLASSES}
     total = sum(costs, Decimal(0)) if costs is not None else None
@@ -82,7 +92,7 @@ def config_summary(config: EvalConfig, records: Sequence[dict[str, Any]], epochs
         "median_tokens": stats.median(tokens),
         "mean_cost_usd": "unknown" if costs is None else money(stats.decimal_mean(costs)),
         "median_cost_usd": "unknown" if costs is None else money(stats.decimal_median(costs)),
-        "total_cost_usd": "unknown" if all_costs is None else money(sum(all_costs, Decimal(0))),
+        "total_cost_usd": "unknown" if spent is None else money(spent),
         "cost_per_success_usd": (
             "unknown" if total is None else money(total / successes) if successes else None
         ),

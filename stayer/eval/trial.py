@@ -5,10 +5,13 @@ leaves nothing behind. The run's files live in ``$STAYER_HOME/runs/<run_id>/``:
 ``workspace/`` (mounted at /app), ``trajectory.jsonl`` (every message, replayable with
 ``--sim-policy replay:PATH``) and ``result.json`` (the ``--json`` document). Every step is
 journaled (``stayer.journal``), so ``execute`` can also continue a run that was killed.
+``execute`` is also the one place that enforces the task's agent time limit, for ``stayer
+run``, ``resume`` and every eval trial (the limit counts from the start of each process).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -326,12 +329,24 @@ async def _execute(
                     ChildSettings(**routing.subagents.model_dump()),
                 )
                 agent.add_tool(wrap_tools([children.tool()])[0])
-            result = await agent.run(task.instruction, p.run_id)
+            # The task's time limit for the agent, enforced here for `stayer run`, `resume`
+            # and every eval trial alike: at the limit the loop is cancelled wherever it
+            # is, which kills the command in flight and its sandbox.
+            cut_short = None
+            limit = asyncio.timeout(task.agent_timeout_s)
+            try:
+                async with limit:
+                    result = await agent.run(task.instruction, p.run_id)
+            except TimeoutError:
+                if not limit.expired():
+                    raise
+                result, cut_short = timed_out(agent, journal, task.agent_timeout_s)
             journal.flush()
     # Always verified: the tests decide success, however and wherever the agent stopped.
     verifier_sandbox = make_sandbox(cfg.sandbox, workspace, allow_net=task.allow_internet)
     verdict = await verify(task, verifier_sandbox)
-    doc = result_document(p, result, verdict, started, lost_ledger_entries(journal.lost))
+    extra = lost_ledger_entries(journal.lost) + ([cut_short] if cut_short else [])
+    doc = result_document(p, result, verdict, started, extra)
     journal.finish(doc)
     write_result(p.run_dir, doc)
     return doc
@@ -403,6 +418,23 @@ class Inbox:
         return read
 
 
+def timed_out(agent: Agent, journal: RunJournal, limit_s: float) -> tuple[RunResult, dict[str, Any] | None]:
+    """The result of a run stopped by the task's agent time limit: its finished steps, and
+    the step the stop cut short (its model calls were billed), as ``budget_exhausted`` with
+    ``stop_reason`` ``agent_timeout``."""
+    result = agent.result or RunResult(status="budget_exhausted")
+    cut = journal.cut_short()
+    if cut is not None:
+        result.steps = cut["step"]
+    detail = f"the task's agent time limit of {limit_s:g} s ran out during step {result.steps + (cut is None)}"
+    result.status, result.stop_reason = "budget_exhausted", "agent_timeout"
+    result.breakers.append(
+        {"agent": "main", "reason": "agent_timeout", "detail": detail, "step": result.steps, "action": "stop", "soft": False}
+    )
+    result.summary = result.summary or f"Stopped: {detail}. The workspace holds the work done until then."
+    return result, cut
+
+
 def write_result(run_dir: Path, doc: dict[str, Any]) -> None:
     tmp = run_dir / "result.json.tmp"
     tmp.write_text(json.dumps(doc, indent=2))
@@ -429,8 +461,9 @@ def result_document(
     started: datetime,
     lost: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The ``--json`` document. ``lost`` are ``lost_in_flight`` ledger entries (model calls
-    in flight at a crash): billed, so they count in the ledger, the usage and the cost."""
+    """The ``--json`` document. ``lost`` are ledger entries the loop did not make:
+    ``lost_in_flight`` (model calls in flight at a crash) and ``cut_short`` (the step a time
+    limit stopped): billed, so they count in the ledger, the usage and the cost."""
     u = result.usage
     cost = result.cost_usd
     for entry in lost:

@@ -4,7 +4,7 @@
   default, PostgreSQL with ``STAYER_DB=postgresql://…``);
 * ``session`` — ``RunJournal``: wraps a run's model and tools, journals every step, and
   replays the journal on resume;
-* ``log`` — a journal read back (torn tail cut off);
+* ``log`` — a journal read back (a torn tail cut off, corruption refused);
 * ``snapshot`` — workspace snapshots in the blob store (for Postgres; SQLite journals use
   the sandbox's ``FileSnapshotStore`` beside the database).
 
@@ -30,6 +30,7 @@ _EXPORTS = {
     "BlobSnapshots": "snapshot",
     "SCHEMA_VERSION": "store",
     "Event": "store",
+    "JournalCorrupt": "store",
     "JournalError": "store",
     "LeaseLost": "store",
     "RunRow": "store",
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from stayer.journal.store import (
         SCHEMA_VERSION,
         Event,
+        JournalCorrupt,
         JournalError,
         LeaseLost,
         RunRow,
@@ -70,6 +72,7 @@ __all__ = [
     "BlobSnapshots",
     "CacheStateful",
     "Event",
+    "JournalCorrupt",
     "JournalError",
     "JournalStats",
     "LeaseLost",

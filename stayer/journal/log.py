@@ -1,9 +1,13 @@
-"""A run's journal read back: what happened, indexed for replay, with any torn tail cut off.
+"""A run's journal read back: what happened, indexed for replay, with a torn tail cut off.
 
-Events are numbered 0, 1, 2, … per run. The usable journal is the longest prefix in which
-the numbering has no gap, every record parses and every blob an event refers to is present
-and matches its address; anything after the first damaged event is a torn tail (a write cut
-short by a crash) and is dropped, so a resume continues from the last complete event.
+Events are numbered 0, 1, 2, … per run. An event is damaged when its record cannot be read
+or indexed, its number leaves a gap, or a blob it refers to is missing or does not match
+its address. Damage confined to the run's last write (the events appended together, which
+share one ``at``) is a torn tail, a write cut short by a crash: it is dropped, and a resume
+continues from the last complete event. Damage anywhere before the last write is
+corruption: the events after it record work that was done and paid for, so the journal is
+refused (``JournalCorrupt``, naming the run and the event) rather than read as a shorter
+run or resumed by paying for that work again.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stayer.journal.blobs import BlobError
-from stayer.journal.store import Event, Store
+from stayer.journal.store import Event, JournalCorrupt, Store
 
 #: Event kinds the journal itself writes. Any other kind is an agent event (compaction,
 #: breaker, …) recorded through ``on_event``; an agent kind that collides with one of these
@@ -79,26 +83,49 @@ class RunLog:
 
 
 def load_log(store: Store, run_id: str) -> RunLog:
+    """The run's journal up to any torn tail; JournalCorrupt if it is damaged before its
+    last write."""
     log = RunLog(run_id)
     raw = store.events(run_id)
-    wanted = {a for ev in raw for a in blob_refs(ev)}
+    wanted = {a for ev in raw if ev.damage is None for a in _refs(ev)}
     missing = store.missing_blobs(wanted)
     for i, ev in enumerate(raw):
-        if ev.seq != i:
-            break
-        try:
-            refs = blob_refs(ev)
-            if any(a in missing for a in refs):
-                break
-            for a in refs:
-                if a not in log.blobs:
-                    log.blobs[a] = store.get_blob(a)
-            _index(log, ev)
-        except (BlobError, KeyError, TypeError, ValueError):
+        damage = _damage(store, log, ev, i, missing)
+        if damage is not None:
+            if any(later.at != raw[-1].at for later in raw[i:]):
+                raise JournalCorrupt(run_id, i, ev.kind if ev.seq == i else "missing", damage, len(raw))
             break
         log.events.append(ev)
     log.torn = len(raw) - len(log.events)
     return log
+
+
+def _refs(ev: Event) -> list[str]:
+    try:
+        return blob_refs(ev)
+    except (KeyError, TypeError):
+        return []  # a malformed record: reported as damaged when it is reached
+
+
+def _damage(store: Store, log: RunLog, ev: Event, i: int, missing: set[str]) -> str | None:
+    """Why event ``ev`` (the ``i``-th) cannot be used, or None once it is indexed."""
+    if ev.seq != i:
+        return f"event {i} is missing (the next one is numbered {ev.seq})"
+    if ev.damage is not None:
+        return ev.damage
+    try:
+        refs = blob_refs(ev)
+        for a in refs:
+            if a in missing:
+                return f"blob {a[:12]} is missing from {store.location}"
+            if a not in log.blobs:
+                log.blobs[a] = store.get_blob(a)
+        _index(log, ev)
+    except BlobError as e:
+        return str(e)
+    except (KeyError, TypeError, ValueError) as e:
+        return f"malformed {ev.kind} record ({type(e).__name__}: {e})"
+    return None
 
 
 def _index(log: RunLog, ev: Event) -> None:

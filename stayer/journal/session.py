@@ -148,6 +148,9 @@ class RunJournal:
         self.snapshot_step = max((s["step"] for s in log.snapshots), default=-1)
         self.steps_cost: Decimal | None = Decimal(0)
         self.lost: list[dict[str, Any]] = list(log.lost)
+        # Model calls answered since the last step was recorded (the step's own call, its
+        # sub-agents' and summariser's): see ``cut_short``.
+        self._unstepped: list[tuple[Model, ModelResponse]] = []
         self._message_hashes: dict[Message, bytes] = {}
         self._digest_prefix: tuple[tuple[str, str], list[Message], Any] = (("", ""), [], None)
         self._tools_text = ToolsText()
@@ -348,6 +351,7 @@ class RunJournal:
         """The loop's ``on_step``: the step's ledger entry, then a workspace snapshot."""
         t0 = time.perf_counter()
         self.steps_done = entry.step
+        self._unstepped.clear()
         if self.steps_cost is not None:
             self.steps_cost = None if entry.cost.total is None else self.steps_cost + entry.cost.total
         if entry.step not in self.log.steps:
@@ -359,6 +363,47 @@ class RunJournal:
         if entry.step > self.snapshot_step:
             self.take_snapshot(entry.step)
         self.stats.seconds += time.perf_counter() - t0
+
+    def cut_short(self) -> dict[str, Any] | None:
+        """The step a stop in mid-step (the task's agent time limit) cut short, as a ledger
+        entry (``kind: cut_short``), journaled like any step: its model calls were answered
+        and billed although the step never finished. None if it had made none. (A call still
+        in flight at the stop has no reply to price; it stays journaled as started.)"""
+        if not self._unstepped:
+            return None
+        step = self.steps_done + 1
+        if step in self.log.steps:  # stopped while replaying a step the journal holds whole
+            self._unstepped.clear()
+            self.steps_done = step
+            return dict(self.log.steps[step])
+        usage, cost = Usage(), Decimal(0)
+        for inner, response in self._unstepped:
+            usage += response.usage
+            price = self.prices.cost(response.usage, inner.model_id, inner.provider, response.service_tier).total
+            cost = None if cost is None or price is None else cost + price
+        first_model, first = self._unstepped[0]
+        calls = [{"id": c.id, "name": c.name, "is_error": True, "exit_code": None} for c in first.message.tool_calls]
+        entry = {
+            "agent": "main",
+            "step": step,
+            "kind": "cut_short",
+            "model": first_model.spec,
+            "model_calls": len(self._unstepped),
+            "usage": usage.to_dict(),
+            "cost_usd": "unknown" if cost is None else str(cost),
+            "cache_hit_ratio": round(usage.cache_hit_ratio, 4),
+            "context_tokens": None,
+            "latency_s": round(sum(r.latency_s for _, r in self._unstepped), 4),
+            "tool_calls": calls,
+            "tool_errors": len(calls),
+            "cache_break": None,
+        }
+        self._unstepped.clear()
+        self.steps_done = step
+        if self.steps_cost is not None:
+            self.steps_cost = None if cost is None else self.steps_cost + cost
+        self._record("step", {"step": step, "entry": entry}, update={"steps": step, "cost_usd": self.cost_text()})
+        return entry
 
     def take_snapshot(self, step: int) -> None:
         snapshot_id = self.snapshots.snapshot(self.workspace)
@@ -436,6 +481,7 @@ class RunJournal:
             if isinstance(inner, CacheStateful):
                 inner.account(request)
             response = self._response(rec.finished)
+            self._unstepped.append((inner, response))
             self.stats.replayed_calls += 1
             self.stats.seconds += time.perf_counter() - t0
             return response
@@ -483,6 +529,7 @@ class RunJournal:
             {address: raw},
             durable=True,
         )
+        self._unstepped.append((inner, response))
         self.stats.seconds += time.perf_counter() - t1
         return response
 

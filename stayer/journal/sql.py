@@ -64,6 +64,9 @@ class SqlStore:
     NOW: str  # SQL expression: seconds since the epoch on the database's clock
     LOCK_ROW = ""  # appended to a SELECT that must lock the rows it returns
     LOCK_ROW_SKIP = ""
+    # How an event's record is read: as stored (SQLite reads it as bytes, since a damaged
+    # record need not even be UTF-8, which would fail the whole query as text).
+    EVENT_DATA = "data"
 
     # --- dialect hooks -----------------------------------------------------------------
 
@@ -173,7 +176,9 @@ class SqlStore:
         *,
         sync: bool = True,
     ) -> None:
-        at = utc_now()
+        # Microseconds: every write of a run gets its own ``at``, which is how ``load_log``
+        # tells the last write (which a crash may have torn) from the ones before it.
+        at = datetime.now(UTC).isoformat(timespec="microseconds")
         rows = [
             (run_id, first_seq + i, kind, json.dumps(data, separators=(",", ":")), at)
             for i, (kind, data) in enumerate(events)
@@ -189,14 +194,19 @@ class SqlStore:
 
     def events(self, run_id: str) -> list[Event]:
         rows = self._read(
-            "SELECT seq, kind, data, at FROM stayer_events WHERE run_id = ? ORDER BY seq", (run_id,)
+            f"SELECT seq, kind, {self.EVENT_DATA}, at FROM stayer_events WHERE run_id = ? ORDER BY seq", (run_id,)
         )
         out = []
         for seq, kind, data, at in rows:
             try:
                 parsed = json.loads(data)
-            except ValueError:
-                break  # a damaged record ends the usable journal
+                if not isinstance(parsed, dict):
+                    raise ValueError(f"a JSON {type(parsed).__name__}, not an object")
+            except ValueError as e:
+                # Returned, not skipped: whether it is a torn tail or corruption depends on
+                # where it is (``load_log`` decides).
+                out.append(Event(int(seq), kind, {}, at, damage=f"unreadable record ({e})"))
+                continue
             out.append(Event(int(seq), kind, parsed, at))
         return out
 

@@ -31,6 +31,7 @@ INLINE_MAX = 128 * 1024
 
 class SqliteStore(SqlStore):
     NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+    EVENT_DATA = "CAST(data AS BLOB)"
 
     def __init__(self, path: Path, blobs_dir: Path) -> None:
         self.path = Path(path)

@@ -31,6 +31,21 @@ class JournalError(ConfigError):
     newer schema, a run held by another live process. One line, exit 2 in the CLI."""
 
 
+class JournalCorrupt(JournalError):
+    """A journal damaged before its last write: an event that cannot be read, a gap in the
+    numbering, or a blob that is missing or does not match its address. Unlike a torn tail
+    (the last write cut short by a crash), what follows the damage was really done and
+    paid for, so nothing is dropped and the run is neither reported nor resumed from a
+    prefix; the message names the run and the first damaged event."""
+
+    def __init__(self, run_id: str, seq: int, kind: str, reason: str, total: int) -> None:
+        super().__init__(
+            f"run {run_id}: journal corrupt at event {seq} of {total} ({kind}): {reason}; "
+            "nothing was dropped or re-run (restore the store from a backup)"
+        )
+        self.run_id, self.seq, self.kind, self.reason = run_id, seq, kind, reason
+
+
 class LeaseLost(JournalError):
     """Another process took over this run (our lease expired while we were stalled). We
     must stop writing: its events and ours would interleave."""
@@ -41,7 +56,8 @@ class Event:
     seq: int
     kind: str
     data: dict[str, Any]
-    at: str  # ISO 8601 UTC, the writer's clock
+    at: str  # ISO 8601 UTC, the writer's clock; one value for all events of one write
+    damage: str | None = None  # why the stored record cannot be read (data is then empty)
 
 
 @dataclass
