@@ -61,11 +61,6 @@ def audit(
             bad_input(f"--html {html}: expected a file path in an existing directory")
         if not os.access(html.parent, os.W_OK | os.X_OK) or (html.exists() and not os.access(html, os.W_OK)):
             bad_input(f"--html {html}: cannot write there (read-only)")
-        from stayer.audit.html import check_available
-
-        missing = check_available()
-        if missing:
-            bad_input(f"--html: {missing}")
     try:
         book = PriceBook.load()
         if what_if:
