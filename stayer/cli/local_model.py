@@ -35,7 +35,11 @@ def build_command(
     jobs: Annotated[int | None, typer.Option("--jobs", help="Compile jobs (default: one per core).")] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Build the server and fetch the weights into the cache (verified; skipped when present)."""
+    """Build the server and fetch the weights into the cache (verified; skipped when present).
+
+    \b
+    Example:  stayer local-model build
+    """
     from stayer.models import local
 
     if jobs is not None and jobs < 1:
@@ -56,7 +60,11 @@ def start_command(
     threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: half the cores).")] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Start the server on 127.0.0.1 and wait until it is healthy (no-op if running)."""
+    """Start the server on 127.0.0.1 and wait until it is healthy (no-op if running).
+
+    \b
+    Example:  stayer local-model start --json
+    """
     from stayer.models import local
 
     if port is not None and not 0 < port < 65536:
@@ -73,7 +81,11 @@ def start_command(
 
 @local_app.command("stop")
 def stop_command(json_out: JsonFlag = False) -> None:
-    """Stop the server that `start` began."""
+    """Stop the server that `start` began.
+
+    \b
+    Example:  stayer local-model stop
+    """
     from stayer.models import local
 
     paths = local.LocalModelPaths.default()
@@ -84,7 +96,11 @@ def stop_command(json_out: JsonFlag = False) -> None:
 
 @local_app.command("status")
 def status_command(json_out: JsonFlag = False) -> None:
-    """Whether the cache is complete and the server running; exit 1 when it is not running."""
+    """Whether the cache is complete and the server running; exit 1 when it is not running.
+
+    \b
+    Example:  stayer local-model status --json
+    """
     from stayer.models import local
 
     doc = local.status(local.LocalModelPaths.default())

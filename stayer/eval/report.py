@@ -233,7 +233,8 @@ def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> st
         parts.append("<h2>Per step</h2><div class=plots>")
         parts.append(line_chart([Series("cost", costs)], title="cumulative cost (USD)", xlabel="step", marks=breaks))
         parts.append(line_chart(
-            [Series("context", [(e["step"], e["context_tokens"]) for e in ledger])],
+            # Calls lost in flight or cut short carry no context size: they are not plotted.
+            [Series("context", [(e["step"], e["context_tokens"]) for e in ledger if e.get("context_tokens") is not None])],
             title="context (tokens); red: cache breaks", xlabel="step", marks=breaks,
         ))
         parts.append(line_chart(
@@ -243,7 +244,8 @@ def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> st
         parts.append("</div>")
         parts.append(table(
             ["step", "model", "context", "cache %", "cost", "tools", "tool errors", "cache break", "compaction"],
-            [[e["step"], e.get("model"), f"{e['context_tokens']:,}", f"{e['cache_hit_ratio'] * 100:.1f}",
+            [[e["step"], e.get("model"), f"{e['context_tokens']:,}" if e.get("context_tokens") is not None else None,
+              f"{e['cache_hit_ratio'] * 100:.1f}",
               usd(e["cost_usd"]), ", ".join(c["name"] for c in e.get("tool_calls", [])) or "—",
               e.get("tool_errors", 0),
               f"{e['cache_break']['reason']}: {e['cache_break'].get('detail') or ''}" if e.get("cache_break") else None,
