@@ -540,3 +540,20 @@ def test_request_bodies_are_bounded(server) -> None:
 
         assert c.post("/v1/runs", content=chunks(), headers={"Content-Type": "application/json"}).status_code == 413
         assert c.get("/v1/runs").json()["data"] == []
+
+
+def test_runs_that_end_in_error_or_at_their_step_limit_say_so(server) -> None:
+    key = server.env.tenant(name())["api_key"]
+    with server.client(key) as c:
+        # A model name the API accepts (provider:model) that the run cannot use: error.
+        broken = c.post("/v1/runs", json={"task": "hello-file", "model": "sim:claude-sonet-4-5"}).json()["id"]
+        run = wait_for(c, broken, finished)
+        assert run["status"] == "error" and "claude-sonet-4-5" in run["error"] and run["steps"] == 0
+        assert [e["data"]["status"] for e in read_events(c, broken)] == ["queued", "error"]
+        # The step limit reached with the tests failing: budget_exhausted, stop reason max_steps.
+        body = {"task": "hello-file", "model": SIM, "max_steps": 2, "sim_policy": LONG}
+        limited = c.post("/v1/runs", json=body).json()["id"]
+        run = wait_for(c, limited, finished)
+        assert run["status"] == "budget_exhausted" and run["stop_reason"] == "max_steps" and run["steps"] == 2
+        ledger = c.get(f"/v1/runs/{limited}/ledger").json()["ledger"]
+        assert ledger_total(ledger) == Decimal(run["cost_usd"])
