@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import Protocol
+from typing import Any, Protocol
 
 from stayer.errors import ConfigError
 
@@ -54,6 +54,21 @@ class Account:
     @property
     def available(self) -> Decimal | None:
         return None if self.cap is None else self.cap - self.spent - self.reserved
+
+
+#: The columns of a stored account, in the order ``account_row`` writes them.
+ACCOUNT_COLUMNS = "name, cap, spent, reserved, parent, parent_hold, closed, overrun"
+
+
+def account_row(a: Account) -> tuple[object, ...]:
+    """An account as a database row: amounts as decimal strings (exact), never floats."""
+    cap = None if a.cap is None else str(a.cap)
+    return (a.name, cap, str(a.spent), str(a.reserved), a.parent, a.parent_hold, int(a.closed), str(a.overrun))
+
+
+def account_of(row: tuple[Any, ...]) -> Account:
+    n, cap, spent, reserved, parent, hold, closed, overrun = row
+    return Account(n, None if cap is None else Decimal(cap), Decimal(spent), Decimal(reserved), parent, hold, bool(closed), Decimal(overrun))
 
 
 class Rows(Protocol):

@@ -15,7 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from stayer.errors import ConfigError
-from stayer.guard.budget import Account, BudgetStore, Rows
+from stayer.guard.budget import ACCOUNT_COLUMNS, Account, BudgetStore, Rows, account_of, account_row
 from stayer.sqlite_tx import immediate
 
 _SCHEMA = (
@@ -50,39 +50,17 @@ class SqliteBudgetStore(BudgetStore):
         self.conn.close()
 
 
-def _dec(v: str | None) -> Decimal | None:
-    return None if v is None else Decimal(v)
-
 
 class _SqlRows(Rows):
     def __init__(self, cur: sqlite3.Cursor) -> None:
         self.cur = cur
 
     def get(self, name: str) -> Account | None:
-        row = self.cur.execute(
-            "SELECT name, cap, spent, reserved, parent, parent_hold, closed, overrun "
-            "FROM budget_accounts WHERE name = ?",
-            (name,),
-        ).fetchone()
-        if row is None:
-            return None
-        n, cap, spent, reserved, parent, hold, closed, overrun = row
-        return Account(n, _dec(cap), Decimal(spent), Decimal(reserved), parent, hold, bool(closed), Decimal(overrun))
+        row = self.cur.execute(f"SELECT {ACCOUNT_COLUMNS} FROM budget_accounts WHERE name = ?", (name,)).fetchone()
+        return None if row is None else account_of(row)
 
     def put(self, a: Account) -> None:
-        self.cur.execute(
-            "INSERT OR REPLACE INTO budget_accounts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                a.name,
-                None if a.cap is None else str(a.cap),
-                str(a.spent),
-                str(a.reserved),
-                a.parent,
-                a.parent_hold,
-                int(a.closed),
-                str(a.overrun),
-            ),
-        )
+        self.cur.execute("INSERT OR REPLACE INTO budget_accounts VALUES (?, ?, ?, ?, ?, ?, ?, ?)", account_row(a))
 
     def hold(self, name: str, amount: Decimal) -> int:
         self.cur.execute("INSERT INTO budget_holds (budget, amount) VALUES (?, ?)", (name, str(amount)))

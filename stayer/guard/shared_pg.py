@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from stayer.errors import ConfigError
-from stayer.guard.budget import Account, BudgetStore, Rows
+from stayer.guard.budget import ACCOUNT_COLUMNS, Account, BudgetStore, Rows, account_of, account_row
 
 _LOCK = 0x5354_4255_4447  # "STBUDG": one lock for all budget transactions
 
@@ -53,41 +53,22 @@ class PostgresBudgetStore(BudgetStore):
         self.conn.close()
 
 
-def _dec(v: str | None) -> Decimal | None:
-    return None if v is None else Decimal(v)
-
 
 class _PgRows(Rows):
     def __init__(self, cur: Any) -> None:
         self.cur = cur
 
     def get(self, name: str) -> Account | None:
-        self.cur.execute(
-            "SELECT name, cap, spent, reserved, parent, parent_hold, closed, overrun "
-            "FROM budget_accounts WHERE name = %s",
-            (name,),
-        )
+        self.cur.execute(f"SELECT {ACCOUNT_COLUMNS} FROM budget_accounts WHERE name = %s", (name,))
         row = self.cur.fetchone()
-        if row is None:
-            return None
-        n, cap, spent, reserved, parent, hold, closed, overrun = row
-        return Account(n, _dec(cap), Decimal(spent), Decimal(reserved), parent, hold, bool(closed), Decimal(overrun))
+        return None if row is None else account_of(row)
 
     def put(self, a: Account) -> None:
         self.cur.execute(
             "INSERT INTO budget_accounts VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (name) DO UPDATE SET "
             "cap = excluded.cap, spent = excluded.spent, reserved = excluded.reserved, parent = excluded.parent, "
             "parent_hold = excluded.parent_hold, closed = excluded.closed, overrun = excluded.overrun",
-            (
-                a.name,
-                None if a.cap is None else str(a.cap),
-                str(a.spent),
-                str(a.reserved),
-                a.parent,
-                a.parent_hold,
-                int(a.closed),
-                str(a.overrun),
-            ),
+            account_row(a),
         )
 
     def hold(self, name: str, amount: Decimal) -> int:
