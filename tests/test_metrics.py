@@ -167,3 +167,37 @@ def test_a_real_prometheus_scrapes_the_server_and_evaluates_the_rules(served, tm
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_avoidable_cost_prices_only_unchosen_misses() -> None:
+    from types import SimpleNamespace
+
+    from stayer.pricing import PriceBook
+    from stayer.telemetry.metrics import MTOK, WorkerMetrics, avoidable_cost
+    from stayer.usage import Usage
+
+    prices = PriceBook.load()
+    cost = prices.cost(Usage(input_tokens=10), "claude-sonnet-4-5", "anthropic", None)
+    previous = SimpleNamespace(context_tokens=50_000)
+
+    def step(reason: str | None, read: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            model="sim:claude-sonnet-4-5", latency_s=0.1, compaction=None, context_tokens=52_000,
+            cache_break=None if reason is None else {"reason": reason}, cost=cost,
+            usage=Usage(input_tokens=52_000, cache_read_tokens=read),
+        )
+
+    rates = prices.rates("claude-sonnet-4-5", "anthropic", None, 52_000)
+    assert rates is not None
+    want = Decimal(50_000 - 20_000) * (rates.cache_write_5m - rates.cache_read) / MTOK
+    assert avoidable_cost(step("ttl_expired", 20_000), previous, prices) == want > 0
+    assert avoidable_cost(step("prefix_edit", 20_000), previous, prices) == want
+    for chosen in ("compaction", "model_switch", "below_minimum", None):
+        assert avoidable_cost(step(chosen, 20_000), previous, prices) is None
+    assert avoidable_cost(step("ttl_expired", 20_000), None, prices) is None
+    metrics = WorkerMetrics()
+    metrics.on_step(step("ttl_expired", 20_000), previous, prices)
+    metrics.on_step(step("compaction", 0), previous, prices)
+    got = metrics.registry.get_sample_value("stayer_avoidable_cost_usd_total", {"reason": "ttl_expired"})
+    assert got is not None and abs(got - float(want)) < 1e-12
+    assert metrics.registry.get_sample_value("stayer_avoidable_cost_usd_total", {"reason": "compaction"}) is None

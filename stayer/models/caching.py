@@ -19,9 +19,11 @@ them) and the cache-break forensics (which explains a request that missed).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Literal
 
 from stayer.errors import ConfigError
+from stayer.pricing import Rates
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +82,14 @@ def cached_length(rules: CacheRules, prefix_tokens: int) -> int:
         return prefix_tokens
     return rules.min_tokens + (prefix_tokens - rules.min_tokens) // rules.increment * rules.increment
 
+
+
+def miss_premium(rules: CacheRules, rates: Rates) -> Decimal:
+    """What a prompt token costs when it must be sent again instead of read from the cache,
+    per million tokens: written again (explicit caching, at the entry's lifetime's price)
+    or billed as input (automatic caching), less the read it replaces."""
+    if rules.mode == "explicit":
+        write = rates.cache_write_1h if rules.ttl_s >= 3600 else rates.cache_write_5m
+    else:
+        write = rates.input
+    return write - rates.cache_read

@@ -32,6 +32,7 @@ from stayer.journal.codec import canonical
 from stayer.journal.lease import new_owner, owner_is_dead
 from stayer.journal.sql import SqlStore, utc_now
 from stayer.models.base import Model
+from stayer.models.caching import miss_premium
 from stayer.pricing import PriceBook
 from stayer.routing.router import rules_for
 from stayer.tools.base import Tool, ToolContext, ToolResult
@@ -195,12 +196,7 @@ def pause_price(model: Model, prices: PriceBook, context_tokens: int, now: datet
     rules = rules_for(model)
     now = now or datetime.now(UTC)
     rates = prices.rates(model.model_id, model.provider, None, context_tokens)
-    extra: Decimal | None = None
-    if rates is not None:
-        write = rates.cache_write_5m if rules.mode == "explicit" else rates.input
-        if rules.mode == "explicit" and rules.ttl_s >= 3600:
-            write = rates.cache_write_1h
-        extra = Decimal(context_tokens) * (write - rates.cache_read) / MTOK
+    extra = None if rates is None else Decimal(context_tokens) * miss_premium(rules, rates) / MTOK
     return {
         "context_tokens": context_tokens,
         "cache_ttl_s": rules.ttl_s,

@@ -222,7 +222,7 @@ class Worker:
 
         def on_step(entry: LedgerEntry) -> None:
             entries.append(entry)
-            self.metrics.on_step(entry)
+            self.metrics.on_step(entry, entries[-2] if len(entries) > 1 else None, self.prices)
             cost = sum((e.cost.total for e in entries if e.cost.total is not None), Decimal(0))
             self.db.update(run.id, self.name, steps=entry.step, cost_usd=str(cost), usage=_json(usage_totals(entries)))
             if cancel.is_set():

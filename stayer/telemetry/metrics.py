@@ -27,6 +27,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 TOKEN_KINDS = ("input_uncached", "cache_read", "cache_write", "output", "reasoning")
+#: Cache breaks nobody chose: a prompt that changed under its cache (an edited prefix,
+#: re-ordered tools), a pause past the cache's lifetime, a provider that read less.
+#: Compactions and model switches are planned; a prompt below the minimum cannot be cached.
+AVOIDABLE = frozenset({"prefix_edit", "tools_changed", "ttl_expired", "unknown"})
+MTOK = Decimal(1_000_000)
 # Buckets of one step's cost in USD: a cent's fractions up to a few dollars.
 COST_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -120,13 +125,23 @@ class WorkerMetrics:
         self.step_latency = Histogram("stayer_step_latency_seconds", "Model call latency per step", ["model"], registry=r)
         self.step_cost = Histogram("stayer_step_cost_usd", "Cost of one step", ["model"], buckets=COST_BUCKETS, registry=r)
         self.cache_breaks = Counter("stayer_cache_breaks", "Steps whose prompt missed the cache, by the forensics' reason", ["reason"], registry=r)
+        self.avoidable = Counter(
+            "stayer_avoidable_cost_usd",
+            "What cache misses nobody chose cost above reading the reusable prefix, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.compaction_saved = Counter("stayer_compaction_tokens_saved", "Context tokens removed by compactions", registry=r)
         self.leases_lost = Counter("stayer_worker_leases_lost", "Runs this worker lost to another (it stalled past its lease)", registry=r)
         self.active = Gauge("stayer_worker_runs_active", "Runs this worker is executing", registry=r)
 
-    def on_step(self, entry: Any) -> None:
-        """A ledger entry (``agent.LedgerEntry``) of a step just made."""
+    def on_step(self, entry: Any, previous: Any = None, prices: Any = None) -> None:
+        """A ledger entry (``agent.LedgerEntry``) of a step just made; ``previous`` is the
+        same run's step before it (what the cache could have served)."""
         model = entry.model
+        extra = avoidable_cost(entry, previous, prices) if prices is not None else None
+        if extra:
+            self.avoidable.labels(str(entry.cache_break.get("reason"))).inc(float(extra))
         self.step_latency.labels(model).observe(entry.latency_s)
         if entry.cost.total is not None:
             self.step_cost.labels(model).observe(float(entry.cost.total))
@@ -135,3 +150,24 @@ class WorkerMetrics:
         if entry.compaction:
             saved = int(entry.compaction.get("tokens_before", 0)) - int(entry.compaction.get("tokens_after", 0))
             self.compaction_saved.inc(max(saved, 0))
+
+
+def avoidable_cost(entry: Any, previous: Any, prices: Any) -> Decimal | None:
+    """What a step's unchosen cache miss cost above reading what the cache could have
+    served (the previous prompt, less what was read), from the forensics' verdict and the
+    same prices as the ledger. None when the miss was chosen or cannot be priced."""
+    from stayer.models.caching import cache_rules, miss_premium
+
+    br = entry.cache_break
+    if not br or br.get("reason") not in AVOIDABLE or previous is None or not previous.context_tokens:
+        return None
+    missed = max(0, previous.context_tokens - entry.usage.cache_read_tokens)
+    c = entry.cost
+    rates = prices.rates(c.model_ref, c.provider, c.tier, entry.context_tokens)
+    if rates is None:
+        return None
+    try:
+        rules = cache_rules(c.provider or "", c.model_ref)
+    except ValueError:
+        return None
+    return Decimal(missed) * miss_premium(rules, rates) / MTOK
