@@ -103,7 +103,9 @@ class RunTracer:
         self.run_id = run_id
         self.agent = agent
         self._context: Any = None
-        self._open: tuple[Any, int] | None = None  # the last model span, ended by its step
+        # The last model span, still open: ended by its step (which brings the call's cost,
+        # priced once, by the loop) or, for a call with no step of its own, by the next.
+        self._open: tuple[Any, int, Model, ModelResponse] | None = None
 
     @contextlib.contextmanager
     def run_span(self, task: str, model: str) -> Iterator[None]:
@@ -152,15 +154,16 @@ class RunTracer:
     def on_step(self, entry: LedgerEntry) -> None:
         if self._open is None:
             return  # a replayed step: its call has its span from the run that made it
-        span, _ = self._open
+        span = self._open[0]
+        _cost_attributes(span, entry.cost.total)
         span.set_attribute("stayer.step", entry.step)
         span.set_attribute("stayer.agent", entry.agent)
         span.set_attribute("stayer.context_tokens", entry.context_tokens)
         if entry.cache_break:
             span.set_attribute("stayer.cache_break.reason", str(entry.cache_break.get("reason", "")))
-            if entry.cache_break.get("position") is not None:
-                span.set_attribute("stayer.cache_break.position", str(entry.cache_break.get("position")))
-            span.set_attribute("stayer.cache_break", json.dumps(entry.cache_break, default=str))
+            if entry.cache_break.get("position_tokens") is not None:
+                span.set_attribute("stayer.cache_break.position_tokens", int(entry.cache_break["position_tokens"]))
+            span.set_attribute("stayer.cache_break.detail", str(entry.cache_break.get("detail", "")))
         if entry.compaction:
             c = entry.compaction
             span.set_attribute("stayer.compaction.tokens_before", int(c.get("tokens_before", 0)))
@@ -170,7 +173,7 @@ class RunTracer:
             span.set_attribute("stayer.breakers", [b.get("reason", "") for b in entry.breakers])
         if entry.route:
             span.set_attribute("stayer.route", json.dumps(entry.route, default=str))
-        self._end_open()
+        self._end_open(priced=True)
 
     def on_event(self, kind: str, payload: dict[str, Any]) -> None:
         span = trace.get_current_span(self._context) if self._context is not None else None
@@ -180,10 +183,12 @@ class RunTracer:
 
     # --- spans ----------------------------------------------------------------------------
 
-    def _end_open(self) -> None:
+    def _end_open(self, priced: bool = False) -> None:
         if self._open is not None:
-            span, end = self._open
+            span, end, inner, response = self._open
             self._open = None
+            if not priced:  # a call with no step of its own (a summary): priced here
+                _cost_attributes(span, self.prices.cost(response.usage, inner.model_id, inner.provider, response.service_tier).total)
             span.end(end_time=end)
 
     def parent(self) -> Any:
@@ -211,18 +216,21 @@ class RunTracer:
         )
 
     def model_done(self, span: Any, inner: Model, response: ModelResponse) -> None:
-        cost = self.prices.cost(response.usage, inner.model_id, inner.provider, response.service_tier)
         span.set_attributes(_usage_attributes(response))
         span.set_attribute("gen_ai.response.model", response.model or inner.model_id)
         span.set_attribute("gen_ai.response.finish_reasons", [response.stop_reason or "unknown"])
         if response.service_tier:
             span.set_attribute("stayer.service_tier", response.service_tier)
-        if cost.total is not None:
-            span.set_attribute("gen_ai.usage.cost.amount", float(cost.total))
-            span.set_attribute("stayer.cost_usd", str(cost.total))  # exact, as the ledger
-        span.set_attribute("gen_ai.usage.cost.currency", "USD")
-        span.set_attribute("gen_ai.usage.cost.source", "local")
-        self._open = (span, time.time_ns())
+        self._open = (span, time.time_ns(), inner, response)
+
+
+def _cost_attributes(span: Any, total: Any) -> None:
+    """The call's cost as the conventions' proposal has it, and exactly (``stayer.cost_usd``)."""
+    if total is not None:
+        span.set_attribute("gen_ai.usage.cost.amount", float(total))
+        span.set_attribute("stayer.cost_usd", str(total))
+    span.set_attribute("gen_ai.usage.cost.currency", "USD")
+    span.set_attribute("gen_ai.usage.cost.source", "local")
 
 
 class _TracedModel:
