@@ -21,6 +21,20 @@ app.add_typer(tenants_app, name="tenants")
 TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 
 
+# Options that `serve` (for its embedded worker) and `worker` share.
+TasksDirOption = Annotated[str, typer.Option("--tasks-dir", help="Directory of tasks that runs may name.")]
+SandboxOption = Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")]
+PrivateWebhooksOption = Annotated[
+    bool, typer.Option("--allow-private-webhooks", help="Let webhooks target loopback and private addresses.")
+]
+LeaseTtlOption = Annotated[
+    float, typer.Option("--lease-ttl", help="Seconds a dead worker's run waits before another takes it.", min=1.0, max=3600.0)
+]
+OtlpOption = Annotated[
+    str | None, typer.Option("--otlp", help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).")
+]
+
+
 def _home() -> Path:
     from stayer.eval.trial import stayer_home
 
@@ -154,11 +168,11 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=1, max=65535)] = 8080,
     workers: Annotated[int, typer.Option("--workers", help="Embedded worker slots (0: API only; run `stayer worker`s).", min=0, max=1000)] = 4,
-    tasks_dir: Annotated[str, typer.Option("--tasks-dir", help="Directory of tasks that runs may name.")] = "tasks",
-    sandbox: Annotated[str, typer.Option("--sandbox", help="Sandbox of the embedded worker.")] = "bwrap",
-    allow_private_webhooks: Annotated[bool, typer.Option("--allow-private-webhooks", help="Let webhooks target loopback and private addresses.")] = False,
-    lease_ttl: Annotated[float, typer.Option("--lease-ttl", help="Seconds a dead worker's run waits before another takes it.", min=1.0, max=3600.0)] = 30.0,
-    otlp: Annotated[str | None, typer.Option("--otlp", help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
+    tasks_dir: TasksDirOption = "tasks",
+    sandbox: SandboxOption = "bwrap",
+    allow_private_webhooks: PrivateWebhooksOption = False,
+    lease_ttl: LeaseTtlOption = 30.0,
+    otlp: OtlpOption = None,
     metrics_token: Annotated[str | None, typer.Option("--metrics-token", envvar="STAYER_METRICS_TOKEN", help="Bearer token of GET /metrics (Prometheus); off without one.")] = None,
     default_max_cost: Annotated[str, typer.Option("--default-max-cost", help="Cap (USD) of a run that names none, for tenants with a budget.")] = "1",
 ) -> None:
@@ -209,11 +223,11 @@ def serve(
 @app.command()
 def worker(
     concurrency: Annotated[int, typer.Option("--concurrency", help="Runs at once.", min=1, max=1000)] = 4,
-    tasks_dir: Annotated[str, typer.Option("--tasks-dir", help="Directory of tasks that runs may name.")] = "tasks",
-    sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")] = "bwrap",
-    allow_private_webhooks: Annotated[bool, typer.Option("--allow-private-webhooks", help="Let webhooks target loopback and private addresses.")] = False,
-    lease_ttl: Annotated[float, typer.Option("--lease-ttl", help="Seconds a dead worker's run waits before another takes it.", min=1.0, max=3600.0)] = 30.0,
-    otlp: Annotated[str | None, typer.Option("--otlp", help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
+    tasks_dir: TasksDirOption = "tasks",
+    sandbox: SandboxOption = "bwrap",
+    allow_private_webhooks: PrivateWebhooksOption = False,
+    lease_ttl: LeaseTtlOption = 30.0,
+    otlp: OtlpOption = None,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.", min=1, max=65535)] = None,
 ) -> None:
     """Claim runs from the journal's queue and run them (any number of workers, any

@@ -37,7 +37,15 @@ from stayer.runtime.actions import (
     note_in_journal,
     pause_price,
 )
-from stayer.runtime.db import CANCELLED, ERROR, PAUSED, REQUIRES_ACTION, ServiceDB, ServiceRun
+from stayer.runtime.db import (
+    CANCELLED,
+    ERROR,
+    PAUSED,
+    REQUIRES_ACTION,
+    RUNNING,
+    ServiceDB,
+    ServiceRun,
+)
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
 from stayer.runtime.uploads import uploads_dir
 from stayer.runtime.webhooks import Webhooks
@@ -62,14 +70,6 @@ def resolve_task(tasks_dir: Path, name: str, uploads: Path | None = None) -> Pat
         if path.parent == base and (path / "instruction.md").is_file():
             return path
     raise ConfigError(f"task {name!r}: no such task (upload it with POST /v1/tasks, or ask for one in the server's tasks)")
-
-
-def usage_totals(entries: list[LedgerEntry]) -> dict[str, Any]:
-    """Usage of the run so far, for the run's row (the journal holds the exact ledger)."""
-    result = RunResult(status="running")
-    for e in entries:
-        result.usage += e.usage
-    return result.usage.to_dict()
 
 
 class Worker:
@@ -220,11 +220,15 @@ class Worker:
         entries: list[LedgerEntry] = []
         cancel = asyncio.Event()
 
+        totals = RunResult(status=RUNNING)  # running sums (unknown stays unknown), for the run's row
+
         def on_step(entry: LedgerEntry) -> None:
+            self.metrics.on_step(entry, entries[-1] if entries else None, self.prices)
             entries.append(entry)
-            self.metrics.on_step(entry, entries[-2] if len(entries) > 1 else None, self.prices)
-            cost = sum((e.cost.total for e in entries if e.cost.total is not None), Decimal(0))
-            self.db.update(run.id, self.name, steps=entry.step, cost_usd=str(cost), usage=_json(usage_totals(entries)))
+            totals.usage += entry.usage
+            totals.add_cost(entry.cost.total)
+            cost = "unknown" if totals.cost_usd is None else str(totals.cost_usd)
+            self.db.update(run.id, self.name, steps=entry.step, cost_usd=cost, usage=_json(totals.usage.to_dict()))
             if cancel.is_set():
                 raise RunCancelled
 
