@@ -66,7 +66,7 @@ class Collector(sink.handler.RequestHandler):
         pass
 
 
-def _run(tmp_path: Path, env_extra: dict[str, str], *args: str) -> dict[str, Any]:
+def _run(tmp_path: Path, env_extra: dict[str, str], *args: str, rc: int = 0) -> dict[str, Any]:
     env = {**os.environ, "STAYER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT), **env_extra}
     for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL"):
         if k not in env_extra:
@@ -76,7 +76,7 @@ def _run(tmp_path: Path, env_extra: dict[str, str], *args: str) -> dict[str, Any
          "--policy", "none", "--json", *args],
         env=env, capture_output=True, text=True, timeout=600,
     )
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == rc, r.stderr[-3000:]
     return json.loads(r.stdout)
 
 
@@ -322,3 +322,34 @@ def test_eval_exports_one_trace_per_trial(tmp_path: Path) -> None:
         trace_id = next(s["traceId"] for s in agents if s["attrs"]["stayer.run_id"] == trial["run_id"])
         chats = [s for s in spans if s["traceId"] == trace_id and s["name"].startswith("chat ")]
         assert sum(Decimal(s["attrs"]["stayer.cost_usd"]) for s in chats) == Decimal(trial["cost_usd"])
+
+
+def test_compactions_and_cache_breaks_are_on_the_model_spans(tmp_path: Path) -> None:
+    collector = Collector()
+    port = _free_port()
+    server = sink.HttpSink(collector, logging.getLogger("oteltest"), port=port)
+    server.start()
+    try:
+        doc = _run(tmp_path, {}, "--otlp", f"http://127.0.0.1:{port}", "--policy", "summarize:3000",
+                   "--sim-policy", "synthetic:steps=8,obs_tokens=400", rc=1)  # (busy work: the task fails)
+        spans = _wait_spans(collector, doc)
+    finally:
+        server.stop()
+    chats = {s["attrs"]["stayer.step"]: s["attrs"] for s in spans if s["name"].startswith("chat ")}
+    assert sorted(chats) == [e["step"] for e in doc["ledger"]]
+    compacted = [e for e in doc["ledger"] if e.get("compaction")]
+    assert compacted, "the policy should have compacted"
+    for e in doc["ledger"]:
+        a = chats[e["step"]]
+        if e.get("compaction"):
+            assert a["stayer.compaction.tokens_before"] == e["compaction"]["tokens_before"]
+            assert a["stayer.compaction.tokens_after"] == e["compaction"]["tokens_after"] < e["compaction"]["tokens_before"]
+            assert "stayer.compaction.cost_usd" in a
+        else:
+            assert "stayer.compaction.tokens_before" not in a
+        if e.get("cache_break"):
+            assert a["stayer.cache_break.reason"] == e["cache_break"]["reason"]
+        else:
+            assert "stayer.cache_break.reason" not in a
+        assert a["stayer.cost_usd"] == e["cost_usd"]
+    assert any(e.get("cache_break") for e in doc["ledger"])
