@@ -7,19 +7,26 @@ failed, 2 bad input (one line naming the file, field or flag), 3 budget exhauste
 
 from __future__ import annotations
 
+import inspect
 import os
-import sqlite3
+import re
 import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.text import Text
+from typer import _click  # Typer's own click; no public alias
 from typer import exceptions as typer_errors
-from typer._click import exceptions as click_errors  # Typer's own click; no public alias
+from typer._click import exceptions as click_errors
+from typer._coercion import RuntimeParam, build_runtime_param
 from typer.core import TyperGroup
+from typer.main import get_command, get_command_name
 
 from stayer.errors import ConfigError
 
@@ -56,6 +63,142 @@ class StayerGroup(TyperGroup):
             sys.exit(EXIT_BAD_INPUT)
         sys.exit(code or 0)
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commands = LazyCommands(app.deferred)  # typer passes none: see StayerApp
+        read_plainly(self)
+
+    def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+        # The listing in ``stayer --help`` from each command's help text, without building it.
+        commands: LazyCommands = self.commands  # type: ignore[assignment]
+        names = list(commands)
+        limit = formatter.width - 6 - max(map(len, names))
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, commands.short_help(name, limit)) for name in names])
+
+
+class LazyCommands(Mapping[str, _click.Command]):
+    """The root group's commands by name, each turned into a click command only when it is
+    looked up. Typer builds a command by reading its signature and type hints, a few
+    milliseconds each; ``stayer runs`` or ``stayer --help`` needs at most one of twenty."""
+
+    def __init__(self, holders: dict[str, typer.Typer]) -> None:
+        self.holders = holders  # name → a Typer app holding just that command or group
+        self.built: dict[str, _click.Command] = {}
+
+    def __getitem__(self, name: str) -> _click.Command:
+        if name not in self.built:
+            group = get_command(self.holders[name])
+            self.built[name] = read_plainly(group.commands[name])  # type: ignore[attr-defined]
+        return self.built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.holders)
+
+    def __len__(self) -> int:
+        return len(self.holders)
+
+    def short_help(self, name: str, limit: int) -> str:
+        """What click would list for ``name`` (its ``short_help``, else its help's first
+        sentence cut to ``limit``), read from the registration."""
+        holder = self.holders[name]
+        if holder.registered_commands:
+            info = holder.registered_commands[0]
+            short, text = info.short_help, info.help or inspect.getdoc(info.callback) or ""
+        else:
+            sub = holder.registered_groups[0].typer_instance
+            assert sub is not None
+            short, text = None, str(sub.info.help)
+        if short:
+            return inspect.cleandoc(short)
+        return _click.utils.make_default_short_help(inspect.cleandoc(text), limit)
+
+
+@dataclass(frozen=True)
+class PlainValue(RuntimeParam):
+    """How a ``str``, ``int`` or ``bool`` option is read. Typer reads every value (an absent
+    ``--help``'s too) through a pydantic TypeAdapter, and importing pydantic costs as much
+    again as typer and Rich together: ``stayer runs`` would take twice as long for it. A
+    string is kept, a flag's bool too, and plain ASCII digits are an int as pydantic reads
+    them; anything else goes to Typer's own reading, so that what is accepted and what is
+    said about the rest stay exactly Typer's."""
+
+    typers: Callable[[], RuntimeParam]
+
+    def _coerce_value(self, value: Any, param: Any, ctx: _click.Context) -> Any:
+        if type(value) is self.annotation:
+            return value  # a string for a string, or a default
+        if self.annotation is int and isinstance(value, str) and _PLAIN_INT.fullmatch(value):
+            return int(value)
+        return self.typers()._coerce_value(value, param, ctx)
+
+
+_PLAIN_INT = re.compile(r"[+-]?[0-9]{1,18}")  # no spaces, underscores or other digits: Typer's
+
+
+def read_plainly(command: _click.Command) -> _click.Command:
+    """``command`` (and a group's commands) with its ``str``, ``int`` and ``bool`` options
+    read by ``PlainValue``. Typers that read values otherwise (no ``type_descriptor``) are
+    left be."""
+    # click makes the help option when it is first asked for, with the context's names.
+    names = HELP_SETTINGS["context_settings"]["help_option_names"]
+    help_option = command.get_help_option(_click.Context(command, help_option_names=names))
+    for param in [*command.params, *filter(None, [help_option])]:
+        descriptor = getattr(param, "type_descriptor", None)
+        if descriptor is None or descriptor.annotation not in (str, int, bool) or getattr(param, "_runtime_param", 0) is not None:
+            continue
+        param._runtime_param = PlainValue(  # type: ignore[attr-defined]
+            descriptor.parameter_info, descriptor.annotation, typers=partial(build_runtime_param, descriptor)
+        )
+    if not isinstance(command, StayerGroup):  # its commands are read plainly when built
+        for sub in getattr(command, "commands", {}).values():
+            read_plainly(sub)
+    return command
+
+
+class StayerApp(typer.Typer):
+    """The ``stayer`` app. Its commands and groups are registered as on any Typer app, each
+    in a Typer of its own that ``LazyCommands`` builds only when the command is used."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.deferred: dict[str, typer.Typer] = {}
+
+    def command(self, name: str | None = None, **kwargs: Any) -> Callable[[Any], Any]:
+        def register(f: Callable[..., Any]) -> Callable[..., Any]:
+            holder = _holder()
+            holder.command(name, **kwargs)(f)
+            self._defer(name or get_command_name(f.__name__), holder, before_groups=True)
+            return f
+
+        return register
+
+    def add_typer(self, typer_instance: typer.Typer, *, name: str, **kwargs: Any) -> None:  # type: ignore[override]
+        holder = _holder()
+        holder.add_typer(typer_instance, name=name, **kwargs)
+        self._defer(name, holder, before_groups=False)
+
+    def _defer(self, name: str, holder: typer.Typer, *, before_groups: bool) -> None:
+        # Listed as Typer lists them: commands first, then groups, each in the order made.
+        if not before_groups:
+            self.deferred[name] = holder
+            return
+        groups = {n: h for n, h in self.deferred.items() if h.registered_groups}
+        for n in groups:
+            del self.deferred[n]
+        self.deferred.update({name: holder, **groups})
+
+
+def _holder() -> typer.Typer:
+    """A Typer app with a callback, so that Typer makes it a group even for one command."""
+    holder = typer.Typer(rich_markup_mode=None, pretty_exceptions_enable=False, add_completion=False)
+    holder.callback()(_no_options)
+    return holder
+
+
+def _no_options() -> None:
+    """The holder group's callback: the root app's callback is the one that runs."""
+
 
 # Start-up time matters (``stayer --help``, ``stayer runs``): command modules import only
 # typer and this module at the top, and everything else inside the command.
@@ -74,13 +217,14 @@ def sub_app(help: str, **extra: Any) -> typer.Typer:
     return typer.Typer(help=help, **HELP_SETTINGS, **extra)
 
 
-app = sub_app(
-    "Run long-horizon LLM agents that finish the job within budget.\n\n"
+app = StayerApp(
+    help="Run long-horizon LLM agents that finish the job within budget.\n\n"
     "\b\nStart with:\n"
     "  stayer doctor      can stayer run here? what to fix if not\n"
     "  stayer run examples/hello-file --model sim:claude-sonnet-4-5\n"
     "  stayer COMMAND -h  a command's options, with an example",
     cls=StayerGroup,
+    **HELP_SETTINGS,
 )
 
 
@@ -144,7 +288,8 @@ def check_writable_dir(path: Path, flag: str) -> None:
 def is_store_error(e: BaseException) -> bool:
     """An error of the journal's database driver (SQLite or PostgreSQL: connection lost,
     disk full), as opposed to a bug. psycopg is optional, so it is known by its module."""
-    return isinstance(e, sqlite3.Error) or type(e).__module__.split(".")[0] == "psycopg"
+    # Both by module, so that no command pays for importing a driver it does not use.
+    return type(e).__module__.split(".")[0] in ("sqlite3", "psycopg")
 
 
 def environment_error(e: BaseException) -> str:

@@ -44,15 +44,19 @@ def runs(
     """
     from stayer.journal.lease import run_status
     from stayer.journal.store import open_store, stayer_home
-    from stayer.settings import ListSettings, check_flags
 
-    if limit < 1:
-        bad_input(f"--limit {limit}: must be at least 1")
+    if not 1 <= limit <= 1_000_000:
+        # ListSettings (pydantic) says why; a limit in its bounds does not pay for the import.
+        from stayer.settings import ListSettings, check_flags
+
+        try:
+            check_flags(ListSettings, {"limit": limit})
+        except ConfigError as e:
+            bad_input(str(e))
     if status is not None and status not in STATUSES:
         bad_input(f"--status {status!r}: expected one of {', '.join(STATUSES)}")
     since_ts = parse_since(since)
     try:
-        check_flags(ListSettings, {"limit": limit})
         store = open_store(stayer_home(), create=False)
         rows = [] if store is None else store.runs(None)
     except ConfigError as e:
