@@ -91,7 +91,6 @@ def eval_command(
     import asyncio
     import json
     import time
-    import uuid
     from datetime import UTC, datetime
 
     from stayer import __version__
@@ -108,8 +107,6 @@ def eval_command(
     )
     from stayer.eval.suite import ProblemsError, load_suite
     from stayer.eval.summary import succeeded, summarise
-    from stayer.eval.trial import prepare
-    from stayer.pricing import PriceBook
     from stayer.settings import EvalSettings, RunSettings, check_flags
 
     models = _split(model)
@@ -136,26 +133,17 @@ def eval_command(
     ]
     try:
         tasks = load_suite(suite)
-        prices = PriceBook.load()
-        # Every task × configuration must be runnable before the first trial starts.
-        problems = []
-        for task in tasks:
-            for config in configs:
-                try:
-                    prepare(config.run_config(task, f"eval-validate-{uuid.uuid4().hex}"), prices)
-                except ConfigError as e:
-                    problems.append(f"{task.path.name} · {config.label}: {e}")
     except ProblemsError as e:
         report_problems(e.problems)
     except ConfigError as e:
         bad_input(str(e))
-    if problems:
-        report_problems(sorted(set(problems)))
     trials = plan_trials(tasks, configs, epochs)
     store = TrialStore(out_dir) if out_dir else None
-    # Only tasks with trials still to run: re-rendering a finished --out verifies nothing again.
-    pending = {t.task.path for t in trials if store is None or store.load(t) is None}
-    to_check = [t for t in tasks if t.path in pending]
+    # Only what is still to run is checked: re-rendering a finished --out checks nothing
+    # again, and imports neither the agent nor the price data.
+    pending = {(t.task.path, t.config) for t in trials if store is None or store.load(t) is None}
+    prices = _runnable(tasks, configs, pending) if pending else None
+    to_check = [t for t in tasks if any(path == t.path for path, _ in pending)]
     preflight_found = _preflight(to_check, sandbox, concurrency, force) if preflight and to_check else []
     counts = {"ok": 0, "fail": 0, "infra": 0, "reused": 0}
     progress = WorkProgress(err, "eval", len(trials))
@@ -212,6 +200,32 @@ def eval_command(
         emit_json(doc)
     _summary_table(doc, console(stderr=json_out))
     raise typer.Exit(EXIT_FAILED if counts["infra"] else EXIT_OK)
+
+
+def _runnable(tasks: list[Any], configs: list[Any], pending: set[tuple[Path, Any]]) -> Any:
+    """The price book, once every task × configuration with trials to run is known to be
+    runnable (model, prices, sandbox, limits); else all that is wrong, exit 2."""
+    import uuid
+
+    from stayer.eval.trial import prepare
+    from stayer.pricing import PriceBook
+
+    try:
+        prices = PriceBook.load()
+    except ConfigError as e:
+        bad_input(str(e))
+    problems = []
+    for task in tasks:
+        for config in configs:
+            if (task.path, config) not in pending:
+                continue
+            try:
+                prepare(config.run_config(task, f"eval-validate-{uuid.uuid4().hex}"), prices)
+            except ConfigError as e:
+                problems.append(f"{task.path.name} · {config.label}: {e}")
+    if problems:
+        report_problems(sorted(set(problems)))
+    return prices
 
 
 def _preflight(tasks: list[Any], sandbox: str, concurrency: int, force: bool) -> list[dict[str, Any]]:

@@ -42,15 +42,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stayer.eval.resume import prepare_resume
+from stayer.eval.run_config import RunConfig
 from stayer.eval.task import Task
-from stayer.eval.trial import RunConfig, execute, prepare, stayer_home
 from stayer.eval.verify import passes
-from stayer.journal import RunFinished, open_store
-from stayer.pricing import PriceBook
+from stayer.journal.store import open_store, stayer_home
 from stayer.sandbox.hostfs import content_digest
+
+if TYPE_CHECKING:
+    from stayer.pricing import PriceBook
+
+# The agent (``eval.trial``) is imported when a trial runs: an evaluation whose trials are
+# all done only re-renders its report, and that needs neither it nor the price data.
 
 AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE = "agent_failure", "limit_reached", "infrastructure"
 ERROR_CLASSES = (AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE)
@@ -249,6 +253,10 @@ async def _run_or_resume(
     """The result document of run ``run_id``: run from the start if the journal has no such
     run, else continued from its journal (or its result, if it had finished). Whether it
     was continued comes second."""
+    from stayer.eval.resume import prepare_resume
+    from stayer.eval.trial import execute, prepare
+    from stayer.journal import RunFinished
+
     store = open_store(stayer_home())
     assert store is not None
     journal = None
@@ -360,7 +368,7 @@ async def run_trials(
     trials: Sequence[Trial],
     *,
     concurrency: int,
-    prices: PriceBook,
+    prices: PriceBook | None,
     store: TrialStore | None = None,
     on_start: Callable[[Trial], None] | None = None,
     on_done: Callable[[Trial, dict[str, Any], bool], None] | None = None,
@@ -369,7 +377,8 @@ async def run_trials(
     """Run (or reuse) every trial, at most ``concurrency`` at a time; records in trial order.
     With ``tracing`` (an OpenTelemetry ``TracerProvider``) each trial's run is traced.
 
-    ``on_done(trial, record, reused)`` is called as each finishes, for live progress."""
+    ``on_done(trial, record, reused)`` is called as each finishes, for live progress.
+    ``prices`` may be None only when the store holds every trial."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(trial: Trial) -> dict[str, Any]:
@@ -377,6 +386,7 @@ async def run_trials(
             if on_done:
                 on_done(trial, record, True)
             return record
+        assert prices is not None, f"{trial.key}: not in the store, and no prices to run it with"
         async with gate:
             if on_start:
                 on_start(trial)

@@ -17,7 +17,7 @@ import json
 import os
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -29,6 +29,7 @@ from stayer.context.policies import ContextPolicy, make_policy
 from stayer.context.summarizer import ModelSummarizer
 from stayer.delegation import ChildAgents, ChildSettings
 from stayer.errors import ConfigError
+from stayer.eval.run_config import RunConfig
 from stayer.eval.task import Task, load_task
 from stayer.eval.verify import Verdict, passes, verify
 from stayer.guard.attribution import per_agent
@@ -65,46 +66,6 @@ def make_run_dir(run_dir: Path, *, exist_ok: bool) -> None:
             d.mkdir(mode=0o700, exist_ok=True)  # another run may create it at the same time
     run_dir.mkdir(mode=0o700, exist_ok=exist_ok)
     os.chmod(run_dir, 0o700)  # mkdir's mode went through the umask
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    task_dir: str
-    model: str
-    max_steps: int = 50
-    max_cost: Decimal | None = None
-    run_id: str | None = None
-    base_url: str | None = None
-    sim_policy: str | None = None
-    sim_latency: float = 0.0
-    sandbox: str = "bwrap"
-    output_token_budget: int = 4096
-    command_timeout: float = 120.0
-    service_tier: str | None = None
-    policy: str = "auto"
-    max_context: int | None = None
-    config_file: str | None = None  # stayer.toml: routing, sub-agents, breakers
-    # Per-run sandbox limits; None keeps the task's (task.toml [environment]).
-    memory_mb: int | None = None
-    storage_mb: int | None = None
-    max_processes: int | None = None
-
-    def sandbox_overrides(self) -> dict[str, Any]:
-        return {"memory_mb": self.memory_mb, "storage_mb": self.storage_mb, "max_processes": self.max_processes}
-
-    def to_record(self) -> dict[str, Any]:
-        """JSON-ready, for the journal (a resume rebuilds the run from it)."""
-        d = asdict(self)
-        d["max_cost"] = None if self.max_cost is None else str(self.max_cost)
-        return d
-
-    @classmethod
-    def from_record(cls, d: dict[str, Any]) -> RunConfig:
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        if kw.get("max_cost") is not None:
-            kw["max_cost"] = Decimal(kw["max_cost"])
-        return cls(**kw)
 
 
 @dataclass
