@@ -83,7 +83,7 @@ def test_plain_values_read_as_typer_reads_them() -> None:
 def test_rerendering_a_finished_eval_imports_neither_the_agent_nor_price_data(tmp_path: Path) -> None:
     # Issue 13 §5: reusing an --out only renders; the trials' records are all it needs.
     out = tmp_path / "out"
-    args = ["eval", str(ROOT / "examples" / "hello-file"), "--model", "sim:gpt-5", "--sandbox", "local", "--out", str(out)]
+    args = ["eval", str(ROOT / "examples" / "hello-file"), "--model", "sim:gpt-5", "--out", str(out)]
     first, _ = imported_by(*args, home=tmp_path / "home")
     assert first.returncode == 0, first.stderr[-2000:]
     again, modules = imported_by(*args, home=tmp_path / "home")
