@@ -179,9 +179,17 @@ async def _scenario(s: dict) -> None:
             assert D(row["subtree_cost_usd"]) <= s["cap"]
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 100 scenarios in the default suite; the thousand in the slow one (.ci/run runs both).
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_no_hard_cap_is_ever_overshot(s):
+    asyncio.run(_scenario(s))
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_no_hard_cap_is_ever_overshot_in_a_thousand_scenarios(s):
     asyncio.run(_scenario(s))
 
 
