@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -35,13 +35,13 @@ from stayer.guard.breakers import (
 from stayer.guard.budget import Budget, Reservation
 from stayer.guard.guard import Guard
 from stayer.guard.reserve import MIN_OUTPUT_TOKENS, TOKEN_MARGIN, quote  # noqa: F401  (re-exported)
+from stayer.ledger import LedgerEntry, RunResult
 from stayer.models.base import Message, Model, ModelError, ModelResponse, ToolCall
-from stayer.pricing import Cost, PriceBook, Rates
+from stayer.pricing import PriceBook, Rates
 from stayer.routing.router import Route, Router, RouteView, rules_for
 from stayer.tokens import MessageCounter, PromptEstimate, PromptEstimator
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext, ToolResult
-from stayer.usage import Usage
 
 SYSTEM_PROMPT = """\
 You are an autonomous software agent working in a Linux sandbox without network access.
@@ -71,76 +71,6 @@ class Limits:
     service_tier: str | None = None
     max_context: int | None = None  # prompt tokens; never exceeded (context policy)
     guard: GuardConfig = GuardConfig()  # breakers, soft threshold, wrap-up
-
-
-@dataclass
-class LedgerEntry:
-    step: int
-    model: str
-    usage: Usage
-    cost: Cost
-    context_tokens: int
-    latency_s: float
-    tool_calls: list[dict[str, Any]]
-    cache_break: dict[str, Any] | None = None
-    compaction: dict[str, Any] | None = None
-    agent: str = "main"  # the agent's path in the tree: main, main/sub-1, ...
-    breakers: list[dict[str, Any]] = field(default_factory=list)  # trips decided at this step
-    route: dict[str, Any] | None = None  # a model switch, or a switch weighed and declined
-    # What the budget expected the provider to count for this prompt (``tokens``) and the
-    # bound it reserved for (``upper``); the usage's input_tokens is what it did count.
-    prompt_estimate: PromptEstimate | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "agent": self.agent,
-            "step": self.step,
-            "model": self.model,
-            "usage": self.usage.to_dict(),
-            "cost_usd": self.cost.to_json(),
-            "cache_hit_ratio": round(self.usage.cache_hit_ratio, 4),
-            "context_tokens": self.context_tokens,
-            "latency_s": round(self.latency_s, 4),
-            "tool_calls": self.tool_calls,
-            # Failed as the breakers count it: an error, or a command that exited non-zero.
-            "tool_errors": sum(
-                1
-                for c in self.tool_calls
-                if ToolCallRecord(c["name"], "", c["is_error"], c.get("exit_code")).failed
-            ),
-            "cache_break": self.cache_break,
-            "compaction": self.compaction,
-            "breakers": self.breakers,
-            "route": self.route,
-            "prompt_estimate": None
-            if self.prompt_estimate is None
-            else {"tokens": self.prompt_estimate.tokens, "upper": self.prompt_estimate.upper},
-        }
-
-
-@dataclass
-class RunResult:
-    status: str  # submitted, budget_exhausted, error
-    steps: int = 0
-    usage: Usage = field(default_factory=Usage)
-    cost_usd: Decimal | None = Decimal(0)  # None: some step's price is unknown
-    ledger: list[LedgerEntry] = field(default_factory=list)
-    summary: str = ""
-    error: str | None = None
-    stop_reason: str = ""
-    peak_context_tokens: int = 0
-    breakers: list[dict[str, Any]] = field(default_factory=list)
-
-    def add_cost(self, amount: Decimal | None) -> None:
-        """Unknown stays unknown: one unpriced call makes the total unknown, never 0."""
-        if self.cost_usd is not None:
-            self.cost_usd = None if amount is None else self.cost_usd + amount
-
-    def adopt(self, child: RunResult) -> None:
-        """Roll a sub-agent's usage, cost and ledger (entries keep its path) into this run."""
-        self.usage += child.usage
-        self.add_cost(child.cost_usd)
-        self.ledger.extend(child.ledger)
 
 
 class Agent:

@@ -42,11 +42,11 @@ from rich.console import Console
 from rich.table import Table
 
 from stayer.errors import ConfigError
+from stayer.money import MTOK
 from stayer.pricing import Rates
 
 __all__ = ["estimate", "rates_from_flags", "render_estimate"]
 
-MTOK = Decimal(1_000_000)
 
 
 def _s(d: Decimal) -> str:

@@ -74,11 +74,11 @@ from genai_prices.data_snapshot import find_provider_by_id, get_snapshot
 from genai_prices.types import ModelInfo, ModelPrice, Provider, TieredPrices
 
 from stayer.errors import ConfigError
+from stayer.money import MTOK, Usd, plain
 from stayer.usage import Usage
 
 __all__ = ["Cost", "PriceBook", "Rates", "STANDARD_TIERS"]
 
-MTOK = Decimal(1_000_000)
 
 #: Tier names that mean "standard pricing" (request-side and response-side spellings).
 STANDARD_TIERS = frozenset({"", "default", "standard", "auto", "standard_only", "on_demand"})
@@ -87,12 +87,6 @@ _RATE_KEYS = ("input", "cache_read", "cache_write_5m", "cache_write_1h", "output
 _MODEL_KEYS = frozenset({"provider", *_RATE_KEYS})
 _TIER_KEYS = frozenset({"multiplier", "models"})
 _BUILTIN = "price_overrides.toml"
-
-
-def _money(d: Decimal) -> str:
-    """A Decimal as a plain (never scientific) string, trailing zeros dropped."""
-    d = d.normalize()
-    return format(d, "f") if d else "0"
 
 
 @dataclass(frozen=True)
@@ -132,7 +126,7 @@ class Rates:
         return inp, self.output * usage.output_tokens / MTOK
 
     def to_dict(self) -> dict[str, str]:
-        d = {n: _money(getattr(self, n)) for n in _RATE_KEYS}
+        d = {n: plain(getattr(self, n)) for n in _RATE_KEYS}
         d["currency"] = self.currency
         return d
 
@@ -155,11 +149,11 @@ class Cost:
 
     def to_json(self) -> str:
         """The total as a JSON-ready string, or the literal ``"unknown"``."""
-        return "unknown" if self.total is None else _money(self.total)
+        return Usd(self.total).to_json()
 
     def to_dict(self) -> dict[str, Any]:
         def m(d: Decimal | None) -> str:
-            return "unknown" if d is None else _money(d)
+            return Usd(d).to_json()
 
         return {
             "total": m(self.total),

@@ -43,7 +43,8 @@ from stayer.audit.calls import MAIN_CHAIN, Call, ImportedSession
 from stayer.audit.costing import CallPricer
 from stayer.errors import ConfigError
 from stayer.models.caching import CacheRules, cache_rules, cached_length, provider_of
-from stayer.pricing import MTOK, Rates, _money
+from stayer.money import MTOK, Usd
+from stayer.pricing import Rates
 from stayer.usage import Usage
 
 MIN_LOST_TOKENS = 1024
@@ -53,7 +54,7 @@ _FALLBACK_RULES = CacheRules("automatic", 1024)
 
 def money(d: Decimal | None) -> str:
     """A Decimal USD amount as the JSON string every stayer command uses."""
-    return "unknown" if d is None else _money(d)
+    return Usd(d).to_json()
 
 
 _KINDS = tuple(f.name for f in fields(Usage))

@@ -29,6 +29,7 @@ from typer.core import TyperGroup
 from typer.main import get_command, get_command_name
 
 from stayer.errors import ConfigError
+from stayer.money import Usd
 
 
 class StayerGroup(TyperGroup):
@@ -332,11 +333,7 @@ def dash(value: Any) -> str:
 def usd(value: Decimal | str | None) -> str:
     """Money for people, one precision everywhere: ``$0.012345``; "unknown" (no price
     data) and "—" (no figure) as such."""
-    if value is None:
-        return "—"
-    if value == "unknown":
-        return "unknown"
-    return f"${Decimal(value):,.6f}"
+    return "—" if value is None else Usd.parse(value).format()
 
 
 def step_notes(entry: dict[str, Any]) -> list[str]:

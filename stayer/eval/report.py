@@ -17,6 +17,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from stayer.money import Usd
 from stayer.svgplot import Point, Series, line_chart, points_chart, strip_chart
 
 STYLE = """
@@ -41,11 +42,7 @@ def fmt(value: Any, digits: int = 3) -> str:
 
 
 def usd(value: Any) -> str:
-    if value in (None, ""):
-        return "—"
-    if value == "unknown":
-        return "unknown"
-    return f"${Decimal(value):,.6f}"
+    return "—" if value in (None, "") else Usd.parse(value).format()
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

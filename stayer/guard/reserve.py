@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 
+from stayer.money import MTOK
 from stayer.pricing import Rates
 
 TOKEN_MARGIN = Decimal("1.2")
 MIN_OUTPUT_TOKENS = 256
-MTOK = Decimal(1_000_000)
 
 RatesAt = Callable[[int], Rates | None]
 

@@ -10,6 +10,7 @@ from stayer.journal.lease import run_status
 from stayer.journal.log import load_log
 from stayer.journal.session import lost_ledger_entries
 from stayer.journal.store import RunRow, Store
+from stayer.money import Usd, usd_sum
 from stayer.usage import Usage
 
 
@@ -21,11 +22,11 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
         key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
     )
     usage = Usage()
-    cost: Decimal | None = Decimal(0)
+    cost = Usd()
     for e in ledger:
         usage += Usage.from_dict(e["usage"])
-        cost = None if cost is None or e["cost_usd"] == "unknown" else cost + Decimal(e["cost_usd"])
-        if cost is not None and e.get("compaction") and e["compaction"].get("cost_usd"):
+        cost += Usd.parse(e["cost_usd"])
+        if e.get("compaction") and e["compaction"].get("cost_usd"):
             cost += Decimal(e["compaction"]["cost_usd"])  # a summarising compaction is billed too
     lost = [e for e in ledger if e.get("kind") == "lost_in_flight"]
     result = json.loads(log.blobs[log.finished["result"]]) if log.finished else None
@@ -41,7 +42,7 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
         "ledger": ledger,
         "totals": {
             "usage": usage.to_dict(),
-            "cost_usd": "unknown" if cost is None else str(cost),
+            "cost_usd": str(cost),
             "model_calls": sum(1 for c in log.calls.values() if c.finished) + len(lost),
             "lost_in_flight": len(lost),
             "lost_in_flight_cost_usd": _sum_cost(lost),
@@ -60,9 +61,4 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
 
 
 def _sum_cost(entries: list[dict[str, Any]]) -> str:
-    total = Decimal(0)
-    for e in entries:
-        if e["cost_usd"] == "unknown":
-            return "unknown"
-        total += Decimal(e["cost_usd"])
-    return str(total)
+    return str(usd_sum(Usd.parse(e["cost_usd"]) for e in entries))

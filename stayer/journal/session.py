@@ -45,7 +45,6 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -58,7 +57,9 @@ from stayer.journal.log import JOURNAL_KINDS, RunLog, load_log
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
 from stayer.journal.store import JournalError, RunRow, Store
+from stayer.ledger import lost_entry
 from stayer.models.base import Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall
+from stayer.money import Usd, usd_sum
 from stayer.pricing import PriceBook
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.sandbox.snapshot import SnapshotNotFound, SnapshotStore
@@ -146,7 +147,7 @@ class RunJournal:
         self.restored_tools_done = 0
         self.restored_step = 0  # the step whose snapshot the workspace was restored from
         self.snapshot_step = max((s["step"] for s in log.snapshots), default=-1)
-        self.steps_cost: Decimal | None = Decimal(0)
+        self.steps_cost = Usd()
         self.lost: list[dict[str, Any]] = list(log.lost)
         # Model calls answered since the last step was recorded (the step's own call, its
         # sub-agents' and summariser's): see ``cut_short``.
@@ -352,8 +353,7 @@ class RunJournal:
         t0 = time.perf_counter()
         self.steps_done = entry.step
         self._unstepped.clear()
-        if self.steps_cost is not None:
-            self.steps_cost = None if entry.cost.total is None else self.steps_cost + entry.cost.total
+        self.steps_cost += entry.cost.total
         if entry.step not in self.log.steps:
             self._record(
                 "step",
@@ -376,11 +376,10 @@ class RunJournal:
             self._unstepped.clear()
             self.steps_done = step
             return dict(self.log.steps[step])
-        usage, cost = Usage(), Decimal(0)
+        usage, cost = Usage(), Usd()
         for inner, response in self._unstepped:
             usage += response.usage
-            price = self.prices.cost(response.usage, inner.model_id, inner.provider, response.service_tier).total
-            cost = None if cost is None or price is None else cost + price
+            cost += self.prices.cost(response.usage, inner.model_id, inner.provider, response.service_tier).total
         first_model, first = self._unstepped[0]
         calls = [{"id": c.id, "name": c.name, "is_error": True, "exit_code": None} for c in first.message.tool_calls]
         entry = {
@@ -390,7 +389,7 @@ class RunJournal:
             "model": first_model.spec,
             "model_calls": len(self._unstepped),
             "usage": usage.to_dict(),
-            "cost_usd": "unknown" if cost is None else str(cost),
+            "cost_usd": str(cost),
             "cache_hit_ratio": round(usage.cache_hit_ratio, 4),
             "context_tokens": None,
             "latency_s": round(sum(r.latency_s for _, r in self._unstepped), 4),
@@ -400,8 +399,7 @@ class RunJournal:
         }
         self._unstepped.clear()
         self.steps_done = step
-        if self.steps_cost is not None:
-            self.steps_cost = None if cost is None else self.steps_cost + cost
+        self.steps_cost += cost
         self._record("step", {"step": step, "entry": entry}, update={"steps": step, "cost_usd": self.cost_text()})
         return entry
 
@@ -426,10 +424,7 @@ class RunJournal:
         self.stats.seconds += time.perf_counter() - t0
 
     def cost_text(self) -> str:
-        total = self.steps_cost
-        for lost in self.lost:
-            total = None if total is None or lost["cost_usd"] == "unknown" else total + Decimal(lost["cost_usd"])
-        return "unknown" if total is None else str(total)
+        return str(self.steps_cost + usd_sum(Usd.parse(lost["cost_usd"]) for lost in self.lost))
 
     # --- model calls -----------------------------------------------------------------
 
@@ -682,23 +677,5 @@ class JournaledTool:
 
 
 def lost_ledger_entries(lost: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``model_lost`` records as ledger entries (``kind: lost_in_flight``), shaped like the
-    loop's entries so that totals and reports treat them alike."""
-    out = []
-    for rec in lost:
-        usage = Usage.from_dict(rec["usage"])
-        out.append({
-            "step": rec["step"],
-            "kind": "lost_in_flight",
-            "model": rec["model"],
-            "usage": usage.to_dict(),
-            "cost_usd": rec["cost_usd"],
-            "estimated": True,
-            "cache_hit_ratio": round(usage.cache_hit_ratio, 4),
-            "context_tokens": None,
-            "latency_s": None,
-            "tool_calls": [],
-            "tool_errors": 0,
-            "cache_break": None,
-        })
-    return out
+    """``model_lost`` records as ledger entries (``kind: lost_in_flight``)."""
+    return [lost_entry(rec["step"], rec["model"], Usage.from_dict(rec["usage"]), rec["cost_usd"]) for rec in lost]

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from stayer.money import MTOK
 from stayer.pricing import Rates
-
-MTOK = Decimal(1_000_000)
 
 
 @dataclass(frozen=True)

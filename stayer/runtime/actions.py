@@ -33,13 +33,13 @@ from stayer.journal.lease import new_owner, owner_is_dead
 from stayer.journal.sql import SqlStore, utc_now
 from stayer.models.base import Model
 from stayer.models.caching import miss_premium
+from stayer.money import MTOK
 from stayer.pricing import PriceBook
 from stayer.routing.router import rules_for
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage
 
 PENDING, APPROVED, REJECTED = "pending", "approved", "rejected"
-MTOK = Decimal(1_000_000)
 
 _DDL = """CREATE TABLE IF NOT EXISTS stayer_actions (
     run_id TEXT NOT NULL,

@@ -27,6 +27,7 @@ from stayer.errors import BudgetReached, ConfigError, OrderlyStop
 from stayer.journal import JournalError, open_store
 from stayer.journal.lease import new_owner
 from stayer.journal.sql import SqlStore
+from stayer.money import Usd
 from stayer.pricing import PriceBook
 from stayer.runtime.actions import (
     Actions,
@@ -227,7 +228,7 @@ class Worker:
             entries.append(entry)
             totals.usage += entry.usage
             totals.add_cost(entry.cost.total)
-            cost = "unknown" if totals.cost_usd is None else str(totals.cost_usd)
+            cost = str(Usd(totals.cost_usd))
             self.db.update(run.id, self.name, steps=entry.step, cost_usd=cost, usage=_json(totals.usage.to_dict()))
             if cancel.is_set():
                 raise RunCancelled

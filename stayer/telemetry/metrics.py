@@ -26,12 +26,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from stayer.money import MTOK
+
 TOKEN_KINDS = ("input_uncached", "cache_read", "cache_write", "output", "reasoning")
 #: Cache breaks nobody chose: a prompt that changed under its cache (an edited prefix,
 #: re-ordered tools), a pause past the cache's lifetime, a provider that read less.
 #: Compactions and model switches are planned; a prompt below the minimum cannot be cached.
 AVOIDABLE = frozenset({"prefix_edit", "tools_changed", "ttl_expired", "unknown"})
-MTOK = Decimal(1_000_000)
 # Buckets of one step's cost in USD: a cent's fractions up to a few dollars.
 COST_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 

@@ -1,0 +1,72 @@
+"""Money: US dollars as ``Decimal``, where an amount may be unknown (a call with no price
+data). One unpriced call makes a total unknown, never 0: ``Usd``'s ``+`` keeps unknown
+unknown, so sums need not say it each time.
+
+JSON carries an amount as a decimal string and an unknown one as ``"unknown"``
+(DESIGN.md); people see ``$0.012345`` (``format``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+
+#: Prices are quoted per million tokens.
+MTOK = Decimal(1_000_000)
+
+UNKNOWN = "unknown"
+
+
+def plain(d: Decimal) -> str:
+    """A Decimal as a plain (never scientific) string, trailing zeros dropped: how JSON
+    carries an amount."""
+    d = d.normalize()
+    return format(d, "f") if d else "0"
+
+
+@dataclass(frozen=True, slots=True)
+class Usd:
+    """An amount of US dollars; ``amount`` None: unknown."""
+
+    amount: Decimal | None = Decimal(0)
+
+    @classmethod
+    def parse(cls, text: str | Decimal | None) -> Usd:
+        """From a JSON value: a decimal string (or a Decimal), or ``"unknown"`` / None."""
+        if text is None or text == UNKNOWN:
+            return cls(None)
+        return cls(Decimal(text))
+
+    @property
+    def known(self) -> bool:
+        return self.amount is not None
+
+    def __add__(self, other: Usd | Decimal | None) -> Usd:
+        """Unknown stays unknown: either side unknown makes the sum unknown."""
+        more = other.amount if isinstance(other, Usd) else other
+        if self.amount is None or more is None:
+            return Usd(None)
+        return Usd(self.amount + more)
+
+    __radd__ = __add__
+
+    def to_json(self) -> str:
+        """A price's JSON form: plain, trailing zeros dropped (``Cost.to_json``)."""
+        return UNKNOWN if self.amount is None else plain(self.amount)
+
+    def __str__(self) -> str:
+        """A total's JSON form, as totals have always been written: the Decimal's own text."""
+        return UNKNOWN if self.amount is None else str(self.amount)
+
+    def format(self) -> str:
+        """For people, one precision everywhere: ``$0.012345``, or ``unknown``."""
+        return UNKNOWN if self.amount is None else f"${self.amount:,.6f}"
+
+
+def usd_sum(amounts: Iterable[Usd | Decimal | None]) -> Usd:
+    """The total of ``amounts``; unknown if any of them is."""
+    total = Usd()
+    for a in amounts:
+        total += a
+    return total
