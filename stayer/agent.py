@@ -1,12 +1,19 @@
-"""The agent loop: assemble → reserve → call → record → act, until submit or a limit.
+"""The agent loop: compact → call → act → record, one step at a time, until a ``RunEnded``.
 
-Everything that decides cost lives below this file: the prompt layout (``context``),
-prices (``pricing``), the budget (``guard``), the model adapters (``models``) and the
-sandboxed tools (``tools``). This file only wires them together, one step at a time.
+Everything that decides cost lives below this file: the prompt layout and its compaction
+(``context``), prices (``pricing``), the budget (``guard``), the model adapters
+(``models``) and the sandboxed tools (``tools``). This file only wires them together.
+
+A run ends by an exception (``stayer.errors``), raised where the end is decided and caught
+in ``Agent.run``: ``Submitted`` (the agent called submit), ``Stopped`` (a limit or breaker,
+raised by the guard, or the wrap-up's summary is in), ``Failed`` (the model failed past
+failover; the context policy cannot fit ``--max-context``). A step that cannot go on as
+planned (a call the budget cannot hold, a failover) starts over at the guard instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,17 +21,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from stayer.context.compactor import Compactor
 from stayer.context.forensics import CacheForensics
 from stayer.context.layout import Context
-from stayer.context.policies import (
-    AutoPolicy,
-    Compaction,
-    ContextOverflow,
-    ContextPolicy,
-    StepView,
-    policy_cost,
-)
+from stayer.context.policies import AutoPolicy, ContextPolicy, StepView
 from stayer.context.summarizer import ModelSummarizer
+from stayer.errors import Failed, RunEnded, Stopped, Submitted
 from stayer.guard.breakers import (
     GuardConfig,
     StepRecord,
@@ -32,12 +34,12 @@ from stayer.guard.breakers import (
     TreeFingerprint,
     WorkspaceProbe,
 )
-from stayer.guard.budget import Budget, Reservation
+from stayer.guard.budget import Budget
 from stayer.guard.guard import Guard
-from stayer.guard.reserve import MIN_OUTPUT_TOKENS, TOKEN_MARGIN, quote  # noqa: F401  (re-exported)
+from stayer.guard.reserve import MIN_OUTPUT_TOKENS, TOKEN_MARGIN  # noqa: F401  (re-exported)
 from stayer.ledger import LedgerEntry, RunResult
-from stayer.models.base import Message, Model, ModelError, ModelResponse, ToolCall
-from stayer.pricing import PriceBook, Rates
+from stayer.models.base import Message, Model, ModelError, ModelResponse, ToolCall, lost_attempts
+from stayer.pricing import Cost, PriceBook, Rates
 from stayer.routing.router import Route, Router, RouteView, rules_for
 from stayer.tokens import MessageCounter, PromptEstimate, PromptEstimator
 from stayer.tools import run_tool
@@ -73,7 +75,60 @@ class Limits:
     guard: GuardConfig = GuardConfig()  # breakers, soft threshold, wrap-up
 
 
+def _tree_probe(workspace: str | None) -> WorkspaceProbe | None:
+    """The breakers' default view of the workspace: its tree's fingerprint, if it exists."""
+    path = Path(workspace) if workspace else None
+    return TreeFingerprint(path) if path and path.is_dir() else None
+
+
+class _StepAgain(Exception):  # noqa: N818 - a control-flow signal
+    """The step starts over at the guard: a call or compaction the budget cannot hold has
+    begun the wrap-up (or stopped the run), or a failover has changed the model."""
+
+
+@dataclass
+class RunState:
+    """One run's moving parts, carried from step to step."""
+
+    ctx: Context
+    guard: Guard
+    forensics: CacheForensics
+    compactor: Compactor
+    result: RunResult
+    steps: int = 0  # steps done
+    compactions: int = 0
+    last_output: int = 0  # the last reply's output tokens (what the policy plans with)
+
+
+@dataclass(frozen=True)
+class Call:
+    """A step's model call, made and settled."""
+
+    response: ModelResponse
+    cost: Cost
+    context_tokens: int  # the prompt as we counted it
+    estimate: PromptEstimate  # what the budget expected the provider to count
+    cache_break: dict[str, Any] | None
+
+
 class Agent:
+    """The loop over one model and its tools. Besides what the constructor's names say:
+
+    * ``on_event`` receives structured events for the journal and observers (compaction,
+      breaker, failover, message, …), each with the data needed to rebuild the context
+      exactly on resume; ``inbox`` gives what people said to the agent since the last step.
+    * ``summarizer`` writes summaries for summarising policies with a real model; None
+      keeps the policy's local digest (the simulator, what-if replays).
+    * ``router`` picks the model of each call (by default always ``model``); ``budget`` is
+      None for a fresh one of ``limits.max_cost``, or a slice carved for a sub-agent.
+    * ``clock``: every reading of the time goes through it, so that a journal can record it
+      and a resumed run decides (TTLs, wall-time breakers, routing) as the original did.
+    * ``guard`` is the running run's (sub-agents carve their budget from it); ``result``
+      the running run's result, complete up to its last finished step (what a caller that
+      stops the run from outside, a time limit, reports); ``estimator`` the provider's
+      count of the next prompt, learned from its reports (per model).
+    """
+
     def __init__(
         self,
         model: Model,
@@ -96,42 +151,22 @@ class Agent:
         clock: Callable[[], float] = time.time,
         inbox: Callable[[], Sequence[Message]] | None = None,
     ) -> None:
-        self.model = model
+        self.model, self.rules, self.service_tier = model, rules_for(model), limits.service_tier
         self.tools = {t.spec.name: t for t in tools}
-        self.prices = prices
-        self.tool_context = tool_context
-        self.counter = counter
+        self.prices, self.tool_context, self.counter = prices, tool_context, counter
         self.limits = limits
-        self.system_prompt = system_prompt
+        self.system_prompt, self.path, self.budget, self.clock = system_prompt, path, budget, clock
         self.on_step = on_step or (lambda e: None)
         self.on_message = on_message or (lambda m: None)
-        # Structured events for the journal and observers: compaction, breaker, ... Each
-        # carries the data needed to rebuild the context exactly on resume.
         self.on_event = on_event or (lambda kind, payload: None)
-        self.policy = policy or AutoPolicy()
-        # Writes summaries for summarising policies with a real model; None keeps the
-        # policy's local digest (the simulator, what-if replays).
-        self.summarizer = summarizer
-        self.rules = rules_for(model)
-        self.service_tier = limits.service_tier
-        # Which model makes each call; by default always ``model``.
-        self.router = router or Router(model, prices, service_tier=limits.service_tier)
-        self.budget = budget  # None: a fresh one of ``limits.max_cost``; a carved slice for sub-agents
-        self.path = path
-        workspace = Path(tool_context.workspace) if tool_context.workspace else None
-        # Every reading of the time goes through here, so that a journal can record it and
-        # a resumed run decides (TTLs, wall-time breakers, routing) as the original did.
-        self.clock = clock
-        # What people said to the agent since the last step (the runtime's messages).
         self.inbox = inbox or (lambda: ())
-        self.probe = probe or (TreeFingerprint(workspace) if workspace and workspace.is_dir() else None)
-        self.guard: Guard | None = None  # the running step's guard (sub-agents carve from it)
-        # The running run's result, complete up to its last finished step: what a caller
-        # that stops the run from outside (a time limit) reports.
+        self.policy, self.summarizer = policy or AutoPolicy(), summarizer
+        self.router = router or Router(model, prices, service_tier=limits.service_tier)
+        self.probe = probe or _tree_probe(tool_context.workspace)
+        self.guard: Guard | None = None
         self.result: RunResult | None = None
         self.run_id = ""
         self._children: list[RunResult] = []
-        # The provider's count of the next prompt, learned from its reports (per model).
         self.estimator = PromptEstimator()
 
     def add_tool(self, tool: Tool) -> None:
@@ -158,7 +193,21 @@ class Agent:
         return tiered if standard is None else tiered.dearest(standard)
 
     async def run(self, instruction: str, run_id: str, history: Sequence[Message] = ()) -> RunResult:
-        """Run until submit or a limit. ``history`` continues an earlier context."""
+        """Run until a ``RunEnded``: submit, a limit, or an error. ``history`` continues an
+        earlier context."""
+        s = self._start(instruction, run_id, history)
+        try:
+            while True:
+                with contextlib.suppress(_StepAgain):
+                    await self._step(s)
+        except RunEnded as end:
+            s.result.status, s.result.stop_reason = end.status, end.stop_reason
+            if isinstance(end, Failed):
+                s.result.error = end.detail
+        self._finish(s)
+        return s.result
+
+    def _start(self, instruction: str, run_id: str, history: Sequence[Message]) -> RunState:
         ctx = Context(self.system_prompt, [t.spec for t in self.tools.values()], instruction, self.counter)
         for m in history:
             ctx.append(m)
@@ -174,126 +223,144 @@ class Agent:
             escalate=self.router.on_trip,
             clock=self.clock,
         )
-        forensics = CacheForensics(self.counter)
-        result = self.result = RunResult(status="budget_exhausted")
-        last_output, compactions, step = 0, 0, 0
-        while (gate := guard.begin_step(step + 1)).go:
-            if gate.instruction is not None:  # the wrap-up has begun
-                ctx.append(gate.instruction)
-                self.on_message(gate.instruction)
-            for said in self.inbox():  # appended at the end: the cached prefix stays as it is
-                ctx.append(said)
-                self.on_message(said)
-                self.on_event("message", {"agent": self.path, "role": said.role, "content": said.content})
-            now = self.clock()
-            route = self._route(ctx, step + 1, compactions, now)
-            view = StepView(
-                step=step + 1,
-                max_steps=self.limits.max_steps,
-                max_context=self.limits.max_context,
-                rates_at=self.rates_at,
-                explicit_cache=self.rules.mode == "explicit",
-                output_tokens=last_output,
-            )
-            try:
-                compaction = self.policy.plan(ctx, view)
-            except ContextOverflow as e:
-                result.status, result.error, result.stop_reason = "error", str(e), "max_context"
-                break
-            compaction_record = None
-            if compaction is not None:
-                held_summary = self._fund_compaction(guard.budget, compaction, ctx)
-                if held_summary is None:
-                    guard.unaffordable("max_cost", "the compaction's summary call does not fit the budget")
-                    continue
-                compaction_record = await self._compact(ctx, compaction, step + 1)
-                compaction_cost = Decimal(compaction_record["cost_usd"])
-                guard.budget.settle(held_summary, compaction_cost)
-                # Spent now, whether or not this step's own call can then be afforded.
-                result.add_cost(compaction_cost)
-                compactions += 1
-            context_tokens = ctx.tokens
-            estimate = await self._estimate(ctx, guard, context_tokens, run_id, now)
-            lost_attempts = getattr(self.model, "pending_lost_attempts", lambda: 0)()
-            held = guard.reserve(self.worst_rates_at, context_tokens, attempts=1 + lost_attempts, upper=estimate.upper)
-            if held is None:
-                continue  # not affordable: the wrap-up begins (or the run stops) at the top
-            request = ctx.request(
-                max_tokens=held.max_tokens,
-                cache_key=run_id,
-                service_tier=self.service_tier,
-                now=now,
-            )
-            try:
-                response = await self.model.complete(request)
-            except ModelError as e:
-                guard.release(held)
-                if self._fail_over(e):
-                    continue
-                result.status, result.error, result.stop_reason = "error", str(e), "model_error"
-                break
-            step += 1
-            self.estimator.observe(context_tokens, response.usage.input_tokens, len(request.messages))
-            cost = self.prices.cost(
-                response.usage, self.model.model_id, self.model.provider, response.service_tier
-            )
-            guard.settle(held, self._with_lost(cost.total, response))
-            cache_break = forensics.observe(
-                request,
-                response.usage,
-                self.model.spec,
-                self.rules,
-                request.now if request.now is not None else now,
-                compaction_at=compaction_record["first_index"] if compaction_record else None,
-            )
-            last_output = response.usage.output_tokens
-            ctx.append(response.message)
-            self.on_message(response.message)
+        compactor = Compactor(
+            self.rates_at,
+            self.counter,
+            self.prices,
+            self.summarizer,
+            self.tool_context.sandbox,
+            self.tool_context.command_timeout,
+            self.on_event,
+            self.path,
+        )
+        self.result = RunResult(status="running")
+        return RunState(ctx, guard, CacheForensics(self.counter), compactor, self.result)
 
-            calls, observed, submitted = await self._act(ctx, response.message.tool_calls, result, response.cut_off)
-            record = StepRecord(
-                step,
-                cost.total,
-                observed,
-                response.message.content,
-                response.usage.output_tokens,
-                planned_miss=compaction is not None or route.switched,
-            )
-            wrapping_up = not guard.working
-            guard.after_step(record, response.usage.input_tokens + response.usage.output_tokens)
-            self.router.observe(record)
-            entry = LedgerEntry(
-                step=step,
-                model=self.model.spec,
-                usage=response.usage,
-                cost=cost,
-                context_tokens=context_tokens,
-                latency_s=response.latency_s,
-                tool_calls=calls,
-                cache_break=cache_break,
-                compaction=compaction_record,
-                agent=self.path,
-                breakers=self._trips(guard),
-                route=route.to_dict() if route.switched or route.quote else None,
-                prompt_estimate=estimate,
-            )
-            result.steps = step
-            result.usage += response.usage
-            result.add_cost(cost.total)
-            result.peak_context_tokens = max(result.peak_context_tokens, context_tokens)
-            result.ledger.append(entry)
-            self.on_step(entry)
-            for child in self._children:
-                result.adopt(child)
-            self._children.clear()
-            if wrapping_up and not calls and response.message.content.strip():
-                result.summary = response.message.content.strip()  # a summary given as text
-            if submitted or (wrapping_up and result.summary):
-                if not wrapping_up:
-                    result.status, result.stop_reason = "submitted", "submit"
-                break
-        self._finish(guard, ctx, result)
-        return result
+    async def _step(self, s: RunState) -> None:
+        """One step: compact, call (reserve, complete, settle, fail over), act, record."""
+        step = s.steps + 1
+        self._admit(s, step)
+        now = self.clock()
+        route = self._route(s.ctx, step, s.compactions, now)
+        compaction = await self._compact(s, step)
+        call = await self._call(s, now, compaction)
+        s.steps, s.last_output = step, call.response.usage.output_tokens
+        reply = call.response.message
+        s.ctx.append(reply)
+        self.on_message(reply)
+        tool_calls, observed, submitted = await self._act(s.ctx, reply.tool_calls, s.result, call.response.cut_off)
+        planned_miss = compaction is not None or route.switched
+        record = StepRecord(step, call.cost.total, observed, reply.content, s.last_output, planned_miss=planned_miss)
+        wrapping_up = not s.guard.working
+        s.guard.after_step(record, call.response.usage.input_tokens + call.response.usage.output_tokens)
+        self.router.observe(record)
+        self._record(s, call, tool_calls, compaction, route)
+        if wrapping_up and not tool_calls and reply.content.strip():
+            s.result.summary = reply.content.strip()  # a summary given as text
+        if submitted and not wrapping_up:
+            raise Submitted()
+        if wrapping_up and (submitted or s.result.summary):
+            raise Stopped(s.guard.stop_reason)
+
+    def _admit(self, s: RunState, step: int) -> None:
+        """The guard's leave for the step (``Stopped`` when there is none), then what was
+        said since the last one: the wrap-up's instruction and people's messages, appended
+        at the end so that the cached prefix stays as it is."""
+        instruction = s.guard.admit(step)
+        if instruction is not None:  # the wrap-up has begun
+            s.ctx.append(instruction)
+            self.on_message(instruction)
+        for said in self.inbox():
+            s.ctx.append(said)
+            self.on_message(said)
+            self.on_event("message", {"agent": self.path, "role": said.role, "content": said.content})
+
+    async def _compact(self, s: RunState, step: int) -> dict[str, Any] | None:
+        """The context policy's compaction for this step, if any, funded and carried out;
+        its record for the ledger. A policy that cannot fit ``--max-context`` ends the run
+        (``ContextOverflow``); a summary call the budget cannot hold starts the wrap-up."""
+        view = StepView(
+            step=step,
+            max_steps=self.limits.max_steps,
+            max_context=self.limits.max_context,
+            rates_at=self.rates_at,
+            explicit_cache=self.rules.mode == "explicit",
+            output_tokens=s.last_output,
+        )
+        compaction = self.policy.plan(s.ctx, view)
+        if compaction is None:
+            return None
+        held = s.guard.hold_call(*s.compactor.worst_case(s.ctx, compaction))
+        if held is None:
+            s.guard.unaffordable("max_cost", "the compaction's summary call does not fit the budget")
+            raise _StepAgain
+        record = await s.compactor.apply(s.ctx, compaction, step)
+        cost = Decimal(record["cost_usd"])
+        s.guard.budget.settle(held, cost)
+        s.result.add_cost(cost)  # spent now, whether or not this step's own call can then be afforded
+        s.compactions += 1
+        return record
+
+    async def _call(self, s: RunState, now: float, compaction: dict[str, Any] | None) -> Call:
+        """Hold the call's worst case, make it, and settle its real cost. A call the budget
+        cannot hold starts the step again (the guard has begun the wrap-up or stopped); a
+        model that failed past its retries is replaced by another provider's, if one is
+        configured (the step starts again), or ends the run."""
+        context_tokens = s.ctx.tokens
+        estimate = await self._estimate(s.ctx, s.guard, context_tokens, self.run_id, now)
+        attempts = 1 + lost_attempts(self.model)
+        held = s.guard.reserve(self.worst_rates_at, context_tokens, attempts=attempts, upper=estimate.upper)
+        if held is None:
+            raise _StepAgain
+        request = s.ctx.request(max_tokens=held.max_tokens, cache_key=self.run_id, service_tier=self.service_tier, now=now)
+        try:
+            response = await self.model.complete(request)
+        except ModelError as e:
+            s.guard.release(held)
+            raise self._fail_over(e) from e
+        self.estimator.observe(context_tokens, response.usage.input_tokens, len(request.messages))
+        cost = self.prices.cost(response.usage, self.model.model_id, self.model.provider, response.service_tier)
+        s.guard.settle(held, self._with_lost(cost.total, response))
+        cache_break = s.forensics.observe(
+            request,
+            response.usage,
+            self.model.spec,
+            self.rules,
+            now,
+            compaction_at=compaction["first_index"] if compaction else None,
+        )
+        return Call(response, cost, context_tokens, estimate, cache_break)
+
+    def _record(
+        self, s: RunState, call: Call, tool_calls: list[dict[str, Any]], compaction: dict[str, Any] | None, route: Route
+    ) -> None:
+        """The step's ledger entry, into the result and out to ``on_step``; then the
+        sub-agents that finished during the step, rolled into the result."""
+        entry = LedgerEntry(
+            step=s.steps,
+            model=self.model.spec,
+            usage=call.response.usage,
+            cost=call.cost,
+            context_tokens=call.context_tokens,
+            latency_s=call.response.latency_s,
+            tool_calls=tool_calls,
+            cache_break=call.cache_break,
+            compaction=compaction,
+            agent=self.path,
+            breakers=self._trips(s.guard),
+            route=route.to_dict() if route.switched or route.quote else None,
+            prompt_estimate=call.estimate,
+        )
+        result = s.result
+        result.steps = s.steps
+        result.usage += call.response.usage
+        result.add_cost(call.cost.total)
+        result.peak_context_tokens = max(result.peak_context_tokens, call.context_tokens)
+        result.ledger.append(entry)
+        self.on_step(entry)
+        for child in self._children:
+            result.adopt(child)
+        self._children.clear()
 
     async def _estimate(self, ctx: Context, guard: Guard, counted: int, run_id: str, now: float) -> PromptEstimate:
         """The provider's likely count of the prompt and its bound. Under a cap, where the
@@ -328,12 +395,14 @@ class Agent:
         self.service_tier = route.tier
         return route
 
-    def _fail_over(self, error: ModelError) -> bool:
-        """After the adapter's retries failed: another provider's model, if configured."""
+    def _fail_over(self, error: ModelError) -> Exception:
+        """After the adapter's retries failed: another provider's model, if configured (the
+        step starts again with it); else the run ends. Returns what to raise."""
         replacement = self.router.failover(self.model)
-        if replacement is not None:
-            self.on_event("failover", {"agent": self.path, "from": self.model.spec, "to": replacement.spec, "error": str(error)})
-        return replacement is not None
+        if replacement is None:
+            return Failed("model_error", str(error))
+        self.on_event("failover", {"agent": self.path, "from": self.model.spec, "to": replacement.spec, "error": str(error)})
+        return _StepAgain()
 
     def _trips(self, guard: Guard) -> list[dict[str, Any]]:
         """Breaker trips since the last step, journaled as events and kept on the ledger."""
@@ -342,7 +411,8 @@ class Agent:
             self.on_event("breaker", t)
         return trips
 
-    def _finish(self, guard: Guard, ctx: Context, result: RunResult) -> None:
+    def _finish(self, s: RunState) -> None:
+        guard, result = s.guard, s.result
         guard.finish()
         result.stop_reason = result.stop_reason or guard.stop_reason
         left = self._trips(guard)
@@ -350,79 +420,7 @@ class Agent:
             result.ledger[-1].breakers.extend(left)
         result.breakers = [{"agent": self.path, **t.to_dict()} for t in guard.trips]
         if result.status == "budget_exhausted":
-            result.summary = guard.final_summary(result.summary, ctx.messages, result.steps, result.cost_usd)
-
-    def _fund_compaction(self, budget: Budget, c: Compaction, ctx: Context) -> Reservation | None:
-        """A summarising compaction is a model call: hold its worst case from the budget.
-        A model-written summary's is that of the summariser's request exactly as it will be
-        sent (its instructions and the span, its tier, its ``max_tokens``); the local
-        digest is priced as the policy planned it, on the current model. None: the budget
-        cannot hold it."""
-        if not c.summary_input_tokens:
-            return budget.reserve(Decimal(0))
-        if self.summarizer is not None:
-            request = self.summarizer.request(self._summary_span(ctx, c))
-            prompt = self.counter.text(request.system) + sum(self.counter.message(m) for m in request.messages)
-            m, tier = self.summarizer.model, request.service_tier
-            q = quote(lambda n: self.prices.rates(m.model_id, m.provider, tier, n), prompt)
-            out = request.max_tokens
-        else:
-            q, out = quote(self.rates_at, c.summary_input_tokens), c.summary_output_tokens
-        if q is None:  # unpriced: only an uncapped budget may let it through
-            return budget.reserve(Decimal(0)) if budget.cap is None else None
-        return budget.reserve(q.cost(out))
-
-    async def _compact(self, ctx: Context, c: Compaction, step: int) -> dict[str, Any]:
-        await self._archive(c.archive)
-        cost = policy_cost(c, self.rates_at(c.summary_input_tokens)) or Decimal(0)
-        if self.summarizer is not None and c.summary_input_tokens:
-            cost = await self._summarize(ctx, c, cost)
-        first = c.apply(ctx)
-        event = {"step": step, **c.to_event(), "cost_usd": str(cost)}
-        self.on_event("compaction", event)
-        return {
-            "reason": c.reason,
-            "first_index": first,
-            "tokens_before": c.tokens_before,
-            "tokens_after": c.tokens_after,
-            "cost_usd": str(cost),
-        }
-
-    @staticmethod
-    def _summary_span(ctx: Context, c: Compaction) -> list[Message]:
-        return [ctx.messages[i] for i in sorted(c.changes)]
-
-    async def _summarize(self, ctx: Context, c: Compaction, planned: Decimal) -> Decimal:
-        """Replace the planned digest with a model-written summary of the evicted span.
-        If the summariser's call fails (after its retries), the digest stays: the
-        compaction still happens, and a failed call bills nothing."""
-        first = min(c.changes)
-        try:
-            text, _usage, cost = await self.summarizer(self._summary_span(ctx, c))  # type: ignore[misc]
-        except ModelError as e:
-            self.on_event("summary_failed", {"agent": self.path, "model": self.summarizer.model.spec, "error": str(e)})  # type: ignore[union-attr]
-            return Decimal(0)
-        stub = c.changes[first]
-        marker = stub.content.splitlines()[-1]
-        c.changes[first] = Message(stub.role, f"{text}\n{marker}", (), stub.tool_call_id, False, "summary")
-        return cost.total if cost.total is not None else planned
-
-    async def _archive(self, files: dict[str, str]) -> None:
-        """Save elided tool output in the workspace (the stubs name these files). Written
-        from inside the sandbox, so a path the agent planted cannot lead outside /app."""
-        if not files or self.tool_context.sandbox is None:
-            return
-        # Paths relative to /app (the working directory), so that every sandbox kind works.
-        payload = b"".join(
-            f"{path.removeprefix('/app/')}\n{len(body.encode())}\n".encode() + body.encode()
-            for path, body in files.items()
-        )
-        script = (
-            "export LC_ALL=C; mkdir -p .stayer/outputs; "
-            'while IFS= read -r path && IFS= read -r len; do '
-            'IFS= read -r -d "" -N "$len" body; printf %s "$body" > "$path"; done'
-        )
-        await self.tool_context.sandbox.exec(script, stdin=payload, timeout=self.tool_context.command_timeout)
+            result.summary = guard.final_summary(result.summary, s.ctx.messages, result.steps, result.cost_usd)
 
     async def _act(
         self, ctx: Context, calls: tuple[ToolCall, ...], result: RunResult, cut_off: bool = False

@@ -86,7 +86,7 @@ def lost_entry(step: int, model: str, usage: Usage, cost_usd: str) -> dict[str, 
 
 @dataclass
 class RunResult:
-    status: str  # submitted, budget_exhausted, error
+    status: str  # running; then submitted, budget_exhausted, error (``stayer.errors.RunEnded``)
     steps: int = 0
     usage: Usage = field(default_factory=Usage)
     cost_usd: Decimal | None = Decimal(0)  # None: some step's price is unknown

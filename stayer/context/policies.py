@@ -52,6 +52,7 @@ from typing import Protocol
 
 from stayer.context.layout import Context
 from stayer.context.retention import Retention, retention_of
+from stayer.errors import Failed
 from stayer.models.base import Message
 from stayer.pricing import Rates
 
@@ -59,8 +60,11 @@ OUTPUTS_DIR = "/app/.stayer/outputs"
 MTOK = 1_000_000
 
 
-class ContextOverflow(Exception):
-    """The keep-class content alone exceeds ``--max-context``."""
+class ContextOverflow(Failed):
+    """The keep-class content alone exceeds ``--max-context``: the run ends with an error."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("max_context", detail)
 
 
 @dataclass(frozen=True)

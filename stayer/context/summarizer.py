@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from stayer.models.base import Message, Model, ModelRequest
 from stayer.pricing import Cost, PriceBook
 from stayer.tokens import render_message
-from stayer.usage import Usage
 
 INSTRUCTIONS = """\
 You compress an autonomous agent's old tool output so that it can keep working without it.
@@ -36,8 +35,12 @@ class ModelSummarizer:
             max_tokens=self.max_tokens,
         )
 
-    async def __call__(self, span: Sequence[Message]) -> tuple[str, Usage, Cost]:
-        request = self.request(span)
-        response = await self.model.complete(request)
+    async def replacement(self, span: Sequence[Message], stub: Message) -> tuple[Message, Cost]:
+        """The message that replaces the planned digest ``stub`` (the first of the evicted
+        span's stand-ins): the model's summary, then the stub's last line, which says where
+        the full text was saved. Raises ModelError when the call fails after its retries."""
+        response = await self.model.complete(self.request(span))
         cost = self.prices.cost(response.usage, self.model.model_id, self.model.provider, response.service_tier)
-        return response.message.content.strip(), response.usage, cost
+        marker = stub.content.splitlines()[-1]
+        text = f"{response.message.content.strip()}\n{marker}"
+        return Message(stub.role, text, (), stub.tool_call_id, False, "summary"), cost

@@ -2,11 +2,12 @@
 
 * ``begin_step`` — may this step run? It checks the limits (steps, tokens, wall time) and
   their soft thresholds, and on the first trip switches the run to wrap-up: the loop then
-  appends the instruction it returns.
+  appends the instruction it returns. ``admit`` is the same for the loop: it raises
+  ``stayer.errors.Stopped`` where the run may not go on.
 * ``reserve`` / ``settle`` / ``release`` — the step's worst case is held in the budget
   before the call (``stayer.guard.reserve``) and replaced by its real cost after. A call
   the working budget cannot afford starts the wrap-up; one the wrap-up cannot afford ends
-  the run.
+  the run. ``hold_call`` holds a call outside the step's own (a compaction's summary).
 * ``after_step`` — feeds the behaviour breakers; a trip is offered to ``escalate`` (the
   router's cascade) and otherwise starts the wrap-up.
 * ``final_summary`` — the model's wrap-up summary if it wrote a usable one, else one
@@ -23,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from stayer.errors import BudgetReached
+from stayer.errors import BudgetReached, Stopped
 from stayer.guard.breakers import (
     BehaviourBreakers,
     GuardConfig,
@@ -118,6 +119,14 @@ class Guard:
             return Gate(False)
         pending, self._pending = self._pending, None
         return Gate(True, pending)
+
+    def admit(self, step: int) -> Message | None:
+        """``begin_step`` for the loop: the wrap-up instruction to append, if it has just
+        begun; raises ``Stopped`` when the run may not take another step."""
+        gate = self.begin_step(step)
+        if not gate.go:
+            raise Stopped(self.stop_reason)
+        return gate.instruction
 
     def _hard_limit(self, done: int) -> Trip | None:
         if done >= self.max_steps:
@@ -228,6 +237,16 @@ class Guard:
                 f"${available:.6f} left {where} of ${self.budget.cap}",
             )
         return Held(r, max_tokens)
+
+    def hold_call(self, rates_at: RatesAt, prompt_tokens: int, output_tokens: int) -> Reservation | None:
+        """Hold the worst case of a call outside the step's own (a compaction's summary),
+        at the output it asks for; a prompt of 0 tokens is no call and holds nothing. None:
+        the budget cannot hold it (an unpriced call only fits an uncapped budget)."""
+        q = quote(rates_at, prompt_tokens) if prompt_tokens else None
+        if q is None:
+            priced_free = not prompt_tokens or self.budget.cap is None
+            return self.budget.reserve(Decimal(0)) if priced_free else None
+        return self.budget.reserve(q.cost(output_tokens))
 
     def tight(self, rates_at: RatesAt, prompt_tokens: int, upper: int) -> bool:
         """Whether the prompt's error bound decides the next call: under a cap, its worst

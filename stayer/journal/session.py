@@ -469,10 +469,8 @@ class RunJournal:
                 "changed since the run started; it cannot be resumed exactly"
             )
         if rec is not None and rec.finished is not None:
-            # The journaled timestamp, so that whatever reads it after us (the simulator's
-            # cache clock, cache-break forensics) sees the call as it happened.
-            if rec.now is not None:
-                request.now = rec.now
+            # The request's ``now`` is the journaled one already: it is read from the
+            # loop's clock, which replays the journaled time (``clock``).
             if isinstance(inner, CacheStateful):
                 inner.account(request)
             response = self._response(rec.finished)

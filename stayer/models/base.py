@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from stayer.errors import ConfigError  # noqa: F401  (re-exported)
 from stayer.usage import Usage
@@ -88,6 +88,21 @@ class Model(Protocol):
     model_id: str
 
     async def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+
+@runtime_checkable
+class RecoveringModel(Protocol):
+    """A model that may owe attempts at its next call: attempts in flight at a crash, which
+    the provider billed although their replies were lost (the journal's model, on resume).
+    The loop holds budget for them before the call; the call's response reports their
+    usage as ``lost_usage``."""
+
+    def pending_lost_attempts(self) -> int: ...
+
+
+def lost_attempts(model: Model) -> int:
+    """Attempts at ``model``'s next call lost in a crash (0 for a model that keeps none)."""
+    return model.pending_lost_attempts() if isinstance(model, RecoveringModel) else 0
 
 
 class ModelError(Exception):
