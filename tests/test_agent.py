@@ -7,7 +7,8 @@ from decimal import Decimal
 
 from stayer.agent import Agent, Limits
 from stayer.context.layout import Context
-from stayer.models.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec
+from stayer.models.base import Message, ModelError, ToolCall, ToolSpec
+from stayer.models.scripted import ScriptedModel
 from stayer.pricing import PriceBook
 from stayer.sandbox.local import LocalSandbox
 from stayer.tokens import MessageCounter, TiktokenCounter
@@ -16,26 +17,15 @@ from stayer.tools.base import ToolContext
 from stayer.usage import Usage
 
 
-class Scripted:
-    spec, provider, model_id = "test:claude-sonnet-4-5", "anthropic", "claude-sonnet-4-5"
-
-    def __init__(self, replies: list[Message | Exception]) -> None:
-        self.replies = replies
-        self.requests: list[ModelRequest] = []
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.requests.append(request)
-        reply = self.replies[len(self.requests) - 1]
-        if isinstance(reply, Exception):
-            raise reply
-        return ModelResponse(reply, Usage(input_tokens=1000, output_tokens=50), {}, self.model_id, 0.01)
+def scripted(replies: list[Message | Exception]) -> ScriptedModel:
+    return ScriptedModel("claude-sonnet-4-5", replies, usage=Usage(input_tokens=1000, output_tokens=50))
 
 
 def call(name: str, args: str, i: int = 0) -> Message:
     return Message("assistant", "", (ToolCall(f"c{i}", name, args),))
 
 
-def run(model: Scripted, tmp_path, **limits) -> tuple:
+def run(model: ScriptedModel, tmp_path, **limits) -> tuple:
     counter = TiktokenCounter()
     ctx = ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path))
     agent = Agent(model, default_tools(counter), PriceBook(), ctx, MessageCounter(counter), Limits(**limits))
@@ -43,7 +33,7 @@ def run(model: Scripted, tmp_path, **limits) -> tuple:
 
 
 def test_malformed_tool_arguments_go_back_to_the_model_as_errors(tmp_path):
-    model = Scripted([call("bash", '{"command": "echo hi', 1), call("nope", "{}", 2), call("submit", "{}", 3)])
+    model = scripted([call("bash", '{"command": "echo hi', 1), call("nope", "{}", 2), call("submit", "{}", 3)])
     result, _ = run(model, tmp_path)
     assert result.status == "submitted" and result.steps == 3
     assert [e.to_dict()["tool_errors"] for e in result.ledger] == [1, 1, 0]
@@ -54,32 +44,32 @@ def test_malformed_tool_arguments_go_back_to_the_model_as_errors(tmp_path):
 
 def test_commands_that_exit_non_zero_count_as_tool_errors_in_the_ledger(tmp_path):
     # The breakers trip on them; the ledger must say why, not show 0 errors a step.
-    model = Scripted([call("bash", f'{{"command": "exit {i}"}}', i) for i in (3, 0, 1)] + [call("submit", "{}", 9)])
+    model = scripted([call("bash", f'{{"command": "exit {i}"}}', i) for i in (3, 0, 1)] + [call("submit", "{}", 9)])
     result, _ = run(model, tmp_path)
     assert [e.to_dict()["tool_errors"] for e in result.ledger] == [1, 0, 1, 0]
 
 
 def test_reply_without_tool_call_gets_a_nudge(tmp_path):
-    model = Scripted([Message("assistant", "thinking"), call("submit", "{}")])
+    model = scripted([Message("assistant", "thinking"), call("submit", "{}")])
     result, _ = run(model, tmp_path)
     assert result.status == "submitted"
     assert model.requests[1].messages[-1].kind == "nudge"
 
 
 def test_max_steps_ends_budget_exhausted(tmp_path):
-    model = Scripted([call("bash", '{"command": "true"}', i) for i in range(5)])
+    model = scripted([call("bash", '{"command": "true"}', i) for i in range(5)])
     result, _ = run(model, tmp_path, max_steps=3)
     assert result.status == "budget_exhausted" and result.steps == 3 and result.stop_reason == "max_steps"
 
 
 def test_model_error_ends_the_run_with_error(tmp_path):
-    model = Scripted([call("bash", '{"command": "true"}'), ModelError("503 after 6 attempts")])
+    model = scripted([call("bash", '{"command": "true"}'), ModelError("503 after 6 attempts")])
     result, _ = run(model, tmp_path)
     assert result.status == "error" and "503" in result.error and result.steps == 1
 
 
 def test_history_is_append_only_and_prefix_stable(tmp_path):
-    model = Scripted([call("bash", '{"command": "echo a"}', 1), call("bash", '{"command": "echo b"}', 2), call("submit", "{}", 3)])
+    model = scripted([call("bash", '{"command": "echo a"}', 1), call("bash", '{"command": "echo b"}', 2), call("submit", "{}", 3)])
     run(model, tmp_path)
     a, b, c = model.requests
     assert a.system == b.system == c.system and a.tools == c.tools
@@ -91,7 +81,7 @@ def test_history_is_append_only_and_prefix_stable(tmp_path):
 
 def test_cost_cap_never_overshot_and_shrinks_max_tokens(tmp_path):
     # Distinct commands: the same one repeated would (rightly) trip the loop breaker first.
-    model = Scripted([call("bash", f'{{"command": "echo {i}"}}', i) for i in range(50)])
+    model = scripted([call("bash", f'{{"command": "echo {i}"}}', i) for i in range(50)])
     result, _ = run(model, tmp_path, max_cost=Decimal("0.05"), max_steps=50)
     assert result.status == "budget_exhausted" and result.stop_reason == "max_cost"
     assert result.cost_usd <= Decimal("0.05")

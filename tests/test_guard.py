@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scripted import COUNTER, Model, Prices, bash, call, rates, text
 
 from stayer.agent import Agent, Limits
 from stayer.delegation import ChildAgents, ChildSettings
@@ -22,6 +21,7 @@ from stayer.guard.budget import Budget, MemoryBudgetStore
 from stayer.guard.guard import Guard
 from stayer.guard.reserve import quote
 from stayer.guard.shared import SqliteBudgetStore
+from stayer.models.scripted import COUNTER, Prices, ScriptedModel, bash, call, rates, text
 from stayer.sandbox.local import LocalSandbox
 from stayer.tools import default_tools
 from stayer.tools.base import ToolContext
@@ -159,8 +159,8 @@ async def _scenario(s: dict) -> None:
         for k, pct in enumerate(s["asks"]):
             ask = float((s["cap"] * pct / 100).quantize(D("1e-6")))
             replies.insert(min(k * 2, len(replies)), call("subagent", {"task": "help", "budget_usd": ask}, k))
-        a = agent(Model(replies=replies, rng=random.Random(rng.random())), None, limits, prices, budget=budget, path=f"a{n}")
-        child_model = Model(replies=[text("sub work")], rng=random.Random(rng.random()))
+        a = agent(ScriptedModel(replies=replies, rng=random.Random(rng.random())), None, limits, prices, budget=budget, path=f"a{n}")
+        child_model = ScriptedModel(replies=[text("sub work")], rng=random.Random(rng.random()))
         a.add_tool(ChildAgents(a, child_model, list, ChildSettings(max_steps=4)).tool())
         runners.append(a)
         budgets.append(budget)
@@ -203,7 +203,7 @@ def test_worst_case_covers_the_long_context_cliff():
 
 
 def test_loop_breaker_trips_and_the_run_ends_with_a_fallback_summary(tmp_path):
-    model = Model(replies=[bash("ls")])  # the same action forever, and it ignores the wrap-up
+    model = ScriptedModel(replies=[bash("ls")])  # the same action forever, and it ignores the wrap-up
     result = run(agent(model, tmp_path, Limits(max_steps=30)))
     assert result.status == "budget_exhausted" and result.stop_reason == "loop"
     trips = [t for e in result.ledger for t in e.breakers]
@@ -220,23 +220,23 @@ def test_wrap_up_summary_from_the_model_is_kept(tmp_path):
             return call("submit", {"summary": "DONE: wrote a.txt. REMAINING: b.txt. STATE: a.txt exists."})
         return bash(f"echo {len(request.messages)} > a.txt")
 
-    result = run(agent(Model(replies=[reply]), tmp_path, Limits(max_steps=10)))
+    result = run(agent(ScriptedModel(replies=[reply]), tmp_path, Limits(max_steps=10)))
     assert result.status == "budget_exhausted" and result.stop_reason == "max_steps"
     assert result.summary == "DONE: wrote a.txt. REMAINING: b.txt. STATE: a.txt exists."
     assert result.steps == 9  # wrap-up at 80 % of 10 steps, answered in one step
 
 
 def test_consecutive_tool_errors_trip(tmp_path):
-    model = Model(replies=[call("bash", '{"command": ', i) for i in range(10)])
+    model = ScriptedModel(replies=[call("bash", '{"command": ', i) for i in range(10)])
     result = run(agent(model, tmp_path, Limits(max_steps=20, guard=GuardConfig(max_tool_errors=3))))
     assert result.stop_reason == "tool_errors" and result.ledger[2].breakers[0]["reason"] == "tool_errors"
 
 
 def test_no_progress_trips_when_the_workspace_does_not_change(tmp_path):
-    model = Model(replies=[lambda r: bash(f"echo {len(r.messages)}")])  # distinct, but changes nothing
+    model = ScriptedModel(replies=[lambda r: bash(f"echo {len(r.messages)}")])  # distinct, but changes nothing
     result = run(agent(model, tmp_path, Limits(max_steps=20, guard=GuardConfig(no_change_steps=3))))
     assert result.stop_reason == "no_progress" and result.ledger[2].breakers[0]["reason"] == "no_progress"
-    model = Model(replies=[lambda r: bash(f"echo {len(r.messages)} >> log")])  # changes it every step
+    model = ScriptedModel(replies=[lambda r: bash(f"echo {len(r.messages)} >> log")])  # changes it every step
     result = run(agent(model, tmp_path, Limits(max_steps=8, guard=GuardConfig(no_change_steps=3))))
     assert result.stop_reason == "max_steps"
 
@@ -245,11 +245,11 @@ def test_cost_anomaly_trips_on_a_spike_but_not_on_steady_steps(tmp_path):
     steady = [lambda r: bash(f"echo {len(r.messages)} >> log")]
     config = GuardConfig(anomaly_factor=4)
     task = "Do the task. " * 400
-    spiky = Model(replies=steady, cached_share=0.95, output_tokens=1, misses={8})  # a cache miss at call 8
+    spiky = ScriptedModel(replies=steady, cached_share=0.95, output_tokens=1, misses={8})  # a cache miss at call 8
     result = run(agent(spiky, tmp_path, Limits(max_steps=20, guard=config)), task)
     assert result.stop_reason == "cost_anomaly"
     assert result.ledger[7].breakers[0]["reason"] == "cost_anomaly"
-    steady_model = Model(replies=steady, cached_share=0.95, output_tokens=1)
+    steady_model = ScriptedModel(replies=steady, cached_share=0.95, output_tokens=1)
     result = run(agent(steady_model, tmp_path, Limits(max_steps=12, guard=config)), task)
     assert result.stop_reason == "max_steps"
 
@@ -258,20 +258,20 @@ def test_a_call_billed_beyond_its_worst_case_is_recorded(tmp_path):
     # A provider counting 200,000 more prompt tokens than we did breaks the estimate's
     # assumption; the spend happened, so it is on the ledger, never hidden.
     steady = [lambda r: bash(f"echo {len(r.messages)} >> log")]
-    result = run(agent(Model(replies=steady, spikes={3: 200_000}), tmp_path, Limits(max_steps=6)))
+    result = run(agent(ScriptedModel(replies=steady, spikes={3: 200_000}), tmp_path, Limits(max_steps=6)))
     trips = result.ledger[2].breakers
     assert trips[0]["reason"] == "reservation_overrun" and trips[0]["action"] == "record"
 
 
 def test_token_limit_is_never_exceeded(tmp_path):
-    model = Model(replies=[lambda r: bash(f"echo {len(r.messages)} >> log")], output_tokens=300)
+    model = ScriptedModel(replies=[lambda r: bash(f"echo {len(r.messages)} >> log")], output_tokens=300)
     result = run(agent(model, tmp_path, Limits(max_steps=100, guard=GuardConfig(max_tokens=40_000))))
     used = result.usage.input_tokens + result.usage.output_tokens
     assert result.stop_reason == "max_tokens" and used <= 40_000 and result.summary
 
 
 def test_cost_cap_run_ends_budget_exhausted_within_the_cap(tmp_path):
-    model = Model(replies=[lambda r: bash(f"echo {len(r.messages)} >> log")], output_tokens=500)
+    model = ScriptedModel(replies=[lambda r: bash(f"echo {len(r.messages)} >> log")], output_tokens=500)
     result = run(agent(model, tmp_path, Limits(max_steps=200, max_cost=D("0.2"))))
     assert result.status == "budget_exhausted" and result.stop_reason == "max_cost"
     assert result.cost_usd <= D("0.2") and result.summary

@@ -12,11 +12,11 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from scripted import COUNTER, Model, bash, call, failing
 
 from stayer.agent import Agent, Limits
 from stayer.errors import ConfigError
 from stayer.guard.breakers import GuardConfig, StepRecord, ToolCallRecord
+from stayer.models.scripted import COUNTER, ScriptedModel, bash, call, failing
 from stayer.pricing import PriceBook
 from stayer.routing.config import load_config, parse_config
 from stayer.routing.router import Router, RouteView
@@ -27,8 +27,8 @@ from stayer.tools.base import ToolContext
 
 ROOT = Path(__file__).resolve().parent.parent
 PRICES = PriceBook()
-SONNET = Model("claude-sonnet-4-5")
-HAIKU = Model("claude-haiku-4-5")
+SONNET = ScriptedModel("claude-sonnet-4-5")
+HAIKU = ScriptedModel("claude-haiku-4-5")
 
 
 def view(step: int, tokens: int, now: float, messages: int | None = None, max_steps: int = 200) -> RouteView:
@@ -162,7 +162,7 @@ def test_escalation_is_never_held_back_by_the_cache():
 
 
 def test_service_tier_by_latency_target_and_batch_mode():
-    gpt = Model("gpt-5", provider="openai")
+    gpt = ScriptedModel("gpt-5", provider="openai")
 
     def tier(policy: TierPolicy) -> str | None:
         router = Router(gpt, PRICES, tiers=policy)
@@ -181,7 +181,7 @@ def test_service_tier_by_latency_target_and_batch_mode():
 
 def test_failover_to_another_provider_after_retries_fail(tmp_path):
     primary = failing("claude-sonnet-4-5")
-    backup = Model("gpt-5", [bash("echo hi", 1), call("submit", {"summary": "done on the backup"}, 2)], provider="openai")
+    backup = ScriptedModel("gpt-5", [bash("echo hi", 1), call("submit", {"summary": "done on the backup"}, 2)], provider="openai")
     router = Router(primary, PRICES, failover_to={primary.spec: [backup]})
     events = []
     ctx = ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path))
@@ -194,8 +194,8 @@ def test_failover_to_another_provider_after_retries_fail(tmp_path):
 
 
 def test_loop_breaker_escalates_the_cascade_before_wrapping_up(tmp_path):
-    cheap = Model("claude-haiku-4-5", [bash("ls")])
-    strong = Model("claude-sonnet-4-5", [call("submit", {"summary": "the stronger model finished it"})])
+    cheap = ScriptedModel("claude-haiku-4-5", [bash("ls")])
+    strong = ScriptedModel("claude-sonnet-4-5", [call("submit", {"summary": "the stronger model finished it"})])
     router = Router(cheap, PRICES, cascade=[cheap, strong], escalate_after_errors=0, escalate_after_failing_tests=0)
     ctx = ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path))
     agent = Agent(cheap, default_tools(COUNTER.counter), PRICES, ctx, COUNTER,

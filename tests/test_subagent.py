@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 from decimal import Decimal
 
-from scripted import COUNTER, Model, Prices, bash, call, rates, text
-
 from stayer.agent import Agent, Limits
 from stayer.delegation import ChildAgents, ChildSettings
 from stayer.guard.attribution import per_agent
 from stayer.guard.budget import Budget
+from stayer.models.scripted import COUNTER, Prices, ScriptedModel, bash, call, rates, text
 from stayer.sandbox.local import LocalSandbox
 from stayer.tools import default_tools
 from stayer.tools.base import ToolContext
@@ -32,13 +31,13 @@ def parent_with_children(tmp_path, parent_model, child_model, limits, budget=Non
 
 
 def test_child_runs_with_a_fresh_context_and_its_cost_rolls_up(tmp_path):
-    parent_model = Model(
+    parent_model = ScriptedModel(
         replies=[
             call("subagent", {"task": "Write the word done to sub.txt", "budget_usd": 0.05}, 1),
             call("submit", {"summary": "delegated"}, 2),
         ]
     )
-    child_model = Model(
+    child_model = ScriptedModel(
         "m-cheap",
         [bash("echo done > sub.txt", 1), call("submit", {"summary": "sub.txt written"}, 2)],
     )
@@ -64,13 +63,13 @@ def test_child_runs_with_a_fresh_context_and_its_cost_rolls_up(tmp_path):
 
 
 def test_asking_for_more_than_is_left_is_a_tool_error_the_model_sees(tmp_path):
-    parent_model = Model(
+    parent_model = ScriptedModel(
         replies=[
             call("subagent", {"task": "Do a big part", "budget_usd": 5}, 1),
             call("submit", {"summary": "gave up on delegating"}, 2),
         ]
     )
-    child_model = Model("m-cheap", [text("never called")])
+    child_model = ScriptedModel("m-cheap", [text("never called")])
     parent = parent_with_children(tmp_path, parent_model, child_model, Limits(max_steps=10, max_cost=D("0.5")))
     result = asyncio.run(parent.run("Parent task", "run-1"))
     reply = parent_model.requests[1].messages[-1]
@@ -79,13 +78,13 @@ def test_asking_for_more_than_is_left_is_a_tool_error_the_model_sees(tmp_path):
 
 
 def test_a_child_that_runs_out_of_its_slice_wraps_up_within_it(tmp_path):
-    parent_model = Model(
+    parent_model = ScriptedModel(
         replies=[
             call("subagent", {"task": "Keep working", "budget_usd": 0.01}, 1),
             call("submit", {"summary": "ok"}, 2),
         ]
     )
-    child_model = Model("m-cheap", [lambda r: bash(f"echo {len(r.messages)} >> log")], output_tokens=400)
+    child_model = ScriptedModel("m-cheap", [lambda r: bash(f"echo {len(r.messages)} >> log")], output_tokens=400)
     parent = parent_with_children(tmp_path, parent_model, child_model, Limits(max_steps=10, max_cost=D("1")), settings=ChildSettings(max_steps=50))
     result = asyncio.run(parent.run("Parent task", "run-1"))
     child_entries = [e for e in result.ledger if e.agent == "main/sub-1"]
@@ -97,15 +96,15 @@ def test_a_child_that_runs_out_of_its_slice_wraps_up_within_it(tmp_path):
 
 
 def test_default_share_and_depth_limit(tmp_path):
-    parent_model = Model(replies=[call("subagent", {"task": "part"}, 1), call("submit", {}, 2)])
-    child_model = Model("m-cheap", [call("submit", {"summary": "part done, nothing else"}, 1)])
+    parent_model = ScriptedModel(replies=[call("subagent", {"task": "part"}, 1), call("submit", {}, 2)])
+    child_model = ScriptedModel("m-cheap", [call("submit", {"summary": "part done, nothing else"}, 1)])
     budget = Budget(D("1"))
     parent = parent_with_children(tmp_path, parent_model, child_model, Limits(max_steps=5), budget, ChildSettings(budget_fraction=0.1))
     asyncio.run(parent.run("Parent task", "run-1"))
     child_tools = {t.name for t in child_model.requests[0].tools}
     assert "subagent" not in child_tools and "bash" in child_tools  # depth 1: no grandchildren
     events = []
-    parent2 = parent_with_children(tmp_path, Model(replies=[call("subagent", {"task": "part"}, 1), call("submit", {}, 2)]), child_model, Limits(max_steps=5), Budget(D("1")), ChildSettings(budget_fraction=0.1))
+    parent2 = parent_with_children(tmp_path, ScriptedModel(replies=[call("subagent", {"task": "part"}, 1), call("submit", {}, 2)]), child_model, Limits(max_steps=5), Budget(D("1")), ChildSettings(budget_fraction=0.1))
     parent2.on_event = lambda kind, payload: events.append((kind, payload))
     result = asyncio.run(parent2.run("Parent task", "run-2"))
     started = next(p for k, p in events if k == "subagent_started")

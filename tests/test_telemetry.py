@@ -191,11 +191,10 @@ def _memory_tracer(prices: Any, run_id: str) -> tuple[Any, Any]:
 def test_a_sub_agent_is_an_agent_span_nested_under_its_parents_tool_span(tmp_path: Path) -> None:
     import asyncio
 
-    from scripted import COUNTER, Model, Prices, bash, call, rates
-
     from stayer.agent import Agent, Limits
     from stayer.delegation import ChildAgents, ChildSettings
     from stayer.guard.budget import Budget
+    from stayer.models.scripted import COUNTER, Prices, ScriptedModel, bash, call, rates
     from stayer.sandbox.local import LocalSandbox
     from stayer.telemetry.tracing import RunTracer
     from stayer.tools import default_tools
@@ -204,11 +203,11 @@ def test_a_sub_agent_is_an_agent_span_nested_under_its_parents_tool_span(tmp_pat
     prices = Prices({"m-strong": rates("3", "0.3", "3.75", "15"), "m-cheap": rates("1", "0.1", "1.25", "5")})
     tp, exporter = _memory_tracer(prices, "run-sub")
     tracer = RunTracer(tp, prices, "run-sub")
-    parent_model = Model(replies=[
+    parent_model = ScriptedModel(replies=[
         call("subagent", {"task": "Write the word done to sub.txt", "budget_usd": 0.05}, 1),
         call("submit", {"summary": "delegated"}, 2),
     ])
-    child_model = Model("m-cheap", [bash("echo done > sub.txt", 1), call("submit", {"summary": "written"}, 2)])
+    child_model = ScriptedModel("m-cheap", [bash("echo done > sub.txt", 1), call("submit", {"summary": "written"}, 2)])
     ctx = ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path))
     parent = Agent(tracer.model(parent_model), tracer.tools(default_tools(COUNTER.counter)), prices, ctx, COUNTER,
                    Limits(max_steps=10), budget=Budget(Decimal("1")), on_step=tracer.on_step, on_event=tracer.on_event)

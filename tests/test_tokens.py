@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import tiktoken
-from scripted import COUNTER, Model, Prices, rates, text
 
 from stayer.agent import Agent, Limits
 from stayer.guard.breakers import GuardConfig
 from stayer.guard.budget import Budget
 from stayer.guard.reserve import quote
 from stayer.models.base import ModelRequest
+from stayer.models.scripted import COUNTER, Prices, ScriptedModel, rates, text
 from stayer.tokens import (
     BpeCounter,
     PromptEstimator,
@@ -181,7 +181,7 @@ def test_quote_uses_the_bound_instead_of_the_blanket_margin() -> None:
 # --- the cap holds for a provider that counts 30 % more than we do ------------------------
 
 
-class CountingModel(Model):
+class CountingModel(ScriptedModel):
     """A provider with a count endpoint (as llama.cpp's /tokenize or Anthropic's)."""
 
     async def count_tokens(self, request: ModelRequest) -> int:
@@ -191,7 +191,7 @@ class CountingModel(Model):
         return math.ceil(prompt * self.count_factor)
 
 
-def _run_capped(model: Model, cap: Decimal) -> tuple[Budget, object]:
+def _run_capped(model: ScriptedModel, cap: Decimal) -> tuple[Budget, object]:
     prices = Prices({"m-strong": rates("3", "0.3", "3.75", "15")})
     budget = Budget(cap)
     limits = Limits(max_steps=40, max_output_tokens=2048, guard=GuardConfig.off())
@@ -204,7 +204,7 @@ def _run_capped(model: Model, cap: Decimal) -> tuple[Budget, object]:
 def test_a_provider_counting_more_than_we_do_cannot_overshoot_the_cap(cap: str) -> None:
     # Every prompt is a full cache write and every reply uses all of its max_tokens, so the
     # reservation is the only thing between the run and an overshoot.
-    model = Model(replies=[text("working " * 400)], count_factor=1.3, output_tokens=10**9, misses=set(range(1, 100)))
+    model = ScriptedModel(replies=[text("working " * 400)], count_factor=1.3, output_tokens=10**9, misses=set(range(1, 100)))
     budget, result = _run_capped(model, Decimal(cap))
     assert budget.spent <= Decimal(cap), f"overshoot: {budget.spent} > {cap}"
     assert result.steps >= 2

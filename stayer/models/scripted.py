@@ -1,6 +1,7 @@
-"""Test doubles for the guard, routing and sub-agent tests: a price book with chosen rates
-(and a long-context cliff, priced the way genai-prices does), and a model that plays a
-script of replies with chosen (or random, within what a provider can bill) usage."""
+"""A scripted model for tests, and the price book to go with it: a model that plays a
+script of replies with chosen (or random, within what a provider can bill) usage, and a
+price book with chosen rates (and a long-context cliff, priced the way genai-prices does).
+Shipped in the package so that tests of code built on stayer need no network and no key."""
 
 from __future__ import annotations
 
@@ -67,11 +68,12 @@ Reply = Message | Exception | Callable[[ModelRequest], Message]
 
 
 @dataclass
-class Model:
-    """Plays ``replies`` in order (the last one repeats). Usage: the prompt as counted by
-    ``COUNTER`` scaled by ``count_factor`` (a provider's tokenizer differs), cached as
-    ``cached_share`` says, output as the reply's own size capped at ``max_tokens``; or, with
-    ``rng``, random within what the provider could bill for this request."""
+class ScriptedModel:
+    """Plays ``replies`` in order (the last one repeats; an exception is raised). Usage:
+    ``usage`` if given; else the prompt as counted by ``COUNTER`` scaled by
+    ``count_factor`` (a provider's tokenizer differs), cached as ``cached_share`` says,
+    output as the reply's own size capped at ``max_tokens``; or, with ``rng``, random
+    within what the provider could bill for this request."""
 
     model_id: str = "m-strong"
     replies: Sequence[Reply] = ()
@@ -83,10 +85,12 @@ class Model:
     spikes: dict[int, int] = field(default_factory=dict)  # call number → extra input tokens
     misses: set[int] = field(default_factory=set)  # call numbers whose prompt is all cache-written
     requests: list[ModelRequest] = field(default_factory=list)
+    usage: Usage | None = None  # the same usage for every call
+    spec_prefix: str = "test"
 
     @property
     def spec(self) -> str:
-        return f"test:{self.model_id}"
+        return f"{self.spec_prefix}:{self.model_id}"
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         self.requests.append(request)
@@ -96,6 +100,8 @@ class Model:
             raise reply
         message = reply(request) if callable(reply) else reply
         await asyncio.sleep(0)  # let concurrent agents interleave between reserve and settle
+        if self.usage is not None:
+            return ModelResponse(message, self.usage, {}, self.model_id, 0.01)
         # The prompt as the loop counts it (system, tool schemas, messages).
         prompt = COUNTER.text(request.system) + COUNTER.text(canonical_tools(request.tools))
         prompt += sum(COUNTER.message(m) for m in request.messages)
@@ -113,5 +119,6 @@ class Model:
         return ModelResponse(message, usage, {}, self.model_id, 0.01)
 
 
-def failing(model_id: str, provider: str = "anthropic") -> Model:
-    return Model(model_id, [ModelError("503 after 6 attempts")], provider)
+def failing(model_id: str, provider: str = "anthropic") -> ScriptedModel:
+    """A model whose every call fails past its retries."""
+    return ScriptedModel(model_id, [ModelError("503 after 6 attempts")], provider)
