@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from stayer.cli.common import usd
+from stayer.money import Usd
 
 # Seconds between plain lines; a line is also printed when the work ends.
 PLAIN_INTERVAL_S = 5.0
@@ -54,7 +55,7 @@ class WorkProgress:
             self.reused += reused
             self.counts = counts
             if not reused and self.cost is not None:
-                self.cost = None if cost_usd in (None, "unknown") else self.cost + Decimal(cost_usd)
+                self.cost = (Usd(self.cost) + Usd.parse(cost_usd)).amount
         if self._bar is not None:
             self._bar.update(self._bar_task, advance=1, description=escape(self.status()))
 

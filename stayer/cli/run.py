@@ -29,6 +29,7 @@ from stayer.cli.common import (
     usd,
 )
 from stayer.errors import ConfigError
+from stayer.money import Usd
 
 
 @app.command()
@@ -147,7 +148,7 @@ def step_printer(err: Console) -> Callable[[Any], None]:
 
 def add_cost(total: Decimal | None, cost: str) -> Decimal | None:
     """A running total; one unknown price makes it unknown."""
-    return None if total is None or cost == "unknown" else total + Decimal(cost)
+    return (Usd(total) + Usd.parse(cost)).amount
 
 
 def step_line(d: dict[str, Any], total: Decimal | None) -> str:

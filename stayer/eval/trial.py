@@ -42,6 +42,7 @@ from stayer.models.base import Message, Model
 from stayer.models.registry import make_real_model, split_spec
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
+from stayer.money import Usd
 from stayer.pricing import PriceBook
 from stayer.routing.setup import RoutingSetup, prepare_routing, require_prices
 from stayer.sandbox import KINDS as SANDBOX_KINDS
@@ -426,10 +427,10 @@ def result_document(
     ``lost_in_flight`` (model calls in flight at a crash) and ``cut_short`` (the step a time
     limit stopped): billed, so they count in the ledger, the usage and the cost."""
     u = result.usage
-    cost = result.cost_usd
+    cost = Usd(result.cost_usd)
     for entry in lost:
         u += Usage.from_dict(entry["usage"])
-        cost = None if cost is None or entry["cost_usd"] == "unknown" else cost + Decimal(entry["cost_usd"])
+        cost += Usd.parse(entry["cost_usd"])
     ledger = sorted(
         [e.to_dict() for e in result.ledger] + list(lost),
         key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
@@ -452,7 +453,7 @@ def result_document(
             "output_tokens": u.output_tokens,
             "reasoning_tokens": u.reasoning_tokens,
         },
-        "cost_usd": "unknown" if cost is None else str(cost),
+        "cost_usd": str(cost),
         "stop_reason": result.stop_reason,
         "policy": p.config.policy,
         "peak_context_tokens": result.peak_context_tokens,

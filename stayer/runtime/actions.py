@@ -33,7 +33,7 @@ from stayer.journal.lease import new_owner, owner_is_dead
 from stayer.journal.sql import SqlStore, utc_now
 from stayer.models.base import Model
 from stayer.models.caching import miss_premium
-from stayer.money import MTOK
+from stayer.money import MTOK, Usd
 from stayer.pricing import PriceBook
 from stayer.routing.router import rules_for
 from stayer.tools.base import Tool, ToolContext, ToolResult
@@ -241,14 +241,10 @@ def close_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -
     every step the journal holds and every lost call, so all it spent is accounted."""
     log = load_log(store, run_id)
     ledger = [log.steps[s] for s in sorted(log.steps)] + lost_ledger_entries(log.lost)
-    usage, cost = Usage(), Decimal(0)
-    unknown = False
+    usage, cost = Usage(), Usd()
     for e in ledger:
         usage += Usage.from_dict(e["usage"])
-        if e["cost_usd"] == "unknown":
-            unknown = True
-        else:
-            cost += Decimal(e["cost_usd"])
+        cost += Usd.parse(e["cost_usd"])
     header = log.header
     doc = {
         "run_id": run_id,
@@ -259,7 +255,7 @@ def close_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -
         "reward": None,
         "steps": max(log.steps, default=0),
         "usage": usage.to_dict(),
-        "cost_usd": "unknown" if unknown else str(cost),
+        "cost_usd": str(cost),
         "ledger": ledger,
         "finished": datetime.now(UTC).isoformat(),
     }
