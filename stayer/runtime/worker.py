@@ -22,11 +22,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from stayer.agent import LedgerEntry, RunResult
 from stayer.errors import BudgetReached, ConfigError, OrderlyStop
 from stayer.journal import JournalError, open_store
 from stayer.journal.lease import new_owner
 from stayer.journal.sql import SqlStore
+from stayer.ledger import LedgerEntry, RunResult
 from stayer.money import Usd
 from stayer.pricing import PriceBook
 from stayer.runtime.actions import (

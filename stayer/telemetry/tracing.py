@@ -52,8 +52,8 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from stayer.agent import LedgerEntry
 from stayer.guard.breakers import ToolCallRecord
+from stayer.ledger import LedgerEntry
 from stayer.models.base import Model, ModelError, ModelRequest, ModelResponse
 from stayer.pricing import PriceBook
 from stayer.tools.base import Tool, ToolContext, ToolResult
