@@ -110,20 +110,29 @@ class Rates:
         """Each rate the higher of the two (a worst case over two possible tiers)."""
         return replace(self, **{n: max(getattr(self, n), getattr(other, n)) for n in _RATE_KEYS})
 
-    def price(self, usage: Usage) -> tuple[Decimal, Decimal]:
-        """(input cost, output cost) of ``usage`` at these rates, same rules as genai-prices."""
+    def parts(self, usage: Usage) -> dict[str, Decimal]:
+        """The cost of ``usage`` by kind of token: cache ``read``, cache ``write`` (5 m and
+        1 h), ``uncached`` input and ``output``, same rules as genai-prices."""
         uncached = usage.uncached_input_tokens
         if uncached < 0:
             raise ValueError(
                 f"inconsistent usage: cache reads+writes exceed input_tokens ({usage!r})"
             )
-        inp = (
-            self.input * uncached
-            + self.cache_read * usage.cache_read_tokens
-            + self.cache_write_5m * usage.cache_write_5m_tokens
-            + self.cache_write_1h * usage.cache_write_1h_tokens
-        ) / MTOK
-        return inp, self.output * usage.output_tokens / MTOK
+        return {
+            "read": self.cache_read * usage.cache_read_tokens / MTOK,
+            "write": (
+                self.cache_write_5m * usage.cache_write_5m_tokens
+                + self.cache_write_1h * usage.cache_write_1h_tokens
+            )
+            / MTOK,
+            "uncached": self.input * uncached / MTOK,
+            "output": self.output * usage.output_tokens / MTOK,
+        }
+
+    def price(self, usage: Usage) -> tuple[Decimal, Decimal]:
+        """(input cost, output cost) of ``usage`` at these rates, same rules as genai-prices."""
+        p = self.parts(usage)
+        return p["read"] + p["write"] + p["uncached"], p["output"]
 
     def to_dict(self) -> dict[str, str]:
         d = {n: plain(getattr(self, n)) for n in _RATE_KEYS}

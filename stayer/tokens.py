@@ -259,6 +259,22 @@ def render_message(m: Message) -> str:
     return "\n".join(parts)
 
 
+#: Tokens a message costs beyond its rendered text (role and delimiters), as
+#: ``MessageCounter`` counts them.
+MESSAGE_FRAMING = 4
+
+#: The end-of-text id of each encoding family: the id that stands for a message's framing
+#: in ``message_ids`` (it is never produced from text, so framing and text never collide).
+_END_OF_TEXT = {"cl100k": 100257, "o200k": 199999}
+
+
+def message_ids(counter: TokenCounter, m: Message) -> list[int]:
+    """The token ids of message ``m`` as ``MessageCounter`` counts it: ``MESSAGE_FRAMING``
+    end-of-text ids for its framing, then its rendered text."""
+    family = getattr(counter, "encoding_name", "cl100k").split("_")[0]
+    return [_END_OF_TEXT.get(family, 0)] * MESSAGE_FRAMING + counter.encode(render_message(m))
+
+
 class MessageCounter:
     """Counts each distinct message once. Messages are frozen, so they key a dict directly;
     the simulator and the context share one instance and never count a message twice."""
@@ -271,7 +287,7 @@ class MessageCounter:
     def message(self, m: Message) -> int:
         n = self._cache.get(m)
         if n is None:
-            n = self._cache[m] = self.counter.count(render_message(m)) + 4  # role/framing overhead
+            n = self._cache[m] = self.counter.count(render_message(m)) + MESSAGE_FRAMING
         return n
 
     def text(self, s: str) -> int:

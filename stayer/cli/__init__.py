@@ -8,6 +8,7 @@ from stayer.cli import (  # noqa: F401  (registers the commands)
     local_model,
     report,
     resume,
+    rollouts,
     run,
     runs,
     sandbox,

@@ -78,6 +78,7 @@ def eval_command(
     preflight: Annotated[bool, typer.Option("--preflight/--no-preflight", help="First verify each untouched task here: refuse tasks whose tests cannot run, pass untouched, or leak.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Run tasks that fail the preflight; their unjudgeable trials count in infra_errors.")] = False,
     otlp: Annotated[str | None, typer.Option("--otlp", help="Export each trial's OpenTelemetry spans to this OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
+    ray: Annotated[str | None, typer.Option("--ray", metavar="ADDRESS|local", help="Run trials on Ray: 'local' starts a one-machine cluster, else the address of one (with STAYER_DB).")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Evaluate models (and policies) on a task suite, with success and cost with confidence.
@@ -145,6 +146,9 @@ def eval_command(
     prices = _runnable(tasks, configs, pending) if pending else None
     to_check = [t for t in tasks if any(path == t.path for path, _ in pending)]
     preflight_found = _preflight(to_check, sandbox, concurrency, force) if preflight and to_check else []
+    if ray and otlp:
+        bad_input("--otlp: trials on Ray are not traced yet; leave out --otlp or --ray")
+    executor = _ray_executor(ray) if ray else None
     counts = {"ok": 0, "fail": 0, "infra": 0, "reused": 0}
     progress = WorkProgress(err, "eval", len(trials))
 
@@ -163,9 +167,14 @@ def eval_command(
             f"[bold]stayer eval[/] {len(tasks)} tasks × {len(configs)} configurations × {epochs} epochs "
             f"= {len(trials)} trials, {concurrency} at a time", highlight=False,
         )
-        with progress, _tracing(otlp) as tracing:
+        # Trials on Ray run in its workers: this process's tracer does not reach them.
+        tracing_here = contextlib.nullcontext() if ray else _tracing(otlp)
+        with progress, tracing_here as tracing:
             records = asyncio.run(
-                run_trials(trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done, tracing=tracing)
+                run_trials(
+                    trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done, tracing=tracing,
+                    executor=executor,
+                )
             )
     except KeyboardInterrupt:
         resume = (
@@ -185,6 +194,7 @@ def eval_command(
         "settings": {
             "models": model, "policies": policy or "auto", "epochs": epochs, "concurrency": concurrency,
             "max_steps": max_steps, "max_cost": max_cost, "sandbox": sandbox, "sim_policy": sim_policy,
+            "ray": ray,
         },
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
         "wall_s": round(time.monotonic() - progress.started, 3),
@@ -226,6 +236,19 @@ def _runnable(tasks: list[Any], configs: list[Any], pending: set[tuple[Path, Any
     if problems:
         report_problems(sorted(set(problems)))
     return prices
+
+
+def _ray_executor(address: str) -> Any:
+    """The Ray executor for ``--ray ADDRESS`` (cluster started or joined here); bad input
+    (exit 2) when Ray is missing or a cluster has no shared journal."""
+    from stayer.scale.ray_backend import RayTrials, connect
+
+    stderr().print(f"connecting to Ray ({escape(address)})…", highlight=False)
+    try:
+        connect(address)
+    except ConfigError as e:
+        bad_input(str(e))
+    return RayTrials()
 
 
 def _preflight(tasks: list[Any], sandbox: str, concurrency: int, force: bool) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -37,12 +38,12 @@ import re
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stayer.eval.run_config import RunConfig
 from stayer.eval.task import Task
@@ -51,6 +52,7 @@ from stayer.journal.store import open_store, stayer_home
 from stayer.sandbox.hostfs import content_digest
 
 if TYPE_CHECKING:
+    from stayer.eval.trial import RunObserver
     from stayer.pricing import PriceBook
 
 # The agent (``eval.trial``) is imported when a trial runs: an evaluation whose trials are
@@ -209,24 +211,22 @@ async def run_trial(
     run_id: str | None = None,
     on_started: Callable[[str], None] | None = None,
     tracing: Any = None,
+    observers: Sequence[RunObserver] = (),
 ) -> dict[str, Any]:
     """Run one trial to a record; never raises for a failure of the trial itself.
 
     ``run_id`` names the run of an earlier attempt that a killed evaluation left behind: it
     is continued through its journal, or, if it had finished, its result is taken as it is.
     ``on_started(run_id)`` is called once the run's id is fixed, before the run starts.
-    ``tracing`` (an OpenTelemetry ``TracerProvider``): the run's spans go there."""
+    ``tracing`` (an OpenTelemetry ``TracerProvider``): the run's spans go there.
+    ``observers`` watch the run (``eval.trial.RunObserver``)."""
     started = time.monotonic()
     run_id = run_id or trial.new_run_id()
     resumed = False
     try:
-        doc, resumed = await _run_or_resume(trial, prices, run_id, on_started, tracing)
+        doc, resumed = await _run_or_resume(trial, prices, run_id, on_started, tracing, observers)
     except Exception as e:  # a trial that cannot run is recorded, not fatal to the evaluation
-        return _record(
-            trial, **_spent(run_id), reward=None, usage={}, tokens=0, status="error", error_class=INFRASTRUCTURE,
-            error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8),
-            wall_s=round(time.monotonic() - started, 3),
-        )
+        return crashed_record(trial, run_id, e, time.monotonic() - started)
     usage = doc["usage"]
     return _record(
         trial,
@@ -247,14 +247,29 @@ async def run_trial(
     )
 
 
+def crashed_record(trial: Trial, run_id: str, error: BaseException, wall_s: float) -> dict[str, Any]:
+    """The record of a trial whose run crashed: an infrastructure error, with what its
+    journal says it spent."""
+    return _record(
+        trial, **_spent(run_id), reward=None, usage={}, tokens=0, status="error", error_class=INFRASTRUCTURE,
+        error=f"{type(error).__name__}: {error}", traceback="".join(traceback.format_exception(error, limit=8)),
+        wall_s=round(wall_s, 3),
+    )
+
+
 async def _run_or_resume(
-    trial: Trial, prices: PriceBook, run_id: str, on_started: Callable[[str], None] | None, tracing: Any = None
+    trial: Trial,
+    prices: PriceBook,
+    run_id: str,
+    on_started: Callable[[str], None] | None,
+    tracing: Any = None,
+    observers: Sequence[RunObserver] = (),
 ) -> tuple[dict[str, Any], bool]:
     """The result document of run ``run_id``: run from the start if the journal has no such
     run, else continued from its journal (or its result, if it had finished). Whether it
     was continued comes second."""
     from stayer.eval.resume import prepare_resume
-    from stayer.eval.trial import execute, prepare
+    from stayer.eval.trial import Controls, execute, prepare
     from stayer.journal import RunFinished
 
     store = open_store(stayer_home())
@@ -275,11 +290,12 @@ async def _run_or_resume(
         store.close()
         raise
     prepared.close_store = True  # execute closes it
+    controls = Controls(observers=list(observers))
     if tracing is not None:
         from stayer.telemetry.tracing import execute_traced
 
-        return await execute_traced(prepared, None, tracing, journal=journal), journal is not None
-    return await execute(prepared, journal=journal), journal is not None
+        return await execute_traced(prepared, None, tracing, journal=journal, controls=controls), journal is not None
+    return await execute(prepared, journal=journal, controls=controls), journal is not None
 
 
 def _spent(run_id: str) -> dict[str, Any]:
@@ -364,6 +380,33 @@ def write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+#: A function that runs one trial to its record, as ``run_trial`` (whose signature it has).
+TrialFunction = Callable[..., Awaitable[dict[str, Any]]]
+
+
+class TrialExecutor(Protocol):
+    """Where a trial runs. ``run`` has ``run_trial``'s contract: one record, never raising for
+    a failure of the trial itself, the run journaled in the shared store (``$STAYER_HOME`` or
+    ``STAYER_DB``) so that a trial another process or machine ran resumes anywhere."""
+
+    async def run(
+        self, trial: Trial, prices: PriceBook, run_id: str | None, on_started: Callable[[str], None] | None
+    ) -> dict[str, Any]: ...
+
+
+class LocalTrials:
+    """The default executor: every trial a coroutine in this process, run by ``trial_fn``
+    (``run_trial``, or a function with its signature that adds to the record)."""
+
+    def __init__(self, trial_fn: TrialFunction = run_trial) -> None:
+        self.trial_fn = trial_fn
+
+    async def run(
+        self, trial: Trial, prices: PriceBook, run_id: str | None, on_started: Callable[[str], None] | None
+    ) -> dict[str, Any]:
+        return await self.trial_fn(trial, prices, run_id=run_id, on_started=on_started)
+
+
 async def run_trials(
     trials: Sequence[Trial],
     *,
@@ -373,12 +416,18 @@ async def run_trials(
     on_start: Callable[[Trial], None] | None = None,
     on_done: Callable[[Trial, dict[str, Any], bool], None] | None = None,
     tracing: Any = None,
+    executor: TrialExecutor | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every trial, at most ``concurrency`` at a time; records in trial order.
     With ``tracing`` (an OpenTelemetry ``TracerProvider``) each trial's run is traced.
 
     ``on_done(trial, record, reused)`` is called as each finishes, for live progress.
-    ``prices`` may be None only when the store holds every trial."""
+    ``prices`` may be None only when the store holds every trial.
+    ``executor``: where trials run (default: here, ``LocalTrials``); ``tracing`` applies to
+    trials run here."""
+    if executor is not None and tracing is not None:
+        raise ValueError("tracing: trials run by another executor are traced where they run")
+    executor = executor or LocalTrials(functools.partial(run_trial, tracing=tracing) if tracing else run_trial)
     gate = asyncio.Semaphore(concurrency)
 
     async def one(trial: Trial) -> dict[str, Any]:
@@ -391,12 +440,11 @@ async def run_trials(
             if on_start:
                 on_start(trial)
             if store is None:
-                record = await run_trial(trial, prices, tracing=tracing)
+                record = await executor.run(trial, prices, None, None)
             else:
                 earlier = store.earlier_attempts(trial)
-                record = await run_trial(
-                    trial, prices, run_id=store.run_in_progress(trial), on_started=lambda rid: store.started(trial, rid),
-                    tracing=tracing,
+                record = await executor.run(
+                    trial, prices, store.run_in_progress(trial), lambda rid: store.started(trial, rid)
                 )
                 if earlier:
                     record["earlier_attempts"] = earlier

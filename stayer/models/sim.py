@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from stayer.models.base import Message, ModelRequest, ModelResponse, ToolCall
 from stayer.models.caching import CacheRules, cache_rules, provider_of
-from stayer.tokens import MessageCounter, ToolsText
+from stayer.tokens import MessageCounter, ToolsText, message_ids
 from stayer.usage import Usage
 
 
@@ -271,6 +271,16 @@ class SimModel:
         )
         now = request.now if request.now is not None else self.clock()
         return cache.apply(segments, cum, bps, now, request.cache_ttl)
+
+    def token_ids(self, request: ModelRequest, reply: Message) -> tuple[list[int], list[int]]:
+        """The token ids of ``request`` as ``account`` counts them (tool schemas, system,
+        then each message) and of ``reply`` as its output is counted (reasoning, which the
+        simulator does not write, has no ids)."""
+        tokens = self.counter.counter
+        prompt = tokens.encode(self._tools_text(request.tools)) + tokens.encode(request.system)
+        for m in request.messages:
+            prompt += message_ids(tokens, m)
+        return prompt, message_ids(tokens, reply)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         started = time.perf_counter()
