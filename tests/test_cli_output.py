@@ -234,7 +234,7 @@ def test_ctrl_c_on_eval_says_how_far_it_got_and_how_to_resume(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, stderr
-    done = re.search(rf"interrupted: (\d)/6 done; rerun with the same --out {re.escape(str(out))} to resume", stderr)
+    done = re.search(rf"interrupted: (\d)/8 done; rerun with the same --out {re.escape(str(out))} to resume", stderr)
     assert done, stderr
     assert "Traceback" not in stderr and stdout == ""
     # what it says is so: as many trials as it counted are kept in --out for the rerun

@@ -28,7 +28,7 @@ def test_examples_two_models_three_epochs_resumable(tmp_path):
     doc = json.loads(r.stdout)
     assert [c["model"] for c in doc["configs"]] == MODELS.split(",")
     for c in doc["configs"]:
-        assert (c["trials"], c["successes"], c["success_rate"], c["infra_errors"]) == (9, 9, 1.0, 0)
+        assert (c["trials"], c["successes"], c["success_rate"], c["infra_errors"]) == (12, 12, 1.0, 0)
         assert 0.6 < c["ci_low"] < 1.0 and c["ci_high"] == 1.0
         assert c["pass_hat_k"] == {"1": 1.0, "2": 1.0, "3": 1.0} and c["pass_at_k"]["3"] == 1.0
         assert Decimal(c["mean_cost_usd"]) > 0 and c["cost_per_success_usd"] == c["mean_cost_usd"]
@@ -38,10 +38,10 @@ def test_examples_two_models_three_epochs_resumable(tmp_path):
     assert Decimal(cmp["cost_diff_usd"]) != 0  # same work, different prices
     cheapest = min(doc["configs"], key=lambda c: Decimal(c["mean_cost_usd"]))
     assert [p["model"] for p in doc["pareto"]] == [cheapest["model"]]
-    assert len(doc["tasks"]) == 3 and doc["trials_total"] == 18 and doc["trials_reused"] == 0
+    assert len(doc["tasks"]) == 4 and doc["trials_total"] == 24 and doc["trials_reused"] == 0
     # Each finished trial is one record; the page is self-contained.
     trials = sorted((out / "trials").rglob("*.json"))
-    assert len(trials) == 18
+    assert len(trials) == 24
     record = json.loads(trials[0].read_text())
     assert record["error_class"] is None and record["reward"] == 1.0 and record["wall_s"] > 0
     assert Decimal(record["cost_usd"]) > 0 and record["usage"]["input_tokens"] > 0
@@ -49,22 +49,22 @@ def test_examples_two_models_three_epochs_resumable(tmp_path):
     assert page.count("<svg") == 2 and "src=" not in page
     # every trial links to a page of its run: transcript, per-step plots, ledger
     run_pages = sorted((out / "runs").glob("*.html"))
-    assert len(run_pages) == 18 and all(f"href='runs/{p.name}'" in page for p in run_pages)
+    assert len(run_pages) == 24 and all(f"href='runs/{p.name}'" in page for p in run_pages)
     assert "<h2>Transcript</h2>" in run_pages[0].read_text()
     assert json.loads((out / "eval.json").read_text())["configs"] == doc["configs"]
-    assert "18/18" in r.stderr  # live progress on stderr
+    assert "24/24" in r.stderr  # live progress on stderr
 
     # Resume: nothing runs again ...
     before = runs(home)
     r = stayer(*args, home=home)
-    assert r.returncode == 0 and json.loads(r.stdout)["trials_reused"] == 18
+    assert r.returncode == 0 and json.loads(r.stdout)["trials_reused"] == 24
     assert runs(home) == before
     # ... except a trial whose record is gone.
     trials[0].unlink()
     r = stayer(*args, home=home)
     again = json.loads(r.stdout)
-    assert again["trials_reused"] == 17 and len(runs(home) - before) == 1
-    assert again["configs"][0]["successes"] == 9
+    assert again["trials_reused"] == 23 and len(runs(home) - before) == 1
+    assert again["configs"][0]["successes"] == 12
 
 
 @needs_bwrap

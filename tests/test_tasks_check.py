@@ -30,7 +30,7 @@ def test_examples_pass_every_check(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["ok"] is True
-    assert sorted(t["name"] for t in doc["tasks"]) == ["fix-median", "hello-file", "sales-report"]
+    assert sorted(t["name"] for t in doc["tasks"]) == ["fix-median", "hello-file", "sales-report", "team-fix-median"]
     for t in doc["tasks"]:
         assert t["ok"] and t["problems"] == [] and t["rewards"] == [1.0] * 4
         assert 0 < t["oracle_s"] < 30

@@ -35,18 +35,19 @@ from stayer.money import Usd
 @app.command()
 def run(
     task: Annotated[str, typer.Argument(help="Task directory (Harbor layout).")],
-    model: Annotated[str, typer.Option("--model", "-m", help="PROVIDER:MODEL, e.g. sim:claude-sonnet-4-5.")],
+    model: Annotated[str | None, typer.Option("--model", "-m", help="PROVIDER:MODEL, e.g. sim:claude-sonnet-4-5 (with --team: the entry agent's).")] = None,
     max_steps: Annotated[int, typer.Option("--max-steps", help="Model calls at most.")] = 50,
     max_cost: Annotated[str | None, typer.Option("--max-cost", help="Hard cap in USD; never overshot.")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Id of this run (default: time + random).")] = None,
     base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible server for openai-chat: and local: models.")] = None,
-    sim_policy: Annotated[str | None, typer.Option("--sim-policy", help="oracle | synthetic:steps=N,obs_tokens=T,out_tokens=U | replay:PATH")] = None,
+    sim_policy: Annotated[str | None, typer.Option("--sim-policy", help="oracle | team | synthetic:steps=N,obs_tokens=T,out_tokens=U | replay:PATH")] = None,
     sim_latency: Annotated[float, typer.Option("--sim-latency", help="Simulated seconds per model call.")] = 0.0,
     sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local (unsandboxed, only by name).")] = "bwrap",
     service_tier: Annotated[str | None, typer.Option("--service-tier", help="Provider service tier (flex, priority, fast…).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="Context policy: auto | none | mask[:W] | summarize[:TOKENS].")] = "auto",
     max_context: Annotated[int | None, typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded.")] = None,
     config_file: Annotated[str | None, typer.Option("--config", help="stayer.toml: models by role, cascade, tiers, failover, sub-agents, breakers.")] = None,
+    team: Annotated[str | None, typer.Option("--team", help="team.toml: a team of agents that message and hand off to each other (docs/teams.md).")] = None,
     command_timeout: Annotated[float, typer.Option("--command-timeout", help="Seconds each sandboxed command may run (the whole process tree is killed).")] = 120.0,
     memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory per sandboxed process (default: task.toml's).")] = None,
     storage_mb: Annotated[int | None, typer.Option("--storage-mb", help="What /app and /tmp may hold (default: task.toml's).")] = None,
@@ -65,7 +66,7 @@ def run(
 
     config = RunConfig(
         task_dir=task,
-        model=model,
+        model=model or "",
         max_steps=max_steps,
         max_cost=parse_decimal(max_cost, "--max-cost"),
         run_id=run_id,
@@ -77,6 +78,7 @@ def run(
         policy=policy,
         max_context=max_context,
         config_file=config_file,
+        team_file=team,
         command_timeout=command_timeout,
         memory_mb=memory_mb,
         storage_mb=storage_mb,
@@ -87,7 +89,8 @@ def run(
     except ConfigError as e:
         bad_input(str(e))
     err = stderr()
-    err.print(Text.assemble(("stayer run", "bold"), f" {prepared.task.name} · {model} · run {prepared.run_id}"))
+    who = f"team {team}" if team else prepared.config.model
+    err.print(Text.assemble(("stayer run", "bold"), f" {prepared.task.name} · {who} · run {prepared.run_id}"))
 
     finish(lambda: traced(prepared, step_printer(err), otlp), json_out, prepared.run_id)
 
@@ -155,8 +158,9 @@ def step_line(d: dict[str, Any], total: Decimal | None) -> str:
     """A ledger entry in one line: model, context, cache, cost with the running total,
     tools, and why the cache broke or the context was compacted."""
     tools = ",".join(c["name"] for c in d["tool_calls"]) or "-"
+    agent = "" if d.get("agent", "main") == "main" else f"{d['agent']} "
     line = (
-        f"step {d['step']:>3} │ {d['model']} │ ctx {d['context_tokens'] or 0:>9,} │ "
+        f"{agent}step {d['step']:>3} │ {d['model']} │ ctx {d['context_tokens'] or 0:>9,} │ "
         f"cache {d['cache_hit_ratio'] * 100:5.1f}% │ {usd(d['cost_usd'])} │ total {usd(total)} │ {tools}"
     )
     return line + "".join(f" │ {n}" for n in step_notes(d))

@@ -28,6 +28,7 @@ class RunConfig:
     policy: str = "auto"
     max_context: int | None = None
     config_file: str | None = None  # stayer.toml: routing, sub-agents, breakers
+    team_file: str | None = None  # team.toml: a team of agents instead of one (stayer.teams)
     # Per-run sandbox limits; None keeps the task's (task.toml [environment]).
     memory_mb: int | None = None
     storage_mb: int | None = None

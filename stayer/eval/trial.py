@@ -49,6 +49,8 @@ from stayer.sandbox import KINDS as SANDBOX_KINDS
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.bwrap import check_bwrap
 from stayer.settings import RunSettings, check_flags
+from stayer.teams.config import TeamSpec, load_team
+from stayer.teams.runner import Team, TeamServices
 from stayer.tokens import MessageCounter, TiktokenCounter, counter_for
 from stayer.tools import default_tools
 from stayer.tools.base import Tool, ToolContext
@@ -82,6 +84,8 @@ class PreparedRun:
     store: Store | None = None  # where the run is journaled
     close_store: bool = False  # opened by prepare(), so execute() closes it
     routing: RoutingSetup | None = None  # from --config
+    team: TeamSpec | None = None  # from --team
+    team_models: dict[str, Model] = dataclasses.field(default_factory=dict)  # per agent of the team
 
 
 def prepare(
@@ -105,12 +109,21 @@ def prepare(
     task = load_task(config.task_dir)
     prices = prices or PriceBook.load()
     counter = MessageCounter(TiktokenCounter())
+    team, team_models = None, {}
+    if config.team_file:
+        team = load_team(config.team_file)
+        config = dataclasses.replace(config, model=config.model or team.agents[team.entry].model)
+        team_models = team_models_for(team, config, task, counter, prices)
+    elif not config.model:
+        raise ConfigError("--model: missing; name a model (e.g. sim:claude-sonnet-4-5), or a team with --team")
     model = model_for(config.model, config, task, counter, prices)
     if not isinstance(model, SimModel):  # a real provider: its own tokenizer where we have it
         counter = MessageCounter(counter_for(model.provider, model.model_id))
     routing = prepare_routing(config.config_file, config.model, lambda spec: build_model(spec, config, task, counter))
     if config.max_cost is not None:
         require_prices(prices, model, config.service_tier, routing)
+        for m in team_models.values():
+            require_prices(prices, m, config.service_tier, None)
     run_id = config.run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     if config.max_context is not None:
         pinned = pinned_tokens(task.instruction, counter)
@@ -127,7 +140,22 @@ def prepare(
     assert store is not None
     if not resume and store.run(run_id) is not None:
         raise ConfigError(f"--run-id {run_id}: a run with this id already exists in {store.location}")
-    return PreparedRun(config, task, model, counter, prices, run_id, run_dir, policy, store, opened, routing)
+    return PreparedRun(config, task, model, counter, prices, run_id, run_dir, policy, store, opened, routing, team, team_models)
+
+
+def team_models_for(
+    team: TeamSpec, config: RunConfig, task: Task, counter: MessageCounter, prices: PriceBook
+) -> dict[str, Model]:
+    """Each agent's model, its own instance (a simulator keeps its own cache); simulated
+    agents play ``--sim-policy`` (default ``team``)."""
+    config = dataclasses.replace(config, sim_policy=config.sim_policy or "team")
+    models = {}
+    for name, agent in team.agents.items():
+        try:
+            models[name] = model_for(agent.model, config, task, counter, prices)
+        except ConfigError as e:
+            raise ConfigError(f"{config.team_file}: agents.{name}.model: {e}") from None
+    return models
 
 
 def model_for(spec: str, config: RunConfig, task: Task, counter: MessageCounter, prices: PriceBook) -> Model:
@@ -159,6 +187,8 @@ def run_header(p: PreparedRun) -> dict[str, Any]:
     config = p.config.to_record()
     # Paths made absolute, so that a resume from another directory finds the same files.
     config["task_dir"] = str(Path(p.config.task_dir).resolve())
+    if p.config.team_file:
+        config["team_file"] = str(Path(p.config.team_file).resolve())
     if p.config.config_file:
         config["config_file"] = str(Path(p.config.config_file).resolve())
     if p.config.sim_policy and p.config.sim_policy.startswith("replay:"):
@@ -229,6 +259,9 @@ async def _execute(
 
             def step_done(entry: LedgerEntry) -> None:
                 journal.on_step(entry)  # journaled first, then shown
+                shown(entry)
+
+            def shown(entry: LedgerEntry) -> None:
                 for o in controls.observers:
                     o.on_step(entry)
                 if on_step is not None:
@@ -256,41 +289,46 @@ async def _execute(
             tools = wrap_tools(default_tools(p.counter.counter))
             guard_config = routing.guard if routing else GuardConfig()
             budget = Budget(cfg.max_cost, top_up=controls.top_up(journal))
-            agent = Agent(
-                model,
-                controls.gate(tools) if controls.gate else tools,
-                p.prices,
-                tool_ctx,
-                p.counter,
-                Limits(
-                    cfg.max_steps,
-                    cfg.max_cost,
-                    service_tier=cfg.service_tier,
-                    max_context=cfg.max_context,
-                    guard=dataclasses.replace(guard_config, pause_at_cap=controls.pause_at_cap),
-                ),
-                on_step=step_done,
-                on_message=record,
-                on_event=on_event,
-                policy=p.policy,
-                # A summarising policy with a real provider has the model write its summaries.
-                summarizer=None
-                if isinstance(p.model, SimModel)
-                else ModelSummarizer(router.role("summariser") if router else model, p.prices),
-                probe=journal.probe(TreeFingerprint(workspace)),
-                clock=journal.clock,
-                router=router,
-                inbox=controls.inbox.reader(journal) if controls.inbox else None,
-                budget=budget,
+            limits = Limits(
+                cfg.max_steps,
+                cfg.max_cost,
+                service_tier=cfg.service_tier,
+                max_context=cfg.max_context,
+                guard=dataclasses.replace(guard_config, pause_at_cap=controls.pause_at_cap),
             )
-            if routing and router and routing.subagents:
-                children = ChildAgents(
-                    agent,
-                    router.role("subagent"),
-                    lambda: wrap_tools(default_tools(p.counter.counter)),
-                    ChildSettings(**routing.subagents.model_dump()),
+            agent: Agent | Team
+            if p.team is not None:
+                agent = team_for(p, journal, budget, limits, tool_ctx, shown, record, controls)
+            else:
+                agent = Agent(
+                    model,
+                    controls.gate(tools) if controls.gate else tools,
+                    p.prices,
+                    tool_ctx,
+                    p.counter,
+                    limits,
+                    on_step=step_done,
+                    on_message=record,
+                    on_event=on_event,
+                    policy=p.policy,
+                    # A summarising policy with a real provider has the model write its summaries.
+                    summarizer=None
+                    if isinstance(p.model, SimModel)
+                    else ModelSummarizer(router.role("summariser") if router else model, p.prices),
+                    probe=journal.probe(TreeFingerprint(workspace)),
+                    clock=journal.clock,
+                    router=router,
+                    inbox=controls.inbox.reader(journal) if controls.inbox else None,
+                    budget=budget,
                 )
-                agent.add_tool(wrap_tools([children.tool()])[0])
+                if routing and router and routing.subagents:
+                    children = ChildAgents(
+                        agent,
+                        router.role("subagent"),
+                        lambda: wrap_tools(default_tools(p.counter.counter)),
+                        ChildSettings(**routing.subagents.model_dump()),
+                    )
+                    agent.add_tool(wrap_tools([children.tool()])[0])
             # The task's time limit for the agent, enforced here for `stayer run`, `resume`
             # and every eval trial alike: at the limit the loop is cancelled wherever it
             # is, which kills the command in flight and its sandbox.
@@ -312,6 +350,55 @@ async def _execute(
     journal.finish(doc)
     write_result(p.run_dir, doc)
     return doc
+
+
+def team_for(
+    p: PreparedRun,
+    journal: RunJournal,
+    budget: Budget,
+    limits: Limits,
+    tool_ctx: ToolContext,
+    on_step: Callable[[LedgerEntry], None],
+    on_message: Callable[[Message], None],
+    controls: Controls,
+) -> Team:
+    """The run's team (``--team``): its threads journal themselves; the run's observers
+    watch them as they would a single agent."""
+    assert p.team is not None
+
+    def observe_model(m: Model) -> Model:
+        for o in controls.observers:
+            m = o.model(m)
+        return m
+
+    def observe_tools(ts: list[Tool]) -> list[Tool]:
+        for o in controls.observers:
+            ts = o.tools(ts)
+        return ts
+
+    def on_event(kind: str, payload: dict[str, Any]) -> None:
+        for o in controls.observers:
+            o.on_event(kind, payload)
+
+    workspace = Path(tool_ctx.workspace)
+    services = TeamServices(
+        prices=p.prices,
+        counter=p.counter,
+        tool_context=tool_ctx,
+        budget=budget,
+        limits=limits,
+        models=p.team_models,
+        tools=lambda: default_tools(p.counter.counter),
+        policy=lambda: make_policy(p.config.policy),
+        journal=journal,
+        probe=lambda j: j.probe(TreeFingerprint(workspace)) if j is not None else None,
+        observe_model=observe_model,
+        observe_tools=observe_tools,
+        on_step=on_step,
+        on_message=on_message,
+        on_event=on_event,
+    )
+    return Team(p.team, services)
 
 
 class RunObserver(Protocol):

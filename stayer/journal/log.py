@@ -12,7 +12,7 @@ run or resumed by paying for that work again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stayer.journal.blobs import BlobError
@@ -28,6 +28,8 @@ JOURNAL_KINDS = frozenset({
     "step", "snapshot", "run_finished", "observed",
     # Written by the runtime while no process runs the run: a person's decision is awaited.
     "requires_action", "suspended",
+    # A team's thread began, on which message (``stayer.teams``).
+    "thread_started",
 })
 
 
@@ -73,6 +75,9 @@ class RunLog:
     observations: dict[int, Any] = field(default_factory=dict)  # i → value
     finished: dict[str, Any] | None = None
     resumes: int = 0
+    # A team run's threads: each one's events (tagged ``thread``), indexed as a log of its own.
+    threads: dict[str, RunLog] = field(default_factory=dict)
+    thread_starts: dict[str, str] = field(default_factory=dict)  # thread → id of its first message
 
     @property
     def next_seq(self) -> int:
@@ -130,7 +135,17 @@ def _damage(store: Store, log: RunLog, ev: Event, i: int, missing: set[str]) -> 
 
 def _index(log: RunLog, ev: Event) -> None:
     d, kind = ev.data, ev.kind
-    if kind == "run_created":
+    thread = d.get("thread")
+    if thread is not None and kind != "thread_started":
+        sub = log.threads.get(thread)
+        if sub is None:
+            sub = log.threads[thread] = RunLog(log.run_id, blobs=log.blobs, header=log.header)
+        sub.events.append(ev)
+        _index(sub, replace(ev, data={k: v for k, v in d.items() if k != "thread"}))
+        return
+    if kind == "thread_started":
+        log.thread_starts[d["thread"]] = d["message"]
+    elif kind == "run_created":
         log.header = d["header"]
     elif kind == "resumed":
         log.resumes += 1

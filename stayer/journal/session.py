@@ -43,7 +43,7 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -336,6 +336,17 @@ class RunJournal:
         if keep is None or keep(value):
             self.o += 1
             self._record("observed", {"i": i, "value": value})
+        return value
+
+    async def observe_waiting(self, compute: Callable[[], Awaitable[Any]]) -> Any:
+        """``observe`` for a value that takes waiting for (a message from another agent):
+        awaited and journaled live, the journaled one at once on replay."""
+        i = self.o
+        self.o += 1
+        if i in self.log.observations:
+            return self.log.observations[i]
+        value = await compute()
+        self._record("observed", {"i": i, "value": value})
         return value
 
     def clock(self) -> float:

@@ -6,6 +6,10 @@
   output tokens long; then submits. A workload with a known shape, for cost experiments.
   Asked to wrap up (a budget's soft threshold), it submits a DONE / REMAINING / STATE summary.
 * ``replay:PATH`` — the assistant turns of a recorded stayer run, in order.
+* ``team`` — for the agents of a team (``--team``): the entry agent hands the task to the
+  first agent it may talk to and waits for its report, then submits; an agent handed work
+  runs the oracle solution, sends a progress message to whoever handed it over, and
+  submits (its summary goes back as the report). Alone (no ``handoff`` tool) it is ``oracle``.
 """
 
 from __future__ import annotations
@@ -66,6 +70,38 @@ class OraclePolicy:
                 tool_calls=(_call(step, "bash", command=command),),
             )
         return _submit(step, "Reference solution applied.")
+
+
+@dataclass
+class TeamPolicy:
+    solution: str | None
+
+    def next_message(self, request: ModelRequest) -> Message:
+        step = _step(request)
+        task = next((m.content for m in request.messages if m.kind == "task"), "")
+        tools = {t.name: t for t in request.tools}
+        if _wrap_up_requested(request):
+            return _submit(step, "Wrapping up: the work so far is in /app.")
+        head, _, _ = task.partition("\n")
+        if head.startswith(("Handoff from ", "Message from ")):
+            return self._worker(step, head.rpartition(" from ")[2].rstrip(":"), tools)
+        if "handoff" not in tools:
+            return OraclePolicy(self.solution or "true").next_message(request)
+        peer = sorted(tools["handoff"].parameters["properties"]["to"]["enum"])[0]
+        if step == 1:
+            return Message(role="assistant", content=f"Handing the task to {peer}.", tool_calls=(_call(step, "handoff", to=peer, brief=task),))
+        said = [m.content for m in request.messages if m.role in ("tool", "user")]
+        report = next((c for c in said if f"[report {peer}#" in c), None)
+        if report is not None:
+            return _submit(step, f"The team finished. {peer} reported:\n{report.partition(chr(10))[2]}")
+        return Message(role="assistant", content=f"Waiting for {peer}.", tool_calls=(_call(step, "wait_for_message", **{"from": peer, "timeout": 600}),))
+
+    def _worker(self, step: int, delegator: str, tools: dict[str, Any]) -> Message:
+        if step == 1 and self.solution is not None:
+            return OraclePolicy(self.solution).next_message(ModelRequest("", [], []))
+        if step == 1 + (self.solution is not None) and "send_message" in tools:
+            return Message(role="assistant", content="Telling the delegator.", tool_calls=(_call(step, "send_message", to=delegator, content="Applied the solution; submitting."),))
+        return _submit(step, "Applied the reference solution in /app.")
 
 
 @dataclass
@@ -167,6 +203,8 @@ def parse_policy(spec: str | None, *, solution: str | None, counter: TokenCounte
         if solution is None:
             raise ConfigError("--sim-policy oracle: the task has no solution/solve.sh")
         return OraclePolicy(solution)
+    if name == "team":
+        return TeamPolicy(solution)
     if name == "synthetic":
         allowed = {"steps", "obs_tokens", "out_tokens", "seed"}
         values: dict[str, int] = {"steps": 10, "obs_tokens": 1000, "out_tokens": 200, "seed": 0}
@@ -191,6 +229,6 @@ def parse_policy(spec: str | None, *, solution: str | None, counter: TokenCounte
             raise ConfigError("--sim-policy replay:PATH needs the path of a recorded run")
         return ReplayPolicy.load(Path(arg))
     raise ConfigError(
-        f"--sim-policy {spec}: unknown policy {name!r}; use oracle, "
+        f"--sim-policy {spec}: unknown policy {name!r}; use oracle, team, "
         "synthetic:steps=N,obs_tokens=T,out_tokens=U or replay:PATH"
     )

@@ -1,0 +1,77 @@
+"""Messages between a team's threads: posted by one, read by another at its next step.
+
+A message's id is its sender's name and the sender's own count (``worker#2``), so a
+thread replayed after a resume posts the same ids again and the bus keeps one copy. What a
+receiver has read is its own business (its ``seen`` ids, rebuilt from its journal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TeamMessage:
+    id: str  # sender#n
+    sender: str
+    to: str
+    content: str
+    kind: str = "message"  # message, handoff (a brief that starts work), report (a thread's end)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TeamMessage:
+        return cls(str(d["id"]), str(d["sender"]), str(d["to"]), str(d["content"]), str(d.get("kind", "message")))
+
+
+class MessageBus:
+    def __init__(self) -> None:
+        self._messages: dict[str, TeamMessage] = {}  # in order of posting
+        self._finished: set[str] = set()
+        self._changed = asyncio.Event()
+
+    def post(self, message: TeamMessage) -> bool:
+        """False when a message of that id was posted already (a replayed send)."""
+        if message.id in self._messages:
+            return False
+        self._messages[message.id] = message
+        self._wake()
+        return True
+
+    def finish(self, name: str) -> None:
+        """Thread ``name`` will say nothing more: whoever waits for it stops waiting."""
+        self._finished.add(name)
+        self._wake()
+
+    def finished(self, name: str) -> bool:
+        return name in self._finished
+
+    def unread(self, to: str, seen: set[str], sender: str | None = None) -> list[TeamMessage]:
+        return [
+            m
+            for m in self._messages.values()
+            if m.to == to and m.id not in seen and (sender is None or m.sender == sender)
+        ]
+
+    async def wait(self, to: str, seen: set[str], sender: str | None, timeout: float) -> list[TeamMessage]:
+        """The unread messages for ``to`` (from ``sender``), waiting up to ``timeout``
+        seconds for one; at once when ``sender`` (or, with none, every other) has finished."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            got = self.unread(to, seen, sender)
+            if got or (sender is not None and self.finished(sender)) or loop.time() >= deadline:
+                return got
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), deadline - loop.time())
+
+    def _wake(self) -> None:
+        # A fresh event per change, so that every waiter of the old one wakes and looks.
+        self._changed.set()
+        self._changed = asyncio.Event()

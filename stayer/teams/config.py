@@ -1,0 +1,95 @@
+"""``team.toml``: who is on the team, what each may use and spend, and who may talk to whom.
+
+    entry = "coordinator"                 # the agent that gets the task
+
+    [agents.coordinator]
+    model = "sim:claude-sonnet-4-5"       # any --model spec
+    system_prompt = "..."                 # optional; default: stayer's, plus the roster
+    tools = ["bash", "read_file"]         # optional subset of the built-in tools
+    budget_share = 0.3                    # of the run's --max-cost, carved for this agent
+    max_steps = 20
+    talks_to = ["worker"]                 # send_message / handoff targets
+
+    [handoff]
+    relevance = 0.3                       # share of a handoff's history the receiver needs
+    expected_steps = 10                   # the receiver's steps, for pricing a handoff
+
+Validated whole before anything runs: one line naming the file and field, exit 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from stayer.errors import ConfigError
+from stayer.settings import Fraction, Settings, Steps, check_file, read_toml
+
+#: The built-in tools an agent may be given (``submit`` is always there: it ends a thread).
+BUILTIN_TOOLS = ("bash", "read_file", "write_file", "edit_file", "memory")
+Name = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
+
+
+class AgentSpec(Settings):
+    model: str = Field(min_length=1)
+    system_prompt: str | None = None
+    tools: list[str] = Field(default_factory=lambda: list(BUILTIN_TOOLS))
+    budget_share: Fraction | None = None  # None: an even split of what the others leave
+    max_steps: Steps = 20
+    talks_to: list[Name] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _known_tools(self) -> AgentSpec:
+        for t in self.tools:
+            if t not in BUILTIN_TOOLS:
+                raise ValueError(f"unknown tool {t!r}; choose from {', '.join(BUILTIN_TOOLS)}")
+        return self
+
+
+class HandoffSpec(Settings):
+    relevance: Fraction = 0.3
+    expected_steps: Steps = 10
+
+
+class TeamSpec(Settings):
+    entry: Name
+    agents: dict[Name, AgentSpec] = Field(min_length=1)
+    handoff: HandoffSpec = HandoffSpec()
+
+
+def load_team(path: str | Path) -> TeamSpec:
+    """``path`` as a team; ConfigError (one line naming the file and field) otherwise."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--team {file}: no such file")
+    team = check_file(TeamSpec, read_toml(file, "--team "), str(file))
+    problem = _inconsistency(team)
+    if problem is not None:
+        raise ConfigError(f"{file}: {problem}")
+    return team
+
+
+def _inconsistency(team: TeamSpec) -> str | None:
+    """What the fields say together that none says alone (``field: why``), or None."""
+    if team.entry not in team.agents:
+        return f"entry: {team.entry!r} is not one of the agents ({', '.join(team.agents)})"
+    for name, a in team.agents.items():
+        for other in a.talks_to:
+            if other not in team.agents or other == name:
+                return f"agents.{name}.talks_to: {other!r} is not another agent of the team"
+    given = sum(a.budget_share or 0 for a in team.agents.values())
+    if given > 1 + 1e-9:
+        return f"agents: the budget_share values add up to {given:g}, more than the whole budget (1)"
+    if given >= 1 - 1e-9 and any(a.budget_share is None for a in team.agents.values()):
+        return "agents: the budget_share values given leave nothing for the agents without one"
+    return None
+
+
+def shares(team: TeamSpec) -> dict[str, float]:
+    """Each agent's share of the team's budget: its own, or an even split of the rest."""
+    given = sum(a.budget_share or 0 for a in team.agents.values())
+    unset = [n for n, a in team.agents.items() if a.budget_share is None]
+    rest = (1 - given) / len(unset) if unset else 0
+    return {n: a.budget_share if a.budget_share is not None else rest for n, a in team.agents.items()}

@@ -1,0 +1,68 @@
+"""A team thread's journal stream: a ``RunJournal`` of its own inside the run's journal.
+
+Each thread replays by its own cursors (its n-th model call, t-th tool call, …), so threads
+that interleave differently after a resume still find their own records. Its events go
+into the run's journal tagged with the thread's name (``RunLog.threads`` reads them back),
+written by the run's one writer. Workspace snapshots are the team's (see ``Team``): a
+thread records its steps and asks for one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from stayer.journal.log import RunLog
+from stayer.journal.session import RunJournal
+
+
+class ThreadJournal(RunJournal):
+    def __init__(
+        self,
+        run: RunJournal,
+        name: str,
+        row_update: Callable[[], dict[str, Any]],
+        snapshot: Callable[[], None],
+    ) -> None:
+        log = run.log.threads.get(name) or RunLog(run.run_id, blobs=run.log.blobs, header=run.log.header)
+        super().__init__(
+            run.store,
+            run.run_id,
+            run.owner,
+            log,
+            run.workspace,
+            run.prices,
+            started=run.started,
+            snapshots=run.snapshots,
+            ttl_s=run.ttl_s,
+            warn=run.warn,
+        )
+        self.run = run
+        self.name = name
+        self.lost = run.lost  # one list for the run: its ledger's lost_in_flight entries
+        self.row_update = row_update  # the run's row after this step: the team's totals
+        self.snapshot = snapshot  # the team's workspace snapshot, when it can take one
+
+    def _record(
+        self,
+        kind: str,
+        data: dict[str, Any],
+        blobs: Mapping[str, bytes] | None = None,
+        *,
+        durable: bool = False,
+        sync: bool = True,
+        update: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.run._record(kind, {**data, "thread": self.name}, blobs, durable=durable, sync=sync, update=update)
+
+    def flush(self, *, sync: bool = True) -> None:
+        self.run.flush(sync=sync)
+
+    def on_step(self, entry: Any) -> None:
+        self.steps_done = entry.step
+        self._unstepped.clear()
+        if self.steps_cost is not None:
+            self.steps_cost = None if entry.cost.total is None else self.steps_cost + entry.cost.total
+        if entry.step not in self.log.steps:
+            self._record("step", {"step": entry.step, "entry": entry.to_dict()}, update=self.row_update())
+        self.snapshot()

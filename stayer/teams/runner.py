@@ -1,0 +1,405 @@
+"""A team run: one thread per agent, all in one workspace, under one budget.
+
+Each agent of ``team.toml`` is a thread: a full ``Agent`` with its own context, model,
+tools, journal stream (``ThreadJournal``) and a budget carved from the run's (its
+``budget_share`` of the cap, held for its whole run, so no thread can spend another's and
+the cap is never overshot however they interleave). The entry agent starts with the task;
+any other starts when it first receives a message (a ``handoff``'s brief), and the sender
+of that message is its delegator: when it finishes — by ``submit``, or wrapping up because
+its share ran out — its summary is messaged back to the delegator. The run ends when the
+entry agent does; threads still working then are stopped.
+
+Messages are appended to the receiver's context at its next step (or returned by
+``wait_for_message``), never inserted before its cached prefix. What a thread reads from
+the others goes through its journal (``observe``), so a resumed thread reads the same
+messages at the same steps. Tools that touch the workspace hold one lock, so a workspace
+snapshot never catches a command half done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from typing import Any
+
+from stayer.agent import SYSTEM_PROMPT, Agent, LedgerEntry, Limits, RunResult
+from stayer.context.policies import ContextPolicy
+from stayer.guard.breakers import WorkspaceProbe
+from stayer.guard.budget import Budget
+from stayer.journal.session import RunJournal
+from stayer.models.base import Message, Model
+from stayer.pricing import PriceBook
+from stayer.teams.bus import MessageBus, TeamMessage
+from stayer.teams.config import TeamSpec, shares
+from stayer.teams.handoff import HandoffSizes, price_handoff
+from stayer.teams.journal import ThreadJournal
+from stayer.tokens import MessageCounter
+from stayer.tools.base import Tool, ToolContext, ToolResult
+from stayer.tools.messaging import (
+    HandoffTool,
+    MessagingRefused,
+    SendMessageTool,
+    WaitForMessageTool,
+)
+from stayer.usage import Usage
+
+#: Tools that read or write the workspace: run one at a time across the team.
+WORKSPACE_TOOLS = frozenset({"bash", "read_file", "write_file", "edit_file"})
+#: Each line of a history summary is cut to this many characters.
+SUMMARY_LINE_CHARS = 200
+
+
+@dataclass
+class TeamServices:
+    """What the run gives its team."""
+
+    prices: PriceBook
+    counter: MessageCounter
+    tool_context: ToolContext
+    budget: Budget  # the run's: every thread's share is carved from it
+    limits: Limits  # tier, context limit, breakers; steps and cost come per agent
+    models: dict[str, Model]  # per agent, as built (each its own simulator state)
+    tools: Callable[[], list[Tool]]  # the built-in tools, fresh
+    policy: Callable[[], ContextPolicy]
+    journal: RunJournal | None = None
+    probe: Callable[[RunJournal | None], WorkspaceProbe | None] = lambda j: None
+    observe_model: Callable[[Model], Model] = lambda m: m  # the run's observers, inside the journal
+    observe_tools: Callable[[list[Tool]], list[Tool]] = lambda ts: ts
+    on_step: Callable[[LedgerEntry], None] = lambda e: None  # after the thread's journal
+    on_message: Callable[[Message], None] = lambda m: None
+    on_event: Callable[[str, dict[str, Any]], None] = lambda k, p: None  # observers (not the journal)
+
+
+class Team:
+    def __init__(self, spec: TeamSpec, services: TeamServices) -> None:
+        self.spec = spec
+        self.s = services
+        self.bus = MessageBus()
+        self.workspace_lock = asyncio.Lock()
+        share = shares(spec)
+        self.threads = {name: Thread(self, name, share[name]) for name in spec.agents}
+        self.run_id = ""
+        journal = services.journal
+        self._snapshots = 1 + max((int(s["step"]) for s in journal.log.snapshots), default=0) if journal else 0
+        if journal is not None:
+            self._restore_cursors(journal)
+
+    @property
+    def result(self) -> RunResult:
+        """The team's result so far: the entry agent's, with every other thread's adopted
+        (its usage, cost and ledger entries, which keep the agent's name)."""
+        entry = self.threads[self.spec.entry]
+        result = replace(entry.result or RunResult(status="budget_exhausted"))
+        result.usage, result.ledger, result.breakers = Usage() + result.usage, list(result.ledger), list(result.breakers)
+        for t in self.threads.values():
+            if t is not entry and t.result is not None:
+                result.adopt(t.result)
+                result.breakers.extend(t.result.breakers)
+                result.steps += t.result.steps
+                result.peak_context_tokens = max(result.peak_context_tokens, t.result.peak_context_tokens)
+        return result
+
+    async def run(self, instruction: str, run_id: str) -> RunResult:
+        self.run_id = run_id
+        entry = self.threads[self.spec.entry]
+        try:
+            entry.task = asyncio.create_task(entry.run(instruction))
+            await entry.task
+        finally:
+            others = [t.task for t in self.threads.values() if t.task is not None and t is not entry]
+            for task in others:
+                task.cancel()
+            ended = await asyncio.gather(*others, return_exceptions=True)
+        failed = [e for e in ended if isinstance(e, Exception)]
+        if failed:  # a thread's journal or store failed: the run stops as a single agent's would
+            raise failed[0]
+        return self.result
+
+    # --- messages -------------------------------------------------------------------
+
+    def post(self, sender: Thread, to: str, content: str, kind: str) -> TeamMessage:
+        sender.sent += 1
+        message = TeamMessage(f"{sender.name}#{sender.sent}", sender.name, to, content, kind)
+        self.bus.post(message)
+        tokens = self.s.counter.counter.count(content)
+        sender.event("message.sent", {**message.to_dict(), "tokens": tokens})
+        target = self.threads[to]
+        if target.task is None and not self.bus.finished(to) and self._starts(target, message):
+            target.start(message)
+        return message
+
+    def _starts(self, target: Thread, message: TeamMessage) -> bool:
+        """Whether ``message`` starts ``target``'s thread: the journal's answer on replay
+        (which message did first), else yes, journaled."""
+        journal = self.s.journal
+        if journal is None:
+            return True
+        recorded = journal.log.thread_starts.get(target.name)
+        if recorded is not None:
+            return recorded == message.id
+        journal.log.thread_starts[target.name] = message.id
+        journal._record("thread_started", {"thread": target.name, "message": message.id})
+        return True
+
+    # --- the journal ---------------------------------------------------------------------
+
+    def _restore_cursors(self, journal: RunJournal) -> None:
+        """After the run's workspace came back from a team snapshot: where each thread's
+        tool calls and steps stood when it was taken."""
+        snap = next((s for s in journal.log.snapshots if int(s["step"]) == journal.snapshot_step), None)
+        for name, t in self.threads.items():
+            assert t.journal is not None
+            done = (snap or {}).get("threads", {}).get(name, 0)
+            steps = (snap or {}).get("thread_steps", {}).get(name, 0)
+            t.journal.restored_tools_done, t.journal.restored_step = int(done), int(steps)
+
+    def row_update(self) -> dict[str, Any]:
+        steps = sum(t.journal.steps_done for t in self.threads.values() if t.journal is not None)
+        return {"steps": steps, "cost_usd": self._cost_text()}
+
+    def _cost_text(self) -> str:
+        total: Decimal | None = Decimal(0)
+        for t in self.threads.values():
+            cost = t.journal.steps_cost if t.journal is not None else None
+            total = None if total is None or cost is None else total + cost
+        return "unknown" if total is None else str(total)
+
+    def snapshot(self) -> None:
+        """The workspace as it stands, with every thread's cursors; skipped while a tool
+        is working in it (the next step takes one)."""
+        journal = self.s.journal
+        if journal is None or self.workspace_lock.locked():
+            return
+        snapshot_id = journal.snapshots.snapshot(journal.workspace)
+        cursors = {n: t.journal.t for n, t in self.threads.items() if t.journal is not None}
+        steps = {n: t.journal.steps_done for n, t in self.threads.items() if t.journal is not None}
+        step, self._snapshots = self._snapshots, self._snapshots + 1
+        journal._record(
+            "snapshot",
+            {"step": step, "id": snapshot_id, "tools_done": 0, "model_calls": 0, "threads": cursors, "thread_steps": steps},
+        )
+        journal.snapshot_step = step
+
+
+class Thread:
+    """One agent of the team: its context, journal stream, budget and mailbox."""
+
+    def __init__(self, team: Team, name: str, share: float) -> None:
+        self.team = team
+        self.name = name
+        self.spec = team.spec.agents[name]
+        self.share = share
+        run = team.s.journal
+        self.journal = ThreadJournal(run, name, team.row_update, team.snapshot) if run is not None else None
+        self.seen: set[str] = set()
+        self.sent = 0
+        self.delegator: str | None = None
+        self.transcript: list[Message] = []
+        self.agent: Agent | None = None
+        self.task: asyncio.Task[RunResult] | None = None
+        self.quote: dict[str, Any] | None = None  # a handoff priced during the step in progress
+
+    @property
+    def result(self) -> RunResult | None:
+        return self.agent.result if self.agent is not None else None
+
+    def start(self, first: TeamMessage) -> None:
+        self.delegator = first.sender
+        self.seen.add(first.id)
+        self.event("message.received", self._receipt(first))
+        heading = "Handoff" if first.kind == "handoff" else "Message"
+        self.task = asyncio.create_task(self.run(f"{heading} from {first.sender}:\n{first.content}"))
+
+    async def run(self, instruction: str) -> RunResult:
+        s = self.team.s
+        cap = s.budget.cap
+        amount = None if cap is None else (cap * Decimal(str(self.share))).quantize(Decimal("1e-9"))
+        budget = s.budget.carve(amount, self.name)
+        if budget is None:  # cannot happen while shares add up to at most 1; refuse loudly
+            raise RuntimeError(f"team agent {self.name}: the budget cannot spare its share ${amount}")
+        journal = self.journal
+        model = s.observe_model(s.models[self.name])
+        self.agent = Agent(
+            journal.model(model) if journal else model,
+            self._tools(),
+            s.prices,
+            s.tool_context,
+            s.counter,
+            replace(s.limits, max_steps=self.spec.max_steps, max_cost=amount),
+            system_prompt=self._system_prompt(),
+            on_step=self._on_step,
+            on_message=self._on_message,
+            on_event=self.event,
+            policy=s.policy(),
+            budget=budget,
+            path=self.name,
+            probe=s.probe(journal),
+            clock=journal.clock if journal else time.time,
+            inbox=self._inbox,
+        )
+        try:
+            result = await self.agent.run(instruction, f"{self.team.run_id}/{self.name}")
+        finally:
+            budget.close()
+            self.team.bus.finish(self.name)
+        if self.delegator is not None:
+            cost = "unknown" if result.cost_usd is None else f"${result.cost_usd:.6f}"
+            report = f"{self.name} finished ({result.status}, {result.steps} step(s), {cost}):\n{result.summary or '(no summary)'}"
+            self.team.post(self, self.delegator, report, "report")
+        return result
+
+    def _system_prompt(self) -> str:
+        peers = ", ".join(self.spec.talks_to) or "nobody"
+        roster = (
+            f"\n\nYou are {self.name}, one agent of a team working in the same /app workspace. "
+            f"You may message: {peers}. When you finish, `submit` a summary: "
+            "if another agent handed you this work, the summary is sent to it."
+        )
+        return (self.spec.system_prompt or SYSTEM_PROMPT) + roster
+
+    def _tools(self) -> list[Tool]:
+        s, journal = self.team.s, self.journal
+        wanted = set(self.spec.tools) | {"submit"}
+        tools = s.observe_tools([t for t in s.tools() if t.spec.name in wanted])
+        tools = journal.tools(tools) if journal else tools
+        tools = [Locked(t, self.team.workspace_lock) if t.spec.name in WORKSPACE_TOOLS else t for t in tools]
+        if self.spec.talks_to:
+            # Not journaled: they are run again on replay (sends are deduplicated by id,
+            # and what they read comes back from the journal), so the bus is rebuilt.
+            peers = list(self.spec.talks_to)
+            tools += [SendMessageTool(self, peers), WaitForMessageTool(self, peers), HandoffTool(self, peers)]
+        return tools
+
+    # --- hooks ------------------------------------------------------------------------
+
+    def event(self, kind: str, payload: dict[str, Any]) -> None:
+        payload = {"agent": self.name, **payload}
+        if self.journal is not None:
+            self.journal.on_event(kind, payload)
+        self.team.s.on_event(kind, payload)
+
+    def _on_step(self, entry: LedgerEntry) -> None:
+        if self.quote is not None:  # on the ledger like a route switch
+            entry.route, self.quote = {**(entry.route or {}), "handoff": self.quote}, None
+        if self.journal is not None:
+            self.journal.on_step(entry)
+        self.team.s.on_step(entry)
+
+    def _on_message(self, m: Message) -> None:
+        self.transcript.append(m)
+        self.team.s.on_message(m)
+
+    def _observe(self, compute: Callable[[], Any]) -> Any:
+        return self.journal.observe(compute) if self.journal else compute()
+
+    def _inbox(self) -> list[Message]:
+        """Messages that arrived since the last step, appended to the context."""
+        got = self._observe(lambda: [m.to_dict() for m in self.team.bus.unread(self.name, self.seen)])
+        return [Message("user", self._text(m), kind="message") for m in self._read(got)]
+
+    def _read(self, records: Sequence[dict[str, Any]]) -> list[TeamMessage]:
+        out = []
+        for r in records:
+            m = TeamMessage.from_dict(r)
+            self.seen.add(m.id)
+            self.event("message.received", self._receipt(m))
+            out.append(m)
+        return out
+
+    def _receipt(self, m: TeamMessage) -> dict[str, Any]:
+        """What reading ``m`` costs this agent: its tokens read cold once, on its model."""
+        s = self.team.s
+        tokens = s.counter.message(Message("user", self._text(m)))
+        model = s.models[self.name]
+        rates = s.prices.rates(model.model_id, model.provider, None, tokens)
+        first = None if rates is None else (rates.cache_write_5m if rates.cache_write_5m > 0 else rates.input)
+        cost = None if first is None else (first * tokens / Decimal(1_000_000)).quantize(Decimal("1e-9"))
+        return {**m.to_dict(), "tokens": tokens, "read_cost_usd": "unknown" if cost is None else str(cost)}
+
+    @staticmethod
+    def _text(m: TeamMessage) -> str:
+        return f"[{m.kind} {m.id} from {m.sender}]\n{m.content}"
+
+    # --- Messaging (the tools) ---------------------------------------------------------
+
+    def _peer(self, name: str) -> str:
+        if name not in self.spec.talks_to:
+            raise MessagingRefused(f"{name!r} is not an agent you may talk to ({', '.join(self.spec.talks_to)})")
+        return name
+
+    async def send(self, to: str, content: str) -> str:
+        m = self.team.post(self, self._peer(to), content, "message")
+        return f"sent {m.id} to {to}"
+
+    async def wait(self, sender: str | None, timeout: float) -> str:
+        if sender is not None:
+            self._peer(sender)
+        bus = self.team.bus
+
+        async def waited() -> dict[str, Any]:
+            got = await bus.wait(self.name, self.seen, sender, timeout)
+            return {"messages": [m.to_dict() for m in got], "finished": sender is not None and bus.finished(sender)}
+
+        value = await (self.journal.observe_waiting(waited) if self.journal else waited())
+        got = self._read(value["messages"])
+        if got:
+            return "\n\n".join(self._text(m) for m in got)
+        if value["finished"]:
+            return f"no message: {sender} has finished"
+        return f"no message within {timeout:g} s"
+
+    async def handoff(self, to: str, brief: str, history: str | None) -> str:
+        receiver = self.team.threads[self._peer(to)]
+        s, cfg = self.team.s, self.team.spec.handoff
+        full, summary = transcript(self.transcript), digest(self.transcript)
+        count = s.counter.counter.count
+        sizes = HandoffSizes(count(brief), count(summary), count(full))
+        model = s.models[to]
+        rates = s.prices.rates(model.model_id, model.provider, None, sizes.brief + sizes.full)
+        quote = price_handoff(rates, sizes, cfg.expected_steps, model.spec, relevance=cfg.relevance)
+        passed = history or quote.chosen
+        self.quote = {**quote.to_dict(), "to": to, "asked": history, "passed": passed}
+        self.event("handoff", self.quote)
+        body = {
+            "none": brief,
+            "summary": f"{brief}\n\nWhat {self.name} did so far (summary):\n{summary}",
+            "full": f"{brief}\n\n{self.name}'s conversation so far:\n{full}",
+        }[passed]
+        m = self.team.post(self, receiver.name, body, "handoff")
+        return f"handed off to {to} as {m.id} (history: {passed}); it reports back to you when it finishes"
+
+
+class Locked:
+    """A workspace tool run under the team's lock (see ``Team.snapshot``)."""
+
+    def __init__(self, inner: Tool, lock: asyncio.Lock) -> None:
+        self.inner = inner
+        self.lock = lock
+        self.spec = inner.spec
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        async with self.lock:
+            return await self.inner(args, ctx)
+
+
+def transcript(messages: Sequence[Message]) -> str:
+    """A conversation as text: each message with its role and tool calls."""
+    lines = []
+    for m in messages:
+        calls = "".join(f"\n-> {c.name}({c.arguments})" for c in m.tool_calls)
+        lines.append(f"{m.role}: {m.content}{calls}")
+    return "\n\n".join(lines)
+
+
+def digest(messages: Sequence[Message]) -> str:
+    """A short local summary of a conversation (no model call): the first line of each
+    message, cut, with the tools called."""
+    lines = []
+    for m in messages:
+        first = (m.content.strip().splitlines() or [""])[0][:SUMMARY_LINE_CHARS]
+        calls = ", ".join(c.name for c in m.tool_calls)
+        lines.append(f"- {m.role}: {first}" + (f" [{calls}]" if calls else ""))
+    return "\n".join(lines)
