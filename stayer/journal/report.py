@@ -7,7 +7,7 @@ from decimal import Decimal
 from typing import Any
 
 from stayer.journal.lease import run_status
-from stayer.journal.log import load_log
+from stayer.journal.log import RunLog, load_log
 from stayer.journal.session import lost_ledger_entries
 from stayer.journal.store import RunRow, Store
 from stayer.money import Usd, usd_sum
@@ -17,8 +17,9 @@ from stayer.usage import Usage
 def run_report(store: Store, row: RunRow) -> dict[str, Any]:
     """Per-step ledger (``lost_in_flight`` entries included) and totals for ``row``."""
     log = load_log(store, row.id)
+    steps = [*log.steps.values(), *(e for t in log.threads.values() for e in t.steps.values())]
     ledger = sorted(
-        [*log.steps.values(), *lost_ledger_entries(log.lost)],
+        [*steps, *lost_ledger_entries(log.lost), *(lost for t in log.threads.values() for lost in lost_ledger_entries(t.lost))],
         key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
     )
     usage = Usage()
@@ -38,16 +39,17 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
         "reward": result.get("reward") if result else None,
         "started": row.started,
         "updated": row.updated,
-        "steps": max(log.steps, default=0),
+        "steps": len(steps),
         "ledger": ledger,
         "totals": {
             "usage": usage.to_dict(),
             "cost_usd": str(cost),
-            "model_calls": sum(1 for c in log.calls.values() if c.finished) + len(lost),
+            "model_calls": sum(1 for t in (log, *log.threads.values()) for c in t.calls.values() if c.finished) + len(lost),
             "lost_in_flight": len(lost),
             "lost_in_flight_cost_usd": _sum_cost(lost),
-            "tool_calls": len(log.tools),
+            "tool_calls": len(log.tools) + sum(len(t.tools) for t in log.threads.values()),
         },
+        "messages": messages(log),
         "journal": {
             "store": store.location,
             "events": len(log.events),
@@ -62,3 +64,32 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
 
 def _sum_cost(entries: list[dict[str, Any]]) -> str:
     return str(usd_sum(Usd.parse(e["cost_usd"]) for e in entries))
+
+
+def messages(log: RunLog) -> list[dict[str, Any]]:
+    """A team run's messages (``message.sent`` events), in the order sent, each with what
+    reading it cost its receiver (from its ``message.received``; None while unread)."""
+
+    def events(kind: str) -> list[dict[str, Any]]:
+        found = []
+        for t in log.threads.values():
+            for i in sorted(t.agent_events):
+                k, address = t.agent_events[i]
+                if k == kind:
+                    found.append(json.loads(log.blobs[address]))
+        return found
+
+    read = {m["id"]: m for m in events("message.received")}
+    out = []
+    for m in events("message.sent"):
+        r = read.get(m["id"])
+        out.append({
+            "id": m["id"],
+            "sender": m["sender"],
+            "to": m["to"],
+            "kind": m["kind"],
+            "tokens": m["tokens"],
+            "read_cost_usd": None if r is None else r["read_cost_usd"],
+            "content": m["content"],
+        })
+    return out

@@ -135,6 +135,7 @@ class RunJournal:
         self.ttl_s = ttl_s
         self.warn = warn or (lambda msg: print(f"stayer: {msg}", file=sys.stderr))
         self.stats = JournalStats()
+        self.agent = "main"  # whose calls this journal records (a team thread's: its name)
         self.seq = log.next_seq
         self._events: list[tuple[str, dict[str, Any]]] = []
         self._blobs: dict[str, bytes] = {}
@@ -548,6 +549,7 @@ class RunJournal:
         Its usage is estimated as the re-issued call's (the same request)."""
         cost = self.prices.cost(reissued.usage, inner.model_id, inner.provider, reissued.service_tier)
         lost = {
+            "agent": self.agent,
             "n": n,
             "attempt": attempt,
             "step": self.steps_done + 1,
@@ -686,5 +688,9 @@ class JournaledTool:
 
 
 def lost_ledger_entries(lost: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``model_lost`` records as ledger entries (``kind: lost_in_flight``)."""
-    return [lost_entry(rec["step"], rec["model"], Usage.from_dict(rec["usage"]), rec["cost_usd"]) for rec in lost]
+    """``model_lost`` records as ledger entries (``kind: lost_in_flight``), each with the
+    agent (a team's thread) whose call it was."""
+    return [
+        {"agent": rec.get("agent", "main"), **lost_entry(rec["step"], rec["model"], Usage.from_dict(rec["usage"]), rec["cost_usd"])}
+        for rec in lost
+    ]

@@ -8,8 +8,9 @@
 * ``replay:PATH`` — the assistant turns of a recorded stayer run, in order.
 * ``team`` — for the agents of a team (``--team``): the entry agent hands the task to the
   first agent it may talk to and waits for its report, then submits; an agent handed work
-  runs the oracle solution, sends a progress message to whoever handed it over, and
-  submits (its summary goes back as the report). Alone (no ``handoff`` tool) it is ``oracle``.
+  runs the oracle solution and submits (its summary goes back as its report, a message).
+  Alone (no ``handoff`` tool) it is ``oracle``. One message each way, so the exchange takes
+  the same steps however the threads interleave.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class TeamPolicy:
             return _submit(step, "Wrapping up: the work so far is in /app.")
         head, _, _ = task.partition("\n")
         if head.startswith(("Handoff from ", "Message from ")):
-            return self._worker(step, head.rpartition(" from ")[2].rstrip(":"), tools)
+            return self._worker(step)
         if "handoff" not in tools:
             return OraclePolicy(self.solution or "true").next_message(request)
         peer = sorted(tools["handoff"].parameters["properties"]["to"]["enum"])[0]
@@ -96,11 +97,9 @@ class TeamPolicy:
             return _submit(step, f"The team finished. {peer} reported:\n{report.partition(chr(10))[2]}")
         return Message(role="assistant", content=f"Waiting for {peer}.", tool_calls=(_call(step, "wait_for_message", **{"from": peer, "timeout": 600}),))
 
-    def _worker(self, step: int, delegator: str, tools: dict[str, Any]) -> Message:
+    def _worker(self, step: int) -> Message:
         if step == 1 and self.solution is not None:
             return OraclePolicy(self.solution).next_message(ModelRequest("", [], []))
-        if step == 1 + (self.solution is not None) and "send_message" in tools:
-            return Message(role="assistant", content="Telling the delegator.", tool_calls=(_call(step, "send_message", to=delegator, content="Applied the solution; submitting."),))
         return _submit(step, "Applied the reference solution in /app.")
 
 

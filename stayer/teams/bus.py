@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,13 +41,13 @@ class MessageBus:
         if message.id in self._messages:
             return False
         self._messages[message.id] = message
-        self._wake()
+        self.wake()
         return True
 
     def finish(self, name: str) -> None:
         """Thread ``name`` will say nothing more: whoever waits for it stops waiting."""
         self._finished.add(name)
-        self._wake()
+        self.wake()
 
     def finished(self, name: str) -> bool:
         return name in self._finished
@@ -58,20 +59,23 @@ class MessageBus:
             if m.to == to and m.id not in seen and (sender is None or m.sender == sender)
         ]
 
-    async def wait(self, to: str, seen: set[str], sender: str | None, timeout: float) -> list[TeamMessage]:
+    async def wait(
+        self, to: str, seen: set[str], sender: str | None, timeout: float, until: Callable[[], bool] = lambda: False
+    ) -> list[TeamMessage]:
         """The unread messages for ``to`` (from ``sender``), waiting up to ``timeout``
-        seconds for one; at once when ``sender`` (or, with none, every other) has finished."""
+        seconds for one; at once when ``sender`` has finished or ``until()`` holds."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             got = self.unread(to, seen, sender)
-            if got or (sender is not None and self.finished(sender)) or loop.time() >= deadline:
+            if got or (sender is not None and self.finished(sender)) or until() or loop.time() >= deadline:
                 return got
             changed = self._changed
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), deadline - loop.time())
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Every waiter looks again (something changed)."""
         # A fresh event per change, so that every waiter of the old one wakes and looks.
         self._changed.set()
         self._changed = asyncio.Event()

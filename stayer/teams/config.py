@@ -12,6 +12,7 @@
 
     [handoff]
     relevance = 0.3                       # share of a handoff's history the receiver needs
+    rediscovery_steps = 5                 # extra steps to find it again without the history
     expected_steps = 10                   # the receiver's steps, for pricing a handoff
 
 Validated whole before anything runs: one line naming the file and field, exit 2.
@@ -20,36 +21,31 @@ Validated whole before anything runs: one line naming the file and field, exit 2
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from stayer.errors import ConfigError
-from stayer.settings import Fraction, Settings, Steps, check_file, read_toml
+from stayer.settings import Fraction, Settings, StepCount, Steps, check_file, read_toml
 
 #: The built-in tools an agent may be given (``submit`` is always there: it ends a thread).
-BUILTIN_TOOLS = ("bash", "read_file", "write_file", "edit_file", "memory")
+BuiltinTool = Literal["bash", "read_file", "write_file", "edit_file", "memory"]
+BUILTIN_TOOLS: tuple[str, ...] = get_args(BuiltinTool)
 Name = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 
 
 class AgentSpec(Settings):
     model: str = Field(min_length=1)
     system_prompt: str | None = None
-    tools: list[str] = Field(default_factory=lambda: list(BUILTIN_TOOLS))
+    tools: list[BuiltinTool] = Field(default_factory=lambda: list(BUILTIN_TOOLS))
     budget_share: Fraction | None = None  # None: an even split of what the others leave
     max_steps: Steps = 20
     talks_to: list[Name] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _known_tools(self) -> AgentSpec:
-        for t in self.tools:
-            if t not in BUILTIN_TOOLS:
-                raise ValueError(f"unknown tool {t!r}; choose from {', '.join(BUILTIN_TOOLS)}")
-        return self
-
 
 class HandoffSpec(Settings):
     relevance: Fraction = 0.3
+    rediscovery_steps: StepCount = 5
     expected_steps: Steps = 10
 
 

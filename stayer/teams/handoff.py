@@ -1,15 +1,21 @@
 """Pricing a handoff: what passing history costs the receiver, against what lacking it does.
 
 Passed history is read cold by the receiver once (a cache write, or uncached input where
-the provider caches on its own) and then from its cache at every later step. History not
-passed costs too: the part the receiver needs (``relevance`` of it) must be found again
-with tools, at ``rediscovery`` tokens of exploration per token needed, each read uncached
-once and from the cache afterwards. A summary carries up to its own size of what is needed.
+the provider caches on its own) and then from its cache at every later step: its cost
+grows with the receiver's steps. History not passed costs too: the part the receiver
+needs (``relevance`` of it) must be found again, read fresh once and then carried, and
+finding it takes ``rediscovery_steps`` extra steps, each a call over what the receiver
+then holds (read from the cache) plus its reply. A summary covers what is needed up to
+its own size, and saves that share of the extra steps.
 
-    cost(option) = passed × (first + read·(S−1)) + rediscovery × missing × (input + read·(S−1))
+    cost(option) = passed × (first + read·(S−1))
+                 + missing × (input + read·(S−1))
+                 + extra_steps(option) × ((brief + needed) × read + STEP_OUTPUT_TOKENS × output)
 
-over the receiver's expected steps S, at the receiver's model's rates. The cheapest option
-wins; the quote is kept on the ledger like a route switch.
+over the receiver's expected steps S, at the receiver's model's rates. A short-lived
+receiver is better off with the history (no time to find it again); a long-lived one
+carries every passed token at every step, so the brief wins. The cheapest option is
+chosen, and the quote is kept on the ledger like a route switch.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from typing import Any
 from stayer.pricing import Rates
 
 OPTIONS = ("none", "summary", "full")
+#: Reply tokens of a step spent finding missing context (a tool call and a few words).
+STEP_OUTPUT_TOKENS = 300
 PER_TOKEN = Decimal(1_000_000)
 
 
@@ -57,7 +65,7 @@ def price_handoff(
     receiver_model: str,
     *,
     relevance: float = 0.3,
-    rediscovery: float = 3.0,
+    rediscovery_steps: int = 5,
 ) -> HandoffQuote:
     """The expected cost of each history option; unpriced (no rates): the brief alone."""
     if rates is None:
@@ -67,10 +75,11 @@ def price_handoff(
     needed = Decimal(str(relevance)) * sizes.full
     passed = {"none": 0, "summary": sizes.summary, "full": sizes.full}
     missing = {"none": needed, "summary": max(needed - sizes.summary, Decimal(0)), "full": Decimal(0)}
+    step = (sizes.brief + needed) * rates.cache_read + STEP_OUTPUT_TOKENS * rates.output
     costs: dict[str, Decimal | None] = {}
     for option in OPTIONS:
-        held = (sizes.brief + passed[option]) * (first + later)
-        found = Decimal(str(rediscovery)) * missing[option] * (rates.input + later)
-        costs[option] = ((held + found) / PER_TOKEN).quantize(Decimal("1e-9"))
+        extra = rediscovery_steps * (missing[option] / needed if needed else Decimal(0))
+        total = (sizes.brief + passed[option]) * (first + later) + missing[option] * (rates.input + later) + extra * step
+        costs[option] = (total / PER_TOKEN).quantize(Decimal("1e-9"))
     chosen = min(OPTIONS, key=lambda o: costs[o])  # type: ignore[arg-type,return-value]
     return HandoffQuote(chosen, costs, sizes, steps, receiver_model)

@@ -38,7 +38,7 @@ class ThreadJournal(RunJournal):
             warn=run.warn,
         )
         self.run = run
-        self.name = name
+        self.name = self.agent = name
         self.lost = run.lost  # one list for the run: its ledger's lost_in_flight entries
         self.row_update = row_update  # the run's row after this step: the team's totals
         self.snapshot = snapshot  # the team's workspace snapshot, when it can take one

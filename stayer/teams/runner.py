@@ -7,7 +7,8 @@ the cap is never overshot however they interleave). The entry agent starts with 
 any other starts when it first receives a message (a ``handoff``'s brief), and the sender
 of that message is its delegator: when it finishes — by ``submit``, or wrapping up because
 its share ran out — its summary is messaged back to the delegator. The run ends when the
-entry agent does; threads still working then are stopped.
+entry agent does; threads still working then stop at the end of their step (a wait for a
+message returns at once), so every call billed is a step on the ledger.
 
 Messages are appended to the receiver's context at its next step (or returned by
 ``wait_for_message``), never inserted before its cached prefix. What a thread reads from
@@ -33,7 +34,7 @@ from stayer.journal.session import RunJournal
 from stayer.models.base import Message, Model
 from stayer.pricing import PriceBook
 from stayer.teams.bus import MessageBus, TeamMessage
-from stayer.teams.config import TeamSpec, shares
+from stayer.teams.config import BUILTIN_TOOLS, TeamSpec, shares
 from stayer.teams.handoff import HandoffSizes, price_handoff
 from stayer.teams.journal import ThreadJournal
 from stayer.tokens import MessageCounter
@@ -82,6 +83,7 @@ class Team:
         share = shares(spec)
         self.threads = {name: Thread(self, name, share[name]) for name in spec.agents}
         self.run_id = ""
+        self.stopping = False  # the entry agent has finished: the others end their step and stop
         journal = services.journal
         self._snapshots = 1 + max((int(s["step"]) for s in journal.log.snapshots), default=0) if journal else 0
         if journal is not None:
@@ -108,12 +110,17 @@ class Team:
         try:
             entry.task = asyncio.create_task(entry.run(instruction))
             await entry.task
+        except BaseException:
+            for t in self.threads.values():
+                if t.task is not None:
+                    t.task.cancel()
+            raise
         finally:
+            self.stopping = True
+            self.bus.wake()
             others = [t.task for t in self.threads.values() if t.task is not None and t is not entry]
-            for task in others:
-                task.cancel()
             ended = await asyncio.gather(*others, return_exceptions=True)
-        failed = [e for e in ended if isinstance(e, Exception)]
+        failed = [e for e in ended if isinstance(e, BaseException) and not isinstance(e, asyncio.CancelledError)]
         if failed:  # a thread's journal or store failed: the run stops as a single agent's would
             raise failed[0]
         return self.result
@@ -242,6 +249,12 @@ class Thread:
         )
         try:
             result = await self.agent.run(instruction, f"{self.team.run_id}/{self.name}")
+        except TeamFinished:
+            result = self.agent.result or RunResult(status="budget_exhausted")
+            result.stop_reason = "team_finished"
+            if self.agent.guard is not None:
+                self.agent.guard.finish()  # its wrap-up slice is given back, not spent
+            return result
         finally:
             budget.close()
             self.team.bus.finish(self.name)
@@ -262,8 +275,9 @@ class Thread:
 
     def _tools(self) -> list[Tool]:
         s, journal = self.team.s, self.journal
-        wanted = set(self.spec.tools) | {"submit"}
-        tools = s.observe_tools([t for t in s.tools() if t.spec.name in wanted])
+        # ``tools`` chooses among the built-in ones; whatever else the run gives is kept.
+        chosen = [t for t in s.tools() if t.spec.name not in BUILTIN_TOOLS or t.spec.name in self.spec.tools]
+        tools = s.observe_tools(chosen)
         tools = journal.tools(tools) if journal else tools
         tools = [Locked(t, self.team.workspace_lock) if t.spec.name in WORKSPACE_TOOLS else t for t in tools]
         if self.spec.talks_to:
@@ -296,7 +310,10 @@ class Thread:
         return self.journal.observe(compute) if self.journal else compute()
 
     def _inbox(self) -> list[Message]:
-        """Messages that arrived since the last step, appended to the context."""
+        """Messages that arrived since the last step, appended to the context. Read at the
+        top of every step: where a thread stops once the team has finished."""
+        if self.team.stopping and self.name != self.team.spec.entry:
+            raise TeamFinished
         got = self._observe(lambda: [m.to_dict() for m in self.team.bus.unread(self.name, self.seen)])
         return [Message("user", self._text(m), kind="message") for m in self._read(got)]
 
@@ -340,7 +357,7 @@ class Thread:
         bus = self.team.bus
 
         async def waited() -> dict[str, Any]:
-            got = await bus.wait(self.name, self.seen, sender, timeout)
+            got = await bus.wait(self.name, self.seen, sender, timeout, until=lambda: self.team.stopping)
             return {"messages": [m.to_dict() for m in got], "finished": sender is not None and bus.finished(sender)}
 
         value = await (self.journal.observe_waiting(waited) if self.journal else waited())
@@ -359,7 +376,9 @@ class Thread:
         sizes = HandoffSizes(count(brief), count(summary), count(full))
         model = s.models[to]
         rates = s.prices.rates(model.model_id, model.provider, None, sizes.brief + sizes.full)
-        quote = price_handoff(rates, sizes, cfg.expected_steps, model.spec, relevance=cfg.relevance)
+        quote = price_handoff(
+            rates, sizes, cfg.expected_steps, model.spec, relevance=cfg.relevance, rediscovery_steps=cfg.rediscovery_steps
+        )
         passed = history or quote.chosen
         self.quote = {**quote.to_dict(), "to": to, "asked": history, "passed": passed}
         self.event("handoff", self.quote)
@@ -370,6 +389,10 @@ class Thread:
         }[passed]
         m = self.team.post(self, receiver.name, body, "handoff")
         return f"handed off to {to} as {m.id} (history: {passed}); it reports back to you when it finishes"
+
+
+class TeamFinished(Exception):
+    """The entry agent has finished: a thread still working stops at its next step."""
 
 
 class Locked:

@@ -1,0 +1,302 @@
+"""Teams (``stayer.teams``): team.toml, threads that message and hand off, one budget tree.
+
+The example team runs through the real command line (real bwrap sandbox, real journal);
+the budget property runs teams in process against the simulator with a no-op tool, so
+that many random caps and shares are cheap to try.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stayer.agent import Limits
+from stayer.context.policies import make_policy
+from stayer.guard.budget import Budget
+from stayer.journal import open_store
+from stayer.journal.log import load_log
+from stayer.models.base import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec
+from stayer.models.sim import SimModel
+from stayer.models.sim_policies import filler
+from stayer.pricing import PriceBook
+from stayer.sandbox.locate import locate_bwrap
+from stayer.teams.config import load_team, shares
+from stayer.teams.handoff import HandoffSizes, price_handoff
+from stayer.teams.runner import Team, TeamServices
+from stayer.tokens import MessageCounter, TiktokenCounter
+from stayer.tools.base import ToolContext, ToolResult
+from stayer.tools.submit import SubmitTool
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "team-fix-median"
+PRICES = PriceBook()
+D = Decimal
+needs_bwrap = pytest.mark.skipif(locate_bwrap() is None, reason="bubblewrap not installed")
+
+
+def stayer(home: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_DB"}
+    env["STAYER_HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "stayer.cli", *args], env=env, cwd=cwd or home.parent, capture_output=True, text=True, timeout=300
+    )
+
+
+# --- team.toml --------------------------------------------------------------------------
+
+GOOD = """
+entry = "lead"
+[agents.lead]
+model = "sim:claude-sonnet-4-5"
+budget_share = 0.25
+talks_to = ["helper"]
+[agents.helper]
+model = "sim:claude-haiku-4-5"
+talks_to = ["lead"]
+"""
+
+
+def test_team_toml_shares_split_the_rest(tmp_path):
+    f = tmp_path / "team.toml"
+    f.write_text(GOOD + "[agents.third]\nmodel = 'sim:gpt-5'\n")
+    assert shares(load_team(f)) == {"lead": 0.25, "helper": 0.375, "third": 0.375}
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda t: t.replace('entry = "lead"', 'entry = "boss"'), "entry: 'boss' is not one of the agents"),
+        (lambda t: t.replace('talks_to = ["lead"]', 'talks_to = ["ghost"]'), "agents.helper.talks_to: 'ghost'"),
+        (lambda t: t.replace("budget_share = 0.25", "budget_share = 1.5"), "agents.lead.budget_share"),
+        (lambda t: t.replace("budget_share = 0.25", 'budget_share = "half"'), "agents.lead.budget_share"),
+        (lambda t: t + "[agents.x]\nmodel = 'sim:gpt-5'\nbudget_share = 0.9\n", "budget_share values add up to 1.15"),
+        (lambda t: t.replace('model = "sim:claude-haiku-4-5"', 'model = "sim:claude-haiku-4-5"\ntools = ["rm"]'), "agents.helper.tools"),
+        (lambda t: t.replace('[agents.lead]', '[agents.lead]\ncolour = "red"'), "agents.lead.colour"),
+        (lambda t: t.replace("sim:claude-haiku-4-5", "sim:claude-haiku-9"), "agents.helper.model"),
+        (lambda t: t + "[[broken", "malformed TOML"),
+    ],
+)
+def test_bad_team_toml_is_one_line_exit_2_nothing_written(tmp_path, edit, field):
+    f = tmp_path / "team.toml"
+    f.write_text(edit(GOOD))
+    home = tmp_path / "home"
+    r = stayer(home, "run", str(EXAMPLE), "--team", str(f), "--sandbox", "local")
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip()
+    assert "\n" not in line and str(f) in line and field in line, line
+    assert not (home / "runs").exists()
+
+
+def test_team_missing_file_and_missing_model(tmp_path):
+    r = stayer(tmp_path / "home", "run", str(EXAMPLE), "--team", str(tmp_path / "nope.toml"))
+    assert r.returncode == 2 and "--team" in r.stderr and "no such file" in r.stderr
+    r = stayer(tmp_path / "home", "run", str(EXAMPLE))
+    assert r.returncode == 2 and "--model" in r.stderr
+
+
+# --- the example, end to end --------------------------------------------------------------
+
+
+@needs_bwrap
+def test_example_team_succeeds_with_messages_both_ways_and_cost_per_agent(tmp_path):
+    home = tmp_path / "home"
+    r = stayer(home, "run", str(EXAMPLE), "--team", str(EXAMPLE / "team.toml"), "--run-id", "t1", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "succeeded" and doc["reward"] == 1.0
+    agents = {row["agent"]: row for row in doc["agents"]}
+    assert set(agents) == {"coordinator", "worker"}
+    assert all(row["steps"] >= 2 for row in agents.values())
+    # The team's total is the sum over its agents, and over its ledger.
+    assert D(doc["cost_usd"]) == sum(D(row["cost_usd"]) for row in agents.values())
+    assert D(doc["cost_usd"]) == sum(D(e["cost_usd"]) for e in doc["ledger"])
+    assert doc["steps"] == len(doc["ledger"])
+    # The handoff's priced history choice is on the coordinator's ledger entry.
+    quotes = [e["route"]["handoff"] for e in doc["ledger"] if (e["route"] or {}).get("handoff")]
+    assert len(quotes) == 1 and quotes[0]["asked"] is None
+    q = quotes[0]
+    assert q["passed"] == min(q["expected_cost_usd"], key=lambda k: D(q["expected_cost_usd"][k]))
+    # Messages both ways, journaled in each thread's stream: sent and received.
+    store = open_store(home)
+    try:
+        log = load_log(store, "t1")
+    finally:
+        store.close()
+    assert set(log.threads) == {"coordinator", "worker"}
+    sent = [json.loads(log.blobs[p]) for t in log.threads.values() for k, p in t.agent_events.values() if k == "message.sent"]
+    received = [json.loads(log.blobs[p]) for t in log.threads.values() for k, p in t.agent_events.values() if k == "message.received"]
+    assert {(m["sender"], m["to"], m["kind"]) for m in sent} == {("coordinator", "worker", "handoff"), ("worker", "coordinator", "report")}
+    assert {m["id"] for m in received} == {m["id"] for m in sent}
+    assert all(D(m["read_cost_usd"]) > 0 for m in received)
+    # The report lists messages, with what each cost its receiver to read.
+    rep = json.loads(stayer(home, "report", "t1", "--json").stdout)
+    assert {(m["sender"], m["to"]) for m in rep["messages"]} == {("coordinator", "worker"), ("worker", "coordinator")}
+    assert D(rep["totals"]["cost_usd"]) == D(doc["cost_usd"])
+
+
+# --- priced handoffs ------------------------------------------------------------------------
+
+
+def test_handoff_price_prefers_history_for_short_receivers_and_less_for_long():
+    rates = PRICES.rates("claude-sonnet-4-5", "anthropic", None, 10_000)
+    sizes = HandoffSizes(brief=200, summary=500, full=20_000)
+    short = price_handoff(rates, sizes, 1, "sim:claude-sonnet-4-5", relevance=0.3, rediscovery_steps=10)
+    long = price_handoff(rates, sizes, 200, "sim:claude-sonnet-4-5", relevance=0.3, rediscovery_steps=10)
+    # A short-lived receiver cannot afford to find the context again; a long-lived one
+    # cannot afford to carry all of it at every step.
+    assert short.chosen == "full" and long.chosen != "full"
+    assert all(v is not None and v > 0 for v in long.costs.values())
+    assert price_handoff(None, sizes, 10, "x").chosen == "none"  # unpriced: the brief alone
+
+
+# --- the budget property with concurrent threads ------------------------------------------
+
+
+@dataclass
+class Busy:
+    """A team member that works: the entry agent hands off to ``peer`` and keeps working;
+    the helper works; each step is text of up to ``out`` tokens and a no-op observation of
+    up to ``obs`` tokens; after ``steps`` steps it submits."""
+
+    seed: int
+    steps: int
+    out: int
+    obs: int
+
+    def next_message(self, request: ModelRequest) -> Message:
+        step = 1 + sum(1 for m in request.messages if m.role == "assistant")
+        rng = random.Random(self.seed * 1_000_003 + step)
+        text = filler(rng.randint(0, self.out), rng)
+        names = {t.name: t for t in request.tools}
+        if step == 1 and "handoff" in names:
+            peer = names["handoff"].parameters["properties"]["to"]["enum"][0]
+            call = ToolCall(f"c{step}", "handoff", json.dumps({"to": peer, "brief": "help", "history": rng.choice(["none", "full"])}))
+        elif step > self.steps:
+            call = ToolCall(f"c{step}", "submit", json.dumps({"summary": "done"}))
+        else:
+            call = ToolCall(f"c{step}", "observe", json.dumps({"tokens": rng.randint(0, self.obs)}))
+        return Message("assistant", text, (call,))
+
+
+class Observe:
+    spec = ToolSpec("observe", "An observation of about `tokens` tokens.", {"type": "object", "properties": {"tokens": {"type": "integer"}}})
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        await asyncio.sleep(0)  # let the other threads in, as a real command would
+        return ToolResult(filler(args.get("tokens", 0), random.Random(args.get("tokens", 0))))
+
+
+@dataclass
+class Billed:
+    """The simulator, with every reply priced outside the loop (what the provider bills)."""
+
+    sim: SimModel
+    bill: list[Decimal]
+
+    def __post_init__(self) -> None:
+        self.spec, self.provider, self.model_id = self.sim.spec, self.sim.provider, self.sim.model_id
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        response = await self.sim.complete(request)
+        self.bill.append(PRICES.cost(response.usage, self.model_id, self.provider, response.service_tier).total)
+        return response
+
+
+def team_spec(tmp_path: Path, models: tuple[str, str], share: float, steps: tuple[int, int]) -> Any:
+    f = tmp_path / f"team-{random.random()}.toml"
+    f.write_text(
+        f'entry = "a"\n[agents.a]\nmodel = "sim:{models[0]}"\nbudget_share = {share}\nmax_steps = {steps[0]}\ntalks_to = ["b"]\n'
+        f'[agents.b]\nmodel = "sim:{models[1]}"\nmax_steps = {steps[1]}\ntalks_to = ["a"]\n'
+    )
+    return load_team(f)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 10_000),
+    cap=st.decimals(D("0.0005"), D("0.05"), places=5),
+    share=st.sampled_from([0.1, 0.3, 0.5, 0.9]),
+    models=st.tuples(*[st.sampled_from(["claude-sonnet-4-5", "claude-haiku-4-5", "gpt-5", "deepseek-chat"])] * 2),
+    steps=st.tuples(st.integers(2, 12), st.integers(1, 12)),
+    out=st.integers(0, 3000),
+    obs=st.integers(0, 4000),
+)
+def test_max_cost_holds_with_concurrent_threads(tmp_path, seed, cap, share, models, steps, out, obs):
+    spec = team_spec(tmp_path, models, share, steps)
+    counter = MessageCounter(TiktokenCounter())
+    bill: list[Decimal] = []
+    built = {
+        name: Billed(SimModel(agent.model.removeprefix("sim:"), Busy(seed + i, agent.max_steps, out, obs), counter, latency_s=0.001), bill)
+        for i, (name, agent) in enumerate(spec.agents.items())
+    }
+    budget = Budget(cap)
+    services = TeamServices(
+        prices=PRICES,
+        counter=counter,
+        tool_context=ToolContext(sandbox=None, workspace=""),  # type: ignore[arg-type]
+        budget=budget,
+        limits=Limits(max_output_tokens=2048),
+        models=built,  # type: ignore[arg-type]
+        tools=lambda: [Observe(), SubmitTool()],
+        policy=lambda: make_policy("none"),
+    )
+    result = asyncio.run(Team(spec, services).run("work", "prop"))
+    billed = sum(bill, D(0))
+    assert billed <= cap, f"billed {billed} over the cap {cap}"
+    assert result.cost_usd == billed  # every billed call is on the team's ledger
+    assert budget.spent + budget.reserved == billed and budget.reserved == 0
+    per_agent = {e.agent for e in result.ledger}
+    assert per_agent <= {"a", "b"}
+    a_cost = sum((e.cost.total for e in result.ledger if e.agent == "a"), D(0))
+    assert a_cost <= (cap * D(str(share))).quantize(D("1e-9"))  # a thread stays within its share
+
+
+def test_a_thread_out_of_share_reports_its_wrap_up_to_its_delegator(tmp_path):
+    spec = team_spec(tmp_path, ("claude-haiku-4-5", "claude-sonnet-4-5"), 0.5, (30, 30))
+    counter = MessageCounter(TiktokenCounter())
+    bill: list[Decimal] = []
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    class Waiter(Busy):
+        def next_message(self, request: ModelRequest) -> Message:  # the entry hands off, then waits
+            step = 1 + sum(1 for m in request.messages if m.role == "assistant")
+            if step == 1:
+                return Message("assistant", "", (ToolCall("c1", "handoff", json.dumps({"to": "b", "brief": "work", "history": "none"})),))
+            reports = [m.content for m in request.messages if "[report b#" in m.content]
+            if reports:
+                return Message("assistant", "", (ToolCall(f"c{step}", "submit", json.dumps({"summary": reports[0]})),))
+            return Message("assistant", "", (ToolCall(f"c{step}", "wait_for_message", json.dumps({"from": "b", "timeout": 60})),))
+
+    built = {
+        "a": Billed(SimModel("claude-haiku-4-5", Waiter(0, 30, 0, 0), counter), bill),
+        "b": Billed(SimModel("claude-sonnet-4-5", Busy(1, 30, 200, 3000), counter), bill),
+    }
+    services = TeamServices(
+        prices=PRICES,
+        counter=counter,
+        tool_context=ToolContext(sandbox=None, workspace=""),  # type: ignore[arg-type]
+        budget=Budget(D("0.08")),
+        limits=Limits(max_output_tokens=1024),
+        models=built,  # type: ignore[arg-type]
+        tools=lambda: [Observe(), SubmitTool()],
+        policy=lambda: make_policy("none"),
+        on_event=lambda kind, payload: seen.append((kind, payload)),
+    )
+    result = asyncio.run(Team(spec, services).run("work", "share"))
+    report = next(p for k, p in seen if k == "message.sent" and p["kind"] == "report")
+    assert report["sender"] == "b" and report["to"] == "a"
+    assert report["content"].startswith("b finished (budget_exhausted")
+    assert result.status == "submitted" and "budget_exhausted" in result.summary
+    assert result.cost_usd == sum(bill, D(0)) <= D("0.08")
