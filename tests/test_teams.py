@@ -300,3 +300,89 @@ def test_a_thread_out_of_share_reports_its_wrap_up_to_its_delegator(tmp_path):
     assert report["content"].startswith("b finished (budget_exhausted")
     assert result.status == "submitted" and "budget_exhausted" in result.summary
     assert result.cost_usd == sum(bill, D(0)) <= D("0.08")
+
+
+# --- kill -9 during a team run, then resume ---------------------------------------------------
+
+TEAM_KILLS = 8
+
+
+def usage_by_agent_step(doc: dict) -> list[tuple[str, int, dict]]:
+    return sorted((e["agent"], e["step"], e["usage"]) for e in doc["ledger"] if e.get("kind") != "lost_in_flight")
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_team_killed_at_random_instants_resumes_to_the_same_result(tmp_path):
+    """Each of ``TEAM_KILLS`` team runs is killed with SIGKILL at an instant drawn over the
+    uninterrupted run's duration, then resumed: same status, reward, steps per agent, usage
+    per step and workspace; each thread's completed model calls are journaled once."""
+    import signal
+    import time
+    from collections import Counter
+
+    from test_resume_faults import Harness, tree
+
+    h = Harness(tmp_path / "home", "")
+    team = str(EXAMPLE / "team.toml")
+    args = ["--team", team, "--sim-latency", "0.2", "--json"]
+    # The example's task with its solution (the team's worker runs it).
+    (h.task / "solution" / "solve.sh").write_text((EXAMPLE / "solution" / "solve.sh").read_text())
+    for name in ("instruction.md",):
+        (h.task / name).write_text((EXAMPLE / name).read_text())
+    for sub in ("environment", "tests"):
+        import shutil
+
+        shutil.rmtree(h.task / sub)
+        shutil.copytree(EXAMPLE / sub, h.task / sub)
+
+    def start(run_id: str, capture: bool = False) -> tuple[subprocess.Popen, float]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stayer.cli", "run", str(h.task), *args, "--run-id", run_id],
+            env=h.env, cwd=h.home.parent, stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, text=True,
+        )
+        while True:
+            store = open_store(h.home, None, create=False)
+            try:
+                if store is not None and store.run(run_id) is not None:
+                    return proc, time.monotonic()
+            finally:
+                if store is not None:
+                    store.close()
+            assert proc.poll() is None, f"run {run_id} exited before it was journaled"
+            time.sleep(0.01)
+
+    proc, registered = start("base", capture=True)
+    out, _ = proc.communicate(timeout=300)
+    duration = time.monotonic() - registered
+    base = json.loads(out)
+    assert base["status"] == "succeeded", base
+    def files(run_id: str) -> dict[str, bytes]:  # the verifier's bytecode holds the source's mtime
+        return {k: v for k, v in tree(h.home / "runs" / run_id / "workspace").items() if "__pycache__" not in k}
+
+    base_tree = files("base")
+    seed = int(os.environ.get("STAYER_FAULT_SEED") or random.randrange(1 << 30))
+    rng = random.Random(seed)
+    kinds: Counter[str] = Counter()
+    for i in range(TEAM_KILLS):
+        run_id, delay = f"k{i}", rng.uniform(0, duration)
+        where = f"seed {seed}, run {run_id} killed after {delay:.2f}s"
+        proc, registered = start(run_id)
+        time.sleep(max(0.0, registered + delay - time.monotonic()))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        r = h.resume(run_id)
+        assert "Traceback" not in r.stderr, (where, r.stderr)
+        doc = json.loads(r.stdout)
+        assert (doc["status"], doc["reward"], doc["steps"]) == (base["status"], base["reward"], base["steps"]), where
+        assert usage_by_agent_step(doc) == usage_by_agent_step(base), where
+        assert files(run_id) == base_tree, where
+        log_events = h.events(run_id)
+        finished = Counter((e.data.get("thread"), e.data["n"]) for e in log_events if e.kind == "model_finished")
+        assert all(c == 1 for c in finished.values()), (where, finished)  # no paid call repeated
+        assert sum(finished.values()) == base["steps"], where
+        lost = [e for e in doc["ledger"] if e.get("kind") == "lost_in_flight"]
+        kinds["mid model call" if lost else "between calls" if "already finished" not in r.stderr else "after finish"] += 1
+    print(f"\nteam: {TEAM_KILLS} kills (seed {seed}) over a {duration:.1f}s run: {dict(kinds)}")

@@ -157,6 +157,9 @@ class Team:
         """After the run's workspace came back from a team snapshot: where each thread's
         tool calls and steps stood when it was taken."""
         snap = next((s for s in journal.log.snapshots if int(s["step"]) == journal.snapshot_step), None)
+        # The run's own cursors never move (its threads replay, each by its own), so the
+        # run's sandbox must not hold commands back as replayed: each thread's does.
+        journal.restored_step = journal.restored_tools_done = 0
         for name, t in self.threads.items():
             assert t.journal is not None
             done = (snap or {}).get("threads", {}).get(name, 0)
@@ -229,11 +232,12 @@ class Thread:
             raise RuntimeError(f"team agent {self.name}: the budget cannot spare its share ${amount}")
         journal = self.journal
         model = s.observe_model(s.models[self.name])
+        context = replace(s.tool_context, sandbox=journal.sandbox(s.tool_context.sandbox)) if journal else s.tool_context
         self.agent = Agent(
             journal.model(model) if journal else model,
             self._tools(),
             s.prices,
-            s.tool_context,
+            context,
             s.counter,
             replace(s.limits, max_steps=self.spec.max_steps, max_cost=amount),
             system_prompt=self._system_prompt(),
