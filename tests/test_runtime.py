@@ -81,6 +81,25 @@ def test_a_run_through_the_api_succeeds_and_its_cost_is_its_ledger(server) -> No
         assert c.get("/openapi.json").json()["paths"]["/v1/runs"]["post"]
 
 
+def test_a_team_run_through_the_api_has_cost_per_agent(server) -> None:
+    team = {
+        "entry": "lead",
+        "agents": {
+            "lead": {"model": SIM, "budget_share": 0.4, "talks_to": ["helper"]},
+            "helper": {"model": "sim:claude-haiku-4-5", "talks_to": ["lead"]},
+        },
+    }
+    key = server.env.tenant(name())["api_key"]
+    with server.client(key) as c:
+        created = c.post("/v1/runs", json={"task": "fix-median", "model": SIM, "team": team, "max_cost": "0.5"})
+        assert created.status_code == 201, created.text
+        run = wait_for(c, created.json()["id"], finished)
+        assert run["status"] == "succeeded", run
+        ledger = c.get(f"/v1/runs/{run['id']}/ledger").json()["ledger"]
+        assert {e["agent"] for e in ledger} == {"lead", "helper"}
+        assert ledger_total(ledger) == Decimal(run["cost_usd"])
+
+
 def test_every_request_needs_a_key_and_tenants_see_only_their_runs(server) -> None:
     alice, bob = server.env.tenant(name())["api_key"], server.env.tenant(name())["api_key"]
     with server.client(alice) as a:
@@ -117,6 +136,7 @@ def test_every_request_needs_a_key_and_tenants_see_only_their_runs(server) -> No
         {"task": "hello-file", "model": SIM, "sim_policy": "replay:/etc/passwd"},
         {"task": "hello-file", "model": SIM, "webhook": "file:///etc/passwd"},
         {"task": "hello-file", "model": SIM, "surprise": 1},
+        {"task": "hello-file", "model": SIM, "team": {"entry": "a", "agents": {"b": {"model": SIM}}}},
     ],
 )
 def test_bad_run_requests_are_422_and_create_nothing(server, body: dict) -> None:

@@ -144,6 +144,16 @@ def test_example_team_succeeds_with_messages_both_ways_and_cost_per_agent(tmp_pa
     rep = json.loads(stayer(home, "report", "t1", "--json").stdout)
     assert {(m["sender"], m["to"]) for m in rep["messages"]} == {("coordinator", "worker"), ("worker", "coordinator")}
     assert D(rep["totals"]["cost_usd"]) == D(doc["cost_usd"])
+    # The threads as A2A v0.3 tasks: one per agent, one context, messages both ways.
+    tasks = json.loads(stayer(home, "export", "a2a", "t1").stdout)
+    assert [t["id"] for t in tasks] == ["t1/coordinator", "t1/worker"]
+    for t in tasks:
+        assert t["kind"] == "task" and t["contextId"] == "t1" and t["status"]["state"] == "completed"
+        assert t["status"]["timestamp"] and t["artifacts"][0]["parts"][0]["text"]
+        assert {m["role"] for m in t["history"]} == {"user", "agent"}
+    assert D(tasks[0]["metadata"]["stayer"]["cost_usd"]) + D(tasks[1]["metadata"]["stayer"]["cost_usd"]) == D(doc["cost_usd"])
+    r = stayer(home, "export", "a2a", "nope")
+    assert r.returncode == 2 and "no such run" in r.stderr
 
 
 # --- priced handoffs ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from stayer.cli import (  # noqa: F401  (registers the commands)
     doctor,
     estimate,
     eval,
+    export,
     local_model,
     report,
     resume,

@@ -53,8 +53,9 @@ def report(
     for e in doc["ledger"]:
         u = e["usage"]
         lost = e.get("kind") == "lost_in_flight"
+        agent = e.get("agent", "main")
         t.add_row(
-            str(e["step"]), escape(e.get("model") or "—"), f"{u['input_tokens']:,}", f"{u['cache_read_tokens']:,}",
+            escape(str(e["step"]) if agent == "main" else f"{agent} {e['step']}"), escape(e.get("model") or "—"), f"{u['input_tokens']:,}", f"{u['cache_read_tokens']:,}",
             f"{u['cache_write_tokens']:,}", f"{u['output_tokens']:,}", f"{e['cache_hit_ratio'] * 100:.1f}",
             usd(e["cost_usd"]) + (" (est.)" if lost else ""),
             "lost in flight" if lost else escape(",".join(c["name"] for c in e["tool_calls"]) or "-"),
@@ -68,6 +69,15 @@ def report(
         f"{u['output_tokens']:,}", "", usd(tot["cost_usd"]), f"{tot['tool_calls']} tool calls", "",
     )
     console.print(t)
+    if doc["messages"]:
+        m = Table("message", "from", "to", "kind", "tokens", "read cost (USD)", "says")
+        for msg in doc["messages"]:
+            said = msg["content"].strip().splitlines()[0][:60] if msg["content"].strip() else ""
+            m.add_row(
+                escape(msg["id"]), escape(msg["sender"]), escape(msg["to"]), msg["kind"], f"{msg['tokens']:,}",
+                usd(msg["read_cost_usd"]) if msg["read_cost_usd"] is not None else "unread", escape(said),
+            )
+        console.print(m)
     j = doc["journal"]
     console.print(
         f"{tot['model_calls']} model calls ({tot['lost_in_flight']} lost in flight, {usd(tot['lost_in_flight_cost_usd'])}) · "

@@ -29,6 +29,7 @@ class RunConfig:
     max_context: int | None = None
     config_file: str | None = None  # stayer.toml: routing, sub-agents, breakers
     team_file: str | None = None  # team.toml: a team of agents instead of one (stayer.teams)
+    team: dict[str, Any] | None = None  # or the same inline (the runtime's ``team`` field)
     # Per-run sandbox limits; None keeps the task's (task.toml [environment]).
     memory_mb: int | None = None
     storage_mb: int | None = None

@@ -49,7 +49,7 @@ from stayer.sandbox import KINDS as SANDBOX_KINDS
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.bwrap import check_bwrap
 from stayer.settings import RunSettings, check_flags
-from stayer.teams.config import TeamSpec, load_team
+from stayer.teams.config import TeamSpec, load_team, team_from
 from stayer.teams.runner import Team, TeamServices
 from stayer.tokens import MessageCounter, TiktokenCounter, counter_for
 from stayer.tools import default_tools
@@ -110,8 +110,8 @@ def prepare(
     prices = prices or PriceBook.load()
     counter = MessageCounter(TiktokenCounter())
     team, team_models = None, {}
-    if config.team_file:
-        team = load_team(config.team_file)
+    if config.team_file or config.team is not None:
+        team = load_team(config.team_file) if config.team_file else team_from(config.team or {}, "team")
         config = dataclasses.replace(config, model=config.model or team.agents[team.entry].model)
         team_models = team_models_for(team, config, task, counter, prices)
     elif not config.model:
@@ -154,7 +154,7 @@ def team_models_for(
         try:
             models[name] = model_for(agent.model, config, task, counter, prices)
         except ConfigError as e:
-            raise ConfigError(f"{config.team_file}: agents.{name}.model: {e}") from None
+            raise ConfigError(f"{config.team_file or 'team'}: agents.{name}.model: {e}") from None
     return models
 
 

@@ -245,6 +245,10 @@ def create_app(
 
         resolve_task(tasks_dir, body.task, uploads_dir(home, tenant))  # 422 for a task the tenant cannot run
         split_spec(body.model)
+        if body.team is not None:
+            from stayer.teams.config import team_from
+
+            team_from(body.team, "team")  # 422 for a team that cannot run
         if body.sim_policy and body.sim_policy.startswith("replay:"):
             raise ConfigError("sim_policy: replay:PATH reads a file on the server; not available through the API")
         if body.webhook is not None:
@@ -354,6 +358,7 @@ def create_app(
         own_run(run_id, tenant)
         log = load_log(dbs.get().store, run_id)
         entries = [log.steps[s] for s in sorted(log.steps)]
+        entries += [t.steps[s] for t in log.threads.values() for s in sorted(t.steps)]  # a team's threads
         if log.finished is not None:
             import json
 

@@ -26,6 +26,9 @@ class RunCreate(BaseModel):
     sim_latency: float = Field(default=0.0, ge=0, le=600, allow_inf_nan=False)
     webhook: str | None = Field(default=None, max_length=2000, description="URL that receives signed status changes.")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=50)
+    team: dict[str, Any] | None = Field(
+        default=None, description="A team of agents instead of one: team.toml's contents as an object (docs/teams.md)."
+    )
     confirm_tools: list[Literal["bash", "read_file", "write_file", "edit_file", "memory"]] = Field(
         default_factory=list, description="Tools whose every call waits for a person's approval (requires_action)."
     )

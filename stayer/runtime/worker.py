@@ -206,6 +206,7 @@ class Worker:
                     sim_latency=float(req.get("sim_latency") or 0.0),
                     sandbox=self.sandbox,
                     policy=req.get("policy") or "auto",
+                    team=req.get("team"),
                 )
                 prepared, journal = prepare(config, self.prices, store=self.store), None
             else:
@@ -229,7 +230,8 @@ class Worker:
             totals.usage += entry.usage
             totals.add_cost(entry.cost.total)
             cost = str(Usd(totals.cost_usd))
-            self.db.update(run.id, self.name, steps=entry.step, cost_usd=cost, usage=_json(totals.usage.to_dict()))
+            steps = entry.step if entry.agent == "main" else len(entries)  # a team's steps: all its agents'
+            self.db.update(run.id, self.name, steps=steps, cost_usd=cost, usage=_json(totals.usage.to_dict()))
             if cancel.is_set():
                 raise RunCancelled
 

@@ -20,8 +20,9 @@ Validated whole before anything runs: one line naming the file and field, exit 2
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field
 
@@ -60,10 +61,15 @@ def load_team(path: str | Path) -> TeamSpec:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"--team {file}: no such file")
-    team = check_file(TeamSpec, read_toml(file, "--team "), str(file))
+    return team_from(read_toml(file, "--team "), str(file))
+
+
+def team_from(data: Mapping[str, Any], source: str) -> TeamSpec:
+    """``data`` (a parsed team.toml) as a team; ConfigError naming ``source`` and the field."""
+    team = check_file(TeamSpec, data, source)
     problem = _inconsistency(team)
     if problem is not None:
-        raise ConfigError(f"{file}: {problem}")
+        raise ConfigError(f"{source}: {problem}")
     return team
 
 
