@@ -396,3 +396,65 @@ def test_team_killed_at_random_instants_resumes_to_the_same_result(tmp_path):
         lost = [e for e in doc["ledger"] if e.get("kind") == "lost_in_flight"]
         kinds["mid model call" if lost else "between calls" if "already finished" not in r.stderr else "after finish"] += 1
     print(f"\nteam: {TEAM_KILLS} kills (seed {seed}) over a {duration:.1f}s run: {dict(kinds)}")
+
+
+# --- messaging tools ------------------------------------------------------------------------
+
+
+@dataclass
+class Script:
+    """Says ``turns`` in order (tool name, arguments), then submits."""
+
+    turns: list[tuple[str, dict[str, Any]]]
+
+    def next_message(self, request: ModelRequest) -> Message:
+        step = 1 + sum(1 for m in request.messages if m.role == "assistant")
+        name, args = self.turns[step - 1] if step <= len(self.turns) else ("submit", {"summary": f"done after {step - 1}"})
+        return Message("assistant", "", (ToolCall(f"c{step}", name, json.dumps(args)),))
+
+
+def scripted_team(tmp_path: Path, scripts: dict[str, Script], talks: dict[str, list[str]]) -> tuple[Any, dict[str, list[str]]]:
+    f = tmp_path / "team.toml"
+    f.write_text('entry = "a"\n' + "".join(f'[agents.{n}]\nmodel = "sim:gpt-5"\ntalks_to = {json.dumps(talks[n])}\n' for n in scripts))
+    counter = MessageCounter(TiktokenCounter())
+    spec = load_team(f)
+    seen: dict[str, list[str]] = {n: [] for n in scripts}
+    services = TeamServices(
+        prices=PRICES,
+        counter=counter,
+        tool_context=ToolContext(sandbox=None, workspace=""),  # type: ignore[arg-type]
+        budget=Budget(None),
+        limits=Limits(),
+        models={n: SimModel("gpt-5", s, counter) for n, s in scripts.items()},  # type: ignore[arg-type]
+        tools=lambda: [Observe(), SubmitTool()],
+        policy=lambda: make_policy("none"),
+        on_message=lambda m: None,
+    )
+    team = Team(spec, services)
+    for name, thread in team.threads.items():
+        thread_hook = thread._on_message
+
+        def hook(m: Message, name: str = name, inner: Any = thread_hook) -> None:
+            seen[name].append(m.content)
+            inner(m)
+
+        thread._on_message = hook  # type: ignore[method-assign]
+    return team, seen
+
+
+def test_messages_reach_the_receiver_appended_and_peers_are_enforced(tmp_path):
+    scripts = {
+        "a": Script([("send_message", {"to": "c", "content": "hi c"}), ("send_message", {"to": "b", "content": "start"}),
+                     ("send_message", {"to": "b", "content": "more"}), ("wait_for_message", {"from": "b", "timeout": 60})]),
+        "b": Script([("wait_for_message", {"timeout": 0}), ("observe", {"tokens": 1})]),
+        "c": Script([]),
+    }
+    team, seen = scripted_team(tmp_path, scripts, {"a": ["b"], "b": ["a"], "c": []})
+    result = asyncio.run(team.run("go", "msg"))
+    assert result.status == "submitted"
+    assert any("send_message: 'c' is not an agent you may talk to (b)" in c for c in seen["a"])
+    # b started on a's first message to it; the second arrived while it worked.
+    assert seen["b"][0].startswith("Message from a:\nstart")
+    assert any("[message a#2 from a]\nmore" in c for c in seen["b"])
+    assert any(c.startswith("[report b#1 from b]\nb finished (submitted") for c in seen["a"])
+    assert team.threads["c"].task is None  # never messaged by anyone allowed to: never started
