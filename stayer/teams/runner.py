@@ -255,7 +255,8 @@ class Thread:
             result = await self.agent.run(instruction, f"{self.team.run_id}/{self.name}")
         except TeamFinished:
             result = self.agent.result or RunResult(status="budget_exhausted")
-            result.stop_reason = "team_finished"
+            # Stopped from outside, like a limit: what it did is on the ledger, unfinished.
+            result.status, result.stop_reason = "budget_exhausted", "team_finished"
             if self.agent.guard is not None:
                 self.agent.guard.finish()  # its wrap-up slice is given back, not spent
             return result
