@@ -177,11 +177,19 @@ class Team:
             total = None if total is None or cost is None else total + cost
         return "unknown" if total is None else str(total)
 
+    def _replaying(self) -> bool:
+        """Whether some thread has yet to catch up with the restored workspace: a snapshot
+        now would pair that later workspace with its earlier cursors."""
+        return any(
+            t.journal is not None and (t.journal.in_restored_step or t.journal.t < t.journal.restored_tools_done)
+            for t in self.threads.values()
+        )
+
     def snapshot(self) -> None:
         """The workspace as it stands, with every thread's cursors; skipped while a tool
         is working in it (the next step takes one)."""
         journal = self.s.journal
-        if journal is None or self.workspace_lock.locked():
+        if journal is None or self.workspace_lock.locked() or self._replaying():
             return
         snapshot_id = journal.snapshots.snapshot(journal.workspace)
         cursors = {n: t.journal.t for n, t in self.threads.items() if t.journal is not None}
