@@ -376,7 +376,7 @@ def test_team_killed_at_random_instants_resumes_to_the_same_result(tmp_path):
     rng = random.Random(seed)
     kinds: Counter[str] = Counter()
     for i in range(TEAM_KILLS):
-        run_id, delay = f"k{i}", rng.uniform(0, duration)
+        run_id, delay = f"k{i}", rng.uniform(0, duration * 0.8)  # the verifier takes the rest
         where = f"seed {seed}, run {run_id} killed after {delay:.2f}s"
         proc, registered = start(run_id)
         time.sleep(max(0.0, registered + delay - time.monotonic()))
