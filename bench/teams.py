@@ -40,9 +40,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stayer.agent import Agent, Limits, RunResult  # noqa: E402
+from stayer.agent import Agent, Limits  # noqa: E402
 from stayer.context.policies import make_policy  # noqa: E402
 from stayer.guard.budget import Budget  # noqa: E402
+from stayer.ledger import RunResult  # noqa: E402
 from stayer.models.base import Message, ModelRequest, ToolCall, ToolSpec  # noqa: E402
 from stayer.models.sim import SimModel  # noqa: E402
 from stayer.models.sim_policies import filler  # noqa: E402

@@ -26,11 +26,13 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
-from stayer.agent import SYSTEM_PROMPT, Agent, LedgerEntry, Limits, RunResult
+from stayer.agent import SYSTEM_PROMPT, Agent, Limits
 from stayer.context.policies import ContextPolicy
+from stayer.errors import Stopped
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.guard.budget import Budget
 from stayer.journal.session import RunJournal
+from stayer.ledger import LedgerEntry, RunResult
 from stayer.models.base import Message, Model
 from stayer.pricing import PriceBook
 from stayer.teams.bus import MessageBus, TeamMessage
@@ -49,6 +51,8 @@ from stayer.usage import Usage
 
 #: Tools that read or write the workspace: run one at a time across the team.
 WORKSPACE_TOOLS = frozenset({"bash", "read_file", "write_file", "edit_file"})
+#: Why a thread stopped that was still working when the entry agent finished.
+TEAM_FINISHED = "team_finished"
 #: Each line of a history summary is cut to this many characters.
 SUMMARY_LINE_CHARS = 200
 
@@ -261,17 +265,10 @@ class Thread:
         )
         try:
             result = await self.agent.run(instruction, f"{self.team.run_id}/{self.name}")
-        except TeamFinished:
-            result = self.agent.result or RunResult(status="budget_exhausted")
-            # Stopped from outside, like a limit: what it did is on the ledger, unfinished.
-            result.status, result.stop_reason = "budget_exhausted", "team_finished"
-            if self.agent.guard is not None:
-                self.agent.guard.finish()  # its wrap-up slice is given back, not spent
-            return result
         finally:
             budget.close()
             self.team.bus.finish(self.name)
-        if self.delegator is not None:
+        if self.delegator is not None and result.stop_reason != TEAM_FINISHED:
             cost = "unknown" if result.cost_usd is None else f"${result.cost_usd:.6f}"
             report = f"{self.name} finished ({result.status}, {result.steps} step(s), {cost}):\n{result.summary or '(no summary)'}"
             self.team.post(self, self.delegator, report, "report")
@@ -326,7 +323,7 @@ class Thread:
         """Messages that arrived since the last step, appended to the context. Read at the
         top of every step: where a thread stops once the team has finished."""
         if self.team.stopping and self.name != self.team.spec.entry:
-            raise TeamFinished
+            raise Stopped(TEAM_FINISHED)  # like a limit: its wrap-up slice is given back, not spent
         got = self._observe(lambda: [m.to_dict() for m in self.team.bus.unread(self.name, self.seen)])
         return [Message("user", self._text(m), kind="message") for m in self._read(got)]
 
@@ -402,10 +399,6 @@ class Thread:
         }[passed]
         m = self.team.post(self, receiver.name, body, "handoff")
         return f"handed off to {to} as {m.id} (history: {passed}); it reports back to you when it finishes"
-
-
-class TeamFinished(Exception):
-    """The entry agent has finished: a thread still working stops at its next step."""
 
 
 class Locked:
