@@ -9,6 +9,7 @@ fails: a daemon that does not come up, a base that cannot be made.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -33,18 +34,15 @@ def _needs(*commands: str, why: str) -> None:
         pytest.skip(f"{', '.join(missing)} not installed ({why})")
 
 
-@pytest.fixture(scope="session")
-def docker_host() -> Iterator[str]:
-    """``DOCKER_HOST`` of a daemon started for this test session (and this xdist worker),
-    without a bridge or firewall rules: containers get no network or the host's, as the
+@contextlib.contextmanager
+def private_dockerd() -> Iterator[str]:
+    """A dockerd of our own, for as long as the context lasts: yields its ``DOCKER_HOST``.
+    No bridge and no firewall rules: containers get no network or the host's, as the
     docker sandbox asks, and the host's network configuration is left alone."""
-    _needs("dockerd", "docker", why="apt install docker.io")
-    if os.geteuid() != 0:
-        pytest.skip("the tests start their own dockerd, which needs root")
     # Short: a unix socket's path must fit in 108 bytes.
     home = Path(tempfile.mkdtemp(prefix="stayer-dockerd-", dir="/tmp"))
     host = f"unix://{home}/docker.sock"
-    log = open(home / "dockerd.log", "wb")  # noqa: SIM115 - closed at teardown
+    log = open(home / "dockerd.log", "wb")  # noqa: SIM115 - closed below
     daemon = subprocess.Popen(
         [
             "dockerd",
@@ -71,11 +69,7 @@ def docker_host() -> Iterator[str]:
                     f"dockerd did not start: {(home / 'dockerd.log').read_text(errors='replace')[-2000:]}"
                 )
             time.sleep(0.5)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("DOCKER_HOST", host)
-            check_docker.cache_clear()  # a docker probed before the daemon was up
-            yield host
-            check_docker.cache_clear()
+        yield host
     finally:
         daemon.terminate()
         try:
@@ -88,6 +82,19 @@ def docker_host() -> Iterator[str]:
         for mount in _mounts_under(home):
             subprocess.run(["umount", "--lazy", mount], check=False)
         subprocess.run(["rm", "-rf", "--one-file-system", str(home)], check=False)
+
+
+@pytest.fixture(scope="session")
+def docker_host() -> Iterator[str]:
+    """``DOCKER_HOST`` of a daemon started for this test session (and xdist worker)."""
+    _needs("dockerd", "docker", why="apt install docker.io")
+    if os.geteuid() != 0:
+        pytest.skip("the tests start their own dockerd, which needs root")
+    with private_dockerd() as host, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DOCKER_HOST", host)
+        check_docker.cache_clear()  # a docker probed before the daemon was up
+        yield host
+        check_docker.cache_clear()
 
 
 def _mounts_under(path: Path) -> list[str]:
@@ -112,6 +119,11 @@ def base_root() -> Path:
 def docker_base(docker_host: str, base_root: Path) -> str:
     """:data:`BASE_IMAGE` in the session's daemon, imported from :func:`base_root` (on a
     user's machine it would be pulled from the registry)."""
+    return import_base(base_root)
+
+
+def import_base(base_root: Path) -> str:
+    """Import ``base_root`` into the daemon of ``DOCKER_HOST`` as :data:`BASE_IMAGE`."""
     tar = subprocess.Popen(["tar", "-C", str(base_root), "-c", "."], stdout=subprocess.PIPE)
     subprocess.run(["docker", "import", "-", BASE_IMAGE], stdin=tar.stdout, check=True, capture_output=True)
     assert tar.stdout is not None
