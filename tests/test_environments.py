@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import uuid
 from pathlib import Path
 
 import pytest
@@ -78,13 +79,15 @@ def test_layers_are_cached_by_content(base_root: Path, tmp_path: Path) -> None: 
     again: list[str] = []
     assert build_root(context, log=again.append) == built
     assert again == []  # nothing ran: every layer was found
-    # A changed file rebuilds the step that copies it, and only that one.
-    (context / "numbers.txt").write_text("6\n7\n")
+    # A changed file rebuilds the step that copies it, and only that one. (Content no
+    # earlier run can have cached: the cache outlives the test.)
+    numbers = f"6\n7\n{uuid.uuid4().int}\n"
+    (context / "numbers.txt").write_text(numbers)
     changed: list[str] = []
     rebuilt = build_root(context, log=changed.append)
     assert [line.split(": ", 1)[1] for line in changed] == ["COPY numbers.txt /app/"]
-    assert (rebuilt.root / "app" / "numbers.txt").read_text() == "6\n7\n"
-    assert (built.root / "app" / "numbers.txt").read_text() != "6\n7\n"  # its parent untouched
+    assert (rebuilt.root / "app" / "numbers.txt").read_text() == numbers
+    assert (built.root / "app" / "numbers.txt").read_text() != numbers  # its parent untouched
     assert (rebuilt.root / "usr" / "bin" / "dc").is_file()
     assert rebuilt.env["DEBIAN_FRONTEND"] == "noninteractive"
 
@@ -127,3 +130,18 @@ def test_docker_commands_hold_no_privilege(docker_base: str, tmp_path: Path) -> 
     }
     assert r.stdout.splitlines()[-1] == "1000"
     assert "'/usr/x': Read-only file system" in r.stderr and (ws / "x").is_file()
+
+
+def test_build_steps_cannot_write_the_hosts_sysctls(base_root: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A RUN step is real root (when stayer is): the kernel would let it write sysctls
+    without any capability. It writes back the value already there, so that, were it
+    let through, nothing would change."""
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        "FROM python:3.11-slim-bookworm\n"
+        # (a marker of this run's own: a cached layer would not run the step at all)
+        f"RUN echo {uuid.uuid4().hex} && cat /proc/sys/vm/swappiness > /tmp/v && cat /tmp/v > /proc/sys/vm/swappiness\n"
+    )
+    with pytest.raises(BuildError, match="Read-only file system"):
+        build_root(context)

@@ -154,7 +154,7 @@ def build_base(
         raise ConfigError(
             f"FROM {base.image}: building without Docker needs mmdebstrap (apt install mmdebstrap), or use --sandbox docker"
         )
-    root.mkdir(parents=True, exist_ok=True)
+    private_dir(root)
     with open(root / f"{base.key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (done / "etc" / "debian_version").is_file():  # made while we waited
@@ -194,9 +194,17 @@ def build_base(
     return done
 
 
+def private_dir(path: Path) -> None:
+    """Create ``path`` (and its parents) for root filesystems: only its owner may enter it,
+    since what it holds has setuid programs (su, mount, whatever a RUN step made) that no
+    other local user may reach."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
 def _remove(path: Path) -> None:
     if path.exists():
         subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
 
 
-__all__ = ["BaseSystem", "base_for", "build_base", "cache_root"]
+__all__ = ["BaseSystem", "base_for", "build_base", "cache_root", "private_dir"]

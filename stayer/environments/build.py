@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stayer.environments.base import base_for, build_base, cache_root
+from stayer.environments.base import base_for, build_base, cache_root, private_dir
 from stayer.environments.dockerfile import (
     CopyStep,
     Plan,
@@ -50,7 +50,7 @@ from stayer.environments.dockerfile import (
     parse_dockerfile,
 )
 from stayer.errors import ConfigError
-from stayer.sandbox.bwrap import SANDBOX_PATH, check_bwrap
+from stayer.sandbox.bwrap import SANDBOX_PATH, check_bwrap, cover, proc_secrets
 from stayer.sandbox.hostfs import content_digest, tree_digest
 
 # What a step may take: an apt-get install of a compiler tool chain takes minutes.
@@ -58,7 +58,7 @@ STEP_TIMEOUT_S = 1800.0
 # Of Docker's default capability set, those for files and users (what dpkg and apt use).
 _BUILD_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
 _CONTEXT = "/.stayer-context"  # where the build context is mounted during COPY
-_RECIPE = 1  # bump when how a layer is made changes
+_RECIPE = 2  # bump when how a layer is made changes (2: /proc/sys read-only)
 
 
 class BuildError(ConfigError):
@@ -154,7 +154,7 @@ def _layer(
     done = layers / key
     if done.is_dir():
         return done
-    layers.mkdir(parents=True, exist_ok=True)
+    private_dir(layers)
     with open(layers / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if done.is_dir():  # built while we waited
@@ -252,6 +252,9 @@ def _run_step(bwrap: str, root: Path, step: Step, context: Path, where: Path) ->
         argv = ["mkdir", "-p", step.path]
         network = False
     args = [bwrap, "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev", *binds]
+    # Real root may write sysctls and trigger sysrq whatever its capabilities: /proc/sys
+    # read-only and root-only /proc files covered, as in the agent's sandbox.
+    args += ["--ro-bind", "/proc/sys", "/proc/sys", *cover(proc_secrets())]
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not network:
         args.append("--unshare-net")

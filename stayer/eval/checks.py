@@ -207,8 +207,8 @@ async def check_oracle(
             v = verdicts[0]
             why = f"reward {v.reward:g}" if v.reward is not None else (v.error or "no reward")
             hint = ""
-            if (task.path / "environment" / "Dockerfile").is_file() and "RUN " in (task.path / "environment" / "Dockerfile").read_text(errors="replace"):
-                hint = "; note: the Dockerfile's RUN steps are not executed here"
+            if kind not in IMAGE_KINDS and (task.path / "environment" / "Dockerfile").is_file() and "RUN " in (task.path / "environment" / "Dockerfile").read_text(errors="replace"):
+                hint = f"; note: the Dockerfile's RUN steps are not executed under --sandbox {kind} (try docker or bwrap-image)"
             problems.append(Problem(
                 "oracle_fails",
                 f"{why}; solve.sh exit {run.exit_code}; tests said: {_tail(_output(v.exec))}{hint}",

@@ -208,7 +208,7 @@ def proc_secrets(proc: str = "/proc") -> tuple[tuple[str, bool], ...]:
     )
 
 
-def _cover(secrets: tuple[tuple[str, bool], ...]) -> list[str]:
+def cover(secrets: tuple[tuple[str, bool], ...]) -> list[str]:
     """Cover each with an empty read-only directory, or with /dev/null (which, on a nodev
     mount, cannot even be opened)."""
     args: list[str] = []
@@ -306,7 +306,7 @@ class BwrapSandbox:
                 args += ["--symlink", os.readlink(src), dest]
             elif os.path.isdir(src) or (self.root is not None and os.path.isfile(src)):
                 args += ["--ro-bind", src, dest]
-        args += _cover(tuple(("/etc" + p[len(self._etc) :], d) for p, d in etc_secrets(self._etc)))
+        args += cover(tuple(("/etc" + p[len(self._etc) :], d) for p, d in etc_secrets(self._etc)))
         for path in self._hidden_dirs:
             args += ["--tmpfs", path, "--remount-ro", path]
         if self.allow_net and self.root is not None:
@@ -321,7 +321,7 @@ class BwrapSandbox:
         # The kernel lets uid 0 write sysctls whatever its capabilities, and the command's
         # uid is root's when stayer runs as root: /proc/sys is read-only for everyone.
         args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
-        args += _cover(proc_secrets())
+        args += cover(proc_secrets())
         args += ["--dev", "/dev"]
         if _supports_tmpfs_size(self.bwrap):
             args += ["--size", str((self.storage_mb or DEFAULT_TMP_MB) * 2**20)]
