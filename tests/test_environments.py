@@ -71,20 +71,30 @@ def test_a_dockerfile_that_cannot_be_built_is_an_environment_problem(
     assert "cannot be built" in check.problems[0].detail
 
 
+def _private_cache(base_root: Path, tmp_path: Path) -> Path:  # noqa: F811
+    """A layer cache of the test's own over the shared base: layers of content made up
+    for one test are not left behind in ~/.cache."""
+    cache = tmp_path / "cache"
+    (cache / "rootfs").mkdir(parents=True)
+    (cache / "rootfs" / base_root.name).symlink_to(base_root)
+    return cache
+
+
 def test_layers_are_cached_by_content(base_root: Path, tmp_path: Path) -> None:  # noqa: F811
     task = _copy_task(tmp_path)
     context = task / "environment"
+    cache = _private_cache(base_root, tmp_path)
     first: list[str] = []
-    built = build_root(context, log=first.append)
+    built = build_root(context, cache=cache, log=first.append)
     again: list[str] = []
-    assert build_root(context, log=again.append) == built
+    assert build_root(context, cache=cache, log=again.append) == built
     assert again == []  # nothing ran: every layer was found
     # A changed file rebuilds the step that copies it, and only that one. (Content no
     # earlier run can have cached: the cache outlives the test.)
     numbers = f"6\n7\n{uuid.uuid4().int}\n"
     (context / "numbers.txt").write_text(numbers)
     changed: list[str] = []
-    rebuilt = build_root(context, log=changed.append)
+    rebuilt = build_root(context, cache=cache, log=changed.append)
     assert [line.split(": ", 1)[1] for line in changed] == ["COPY numbers.txt /app/"]
     assert (rebuilt.root / "app" / "numbers.txt").read_text() == numbers
     assert (built.root / "app" / "numbers.txt").read_text() != numbers  # its parent untouched
@@ -144,4 +154,4 @@ def test_build_steps_cannot_write_the_hosts_sysctls(base_root: Path, tmp_path: P
         f"RUN echo {uuid.uuid4().hex} && cat /proc/sys/vm/swappiness > /tmp/v && cat /tmp/v > /proc/sys/vm/swappiness\n"
     )
     with pytest.raises(BuildError, match="Read-only file system"):
-        build_root(context)
+        build_root(context, cache=_private_cache(base_root, tmp_path))

@@ -161,7 +161,8 @@ def _layer(
             return done
         partial = layers / f"{key}.partial"
         _remove(partial)
-        subprocess.run(["cp", "-a", "--reflink=auto", str(parent), str(partial)], check=True)
+        # parent/. : the tree, also where parent is a link to it (a shared base)
+        subprocess.run(["cp", "-a", "--reflink=auto", f"{parent}/.", str(partial)], check=True)
         try:
             log(f"{where}:{step.line}: {_describe(step)}")
             _run_step(bwrap, partial, step, context, where)
