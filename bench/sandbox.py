@@ -1,7 +1,8 @@
-"""Sandbox start-up overhead and workspace snapshot speed.
+"""Sandbox start-up overhead, task image builds and workspace snapshot speed.
 
     python bench/sandbox.py [--runs 200] [--files 10000] [--mb 100] [--repeat 3] [--settle 6]
                             [--dir DIR] [--json]
+                            [--images] [--docker-runs 30] [--build-rounds 3] [--no-snapshots]
 
 1. **Exec overhead.** The same command (``true``) run ``--runs`` times, interleaved, as a
    bare ``subprocess.run(["/bin/bash", "-c", "true"])`` and through stayer's sandbox exactly
@@ -21,6 +22,15 @@
    ``--settle`` seconds (default 6): creating or deleting 10,000 files keeps an ext4
    journal busy for up to its 5 s commit interval, and whichever operation comes next
    would pay for the one before. ``--settle 0`` shows that back-to-back cost.
+3. **Task images** (``--images``; root, with docker.io and mmdebstrap installed): the
+   image of ``tests/fixtures/image-task`` (a Debian base plus ``apt-get install dc`` and a
+   ``COPY``) built ``--build-rounds`` times cold and then found cached, with Docker (a
+   private ``dockerd`` started for the run, its base imported from the mmdebstrap root)
+   and without it (``bwrap-image``, layers in a fresh cache over the same base),
+   interleaved; then exec overhead of ``true`` in both, ``--docker-runs`` times each,
+   interleaved with plain bwrap. The base root filesystem itself (mmdebstrap, minutes,
+   once per release) is made before, not timed. Min and median of each; the load
+   average before and after is in the JSON.
 """
 
 from __future__ import annotations
@@ -144,6 +154,74 @@ def snapshot_figures(base: Path, files: int, mb: int, repeat: int, settle: float
     return {k: statistics.median(v) * 1000 for k, v in rows.items()}
 
 
+def image_figures(build_rounds: int, exec_runs: int, base: Path) -> dict[str, object]:
+    """Cold and cached builds of the fixture task's image, with and without Docker, and
+    exec overhead in each (see the module's docstring, item 3)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from docker_helpers import BASE_IMAGE, import_base, private_dockerd
+
+    from stayer.environments.base import base_for, build_base
+    from stayer.environments.docker import image_tag
+    from stayer.environments.prepare import prepare_environment
+    from stayer.sandbox.docker import check_docker
+
+    context = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "image-task" / "environment"
+    root = build_base(base_for(BASE_IMAGE), log=lambda line: print(line, file=sys.stderr))
+    load_before = os.getloadavg()
+    rows: dict[str, list[float]] = {
+        k: []
+        for k in ("docker build, cold", "docker build, cached", "bwrap-image build, cold", "bwrap-image build, cached")
+    }
+    with private_dockerd() as host:
+        os.environ["DOCKER_HOST"] = host
+        check_docker.cache_clear()
+        import_base(root)
+        for r in range(build_rounds):
+            # A fresh layer cache over the same base: every step runs again.
+            cache = base / f"image-cache{r}"
+            (cache / "rootfs").mkdir(parents=True)
+            subprocess.run(["cp", "-a", "--reflink=auto", str(root), str(cache / "rootfs" / root.name)], check=True)
+            os.environ["STAYER_CACHE"] = str(cache)
+            for kind in ("docker", "bwrap-image") if r % 2 == 0 else ("bwrap-image", "docker"):
+                if kind == "docker":  # the tag of this context, and its intermediate images
+                    subprocess.run(["docker", "image", "rm", "--force", image_tag(context)], capture_output=True)
+                t0 = time.perf_counter()
+                prepare_environment(kind, context)
+                rows[f"{kind} build, cold"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                prepare_environment(kind, context)
+                rows[f"{kind} build, cached"].append(time.perf_counter() - t0)
+        # Exec overhead in the images just built, interleaved with plain bwrap.
+        ws = base / "image-exec-ws"
+        ws.mkdir()
+        boxes = {
+            "stayer bwrap": make_sandbox("bwrap", ws),
+            "stayer bwrap-image": prepare_environment("bwrap-image", context).sandbox(ws),
+            "stayer docker": prepare_environment("docker", context).sandbox(ws),
+        }
+        samples: dict[str, list[float]] = {k: [] for k in boxes}
+
+        async def execs() -> None:
+            for i in range(exec_runs + 2):  # two to warm up
+                for name, box in boxes.items():
+                    t0 = time.perf_counter()
+                    r = await box.exec("true", timeout=60)
+                    assert r.exit_code == 0, r
+                    if i >= 2:
+                        samples[name].append(time.perf_counter() - t0)
+
+        asyncio.run(execs())
+    load_after = os.getloadavg()
+    summary = {
+        name: {"min_s": min(xs), "median_s": statistics.median(xs), "n": len(xs)} for name, xs in rows.items()
+    }
+    exec_ms = {
+        name: {"min_ms": min(xs) * 1000, "median_ms": statistics.median(xs) * 1000, "n": len(xs)}
+        for name, xs in samples.items()
+    }
+    return {"builds": summary, "exec": exec_ms, "loadavg_before": load_before, "loadavg_after": load_after}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=200, help="exec calls per variant")
@@ -153,13 +231,20 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=6.0, help="seconds to wait before each bulk operation")
     ap.add_argument("--dir", default=None, help="where to build the workspaces (default: temp)")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    ap.add_argument("--images", action="store_true", help="also time task image builds and docker exec (root)")
+    ap.add_argument("--docker-runs", type=int, default=30, help="exec calls per variant with --images")
+    ap.add_argument("--build-rounds", type=int, default=3, help="cold builds per builder with --images")
+    ap.add_argument("--no-snapshots", action="store_true", help="leave out the snapshot figures")
     args = ap.parse_args()
 
+    images = None
     with tempfile.TemporaryDirectory(prefix="stayer-bench-", dir=args.dir) as tmp:
         base = Path(tmp)
         (base / "exec-ws").mkdir()
         execs = asyncio.run(exec_overhead(args.runs, base / "exec-ws"))
-        snaps = snapshot_figures(base, args.files, args.mb, args.repeat, args.settle)
+        snaps = {} if args.no_snapshots else snapshot_figures(base, args.files, args.mb, args.repeat, args.settle)
+        if args.images:
+            images = image_figures(args.build_rounds, args.docker_runs, base)
 
     bare = execs["bare subprocess.run"]
     print(f"exec of `true`, {args.runs} runs each, interleaved ({os.cpu_count()} CPUs)")
@@ -171,6 +256,19 @@ def main() -> None:
         )
     over = execs["stayer bwrap"]["p50_ms"] - bare["p50_ms"]
     print(f"target: p50 overhead < 10 ms; measured {over:.2f} ms ({'met' if over < 10 else 'NOT met'})")
+    if images is not None:
+        print()
+        print(f"task image (tests/fixtures/image-task), {args.build_rounds} cold builds each, interleaved")
+        for name, r in images["builds"].items():  # type: ignore[union-attr]
+            print(f"{name:28} min {r['min_s']:8.2f} s   median {r['median_s']:8.2f} s")
+        print(f"exec of `true` in the built image, {args.docker_runs} runs each, interleaved")
+        for name, r in images["exec"].items():  # type: ignore[union-attr]
+            print(f"{name:28} min {r['min_ms']:8.1f} ms  median {r['median_ms']:8.1f} ms")
+        print(f"load average before {images['loadavg_before']}, after {images['loadavg_after']}")
+    if not snaps:
+        if args.json:
+            print(json.dumps({"exec": execs, "images": images, "runs": args.runs}))
+        return
     print()
     print(
         f"snapshots of a {args.mb} MB, {args.files:,}-file workspace "
@@ -187,7 +285,11 @@ def main() -> None:
         f"{scan:.1f} ms by stat scan ({'met' if unchanged < 50 else 'NOT met'}; {cp / unchanged:.0f}× faster than cp -a)"
     )
     if args.json:
-        print(json.dumps({"exec": execs, "snapshot_ms": snaps, "runs": args.runs, "files": args.files, "mb": args.mb}))
+        print(
+            json.dumps(
+                {"exec": execs, "snapshot_ms": snaps, "images": images, "runs": args.runs, "files": args.files, "mb": args.mb}
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,157 @@
+"""Tasks whose environment/Dockerfile is built and run: with Docker (``--sandbox docker``)
+and without it (``--sandbox bwrap-image``, bubblewrap over a Debian root made with
+mmdebstrap). Slow: the first run makes the base (minutes) and every build installs a
+package from the Debian archive."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+from docker_helpers import base_root, docker_base, docker_host  # noqa: F401 - fixtures
+from sandbox_helpers import needs_bwrap
+
+from stayer.environments.build import BuildError, build_root
+from stayer.environments.prepare import prepare_environment
+from stayer.eval.checks import check_task
+from stayer.eval.task import load_task
+
+pytestmark = [pytest.mark.slow, needs_bwrap]
+
+FIXTURE = Path(__file__).parent / "fixtures" / "image-task"
+
+
+@pytest.fixture(params=["docker", "bwrap-image"])
+def kind(request: pytest.FixtureRequest) -> str:
+    """Each sandbox kind that builds the task's image, with what it needs set up."""
+    if request.param == "docker":
+        request.getfixturevalue("docker_base")
+    else:
+        request.getfixturevalue("base_root")
+    return request.param
+
+
+def _copy_task(tmp_path: Path) -> Path:
+    task = tmp_path / "image-task"
+    shutil.copytree(FIXTURE, task)
+    return task
+
+
+def test_a_task_needing_a_package_from_its_dockerfile_passes_its_oracle_and_fails_its_nop(
+    kind: str, tmp_path: Path
+) -> None:
+    check = asyncio.run(check_task(load_task(_copy_task(tmp_path)), reruns=1, sandbox=kind))
+    assert check.problems == [], check.problems
+    assert check.rewards and set(check.rewards) == {
+        1.0
+    }  # the oracle, verified with dc from the image
+
+
+@pytest.mark.skipif(shutil.which("dc") is not None, reason="dc is installed on this host")
+def test_the_same_task_fails_on_the_hosts_system(tmp_path: Path) -> None:
+    """Control: the image is what makes the oracle pass, not the host."""
+    check = asyncio.run(check_task(load_task(_copy_task(tmp_path)), reruns=1, sandbox="bwrap"))
+    assert any(p.kind in ("oracle_fails", "environment") for p in check.problems), check.problems
+
+
+def test_a_dockerfile_that_cannot_be_built_is_an_environment_problem(
+    kind: str, tmp_path: Path
+) -> None:
+    task = _copy_task(tmp_path)
+    dockerfile = task / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "RUN echo about to fail && exit 7\n")
+    with pytest.raises(BuildError, match="exit 7") as e:
+        prepare_environment(kind, task / "environment")
+    assert str(dockerfile) in str(e.value) and "\n" not in str(e.value)
+    check = asyncio.run(check_task(load_task(task), reruns=1, sandbox=kind))
+    assert [p.kind for p in check.problems] == ["environment"]
+    assert "cannot be built" in check.problems[0].detail
+
+
+def _private_cache(base_root: Path, tmp_path: Path) -> Path:  # noqa: F811
+    """A layer cache of the test's own over the shared base: layers of content made up
+    for one test are not left behind in ~/.cache."""
+    cache = tmp_path / "cache"
+    (cache / "rootfs").mkdir(parents=True)
+    (cache / "rootfs" / base_root.name).symlink_to(base_root)
+    return cache
+
+
+def test_layers_are_cached_by_content(base_root: Path, tmp_path: Path) -> None:  # noqa: F811
+    task = _copy_task(tmp_path)
+    context = task / "environment"
+    cache = _private_cache(base_root, tmp_path)
+    first: list[str] = []
+    built = build_root(context, cache=cache, log=first.append)
+    again: list[str] = []
+    assert build_root(context, cache=cache, log=again.append) == built
+    assert again == []  # nothing ran: every layer was found
+    # A changed file rebuilds the step that copies it, and only that one. (Content no
+    # earlier run can have cached: the cache outlives the test.)
+    numbers = f"6\n7\n{uuid.uuid4().int}\n"
+    (context / "numbers.txt").write_text(numbers)
+    changed: list[str] = []
+    rebuilt = build_root(context, cache=cache, log=changed.append)
+    assert [line.split(": ", 1)[1] for line in changed] == ["COPY numbers.txt /app/"]
+    assert (rebuilt.root / "app" / "numbers.txt").read_text() == numbers
+    assert (built.root / "app" / "numbers.txt").read_text() != numbers  # its parent untouched
+    assert (rebuilt.root / "usr" / "bin" / "dc").is_file()
+    assert rebuilt.env["DEBIAN_FRONTEND"] == "noninteractive"
+
+
+def test_the_image_app_directory_seeds_the_workspace(kind: str, tmp_path: Path) -> None:
+    task = load_task(_copy_task(tmp_path))
+    workspace = tmp_path / "ws"
+    (task.path / "environment" / "numbers.txt").rename(task.path / "environment" / "renamed.txt")
+    dockerfile = task.path / "environment" / "Dockerfile"
+    dockerfile.write_text(
+        dockerfile.read_text().replace("COPY numbers.txt ./", "COPY renamed.txt numbers.txt")
+    )
+    task.materialise(workspace, kind)
+    # renamed.txt comes from environment/, numbers.txt from the image's /app.
+    assert sorted(p.name for p in workspace.iterdir()) == ["numbers.txt", "renamed.txt"]
+    r = asyncio.run(
+        task.make_sandbox(kind, workspace).exec("id -u; dc -e '2 3 * p'; cat numbers.txt")
+    )
+    assert r.exit_code == 0, r
+    assert r.stdout.split("\n")[:2] == ["1000", "6"]
+
+
+def test_docker_commands_hold_no_privilege(docker_base: str, tmp_path: Path) -> None:  # noqa: F811
+    """What bwrap's identity gives, by Docker's means: no capabilities (not even in the
+    bounding set), no new privileges, not root, the image read-only."""
+    from stayer.sandbox.docker import DockerSandbox
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    probe = (
+        "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status; id -u; touch /usr/x /app/x"
+    )
+    r = asyncio.run(DockerSandbox(ws, image=docker_base).exec(probe))
+    status = dict(line.split(":\t") for line in r.stdout.splitlines() if ":\t" in line)
+    assert status == {
+        "CapEff": "0000000000000000",
+        "CapPrm": "0000000000000000",
+        "CapBnd": "0000000000000000",
+        "NoNewPrivs": "1",
+    }
+    assert r.stdout.splitlines()[-1] == "1000"
+    assert "'/usr/x': Read-only file system" in r.stderr and (ws / "x").is_file()
+
+
+def test_build_steps_cannot_write_the_hosts_sysctls(base_root: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A RUN step is real root (when stayer is): the kernel would let it write sysctls
+    without any capability. It writes back the value already there, so that, were it
+    let through, nothing would change."""
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        "FROM python:3.11-slim-bookworm\n"
+        # (a marker of this run's own: a cached layer would not run the step at all)
+        f"RUN echo {uuid.uuid4().hex} && cat /proc/sys/vm/swappiness > /tmp/v && cat /tmp/v > /proc/sys/vm/swappiness\n"
+    )
+    with pytest.raises(BuildError, match="Read-only file system"):
+        build_root(context, cache=_private_cache(base_root, tmp_path))
