@@ -13,7 +13,15 @@ Per task, each on a fresh copy of its environment, in the same sandboxes a trial
   installs packages, needs a command or Python module the host lacks, or writes outside the
   writable paths. Told apart from a broken oracle by evidence in the scripts' output, which
   the detail quotes; without evidence a failing oracle is ``oracle_fails``;
-* ``invalid`` — the task does not load (or has no solution to check).
+* ``invalid`` — the task does not load (or has no solution to check);
+* ``gameable`` — a reward-hack probe (:mod:`stayer.eval.probes`), a scripted cheat that
+  does not do the task, made the verifier pay; run only on tasks whose oracle passes and
+  whose nop fails (otherwise the verifier is already known not to judge). The winning
+  probe is ``probe``, and ``flags`` holds ``gameable``.
+
+``flags`` also holds ``underspecified`` (:mod:`stayer.eval.spec`) when the tests require
+files or keys the instruction never states, listed in ``unstated``. It is a warning from a
+static comparison, not a problem: it leaves ``ok`` alone.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from stayer.eval.evidence import environment_evidence
+from stayer.eval.probes import Probe, plan_probes, test_facts
+from stayer.eval.spec import unmentioned
 from stayer.eval.suite import scan_suite
 from stayer.eval.task import Task
 from stayer.eval.verify import Verdict, passes, verify
@@ -35,7 +45,8 @@ from stayer.sandbox import make_sandbox
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.sandbox.hostfs import copy_tree
 
-KINDS = ("invalid", "oracle_fails", "nop_passes", "flaky", "timeout_margin", "leak", "environment")
+KINDS = ("invalid", "oracle_fails", "nop_passes", "flaky", "timeout_margin", "leak", "environment", "gameable")
+PROBE_TIMEOUT_S = 60.0  # a probe's script only writes a few files
 TIME_MARGIN = 0.5  # share of a timeout the oracle (or the tests) may use
 # Files this small (an empty __init__.py, "1\n") match by accident, not by leaking.
 _MIN_LEAK_BYTES = 16
@@ -54,6 +65,10 @@ class TaskCheck:
     oracle_s: float | None = None
     verify_s: float | None = None
     rewards: list[float | None] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)  # gameable, underspecified
+    probe: str | None = None  # the reward-hack probe that won
+    probes_run: list[str] = field(default_factory=list)
+    unstated: list[str] = field(default_factory=list)  # what the tests need, the instruction never says
 
     @property
     def ok(self) -> bool:
@@ -68,6 +83,10 @@ class TaskCheck:
             "oracle_s": self.oracle_s,
             "verify_s": self.verify_s,
             "rewards": self.rewards,
+            "flags": self.flags,
+            "probe": self.probe,
+            "probes_run": self.probes_run,
+            "unstated": self.unstated,
         }
 
 
@@ -222,7 +241,27 @@ async def check_oracle(
     return problems
 
 
-async def check_task(task: Task, *, reruns: int = 3, sandbox: str = "bwrap", margin: float = TIME_MARGIN) -> TaskCheck:
+async def run_probe(task: Task, probe: Probe, workspace: Path, kind: str) -> Verdict:
+    """The probe's script in the agent's sandbox, then the verifier over what it left."""
+    await _agent_sandbox(task, _fresh(task, workspace), kind).exec("bash -s", stdin=probe.script.encode(), timeout=PROBE_TIMEOUT_S)
+    return await verify(task, make_sandbox(kind, workspace, allow_net=task.allow_internet))
+
+
+async def check_probes(task: Task, work: Path, kind: str, check: TaskCheck) -> list[Problem]:
+    """Each probe on a fresh workspace, in order, until one is paid."""
+    for i, probe in enumerate(plan_probes(task)):
+        check.probes_run.append(probe.name)
+        verdict = await run_probe(task, probe, work / f"probe-{i}", kind)
+        if _passed(verdict):
+            check.probe = probe.name
+            check.flags.append("gameable")
+            return [Problem("gameable", f"probe {probe.name} ({probe.what}) scored reward {verdict.reward:g} without doing the task")]
+    return []
+
+
+async def check_task(
+    task: Task, *, reruns: int = 3, sandbox: str = "bwrap", margin: float = TIME_MARGIN, probes: bool = True
+) -> TaskCheck:
     check = TaskCheck(task.name, task.path)
     with tempfile.TemporaryDirectory(prefix="stayer-check-") as tmp:
         work = Path(tmp)
@@ -231,7 +270,13 @@ async def check_task(task: Task, *, reruns: int = 3, sandbox: str = "bwrap", mar
             check_nop(task, work / "nop", sandbox),
             check_leaks(task, work / "leak", sandbox),
         )
-    check.problems = [p for group in found for p in group]
+        check.problems = [p for group in found for p in group]
+        judges = any(passes(r) for r in check.rewards) and not any(p.kind == "nop_passes" for p in check.problems)
+        if probes and judges:
+            check.problems += await check_probes(task, work, sandbox, check)
+    check.unstated = unmentioned(task, test_facts(task))
+    if check.unstated:
+        check.flags.append("underspecified")
     return check
 
 
@@ -242,6 +287,7 @@ async def check_suite(
     concurrency: int = 4,
     sandbox: str = "bwrap",
     margin: float = TIME_MARGIN,
+    probes: bool = True,
     on_done: Callable[[TaskCheck], None] | None = None,
 ) -> list[TaskCheck]:
     """Check every task of a suite, ``concurrency`` at a time; invalid tasks are reported
@@ -251,7 +297,7 @@ async def check_suite(
 
     async def one(task: Task) -> TaskCheck:
         async with gate:
-            check = await check_task(task, reruns=reruns, sandbox=sandbox, margin=margin)
+            check = await check_task(task, reruns=reruns, sandbox=sandbox, margin=margin, probes=probes)
         if on_done:
             on_done(check)
         return check
