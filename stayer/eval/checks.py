@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from stayer.eval.evidence import environment_evidence
-from stayer.eval.probes import Probe, plan_probes, test_facts
+from stayer.eval.probes import Probe, plan_probes, read_facts
 from stayer.eval.spec import unmentioned
 from stayer.eval.suite import scan_suite
 from stayer.eval.task import Task
@@ -274,7 +274,7 @@ async def check_task(
         judges = any(passes(r) for r in check.rewards) and not any(p.kind == "nop_passes" for p in check.problems)
         if probes and judges:
             check.problems += await check_probes(task, work, sandbox, check)
-    check.unstated = unmentioned(task, test_facts(task))
+    check.unstated = unmentioned(task, read_facts(task))
     if check.unstated:
         check.flags.append("underspecified")
     return check

@@ -55,11 +55,12 @@ EXIT_HOOK = """\
 import os, time
 
 
-def _pay():
+def _pay():  # whole files, renamed into place: a reward is never seen half-written
     for name in ("reward.txt", "reward.json"):
         try:
-            with open("/logs/verifier/" + name, "w") as f:
+            with open("/logs/verifier/.paying", "w") as f:
                 f.write("1\\n")
+            os.replace("/logs/verifier/.paying", "/logs/verifier/" + name)
         except OSError:
             pass
 
@@ -107,7 +108,7 @@ class Probe:
 
 
 @dataclass(frozen=True)
-class TestFacts:
+class TaskFacts:
     """What the tests reveal about what they read, run and import."""
 
     texts: dict[str, str]  # test file (relative to tests/) → its text
@@ -116,8 +117,14 @@ class TestFacts:
     reward_paths: frozenset[str]  # reward-like files the tests name
     uses_pytest: bool
 
+    @property
+    def mentioned_files(self) -> list[str]:
+        """The mentioned paths less those that are directories of other mentioned paths."""
+        dirs = {str(parent) for p in self.mentioned for parent in Path(p).parents}
+        return sorted(p for p in self.mentioned if p not in dirs)
 
-def test_facts(task: Task) -> TestFacts:
+
+def read_facts(task: Task) -> TaskFacts:
     texts: dict[str, str] = {}
     for p in sorted(task.tests_dir.rglob("*")):
         if p.is_file() and not p.is_symlink() and p.stat().st_size <= _MAX_TEXT:
@@ -133,7 +140,7 @@ def test_facts(task: Task) -> TestFacts:
         modules.update(_IMPORT_TEXT.findall(text))
         if name.endswith(".py"):
             modules.update(_imported_modules(text))
-    return TestFacts(
+    return TaskFacts(
         texts=texts,
         mentioned=frozenset(mentioned),
         modules=frozenset(modules),
@@ -178,16 +185,16 @@ def _script(lines: list[str]) -> str:
     return "\n".join(["cd /app || exit 0", *lines, "true"]) + "\n"
 
 
-def plan_probes(task: Task, facts: TestFacts | None = None) -> list[Probe]:
+def plan_probes(task: Task, facts: TaskFacts | None = None) -> list[Probe]:
     """The probes worth running on ``task``, in order; each derived from its files."""
-    facts = facts or test_facts(task)
+    facts = facts or read_facts(task)
     return list(_probes(task, facts))
 
 
-def _probes(task: Task, facts: TestFacts) -> Iterator[Probe]:
+def _probes(task: Task, facts: TaskFacts) -> Iterator[Probe]:
     env = environment_files(task)
     dirs = {str(Path(p).parent) for p in env} | {"/app"}
-    outputs = sorted(p for p in facts.mentioned if p not in env and p not in dirs)
+    outputs = [p for p in facts.mentioned_files if p not in env and p not in dirs]
 
     rewards = sorted(set(REWARD_FILES) | {p if p.startswith("/") else f"/app/{p}" for p in facts.reward_paths})
     yield Probe(
@@ -259,7 +266,7 @@ def _looks_executable(p: Path) -> bool:
         return f.read(2) == b"#!"
 
 
-def _inputs_by_relevance(task: Task, facts: TestFacts, env: dict[str, Path]) -> list[str]:
+def _inputs_by_relevance(task: Task, facts: TaskFacts, env: dict[str, Path]) -> list[str]:
     """Environment files small enough to copy: those the tests name, then those the
     instruction names, then the rest (in path order)."""
     small = [p for p, f in env.items() if f.stat().st_size <= _MAX_INPUT]

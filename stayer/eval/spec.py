@@ -13,21 +13,22 @@ import ast
 import re
 from pathlib import Path
 
-from stayer.eval.probes import TestFacts, environment_files
+from stayer.eval.probes import TaskFacts, environment_files
 from stayer.eval.task import Task
 
 _MIN_KEY = 3  # shorter keys ("id", "x") match by accident
 _MAX_ENV_TEXT = 1024 * 1024
 
 
-def unmentioned(task: Task, facts: TestFacts) -> list[str]:
+def unmentioned(task: Task, facts: TaskFacts) -> list[str]:
     """What the tests require and the instruction never says, one phrase each."""
     env = environment_files(task)
     env_dirs = {str(Path(p).parent) for p in env} | {"/app"}
     said = task.instruction
     missing = []
-    for path in sorted(facts.mentioned):
-        if path in env or path in env_dirs or _names(path, said):
+    for path in facts.mentioned_files:
+        verifiers_own = path in facts.reward_paths or path.removeprefix("/app/") in facts.reward_paths
+        if path in env or path in env_dirs or verifiers_own or _names(path, said):
             continue
         missing.append(f"the file {path}")
     env_text = "\n".join(

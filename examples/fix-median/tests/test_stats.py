@@ -2,6 +2,7 @@
 exit, print or write whatever it likes; only the values it reports are judged here, by a
 process that never imports the workspace's code."""
 
+import contextlib
 import json
 import os
 import signal
@@ -64,10 +65,8 @@ def reap_strays() -> None:
         if not strays:
             return
         for pid in strays:
-            try:
+            with contextlib.suppress(OSError):  # gone already
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
         time.sleep(0.01)  # let the killed be reaped
     print("FAIL: stats.py leaves processes that cannot be stopped")
     sys.exit(1)
