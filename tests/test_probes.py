@@ -25,6 +25,7 @@ def write_task(suite: Path, name: str, *, instruction: str, test: str, solve: st
     (root / "instruction.md").write_text(instruction)
     (root / "task.toml").write_text("[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n")
     for rel, text in {"README.md": "A workspace.\n", **(env or {})}.items():
+        (root / "environment" / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / "environment" / rel).write_text(text)
     (root / "tests" / "test.sh").write_text("#!/bin/bash\n" + test)
     for rel, text in (tests or {}).items():
@@ -194,3 +195,15 @@ def test_probe_scripts_quote_odd_names(tmp_path):
     for probe in plan_probes(load_task(root)):
         r = subprocess.run(["bash", "-n"], input=probe.script, text=True, capture_output=True)
         assert r.returncode == 0, (probe.name, r.stderr)
+
+
+def test_a_quoted_name_is_the_environment_file_of_that_name_wherever_it_lies(tmp_path):
+    check = "from pathlib import Path\nassert 'inline' in (Path('/app') / 'include' / 'utils.hpp').read_text()\n"
+    root = write_task(tmp_path, "t", instruction="Make the functions in the headers inline.\n",
+                      env={"include/utils.hpp": "int f();\n"}, test="python3 /tests/check.py\n",
+                      tests={"check.py": check}, solve="true\n")
+    task = load_task(root)
+    facts = read_facts(task)
+    assert facts.mentioned == {"/app/include/utils.hpp"}
+    assert unmentioned(task, facts) == []  # an input the agent finds, not an unstated output
+    assert "empty-outputs" not in [p.name for p in plan_probes(task, facts)]

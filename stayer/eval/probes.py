@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from stayer.eval.task import Task
+from stayer.eval.task import IMAGE_FILES, Task
 
 # The verifier's reward files, as stayer.eval.verify reads them.
 REWARD_FILES = ("/logs/verifier/reward.txt", "/logs/verifier/reward.json")
@@ -129,13 +129,20 @@ def read_facts(task: Task) -> TaskFacts:
     for p in sorted(task.tests_dir.rglob("*")):
         if p.is_file() and not p.is_symlink() and p.stat().st_size <= _MAX_TEXT:
             texts[str(p.relative_to(task.tests_dir))] = p.read_text(errors="replace")
+    # A quoted bare name is the environment's file(s) of that name anywhere below /app, else
+    # a file the tests expect in /app (unless it is a test's own name).
     test_names = {Path(name).name for name in texts}
+    env_by_name: dict[str, list[str]] = {}
+    for p in environment_files(task):
+        env_by_name.setdefault(Path(p).name, []).append(p)
     mentioned: set[str] = set()
     modules: set[str] = set()
     rewards: set[str] = set()
     for name, text in texts.items():
         mentioned.update(p.rstrip(".") for p in _APP_PATH.findall(text))
-        mentioned.update(f"/app/{n}" for n in _QUOTED_NAME.findall(text) if n not in test_names)
+        for n in _QUOTED_NAME.findall(text):
+            if n not in test_names:
+                mentioned.update(env_by_name.get(n, [f"/app/{n}"]))
         rewards.update(p for p in _REWARD_PATH.findall(text) if "/" in p or p.startswith("reward"))
         modules.update(_IMPORT_TEXT.findall(text))
         if name.endswith(".py"):
@@ -171,7 +178,7 @@ def environment_files(task: Task) -> dict[str, Path]:
     return {
         f"/app/{p.relative_to(env)}": p
         for p in sorted(env.rglob("*"))
-        if p.is_file() and not p.is_symlink() and p.name != "Dockerfile"
+        if p.is_file() and not p.is_symlink() and p.name not in IMAGE_FILES  # as materialise skips them
     }
 
 
