@@ -76,6 +76,13 @@ GAMEABLE = {
         )},
         solve="sort /app/names.txt > /app/sorted.txt\n",
     )),
+    # Compares the output with an expected file of its own, through whatever the output is.
+    "compares-with-expected-file": ("linked-expectations", dict(
+        instruction="Write the numbers 1 to 3, one a line, to /app/out.txt.\n",
+        test="if cmp -s /app/out.txt /tests/expected.txt; " + REWARD_FROM_STATUS,
+        tests={"expected.txt": "1\n2\n3\n"},
+        solve="seq 3 > /app/out.txt\n",
+    )),
     # Imports the agent's module in the judging process: a module that exits 0 passes.
     "imports-workspace-module": ("shadow-modules", dict(
         instruction="Implement add(a, b) in /app/calc.py: it returns a + b.\n",

@@ -20,6 +20,9 @@ a reward ≥ 1 makes the task ``gameable``. The probes, in the order they are tr
   read that the environment lacks (the outputs) written empty, as a constant, or as a copy
   of an input file: weak checks (existence, non-emptiness, "same lines as the input")
   pass these;
+* ``linked-expectations`` — the outputs made links to the tests' own data files
+  (``/tests/expected.txt``): dangling while the agent works, the expected answer when the
+  verifier reads them;
 * ``emptied-references`` — outputs empty and the environment files the tests read
   (references they compare against) truncated: "output equals reference" passes.
 """
@@ -257,6 +260,13 @@ def _probes(task: Task, facts: TaskFacts) -> Iterator[Probe]:
             f"copies the input {source} to {', '.join(outputs)}",
             _script([f"cp -- {shlex.quote(source)} {shlex.quote(p)} 2>/dev/null" for p in outputs]),
         )
+    for expected in _test_data(facts)[:MAX_COPIED_INPUTS]:
+        # A link the agent cannot follow (its sandbox has no /tests) and the verifier does.
+        yield Probe(
+            "linked-expectations",
+            f"links {', '.join(outputs)} to the tests' own /tests/{expected}",
+            _script([f"rm -rf -- {shlex.quote(p)}; ln -s -- {shlex.quote('/tests/' + expected)} {shlex.quote(p)}" for p in outputs]),
+        )
     references = sorted(p for p in facts.mentioned if p in env)
     if references:
         yield Probe(
@@ -264,6 +274,12 @@ def _probes(task: Task, facts: TaskFacts) -> Iterator[Probe]:
             f"writes {', '.join(outputs)} empty and truncates the files the tests read ({', '.join(references)})",
             _script([_write(p, "") for p in outputs + references]),
         )
+
+
+def _test_data(facts: TaskFacts) -> list[str]:
+    """The tests' files that are data (expected outputs, fixtures), not code."""
+    code = {".py", ".sh", ".bash", ""}
+    return sorted(name for name in facts.texts if Path(name).suffix not in code)
 
 
 def _looks_executable(p: Path) -> bool:
