@@ -101,25 +101,34 @@ def _sandbox_has_pytest() -> bool:
     return python is not None and subprocess.run([python, "-m", "pytest", "--version"], capture_output=True, cwd="/").returncode == 0
 
 
-@needs_bwrap
-def test_each_gameable_fixture_is_flagged_by_its_probe(tmp_path):
-    if not _sandbox_has_pytest():
-        pytest.skip("the system python3 has no pytest (apt install python3-pytest)")
+def _check_gameable(tmp_path: Path, names: list[str]) -> None:
     suite = tmp_path / "suite"
-    for name, (_, spec) in GAMEABLE.items():
-        write_task(suite, name, **spec)
+    for name in names:
+        write_task(suite, name, **GAMEABLE[name][1])
     r = stayer("tasks", "check", str(suite), "--reruns", "0", "--json", home=tmp_path / "home")
     assert r.returncode == 1, r.stderr
     by_name = {t["name"]: t for t in json.loads(r.stdout)["tasks"]}
-    for name, (probe, _) in GAMEABLE.items():
-        t = by_name[name]
+    for name in names:
+        probe, t = GAMEABLE[name][0], by_name[name]
         # The oracle passes and doing nothing fails: only a cheat exposes these tasks.
         assert t["rewards"] == [1.0], t
         assert [p["kind"] for p in t["problems"]] == ["gameable"], t
         assert t["flags"] == ["gameable"] and t["probe"] == probe, t
         assert f"probe {probe}" in t["problems"][0]["detail"]
         assert t["probes_run"][-1] == probe
-    assert "gameable" in r.stderr  # the table says so too
+        assert name in r.stderr  # the table names it
+
+
+@needs_bwrap
+def test_each_gameable_fixture_is_flagged_by_its_probe(tmp_path):
+    _check_gameable(tmp_path, [name for name in GAMEABLE if name != "tamperable-conftest"])
+
+
+@needs_bwrap
+def test_tests_run_by_pytest_in_the_workspace_are_gamed_by_a_conftest(tmp_path):
+    if not _sandbox_has_pytest():
+        pytest.skip("the system python3 has no pytest (apt install python3-pytest)")
+    _check_gameable(tmp_path, ["tamperable-conftest"])
 
 
 @needs_bwrap
