@@ -39,7 +39,7 @@ import tomllib
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -186,6 +186,8 @@ class VerifierSection(_TaskSection):
 
 class EnvironmentSection(_TaskSection):
     allow_internet: StrictBool = False
+    # Where the task runs when the run does not say (--sandbox): see stayer.sandbox.KINDS.
+    sandbox: Literal["bwrap", "docker", "bwrap-image", "local"] | None = None
     memory_mb: MemoryMb | None = None
     storage_mb: StorageMb | None = None
 

@@ -40,8 +40,14 @@ def ws(tmp_path: Path) -> Path:
 
 
 def test_make_sandbox_unknown_kind(ws: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown sandbox 'docker'"):
-        make_sandbox("docker", ws)
+    with pytest.raises(ConfigError, match="unknown sandbox 'podman'"):
+        make_sandbox("podman", ws)
+
+
+def test_image_sandboxes_need_a_task(ws: Path) -> None:
+    for kind in ("docker", "bwrap-image"):
+        with pytest.raises(ConfigError, match=f"--sandbox {kind}: runs a task's image"):
+            make_sandbox(kind, ws)
 
 
 def test_missing_bwrap_is_a_config_error() -> None:

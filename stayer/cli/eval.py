@@ -54,7 +54,7 @@ def eval_command(
     max_cost: Annotated[str | None, typer.Option("--max-cost", help="Hard cap in USD per trial.")] = None,
     sim_policy: Annotated[str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")] = None,
     sim_latency: Annotated[float, typer.Option("--sim-latency", help="Simulated seconds per model call.")] = 0.0,
-    sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")] = "bwrap",
+    sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default), docker or bwrap-image (each task's Dockerfile built), or local.")] = "bwrap",
     preflight: Annotated[bool, typer.Option("--preflight/--no-preflight", help="First verify each untouched task here: refuse tasks whose tests cannot run, pass untouched, or leak.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Run tasks that fail the preflight; their unjudgeable trials count in infra_errors.")] = False,
     json_out: JsonFlag = False,
@@ -199,7 +199,7 @@ def _preflight(tasks: list[Any], sandbox: str, concurrency: int, force: bool) ->
     from stayer.eval.checks import preflight
 
     err = stderr()
-    if sandbox != "bwrap":
+    if sandbox == "local":
         err.print(f"[yellow]note:[/] --sandbox {escape(sandbox)} cannot mount the tests: no preflight", highlight=False)
         return []
 

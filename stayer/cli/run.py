@@ -41,7 +41,7 @@ def run(
     base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible server for openai-chat: and local: models.")] = None,
     sim_policy: Annotated[str | None, typer.Option("--sim-policy", help="oracle | synthetic:steps=N,obs_tokens=T,out_tokens=U | replay:PATH")] = None,
     sim_latency: Annotated[float, typer.Option("--sim-latency", help="Simulated seconds per model call.")] = 0.0,
-    sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local (unsandboxed, only by name).")] = "bwrap",
+    sandbox: Annotated[str | None, typer.Option("--sandbox", help="bwrap (default: the host's system), docker or bwrap-image (the task's Dockerfile, built with Docker or without), local (unsandboxed, only by name). Default: task.toml's [environment] sandbox, else bwrap.")] = None,
     service_tier: Annotated[str | None, typer.Option("--service-tier", help="Provider service tier (flex, priority, fast…).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="Context policy: auto | none | mask[:W] | summarize[:TOKENS].")] = "auto",
     max_context: Annotated[int | None, typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded.")] = None,

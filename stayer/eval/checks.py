@@ -35,13 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stayer.environments.prepare import prepare_environment
+from stayer.errors import ConfigError
 from stayer.eval.evidence import environment_evidence
 from stayer.eval.probes import Probe, plan_probes, read_facts
 from stayer.eval.spec import unmentioned
 from stayer.eval.suite import scan_suite
 from stayer.eval.task import Task
 from stayer.eval.verify import Verdict, passes, verify
-from stayer.sandbox import make_sandbox
+from stayer.sandbox import IMAGE_KINDS
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.sandbox.hostfs import copy_tree
 
@@ -92,11 +94,11 @@ class TaskCheck:
 
 def _agent_sandbox(task: Task, workspace: Path, kind: str) -> Sandbox:
     # As eval.trial builds it, so that what the probe sees is what the agent would see.
-    return make_sandbox(kind, workspace, **task.sandbox_limits())
+    return task.make_sandbox(kind, workspace, **task.sandbox_limits())
 
 
-def _fresh(task: Task, workspace: Path) -> Path:
-    task.materialise(workspace)
+def _fresh(task: Task, workspace: Path, kind: str) -> Path:
+    task.materialise(workspace, kind)
     return workspace
 
 
@@ -115,7 +117,7 @@ def _passed(v: Verdict) -> bool:
 
 async def _verify_copy(task: Task, snapshot: Path, dest: Path, kind: str) -> Verdict:
     copy_tree(snapshot, dest)  # the oracle's workspace: links and specials not followed
-    return await verify(task, make_sandbox(kind, dest, allow_net=task.allow_internet))
+    return await verify(task, task.make_sandbox(kind, dest, allow_net=task.allow_internet))
 
 
 def _hidden_file_digests(task: Task) -> dict[str, str]:
@@ -134,7 +136,7 @@ async def check_leaks(task: Task, workspace: Path, kind: str) -> list[Problem]:
         f"for p in {' '.join(shlex.quote(p) for p in paths)}; do [ -e \"$p\" ] && echo \"VISIBLE $p\"; done; "
         "find -L /app -type f -size -4M -print0 2>/dev/null | xargs -0 -r sha256sum 2>/dev/null; true"
     )
-    result = await _agent_sandbox(task, _fresh(task, workspace), kind).exec(probe, timeout=60)
+    result = await _agent_sandbox(task, _fresh(task, workspace, kind), kind).exec(probe, timeout=60)
     hidden = _hidden_file_digests(task)
     problems = []
     for line in result.stdout.splitlines():
@@ -148,7 +150,7 @@ async def check_leaks(task: Task, workspace: Path, kind: str) -> list[Problem]:
 
 
 async def _verify_untouched(task: Task, workspace: Path, kind: str) -> Verdict:
-    return await verify(task, make_sandbox(kind, _fresh(task, workspace), allow_net=task.allow_internet))
+    return await verify(task, task.make_sandbox(kind, _fresh(task, workspace, kind), allow_net=task.allow_internet))
 
 
 def _nop_problems(verdict: Verdict) -> list[Problem]:
@@ -162,11 +164,14 @@ async def check_nop(task: Task, workspace: Path, kind: str) -> list[Problem]:
     return _nop_problems(await _verify_untouched(task, workspace, kind))
 
 
-async def preflight(task: Task, *, sandbox: str = "bwrap") -> list[Problem]:
+async def preflight(task: Task, *, sandbox: str | None = None) -> list[Problem]:
     """The cheap checks ``stayer eval`` runs before any trial: one verification of the
     untouched environment, which must fail, and fail on the missing work rather than for
     want of something on this host; and the leak probe. The oracle is not run: it can take
     as long as an agent."""
+    sandbox = task.kind(sandbox)
+    if unbuildable := await _build_problem(task, sandbox):
+        return [unbuildable]
     with tempfile.TemporaryDirectory(prefix="stayer-preflight-") as tmp:
         work = Path(tmp)
         untouched, leaks = await asyncio.gather(
@@ -185,7 +190,7 @@ async def check_oracle(
     solution = task.solution
     if solution is None:
         return [Problem("invalid", f"{task.path / 'solution' / 'solve.sh'}: missing; the oracle cannot be checked")]
-    workspace = _fresh(task, work / "oracle")
+    workspace = _fresh(task, work / "oracle", kind)
     # As the simulator's oracle runs it: the script on bash's stdin, cwd /app.
     run = await _agent_sandbox(task, workspace, kind).exec("bash -s", stdin=solution.encode(), timeout=task.agent_timeout_s)
     check.oracle_s = round(run.duration_s, 3)
@@ -243,8 +248,9 @@ async def check_oracle(
 
 async def run_probe(task: Task, probe: Probe, workspace: Path, kind: str) -> Verdict:
     """The probe's script in the agent's sandbox, then the verifier over what it left."""
-    await _agent_sandbox(task, _fresh(task, workspace), kind).exec("bash -s", stdin=probe.script.encode(), timeout=PROBE_TIMEOUT_S)
-    return await verify(task, make_sandbox(kind, workspace, allow_net=task.allow_internet))
+    sandbox = _agent_sandbox(task, _fresh(task, workspace, kind), kind)
+    await sandbox.exec("bash -s", stdin=probe.script.encode(), timeout=PROBE_TIMEOUT_S)
+    return await verify(task, task.make_sandbox(kind, workspace, allow_net=task.allow_internet))
 
 
 async def check_probes(task: Task, work: Path, kind: str, check: TaskCheck) -> list[Problem]:
@@ -259,10 +265,27 @@ async def check_probes(task: Task, work: Path, kind: str, check: TaskCheck) -> l
     return []
 
 
+async def _build_problem(task: Task, kind: str) -> Problem | None:
+    """Build the task's image first (for the sandboxes that run one), in a thread: it can
+    take minutes. An image that cannot be built is the environment's problem."""
+    if kind not in IMAGE_KINDS:
+        return None
+    try:
+        await asyncio.to_thread(prepare_environment, kind, task.path / "environment")
+    except ConfigError as e:
+        return Problem("environment", f"its image cannot be built: {e}")
+    return None
+
+
 async def check_task(
-    task: Task, *, reruns: int = 3, sandbox: str = "bwrap", margin: float = TIME_MARGIN, probes: bool = True
+    task: Task, *, reruns: int = 3, sandbox: str | None = None, margin: float = TIME_MARGIN, probes: bool = True
 ) -> TaskCheck:
+    """Check ``task`` in the sandbox ``sandbox`` (default: the task's own, else bwrap)."""
     check = TaskCheck(task.name, task.path)
+    sandbox = task.kind(sandbox)
+    if unbuildable := await _build_problem(task, sandbox):
+        check.problems = [unbuildable]
+        return check
     with tempfile.TemporaryDirectory(prefix="stayer-check-") as tmp:
         work = Path(tmp)
         found = await asyncio.gather(
@@ -285,7 +308,7 @@ async def check_suite(
     *,
     reruns: int = 3,
     concurrency: int = 4,
-    sandbox: str = "bwrap",
+    sandbox: str | None = None,
     margin: float = TIME_MARGIN,
     probes: bool = True,
     on_done: Callable[[TaskCheck], None] | None = None,

@@ -50,7 +50,7 @@ from stayer.eval.trial import RunConfig, execute, prepare, stayer_home
 from stayer.eval.verify import passes
 from stayer.journal import RunFinished, open_store
 from stayer.pricing import PriceBook
-from stayer.sandbox.hostfs import content_digest
+from stayer.sandbox.hostfs import tree_digest
 
 AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE = "agent_failure", "limit_reached", "infrastructure"
 ERROR_CLASSES = (AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE)
@@ -130,15 +130,7 @@ class EvalConfig:
 
 def task_digest(task: Task) -> str:
     """Content hash of a task directory: a record is reused only for the same task content."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in task.path.rglob("*") if p.is_file() and not p.is_symlink()):
-        h.update(os.fsencode(path.relative_to(task.path)) + b"\0")  # any name, UTF-8 or not
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            h.update(content_digest(fd, os.fstat(fd)))  # streamed; a sparse file's holes unread
-        finally:
-            os.close(fd)
-    return h.hexdigest()[:16]
+    return tree_digest(task.path)[:16]
 
 
 @dataclass(frozen=True)

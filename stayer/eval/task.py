@@ -4,7 +4,9 @@
       instruction.md        what the agent is asked to do
       task.toml             limits and metadata
       environment/          files copied into the workspace (/app); a Dockerfile there is
-                            not built: tasks run in the bubblewrap sandbox on the host system
+                            built only by the sandboxes that run the task's image
+                            (``docker``, ``bwrap-image``: see stayer.environments); the
+                            default bubblewrap sandbox runs on the host system
       solution/solve.sh     reference solution (never visible to the agent)
       tests/test.sh         verifier; writes /logs/verifier/reward.txt (or reward.json)
 
@@ -17,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stayer.environments.prepare import prepare_environment, sandbox_for
 from stayer.errors import ConfigError
+from stayer.sandbox import IMAGE_KINDS, Sandbox
 from stayer.sandbox.hostfs import copy_tree
 from stayer.settings import TaskToml, check_file, read_text, read_toml
 
@@ -35,6 +39,7 @@ class Task:
     allow_internet: bool = False
     memory_mb: int | None = None
     storage_mb: int | None = None  # what /app (and /tmp) may hold; see stayer.sandbox
+    sandbox_kind: str | None = None  # [environment] sandbox: where it runs unless told
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def sandbox_limits(self, **overrides: Any) -> dict[str, Any]:
@@ -48,6 +53,15 @@ class Task:
         limits.update({k: v for k, v in overrides.items() if v is not None})
         return limits
 
+    def kind(self, flag: str | None) -> str:
+        """The sandbox kind a run uses: its own flag, else task.toml's, else ``bwrap``."""
+        return flag or self.sandbox_kind or "bwrap"
+
+    def make_sandbox(self, kind: str, workspace: Path, **limits: Any) -> Sandbox:
+        """The sandbox ``kind`` over ``workspace`` for this task: for the kinds that run
+        the task's image, that image, built first (cached) from environment/."""
+        return sandbox_for(kind, workspace, self.path / "environment", **limits)
+
     @property
     def solution(self) -> str | None:
         p = self.path / "solution" / "solve.sh"
@@ -57,18 +71,23 @@ class Task:
     def tests_dir(self) -> Path:
         return self.path / "tests"
 
-    def materialise(self, workspace: Path) -> None:
+    def materialise(self, workspace: Path, kind: str = "bwrap") -> None:
         """Lay out a fresh workspace: the environment's files, nothing from tests or solution.
 
         Copied by :func:`~stayer.sandbox.hostfs.copy_tree`: links as links, never followed
         (a link to ../tests or ../solution must not bring the verifier's files into the
         agent's workspace), sparse files sparse, FIFOs re-created and never opened, no
-        sockets, devices or setuid bits, any file name."""
+        sockets, devices or setuid bits, any file name.
+
+        For a sandbox ``kind`` that runs the task's image, what the image holds in ``/app``
+        is copied over them: the workspace mounted at /app would otherwise hide it."""
         env = self.path / "environment"
         if env.is_dir():
             copy_tree(env, workspace, skip=IMAGE_FILES)
         else:
             workspace.mkdir(parents=True, exist_ok=True)
+        if kind in IMAGE_KINDS:
+            prepare_environment(kind, env).seed(workspace)
 
 
 def load_task(path: str | Path) -> Task:
@@ -99,5 +118,6 @@ def load_task(path: str | Path) -> Task:
         allow_internet=settings.environment.allow_internet,
         memory_mb=settings.environment.memory_mb,
         storage_mb=settings.environment.storage_mb,
+        sandbox_kind=settings.environment.sandbox,
         metadata=dict(settings.metadata),
     )

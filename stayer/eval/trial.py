@@ -15,9 +15,10 @@ import asyncio
 import dataclasses
 import json
 import os
+import sys
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -28,6 +29,7 @@ from stayer.context.layout import Context
 from stayer.context.policies import ContextPolicy, make_policy
 from stayer.context.summarizer import ModelSummarizer
 from stayer.delegation import ChildAgents, ChildSettings
+from stayer.environments.prepare import prepare_environment
 from stayer.errors import ConfigError
 from stayer.eval.task import Task, load_task
 from stayer.eval.verify import Verdict, passes, verify
@@ -43,8 +45,8 @@ from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
 from stayer.pricing import PriceBook
 from stayer.routing.setup import RoutingSetup, prepare_routing, require_prices
+from stayer.sandbox import IMAGE_KINDS
 from stayer.sandbox import KINDS as SANDBOX_KINDS
-from stayer.sandbox import make_sandbox
 from stayer.sandbox.bwrap import check_bwrap
 from stayer.settings import RunSettings, check_flags
 from stayer.tokens import MessageCounter, TiktokenCounter, counter_for
@@ -67,6 +69,11 @@ def make_run_dir(run_dir: Path, *, exist_ok: bool) -> None:
     os.chmod(run_dir, 0o700)  # mkdir's mode went through the umask
 
 
+def _progress(line: str) -> None:
+    """Building an image takes minutes: say what is happening (stderr, never stdout)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     task_dir: str
@@ -77,7 +84,7 @@ class RunConfig:
     base_url: str | None = None
     sim_policy: str | None = None
     sim_latency: float = 0.0
-    sandbox: str = "bwrap"
+    sandbox: str | None = None  # None: the task's [environment] sandbox, else bwrap
     output_token_budget: int = 4096
     command_timeout: float = 120.0
     service_tier: str | None = None
@@ -135,12 +142,19 @@ def prepare(
     else is valid); callers running many runs at once should share one. ``resume`` prepares
     an existing run, for ``execute(..., journal=RunJournal.reopen(…))``."""
     check_flags(RunSettings, {k: getattr(config, k) for k in RunSettings.model_fields})
-    if config.sandbox not in SANDBOX_KINDS:
+    if config.sandbox is not None and config.sandbox not in SANDBOX_KINDS:
         raise ConfigError(f"--sandbox {config.sandbox}: unknown sandbox; choose one of {', '.join(SANDBOX_KINDS)}")
-    if config.sandbox == "bwrap":
-        check_bwrap()  # fails with how-to-fix before anything is written
     policy = make_policy(config.policy)
     task = load_task(config.task_dir)
+    config = replace(config, sandbox=task.kind(config.sandbox))
+    if config.sandbox in ("bwrap", "bwrap-image"):
+        check_bwrap()  # fails with how-to-fix before anything is written
+    if config.sandbox in IMAGE_KINDS:
+        # Built now (or found in the cache): a Dockerfile that cannot be built is bad
+        # input, reported before anything is written.
+        environment = prepare_environment(config.sandbox, task.path / "environment", log=_progress)
+        for note in environment.notes:
+            _progress(f"note: {note}")
     prices = prices or PriceBook.load()
     counter = MessageCounter(TiktokenCounter())
     model = model_for(config.model, config, task, counter, prices)
@@ -242,14 +256,14 @@ async def _execute(
         assert p.store is not None
         journal = RunJournal.create(p.store, p.run_id, run_header(p), workspace, p.prices)
         make_run_dir(p.run_dir, exist_ok=False)
-        task.materialise(workspace)
+        task.materialise(workspace, cfg.sandbox)
         journal.take_snapshot(0)
     else:
         make_run_dir(p.run_dir, exist_ok=True)
-        journal.restore_workspace(task.materialise)
+        journal.restore_workspace(lambda ws: task.materialise(ws, cfg.sandbox))
     started = datetime.fromisoformat(journal.started)
     agent_sandbox = journal.sandbox(
-        make_sandbox(cfg.sandbox, workspace, **task.sandbox_limits(**cfg.sandbox_overrides()))
+        task.make_sandbox(cfg.sandbox, workspace, **task.sandbox_limits(**cfg.sandbox_overrides()))
     )
     tool_ctx = ToolContext(
         sandbox=agent_sandbox,
@@ -343,7 +357,7 @@ async def _execute(
                 result, cut_short = timed_out(agent, journal, task.agent_timeout_s)
             journal.flush()
     # Always verified: the tests decide success, however and wherever the agent stopped.
-    verifier_sandbox = make_sandbox(cfg.sandbox, workspace, allow_net=task.allow_internet)
+    verifier_sandbox = task.make_sandbox(cfg.sandbox, workspace, allow_net=task.allow_internet)
     verdict = await verify(task, verifier_sandbox)
     extra = lost_ledger_entries(journal.lost) + ([cut_short] if cut_short else [])
     doc = result_document(p, result, verdict, started, extra)

@@ -1,4 +1,5 @@
-"""Sandboxes: where the agent's commands run. ``bwrap`` (default on Linux) or ``local``."""
+"""Sandboxes: where the agent's commands run. ``bwrap`` (default on Linux) or ``local``;
+``docker`` and ``bwrap-image`` run the task's image (:mod:`stayer.environments`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount, Sandbox
 
-KINDS = ("bwrap", "local")
+KINDS = ("bwrap", "docker", "bwrap-image", "local")
+# Kinds that run a task's image rather than the host's system: built by stayer.environments.
+IMAGE_KINDS = ("docker", "bwrap-image")
 
 
 def make_sandbox(kind: str, workspace: str | Path, **limits: Any) -> Sandbox:
@@ -29,7 +32,9 @@ def make_sandbox(kind: str, workspace: str | Path, **limits: Any) -> Sandbox:
         from stayer.sandbox.local import LocalSandbox
 
         return LocalSandbox(workspace, **limits)
+    if kind in IMAGE_KINDS:
+        raise ConfigError(f"--sandbox {kind}: runs a task's image; it needs a task (environment/Dockerfile)")
     raise ConfigError(f"--sandbox: unknown sandbox {kind!r}; choose one of {', '.join(KINDS)}")
 
 
-__all__ = ["KINDS", "ExecResult", "Mount", "Sandbox", "make_sandbox"]
+__all__ = ["IMAGE_KINDS", "KINDS", "ExecResult", "Mount", "Sandbox", "make_sandbox"]

@@ -66,6 +66,8 @@ _BWRAP_OWN_PROCESSES = 2
 DEFAULT_MAX_PROCESSES = 1024
 # /tmp is a tmpfs, i.e. memory: without a storage limit it still may not take much of it.
 DEFAULT_TMP_MB = 1024
+# What a sandbox over an image's root makes fresh instead of taking from the image.
+_FRESH_IN_SANDBOX = {"proc", "dev", "sys", "tmp", "app"}
 # Who the command is inside its user namespace: not 0, so that nothing in the sandbox is
 # root even by name; mapped to the caller's uid outside (see _identity).
 SANDBOX_UID = 1000
@@ -246,6 +248,7 @@ class BwrapSandbox:
         storage_mb: int | None = None,
         max_output_bytes: int = 1_000_000,
         env: dict[str, str] | None = None,
+        root: str | Path | None = None,
     ) -> None:
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
@@ -257,12 +260,28 @@ class BwrapSandbox:
         self.max_file_mb = file_size_cap(max_file_mb, storage_mb)
         self.storage_mb = storage_mb
         self.max_output_bytes = max_output_bytes
-        real_system_dirs = [
-            os.path.realpath(d) for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)
-        ]
-        self._hidden_dirs = sorted(
-            {p for p in _private_host_dirs() if os.path.isdir(p) and _covers(real_system_dirs, p)}
-        )
+        self.root = Path(root).resolve() if root is not None else None
+        if self.root is None:
+            self._system = [(d, d) for d in SYSTEM_DIRS]
+            real_system_dirs = [
+                os.path.realpath(d) for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)
+            ]
+            self._hidden_dirs = sorted(
+                {p for p in _private_host_dirs() if os.path.isdir(p) and _covers(real_system_dirs, p)}
+            )
+            self._etc = "/etc"
+        else:
+            # An image's root (stayer.environments): all of it, but what the sandbox makes
+            # fresh itself; nothing of the host is mounted, so nothing of it needs hiding.
+            if not (self.root / "etc").is_dir():
+                raise ConfigError(f"sandbox: {self.root} is not a root file system (no etc/)")
+            self._system = [
+                (str(self.root / name), "/" + name)
+                for name in sorted(os.listdir(self.root))
+                if name not in _FRESH_IN_SANDBOX
+            ]
+            self._hidden_dirs = []
+            self._etc = str(self.root / "etc")
         self.env = {
             "PATH": SANDBOX_PATH,
             "HOME": "/tmp",
@@ -282,15 +301,19 @@ class BwrapSandbox:
         args += ["--die-with-parent", "--new-session", "--clearenv"]
         for key, value in self.env.items():
             args += ["--setenv", key, value]
-        for d in SYSTEM_DIRS:
-            if os.path.islink(d):  # e.g. /bin -> usr/bin on merged-/usr systems
-                args += ["--symlink", os.readlink(d), d]
-            elif os.path.isdir(d):
-                args += ["--ro-bind", d, d]
-        args += _cover(etc_secrets())
+        for src, dest in self._system:
+            if os.path.islink(src):  # e.g. /bin -> usr/bin on merged-/usr systems
+                args += ["--symlink", os.readlink(src), dest]
+            elif os.path.isdir(src) or (self.root is not None and os.path.isfile(src)):
+                args += ["--ro-bind", src, dest]
+        args += _cover(tuple(("/etc" + p[len(self._etc) :], d) for p, d in etc_secrets(self._etc)))
         for path in self._hidden_dirs:
             args += ["--tmpfs", path, "--remount-ro", path]
-        if self.allow_net and os.path.islink("/etc/resolv.conf"):
+        if self.allow_net and self.root is not None:
+            # The image's resolver configuration is Docker's to fill in; here, the host's.
+            if (self.root / "etc" / "resolv.conf").is_file() and os.path.exists("/etc/resolv.conf"):
+                args += ["--ro-bind", os.path.realpath("/etc/resolv.conf"), "/etc/resolv.conf"]
+        elif self.allow_net and os.path.islink("/etc/resolv.conf"):
             # systemd-resolved and friends point it into /run, which is not mounted.
             target = os.path.realpath("/etc/resolv.conf")
             if os.path.exists(target):

@@ -191,6 +191,21 @@ def content_digest(fd: int, st: os.stat_result) -> bytes:
     return h.digest()
 
 
+def tree_digest(root: str | Path) -> str:
+    """SHA-256 (hex) of the regular files under ``root``: their relative names (any bytes)
+    and contents. Links are left out, never followed."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        h.update(os.fsencode(path.relative_to(root)) + b"\0")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            h.update(content_digest(fd, os.fstat(fd)))  # streamed; a sparse file's holes unread
+        finally:
+            os.close(fd)
+    return h.hexdigest()
+
+
 def copy_range(src: int, dst: int, length: int, src_offset: int, dst_offset: int) -> None:
     """Copy ``length`` bytes at ``src_offset`` of ``src`` to ``dst_offset`` of ``dst``: in
     the kernel where it can (sharing extents on file systems with reflinks), else by

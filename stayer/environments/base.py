@@ -1,0 +1,202 @@
+"""Base root filesystems for images built without Docker: Debian made with ``mmdebstrap``.
+
+A Dockerfile's ``FROM`` names an image that only a registry has. Without Docker (and
+without a registry) the common bases are made from the Debian archive instead:
+
+* ``debian:<release>`` (``bookworm``, ``12``, ``bookworm-slim``, ``stable``, ``latest``…) is
+  that release, ``minbase`` variant: what the official image holds, give or take a few
+  packages;
+* ``python:<version>-slim[-<release>]`` (and ``python:<version>``) is that Debian release
+  with its own Python 3, ``pip`` and ``venv``, ``python`` pointing at ``python3`` and pip
+  allowed to install system-wide, as in the official image. Debian's Python has Debian's
+  version (3.11 in bookworm, 3.13 in trixie), which is said in :attr:`BaseSystem.approximation`
+  when it differs from the tag's;
+* ``ubuntu:<version>`` is the Debian release of its time (20.04 → bullseye, 22.04 →
+  bookworm, 24.04 and later → trixie), always an approximation: package names mostly agree,
+  versions do not.
+
+Any other base is refused: the task then needs ``--sandbox docker``. A root filesystem is
+made once per release and package set (~3 minutes, ~180 MB) and kept in the cache
+(:func:`cache_root`); concurrent builders wait on a lock instead of making it twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from stayer.errors import ConfigError
+
+# Debian releases by name and number, and the Python 3 each ships.
+_RELEASES = {"bullseye": "11", "bookworm": "12", "trixie": "13"}
+_PYTHON = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13"}
+# What the official images' "latest" and untagged python:*-slim are built on (since 2025-08).
+_CURRENT = "trixie"
+_UBUNTU = (("20.04", "bullseye"), ("22.04", "bookworm"), ("24.04", "trixie"))
+# Packages of the official python:*-slim images besides Python (certificates, tzdata…).
+_PYTHON_PACKAGES = (
+    "python3",
+    "python3-pip",
+    "python3-venv",
+    "python-is-python3",
+    "ca-certificates",
+    "netbase",
+    "tzdata",
+)
+# Bump when how a root filesystem is made changes, so that old caches are not reused.
+_RECIPE = 1
+MKROOT_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class BaseSystem:
+    """What ``image`` is made of here."""
+
+    image: str
+    release: str  # a Debian release name
+    packages: tuple[str, ...]  # installed on top of minbase
+    approximation: str | None = None  # how it differs from the image, when it does
+
+    @property
+    def key(self) -> str:
+        """Content hash of the recipe: equal keys make equal root filesystems."""
+        recipe = {"release": self.release, "packages": sorted(self.packages), "recipe": _RECIPE}
+        return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def cache_root() -> Path:
+    """Where built root filesystems and layers live: ``$STAYER_CACHE``, else
+    ``$XDG_CACHE_HOME/stayer``, else ``~/.cache/stayer``."""
+    if explicit := os.environ.get("STAYER_CACHE"):
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stayer"
+
+
+def base_for(image: str, *, where: str = "FROM") -> BaseSystem:
+    """The Debian system standing in for ``image``; ConfigError for bases there is none for."""
+    name, _, tag = image.partition(":")
+    name = name.removeprefix("docker.io/").removeprefix("library/")
+    tag = tag.split("@")[0] or "latest"
+    if name == "debian":
+        release = _debian_release(tag.removesuffix("-slim"))
+        if release is None:
+            raise ConfigError(
+                f"{where}: {image}: unknown Debian release {tag!r}; use one of {', '.join(_RELEASES)}"
+            )
+        return BaseSystem(image, release, ())
+    if name == "python":
+        m = re.fullmatch(r"(3(?:\.\d+)?)(?:\.\d+)?(-slim)?(?:-([a-z]+))?", tag)
+        if tag == "latest":
+            m = re.fullmatch(r"(3)()()", "3")
+        if m is None or (m.group(3) and m.group(3) not in _RELEASES):
+            raise ConfigError(
+                f"{where}: {image}: no Docker-free stand-in for this python tag; use --sandbox docker"
+            )
+        release = m.group(3) or _CURRENT
+        wanted, have = m.group(1), _PYTHON[release]
+        why = None
+        if wanted != have and wanted != "3":
+            why = f"Python {have} (Debian {release}'s) instead of {wanted}"
+        return BaseSystem(image, release, _PYTHON_PACKAGES, why)
+    if name == "ubuntu":
+        version = {"focal": "20.04", "jammy": "22.04", "noble": "24.04", "latest": "24.04"}.get(
+            tag, tag
+        )
+        release = next((r for v, r in reversed(_UBUNTU) if _version(version) >= _version(v)), None)
+        if release is None:
+            raise ConfigError(
+                f"{where}: {image}: no Docker-free stand-in for Ubuntu before 20.04; use --sandbox docker"
+            )
+        return BaseSystem(
+            image, release, ("ca-certificates",), f"Debian {release} instead of Ubuntu {version}"
+        )
+    raise ConfigError(
+        f"{where}: {image}: no Docker-free base for this image (only debian:*, ubuntu:* and python:*); use --sandbox docker"
+    )
+
+
+def _debian_release(tag: str) -> str | None:
+    if tag in ("latest", "stable"):
+        return _CURRENT
+    if tag in _RELEASES:
+        return tag
+    major = tag.split(".")[0]
+    return next((r for r, n in _RELEASES.items() if n == major), None)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in text.split("."))
+    except ValueError:
+        return (0,)
+
+
+def build_base(
+    base: BaseSystem, *, cache: Path | None = None, log: Callable[[str], None] = lambda _: None
+) -> Path:
+    """The root filesystem for ``base``, made with mmdebstrap unless already cached; the
+    path of its directory. Made under a temporary name and renamed when complete, so an
+    interrupted build leaves nothing that looks finished."""
+    mmdebstrap = shutil.which("mmdebstrap")
+    root = (cache or cache_root()) / "rootfs"
+    done = root / base.key
+    if (done / "etc" / "debian_version").is_file():
+        return done
+    if mmdebstrap is None:
+        raise ConfigError(
+            f"FROM {base.image}: building without Docker needs mmdebstrap (apt install mmdebstrap), or use --sandbox docker"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{base.key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (done / "etc" / "debian_version").is_file():  # made while we waited
+            return done
+        partial = root / f"{base.key}.partial"
+        _remove(partial)
+        log(
+            f"making the {base.release} root filesystem for {base.image} with mmdebstrap (minutes, once)"
+        )
+        argv = [mmdebstrap, "--variant=minbase", "--quiet", "--format=directory"]
+        if base.packages:
+            argv.append("--include=" + ",".join(base.packages))
+        # The official python images let pip install system-wide; Debian's marks its
+        # Python externally managed, which would fail every "RUN pip install".
+        argv.append('--customize-hook=rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED')
+        # Like the official images: no apt caches and package lists kept in the base.
+        argv.append('--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin')
+        argv += [base.release, str(partial)]
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, timeout=MKROOT_TIMEOUT_S, stdin=subprocess.DEVNULL
+            )
+        except subprocess.TimeoutExpired as e:
+            _remove(partial)
+            raise ConfigError(
+                f"FROM {base.image}: mmdebstrap did not finish in {MKROOT_TIMEOUT_S:.0f} s"
+            ) from e
+        if proc.returncode != 0:
+            _remove(partial)
+            tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [
+                f"exit {proc.returncode}"
+            ]
+            raise ConfigError(f"FROM {base.image}: mmdebstrap failed: {tail[0]}")
+        # apt's sandbox user must be able to write temporary files, as in any image.
+        os.chmod(partial / "tmp", 0o1777)
+        partial.rename(done)
+    return done
+
+
+def _remove(path: Path) -> None:
+    if path.exists():
+        subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
+
+
+__all__ = ["BaseSystem", "base_for", "build_base", "cache_root"]

@@ -1,0 +1,299 @@
+"""Build a Dockerfile's image as a plain directory, without Docker: bubblewrap over Debian.
+
+The base comes from :mod:`stayer.environments.base` (mmdebstrap, cached); each step of the
+:class:`~stayer.environments.dockerfile.Plan` then runs in order, in a bubblewrap sandbox
+whose ``/`` is a copy of the previous layer, and the result is cached as the next layer
+under a content hash of everything it depends on (the parent layer's hash, the step, the
+bytes of what a ``COPY`` copies). A layer is a complete root filesystem, made by copying
+its parent (``cp --reflink=auto``: shared extents where the file system has them), so that
+what a step does can never reach a cached layer; the price is disk space per layer.
+
+How a step runs, as ``docker build`` runs it:
+
+* ``RUN`` as root with the network (unless ``--network=none``), the image's ``ENV`` and
+  ``ARG`` values, in its ``WORKDIR``; ``USER`` applies through ``runuser``;
+* ``COPY``/``ADD`` inside the same sandbox with the build context mounted read-only, so the
+  host never writes into a tree a step could have filled with links;
+* ``WORKDIR`` creates the directory.
+
+"Root" there is real root when stayer runs as root, holding only the capabilities package
+installation needs (those of Docker's default set that concern files and users; not
+``CAP_SYS_ADMIN``, ``CAP_NET_ADMIN``, ``CAP_MKNOD``…), in new pid, ipc and uts namespaces,
+seeing nothing of the host but the layer, the build context and the resolver
+configuration: apt and dpkg change file owners, which a single-uid user namespace cannot
+map. Started by another user, a step runs as uid 0 of a user namespace of its own, where
+installing packages whose files belong to other users fails. The network, when given, is
+the host's (``docker build`` gives a bridge): build steps are the task author's, trusted
+as its verifier is; the agent's commands never get it unless the task allows.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import posixpath
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from stayer.environments.base import base_for, build_base, cache_root
+from stayer.environments.dockerfile import (
+    CopyStep,
+    Plan,
+    RunStep,
+    Step,
+    WorkdirStep,
+    parse_dockerfile,
+)
+from stayer.errors import ConfigError
+from stayer.sandbox.bwrap import SANDBOX_PATH, check_bwrap
+from stayer.sandbox.hostfs import content_digest, tree_digest
+
+# What a step may take: an apt-get install of a compiler tool chain takes minutes.
+STEP_TIMEOUT_S = 1800.0
+# Of Docker's default capability set, those for files and users (what dpkg and apt use).
+_BUILD_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+_CONTEXT = "/.stayer-context"  # where the build context is mounted during COPY
+_RECIPE = 1  # bump when how a layer is made changes
+
+
+class BuildError(ConfigError):
+    """The image cannot be built: a step failed, or the Dockerfile asks for what the
+    builder cannot do. One line, naming the Dockerfile and its line."""
+
+
+@dataclass(frozen=True)
+class BuiltRoot:
+    """An image as a directory: what the agent's sandbox uses as its system."""
+
+    root: Path
+    env: dict[str, str]  # the image's ENV
+    workdir: str
+    user: str
+    notes: tuple[str, ...] = field(default=())  # how it differs from what Docker would build
+
+
+def build_root(
+    context: str | Path,
+    *,
+    cache: Path | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> BuiltRoot:
+    """Build ``context``/Dockerfile (each layer reused when cached) and return the image's
+    root. Raises :class:`BuildError` (or ConfigError for an unreadable Dockerfile)."""
+    context = Path(context).resolve()
+    dockerfile = parse_dockerfile(context / "Dockerfile")
+    plan = dockerfile.plan()
+    base = base_for(plan.base, where=f"{dockerfile.path}: FROM")
+    notes = [f"{plan.base}: {base.approximation}"] if base.approximation else []
+    bwrap = check_bwrap()
+    cache = cache or cache_root()
+    layer = build_base(base, cache=cache, log=log)
+    key = base.key
+    for step in plan.steps:
+        key = _layer_key(key, step, context, dockerfile.path)
+        layer = _layer(bwrap, layer, key, step, context, cache / "layers", dockerfile.path, log)
+    return BuiltRoot(layer, _image_env(plan), plan.workdir, plan.user, tuple(notes))
+
+
+def _image_env(plan: Plan) -> dict[str, str]:
+    return {"PATH": SANDBOX_PATH, **dict(plan.env)}
+
+
+def _layer_key(parent: str, step: Step, context: Path, where: Path) -> str:
+    h = hashlib.sha256(f"{_RECIPE}\0{parent}\0".encode())
+    h.update(json.dumps([type(step).__name__, asdict(step)], sort_keys=True).encode())
+    if isinstance(step, CopyStep):
+        for rel in _sources(step, context, where):
+            h.update(os.fsencode(rel) + b"\0")
+            path = context / rel
+            if path.is_dir() and not path.is_symlink():
+                h.update(tree_digest(path).encode())
+            elif path.is_symlink():
+                h.update(b"link " + os.fsencode(os.readlink(path)))
+            else:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                try:
+                    h.update(content_digest(fd, os.fstat(fd)))
+                finally:
+                    os.close(fd)
+    return h.hexdigest()[:24]
+
+
+def _sources(step: CopyStep, context: Path, where: Path) -> list[str]:
+    """The context-relative paths ``step`` copies: globs expanded, nothing outside."""
+    found: list[str] = []
+    for pattern in step.sources:
+        rel = posixpath.normpath(pattern.lstrip("/")) if pattern.strip("/") else "."
+        if rel == ".." or rel.startswith("../"):
+            raise BuildError(f"{where}:{step.line}: COPY {pattern}: outside the build context")
+        matches = sorted(glob.glob(rel, root_dir=context)) if glob.has_magic(rel) else [rel]
+        matches = [m for m in matches if os.path.lexists(context / m)]
+        if not matches:
+            raise BuildError(
+                f"{where}:{step.line}: COPY {pattern}: no such file in the build context {context}"
+            )
+        found += matches
+    return found
+
+
+def _layer(
+    bwrap: str,
+    parent: Path,
+    key: str,
+    step: Step,
+    context: Path,
+    layers: Path,
+    where: Path,
+    log: Callable[[str], None],
+) -> Path:
+    done = layers / key
+    if done.is_dir():
+        return done
+    layers.mkdir(parents=True, exist_ok=True)
+    with open(layers / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.is_dir():  # built while we waited
+            return done
+        partial = layers / f"{key}.partial"
+        _remove(partial)
+        subprocess.run(["cp", "-a", "--reflink=auto", str(parent), str(partial)], check=True)
+        try:
+            log(f"{where}:{step.line}: {_describe(step)}")
+            _run_step(bwrap, partial, step, context, where)
+        except BaseException:
+            _remove(partial)
+            raise
+        partial.rename(done)
+    return done
+
+
+def _describe(step: Step) -> str:
+    if isinstance(step, RunStep):
+        return "RUN " + " ".join(step.argv[2:] if step.argv[:2] == ("/bin/sh", "-c") else step.argv)
+    if isinstance(step, CopyStep):
+        return f"COPY {' '.join(step.sources)} {step.dest}"
+    return f"WORKDIR {step.path}"
+
+
+# Runs as root inside the step's sandbox: $1 dest, $2 "1" if dest is a directory,
+# $3 chown, $4 chmod, $5 "1" to unpack archives (ADD), then the sources under _CONTEXT.
+_COPY_SCRIPT = """set -e
+dest=$1; many=$2; owner=$3; mode=$4; unpack=$5; shift 5
+case "$dest" in */) many=1 ;; esac
+[ "$many" = 1 ] && mkdir -p "$dest"
+fix() { [ -z "$owner" ] || chown -hR "$owner" "$1"; [ -z "$mode" ] || chmod -R "$mode" "$1"; }
+for rel in "$@"; do
+  src=/.stayer-context/$rel
+  if [ -d "$src" ] && [ ! -L "$src" ]; then
+    mkdir -p "$dest"
+    for entry in "$src"/* "$src"/.[!.]* "$src"/..?*; do
+      [ -e "$entry" ] || [ -L "$entry" ] || continue
+      cp -a "$entry" "$dest/"
+      fix "$dest/${entry##*/}"
+    done
+  elif [ "$unpack" = 1 ] && case "$rel" in *.tar|*.tar.*|*.tgz|*.tbz2|*.txz) true ;; *) false ;; esac; then
+    mkdir -p "$dest"
+    tar -xf "$src" -C "$dest"
+  elif [ "$many" = 1 ]; then
+    cp -a "$src" "$dest/"
+    fix "$dest/${rel##*/}"
+  else
+    mkdir -p "$(dirname "$dest")"
+    cp -a "$src" "$dest"
+    fix "$dest"
+  fi
+done
+"""
+
+
+def _run_step(bwrap: str, root: Path, step: Step, context: Path, where: Path) -> None:
+    env = {"PATH": SANDBOX_PATH, "HOME": "/root", "HOSTNAME": "stayer-build"}
+    network = True
+    binds: list[str] = []
+    if isinstance(step, RunStep):
+        env.update(dict(step.env))
+        network = step.network
+        argv: list[str] = list(step.argv)
+        if step.user not in ("root", "0", "0:0"):
+            argv = ["runuser", "-u", step.user.split(":")[0], "--", *argv]
+        # Docker creates the working directory of a RUN that names one not yet there.
+        argv = [
+            "/bin/sh",
+            "-c",
+            'mkdir -p "$1" && cd "$1" && shift && exec "$@"',
+            "sh",
+            step.workdir,
+            *argv,
+        ]
+    elif isinstance(step, CopyStep):
+        sources = _sources(step, context, where)
+        many = "1" if len(sources) > 1 or any("*" in s or "?" in s for s in step.sources) else "0"
+        argv = [
+            "/bin/sh",
+            "-c",
+            _COPY_SCRIPT,
+            "sh",
+            step.dest,
+            many,
+            step.chown or "",
+            step.chmod or "",
+            "1" if step.extract else "0",
+            *sources,
+        ]
+        binds = ["--ro-bind", str(context), _CONTEXT]
+        network = False
+    else:
+        assert isinstance(step, WorkdirStep)
+        argv = ["mkdir", "-p", step.path]
+        network = False
+    args = [bwrap, "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev", *binds]
+    args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if not network:
+        args.append("--unshare-net")
+    elif os.path.isfile("/etc/resolv.conf") and (root / "etc" / "resolv.conf").is_file():
+        args += ["--ro-bind", os.path.realpath("/etc/resolv.conf"), "/etc/resolv.conf"]
+    if os.geteuid() == 0:
+        args += ["--cap-drop", "ALL"]
+        for cap in _BUILD_CAPS:
+            args += ["--cap-add", f"CAP_{cap}"]
+    else:
+        args += ["--unshare-user", "--uid", "0", "--gid", "0"]
+    args += ["--die-with-parent", "--new-session", "--clearenv", "--hostname", "stayer-build"]
+    for name, value in env.items():
+        args += ["--setenv", name, value]
+    try:
+        proc = subprocess.run(
+            [*args, *argv],
+            capture_output=True,
+            timeout=STEP_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            env={"PATH": SANDBOX_PATH},
+            cwd="/",
+        )
+    except subprocess.TimeoutExpired as e:
+        raise BuildError(
+            f"{where}:{step.line}: {_describe(step)[:80]}: did not finish in {STEP_TIMEOUT_S:.0f} s"
+        ) from e
+    finally:
+        # The mount point of the context, left empty in the layer by bwrap.
+        if binds and (root / _CONTEXT.lstrip("/")).is_dir():
+            os.rmdir(root / _CONTEXT.lstrip("/"))
+    if proc.returncode != 0:
+        output = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip().splitlines()
+        last = output[-1] if output else ""
+        raise BuildError(
+            f"{where}:{step.line}: {_describe(step)[:80]}: failed with exit {proc.returncode}: {last[:200]}"
+        )
+
+
+def _remove(path: Path) -> None:
+    if path.exists():
+        subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
+
+
+__all__ = ["BuildError", "BuiltRoot", "build_root"]

@@ -1,0 +1,88 @@
+"""Build a task's image with Docker, cached by the content hash of its build context."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from stayer.environments.build import BuildError
+from stayer.environments.dockerfile import parse_dockerfile
+from stayer.sandbox.docker import check_docker, client_env
+from stayer.sandbox.hostfs import tree_digest
+
+# An image is named by what it is built from: equal contexts share one image.
+IMAGE_REPOSITORY = "stayer-env"
+BUILD_TIMEOUT_S = 3600.0
+
+
+def image_tag(context: Path) -> str:
+    return f"{IMAGE_REPOSITORY}:{tree_digest(context)[:24]}"
+
+
+def build_image(context: str | Path, *, log: Callable[[str], None] = lambda _: None) -> str:
+    """The tag of ``context``'s image, built by Docker unless one of that content exists.
+    ``RUN`` steps get the host's network, as the Docker-free builder's do (a daemon
+    started without a bridge has no other). Raises BuildError naming the Dockerfile."""
+    context = Path(context).resolve()
+    dockerfile = parse_dockerfile(context / "Dockerfile")  # bad input fails before Docker runs
+    docker = check_docker()
+    tag = image_tag(context)
+    if _exists(docker, tag):
+        return tag
+    log(f"{dockerfile.path}: building image {tag} with Docker")
+    try:
+        proc = subprocess.run(
+            [
+                docker,
+                "build",
+                "--network",
+                "host",
+                "--tag",
+                tag,
+                "--file",
+                str(dockerfile.path),
+                str(context),
+            ],
+            capture_output=True,
+            timeout=BUILD_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            env=client_env(),
+        )
+    except subprocess.TimeoutExpired as e:
+        raise BuildError(
+            f"{dockerfile.path}: docker build did not finish in {BUILD_TIMEOUT_S:.0f} s"
+        ) from e
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip().splitlines()
+        raise BuildError(
+            f"{dockerfile.path}: docker build failed: {(lines[-1] if lines else proc.returncode)}"
+        )
+    return tag
+
+
+def image_env(tag: str) -> dict[str, str]:
+    """The image's ENV (``Config.Env``)."""
+    proc = subprocess.run(
+        [check_docker(), "image", "inspect", "--format", "{{json .Config.Env}}", tag],
+        capture_output=True,
+        timeout=60,
+        env=client_env(),
+        check=True,
+    )
+    pairs = json.loads(proc.stdout or b"null") or []
+    return dict(p.split("=", 1) for p in pairs if "=" in p)
+
+
+def _exists(docker: str, tag: str) -> bool:
+    proc = subprocess.run(
+        [docker, "image", "inspect", "--format", "{{.Id}}", tag],
+        capture_output=True,
+        timeout=60,
+        env=client_env(),
+    )
+    return proc.returncode == 0
+
+
+__all__ = ["IMAGE_REPOSITORY", "build_image", "image_env", "image_tag"]

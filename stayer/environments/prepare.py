@@ -1,0 +1,129 @@
+"""A task's environment made ready to run in: its image built, and sandboxes over it.
+
+Sandbox kinds that build the task's ``environment/Dockerfile`` (:data:`IMAGE_KINDS`):
+
+* ``docker`` — Docker builds the image (:mod:`stayer.environments.docker`), each command
+  runs in a fresh container of it (:class:`~stayer.sandbox.docker.DockerSandbox`);
+* ``bwrap-image`` — no Docker: the image's filesystem is built with bubblewrap over a
+  Debian base (:mod:`stayer.environments.build`), and each command runs in the bubblewrap
+  sandbox with that filesystem as its system.
+
+Either way the workspace (``/app``) is a host directory, so snapshots, the storage limit
+and the verifier's mounts work as with ``bwrap``. :meth:`Environment.seed` adds what the
+image itself put in ``/app`` (``COPY``, files a ``RUN`` made), which the workspace mount
+would otherwise hide. Other kinds (``bwrap``, ``local``) run on the host's system and
+build nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stayer.environments.build import BuiltRoot, build_root
+from stayer.errors import ConfigError
+from stayer.sandbox import IMAGE_KINDS, Sandbox, make_sandbox
+from stayer.sandbox.hostfs import copy_tree
+
+# The image's own HOME is usually /root, which the command can neither read nor write.
+_FORCED_ENV = {"HOME": "/tmp"}
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A built image and how to run commands in it."""
+
+    kind: str
+    env: dict[str, str]  # the image's ENV, as the command gets it
+    image: str | None = None  # docker: the image's tag
+    root: BuiltRoot | None = None  # bwrap-image: the built filesystem
+    notes: tuple[str, ...] = field(default=())  # approximations worth a warning
+
+    def sandbox(self, workspace: str | Path, **limits: Any) -> Sandbox:
+        env = {**self.env, **(limits.pop("env", None) or {}), **_FORCED_ENV}
+        if self.kind == "docker":
+            from stayer.sandbox.docker import DockerSandbox
+
+            return DockerSandbox(workspace, image=self.image or "", env=env, **limits)
+        assert self.root is not None
+        from stayer.sandbox.bwrap import BwrapSandbox
+
+        return BwrapSandbox(workspace, root=self.root.root, env=env, **limits)
+
+    def seed(self, workspace: str | Path) -> None:
+        """Copy what the image holds in ``/app`` into ``workspace`` (over what is there)."""
+        if self.root is not None:
+            if (self.root.root / "app").is_dir():
+                copy_tree(self.root.root / "app", workspace)
+            return
+        from stayer.sandbox.docker import DockerSandbox, check_docker, client_env, hand_over
+
+        user = DockerSandbox(workspace, image=self.image or "").user
+        hand_over(Path(workspace), *user)
+        # Copied inside a container of the image: the host never reads the image's files.
+        subprocess.run(
+            [
+                check_docker(),
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                "--cap-drop",
+                "ALL",
+                "--user",
+                f"{user[0]}:{user[1]}",
+            ]
+            + ["--mount", f"type=bind,source={Path(workspace).resolve()},target=/stayer-seed"]
+            + [
+                "--entrypoint",
+                "/bin/sh",
+                self.image or "",
+                "-c",
+                "[ ! -d /app ] || cp -R /app/. /stayer-seed/",
+            ],
+            capture_output=True,
+            timeout=600,
+            env=client_env(),
+            check=False,
+        )
+
+
+def prepare_environment(
+    kind: str, context: str | Path, *, log: Callable[[str], None] = lambda _: None
+) -> Environment:
+    """Build ``context``'s image for ``kind``, or find it built: both builders cache by
+    content, so preparing the same environment again costs a hash of its files."""
+    context = Path(context).resolve()
+    if not (context / "Dockerfile").is_file():
+        raise ConfigError(
+            f"--sandbox {kind}: {context}/Dockerfile: missing; this sandbox runs the task's image"
+        )
+    if kind == "docker":
+        from stayer.environments.docker import build_image, image_env
+
+        tag = build_image(context, log=log)
+        return Environment(kind, image_env(tag), image=tag)
+    if kind == "bwrap-image":
+        built = build_root(context, log=log)
+        return Environment(kind, built.env, root=built, notes=built.notes)
+    raise ConfigError(f"--sandbox {kind}: builds no image; choose one of {', '.join(IMAGE_KINDS)}")
+
+
+def sandbox_for(
+    kind: str, workspace: str | Path, environment: str | Path | None, **limits: Any
+) -> Sandbox:
+    """The sandbox of kind ``kind`` over ``workspace``, for a task whose environment
+    directory is ``environment`` (its image built first for :data:`IMAGE_KINDS`)."""
+    if kind in IMAGE_KINDS:
+        if environment is None:
+            raise ConfigError(
+                f"--sandbox {kind}: the task has no environment/ directory with a Dockerfile"
+            )
+        return prepare_environment(kind, environment).sandbox(workspace, **limits)
+    return make_sandbox(kind, workspace, **limits)
+
+
+__all__ = ["IMAGE_KINDS", "Environment", "prepare_environment", "sandbox_for"]

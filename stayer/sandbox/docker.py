@@ -1,0 +1,232 @@
+"""The docker sandbox: each command in a fresh container of the task's image.
+
+The same contract as the bubblewrap sandbox (:mod:`stayer.sandbox.bwrap`), kept by
+Docker's own means, through the ``docker`` command line (Podman's Docker-compatible one
+works the same; ``DOCKER_HOST`` chooses the daemon):
+
+* a fresh container per command (``docker run --rm``): nothing it starts outlives it, and
+  on a timeout, or when the caller is cancelled, the container is removed (``docker rm
+  -f``), which kills every process in it;
+* the workspace read-write at ``/app``, extra :class:`Mount` s at their ``dest``, a private
+  tmpfs at ``/tmp`` sized like the bwrap sandbox's, the image's own filesystem read-only
+  (``--read-only``);
+* no network (``--network none``: its own loopback only) unless ``allow_net``, which gives
+  the host's network as ``bwrap --share-net`` does;
+* no capabilities (``--cap-drop ALL``), ``no-new-privileges``, Docker's seccomp profile, an
+  unprivileged user: uid :data:`~stayer.sandbox.bwrap.SANDBOX_UID` when stayer runs as
+  root (the workspace and writable mounts are handed to that uid before each command,
+  never following a link), the caller's own uid otherwise;
+* limits: ``max_processes`` is ``--pids-limit``, ``memory_mb`` both the address space of
+  each process (``ulimit -v`` before the command, as under bwrap) and the container's memory with no swap,
+  ``max_file_mb`` is ``--ulimit fsize``, ``storage_mb`` caps the workspace (polled on the
+  host, as under bwrap) and ``/tmp``, ``cpus`` is ``--cpus``;
+* an environment built from the same allow-list, never the host's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from stayer.errors import ConfigError
+from stayer.sandbox.base import ExecResult, Mount
+from stayer.sandbox.bwrap import (
+    DEFAULT_MAX_PROCESSES,
+    DEFAULT_TMP_MB,
+    SANDBOX_GID,
+    SANDBOX_PATH,
+    SANDBOX_UID,
+)
+from stayer.sandbox.process import StorageLimit, file_size_cap, run_process
+from stayer.sandbox.tree import walk
+
+_FIX = (
+    "install Docker (apt install docker.io) or Podman with its Docker-compatible socket, start "
+    "the daemon, and point DOCKER_HOST at it (e.g. unix:///run/docker.sock); or use --sandbox bwrap"
+)
+# What the docker command line itself needs from our environment: which daemon, its config.
+_CLIENT_ENV = (
+    "DOCKER_HOST",
+    "DOCKER_CONTEXT",
+    "DOCKER_CONFIG",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+    "HOME",
+)
+
+
+def client_env() -> dict[str, str]:
+    """The environment of ``docker`` commands: PATH and how to reach the daemon only."""
+    return {
+        "PATH": os.environ.get("PATH", SANDBOX_PATH),
+        **{k: os.environ[k] for k in _CLIENT_ENV if k in os.environ},
+    }
+
+
+@functools.cache
+def check_docker(docker: str | None = None) -> str:
+    """Path of a docker command whose daemon answers; ConfigError saying how to fix it
+    otherwise. Probed once per process."""
+    path = docker or shutil.which("docker")
+    if path is None:
+        raise ConfigError(f"--sandbox docker: the docker command is not on PATH; {_FIX}")
+    try:
+        proc = subprocess.run(
+            [path, "version", "--format", "{{.Server.Version}}"],
+            capture_output=True,
+            timeout=30,
+            env=client_env(),
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(f"--sandbox docker: cannot run {path}: {e}; {_FIX}") from e
+    if proc.returncode != 0:
+        why = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise ConfigError(
+            f"--sandbox docker: no Docker daemon answers ({why[-1] if why else proc.returncode}); {_FIX}"
+        )
+    return path
+
+
+class DockerSandbox:
+    """Runs each command in a fresh container of ``image`` with the workspace at ``/app``."""
+
+    def __init__(
+        self,
+        workspace: str | Path,
+        *,
+        image: str,
+        allow_net: bool = False,
+        memory_mb: int | None = None,
+        max_processes: int | None = DEFAULT_MAX_PROCESSES,
+        max_file_mb: int | None = None,
+        storage_mb: int | None = None,
+        max_output_bytes: int = 1_000_000,
+        env: dict[str, str] | None = None,
+        cpus: float | None = None,
+    ) -> None:
+        self.workspace = Path(workspace).resolve()
+        if not self.workspace.is_dir():
+            raise ConfigError(f"sandbox: workspace {self.workspace} is not a directory")
+        self.docker = check_docker()
+        self.image = image
+        self.allow_net = allow_net
+        self.memory_mb = memory_mb
+        self.max_processes = max_processes
+        self.max_file_mb = file_size_cap(max_file_mb, storage_mb)
+        self.storage_mb = storage_mb
+        self.max_output_bytes = max_output_bytes
+        self.cpus = cpus
+        self.env = {
+            "PATH": SANDBOX_PATH,
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "APP": "/app",
+            **(env or {}),
+        }
+        # As root, the command runs as SANDBOX_UID, which must own what it may write; any
+        # other caller's uid already owns it.
+        self.user = (
+            (SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
+        )
+
+    def _argv(
+        self, name: str, command: str, mounts: tuple[Mount, ...], cwd: str, stdin: bool
+    ) -> list[str]:
+        tmp_mb = self.storage_mb or DEFAULT_TMP_MB
+        argv = [self.docker, "run", "--rm", "--name", name, "--log-driver", "none"]
+        if stdin:
+            argv.append("--interactive")
+        argv += ["--network", "host" if self.allow_net else "none", "--hostname", "sandbox"]
+        argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        argv += ["--user", f"{self.user[0]}:{self.user[1]}", "--read-only"]
+        argv += ["--tmpfs", f"/tmp:rw,nosuid,nodev,size={tmp_mb}m,mode=1777"]
+        if self.max_processes is not None:
+            argv += ["--pids-limit", str(self.max_processes)]
+        if self.memory_mb is not None:
+            argv += ["--memory", f"{self.memory_mb}m", "--memory-swap", f"{self.memory_mb}m"]
+        if self.max_file_mb is not None:
+            argv += ["--ulimit", f"fsize={self.max_file_mb * 2**20}"]
+        if self.cpus is not None:
+            argv += ["--cpus", f"{self.cpus:g}"]
+        argv += ["--mount", f"type=bind,source={self.workspace},target=/app"]
+        for m in mounts:
+            spec = f"type=bind,source={Path(m.host).resolve()},target={m.dest}"
+            argv += ["--mount", spec if m.writable else spec + ",readonly"]
+        for key, value in self.env.items():
+            argv += ["--env", f"{key}={value}"]
+        argv += ["--workdir", cwd, "--entrypoint", "/bin/bash", self.image]
+        if self.memory_mb is None:
+            return [*argv, "-c", command]
+        # Docker has no address-space ulimit: set it (soft and hard, which an unprivileged
+        # command cannot raise again) in a shell that then becomes the command's.
+        prelude = f'ulimit -v {self.memory_mb * 1024} || exit 125; exec /bin/bash -c "$1"'
+        return [*argv, "-c", prelude, "stayer-limits", command]
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout: float = 120.0,
+        stdin: bytes | None = None,
+        mounts: tuple[Mount, ...] = (),
+        cwd: str = "/app",
+    ) -> ExecResult:
+        if os.geteuid() == 0:
+            for path in (self.workspace, *(Path(m.host) for m in mounts if m.writable)):
+                await asyncio.to_thread(hand_over, path, *self.user)
+        storage = (
+            StorageLimit(self.workspace, self.storage_mb, shown_as="/app")
+            if self.storage_mb is not None
+            else None
+        )
+        name = f"stayer-{uuid.uuid4().hex[:16]}"
+        try:
+            return await run_process(
+                self._argv(name, command, mounts, cwd, stdin is not None),
+                timeout=timeout,
+                stdin=stdin,
+                cwd="/",
+                env=client_env(),
+                max_output_bytes=self.max_output_bytes,
+                storage=storage,
+            )
+        finally:
+            # Killing the docker client (timeout, storage limit, cancellation) leaves the
+            # container running; removing it kills everything in it. Shielded: a cancelled
+            # caller must not leave it behind.
+            await asyncio.shield(_remove_container(self.docker, name))
+
+
+async def _remove_container(docker: str, name: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        docker,
+        "rm",
+        "--force",
+        name,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=client_env(),
+    )
+    await proc.wait()
+
+
+def hand_over(root: Path, uid: int, gid: int) -> None:
+    """Make ``root`` and everything under it owned by ``uid``:``gid``, changing links
+    themselves and never following one (each entry is changed through its parent's
+    descriptor). Run while no command of the sandbox is running, so nothing moves."""
+    if os.lstat(root).st_uid != uid or os.lstat(root).st_gid != gid:
+        os.chown(root, uid, gid, follow_symlinks=False)
+    for _rel, st, parent_fd, name in walk(root):
+        if st.st_uid != uid or st.st_gid != gid:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(name, uid, gid, dir_fd=parent_fd, follow_symlinks=False)
+
+
+__all__ = ["DockerSandbox", "check_docker", "client_env", "hand_over"]

@@ -1,0 +1,107 @@
+"""What the tests of the docker sandbox and of image builds share: a Docker daemon of
+their own, started on a private socket for the session, and the base images they build
+from, made locally with mmdebstrap (no registry is needed, or reachable in CI).
+
+Skipped, saying why, only where docker.io (or mmdebstrap, for the base) is not installed,
+or where the tests cannot start a daemon (not root). Everything else that goes wrong
+fails: a daemon that does not come up, a base that cannot be made.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stayer.environments.base import base_for, build_base
+from stayer.sandbox.docker import check_docker
+
+# The base of the fixture task and of the escape suite's containers: Python for the probes.
+BASE_IMAGE = "python:3.11-slim-bookworm"
+_DAEMON_START_S = 120.0
+
+
+def _needs(*commands: str, why: str) -> None:
+    missing = [c for c in commands if shutil.which(c) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed ({why})")
+
+
+@pytest.fixture(scope="session")
+def docker_host() -> Iterator[str]:
+    """``DOCKER_HOST`` of a daemon started for this test session (and this xdist worker),
+    without a bridge or firewall rules: containers get no network or the host's, as the
+    docker sandbox asks, and the host's network configuration is left alone."""
+    _needs("dockerd", "docker", why="apt install docker.io")
+    if os.geteuid() != 0:
+        pytest.skip("the tests start their own dockerd, which needs root")
+    # Short: a unix socket's path must fit in 108 bytes.
+    home = Path(tempfile.mkdtemp(prefix="stayer-dockerd-", dir="/tmp"))
+    host = f"unix://{home}/docker.sock"
+    log = open(home / "dockerd.log", "wb")  # noqa: SIM115 - closed at teardown
+    daemon = subprocess.Popen(
+        [
+            "dockerd",
+            "--data-root", f"{home}/data",
+            "--exec-root", f"{home}/exec",
+            "--pidfile", f"{home}/dockerd.pid",
+            "--host", host,
+            "--bridge=none", "--iptables=false", "--ip6tables=false",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + _DAEMON_START_S
+        while True:  # waiting for readiness, not racing: it is ready when it answers
+            probe = subprocess.run(
+                ["docker", "--host", host, "version", "--format", "{{.Server.Version}}"],
+                capture_output=True,
+            )
+            if probe.returncode == 0:
+                break
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"dockerd did not start: {(home / 'dockerd.log').read_text(errors='replace')[-2000:]}"
+                )
+            time.sleep(0.5)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("DOCKER_HOST", host)
+            check_docker.cache_clear()  # a docker probed before the daemon was up
+            yield host
+            check_docker.cache_clear()
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        log.close()
+        subprocess.run(["rm", "-rf", "--one-file-system", str(home)], check=False)
+
+
+@pytest.fixture(scope="session")
+def base_root() -> Path:
+    """The root filesystem standing in for :data:`BASE_IMAGE` (made once, then cached in
+    ~/.cache/stayer: minutes the first time, with the Debian archive reachable)."""
+    _needs("mmdebstrap", why="apt install mmdebstrap")
+    return build_base(base_for(BASE_IMAGE))
+
+
+@pytest.fixture(scope="session")
+def docker_base(docker_host: str, base_root: Path) -> str:
+    """:data:`BASE_IMAGE` in the session's daemon, imported from :func:`base_root` (on a
+    user's machine it would be pulled from the registry)."""
+    tar = subprocess.Popen(["tar", "-C", str(base_root), "-c", "."], stdout=subprocess.PIPE)
+    subprocess.run(["docker", "import", "-", BASE_IMAGE], stdin=tar.stdout, check=True, capture_output=True)
+    assert tar.stdout is not None
+    tar.stdout.close()
+    assert tar.wait() == 0
+    return BASE_IMAGE

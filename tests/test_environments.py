@@ -1,0 +1,99 @@
+"""Tasks whose environment/Dockerfile is built and run: with Docker (``--sandbox docker``)
+and without it (``--sandbox bwrap-image``, bubblewrap over a Debian root made with
+mmdebstrap). Slow: the first run makes the base (minutes) and every build installs a
+package from the Debian archive."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+from docker_helpers import base_root, docker_base, docker_host  # noqa: F401 - fixtures
+from sandbox_helpers import needs_bwrap
+
+from stayer.environments.build import BuildError, build_root
+from stayer.environments.prepare import prepare_environment
+from stayer.eval.checks import check_task
+from stayer.eval.task import load_task
+
+pytestmark = [pytest.mark.slow, needs_bwrap]
+
+FIXTURE = Path(__file__).parent / "fixtures" / "image-task"
+
+
+@pytest.fixture(params=["docker", "bwrap-image"])
+def kind(request: pytest.FixtureRequest) -> str:
+    """Each sandbox kind that builds the task's image, with what it needs set up."""
+    if request.param == "docker":
+        request.getfixturevalue("docker_base")
+    else:
+        request.getfixturevalue("base_root")
+    return request.param
+
+
+def _copy_task(tmp_path: Path) -> Path:
+    task = tmp_path / "image-task"
+    shutil.copytree(FIXTURE, task)
+    return task
+
+
+def test_a_task_needing_a_package_from_its_dockerfile_passes_its_oracle_and_fails_its_nop(
+    kind: str, tmp_path: Path
+) -> None:
+    check = asyncio.run(check_task(load_task(_copy_task(tmp_path)), reruns=1, sandbox=kind))
+    assert check.problems == [], check.problems
+    assert check.rewards and set(check.rewards) == {1.0}  # the oracle, verified with dc from the image
+
+
+@pytest.mark.skipif(shutil.which("dc") is not None, reason="dc is installed on this host")
+def test_the_same_task_fails_on_the_hosts_system(tmp_path: Path) -> None:
+    """Control: the image is what makes the oracle pass, not the host."""
+    check = asyncio.run(check_task(load_task(_copy_task(tmp_path)), reruns=1, sandbox="bwrap"))
+    assert any(p.kind in ("oracle_fails", "environment") for p in check.problems), check.problems
+
+
+def test_a_dockerfile_that_cannot_be_built_is_an_environment_problem(kind: str, tmp_path: Path) -> None:
+    task = _copy_task(tmp_path)
+    dockerfile = task / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "RUN echo about to fail && exit 7\n")
+    with pytest.raises(BuildError, match="exit 7") as e:
+        prepare_environment(kind, task / "environment")
+    assert str(dockerfile) in str(e.value) and "\n" not in str(e.value)
+    check = asyncio.run(check_task(load_task(task), reruns=1, sandbox=kind))
+    assert [p.kind for p in check.problems] == ["environment"]
+    assert "cannot be built" in check.problems[0].detail
+
+
+def test_layers_are_cached_by_content(base_root: Path, tmp_path: Path) -> None:  # noqa: F811
+    task = _copy_task(tmp_path)
+    context = task / "environment"
+    first: list[str] = []
+    built = build_root(context, log=first.append)
+    again: list[str] = []
+    assert build_root(context, log=again.append) == built
+    assert again == []  # nothing ran: every layer was found
+    # A changed file rebuilds the step that copies it, and only that one.
+    (context / "numbers.txt").write_text("6\n7\n")
+    changed: list[str] = []
+    rebuilt = build_root(context, log=changed.append)
+    assert [line.split(": ", 1)[1] for line in changed] == ["COPY numbers.txt /app/"]
+    assert (rebuilt.root / "app" / "numbers.txt").read_text() == "6\n7\n"
+    assert (built.root / "app" / "numbers.txt").read_text() != "6\n7\n"  # its parent untouched
+    assert (rebuilt.root / "usr" / "bin" / "dc").is_file()
+    assert rebuilt.env["DEBIAN_FRONTEND"] == "noninteractive"
+
+
+def test_the_image_app_directory_seeds_the_workspace(kind: str, tmp_path: Path) -> None:
+    task = load_task(_copy_task(tmp_path))
+    workspace = tmp_path / "ws"
+    (task.path / "environment" / "numbers.txt").rename(task.path / "environment" / "renamed.txt")
+    dockerfile = task.path / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace("COPY numbers.txt ./", "COPY renamed.txt numbers.txt"))
+    task.materialise(workspace, kind)
+    # renamed.txt comes from environment/, numbers.txt from the image's /app.
+    assert sorted(p.name for p in workspace.iterdir()) == ["numbers.txt", "renamed.txt"]
+    r = asyncio.run(task.make_sandbox(kind, workspace).exec("id -u; dc -e '2 3 * p'; cat numbers.txt"))
+    assert r.exit_code == 0, r
+    assert r.stdout.split("\n")[:2] == ["1000", "6"]
