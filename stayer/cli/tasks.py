@@ -93,18 +93,26 @@ def check(
 def import_tb_command(
     src: Annotated[str, typer.Argument(help="A Terminal-Bench task (task.yaml) or a directory of them.")],
     dest: Annotated[str, typer.Argument(help="Suite directory to write the Harbor-layout tasks into.")],
+    sandbox: Annotated[
+        str | None,
+        typer.Option("--sandbox", help="Run the tasks in their image: docker or bwrap-image, built on first run."),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Convert Terminal-Bench tasks (task.yaml, solution.sh, run-tests.sh, tests/) to the Harbor layout.
 
+    The Dockerfile is kept in environment/. With --sandbox the tasks say, in task.toml,
+    that they run in their image, which their first run builds (cached); without it they
+    run on the host's system, where its RUN steps do not happen.
+
     \b
-    Example:  stayer tasks import-tb terminal-bench/tasks suites/tb
+    Example:  stayer tasks import-tb terminal-bench/tasks suites/tb --sandbox bwrap-image
     """
     from stayer.eval.import_tb import import_tb
     from stayer.eval.suite import ProblemsError
 
     try:
-        imported = import_tb(src, dest)
+        imported = import_tb(src, dest, sandbox=sandbox)
     except ProblemsError as e:
         report_problems(e.problems)
     except ConfigError as e:

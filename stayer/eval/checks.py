@@ -226,8 +226,12 @@ async def check_oracle(
             v = verdicts[0]
             why = f"reward {v.reward:g}" if v.reward is not None else (v.error or "no reward")
             hint = ""
-            if (task.path / "environment" / "Dockerfile").is_file() and "RUN " in (task.path / "environment" / "Dockerfile").read_text(errors="replace"):
-                hint = "; note: the Dockerfile's RUN steps are not executed here"
+            dockerfile = task.path / "environment" / "Dockerfile"
+            if kind not in IMAGE_KINDS and dockerfile.is_file() and "RUN " in dockerfile.read_text(errors="replace"):
+                hint = (
+                    "; note: the Dockerfile's RUN steps do not happen in this sandbox "
+                    '([environment] sandbox = "docker" or "bwrap-image" builds the image)'
+                )
             problems.append(Problem(
                 "oracle_fails",
                 f"{why}; solve.sh exit {run.exit_code}; tests said: {_tail(_output(v.exec))}{hint}",
