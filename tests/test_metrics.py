@@ -75,6 +75,11 @@ def test_metrics_add_up_to_the_ledgers(served) -> None:
     for s in m["stayer_tokens_total"]:
         got_tokens[(s.labels["tenant"], s.labels["kind"])] += s.value
     assert {k: int(v) for k, v in got_tokens.items()} == dict(tokens)
+    for s in m["stayer_cache_hit_ratio"]:
+        t = s.labels["tenant"]
+        prompt = sum(tokens[(t, k)] for k in ("cache_read", "cache_write", "input_uncached"))
+        assert abs(s.value - tokens[(t, "cache_read")] / prompt) < 1e-12  # one model per tenant here
+    assert {s.labels["tenant"] for s in m["stayer_cache_hit_ratio"]} == set(cost)
     statuses = {(s.labels["tenant"], s.labels["status"]): s.value for s in m["stayer_runs"]}
     assert statuses == {("alpha", "succeeded"): 2, ("beta", "succeeded"): 1}
     budget = {s.labels["tenant"]: s.value for s in m["stayer_tenant_budget_usd"]}
@@ -201,3 +206,18 @@ def test_avoidable_cost_prices_only_unchosen_misses() -> None:
     got = metrics.registry.get_sample_value("stayer_avoidable_cost_usd_total", {"reason": "ttl_expired"})
     assert got is not None and abs(got - float(want)) < 1e-12
     assert metrics.registry.get_sample_value("stayer_avoidable_cost_usd_total", {"reason": "compaction"}) is None
+
+
+def test_the_cost_anomaly_alert_uses_the_in_process_breakers_factor() -> None:
+    """One definition: the alert's factor is the breaker's default (``anomaly_factor``)."""
+    import re
+
+    import yaml
+
+    from stayer.guard.breakers import GuardConfig
+
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
+    [rule] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "StayerStepCostAnomaly"]
+    factor = re.search(r">\s*([\d.]+)\s*\*\s*histogram_quantile\(0\.5", rule["expr"])
+    assert factor is not None, rule["expr"]
+    assert float(factor.group(1)) == GuardConfig().anomaly_factor

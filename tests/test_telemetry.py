@@ -66,7 +66,7 @@ class Collector(sink.handler.RequestHandler):
         pass
 
 
-def _run(tmp_path: Path, env_extra: dict[str, str], *args: str) -> dict[str, Any]:
+def _run(tmp_path: Path, env_extra: dict[str, str], *args: str, rc: int = 0) -> dict[str, Any]:
     env = {**os.environ, "STAYER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT), **env_extra}
     for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL"):
         if k not in env_extra:
@@ -76,7 +76,7 @@ def _run(tmp_path: Path, env_extra: dict[str, str], *args: str) -> dict[str, Any
          "--policy", "none", "--json", *args],
         env=env, capture_output=True, text=True, timeout=600,
     )
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == rc, r.stderr[-3000:]
     return json.loads(r.stdout)
 
 
@@ -172,3 +172,184 @@ def test_without_a_collector_opentelemetry_is_not_imported(tmp_path: Path) -> No
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
+# --- in process: sub-agents and calls lost in flight --------------------------------------
+
+
+def _memory_tracer(prices: Any, run_id: str) -> tuple[Any, Any]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    return tp, exporter
+
+
+def test_a_sub_agent_is_an_agent_span_nested_under_its_parents_tool_span(tmp_path: Path) -> None:
+    import asyncio
+
+    from scripted import COUNTER, Model, Prices, bash, call, rates
+
+    from stayer.agent import Agent, Limits
+    from stayer.delegation import ChildAgents, ChildSettings
+    from stayer.guard.budget import Budget
+    from stayer.sandbox.local import LocalSandbox
+    from stayer.telemetry.tracing import RunTracer
+    from stayer.tools import default_tools
+    from stayer.tools.base import ToolContext
+
+    prices = Prices({"m-strong": rates("3", "0.3", "3.75", "15"), "m-cheap": rates("1", "0.1", "1.25", "5")})
+    tp, exporter = _memory_tracer(prices, "run-sub")
+    tracer = RunTracer(tp, prices, "run-sub")
+    parent_model = Model(replies=[
+        call("subagent", {"task": "Write the word done to sub.txt", "budget_usd": 0.05}, 1),
+        call("submit", {"summary": "delegated"}, 2),
+    ])
+    child_model = Model("m-cheap", [bash("echo done > sub.txt", 1), call("submit", {"summary": "written"}, 2)])
+    ctx = ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path))
+    parent = Agent(tracer.model(parent_model), tracer.tools(default_tools(COUNTER.counter)), prices, ctx, COUNTER,
+                   Limits(max_steps=10), budget=Budget(Decimal("1")), on_step=tracer.on_step, on_event=tracer.on_event)
+    children = ChildAgents(parent, tracer.model(child_model), lambda: tracer.tools(default_tools(COUNTER.counter)),
+                           ChildSettings(max_steps=6))
+    parent.add_tool(tracer.tools([children.tool()])[0])
+
+    async def go() -> Any:
+        with tracer.run_span("sub-task", "m-strong"):
+            return await parent.run("Parent task", "run-sub")
+
+    result = asyncio.run(go())
+    assert result.status == "submitted"
+    spans = exporter.get_finished_spans()
+    by_id = {s.context.span_id: s for s in spans}
+
+    def parent_of(s: Any) -> Any:
+        return by_id.get(s.parent.span_id) if s.parent is not None else None
+
+    [root] = [s for s in spans if s.name == "invoke_agent stayer"]
+    [tool] = [s for s in spans if s.name == "execute_tool subagent"]
+    [child] = [s for s in spans if s.name == "invoke_agent main/sub-1"]
+    assert parent_of(tool) is root and parent_of(child) is tool
+    assert child.attributes["gen_ai.agent.name"] == "main/sub-1"
+    assert child.attributes["gen_ai.operation.name"] == "invoke_agent"
+    chats = [s for s in spans if s.name.startswith("chat ")]
+    assert sorted(s.name for s in chats) == ["chat m-cheap", "chat m-cheap", "chat m-strong", "chat m-strong"]
+    for s in chats:  # the child's calls under the child's span, the parent's under the run's
+        assert parent_of(s) is (child if s.name == "chat m-cheap" else root)
+    child_tools = [s for s in spans if s.name.startswith("execute_tool ") and parent_of(s) is child]
+    assert {s.name for s in child_tools} == {"execute_tool bash", "execute_tool submit"}
+    assert all(s.attributes["stayer.tool.seconds"] >= 0 for s in child_tools)
+    # Every call's cost once, on model-call spans only: they add up to the run's cost.
+    assert sum(Decimal(s.attributes["stayer.cost_usd"]) for s in chats) == result.cost_usd
+    assert not [s for s in spans if "gen_ai.usage.cost.amount" in s.attributes and not s.name.startswith("chat ")]
+    assert {s.context.trace_id for s in spans} == {root.context.trace_id}
+
+
+def test_a_call_lost_in_flight_gets_its_own_span_when_the_resumed_run_issues_it_again(tmp_path: Path, monkeypatch: Any) -> None:
+    import asyncio
+
+    from test_resume import STEPS, Crash, ProviderCalls, WorkPolicy, make_task
+
+    from stayer.eval.resume import prepare_resume
+    from stayer.eval.trial import RunConfig, execute, prepare
+    from stayer.models.sim import SimModel
+    from stayer.telemetry.tracing import execute_traced
+
+    monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("STAYER_DB", raising=False)
+    task = make_task(tmp_path)
+    prepared = prepare(RunConfig(str(task), "sim:claude-sonnet-4-5", max_steps=30, run_id="lost-1",
+                                 sim_policy="synthetic:steps=1", sandbox="local"))
+    prepared.model = ProviderCalls(SimModel("claude-sonnet-4-5", WorkPolicy(STEPS), prepared.counter), crash_at=6)
+    with pytest.raises(Crash):
+        asyncio.run(execute(prepared))
+
+    prepared, journal = prepare_resume("lost-1")
+    prepared.model = ProviderCalls(SimModel("claude-sonnet-4-5", WorkPolicy(STEPS), prepared.counter))
+    tp, exporter = _memory_tracer(prepared.prices, "lost-1")
+    doc = asyncio.run(execute_traced(prepared, None, tp, journal=journal))
+    assert doc["steps"] == STEPS + 1  # (the local sandbox has no /logs: the verdict is not the point)
+    chats = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    lost = [s for s in chats if s.attributes.get("stayer.lost_in_flight")]
+    [entry] = [e for e in doc["ledger"] if e.get("kind") == "lost_in_flight"]
+    assert len(lost) == 1 and lost[0].attributes["stayer.step"] == entry["step"] == 6
+    assert lost[0].attributes["stayer.cost_usd"] == entry["cost_usd"]
+    assert lost[0].attributes["gen_ai.usage.input_tokens"] == entry["usage"]["input_tokens"]
+    assert lost[0].start_time == lost[0].end_time
+    reissued = next(s for s in chats if s.attributes["stayer.step"] == 6 and not s.attributes.get("stayer.lost_in_flight"))
+    assert reissued.attributes["stayer.lost_in_flight.attempts"] == 1
+    # Steps 1-5 were replayed (their spans belong to the killed process); from the resume
+    # on, the model-call spans add up to the rest of the run's cost, the lost call's included.
+    replayed = sum(Decimal(e["cost_usd"]) for e in doc["ledger"] if e["step"] < 6 and e.get("kind") != "lost_in_flight")
+    assert sorted(s.attributes["stayer.step"] for s in chats) == [6, *range(6, doc["steps"] + 1)]
+    assert sum(Decimal(s.attributes["stayer.cost_usd"]) for s in chats) == Decimal(doc["cost_usd"]) - replayed
+
+
+def test_eval_exports_one_trace_per_trial(tmp_path: Path) -> None:
+    collector = Collector()
+    port = _free_port()
+    server = sink.HttpSink(collector, logging.getLogger("oteltest"), port=port)
+    server.start()
+    try:
+        env = {**os.environ, "STAYER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+        for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_SERVICE_NAME"):
+            env.pop(k, None)
+        r = subprocess.run(
+            [sys.executable, "-m", "stayer.cli", "eval", str(ROOT / "examples" / "hello-file"), "--model", "sim:claude-sonnet-4-5",
+             "--epochs", "2", "--json", "--out", str(tmp_path / "out"), "--otlp", f"http://127.0.0.1:{port}"],
+            env=env, capture_output=True, text=True, timeout=600,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        trials = [json.loads(f.read_text()) for f in sorted((tmp_path / "out" / "trials").rglob("*.json"))]
+        run_ids = {t["run_id"] for t in trials}
+        for _ in range(600):
+            with collector.lock:
+                agents = [s for s in collector.spans if s["name"] == "invoke_agent stayer"]
+            if len(agents) >= 2:
+                break
+            time.sleep(0.05)
+        with collector.lock:
+            spans = list(collector.spans)
+    finally:
+        server.stop()
+    agents = [s for s in spans if s["name"] == "invoke_agent stayer"]
+    assert {s["attrs"]["stayer.run_id"] for s in agents} == run_ids and len(run_ids) == 2
+    assert len({s["traceId"] for s in agents}) == 2  # a trace per trial, from its run id
+    assert {s["resource"]["service.name"] for s in spans} == {"stayer-eval"}
+    for trial in trials:
+        trace_id = next(s["traceId"] for s in agents if s["attrs"]["stayer.run_id"] == trial["run_id"])
+        chats = [s for s in spans if s["traceId"] == trace_id and s["name"].startswith("chat ")]
+        assert sum(Decimal(s["attrs"]["stayer.cost_usd"]) for s in chats) == Decimal(trial["cost_usd"])
+
+
+def test_compactions_and_cache_breaks_are_on_the_model_spans(tmp_path: Path) -> None:
+    collector = Collector()
+    port = _free_port()
+    server = sink.HttpSink(collector, logging.getLogger("oteltest"), port=port)
+    server.start()
+    try:
+        doc = _run(tmp_path, {}, "--otlp", f"http://127.0.0.1:{port}", "--policy", "summarize:3000",
+                   "--sim-policy", "synthetic:steps=8,obs_tokens=400", rc=1)  # (busy work: the task fails)
+        spans = _wait_spans(collector, doc)
+    finally:
+        server.stop()
+    chats = {s["attrs"]["stayer.step"]: s["attrs"] for s in spans if s["name"].startswith("chat ")}
+    assert sorted(chats) == [e["step"] for e in doc["ledger"]]
+    compacted = [e for e in doc["ledger"] if e.get("compaction")]
+    assert compacted, "the policy should have compacted"
+    for e in doc["ledger"]:
+        a = chats[e["step"]]
+        if e.get("compaction"):
+            assert a["stayer.compaction.tokens_before"] == e["compaction"]["tokens_before"]
+            assert a["stayer.compaction.tokens_after"] == e["compaction"]["tokens_after"] < e["compaction"]["tokens_before"]
+            assert "stayer.compaction.cost_usd" in a
+        else:
+            assert "stayer.compaction.tokens_before" not in a
+        if e.get("cache_break"):
+            assert a["stayer.cache_break.reason"] == e["cache_break"]["reason"]
+        else:
+            assert "stayer.cache_break.reason" not in a
+        assert a["stayer.cost_usd"] == e["cost_usd"]
+    assert any(e.get("cache_break") for e in doc["ledger"])

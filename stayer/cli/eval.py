@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -42,6 +44,24 @@ def _split(value: str | None) -> list[str]:
     return [part.strip() for part in (value or "").split(",") if part.strip()]
 
 
+@contextlib.contextmanager
+def _tracing(otlp: str | None) -> Iterator[Any]:
+    """The trials' tracer provider when traces are wanted (``--otlp`` or the OTLP
+    environment), flushed at the end; without them OpenTelemetry is not even imported."""
+    from stayer.telemetry import tracing_configured
+
+    if not tracing_configured(otlp):
+        yield None
+        return
+    from stayer.telemetry.tracing import provider
+
+    tp = provider(otlp, service_name="stayer-eval")
+    try:
+        yield tp
+    finally:
+        tp.shutdown()  # flushes the batch
+
+
 @app.command("eval")
 def eval_command(
     suite: Annotated[str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")],
@@ -57,6 +77,7 @@ def eval_command(
     sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default), docker or bwrap-image (each task's Dockerfile built), or local.")] = "bwrap",
     preflight: Annotated[bool, typer.Option("--preflight/--no-preflight", help="First verify each untouched task here: refuse tasks whose tests cannot run, pass untouched, or leak.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Run tasks that fail the preflight; their unjudgeable trials count in infra_errors.")] = False,
+    otlp: Annotated[str | None, typer.Option("--otlp", help="Export each trial's OpenTelemetry spans to this OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Evaluate models (and policies) on a task suite, with success and cost with confidence.
@@ -154,8 +175,10 @@ def eval_command(
             f"[bold]stayer eval[/] {len(tasks)} tasks × {len(configs)} configurations × {epochs} epochs "
             f"= {len(trials)} trials, {concurrency} at a time", highlight=False,
         )
-        with progress:
-            records = asyncio.run(run_trials(trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done))
+        with progress, _tracing(otlp) as tracing:
+            records = asyncio.run(
+                run_trials(trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done, tracing=tracing)
+            )
     except KeyboardInterrupt:
         resume = (
             f"rerun with the same --out {out} to resume" if out_dir is not None

@@ -196,17 +196,19 @@ async def run_trial(
     *,
     run_id: str | None = None,
     on_started: Callable[[str], None] | None = None,
+    tracing: Any = None,
 ) -> dict[str, Any]:
     """Run one trial to a record; never raises for a failure of the trial itself.
 
     ``run_id`` names the run of an earlier attempt that a killed evaluation left behind: it
     is continued through its journal, or, if it had finished, its result is taken as it is.
-    ``on_started(run_id)`` is called once the run's id is fixed, before the run starts."""
+    ``on_started(run_id)`` is called once the run's id is fixed, before the run starts.
+    ``tracing`` (an OpenTelemetry ``TracerProvider``): the run's spans go there."""
     started = time.monotonic()
     run_id = run_id or trial.new_run_id()
     resumed = False
     try:
-        doc, resumed = await _run_or_resume(trial, prices, run_id, on_started)
+        doc, resumed = await _run_or_resume(trial, prices, run_id, on_started, tracing)
     except Exception as e:  # a trial that cannot run is recorded, not fatal to the evaluation
         return _record(
             trial, **_spent(run_id), reward=None, usage={}, tokens=0, status="error", error_class=INFRASTRUCTURE,
@@ -234,7 +236,7 @@ async def run_trial(
 
 
 async def _run_or_resume(
-    trial: Trial, prices: PriceBook, run_id: str, on_started: Callable[[str], None] | None
+    trial: Trial, prices: PriceBook, run_id: str, on_started: Callable[[str], None] | None, tracing: Any = None
 ) -> tuple[dict[str, Any], bool]:
     """The result document of run ``run_id``: run from the start if the journal has no such
     run, else continued from its journal (or its result, if it had finished). Whether it
@@ -257,6 +259,10 @@ async def _run_or_resume(
         store.close()
         raise
     prepared.close_store = True  # execute closes it
+    if tracing is not None:
+        from stayer.telemetry.tracing import execute_traced
+
+        return await execute_traced(prepared, None, tracing, journal=journal), journal is not None
     return await execute(prepared, journal=journal), journal is not None
 
 
@@ -350,8 +356,10 @@ async def run_trials(
     store: TrialStore | None = None,
     on_start: Callable[[Trial], None] | None = None,
     on_done: Callable[[Trial, dict[str, Any], bool], None] | None = None,
+    tracing: Any = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every trial, at most ``concurrency`` at a time; records in trial order.
+    With ``tracing`` (an OpenTelemetry ``TracerProvider``) each trial's run is traced.
 
     ``on_done(trial, record, reused)`` is called as each finishes, for live progress."""
     gate = asyncio.Semaphore(concurrency)
@@ -365,11 +373,12 @@ async def run_trials(
             if on_start:
                 on_start(trial)
             if store is None:
-                record = await run_trial(trial, prices)
+                record = await run_trial(trial, prices, tracing=tracing)
             else:
                 earlier = store.earlier_attempts(trial)
                 record = await run_trial(
-                    trial, prices, run_id=store.run_in_progress(trial), on_started=lambda rid: store.started(trial, rid)
+                    trial, prices, run_id=store.run_in_progress(trial), on_started=lambda rid: store.started(trial, rid),
+                    tracing=tracing,
                 )
                 if earlier:
                     record["earlier_attempts"] = earlier

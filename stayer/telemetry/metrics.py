@@ -50,6 +50,25 @@ def token_counts(usage: dict[str, Any]) -> dict[str, int]:
     }
 
 
+def hit_ratios(tokens_by: dict[tuple[str, str, str, str], int]) -> GaugeMetricFamily:
+    """Cache reads over all prompt tokens, by tenant and model, over the runs so far (the
+    alerts compute the same ratio over windows from ``stayer_tokens_total``)."""
+    ratio = GaugeMetricFamily(
+        "stayer_cache_hit_ratio", "Share of prompt tokens read from the cache (0-1)", labels=["tenant", "model"]
+    )
+    read: dict[tuple[str, str], int] = defaultdict(int)
+    prompt: dict[tuple[str, str], int] = defaultdict(int)
+    for (tenant, model, _task, kind), n in tokens_by.items():
+        if kind in ("cache_read", "cache_write", "input_uncached"):
+            prompt[(tenant, model)] += n
+        if kind == "cache_read":
+            read[(tenant, model)] += n
+    for key, total in sorted(prompt.items()):
+        if total:
+            ratio.add_metric(list(key), read[key] / total)
+    return ratio
+
+
 class ServiceCollector:
     """Computed from the runtime's tables at each scrape (see the module docstring)."""
 
@@ -88,6 +107,7 @@ class ServiceCollector:
         for k4, n in sorted(status_by.items()):
             runs.add_metric(list(k4), n)
         yield from (cost, tokens, unpriced, runs)
+        yield hit_ratios(tokens_by)
 
         cap = GaugeMetricFamily("stayer_tenant_budget_usd", "A tenant's budget (absent: unlimited)", labels=["tenant"])
         spent = GaugeMetricFamily("stayer_tenant_spent_usd", "What a tenant's finished runs spent", labels=["tenant"])

@@ -15,11 +15,18 @@ Spans follow the GenAI semantic conventions:
   that summing over spans never counts a run twice. stayer's own attributes are under
   ``stayer.*``: the step, cache-break reason and position, compaction before/after tokens
   and cost, breaker trips, route switches;
-* ``execute_tool {name}`` — one per live tool call: exit code, error, output bytes.
+* ``execute_tool {name}`` — one per live tool call: exit code, error, output bytes,
+  sandbox time;
+* ``invoke_agent {path}`` — a sub-agent's run (``main/sub-1``), nested under its parent's
+  ``execute_tool subagent`` span; the sub-agent's calls and tools nest under it.
 
 Replayed calls of a resumed run emit nothing (the observer sits inside the journal), so
-the trace holds each paid call once. A call lost in flight at a crash has no span (its
-process died with it); the run's ledger carries its estimate as ``lost_in_flight``.
+the trace holds each paid call once. A call lost in flight at a crash had its span die
+with its process; when the resumed run issues that call again, the lost attempt gets a
+``chat`` span of its own (``stayer.lost_in_flight``: true, zero duration, the estimated
+usage and cost the ledger records for it as ``lost_in_flight``), so that the model-call
+spans still add up to the run's cost. Spans still in the batch queue when a process is
+killed are lost with it: a trace across a kill is complete only from the resume on.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ from stayer.guard.breakers import ToolCallRecord
 from stayer.models.base import Model, ModelError, ModelRequest, ModelResponse
 from stayer.pricing import PriceBook
 from stayer.tools.base import Tool, ToolContext, ToolResult
+
+SUBAGENT = "subagent"  # the tool that runs a child agent (stayer.tools.subagent)
 
 
 def provider(otlp: str | None = None, service_name: str = "stayer") -> TracerProvider:
@@ -103,6 +112,7 @@ class RunTracer:
         self.run_id = run_id
         self.agent = agent
         self._context: Any = None
+        self._children: list[Any] = []  # sub-agent spans open, innermost last
         # The last model span, still open: ended by its step (which brings the call's cost,
         # priced once, by the loop) or, for a call with no step of its own, by the next.
         self._open: tuple[Any, int, Model, ModelResponse] | None = None
@@ -135,6 +145,26 @@ class RunTracer:
             self._end_open()
             span.end()
 
+    @contextlib.contextmanager
+    def agent_span(self) -> Iterator[None]:
+        """A sub-agent's ``invoke_agent`` span, current while the child runs; it takes the
+        child's path (``main/sub-1``) from the ``subagent_started`` event."""
+        span = self.tracer.start_span(
+            "invoke_agent subagent",
+            attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": SUBAGENT, "stayer.run_id": self.run_id},
+        )
+        self._children.append(span)
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                yield
+        except BaseException as e:
+            span.set_status(Status(StatusCode.ERROR, type(e).__name__))
+            raise
+        finally:
+            self._end_open()  # the child's last call, if no step of its own took it
+            self._children.pop()
+            span.end()
+
     def finish(self, doc: dict[str, Any]) -> None:
         """The run's result on its agent span (call inside ``run_span``)."""
         span = trace.get_current_span(self._context)
@@ -154,28 +184,67 @@ class RunTracer:
     def on_step(self, entry: LedgerEntry) -> None:
         if self._open is None:
             return  # a replayed step: its call has its span from the run that made it
-        span = self._open[0]
-        _cost_attributes(span, entry.cost.total)
-        span.set_attribute("stayer.step", entry.step)
-        span.set_attribute("stayer.agent", entry.agent)
-        span.set_attribute("stayer.context_tokens", entry.context_tokens)
+        span, _, inner, response = self._open
+        attributes: dict[str, Any] = {
+            "stayer.step": entry.step,
+            "stayer.agent": entry.agent,
+            "stayer.context_tokens": entry.context_tokens,
+        }
         if entry.cache_break:
-            span.set_attribute("stayer.cache_break.reason", str(entry.cache_break.get("reason", "")))
-            if entry.cache_break.get("position_tokens") is not None:
-                span.set_attribute("stayer.cache_break.position_tokens", int(entry.cache_break["position_tokens"]))
-            span.set_attribute("stayer.cache_break.detail", str(entry.cache_break.get("detail", "")))
+            b = entry.cache_break
+            attributes["stayer.cache_break.reason"] = str(b.get("reason", ""))
+            attributes["stayer.cache_break.detail"] = str(b.get("detail", ""))
+            if b.get("position_tokens") is not None:
+                attributes["stayer.cache_break.position_tokens"] = int(b["position_tokens"])
         if entry.compaction:
             c = entry.compaction
-            span.set_attribute("stayer.compaction.tokens_before", int(c.get("tokens_before", 0)))
-            span.set_attribute("stayer.compaction.tokens_after", int(c.get("tokens_after", 0)))
-            span.set_attribute("stayer.compaction.cost_usd", str(c.get("cost_usd")))
+            attributes["stayer.compaction.tokens_before"] = int(c.get("tokens_before", 0))
+            attributes["stayer.compaction.tokens_after"] = int(c.get("tokens_after", 0))
+            attributes["stayer.compaction.cost_usd"] = str(c.get("cost_usd"))
         if entry.breakers:
-            span.set_attribute("stayer.breakers", [b.get("reason", "") for b in entry.breakers])
+            attributes["stayer.breakers"] = [b.get("reason", "") for b in entry.breakers]
         if entry.route:
-            span.set_attribute("stayer.route", json.dumps(entry.route, default=str))
+            attributes["stayer.route"] = json.dumps(entry.route, default=str)
+        lost = _lost_attempts(response)
+        if lost:
+            attributes["stayer.lost_in_flight.attempts"] = lost
+        span.set_attributes(attributes)
+        _cost_attributes(span, entry.cost.total)
+        for attempt in range(1, lost + 1):
+            self._lost_span(span, inner, response, entry, attempt)
         self._end_open(priced=True)
 
+    def _lost_span(self, reissued: Any, inner: Model, response: ModelResponse, entry: LedgerEntry, attempt: int) -> None:
+        """The attempt in flight at a crash, as the ledger has it: the re-issued call's usage
+        and cost, estimated; zero duration (when it ran is not known), at the re-issue."""
+        start = reissued.start_time
+        span = self.tracer.start_span(
+            f"chat {inner.model_id}",
+            context=self.parent(),
+            kind=SpanKind.CLIENT,
+            start_time=start,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": inner.provider,
+                "gen_ai.request.model": inner.model_id,
+                "stayer.model": inner.spec,
+                "stayer.step": entry.step,
+                "stayer.agent": entry.agent,
+                "stayer.lost_in_flight": True,
+                "stayer.lost_in_flight.attempt": attempt,
+                "stayer.cost_estimated": True,
+                **_usage_attributes(response),
+            },
+        )
+        _cost_attributes(span, entry.cost.total)
+        span.set_status(Status(StatusCode.ERROR, "lost in flight at a crash"))
+        span.end(end_time=start)
+
     def on_event(self, kind: str, payload: dict[str, Any]) -> None:
+        if kind == "subagent_started" and self._children:  # the child's path names its span
+            path = str(payload.get("agent", SUBAGENT))
+            self._children[-1].update_name(f"invoke_agent {path}")
+            self._children[-1].set_attributes({"gen_ai.agent.name": path, "stayer.agent": path})
         span = trace.get_current_span(self._context) if self._context is not None else None
         if span is not None:
             span.add_event(f"stayer.{kind}", {k: json.dumps(v, default=str) if not isinstance(v, str | int | float | bool) else v
@@ -192,8 +261,8 @@ class RunTracer:
             span.end(end_time=end)
 
     def parent(self) -> Any:
-        """Where a span goes: under the tool call in progress (a sub-agent's calls nest
-        under its parent's ``execute_tool subagent``), else under the run's agent span."""
+        """Where a span goes: under the current span (a sub-agent's ``invoke_agent``, so its
+        calls nest under its parent's ``execute_tool subagent``), else under the run's."""
         current = trace.get_current_span()
         if current.get_span_context().is_valid and current.is_recording():
             return None  # the current context
@@ -216,27 +285,45 @@ class RunTracer:
         )
 
     def model_done(self, span: Any, inner: Model, response: ModelResponse) -> None:
-        span.set_attributes(_usage_attributes(response))
-        span.set_attribute("gen_ai.response.model", response.model or inner.model_id)
-        span.set_attribute("gen_ai.response.finish_reasons", [response.stop_reason or "unknown"])
+        attributes = _usage_attributes(response)
+        attributes["gen_ai.response.model"] = response.model or inner.model_id
+        attributes["gen_ai.response.finish_reasons"] = [response.stop_reason or "unknown"]
         if response.service_tier:
-            span.set_attribute("stayer.service_tier", response.service_tier)
+            attributes["stayer.service_tier"] = response.service_tier
+        span.set_attributes(attributes)
         self._open = (span, time.time_ns(), inner, response)
+
+
+def _lost_attempts(response: ModelResponse) -> int:
+    """How many attempts at this call were lost in flight at a crash (the journal tells the
+    re-issued call's response the usage they were billed, as that many times its own)."""
+    lost = getattr(response, "lost_usage", None)
+    if lost is None:
+        return 0
+    explicit = getattr(response, "lost_attempts", None)
+    if isinstance(explicit, int):
+        return explicit
+    one = response.usage.input_tokens + response.usage.output_tokens
+    return max(1, (lost.input_tokens + lost.output_tokens) // one) if one else 1
 
 
 def _cost_attributes(span: Any, total: Any) -> None:
     """The call's cost as the conventions' proposal has it, and exactly (``stayer.cost_usd``)."""
+    attributes: dict[str, Any] = {"gen_ai.usage.cost.currency": "USD", "gen_ai.usage.cost.source": "local"}
     if total is not None:
-        span.set_attribute("gen_ai.usage.cost.amount", float(total))
-        span.set_attribute("stayer.cost_usd", str(total))
-    span.set_attribute("gen_ai.usage.cost.currency", "USD")
-    span.set_attribute("gen_ai.usage.cost.source", "local")
+        attributes["gen_ai.usage.cost.amount"] = float(total)
+        attributes["stayer.cost_usd"] = str(total)
+    span.set_attributes(attributes)
 
 
 class _TracedModel:
     def __init__(self, inner: Model, tracer: RunTracer) -> None:
         self.inner = inner
         self.tracer = tracer
+        # Read by the loop at every step: plain attributes rather than ``__getattr__``.
+        self.model_id = inner.model_id
+        self.provider = inner.provider
+        self.spec = inner.spec
 
     def __getattr__(self, name: str) -> Any:  # model_id, provider, spec, …: the inner model's
         return getattr(self.inner, name)
@@ -248,6 +335,10 @@ class _TracedModel:
         except ModelError as e:
             span.set_status(Status(StatusCode.ERROR, str(e)[:200]))
             span.set_attribute("error.type", type(e).__name__)
+            span.end()
+            raise
+        except BaseException as e:  # cancelled (a time limit, a cancel): no reply, no usage
+            span.set_status(Status(StatusCode.ERROR, type(e).__name__))
             span.end()
             raise
         self.tracer.model_done(span, self.inner, response)
@@ -262,21 +353,34 @@ class _TracedTool:
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         name = self.spec.name
-        with self.tracer.tracer.start_as_current_span(
-            f"execute_tool {name}",
-            context=self.tracer.parent(),
-            kind=SpanKind.INTERNAL,
-            attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name},
-        ) as span:
-            result = await self.inner(args, ctx)
-            record = ToolCallRecord.of(name, json.dumps(args), result.is_error, result.output)
-            span.set_attribute("stayer.tool.is_error", result.is_error)
-            span.set_attribute("stayer.tool.output_bytes", len(result.output.encode()))
-            if record.exit_code is not None:
-                span.set_attribute("stayer.tool.exit_code", record.exit_code)
-            if result.is_error:
-                span.set_status(Status(StatusCode.ERROR))
-            return result
+        tracer = self.tracer
+        attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
+        span = tracer.tracer.start_span(f"execute_tool {name}", context=tracer.parent(), attributes=attributes)
+        t0 = time.perf_counter()
+        try:
+            if name == SUBAGENT:
+                # The child's calls and tools nest under an agent span inside this one.
+                with trace.use_span(span, end_on_exit=False), tracer.agent_span():
+                    result = await self.inner(args, ctx)
+            else:
+                result = await self.inner(args, ctx)
+        except BaseException as e:
+            span.set_status(Status(StatusCode.ERROR, type(e).__name__))
+            span.end()
+            raise
+        code = ToolCallRecord.of(name, "", result.is_error, result.output).exit_code
+        done: dict[str, Any] = {
+            "stayer.tool.is_error": result.is_error,
+            "stayer.tool.output_bytes": len(result.output.encode()),
+            "stayer.tool.seconds": round(time.perf_counter() - t0, 6),
+        }
+        if code is not None:
+            done["stayer.tool.exit_code"] = code
+        span.set_attributes(done)
+        if result.is_error:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+        return result
 
 
 async def execute_traced(prepared: Any, on_step: Any, tp: TracerProvider, *, journal: Any = None, controls: Any = None) -> dict[str, Any]:
