@@ -84,7 +84,20 @@ def docker_host() -> Iterator[str]:
             daemon.kill()
             daemon.wait()
         log.close()
+        # dockerd leaves a mount or two behind (its network namespace): undo them first.
+        for mount in _mounts_under(home):
+            subprocess.run(["umount", "--lazy", mount], check=False)
         subprocess.run(["rm", "-rf", "--one-file-system", str(home)], check=False)
+
+
+def _mounts_under(path: Path) -> list[str]:
+    """Mount points under ``path``, deepest first."""
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        point = line.split()[1].encode().decode("unicode_escape")
+        if point.startswith(f"{path}/"):
+            found.append(point)
+    return sorted(found, key=len, reverse=True)
 
 
 @pytest.fixture(scope="session")

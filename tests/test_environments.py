@@ -44,7 +44,9 @@ def test_a_task_needing_a_package_from_its_dockerfile_passes_its_oracle_and_fail
 ) -> None:
     check = asyncio.run(check_task(load_task(_copy_task(tmp_path)), reruns=1, sandbox=kind))
     assert check.problems == [], check.problems
-    assert check.rewards and set(check.rewards) == {1.0}  # the oracle, verified with dc from the image
+    assert check.rewards and set(check.rewards) == {
+        1.0
+    }  # the oracle, verified with dc from the image
 
 
 @pytest.mark.skipif(shutil.which("dc") is not None, reason="dc is installed on this host")
@@ -54,7 +56,9 @@ def test_the_same_task_fails_on_the_hosts_system(tmp_path: Path) -> None:
     assert any(p.kind in ("oracle_fails", "environment") for p in check.problems), check.problems
 
 
-def test_a_dockerfile_that_cannot_be_built_is_an_environment_problem(kind: str, tmp_path: Path) -> None:
+def test_a_dockerfile_that_cannot_be_built_is_an_environment_problem(
+    kind: str, tmp_path: Path
+) -> None:
     task = _copy_task(tmp_path)
     dockerfile = task / "environment" / "Dockerfile"
     dockerfile.write_text(dockerfile.read_text() + "RUN echo about to fail && exit 7\n")
@@ -90,10 +94,36 @@ def test_the_image_app_directory_seeds_the_workspace(kind: str, tmp_path: Path) 
     workspace = tmp_path / "ws"
     (task.path / "environment" / "numbers.txt").rename(task.path / "environment" / "renamed.txt")
     dockerfile = task.path / "environment" / "Dockerfile"
-    dockerfile.write_text(dockerfile.read_text().replace("COPY numbers.txt ./", "COPY renamed.txt numbers.txt"))
+    dockerfile.write_text(
+        dockerfile.read_text().replace("COPY numbers.txt ./", "COPY renamed.txt numbers.txt")
+    )
     task.materialise(workspace, kind)
     # renamed.txt comes from environment/, numbers.txt from the image's /app.
     assert sorted(p.name for p in workspace.iterdir()) == ["numbers.txt", "renamed.txt"]
-    r = asyncio.run(task.make_sandbox(kind, workspace).exec("id -u; dc -e '2 3 * p'; cat numbers.txt"))
+    r = asyncio.run(
+        task.make_sandbox(kind, workspace).exec("id -u; dc -e '2 3 * p'; cat numbers.txt")
+    )
     assert r.exit_code == 0, r
     assert r.stdout.split("\n")[:2] == ["1000", "6"]
+
+
+def test_docker_commands_hold_no_privilege(docker_base: str, tmp_path: Path) -> None:  # noqa: F811
+    """What bwrap's identity gives, by Docker's means: no capabilities (not even in the
+    bounding set), no new privileges, not root, the image read-only."""
+    from stayer.sandbox.docker import DockerSandbox
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    probe = (
+        "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status; id -u; touch /usr/x /app/x"
+    )
+    r = asyncio.run(DockerSandbox(ws, image=docker_base).exec(probe))
+    status = dict(line.split(":\t") for line in r.stdout.splitlines() if ":\t" in line)
+    assert status == {
+        "CapEff": "0000000000000000",
+        "CapPrm": "0000000000000000",
+        "CapBnd": "0000000000000000",
+        "NoNewPrivs": "1",
+    }
+    assert r.stdout.splitlines()[-1] == "1000"
+    assert "'/usr/x': Read-only file system" in r.stderr and (ws / "x").is_file()

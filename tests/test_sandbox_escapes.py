@@ -9,6 +9,7 @@ the same probe where it must succeed.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import socket
@@ -17,17 +18,31 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from docker_helpers import base_root, docker_base, docker_host  # noqa: F401 - fixtures
 from sandbox_helpers import count_forks, marker, needs_bwrap, run, wait_gone
 
-from stayer.sandbox.base import ExecResult
+from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.sandbox.bwrap import DEFAULT_MAX_PROCESSES, BwrapSandbox
+from stayer.sandbox.docker import DockerSandbox
 from stayer.sandbox.process import pids_cgroup_parent
 from stayer.sandbox.tree import disk_usage
 
 pytestmark = needs_bwrap
+
+MakeSandbox = Callable[..., Sandbox]
+
+
+@pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.slow)])
+def make(request: pytest.FixtureRequest) -> MakeSandbox:
+    """The sandbox under attack: bwrap, or a container of the docker sandbox (its own
+    daemon and base image, from docker_helpers; slow to set up)."""
+    if request.param == "bwrap":
+        return BwrapSandbox
+    return functools.partial(DockerSandbox, image=request.getfixturevalue("docker_base"))
 
 
 @pytest.fixture
@@ -50,7 +65,7 @@ def contained(
 # ----------------------------------------------------------------------------- network
 
 
-def test_cannot_connect_to_a_host_listener_on_loopback(ws: Path) -> None:
+def test_cannot_connect_to_a_host_listener_on_loopback(make: MakeSandbox, ws: Path) -> None:
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen(8)
@@ -61,19 +76,19 @@ def test_cannot_connect_to_a_host_listener_on_loopback(ws: Path) -> None:
             f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 3); "
             "print(\"python-connected\")'"
         )
-        r = run(BwrapSandbox(ws).exec(probe, timeout=15))
+        r = run(make(ws).exec(probe, timeout=15))
         contained(r)
         assert "connected" not in r.stdout
         assert "refused" in r.stderr.lower()  # nothing listens on the sandbox's own loopback
         with pytest.raises(BlockingIOError):
             srv.accept()  # and nothing reached the host's
         # Positive control: with the network shared, the same probe does connect.
-        r = run(BwrapSandbox(ws, allow_net=True).exec(probe, timeout=15))
+        r = run(make(ws, allow_net=True).exec(probe, timeout=15))
         contained(r, failed=False)
         assert r.stdout == "bash-connected\npython-connected\n"
 
 
-def test_cannot_reach_a_host_abstract_unix_socket(ws: Path) -> None:
+def test_cannot_reach_a_host_abstract_unix_socket(make: MakeSandbox, ws: Path) -> None:
     name = f"stayer-test-{uuid.uuid4().hex}"
     with socket.socket(socket.AF_UNIX) as srv:
         srv.bind("\0" + name)
@@ -82,10 +97,10 @@ def test_cannot_reach_a_host_abstract_unix_socket(ws: Path) -> None:
             "python3 -c 'import socket, sys; s = socket.socket(socket.AF_UNIX); "
             f"s.connect(\"\\0{name}\"); print(\"connected\")'"
         )
-        r = run(BwrapSandbox(ws).exec(probe, timeout=15))
+        r = run(make(ws).exec(probe, timeout=15))
         contained(r)
         assert "connected" not in r.stdout and "ConnectionRefusedError" in r.stderr
-        r = run(BwrapSandbox(ws, allow_net=True).exec(probe, timeout=15))
+        r = run(make(ws, allow_net=True).exec(probe, timeout=15))
         assert r.stdout == "connected\n", r.stderr  # control: shared network, same socket
 
 
@@ -118,7 +133,7 @@ except socket.gaierror as e:
 EOF"""
 
 
-def test_dns_lookups_fail_without_allow_internet(ws: Path) -> None:
+def test_dns_lookups_fail_without_allow_internet(make: MakeSandbox, ws: Path) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as dns:
         dns.bind(("127.0.0.1", 0))
         dns.settimeout(0.2)
@@ -137,13 +152,13 @@ def test_dns_lookups_fail_without_allow_internet(ws: Path) -> None:
         server.start()
         try:
             probe = _DNS_PROBE.replace("PORT", str(port))
-            r = run(BwrapSandbox(ws).exec(probe, timeout=20))
+            r = run(make(ws).exec(probe, timeout=20))
             contained(r, failed=False)
             # No interface but its own loopback: no resolver of the host's is reachable.
             assert "interfaces: ['lo']" in r.stdout
             assert "no answer" in r.stdout and "unresolved" in r.stdout, r.stdout
             # Positive control: the same query is answered when the network is shared.
-            r = run(BwrapSandbox(ws, allow_net=True).exec(probe, timeout=20))
+            r = run(make(ws, allow_net=True).exec(probe, timeout=20))
             assert "answered 10.0.0.1" in r.stdout, r.stdout + r.stderr
         finally:
             stop.set()
@@ -153,18 +168,20 @@ def test_dns_lookups_fail_without_allow_internet(ws: Path) -> None:
 # ----------------------------------------------------------------------------- files
 
 
-def test_writes_outside_app_do_not_reach_the_host(ws: Path, tmp_path: Path) -> None:
+def test_writes_outside_app_do_not_reach_the_host(make: MakeSandbox, ws: Path, tmp_path: Path) -> None:
     name = f"stayer-pwned-{uuid.uuid4().hex}"
     cwd = Path.cwd()
     targets = ["/usr", "/etc", "/", "/root", "/home", "/var", "/opt", "/etc/ssl/private", str(cwd)]
     # A starting directory under /tmp lies in the sandbox's private, writable /tmp there:
     # writing it succeeds inside and must not reach the host (checked below with /tmp).
     strict = [t for t in targets if not (t == "/tmp" or t.startswith("/tmp/"))]
-    sb = BwrapSandbox(ws)
+    sb = make(ws)
+    # In a container the image's own root-only directories (/root) refuse even the lookup.
+    reasons = ("Read-only file system", "No such file") + (() if make is BwrapSandbox else ("Permission denied",))
     for t in strict:
         r = run(sb.exec(f"echo x > {t}/{name}"))
         contained(r)
-        assert "Read-only file system" in r.stderr or "No such file" in r.stderr, r.stderr
+        assert any(why in r.stderr for why in reasons), r.stderr
         r = run(sb.exec(f"mkdir -p {t}/{name}"))
         contained(r)
     # The private /tmp is writable, the host's /tmp (here: the test's tmp_path) is not there.
@@ -173,12 +190,12 @@ def test_writes_outside_app_do_not_reach_the_host(ws: Path, tmp_path: Path) -> N
     for t in [*targets, "/tmp", str(tmp_path)]:
         assert not (Path(t) / name).exists(), t  # ...and none of it reached the host
     # The workspace is the one writable place that persists.
-    r = run(BwrapSandbox(ws).exec(f"echo kept > /app/{name}"))
+    r = run(make(ws).exec(f"echo kept > /app/{name}"))
     contained(r, failed=False)
     assert (ws / name).read_text() == "kept\n"
 
 
-def test_host_secret_files_are_not_readable(ws: Path, tmp_path: Path, monkeypatch) -> None:
+def test_host_secret_files_are_not_readable(make: MakeSandbox, ws: Path, tmp_path: Path, monkeypatch) -> None:
     token = uuid.uuid4().hex  # the secret
     name = f"stayer-secret-{uuid.uuid4().hex}"
     in_tmp = Path("/tmp") / name
@@ -196,7 +213,7 @@ def test_host_secret_files_are_not_readable(ws: Path, tmp_path: Path, monkeypatc
         for path in (in_tmp, in_home):
             path.write_text(token)
             created.append(path)
-        sb = BwrapSandbox(ws)
+        sb = make(ws)
         paths = [in_tmp, in_home, fake_home / ".netrc", state / "credentials", "/etc/shadow"]
         r = run(sb.exec("; ".join(f"cat {p}" for p in paths)))
         contained(r)
@@ -215,21 +232,21 @@ def test_host_secret_files_are_not_readable(ws: Path, tmp_path: Path, monkeypatc
             path.unlink()
 
 
-def test_host_environment_is_not_visible(ws: Path, monkeypatch) -> None:
+def test_host_environment_is_not_visible(make: MakeSandbox, ws: Path, monkeypatch) -> None:
     token = uuid.uuid4().hex
     for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "STAYER_ESCAPE_SECRET"):
         monkeypatch.setenv(name, token)
-    r = run(BwrapSandbox(ws).exec("env; cat /proc/self/environ /proc/1/environ; echo; cat /proc/*/environ"))
+    r = run(make(ws).exec("env; cat /proc/self/environ /proc/1/environ; echo; cat /proc/*/environ"))
     assert token not in r.stdout + r.stderr
     assert "API_KEY" not in r.stdout
     assert "PATH=" in r.stdout  # control: the probe does print an environment
 
 
-def test_host_processes_are_invisible_and_unsignalable(ws: Path) -> None:
+def test_host_processes_are_invisible_and_unsignalable(make: MakeSandbox, ws: Path) -> None:
     mark = marker()
     victim = subprocess.Popen(["sleep", mark])
     try:
-        sb = BwrapSandbox(ws)
+        sb = make(ws)
         r = run(sb.exec(f"kill -9 {victim.pid}"))
         contained(r)
         assert "No such process" in r.stderr
@@ -246,7 +263,7 @@ def test_host_processes_are_invisible_and_unsignalable(ws: Path) -> None:
 # ----------------------------------------------------------------------------- processes
 
 
-def test_background_child_does_not_outlive_its_command(ws: Path) -> None:
+def test_background_child_does_not_outlive_its_command(make: MakeSandbox, ws: Path) -> None:
     marks = [marker() for _ in range(5)]
     script = "\n".join(
         [
@@ -258,7 +275,7 @@ def test_background_child_does_not_outlive_its_command(ws: Path) -> None:
             "echo parent exits",
         ]
     )
-    r = run(BwrapSandbox(ws).exec(script, timeout=30))
+    r = run(make(ws).exec(script, timeout=30))
     contained(r, failed=False)
     assert r.stdout == "parent exits\n" and r.duration_s < 5
     for mark in marks:
@@ -270,7 +287,7 @@ def test_background_child_does_not_outlive_its_command(ws: Path) -> None:
     pids_cgroup_parent() is None and os.geteuid() == 0,
     reason="max_processes is not enforceable here: root and no writable pids cgroup",
 )
-def test_fork_bomb_is_contained_and_the_host_stays_responsive(ws: Path) -> None:
+def test_fork_bomb_is_contained_and_the_host_stays_responsive(make: MakeSandbox, ws: Path) -> None:
     timeout = 5.0
     worst, peak = [0.0], [0]
     stop = threading.Event()
@@ -292,7 +309,7 @@ def test_fork_bomb_is_contained_and_the_host_stays_responsive(ws: Path) -> None:
     try:
         # The parent stays (sleep) so that the bomb runs until the timeout: a parent that
         # exits takes all its children with it at once, which would prove less.
-        r = run(BwrapSandbox(ws, max_processes=64).exec(":(){ :|:& };:; sleep 60", timeout=timeout))
+        r = run(make(ws, max_processes=64).exec(":(){ :|:& };:; sleep 60", timeout=timeout))
     finally:
         stop.set()
         prober.join()
@@ -307,8 +324,8 @@ def test_fork_bomb_is_contained_and_the_host_stays_responsive(ws: Path) -> None:
 # ----------------------------------------------------------------------------- memory, output
 
 
-def test_memory_hog_is_stopped(ws: Path) -> None:
-    sb = BwrapSandbox(ws, memory_mb=256)
+def test_memory_hog_is_stopped(make: MakeSandbox, ws: Path) -> None:
+    sb = make(ws, memory_mb=256)
     r = run(sb.exec("python3 -c 'x = bytearray(4 * 1024**3); print(\"allocated\")'", timeout=30))
     contained(r)
     assert "MemoryError" in r.stderr and "allocated" not in r.stdout
@@ -317,7 +334,7 @@ def test_memory_hog_is_stopped(ws: Path) -> None:
     assert r.stdout.strip() != "1000000000"
     # The private /tmp is memory too (tmpfs): bounded by the storage limit.
     # One big file stops at the file-size limit, many small ones at the size of the tmpfs.
-    sb = BwrapSandbox(ws, storage_mb=32)
+    sb = make(ws, storage_mb=32)
     for hog in (
         "head -c 2000000000 /dev/zero > /tmp/hog",
         "for i in $(seq 1 100); do head -c 20000000 /dev/zero > /tmp/hog$i || break; done; [ $i = 100 ]",
@@ -329,9 +346,9 @@ def test_memory_hog_is_stopped(ws: Path) -> None:
 
 
 @pytest.mark.slow
-def test_yes_for_ten_seconds_is_cut_and_bounded(ws: Path) -> None:
+def test_yes_for_ten_seconds_is_cut_and_bounded(make: MakeSandbox, ws: Path) -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    r = run(BwrapSandbox(ws, max_output_bytes=200_000).exec("yes", timeout=10))
+    r = run(make(ws, max_output_bytes=200_000).exec("yes", timeout=10))
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     contained(r, timed_out=True, truncated=True)
     assert 9.5 < r.duration_s < 13
@@ -344,8 +361,8 @@ def test_yes_for_ten_seconds_is_cut_and_bounded(ws: Path) -> None:
 # ----------------------------------------------------------------------------- disk
 
 
-def test_five_gigabyte_file_write_is_stopped_early(ws: Path) -> None:
-    sb = BwrapSandbox(ws, storage_mb=64)
+def test_five_gigabyte_file_write_is_stopped_early(make: MakeSandbox, ws: Path) -> None:
+    sb = make(ws, storage_mb=64)
     five_gb = 5 * 1024**3
     for how in (
         f"head -c {five_gb} /dev/zero > /app/big",
@@ -364,8 +381,8 @@ def test_five_gigabyte_file_write_is_stopped_early(ws: Path) -> None:
         big.unlink(missing_ok=True)
 
 
-def test_many_files_past_the_storage_limit_are_stopped(ws: Path) -> None:
-    sb = BwrapSandbox(ws, storage_mb=100)
+def test_many_files_past_the_storage_limit_are_stopped(make: MakeSandbox, ws: Path) -> None:
+    sb = make(ws, storage_mb=100)
     r = run(sb.exec("for i in $(seq 1 100); do head -c 50000000 /dev/zero > /app/f$i; done", timeout=60))
     contained(r)
     assert "[storage limit: /app holds" in r.stderr and "over its limit of 100 MiB" in r.stderr
@@ -385,7 +402,7 @@ def test_many_files_past_the_storage_limit_are_stopped(ws: Path) -> None:
     pids_cgroup_parent() is None and os.geteuid() == 0,
     reason="max_processes is not enforceable here: root and no writable pids cgroup",
 )
-def test_a_task_that_sets_no_limits_still_has_a_process_cap(ws: Path) -> None:
-    r = run(BwrapSandbox(ws).exec(count_forks(3000), timeout=60))
+def test_a_task_that_sets_no_limits_still_has_a_process_cap(make: MakeSandbox, ws: Path) -> None:
+    r = run(make(ws).exec(count_forks(3000), timeout=60))
     contained(r, failed=False)
     assert DEFAULT_MAX_PROCESSES - 10 <= int(r.stdout) < DEFAULT_MAX_PROCESSES
