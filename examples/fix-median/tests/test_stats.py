@@ -98,5 +98,7 @@ def same(got, want):
 
 
 failures = [name for name, want in EXPECTED.items() if not same(results.get(name), want)]
+for name in failures:
+    print(f"FAIL {name}: {CALLS[name][0]}{tuple(CALLS[name][1])} gave {results.get(name)}, want {EXPECTED[name]}")
 print("failures:", failures)
 sys.exit(1 if failures else 0)
