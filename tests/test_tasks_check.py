@@ -213,6 +213,38 @@ def test_import_tb_bad_input_names_file_and_field_and_writes_nothing(tmp_path):
     assert not (tmp_path / "suite").exists()  # all or nothing: not even the good one
 
 
+def test_import_tb_keeps_the_dockerfile_and_with_sandbox_the_task_runs_in_its_image(tmp_path):
+    src = write_tb_task(tmp_path / "tb" / "greet")
+    (src / "Dockerfile").write_text("FROM debian:bookworm\nRUN apt-get update && apt-get install -y dc\nWORKDIR /app\n")
+    home = tmp_path / "home"
+    r = stayer("tasks", "import-tb", str(src), str(tmp_path / "host"), "--json", home=home)
+    assert r.returncode == 0, r.stderr
+    [note] = json.loads(r.stdout)["imported"][0]["notes"]
+    assert "RUN steps do not happen in the default sandbox" in note
+    assert load_task(tmp_path / "host" / "greet").sandbox_kind is None
+    r = stayer("tasks", "import-tb", str(src), str(tmp_path / "image"), "--sandbox", "bwrap-image", "--json", home=home)
+    assert r.returncode == 0, r.stderr
+    dest = tmp_path / "image" / "greet"
+    assert (dest / "environment" / "Dockerfile").read_text() == (src / "Dockerfile").read_text()
+    assert load_task(dest).sandbox_kind == "bwrap-image"  # its first run builds the image
+    assert "built on its first run" in json.loads(r.stdout)["imported"][0]["notes"][0]
+
+
+def test_import_tb_with_sandbox_refuses_what_cannot_be_built_and_writes_nothing(tmp_path):
+    home = tmp_path / "home"
+    src = write_tb_task(tmp_path / "tb" / "greet")
+    (src / "Dockerfile").write_text("FROM debian:bookworm\nCOPY --from=builder /x /app/x\n")
+    r = stayer("tasks", "import-tb", str(src), str(tmp_path / "suite"), "--sandbox", "bwrap-image", home=home)
+    assert r.returncode == 2 and "greet/Dockerfile:2: COPY --from" in r.stderr, r.stderr
+    assert not (tmp_path / "suite").exists()
+    (src / "Dockerfile").unlink()
+    r = stayer("tasks", "import-tb", str(src), str(tmp_path / "suite"), "--sandbox", "docker", home=home)
+    assert r.returncode == 2 and "Dockerfile: missing" in r.stderr
+    r = stayer("tasks", "import-tb", str(src), str(tmp_path / "suite"), "--sandbox", "bwrap", home=home)
+    assert r.returncode == 2 and "--sandbox bwrap: not a sandbox that builds" in r.stderr
+    assert not (tmp_path / "suite").exists()
+
+
 def test_import_tb_refuses_to_overwrite(tmp_path):
     src = write_tb_task(tmp_path / "tb" / "greet")
     (tmp_path / "suite" / "greet").mkdir(parents=True)

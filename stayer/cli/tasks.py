@@ -30,12 +30,17 @@ def check(
     suite: Annotated[str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")],
     reruns: Annotated[int, typer.Option("--reruns", help="Extra verifications of the oracle's workspace (flakiness).")] = 3,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Tasks checked at once.")] = 4,
+    probes: Annotated[
+        bool, typer.Option("--probes/--no-probes", help="Run the reward-hack probes (one verification each).")
+    ] = True,
     json_out: JsonFlag = False,
 ) -> None:
     """Check every task of a suite before trusting it.
 
     Per task: the oracle passes, doing nothing fails, verdicts are stable, the oracle leaves
-    time to spare, the agent cannot see tests or solution, and the task can run here.
+    time to spare, the agent cannot see tests or solution, the task can run here, and no
+    scripted cheat (reward-hack probe) makes the verifier pay. Tasks whose tests require
+    what the instruction never states are flagged underspecified (a warning).
 
     \b
     Example:  stayer tasks check examples
@@ -56,11 +61,12 @@ def check(
 
     def done(c: TaskCheck) -> None:
         verdict = ("ok", "green") if c.ok else (", ".join(sorted({p.kind for p in c.problems})), "red")
-        err.print(Text.assemble(f"checked {c.name}: ", verdict))
+        warning = ("; underspecified", "yellow") if "underspecified" in c.flags else ""
+        err.print(Text.assemble(f"checked {c.name}: ", verdict, warning))
 
     try:
         check_bwrap()  # the checks mount tests and solution, which only bwrap can
-        checks = asyncio.run(check_suite(suite, reruns=reruns, concurrency=concurrency, on_done=done))
+        checks = asyncio.run(check_suite(suite, reruns=reruns, concurrency=concurrency, probes=probes, on_done=done))
     except ConfigError as e:
         bad_input(str(e))
     if json_out:
@@ -74,7 +80,10 @@ def check(
             "[green]ok[/]" if c.ok else "[red]problem[/]",
             "–" if c.oracle_s is None else f"{c.oracle_s:.2f}",
             "–" if c.verify_s is None else f"{c.verify_s:.2f}",
-            Text("\n").join(Text.assemble((p.kind, "bold"), f": {p.detail}") for p in c.problems),
+            Text("\n").join(
+                [Text.assemble((p.kind, "bold"), f": {p.detail}") for p in c.problems]
+                + ([Text.assemble(("underspecified", "bold yellow"), ": " + "; ".join(c.unstated))] if c.unstated else [])
+            ),
         )
     console(stderr=json_out).print(table)
     raise typer.Exit(EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED)
@@ -84,18 +93,26 @@ def check(
 def import_tb_command(
     src: Annotated[str, typer.Argument(help="A Terminal-Bench task (task.yaml) or a directory of them.")],
     dest: Annotated[str, typer.Argument(help="Suite directory to write the Harbor-layout tasks into.")],
+    sandbox: Annotated[
+        str | None,
+        typer.Option("--sandbox", help="Run the tasks in their image: docker or bwrap-image, built on first run."),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Convert Terminal-Bench tasks (task.yaml, solution.sh, run-tests.sh, tests/) to the Harbor layout.
 
+    The Dockerfile is kept in environment/. With --sandbox the tasks say, in task.toml,
+    that they run in their image, which their first run builds (cached); without it they
+    run on the host's system, where its RUN steps do not happen.
+
     \b
-    Example:  stayer tasks import-tb terminal-bench/tasks suites/tb
+    Example:  stayer tasks import-tb terminal-bench/tasks suites/tb --sandbox bwrap-image
     """
     from stayer.eval.import_tb import import_tb
     from stayer.eval.suite import ProblemsError
 
     try:
-        imported = import_tb(src, dest)
+        imported = import_tb(src, dest, sandbox=sandbox)
     except ProblemsError as e:
         report_problems(e.problems)
     except ConfigError as e:

@@ -13,7 +13,15 @@ Per task, each on a fresh copy of its environment, in the same sandboxes a trial
   installs packages, needs a command or Python module the host lacks, or writes outside the
   writable paths. Told apart from a broken oracle by evidence in the scripts' output, which
   the detail quotes; without evidence a failing oracle is ``oracle_fails``;
-* ``invalid`` — the task does not load (or has no solution to check).
+* ``invalid`` — the task does not load (or has no solution to check);
+* ``gameable`` — a reward-hack probe (:mod:`stayer.eval.probes`), a scripted cheat that
+  does not do the task, made the verifier pay; run only on tasks whose oracle passes and
+  whose nop fails (otherwise the verifier is already known not to judge). The winning
+  probe is ``probe``, and ``flags`` holds ``gameable``.
+
+``flags`` also holds ``underspecified`` (:mod:`stayer.eval.spec`) when the tests require
+files or keys the instruction never states, listed in ``unstated``. It is a warning from a
+static comparison, not a problem: it leaves ``ok`` alone.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from typing import Any
 from stayer.environments.prepare import prepare_environment
 from stayer.errors import ConfigError
 from stayer.eval.evidence import environment_evidence
+from stayer.eval.probes import Probe, plan_probes, read_facts
+from stayer.eval.spec import unmentioned
 from stayer.eval.suite import scan_suite
 from stayer.eval.task import Task
 from stayer.eval.verify import Verdict, passes, verify
@@ -37,7 +47,8 @@ from stayer.sandbox import IMAGE_KINDS
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.sandbox.hostfs import copy_tree
 
-KINDS = ("invalid", "oracle_fails", "nop_passes", "flaky", "timeout_margin", "leak", "environment")
+KINDS = ("invalid", "oracle_fails", "nop_passes", "flaky", "timeout_margin", "leak", "environment", "gameable")
+PROBE_TIMEOUT_S = 60.0  # a probe's script only writes a few files
 TIME_MARGIN = 0.5  # share of a timeout the oracle (or the tests) may use
 # Files this small (an empty __init__.py, "1\n") match by accident, not by leaking.
 _MIN_LEAK_BYTES = 16
@@ -56,6 +67,10 @@ class TaskCheck:
     oracle_s: float | None = None
     verify_s: float | None = None
     rewards: list[float | None] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)  # gameable, underspecified
+    probe: str | None = None  # the reward-hack probe that won
+    probes_run: list[str] = field(default_factory=list)
+    unstated: list[str] = field(default_factory=list)  # what the tests need, the instruction never says
 
     @property
     def ok(self) -> bool:
@@ -70,6 +85,10 @@ class TaskCheck:
             "oracle_s": self.oracle_s,
             "verify_s": self.verify_s,
             "rewards": self.rewards,
+            "flags": self.flags,
+            "probe": self.probe,
+            "probes_run": self.probes_run,
+            "unstated": self.unstated,
         }
 
 
@@ -207,8 +226,12 @@ async def check_oracle(
             v = verdicts[0]
             why = f"reward {v.reward:g}" if v.reward is not None else (v.error or "no reward")
             hint = ""
-            if kind not in IMAGE_KINDS and (task.path / "environment" / "Dockerfile").is_file() and "RUN " in (task.path / "environment" / "Dockerfile").read_text(errors="replace"):
-                hint = f"; note: the Dockerfile's RUN steps are not executed under --sandbox {kind} (try docker or bwrap-image)"
+            dockerfile = task.path / "environment" / "Dockerfile"
+            if kind not in IMAGE_KINDS and dockerfile.is_file() and "RUN " in dockerfile.read_text(errors="replace"):
+                hint = (
+                    "; note: the Dockerfile's RUN steps do not happen in this sandbox "
+                    '([environment] sandbox = "docker" or "bwrap-image" builds the image)'
+                )
             problems.append(Problem(
                 "oracle_fails",
                 f"{why}; solve.sh exit {run.exit_code}; tests said: {_tail(_output(v.exec))}{hint}",
@@ -227,6 +250,25 @@ async def check_oracle(
     return problems
 
 
+async def run_probe(task: Task, probe: Probe, workspace: Path, kind: str) -> Verdict:
+    """The probe's script in the agent's sandbox, then the verifier over what it left."""
+    sandbox = _agent_sandbox(task, _fresh(task, workspace, kind), kind)
+    await sandbox.exec("bash -s", stdin=probe.script.encode(), timeout=PROBE_TIMEOUT_S)
+    return await verify(task, task.make_sandbox(kind, workspace, allow_net=task.allow_internet))
+
+
+async def check_probes(task: Task, work: Path, kind: str, check: TaskCheck) -> list[Problem]:
+    """Each probe on a fresh workspace, in order, until one is paid."""
+    for i, probe in enumerate(plan_probes(task)):
+        check.probes_run.append(probe.name)
+        verdict = await run_probe(task, probe, work / f"probe-{i}", kind)
+        if _passed(verdict):
+            check.probe = probe.name
+            check.flags.append("gameable")
+            return [Problem("gameable", f"probe {probe.name} ({probe.what}) scored reward {verdict.reward:g} without doing the task")]
+    return []
+
+
 async def _build_problem(task: Task, kind: str) -> Problem | None:
     """Build the task's image first (for the sandboxes that run one), in a thread: it can
     take minutes. An image that cannot be built is the environment's problem."""
@@ -240,7 +282,7 @@ async def _build_problem(task: Task, kind: str) -> Problem | None:
 
 
 async def check_task(
-    task: Task, *, reruns: int = 3, sandbox: str | None = None, margin: float = TIME_MARGIN
+    task: Task, *, reruns: int = 3, sandbox: str | None = None, margin: float = TIME_MARGIN, probes: bool = True
 ) -> TaskCheck:
     """Check ``task`` in the sandbox ``sandbox`` (default: the task's own, else bwrap)."""
     check = TaskCheck(task.name, task.path)
@@ -255,7 +297,13 @@ async def check_task(
             check_nop(task, work / "nop", sandbox),
             check_leaks(task, work / "leak", sandbox),
         )
-    check.problems = [p for group in found for p in group]
+        check.problems = [p for group in found for p in group]
+        judges = any(passes(r) for r in check.rewards) and not any(p.kind == "nop_passes" for p in check.problems)
+        if probes and judges:
+            check.problems += await check_probes(task, work, sandbox, check)
+    check.unstated = unmentioned(task, read_facts(task))
+    if check.unstated:
+        check.flags.append("underspecified")
     return check
 
 
@@ -266,6 +314,7 @@ async def check_suite(
     concurrency: int = 4,
     sandbox: str | None = None,
     margin: float = TIME_MARGIN,
+    probes: bool = True,
     on_done: Callable[[TaskCheck], None] | None = None,
 ) -> list[TaskCheck]:
     """Check every task of a suite, ``concurrency`` at a time; invalid tasks are reported
@@ -275,7 +324,7 @@ async def check_suite(
 
     async def one(task: Task) -> TaskCheck:
         async with gate:
-            check = await check_task(task, reruns=reruns, sandbox=sandbox, margin=margin)
+            check = await check_task(task, reruns=reruns, sandbox=sandbox, margin=margin, probes=probes)
         if on_done:
             on_done(check)
         return check

@@ -6,7 +6,15 @@
       solution.sh (or solution.yaml) → solution/solve.sh
       run-tests.sh                   → tests/run-tests.sh, run by a generated tests/test.sh
       tests/                         → tests/
-      Dockerfile, sources, …         → environment/ (copied into /app; images are not built)
+      Dockerfile, sources, …         → environment/ (the files copied into /app; the
+                                       Dockerfile kept, for the sandboxes that build it)
+
+The Dockerfile is kept as it is: the sandboxes that run a task's image (``docker``,
+``bwrap-image``: :mod:`stayer.environments`) build it on the task's first run, cached. With
+``sandbox`` the imported tasks say so themselves (``[environment] sandbox`` in task.toml),
+so every run and ``tasks check`` builds and uses the image; without it they run in the
+default bubblewrap sandbox on the host's system, where the Dockerfile's ``RUN`` steps do
+not happen (the import notes it).
 
 Terminal-Bench ran ``run-tests.sh`` from the container's working directory with
 ``TEST_DIR=/tests`` and scored the run by its pytest output; the generated ``test.sh`` does
@@ -25,8 +33,10 @@ from typing import Any
 
 import yaml
 
+from stayer.environments.dockerfile import parse_dockerfile
 from stayer.errors import ConfigError
 from stayer.eval.suite import ProblemsError
+from stayer.sandbox import IMAGE_KINDS
 from stayer.settings import TerminalBenchTimeouts, check_file, read_text
 
 _HANDLED = {"task.yaml", "solution.sh", "solution.yaml", "run-tests.sh", "tests"}
@@ -77,6 +87,7 @@ class TbTask:
     metadata: dict[str, Any]
     solution: str | None
     run_tests: str
+    sandbox: str | None = None  # [environment] sandbox: a kind that builds the image
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,6 +111,8 @@ def task_toml(t: TbTask) -> str:
     lines += [f"{k} = {_toml_value(v)}" for k, v in t.metadata.items()]
     lines += ["", "[agent]", f"timeout_sec = {t.agent_timeout_s!r}"]
     lines += ["", "[verifier]", f"timeout_sec = {t.test_timeout_s!r}", ""]
+    if t.sandbox:
+        lines += ["[environment]", f"sandbox = {_toml_value(t.sandbox)}", ""]
     return "\n".join(lines)
 
 
@@ -169,8 +182,10 @@ def _solution(src: Path) -> str | None:
     return "#!/bin/bash\n# Converted from solution.yaml: its commands, in order.\n" + "\n".join(commands) + "\n"
 
 
-def plan_task(src: Path, dest: Path) -> TbTask:
-    """Read and validate one Terminal-Bench task; writes nothing."""
+def plan_task(src: Path, dest: Path, sandbox: str | None = None) -> TbTask:
+    """Read and validate one Terminal-Bench task; writes nothing. ``sandbox``: an image
+    kind the task is to run in (its Dockerfile must then exist, and for ``bwrap-image``
+    be one the bubblewrap builder can follow)."""
     yaml_file = src / "task.yaml"
     if not yaml_file.is_file():
         raise ConfigError(f"{yaml_file}: missing; not a Terminal-Bench task")
@@ -200,8 +215,18 @@ def plan_task(src: Path, dest: Path) -> TbTask:
     if task.solution is None:
         task.notes.append("no solution.sh or solution.yaml: the task has no oracle")
     dockerfile = src / "Dockerfile"
-    if dockerfile.is_file() and "RUN " in dockerfile.read_text(errors="replace"):
-        task.notes.append("the Dockerfile's RUN steps are not executed: tasks run on the host system")
+    if sandbox is not None:
+        if not dockerfile.is_file():
+            raise ConfigError(f"{dockerfile}: missing; --sandbox {sandbox} builds the task's image from it")
+        if sandbox == "bwrap-image":
+            parse_dockerfile(dockerfile).plan()  # refusals name the file and line
+        task.sandbox = sandbox
+        task.notes.append(f"runs in its image ([environment] sandbox = {sandbox}), built on its first run")
+    elif dockerfile.is_file() and "RUN " in dockerfile.read_text(errors="replace"):
+        task.notes.append(
+            "the Dockerfile is kept but its RUN steps do not happen in the default sandbox (the host's "
+            "system); --sandbox docker or bwrap-image builds its image"
+        )
     return task
 
 
@@ -238,10 +263,13 @@ def write_task(t: TbTask) -> None:
         raise
 
 
-def import_tb(src: str | Path, dest: str | Path) -> list[TbTask]:
+def import_tb(src: str | Path, dest: str | Path, *, sandbox: str | None = None) -> list[TbTask]:
     """Import one Terminal-Bench task (``SRC/task.yaml``) or a directory of them into the
-    suite directory ``dest`` (each as ``dest/<name>``). All or nothing on bad input."""
+    suite directory ``dest`` (each as ``dest/<name>``). All or nothing on bad input.
+    ``sandbox``: the image kind (``docker``, ``bwrap-image``) the tasks are to run in."""
     src, dest = Path(src), Path(dest)
+    if sandbox is not None and sandbox not in IMAGE_KINDS:
+        raise ConfigError(f"--sandbox {sandbox}: not a sandbox that builds the task's image; choose {' or '.join(IMAGE_KINDS)}")
     if not src.is_dir():
         raise ConfigError(f"{src}: not a directory; give a Terminal-Bench task or a directory of them")
     if dest.exists() and not dest.is_dir():
@@ -254,7 +282,7 @@ def import_tb(src: str | Path, dest: str | Path) -> list[TbTask]:
     plans, problems = [], []
     for s in sources:
         try:
-            plans.append(plan_task(s, dest / s.name))
+            plans.append(plan_task(s, dest / s.name, sandbox))
         except ConfigError as e:
             problems.append(str(e))
     if problems:

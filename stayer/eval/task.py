@@ -26,7 +26,7 @@ from stayer.sandbox.hostfs import copy_tree
 from stayer.settings import TaskToml, check_file, read_text, read_toml
 
 # Files in environment/ that describe a container image rather than workspace content.
-_IMAGE_FILES = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore"}
+IMAGE_FILES = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore"}
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class Task:
         is copied over them: the workspace mounted at /app would otherwise hide it."""
         env = self.path / "environment"
         if env.is_dir():
-            copy_tree(env, workspace, skip=_IMAGE_FILES)
+            copy_tree(env, workspace, skip=IMAGE_FILES)
         else:
             workspace.mkdir(parents=True, exist_ok=True)
         if kind in IMAGE_KINDS:
