@@ -160,7 +160,8 @@ def run(cmd: list[str], env: dict[str, str], sample: bool = False) -> Run:
 
 
 def stayer_cmd(tree: Path) -> list[str]:
-    return [sys.executable, "-m", "stayer.cli", "audit", str(tree / "projects"), "--json"]
+    # -P: the stayer on PYTHONPATH, not one in the current directory (``-m`` would put it first)
+    return [sys.executable, "-P", "-m", "stayer.cli", "audit", str(tree / "projects"), "--json"]
 
 
 def ccusage_cmd(binary: Path) -> list[str]:
