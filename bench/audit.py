@@ -1,6 +1,6 @@
 """Throughput and peak memory of ``stayer audit`` against ccusage on the same Claude Code logs.
 
-    python bench/audit.py [--mb 200] [--runs 3] [--ccusage PATH] [--keep DIR]
+    python bench/audit.py [--mb 200] [--runs 5] [--ccusage PATH] [--baseline DIR] [--keep DIR] [--json]
 
 The real Claude Code transcripts in ../shared/corpus/claude-code/ are replicated with fresh
 session, message and request ids (so nothing deduplicates away) into a temporary
@@ -8,13 +8,20 @@ session, message and request ids (so nothing deduplicates away) into a temporary
 see whether memory grows with the input. Both tools read the same tree, cold process each
 time: ``stayer audit PROJECTS --json`` (all cores) and ccusage's native binary
 ``ccusage claude session --json --offline`` with ``CLAUDE_CONFIG_DIR`` pointing at it.
-Wall time is the median of ``--runs`` runs; peak memory is sampled from /proc every 20 ms
-in a separate run and summed over the process tree (stayer's workers included). The token
-totals of the two are compared, so both are known to have done the same work.
+
+The tools are timed in ``--runs`` interleaved rounds (the order alternates each round, so
+a change of machine load hits both alike); each figure is given as min and median, wall
+time and CPU time (user + system of the whole process tree), with the load average before
+and after. ``--baseline DIR`` times another stayer checkout (e.g. main's) in the same
+rounds, for a before/after. stayer keeps the price steps it compiled between audits (see
+``stayer.audit.costing``), in a cache directory of the benchmark's own: its first run, with
+that cache empty, is reported apart as ``cold``. Peak memory is sampled from /proc every
+20 ms in a separate run and summed over the process tree (stayer's workers included). The
+token totals of the tools are compared, so all are known to have done the same work.
 
 ccusage: ``--ccusage PATH`` to its native binary, else ``$CCUSAGE_BIN``, else it is
 installed with npm (``ccusage@20.0.24`` and ``@ccusage/ccusage-linux-x64@20.0.24``) into
-``~/.cache/stayer-bench/ccusage``. Target (issue 8): stayer at least 0.5× ccusage's
+``~/.cache/stayer-bench/ccusage``. Target (issue 20): stayer at least 1.0× ccusage's
 throughput, memory not growing with input size.
 """
 
@@ -24,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -31,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,8 +124,16 @@ def _tree_rss_kb(pid: int) -> int:
     return total
 
 
-def run(cmd: list[str], env: dict[str, str], sample: bool = False) -> tuple[float, int, bytes]:
-    """(wall seconds, peak RSS of the process tree in KiB if sampled, stdout)."""
+@dataclass
+class Run:
+    wall: float
+    cpu: float  # user + system seconds of the process and every child it waited for
+    peak_kb: int
+    out: bytes
+
+
+def run(cmd: list[str], env: dict[str, str], sample: bool = False) -> Run:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     peak = [0]
@@ -137,11 +154,14 @@ def run(cmd: list[str], env: dict[str, str], sample: bool = False) -> tuple[floa
         thread.join()
     if proc.returncode != 0:
         sys.exit(f"{cmd[0]} failed with exit code {proc.returncode}")
-    return wall, peak[0], out
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return Run(wall, cpu, peak[0], out)
 
 
 def stayer_cmd(tree: Path) -> list[str]:
-    return [sys.executable, "-m", "stayer.cli", "audit", str(tree / "projects"), "--json"]
+    # -P: the stayer on PYTHONPATH, not one in the current directory (``-m`` would put it first)
+    return [sys.executable, "-P", "-m", "stayer.cli", "audit", str(tree / "projects"), "--json"]
 
 
 def ccusage_cmd(binary: Path) -> list[str]:
@@ -168,23 +188,24 @@ def totals_ccusage(out: bytes) -> dict[str, int]:
     }
 
 
-def measure(name: str, cmd: list[str], env: dict[str, str], runs: int) -> dict[str, object]:
-    run(cmd, env)  # warm the page cache and the binary
-    walls = []
-    out = b""
-    for _ in range(runs):
-        wall, _, out = run(cmd, env)
-        walls.append(wall)
-    _, peak_kb, _ = run(cmd, env, sample=True)
-    return {"name": name, "wall": statistics.median(walls), "peak_mb": peak_kb / 1024, "out": out}
+def summary(runs: list[Run]) -> dict[str, float]:
+    walls, cpus = [r.wall for r in runs], [r.cpu for r in runs]
+    return {
+        "wall_min_s": min(walls),
+        "wall_median_s": statistics.median(walls),
+        "cpu_min_s": min(cpus),
+        "cpu_median_s": statistics.median(cpus),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, default=200.0, help="size of the replicated logs (MB)")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5, help="interleaved rounds (min and median)")
     ap.add_argument("--ccusage", help="path to ccusage's native binary")
-    ap.add_argument("--keep", help="build the trees here and keep them")
+    ap.add_argument("--baseline", help="another stayer checkout to time in the same rounds")
+    ap.add_argument("--keep", help="build the trees here and keep them (reused when present)")
+    ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = ap.parse_args()
     if not CORPUS.is_dir():
         sys.exit(f"skipped: corpus not found at {CORPUS}")
@@ -195,32 +216,88 @@ def main() -> None:
         trees: dict[str, tuple[Path, int]] = {}
         for label, target in sizes.items():
             tree = base / label
+            done = tree / f".replicated-{int(target)}"
+            if done.is_file():
+                trees[label] = (tree, int(done.read_text()))
+                continue
             if tree.exists():
                 shutil.rmtree(tree)
             written, _ = replicate(tree, int(target))
+            done.write_text(str(written))
             trees[label] = (tree, written)
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        results: dict[tuple[str, str], dict[str, object]] = {}
-        for label, (tree, _) in trees.items():
-            results[("stayer", label)] = measure("stayer", stayer_cmd(tree), env, args.runs)
-            cc_env = dict(env, CLAUDE_CONFIG_DIR=str(tree))
-            results[("ccusage", label)] = measure("ccusage", ccusage_cmd(binary), cc_env, args.runs)
+        caches = Path(tempfile.mkdtemp(prefix="stayer-audit-bench-cache-"))
+        tools: dict[str, tuple[list[str], dict[str, str]]] = {}
+        roots = {"stayer": ROOT, **({"stayer-baseline": Path(args.baseline).resolve()} if args.baseline else {})}
+        for name, root in roots.items():
+            env = dict(os.environ, PYTHONPATH=str(root), XDG_CACHE_HOME=str(caches / name))
+            tools[name] = (stayer_cmd(trees["full"][0]), env)
+        tools["ccusage"] = (ccusage_cmd(binary), dict(os.environ, CLAUDE_CONFIG_DIR=str(trees["full"][0])))
+        load_before = os.getloadavg()
+        cold = {name: run(*tools[name]).wall for name in roots}  # empty price-steps cache
+        run(*tools["ccusage"])  # page cache and binary warm
+        timed: dict[str, list[Run]] = {name: [] for name in tools}
+        order = list(tools)
+        for r in range(args.runs):
+            for name in order if r % 2 == 0 else order[::-1]:
+                timed[name].append(run(*tools[name]))
+        load_after = os.getloadavg()
+        peaks: dict[str, dict[str, float]] = {}
+        for name, (cmd, env) in tools.items():
+            peaks[name] = {}
+            for label, (tree, _) in trees.items():
+                if name == "ccusage":
+                    env = dict(env, CLAUDE_CONFIG_DIR=str(tree))
+                else:
+                    cmd = stayer_cmd(tree)
+                peaks[name][label] = run(cmd, env, sample=True).peak_kb / 1024
         full_bytes = trees["full"][1]
-        same = totals_stayer(results[("stayer", "full")]["out"]) == totals_ccusage(  # type: ignore[arg-type]
-            results[("ccusage", "full")]["out"]  # type: ignore[arg-type]
+        reference = totals_ccusage(timed["ccusage"][-1].out)
+        same = {name: totals_stayer(timed[name][-1].out) == reference for name in roots}
+        figures = {name: summary(runs) for name, runs in timed.items()}
+        cc = figures["ccusage"]
+        doc: dict[str, object] = {
+            "mb": full_bytes / 1e6,
+            "cores": os.cpu_count(),
+            "runs": args.runs,
+            "load_before": load_before,
+            "load_after": load_after,
+            "tools": {
+                name: {
+                    **f,
+                    "mb_per_s_median": full_bytes / 1e6 / f["wall_median_s"],
+                    "throughput_vs_ccusage_median": cc["wall_median_s"] / f["wall_median_s"],
+                    "throughput_vs_ccusage_min": cc["wall_min_s"] / f["wall_min_s"],
+                    "cpu_vs_ccusage_median": f["cpu_median_s"] / cc["cpu_median_s"],
+                    "cold_wall_s": cold.get(name),
+                    "peak_rss_mb": peaks[name]["full"],
+                    "peak_rss_mb_quarter_input": peaks[name]["small"],
+                    "token_totals_equal_ccusage": same.get(name, True),
+                }
+                for name, f in figures.items()
+            },
+        }
+        print(
+            f"logs: {full_bytes / 1e6:.1f} MB (and {trees['small'][1] / 1e6:.1f} MB), {os.cpu_count()} cores, "
+            f"{args.runs} interleaved rounds; load {load_before[0]:.1f} before, {load_after[0]:.1f} after"
         )
-        print(f"logs: {full_bytes / 1e6:.1f} MB (and {trees['small'][1] / 1e6:.1f} MB), {os.cpu_count()} cores")
-        print(f"{'tool':<9}{'MB/s':>9}{'wall s':>9}{'peak RSS MB':>13}{'RSS at 1/4 size':>17}")
-        for tool in ("stayer", "ccusage"):
-            full, small = results[(tool, "full")], results[(tool, "small")]
-            mbps = full_bytes / 1e6 / full["wall"]  # type: ignore[operator]
-            print(f"{tool:<9}{mbps:>9.1f}{full['wall']:>9.2f}{full['peak_mb']:>13.1f}{small['peak_mb']:>17.1f}")
-        ratio = results[("ccusage", "full")]["wall"] / results[("stayer", "full")]["wall"]  # type: ignore[operator]
-        print(f"throughput stayer / ccusage: {ratio:.2f}x (target >= 0.5x)")
-        for tool in ("stayer", "ccusage"):
-            growth = results[(tool, "full")]["peak_mb"] / max(results[(tool, "small")]["peak_mb"], 1e-9)  # type: ignore[operator]
-            print(f"peak memory {tool}: 4x the input -> {growth:.2f}x the memory")
-        print(f"token totals by kind identical: {same}")
+        print(
+            f"{'tool':<16}{'wall min':>9}{'median':>8}{'cpu min':>9}{'median':>8}{'MB/s':>7}"
+            f"{'× ccusage':>10}{'cold s':>8}{'RSS MB':>8}{'at 1/4':>8}"
+        )
+        for name, t in doc["tools"].items():  # type: ignore[union-attr]
+            cold_s = "" if t["cold_wall_s"] is None else f"{t['cold_wall_s']:.2f}"
+            print(
+                f"{name:<16}{t['wall_min_s']:>9.2f}{t['wall_median_s']:>8.2f}{t['cpu_min_s']:>9.2f}"
+                f"{t['cpu_median_s']:>8.2f}{t['mb_per_s_median']:>7.0f}{t['throughput_vs_ccusage_median']:>10.2f}"
+                f"{cold_s:>8}{t['peak_rss_mb']:>8.0f}{t['peak_rss_mb_quarter_input']:>8.0f}"
+            )
+        ratio = doc["tools"]["stayer"]["throughput_vs_ccusage_median"]  # type: ignore[index]
+        print(f"throughput stayer / ccusage (median wall): {ratio:.2f}x (target >= 1.0x)")
+        for name in roots:
+            print(f"token totals by kind of {name} equal ccusage's: {same[name]}")
+        if args.json:
+            print(json.dumps(doc))
+        shutil.rmtree(caches, ignore_errors=True)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)

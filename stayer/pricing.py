@@ -67,15 +67,19 @@ from decimal import Decimal, InvalidOperation
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
-from genai_prices import Usage as GPUsage
-from genai_prices.data_snapshot import find_provider_by_id, get_snapshot
-from genai_prices.types import ModelInfo, ModelPrice, Provider, TieredPrices
+from typing import TYPE_CHECKING, Any
 
 from stayer.errors import ConfigError
 from stayer.money import MTOK, Usd, plain
 from stayer.usage import Usage
+
+if TYPE_CHECKING:
+    from genai_prices import Usage as GPUsage
+    from genai_prices.types import ModelInfo, ModelPrice, Provider, TieredPrices
+
+# genai-prices is imported where it is first needed: importing it and its price data takes
+# a quarter of a second, longer than an audit of many megabytes whose rates are compiled
+# (see ``PriceBook.rate_steps`` and ``stayer.audit.costing``).
 
 __all__ = ["Cost", "PriceBook", "Rates", "STANDARD_TIERS"]
 
@@ -308,7 +312,7 @@ def _builtin_table() -> _Table:
 
 def _at_size(price: Decimal | TieredPrices | None, prompt_tokens: int) -> Decimal | None:
     """The per-MTok rate for a prompt of ``prompt_tokens`` (genai-prices' cliff rule)."""
-    if price is None or isinstance(price, Decimal):
+    if price is None or isinstance(price, Decimal):  # else TieredPrices
         return price
     for tier in reversed(price.tiers):
         if prompt_tokens > tier.start:
@@ -317,6 +321,8 @@ def _at_size(price: Decimal | TieredPrices | None, prompt_tokens: int) -> Decima
 
 
 def _long_context(mp: ModelPrice, prompt_tokens: int) -> bool:
+    from genai_prices.types import TieredPrices
+
     return any(
         isinstance(p, TieredPrices) and any(prompt_tokens > t.start for t in p.tiers)
         for p in mp.__dict__.values()
@@ -345,6 +351,8 @@ def _variant_context(
 
 
 def _gp_usage(u: Usage) -> GPUsage:
+    from genai_prices import Usage as GPUsage
+
     # reasoning_tokens is deliberately not passed: it is already inside output_tokens.
     return GPUsage(
         input_tokens=u.input_tokens,
@@ -408,6 +416,8 @@ class PriceBook:
         mean"): the price data's and the override tables'."""
         import difflib
 
+        from genai_prices.data_snapshot import get_snapshot
+
         ids = {m.id for p in get_snapshot().providers if p.id == provider for m in p.models}
         for table in (self._user, self._builtin):
             ids |= {ref for ref, o in table.models.items() if o.provider in (None, provider)}
@@ -470,6 +480,52 @@ class PriceBook:
         mp = plan.gp_model.get_prices(at, plan.context)
         return _rates_of(mp, prompt_tokens).scaled(plan.multiplier)
 
+    def rate_steps(
+        self, model_id: str, provider: str | None = None, service_tier: str | None = None
+    ) -> list[tuple[int, Rates | None]] | None:
+        """What :meth:`rates` answers for every prompt size, as steps ``[(from_tokens, rates),
+        …]`` in ascending order (rates None: the price is unknown) — when the answer does not
+        depend on the time of the call; None when it does (dated prices, time-of-day
+        discounts, time-limited variants): then ask :meth:`rates` per call time."""
+        from genai_prices.types import ModelPrice, TieredPrices
+
+        tier = _norm_tier(service_tier)
+        if self._override(model_id, provider) is None:
+            found = self._find(model_id, provider)
+            if found is not None and not (
+                isinstance(found[1].prices, ModelPrice)
+                # price variants are only looked at for a non-standard tier
+                and (tier is None or all(v.constraint is None for v in found[1].price_variants or ()))
+            ):
+                return None
+        at = datetime.now(UTC)  # any time gives the same answer from here on
+        plan = self._plan(model_id, provider, tier, at)
+        if plan is None or plan.multiplier is None:
+            return [(0, None)]
+        if plan.override is not None:
+            return [(0, plan.override.scaled(plan.multiplier))]
+        assert plan.gp_model is not None
+        mp = plan.gp_model.get_prices(at, plan.context)
+        # the cliff rule: a tier applies to prompts longer than its start
+        starts = sorted({t.start + 1 for p in mp.__dict__.values() if isinstance(p, TieredPrices) for t in p.tiers})
+        return [(n, _rates_of(mp, n).scaled(plan.multiplier)) for n in (0, *starts)]
+
+    def fingerprint(self) -> str:
+        """Changes whenever an answer of this book could: the price data and override files."""
+        from importlib.util import find_spec
+
+        spec = find_spec("genai_prices")
+        data = Path(spec.origin).with_name("data.py") if spec is not None and spec.origin else None
+        parts = [repr(self._builtin), repr(self._user)]
+        try:
+            st = data.stat() if data is not None else None
+            parts.append(f"{data}:{st.st_size}:{st.st_mtime_ns}" if st else "")
+        except OSError:
+            parts.append("")
+        import hashlib
+
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
     # --- resolution ---------------------------------------------------------------
 
     def _override(self, model_id: str, provider: str | None) -> _ModelOverride | None:
@@ -482,20 +538,28 @@ class PriceBook:
                     return o
         return None
 
-    def _lookup(
-        self, model_id: str, provider: str | None, at: datetime | None = None
-    ) -> tuple[Provider, ModelInfo] | None:
+    def _find(self, model_id: str, provider: str | None) -> tuple[Provider, ModelInfo] | None:
+        """The genai-prices provider and model ``model_id`` names, priced or not."""
+        from genai_prices.data_snapshot import get_snapshot
+
         snap = get_snapshot()
         for ref, prov in _candidates(model_id, provider):
             try:
-                p, m = snap.find_provider_model(ref, None, prov, None)
+                return snap.find_provider_model(ref, None, prov, None)
             except LookupError:
                 continue
-            mp = m.get_prices(at or datetime.now(UTC))
-            if mp.input_mtok is None and mp.output_mtok is None:
-                return None  # not priced per token (audio seconds, images…): not ours to guess
-            return p, m
         return None
+
+    def _lookup(
+        self, model_id: str, provider: str | None, at: datetime | None = None
+    ) -> tuple[Provider, ModelInfo] | None:
+        found = self._find(model_id, provider)
+        if found is None:
+            return None
+        mp = found[1].get_prices(at or datetime.now(UTC))
+        if mp.input_mtok is None and mp.output_mtok is None:
+            return None  # not priced per token (audio seconds, images…): not ours to guess
+        return found
 
     def _multiplier(
         self,
@@ -549,6 +613,8 @@ class PriceBook:
 
 def _candidates(model_id: str, provider: str | None) -> Iterator[tuple[str, str | None]]:
     """``model_id`` as given, then with a ``sim:`` or ``provider:``/``provider/`` prefix split off."""
+    from genai_prices.data_snapshot import find_provider_by_id, get_snapshot
+
     yield model_id, provider
     for sep in (":", "/"):
         if sep not in model_id:

@@ -123,5 +123,6 @@ class Usage:
 
 
 def _get(d: Mapping[str, Any], key: str) -> int:
-    v = d.get(key) if isinstance(d, Mapping) else getattr(d, key, None)
+    # dict first: the Mapping check is an ABC lookup, and audits call this per logged call
+    v = d.get(key) if type(d) is dict or isinstance(d, Mapping) else getattr(d, key, None)
     return int(v or 0)

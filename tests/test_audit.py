@@ -724,3 +724,29 @@ def test_what_if_says_it_sets_the_main_chain_beside_the_replay_in_every_output(t
         assert "sub-agents&#x27; calls are left out" in text or "sub-agents' calls are left out" in text
         assert w["actual_main_chain_cost_usd"] in text and w["actual_cost_usd"] in text
     assert "What-if (estimates, USD)" in out.read_text()
+
+
+def test_compiled_price_steps_kept_between_audits_price_the_same(tmp_path: Path) -> None:
+    """Steps saved by one audit and loaded by the next give the same report; steps saved
+    for other prices (another fingerprint) or a garbled file are not used."""
+    from stayer.audit.costing import load_steps, save_steps
+
+    root = tmp_path / "projects" / "p"
+    root.mkdir(parents=True)
+    models = [SONNET, "claude-opus-4-1-20250805", SONNET]
+    lines = [
+        assistant("s", 60.0 * i, f"msg_{i}", model=m, read=150_000 * i, write=300) for i, m in enumerate(models)
+    ]
+    (root / "s.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    refs = discover([tmp_path / "projects"]).refs
+    fresh: dict = {}
+    first = build(analyse_all(refs, BOOK, jobs=1, compiled_steps=fresh)).to_json()
+    assert {g[0] for g in fresh} == set(models)
+    path = tmp_path / "cache" / "steps.marshal"
+    save_steps(path, BOOK.fingerprint(), fresh)
+    loaded = load_steps(path, BOOK.fingerprint())
+    assert loaded == fresh
+    assert build(analyse_all(refs, BOOK, jobs=1, compiled_steps=loaded)).to_json() == first
+    assert load_steps(path, "other prices") == {}
+    path.write_bytes(b"\x00garbled")
+    assert load_steps(path, BOOK.fingerprint()) == {}

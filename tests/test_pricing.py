@@ -291,3 +291,30 @@ def test_load_from_env_and_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert not PriceBook.load().knows("my-finetune")
     (tmp_path / "stayer-prices.toml").write_text(OVERRIDE)
     assert PriceBook.load().knows("my-finetune")
+
+
+def test_rate_steps_agree_with_rates_at_every_step_and_time(book: PriceBook) -> None:
+    """The compiled step function an audit prices with gives what ``rates`` gives, for
+    every priced model of the main providers, every tier spelling and prompt sizes on both
+    sides of each step; models whose prices depend on the time say so (None)."""
+    from genai_prices.data_snapshot import get_snapshot
+
+    times = [datetime(2025, 3, 1, 3, tzinfo=UTC), datetime(2026, 11, 20, 17, 45, tzinfo=UTC)]
+    timeless = timed = 0
+    for provider in get_snapshot().providers:
+        if provider.id not in ("anthropic", "openai", "google", "deepseek"):
+            continue
+        for model in provider.models:
+            for tier in (None, "standard", "fast", "batch", "priority", "flex"):
+                steps = book.rate_steps(model.id, provider.id, tier)
+                if steps is None:
+                    timed += 1
+                    continue
+                timeless += 1
+                assert [n for n, _ in steps] == sorted({n for n, _ in steps}) and steps[0][0] == 0
+                for i, (start, rates) in enumerate(steps):
+                    end = steps[i + 1][0] - 1 if i + 1 < len(steps) else start + 10**7
+                    for prompt in {start, end}:
+                        for at in times:
+                            assert book.rates(model.id, provider.id, tier, prompt, at=at) == rates, (model.id, tier, prompt)
+    assert timeless > 50 and timed > 0  # both kinds exist in the data, so both paths ran

@@ -23,10 +23,10 @@ from sandbox_helpers import count_forks, marker, needs_bwrap, procs_with, run, w
 
 from stayer.errors import ConfigError
 from stayer.sandbox import make_sandbox
-from stayer.sandbox.base import Mount
+from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.bwrap import BwrapSandbox, check_bwrap
 from stayer.sandbox.local import LocalSandbox
-from stayer.sandbox.process import pids_cgroup_parent
+from stayer.sandbox.process import Limits, StartGate, pids_cgroup_parent, run_process
 
 
 @pytest.fixture
@@ -439,3 +439,50 @@ def test_task_toml_sets_the_sandbox_limits(tmp_path: Path) -> None:
     (task / "task.toml").write_text("[environment]\nstorage_mb = -1\n")
     with pytest.raises(ConfigError, match="environment.storage_mb"):
         load_task(task)
+
+
+# --- the start gate: limits applied from outside before the command starts -------------
+
+
+def _gated(script: str, gate: StartGate, limits: Limits) -> ExecResult:
+    import asyncio
+
+    try:
+        return asyncio.run(
+            run_process(
+                ["/bin/bash", "-c", script],
+                timeout=60,
+                limits=limits,
+                pass_fds=[gate.child_report, gate.child_release],
+                gate=gate,
+            )
+        )
+    finally:
+        gate.close()
+
+
+def test_a_gated_child_gets_its_limits_before_it_is_released(tmp_path: Path) -> None:
+    gate = StartGate()
+    script = (
+        f"printf '{{\"child-pid\": %d}}' $$ >&{gate.child_report}; exec {gate.child_report}>&-; "
+        f"read -r -n1 -u {gate.child_release} _; ulimit -f; ulimit -v; cat /proc/self/cgroup"
+    )
+    r = _gated(script, gate, Limits(memory_mb=512, max_file_mb=3))
+    assert r.exit_code == 0, r
+    assert r.stdout.split()[:2] == [str(3 * 1024), str(512 * 1024)]
+    if pids_cgroup_parent() is not None:
+        assert "stayer-" in r.stdout  # it was moved into its own pids cgroup
+
+
+def test_a_gated_child_that_reports_nothing_usable_is_killed_not_released(tmp_path: Path) -> None:
+    """bwrap reads end of file on its block descriptor as a release: a child whose limits
+    could not be applied must be dead before the gate closes, so the command never runs."""
+    ran = tmp_path / "ran"
+    gate = StartGate()
+    script = (
+        f"echo not-json >&{gate.child_report}; exec {gate.child_report}>&-; "
+        f"read -r -n1 -u {gate.child_release} _; touch {ran}"
+    )
+    r = _gated(script, gate, Limits(max_file_mb=1))
+    assert r.exit_code == 137 and not r.timed_out, r
+    assert not ran.exists()

@@ -18,8 +18,11 @@ tricky, and how this importer matches ccusage (the reference tool people already
   ``summary`` entry between two calls marks the next call of that chain as following a
   compaction.
 * Only lines containing a ``"usage":`` key, a compaction marker or a sidechain flag
-  are parsed (with orjson); the rest are only checked for JSON-object framing, so a
-  truncated or garbled line anywhere is counted in ``skipped_lines``.
+  are parsed; the rest are only checked for JSON-object framing, so a truncated or garbled
+  line anywhere is counted in ``skipped_lines``. A parsed line is decoded into
+  :class:`_Line`, which names only the fields read here: the message content (most of the
+  bytes) is skipped, not built. A line whose fields do not have the expected shape is read
+  again as plain JSON, so the shape only makes the common case fast.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from stayer.audit.calls import (
     MAIN_CHAIN,
@@ -46,6 +51,58 @@ _SIDECHAIN = b'"isSidechain":true'
 _COMPACT = b"ompact"  # in "compact_boundary" and "isCompactSummary"
 _SUMMARY = b'{"type":"summary"'
 _SESSION_ID = re.compile(rb'"sessionId":"([^"]+)"')
+
+
+class _Message(msgspec.Struct):
+    """The fields of ``message`` read here; any JSON value each (``None`` when absent)."""
+
+    id: Any = None
+    model: Any = None
+    usage: Any = None
+
+
+class _Line(msgspec.Struct):
+    """The fields of a transcript line read here; any JSON value each (``None`` when absent)."""
+
+    type: Any = None
+    subtype: Any = None
+    isSidechain: Any = None
+    isCompactSummary: Any = None
+    agentId: Any = None
+    uuid: Any = None
+    parentUuid: Any = None
+    timestamp: Any = None
+    requestId: Any = None
+    sessionId: Any = None
+    message: _Message | None = None
+
+
+_LINE = msgspec.json.Decoder(_Line)
+
+
+def _decode(line: bytes, out: ImportedSession) -> _Line | None:
+    """The line's fields; None, counted in ``out.skipped_lines``, when it is not a JSON object."""
+    try:
+        # msgspec does not check the UTF-8 of the strings it skips; orjson (below) does
+        if line.isascii() or _is_utf8(line):
+            return _LINE.decode(line)
+    except msgspec.DecodeError:  # not the usual shape (or not JSON): read it as plain JSON
+        pass
+    d = json_object(line, out)
+    if d is None:
+        return None
+    m = d.get("message")
+    fields = {k: d.get(k) for k in _Line.__struct_fields__ if k != "message"}
+    message = _Message(m.get("id"), m.get("model"), m.get("usage")) if type(m) is dict else None
+    return _Line(**fields, message=message)
+
+
+def _is_utf8(line: bytes) -> bool:
+    try:
+        line.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 @dataclass(slots=True)
@@ -196,19 +253,15 @@ class ClaudeCodeImporter:
                     if not well_framed(line):
                         out.skipped_lines += 1
                     continue
-                d = json_object(line, out)
+                d = _decode(line, out)
                 if d is None:
                     continue
-                sidechain = d.get("isSidechain") is True
+                sidechain = d.isSidechain is True
                 chain = self._chain(d, file_chain, roots) if sidechain else MAIN_CHAIN
-                msg = d.get("message")
-                usage = msg.get("usage") if type(msg) is dict else None
+                msg = d.message
+                usage = msg.usage if msg is not None else None
                 if not (usage_line and type(usage) is dict):
-                    if (
-                        d.get("type") == "summary"
-                        or d.get("subtype") == "compact_boundary"
-                        or d.get("isCompactSummary") is True
-                    ):
+                    if d.type == "summary" or d.subtype == "compact_boundary" or d.isCompactSummary is True:
                         compaction.add(chain)
                     continue
                 entry = self._entry(d, msg, usage, chain, sidechain, ref, chain in compaction)
@@ -222,14 +275,14 @@ class ClaudeCodeImporter:
         return size
 
     @staticmethod
-    def _chain(d: dict[str, Any], file_chain: str | None, roots: dict[str, str]) -> str:
+    def _chain(d: _Line, file_chain: str | None, roots: dict[str, str]) -> str:
         """The sub-agent a sidechain entry belongs to."""
-        agent = d.get("agentId")
+        agent = d.agentId
         if isinstance(agent, str) and agent:
             return agent
         if file_chain is not None:
             return file_chain
-        uuid, parent = d.get("uuid"), d.get("parentUuid")
+        uuid, parent = d.uuid, d.parentUuid
         root = roots.get(parent, parent) if isinstance(parent, str) else uuid
         if not isinstance(root, str):
             return "sidechain"
@@ -239,16 +292,16 @@ class ClaudeCodeImporter:
 
     @staticmethod
     def _entry(
-        d: dict[str, Any],
-        msg: dict[str, Any],
+        d: _Line,
+        msg: _Message,
         usage: dict[str, Any],
         chain: str,
         sidechain: bool,
         ref: SessionRef,
         compacted: bool,
     ) -> _Entry | None:
-        ts = parse_ts(d.get("timestamp"))
-        model = msg.get("model")
+        ts = parse_ts(d.timestamp)
+        model = msg.model
         if ts is None or type(model) is not str or not model:
             return None
         total = 0
@@ -259,7 +312,7 @@ class ClaudeCodeImporter:
             if type(v) is not int or v < 0:
                 return None
             total += v
-        mid, rid, sid = msg.get("id"), d.get("requestId"), d.get("sessionId")
+        mid, rid, sid = msg.id, d.requestId, d.sessionId
         return _Entry(
             ts,
             model,

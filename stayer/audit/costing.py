@@ -13,21 +13,35 @@ arithmetic ``PriceBook`` uses, just not recomputed per call:
 * prompt size: long-context tiers are steps that only raise prices as the prompt grows,
   so within a quarter hour the rates are a step function of the prompt size; it is
   resolved lazily by bisection and each step costs about 40 lookups, once.
+
+Most prices do not depend on the time at all: for those ``PriceBook.rate_steps`` gives the
+whole step function at once, asked once per (model, provider, tier). These compiled steps
+can be kept in a file between audits (:func:`load_steps`, :func:`save_steps`, checked
+against ``PriceBook.fingerprint``), so that an audit of models already seen never loads
+genai-prices' data, which takes longer than reading many megabytes of logs.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
+import marshal
+import os
+from bisect import bisect_left, bisect_right
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 
 from stayer.pricing import PriceBook, Rates
 from stayer.usage import Usage
 
-__all__ = ["CallPricer"]
+__all__ = ["CallPricer", "CompiledSteps", "load_steps", "save_steps"]
 
 _QUARTER_HOUR = 900
 _MAX_PROMPT = 1 << 40  # above any prompt a model accepts
+_STEPS_FORMAT = 1
+
+#: (model, provider, service tier) → (prompt sizes where a step starts, rates from there),
+#: or None when the rates depend on the time of the call.
+CompiledSteps = dict[tuple[str, str | None, str | None], tuple[tuple[int, ...], tuple[Rates | None, ...]] | None]
 
 
 class _Steps:
@@ -43,8 +57,10 @@ class _Steps:
 class CallPricer:
     """Prices calls through one ``PriceBook``; holds only a memo of rates already looked up."""
 
-    def __init__(self, book: PriceBook) -> None:
+    def __init__(self, book: PriceBook, compiled: CompiledSteps | None = None) -> None:
         self.book = book
+        self.compiled: CompiledSteps = dict(compiled or {})
+        self.learned: CompiledSteps = {}  # compiled here, not given: for the caller to keep
         self._steps: dict[tuple[str, str | None, str | None, int], _Steps] = {}
 
     def rates(
@@ -56,6 +72,11 @@ class CallPricer:
         ts: float,
     ) -> Rates | None:
         """The rates ``PriceBook.rates`` gives for this call; None when the price is unknown."""
+        group = (model, provider, service_tier)
+        compiled = self.compiled[group] if group in self.compiled else self._compile(group)
+        if compiled is not None:
+            starts, rates = compiled
+            return rates[0] if len(starts) == 1 else rates[bisect_right(starts, prompt_tokens) - 1]
         quarter = int(ts // _QUARTER_HOUR)
         key = (model, provider, service_tier, quarter)
         steps = self._steps.get(key)
@@ -74,6 +95,12 @@ class CallPricer:
             mid = (xs[lo] + xs[hi]) // 2
             xs.insert(hi, mid)
             rs.insert(hi, self._lookup(key, mid))
+
+    def _compile(self, group: tuple[str, str | None, str | None]) -> tuple[tuple[int, ...], tuple[Rates | None, ...]] | None:
+        steps = self.book.rate_steps(*group)
+        compiled = None if steps is None else (tuple(n for n, _ in steps), tuple(r for _, r in steps))
+        self.compiled[group] = self.learned[group] = compiled
+        return compiled
 
     def _lookup(self, key: tuple[str, str | None, str | None, int], prompt_tokens: int) -> Rates | None:
         model, provider, tier, quarter = key
@@ -97,3 +124,50 @@ class CallPricer:
             return None, None
         inp, out = rates.price(usage)
         return inp + out, rates
+
+
+# --- compiled steps kept between audits ----------------------------------------------
+
+_RATE_FIELDS = ("input", "cache_read", "cache_write_5m", "cache_write_1h", "output")
+
+
+def load_steps(path: Path, fingerprint: str) -> CompiledSteps:
+    """The steps saved at ``path`` for this ``fingerprint`` of the price book; {} when there
+    are none, they were compiled from other prices, or the file is unreadable (it is a cache)."""
+    try:
+        doc = marshal.loads(path.read_bytes())
+        if doc["format"] != _STEPS_FORMAT or doc["fingerprint"] != fingerprint:
+            return {}
+        return {
+            tuple(group): None
+            if steps is None
+            else (
+                tuple(steps[0]),
+                tuple(None if r is None else Rates(*map(Decimal, r[:5]), currency=r[5]) for r in steps[1]),
+            )
+            for group, steps in doc["steps"].items()
+        }
+    except (OSError, EOFError, ValueError, TypeError, KeyError, IndexError, ArithmeticError):
+        return {}
+
+
+def save_steps(path: Path, fingerprint: str, steps: CompiledSteps) -> None:
+    """Write ``steps`` for this ``fingerprint`` whole (a temporary file renamed over ``path``);
+    a cache that cannot be written is skipped."""
+    doc = {
+        "format": _STEPS_FORMAT,
+        "fingerprint": fingerprint,
+        "steps": {
+            group: None
+            if s is None
+            else (s[0], tuple(None if r is None else (*(str(getattr(r, f)) for f in _RATE_FIELDS), r.currency) for r in s[1]))
+            for group, s in steps.items()
+        },
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(marshal.dumps(doc))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)

@@ -10,8 +10,10 @@ case this misses and ccusage catches: an entry copied, under its original sessio
 another session's file.
 
 Sessions are spread over worker processes (``fork`` where available) in batches of
-similar byte size; each batch task builds its own :class:`CallPricer` from the parent's
-``PriceBook``, so no state is shared between processes.
+similar byte size. What every batch shares (the ``PriceBook``, the compiled price steps,
+the options) reaches each worker once, when it starts; each worker prices with its own
+:class:`CallPricer`, and the price steps it compiled come back with its reports, so that
+the caller can keep them for the next audit (``compiled_steps``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from stayer.audit.analysis import SessionReport, analyse
 from stayer.audit.calls import Importer, SessionRef
 from stayer.audit.claude_code import ClaudeCodeImporter
 from stayer.audit.codex import CodexImporter
-from stayer.audit.costing import CallPricer
+from stayer.audit.costing import CallPricer, CompiledSteps
 from stayer.audit.stayer_runs import StayerRunImporter
 from stayer.pricing import PriceBook
 
@@ -108,22 +110,40 @@ def discover(paths: Iterable[Path], formats: Sequence[Importer] | None = None) -
 
 
 @dataclass(frozen=True)
-class _Task:
-    refs: tuple[SessionRef, ...]
+class _Audit:
+    """What every batch of one audit shares."""
+
     book: PriceBook
     since: float | None
     keep_series: bool
+    compiled: CompiledSteps
 
 
-def _run(task: _Task) -> list[SessionReport]:
-    pricer = CallPricer(task.book)
+def _run(audit: _Audit, refs: Sequence[SessionRef]) -> tuple[list[SessionReport], CompiledSteps]:
+    """The reports of ``refs`` and the price steps compiled for them."""
+    pricer = CallPricer(audit.book, audit.compiled)
     by_source = {f.source: f for f in importers()}
     reports = []
-    for ref in task.refs:
-        report = analyse(by_source[ref.source].read(ref), pricer, task.since, task.keep_series)
+    for ref in refs:
+        report = analyse(by_source[ref.source].read(ref), pricer, audit.since, audit.keep_series)
         report.ref_id = ref.id
         reports.append(report)
-    return reports
+    return reports, pricer.learned
+
+
+# A pool worker's copy of the audit, set once when it starts (``_start_worker``) so that
+# tasks carry only their sessions. Set in worker processes only, never in the caller's.
+_worker_audit: _Audit | None = None
+
+
+def _start_worker(audit: _Audit) -> None:
+    global _worker_audit
+    _worker_audit = audit
+
+
+def _run_in_worker(refs: tuple[SessionRef, ...]) -> tuple[list[SessionReport], CompiledSteps]:
+    assert _worker_audit is not None
+    return _run(_worker_audit, refs)
 
 
 def _batches(refs: Sequence[SessionRef], n: int) -> list[tuple[SessionRef, ...]]:
@@ -152,19 +172,27 @@ def analyse_all(
     keep_series: bool = False,
     jobs: int | None = None,
     parallel_min_bytes: int = _PARALLEL_MIN_BYTES,
+    compiled_steps: CompiledSteps | None = None,
 ) -> Iterator[SessionReport]:
     """Reports of every session (with or without calls), in no particular order. Inputs smaller than
-    ``parallel_min_bytes`` are analysed in this process."""
+    ``parallel_min_bytes`` are analysed in this process. ``compiled_steps`` (see
+    ``stayer.audit.costing``) are used for pricing, and the steps compiled on the way are
+    added to it."""
+    steps: CompiledSteps = {} if compiled_steps is None else compiled_steps
+    audit = _Audit(book, since, keep_series, dict(steps))
     jobs = jobs or _cores()
     total = sum(r.bytes for r in refs)
     if jobs <= 1 or len(refs) < 2 or total < parallel_min_bytes:
-        yield from _run(_Task(tuple(refs), book, since, keep_series))
+        reports, learned = _run(audit, refs)
+        steps.update(learned)
+        yield from reports
         return
     import multiprocessing as mp
 
     method = "fork" if "fork" in mp.get_all_start_methods() else None
     # Several batches per worker so that one large session does not leave a core idle.
-    tasks = [_Task(b, book, since, keep_series) for b in _batches(refs, jobs * 4)]
-    with mp.get_context(method).Pool(min(jobs, len(tasks))) as pool:
-        for reports in pool.imap_unordered(_run, tasks):
+    batches = _batches(refs, jobs * 4)
+    with mp.get_context(method).Pool(min(jobs, len(batches)), _start_worker, (audit,)) as pool:
+        for reports, learned in pool.imap_unordered(_run_in_worker, batches):
+            steps.update(learned)
             yield from reports

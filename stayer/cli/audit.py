@@ -41,6 +41,7 @@ def audit(
     \b
     Example:  stayer audit --since 2026-01-01 --html audit.html --what-if model=claude-haiku-4-5,policy=auto
     """
+    from stayer.audit.costing import load_steps, save_steps
     from stayer.audit.engine import analyse_all, default_paths, discover
     from stayer.audit.report import GROUPS, build, render
     from stayer.pricing import PriceBook
@@ -78,10 +79,17 @@ def audit(
     if paths and not found.refs:
         where = ", ".join(str(p) for p in paths)
         err.print(Text(f"no agent logs found under {where}", style="yellow"))
+    # Prices compiled by earlier audits (a cache: see stayer.audit.costing).
+    steps_file = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stayer" / "audit-prices.marshal"
+    fingerprint = book.fingerprint()
+    steps = load_steps(steps_file, fingerprint)
+    known = len(steps)
     report = build(
-        analyse_all(found.refs, book, since=since_ts, keep_series=html is not None, jobs=jobs),
+        analyse_all(found.refs, book, since=since_ts, keep_series=html is not None, jobs=jobs, compiled_steps=steps),
         group,
     )
+    if len(steps) != known:
+        save_steps(steps_file, fingerprint, steps)
     if what_if:
         from stayer.audit.whatif import run_what_ifs
 

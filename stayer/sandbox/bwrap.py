@@ -54,7 +54,7 @@ from pathlib import Path
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.locate import locate_bwrap
-from stayer.sandbox.process import Limits, StorageLimit, file_size_cap, run_process
+from stayer.sandbox.process import Limits, StartGate, StorageLimit, file_size_cap, run_process
 from stayer.sandbox.seccomp import suid_filter
 
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc")
@@ -364,8 +364,12 @@ class BwrapSandbox:
         )
         seccomp_fd = _seccomp_fd()
         args_fd = None
+        # bwrap holds still after setting up the sandbox until the limits are applied to it
+        # from here: no shell prelude started before it (see stayer.sandbox.process)
+        gate = StartGate()
         try:
             options = self._options(mounts, cwd, seccomp_fd)
+            options += ["--info-fd", str(gate.child_report), "--block-fd", str(gate.child_release)]
             args_fd = _options_pipe(options)
             return await run_process(
                 self._argv(command, options, args_fd),
@@ -373,15 +377,18 @@ class BwrapSandbox:
                 stdin=stdin,
                 # bwrap stays pid 1 of the sandbox, so the command can read its environment
                 # in /proc/1/environ: only PATH, and "/" as the directory, whatever the
-                # host's (a shell exports its directory as PWD). The sandbox gets --clearenv.
+                # host's. The sandbox gets --clearenv.
                 cwd="/",
-                env={"PATH": SANDBOX_PATH},
+                env={"PATH": SANDBOX_PATH, "PWD": "/"},
                 max_output_bytes=self.max_output_bytes,
                 limits=limits,
                 storage=storage,
-                pass_fds=[fd for fd in (args_fd, seccomp_fd) if fd is not None],
+                pass_fds=[fd for fd in (args_fd, seccomp_fd) if fd is not None]
+                + [gate.child_report, gate.child_release],
+                gate=gate,
             )
         finally:
+            gate.close()  # bwrap is gone by now: a closed gate cannot release it
             for fd in (args_fd, seccomp_fd):
                 if fd is not None:
                     os.close(fd)

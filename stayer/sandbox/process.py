@@ -29,7 +29,12 @@ in the argv they build, so everything that is easy to get subtly wrong lives her
   and, when running as root, logs once that the limit is not enforced.
   Limits are applied by a tiny ``/bin/bash`` prelude that joins the cgroup, calls
   ``ulimit`` and ``exec``\\ s the real argv: no ``preexec_fn``, which is unsafe in a process
-  that has threads (asyncio's executor, tokenizers).
+  that has threads (asyncio's executor, tokenizers). A child that can hold still before it
+  starts the command (bwrap's ``--info-fd`` and ``--block-fd``: a :class:`StartGate`) gets
+  them from here instead, with no second program started: it reports the pid that will
+  start the command, that pid and the child itself are moved into the cgroup and given the
+  rlimits (``prlimit``), and only then is the child released — so nothing of the command
+  ever runs outside its limits, as with the prelude.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import contextlib
 import functools
 import logging
 import os
+import resource
 import signal
 import time
 import uuid
@@ -257,26 +263,117 @@ class _PidsCgroup:
 _warned_nproc = False
 
 
-def _limits_prelude(limits: Limits, cgroup: _PidsCgroup | None) -> list[str]:
-    """Shell lines that apply ``limits`` to the prelude itself before it execs the argv."""
+def _rlimits(limits: Limits, cgroup: _PidsCgroup | None) -> list[tuple[int, int]]:
+    """The (``RLIMIT_*``, value) pairs that enforce ``limits``, soft = hard."""
     global _warned_nproc
-    lines = ["set -e"]
-    if cgroup is not None:
-        lines.append(f"echo $$ > '{cgroup.path}/cgroup.procs'")
+    out = []
     if limits.memory_mb is not None:
-        lines.append(f"ulimit -v {int(limits.memory_mb) * 1024}")  # KiB; sets soft and hard
+        out.append((resource.RLIMIT_AS, int(limits.memory_mb) * 2**20))
     if limits.max_file_mb is not None:
-        lines.append(f"ulimit -f {int(limits.max_file_mb) * 1024}")  # 1024-byte blocks in bash
+        out.append((resource.RLIMIT_FSIZE, int(limits.max_file_mb) * 2**20))
     if limits.max_processes is not None and cgroup is None:
-        lines.append(f"ulimit -u {int(limits.max_processes)}")
+        out.append((resource.RLIMIT_NPROC, int(limits.max_processes)))
         if os.geteuid() == 0 and not _warned_nproc:
             _warned_nproc = True
             log.warning(
                 "max_processes is not enforced: running as root and no pids cgroup could "
                 "be created (RLIMIT_NPROC does not apply to root)"
             )
+    return out
+
+
+# bash's ulimit flag and unit (bytes per unit) of each rlimit the prelude sets
+_ULIMIT = {resource.RLIMIT_AS: ("-v", 1024), resource.RLIMIT_FSIZE: ("-f", 1024), resource.RLIMIT_NPROC: ("-u", 1)}
+
+
+def _limits_prelude(limits: Limits, cgroup: _PidsCgroup | None) -> list[str]:
+    """Shell lines that apply ``limits`` to the prelude itself before it execs the argv."""
+    lines = ["set -e"]
+    if cgroup is not None:
+        lines.append(f"echo $$ > '{cgroup.path}/cgroup.procs'")
+    for which, value in _rlimits(limits, cgroup):
+        flag, unit = _ULIMIT[which]
+        lines.append(f"ulimit {flag} {value // unit}")  # sets soft and hard
     lines.append('exec "$@"')
     return lines
+
+
+class StartGate:
+    """Pipes to a child that holds still before starting its command (see the module
+    docstring). The child reports ``{"child-pid": N}`` on ``child_report`` and closes it
+    (bwrap's ``--info-fd``), then waits for a byte on ``child_release`` (``--block-fd``).
+    ``report`` and ``release`` are the caller's ends, to close once the child is gone: the
+    child must never see ``release`` closed while it may still run, since bwrap reads end
+    of file as a release too. :func:`run_process` closes the child's ends once started.
+    Each end is closed once only (a descriptor number closed twice may by then be another
+    thread's)."""
+
+    __slots__ = ("report", "release", "child_report", "child_release")
+
+    def __init__(self) -> None:
+        self.report, self.child_report = os.pipe()
+        self.child_release, self.release = os.pipe()
+
+    def close_child_ends(self) -> None:
+        for name in ("child_report", "child_release"):
+            self._close(name)
+
+    def close(self) -> None:
+        for name in ("report", "release", "child_report", "child_release"):
+            self._close(name)
+
+    def _close(self, name: str) -> None:
+        fd = getattr(self, name)
+        if fd >= 0:
+            setattr(self, name, -1)
+            os.close(fd)
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _read_to_eof(fd: int) -> bytes:
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            readable = loop.create_future()
+            loop.add_reader(fd, _set_once, readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(fd)
+            continue
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+async def _confine_and_release(
+    gate: StartGate, outer: int, limits: Limits, cgroup: _PidsCgroup | None
+) -> bool:
+    """Put the gated child and the process that will start the command into ``cgroup``
+    with the rlimits of ``limits``, then release it. False when that could not be done (the
+    child died, or reported nothing usable): the caller kills it, never releases it."""
+    import json
+
+    try:
+        inner = int(json.loads(await _read_to_eof(gate.report))["child-pid"])
+        if cgroup is not None:
+            for pid in (outer, inner):  # bwrap's own two, before either starts anything more
+                (cgroup.path / "cgroup.procs").write_text(str(pid))
+        for which, value in _rlimits(limits, cgroup):
+            resource.prlimit(inner, which, (value, value))
+        os.write(gate.release, b"x")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("could not apply limits to a sandboxed command: %s", e)
+        return False
+    return True
 
 
 async def _wait_exit(proc: asyncio.subprocess.Process, timeout: float | None) -> bool:
@@ -342,8 +439,13 @@ async def run_process(
     limits: Limits = Limits(),  # noqa: B008  (frozen dataclass: safe as a default)
     storage: StorageLimit | None = None,
     pass_fds: Sequence[int] = (),
+    gate: StartGate | None = None,
 ) -> ExecResult:
     """Run ``argv`` to completion or until ``timeout`` seconds, then kill its process group.
+
+    With a ``gate`` (whose child ends must be among ``pass_fds``) the limits are applied
+    from here while the child waits at the gate (see the module docstring); without one, by
+    a shell prelude.
 
     Never raises for the child's behaviour (non-zero exit, signals, timeouts); raises
     ``OSError`` only when the process cannot be started at all.
@@ -362,7 +464,7 @@ async def run_process(
         except OSError as e:
             log.warning("could not create pids cgroup under %s: %s", parent, e)
     argv = list(argv)
-    if cgroup is not None or limits != Limits():
+    if gate is None and (cgroup is not None or limits != Limits()):
         prelude = "\n".join(_limits_prelude(limits, cgroup))
         argv = ["/bin/bash", "-c", prelude, "stayer-limits", *argv]
 
@@ -381,9 +483,13 @@ async def run_process(
             pass_fds=tuple(pass_fds),
         )
     except BaseException:
+        if gate is not None:
+            gate.close_child_ends()
         if cgroup is not None:
             await cgroup.remove()
         raise
+    if gate is not None:
+        gate.close_child_ends()  # so that the report reads to its end even if the child dies
 
     assert proc.stdout is not None and proc.stderr is not None
     tasks = [
@@ -397,7 +503,18 @@ async def run_process(
     timed_out = False
     storage_used: int | None = None  # set when the storage limit was exceeded
     try:
-        if storage is None:
+        opened: bool | None = True  # None: the time ran out before the gate opened
+        if gate is not None:
+            try:
+                opened = await asyncio.wait_for(
+                    _confine_and_release(gate, proc.pid, limits, cgroup), max(timeout, 0.001)
+                )
+            except TimeoutError:
+                opened = None
+            timed_out = opened is None
+        if not opened:
+            pass  # killed just below, at the gate: the command never started
+        elif storage is None:
             timed_out = not await _wait_exit(proc, max(timeout, 0.001))
         else:
             timed_out, storage_used = await _wait_exit_watching(
