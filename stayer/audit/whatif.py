@@ -30,7 +30,7 @@ import orjson
 from stayer.audit.analysis import SessionReport, money
 from stayer.audit.calls import MAIN_CHAIN, SessionRef
 from stayer.errors import ConfigError
-from stayer.models.base import Message, ToolCall
+from stayer.messages import Message, ToolCall
 from stayer.pricing import PriceBook
 from stayer.settings import MAX_TOKENS, RunSettings, check_flags
 
@@ -222,7 +222,7 @@ def session_trace(report: SessionReport, ref: SessionRef, counter: Any) -> Any:
     if not turns:
         raise ConfigError(f"session {ref.id}: no tool-calling turns to replay")
     names = sorted({c.name for t in turns for c in t.tool_calls})
-    from stayer.models.base import ToolSpec
+    from stayer.messages import ToolSpec
 
     tools = [ToolSpec(n, f"Recorded tool {n}.", {"type": "object"}) for n in names] or [BASH]
     instruction = "\n\n".join(built.instruction)

@@ -53,7 +53,7 @@ from typing import Protocol
 from stayer.context.layout import Context
 from stayer.context.retention import Retention, retention_of
 from stayer.errors import Failed
-from stayer.models.base import Message
+from stayer.messages import Message
 from stayer.pricing import Rates
 
 OUTPUTS_DIR = "/app/.stayer/outputs"

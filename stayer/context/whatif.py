@@ -27,7 +27,8 @@ from typing import Any
 
 from stayer.context.policies import ContextPolicy
 from stayer.errors import ConfigError
-from stayer.models.base import Message, ModelRequest, ToolCall, ToolSpec
+from stayer.messages import Message, ToolCall, ToolSpec
+from stayer.models.base import ModelRequest
 from stayer.pricing import PriceBook
 from stayer.settings import read_text
 from stayer.tokens import MessageCounter

@@ -38,7 +38,8 @@ from stayer.guard.budget import Budget
 from stayer.journal import RunJournal, Store, lost_ledger_entries, open_store
 from stayer.journal.codec import message_record
 from stayer.journal.store import stayer_home
-from stayer.models.base import Message, Model
+from stayer.messages import Message
+from stayer.models.base import Model
 from stayer.models.registry import make_real_model, split_spec
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy

@@ -35,7 +35,7 @@ from stayer.guard.breakers import (
 from stayer.guard.budget import Budget, Reservation
 from stayer.guard.reserve import MIN_OUTPUT_TOKENS, RatesAt, margin_tokens, quote
 from stayer.guard.wrapup import instruction, summary_from_trajectory, usable
-from stayer.models.base import Message
+from stayer.messages import Message
 
 # Behaviour trips a stronger model may fix; the others (cost anomaly) are not its doing.
 ESCALATABLE = frozenset({"tool_errors", "loop", "no_progress"})

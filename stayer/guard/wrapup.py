@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 
 from stayer.context.policies import StateSummarizer
-from stayer.models.base import Message
+from stayer.messages import Message
 
 WRAP_UP_KIND = "wrap_up"  # Message.kind of the instruction (models can key on it)
 FILE_TOOLS = ("write_file", "edit_file")

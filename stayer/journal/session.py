@@ -58,7 +58,8 @@ from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
 from stayer.journal.store import JournalError, RunRow, Store
 from stayer.ledger import lost_entry
-from stayer.models.base import Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall
+from stayer.messages import Message, ToolCall
+from stayer.models.base import Model, ModelError, ModelRequest, ModelResponse
 from stayer.money import Usd, usd_sum
 from stayer.pricing import PriceBook
 from stayer.sandbox.base import ExecResult, Sandbox
