@@ -26,8 +26,8 @@ def report(
     """
     from rich.table import Table
 
+    from stayer.journal.backends import open_store, stayer_home
     from stayer.journal.report import run_report
-    from stayer.journal.store import open_store, stayer_home
 
     try:
         store = open_store(stayer_home(), create=False)

@@ -34,7 +34,7 @@ def whatif(
     from stayer.context.layout import Context
     from stayer.context.policies import make_policy
     from stayer.context.whatif import compare, load_trace
-    from stayer.journal.store import stayer_home
+    from stayer.journal.backends import stayer_home
     from stayer.models.caching import provider_of
     from stayer.pricing import PriceBook
     from stayer.settings import RunSettings, check_flags

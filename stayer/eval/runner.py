@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from stayer.eval.run_config import RunConfig
 from stayer.eval.task import Task
 from stayer.eval.verify import passes
-from stayer.journal.store import open_store, stayer_home
+from stayer.journal.backends import open_store, stayer_home
 from stayer.sandbox.hostfs import content_digest
 
 if TYPE_CHECKING:

@@ -36,8 +36,8 @@ from stayer.guard.attribution import per_agent
 from stayer.guard.breakers import GuardConfig, TreeFingerprint
 from stayer.guard.budget import Budget
 from stayer.journal import RunJournal, Store, lost_ledger_entries, open_store
+from stayer.journal.backends import stayer_home
 from stayer.journal.codec import message_record
-from stayer.journal.store import stayer_home
 from stayer.messages import Message
 from stayer.models.base import Model
 from stayer.models.registry import make_real_model, split_spec

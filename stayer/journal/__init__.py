@@ -35,10 +35,12 @@ _EXPORTS = {
     "LeaseLost": "store",
     "RunRow": "store",
     "Store": "store",
-    "open_store": "store",
+    "open_store": "backends",
+    "stayer_home": "backends",
 }
 
 if TYPE_CHECKING:
+    from stayer.journal.backends import open_store, stayer_home
     from stayer.journal.log import RunLog, load_log
     from stayer.journal.session import (
         CacheStateful,
@@ -57,7 +59,6 @@ if TYPE_CHECKING:
         LeaseLost,
         RunRow,
         Store,
-        open_store,
     )
 
 
@@ -86,4 +87,5 @@ __all__ = [
     "load_log",
     "lost_ledger_entries",
     "open_store",
+    "stayer_home",
 ]

@@ -324,8 +324,9 @@ def settle_hold(budgets: TenantBudgets, run: ServiceRun, doc: dict[str, Any]) ->
 def close_idle_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -> dict[str, Any]:
     """The result of a run ended while no process runs it: its journal is closed with
     what it spent (a run that never started has spent nothing)."""
-    from stayer.eval.trial import stayer_home, write_result
+    from stayer.eval.trial import write_result
     from stayer.journal import RunFinished, RunJournal
+    from stayer.journal.backends import stayer_home
 
     if store.run(run_id) is None:
         return {"status": status, "stop_reason": stop_reason, "steps": 0, "cost_usd": "0", "usage": {}}
