@@ -43,7 +43,7 @@ class AuditReport:
     sessions: list[SessionReport] = field(default_factory=list)  # those with calls
     group: str = "session"
     skipped_lines: int = 0  # in every file read, sessions without calls included
-    what_if: list[dict[str, Any]] = field(default_factory=list)  # estimates (stayer.audit.whatif)
+    what_if: list[dict[str, Any]] = field(default_factory=list)  # estimates (stayer.audit.scenarios)
 
     @property
     def total(self) -> Tally:

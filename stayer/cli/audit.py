@@ -64,7 +64,7 @@ def audit(
     try:
         book = PriceBook.load()
         if what_if:
-            from stayer.audit.whatif import parse_scenario
+            from stayer.audit.scenarios import parse_scenario
 
             scenarios = [parse_scenario(spec) for spec in what_if]
     except ConfigError as e:
@@ -83,7 +83,7 @@ def audit(
         group,
     )
     if what_if:
-        from stayer.audit.whatif import run_what_ifs
+        from stayer.audit.scenarios import run_what_ifs
 
         err.print("what-if: replaying the costliest sessions (estimates)…", highlight=False)
         refs = {(r.source, r.id): r for r in found.refs}

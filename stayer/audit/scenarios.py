@@ -1,5 +1,5 @@
 """``stayer audit --what-if model=ID,policy=P``: an audited session under another model or
-context policy — an *estimate*, computed by the what-if engine (``stayer.context.whatif``).
+context policy — an *estimate*, computed by the what-if engine (``stayer.whatif``).
 
 This module only turns a session's log into the engine's :class:`Trace` (its instruction,
 the agent's tool-calling turns and the observations they got back) and runs the engine
@@ -210,7 +210,7 @@ def _codex(path: Path) -> _Builder:
 def session_trace(report: SessionReport, ref: SessionRef, counter: Any) -> Any:
     """The engine's ``Trace`` for one audited session (see the module docstring)."""
     from stayer.context.layout import Context
-    from stayer.context.whatif import BASH, Trace, load_trace
+    from stayer.whatif import BASH, Trace, load_trace
 
     if ref.source == "stayer":
         return load_trace(str(ref.paths[0].parent))
@@ -245,8 +245,8 @@ def run_what_ifs(
 ) -> list[dict[str, Any]]:
     """The ``what_if`` entries of the audit document, for the costliest sessions."""
     from stayer.context.policies import make_policy
-    from stayer.context.whatif import replay
     from stayer.tokens import MessageCounter, TiktokenCounter
+    from stayer.whatif import replay
 
     counter = MessageCounter(TiktokenCounter())
     out: list[dict[str, Any]] = []
