@@ -38,6 +38,7 @@ from stayer.guard.budget import Budget
 from stayer.journal import RunJournal, Store, lost_ledger_entries, open_store
 from stayer.journal.backends import stayer_home
 from stayer.journal.codec import message_record
+from stayer.journal.replay import JournaledModel, JournaledProbe, JournaledTool, ReplayingSandbox
 from stayer.messages import Message
 from stayer.models.base import Model
 from stayer.models.registry import make_real_model, split_spec
@@ -211,8 +212,8 @@ async def _execute(
         make_run_dir(p.run_dir, exist_ok=True)
         journal.restore_workspace(task.materialise)
     started = datetime.fromisoformat(journal.started)
-    agent_sandbox = journal.sandbox(
-        make_sandbox(cfg.sandbox, workspace, **task.sandbox_limits(**cfg.sandbox_overrides()))
+    agent_sandbox = ReplayingSandbox(
+        make_sandbox(cfg.sandbox, workspace, **task.sandbox_limits(**cfg.sandbox_overrides())), journal
     )
     tool_ctx = ToolContext(
         sandbox=agent_sandbox,
@@ -244,12 +245,12 @@ async def _execute(
                 # Observers inside the journal: they see live calls, never replayed ones.
                 for o in controls.observers:
                     m = o.model(m)
-                return journal.model(m)
+                return JournaledModel(m, journal)
 
             def wrap_tools(ts: list[Tool]) -> list[Tool]:
                 for o in controls.observers:
                     ts = o.tools(ts)
-                return journal.tools(ts)
+                return [JournaledTool(t, journal) for t in ts]
 
             model = wrap_model(p.model)  # every call journaled, the summariser's included
             routing = p.routing
@@ -278,7 +279,7 @@ async def _execute(
                 summarizer=None
                 if isinstance(p.model, SimModel)
                 else ModelSummarizer(router.role("summariser") if router else model, p.prices),
-                probe=journal.probe(TreeFingerprint(workspace)),
+                probe=JournaledProbe(TreeFingerprint(workspace), journal),
                 clock=journal.clock,
                 router=router,
                 inbox=controls.inbox.reader(journal) if controls.inbox else None,
