@@ -27,8 +27,8 @@ LAYERS: list[set[str]] = [
     {"context"},
     {"tools"},
     {"guard"},
+    {"config"},  # stayer.toml's schema: the router's sections and the guard's GuardConfig
     {"routing"},
-    {"config"},  # stayer.toml: the guard's and the router's sections in one file
     {"ledger"},  # the journal writes ledger entries, so the ledger sits below it
     {"journal"},
     {"agent"},

@@ -101,7 +101,6 @@ def eval_command(
         EvalConfig,
         TrialStore,
         plan_trials,
-        policy_supported,
         run_trials,
         write_atomic,
     )
@@ -125,9 +124,6 @@ def eval_command(
         check_writable_dir(out_dir, "--out")
     err = stderr()
     policies: list[str | None] = list(_split(policy)) or [None]
-    if policy and not policy_supported():
-        err.print("[yellow]warning:[/] --policy: this build has no context policies yet; recorded as 'none'")
-        policies = [None]
     configs = [
         EvalConfig(m, p, sim_policy, max_steps, cap, sandbox, sim_latency) for m in models for p in policies
     ]

@@ -29,7 +29,6 @@ way. Error classes of the others:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import json
 import os
@@ -64,19 +63,6 @@ def _slug(text: str, limit: int = 48) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.")[:limit] or "x"
 
 
-def policy_supported() -> bool:
-    """Whether this build's RunConfig takes a context ``policy``."""
-    return any(f.name == "policy" for f in dataclasses.fields(RunConfig))
-
-
-def default_policy() -> str:
-    """The context policy a run gets when none is named ("none" where there are none)."""
-    for f in dataclasses.fields(RunConfig):
-        if f.name == "policy" and isinstance(f.default, str):
-            return f.default
-    return "none"
-
-
 @dataclass(frozen=True)
 class EvalConfig:
     """One configuration under evaluation: a model and the harness settings that matter."""
@@ -91,7 +77,7 @@ class EvalConfig:
 
     @property
     def policy_name(self) -> str:
-        return self.policy or default_policy()
+        return self.policy or RunConfig.policy
 
     @property
     def label(self) -> str:
@@ -117,7 +103,7 @@ class EvalConfig:
 
     def run_config(self, task: Task, run_id: str) -> RunConfig:
         extra: dict[str, Any] = {}
-        if self.policy is not None and policy_supported():
+        if self.policy is not None:
             extra["policy"] = self.policy
         return RunConfig(
             task_dir=str(task.path),

@@ -269,7 +269,7 @@ async def _execute(
                     cfg.max_cost,
                     service_tier=cfg.service_tier,
                     max_context=cfg.max_context,
-                    guard=dataclasses.replace(guard_config, pause_at_cap=controls.pause_at_cap),
+                    guard=guard_config.model_copy(update={"pause_at_cap": controls.pause_at_cap}),
                 ),
                 on_step=step_done,
                 on_message=record,
