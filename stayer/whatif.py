@@ -186,7 +186,8 @@ def _mini_swe_agent(path: Path, messages: list[dict]) -> Trace:
             if not isinstance(tool_calls, list):
                 raise ConfigError(f"{path}: messages: tool_calls: expected a list, got {type(tool_calls).__name__}")
             for i, c in enumerate(_objects(tool_calls, path, "tool_calls")):
-                fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+                fn = c.get("function")
+                fn = fn if isinstance(fn, dict) else {}
                 args = _call_arguments(fn.get("arguments") or "{}")
                 calls.append(ToolCall(str(c.get("id") or f"t{n}_{i}"), str(fn.get("name") or "bash"), args))
             if not calls:  # text actions (older format): the next user message is the output

@@ -202,7 +202,8 @@ class ClaudeCodeImporter:
                 sidechain = d.get("isSidechain") is True
                 chain = self._chain(d, file_chain, roots) if sidechain else MAIN_CHAIN
                 msg = d.get("message")
-                usage = msg.get("usage") if type(msg) is dict else None
+                msg = msg if type(msg) is dict else {}
+                usage = msg.get("usage")
                 if not (usage_line and type(usage) is dict):
                     if (
                         d.get("type") == "summary"

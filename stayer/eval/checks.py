@@ -100,7 +100,7 @@ async def _verify_copy(task: Task, snapshot: Path, dest: Path, kind: str) -> Ver
 
 
 def _hidden_file_digests(task: Task) -> dict[str, str]:
-    digests = {}
+    digests: dict[str, str] = {}
     for where in ("tests", "solution"):
         for p in sorted((task.path / where).rglob("*")):
             if p.is_file() and p.stat().st_size >= _MIN_LEAK_BYTES:

@@ -55,4 +55,4 @@ class RequestDigest:
             request.service_tier,
         ]
         h.update(json.dumps(tail).encode())
-        return h.hexdigest()
+        return str(h.hexdigest())

@@ -313,7 +313,7 @@ class RunJournal:
 
     def clock(self) -> float:
         """The loop's clock: live time, journaled; the journaled time on replay."""
-        return self.observe(time.time)
+        return float(self.observe(time.time))
 
     @property
     def in_restored_step(self) -> bool:

@@ -98,15 +98,15 @@ class Worker:
         self.log = log or (lambda msg: print(f"stayer worker: {msg}", file=sys.stderr))
         store = open_store(self.home)
         assert isinstance(store, SqlStore)
-        self.store = store
-        self.db = ServiceDB(store)
-        self.actions = Actions(store)
-        self.budgets = TenantBudgets(open_budget_store(self.home))
-        self.prices = PriceBook.load()
+        self.store: SqlStore = store
+        self.db: ServiceDB = ServiceDB(store)
+        self.actions: Actions = Actions(store)
+        self.budgets: TenantBudgets = TenantBudgets(open_budget_store(self.home))
+        self.prices: PriceBook = PriceBook.load()
         self.running: dict[str, asyncio.Task[None]] = {}
         from stayer.telemetry.metrics import WorkerMetrics
 
-        self.metrics = WorkerMetrics()
+        self.metrics: WorkerMetrics = WorkerMetrics()
         self.tracing: Any = None  # an OpenTelemetry TracerProvider, when traces are configured
         from stayer.telemetry import tracing_configured
 
@@ -114,6 +114,13 @@ class Worker:
             from stayer.telemetry.tracing import provider
 
             self.tracing = provider(otlp, service_name="stayer-worker")
+
+    def _forget(self, run_id: str) -> Callable[[asyncio.Task[None]], None]:
+        """A done-callback dropping a finished run from ``running``."""
+        def forget(_task: asyncio.Task[None]) -> None:
+            self.running.pop(run_id, None)
+
+        return forget
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Claim and run until ``stop`` is set; then let the runs in hand finish."""
@@ -124,7 +131,7 @@ class Worker:
                     if claimed is not None:
                         task = asyncio.create_task(self._guarded(claimed))
                         self.running[claimed.id] = task
-                        task.add_done_callback(lambda _t, rid=claimed.id: self.running.pop(rid, None))
+                        task.add_done_callback(self._forget(claimed.id))
                         continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.poll_s)
