@@ -23,8 +23,8 @@ from stayer.audit.analysis import analyse, context_growth
 from stayer.audit.calls import ImportedSession
 from stayer.audit.claude_code import ClaudeCodeImporter
 from stayer.audit.costing import CallPricer
+from stayer.audit.document import build
 from stayer.audit.engine import analyse_all, default_paths, discover
-from stayer.audit.report import build
 from stayer.pricing import MTOK, PriceBook
 from stayer.usage import Usage
 

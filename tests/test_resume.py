@@ -25,7 +25,6 @@ from pg_server import database_fixture
 
 from stayer.errors import ConfigError
 from stayer.eval.resume import prepare_resume
-from stayer.eval.trial import RunConfig, execute, prepare
 from stayer.journal import (
     JournaledModel,
     JournaledTool,
@@ -40,6 +39,7 @@ from stayer.models.base import Message, ModelRequest, ModelResponse, ToolCall, T
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import filler
 from stayer.pricing import PriceBook
+from stayer.run import RunConfig, execute, prepare
 from stayer.sandbox.locate import locate_bwrap
 from stayer.tools.base import ToolContext, ToolResult
 from stayer.usage import Usage

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from stayer.cli import app
 from stayer.eval.runner import EvalConfig
-from stayer.eval.trial import RunConfig
+from stayer.run import RunConfig
 from stayer.settings import (
     CheckSettings,
     EstimateSettings,

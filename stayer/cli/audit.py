@@ -41,8 +41,8 @@ def audit(
     \b
     Example:  stayer audit --since 2026-01-01 --html audit.html --what-if model=claude-haiku-4-5,policy=auto
     """
+    from stayer.audit.document import GROUPS, build, render
     from stayer.audit.engine import analyse_all, default_paths, discover
-    from stayer.audit.report import GROUPS, build, render
     from stayer.pricing import PriceBook
     from stayer.settings import ListSettings, check_flags
 

@@ -95,7 +95,7 @@ def eval_command(
 
     from stayer import __version__
     from stayer.cli.progress import WorkProgress
-    from stayer.eval.report import render, write_run_pages
+    from stayer.eval.html_report import render, write_run_pages
     from stayer.eval.runner import (
         INFRASTRUCTURE,
         EvalConfig,
@@ -203,7 +203,7 @@ def _runnable(tasks: list[Any], configs: list[Any], pending: set[tuple[Path, Any
     runnable (model, prices, sandbox, limits); else all that is wrong, exit 2."""
     import uuid
 
-    from stayer.eval.trial import prepare
+    from stayer.run import prepare
     from stayer.pricing import PriceBook
 
     try:

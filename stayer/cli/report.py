@@ -27,7 +27,7 @@ def report(
     from rich.table import Table
 
     from stayer.journal.backends import open_store, stayer_home
-    from stayer.journal.report import run_report
+    from stayer.journal.run_report import run_report
 
     try:
         store = open_store(stayer_home(), create=False)

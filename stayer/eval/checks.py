@@ -72,7 +72,7 @@ class TaskCheck:
 
 
 def _agent_sandbox(task: Task, workspace: Path, kind: str) -> Sandbox:
-    # As eval.trial builds it, so that what the probe sees is what the agent would see.
+    # As stayer.run builds it, so that what the probe sees is what the agent would see.
     return make_sandbox(kind, workspace, **task.sandbox_limits())
 
 

@@ -1,6 +1,6 @@
 """Run tasks × epochs × configurations concurrently, each trial on a fresh workspace.
 
-A trial is one ``stayer run`` (``eval.trial.prepare`` + ``execute``, which also enforces the
+A trial is one ``stayer run`` (``stayer.run.prepare`` + ``execute``, which also enforces the
 task's agent time limit): the runner adds concurrency, an error class, and a store that
 makes evaluations resumable. Each finished trial is written atomically to
 ``OUT/trials/<config>/<task>.e<N>.json``; re-running with the same ``OUT`` reuses those
@@ -52,7 +52,7 @@ from stayer.sandbox.hostfs import content_digest
 if TYPE_CHECKING:
     from stayer.pricing import PriceBook
 
-# The agent (``eval.trial``) is imported when a trial runs: an evaluation whose trials are
+# The agent (``stayer.run``) is imported when a trial runs: an evaluation whose trials are
 # all done only re-renders its report, and that needs neither it nor the price data.
 
 AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE = "agent_failure", "limit_reached", "infrastructure"
@@ -240,7 +240,7 @@ async def _run_or_resume(
     run, else continued from its journal (or its result, if it had finished). Whether it
     was continued comes second."""
     from stayer.eval.resume import prepare_resume
-    from stayer.eval.trial import execute, prepare
+    from stayer.run import execute, prepare
     from stayer.journal import RunFinished
 
     store = open_store(stayer_home())

@@ -254,4 +254,4 @@ class JournaledProbe:
         self.journal = journal
 
     def fingerprint(self) -> str:
-        return str(self.journal.observe(self.inner.fingerprint))
+        return str(self.journal.read_outside(self.inner.fingerprint))

@@ -18,7 +18,7 @@ from the start, and
   it anyway.
 
 The loop must therefore be deterministic given what it reads through the journal: model
-and tool results, and ``observe``d inputs (the breakers' workspace fingerprint). Agent
+and tool results, and inputs read through ``read_outside`` (the breakers' workspace fingerprint). Agent
 events (compaction, breakers, …) are journaled as emitted and compared on replay, so a loop
 that re-derives a different event is reported rather than silently trusted; a request that
 differs from the journaled one stops the resume (``ReplayDiverged``). A tool that made
@@ -293,7 +293,7 @@ class RunJournal:
         being taken, which ``on_step`` or ``cut_short`` records."""
         self._unstepped.append((inner, response))
 
-    def observe(self, compute: Callable[[], Any], keep: Callable[[Any], bool] | None = None) -> Any:
+    def read_outside(self, compute: Callable[[], Any], keep: Callable[[Any], bool] | None = None) -> Any:
         """A value the loop reads from outside itself (a workspace fingerprint, …): computed
         and journaled live, the journaled one on replay, so decisions taken on it (breakers)
         come out the same. The value must be JSON.
@@ -313,7 +313,7 @@ class RunJournal:
 
     def clock(self) -> float:
         """The loop's clock: live time, journaled; the journaled time on replay."""
-        return float(self.observe(time.time))
+        return float(self.read_outside(time.time))
 
     @property
     def in_restored_step(self) -> bool:

@@ -2,7 +2,7 @@
 
 A worker is an asyncio loop with ``concurrency`` slots. For each free slot it claims the
 oldest queued run (or a running one whose worker died: its lease expired) and runs it
-through the same code as ``stayer run`` (``eval.trial.prepare`` / ``execute``) on the
+through the same code as ``stayer run`` (``stayer.run.prepare`` / ``execute``) on the
 shared journal, so a run another worker started is resumed from its journal, exactly and
 without paying again for its model calls. While a run executes, a heartbeat renews the
 lease and reads the cancel flag; a cancelled run stops at its next step, and what it spent
@@ -190,7 +190,7 @@ class Worker:
 
     async def _run(self, run: ServiceRun) -> None:
         from stayer.eval.resume import prepare_resume
-        from stayer.eval.trial import Controls, Inbox, RunConfig, execute, prepare
+        from stayer.run import Controls, Inbox, RunConfig, execute, prepare
 
         if run.cancel_requested:
             self._finish(run, close_idle_journal(self.store, run.id, CANCELLED, "cancelled"))
@@ -331,9 +331,9 @@ def settle_hold(budgets: TenantBudgets, run: ServiceRun, doc: dict[str, Any]) ->
 def close_idle_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -> dict[str, Any]:
     """The result of a run ended while no process runs it: its journal is closed with
     what it spent (a run that never started has spent nothing)."""
-    from stayer.eval.trial import write_result
     from stayer.journal import RunFinished, RunJournal
     from stayer.journal.backends import stayer_home
+    from stayer.run import write_result
 
     if store.run(run_id) is None:
         return {"status": status, "stop_reason": stop_reason, "steps": 0, "cost_usd": "0", "usage": {}}

@@ -58,7 +58,7 @@ _DRAIN_GRACE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class ProcessLimits:
     """Resource limits for one command; ``None`` means no limit."""
 
     memory_mb: int | None = None  # RLIMIT_AS of every process in the tree
@@ -257,7 +257,7 @@ class _PidsCgroup:
 _warned_nproc = False
 
 
-def _limits_prelude(limits: Limits, cgroup: _PidsCgroup | None) -> list[str]:
+def _limits_prelude(limits: ProcessLimits, cgroup: _PidsCgroup | None) -> list[str]:
     """Shell lines that apply ``limits`` to the prelude itself before it execs the argv."""
     global _warned_nproc
     lines = ["set -e"]
@@ -339,7 +339,7 @@ async def run_process(
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     max_output_bytes: int = 1_000_000,
-    limits: Limits = Limits(),  # noqa: B008  (frozen dataclass: safe as a default)
+    limits: ProcessLimits = ProcessLimits(),  # noqa: B008  (frozen dataclass: safe as a default)
     storage: StorageLimit | None = None,
     pass_fds: Sequence[int] = (),
 ) -> ExecResult:
@@ -362,7 +362,7 @@ async def run_process(
         except OSError as e:
             log.warning("could not create pids cgroup under %s: %s", parent, e)
     argv = list(argv)
-    if cgroup is not None or limits != Limits():
+    if cgroup is not None or limits != ProcessLimits():
         prelude = "\n".join(_limits_prelude(limits, cgroup))
         argv = ["/bin/bash", "-c", prelude, "stayer-limits", *argv]
 

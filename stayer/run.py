@@ -1,4 +1,5 @@
-"""One task, one model, one run: workspace → agent → verifier → result.
+"""One task, one model, one run: workspace → agent → verifier → result (``stayer run``,
+``stayer resume``, each eval trial and each run of the hosted service).
 
 Everything the run needs is validated before the first byte is written, so bad input
 leaves nothing behind. The run's files live in ``$STAYER_HOME/runs/<run_id>/``:
@@ -355,7 +356,7 @@ class Controls:
                 cap = source()
                 return None if cap is None else str(cap)
 
-            value = journal.observe(read, keep=larger)
+            value = journal.read_outside(read, keep=larger)
             return None if value is None else Decimal(value)
 
         return raised
@@ -375,7 +376,7 @@ class Inbox:
 
         def read() -> list[Message]:
             nonlocal seen
-            got = journal.observe(lambda: self.fetch(seen))
+            got = journal.read_outside(lambda: self.fetch(seen))
             seen = max((int(m["n"]) for m in got), default=seen)
             return [Message("user", str(m["content"]), kind="person") for m in got]
 
