@@ -73,8 +73,8 @@ def test_a_killed_eval_resumes_its_trial_in_flight_through_the_journal(tmp_path)
 
 @needs_bwrap
 def test_a_crashed_trial_keeps_its_run_and_cost_and_its_retry_keeps_both_attempts(tmp_path, monkeypatch):
-    from stayer.eval import runner
     from stayer import run as run_module
+    from stayer.eval import runner
     from stayer.eval.summary import summarise
     from stayer.eval.task import load_task
     from stayer.pricing import PriceBook

@@ -203,8 +203,8 @@ def _runnable(tasks: list[Any], configs: list[Any], pending: set[tuple[Path, Any
     runnable (model, prices, sandbox, limits); else all that is wrong, exit 2."""
     import uuid
 
-    from stayer.run import prepare
     from stayer.pricing import PriceBook
+    from stayer.run import prepare
 
     try:
         prices = PriceBook.load()

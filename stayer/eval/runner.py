@@ -240,8 +240,8 @@ async def _run_or_resume(
     run, else continued from its journal (or its result, if it had finished). Whether it
     was continued comes second."""
     from stayer.eval.resume import prepare_resume
-    from stayer.run import execute, prepare
     from stayer.journal import RunFinished
+    from stayer.run import execute, prepare
 
     store = open_store(stayer_home())
     assert store is not None
