@@ -46,18 +46,23 @@ def _split(value: str | None) -> list[str]:
 
 @contextlib.contextmanager
 def _tracing(otlp: str | None) -> Iterator[Any]:
-    """The trials' tracer provider when traces are wanted (``--otlp`` or the OTLP
-    environment), flushed at the end; without them OpenTelemetry is not even imported."""
+    """How each trial's run is executed when traces are wanted (``--otlp`` or the OTLP
+    environment): inside its trace, the provider flushed at the end. None without them
+    (OpenTelemetry is then not even imported)."""
     from stayer.telemetry import tracing_configured
 
     if not tracing_configured(otlp):
         yield None
         return
-    from stayer.telemetry.tracing import provider
+    from stayer.telemetry.tracing import execute_traced, provider
 
     tp = provider(otlp, service_name="stayer-eval")
+
+    async def traced(prepared: Any, journal: Any) -> dict[str, Any]:
+        return await execute_traced(prepared, None, tp, journal=journal)
+
     try:
-        yield tp
+        yield traced
     finally:
         tp.shutdown()  # flushes the batch
 
@@ -159,9 +164,9 @@ def eval_command(
             f"[bold]stayer eval[/] {len(tasks)} tasks × {len(configs)} configurations × {epochs} epochs "
             f"= {len(trials)} trials, {concurrency} at a time", highlight=False,
         )
-        with progress, _tracing(otlp) as tracing:
+        with progress, _tracing(otlp) as execute_run:
             records = asyncio.run(
-                run_trials(trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done, tracing=tracing)
+                run_trials(trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done, execute_run=execute_run)
             )
     except KeyboardInterrupt:
         resume = (

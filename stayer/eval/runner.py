@@ -36,7 +36,7 @@ import re
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -50,7 +50,12 @@ from stayer.journal.backends import open_store, stayer_home
 from stayer.sandbox.hostfs import content_digest
 
 if TYPE_CHECKING:
+    from stayer.journal import RunJournal
     from stayer.pricing import PriceBook
+    from stayer.run import PreparedRun
+
+#: Runs a prepared run (continuing ``journal`` when there is one) to its result document.
+RunExecutor = Callable[["PreparedRun", "RunJournal | None"], Awaitable[dict[str, Any]]]
 
 # The agent (``stayer.run``) is imported when a trial runs: an evaluation whose trials are
 # all done only re-renders its report, and that needs neither it nor the price data.
@@ -194,19 +199,20 @@ async def run_trial(
     *,
     run_id: str | None = None,
     on_started: Callable[[str], None] | None = None,
-    tracing: Any = None,
+    execute_run: RunExecutor | None = None,
 ) -> dict[str, Any]:
     """Run one trial to a record; never raises for a failure of the trial itself.
 
     ``run_id`` names the run of an earlier attempt that a killed evaluation left behind: it
     is continued through its journal, or, if it had finished, its result is taken as it is.
     ``on_started(run_id)`` is called once the run's id is fixed, before the run starts.
-    ``tracing`` (an OpenTelemetry ``TracerProvider``): the run's spans go there."""
+    ``execute_run`` runs the prepared run (default: ``stayer.run.execute``; the CLI passes
+    a traced one)."""
     started = time.monotonic()
     run_id = run_id or trial.new_run_id()
     resumed = False
     try:
-        doc, resumed = await _run_or_resume(trial, prices, run_id, on_started, tracing)
+        doc, resumed = await _run_or_resume(trial, prices, run_id, on_started, execute_run)
     except Exception as e:  # a trial that cannot run is recorded, not fatal to the evaluation
         return _record(
             trial, **_spent(run_id), reward=None, usage={}, tokens=0, status="error", error_class=INFRASTRUCTURE,
@@ -234,7 +240,11 @@ async def run_trial(
 
 
 async def _run_or_resume(
-    trial: Trial, prices: PriceBook, run_id: str, on_started: Callable[[str], None] | None, tracing: Any = None
+    trial: Trial,
+    prices: PriceBook,
+    run_id: str,
+    on_started: Callable[[str], None] | None,
+    execute_run: RunExecutor | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """The result document of run ``run_id``: run from the start if the journal has no such
     run, else continued from its journal (or its result, if it had finished). Whether it
@@ -261,10 +271,8 @@ async def _run_or_resume(
         store.close()
         raise
     prepared.close_store = True  # execute closes it
-    if tracing is not None:
-        from stayer.telemetry.tracing import execute_traced
-
-        return await execute_traced(prepared, None, tracing, journal=journal), journal is not None
+    if execute_run is not None:
+        return await execute_run(prepared, journal), journal is not None
     return await execute(prepared, journal=journal), journal is not None
 
 
@@ -358,10 +366,10 @@ async def run_trials(
     store: TrialStore | None = None,
     on_start: Callable[[Trial], None] | None = None,
     on_done: Callable[[Trial, dict[str, Any], bool], None] | None = None,
-    tracing: Any = None,
+    execute_run: RunExecutor | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every trial, at most ``concurrency`` at a time; records in trial order.
-    With ``tracing`` (an OpenTelemetry ``TracerProvider``) each trial's run is traced.
+    ``execute_run``: see ``run_trial`` (the CLI's traces each trial's run).
 
     ``on_done(trial, record, reused)`` is called as each finishes, for live progress.
     ``prices`` may be None only when the store holds every trial."""
@@ -377,12 +385,12 @@ async def run_trials(
             if on_start:
                 on_start(trial)
             if store is None:
-                record = await run_trial(trial, prices, tracing=tracing)
+                record = await run_trial(trial, prices, execute_run=execute_run)
             else:
                 earlier = store.earlier_attempts(trial)
                 record = await run_trial(
                     trial, prices, run_id=store.run_in_progress(trial), on_started=lambda rid: store.started(trial, rid),
-                    tracing=tracing,
+                    execute_run=execute_run,
                 )
                 if earlier:
                     record["earlier_attempts"] = earlier
