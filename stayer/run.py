@@ -30,7 +30,6 @@ from stayer.context.policies import ContextPolicy, make_policy
 from stayer.context.summarizer import ModelSummarizer
 from stayer.delegation import ChildAgents, ChildSettings
 from stayer.errors import ConfigError
-from stayer.eval.run_config import RunConfig
 from stayer.eval.task import Task, load_task
 from stayer.eval.verify import Verdict, passes, verify
 from stayer.guard.attribution import per_agent
@@ -48,6 +47,7 @@ from stayer.models.sim_policies import parse_policy
 from stayer.money import Usd
 from stayer.pricing import PriceBook
 from stayer.routing.setup import RoutingSetup, prepare_routing, require_prices
+from stayer.run_config import RunConfig
 from stayer.sandbox import KINDS as SANDBOX_KINDS
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.bwrap import check_bwrap

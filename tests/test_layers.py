@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"journal"},
     {"agent"},
     {"teams", "delegation"},
-    {"eval", "audit", "whatif", "run", "estimate", "doctor"},
+    {"eval", "audit", "whatif", "run", "run_config", "estimate", "doctor"},
     {"runtime", "telemetry", "scale"},
     {"cli"},
 ]

@@ -43,10 +43,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stayer.eval.run_config import RunConfig
 from stayer.eval.task import Task
 from stayer.eval.verify import passes
 from stayer.journal.backends import open_store, stayer_home
+from stayer.run_config import RunConfig
 from stayer.sandbox.hostfs import content_digest
 
 if TYPE_CHECKING:
