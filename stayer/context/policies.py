@@ -48,7 +48,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Protocol
+from typing import Any, Protocol
 
 from stayer.context.layout import Context
 from stayer.context.retention import Retention, retention_of
@@ -99,7 +99,7 @@ class Compaction:
             first = ctx.prefix_messages
         return first
 
-    def to_event(self) -> dict:
+    def to_event(self) -> dict[str, Any]:
         return {
             "reason": self.reason,
             "first_index": self.first_index,

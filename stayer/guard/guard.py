@@ -257,7 +257,9 @@ class Guard:
         q = quote(rates_at, prompt_tokens, upper=upper)
         return q is not None and q.cost(self.max_output_tokens) > available
 
-    def unaffordable(self, reason: str, detail: str) -> None:
+    def unaffordable(self, reason: str, detail: str) -> Held | None:
+        """No call can be held: wrap up or stop (or pause, at a cost cap that pauses). None,
+        for the caller to return as its hold."""
         if reason == "max_cost" and self.config.pause_at_cap:
             raise BudgetReached(detail)
         trip = Trip(reason, detail, self._steps_done, soft=self.working)
