@@ -48,12 +48,12 @@ from stayer.context.policies import (  # noqa: E402
     _evict,
     victims_of,
 )
-from stayer.context.whatif import BASH, Trace, load_trace, replay  # noqa: E402
 from stayer.models.base import Message, ToolCall  # noqa: E402
 from stayer.models.caching import cache_rules, cached_length, provider_of  # noqa: E402
 from stayer.models.sim_policies import filler  # noqa: E402
 from stayer.pricing import PriceBook  # noqa: E402
 from stayer.tokens import MessageCounter, TiktokenCounter  # noqa: E402
+from stayer.whatif import BASH, Trace, load_trace, replay  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "corpus" / "swe-agent"
 MODELS = ("claude-sonnet-4-5", "gpt-5")

@@ -89,7 +89,14 @@ def measure_stayer(data: list[dict], where: Path) -> dict:
     from stayer.agent import Agent, Limits
     from stayer.context.policies import make_policy
     from stayer.guard.breakers import TreeFingerprint
-    from stayer.journal import RunJournal, open_store
+    from stayer.journal import (
+        JournaledModel,
+        JournaledProbe,
+        JournaledTool,
+        ReplayingSandbox,
+        RunJournal,
+        open_store,
+    )
     from stayer.models.base import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec
     from stayer.pricing import PriceBook
     from stayer.sandbox.base import ExecResult
@@ -142,9 +149,9 @@ def measure_stayer(data: list[dict], where: Path) -> dict:
             header = {"task": "bench", "model": model.spec, "config": {}}
             journal = RunJournal.create(store, "bench", header, workspace, prices)
             journal.take_snapshot(0)
-            model, tools = journal.model(model), journal.tools(tools)
-            sandbox, on_step, on_event = journal.sandbox(sandbox), journal.on_step, journal.on_event
-            probe = journal.probe(TreeFingerprint(workspace))
+            model, tools = JournaledModel(model, journal), [JournaledTool(t, journal) for t in tools]
+            sandbox, on_step, on_event = ReplayingSandbox(sandbox, journal), journal.on_step, journal.on_event
+            probe = JournaledProbe(TreeFingerprint(workspace), journal)
         agent = Agent(
             model, tools, prices, ToolContext(sandbox=sandbox, workspace=str(workspace)), counter,  # type: ignore[arg-type]
             Limits(max_steps=2 * steps), on_step=on_step, on_event=on_event, policy=make_policy("none"), probe=probe,

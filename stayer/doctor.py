@@ -100,8 +100,7 @@ def check_user_namespaces() -> Check:
 
 def check_journal() -> Check:
     """``$STAYER_HOME`` can hold a SQLite journal in WAL mode, or ``STAYER_DB`` answers."""
-    from stayer.eval.trial import stayer_home
-    from stayer.journal.store import open_store
+    from stayer.journal.backends import open_store, stayer_home
 
     home = stayer_home().absolute()
     url = os.environ.get("STAYER_DB")

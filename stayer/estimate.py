@@ -52,7 +52,8 @@ __all__ = ["estimate", "rates_from_flags", "render_estimate"]
 def _s(d: Decimal) -> str:
     """Exact, without trailing zeros, but always with a decimal point: "96.0", "17.7"."""
     d = d.normalize()
-    return format(d, "f") if d.as_tuple().exponent < 0 else format(d, ".1f")
+    exponent = d.as_tuple().exponent  # "n", "N" or "F" for NaN and infinity
+    return format(d, "f") if isinstance(exponent, int) and exponent < 0 else format(d, ".1f")
 
 
 def _price(v: Decimal | str | int | float, flag: str) -> Decimal:

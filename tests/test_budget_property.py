@@ -38,6 +38,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from stayer.agent import Agent, Limits, RunResult
+from stayer.config import parse_config
 from stayer.context.policies import make_policy
 from stayer.context.summarizer import ModelSummarizer
 from stayer.delegation import ChildAgents, ChildSettings
@@ -60,7 +61,6 @@ from stayer.models.retry import RetryPolicy
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import filler
 from stayer.pricing import PriceBook
-from stayer.routing.config import parse_config
 from stayer.routing.setup import RoutingSetup, require_prices
 from stayer.tokens import MessageCounter, TiktokenCounter
 from stayer.tools.base import ToolContext, ToolResult

@@ -25,7 +25,6 @@ from stayer.context.policies import (
     TextbookPolicy,
     make_policy,
 )
-from stayer.context.whatif import BASH, Trace, load_trace, replay
 from stayer.errors import ConfigError
 from stayer.models.base import Message, ModelRequest, ToolCall, ToolSpec
 from stayer.models.caching import cache_rules
@@ -34,6 +33,7 @@ from stayer.models.sim_policies import filler
 from stayer.pricing import PriceBook
 from stayer.tokens import MessageCounter, TiktokenCounter
 from stayer.usage import Usage
+from stayer.whatif import BASH, Trace, load_trace, replay
 
 COUNTER = MessageCounter(TiktokenCounter())
 PRICES = PriceBook()
@@ -222,7 +222,7 @@ def test_compaction_and_below_minimum_reasons():
 def test_ledger_carries_cache_breaks_and_compactions():
     t = trace(30, 20_000, 2_000)
     model = SimModel("claude-sonnet-4-5", _Turns(t.turns), COUNTER)
-    from stayer.context.whatif import RecordedTool
+    from stayer.whatif import RecordedTool
 
     outputs = iter([t.observations[c.id] for turn in t.turns for c in turn.tool_calls])
     agent = Agent(model, [RecordedTool(BASH, outputs)], PRICES, _no_sandbox(), COUNTER, Limits(max_steps=30))
@@ -329,7 +329,7 @@ def test_summarize_with_a_real_model_asks_it_for_the_summary(tmp_path):
     writer = Writer()
     outputs = iter([text(600, i) for i in range(6)])
     turns = [Message("assistant", "", (ToolCall(f"c{i}", "bash", "{}"),)) for i in range(6)]
-    from stayer.context.whatif import RecordedTool
+    from stayer.whatif import RecordedTool
 
     agent = Agent(SimModel("claude-sonnet-4-5", _Turns(turns), COUNTER), [RecordedTool(BASH, outputs)], PRICES,
                   ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path)), COUNTER, Limits(max_steps=6),

@@ -6,10 +6,7 @@ import json
 from decimal import Decimal
 from pathlib import Path
 
-import pytest
 from test_eval_fixtures import EXAMPLES, FIXTURES, GOOD_TEST, needs_bwrap, stayer, write_task
-
-from stayer.eval.runner import policy_supported
 
 MODELS = "sim:claude-sonnet-4-5,sim:gpt-5"
 
@@ -173,7 +170,6 @@ def test_unrunnable_configuration_is_bad_input_before_any_trial(tmp_path):
 
 
 @needs_bwrap
-@pytest.mark.skipif(not policy_supported(), reason="this build has no context policies")
 def test_policies_are_configurations(tmp_path):
     home = tmp_path / "home"
     r = stayer("eval", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--policy", "none,mask",

@@ -73,8 +73,8 @@ def test_a_killed_eval_resumes_its_trial_in_flight_through_the_journal(tmp_path)
 
 @needs_bwrap
 def test_a_crashed_trial_keeps_its_run_and_cost_and_its_retry_keeps_both_attempts(tmp_path, monkeypatch):
+    from stayer import run as run_module
     from stayer.eval import runner
-    from stayer.eval import trial as trial_module
     from stayer.eval.summary import summarise
     from stayer.eval.task import load_task
     from stayer.pricing import PriceBook
@@ -90,7 +90,7 @@ def test_a_crashed_trial_keeps_its_run_and_cost_and_its_retry_keeps_both_attempt
         raise RuntimeError("the verifier's machine went away")
 
     with monkeypatch.context() as m:  # the agent's work is done and paid for; then the crash
-        m.setattr(trial_module, "verify", crash)
+        m.setattr(run_module, "verify", crash)
         [first] = asyncio.run(runner.run_trials(trials, concurrency=1, prices=PriceBook.load(), store=store))
     assert first["error_class"] == "infrastructure" and "went away" in first["error"]
     assert first["run_id"] and first["steps"] == 2 and Decimal(first["cost_usd"]) > 0

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stayer.eval import stats
-from stayer.eval.report import render
+from stayer.eval.html_report import render
 from stayer.eval.runner import AGENT_FAILURE, INFRASTRUCTURE, EvalConfig
 from stayer.eval.summary import summarise
 

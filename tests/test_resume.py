@@ -25,8 +25,9 @@ from pg_server import database_fixture
 
 from stayer.errors import ConfigError
 from stayer.eval.resume import prepare_resume
-from stayer.eval.trial import RunConfig, execute, prepare
 from stayer.journal import (
+    JournaledModel,
+    JournaledTool,
     JournalError,
     ReplayDiverged,
     RunFinished,
@@ -38,6 +39,7 @@ from stayer.models.base import Message, ModelRequest, ModelResponse, ToolCall, T
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import filler
 from stayer.pricing import PriceBook
+from stayer.run import RunConfig, execute, prepare
 from stayer.sandbox.locate import locate_bwrap
 from stayer.tools.base import ToolContext, ToolResult
 from stayer.usage import Usage
@@ -324,9 +326,9 @@ def test_a_tool_with_calls_of_its_own_is_replayed_not_skipped(tmp_path):
 
     def wire(journal):  # noqa: ANN001, ANN202
         provider, touch = Provider(), Touch()
-        [touch_j] = journal.tools([touch])
-        delegate = Delegate(journal.model(provider), touch_j)
-        return provider, touch, delegate, journal.tools([delegate])[0]
+        touch_j = JournaledTool(touch, journal)
+        delegate = Delegate(JournaledModel(provider, journal), touch_j)
+        return provider, touch, delegate, JournaledTool(delegate, journal)
 
     first = RunJournal.create(store, "d", {"task": "t", "model": "m"}, ws, prices)
     first.take_snapshot(0)
@@ -546,7 +548,7 @@ def test_a_step_stopped_mid_way_is_kept_as_cut_short_and_replays_as_journaled(tm
     request = lambda: ModelRequest("system", [], [Message("user", "hi")])  # noqa: E731
     journal = RunJournal.create(store, "c", {"task": "t", "model": "m"}, ws, prices)
     assert journal.cut_short() is None  # no call made: nothing to keep
-    asyncio.run(journal.model(Provider()).complete(request()))
+    asyncio.run(JournaledModel(Provider(), journal).complete(request()))
     entry = journal.cut_short()
     assert (entry["kind"], entry["step"], entry["model_calls"], entry["usage"]["input_tokens"]) == ("cut_short", 1, 1, 50)
     assert Decimal(entry["cost_usd"]) > 0 and journal.cost_text() == entry["cost_usd"]
@@ -558,6 +560,6 @@ def test_a_step_stopped_mid_way_is_kept_as_cut_short_and_replays_as_journaled(tm
     assert log.steps[1] == entry
     again = RunJournal.reopen(store, row, log, ws, prices)
     provider = Provider()
-    asyncio.run(again.model(provider).complete(request()))
+    asyncio.run(JournaledModel(provider, again).complete(request()))
     assert provider.calls == 0 and again.cut_short() == entry  # the journaled step, not a second one
     store.close()

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from stayer.agent import Agent, Limits
+from stayer.config import load_config, parse_config
 from stayer.errors import ConfigError
 from stayer.guard.breakers import GuardConfig, StepRecord, ToolCallRecord
 from stayer.models.scripted import COUNTER, ScriptedModel, bash, call, failing
 from stayer.pricing import PriceBook
-from stayer.routing.config import load_config, parse_config
 from stayer.routing.router import Router, RouteView
 from stayer.routing.tiers import TierPolicy
 from stayer.sandbox.local import LocalSandbox
@@ -54,7 +54,7 @@ def test_config_values_are_validated():
     with pytest.raises(ConfigError, match="unknown key 'modles'; allowed at the top level: models"):
         parse_config({"modles": {}}, "x.toml")
     cfg = parse_config({"guard": {"max_tokens": 1000}, "failover": {"a:b": ["c:d"]}}, "x.toml")
-    assert cfg.guard.to_guard().max_tokens == 1000 and cfg.model_specs() == ["a:b", "c:d"]
+    assert cfg.guard.max_tokens == 1000 and cfg.model_specs() == ["a:b", "c:d"]
 
 
 def stayer(*args: str, home: Path) -> subprocess.CompletedProcess:

@@ -577,3 +577,32 @@ def test_runs_that_end_in_error_or_at_their_step_limit_say_so(server) -> None:
         assert run["status"] == "budget_exhausted" and run["stop_reason"] == "max_steps" and run["steps"] == 2
         ledger = c.get(f"/v1/runs/{limited}/ledger").json()["ledger"]
         assert ledger_total(ledger) == Decimal(run["cost_usd"])
+
+
+def test_an_approval_with_words_reaches_the_agent_with_the_tools_result(tmp_path: Path) -> None:
+    """A person approves a held call and says something: the tool runs and its result
+    carries their words (the result is frozen, so they go on a copy)."""
+    import asyncio
+
+    from stayer.journal import open_store
+    from stayer.messages import ToolSpec
+    from stayer.runtime.actions import Actions, Gate, RunSuspended
+    from stayer.tools.base import ToolContext, ToolResult
+
+    class Echo:
+        spec = ToolSpec("deploy", "deploys", {"type": "object"})
+
+        async def __call__(self, args: dict, ctx: ToolContext) -> ToolResult:
+            return ToolResult("deployed")
+
+    store = open_store(tmp_path / "home", "")
+    actions = Actions(store)  # type: ignore[arg-type]
+    [held] = Gate(actions, "r1", ["deploy"])([Echo()])
+    ctx = ToolContext(sandbox=None, workspace=str(tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(RunSuspended):
+        asyncio.run(held({}, ctx))  # the first call waits for a person
+    assert actions.decide("r1", 1, True, "go ahead, it is Friday")
+    [again] = Gate(actions, "r1", ["deploy"])([Echo()])
+    result = asyncio.run(again({}, ctx))
+    assert result.output == "deployed\n[a person approved this call and said: go ahead, it is Friday]"
+    store.close()

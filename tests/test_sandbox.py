@@ -26,7 +26,8 @@ from stayer.sandbox import make_sandbox
 from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.bwrap import BwrapSandbox, check_bwrap
 from stayer.sandbox.local import LocalSandbox
-from stayer.sandbox.process import Limits, StartGate, pids_cgroup_parent, run_process
+from stayer.sandbox.process import ProcessLimits as Limits
+from stayer.sandbox.process import StartGate, pids_cgroup_parent, run_process
 
 
 @pytest.fixture

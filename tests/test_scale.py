@@ -314,7 +314,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 def _straggler_round(out: Path, policy: str, target: int, overprovision: float) -> dict:
     """One round on hello-file, one sample a group: epoch 2 is a straggler (30 steps at a
     simulated second each), every other epoch the oracle (two steps, no latency)."""
-    from stayer.journal.store import stayer_home  # noqa: F401  (STAYER_HOME set by the test)
+    from stayer.journal.backends import stayer_home  # noqa: F401  (STAYER_HOME set by the test)
     from stayer.scale.rollouts import RolloutSpec, collect
 
     task = load_task(EXAMPLES / "hello-file")

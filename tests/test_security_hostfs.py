@@ -28,9 +28,9 @@ from sandbox_helpers import needs_bwrap
 
 from stayer.eval.resume import prepare_resume
 from stayer.eval.task import load_task
-from stayer.eval.trial import RunConfig, execute, prepare
 from stayer.eval.verify import read_reward
 from stayer.guard.breakers import TreeFingerprint
+from stayer.run import RunConfig, execute, prepare
 from stayer.sandbox.snapshot import FileSnapshotStore
 from stayer.sandbox.tree import iter_tree
 

@@ -89,4 +89,4 @@ def test_rerendering_a_finished_eval_imports_neither_the_agent_nor_price_data(tm
     again, modules = imported_by(*args, home=tmp_path / "home")
     assert again.returncode == 0, again.stderr[-2000:]
     assert "reused 1" in again.stderr and (out / "report.html").exists()
-    assert not {"stayer.agent", "stayer.eval.trial", "genai_prices", "stayer.pricing"} & modules
+    assert not {"stayer.agent", "stayer.run", "genai_prices", "stayer.pricing"} & modules

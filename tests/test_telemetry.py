@@ -252,8 +252,8 @@ def test_a_call_lost_in_flight_gets_its_own_span_when_the_resumed_run_issues_it_
     from test_resume import STEPS, Crash, ProviderCalls, WorkPolicy, make_task
 
     from stayer.eval.resume import prepare_resume
-    from stayer.eval.trial import RunConfig, execute, prepare
     from stayer.models.sim import SimModel
+    from stayer.run import RunConfig, execute, prepare
     from stayer.telemetry.tracing import execute_traced
 
     monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))

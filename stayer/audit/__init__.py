@@ -13,8 +13,8 @@ parallel with bounded memory; ``report``, ``html`` and ``whatif`` present the re
 
 from stayer.audit.analysis import SessionReport, analyse
 from stayer.audit.calls import Call, ImportedSession, Importer, SessionRef
+from stayer.audit.document import AuditReport, build
 from stayer.audit.engine import analyse_all, default_paths, discover
-from stayer.audit.report import AuditReport, build
 
 __all__ = [
     "AuditReport",

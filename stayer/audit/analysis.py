@@ -279,7 +279,8 @@ class SessionReport:
     @property
     def break_cost(self) -> Decimal | None:
         costs = [b.extra_cost for b in self.cache_breaks]
-        return None if any(c is None for c in costs) else sum(costs, Decimal(0))  # type: ignore[misc]
+        known = [c for c in costs if c is not None]
+        return sum(known, Decimal(0)) if len(known) == len(costs) else None
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {

@@ -77,8 +77,9 @@ class Importer(Protocol):
         """Whether ``path`` (whose first bytes are ``head``) is a log of this format."""
         ...
 
-    def group(self, paths: Sequence[Path]) -> Iterable[SessionRef]:
-        """Group files of this format into sessions (a session may span several files)."""
+    def group(self, files: Sequence[tuple[Path, bytes]]) -> Iterable[SessionRef]:
+        """Group files of this format (each with its first bytes) into sessions (a session
+        may span several files)."""
         ...
 
     def read(self, ref: SessionRef) -> ImportedSession:

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from stayer import __version__
 from stayer.audit.analysis import SessionReport, iso, money
 from stayer.audit.calls import MAIN_CHAIN
-from stayer.audit.report import WHAT_IF_NOTE, AuditReport, what_if_table
+from stayer.audit.document import WHAT_IF_NOTE, AuditReport, what_if_table
 from stayer.svgplot import Series, line_chart
 
 MAX_PLOTTED = 50

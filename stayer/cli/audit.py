@@ -42,8 +42,8 @@ def audit(
     Example:  stayer audit --since 2026-01-01 --html audit.html --what-if model=claude-haiku-4-5,policy=auto
     """
     from stayer.audit.costing import load_steps, save_steps
+    from stayer.audit.document import GROUPS, build, render
     from stayer.audit.engine import analyse_all, default_paths, discover
-    from stayer.audit.report import GROUPS, build, render
     from stayer.pricing import PriceBook
     from stayer.settings import ListSettings, check_flags
 
@@ -65,7 +65,7 @@ def audit(
     try:
         book = PriceBook.load()
         if what_if:
-            from stayer.audit.whatif import parse_scenario
+            from stayer.audit.scenarios import parse_scenario
 
             scenarios = [parse_scenario(spec) for spec in what_if]
     except ConfigError as e:
@@ -91,7 +91,7 @@ def audit(
     if len(steps) != known:
         save_steps(steps_file, fingerprint, steps)
     if what_if:
-        from stayer.audit.whatif import run_what_ifs
+        from stayer.audit.scenarios import run_what_ifs
 
         err.print("what-if: replaying the costliest sessions (estimates)…", highlight=False)
         refs = {(r.source, r.id): r for r in found.refs}

@@ -40,15 +40,17 @@ class StayerGroup(TyperGroup):
     each becomes ``error: …`` on one line naming the flag or file, exit 2."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(*args, **kwargs)
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            code = super().main(*args, **kwargs)
         except click_errors.NoArgsIsHelpError as e:
             e.show()  # the help text, not an error
             sys.exit(EXIT_BAD_INPUT)
         except click_errors.ClickException as e:
-            where = f" (see `{e.ctx.command_path} --help`)" if getattr(e, "ctx", None) else ""
+            ctx = getattr(e, "ctx", None)  # usage errors carry the command they are about
+            where = f" (see `{ctx.command_path} --help`)" if ctx else ""
             error_line(e.format_message() + where)
             sys.exit(EXIT_BAD_INPUT)
         except typer_errors.Abort:
@@ -66,7 +68,8 @@ class StayerGroup(TyperGroup):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.commands = LazyCommands(app.deferred)  # typer passes none: see StayerApp
+        # typer passes none: see StayerApp. Looked up, never changed, so a Mapping serves.
+        self.commands = LazyCommands(app.deferred)  # type: ignore[assignment]
         read_plainly(self)
 
     def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:

@@ -55,7 +55,12 @@ def estimate(
             p = check_flags(
                 EstimateSettings, {"steps": steps, "new_tokens": new_tokens, "output_tokens": output_tokens, **prices}
             )
-            rates = rates_from_flags(p.price_miss, p.price_hit, p.price_out, p.price_write)
+            assert p.price_miss is not None and p.price_hit is not None and p.price_out is not None  # checked above
+            flat = rates_from_flags(p.price_miss, p.price_hit, p.price_out, p.price_write)
+
+            def rates(context_tokens: int) -> Rates:  # the same prices at every size
+                return flat
+
     except ConfigError as e:
         bad_input(str(e))
     result = run_estimate(steps, new_tokens, output_tokens, rates)

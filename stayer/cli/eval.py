@@ -46,18 +46,23 @@ def _split(value: str | None) -> list[str]:
 
 @contextlib.contextmanager
 def _tracing(otlp: str | None) -> Iterator[Any]:
-    """The trials' tracer provider when traces are wanted (``--otlp`` or the OTLP
-    environment), flushed at the end; without them OpenTelemetry is not even imported."""
+    """How each trial's run is executed when traces are wanted (``--otlp`` or the OTLP
+    environment): inside its trace, the provider flushed at the end. None without them
+    (OpenTelemetry is then not even imported)."""
     from stayer.telemetry import tracing_configured
 
     if not tracing_configured(otlp):
         yield None
         return
-    from stayer.telemetry.tracing import provider
+    from stayer.telemetry.tracing import execute_traced, provider
 
     tp = provider(otlp, service_name="stayer-eval")
+
+    async def traced(prepared: Any, journal: Any, controls: Any) -> dict[str, Any]:
+        return await execute_traced(prepared, None, tp, journal=journal, controls=controls)
+
     try:
-        yield tp
+        yield traced
     finally:
         tp.shutdown()  # flushes the batch
 
@@ -96,13 +101,12 @@ def eval_command(
 
     from stayer import __version__
     from stayer.cli.progress import WorkProgress
-    from stayer.eval.report import render, write_run_pages
+    from stayer.eval.html_report import render, write_run_pages
     from stayer.eval.runner import (
         INFRASTRUCTURE,
         EvalConfig,
         TrialStore,
         plan_trials,
-        policy_supported,
         run_trials,
         write_atomic,
     )
@@ -126,9 +130,6 @@ def eval_command(
         check_writable_dir(out_dir, "--out")
     err = stderr()
     policies: list[str | None] = list(_split(policy)) or [None]
-    if policy and not policy_supported():
-        err.print("[yellow]warning:[/] --policy: this build has no context policies yet; recorded as 'none'")
-        policies = [None]
     configs = [
         EvalConfig(m, p, sim_policy, max_steps, cap, sandbox, sim_latency) for m in models for p in policies
     ]
@@ -169,10 +170,10 @@ def eval_command(
         )
         # Trials on Ray run in its workers: this process's tracer does not reach them.
         tracing_here = contextlib.nullcontext() if ray else _tracing(otlp)
-        with progress, tracing_here as tracing:
+        with progress, tracing_here as execute_run:
             records = asyncio.run(
                 run_trials(
-                    trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done, tracing=tracing,
+                    trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done, execute_run=execute_run,
                     executor=executor,
                 )
             )
@@ -217,8 +218,8 @@ def _runnable(tasks: list[Any], configs: list[Any], pending: set[tuple[Path, Any
     runnable (model, prices, sandbox, limits); else all that is wrong, exit 2."""
     import uuid
 
-    from stayer.eval.trial import prepare
     from stayer.pricing import PriceBook
+    from stayer.run import prepare
 
     try:
         prices = PriceBook.load()

@@ -26,9 +26,9 @@ def a2a(
     \b
     Example:  stayer export a2a 20260101-120000-a1b2c3 --out tasks.json
     """
+    from stayer.journal.backends import open_store, stayer_home
     from stayer.journal.lease import run_status
     from stayer.journal.log import load_log
-    from stayer.journal.store import open_store, stayer_home
     from stayer.teams.a2a import a2a_tasks
 
     store = open_store(stayer_home(), create=False)

@@ -11,6 +11,7 @@ import threading
 import time
 from decimal import Decimal
 from types import TracebackType
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -44,8 +45,8 @@ class WorkProgress:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
-        self._bar = None
-        self._bar_task = None
+        self._bar: Any = None  # a rich Progress once shown (rich.progress is imported then)
+        self._bar_task: Any = None
 
     # --- what the work reports --------------------------------------------------------
 

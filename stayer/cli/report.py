@@ -26,8 +26,8 @@ def report(
     """
     from rich.table import Table
 
-    from stayer.journal.report import run_report
-    from stayer.journal.store import open_store, stayer_home
+    from stayer.journal.backends import open_store, stayer_home
+    from stayer.journal.run_report import run_report
 
     try:
         store = open_store(stayer_home(), create=False)
@@ -50,16 +50,16 @@ def report(
         soft_wrap=True,
     )
     t = Table("step", "model", "input", "cache read", "cache write", "output", "cache %", "cost (USD)", "tools", "notes")
-    for e in doc["ledger"]:
-        u = e["usage"]
-        lost = e.get("kind") == "lost_in_flight"
-        agent = e.get("agent", "main")
+    for entry in doc["ledger"]:
+        u = entry["usage"]
+        lost = entry.get("kind") == "lost_in_flight"
+        agent = entry.get("agent", "main")
         t.add_row(
-            escape(str(e["step"]) if agent == "main" else f"{agent} {e['step']}"), escape(e.get("model") or "—"), f"{u['input_tokens']:,}", f"{u['cache_read_tokens']:,}",
-            f"{u['cache_write_tokens']:,}", f"{u['output_tokens']:,}", f"{e['cache_hit_ratio'] * 100:.1f}",
-            usd(e["cost_usd"]) + (" (est.)" if lost else ""),
-            "lost in flight" if lost else escape(",".join(c["name"] for c in e["tool_calls"]) or "-"),
-            escape("; ".join(step_notes(e))),
+            escape(str(entry["step"]) if agent == "main" else f"{agent} {entry['step']}"), escape(entry.get("model") or "—"), f"{u['input_tokens']:,}", f"{u['cache_read_tokens']:,}",
+            f"{u['cache_write_tokens']:,}", f"{u['output_tokens']:,}", f"{entry['cache_hit_ratio'] * 100:.1f}",
+            usd(entry["cost_usd"]) + (" (est.)" if lost else ""),
+            "lost in flight" if lost else escape(",".join(c["name"] for c in entry["tool_calls"]) or "-"),
+            escape("; ".join(step_notes(entry))),
         )
     tot = doc["totals"]
     u = tot["usage"]
@@ -100,7 +100,8 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
     from stayer.journal.session import lost_ledger_entries
 
     out = Console(emoji=False)
-    seen, total = 0, Decimal(0)
+    seen = 0
+    total: Decimal | None = Decimal(0)
     try:
         while True:
             events = store.events(run_id)

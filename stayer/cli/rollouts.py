@@ -82,8 +82,8 @@ def _collect(
 
     from stayer.eval.runner import EvalConfig, LocalTrials, write_atomic
     from stayer.eval.suite import ProblemsError, load_suite
-    from stayer.eval.trial import prepare
     from stayer.pricing import PriceBook
+    from stayer.run import prepare
     from stayer.scale.exports import FORMATS, export
     from stayer.scale.rollouts import RolloutSpec, collect, domain_of, rollout_trial
 

@@ -62,7 +62,7 @@ def run(
     \b
     Example:  stayer run examples/hello-file --model sim:claude-sonnet-4-5 --max-cost 0.05
     """
-    from stayer.eval.trial import RunConfig, prepare
+    from stayer.run import RunConfig, prepare
 
     config = RunConfig(
         task_dir=task,
@@ -98,7 +98,7 @@ def run(
 async def traced(prepared: Any, on_step: Callable[[Any], None], otlp: str | None, journal: Any = None) -> dict[str, Any]:
     """Execute the run, inside an OpenTelemetry trace when one is configured (``--otlp`` or
     the OTLP environment); without one, OpenTelemetry is not even imported."""
-    from stayer.eval.trial import execute
+    from stayer.run import execute
     from stayer.telemetry import tracing_configured
 
     if not tracing_configured(otlp):

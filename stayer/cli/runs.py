@@ -42,8 +42,8 @@ def runs(
     \b
     Example:  stayer runs --status failed --since 2026-01-01
     """
+    from stayer.journal.backends import open_store, stayer_home
     from stayer.journal.lease import run_status
-    from stayer.journal.store import open_store, stayer_home
 
     if not 1 <= limit <= 1_000_000:
         # ListSettings (pydantic) says why; a limit in its bounds does not pay for the import.

@@ -36,7 +36,7 @@ OtlpOption = Annotated[
 
 
 def _home() -> Path:
-    from stayer.eval.trial import stayer_home
+    from stayer.journal.backends import stayer_home
 
     return stayer_home()
 

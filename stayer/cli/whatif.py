@@ -33,12 +33,12 @@ def whatif(
 
     from stayer.context.layout import Context
     from stayer.context.policies import make_policy
-    from stayer.context.whatif import compare, load_trace
-    from stayer.journal.store import stayer_home
+    from stayer.journal.backends import stayer_home
     from stayer.models.caching import provider_of
     from stayer.pricing import PriceBook
     from stayer.settings import RunSettings, check_flags
     from stayer.tokens import MessageCounter, TiktokenCounter
+    from stayer.whatif import compare, load_trace
 
     model_id = None if model is None else model.split(":", 1)[1] if ":" in model else model
     policies = [p.strip() for p in policy.split(",") if p.strip()]

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stayer.models.base import Message, ModelRequest
+from stayer.messages import Message
+from stayer.models.base import ModelRequest
 from stayer.models.caching import CacheRules, cached_length
 from stayer.tokens import MessageCounter, ToolsText, render_message
 from stayer.usage import Usage

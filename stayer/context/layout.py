@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from stayer.models.base import Message, ModelRequest, ToolSpec
+from stayer.messages import Message, ToolSpec
+from stayer.models.base import ModelRequest
 from stayer.tokens import MessageCounter, canonical_tools
 
 

@@ -48,12 +48,12 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Protocol
+from typing import Any, Protocol
 
 from stayer.context.layout import Context
 from stayer.context.retention import Retention, retention_of
 from stayer.errors import Failed
-from stayer.models.base import Message
+from stayer.messages import Message, tool_outcomes
 from stayer.pricing import Rates
 
 OUTPUTS_DIR = "/app/.stayer/outputs"
@@ -99,7 +99,7 @@ class Compaction:
             first = ctx.prefix_messages
         return first
 
-    def to_event(self) -> dict:
+    def to_event(self) -> dict[str, Any]:
         return {
             "reason": self.reason,
             "first_index": self.first_index,
@@ -222,15 +222,7 @@ class StateSummarizer:
     summariser model (prompt = the span, output = the summary)."""
 
     def summarize(self, messages: Sequence[Message], context: Sequence[Message]) -> str:
-        calls = {c.id: c for m in context if m.role == "assistant" for c in m.tool_calls}
-        lines = ["[Summary of elided tool output]"]
-        for m in messages:
-            call = calls.get(m.tool_call_id or "")
-            what = f"{call.name} {call.arguments[:120]}" if call else "tool"
-            last = next((ln for ln in reversed(m.content.strip().splitlines()) if ln.strip()), "")
-            failed = "exit code: 0" not in m.content and "[exit code:" in m.content
-            lines.append(f"- {'FAILED ' if failed else ''}{what} → {last[:160]}")
-        return "\n".join(lines)
+        return "\n".join(["[Summary of elided tool output]", *tool_outcomes(messages, context)])
 
 
 @dataclass
@@ -257,6 +249,15 @@ def summarize_victims(ctx: Context, victims: list[int], summarizer: Summarizer, 
         c.summary_input_tokens = sum(ctx.sizes[i] for i in victims)
         c.summary_output_tokens = ctx.counter.text(summary)
     return c
+
+
+def remaining_steps(step: int, max_steps: int | None) -> int:
+    """How many steps a run at ``step`` has left: as many as it has taken (a run seen at a
+    random moment is halfway through on average), capped by the step limit."""
+    estimate = max(step - 1, 1)
+    if max_steps is not None:
+        estimate = min(estimate, max_steps - step + 1)
+    return max(estimate, 0)
 
 
 @dataclass
@@ -308,7 +309,7 @@ class AutoPolicy:
         if evicted <= 0:
             return False
         per_step = self._step_cost(c.tokens_before, growth, view) - self._step_cost(c.tokens_after, growth, view)
-        remaining = self.remaining_steps(view)
+        remaining = remaining_steps(view.step, view.max_steps)
         if per_step * remaining < miss:
             return False
         crosses_tier = view.rates_at(int(c.tokens_before + growth)) != view.rates_at(int(c.tokens_after + growth))
@@ -316,13 +317,6 @@ class AutoPolicy:
             return True
         eoq = math.sqrt(2 * miss * max(growth, 1.0) / (read / MTOK)) if read > 0 else 0.0
         return evicted >= eoq
-
-    @staticmethod
-    def remaining_steps(view: StepView) -> int:
-        estimate = max(view.step - 1, 1)
-        if view.max_steps is not None:
-            estimate = min(estimate, view.max_steps - view.step + 1)
-        return max(estimate, 0)
 
     @staticmethod
     def _step_cost(context: float, growth: float, view: StepView) -> float:

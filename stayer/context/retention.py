@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from stayer.models.base import Message
+from stayer.messages import Message
 
 
 class Retention(StrEnum):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stayer.models.base import Message, Model, ModelRequest
+from stayer.messages import Message
+from stayer.models.base import Model, ModelRequest
 from stayer.pricing import Cost, PriceBook
 from stayer.tokens import render_message
 

@@ -93,7 +93,7 @@ class TaskCheck:
 
 
 def _agent_sandbox(task: Task, workspace: Path, kind: str) -> Sandbox:
-    # As eval.trial builds it, so that what the probe sees is what the agent would see.
+    # As stayer.run builds it, so that what the probe sees is what the agent would see.
     return task.make_sandbox(kind, workspace, **task.sandbox_limits())
 
 
@@ -121,7 +121,7 @@ async def _verify_copy(task: Task, snapshot: Path, dest: Path, kind: str) -> Ver
 
 
 def _hidden_file_digests(task: Task) -> dict[str, str]:
-    digests = {}
+    digests: dict[str, str] = {}
     for where in ("tests", "solution"):
         for p in sorted((task.path / where).rglob("*")):
             if p.is_file() and p.stat().st_size >= _MIN_LEAK_BYTES:

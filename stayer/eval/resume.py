@@ -7,9 +7,9 @@ the latest snapshot and replays the journal (``stayer.journal.session``).
 
 from __future__ import annotations
 
-from stayer.eval.trial import PreparedRun, RunConfig, prepare, stayer_home
-from stayer.journal import JournalError, RunJournal, Store, open_store
+from stayer.journal import JournalError, RunJournal, Store, open_store, stayer_home
 from stayer.pricing import PriceBook
+from stayer.run import PreparedRun, RunConfig, prepare
 
 
 def prepare_resume(

@@ -1,6 +1,6 @@
 """Run tasks × epochs × configurations concurrently, each trial on a fresh workspace.
 
-A trial is one ``stayer run`` (``eval.trial.prepare`` + ``execute``, which also enforces the
+A trial is one ``stayer run`` (``stayer.run.prepare`` + ``execute``, which also enforces the
 task's agent time limit): the runner adds concurrency, an error class, and a store that
 makes evaluations resumable. Each finished trial is written atomically to
 ``OUT/trials/<config>/<task>.e<N>.json``; re-running with the same ``OUT`` reuses those
@@ -29,7 +29,6 @@ way. Error classes of the others:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import hashlib
 import json
@@ -45,17 +44,21 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from stayer.eval.run_config import RunConfig
 from stayer.eval.task import Task
 from stayer.eval.verify import passes
-from stayer.journal.store import open_store, stayer_home
+from stayer.journal.backends import open_store, stayer_home
+from stayer.run_config import RunConfig
 from stayer.sandbox.hostfs import tree_digest
 
 if TYPE_CHECKING:
-    from stayer.eval.trial import RunObserver
+    from stayer.journal import RunJournal
     from stayer.pricing import PriceBook
+    from stayer.run import Controls, PreparedRun, RunObserver
 
-# The agent (``eval.trial``) is imported when a trial runs: an evaluation whose trials are
+#: Runs a prepared run (continuing ``journal`` when there is one) to its result document.
+RunExecutor = Callable[["PreparedRun", "RunJournal | None", "Controls"], Awaitable[dict[str, Any]]]
+
+# The agent (``stayer.run``) is imported when a trial runs: an evaluation whose trials are
 # all done only re-renders its report, and that needs neither it nor the price data.
 
 AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE = "agent_failure", "limit_reached", "infrastructure"
@@ -64,19 +67,6 @@ ERROR_CLASSES = (AGENT_FAILURE, LIMIT_REACHED, INFRASTRUCTURE)
 
 def _slug(text: str, limit: int = 48) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.")[:limit] or "x"
-
-
-def policy_supported() -> bool:
-    """Whether this build's RunConfig takes a context ``policy``."""
-    return any(f.name == "policy" for f in dataclasses.fields(RunConfig))
-
-
-def default_policy() -> str:
-    """The context policy a run gets when none is named ("none" where there are none)."""
-    for f in dataclasses.fields(RunConfig):
-        if f.name == "policy" and isinstance(f.default, str):
-            return f.default
-    return "none"
 
 
 @dataclass(frozen=True)
@@ -93,7 +83,7 @@ class EvalConfig:
 
     @property
     def policy_name(self) -> str:
-        return self.policy or default_policy()
+        return self.policy or RunConfig.policy
 
     @property
     def label(self) -> str:
@@ -119,7 +109,7 @@ class EvalConfig:
 
     def run_config(self, task: Task, run_id: str) -> RunConfig:
         extra: dict[str, Any] = {}
-        if self.policy is not None and policy_supported():
+        if self.policy is not None:
             extra["policy"] = self.policy
         return RunConfig(
             task_dir=str(task.path),
@@ -202,7 +192,7 @@ async def run_trial(
     *,
     run_id: str | None = None,
     on_started: Callable[[str], None] | None = None,
-    tracing: Any = None,
+    execute_run: RunExecutor | None = None,
     observers: Sequence[RunObserver] = (),
 ) -> dict[str, Any]:
     """Run one trial to a record; never raises for a failure of the trial itself.
@@ -210,13 +200,13 @@ async def run_trial(
     ``run_id`` names the run of an earlier attempt that a killed evaluation left behind: it
     is continued through its journal, or, if it had finished, its result is taken as it is.
     ``on_started(run_id)`` is called once the run's id is fixed, before the run starts.
-    ``tracing`` (an OpenTelemetry ``TracerProvider``): the run's spans go there.
-    ``observers`` watch the run (``eval.trial.RunObserver``)."""
+    ``execute_run`` runs the prepared run (default: ``stayer.run.execute``; the CLI passes
+    a traced one). ``observers`` watch the run (``stayer.run.RunObserver``)."""
     started = time.monotonic()
     run_id = run_id or trial.new_run_id()
     resumed = False
     try:
-        doc, resumed = await _run_or_resume(trial, prices, run_id, on_started, tracing, observers)
+        doc, resumed = await _run_or_resume(trial, prices, run_id, on_started, execute_run, observers)
     except Exception as e:  # a trial that cannot run is recorded, not fatal to the evaluation
         return crashed_record(trial, run_id, e, time.monotonic() - started)
     usage = doc["usage"]
@@ -254,15 +244,15 @@ async def _run_or_resume(
     prices: PriceBook,
     run_id: str,
     on_started: Callable[[str], None] | None,
-    tracing: Any = None,
+    execute_run: RunExecutor | None = None,
     observers: Sequence[RunObserver] = (),
 ) -> tuple[dict[str, Any], bool]:
     """The result document of run ``run_id``: run from the start if the journal has no such
     run, else continued from its journal (or its result, if it had finished). Whether it
     was continued comes second."""
     from stayer.eval.resume import prepare_resume
-    from stayer.eval.trial import Controls, execute, prepare
     from stayer.journal import RunFinished
+    from stayer.run import Controls, execute, prepare
 
     store = open_store(stayer_home())
     assert store is not None
@@ -283,10 +273,8 @@ async def _run_or_resume(
         raise
     prepared.close_store = True  # execute closes it
     controls = Controls(observers=list(observers))
-    if tracing is not None:
-        from stayer.telemetry.tracing import execute_traced
-
-        return await execute_traced(prepared, None, tracing, journal=journal, controls=controls), journal is not None
+    if execute_run is not None:
+        return await execute_run(prepared, journal, controls), journal is not None
     return await execute(prepared, journal=journal, controls=controls), journal is not None
 
 
@@ -407,19 +395,19 @@ async def run_trials(
     store: TrialStore | None = None,
     on_start: Callable[[Trial], None] | None = None,
     on_done: Callable[[Trial, dict[str, Any], bool], None] | None = None,
-    tracing: Any = None,
+    execute_run: RunExecutor | None = None,
     executor: TrialExecutor | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every trial, at most ``concurrency`` at a time; records in trial order.
-    With ``tracing`` (an OpenTelemetry ``TracerProvider``) each trial's run is traced.
+    ``execute_run``: see ``run_trial`` (the CLI's traces each trial's run).
 
     ``on_done(trial, record, reused)`` is called as each finishes, for live progress.
     ``prices`` may be None only when the store holds every trial.
-    ``executor``: where trials run (default: here, ``LocalTrials``); ``tracing`` applies to
-    trials run here."""
-    if executor is not None and tracing is not None:
-        raise ValueError("tracing: trials run by another executor are traced where they run")
-    executor = executor or LocalTrials(functools.partial(run_trial, tracing=tracing) if tracing else run_trial)
+    ``executor``: where trials run (default: here, ``LocalTrials``); ``execute_run`` applies
+    to trials run here."""
+    if executor is not None and execute_run is not None:
+        raise ValueError("execute_run: trials run by another executor are executed where they run")
+    executor = executor or LocalTrials(functools.partial(run_trial, execute_run=execute_run) if execute_run else run_trial)
     gate = asyncio.Semaphore(concurrency)
 
     async def one(trial: Trial) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from stayer.guard.breakers import (
 from stayer.guard.budget import Budget, Reservation
 from stayer.guard.reserve import MIN_OUTPUT_TOKENS, RatesAt, margin_tokens, quote
 from stayer.guard.wrapup import instruction, summary_from_trajectory, usable
-from stayer.models.base import Message
+from stayer.messages import Message
 
 # Behaviour trips a stronger model may fix; the others (cost anomaly) are not its doing.
 ESCALATABLE = frozenset({"tool_errors", "loop", "no_progress"})
@@ -257,7 +257,9 @@ class Guard:
         q = quote(rates_at, prompt_tokens, upper=upper)
         return q is not None and q.cost(self.max_output_tokens) > available
 
-    def unaffordable(self, reason: str, detail: str) -> None:
+    def unaffordable(self, reason: str, detail: str) -> Held | None:
+        """No call can be held: wrap up or stop (or pause, at a cost cap that pauses). None,
+        for the caller to return as its hold."""
         if reason == "max_cost" and self.config.pause_at_cap:
             raise BudgetReached(detail)
         trip = Trip(reason, detail, self._steps_done, soft=self.working)

@@ -13,8 +13,7 @@ import json
 from collections.abc import Sequence
 from decimal import Decimal
 
-from stayer.context.policies import StateSummarizer
-from stayer.models.base import Message
+from stayer.messages import Message, tool_outcomes
 
 WRAP_UP_KIND = "wrap_up"  # Message.kind of the instruction (models can key on it)
 FILE_TOOLS = ("write_file", "edit_file")
@@ -42,7 +41,7 @@ def summary_from_trajectory(
     """What the run did, from its messages: the last actions and their outcome, files
     touched, and where it stopped."""
     tool_results = [m for m in messages if m.role == "tool"]
-    digest = StateSummarizer().summarize(tool_results[-10:], messages).splitlines()[1:]
+    digest = list(tool_outcomes(tool_results[-10:], messages))
     files: list[str] = []
     for m in messages:
         for c in m.tool_calls:

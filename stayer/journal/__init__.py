@@ -1,9 +1,10 @@
 """Durable runs: an append-only journal per run, content-addressed blobs, exact resume.
 
-* ``store`` — the Store protocol and ``open_store`` (SQLite under ``$STAYER_HOME`` by
-  default, PostgreSQL with ``STAYER_DB=postgresql://…``);
-* ``session`` — ``RunJournal``: wraps a run's model and tools, journals every step, and
-  replays the journal on resume;
+* ``store`` — the Store protocol and its rows; ``backends`` — ``open_store`` (SQLite under
+  ``$STAYER_HOME`` by default, PostgreSQL with ``STAYER_DB=postgresql://…``);
+* ``session`` — ``RunJournal``: a run's journal from creation or resume to its end, and
+  the loop's hooks; ``replay`` — the journaled model, tools, sandbox and probe, which write
+  to it and answer from it on resume; ``digest`` — request digests;
 * ``log`` — a journal read back (a torn tail cut off, corruption refused);
 * ``snapshot`` — workspace snapshots in the blob store (for Postgres; SQLite journals use
   the sandbox's ``FileSnapshotStore`` beside the database).
@@ -21,9 +22,13 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "RunLog": "log",
     "load_log": "log",
-    "CacheStateful": "session",
+    "CacheStateful": "replay",
+    "JournaledModel": "replay",
+    "JournaledProbe": "replay",
+    "JournaledTool": "replay",
+    "ReplayingSandbox": "replay",
     "JournalStats": "session",
-    "ReplayDiverged": "session",
+    "ReplayDiverged": "replay",
     "RunFinished": "session",
     "RunJournal": "session",
     "lost_ledger_entries": "session",
@@ -35,19 +40,22 @@ _EXPORTS = {
     "LeaseLost": "store",
     "RunRow": "store",
     "Store": "store",
-    "open_store": "store",
+    "open_store": "backends",
+    "stayer_home": "backends",
 }
 
 if TYPE_CHECKING:
+    from stayer.journal.backends import open_store, stayer_home
     from stayer.journal.log import RunLog, load_log
-    from stayer.journal.session import (
+    from stayer.journal.replay import (
         CacheStateful,
-        JournalStats,
+        JournaledModel,
+        JournaledProbe,
+        JournaledTool,
         ReplayDiverged,
-        RunFinished,
-        RunJournal,
-        lost_ledger_entries,
+        ReplayingSandbox,
     )
+    from stayer.journal.session import JournalStats, RunFinished, RunJournal, lost_ledger_entries
     from stayer.journal.snapshot import BlobSnapshots
     from stayer.journal.store import (
         SCHEMA_VERSION,
@@ -57,7 +65,6 @@ if TYPE_CHECKING:
         LeaseLost,
         RunRow,
         Store,
-        open_store,
     )
 
 
@@ -75,8 +82,12 @@ __all__ = [
     "JournalCorrupt",
     "JournalError",
     "JournalStats",
+    "JournaledModel",
+    "JournaledProbe",
+    "JournaledTool",
     "LeaseLost",
     "ReplayDiverged",
+    "ReplayingSandbox",
     "RunFinished",
     "RunJournal",
     "RunLog",
@@ -86,4 +97,5 @@ __all__ = [
     "load_log",
     "lost_ledger_entries",
     "open_store",
+    "stayer_home",
 ]

@@ -11,7 +11,7 @@ import json
 from decimal import Decimal
 from typing import Any
 
-from stayer.models.base import Message, ToolCall
+from stayer.messages import Message, ToolCall
 
 
 def message_record(m: Message) -> dict[str, Any]:

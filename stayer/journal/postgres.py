@@ -46,7 +46,8 @@ class _Cursor:
         self.cur.executemany(sql.replace("?", "%s"), list(rows))
 
     def fetchone(self) -> tuple[Any, ...] | None:
-        return self.cur.fetchone()
+        row: tuple[Any, ...] | None = self.cur.fetchone()
+        return row
 
 
 class PostgresStore(SqlStore):

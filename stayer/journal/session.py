@@ -1,8 +1,9 @@
-"""One run's journal while it runs: the wrappers and hooks that write it, and exact replay.
+"""One run's journal while it runs: its lifecycle (create, resume, lease, finish), its
+writing, and the loop's hooks; exact replay through the wrappers in ``stayer.journal.replay``.
 
-The agent loop is not changed to be durable; it is *wrapped*. ``RunJournal.model()`` wraps
-the model, ``RunJournal.tools()`` wraps each tool, and ``on_step`` / ``on_event`` are the
-loop's hooks. Resume is deterministic replay, as in a workflow engine: the loop runs again
+The agent loop is not changed to be durable; it is *wrapped*: ``JournaledModel`` wraps the
+model, ``JournaledTool`` each tool (``ReplayingSandbox`` and ``JournaledProbe`` the sandbox
+and the breakers' probe), and ``on_step`` / ``on_event`` are the loop's hooks. Resume is deterministic replay, as in a workflow engine: the loop runs again
 from the start, and
 
 * a model call the journal holds a result for is answered from the journal (its request
@@ -17,7 +18,7 @@ from the start, and
   it anyway.
 
 The loop must therefore be deterministic given what it reads through the journal: model
-and tool results, and ``observe``d inputs (the breakers' workspace fingerprint). Agent
+and tool results, and inputs read through ``read_outside`` (the breakers' workspace fingerprint). Agent
 events (compaction, breakers, …) are journaled as emitted and compared on replay, so a loop
 that re-derives a different event is reported rather than silently trusted; a request that
 differs from the journaled one stops the resume (``ReplayDiverged``). A tool that made
@@ -38,55 +39,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import hashlib
 import json
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from stayer.errors import OrderlyStop
-from stayer.guard.breakers import WorkspaceProbe
 from stayer.journal.blobs import BlobError, digest
-from stayer.journal.codec import canonical, message_from_record, message_record
+from stayer.journal.codec import canonical
+from stayer.journal.digest import RequestDigest
 from stayer.journal.lease import new_owner, owner_is_dead
 from stayer.journal.log import JOURNAL_KINDS, RunLog, load_log
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
 from stayer.journal.store import JournalError, RunRow, Store
 from stayer.ledger import lost_entry
-from stayer.models.base import Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall
+from stayer.models.base import Model, ModelResponse
 from stayer.money import Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.sandbox.snapshot import SnapshotNotFound, SnapshotStore
-from stayer.tokens import ToolsText
-from stayer.tools import run_tool
-from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage
 
 #: A lease lives this long without renewal; a running journal renews it every third of it.
 LEASE_TTL_S = 30.0
-# Everything a tool result says besides its text (is_error, submitted, kind, …), journaled
-# as is so that the replayed result is the same object.
-_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(ToolResult) if f.name != "output")
-
-
-@runtime_checkable
-class CacheStateful(Protocol):
-    """A model whose answers depend on state built by earlier requests (the simulator's
-    provider cache). Replay shows it each journaled request in order, without asking for a
-    reply, so the calls after a resume are billed exactly as in an uninterrupted run."""
-
-    def account(self, request: ModelRequest) -> object: ...
-
-
-class ReplayDiverged(JournalError):
-    """Replaying the run produced a request the journal does not hold: the code, the
-    configuration or the task changed since the run started."""
 
 
 class RunFinished(JournalError):
@@ -153,9 +131,7 @@ class RunJournal:
         # Model calls answered since the last step was recorded (the step's own call, its
         # sub-agents' and summariser's): see ``cut_short``.
         self._unstepped: list[tuple[Model, ModelResponse]] = []
-        self._message_hashes: dict[Message, bytes] = {}
-        self._digest_prefix: tuple[tuple[str, str], list[Message], Any] = (("", ""), [], None)
-        self._tools_text = ToolsText()
+        self.request_digest = RequestDigest()
 
     # --- opening --------------------------------------------------------------------
 
@@ -174,7 +150,7 @@ class RunJournal:
         row = RunRow(run_id, header["task"], header["model"], "running", 0, "0", now, now, header)
         store.create_run(row, owner, ttl_s)
         journal = cls(store, run_id, owner, RunLog(run_id, header=header), workspace, prices, started=now, **kw)
-        journal._record("run_created", {"header": header}, durable=True)
+        journal.record("run_created", {"header": header}, durable=True)
         return journal
 
     @staticmethod
@@ -209,7 +185,7 @@ class RunJournal:
         if log.torn:
             store.truncate(row.id, owner, log.next_seq - 1)
             journal.warn(f"run {row.id}: dropped {log.torn} torn event(s) at the end of the journal")
-        journal._record("resumed", {"owner": owner, "from_seq": log.next_seq, "torn": log.torn}, durable=True)
+        journal.record("resumed", {"owner": owner, "from_seq": log.next_seq, "torn": log.torn}, durable=True)
         return journal
 
     def release(self) -> None:
@@ -236,7 +212,7 @@ class RunJournal:
 
     # --- writing --------------------------------------------------------------------
 
-    def _record(
+    def record(
         self,
         kind: str,
         data: dict[str, Any],
@@ -298,7 +274,7 @@ class RunJournal:
     def finish(self, result: dict[str, Any]) -> None:
         raw = canonical(result)
         address = digest(raw)
-        self._record(
+        self.record(
             "run_finished",
             {"status": result["status"], "result": address},
             {address: raw},
@@ -307,21 +283,18 @@ class RunJournal:
         )
         self.store.release(self.run_id, self.owner)
 
-    # --- wrappers and hooks ------------------------------------------------------------
+    # --- what the wrappers (stayer.journal.replay) and the loop's hooks share -----------
 
-    def model(self, inner: Model) -> Model:
-        return JournaledModel(inner, self)
+    def cursors(self) -> tuple[int, int, int, int]:
+        """Where replay stands: model calls, tool calls, agent events, observations."""
+        return (self.n, self.t, self.e, self.o)
 
-    def tools(self, tools: Iterable[Tool]) -> list[Tool]:
-        return [JournaledTool(t, self) for t in tools]
+    def answered(self, inner: Model, response: ModelResponse) -> None:
+        """A model call was answered (live or from the journal): it belongs to the step
+        being taken, which ``on_step`` or ``cut_short`` records."""
+        self._unstepped.append((inner, response))
 
-    def sandbox(self, inner: Sandbox) -> Sandbox:
-        return ReplayingSandbox(inner, self)
-
-    def probe(self, inner: WorkspaceProbe) -> WorkspaceProbe:
-        return JournaledProbe(inner, self)
-
-    def observe(self, compute: Callable[[], Any], keep: Callable[[Any], bool] | None = None) -> Any:
+    def read_outside(self, compute: Callable[[], Any], keep: Callable[[Any], bool] | None = None) -> Any:
         """A value the loop reads from outside itself (a workspace fingerprint, …): computed
         and journaled live, the journaled one on replay, so decisions taken on it (breakers)
         come out the same. The value must be JSON.
@@ -336,7 +309,7 @@ class RunJournal:
         value = compute()
         if keep is None or keep(value):
             self.o += 1
-            self._record("observed", {"i": i, "value": value})
+            self.record("observed", {"i": i, "value": value})
         return value
 
     async def observe_waiting(self, compute: Callable[[], Awaitable[Any]]) -> Any:
@@ -347,12 +320,12 @@ class RunJournal:
         if i in self.log.observations:
             return self.log.observations[i]
         value = await compute()
-        self._record("observed", {"i": i, "value": value})
+        self.record("observed", {"i": i, "value": value})
         return value
 
     def clock(self) -> float:
         """The loop's clock: live time, journaled; the journaled time on replay."""
-        return self.observe(time.time)
+        return float(self.read_outside(time.time))
 
     @property
     def in_restored_step(self) -> bool:
@@ -367,7 +340,7 @@ class RunJournal:
         self._unstepped.clear()
         self.steps_cost += entry.cost.total
         if entry.step not in self.log.steps:
-            self._record(
+            self.record(
                 "step",
                 {"step": entry.step, "entry": entry.to_dict()},
                 update={"steps": entry.step, "cost_usd": self.cost_text()},
@@ -412,12 +385,12 @@ class RunJournal:
         self._unstepped.clear()
         self.steps_done = step
         self.steps_cost += cost
-        self._record("step", {"step": step, "entry": entry}, update={"steps": step, "cost_usd": self.cost_text()})
+        self.record("step", {"step": step, "entry": entry}, update={"steps": step, "cost_usd": self.cost_text()})
         return entry
 
     def take_snapshot(self, step: int) -> None:
         snapshot_id = self.snapshots.snapshot(self.workspace)
-        self._record("snapshot", {"step": step, "id": snapshot_id, "tools_done": self.t, "model_calls": self.n})
+        self.record("snapshot", {"step": step, "id": snapshot_id, "tools_done": self.t, "model_calls": self.n})
         self.snapshot_step = step
 
     def on_event(self, kind: str, payload: dict[str, Any]) -> None:
@@ -430,262 +403,13 @@ class RunJournal:
         stored_kind = f"agent:{kind}" if kind in JOURNAL_KINDS else kind
         recorded = self.log.agent_events.get(i)
         if recorded is None:
-            self._record(stored_kind, {"i": i, "payload": address}, {address: raw})
+            self.record(stored_kind, {"i": i, "payload": address}, {address: raw})
         elif recorded != (stored_kind, address):
             self.warn(f"run {self.run_id}: replay emitted a different {kind!r} event than the journal holds (#{i})")
         self.stats.seconds += time.perf_counter() - t0
 
     def cost_text(self) -> str:
         return str(self.steps_cost + usd_sum(Usd.parse(lost["cost_usd"]) for lost in self.lost))
-
-    # --- model calls -----------------------------------------------------------------
-
-    def request_digest(self, request: ModelRequest) -> str:
-        """What the request says, hashed; excludes ``now`` (a timestamp, not content).
-
-        Requests grow by appending, so the hash of the previous request's leading part is
-        kept and continued: a step costs its new messages, not the whole history."""
-        head = (request.system, self._tools_text(request.tools))
-        prev_head, prev_messages, prev_state = self._digest_prefix
-        messages = request.messages
-        keep = 0
-        if head == prev_head and len(prev_messages) <= len(messages):
-            while keep < len(prev_messages) and prev_messages[keep] is messages[keep]:
-                keep += 1
-        if keep == len(prev_messages) and prev_state is not None:
-            h = prev_state.copy()
-        else:
-            keep = 0
-            h = hashlib.sha256()
-            h.update(hashlib.sha256(head[0].encode()).digest())
-            h.update(hashlib.sha256(head[1].encode()).digest())
-        for m in messages[keep:]:
-            mh = self._message_hashes.get(m)
-            if mh is None:
-                mh = self._message_hashes[m] = hashlib.sha256(canonical(message_record(m))).digest()
-            h.update(mh)
-        self._digest_prefix = (head, list(messages), h.copy())
-        tail = [request.max_tokens, request.cache_breakpoints, request.cache_key, request.cache_ttl, request.service_tier]
-        h.update(json.dumps(tail).encode())
-        return h.hexdigest()
-
-    async def complete(self, inner: Model, request: ModelRequest) -> ModelResponse:
-        t0 = time.perf_counter()
-        n, self.n = self.n, self.n + 1
-        request_digest = self.request_digest(request)
-        rec = self.log.calls.get(n)
-        if rec is not None and rec.digest != request_digest:
-            raise ReplayDiverged(
-                f"run {self.run_id}: replay diverged at model call {n + 1} (step {self.steps_done + 1}): "
-                "the request differs from the journaled one, so the code, configuration or task "
-                "changed since the run started; it cannot be resumed exactly"
-            )
-        if rec is not None and rec.finished is not None:
-            # The request's ``now`` is the journaled one already: it is read from the
-            # loop's clock, which replays the journaled time (``clock``).
-            if isinstance(inner, CacheStateful):
-                inner.account(request)
-            response = self._response(rec.finished)
-            self._unstepped.append((inner, response))
-            self.stats.replayed_calls += 1
-            self.stats.seconds += time.perf_counter() - t0
-            return response
-        if rec is not None and rec.failed is not None:
-            raise ModelError(rec.failed["error"])
-        lost_attempts = rec.attempts if rec is not None else 0
-        # Written before the call, so that a crash mid-call is known to have been billed.
-        # Not fsynced: the fsync of this call's result, before anything acts on it, covers
-        # it; only a power cut mid-call could lose it (and with it the lost call's estimate).
-        self._record(
-            "model_started",
-            {"n": n, "digest": request_digest, "now": request.now, "attempt": lost_attempts + 1},
-            durable=True,
-            sync=False,
-        )
-        self.stats.seconds += time.perf_counter() - t0
-        try:
-            response = await inner.complete(request)
-        except ModelError as e:
-            self._record("model_failed", {"n": n, "error": str(e)}, durable=True)
-            raise
-        t1 = time.perf_counter()
-        self.stats.live_calls += 1
-        for attempt in range(1, lost_attempts + 1):
-            self._record_lost(inner, n, attempt, response)
-        if lost_attempts:
-            lost = response.usage
-            for _ in range(lost_attempts - 1):
-                lost = lost + response.usage
-            response.lost_usage = lost
-        raw = canonical(message_record(response.message))
-        address = digest(raw)
-        self._record(
-            "model_finished",
-            {
-                "n": n,
-                "message": address,
-                "usage": response.usage.to_dict(),
-                "raw_usage": response.raw_usage,
-                "model": response.model,
-                "latency_s": response.latency_s,
-                "stop_reason": response.stop_reason,
-                "service_tier": response.service_tier,
-            },
-            {address: raw},
-            durable=True,
-        )
-        self._unstepped.append((inner, response))
-        self.stats.seconds += time.perf_counter() - t1
-        return response
-
-    def pending_lost_attempts(self) -> int:
-        """Attempts at the next model call that were in flight at a crash: each was billed,
-        so the loop must hold budget for them as well as for the call it is about to make."""
-        rec = self.log.calls.get(self.n)
-        return rec.attempts if rec is not None and rec.finished is None and rec.failed is None else 0
-
-    def _record_lost(self, inner: Model, n: int, attempt: int, reissued: ModelResponse) -> None:
-        """The attempt in flight at a crash: billed by the provider, its reply never seen.
-        Its usage is estimated as the re-issued call's (the same request)."""
-        cost = self.prices.cost(reissued.usage, inner.model_id, inner.provider, reissued.service_tier)
-        lost = {
-            "agent": self.agent,
-            "n": n,
-            "attempt": attempt,
-            "step": self.steps_done + 1,
-            "model": inner.spec,
-            "usage": reissued.usage.to_dict(),
-            "cost_usd": cost.to_json(),
-            "estimated": True,
-        }
-        self.lost.append(lost)
-        self._record("model_lost", lost)
-        self.warn(
-            f"run {self.run_id}: model call {n + 1} was in flight at the crash; issued again, and the lost "
-            f"attempt is in the ledger as lost_in_flight (estimated ${lost['cost_usd']})"
-        )
-
-    def _response(self, d: dict[str, Any]) -> ModelResponse:
-        message = message_from_record(json.loads(self.log.blobs[d["message"]]))
-        return ModelResponse(
-            message=message,
-            usage=Usage.from_dict(d["usage"]),
-            raw_usage=d["raw_usage"],
-            model=d["model"],
-            latency_s=float(d["latency_s"]),
-            stop_reason=d.get("stop_reason", ""),
-            service_tier=d.get("service_tier"),
-        )
-
-    # --- tool calls ------------------------------------------------------------------
-
-    async def call_tool(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        t, self.t = self.t, self.t + 1
-        before = self._cursors()
-        rec = self.log.tools.get(t)
-        if rec is not None:
-            recorded = ToolResult(self.log.blob_text(rec["output"]), **{k: rec[k] for k in _RESULT_FIELDS if k in rec})
-            # A tool that made journaled calls of its own (a sub-agent) is run again even
-            # before the snapshot: its calls replay from the journal, and whatever it does
-            # to the agent (adopting the sub-agent's ledger) happens again. A plain tool is
-            # run again only after the snapshot, to redo its effect on the workspace.
-            if rec.get("nested") or t >= self.restored_tools_done:
-                live = await _invoke(tool, args, ctx)
-                if live != recorded:
-                    self._record("tool_diverged", {"t": t, "name": tool.spec.name, "output": digest(live.output.encode())})
-                    self.warn(
-                        f"run {self.run_id}: re-executed {tool.spec.name} call #{t + 1} gave a different result "
-                        "than journaled; the journaled one is kept in the context"
-                    )
-            return recorded
-        t0 = time.perf_counter()
-        self._record("tool_started", {"t": t, "name": tool.spec.name})
-        self.stats.seconds += time.perf_counter() - t0
-        result = await _invoke(tool, args, ctx)
-        t1 = time.perf_counter()
-        raw = result.output.encode()
-        address = digest(raw)
-        fields = {k: getattr(result, k) for k in _RESULT_FIELDS}
-        self._record(
-            "tool_finished",
-            {"t": t, "name": tool.spec.name, "output": address, "nested": self._cursors() != before, **fields},
-            {address: raw},
-        )
-        self.stats.seconds += time.perf_counter() - t1
-        return result
-
-    def _cursors(self) -> tuple[int, int, int, int]:
-        return (self.n, self.t, self.e, self.o)
-
-
-async def _invoke(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    # Through run_tool, so that a tool that raises gives the same error result as unwrapped.
-    return await run_tool({tool.spec.name: tool}, ToolCall("", tool.spec.name, json.dumps(args)), ctx)
-
-
-class JournaledModel:
-    """The run's model, journaled (see :class:`RunJournal`)."""
-
-    def __init__(self, inner: Model, journal: RunJournal) -> None:
-        self.inner = inner
-        self.journal = journal
-        self.spec, self.provider, self.model_id = inner.spec, inner.provider, inner.model_id
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        return await self.journal.complete(self.inner, request)
-
-    def pending_lost_attempts(self) -> int:
-        return self.journal.pending_lost_attempts()
-
-    async def count_tokens(self, request: ModelRequest) -> int | None:
-        """The provider's own count of a prompt, where it has a count endpoint (not a
-        billed call, so not journaled)."""
-        count = getattr(self.inner, "count_tokens", None)
-        return None if count is None else await count(request)
-
-
-class ReplayingSandbox:
-    """The agent's sandbox, for commands the loop runs itself (not through a tool, e.g.
-    archiving compacted output). While replaying a step the restored workspace snapshot
-    already covers, such a command is not run again: its effect is in the snapshot, and
-    re-running it over the later state could undo what later steps did."""
-
-    def __init__(self, inner: Sandbox, journal: RunJournal) -> None:
-        self.inner = inner
-        self.journal = journal
-
-    async def exec(self, command: str, **kw: Any) -> ExecResult:
-        if self.journal.in_restored_step:
-            return ExecResult(0, "", "")
-        return await self.inner.exec(command, **kw)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-class JournaledProbe:
-    """The breakers' view of the workspace, journaled: on replay the workspace is the
-    restored snapshot, not the state each replayed step saw."""
-
-    def __init__(self, inner: WorkspaceProbe, journal: RunJournal) -> None:
-        self.inner = inner
-        self.journal = journal
-
-    def fingerprint(self) -> str:
-        return str(self.journal.observe(self.inner.fingerprint))
-
-
-class JournaledTool:
-    """A tool, journaled (see :class:`RunJournal`)."""
-
-    def __init__(self, inner: Tool, journal: RunJournal) -> None:
-        self.inner = inner
-        self.journal = journal
-        self.spec = inner.spec
-
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        return await self.journal.call_tool(self.inner, args, ctx)
-
 
 def lost_ledger_entries(lost: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``model_lost`` records as ledger entries (``kind: lost_in_flight``), each with the

@@ -13,10 +13,13 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stayer.journal.blobs import BlobError, decode, encode
 from stayer.journal.store import SCHEMA_VERSION, Event, JournalError, LeaseLost, RunRow
+
+if TYPE_CHECKING:
+    from stayer.sandbox.snapshot import SnapshotStore
 
 RUN_COLUMNS = "id, task, model, status, steps, cost_usd, started, updated, header, lease_owner"
 _UPDATABLE = ("status", "steps", "cost_usd")
@@ -67,6 +70,10 @@ class SqlStore:
     # How an event's record is read: as stored (SQLite reads it as bytes, since a damaged
     # record need not even be UTF-8, which would fail the whole query as text).
     EVENT_DATA = "data"
+    # The rest of the Store protocol, which each backend provides its own way (declared
+    # here so that a SqlStore is a Store to the type checker).
+    close: Callable[[], None]
+    snapshots: Callable[[], SnapshotStore]
 
     # --- dialect hooks -----------------------------------------------------------------
 

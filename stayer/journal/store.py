@@ -1,19 +1,17 @@
-"""Where journals live: the Store protocol, its row types, and choosing a backend.
+"""Where journals live: the Store protocol and its row types.
 
 A store holds three things: runs (one row each, with a lease saying which process is
 running it), events (append-only, numbered per run) and content-addressed blobs. Two
 backends share one SQL implementation (``stayer.journal.sql``): SQLite in WAL mode under
 ``$STAYER_HOME`` (the default; blobs as files in ``$STAYER_HOME/blobs/``) and PostgreSQL
 (``STAYER_DB=postgresql://…``; blobs in a table), where several processes or machines can
-claim runs with leases.
+claim runs with leases. ``stayer.journal.backends`` chooses one.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stayer.errors import ConfigError
@@ -151,35 +149,3 @@ class Store(Protocol):
         can resume them can read."""
 
     def close(self) -> None: ...
-
-
-def stayer_home() -> Path:
-    """Where state lives: ``$STAYER_HOME``, default ``./.stayer``."""
-    home = os.environ.get("STAYER_HOME") or ".stayer"
-    if not home.isprintable() or not home.encode("utf-8", "replace").decode() == home:
-        # The journal stores paths as UTF-8 text (SQLite, JSON): such a name cannot be kept.
-        raise ConfigError(f"STAYER_HOME {home!r}: not a UTF-8 path; choose a directory whose name is UTF-8")
-    return Path(home)
-
-
-def open_store(home: Path, url: str | None = None, *, create: bool = True) -> Store | None:
-    """The store ``STAYER_DB`` (or ``url``) names, else SQLite at ``home/stayer.db``.
-
-    With ``create=False`` a SQLite journal that does not exist yet is not created: the
-    result is None (read-only commands on a fresh home).
-    """
-    url = os.environ.get("STAYER_DB") if url is None else url
-    if url:
-        if url.startswith(("postgresql://", "postgres://")):
-            from stayer.journal.postgres import PostgresStore
-
-            return PostgresStore(url)
-        raise JournalError(
-            "STAYER_DB: expected a postgresql://… URL; unset it to use SQLite in $STAYER_HOME"
-        )
-    from stayer.journal.sqlite import SqliteStore
-
-    db = Path(home) / "stayer.db"
-    if not create and not db.exists():
-        return None
-    return SqliteStore(db, Path(home) / "blobs")

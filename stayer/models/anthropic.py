@@ -26,7 +26,8 @@ import anthropic
 from anthropic.types import Message as AnthropicMessage
 
 from stayer.errors import ConfigError
-from stayer.models.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall
+from stayer.messages import Message, ToolCall
+from stayer.models.base import ModelError, ModelRequest, ModelResponse
 from stayer.models.retry import DEFAULT_RETRY, RetryPolicy, SdkErrors, call_with_retries
 from stayer.models.wire import MessageJson, dumps, post_json
 from stayer.usage import Usage

@@ -6,35 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from stayer.errors import ConfigError  # noqa: F401  (re-exported)
+
+# The vocabulary moved to stayer.messages; re-exported for code that imports it from here.
+from stayer.messages import Message, Role, ToolCall, ToolSpec  # noqa: F401
 from stayer.usage import Usage
-
-Role = Literal["user", "assistant", "tool"]
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # raw JSON text as the model produced it; may be malformed
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One history entry. The system prompt and tool schemas live in the request prefix."""
-
-    role: Role
-    content: str = ""
-    tool_calls: tuple[ToolCall, ...] = ()
-    tool_call_id: str | None = None  # set on role == "tool"
-    is_error: bool = False  # a tool result that reports a failure
-    kind: str = ""  # retention hint for context policies: task, observation, note, ...
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    name: str
-    description: str
-    parameters: dict[str, Any]  # JSON schema of the arguments object
 
 
 @dataclass(slots=True)

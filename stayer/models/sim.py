@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
-from stayer.models.base import Message, ModelRequest, ModelResponse, ToolCall
+from stayer.messages import Message, ToolCall
+from stayer.models.base import ModelRequest, ModelResponse
 from stayer.models.caching import CacheRules, cache_rules, provider_of
 from stayer.tokens import MessageCounter, ToolsText, message_ids
 from stayer.usage import Usage

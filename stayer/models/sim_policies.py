@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from stayer.errors import ConfigError
-from stayer.models.base import Message, ModelRequest, ToolCall
+from stayer.messages import Message, ToolCall
+from stayer.models.base import ModelRequest
 from stayer.models.sim import SimPolicy
 from stayer.settings import MAX_STEPS, read_text
 from stayer.tokens import TokenCounter

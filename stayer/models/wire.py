@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from stayer.models.base import Message
+from stayer.messages import Message
 
 T = TypeVar("T")
 

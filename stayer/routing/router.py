@@ -27,12 +27,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stayer.context.policies import AutoPolicy, StepView
+from stayer.config import StayerConfig
+from stayer.context.policies import remaining_steps
 from stayer.guard.breakers import StepRecord, Trip
 from stayer.models.base import Model
 from stayer.models.caching import CacheRules, cache_rules
 from stayer.pricing import PriceBook, Rates
-from stayer.routing.config import StayerConfig
 from stayer.routing.switch import Outlook, Priced, SwitchQuote, price_switch
 from stayer.routing.tiers import TierPolicy
 
@@ -201,7 +201,7 @@ class Router:
 
     def quote(self, current: Model, candidate: Model, view: RouteView) -> SwitchQuote | None:
         """The priced switch from ``current`` to ``candidate`` at this step."""
-        remaining = AutoPolicy.remaining_steps(StepView(step=view.step, max_steps=view.max_steps))
+        remaining = remaining_steps(view.step, view.max_steps)
         stepping_down = bool(self.cascade) and self.level < len(self.cascade) - 1 and current in self.cascade
         if not stepping_down:
             outlook = Outlook(view.context_tokens, self._growth, self.output_per_step, max(1, remaining), self._interval)

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stayer.config import StayerConfig, SubagentsSection, load_config
 from stayer.errors import ConfigError
 from stayer.guard.breakers import GuardConfig
 from stayer.models.base import Model
 from stayer.pricing import PriceBook
-from stayer.routing.config import StayerConfig, SubagentsSection, load_config
 from stayer.routing.router import Router
 
 
@@ -33,7 +33,7 @@ class RoutingSetup:
 
     @property
     def guard(self) -> GuardConfig:
-        return self.config.guard.to_guard()
+        return self.config.guard
 
     @property
     def subagents(self) -> SubagentsSection | None:

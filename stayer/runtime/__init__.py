@@ -7,7 +7,7 @@ API processes and workers on any number of machines share one PostgreSQL (``STAY
 and one process with the embedded SQLite journal is the same code, not a toy mode.
 
 Modules: ``db`` (tables and the queue), ``tenants`` (keys and dollar budgets), ``worker``
-(claims runs, executes them through ``eval.trial``, honours cancel), ``events`` (journal
+(claims runs, executes them through ``stayer.run``, honours cancel), ``events`` (journal
 events as the public event stream), ``api`` (the FastAPI app), ``schemas`` (pydantic
 request and response bodies).
 """

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -167,7 +167,8 @@ class ConfirmedTool:
             return ToolResult(f"{self.spec.name}: a person rejected this call{why}", is_error=True)
         result = await self.inner(args, ctx)
         if action.message:
-            result.output += f"\n[a person approved this call and said: {action.message}]"
+            # ToolResult is frozen: a copy carries the person's words.
+            result = replace(result, output=result.output + f"\n[a person approved this call and said: {action.message}]")
         return result
 
 

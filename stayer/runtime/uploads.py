@@ -69,7 +69,8 @@ def unpack_task(archive: bytes, home: Path, tenant: str, name: str) -> Path:
 
 def _checked_members(tar: tarfile.TarFile) -> list[tuple[tuple[str, ...], tarfile.TarInfo]]:
     """Every entry, from the headers alone: kinds, names, count and unpacked size."""
-    members, total = [], 0
+    members: list[tuple[tuple[str, ...], tarfile.TarInfo]] = []
+    total = 0
     for m in tar:
         if len(members) >= MAX_MEMBERS:
             raise ConfigError(f"archive: more than {MAX_MEMBERS} entries")

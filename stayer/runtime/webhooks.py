@@ -52,7 +52,7 @@ def url_problem(url: str, *, allow_private: bool) -> str | None:
     except OSError:
         return f"host {parts.hostname!r} does not resolve"
     for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%", 1)[0])
+        address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
         if not address.is_global:
             return f"resolves to a non-public address ({address}); the server does not send webhooks there"
     return None

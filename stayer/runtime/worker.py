@@ -2,7 +2,7 @@
 
 A worker is an asyncio loop with ``concurrency`` slots. For each free slot it claims the
 oldest queued run (or a running one whose worker died: its lease expired) and runs it
-through the same code as ``stayer run`` (``eval.trial.prepare`` / ``execute``) on the
+through the same code as ``stayer run`` (``stayer.run.prepare`` / ``execute``) on the
 shared journal, so a run another worker started is resumed from its journal, exactly and
 without paying again for its model calls. While a run executes, a heartbeat renews the
 lease and reads the cancel flag; a cancelled run stops at its next step, and what it spent
@@ -98,15 +98,15 @@ class Worker:
         self.log = log or (lambda msg: print(f"stayer worker: {msg}", file=sys.stderr))
         store = open_store(self.home)
         assert isinstance(store, SqlStore)
-        self.store = store
-        self.db = ServiceDB(store)
-        self.actions = Actions(store)
-        self.budgets = TenantBudgets(open_budget_store(self.home))
-        self.prices = PriceBook.load()
+        self.store: SqlStore = store
+        self.db: ServiceDB = ServiceDB(store)
+        self.actions: Actions = Actions(store)
+        self.budgets: TenantBudgets = TenantBudgets(open_budget_store(self.home))
+        self.prices: PriceBook = PriceBook.load()
         self.running: dict[str, asyncio.Task[None]] = {}
         from stayer.telemetry.metrics import WorkerMetrics
 
-        self.metrics = WorkerMetrics()
+        self.metrics: WorkerMetrics = WorkerMetrics()
         self.tracing: Any = None  # an OpenTelemetry TracerProvider, when traces are configured
         from stayer.telemetry import tracing_configured
 
@@ -114,6 +114,13 @@ class Worker:
             from stayer.telemetry.tracing import provider
 
             self.tracing = provider(otlp, service_name="stayer-worker")
+
+    def _forget(self, run_id: str) -> Callable[[asyncio.Task[None]], None]:
+        """A done-callback dropping a finished run from ``running``."""
+        def forget(_task: asyncio.Task[None]) -> None:
+            self.running.pop(run_id, None)
+
+        return forget
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Claim and run until ``stop`` is set; then let the runs in hand finish."""
@@ -124,7 +131,7 @@ class Worker:
                     if claimed is not None:
                         task = asyncio.create_task(self._guarded(claimed))
                         self.running[claimed.id] = task
-                        task.add_done_callback(lambda _t, rid=claimed.id: self.running.pop(rid, None))
+                        task.add_done_callback(self._forget(claimed.id))
                         continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.poll_s)
@@ -183,7 +190,7 @@ class Worker:
 
     async def _run(self, run: ServiceRun) -> None:
         from stayer.eval.resume import prepare_resume
-        from stayer.eval.trial import Controls, Inbox, RunConfig, execute, prepare
+        from stayer.run import Controls, Inbox, RunConfig, execute, prepare
 
         if run.cancel_requested:
             self._finish(run, close_idle_journal(self.store, run.id, CANCELLED, "cancelled"))
@@ -326,8 +333,9 @@ def settle_hold(budgets: TenantBudgets, run: ServiceRun, doc: dict[str, Any]) ->
 def close_idle_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -> dict[str, Any]:
     """The result of a run ended while no process runs it: its journal is closed with
     what it spent (a run that never started has spent nothing)."""
-    from stayer.eval.trial import stayer_home, write_result
     from stayer.journal import RunFinished, RunJournal
+    from stayer.journal.backends import stayer_home
+    from stayer.run import write_result
 
     if store.run(run_id) is None:
         return {"status": status, "stop_reason": stop_reason, "steps": 0, "cost_usd": "0", "usage": {}}

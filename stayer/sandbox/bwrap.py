@@ -54,7 +54,13 @@ from pathlib import Path
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.locate import locate_bwrap
-from stayer.sandbox.process import Limits, StartGate, StorageLimit, file_size_cap, run_process
+from stayer.sandbox.process import (
+    ProcessLimits,
+    StartGate,
+    StorageLimit,
+    file_size_cap,
+    run_process,
+)
 from stayer.sandbox.seccomp import suid_filter
 
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc")
@@ -348,7 +354,7 @@ class BwrapSandbox:
         mounts: tuple[Mount, ...] = (),
         cwd: str = "/app",
     ) -> ExecResult:
-        limits = Limits(
+        limits = ProcessLimits(
             memory_mb=self.memory_mb,
             max_processes=(
                 self.max_processes + _BWRAP_OWN_PROCESSES

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
-from stayer.sandbox.process import Limits, StorageLimit, file_size_cap, run_process
+from stayer.sandbox.process import ProcessLimits, StorageLimit, file_size_cap, run_process
 
 _HOST_ENV_KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ")
 
@@ -49,7 +49,7 @@ class LocalSandbox:
         if not self.workspace.is_dir():
             raise ConfigError(f"sandbox: workspace {self.workspace} is not a directory")
         self.allow_net = allow_net
-        self.limits = Limits(
+        self.limits = ProcessLimits(
             memory_mb=memory_mb,
             max_processes=max_processes,
             max_file_mb=file_size_cap(max_file_mb, storage_mb),

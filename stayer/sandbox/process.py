@@ -64,7 +64,7 @@ _DRAIN_GRACE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class ProcessLimits:
     """Resource limits for one command; ``None`` means no limit."""
 
     memory_mb: int | None = None  # RLIMIT_AS of every process in the tree
@@ -263,7 +263,7 @@ class _PidsCgroup:
 _warned_nproc = False
 
 
-def _rlimits(limits: Limits, cgroup: _PidsCgroup | None) -> list[tuple[int, int]]:
+def _rlimits(limits: ProcessLimits, cgroup: _PidsCgroup | None) -> list[tuple[int, int]]:
     """The (``RLIMIT_*``, value) pairs that enforce ``limits``, soft = hard."""
     global _warned_nproc
     out = []
@@ -286,7 +286,7 @@ def _rlimits(limits: Limits, cgroup: _PidsCgroup | None) -> list[tuple[int, int]
 _ULIMIT = {resource.RLIMIT_AS: ("-v", 1024), resource.RLIMIT_FSIZE: ("-f", 1024), resource.RLIMIT_NPROC: ("-u", 1)}
 
 
-def _limits_prelude(limits: Limits, cgroup: _PidsCgroup | None) -> list[str]:
+def _limits_prelude(limits: ProcessLimits, cgroup: _PidsCgroup | None) -> list[str]:
     """Shell lines that apply ``limits`` to the prelude itself before it execs the argv."""
     lines = ["set -e"]
     if cgroup is not None:
@@ -355,7 +355,7 @@ async def _read_to_eof(fd: int) -> bytes:
 
 
 async def _confine_and_release(
-    gate: StartGate, outer: int, limits: Limits, cgroup: _PidsCgroup | None
+    gate: StartGate, outer: int, limits: ProcessLimits, cgroup: _PidsCgroup | None
 ) -> bool:
     """Put the gated child and the process that will start the command into ``cgroup``
     with the rlimits of ``limits``, then release it. False when that could not be done (the
@@ -436,7 +436,7 @@ async def run_process(
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     max_output_bytes: int = 1_000_000,
-    limits: Limits = Limits(),  # noqa: B008  (frozen dataclass: safe as a default)
+    limits: ProcessLimits = ProcessLimits(),  # noqa: B008  (frozen dataclass: safe as a default)
     storage: StorageLimit | None = None,
     pass_fds: Sequence[int] = (),
     gate: StartGate | None = None,
@@ -464,7 +464,7 @@ async def run_process(
         except OSError as e:
             log.warning("could not create pids cgroup under %s: %s", parent, e)
     argv = list(argv)
-    if gate is None and (cgroup is not None or limits != Limits()):
+    if gate is None and (cgroup is not None or limits != ProcessLimits()):
         prelude = "\n".join(_limits_prelude(limits, cgroup))
         argv = ["/bin/bash", "-c", prelude, "stayer-limits", *argv]
 

@@ -583,7 +583,7 @@ class FileSnapshotStore:
             raise SnapshotNotFound(f"no snapshot {snapshot_id!r} in {self.root}") from None
         if doc.get("format") != FORMAT:
             raise ValueError(f"snapshot {snapshot_id}: unknown format {doc.get('format')!r}")
-        entries: list[Entry] = [tuple(e) for e in doc["entries"]]  # type: ignore[misc]
+        entries: list[Entry] = [tuple(e) for e in doc["entries"]]
         self._manifests[snapshot_id] = entries
         return entries
 
@@ -600,7 +600,7 @@ class FileSnapshotStore:
             return {}
         if doc.get("workspace") != str(ws):
             return {}
-        return {k: (tuple(v[0]), v[1]) for k, v in doc.get("files", {}).items()}  # type: ignore[misc]
+        return {k: (tuple(v[0]), v[1]) for k, v in doc.get("files", {}).items()}
 
     def _save_cache(self, ws: Path, state: _WorkspaceState) -> None:
         doc = {"workspace": str(ws), "files": state.cache}

@@ -21,7 +21,7 @@ from typing import Any
 
 from stayer.errors import ConfigError
 from stayer.eval.runner import Trial, TrialFunction, crashed_record, run_trial
-from stayer.journal.store import stayer_home
+from stayer.journal.backends import stayer_home
 from stayer.pricing import PriceBook
 
 #: What this process sets before starting or joining a cluster: no usage reporting, and a

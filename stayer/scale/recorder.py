@@ -1,7 +1,7 @@
 """Each step of a run as a trainer needs it: the token ids the model saw and produced, the
 messages new to the step, and its exact cost by kind of token.
 
-``StepRecorder`` is a ``RunObserver`` (``eval.trial.Controls.observers``): it wraps the run's
+``StepRecorder`` is a ``RunObserver`` (``stayer.run.Controls.observers``): it wraps the run's
 model inside the journal, so it sees live calls only. A step that a resumed run replayed
 from its journal has no record here; ``complete`` says whether every step was seen.
 """

@@ -44,7 +44,7 @@ from stayer.eval.task import Task
 from stayer.eval.verify import passes
 from stayer.guard.budget import MemoryBudgetStore
 from stayer.journal import open_store
-from stayer.journal.store import stayer_home
+from stayer.journal.backends import stayer_home
 from stayer.pricing import PriceBook
 from stayer.scale.recorder import StepRecorder
 from stayer.scale.scheduler import Job, Scheduler, StragglerAction, straggler_action

@@ -43,7 +43,7 @@ class ThreadJournal(RunJournal):
         self.row_update = row_update  # the run's row after this step: the team's totals
         self.snapshot = snapshot  # the team's workspace snapshot, when it can take one
 
-    def _record(
+    def record(
         self,
         kind: str,
         data: dict[str, Any],
@@ -53,7 +53,7 @@ class ThreadJournal(RunJournal):
         sync: bool = True,
         update: Mapping[str, Any] | None = None,
     ) -> None:
-        self.run._record(kind, {**data, "thread": self.name}, blobs, durable=durable, sync=sync, update=update)
+        self.run.record(kind, {**data, "thread": self.name}, blobs, durable=durable, sync=sync, update=update)
 
     def flush(self, *, sync: bool = True) -> None:
         self.run.flush(sync=sync)
@@ -64,5 +64,5 @@ class ThreadJournal(RunJournal):
         if self.steps_cost is not None:
             self.steps_cost = None if entry.cost.total is None else self.steps_cost + entry.cost.total
         if entry.step not in self.log.steps:
-            self._record("step", {"step": entry.step, "entry": entry.to_dict()}, update=self.row_update())
+            self.record("step", {"step": entry.step, "entry": entry.to_dict()}, update=self.row_update())
         self.snapshot()

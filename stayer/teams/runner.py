@@ -31,6 +31,7 @@ from stayer.context.policies import ContextPolicy
 from stayer.errors import Stopped
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.guard.budget import Budget
+from stayer.journal.replay import JournaledModel, JournaledTool, ReplayingSandbox
 from stayer.journal.session import RunJournal
 from stayer.ledger import LedgerEntry, RunResult
 from stayer.models.base import Message, Model
@@ -152,7 +153,7 @@ class Team:
         if recorded is not None:
             return recorded == message.id
         journal.log.thread_starts[target.name] = message.id
-        journal._record("thread_started", {"thread": target.name, "message": message.id})
+        journal.record("thread_started", {"thread": target.name, "message": message.id})
         return True
 
     # --- the journal ---------------------------------------------------------------------
@@ -199,7 +200,7 @@ class Team:
         cursors = {n: t.journal.t for n, t in self.threads.items() if t.journal is not None}
         steps = {n: t.journal.steps_done for n, t in self.threads.items() if t.journal is not None}
         step, self._snapshots = self._snapshots, self._snapshots + 1
-        journal._record(
+        journal.record(
             "snapshot",
             {"step": step, "id": snapshot_id, "tools_done": 0, "model_calls": 0, "threads": cursors, "thread_steps": steps},
         )
@@ -244,9 +245,9 @@ class Thread:
             raise RuntimeError(f"team agent {self.name}: the budget cannot spare its share ${amount}")
         journal = self.journal
         model = s.observe_model(s.models[self.name])
-        context = replace(s.tool_context, sandbox=journal.sandbox(s.tool_context.sandbox)) if journal else s.tool_context
+        context = replace(s.tool_context, sandbox=ReplayingSandbox(s.tool_context.sandbox, journal)) if journal else s.tool_context
         self.agent = Agent(
-            journal.model(model) if journal else model,
+            JournaledModel(model, journal) if journal else model,
             self._tools(),
             s.prices,
             context,
@@ -288,7 +289,7 @@ class Thread:
         # ``tools`` chooses among the built-in ones; whatever else the run gives is kept.
         chosen = [t for t in s.tools() if t.spec.name not in BUILTIN_TOOLS or t.spec.name in self.spec.tools]
         tools = s.observe_tools(chosen)
-        tools = journal.tools(tools) if journal else tools
+        tools = [JournaledTool(t, journal) for t in tools] if journal else tools
         tools = [Locked(t, self.team.workspace_lock) if t.spec.name in WORKSPACE_TOOLS else t for t in tools]
         if self.spec.talks_to:
             # Not journaled: they are run again on replay (sends are deduplicated by id,
@@ -317,7 +318,7 @@ class Thread:
         self.team.s.on_message(m)
 
     def _observe(self, compute: Callable[[], Any]) -> Any:
-        return self.journal.observe(compute) if self.journal else compute()
+        return self.journal.read_outside(compute) if self.journal else compute()
 
     def _inbox(self) -> list[Message]:
         """Messages that arrived since the last step, appended to the context. Read at the

@@ -384,8 +384,8 @@ class _TracedTool:
 
 
 async def execute_traced(prepared: Any, on_step: Any, tp: TracerProvider, *, journal: Any = None, controls: Any = None) -> dict[str, Any]:
-    """``eval.trial.execute`` inside the run's ``invoke_agent`` span."""
-    from stayer.eval.trial import Controls, execute
+    """``stayer.run.execute`` inside the run's ``invoke_agent`` span."""
+    from stayer.run import Controls, execute
 
     controls = controls or Controls()
     tracer = RunTracer(tp, prepared.prices, prepared.run_id)

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from stayer.models.base import ToolCall
+from stayer.messages import ToolCall
 from stayer.tokens import TokenCounter
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.tools.bash import BashTool

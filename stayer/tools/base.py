@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stayer.models.base import ToolSpec
+from stayer.messages import ToolSpec
 from stayer.sandbox.base import Sandbox
 
 

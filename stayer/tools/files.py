@@ -14,7 +14,7 @@ import posixpath
 import shlex
 from typing import Any
 
-from stayer.models.base import ToolSpec
+from stayer.messages import ToolSpec
 from stayer.tokens import TokenCounter
 from stayer.tools.base import ToolContext, ToolResult
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
 
-from stayer.models.base import ToolSpec
+from stayer.messages import ToolSpec
 from stayer.tools.base import ToolContext, ToolResult
 
 #: The result the parent sees is cut to this many characters: concise by construction.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stayer.models.base import ToolSpec
+from stayer.messages import ToolSpec
 from stayer.tools.base import ToolContext, ToolResult
 
 

@@ -43,7 +43,7 @@ class AuditReport:
     sessions: list[SessionReport] = field(default_factory=list)  # those with calls
     group: str = "session"
     skipped_lines: int = 0  # in every file read, sessions without calls included
-    what_if: list[dict[str, Any]] = field(default_factory=list)  # estimates (stayer.audit.whatif)
+    what_if: list[dict[str, Any]] = field(default_factory=list)  # estimates (stayer.audit.scenarios)
 
     @property
     def total(self) -> Tally:
@@ -91,7 +91,8 @@ class AuditReport:
 
 
 def _sum(amounts: list[Decimal | None]) -> str:
-    return money(None if any(a is None for a in amounts) else sum(amounts, Decimal(0)))  # type: ignore[arg-type]
+    known = [a for a in amounts if a is not None]
+    return money(sum(known, Decimal(0)) if len(known) == len(amounts) else None)
 
 
 def build(reports: Iterable[SessionReport], group: str = "session") -> AuditReport:
@@ -185,7 +186,7 @@ def render(report: AuditReport, console: Console, limit: int = 30) -> None:
     if len(groups) > limit:
         rows.append([f"… {len(groups) - limit} more"] + [""] * 7)
     total = report.total
-    header = (report.group, "calls", "uncached", "c.read", "c.write", "output", "hit %", "cost")
+    header: tuple[str, ...] = (report.group, "calls", "uncached", "c.read", "c.write", "output", "hit %", "cost")
     console.print(_table(console.width, f"stayer audit · {title}", header, rows, _tally_row("total", total)))
     if total.unpriced_calls:
         console.print(

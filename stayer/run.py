@@ -1,4 +1,5 @@
-"""One task, one model, one run: workspace → agent → verifier → result.
+"""One task, one model, one run: workspace → agent → verifier → result (``stayer run``,
+``stayer resume``, each eval trial and each run of the hosted service).
 
 Everything the run needs is validated before the first byte is written, so bad input
 leaves nothing behind. The run's files live in ``$STAYER_HOME/runs/<run_id>/``:
@@ -31,22 +32,24 @@ from stayer.context.summarizer import ModelSummarizer
 from stayer.delegation import ChildAgents, ChildSettings
 from stayer.environments.prepare import prepare_environment
 from stayer.errors import ConfigError
-from stayer.eval.run_config import RunConfig
 from stayer.eval.task import Task, load_task
 from stayer.eval.verify import Verdict, passes, verify
 from stayer.guard.attribution import per_agent
 from stayer.guard.breakers import GuardConfig, TreeFingerprint
 from stayer.guard.budget import Budget
 from stayer.journal import RunJournal, Store, lost_ledger_entries, open_store
+from stayer.journal.backends import stayer_home
 from stayer.journal.codec import message_record
-from stayer.journal.store import stayer_home
-from stayer.models.base import Message, Model
+from stayer.journal.replay import JournaledModel, JournaledProbe, JournaledTool, ReplayingSandbox
+from stayer.messages import Message
+from stayer.models.base import Model
 from stayer.models.registry import make_real_model, split_spec
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
 from stayer.money import Usd
 from stayer.pricing import PriceBook
 from stayer.routing.setup import RoutingSetup, prepare_routing, require_prices
+from stayer.run_config import RunConfig
 from stayer.sandbox import IMAGE_KINDS
 from stayer.sandbox import KINDS as SANDBOX_KINDS
 from stayer.sandbox.bwrap import check_bwrap
@@ -254,8 +257,8 @@ async def _execute(
         make_run_dir(p.run_dir, exist_ok=True)
         journal.restore_workspace(lambda ws: task.materialise(ws, cfg.sandbox))
     started = datetime.fromisoformat(journal.started)
-    agent_sandbox = journal.sandbox(
-        task.make_sandbox(cfg.sandbox, workspace, **task.sandbox_limits(**cfg.sandbox_overrides()))
+    agent_sandbox = ReplayingSandbox(
+        task.make_sandbox(cfg.sandbox, workspace, **task.sandbox_limits(**cfg.sandbox_overrides())), journal
     )
     tool_ctx = ToolContext(
         sandbox=agent_sandbox,
@@ -290,12 +293,12 @@ async def _execute(
                 # Observers inside the journal: they see live calls, never replayed ones.
                 for o in controls.observers:
                     m = o.model(m)
-                return journal.model(m)
+                return JournaledModel(m, journal)
 
             def wrap_tools(ts: list[Tool]) -> list[Tool]:
                 for o in controls.observers:
                     ts = o.tools(ts)
-                return journal.tools(ts)
+                return [JournaledTool(t, journal) for t in ts]
 
             model = wrap_model(p.model)  # every call journaled, the summariser's included
             routing = p.routing
@@ -308,7 +311,7 @@ async def _execute(
                 cfg.max_cost,
                 service_tier=cfg.service_tier,
                 max_context=cfg.max_context,
-                guard=dataclasses.replace(guard_config, pause_at_cap=controls.pause_at_cap),
+                guard=guard_config.model_copy(update={"pause_at_cap": controls.pause_at_cap}),
             )
             agent: Agent | Team
             if p.team is not None:
@@ -329,7 +332,7 @@ async def _execute(
                     summarizer=None
                     if isinstance(p.model, SimModel)
                     else ModelSummarizer(router.role("summariser") if router else model, p.prices),
-                    probe=journal.probe(TreeFingerprint(workspace)),
+                    probe=JournaledProbe(TreeFingerprint(workspace), journal),
                     clock=journal.clock,
                     router=router,
                     inbox=controls.inbox.reader(journal) if controls.inbox else None,
@@ -405,7 +408,7 @@ def team_for(
         tools=lambda: default_tools(p.counter.counter),
         policy=lambda: make_policy(p.config.policy),
         journal=journal,
-        probe=lambda j: j.probe(TreeFingerprint(workspace)) if j is not None else None,
+        probe=lambda j: JournaledProbe(TreeFingerprint(workspace), j) if j is not None else None,
         observe_model=observe_model,
         observe_tools=observe_tools,
         on_step=on_step,
@@ -454,7 +457,7 @@ class Controls:
                 cap = source()
                 return None if cap is None else str(cap)
 
-            value = journal.observe(read, keep=larger)
+            value = journal.read_outside(read, keep=larger)
             return None if value is None else Decimal(value)
 
         return raised
@@ -474,7 +477,7 @@ class Inbox:
 
         def read() -> list[Message]:
             nonlocal seen
-            got = journal.observe(lambda: self.fetch(seen))
+            got = journal.read_outside(lambda: self.fetch(seen))
             seen = max((int(m["n"]) for m in got), default=seen)
             return [Message("user", str(m["content"]), kind="person") for m in got]
 

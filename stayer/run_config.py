@@ -1,6 +1,6 @@
 """A run's configuration: what ``stayer run`` was asked to do, as the journal keeps it.
 
-Apart from ``eval.trial`` (which imports the agent and everything it runs with), so that an
+Apart from ``stayer.run`` (which imports the agent and everything it runs with), so that an
 evaluation that only re-renders its report can name its configurations without them.
 """
 

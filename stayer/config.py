@@ -1,4 +1,6 @@
-"""``stayer.toml``: which model plays which role, the cascade, tiers, failover, breakers.
+"""``stayer.toml``'s schema: which model plays which role, the cascade, tiers, failover,
+sub-agents, breakers. Each section is one pydantic model with its bounds (the types come
+from ``stayer.settings``; ``[guard]`` is the guard's own ``GuardConfig``).
 
 Example::
 
@@ -35,7 +37,7 @@ Example::
     max_tokens = 2000000
     max_wall_s = 3600
     soft_fraction = 0.8
-    wrapup_steps = 2
+    wrapup_steps = 2                     # 0: no wrap-up
 
 Any key not listed here is an error naming the file and the key (a typo must not be a
 silently ignored setting).
@@ -44,19 +46,17 @@ silently ignored setting).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from stayer.errors import ConfigError
 from stayer.guard.breakers import GuardConfig
 from stayer.settings import (
-    Factor,
     Fraction,
     Seconds,
     StepCount,
     Steps,
-    Tokens,
     describe,
     read_toml,
 )
@@ -98,22 +98,6 @@ class SubagentsSection(_Section):
     max_depth: int = Field(1, ge=1, le=8)
 
 
-class GuardSection(_Section):
-    max_tokens: Tokens | None = None
-    max_wall_s: Seconds | None = None
-    max_tool_errors: StepCount = 5
-    loop_repeats: StepCount = 4
-    no_change_steps: StepCount = 20
-    anomaly_factor: Factor = 10.0
-    anomaly_window: Steps = 5
-    soft_fraction: Fraction = 0.8
-    wrapup_steps: Annotated[int, Field(ge=1, le=100)] = 2
-    wrapup_output_tokens: Annotated[int, Field(ge=256, le=1_000_000)] = 1024
-
-    def to_guard(self) -> GuardConfig:
-        return GuardConfig(**self.model_dump())
-
-
 class StayerConfig(_Section):
     models: ModelsSection = ModelsSection()
     cascade: CascadeSection | None = None
@@ -121,7 +105,14 @@ class StayerConfig(_Section):
     tiers: TiersSection = TiersSection()
     failover: dict[str, list[str]] = Field(default_factory=dict)
     subagents: SubagentsSection | None = None
-    guard: GuardSection = GuardSection()
+    guard: GuardConfig = GuardConfig()
+
+    @field_validator("guard", mode="before")
+    @classmethod
+    def _no_runtime_keys(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "pause_at_cap" in value:
+            raise ValueError("pause_at_cap is the runtime's to set, not a file's")
+        return value
 
     def model_specs(self) -> list[str]:
         """Every model the file names (each must be buildable and, under a cap, priced)."""
@@ -175,4 +166,5 @@ def _allowed(loc: tuple[Any, ...]) -> str:
             return "check the spelling"
         model = candidates[0]
     where = "at the top level" if len(loc) == 1 else f"in section {'.'.join(map(str, loc[:-1]))!r}"
-    return f"allowed {where}: {', '.join(model.model_fields)}"
+    allowed = [name for name in model.model_fields if name != "pause_at_cap"]
+    return f"allowed {where}: {', '.join(allowed)}"

@@ -1,5 +1,8 @@
 """What-if replay: a recorded trajectory's cost under another model, policy or context limit.
 
+A layer above the agent (next to ``eval`` and ``audit``): it drives a whole ``Agent`` on a
+simulated model.
+
 The trajectory's actions and observations are fixed; what changes is the prompt each step
 would send — assembled by the same ``Context`` and ``ContextPolicy`` as a live run — and
 what that prompt costs under the target provider's caching rules and prices (the
@@ -25,12 +28,18 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from stayer.context.policies import ContextPolicy
+from stayer.agent import SYSTEM_PROMPT, Agent, Limits
+from stayer.context.policies import ContextPolicy, make_policy
 from stayer.errors import ConfigError
-from stayer.models.base import Message, ModelRequest, ToolCall, ToolSpec
+from stayer.guard.breakers import GuardConfig
+from stayer.messages import Message, ToolCall, ToolSpec
+from stayer.models.base import ModelRequest
+from stayer.models.caching import provider_of
+from stayer.models.sim import SimModel
 from stayer.pricing import PriceBook
 from stayer.settings import read_text
-from stayer.tokens import MessageCounter
+from stayer.tokens import MessageCounter, TiktokenCounter
+from stayer.tools import check_args, default_tools
 from stayer.tools.base import ToolContext, ToolResult
 
 
@@ -177,7 +186,8 @@ def _mini_swe_agent(path: Path, messages: list[dict]) -> Trace:
             if not isinstance(tool_calls, list):
                 raise ConfigError(f"{path}: messages: tool_calls: expected a list, got {type(tool_calls).__name__}")
             for i, c in enumerate(_objects(tool_calls, path, "tool_calls")):
-                fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+                fn = c.get("function")
+                fn = fn if isinstance(fn, dict) else {}
                 args = _call_arguments(fn.get("arguments") or "{}")
                 calls.append(ToolCall(str(c.get("id") or f"t{n}_{i}"), str(fn.get("name") or "bash"), args))
             if not calls:  # text actions (older format): the next user message is the output
@@ -215,10 +225,6 @@ def _swe_agent(path: Path, data: dict) -> Trace:
 
 
 def _stayer_run(run_dir: Path) -> Trace:
-    from stayer.agent import SYSTEM_PROMPT
-    from stayer.tokens import TiktokenCounter
-    from stayer.tools import default_tools
-
     file = run_dir / "trajectory.jsonl"
     if not file.is_file():
         raise ConfigError(f"{run_dir}: not a stayer run directory (no trajectory.jsonl)")
@@ -311,9 +317,6 @@ async def replay(
     max_context: int | None = None,
 ) -> dict[str, Any]:
     """Replay ``trace`` through ``policy`` on ``sim:model_id``; the ``whatif --json`` document."""
-    from stayer.agent import Agent, Limits
-    from stayer.guard.breakers import GuardConfig
-    from stayer.models.sim import SimModel
 
     # The run's own tools in its order (the prompt's prefix), then any other the trace called.
     called = [c for t in trace.turns for c in t.tool_calls]
@@ -365,8 +368,6 @@ async def compare(
     """What the trace cost, its replay under its own model and policy (the baseline), and
     each ``(model, policy)`` scenario (model None: the recorded one) with its difference
     from the baseline. The ``whatif --json`` document's comparison part."""
-    from stayer.context.policies import make_policy
-    from stayer.models.caching import provider_of
 
     recorded = trace.recorded
     baseline: dict[str, Any] | None = None
@@ -407,7 +408,6 @@ def _replayable(spec: ToolSpec, calls: list[ToolCall]) -> ToolSpec:
     """``spec`` if every recorded call passes its schema, so the replayed prompt carries the
     schema the run sent; else a schema any arguments pass, so that every call reaches the
     recorded observation (a call the loop refused would not take its turn)."""
-    from stayer.tools import check_args
 
     def fits(call: ToolCall) -> bool:
         try:

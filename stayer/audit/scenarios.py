@@ -1,5 +1,5 @@
 """``stayer audit --what-if model=ID,policy=P``: an audited session under another model or
-context policy — an *estimate*, computed by the what-if engine (``stayer.context.whatif``).
+context policy — an *estimate*, computed by the what-if engine (``stayer.whatif``).
 
 This module only turns a session's log into the engine's :class:`Trace` (its instruction,
 the agent's tool-calling turns and the observations they got back) and runs the engine
@@ -30,7 +30,7 @@ import orjson
 from stayer.audit.analysis import SessionReport, money
 from stayer.audit.calls import MAIN_CHAIN, SessionRef
 from stayer.errors import ConfigError
-from stayer.models.base import Message, ToolCall
+from stayer.messages import Message, ToolCall
 from stayer.pricing import PriceBook
 from stayer.settings import MAX_TOKENS, RunSettings, check_flags
 
@@ -210,7 +210,7 @@ def _codex(path: Path) -> _Builder:
 def session_trace(report: SessionReport, ref: SessionRef, counter: Any) -> Any:
     """The engine's ``Trace`` for one audited session (see the module docstring)."""
     from stayer.context.layout import Context
-    from stayer.context.whatif import BASH, Trace, load_trace
+    from stayer.whatif import BASH, Trace, load_trace
 
     if ref.source == "stayer":
         return load_trace(str(ref.paths[0].parent))
@@ -222,7 +222,7 @@ def session_trace(report: SessionReport, ref: SessionRef, counter: Any) -> Any:
     if not turns:
         raise ConfigError(f"session {ref.id}: no tool-calling turns to replay")
     names = sorted({c.name for t in turns for c in t.tool_calls})
-    from stayer.models.base import ToolSpec
+    from stayer.messages import ToolSpec
 
     tools = [ToolSpec(n, f"Recorded tool {n}.", {"type": "object"}) for n in names] or [BASH]
     instruction = "\n\n".join(built.instruction)
@@ -245,8 +245,8 @@ def run_what_ifs(
 ) -> list[dict[str, Any]]:
     """The ``what_if`` entries of the audit document, for the costliest sessions."""
     from stayer.context.policies import make_policy
-    from stayer.context.whatif import replay
     from stayer.tokens import MessageCounter, TiktokenCounter
+    from stayer.whatif import replay
 
     counter = MessageCounter(TiktokenCounter())
     out: list[dict[str, Any]] = []
