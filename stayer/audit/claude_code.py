@@ -260,7 +260,7 @@ class ClaudeCodeImporter:
                 chain = self._chain(d, file_chain, roots) if sidechain else MAIN_CHAIN
                 msg = d.message
                 usage = msg.usage if msg is not None else None
-                if not (usage_line and type(usage) is dict):
+                if msg is None or not (usage_line and type(usage) is dict):
                     if d.type == "summary" or d.subtype == "compact_boundary" or d.isCompactSummary is True:
                         compaction.add(chain)
                     continue

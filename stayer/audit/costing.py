@@ -143,12 +143,25 @@ def load_steps(path: Path, fingerprint: str) -> CompiledSteps:
             if steps is None
             else (
                 tuple(steps[0]),
-                tuple(None if r is None else Rates(*map(Decimal, r[:5]), currency=r[5]) for r in steps[1]),
+                tuple(None if r is None else _saved_rates(r) for r in steps[1]),
             )
             for group, steps in doc["steps"].items()
         }
     except (OSError, EOFError, ValueError, TypeError, KeyError, IndexError, ArithmeticError):
         return {}
+
+
+def _saved_rates(saved: tuple[str, ...]) -> Rates:
+    """The rates :func:`save_steps` wrote as one tuple: ``_RATE_FIELDS`` then the currency."""
+    inp, cache_read, cache_write_5m, cache_write_1h, out, currency = saved
+    return Rates(
+        Decimal(inp),
+        Decimal(cache_read),
+        Decimal(cache_write_5m),
+        Decimal(cache_write_1h),
+        Decimal(out),
+        currency,
+    )
 
 
 def save_steps(path: Path, fingerprint: str, steps: CompiledSteps) -> None:
