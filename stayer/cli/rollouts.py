@@ -210,7 +210,7 @@ def _stats(out: Path, json_out: bool) -> None:
     domains: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         domains.setdefault(r["domain"], []).append(r)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for d, rs in sorted(domains.items()):
         rewards = [raw_reward(r) for r in rs]
         groups: dict[str, list[bool]] = {}

@@ -41,7 +41,7 @@ _RUNTIME_ONLY = {
 }
 _KNOWN = _BUILD | _RUNTIME_ONLY | {"ONBUILD"}
 # Docker's own default shell for the shell form of RUN.
-DEFAULT_SHELL = ("/bin/sh", "-c")
+DEFAULT_SHELL: tuple[str, ...] = ("/bin/sh", "-c")
 _DIRECTIVE = re.compile(r"#\s*([A-Za-z]+)\s*=\s*(\S+)\s*$")
 _FLAG = re.compile(r"--([A-Za-z][A-Za-z0-9-]*)(?:=(\S*))?")
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::([-+])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")

@@ -136,8 +136,8 @@ def read_facts(task: Task) -> TaskFacts:
     # a file the tests expect in /app (unless it is a test's own name).
     test_names = {Path(name).name for name in texts}
     env_by_name: dict[str, list[str]] = {}
-    for p in environment_files(task):
-        env_by_name.setdefault(Path(p).name, []).append(p)
+    for f in environment_files(task):
+        env_by_name.setdefault(Path(f).name, []).append(f)
     mentioned: set[str] = set()
     modules: set[str] = set()
     rewards: set[str] = set()
@@ -164,7 +164,7 @@ def _imported_modules(source: str) -> set[str]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return set()
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(a.name.split(".")[0] for a in node.names)

@@ -337,7 +337,7 @@ def _set_once(future: asyncio.Future[None]) -> None:
 async def _read_to_eof(fd: int) -> bytes:
     loop = asyncio.get_running_loop()
     os.set_blocking(fd, False)
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         try:
             chunk = os.read(fd, 4096)
