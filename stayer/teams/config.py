@@ -31,7 +31,7 @@ from stayer.settings import Fraction, Settings, StepCount, Steps, check_file, re
 
 #: The built-in tools an agent may be given (``submit`` is always there: it ends a thread).
 BuiltinTool = Literal["bash", "read_file", "write_file", "edit_file", "memory"]
-BUILTIN_TOOLS: tuple[str, ...] = get_args(BuiltinTool)
+BUILTIN_TOOLS: tuple[BuiltinTool, ...] = get_args(BuiltinTool)
 Name = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 
 

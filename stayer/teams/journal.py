@@ -61,8 +61,7 @@ class ThreadJournal(RunJournal):
     def on_step(self, entry: Any) -> None:
         self.steps_done = entry.step
         self._unstepped.clear()
-        if self.steps_cost is not None:
-            self.steps_cost = None if entry.cost.total is None else self.steps_cost + entry.cost.total
+        self.steps_cost += entry.cost.total  # ``Usd``: an unpriced step makes it unknown
         if entry.step not in self.log.steps:
             self.record("step", {"step": entry.step, "entry": entry.to_dict()}, update=self.row_update())
         self.snapshot()

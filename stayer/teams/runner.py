@@ -35,6 +35,7 @@ from stayer.journal.replay import JournaledModel, JournaledTool, ReplayingSandbo
 from stayer.journal.session import RunJournal
 from stayer.ledger import LedgerEntry, RunResult
 from stayer.models.base import Message, Model
+from stayer.money import usd_sum
 from stayer.pricing import PriceBook
 from stayer.teams.bus import MessageBus, TeamMessage
 from stayer.teams.config import BUILTIN_TOOLS, TeamSpec, shares
@@ -176,11 +177,8 @@ class Team:
         return {"steps": steps, "cost_usd": self._cost_text()}
 
     def _cost_text(self) -> str:
-        total: Decimal | None = Decimal(0)
-        for t in self.threads.values():
-            cost = t.journal.steps_cost if t.journal is not None else None
-            total = None if total is None or cost is None else total + cost
-        return "unknown" if total is None else str(total)
+        threads = self.threads.values()
+        return str(usd_sum(t.journal.steps_cost if t.journal is not None else None for t in threads))
 
     def _replaying(self) -> bool:
         """Whether some thread has yet to catch up with the restored workspace: a snapshot
