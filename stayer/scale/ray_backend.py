@@ -119,7 +119,10 @@ class RayTrials:
         i = min(range(len(self._workers)), key=self._in_flight.__getitem__)
         self._in_flight[i] += 1
         try:
-            ref = self._workers[i].run.remote(self.trial_fn, trial, self._prices_ref(prices), run_id)
+            # Ray's typing gives an actor handle's methods no ``.remote`` (it adds it at runtime).
+            ref = self._workers[i].run.remote(  # type: ignore[attr-defined]
+                self.trial_fn, trial, self._prices_ref(prices), run_id
+            )
             try:
                 return await ref
             except asyncio.CancelledError:  # stopped (a straggler): its journal keeps what it did

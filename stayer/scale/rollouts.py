@@ -178,6 +178,7 @@ async def collect(
             return record
         finally:
             if hold is not None:
+                assert slice_cap is not None  # only a slice is ever held
                 # What it spent; a sample stopped midway, what its journal says it spent.
                 cost = record.get("cost_usd")
                 spent = Decimal(cost) if cost not in (None, "unknown") else _spent_so_far(store, trial)
