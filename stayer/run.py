@@ -246,19 +246,20 @@ async def _execute(
     controls: Controls,
 ) -> dict[str, Any]:
     cfg, task = p.config, p.task
+    sandbox_kind = task.kind(cfg.sandbox)  # prepare() resolved it already: the same kind
     workspace = p.run_dir / "workspace"
     if journal is None:
         assert p.store is not None
         journal = RunJournal.create(p.store, p.run_id, run_header(p), workspace, p.prices)
         make_run_dir(p.run_dir, exist_ok=False)
-        task.materialise(workspace, cfg.sandbox)
+        task.materialise(workspace, sandbox_kind)
         journal.take_snapshot(0)
     else:
         make_run_dir(p.run_dir, exist_ok=True)
-        journal.restore_workspace(lambda ws: task.materialise(ws, cfg.sandbox))
+        journal.restore_workspace(lambda ws: task.materialise(ws, sandbox_kind))
     started = datetime.fromisoformat(journal.started)
     agent_sandbox = ReplayingSandbox(
-        task.make_sandbox(cfg.sandbox, workspace, **task.sandbox_limits(**cfg.sandbox_overrides())), journal
+        task.make_sandbox(sandbox_kind, workspace, **task.sandbox_limits(**cfg.sandbox_overrides())), journal
     )
     tool_ctx = ToolContext(
         sandbox=agent_sandbox,
@@ -349,7 +350,7 @@ async def _execute(
             # The task's time limit for the agent, enforced here for `stayer run`, `resume`
             # and every eval trial alike: at the limit the loop is cancelled wherever it
             # is, which kills the command in flight and its sandbox.
-            cut_short = None
+            cut_short: list[dict[str, Any]] = []
             limit = asyncio.timeout(task.agent_timeout_s)
             try:
                 async with limit:
@@ -360,9 +361,9 @@ async def _execute(
                 result, cut_short = timed_out(agent, journal, task.agent_timeout_s)
             journal.flush()
     # Always verified: the tests decide success, however and wherever the agent stopped.
-    verifier_sandbox = task.make_sandbox(cfg.sandbox, workspace, allow_net=task.allow_internet)
+    verifier_sandbox = task.make_sandbox(sandbox_kind, workspace, allow_net=task.allow_internet)
     verdict = await verify(task, verifier_sandbox)
-    extra = lost_ledger_entries(journal.lost) + ([cut_short] if cut_short else [])
+    extra = lost_ledger_entries(journal.lost) + cut_short
     doc = result_document(p, result, verdict, started, extra)
     journal.finish(doc)
     write_result(p.run_dir, doc)
@@ -484,21 +485,26 @@ class Inbox:
         return read
 
 
-def timed_out(agent: Agent, journal: RunJournal, limit_s: float) -> tuple[RunResult, dict[str, Any] | None]:
+def timed_out(agent: Agent | Team, journal: RunJournal, limit_s: float) -> tuple[RunResult, list[dict[str, Any]]]:
     """The result of a run stopped by the task's agent time limit: its finished steps, and
-    the step the stop cut short (its model calls were billed), as ``budget_exhausted`` with
-    ``stop_reason`` ``agent_timeout``."""
+    the steps the stop cut short (their model calls were billed; a team's threads journal
+    their own calls, so each thread stopped in mid-step has one), as ``budget_exhausted``
+    with ``stop_reason`` ``agent_timeout``."""
     result = agent.result or RunResult(status="budget_exhausted")
-    cut = journal.cut_short()
-    if cut is not None:
-        result.steps = cut["step"]
-    detail = f"the task's agent time limit of {limit_s:g} s ran out during step {result.steps + (cut is None)}"
+    journals: list[RunJournal]
+    if isinstance(agent, Team):
+        journals = [t.journal for t in agent.threads.values() if t.journal is not None]
+    else:
+        journals = [journal]
+    cuts = [cut for j in journals if (cut := j.cut_short()) is not None]
+    result.steps += len(cuts)  # a cut step is the one after its journal's last finished step
+    detail = f"the task's agent time limit of {limit_s:g} s ran out during step {result.steps + (not cuts)}"
     result.status, result.stop_reason = "budget_exhausted", "agent_timeout"
     result.breakers.append(
         {"agent": "main", "reason": "agent_timeout", "detail": detail, "step": result.steps, "action": "stop", "soft": False}
     )
     result.summary = result.summary or f"Stopped: {detail}. The workspace holds the work done until then."
-    return result, cut
+    return result, cuts
 
 
 def write_result(run_dir: Path, doc: dict[str, Any]) -> None:

@@ -73,3 +73,26 @@ def test_an_eval_trial_stopped_by_the_agent_timeout_keeps_its_run_and_cost(tmp_p
     report = json.loads(stayer("report", record["run_id"], "--json", home=home).stdout)
     assert Decimal(report["totals"]["cost_usd"]) == Decimal(record["cost_usd"]) == Decimal(config["total_cost_usd"])
     assert processes_running(f"sleep {seconds}") == []
+
+@needs_bwrap
+def test_a_team_stopped_by_the_agent_timeout_keeps_the_step_its_thread_was_in(tmp_path):
+    # A team's threads journal their own model calls: the step the limit cut short is the
+    # thread's, billed and on the ledger under the thread's name, as a single agent's is.
+    task, seconds = slow_task(tmp_path)
+    home = tmp_path / "home"
+    team = tmp_path / "team.toml"
+    team.write_text('entry = "lead"\n[agents.lead]\nmodel = "sim:gpt-5"\n')
+    r = stayer("run", str(task), "--team", str(team), "--json", home=home)
+    assert r.returncode == 3, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["status"], doc["stop_reason"]) == ("budget_exhausted", "agent_timeout")
+    assert processes_running(f"sleep {seconds}") == []
+    [entry] = doc["ledger"]
+    assert (entry["kind"], entry["agent"], entry["step"]) == ("cut_short", "lead", 1)
+    assert doc["steps"] == 1 and Decimal(doc["cost_usd"]) == Decimal(entry["cost_usd"]) > 0
+    assert doc["usage"]["input_tokens"] == entry["usage"]["input_tokens"] > 0
+    assert [a["agent"] for a in doc["agents"]] == ["lead"]
+    report = json.loads(stayer("report", doc["run_id"], "--json", home=home).stdout)
+    assert report["totals"]["cost_usd"] == doc["cost_usd"] and report["ledger"] == doc["ledger"]
+    [row] = json.loads(stayer("runs", "--json", home=home).stdout)["runs"]
+    assert (row["status"], row["steps"], row["cost_usd"]) == ("budget_exhausted", 1, doc["cost_usd"])

@@ -368,7 +368,7 @@ class RunJournal:
         first_model, first = self._unstepped[0]
         calls = [{"id": c.id, "name": c.name, "is_error": True, "exit_code": None} for c in first.message.tool_calls]
         entry = {
-            "agent": "main",
+            "agent": self.agent,
             "step": step,
             "kind": "cut_short",
             "model": first_model.spec,
