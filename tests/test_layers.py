@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
     {"stayer", "errors", "settings", "messages", "usage", "money", "pricing", "tokens", "sqlite_tx", "svgplot"},
     {"models"},
     {"sandbox"},
+    {"environments"},  # task images: built over the sandbox, used by tasks
     {"context"},
     {"tools"},
     {"guard"},
