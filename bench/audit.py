@@ -93,7 +93,13 @@ def find_ccusage(explicit: str | None) -> Path:
             sys.exit("ccusage not found: give --ccusage PATH (its native binary) or install npm")
         cache.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            ["npm", "install", "--silent", f"ccusage@{CCUSAGE_VERSION}", f"@ccusage/ccusage-linux-x64@{CCUSAGE_VERSION}"],
+            [
+                "npm",
+                "install",
+                "--silent",
+                f"ccusage@{CCUSAGE_VERSION}",
+                f"@ccusage/ccusage-linux-x64@{CCUSAGE_VERSION}",
+            ],
             cwd=cache,
             check=True,
         )
@@ -101,7 +107,9 @@ def find_ccusage(explicit: str | None) -> Path:
     if not found:
         sys.exit(f"npm did not install a native ccusage binary under {cache}")
     binary = found[0]
-    if not os.access(binary, os.X_OK):  # npm unpacks it without the exec bit; ccusage's wrapper sets it
+    if not os.access(
+        binary, os.X_OK
+    ):  # npm unpacks it without the exec bit; ccusage's wrapper sets it
         binary.chmod(binary.stat().st_mode | 0o111)
     return binary
 
@@ -227,11 +235,17 @@ def main() -> None:
             trees[label] = (tree, written)
         caches = Path(tempfile.mkdtemp(prefix="stayer-audit-bench-cache-"))
         tools: dict[str, tuple[list[str], dict[str, str]]] = {}
-        roots = {"stayer": ROOT, **({"stayer-baseline": Path(args.baseline).resolve()} if args.baseline else {})}
+        roots = {
+            "stayer": ROOT,
+            **({"stayer-baseline": Path(args.baseline).resolve()} if args.baseline else {}),
+        }
         for name, root in roots.items():
             env = dict(os.environ, PYTHONPATH=str(root), XDG_CACHE_HOME=str(caches / name))
             tools[name] = (stayer_cmd(trees["full"][0]), env)
-        tools["ccusage"] = (ccusage_cmd(binary), dict(os.environ, CLAUDE_CONFIG_DIR=str(trees["full"][0])))
+        tools["ccusage"] = (
+            ccusage_cmd(binary),
+            dict(os.environ, CLAUDE_CONFIG_DIR=str(trees["full"][0])),
+        )
         load_before = os.getloadavg()
         cold = {name: run(*tools[name]).wall for name in roots}  # empty price-steps cache
         run(*tools["ccusage"])  # page cache and binary warm

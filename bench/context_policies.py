@@ -68,7 +68,9 @@ def synthetic_trace(name: str, steps: int, obs: list[int], out: list[int], seed:
         call = ToolCall(f"c{s}", "bash", f'{{"command": "run step {s}"}}')
         turns.append(Message("assistant", filler(out[s], rng), (call,)))
         observations[call.id] = filler(obs[s], rng)
-    return Trace(name, "You are an agent. Work in /app.", "Solve the task.", turns, observations, [BASH])
+    return Trace(
+        name, "You are an agent. Work in /app.", "Solve the task.", turns, observations, [BASH]
+    )
 
 
 def workloads(quick: bool) -> list[Trace]:
@@ -94,11 +96,17 @@ class SchedulePolicy:
     name: str = "schedule"
 
     def plan(self, ctx: Context, view: StepView) -> Compaction | None:
-        planned = _evict(ctx, victims_of(ctx, self.window), "scheduled") if view.step in self.steps else None
+        planned = (
+            _evict(ctx, victims_of(ctx, self.window), "scheduled")
+            if view.step in self.steps
+            else None
+        )
         return _enforce_limit(ctx, view, planned, self.window)
 
 
-def optimal_schedule(trace: Trace, model_id: str, prices: PriceBook, counter: MessageCounter) -> frozenset[int]:
+def optimal_schedule(
+    trace: Trace, model_id: str, prices: PriceBook, counter: MessageCounter
+) -> frozenset[int]:
     """Hindsight DP over compaction points (see module docstring)."""
     provider = provider_of(model_id)
     rules = cache_rules(provider, model_id)
@@ -126,7 +134,12 @@ def optimal_schedule(trace: Trace, model_id: str, prices: PriceBook, counter: Me
         r = prices.rates(model_id, provider, None, tokens)
         key = 0 if r is None else int(r.input * 1000)
         if key not in rate_cache:
-            rate_cache[key] = (float(r.input), float(r.cache_read), float(r.cache_write_5m), float(r.output))
+            rate_cache[key] = (
+                float(r.input),
+                float(r.cache_read),
+                float(r.cache_write_5m),
+                float(r.output),
+            )
         return rate_cache[key]
 
     # ctx_at[k][t]: prompt tokens of request t (1-based) when the last compaction was at k.
@@ -159,7 +172,9 @@ def optimal_schedule(trace: Trace, model_id: str, prices: PriceBook, counter: Me
             read = pinned if pinned >= rules.min_tokens else 0
         else:
             first = max(k_prev - 1 - WINDOW, 0) + 1  # first observation newly stubbed
-            read = cached_length(rules, pinned + prefix_ao[first - 1] + a[first - 1] - saved[first - 1])
+            read = cached_length(
+                rules, pinned + prefix_ao[first - 1] + a[first - 1] - saved[first - 1]
+            )
         written = (cur - read) if explicit and cur >= rules.min_tokens else 0
         return price(cur, read, written, k)
 
@@ -219,34 +234,71 @@ async def run_all(quick: bool, as_json: bool = False) -> int:
             schedule = optimal_schedule(trace, model, prices, counter)
             r = await replay(trace, model, SchedulePolicy(schedule), prices=prices, counter=counter)
             costs["optimal"] = min(Decimal(r["cost_usd"]), costs["none"])
-            row = f"{name[:44]:<44} {model:<18}" + "".join(f"{float(costs[p]):>11.4f}" for p in [*POLICIES, "optimal"])
+            row = f"{name[:44]:<44} {model:<18}" + "".join(
+                f"{float(costs[p]):>11.4f}" for p in [*POLICIES, "optimal"]
+            )
             vs_none = costs["auto"] / costs["none"]
             vs_mask = costs["auto"] / costs["mask(5)"]
             vs_opt = costs["auto"] / costs["optimal"]
             say(row + f"{float(vs_none):>10.3f}{float(vs_mask):>10.3f}{float(vs_opt):>9.3f}")
-            rows.append({"workload": name, "model": model, "cost_usd": {k: str(v) for k, v in costs.items()},
-                         "auto_vs_none": float(vs_none), "auto_vs_mask": float(vs_mask), "auto_vs_optimal": float(vs_opt)})
+            rows.append(
+                {
+                    "workload": name,
+                    "model": model,
+                    "cost_usd": {k: str(v) for k, v in costs.items()},
+                    "auto_vs_none": float(vs_none),
+                    "auto_vs_mask": float(vs_mask),
+                    "auto_vs_optimal": float(vs_opt),
+                }
+            )
             if vs_none > 1 or vs_mask > 1 or vs_opt > Decimal("1.15"):
                 failures.append(f"{name} / {model}")
-            if name.startswith("published") and model.startswith("claude") and vs_none > Decimal("0.5"):
+            if (
+                name.startswith("published")
+                and model.startswith("claude")
+                and vs_none > Decimal("0.5")
+            ):
                 failures.append(f"{name} / {model}: auto/none {vs_none:.3f} > 0.5")
-            limited = await replay(trace, model, AutoPolicy(window=WINDOW), prices=prices, counter=counter, max_context=LIMIT)
+            limited = await replay(
+                trace,
+                model,
+                AutoPolicy(window=WINDOW),
+                prices=prices,
+                counter=counter,
+                max_context=LIMIT,
+            )
             if limited["peak_context_tokens"] > LIMIT:
-                failures.append(f"{name} / {model}: peak {limited['peak_context_tokens']} > --max-context {LIMIT}")
+                failures.append(
+                    f"{name} / {model}: peak {limited['peak_context_tokens']} > --max-context {LIMIT}"
+                )
             peaks.append(limited["peak_context_tokens"])
     say()
-    say("targets: auto ≤ none, auto ≤ mask(5), auto ≤ 1.15× optimal everywhere; published/Anthropic auto ≤ 0.5× none")
+    say(
+        "targets: auto ≤ none, auto ≤ mask(5), auto ≤ 1.15× optimal everywhere; published/Anthropic auto ≤ 0.5× none"
+    )
     say(f"auto with --max-context {LIMIT:,}: highest peak context {max(peaks):,} tokens")
     say("missed: " + ("; ".join(failures) if failures else "none"))
     if as_json:
-        print(json.dumps({"bench": "context_policies", "rows": rows, "max_context": LIMIT,
-                          "highest_peak_tokens": max(peaks), "missed": failures}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "bench": "context_policies",
+                    "rows": rows,
+                    "max_context": LIMIT,
+                    "highest_peak_tokens": max(peaks),
+                    "missed": failures,
+                },
+                indent=2,
+            )
+        )
     return 1 if failures else 0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a 60-step synthetic workload instead of 200")
+    ap.add_argument(
+        "--quick", action="store_true", help="a 60-step synthetic workload instead of 200"
+    )
     ap.add_argument("--json", action="store_true", help="Print one JSON document of the figures.")
     args = ap.parse_args()
     raise SystemExit(asyncio.run(run_all(args.quick, args.json)))

@@ -49,7 +49,9 @@ def make_suite(dest: Path, n: int) -> Path:
     return dest
 
 
-def measure(suite: Path, concurrency: int, latency: float, prices: PriceBook) -> tuple[float, int, int]:
+def measure(
+    suite: Path, concurrency: int, latency: float, prices: PriceBook
+) -> tuple[float, int, int]:
     tasks = load_suite(suite)
     config = EvalConfig("sim:claude-sonnet-4-5", sim_latency=latency)
     trials = plan_trials(tasks, [config], epochs=1)
@@ -79,18 +81,41 @@ def main() -> None:
         measure(suite, max(levels), 0.0, prices)
         for latency in latencies:
             say(f"\nmodel latency {latency:g} s per call")
-            say(f"{'concurrency':>11} {'trials':>6} {'solved':>6} {'seconds':>8} {'trials/min':>10} {'speed-up':>8}")
+            say(
+                f"{'concurrency':>11} {'trials':>6} {'solved':>6} {'seconds':>8} {'trials/min':>10} {'speed-up':>8}"
+            )
             base = None
             for level in levels:
                 seconds, n, solved = measure(suite, level, latency, prices)
                 rate = n / seconds * 60
                 base = base or rate
-                say(f"{level:>11} {n:>6} {solved:>6} {seconds:>8.2f} {rate:>10.1f} {rate / base:>7.2f}x")
-                rows.append({"latency_s": latency, "concurrency": level, "trials": n, "solved": solved,
-                             "seconds": seconds, "trials_per_min": rate, "speedup": rate / base})
+                say(
+                    f"{level:>11} {n:>6} {solved:>6} {seconds:>8.2f} {rate:>10.1f} {rate / base:>7.2f}x"
+                )
+                rows.append(
+                    {
+                        "latency_s": latency,
+                        "concurrency": level,
+                        "trials": n,
+                        "solved": solved,
+                        "seconds": seconds,
+                        "trials_per_min": rate,
+                        "speedup": rate / base,
+                    }
+                )
     if args.json:
-        print(json.dumps({"bench": "eval", "tasks": args.tasks, "cpus": os.cpu_count(),
-                          "loadavg": os.getloadavg(), "rows": rows}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "bench": "eval",
+                    "tasks": args.tasks,
+                    "cpus": os.cpu_count(),
+                    "loadavg": os.getloadavg(),
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

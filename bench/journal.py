@@ -41,7 +41,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_VOCAB = ["INFO", "DEBUG", "WARN", "ok", "retry", "queued", "done", "cache", "miss", "hit", "shard", "flush"]
+_VOCAB = [
+    "INFO",
+    "DEBUG",
+    "WARN",
+    "ok",
+    "retry",
+    "queued",
+    "done",
+    "cache",
+    "miss",
+    "hit",
+    "shard",
+    "flush",
+]
 
 
 # --- the workload (stayer's environment: needs tiktoken) ---------------------------------
@@ -70,13 +83,17 @@ def workload(steps: int, obs_tokens: int) -> list[dict]:
     out = []
     for step in range(1, steps + 1):
         rng = random.Random(-step)
-        reply = " ".join(rng.choice(_VOCAB + ["the", "log", "shows", "next", "check"]) for _ in range(190))
-        out.append({
-            "assistant": f"Step {step}: {reply}",
-            "call_id": f"call_{step}",
-            "args": {"step": step},
-            "observation": observation(step, obs_tokens, counter.count),
-        })
+        reply = " ".join(
+            rng.choice(_VOCAB + ["the", "log", "shows", "next", "check"]) for _ in range(190)
+        )
+        out.append(
+            {
+                "assistant": f"Step {step}: {reply}",
+                "call_id": f"call_{step}",
+                "args": {"step": step},
+                "observation": observation(step, obs_tokens, counter.count),
+            }
+        )
     return out
 
 
@@ -111,17 +128,39 @@ def measure_stayer(data: list[dict], where: Path) -> dict:
         async def complete(self, request: ModelRequest) -> ModelResponse:
             step = sum(1 for m in request.messages if m.role == "assistant")
             if step == len(data):  # the work is done
-                msg = Message("assistant", "Done.", (ToolCall("end", "submit", json.dumps({"summary": "done"})),))
-                return ModelResponse(msg, Usage(input_tokens=20_000 * (step + 1), output_tokens=10), {}, self.model_id, 0.0)
+                msg = Message(
+                    "assistant",
+                    "Done.",
+                    (ToolCall("end", "submit", json.dumps({"summary": "done"})),),
+                )
+                return ModelResponse(
+                    msg,
+                    Usage(input_tokens=20_000 * (step + 1), output_tokens=10),
+                    {},
+                    self.model_id,
+                    0.0,
+                )
             d = data[step]
-            msg = Message("assistant", d["assistant"], (ToolCall(d["call_id"], "observe", json.dumps(d["args"])),))
-            usage = Usage(input_tokens=20_000 * (step + 1), cache_read_tokens=20_000 * step, output_tokens=200)
+            msg = Message(
+                "assistant",
+                d["assistant"],
+                (ToolCall(d["call_id"], "observe", json.dumps(d["args"])),),
+            )
+            usage = Usage(
+                input_tokens=20_000 * (step + 1), cache_read_tokens=20_000 * step, output_tokens=200
+            )
             return ModelResponse(msg, usage, {}, self.model_id, 0.0)
 
     class ScriptedTool:
-        spec = ToolSpec("observe", "Return an observation.", {
-            "type": "object", "properties": {"step": {"type": "integer"}}, "required": ["step"],
-        })
+        spec = ToolSpec(
+            "observe",
+            "Return an observation.",
+            {
+                "type": "object",
+                "properties": {"step": {"type": "integer"}},
+                "required": ["step"],
+            },
+        )
 
         async def __call__(self, args: dict, ctx: ToolContext) -> ToolResult:
             # The work changes the workspace a little every step, so snapshots have work.
@@ -149,19 +188,38 @@ def measure_stayer(data: list[dict], where: Path) -> dict:
             header = {"task": "bench", "model": model.spec, "config": {}}
             journal = RunJournal.create(store, "bench", header, workspace, prices)
             journal.take_snapshot(0)
-            model, tools = JournaledModel(model, journal), [JournaledTool(t, journal) for t in tools]
-            sandbox, on_step, on_event = ReplayingSandbox(sandbox, journal), journal.on_step, journal.on_event
+            model, tools = (
+                JournaledModel(model, journal),
+                [JournaledTool(t, journal) for t in tools],
+            )
+            sandbox, on_step, on_event = (
+                ReplayingSandbox(sandbox, journal),
+                journal.on_step,
+                journal.on_event,
+            )
             probe = JournaledProbe(TreeFingerprint(workspace), journal)
         agent = Agent(
-            model, tools, prices, ToolContext(sandbox=sandbox, workspace=str(workspace)), counter,  # type: ignore[arg-type]
-            Limits(max_steps=2 * steps), on_step=on_step, on_event=on_event, policy=make_policy("none"), probe=probe,
+            model,
+            tools,
+            prices,
+            ToolContext(sandbox=sandbox, workspace=str(workspace)),
+            counter,  # type: ignore[arg-type]
+            Limits(max_steps=2 * steps),
+            on_step=on_step,
+            on_event=on_event,
+            policy=make_policy("none"),
+            probe=probe,
         )
         t0 = time.perf_counter()
         result = await agent.run("Benchmark task.", "bench")
         if result.steps != steps + 1:
-            raise SystemExit(f"the loop stopped after {result.steps} steps: {result.stop_reason} {result.error or ''}")
+            raise SystemExit(
+                f"the loop stopped after {result.steps} steps: {result.stop_reason} {result.error or ''}"
+            )
         if journal is not None:
-            journal.finish({"status": "failed", "steps": result.steps, "cost_usd": str(result.cost_usd)})
+            journal.finish(
+                {"status": "failed", "steps": result.steps, "cost_usd": str(result.cost_usd)}
+            )
         return time.perf_counter() - t0, journal
 
     plain_s, _ = asyncio.run(run(False))
@@ -170,7 +228,12 @@ def measure_stayer(data: list[dict], where: Path) -> dict:
     store = journal.store
     store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # type: ignore[attr-defined]
     home = where / "journaled"
-    files = [home / "stayer.db", home / "stayer.db-wal", *(home / "blobs").rglob("*"), *(home / "snapshots").rglob("*")]
+    files = [
+        home / "stayer.db",
+        home / "stayer.db-wal",
+        *(home / "blobs").rglob("*"),
+        *(home / "snapshots").rglob("*"),
+    ]
     on_disk = sum(p.stat().st_size for p in files if p.is_file())
     store.close()
     return {
@@ -205,53 +268,78 @@ def langgraph_worker(data_path: str, db_path: str, out_path: str) -> None:
             finally:
                 spent[name] += time.perf_counter() - t
                 spent["checkpoints"] += name == "put"
+
         return wrapper
 
     # Everything a checkpoint costs the graph happens in these two (serialising included).
-    TimedSaver = type("TimedSaver", (SqliteSaver,), {  # noqa: N806
-        "put": timed("put", SqliteSaver.put), "put_writes": timed("put_writes", SqliteSaver.put_writes),
-    })
+    TimedSaver = type(
+        "TimedSaver",
+        (SqliteSaver,),
+        {  # noqa: N806
+            "put": timed("put", SqliteSaver.put),
+            "put_writes": timed("put_writes", SqliteSaver.put_writes),
+        },
+    )
 
     # No annotations: LangGraph reads them at runtime, and this module's are strings.
     def step(state):  # noqa: ANN001, ANN202
         i = sum(1 for m in state["messages"] if isinstance(m, AIMessage))
         d = data[i]
         call = {"id": d["call_id"], "name": "observe", "args": d["args"]}
-        return {"messages": [AIMessage(content=d["assistant"], tool_calls=[call]),
-                             ToolMessage(content=d["observation"], tool_call_id=d["call_id"])]}
+        return {
+            "messages": [
+                AIMessage(content=d["assistant"], tool_calls=[call]),
+                ToolMessage(content=d["observation"], tool_call_id=d["call_id"]),
+            ]
+        }
 
     def route(state):  # noqa: ANN001, ANN202
-        return END if sum(1 for m in state["messages"] if isinstance(m, AIMessage)) >= len(data) else "step"
+        return (
+            END
+            if sum(1 for m in state["messages"] if isinstance(m, AIMessage)) >= len(data)
+            else "step"
+        )
 
     conn = sqlite3.connect(db_path, check_same_thread=False)
     saver = TimedSaver(conn)
     graph = StateGraph(MessagesState).add_node("step", step).add_edge(START, "step")
     graph = graph.add_conditional_edges("step", route).compile(checkpointer=saver)
     t0 = time.perf_counter()
-    graph.invoke({"messages": [HumanMessage("Benchmark task.")]},
-                 {"configurable": {"thread_id": "bench"}, "recursion_limit": len(data) + 10})
+    graph.invoke(
+        {"messages": [HumanMessage("Benchmark task.")]},
+        {"configurable": {"thread_id": "bench"}, "recursion_limit": len(data) + 10},
+    )
     wall = time.perf_counter() - t0
     synchronous = conn.execute("PRAGMA synchronous").fetchone()[0]
     journal_mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
     size = sum(os.path.getsize(p) for p in (db_path, db_path + "-wal") if os.path.exists(p))
-    Path(out_path).write_text(json.dumps({
-        "bytes": size,
-        "journal_s_per_step": (spent["put"] + spent["put_writes"]) / len(data),
-        "checkpoints": spent["checkpoints"],
-        "wall_s": wall,
-        "synchronous": synchronous,
-        "journal_mode": journal_mode,
-        "versions": {p: version(p) for p in ("langgraph", "langgraph-checkpoint-sqlite", "langgraph-checkpoint")},
-    }))
+    Path(out_path).write_text(
+        json.dumps(
+            {
+                "bytes": size,
+                "journal_s_per_step": (spent["put"] + spent["put_writes"]) / len(data),
+                "checkpoints": spent["checkpoints"],
+                "wall_s": wall,
+                "synchronous": synchronous,
+                "journal_mode": journal_mode,
+                "versions": {
+                    p: version(p)
+                    for p in ("langgraph", "langgraph-checkpoint-sqlite", "langgraph-checkpoint")
+                },
+            }
+        )
+    )
 
 
 def langgraph_python(explicit: str | None) -> tuple[str | None, str]:
     """A Python with LangGraph, creating the benchmark's own venv if needed; (None, why)."""
     if explicit:
         return explicit, ""
-    venv = Path(os.environ.get("STAYER_BENCH_VENV") or Path.home() / ".cache" / "stayer-bench" / "langgraph")
+    venv = Path(
+        os.environ.get("STAYER_BENCH_VENV") or Path.home() / ".cache" / "stayer-bench" / "langgraph"
+    )
     python = venv / "bin" / "python"
     check = [str(python), "-c", "import langgraph.checkpoint.sqlite, langgraph.graph"]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
@@ -259,8 +347,12 @@ def langgraph_python(explicit: str | None) -> tuple[str | None, str]:
     print(f"creating {venv} with langgraph and langgraph-checkpoint-sqlite …", file=sys.stderr)
     try:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "langgraph", "langgraph-checkpoint-sqlite"],
-                       check=True, capture_output=True, timeout=900)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "langgraph", "langgraph-checkpoint-sqlite"],
+            check=True,
+            capture_output=True,
+            timeout=900,
+        )
     except (subprocess.SubprocessError, OSError) as e:
         return None, f"could not install LangGraph in {venv}: {e}"
     return str(python), ""
@@ -271,8 +363,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--obs-tokens", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=3, help="runs per side; the fastest counts")
-    ap.add_argument("--langgraph-python", help="a Python with langgraph and langgraph-checkpoint-sqlite")
-    ap.add_argument("--langgraph-worker", nargs=3, metavar=("DATA", "DB", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--langgraph-python", help="a Python with langgraph and langgraph-checkpoint-sqlite"
+    )
+    ap.add_argument(
+        "--langgraph-worker", nargs=3, metavar=("DATA", "DB", "OUT"), help=argparse.SUPPRESS
+    )
     ap.add_argument("--json", action="store_true", help="Print one JSON document of the figures.")
     args = ap.parse_args()
     say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
@@ -284,9 +380,13 @@ def main() -> None:
     try:
         data = workload(args.steps, args.obs_tokens)
         raw = sum(len(d["assistant"].encode()) + len(d["observation"].encode()) for d in data)
-        say(f"workload: {args.steps} steps, {args.obs_tokens:,}-token observations; {raw / 1e6:.1f} MB of unique message text")
-        ours = min((measure_stayer(data, where / f"stayer{i}") for i in range(args.repeat)),
-                   key=lambda r: r["journal_s_per_step"])
+        say(
+            f"workload: {args.steps} steps, {args.obs_tokens:,}-token observations; {raw / 1e6:.1f} MB of unique message text"
+        )
+        ours = min(
+            (measure_stayer(data, where / f"stayer{i}") for i in range(args.repeat)),
+            key=lambda r: r["journal_s_per_step"],
+        )
         python, why = langgraph_python(args.langgraph_python)
         theirs = None
         if python is None:
@@ -295,8 +395,18 @@ def main() -> None:
             (where / "data.json").write_text(json.dumps(data))
             for i in range(args.repeat):
                 out, db = where / "langgraph.json", where / f"langgraph{i}.sqlite"
-                r = subprocess.run([python, __file__, "--langgraph-worker", str(where / "data.json"), str(db), str(out)],
-                                   capture_output=True, text=True)
+                r = subprocess.run(
+                    [
+                        python,
+                        __file__,
+                        "--langgraph-worker",
+                        str(where / "data.json"),
+                        str(db),
+                        str(out),
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
                 for p in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
                     p.unlink(missing_ok=True)  # ~1 GB each at the defaults
                 if r.returncode != 0:
@@ -306,20 +416,42 @@ def main() -> None:
                 if theirs is None or run["journal_s_per_step"] < theirs["journal_s_per_step"]:
                     theirs = run
         say(f"{'':28} {'bytes on disk':>15} {'journaling ms/step':>19}")
-        say(f"{'stayer journal (SQLite)':28} {ours['bytes']:>15,} {ours['journal_s_per_step'] * 1000:>19.3f}")
+        say(
+            f"{'stayer journal (SQLite)':28} {ours['bytes']:>15,} {ours['journal_s_per_step'] * 1000:>19.3f}"
+        )
         say(f"{'  (A/B wall difference)':28} {'':>15} {ours['ab_s_per_step'] * 1000:>19.3f}")
         if theirs is not None:
-            say(f"{'LangGraph SqliteSaver':28} {theirs['bytes']:>15,} {theirs['journal_s_per_step'] * 1000:>19.3f}")
+            say(
+                f"{'LangGraph SqliteSaver':28} {theirs['bytes']:>15,} {theirs['journal_s_per_step'] * 1000:>19.3f}"
+            )
             size_x = theirs["bytes"] / ours["bytes"]
             time_x = theirs["journal_s_per_step"] / ours["journal_s_per_step"]
-            say(f"stayer is {size_x:.1f}× smaller and {time_x:.1f}× faster per step (target: ≥10× each)")
-            say(f"LangGraph: {theirs['checkpoints']} checkpoints, journal_mode={theirs['journal_mode']}, "
-                  f"synchronous={theirs['synchronous']}, {theirs['versions']}")
-        say(f"stayer: {ours['events']} events in {ours['writes']} durable writes; "
-              f"stored/unique text = {ours['bytes'] / raw:.2f} (blobs are zlib-compressed)")
+            say(
+                f"stayer is {size_x:.1f}× smaller and {time_x:.1f}× faster per step (target: ≥10× each)"
+            )
+            say(
+                f"LangGraph: {theirs['checkpoints']} checkpoints, journal_mode={theirs['journal_mode']}, "
+                f"synchronous={theirs['synchronous']}, {theirs['versions']}"
+            )
+        say(
+            f"stayer: {ours['events']} events in {ours['writes']} durable writes; "
+            f"stored/unique text = {ours['bytes'] / raw:.2f} (blobs are zlib-compressed)"
+        )
         if args.json:
-            print(json.dumps({"bench": "journal", "steps": args.steps, "obs_tokens": args.obs_tokens,
-                              "unique_text_bytes": raw, "stayer": ours, "langgraph": theirs}, indent=2, default=str))
+            print(
+                json.dumps(
+                    {
+                        "bench": "journal",
+                        "steps": args.steps,
+                        "obs_tokens": args.obs_tokens,
+                        "unique_text_bytes": raw,
+                        "stayer": ours,
+                        "langgraph": theirs,
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
     finally:
         shutil.rmtree(where, ignore_errors=True)
 

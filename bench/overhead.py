@@ -49,12 +49,26 @@ from stayer.pricing import PriceBook  # noqa: E402
 from stayer.tokens import MessageCounter, TiktokenCounter  # noqa: E402
 from stayer.tools.base import ToolContext, ToolResult  # noqa: E402
 
-WORDS = ["alpha", "delta", "echo", "golf", "hotel", "india", "mike", "november", "uniform", "whiskey"]
+WORDS = [
+    "alpha",
+    "delta",
+    "echo",
+    "golf",
+    "hotel",
+    "india",
+    "mike",
+    "november",
+    "uniform",
+    "whiskey",
+]
 FILES_PER_DIR = 100
 
 
 def text(n_tokens: int, seed: int) -> str:
-    return " ".join(WORDS[(seed * 7 + i * 3) % len(WORDS)] + ("" if i % 11 else f" {seed}") for i in range(n_tokens))
+    return " ".join(
+        WORDS[(seed * 7 + i * 3) % len(WORDS)] + ("" if i % 11 else f" {seed}")
+        for i in range(n_tokens)
+    )
 
 
 class InstantAnthropic:
@@ -69,14 +83,27 @@ class InstantAnthropic:
         t = time.perf_counter()
         self.n += 1
         body = {
-            "id": f"msg_{self.n}", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+            "id": f"msg_{self.n}",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-4-5",
             "content": [
                 {"type": "text", "text": text(50, self.n)},
-                {"type": "tool_use", "id": f"c{self.n}", "name": "observe", "input": {"step": self.n}},
+                {
+                    "type": "tool_use",
+                    "id": f"c{self.n}",
+                    "name": "observe",
+                    "input": {"step": self.n},
+                },
             ],
-            "stop_reason": "tool_use", "stop_sequence": None,
-            "usage": {"input_tokens": 1000, "cache_read_input_tokens": 99_000,
-                      "cache_creation_input_tokens": 900, "output_tokens": 60},
+            "stop_reason": "tool_use",
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": 1000,
+                "cache_read_input_tokens": 99_000,
+                "cache_creation_input_tokens": 900,
+                "output_tokens": 60,
+            },
         }
         response = httpx.Response(200, json=body)
         self.seconds += time.perf_counter() - t
@@ -119,9 +146,15 @@ class TimedProbe:
 class EditingTool:
     """Answers at once with a ~500-token observation and edits one workspace file."""
 
-    spec = ToolSpec("observe", "Return an observation.", {
-        "type": "object", "properties": {"step": {"type": "integer"}}, "required": ["step"],
-    })
+    spec = ToolSpec(
+        "observe",
+        "Return an observation.",
+        {
+            "type": "object",
+            "properties": {"step": {"type": "integer"}},
+            "required": ["step"],
+        },
+    )
 
     def __init__(self, workspace: Path, dirs: int) -> None:
         self.workspace, self.dirs = workspace, dirs
@@ -187,12 +220,15 @@ def tracer_for(prices: PriceBook) -> Any:
     return tp, RunTracer(tp, prices, "bench")
 
 
-async def measure(context_tokens: int, steps: int, files: int, prices: PriceBook, tracing: bool = False) -> dict[str, Any]:
+async def measure(
+    context_tokens: int, steps: int, files: int, prices: PriceBook, tracing: bool = False
+) -> dict[str, Any]:
     counter = MessageCounter(TiktokenCounter())  # fresh: each size counts its own content
     history = history_of(context_tokens, counter)
     network = InstantAnthropic()
     client = anthropic.AsyncAnthropic(
-        api_key="bench", http_client=httpx.AsyncClient(transport=httpx.MockTransport(network.handle))
+        api_key="bench",
+        http_client=httpx.AsyncClient(transport=httpx.MockTransport(network.handle)),
     )
     model: Any = TimedModel(AnthropicModel("claude-sonnet-4-5", client=client))
     tp, tracer = tracer_for(prices) if tracing else (None, None)
@@ -202,14 +238,24 @@ async def measure(context_tokens: int, steps: int, files: int, prices: PriceBook
         probe = TimedProbe(TreeFingerprint(workspace))
         timed = model
         tools: list[Any] = [tool]
-        if tracer is not None:  # the tracer's wrappers sit outside the timed parts: their cost counts
+        if (
+            tracer is not None
+        ):  # the tracer's wrappers sit outside the timed parts: their cost counts
             model, tools = tracer.model(model), tracer.tools(tools)
         agent = Agent(
-            model, tools, prices, ToolContext(sandbox=None, workspace=str(workspace)),  # type: ignore[arg-type]
+            model,
+            tools,
+            prices,
+            ToolContext(sandbox=None, workspace=str(workspace)),  # type: ignore[arg-type]
             counter,
             # Every step a working step (no wrap-up), so that every step fingerprints.
-            Limits(max_steps=steps, max_cost=Decimal("1000000"), guard=GuardConfig(soft_fraction=1.0, wrapup_steps=0)),
-            policy=make_policy("none"), probe=probe,
+            Limits(
+                max_steps=steps,
+                max_cost=Decimal("1000000"),
+                guard=GuardConfig(soft_fraction=1.0, wrapup_steps=0),
+            ),
+            policy=make_policy("none"),
+            probe=probe,
         )
         rows: list[tuple[float, float, float, int, float]] = []
         last = [time.perf_counter(), 0.0, 0.0, 0.0]
@@ -225,7 +271,15 @@ async def measure(context_tokens: int, steps: int, files: int, prices: PriceBook
             request = timed.seconds - network.seconds
             total = (now - last[0]) - (inside - last[1])
             cpu_now = time.process_time()
-            rows.append((total, request - last[2], probe.seconds - last[3], entry.context_tokens, cpu_now - cpu[0]))
+            rows.append(
+                (
+                    total,
+                    request - last[2],
+                    probe.seconds - last[3],
+                    entry.context_tokens,
+                    cpu_now - cpu[0],
+                )
+            )
             last[:] = [now, inside, request, probe.seconds]
             cpu[0] = cpu_now
 
@@ -239,12 +293,17 @@ async def measure(context_tokens: int, steps: int, files: int, prices: PriceBook
         await client.close()
     warm = rows[1:]  # the first step also builds the context from the history
     if result.stop_reason != "max_steps" or not warm:
-        raise SystemExit(f"bench run at {context_tokens:,} tokens stopped early: {result.stop_reason} {result.error}")
+        raise SystemExit(
+            f"bench run at {context_tokens:,} tokens stopped early: {result.stop_reason} {result.error}"
+        )
 
     def ms(values: list[float]) -> dict[str, float]:
         ordered = sorted(values)
-        return {"min": ordered[0] * 1000, "median": statistics.median(ordered) * 1000,
-                "p90": ordered[int(len(ordered) * 0.9)] * 1000}
+        return {
+            "min": ordered[0] * 1000,
+            "median": statistics.median(ordered) * 1000,
+            "p90": ordered[int(len(ordered) * 0.9)] * 1000,
+        }
 
     return {
         "tracing": tracing,
@@ -266,9 +325,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--files", type=int, default=10_000, help="Workspace files (default 10000).")
     ap.add_argument("--sizes", default="10000,100000,1000000", help="Context sizes in tokens.")
-    ap.add_argument("--tracing", action="store_true",
-                    help="Also run each size with OpenTelemetry tracing on (batch processor), interleaved with off.")
-    ap.add_argument("--pairs", type=int, default=5, help="With --tracing: off/on run pairs per size (default 5).")
+    ap.add_argument(
+        "--tracing",
+        action="store_true",
+        help="Also run each size with OpenTelemetry tracing on (batch processor), interleaved with off.",
+    )
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=5,
+        help="With --tracing: off/on run pairs per size (default 5).",
+    )
     ap.add_argument("--json", action="store_true", help="Print one JSON document of the figures.")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -286,28 +353,34 @@ def main() -> None:
         pair: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
         for _ in range(args.pairs):
             for on in (False, True):
-                pair[on].append(asyncio.run(measure(size, args.steps, args.files, prices, tracing=on)))
+                pair[on].append(
+                    asyncio.run(measure(size, args.steps, args.files, prices, tracing=on))
+                )
         results += pair[False] + pair[True]
         medians = {on: [r["total_ms"]["median"] for r in pair[on]] for on in (False, True)}
         cpu = {on: [r["cpu_ms"]["median"] for r in pair[on]] for on in (False, True)}
-        tracing.append({
-            "context_tokens": size,
-            "pairs": args.pairs,
-            "off_ms": {"min": min(medians[False]), "median": statistics.median(medians[False])},
-            "on_ms": {"min": min(medians[True]), "median": statistics.median(medians[True])},
-            "overhead_ms": {
-                "min": min(medians[True]) - min(medians[False]),
-                "median": statistics.median(medians[True]) - statistics.median(medians[False]),
-                # pair by pair (each on run against the off run just before it)
-                "paired_median": statistics.median(b - a for a, b in zip(medians[False], medians[True], strict=True)),
-            },
-            # the same in process CPU time per step (the mocked network and the tool's own
-            # work are in both, so the difference is tracing's, its exporter thread included)
-            "cpu_overhead_ms": {
-                "min": min(cpu[True]) - min(cpu[False]),
-                "median": statistics.median(cpu[True]) - statistics.median(cpu[False]),
-            },
-        })
+        tracing.append(
+            {
+                "context_tokens": size,
+                "pairs": args.pairs,
+                "off_ms": {"min": min(medians[False]), "median": statistics.median(medians[False])},
+                "on_ms": {"min": min(medians[True]), "median": statistics.median(medians[True])},
+                "overhead_ms": {
+                    "min": min(medians[True]) - min(medians[False]),
+                    "median": statistics.median(medians[True]) - statistics.median(medians[False]),
+                    # pair by pair (each on run against the off run just before it)
+                    "paired_median": statistics.median(
+                        b - a for a, b in zip(medians[False], medians[True], strict=True)
+                    ),
+                },
+                # the same in process CPU time per step (the mocked network and the tool's own
+                # work are in both, so the difference is tracing's, its exporter thread included)
+                "cpu_overhead_ms": {
+                    "min": min(cpu[True]) - min(cpu[False]),
+                    "median": statistics.median(cpu[True]) - statistics.median(cpu[False]),
+                },
+            }
+        )
     doc = {"bench": "overhead", "loadavg": os.getloadavg(), "results": results}
     if tracing:
         doc["tracing"] = tracing
@@ -315,19 +388,27 @@ def main() -> None:
         print(json.dumps(doc, indent=2))
         return
     print(f"load average {' '.join(f'{x:.2f}' for x in doc['loadavg'])}; ms per step, median (min)")
-    print(f"{'context':>10} {'seen':>19} {'files':>6} {'steps':>5} {'total':>15} {'request':>15} "
-          f"{'fingerprint':>15} {'rest':>15}")
+    print(
+        f"{'context':>10} {'seen':>19} {'files':>6} {'steps':>5} {'total':>15} {'request':>15} "
+        f"{'fingerprint':>15} {'rest':>15}"
+    )
     for r in results:
-        cols = " ".join(f"{r[k]['median']:>7.3f} ({r[k]['min']:>5.2f})"
-                        for k in ("total_ms", "request_ms", "fingerprint_ms", "rest_ms"))
+        cols = " ".join(
+            f"{r[k]['median']:>7.3f} ({r[k]['min']:>5.2f})"
+            for k in ("total_ms", "request_ms", "fingerprint_ms", "rest_ms")
+        )
         seen = f"{r['context_tokens_seen'][0]:,}–{r['context_tokens_seen'][1]:,}"
-        print(f"{r['context_tokens']:>10,} {seen:>19} {r['workspace_files']:>6} {r['steps']:>5} {cols}")
+        print(
+            f"{r['context_tokens']:>10,} {seen:>19} {r['workspace_files']:>6} {r['steps']:>5} {cols}"
+        )
     print("target: < 2 ms/step at 100K tokens, < 10 ms/step at 1M (with 10K workspace files)")
     for t in doc.get("tracing", []):
-        print(f"tracing at {t['context_tokens']:,}: off {t['off_ms']['median']:.3f} ms, on {t['on_ms']['median']:.3f} ms "
-              f"(median); overhead {t['overhead_ms']['median']:.3f} ms (paired {t['overhead_ms']['paired_median']:.3f}, "
-              f"min-to-min {t['overhead_ms']['min']:.3f}); in CPU time {t['cpu_overhead_ms']['median']:.3f} ms "
-              f"(min-to-min {t['cpu_overhead_ms']['min']:.3f}); target < 0.5 ms")
+        print(
+            f"tracing at {t['context_tokens']:,}: off {t['off_ms']['median']:.3f} ms, on {t['on_ms']['median']:.3f} ms "
+            f"(median); overhead {t['overhead_ms']['median']:.3f} ms (paired {t['overhead_ms']['paired_median']:.3f}, "
+            f"min-to-min {t['overhead_ms']['min']:.3f}); in CPU time {t['cpu_overhead_ms']['median']:.3f} ms "
+            f"(min-to-min {t['cpu_overhead_ms']['min']:.3f}); target < 0.5 ms"
+        )
 
 
 if __name__ == "__main__":

@@ -44,11 +44,14 @@ def run_task(task: str, base_url: str, max_steps: int, home: Path) -> dict:
     )  # fmt: skip
     wall = time.perf_counter() - t0
     if not proc.stdout:
-        raise SystemExit(f"{task}: stayer run printed nothing (exit {proc.returncode}): {proc.stderr[-500:]}")
+        raise SystemExit(
+            f"{task}: stayer run printed nothing (exit {proc.returncode}): {proc.stderr[-500:]}"
+        )
     doc = json.loads(proc.stdout)
     u = doc["usage"]
     errors = [
-        abs(e["prompt_estimate"]["tokens"] - e["usage"]["input_tokens"]) / e["usage"]["input_tokens"]
+        abs(e["prompt_estimate"]["tokens"] - e["usage"]["input_tokens"])
+        / e["usage"]["input_tokens"]
         for e in doc["ledger"][1:]
         if e.get("prompt_estimate") and e["usage"]["input_tokens"]
     ]
@@ -62,7 +65,9 @@ def run_task(task: str, base_url: str, max_steps: int, home: Path) -> dict:
         "input_tokens": u["input_tokens"],
         "cached_tokens": u["cache_read_tokens"],
         "output_tokens": u["output_tokens"],
-        "cached_share": round(u["cache_read_tokens"] / u["input_tokens"], 4) if u["input_tokens"] else 0.0,
+        "cached_share": round(u["cache_read_tokens"] / u["input_tokens"], 4)
+        if u["input_tokens"]
+        else 0.0,
         "count_error_max": round(max(errors), 4) if errors else None,
         "count_error_mean": round(sum(errors) / len(errors), 4) if errors else None,
         "wall_s": round(wall, 2),
@@ -92,7 +97,9 @@ def main() -> None:
         try:
             for r in range(args.repeat):
                 for t in tasks:  # interleaved: round r runs every task once
-                    rounds[t].append(run_task(t, base_url, args.max_steps, Path(tmp) / f"{t}-{r}" / ".stayer"))
+                    rounds[t].append(
+                        run_task(t, base_url, args.max_steps, Path(tmp) / f"{t}-{r}" / ".stayer")
+                    )
         finally:
             if not args.base_url:
                 local.stop(paths)
@@ -102,12 +109,27 @@ def main() -> None:
         walls = [x["wall_s"] for x in runs]
         first = {k: v for k, v in runs[0].items() if k != "wall_s"}
         repeatable = all({k: v for k, v in x.items() if k != "wall_s"} == first for x in runs)
-        results.append({**first, "wall_s_min": min(walls), "wall_s_median": statistics.median(walls), "runs": len(runs), "repeatable": repeatable})
-    doc = {"model": local.SPEC, "threads": os.cpu_count(), "load_avg": os.getloadavg(), "tasks": results}
+        results.append(
+            {
+                **first,
+                "wall_s_min": min(walls),
+                "wall_s_median": statistics.median(walls),
+                "runs": len(runs),
+                "repeatable": repeatable,
+            }
+        )
+    doc = {
+        "model": local.SPEC,
+        "threads": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+        "tasks": results,
+    }
     if args.json:
         print(json.dumps(doc, indent=2))
         return
-    print(f"{'task':<14}{'ok':>4}{'steps':>6}{'input':>8}{'cached':>8}{'share':>7}{'out':>6}{'cnt err':>9}{'wall min':>10}{'median':>8}")
+    print(
+        f"{'task':<14}{'ok':>4}{'steps':>6}{'input':>8}{'cached':>8}{'share':>7}{'out':>6}{'cnt err':>9}{'wall min':>10}{'median':>8}"
+    )
     for x in results:
         err = "-" if x["count_error_max"] is None else f"{x['count_error_max']:.1%}"
         print(

@@ -41,23 +41,43 @@ def main() -> None:
         # As installed: byte code cached (pip writes it), so no round compiles stayer's source.
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
-        eval_args = ["eval", str(ROOT / "examples"), "--model", "sim:claude-sonnet-4-5,sim:gpt-5",
-                     "--epochs", "2", "--out", str(out)]
+        eval_args = [
+            "eval",
+            str(ROOT / "examples"),
+            "--model",
+            "sim:claude-sonnet-4-5,sim:gpt-5",
+            "--epochs",
+            "2",
+            "--out",
+            str(out),
+        ]
         commands = {
             "stayer --help (floor)": ["--help"],
             "stayer eval --out (all reused)": eval_args,
-            "stayer audit --html": ["audit", str(home / "runs"), "--html", str(Path(tmp) / "audit.html")],
+            "stayer audit --html": [
+                "audit",
+                str(home / "runs"),
+                "--html",
+                str(Path(tmp) / "audit.html"),
+            ],
         }
 
         def run(argv: list[str]) -> tuple[float, float]:
             """Wall and CPU (user + system) seconds of ``stayer ARGV``."""
             t0 = time.perf_counter()
-            proc = subprocess.Popen([sys.executable, "-m", "stayer.cli", *argv], env=env, cwd=tmp,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "stayer.cli", *argv],
+                env=env,
+                cwd=tmp,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             _, status, usage = os.wait4(proc.pid, 0)
             wall = time.perf_counter() - t0
             if os.waitstatus_to_exitcode(status) != 0:
-                raise SystemExit(f"stayer {' '.join(argv)}: exit code {os.waitstatus_to_exitcode(status)}")
+                raise SystemExit(
+                    f"stayer {' '.join(argv)}: exit code {os.waitstatus_to_exitcode(status)}"
+                )
             return wall, usage.ru_utime + usage.ru_stime
 
         run(eval_args)  # set-up: the trials themselves
@@ -81,8 +101,10 @@ def main() -> None:
         "load_1min_after": round(os.getloadavg()[0], 2),
         "commands": {
             k: {
-                "min_s": round(min(v), 3), "median_s": round(statistics.median(v), 3),
-                "cpu_min_s": round(min(cpu[k]), 3), "cpu_median_s": round(statistics.median(cpu[k]), 3),
+                "min_s": round(min(v), 3),
+                "median_s": round(statistics.median(v), 3),
+                "cpu_min_s": round(min(cpu[k]), 3),
+                "cpu_median_s": round(statistics.median(cpu[k]), 3),
             }
             for k, v in samples.items()
         },
@@ -91,10 +113,14 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{args.runs} rounds, {trials} trials, load {result['load_1min_before']} → {result['load_1min_after']}")
+    print(
+        f"{args.runs} rounds, {trials} trials, load {result['load_1min_before']} → {result['load_1min_after']}"
+    )
     for name, row in result["commands"].items():
-        print(f"{name:<34} min {row['min_s']:6.3f} s  median {row['median_s']:6.3f} s  "
-              f"(CPU min {row['cpu_min_s']:6.3f} s  median {row['cpu_median_s']:6.3f} s)")
+        print(
+            f"{name:<34} min {row['min_s']:6.3f} s  median {row['median_s']:6.3f} s  "
+            f"(CPU min {row['cpu_min_s']:6.3f} s  median {row['cpu_median_s']:6.3f} s)"
+        )
 
 
 if __name__ == "__main__":

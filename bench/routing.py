@@ -87,7 +87,9 @@ def workloads(quick: bool) -> list[Workload]:
         Workload("sparse hard steps (10 %), slow tools (60 s)", iid(0.10), obs(), 250, [60.0] * n),
         Workload("hard bursts (3 of every 15), tools 20 s", bursts(15, 3), obs(), 250, [20.0] * n),
         Workload("noisy classifier (40 % hard), tools 20 s", iid(0.40), obs(), 250, [20.0] * n),
-        Workload("noisy classifier (40 % hard), slow tools (120 s)", iid(0.40), obs(), 250, [120.0] * n),
+        Workload(
+            "noisy classifier (40 % hard), slow tools (120 s)", iid(0.40), obs(), 250, [120.0] * n
+        ),
     ]
 
 
@@ -96,7 +98,11 @@ class Script:
 
     def __init__(self, w: Workload, rng: random.Random) -> None:
         self.turns = [
-            Message("assistant", filler(w.out_tokens, rng), (ToolCall(f"c{i}", "bash", f'{{"command": "step {i}"}}'),))
+            Message(
+                "assistant",
+                filler(w.out_tokens, rng),
+                (ToolCall(f"c{i}", "bash", f'{{"command": "step {i}"}}'),),
+            )
             for i in range(len(w.hard))
         ]
 
@@ -113,7 +119,14 @@ class Outcome:
     cache_hit: float
 
 
-async def serve(w: Workload, strong_id: str, cheap_id: str, strategy: str, prices: PriceBook, counter: MessageCounter) -> Outcome:
+async def serve(
+    w: Workload,
+    strong_id: str,
+    cheap_id: str,
+    strategy: str,
+    prices: PriceBook,
+    counter: MessageCounter,
+) -> Outcome:
     rng = random.Random(11)
     script = Script(w, rng)
     clock = [1_000_000.0]
@@ -124,20 +137,41 @@ async def serve(w: Workload, strong_id: str, cheap_id: str, strategy: str, price
     elif strategy == "fixed-cheap":
         router = Router(cheap, prices)
     else:
-        router = Router(cheap, prices, cascade=[cheap, strong], relax_after=1, cache_aware=strategy == "cache-aware")
-    ctx = Context(SYSTEM_PROMPT, [t.spec for t in default_tools(counter.counter)], "Solve the task in /app.", counter)
+        router = Router(
+            cheap,
+            prices,
+            cascade=[cheap, strong],
+            relax_after=1,
+            cache_aware=strategy == "cache-aware",
+        )
+    ctx = Context(
+        SYSTEM_PROMPT,
+        [t.spec for t in default_tools(counter.counter)],
+        "Solve the task in /app.",
+        counter,
+    )
     cost, latency, switches, hard_on_cheap, read, total = Decimal(0), 0.0, 0, 0, 0, 0
     for i, hard in enumerate(w.hard):
         if hard:
             router.escalate("hard step")
         else:
             router.relax()
-        view = RouteView(i + 1, len(w.hard), ctx.tokens, ctx.tokens_before(ctx.prefix_messages), 0, clock[0], len(ctx.messages))
+        view = RouteView(
+            i + 1,
+            len(w.hard),
+            ctx.tokens,
+            ctx.tokens_before(ctx.prefix_messages),
+            0,
+            clock[0],
+            len(ctx.messages),
+        )
         route = router.choose(view)
         switches += route.switched
         model = route.model
         hard_on_cheap += hard and model is cheap
-        response = await model.complete(ctx.request(max_tokens=4096, cache_key="bench", now=clock[0]))
+        response = await model.complete(
+            ctx.request(max_tokens=4096, cache_key="bench", now=clock[0])
+        )
         u = response.usage
         c = prices.cost(u, model.model_id, model.provider)
         assert c.total is not None
@@ -149,7 +183,9 @@ async def serve(w: Workload, strong_id: str, cheap_id: str, strategy: str, price
         clock[0] += call_s + w.tool_s[i]
         ctx.append(response.message)
         call = response.message.tool_calls[0]
-        ctx.append(Message("tool", filler(w.obs_tokens[i], rng), tool_call_id=call.id, kind="observation"))
+        ctx.append(
+            Message("tool", filler(w.obs_tokens[i], rng), tool_call_id=call.id, kind="observation")
+        )
         router.observe(StepRecord(i + 1, c.total, (), output_tokens=u.output_tokens))
     return Outcome(cost, latency, switches, hard_on_cheap, read / total if total else 0.0)
 
@@ -160,7 +196,9 @@ async def main(quick: bool, as_json: bool = False) -> int:
     prices = PriceBook.load()
     counter = MessageCounter(TiktokenCounter())
     totals = {s: Decimal(0) for s in STRATEGIES}
-    say(f"{'workload':<50} {'models':<34} {'strategy':<13} {'cost $':>9} {'latency s':>10} {'switches':>8} {'hard→cheap':>10} {'cache hit':>9}")
+    say(
+        f"{'workload':<50} {'models':<34} {'strategy':<13} {'cost $':>9} {'latency s':>10} {'switches':>8} {'hard→cheap':>10} {'cache hit':>9}"
+    )
     ratios = []
     for w in workloads(quick):
         for strong_id, cheap_id in PAIRS:
@@ -172,9 +210,20 @@ async def main(quick: bool, as_json: bool = False) -> int:
                     f"{w.name:<50} {strong_id + ' / ' + cheap_id:<34} {s:<13} {o.cost:>9.4f} {o.latency_s:>10.1f} "
                     f"{o.switches:>8} {o.hard_on_cheap:>10} {o.cache_hit:>9.1%}"
                 )
-            rows += [{"workload": w.name, "strong": strong_id, "cheap": cheap_id, "strategy": s, "cost_usd": str(o.cost),
-                      "latency_s": o.latency_s, "switches": o.switches, "hard_on_cheap": o.hard_on_cheap,
-                      "cache_hit": o.cache_hit} for s, o in outcomes.items()]
+            rows += [
+                {
+                    "workload": w.name,
+                    "strong": strong_id,
+                    "cheap": cheap_id,
+                    "strategy": s,
+                    "cost_usd": str(o.cost),
+                    "latency_s": o.latency_s,
+                    "switches": o.switches,
+                    "hard_on_cheap": o.hard_on_cheap,
+                    "cache_hit": o.cache_hit,
+                }
+                for s, o in outcomes.items()
+            ]
             ratio = outcomes["cache-aware"].cost / outcomes["per-step"].cost
             ratios.append(ratio)
             say(f"{'':<50} {'':<34} {'ratio':<13} cache-aware / per-step = {ratio:.3f}")
@@ -182,11 +231,25 @@ async def main(quick: bool, as_json: bool = False) -> int:
     say()
     for s in STRATEGIES:
         say(f"total {s:<13} ${totals[s]:.4f}")
-    say(f"cache-aware / per-step (total cost): {overall:.3f}  (target ≤ {TARGET}: {'met' if overall <= TARGET else 'NOT met'})")
-    say(f"per workload: {min(ratios):.3f} … {max(ratios):.3f}; met on {sum(r <= TARGET for r in ratios)} of {len(ratios)}")
+    say(
+        f"cache-aware / per-step (total cost): {overall:.3f}  (target ≤ {TARGET}: {'met' if overall <= TARGET else 'NOT met'})"
+    )
+    say(
+        f"per workload: {min(ratios):.3f} … {max(ratios):.3f}; met on {sum(r <= TARGET for r in ratios)} of {len(ratios)}"
+    )
     if as_json:
-        print(json.dumps({"bench": "routing", "rows": rows, "totals_usd": {k: str(v) for k, v in totals.items()},
-                          "cache_aware_vs_per_step": float(overall), "target": float(TARGET)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "bench": "routing",
+                    "rows": rows,
+                    "totals_usd": {k: str(v) for k, v in totals.items()},
+                    "cache_aware_vs_per_step": float(overall),
+                    "target": float(TARGET),
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

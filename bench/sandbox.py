@@ -63,7 +63,10 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 async def exec_overhead(runs: int, workspace: Path) -> dict[str, dict[str, float]]:
-    boxes = {"stayer bwrap": make_sandbox("bwrap", workspace), "stayer local": make_sandbox("local", workspace)}
+    boxes = {
+        "stayer bwrap": make_sandbox("bwrap", workspace),
+        "stayer local": make_sandbox("local", workspace),
+    }
     samples: dict[str, list[float]] = {"bare subprocess.run": [], **{k: [] for k in boxes}}
     for i in range(runs + 10):  # the first 10 warm up caches and probes
         t0 = time.perf_counter()
@@ -79,7 +82,11 @@ async def exec_overhead(runs: int, workspace: Path) -> dict[str, dict[str, float
             for name, t in times.items():
                 samples[name].append(t)
     return {
-        name: {"min_ms": min(xs) * 1000, "p50_ms": percentile(xs, 50) * 1000, "p99_ms": percentile(xs, 99) * 1000}
+        name: {
+            "min_ms": min(xs) * 1000,
+            "p50_ms": percentile(xs, 50) * 1000,
+            "p99_ms": percentile(xs, 99) * 1000,
+        }
         for name, xs in samples.items()
     }
 
@@ -104,21 +111,33 @@ def timed(fn: Callable[[], object]) -> float:
 def change_step(ws: Path, rnd: random.Random) -> None:
     """What an agent step might do: edit 10 files, add 10, delete a directory."""
     for i in rnd.sample(range(1000), 10):
-        (ws / f"pkg{i % 100:02d}" / f"sub{i % 7}" / f"file{i}.dat").write_bytes(rnd.randbytes(10_000))
+        (ws / f"pkg{i % 100:02d}" / f"sub{i % 7}" / f"file{i}.dat").write_bytes(
+            rnd.randbytes(10_000)
+        )
     for i in range(10):
         (ws / f"new{i}.txt").write_text(f"new {i}\n" * 100)
     shutil.rmtree(ws / "pkg99" / "sub0", ignore_errors=True)
 
 
-def snapshot_figures(base: Path, files: int, mb: int, repeat: int, settle: float) -> dict[str, float]:
+def snapshot_figures(
+    base: Path, files: int, mb: int, repeat: int, settle: float
+) -> dict[str, float]:
     ws = base / "ws"
     make_workspace(ws, files, mb * 10**6)
-    rows: dict[str, list[float]] = {k: [] for k in (
-        "first snapshot (empty store)", "restore into an empty dir", "snapshot + restore",
-        "unchanged snapshot (change watch)", "unchanged snapshot (stat scan, new process)",
-        "snapshot after a 10-file step", "rollback of that step (restore in place)", "cp -a (full copy baseline)",
-        "breakers' workspace fingerprint",
-    )}
+    rows: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "first snapshot (empty store)",
+            "restore into an empty dir",
+            "snapshot + restore",
+            "unchanged snapshot (change watch)",
+            "unchanged snapshot (stat scan, new process)",
+            "snapshot after a 10-file step",
+            "rollback of that step (restore in place)",
+            "cp -a (full copy baseline)",
+            "breakers' workspace fingerprint",
+        )
+    }
     rnd = random.Random(7)
     for r in range(repeat):
         store_dir, copy = base / f"store{r}", base / f"copy{r}"
@@ -143,12 +162,16 @@ def snapshot_figures(base: Path, files: int, mb: int, repeat: int, settle: float
         rows["snapshot + restore"].append(first + restore)
         rows["unchanged snapshot (change watch)"].append(timed(lambda s=store: s.snapshot(ws)))
         fresh = FileSnapshotStore(store_dir)  # no watch yet: a stat scan against the cache
-        rows["unchanged snapshot (stat scan, new process)"].append(timed(lambda s=fresh: s.snapshot(ws)))
+        rows["unchanged snapshot (stat scan, new process)"].append(
+            timed(lambda s=fresh: s.snapshot(ws))
+        )
         fresh.close()
         rows["breakers' workspace fingerprint"].append(timed(TreeFingerprint(ws).fingerprint))
         change_step(ws, rnd)
         rows["snapshot after a 10-file step"].append(timed(lambda s=store: s.snapshot(ws)))
-        rows["rollback of that step (restore in place)"].append(timed(lambda s=store, i=sid: s.restore(i, ws)))
+        rows["rollback of that step (restore in place)"].append(
+            timed(lambda s=store, i=sid: s.restore(i, ws))
+        )
         store.close()
         # Nothing is deleted between rounds: on a file system mounted with ``discard``,
         # freeing 20,000 files stalls it for longer than any settle time.
@@ -166,12 +189,19 @@ def image_figures(build_rounds: int, exec_runs: int, base: Path) -> dict[str, ob
     from stayer.environments.prepare import prepare_environment
     from stayer.sandbox.docker import check_docker
 
-    context = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "image-task" / "environment"
+    context = (
+        Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "image-task" / "environment"
+    )
     root = build_base(base_for(BASE_IMAGE), log=lambda line: print(line, file=sys.stderr))
     load_before = os.getloadavg()
     rows: dict[str, list[float]] = {
         k: []
-        for k in ("docker build, cold", "docker build, cached", "bwrap-image build, cold", "bwrap-image build, cached")
+        for k in (
+            "docker build, cold",
+            "docker build, cached",
+            "bwrap-image build, cold",
+            "bwrap-image build, cached",
+        )
     }
     with private_dockerd() as host:
         os.environ["DOCKER_HOST"] = host
@@ -181,11 +211,17 @@ def image_figures(build_rounds: int, exec_runs: int, base: Path) -> dict[str, ob
             # A fresh layer cache over the same base: every step runs again.
             cache = base / f"image-cache{r}"
             (cache / "rootfs").mkdir(parents=True)
-            subprocess.run(["cp", "-a", "--reflink=auto", str(root), str(cache / "rootfs" / root.name)], check=True)
+            subprocess.run(
+                ["cp", "-a", "--reflink=auto", str(root), str(cache / "rootfs" / root.name)],
+                check=True,
+            )
             os.environ["STAYER_CACHE"] = str(cache)
             for kind in ("docker", "bwrap-image") if r % 2 == 0 else ("bwrap-image", "docker"):
                 if kind == "docker":  # the tag of this context, and its intermediate images
-                    subprocess.run(["docker", "image", "rm", "--force", image_tag(context)], capture_output=True)
+                    subprocess.run(
+                        ["docker", "image", "rm", "--force", image_tag(context)],
+                        capture_output=True,
+                    )
                 t0 = time.perf_counter()
                 prepare_environment(kind, context)
                 rows[f"{kind} build, cold"].append(time.perf_counter() - t0)
@@ -214,13 +250,19 @@ def image_figures(build_rounds: int, exec_runs: int, base: Path) -> dict[str, ob
         asyncio.run(execs())
     load_after = os.getloadavg()
     summary = {
-        name: {"min_s": min(xs), "median_s": statistics.median(xs), "n": len(xs)} for name, xs in rows.items()
+        name: {"min_s": min(xs), "median_s": statistics.median(xs), "n": len(xs)}
+        for name, xs in rows.items()
     }
     exec_ms = {
         name: {"min_ms": min(xs) * 1000, "median_ms": statistics.median(xs) * 1000, "n": len(xs)}
         for name, xs in samples.items()
     }
-    return {"builds": summary, "exec": exec_ms, "loadavg_before": load_before, "loadavg_after": load_after}
+    return {
+        "builds": summary,
+        "exec": exec_ms,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+    }
 
 
 def main() -> None:
@@ -229,14 +271,24 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=10_000)
     ap.add_argument("--mb", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=3, help="rounds of snapshot figures (median)")
-    ap.add_argument("--settle", type=float, default=6.0, help="seconds to wait before each bulk operation")
+    ap.add_argument(
+        "--settle", type=float, default=6.0, help="seconds to wait before each bulk operation"
+    )
     ap.add_argument("--dir", default=None, help="where to build the workspaces (default: temp)")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
-    ap.add_argument("--images", action="store_true", help="also time task image builds and docker exec (root)")
-    ap.add_argument("--docker-runs", type=int, default=30, help="exec calls per variant with --images")
-    ap.add_argument("--build-rounds", type=int, default=3, help="cold builds per builder with --images")
+    ap.add_argument(
+        "--images", action="store_true", help="also time task image builds and docker exec (root)"
+    )
+    ap.add_argument(
+        "--docker-runs", type=int, default=30, help="exec calls per variant with --images"
+    )
+    ap.add_argument(
+        "--build-rounds", type=int, default=3, help="cold builds per builder with --images"
+    )
     ap.add_argument("--no-snapshots", action="store_true", help="leave out the snapshot figures")
-    ap.add_argument("--exec-only", action="store_true", help="only the exec overhead (no snapshots, no images)")
+    ap.add_argument(
+        "--exec-only", action="store_true", help="only the exec overhead (no snapshots, no images)"
+    )
     args = ap.parse_args()
 
     images = None
@@ -245,7 +297,11 @@ def main() -> None:
         base = Path(tmp)
         (base / "exec-ws").mkdir()
         execs = asyncio.run(exec_overhead(args.runs, base / "exec-ws"))
-        snaps = {} if args.no_snapshots or args.exec_only else snapshot_figures(base, args.files, args.mb, args.repeat, args.settle)
+        snaps = (
+            {}
+            if args.no_snapshots or args.exec_only
+            else snapshot_figures(base, args.files, args.mb, args.repeat, args.settle)
+        )
         if args.images and not args.exec_only:
             images = image_figures(args.build_rounds, args.docker_runs, base)
     load = {"load_before": load_before, "load_after": os.getloadavg()}
@@ -255,17 +311,23 @@ def main() -> None:
         f"exec of `true`, {args.runs} runs each, interleaved ({os.cpu_count()} CPUs; "
         f"load {load['load_before'][0]:.1f} before, {load['load_after'][0]:.1f} after)"
     )
-    print(f"{'':24} {'min ms':>8} {'p50 ms':>8} {'p99 ms':>8} {'p50 over':>9} {'p99 over':>9} {'p50 ×':>6} {'p99 ×':>6}")
+    print(
+        f"{'':24} {'min ms':>8} {'p50 ms':>8} {'p99 ms':>8} {'p50 over':>9} {'p99 over':>9} {'p50 ×':>6} {'p99 ×':>6}"
+    )
     for name, r in execs.items():
         print(
             f"{name:24} {r['min_ms']:8.2f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['p50_ms'] - bare['p50_ms']:9.2f} "
             f"{r['p99_ms'] - bare['p99_ms']:9.2f} {r['p50_ms'] / bare['p50_ms']:6.2f} {r['p99_ms'] / bare['p99_ms']:6.2f}"
         )
     over = execs["stayer bwrap"]["p50_ms"] - bare["p50_ms"]
-    print(f"target: p50 overhead < 5 ms; measured {over:.2f} ms ({'met' if over < 5 else 'NOT met'})")
+    print(
+        f"target: p50 overhead < 5 ms; measured {over:.2f} ms ({'met' if over < 5 else 'NOT met'})"
+    )
     if images is not None:
         print()
-        print(f"task image (tests/fixtures/image-task), {args.build_rounds} cold builds each, interleaved")
+        print(
+            f"task image (tests/fixtures/image-task), {args.build_rounds} cold builds each, interleaved"
+        )
         for name, r in images["builds"].items():  # type: ignore[union-attr]
             print(f"{name:28} min {r['min_s']:8.2f} s   median {r['median_s']:8.2f} s")
         print(f"exec of `true` in the built image, {args.docker_runs} runs each, interleaved")
@@ -286,7 +348,9 @@ def main() -> None:
     both, unchanged = snaps["snapshot + restore"], snaps["unchanged snapshot (change watch)"]
     scan = snaps["unchanged snapshot (stat scan, new process)"]
     cp = snaps["cp -a (full copy baseline)"]
-    print(f"target: snapshot + restore < 1000 ms; measured {both:.0f} ms ({'met' if both < 1000 else 'NOT met'}; {both / cp:.2f}× one cp -a)")
+    print(
+        f"target: snapshot + restore < 1000 ms; measured {both:.0f} ms ({'met' if both < 1000 else 'NOT met'}; {both / cp:.2f}× one cp -a)"
+    )
     print(
         f"target: unchanged snapshot < 50 ms; measured {unchanged:.2f} ms with the change watch, "
         f"{scan:.1f} ms by stat scan ({'met' if unchanged < 50 else 'NOT met'}; {cp / unchanged:.0f}× faster than cp -a)"
@@ -294,7 +358,15 @@ def main() -> None:
     if args.json:
         print(
             json.dumps(
-                {"exec": execs, "snapshot_ms": snaps, "images": images, "runs": args.runs, "files": args.files, "mb": args.mb, **load}
+                {
+                    "exec": execs,
+                    "snapshot_ms": snaps,
+                    "images": images,
+                    "runs": args.runs,
+                    "files": args.files,
+                    "mb": args.mb,
+                    **load,
+                }
             )
         )
 

@@ -83,7 +83,14 @@ def throughput(args: argparse.Namespace, prices: PriceBook, home: Path) -> dict:
         "trials": len(trials),
         "latency_s_per_call": args.latency,
         "ray_startup_s": round(startup_s, 1),
-        "trials_per_min": {k: {"min": round(min(v), 1), "median": round(statistics.median(v), 1), "runs": [round(x, 1) for x in v]} for k, v in runs.items()},
+        "trials_per_min": {
+            k: {
+                "min": round(min(v), 1),
+                "median": round(statistics.median(v), 1),
+                "runs": [round(x, 1) for x in v],
+            }
+            for k, v in runs.items()
+        },
         "per_trial": {
             "wall_s_median": round(statistics.median(r["wall_s"] for r in records), 3),
             "cost_usd_mean": str(sum(Decimal(r["cost_usd"]) for r in records) / len(records)),
@@ -109,11 +116,15 @@ def stragglers(args: argparse.Namespace, prices: PriceBook, work: Path) -> dict:
 
     out: dict = {"target_groups": target, "step_counts": steps}
     for name, f in (("no_overprovision", 0.0), ("overprovision_0.5", factor)):
-        spec = RolloutSpec(EvalConfig(MODEL), samples=1, target=target, overprovision=f, concurrency=launched)
+        spec = RolloutSpec(
+            EvalConfig(MODEL), samples=1, target=target, overprovision=f, concurrency=launched
+        )
         doc = asyncio.run(collect({"d": [task]}, spec, prices, work / name, config_of=config_of))
         out[name] = {
             "seconds_to_target": doc["seconds_to_target"],
-            "groups_per_min_to_target": round(doc["groups_at_target"] / doc["seconds_to_target"] * 60, 1),
+            "groups_per_min_to_target": round(
+                doc["groups_at_target"] / doc["seconds_to_target"] * 60, 1
+            ),
             "cost_at_target_usd": doc["cost_at_target_usd"],
             "groups_launched": doc["groups_launched"],
             "cost_usd": doc["cost_usd"],
@@ -137,8 +148,18 @@ def allocation(args: argparse.Namespace, prices: PriceBook, work: Path) -> dict:
         # the split domain: the second sample of every group fails (a learning signal)
         return fail if task.path == split.path and epoch % 2 == 0 else EvalConfig(MODEL)
 
-    spec = RolloutSpec(EvalConfig(MODEL), samples=2, target=args.alloc_groups, concurrency=4, min_share=0.1)
-    doc = asyncio.run(collect({"all-pass": [easy], "split": [split]}, spec, prices, work / "alloc", config_of=config_of))
+    spec = RolloutSpec(
+        EvalConfig(MODEL), samples=2, target=args.alloc_groups, concurrency=4, min_share=0.1
+    )
+    doc = asyncio.run(
+        collect(
+            {"all-pass": [easy], "split": [split]},
+            spec,
+            prices,
+            work / "alloc",
+            config_of=config_of,
+        )
+    )
     launched: dict[str, int] = {}
     for p in (work / "alloc" / "trials").rglob("*.json"):
         r = json.loads(p.read_text())
@@ -147,7 +168,8 @@ def allocation(args: argparse.Namespace, prices: PriceBook, work: Path) -> dict:
         "groups": doc["groups_complete"],
         "samples_by_domain": launched,
         "allocation_over_time": [
-            {"finished": h["finished"], **{d: round(s, 3) for d, s in h["allocation"].items()}} for h in doc["allocation_history"]
+            {"finished": h["finished"], **{d: round(s, 3) for d, s in h["allocation"].items()}}
+            for h in doc["allocation_history"]
         ],
     }
 
@@ -156,9 +178,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--latency", type=float, default=0.5, help="simulated seconds per model call (throughput)")
+    ap.add_argument(
+        "--latency", type=float, default=0.5, help="simulated seconds per model call (throughput)"
+    )
     ap.add_argument("--target", type=int, default=8, help="groups wanted (stragglers)")
-    ap.add_argument("--step-latency", type=float, default=0.3, help="simulated seconds per model call (stragglers)")
+    ap.add_argument(
+        "--step-latency",
+        type=float,
+        default=0.3,
+        help="simulated seconds per model call (stragglers)",
+    )
     ap.add_argument("--alloc-groups", type=int, default=10)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--only", choices=("throughput", "stragglers", "allocation"))
@@ -171,7 +200,11 @@ def main() -> None:
     os.environ["STAYER_HOME"] = str(home)
     result: dict = {"cpus": os.cpu_count()}
     try:
-        for part, fn in (("stragglers", stragglers), ("allocation", allocation), ("throughput", throughput)):
+        for part, fn in (
+            ("stragglers", stragglers),
+            ("allocation", allocation),
+            ("throughput", throughput),
+        ):
             if args.only in (None, part):
                 result[part] = fn(args, prices, home if part == "throughput" else work)
     finally:

@@ -53,13 +53,20 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 def summary(values: list[float]) -> dict[str, Any]:
-    return {"n": len(values), "p50": pct(values, 0.5), "p99": pct(values, 0.99), "max": pct(values, 1.0),
-            "median": round(statistics.median(values), 3) if values else None}
+    return {
+        "n": len(values),
+        "p50": pct(values, 0.5),
+        "p99": pct(values, 0.99),
+        "max": pct(values, 1.0),
+        "median": round(statistics.median(values), 3) if values else None,
+    }
 
 
 def stayer(env: dict[str, str], *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
     out = log.open("wb") if log else subprocess.DEVNULL
-    return subprocess.Popen([sys.executable, "-m", "stayer.cli", *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", *args], env=env, stdout=out, stderr=subprocess.STDOUT
+    )
 
 
 def main() -> None:
@@ -70,7 +77,9 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.2)
     ap.add_argument("--followers", type=int, default=20)
     ap.add_argument("--reconnects", type=int, default=20)
-    ap.add_argument("--postgres", default="", help="postgresql://… of an empty database (default: SQLite)")
+    ap.add_argument(
+        "--postgres", default="", help="postgresql://… of an empty database (default: SQLite)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -85,25 +94,53 @@ def main() -> None:
     try:
         keys = []
         for tenant in ("team-a", "team-b"):
-            out = subprocess.run([sys.executable, "-m", "stayer.cli", "tenants", "create", tenant, "--json"],
-                                 env=env, capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, "-m", "stayer.cli", "tenants", "create", tenant, "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             keys.append(json.loads(out.stdout)["api_key"])
         port = _free_port()
-        procs.append(stayer(env, "serve", "--port", str(port), "--workers", "0", "--tasks-dir", str(tasks), log=work / "serve.log"))
+        procs.append(
+            stayer(
+                env,
+                "serve",
+                "--port",
+                str(port),
+                "--workers",
+                "0",
+                "--tasks-dir",
+                str(tasks),
+                log=work / "serve.log",
+            )
+        )
         base = f"http://127.0.0.1:{port}"
         _wait_healthy(base)
         for i in range(args.workers):
-            procs.append(stayer(env, "worker", "--concurrency", str(args.concurrency), "--tasks-dir", str(tasks),
-                                log=work / f"worker-{i}.log"))
+            procs.append(
+                stayer(
+                    env,
+                    "worker",
+                    "--concurrency",
+                    str(args.concurrency),
+                    "--tasks-dir",
+                    str(tasks),
+                    log=work / f"worker-{i}.log",
+                )
+            )
         result = run_load(base, keys, args)
-        result.update({
-            "backend": "postgres" if args.postgres else "sqlite",
-            "workers": args.workers,
-            "concurrency": args.concurrency,
-            "sim_latency_s": args.latency,
-            "load_before_and_after": result.pop("load"),
-            "cores": os.cpu_count(),
-        })
+        result.update(
+            {
+                "backend": "postgres" if args.postgres else "sqlite",
+                "workers": args.workers,
+                "concurrency": args.concurrency,
+                "sim_latency_s": args.latency,
+                "load_before_and_after": result.pop("load"),
+                "cores": os.cpu_count(),
+            }
+        )
     finally:
         for p in procs:
             p.terminate()
@@ -207,13 +244,17 @@ def run_load(base: str, keys: list[str], args: argparse.Namespace) -> dict[str, 
     started = time.perf_counter()
     for i in range(args.runs):
         who = i % 2
-        run = clients[who].create_run(task="fix-median", model="sim:claude-sonnet-4-5", sim_latency=args.latency)
+        run = clients[who].create_run(
+            task="fix-median", model="sim:claude-sonnet-4-5", sim_latency=args.latency
+        )
         with lock:
             submitted.append((who, run["id"]))
         if i < args.followers:
             watchers.append(threading.Thread(target=follow, args=(who, run["id"]), daemon=True))
         elif i < args.followers + args.reconnects:
-            watchers.append(threading.Thread(target=reconnecting, args=(who, run["id"], i), daemon=True))
+            watchers.append(
+                threading.Thread(target=reconnecting, args=(who, run["id"], i), daemon=True)
+            )
         else:
             continue
         watchers[-1].start()

@@ -54,8 +54,11 @@ def measure(runs: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
             for name in order:
                 t0 = time.perf_counter()
                 proc = subprocess.Popen(
-                    [sys.executable, *COMMANDS[name]], env=env, cwd=home,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    [sys.executable, *COMMANDS[name]],
+                    env=env,
+                    cwd=home,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
                 )
                 _, status, usage = os.wait4(proc.pid, 0)
                 wall = time.perf_counter() - t0
@@ -73,7 +76,10 @@ def summarise(samples: dict[str, list[float]], prefix: str = "") -> dict[str, di
     fmin, fmed = min(samples[floor]), statistics.median(samples[floor])
     out = {}
     for name, xs in samples.items():
-        row = {f"{prefix}min_s": round(min(xs), 4), f"{prefix}median_s": round(statistics.median(xs), 4)}
+        row = {
+            f"{prefix}min_s": round(min(xs), 4),
+            f"{prefix}median_s": round(statistics.median(xs), 4),
+        }
         if name != floor:
             row[f"{prefix}ratio_min"] = round(min(xs) / fmin, 2)
             row[f"{prefix}ratio_median"] = round(statistics.median(xs) / fmed, 2)
@@ -81,7 +87,9 @@ def summarise(samples: dict[str, list[float]], prefix: str = "") -> dict[str, di
     return out
 
 
-def combine(wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+def combine(
+    wall: dict[str, list[float]], cpu: dict[str, list[float]]
+) -> dict[str, dict[str, float]]:
     rows = summarise(wall)
     for name, row in summarise(cpu, "cpu_").items():
         rows[name].update(row)
@@ -111,7 +119,11 @@ def main() -> None:
     print(f"{args.runs} rounds, load {result['load_1min_before']} → {result['load_1min_after']}")
     for name, row in result["commands"].items():
         for kind, p in (("wall", ""), ("cpu ", "cpu_")):
-            ratio = f"  ×{row[p + 'ratio_min']} (min)  ×{row[p + 'ratio_median']} (median)" if p + "ratio_min" in row else ""
+            ratio = (
+                f"  ×{row[p + 'ratio_min']} (min)  ×{row[p + 'ratio_median']} (median)"
+                if p + "ratio_min" in row
+                else ""
+            )
             target = f"  target ≤ ×{row['target_ratio']}" if "target_ratio" in row and not p else ""
             ms = f"min {row[p + 'min_s'] * 1000:7.1f} ms  median {row[p + 'median_s'] * 1000:7.1f} ms"
             print(f"{name if not p else '':<36} {kind} {ms}{ratio}{target}")

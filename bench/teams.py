@@ -64,7 +64,11 @@ def _step(request: ModelRequest) -> int:
 
 
 def _call(step: int, name: str, **args: Any) -> Message:
-    return Message("assistant", filler(OUT, random.Random(step)), (ToolCall(f"c{step}", name, json.dumps(args)),))
+    return Message(
+        "assistant",
+        filler(OUT, random.Random(step)),
+        (ToolCall(f"c{step}", name, json.dumps(args)),),
+    )
 
 
 @dataclass
@@ -76,21 +80,33 @@ class Workload:
         tools = {t.name for t in request.tools}
         task = next((m.content for m in request.messages if m.kind == "task"), "")
         if task.startswith("Handoff from "):  # the worker
-            return _call(step, "observe", n=step) if step <= WORK else _call(step, "submit", summary="work done")
+            return (
+                _call(step, "observe", n=step)
+                if step <= WORK
+                else _call(step, "submit", summary="work done")
+            )
         if "handoff" not in tools:  # a single agent: both phases
-            return _call(step, "observe", n=step) if step <= EXPLORE + WORK else _call(step, "submit", summary="done")
+            return (
+                _call(step, "observe", n=step)
+                if step <= EXPLORE + WORK
+                else _call(step, "submit", summary="done")
+            )
         if step <= EXPLORE:
             return _call(step, "observe", n=step)
         if step == EXPLORE + 1:
             args = {"to": "worker", "brief": "Do the work phase on what I explored."}
-            return _call(step, "handoff", **args, **({"history": self.history} if self.history else {}))
+            return _call(
+                step, "handoff", **args, **({"history": self.history} if self.history else {})
+            )
         if any("[report worker#" in m.content for m in request.messages):
             return _call(step, "submit", summary="team done")
         return _call(step, "wait_for_message", **{"from": "worker", "timeout": 600})
 
 
 class Observe:
-    spec = ToolSpec("observe", "An observation.", {"type": "object", "properties": {"n": {"type": "integer"}}})
+    spec = ToolSpec(
+        "observe", "An observation.", {"type": "object", "properties": {"n": {"type": "integer"}}}
+    )
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         return ToolResult(filler(OBS, random.Random(args.get("n", 0))))
@@ -112,27 +128,49 @@ expected_steps = {WORK}
 """
 
 
-async def run(variant: str, prices: PriceBook, counter: MessageCounter, team_file: Path) -> tuple[RunResult, float]:
+async def run(
+    variant: str, prices: PriceBook, counter: MessageCounter, team_file: Path
+) -> tuple[RunResult, float]:
     history = {"team-full": "full", "team-summary": "summary", "team-none": "none"}.get(variant)
     ctx = ToolContext(sandbox=None, workspace="")  # type: ignore[arg-type]
     t0 = time.perf_counter()
     if variant == "single":
         model = SimModel(LEAD, Workload(None), counter)
-        agent = Agent(model, [Observe(), SubmitTool()], prices, ctx, counter, Limits(max_steps=60), policy=make_policy("none"))
+        agent = Agent(
+            model,
+            [Observe(), SubmitTool()],
+            prices,
+            ctx,
+            counter,
+            Limits(max_steps=60),
+            policy=make_policy("none"),
+        )
         result = await agent.run("Explore, then do the work.", "single")
     else:
         spec = load_team(team_file)
-        models = {name: SimModel(a.model.removeprefix("sim:"), Workload(history), counter) for name, a in spec.agents.items()}
+        models = {
+            name: SimModel(a.model.removeprefix("sim:"), Workload(history), counter)
+            for name, a in spec.agents.items()
+        }
         services = TeamServices(
-            prices=prices, counter=counter, tool_context=ctx, budget=Budget(None), limits=Limits(), models=models,  # type: ignore[arg-type]
-            tools=lambda: [Observe(), SubmitTool()], policy=lambda: make_policy("none"),
+            prices=prices,
+            counter=counter,
+            tool_context=ctx,
+            budget=Budget(None),
+            limits=Limits(),
+            models=models,  # type: ignore[arg-type]
+            tools=lambda: [Observe(), SubmitTool()],
+            policy=lambda: make_policy("none"),
         )
         result = await Team(spec, services).run("Explore, then do the work.", variant)
     return result, time.perf_counter() - t0
 
 
 def handoff_of(result: RunResult) -> dict[str, Any] | None:
-    return next(((e.route or {}).get("handoff") for e in result.ledger if (e.route or {}).get("handoff")), None)
+    return next(
+        ((e.route or {}).get("handoff") for e in result.ledger if (e.route or {}).get("handoff")),
+        None,
+    )
 
 
 async def main(repeats: int, as_json: bool) -> int:
@@ -153,32 +191,49 @@ async def main(repeats: int, as_json: bool) -> int:
         for e in r.ledger:
             per_agent[e.agent] = per_agent.get(e.agent, Decimal(0)) + (e.cost.total or Decimal(0))
         quote = handoff_of(r)
-        rows.append({
-            "variant": v,
-            "status": r.status,
-            "steps": r.steps,
-            "cost_usd": str(r.cost_usd),
-            "cost_by_agent_usd": {k: str(c) for k, c in sorted(per_agent.items())},
-            "history_passed": quote["passed"] if quote else None,
-            "handoff_quote_usd": quote["expected_cost_usd"] if quote else None,
-            "wall_s_min": round(min(walls[v]), 4),
-            "wall_s_median": round(statistics.median(walls[v]), 4),
-        })
-    doc = {"bench": "teams", "workload": {"explore_steps": EXPLORE, "work_steps": WORK, "obs_tokens": OBS, "out_tokens": OUT,
-                                          "lead": LEAD, "worker": WORKER}, "repeats": repeats, "rows": rows}
+        rows.append(
+            {
+                "variant": v,
+                "status": r.status,
+                "steps": r.steps,
+                "cost_usd": str(r.cost_usd),
+                "cost_by_agent_usd": {k: str(c) for k, c in sorted(per_agent.items())},
+                "history_passed": quote["passed"] if quote else None,
+                "handoff_quote_usd": quote["expected_cost_usd"] if quote else None,
+                "wall_s_min": round(min(walls[v]), 4),
+                "wall_s_median": round(statistics.median(walls[v]), 4),
+            }
+        )
+    doc = {
+        "bench": "teams",
+        "workload": {
+            "explore_steps": EXPLORE,
+            "work_steps": WORK,
+            "obs_tokens": OBS,
+            "out_tokens": OUT,
+            "lead": LEAD,
+            "worker": WORKER,
+        },
+        "repeats": repeats,
+        "rows": rows,
+    }
     if as_json:
         print(json.dumps(doc, indent=2))
         return 0
     print(f"{'variant':14} {'steps':>5} {'cost USD':>10}  {'history':8} by agent")
     for row in rows:
         agents = ", ".join(f"{k} {Decimal(c):.4f}" for k, c in row["cost_by_agent_usd"].items())
-        print(f"{row['variant']:14} {row['steps']:>5} {Decimal(row['cost_usd']):>10.4f}  {row['history_passed'] or '-':8} {agents}")
+        print(
+            f"{row['variant']:14} {row['steps']:>5} {Decimal(row['cost_usd']):>10.4f}  {row['history_passed'] or '-':8} {agents}"
+        )
     return 0
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="Print one JSON document of the figures.")
-    ap.add_argument("--repeats", type=int, default=3, help="Interleaved rounds (wall time min and median).")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="Interleaved rounds (wall time min and median)."
+    )
     args = ap.parse_args()
     sys.exit(asyncio.run(main(args.repeats, args.json)))

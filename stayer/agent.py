@@ -53,7 +53,9 @@ work by running it. Tool output that is too long is cut, and the full text is sa
 file whose path the cut marker names. When the task is done, call `submit` with a one-line
 summary. You cannot ask questions: decide, act, and verify."""
 
-NUDGE = "No tool was called. Continue working with the tools, or call `submit` when the task is done."
+NUDGE = (
+    "No tool was called. Continue working with the tools, or call `submit` when the task is done."
+)
 
 # The answer to every tool call of a reply cut off at max_tokens. Such a call may be
 # incomplete however well-formed it looks (Anthropic returns the partial input it parsed),
@@ -178,7 +180,9 @@ class Agent:
         self._children.append(child)
 
     def rates_at(self, prompt_tokens: int):  # noqa: ANN201 - Rates | None
-        return self.prices.rates(self.model.model_id, self.model.provider, self.service_tier, prompt_tokens)
+        return self.prices.rates(
+            self.model.model_id, self.model.provider, self.service_tier, prompt_tokens
+        )
 
     def worst_rates_at(self, prompt_tokens: int) -> Rates | None:
         """The rates a call's reservation holds: the requested tier's, or the standard
@@ -192,7 +196,9 @@ class Agent:
         standard = self.prices.rates(self.model.model_id, self.model.provider, None, prompt_tokens)
         return tiered if standard is None else tiered.dearest(standard)
 
-    async def run(self, instruction: str, run_id: str, history: Sequence[Message] = ()) -> RunResult:
+    async def run(
+        self, instruction: str, run_id: str, history: Sequence[Message] = ()
+    ) -> RunResult:
         """Run until a ``RunEnded``: submit, a limit, or an error. ``history`` continues an
         earlier context."""
         s = self._start(instruction, run_id, history)
@@ -208,7 +214,9 @@ class Agent:
         return s.result
 
     def _start(self, instruction: str, run_id: str, history: Sequence[Message]) -> RunState:
-        ctx = Context(self.system_prompt, [t.spec for t in self.tools.values()], instruction, self.counter)
+        ctx = Context(
+            self.system_prompt, [t.spec for t in self.tools.values()], instruction, self.counter
+        )
         for m in history:
             ctx.append(m)
         for m in ctx.messages:
@@ -248,11 +256,17 @@ class Agent:
         reply = call.response.message
         s.ctx.append(reply)
         self.on_message(reply)
-        tool_calls, observed, submitted = await self._act(s.ctx, reply.tool_calls, s.result, call.response.cut_off)
+        tool_calls, observed, submitted = await self._act(
+            s.ctx, reply.tool_calls, s.result, call.response.cut_off
+        )
         planned_miss = compaction is not None or route.switched
-        record = StepRecord(step, call.cost.total, observed, reply.content, s.last_output, planned_miss=planned_miss)
+        record = StepRecord(
+            step, call.cost.total, observed, reply.content, s.last_output, planned_miss=planned_miss
+        )
         wrapping_up = not s.guard.working
-        s.guard.after_step(record, call.response.usage.input_tokens + call.response.usage.output_tokens)
+        s.guard.after_step(
+            record, call.response.usage.input_tokens + call.response.usage.output_tokens
+        )
         self.router.observe(record)
         self._record(s, call, tool_calls, compaction, route)
         if wrapping_up and not tool_calls and reply.content.strip():
@@ -273,7 +287,9 @@ class Agent:
         for said in self.inbox():
             s.ctx.append(said)
             self.on_message(said)
-            self.on_event("message", {"agent": self.path, "role": said.role, "content": said.content})
+            self.on_event(
+                "message", {"agent": self.path, "role": said.role, "content": said.content}
+            )
 
     async def _compact(self, s: RunState, step: int) -> dict[str, Any] | None:
         """The context policy's compaction for this step, if any, funded and carried out;
@@ -292,12 +308,16 @@ class Agent:
             return None
         held = s.guard.hold_call(*s.compactor.worst_case(s.ctx, compaction))
         if held is None:
-            s.guard.unaffordable("max_cost", "the compaction's summary call does not fit the budget")
+            s.guard.unaffordable(
+                "max_cost", "the compaction's summary call does not fit the budget"
+            )
             raise _StepAgain
         record = await s.compactor.apply(s.ctx, compaction, step)
         cost = Decimal(record["cost_usd"])
         s.guard.budget.settle(held, cost)
-        s.result.add_cost(cost)  # spent now, whether or not this step's own call can then be afforded
+        s.result.add_cost(
+            cost
+        )  # spent now, whether or not this step's own call can then be afforded
         s.compactions += 1
         return record
 
@@ -309,17 +329,26 @@ class Agent:
         context_tokens = s.ctx.tokens
         estimate = await self._estimate(s.ctx, s.guard, context_tokens, self.run_id, now)
         attempts = 1 + lost_attempts(self.model)
-        held = s.guard.reserve(self.worst_rates_at, context_tokens, attempts=attempts, upper=estimate.upper)
+        held = s.guard.reserve(
+            self.worst_rates_at, context_tokens, attempts=attempts, upper=estimate.upper
+        )
         if held is None:
             raise _StepAgain
-        request = s.ctx.request(max_tokens=held.max_tokens, cache_key=self.run_id, service_tier=self.service_tier, now=now)
+        request = s.ctx.request(
+            max_tokens=held.max_tokens,
+            cache_key=self.run_id,
+            service_tier=self.service_tier,
+            now=now,
+        )
         try:
             response = await self.model.complete(request)
         except ModelError as e:
             s.guard.release(held)
             raise self._fail_over(e) from e
         self.estimator.observe(context_tokens, response.usage.input_tokens, len(request.messages))
-        cost = self.prices.cost(response.usage, self.model.model_id, self.model.provider, response.service_tier)
+        cost = self.prices.cost(
+            response.usage, self.model.model_id, self.model.provider, response.service_tier
+        )
         s.guard.settle(held, self._with_lost(cost.total, response))
         cache_break = s.forensics.observe(
             request,
@@ -332,7 +361,12 @@ class Agent:
         return Call(response, cost, context_tokens, estimate, cache_break)
 
     def _record(
-        self, s: RunState, call: Call, tool_calls: list[dict[str, Any]], compaction: dict[str, Any] | None, route: Route
+        self,
+        s: RunState,
+        call: Call,
+        tool_calls: list[dict[str, Any]],
+        compaction: dict[str, Any] | None,
+        route: Route,
     ) -> None:
         """The step's ledger entry, into the result and out to ``on_step``; then the
         sub-agents that finished during the step, rolled into the result."""
@@ -362,7 +396,9 @@ class Agent:
             result.adopt(child)
         self._children.clear()
 
-    async def _estimate(self, ctx: Context, guard: Guard, counted: int, run_id: str, now: float) -> PromptEstimate:
+    async def _estimate(
+        self, ctx: Context, guard: Guard, counted: int, run_id: str, now: float
+    ) -> PromptEstimate:
         """The provider's likely count of the prompt and its bound. Under a cap, where the
         provider has a count endpoint, its own count is asked for when the bound is not yet
         backed by a report (the first call) or would decide the call (the budget cannot
@@ -373,7 +409,9 @@ class Agent:
             return estimate
         if self.estimator.anchored and not guard.tight(self.rates_at, counted, estimate.upper):
             return estimate
-        exact = await count(ctx.request(max_tokens=self.limits.max_output_tokens, cache_key=run_id, now=now))
+        exact = await count(
+            ctx.request(max_tokens=self.limits.max_output_tokens, cache_key=run_id, now=now)
+        )
         return estimate if exact is None else self.estimator.exact(exact)
 
     def _with_lost(self, cost: Decimal | None, response: ModelResponse) -> Decimal | None:
@@ -381,13 +419,17 @@ class Agent:
         a crash (the run's result reports those apart, as ``lost_in_flight``)."""
         if response.lost_usage is None or cost is None:
             return cost
-        lost = self.prices.cost(response.lost_usage, self.model.model_id, self.model.provider, response.service_tier)
+        lost = self.prices.cost(
+            response.lost_usage, self.model.model_id, self.model.provider, response.service_tier
+        )
         return None if lost.total is None else cost + lost.total
 
     def _route(self, ctx: Context, step: int, compactions: int, now: float) -> Route:
         """Ask the router which model and tier make this step's call, and use them."""
         prefix = ctx.tokens_before(ctx.prefix_messages)
-        view = RouteView(step, self.limits.max_steps, ctx.tokens, prefix, compactions, now, len(ctx.messages))
+        view = RouteView(
+            step, self.limits.max_steps, ctx.tokens, prefix, compactions, now, len(ctx.messages)
+        )
         route = self.router.choose(view)
         if route.model is not self.model:
             self.model, self.rules = route.model, rules_for(route.model)
@@ -401,7 +443,15 @@ class Agent:
         replacement = self.router.failover(self.model)
         if replacement is None:
             return Failed("model_error", str(error))
-        self.on_event("failover", {"agent": self.path, "from": self.model.spec, "to": replacement.spec, "error": str(error)})
+        self.on_event(
+            "failover",
+            {
+                "agent": self.path,
+                "from": self.model.spec,
+                "to": replacement.spec,
+                "error": str(error),
+            },
+        )
         return _StepAgain()
 
     def _trips(self, guard: Guard) -> list[dict[str, Any]]:
@@ -420,7 +470,9 @@ class Agent:
             result.ledger[-1].breakers.extend(left)
         result.breakers = [{"agent": self.path, **t.to_dict()} for t in guard.trips]
         if result.status == "budget_exhausted":
-            result.summary = guard.final_summary(result.summary, s.ctx.messages, result.steps, result.cost_usd)
+            result.summary = guard.final_summary(
+                result.summary, s.ctx.messages, result.steps, result.cost_usd
+            )
 
     async def _act(
         self, ctx: Context, calls: tuple[ToolCall, ...], result: RunResult, cut_off: bool = False
@@ -446,9 +498,15 @@ class Agent:
             self.on_message(message)
             seen = ToolCallRecord.of(call.name, call.arguments, out.is_error, out.output)
             observed.append(seen)
-            records.append({"id": call.id, "name": call.name, "is_error": out.is_error, "exit_code": seen.exit_code})
+            records.append(
+                {
+                    "id": call.id,
+                    "name": call.name,
+                    "is_error": out.is_error,
+                    "exit_code": seen.exit_code,
+                }
+            )
             if out.submitted:
                 submitted = True
                 result.summary = out.output
         return records, tuple(observed), submitted
-

@@ -161,7 +161,11 @@ def _allowed(loc: tuple[Any, ...]) -> str:
     for part in loc[:-1]:
         field = model.model_fields.get(str(part))
         annotation = getattr(field, "annotation", None)
-        candidates = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        candidates = [
+            a
+            for a in getattr(annotation, "__args__", (annotation,))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         if not candidates:
             return "check the spelling"
         model = candidates[0]

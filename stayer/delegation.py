@@ -59,7 +59,9 @@ class ChildAgents:
         parent = self.parent
         guard = parent.guard
         if guard is None or not guard.working:
-            raise DelegationRefused("the run is wrapping up; finish and submit instead of delegating")
+            raise DelegationRefused(
+                "the run is wrapping up; finish and submit instead of delegating"
+            )
         left = guard.delegable
         amount = subtask.budget_usd
         if amount is not None and left is not None and amount > left:
@@ -74,6 +76,8 @@ class ChildAgents:
         if budget is None:
             raise DelegationRefused(f"the budget cannot spare ${amount} now; ask for less")
         steps = min(subtask.max_steps or self.settings.max_steps, self.settings.max_steps)
+        # A fresh copy of a dataclass policy (its state is the child's own), else none.
+        policy = replace(parent.policy) if hasattr(parent.policy, "__dataclass_fields__") else None  # type: ignore[type-var]
         child = Agent(
             self.model,
             self.tools(),
@@ -82,7 +86,7 @@ class ChildAgents:
             parent.counter,
             replace(parent.limits, max_steps=steps, max_cost=amount),
             on_event=parent.on_event,
-            policy=replace(parent.policy) if hasattr(parent.policy, "__dataclass_fields__") else None,  # type: ignore[type-var]
+            policy=policy,
             summarizer=parent.summarizer,  # compacts as its parent does (a model-written summary is billed)
             budget=budget,
             path=path,
@@ -90,8 +94,19 @@ class ChildAgents:
             clock=parent.clock,
         )
         if self.depth < self.settings.max_depth:
-            child.add_tool(ChildAgents(child, self.model, self.tools, self.settings, self.depth + 1).tool())
-        parent.on_event("subagent_started", {"agent": path, "parent": parent.path, "task": subtask.task, "budget_usd": None if amount is None else str(amount), "max_steps": steps})
+            child.add_tool(
+                ChildAgents(child, self.model, self.tools, self.settings, self.depth + 1).tool()
+            )
+        parent.on_event(
+            "subagent_started",
+            {
+                "agent": path,
+                "parent": parent.path,
+                "task": subtask.task,
+                "budget_usd": None if amount is None else str(amount),
+                "max_steps": steps,
+            },
+        )
         try:
             result = await child.run(subtask.task, f"{parent.run_id}/{path}")
         finally:
@@ -100,6 +115,13 @@ class ChildAgents:
         cost = result.cost_usd
         parent.on_event(
             "subagent_finished",
-            {"agent": path, "status": result.status, "steps": result.steps, "cost_usd": None if cost is None else str(cost)},
+            {
+                "agent": path,
+                "status": result.status,
+                "steps": result.steps,
+                "cost_usd": None if cost is None else str(cost),
+            },
         )
-        return SubtaskOutcome(path, result.status, result.steps, cost, result.summary or "(no summary)")
+        return SubtaskOutcome(
+            path, result.status, result.steps, cost, result.summary or "(no summary)"
+        )

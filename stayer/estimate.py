@@ -48,7 +48,6 @@ from stayer.pricing import Rates
 __all__ = ["estimate", "rates_from_flags", "render_estimate"]
 
 
-
 def _s(d: Decimal) -> str:
     """Exact, without trailing zeros, but always with a decimal point: "96.0", "17.7"."""
     d = d.normalize()

@@ -230,7 +230,9 @@ def _decimal(v: object, where: str, name: str) -> Decimal:
 def _check_keys(src: str, here: str, body: Mapping[str, Any], allowed: Collection[str]) -> None:
     for k in body:
         if k not in allowed:
-            raise ConfigError(f"{src}: {here}.{k}: unknown key; expected one of {', '.join(sorted(allowed))}")
+            raise ConfigError(
+                f"{src}: {here}.{k}: unknown key; expected one of {', '.join(sorted(allowed))}"
+            )
 
 
 def _parse_table(data: Mapping[str, Any], src: str) -> _Table:
@@ -257,7 +259,9 @@ def _parse_table(data: Mapping[str, Any], src: str) -> _Table:
         provider = body.get("provider")
         if provider is not None and not isinstance(provider, str):
             raise ConfigError(f"{src}: {here}.provider: expected a string")
-        rates = Rates(r["input"], r["cache_read"], r["cache_write_5m"], r["cache_write_1h"], r["output"])
+        rates = Rates(
+            r["input"], r["cache_read"], r["cache_write_5m"], r["cache_write_1h"], r["output"]
+        )
         models[name.lower()] = _ModelOverride(rates, provider.lower() if provider else None)
     tiers: dict[tuple[str, str], _TierRule] = {}
     raw_tiers = data.get("tiers", {})
@@ -496,7 +500,9 @@ class PriceBook:
             if found is not None and not (
                 isinstance(found[1].prices, ModelPrice)
                 # price variants are only looked at for a non-standard tier
-                and (tier is None or all(v.constraint is None for v in found[1].price_variants or ()))
+                and (
+                    tier is None or all(v.constraint is None for v in found[1].price_variants or ())
+                )
             ):
                 return None
         at = datetime.now(UTC)  # any time gives the same answer from here on
@@ -508,7 +514,14 @@ class PriceBook:
         assert plan.gp_model is not None
         mp = plan.gp_model.get_prices(at, plan.context)
         # the cliff rule: a tier applies to prompts longer than its start
-        starts = sorted({t.start + 1 for p in mp.__dict__.values() if isinstance(p, TieredPrices) for t in p.tiers})
+        starts = sorted(
+            {
+                t.start + 1
+                for p in mp.__dict__.values()
+                if isinstance(p, TieredPrices)
+                for t in p.tiers
+            }
+        )
         return [(n, _rates_of(mp, n).scaled(plan.multiplier)) for n in (0, *starts)]
 
     def fingerprint(self) -> str:

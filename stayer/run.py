@@ -112,7 +112,9 @@ def prepare(
     an existing run, for ``execute(..., journal=RunJournal.reopen(…))``."""
     check_flags(RunSettings, {k: getattr(config, k) for k in RunSettings.model_fields})
     if config.sandbox is not None and config.sandbox not in SANDBOX_KINDS:
-        raise ConfigError(f"--sandbox {config.sandbox}: unknown sandbox; choose one of {', '.join(SANDBOX_KINDS)}")
+        raise ConfigError(
+            f"--sandbox {config.sandbox}: unknown sandbox; choose one of {', '.join(SANDBOX_KINDS)}"
+        )
     policy = make_policy(config.policy)
     task = load_task(config.task_dir)
     config = replace(config, sandbox=task.kind(config.sandbox))
@@ -128,15 +130,23 @@ def prepare(
     counter = MessageCounter(TiktokenCounter())
     team, team_models = None, {}
     if config.team_file or config.team is not None:
-        team = load_team(config.team_file) if config.team_file else team_from(config.team or {}, "team")
+        team = (
+            load_team(config.team_file)
+            if config.team_file
+            else team_from(config.team or {}, "team")
+        )
         config = dataclasses.replace(config, model=config.model or team.agents[team.entry].model)
         team_models = team_models_for(team, config, task, counter, prices)
     elif not config.model:
-        raise ConfigError("--model: missing; name a model (e.g. sim:claude-sonnet-4-5), or a team with --team")
+        raise ConfigError(
+            "--model: missing; name a model (e.g. sim:claude-sonnet-4-5), or a team with --team"
+        )
     model = model_for(config.model, config, task, counter, prices)
     if not isinstance(model, SimModel):  # a real provider: its own tokenizer where we have it
         counter = MessageCounter(counter_for(model.provider, model.model_id))
-    routing = prepare_routing(config.config_file, config.model, lambda spec: build_model(spec, config, task, counter))
+    routing = prepare_routing(
+        config.config_file, config.model, lambda spec: build_model(spec, config, task, counter)
+    )
     if config.max_cost is not None:
         require_prices(prices, model, config.service_tier, routing)
         for m in team_models.values():
@@ -156,8 +166,24 @@ def prepare(
     store = store or open_store(stayer_home())
     assert store is not None
     if not resume and store.run(run_id) is not None:
-        raise ConfigError(f"--run-id {run_id}: a run with this id already exists in {store.location}")
-    return PreparedRun(config, task, model, counter, prices, run_id, run_dir, policy, store, opened, routing, team, team_models)
+        raise ConfigError(
+            f"--run-id {run_id}: a run with this id already exists in {store.location}"
+        )
+    return PreparedRun(
+        config,
+        task,
+        model,
+        counter,
+        prices,
+        run_id,
+        run_dir,
+        policy,
+        store,
+        opened,
+        routing,
+        team,
+        team_models,
+    )
 
 
 def team_models_for(
@@ -175,14 +201,22 @@ def team_models_for(
     return models
 
 
-def model_for(spec: str, config: RunConfig, task: Task, counter: MessageCounter, prices: PriceBook) -> Model:
+def model_for(
+    spec: str, config: RunConfig, task: Task, counter: MessageCounter, prices: PriceBook
+) -> Model:
     """``build_model``, refusing a ``sim:`` model that no price data knows: it is a typo
     (``sim:claude-sonet-4-5``) far more often than a model, and would be priced "unknown"."""
     model = build_model(spec, config, task, counter)
     if spec.startswith("sim:") and not prices.knows(model.model_id, model.provider):
         close = [f"sim:{m}" for m in prices.closest(model.model_id, model.provider)]
-        hint = f"did you mean {' or '.join(close)}?" if close else "e.g. sim:claude-sonnet-4-5 or sim:gpt-5"
-        raise ConfigError(f"--model {spec}: no {model.provider} model of that name in the price data; {hint}")
+        hint = (
+            f"did you mean {' or '.join(close)}?"
+            if close
+            else "e.g. sim:claude-sonnet-4-5 or sim:gpt-5"
+        )
+        raise ConfigError(
+            f"--model {spec}: no {model.provider} model of that name in the price data; {hint}"
+        )
     return model
 
 
@@ -209,9 +243,16 @@ def run_header(p: PreparedRun) -> dict[str, Any]:
     if p.config.config_file:
         config["config_file"] = str(Path(p.config.config_file).resolve())
     if p.config.sim_policy and p.config.sim_policy.startswith("replay:"):
-        config["sim_policy"] = "replay:" + str(Path(p.config.sim_policy.removeprefix("replay:")).resolve())
+        config["sim_policy"] = "replay:" + str(
+            Path(p.config.sim_policy.removeprefix("replay:")).resolve()
+        )
     config["run_id"] = p.run_id
-    return {"task": p.task.name, "task_path": str(p.task.path), "model": p.config.model, "config": config}
+    return {
+        "task": p.task.name,
+        "task_path": str(p.task.path),
+        "model": p.config.model,
+        "config": config,
+    }
 
 
 def pinned_tokens(instruction: str, counter: MessageCounter) -> int:
@@ -259,7 +300,10 @@ async def _execute(
         journal.restore_workspace(lambda ws: task.materialise(ws, sandbox_kind))
     started = datetime.fromisoformat(journal.started)
     agent_sandbox = ReplayingSandbox(
-        task.make_sandbox(sandbox_kind, workspace, **task.sandbox_limits(**cfg.sandbox_overrides())), journal
+        task.make_sandbox(
+            sandbox_kind, workspace, **task.sandbox_limits(**cfg.sandbox_overrides())
+        ),
+        journal,
     )
     tool_ctx = ToolContext(
         sandbox=agent_sandbox,
@@ -303,7 +347,9 @@ async def _execute(
 
             model = wrap_model(p.model)  # every call journaled, the summariser's included
             routing = p.routing
-            router = routing.router(model, wrap_model, p.prices, cfg.service_tier) if routing else None
+            router = (
+                routing.router(model, wrap_model, p.prices, cfg.service_tier) if routing else None
+            )
             tools = wrap_tools(default_tools(p.counter.counter))
             guard_config = routing.guard if routing else GuardConfig()
             budget = Budget(cfg.max_cost, top_up=controls.top_up(journal))
@@ -485,7 +531,9 @@ class Inbox:
         return read
 
 
-def timed_out(agent: Agent | Team, journal: RunJournal, limit_s: float) -> tuple[RunResult, list[dict[str, Any]]]:
+def timed_out(
+    agent: Agent | Team, journal: RunJournal, limit_s: float
+) -> tuple[RunResult, list[dict[str, Any]]]:
     """The result of a run stopped by the task's agent time limit: its finished steps, and
     the steps the stop cut short (their model calls were billed; a team's threads journal
     their own calls, so each thread stopped in mid-step has one), as ``budget_exhausted``
@@ -501,9 +549,18 @@ def timed_out(agent: Agent | Team, journal: RunJournal, limit_s: float) -> tuple
     detail = f"the task's agent time limit of {limit_s:g} s ran out during step {result.steps + (not cuts)}"
     result.status, result.stop_reason = "budget_exhausted", "agent_timeout"
     result.breakers.append(
-        {"agent": "main", "reason": "agent_timeout", "detail": detail, "step": result.steps, "action": "stop", "soft": False}
+        {
+            "agent": "main",
+            "reason": "agent_timeout",
+            "detail": detail,
+            "step": result.steps,
+            "action": "stop",
+            "soft": False,
+        }
     )
-    result.summary = result.summary or f"Stopped: {detail}. The workspace holds the work done until then."
+    result.summary = (
+        result.summary or f"Stopped: {detail}. The workspace holds the work done until then."
+    )
     return result, cuts
 
 
@@ -576,7 +633,9 @@ def result_document(
         "started": started.isoformat(),
         "finished": datetime.now(UTC).isoformat(),
         "run_dir": str(p.run_dir),
-        "tokenizer": p.counter.counter.encoding_name if hasattr(p.counter.counter, "encoding_name") else None,
+        "tokenizer": p.counter.counter.encoding_name
+        if hasattr(p.counter.counter, "encoding_name")
+        else None,
     }
     if verdict is not None:
         doc["rewards"] = verdict.rewards

@@ -36,7 +36,11 @@ class RunConfig:
     max_processes: int | None = None
 
     def sandbox_overrides(self) -> dict[str, Any]:
-        return {"memory_mb": self.memory_mb, "storage_mb": self.storage_mb, "max_processes": self.max_processes}
+        return {
+            "memory_mb": self.memory_mb,
+            "storage_mb": self.storage_mb,
+            "max_processes": self.max_processes,
+        }
 
     def to_record(self) -> dict[str, Any]:
         """JSON-ready, for the journal (a resume rebuilds the run from it)."""

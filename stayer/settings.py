@@ -87,7 +87,9 @@ StepCount = Annotated[int, _Num, Field(ge=0, le=MAX_STEPS)]  # zero allowed: "ne
 Tokens = Annotated[int, _Num, Field(ge=1, le=MAX_TOKENS)]
 TokenCount = Annotated[int, _Num, Field(ge=0, le=MAX_TOKENS)]
 Usd = Annotated[Decimal, _Num, Field(gt=0, le=MAX_USD, allow_inf_nan=False, decimal_places=12)]
-Price = Annotated[Decimal, _Num, Field(ge=0, le=MAX_PRICE_PER_MTOK, allow_inf_nan=False, decimal_places=12)]
+Price = Annotated[
+    Decimal, _Num, Field(ge=0, le=MAX_PRICE_PER_MTOK, allow_inf_nan=False, decimal_places=12)
+]
 Fraction = Annotated[float, _Num, Field(gt=0, le=1, allow_inf_nan=False)]
 Factor = Annotated[float, _Num, Field(ge=0, le=1e6, allow_inf_nan=False)]
 Epochs = Annotated[int, _Num, Field(ge=1, le=MAX_EPOCHS)]
@@ -102,7 +104,9 @@ def _run_id(value: str) -> str:
     # The id names a directory under $STAYER_HOME/runs: no separators, no "..", and short
     # enough for any file system's name limit.
     if not _RUN_ID.fullmatch(value) or len(value) > MAX_RUN_ID:
-        raise ValueError(f"use up to {MAX_RUN_ID} letters, digits, '-', '_' and '.', not starting with '.'")
+        raise ValueError(
+            f"use up to {MAX_RUN_ID} letters, digits, '-', '_' and '.', not starting with '.'"
+        )
     return value
 
 
@@ -249,7 +253,11 @@ _DECIMAL_REPR = re.compile(r"Decimal\('([^']*)'\)")
 
 
 def _shown(value: Any) -> str:
-    text = str(value) if isinstance(value, int | float | Decimal) and not isinstance(value, bool) else repr(value)
+    text = (
+        str(value)
+        if isinstance(value, int | float | Decimal) and not isinstance(value, bool)
+        else repr(value)
+    )
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -262,7 +270,9 @@ def read_text(path: Path, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{what}{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+        raise ConfigError(
+            f"{what}{path}: not UTF-8 text (byte {e.start}); save it as UTF-8"
+        ) from None
 
 
 def read_toml(path: Path, what: str = "") -> dict[str, Any]:

@@ -93,7 +93,11 @@ class _Frame:
 
     def sy(self, v: float) -> float:
         lo, hi = self.y
-        return self.height - self.bottom - (v - lo) / ((hi - lo) or 1) * (self.height - self.top - self.bottom)
+        return (
+            self.height
+            - self.bottom
+            - (v - lo) / ((hi - lo) or 1) * (self.height - self.top - self.bottom)
+        )
 
     def axes(self) -> None:
         p = self.parts
@@ -101,17 +105,31 @@ class _Frame:
         y0, y1 = self.sy(self.y[0]), self.sy(self.y[1])
         for t in self.xticks:
             x = self.sx(t)
-            p.append(f'<line x1="{x:.1f}" y1="{y0:.1f}" x2="{x:.1f}" y2="{y1:.1f}" stroke="#e6e6e6"/>')
-            p.append(f'<text x="{x:.1f}" y="{y0 + FONT + 4:.1f}" text-anchor="middle">{tick_text(t)}</text>')
+            p.append(
+                f'<line x1="{x:.1f}" y1="{y0:.1f}" x2="{x:.1f}" y2="{y1:.1f}" stroke="#e6e6e6"/>'
+            )
+            p.append(
+                f'<text x="{x:.1f}" y="{y0 + FONT + 4:.1f}" text-anchor="middle">{tick_text(t)}</text>'
+            )
         for t in self.yticks:
             y = self.sy(t)
-            p.append(f'<line x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="#e6e6e6"/>')
-            p.append(f'<text x="{x0 - 5:.1f}" y="{y + 4:.1f}" text-anchor="end">{tick_text(t)}</text>')
-        p.append(f'<rect x="{x0:.1f}" y="{y1:.1f}" width="{x1 - x0:.1f}" height="{y0 - y1:.1f}" fill="none" stroke="#999"/>')
+            p.append(
+                f'<line x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="#e6e6e6"/>'
+            )
+            p.append(
+                f'<text x="{x0 - 5:.1f}" y="{y + 4:.1f}" text-anchor="end">{tick_text(t)}</text>'
+            )
+        p.append(
+            f'<rect x="{x0:.1f}" y="{y1:.1f}" width="{x1 - x0:.1f}" height="{y0 - y1:.1f}" fill="none" stroke="#999"/>'
+        )
         if self.title:
-            p.append(f'<text x="{self.width / 2:.1f}" y="{FONT + 4}" text-anchor="middle" font-weight="bold">{escape(self.title)}</text>')
+            p.append(
+                f'<text x="{self.width / 2:.1f}" y="{FONT + 4}" text-anchor="middle" font-weight="bold">{escape(self.title)}</text>'
+            )
         if self.xlabel:
-            p.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{self.height - 6}" text-anchor="middle">{escape(self.xlabel)}</text>')
+            p.append(
+                f'<text x="{(x0 + x1) / 2:.1f}" y="{self.height - 6}" text-anchor="middle">{escape(self.xlabel)}</text>'
+            )
         if self.ylabel:
             cy = (y0 + y1) / 2
             p.append(
@@ -156,30 +174,41 @@ def line_chart(
     """Lines (or dots) over a shared x axis; ``marks`` are vertical red lines (events)."""
     xs = [p[0] for s in series for p in s.points] + list(marks)
     ys = [p[1] for s in series for p in s.points]
-    f = _Frame(width, height, _span(xs, None, from_zero=False), _span(ys, ylim), title, xlabel, ylabel)
+    f = _Frame(
+        width, height, _span(xs, None, from_zero=False), _span(ys, ylim), title, xlabel, ylabel
+    )
     f.axes()
     y0, y1 = f.sy(f.y[0]), f.sy(f.y[1])
     for m in marks:
-        f.parts.append(f'<line x1="{f.sx(m):.1f}" y1="{y0:.1f}" x2="{f.sx(m):.1f}" y2="{y1:.1f}" stroke="#d62728" stroke-opacity="0.5"/>')
+        f.parts.append(
+            f'<line x1="{f.sx(m):.1f}" y1="{y0:.1f}" x2="{f.sx(m):.1f}" y2="{y1:.1f}" stroke="#d62728" stroke-opacity="0.5"/>'
+        )
     for i, s in enumerate(series):
         color = s.color or PALETTE[i % len(PALETTE)]
         if s.dots:
             f.parts.extend(
-                f'<circle cx="{f.sx(x):.1f}" cy="{f.sy(y):.1f}" r="2" fill="{color}"/>' for x, y in s.points
+                f'<circle cx="{f.sx(x):.1f}" cy="{f.sy(y):.1f}" r="2" fill="{color}"/>'
+                for x, y in s.points
             )
         elif s.points:
             path = " ".join(f"{f.sx(x):.1f},{f.sy(y):.1f}" for x, y in s.points)
-            f.parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+            f.parts.append(
+                f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.5"/>'
+            )
     if len(series) > 1:  # a legend, top left inside the axes
         for i, s in enumerate(series):
             color = s.color or PALETTE[i % len(PALETTE)]
             y = f.top + 14 + i * LINE
-            f.parts.append(f'<rect x="{f.left + 8}" y="{y - 8}" width="10" height="10" fill="{color}"/>')
+            f.parts.append(
+                f'<rect x="{f.left + 8}" y="{y - 8}" width="10" height="10" fill="{color}"/>'
+            )
             f.parts.append(f'<text x="{f.left + 22}" y="{y + 1}">{escape(s.label)}</text>')
     return f.svg(title)
 
 
-def _place_labels(anchors: list[tuple[float, float, str]], top: float, bottom: float) -> list[float]:
+def _place_labels(
+    anchors: list[tuple[float, float, str]], top: float, bottom: float
+) -> list[float]:
     """Baselines for labels right of their points, moved down (then up) until no two of
     them that would overlap horizontally share a line."""
     order = sorted(range(len(anchors)), key=lambda i: anchors[i][1])
@@ -215,11 +244,15 @@ def points_chart(
     xs = [p.x for p in points] + [x for x, _ in front]
     ys = [v for p in points for v in (p.y, p.low, p.high) if v is not None]
     lo, hi = _span(xs, None)
-    f = _Frame(width, height, (lo, hi + (hi - lo) * 0.25), _span(ys, ylim), title, xlabel, ylabel, left=70)
+    f = _Frame(
+        width, height, (lo, hi + (hi - lo) * 0.25), _span(ys, ylim), title, xlabel, ylabel, left=70
+    )
     f.axes()
     if front:
         path = " ".join(f"{f.sx(x):.1f},{f.sy(y):.1f}" for x, y in sorted(front))
-        f.parts.append(f'<polyline points="{path}" fill="none" stroke="#888" stroke-dasharray="5,4"/>')
+        f.parts.append(
+            f'<polyline points="{path}" fill="none" stroke="#888" stroke-dasharray="5,4"/>'
+        )
     anchors = [(f.sx(p.x), f.sy(p.y), p.label) for p in points]
     baselines = _place_labels(anchors, f.top, f.height - f.bottom)
     for i, p in enumerate(points):
@@ -227,13 +260,19 @@ def points_chart(
         x, y = anchors[i][0], anchors[i][1]
         if p.low is not None and p.high is not None:
             a, b = f.sy(p.low), f.sy(p.high)
-            f.parts.append(f'<line x1="{x:.1f}" y1="{a:.1f}" x2="{x:.1f}" y2="{b:.1f}" stroke="{color}"/>')
+            f.parts.append(
+                f'<line x1="{x:.1f}" y1="{a:.1f}" x2="{x:.1f}" y2="{b:.1f}" stroke="{color}"/>'
+            )
             for e in (a, b):
-                f.parts.append(f'<line x1="{x - 4:.1f}" y1="{e:.1f}" x2="{x + 4:.1f}" y2="{e:.1f}" stroke="{color}"/>')
+                f.parts.append(
+                    f'<line x1="{x - 4:.1f}" y1="{e:.1f}" x2="{x + 4:.1f}" y2="{e:.1f}" stroke="{color}"/>'
+                )
         f.parts.append(
             f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{color}"><title>{escape(p.label)}</title></circle>'
         )
-        f.parts.append(f'<text x="{x + 7:.1f}" y="{baselines[i]:.1f}" fill="{color}">{escape(p.label)}</text>')
+        f.parts.append(
+            f'<text x="{x + 7:.1f}" y="{baselines[i]:.1f}" fill="{color}">{escape(p.label)}</text>'
+        )
     return f.svg(title)
 
 
@@ -244,17 +283,30 @@ def strip_chart(
     label_width = min(260, 14 + int(0.6 * FONT * max((len(g) for g, _ in groups), default=4)))
     height = 60 + LINE * 2 * max(len(groups), 1)
     values = [v for _, vs in groups for v in vs]
-    f = _Frame(width, height, _span(values, None), (0, max(len(groups), 1)), title, xlabel, left=label_width)
+    f = _Frame(
+        width,
+        height,
+        _span(values, None),
+        (0, max(len(groups), 1)),
+        title,
+        xlabel,
+        left=label_width,
+    )
     f.yticks = []
     f.axes()
     for i, (label, vs) in enumerate(groups):
         color = PALETTE[i % len(PALETTE)]
         y = f.sy(len(groups) - i - 0.5)
-        f.parts.append(f'<text x="{label_width - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(label)}</text>')
+        f.parts.append(
+            f'<text x="{label_width - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(label)}</text>'
+        )
         f.parts.extend(
-            f'<circle cx="{f.sx(v):.1f}" cy="{y:.1f}" r="3" fill="{color}" fill-opacity="0.6"/>' for v in vs
+            f'<circle cx="{f.sx(v):.1f}" cy="{y:.1f}" r="3" fill="{color}" fill-opacity="0.6"/>'
+            for v in vs
         )
         if vs:
             m = f.sx(sum(vs) / len(vs))
-            f.parts.append(f'<line x1="{m:.1f}" y1="{y - 9:.1f}" x2="{m:.1f}" y2="{y + 9:.1f}" stroke="#222" stroke-width="2"><title>mean</title></line>')
+            f.parts.append(
+                f'<line x1="{m:.1f}" y1="{y - 9:.1f}" x2="{m:.1f}" y2="{y + 9:.1f}" stroke="#222" stroke-width="2"><title>mean</title></line>'
+            )
     return f.svg(title)

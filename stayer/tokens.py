@@ -182,11 +182,15 @@ class PromptEstimator:
         added, new = counted - c0, max(0, messages - m0)
         if added < 0:
             ratio = r0 / c0
-            return PromptEstimate(round(counted * ratio), max(blanket, math.ceil(counted * ratio * ADDED_MARGIN)))
+            return PromptEstimate(
+                round(counted * ratio), max(blanket, math.ceil(counted * ratio * ADDED_MARGIN))
+            )
         a, f = self.fit()
         predicted = max(0.0, a * new + f * added)
         worst = max(predicted, added * max(self._max_step_ratio, r0 / c0, f))
-        return PromptEstimate(r0 + round(predicted), max(blanket, r0 + math.ceil(worst * ADDED_MARGIN)))
+        return PromptEstimate(
+            r0 + round(predicted), max(blanket, r0 + math.ceil(worst * ADDED_MARGIN))
+        )
 
     def observe(self, counted: int, reported: int, messages: int = 0) -> None:
         """A call's prompt of ``messages`` messages: ``counted`` by us, ``reported`` by the
@@ -211,7 +215,9 @@ class PromptEstimator:
         return PromptEstimate(tokens, tokens, exact=True)
 
 
-def truncate_middle(text: str, budget: int, counter: TokenCounter, note: str = "") -> tuple[str, bool]:
+def truncate_middle(
+    text: str, budget: int, counter: TokenCounter, note: str = ""
+) -> tuple[str, bool]:
     """Cut ``text`` to about ``budget`` tokens keeping its head and tail, with a marker
     saying how much was cut (and ``note``, e.g. where the full text was saved)."""
     tokens = counter.encode(text)
@@ -221,7 +227,9 @@ def truncate_middle(text: str, budget: int, counter: TokenCounter, note: str = "
     tail = budget - head
     cut = len(tokens) - head - tail
     marker = f"\n[... {cut} tokens cut{'; ' + note if note else ''} ...]\n"
-    return counter.decode(tokens[:head]) + marker + counter.decode(tokens[-tail:] if tail else []), True
+    return counter.decode(tokens[:head]) + marker + counter.decode(
+        tokens[-tail:] if tail else []
+    ), True
 
 
 def canonical_tools(tools: Iterable[ToolSpec]) -> str:

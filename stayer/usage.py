@@ -34,7 +34,9 @@ class Usage:
         return self.cache_read_tokens / self.input_tokens if self.input_tokens else 0.0
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+        return Usage(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
 
     def to_dict(self) -> dict[str, int]:
         """The JSON shape used by ``--json`` outputs and the ledger."""
@@ -46,7 +48,9 @@ class Usage:
     def from_dict(cls, d: Mapping[str, Any]) -> Usage:
         names = {f.name for f in fields(cls)}
         kw = {k: int(v) for k, v in d.items() if k in names}
-        if "cache_write_tokens" in d and not ("cache_write_5m_tokens" in d or "cache_write_1h_tokens" in d):
+        if "cache_write_tokens" in d and not (
+            "cache_write_5m_tokens" in d or "cache_write_1h_tokens" in d
+        ):
             kw["cache_write_5m_tokens"] = int(d["cache_write_tokens"])
         return cls(**kw)
 

@@ -73,9 +73,14 @@ class Trace:
     recorded: Recorded = field(default_factory=Recorded)
 
 
-BASH = ToolSpec("bash", "Run a shell command in the workspace and return its output.", {
-    "type": "object", "properties": {"command": {"type": "string"}},
-})
+BASH = ToolSpec(
+    "bash",
+    "Run a shell command in the workspace and return its output.",
+    {
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+    },
+)
 
 
 def load_trace(ref: str, home: Path | None = None) -> Trace:
@@ -86,7 +91,9 @@ def load_trace(ref: str, home: Path | None = None) -> Trace:
     if path.is_dir():
         return _stayer_run(path)
     if not path.is_file():
-        raise ConfigError(f"{ref}: no such trace (expected a stayer run id or directory, a SWE-agent .traj or a mini-swe-agent .traj.json file)")
+        raise ConfigError(
+            f"{ref}: no such trace (expected a stayer run id or directory, a SWE-agent .traj or a mini-swe-agent .traj.json file)"
+        )
     text = read_text(path, "")
     try:
         data = json.loads(text)
@@ -98,7 +105,11 @@ def load_trace(ref: str, home: Path | None = None) -> Trace:
         trace = _mini_swe_agent(path, _objects(data["messages"], path, "messages"))
         trace.recorded = _recorded_by_swe_agent(data, _mini_swe_agent_model(data))
         return trace
-    if isinstance(data, dict) and isinstance(data.get("history"), list) and isinstance(data.get("trajectory"), list):
+    if (
+        isinstance(data, dict)
+        and isinstance(data.get("history"), list)
+        and isinstance(data.get("trajectory"), list)
+    ):
         trace = _swe_agent(path, data)
         trace.recorded = _recorded_by_swe_agent(data, _swe_agent_model(data))
         return trace
@@ -111,7 +122,9 @@ def load_trace(ref: str, home: Path | None = None) -> Trace:
 def _objects(items: list[Any], path: Path, field: str) -> list[dict[str, Any]]:
     for i, item in enumerate(items):
         if not isinstance(item, dict):
-            raise ConfigError(f"{path}: {field}[{i}]: expected an object, got {type(item).__name__}")
+            raise ConfigError(
+                f"{path}: {field}[{i}]: expected an object, got {type(item).__name__}"
+            )
     return items
 
 
@@ -147,7 +160,9 @@ def _recorded_by_swe_agent(data: dict, model: str | None) -> Recorded:
 
 def _mini_swe_agent_model(data: dict) -> str | None:
     config = (data.get("info") or {}).get("config") or {}
-    return _model_id(((config.get("model") or {}) if isinstance(config, dict) else {}).get("model_name"))
+    return _model_id(
+        ((config.get("model") or {}) if isinstance(config, dict) else {}).get("model_name")
+    )
 
 
 def _swe_agent_model(data: dict) -> str | None:
@@ -156,7 +171,9 @@ def _swe_agent_model(data: dict) -> str | None:
         config = json.loads(config) if isinstance(config, str) else config
     except ValueError:
         return None
-    model = ((config or {}).get("agent") or {}).get("model") or {} if isinstance(config, dict) else {}
+    model = (
+        ((config or {}).get("agent") or {}).get("model") or {} if isinstance(config, dict) else {}
+    )
     return _model_id(model.get("name") if isinstance(model, dict) else None)
 
 
@@ -184,12 +201,16 @@ def _mini_swe_agent(path: Path, messages: list[dict]) -> Trace:
             calls = []
             tool_calls = m.get("tool_calls") or []
             if not isinstance(tool_calls, list):
-                raise ConfigError(f"{path}: messages: tool_calls: expected a list, got {type(tool_calls).__name__}")
+                raise ConfigError(
+                    f"{path}: messages: tool_calls: expected a list, got {type(tool_calls).__name__}"
+                )
             for i, c in enumerate(_objects(tool_calls, path, "tool_calls")):
                 fn = c.get("function")
                 fn = fn if isinstance(fn, dict) else {}
                 args = _call_arguments(fn.get("arguments") or "{}")
-                calls.append(ToolCall(str(c.get("id") or f"t{n}_{i}"), str(fn.get("name") or "bash"), args))
+                calls.append(
+                    ToolCall(str(c.get("id") or f"t{n}_{i}"), str(fn.get("name") or "bash"), args)
+                )
             if not calls:  # text actions (older format): the next user message is the output
                 calls = [ToolCall(f"t{n}", "bash", "{}")]
             turns.append(Message("assistant", _text(m.get("content")), tuple(calls)))
@@ -197,7 +218,9 @@ def _mini_swe_agent(path: Path, messages: list[dict]) -> Trace:
         elif role in ("tool", "user") and turns:
             # A user message after the calls were answered (a format-error nudge) was part of
             # the prompt too: it goes with the last call's observation.
-            key = str(m.get("tool_call_id") or (pending[0] if pending else turns[-1].tool_calls[-1].id))
+            key = str(
+                m.get("tool_call_id") or (pending[0] if pending else turns[-1].tool_calls[-1].id)
+            )
             observations[key] = observations.get(key, "") + _text(m.get("content"))
             if key in pending:
                 pending.remove(key)
@@ -210,7 +233,9 @@ def _swe_agent(path: Path, data: dict) -> Trace:
     history = _objects(data["history"], path, "history")
     system = "\n".join(_text(h.get("content")) for h in history if h.get("role") == "system")
     first = next((i for i, h in enumerate(history) if h.get("role") == "assistant"), len(history))
-    instruction = "\n\n".join(_text(h.get("content")) for h in history[:first] if h.get("role") != "system")
+    instruction = "\n\n".join(
+        _text(h.get("content")) for h in history[:first] if h.get("role") != "system"
+    )
     turns: list[Message] = []
     observations: dict[str, str] = {}
     for n, step in enumerate(data["trajectory"]):
@@ -253,7 +278,9 @@ def _stayer_run(run_dir: Path) -> Trace:
             if rec.get("tool_calls"):
                 calls = _recorded_calls(rec["tool_calls"], file, n)
                 turns.append(Message("assistant", _text(rec.get("content")), calls))
-                reasoning.append(reasoning_by_call[calls_seen - 1] if calls_seen <= len(reasoning_by_call) else 0)
+                reasoning.append(
+                    reasoning_by_call[calls_seen - 1] if calls_seen <= len(reasoning_by_call) else 0
+                )
         elif rec.get("role") == "tool":
             observations[str(rec.get("tool_call_id", ""))] = _text(rec.get("content"))
     tools = [t.spec for t in default_tools(TiktokenCounter())]
@@ -264,7 +291,9 @@ def _stayer_run(run_dir: Path) -> Trace:
         result.get("policy") or "none",
         len(reasoning_by_call) if result else None,
     )
-    return Trace(str(run_dir), SYSTEM_PROMPT, instruction, turns, observations, tools, reasoning, recorded)
+    return Trace(
+        str(run_dir), SYSTEM_PROMPT, instruction, turns, observations, tools, reasoning, recorded
+    )
 
 
 def _run_result(run_dir: Path) -> dict[str, Any]:
@@ -282,8 +311,14 @@ def _recorded_calls(value: Any, file: Path, n: int) -> tuple[ToolCall, ...]:
         raise ConfigError(f"{file}:{n}: tool_calls: expected a list, got {type(value).__name__}")
     calls = []
     for i, c in enumerate(value):
-        if not isinstance(c, dict) or not isinstance(c.get("id"), str) or not isinstance(c.get("name"), str):
-            raise ConfigError(f"{file}:{n}: tool_calls[{i}]: expected an object with string 'id' and 'name'")
+        if (
+            not isinstance(c, dict)
+            or not isinstance(c.get("id"), str)
+            or not isinstance(c.get("name"), str)
+        ):
+            raise ConfigError(
+                f"{file}:{n}: tool_calls[{i}]: expected an object with string 'id' and 'name'"
+            )
         calls.append(ToolCall(c["id"], c["name"], _call_arguments(c.get("arguments", "{}"))))
     return tuple(calls)
 
@@ -324,7 +359,10 @@ async def replay(
     for name in sorted({c.name for c in called} - specs.keys()):
         specs[name] = ToolSpec(name, f"Recorded tool {name}.", {"type": "object"})
     outputs = iter([trace.observations.get(c.id, "") for c in called])
-    tools = [RecordedTool(_replayable(spec, [c for c in called if c.name == name]), outputs) for name, spec in specs.items()]
+    tools = [
+        RecordedTool(_replayable(spec, [c for c in called if c.name == name]), outputs)
+        for name, spec in specs.items()
+    ]
     model = SimModel(model_id, _Script(trace.turns, trace.reasoning), counter)
     agent = Agent(
         model,
@@ -376,23 +414,38 @@ async def compare(
         if recorded.model is None:
             raise ConfigError("the trace does not name its model")
         provider_of(recorded.model)
-        baseline = await replay(trace, recorded.model, make_policy(recorded.policy), prices=prices, counter=counter)
+        baseline = await replay(
+            trace, recorded.model, make_policy(recorded.policy), prices=prices, counter=counter
+        )
     except ConfigError as e:
         baseline_error = f"no replay under the recorded model and policy: {e}"
     results = []
     for model, policy in scenarios:
         model = model or recorded.model
         if model is None:
-            raise ConfigError("--model: the trace does not name its model; give the one to replay under")
-        result = await replay(trace, model, make_policy(policy), prices=prices, counter=counter, max_context=max_context)
-        result["delta_usd"] = _difference(result["cost_usd"], baseline["cost_usd"] if baseline else None)
+            raise ConfigError(
+                "--model: the trace does not name its model; give the one to replay under"
+            )
+        result = await replay(
+            trace,
+            model,
+            make_policy(policy),
+            prices=prices,
+            counter=counter,
+            max_context=max_context,
+        )
+        result["delta_usd"] = _difference(
+            result["cost_usd"], baseline["cost_usd"] if baseline else None
+        )
         results.append(result)
     return {
         "recorded": {**recorded.to_json(), "source": trace.source},
         "baseline": baseline,
         "baseline_error": baseline_error,
         # The replay's own error: how far re-simulating the recording is from what it cost.
-        "replay_error_usd": _difference(baseline["cost_usd"] if baseline else None, recorded.to_json()["cost_usd"]),
+        "replay_error_usd": _difference(
+            baseline["cost_usd"] if baseline else None, recorded.to_json()["cost_usd"]
+        ),
         "scenarios": results,
     }
 

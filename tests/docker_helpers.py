@@ -125,7 +125,9 @@ def docker_base(docker_host: str, base_root: Path) -> str:
 def import_base(base_root: Path) -> str:
     """Import ``base_root`` into the daemon of ``DOCKER_HOST`` as :data:`BASE_IMAGE`."""
     tar = subprocess.Popen(["tar", "-C", str(base_root), "-c", "."], stdout=subprocess.PIPE)
-    subprocess.run(["docker", "import", "-", BASE_IMAGE], stdin=tar.stdout, check=True, capture_output=True)
+    subprocess.run(
+        ["docker", "import", "-", BASE_IMAGE], stdin=tar.stdout, check=True, capture_output=True
+    )
     assert tar.stdout is not None
     tar.stdout.close()
     assert tar.wait() == 0

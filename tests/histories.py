@@ -16,12 +16,18 @@ def histories(draw: st.DrawFn) -> list[Message]:
         kind = draw(st.sampled_from(["user", "assistant", "tool", "tool-no-id"]))
         if kind == "assistant":
             calls = tuple(
-                ToolCall(f"c{i}.{k}", "bash", draw(st.sampled_from(['{"command": "ls"}', "not json", "", "[1]"])))
+                ToolCall(
+                    f"c{i}.{k}",
+                    "bash",
+                    draw(st.sampled_from(['{"command": "ls"}', "not json", "", "[1]"])),
+                )
                 for k in range(draw(st.integers(0, 2)))
             )
             history.append(Message("assistant", draw(TEXTS), calls))
         elif kind == "tool":
-            history.append(Message("tool", draw(TEXTS), tool_call_id=f"c{i}", is_error=draw(st.booleans())))
+            history.append(
+                Message("tool", draw(TEXTS), tool_call_id=f"c{i}", is_error=draw(st.booleans()))
+            )
         elif kind == "tool-no-id":
             history.append(Message("tool", draw(TEXTS)))
         else:

@@ -27,7 +27,9 @@ from pathlib import Path
 def _bindir() -> Path | None:
     if shutil.which("pg_ctl") and shutil.which("initdb"):
         return Path(shutil.which("pg_ctl") or "").resolve().parent
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4])
+    )
     return Path(found[-1]).parent if found else None
 
 
@@ -35,7 +37,11 @@ def _as_server_user(argv: list[str]) -> list[str]:
     # PostgreSQL refuses to run as root: use the postgres account the package creates.
     if os.geteuid() != 0:
         return argv
-    return ["runuser", "-u", "postgres", "--", *argv] if shutil.which("runuser") else ["su", "postgres", "-s", "/bin/sh", "-c", " ".join(argv)]
+    return (
+        ["runuser", "-u", "postgres", "--", *argv]
+        if shutil.which("runuser")
+        else ["su", "postgres", "-s", "/bin/sh", "-c", " ".join(argv)]
+    )
 
 
 def _free_port() -> int:
@@ -54,16 +60,48 @@ def start(base: Path) -> str:
         try:
             user = pwd.getpwnam("postgres")
         except KeyError:
-            raise RuntimeError("running as root and there is no postgres user to run the server as") from None
+            raise RuntimeError(
+                "running as root and there is no postgres user to run the server as"
+            ) from None
         os.chown(base, user.pw_uid, user.pw_gid)
     data, port = base / "data", _free_port()
-    run = lambda argv: subprocess.run(_as_server_user(argv), capture_output=True, text=True, timeout=120)  # noqa: E731
+
+    def run(argv):
+        return subprocess.run(_as_server_user(argv), capture_output=True, text=True, timeout=120)
+
     if not (data / "PG_VERSION").exists():
-        r = run([str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync"])
+        r = run(
+            [
+                str(bindir / "initdb"),
+                "-D",
+                str(data),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ]
+        )
         if r.returncode != 0:
             raise RuntimeError(f"initdb failed: {(r.stderr or r.stdout).strip()[-300:]}")
     opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c max_connections=200"
-    r = run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(base / "server.log"), "-o", opts, "-w", "-t", "60", "start"])
+    r = run(
+        [
+            str(bindir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-l",
+            str(base / "server.log"),
+            "-o",
+            opts,
+            "-w",
+            "-t",
+            "60",
+            "start",
+        ]
+    )
     if r.returncode != 0:
         raise RuntimeError(f"pg_ctl start failed: {(r.stderr or r.stdout).strip()[-300:]}")
     return f"postgresql://postgres@127.0.0.1:{port}/postgres"
@@ -72,8 +110,13 @@ def start(base: Path) -> str:
 def stop(base: Path) -> None:
     bindir = _bindir()
     if bindir is not None and (base / "data").exists():
-        subprocess.run(_as_server_user([str(bindir / "pg_ctl"), "-D", str(base / "data"), "-m", "immediate", "stop"]),
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            _as_server_user(
+                [str(bindir / "pg_ctl"), "-D", str(base / "data"), "-m", "immediate", "stop"]
+            ),
+            capture_output=True,
+            timeout=60,
+        )
 
 
 def _fresh_database(url: str) -> str:

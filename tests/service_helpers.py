@@ -47,7 +47,12 @@ class Env:
     db_url: str = ""
 
     def vars(self) -> dict[str, str]:
-        env = {**os.environ, "STAYER_HOME": str(self.home), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "STAYER_HOME": str(self.home),
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+        }
         env.pop("STAYER_DB", None)
         if self.db_url:
             env["STAYER_DB"] = self.db_url
@@ -55,10 +60,16 @@ class Env:
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         r = subprocess.run(
-            [sys.executable, "-m", "stayer.cli", *args], env=self.vars(), capture_output=True, text=True, timeout=HANG_S
+            [sys.executable, "-m", "stayer.cli", *args],
+            env=self.vars(),
+            capture_output=True,
+            text=True,
+            timeout=HANG_S,
         )
         if check and r.returncode != 0:
-            raise AssertionError(f"stayer {' '.join(args)} exited {r.returncode}: {r.stderr[-2000:]}")
+            raise AssertionError(
+                f"stayer {' '.join(args)} exited {r.returncode}: {r.stderr[-2000:]}"
+            )
         return r
 
     def tenant(self, name: str, *extra: str) -> dict[str, Any]:
@@ -85,7 +96,12 @@ class Process:
 
 def spawn(env: Env, args: list[str], log: Path) -> Process:
     out = log.open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "stayer.cli", *args], env=env.vars(), stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", *args],
+        env=env.vars(),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
     return Process(proc, log)
 
 
@@ -103,13 +119,23 @@ class Server:
 
 def start_server(env: Env, tasks_dir: Path, *extra: str) -> Server:
     port = free_port()
-    args = ["serve", "--port", str(port), "--tasks-dir", str(tasks_dir), "--allow-private-webhooks", *extra]
+    args = [
+        "serve",
+        "--port",
+        str(port),
+        "--tasks-dir",
+        str(tasks_dir),
+        "--allow-private-webhooks",
+        *extra,
+    ]
     process = spawn(env, args, env.home.parent / f"serve-{port}.log")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + HANG_S
     while True:
         if process.proc.poll() is not None:
-            raise AssertionError(f"stayer serve exited {process.proc.returncode}: {process.output()}")
+            raise AssertionError(
+                f"stayer serve exited {process.proc.returncode}: {process.output()}"
+            )
         try:
             if httpx.get(f"{url}/healthz", timeout=5.0).status_code == 200:
                 return Server(env, process, url)
@@ -137,9 +163,13 @@ def finished(run: dict[str, Any]) -> bool:
     return run["status"] in ("succeeded", "failed", "budget_exhausted", "cancelled", "error")
 
 
-def read_events(client: httpx.Client, run_id: str, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
+def read_events(
+    client: httpx.Client, run_id: str, last_event_id: str | None = None
+) -> Iterator[dict[str, Any]]:
     """The run's SSE stream, parsed: one dict per event (``id``, ``event``, ``data``)."""
     headers = {"Last-Event-ID": last_event_id} if last_event_id is not None else {}
-    with client.stream("GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=HANG_S) as response:
+    with client.stream(
+        "GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=HANG_S
+    ) as response:
         assert response.status_code == 200, response.read()
         yield from iter_sse(response.iter_lines())

@@ -18,7 +18,9 @@ from stayer.usage import Usage
 
 
 def scripted(replies: list[Message | Exception]) -> ScriptedModel:
-    return ScriptedModel("claude-sonnet-4-5", replies, usage=Usage(input_tokens=1000, output_tokens=50))
+    return ScriptedModel(
+        "claude-sonnet-4-5", replies, usage=Usage(input_tokens=1000, output_tokens=50)
+    )
 
 
 def call(name: str, args: str, i: int = 0) -> Message:
@@ -28,12 +30,16 @@ def call(name: str, args: str, i: int = 0) -> Message:
 def run(model: ScriptedModel, tmp_path, **limits) -> tuple:
     counter = TiktokenCounter()
     ctx = ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path))
-    agent = Agent(model, default_tools(counter), PriceBook(), ctx, MessageCounter(counter), Limits(**limits))
+    agent = Agent(
+        model, default_tools(counter), PriceBook(), ctx, MessageCounter(counter), Limits(**limits)
+    )
     return asyncio.run(agent.run("Do the task.", "run-1")), agent
 
 
 def test_malformed_tool_arguments_go_back_to_the_model_as_errors(tmp_path):
-    model = scripted([call("bash", '{"command": "echo hi', 1), call("nope", "{}", 2), call("submit", "{}", 3)])
+    model = scripted(
+        [call("bash", '{"command": "echo hi', 1), call("nope", "{}", 2), call("submit", "{}", 3)]
+    )
     result, _ = run(model, tmp_path)
     assert result.status == "submitted" and result.steps == 3
     assert [e.to_dict()["tool_errors"] for e in result.ledger] == [1, 1, 0]
@@ -44,7 +50,10 @@ def test_malformed_tool_arguments_go_back_to_the_model_as_errors(tmp_path):
 
 def test_commands_that_exit_non_zero_count_as_tool_errors_in_the_ledger(tmp_path):
     # The breakers trip on them; the ledger must say why, not show 0 errors a step.
-    model = scripted([call("bash", f'{{"command": "exit {i}"}}', i) for i in (3, 0, 1)] + [call("submit", "{}", 9)])
+    model = scripted(
+        [call("bash", f'{{"command": "exit {i}"}}', i) for i in (3, 0, 1)]
+        + [call("submit", "{}", 9)]
+    )
     result, _ = run(model, tmp_path)
     assert [e.to_dict()["tool_errors"] for e in result.ledger] == [1, 0, 1, 0]
 
@@ -59,7 +68,11 @@ def test_reply_without_tool_call_gets_a_nudge(tmp_path):
 def test_max_steps_ends_budget_exhausted(tmp_path):
     model = scripted([call("bash", '{"command": "true"}', i) for i in range(5)])
     result, _ = run(model, tmp_path, max_steps=3)
-    assert result.status == "budget_exhausted" and result.steps == 3 and result.stop_reason == "max_steps"
+    assert (
+        result.status == "budget_exhausted"
+        and result.steps == 3
+        and result.stop_reason == "max_steps"
+    )
 
 
 def test_model_error_ends_the_run_with_error(tmp_path):
@@ -69,7 +82,13 @@ def test_model_error_ends_the_run_with_error(tmp_path):
 
 
 def test_history_is_append_only_and_prefix_stable(tmp_path):
-    model = scripted([call("bash", '{"command": "echo a"}', 1), call("bash", '{"command": "echo b"}', 2), call("submit", "{}", 3)])
+    model = scripted(
+        [
+            call("bash", '{"command": "echo a"}', 1),
+            call("bash", '{"command": "echo b"}', 2),
+            call("submit", "{}", 3),
+        ]
+    )
     run(model, tmp_path)
     a, b, c = model.requests
     assert a.system == b.system == c.system and a.tools == c.tools

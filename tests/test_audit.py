@@ -41,7 +41,9 @@ BOOK = PriceBook()
 
 
 def ts(seconds: float) -> str:
-    return (T0 + timedelta(seconds=seconds)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return (
+        (T0 + timedelta(seconds=seconds)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
 
 
 def assistant(
@@ -102,7 +104,14 @@ def assistant(
     return line
 
 
-def user(session: str, at: float, *, sidechain: bool = False, parent: str | None = None, uid: str | None = None) -> dict[str, Any]:
+def user(
+    session: str,
+    at: float,
+    *,
+    sidechain: bool = False,
+    parent: str | None = None,
+    uid: str | None = None,
+) -> dict[str, Any]:
     return {
         "parentUuid": parent,
         "isSidechain": sidechain,
@@ -135,13 +144,17 @@ def write_jsonl(path: Path, lines: Iterable[dict[str, Any] | str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for line in lines:
-            f.write(line if isinstance(line, str) else json.dumps(line, separators=(",", ":")) + "\n")
+            f.write(
+                line if isinstance(line, str) else json.dumps(line, separators=(",", ":")) + "\n"
+            )
     return path
 
 
 def audit(*paths: Path, since: float | None = None, keep_series: bool = False) -> dict[str, Any]:
     found = discover(paths)
-    return build(analyse_all(found.refs, BOOK, since=since, keep_series=keep_series, jobs=1)).to_json()
+    return build(
+        analyse_all(found.refs, BOOK, since=since, keep_series=keep_series, jobs=1)
+    ).to_json()
 
 
 def only_session(doc: dict[str, Any]) -> dict[str, Any]:
@@ -158,7 +171,9 @@ def rates(model: str = SONNET, prompt: int = 0):
 # --- repeated entries, sub-agents, malformed lines --------------------------------------
 
 
-def test_repeated_entries_of_one_response_count_once_keeping_the_complete_one(tmp_path: Path) -> None:
+def test_repeated_entries_of_one_response_count_once_keeping_the_complete_one(
+    tmp_path: Path,
+) -> None:
     s = "s-repeat"
     write_jsonl(
         tmp_path / "projects" / "p" / f"{s}.jsonl",
@@ -171,7 +186,10 @@ def test_repeated_entries_of_one_response_count_once_keeping_the_complete_one(tm
             assistant(s, 10, "msg_B", read=18764, write=255, out=25, sidechain=True),
             assistant(s, 11, "msg_B", read=18764, write=255, out=20),
             # no message id: nothing to match on, so never merged
-            {**assistant(s, 20, "x", read=19019, out=7), "message": {**assistant(s, 20, "x")["message"], "id": None}},
+            {
+                **assistant(s, 20, "x", read=19019, out=7),
+                "message": {**assistant(s, 20, "x")["message"], "id": None},
+            },
         ],
     )
     session = only_session(audit(tmp_path))
@@ -197,9 +215,18 @@ def test_sidechain_replay_of_a_parent_message_is_the_same_call(tmp_path: Path) -
 def test_subagent_files_belong_to_their_parent_session(tmp_path: Path) -> None:
     s = "6f1d0c2e-0000-4000-8000-000000000001"
     project = tmp_path / "projects" / "-workspace"
-    write_jsonl(project / f"{s}.jsonl", [assistant(s, 0, "msg_main1", write=15000), assistant(s, 60, "msg_main2", read=15000, write=400)])
+    write_jsonl(
+        project / f"{s}.jsonl",
+        [
+            assistant(s, 0, "msg_main1", write=15000),
+            assistant(s, 60, "msg_main2", read=15000, write=400),
+        ],
+    )
     # older layout: agent-<id>.jsonl next to the session; newer: <session>/subagents/
-    write_jsonl(project / "agent-a1b2c3d4.jsonl", [assistant(s, 5, "msg_sub1", model=HAIKU, write=9000, sidechain=True, agent="a1b2c3d4")])
+    write_jsonl(
+        project / "agent-a1b2c3d4.jsonl",
+        [assistant(s, 5, "msg_sub1", model=HAIKU, write=9000, sidechain=True, agent="a1b2c3d4")],
+    )
     write_jsonl(
         project / s / "subagents" / "agent-e5f6a7b8.jsonl",
         [
@@ -223,15 +250,24 @@ def test_inline_sidechains_are_told_apart_by_their_root(tmp_path: Path) -> None:
     s = "s-inline"
     lines: list[dict[str, Any]] = [assistant(s, 0, "msg_m", write=15000)]
     roots = {"x": str(uuid.uuid4()), "y": str(uuid.uuid4())}
-    lines += [user(s, 1, sidechain=True, uid=roots["x"]), user(s, 1, sidechain=True, uid=roots["y"])]
+    lines += [
+        user(s, 1, sidechain=True, uid=roots["x"]),
+        user(s, 1, sidechain=True, uid=roots["y"]),
+    ]
     last = dict(roots)
     for i in range(4):
         for name, base in (("x", 12000), ("y", 30000)):
             uid = str(uuid.uuid4())
             lines.append(
                 assistant(
-                    s, 2 + i, f"msg_{name}{i}", read=base + 100 * i if i else 0, write=100 if i else base,
-                    sidechain=True, parent=last[name], uid=uid,
+                    s,
+                    2 + i,
+                    f"msg_{name}{i}",
+                    read=base + 100 * i if i else 0,
+                    write=100 if i else base,
+                    sidechain=True,
+                    parent=last[name],
+                    uid=uid,
                 )
             )
             last[name] = uid
@@ -246,9 +282,14 @@ def test_truncated_last_line_and_garbage_are_counted_not_fatal(tmp_path: Path) -
     s = "s-trunc"
     good = assistant(s, 0, "msg_A", write=1000)
     cut = json.dumps(assistant(s, 5, "msg_B", write=2000), separators=(",", ":"))[:150]
-    write_jsonl(tmp_path / "projects" / "p" / f"{s}.jsonl", [good, "not json at all\n", user(s, 1), cut])
+    write_jsonl(
+        tmp_path / "projects" / "p" / f"{s}.jsonl", [good, "not json at all\n", user(s, 1), cut]
+    )
     # a session whose only call was cut off: no session to show, but the line is counted
-    write_jsonl(tmp_path / "projects" / "p" / "s-cut.jsonl", [json.dumps(user("s-cut", 0)) + "\n", cut.replace(s, "s-cut")])
+    write_jsonl(
+        tmp_path / "projects" / "p" / "s-cut.jsonl",
+        [json.dumps(user("s-cut", 0)) + "\n", cut.replace(s, "s-cut")],
+    )
     doc = audit(tmp_path)
     assert only_session(doc)["calls"] == 1
     assert doc["skipped_lines"] == 3
@@ -261,14 +302,22 @@ def test_model_missing_from_price_data_is_unknown_never_zero(tmp_path: Path) -> 
     s = "s-unknown"
     write_jsonl(
         tmp_path / "projects" / "p" / f"{s}.jsonl",
-        [assistant(s, 0, "msg_A", write=1000, out=100), assistant(s, 30, "msg_B", model="claude-imaginary-9", uncached=500, out=70)],
+        [
+            assistant(s, 0, "msg_A", write=1000, out=100),
+            assistant(s, 30, "msg_B", model="claude-imaginary-9", uncached=500, out=70),
+        ],
     )
     doc = audit(tmp_path)
     session = only_session(doc)
     assert session["cost_usd"] == "unknown" and doc["totals"]["cost_usd"] == "unknown"
     assert session["unpriced_models"] == ["claude-imaginary-9"] and session["unpriced_calls"] == 1
     assert session["usage"]["output_tokens"] == 170  # its tokens are still counted
-    known = BOOK.cost(Usage(input_tokens=1003, cache_write_5m_tokens=1000, output_tokens=100), SONNET, "anthropic", at=T0)
+    known = BOOK.cost(
+        Usage(input_tokens=1003, cache_write_5m_tokens=1000, output_tokens=100),
+        SONNET,
+        "anthropic",
+        at=T0,
+    )
     assert Decimal(session["cost_usd_priced"]) == known.total
     by_model = {m["model"]: m["cost_usd"] for m in session["models"]}
     assert by_model["claude-imaginary-9"] == "unknown" and Decimal(by_model[SONNET]) == known.total
@@ -280,16 +329,46 @@ def test_call_pricer_agrees_with_pricebook_cost() -> None:
     cases = [
         # long-context tier (prompts above 200K), asked in an order that makes it bisect
         (SONNET, "anthropic", Usage(300_000, 250_000, 40_000, 0, 900), day.replace(hour=9)),
-        (SONNET, "anthropic", Usage(150_000, 140_000, 9_000, 0, 900), day.replace(hour=9, minute=5)),
+        (
+            SONNET,
+            "anthropic",
+            Usage(150_000, 140_000, 9_000, 0, 900),
+            day.replace(hour=9, minute=5),
+        ),
         (SONNET, "anthropic", Usage(200_001, 0, 200_000, 0, 10), day.replace(hour=9, minute=7)),
         (SONNET, "anthropic", Usage(200_000, 0, 200_000, 0, 10), day.replace(hour=9, minute=8)),
-        (SONNET, "anthropic", Usage(50_000, 0, 0, 50_000, 10), day.replace(hour=9, minute=9)),  # 1 h writes
+        (
+            SONNET,
+            "anthropic",
+            Usage(50_000, 0, 0, 50_000, 10),
+            day.replace(hour=9, minute=9),
+        ),  # 1 h writes
         ("gpt-5", "openai", Usage(40_000, 30_000, 0, 0, 2_000, 1_500), day.replace(hour=12)),
         # time-of-day prices (DeepSeek off-peak from 16:30 UTC): either side of the edge
-        ("deepseek-chat", "deepseek", Usage(10_000, 4_000, 0, 0, 500), day.replace(hour=16, minute=29)),
-        ("deepseek-chat", "deepseek", Usage(10_000, 4_000, 0, 0, 500), day.replace(hour=16, minute=31)),
-        ("deepseek-chat", "deepseek", Usage(10_000, 4_000, 0, 0, 500), day.replace(hour=0, minute=20)),
-        ("deepseek-chat", "deepseek", Usage(10_000, 4_000, 0, 0, 500), day.replace(hour=0, minute=40)),
+        (
+            "deepseek-chat",
+            "deepseek",
+            Usage(10_000, 4_000, 0, 0, 500),
+            day.replace(hour=16, minute=29),
+        ),
+        (
+            "deepseek-chat",
+            "deepseek",
+            Usage(10_000, 4_000, 0, 0, 500),
+            day.replace(hour=16, minute=31),
+        ),
+        (
+            "deepseek-chat",
+            "deepseek",
+            Usage(10_000, 4_000, 0, 0, 500),
+            day.replace(hour=0, minute=20),
+        ),
+        (
+            "deepseek-chat",
+            "deepseek",
+            Usage(10_000, 4_000, 0, 0, 500),
+            day.replace(hour=0, minute=40),
+        ),
     ]
     totals = set()
     for model, provider, u, at in cases:
@@ -335,7 +414,12 @@ def test_idle_gap_past_the_5_minute_lifetime_breaks_the_cache(tmp_path: Path) ->
     )
     assert len(found) == 1
     b = found[0]
-    assert (b["call"], b["reason"], b["lost_tokens"], b["gap_s"]) == (3, "ttl_expired", 20_500, 600.0)
+    assert (b["call"], b["reason"], b["lost_tokens"], b["gap_s"]) == (
+        3,
+        "ttl_expired",
+        20_500,
+        600.0,
+    )
     r = rates()
     assert Decimal(b["extra_cost_usd"]) == 20_500 * (r.cache_write_5m - r.cache_read) / MTOK
 
@@ -370,7 +454,9 @@ def test_mid_session_model_switch_breaks_the_cache(tmp_path: Path) -> None:
             assistant(s, 40, "msg_3", model=HAIKU, read=20_100, write=300),
         ],
     )
-    assert [(b["call"], b["reason"], b["lost_tokens"]) for b in found] == [(2, "model_switch", 20_000)]
+    assert [(b["call"], b["reason"], b["lost_tokens"]) for b in found] == [
+        (2, "model_switch", 20_000)
+    ]
     r = rates(HAIKU)
     assert Decimal(found[0]["extra_cost_usd"]) == 20_000 * (r.cache_write_5m - r.cache_read) / MTOK
 
@@ -395,7 +481,9 @@ def test_compaction_and_prefix_edit_and_small_shortfalls(tmp_path: Path) -> None
 
 def test_context_growth_fit_flags_quadratic_cumulative_input() -> None:
     linear = context_growth([10_000 + 2_000 * i for i in range(40)])
-    assert linear is not None and linear.quadratic and linear.growth_per_call == pytest.approx(2_000)
+    assert (
+        linear is not None and linear.quadratic and linear.growth_per_call == pytest.approx(2_000)
+    )
     assert linear.fit_r2 == pytest.approx(1.0)
     flat = context_growth([50_000 + (7 if i % 2 else -7) for i in range(40)])
     assert flat is not None and not flat.quadratic
@@ -413,7 +501,12 @@ def test_codex_rollout_from_documented_format() -> None:
     assert session["calls"] == 3  # the repeated event and the rate-limit event are not calls
     assert doc["skipped_lines"] == 1  # the truncated last line
     u = session["usage"]
-    assert (u["input_tokens"], u["cache_read_tokens"], u["output_tokens"], u["reasoning_tokens"]) == (
+    assert (
+        u["input_tokens"],
+        u["cache_read_tokens"],
+        u["output_tokens"],
+        u["reasoning_tokens"],
+    ) == (
         12_000 + 13_000 + 6_000,
         11_904,
         600 + 300 + 300,
@@ -435,32 +528,58 @@ def test_codex_rollout_from_documented_format() -> None:
 
 
 def codex_usage(inp: int, cached: int = 0, out: int = 0, reasoning: int = 0) -> dict[str, int]:
-    return {"input_tokens": inp, "cached_input_tokens": cached, "output_tokens": out,
-            "reasoning_output_tokens": reasoning, "total_tokens": inp + out}
+    return {
+        "input_tokens": inp,
+        "cached_input_tokens": cached,
+        "output_tokens": out,
+        "reasoning_output_tokens": reasoning,
+        "total_tokens": inp + out,
+    }
 
 
 def codex_token_count(at: float, total: Any, last: Any = None) -> dict[str, Any]:
     info: dict[str, Any] = {"model_context_window": 272000, "total_token_usage": total}
     if last is not None:
         info["last_token_usage"] = last
-    return {"timestamp": ts(at), "type": "event_msg", "payload": {"type": "token_count", "info": info}}
+    return {
+        "timestamp": ts(at),
+        "type": "event_msg",
+        "payload": {"type": "token_count", "info": info},
+    }
 
 
 CODEX_START = [
-    {"timestamp": ts(0), "type": "session_meta", "payload": {"id": "0199a1b2-0000-7000-8000-00000000c0de", "cwd": "/w"}},
+    {
+        "timestamp": ts(0),
+        "type": "session_meta",
+        "payload": {"id": "0199a1b2-0000-7000-8000-00000000c0de", "cwd": "/w"},
+    },
     {"timestamp": ts(0), "type": "turn_context", "payload": {"model": "gpt-5"}},
 ]
 
 
-@pytest.mark.parametrize("bad_total", [None, "25000", codex_usage(3_000), {**codex_usage(10_000), "input_tokens": None}],
-                         ids=["null", "string", "decreasing", "null_field"])
+@pytest.mark.parametrize(
+    "bad_total",
+    [None, "25000", codex_usage(3_000), {**codex_usage(10_000), "input_tokens": None}],
+    ids=["null", "string", "decreasing", "null_field"],
+)
 @pytest.mark.parametrize("later_have_last", [True, False], ids=["with_last", "totals_only"])
-def test_codex_bad_running_total_counts_every_call_once(tmp_path: Path, bad_total: Any, later_have_last: bool) -> None:
+def test_codex_bad_running_total_counts_every_call_once(
+    tmp_path: Path, bad_total: Any, later_have_last: bool
+) -> None:
     """Three calls of 10,000 / 12,000 / 9,000 input tokens; the second event's running total
     is broken (null, a string, lower than before), the third is given once more when only the
     rate limits changed. Every call counts once: 31,000 input tokens, never 56,000."""
-    calls = [codex_usage(10_000, 0, 500), codex_usage(12_000, 9_000, 400), codex_usage(9_000, 8_000, 300)]
-    totals = [codex_usage(10_000, 0, 500), codex_usage(22_000, 9_000, 900), codex_usage(31_000, 17_000, 1_200)]
+    calls = [
+        codex_usage(10_000, 0, 500),
+        codex_usage(12_000, 9_000, 400),
+        codex_usage(9_000, 8_000, 300),
+    ]
+    totals = [
+        codex_usage(10_000, 0, 500),
+        codex_usage(22_000, 9_000, 900),
+        codex_usage(31_000, 17_000, 1_200),
+    ]
     lines = [
         *CODEX_START,
         codex_token_count(1, totals[0], calls[0] if later_have_last else None),
@@ -468,21 +587,49 @@ def test_codex_bad_running_total_counts_every_call_once(tmp_path: Path, bad_tota
         codex_token_count(3, totals[2], calls[2] if later_have_last else None),
         codex_token_count(4, totals[2], calls[2] if later_have_last else None),  # rate limits only
     ]
-    path = tmp_path / "2025" / "11" / "19" / "rollout-2025-11-19T22-00-00-0199a1b2-0000-7000-8000-00000000c0de.jsonl"
+    path = (
+        tmp_path
+        / "2025"
+        / "11"
+        / "19"
+        / "rollout-2025-11-19T22-00-00-0199a1b2-0000-7000-8000-00000000c0de.jsonl"
+    )
     write_jsonl(path, lines)
     session = only_session(audit(tmp_path))
     u = session["usage"]
     assert session["calls"] == 3
-    assert (u["input_tokens"], u["cache_read_tokens"], u["output_tokens"]) == (31_000, 17_000, 1_200)
+    assert (u["input_tokens"], u["cache_read_tokens"], u["output_tokens"]) == (
+        31_000,
+        17_000,
+        1_200,
+    )
 
 
 def test_stayer_run_ledger_keeps_its_own_cache_break_verdicts(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)
-    entry = {"model": "sim:claude-sonnet-4-5", "cost_usd": "0", "cache_hit_ratio": 0, "context_tokens": 0, "tool_calls": []}
+    entry = {
+        "model": "sim:claude-sonnet-4-5",
+        "cost_usd": "0",
+        "cache_hit_ratio": 0,
+        "context_tokens": 0,
+        "tool_calls": [],
+    }
     ledger = [
-        {**entry, "step": 1, "usage": Usage(12_000, 0, 12_000, 0, 100).to_dict(), "latency_s": 2.0, "cache_break": None},
-        {**entry, "step": 2, "usage": Usage(12_500, 12_000, 500, 0, 100).to_dict(), "latency_s": 2.0, "cache_break": None},
+        {
+            **entry,
+            "step": 1,
+            "usage": Usage(12_000, 0, 12_000, 0, 100).to_dict(),
+            "latency_s": 2.0,
+            "cache_break": None,
+        },
+        {
+            **entry,
+            "step": 2,
+            "usage": Usage(12_500, 12_000, 500, 0, 100).to_dict(),
+            "latency_s": 2.0,
+            "cache_break": None,
+        },
         {
             **entry,
             "step": 3,
@@ -492,13 +639,21 @@ def test_stayer_run_ledger_keeps_its_own_cache_break_verdicts(tmp_path: Path) ->
         },
     ]
     (run / "result.json").write_text(
-        json.dumps({"run_id": "r1", "task": "fix-median", "task_path": "/t", "started": ts(0), "ledger": ledger})
+        json.dumps(
+            {
+                "run_id": "r1",
+                "task": "fix-median",
+                "task_path": "/t",
+                "started": ts(0),
+                "ledger": ledger,
+            }
+        )
     )
     session = only_session(audit(tmp_path / "runs"))
     assert session["source"] == "stayer" and session["calls"] == 3 and session["approximate_ts"]
-    assert [(b["call"], b["reason"], b["lost_tokens"], b["gap_s"]) for b in session["cache_breaks"]] == [
-        (3, "tools_changed", 10_500, None)
-    ]
+    assert [
+        (b["call"], b["reason"], b["lost_tokens"], b["gap_s"]) for b in session["cache_breaks"]
+    ] == [(3, "tools_changed", 10_500, None)]
     assert session["cost_usd"] != "unknown"
 
 
@@ -511,7 +666,17 @@ def test_groups_since_and_parallel_workers_agree(tmp_path: Path) -> None:
         day = 86_400 * (k % 3)
         write_jsonl(
             tmp_path / "projects" / f"p{k % 2}" / f"{s}.jsonl",
-            [assistant(s, day + 10 * i, f"msg_{k}_{i}", read=1000 * i, write=1000, model=SONNET if i % 2 else HAIKU) for i in range(5)],
+            [
+                assistant(
+                    s,
+                    day + 10 * i,
+                    f"msg_{k}_{i}",
+                    read=1000 * i,
+                    write=1000,
+                    model=SONNET if i % 2 else HAIKU,
+                )
+                for i in range(5)
+            ],
         )
     found = discover([tmp_path])
     serial = build(analyse_all(found.refs, BOOK, jobs=1), "day").to_json()
@@ -527,10 +692,21 @@ def test_groups_since_and_parallel_workers_agree(tmp_path: Path) -> None:
 
 
 def test_default_paths_follow_the_agents_environment_variables(tmp_path: Path) -> None:
-    paths = default_paths({"HOME": str(tmp_path), "CLAUDE_CONFIG_DIR": "/a,/b", "CODEX_HOME": "/c", "STAYER_HOME": "/s"})
+    paths = default_paths(
+        {
+            "HOME": str(tmp_path),
+            "CLAUDE_CONFIG_DIR": "/a,/b",
+            "CODEX_HOME": "/c",
+            "STAYER_HOME": "/s",
+        }
+    )
     assert paths == [Path("/a/projects"), Path("/b/projects"), Path("/c/sessions"), Path("/s/runs")]
     paths = default_paths({"HOME": str(tmp_path)})
-    assert paths[:3] == [tmp_path / ".claude" / "projects", tmp_path / ".config" / "claude" / "projects", tmp_path / ".codex" / "sessions"]
+    assert paths[:3] == [
+        tmp_path / ".claude" / "projects",
+        tmp_path / ".config" / "claude" / "projects",
+        tmp_path / ".codex" / "sessions",
+    ]
 
 
 def stayer(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -539,7 +715,11 @@ def stayer(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env.pop("CODEX_HOME", None)
     return subprocess.run(
         [sys.executable, "-m", "stayer.cli", "audit", *args],
-        capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
     )
 
 
@@ -554,11 +734,23 @@ def test_cli_json_contract_and_bad_input(tmp_path: Path) -> None:
     doc = json.loads(p.stdout)  # exactly one document on stdout
     assert {"calls", "usage", "cost_usd"} <= set(doc["totals"]) and "skipped_lines" in doc
     session = only_session(doc)
-    assert {"id", "project", "calls", "usage", "cost_usd", "cache_hit_ratio", "cache_breaks"} <= set(session)
+    assert {
+        "id",
+        "project",
+        "calls",
+        "usage",
+        "cost_usd",
+        "cache_hit_ratio",
+        "cache_breaks",
+    } <= set(session)
     assert {"call", "reason", "extra_cost_usd"} <= set(session["cache_breaks"][0])
     Decimal(doc["totals"]["cost_usd"])  # a decimal string
     tables = stayer(str(tmp_path / "projects"), cwd=tmp_path)
-    assert tables.returncode == 0 and "stayer audit" in tables.stdout and "ttl_expired" in tables.stdout
+    assert (
+        tables.returncode == 0
+        and "stayer audit" in tables.stdout
+        and "ttl_expired" in tables.stdout
+    )
 
     for args, needle in [
         ([str(tmp_path / "nope")], "no such file"),
@@ -608,17 +800,33 @@ def test_corpus_totals_match_an_independent_count(tmp_path: Path) -> None:
         for line in f.read_text().splitlines():
             d = json.loads(line)
             m = d.get("message")
-            if not isinstance(m, dict) or not isinstance(m.get("usage"), dict) or m.get("model") == "<synthetic>":
+            if (
+                not isinstance(m, dict)
+                or not isinstance(m.get("usage"), dict)
+                or m.get("model") == "<synthetic>"
+            ):
                 continue
             u = m["usage"]
-            total = sum(u.get(k) or 0 for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+            total = sum(
+                u.get(k) or 0
+                for k in (
+                    "input_tokens",
+                    "output_tokens",
+                    "cache_creation_input_tokens",
+                    "cache_read_input_tokens",
+                )
+            )
             rec = {"u": u, "total": total, "side": bool(d.get("isSidechain"))}
             if not m.get("id"):
                 unkeyed.append(rec)
                 continue
             key = (m["id"], d.get("requestId"), d.get("sessionId"))
             old = kept.get(key)
-            if old is None or (old["side"] and not rec["side"]) or (old["side"] == rec["side"] and total > old["total"]):
+            if (
+                old is None
+                or (old["side"] and not rec["side"])
+                or (old["side"] == rec["side"] and total > old["total"])
+            ):
                 kept[key] = rec
     recs = list(kept.values()) + unkeyed
     want = {
@@ -640,7 +848,10 @@ def test_reading_is_streamed_per_session(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "projects" / "p" / "a.jsonl", [assistant("a", 0, "msg_a", write=1000)])
     write_jsonl(tmp_path / "projects" / "p" / "b.jsonl", [assistant("b", 0, "msg_b", write=1000)])
     refs = sorted(discover([tmp_path]).refs, key=lambda r: r.id)
-    assert [r.paths for r in refs] == [(tmp_path / "projects" / "p" / "a.jsonl",), (tmp_path / "projects" / "p" / "b.jsonl",)]
+    assert [r.paths for r in refs] == [
+        (tmp_path / "projects" / "p" / "a.jsonl",),
+        (tmp_path / "projects" / "p" / "b.jsonl",),
+    ]
     session: ImportedSession = ClaudeCodeImporter().read(refs[0])
     assert [c.usage.cache_write_tokens for c in session.calls] == [1000]
     report = analyse(session, CallPricer(BOOK))
@@ -657,26 +868,57 @@ def test_what_if_scenarios_are_parsed_strictly() -> None:
     s = parse_scenario("model=sim:claude-haiku-4-5,policy=auto,max_context=50000")
     assert (s.model, s.policy, s.max_context) == ("claude-haiku-4-5", "auto", 50_000)
     assert parse_scenario("policy=mask:3").model is None
-    for bad in ("", "haiku", "model=llama-7b", "policy=nope", "model=gpt-5,max_context=lots", "speed=fast"):
+    for bad in (
+        "",
+        "haiku",
+        "model=llama-7b",
+        "policy=nope",
+        "model=gpt-5,max_context=lots",
+        "speed=fast",
+    ):
         with pytest.raises(ConfigError, match="--what-if"):
             parse_scenario(bad)
 
 
 def test_what_if_replays_a_claude_code_session_through_the_engine(tmp_path: Path) -> None:
     s = "s-whatif"
-    lines: list[dict[str, Any]] = [{**user(s, 0), "message": {"role": "user", "content": "Fix the failing test in calc.py"}}]
+    lines: list[dict[str, Any]] = [
+        {**user(s, 0), "message": {"role": "user", "content": "Fix the failing test in calc.py"}}
+    ]
     context = 15_000
     for i in range(8):
         call = f"toolu_{i}"
-        line = assistant(s, 10 + 20 * i, f"msg_{i}", read=context if i else 0, write=800 if i else context, out=120)
+        line = assistant(
+            s,
+            10 + 20 * i,
+            f"msg_{i}",
+            read=context if i else 0,
+            write=800 if i else context,
+            out=120,
+        )
         line["message"]["content"] = [
             {"type": "text", "text": f"Step {i}: looking at the code."},
-            {"type": "tool_use", "id": call, "name": "Bash", "input": {"command": f"sed -n {i},+40p calc.py"}},
+            {
+                "type": "tool_use",
+                "id": call,
+                "name": "Bash",
+                "input": {"command": f"sed -n {i},+40p calc.py"},
+            },
         ]
         context += 803 if i else 3
-        result = {**user(s, 20 + 20 * i), "message": {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": call, "content": "def add(a, b):\n    return a - b\n" * 40}
-        ]}}
+        result = {
+            **user(s, 20 + 20 * i),
+            "message": {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": call,
+                        "content": "def add(a, b):\n    return a - b\n" * 40,
+                    }
+                ],
+            },
+        }
         lines += [line, result]
     write_jsonl(tmp_path / "projects" / "p" / f"{s}.jsonl", lines)
     found = discover([tmp_path])
@@ -688,7 +930,11 @@ def test_what_if_replays_a_claude_code_session_through_the_engine(tmp_path: Path
     entries = run_what_ifs(report.sessions, refs, scenarios, BOOK)
     assert [e.get("error") for e in entries] == [None, None]
     haiku, same = entries
-    assert haiku["estimate"] is True and haiku["requests"] == 8 and haiku["model"] == "sim:claude-haiku-4-5"
+    assert (
+        haiku["estimate"] is True
+        and haiku["requests"] == 8
+        and haiku["model"] == "sim:claude-haiku-4-5"
+    )
     # the same model and no policy is the baseline itself; a cheaper model costs less
     assert same["cost_usd"] == same["baseline_cost_usd"]
     assert Decimal(haiku["cost_usd"]) < Decimal(haiku["baseline_cost_usd"])
@@ -696,20 +942,41 @@ def test_what_if_replays_a_claude_code_session_through_the_engine(tmp_path: Path
     assert haiku["peak_context_tokens"] >= 15_000
 
 
-def test_what_if_says_it_sets_the_main_chain_beside_the_replay_in_every_output(tmp_path: Path) -> None:
+def test_what_if_says_it_sets_the_main_chain_beside_the_replay_in_every_output(
+    tmp_path: Path,
+) -> None:
     """The replay covers the session's own agent only: every output labels its "actual" as
     the main chain and shows the session's total beside it; the HTML report has the section."""
     pytest.importorskip("matplotlib")
     s = "s-scope"
-    lines: list[dict[str, Any]] = [{**user(s, 0), "message": {"role": "user", "content": "Fix calc.py"}}]
+    lines: list[dict[str, Any]] = [
+        {**user(s, 0), "message": {"role": "user", "content": "Fix calc.py"}}
+    ]
     for i in range(4):
         call = f"toolu_{i}"
-        line = assistant(s, 10 + 20 * i, f"msg_{i}", read=12_000 if i else 0, write=900 if i else 12_000, out=100)
-        line["message"]["content"] = [{"type": "tool_use", "id": call, "name": "Bash", "input": {"command": f"cat f{i}"}}]
-        lines += [line, {**user(s, 20 + 20 * i), "message": {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": call, "content": "x = 1\n" * 200}]}}]
+        line = assistant(
+            s, 10 + 20 * i, f"msg_{i}", read=12_000 if i else 0, write=900 if i else 12_000, out=100
+        )
+        line["message"]["content"] = [
+            {"type": "tool_use", "id": call, "name": "Bash", "input": {"command": f"cat f{i}"}}
+        ]
+        lines += [
+            line,
+            {
+                **user(s, 20 + 20 * i),
+                "message": {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": call, "content": "x = 1\n" * 200}
+                    ],
+                },
+            },
+        ]
     # A sub-agent's calls: in the session's total, not in the main chain the replay covers.
-    lines += [assistant(s, 100 + i, f"msg_sub{i}", write=40_000, sidechain=True, agent="a1") for i in range(3)]
+    lines += [
+        assistant(s, 100 + i, f"msg_sub{i}", write=40_000, sidechain=True, agent="a1")
+        for i in range(3)
+    ]
     write_jsonl(tmp_path / "projects" / "p" / f"{s}.jsonl", lines)
     out = tmp_path / "report.html"
     args = (str(tmp_path / "projects"), "--what-if", "policy=none")
@@ -721,7 +988,10 @@ def test_what_if_says_it_sets_the_main_chain_beside_the_replay_in_every_output(t
     assert terminal.returncode == 0, terminal.stderr
     for text in (terminal.stdout, out.read_text()):
         assert "actual, main chain" in text and "session total" in text
-        assert "sub-agents&#x27; calls are left out" in text or "sub-agents' calls are left out" in text
+        assert (
+            "sub-agents&#x27; calls are left out" in text
+            or "sub-agents' calls are left out" in text
+        )
         assert w["actual_main_chain_cost_usd"] in text and w["actual_cost_usd"] in text
     assert "What-if (estimates, USD)" in out.read_text()
 
@@ -735,7 +1005,8 @@ def test_compiled_price_steps_kept_between_audits_price_the_same(tmp_path: Path)
     root.mkdir(parents=True)
     models = [SONNET, "claude-opus-4-1-20250805", SONNET]
     lines = [
-        assistant("s", 60.0 * i, f"msg_{i}", model=m, read=150_000 * i, write=300) for i, m in enumerate(models)
+        assistant("s", 60.0 * i, f"msg_{i}", model=m, read=150_000 * i, write=300)
+        for i, m in enumerate(models)
     ]
     (root / "s.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     refs = discover([tmp_path / "projects"]).refs

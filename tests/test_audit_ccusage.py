@@ -40,12 +40,18 @@ def ccusage_binary() -> Path | None:
     if explicit:
         return Path(explicit)
     cache = Path.home() / ".cache" / "stayer-bench" / "ccusage"
-    found = [b for b in sorted(cache.glob("node_modules/@ccusage/ccusage-*/bin/ccusage")) if os.access(b, os.X_OK)]
+    found = [
+        b
+        for b in sorted(cache.glob("node_modules/@ccusage/ccusage-*/bin/ccusage"))
+        if os.access(b, os.X_OK)
+    ]
     return found[0] if found else None
 
 
 BINARY = ccusage_binary()
-pytestmark = pytest.mark.skipif(BINARY is None, reason="ccusage not installed (set CCUSAGE_BIN; see bench/audit.py)")
+pytestmark = pytest.mark.skipif(
+    BINARY is None, reason="ccusage not installed (set CCUSAGE_BIN; see bench/audit.py)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +74,13 @@ def laid_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def ccusage(root: Path, *args: str) -> dict[str, Any]:
     assert BINARY is not None
     env = dict(os.environ, CLAUDE_CONFIG_DIR=str(root))
-    p = subprocess.run([str(BINARY), "claude", *args, "--json", "--offline"], capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [str(BINARY), "claude", *args, "--json", "--offline"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
@@ -94,17 +106,26 @@ def test_sessions_match_ccusage(laid_out: Path, stayer_doc: dict[str, Any]) -> N
     assert set(summed) == {s["id"] for s in stayer_doc["sessions"]}
     for s in stayer_doc["sessions"]:
         row = summed[s["id"]]
-        assert {KINDS[k]: int(row[k]) for k in KINDS} == {v: s["usage"][v] for v in KINDS.values()}, s["id"]
+        assert {KINDS[k]: int(row[k]) for k in KINDS} == {
+            v: s["usage"][v] for v in KINDS.values()
+        }, s["id"]
         assert float(Decimal(s["cost_usd"])) == pytest.approx(row["totalCost"], rel=0.01), s["id"]
     totals = theirs["totals"]
-    assert {KINDS[k]: totals[k] for k in KINDS} == {v: stayer_doc["totals"]["usage"][v] for v in KINDS.values()}
-    assert float(Decimal(stayer_doc["totals"]["cost_usd"])) == pytest.approx(totals["totalCost"], rel=0.01)
+    assert {KINDS[k]: totals[k] for k in KINDS} == {
+        v: stayer_doc["totals"]["usage"][v] for v in KINDS.values()
+    }
+    assert float(Decimal(stayer_doc["totals"]["cost_usd"])) == pytest.approx(
+        totals["totalCost"], rel=0.01
+    )
 
 
 def test_days_match_ccusage(laid_out: Path) -> None:
     theirs = ccusage(laid_out, "daily", "--timezone", "UTC")
     found = discover([laid_out / "projects"])
-    mine = {g["key"]: g for g in build(analyse_all(found.refs, PriceBook(), jobs=1), "day").to_json()["groups"]}
+    mine = {
+        g["key"]: g
+        for g in build(analyse_all(found.refs, PriceBook(), jobs=1), "day").to_json()["groups"]
+    }
     assert set(mine) == {d["date"] for d in theirs["daily"]}
     for d in theirs["daily"]:
         g = mine[d["date"]]
@@ -118,13 +139,24 @@ def test_codex_fixture_matches_ccusage(tmp_path: Path) -> None:
     assert BINARY is not None
     shutil.copytree(ROOT / "tests" / "fixtures" / "audit" / "codex", tmp_path / "sessions")
     env = dict(os.environ, CODEX_HOME=str(tmp_path))
-    p = subprocess.run([str(BINARY), "codex", "session", "--json", "--offline"], capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [str(BINARY), "codex", "session", "--json", "--offline"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     theirs = json.loads(p.stdout)["totals"]
     found = discover([tmp_path / "sessions"])
     mine = build(analyse_all(found.refs, PriceBook(), jobs=1)).to_json()["totals"]
     u = mine["usage"]
-    assert (theirs["inputTokens"], theirs["cacheReadTokens"], theirs["outputTokens"], theirs["reasoningOutputTokens"]) == (
+    assert (
+        theirs["inputTokens"],
+        theirs["cacheReadTokens"],
+        theirs["outputTokens"],
+        theirs["reasoningOutputTokens"],
+    ) == (
         u["uncached_input_tokens"],
         u["cache_read_tokens"],
         u["output_tokens"],

@@ -35,7 +35,10 @@ from stayer.cli import app
 ROOT = Path(__file__).resolve().parent.parent
 TASK = ROOT / "examples" / "hello-file"
 CASES = settings(
-    max_examples=40, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=40,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 
 
@@ -47,7 +50,9 @@ def snapshot(root: Path) -> dict[str, tuple[int, str]]:
     out = {}
     for p in sorted(root.rglob("*")):
         st_ = p.lstat()
-        digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else ""
+        digest = (
+            hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else ""
+        )
         out[os.fsdecode(p.relative_to(root))] = (st_.st_mode, digest)
     return out
 
@@ -65,7 +70,9 @@ def invoke(args: list[str], where: Path, code: int = 2) -> str:
     """Run ``stayer ARGS`` in-process with STAYER_HOME under ``where``; assert the contract
     for bad input; return the one error line (for another expected ``code``, stdout)."""
     before = snapshot(where)
-    result = CliRunner().invoke(app, args, env={"STAYER_HOME": str(where / "home"), "COLUMNS": "200"})
+    result = CliRunner().invoke(
+        app, args, env={"STAYER_HOME": str(where / "home"), "COLUMNS": "200"}
+    )
     exc = result.exception
     assert exc is None or isinstance(exc, SystemExit), f"{args}: {exc!r}"  # no traceback
     assert "Traceback" not in result.stderr, result.stderr
@@ -79,11 +86,28 @@ def invoke(args: list[str], where: Path, code: int = 2) -> str:
     return lines[0]
 
 
-def stayer(*args: str, home: Path, env: dict[str, str] | None = None, timeout: float = 300,
-           prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "STAYER_HOME": str(home), "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
-    return subprocess.run([*prefix, sys.executable, "-m", "stayer.cli", *args], capture_output=True, text=True,
-                          env=full, timeout=timeout, cwd=home.parent)
+def stayer(
+    *args: str,
+    home: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    prefix: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    full = {
+        **os.environ,
+        "STAYER_HOME": str(home),
+        "PYTHONPATH": str(ROOT),
+        "COLUMNS": "200",
+        **(env or {}),
+    }
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "stayer.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=timeout,
+        cwd=home.parent,
+    )
 
 
 def one_error_line(p: subprocess.CompletedProcess[str]) -> str:
@@ -117,9 +141,13 @@ def bad_floats(hi: float, zero_ok: bool = False) -> st.SearchStrategy[str]:
 def bad_price() -> st.SearchStrategy[str]:
     """Prices per MTok: zero is a price, negative and huge are not."""
     return st.one_of(
-        st.decimals(max_value=Decimal("-0.001"), allow_nan=False, allow_infinity=False, places=3).map(str),
+        st.decimals(
+            max_value=Decimal("-0.001"), allow_nan=False, allow_infinity=False, places=3
+        ).map(str),
         st.integers(min_value=1_000_001, max_value=10**40).map(str),
-        st.sampled_from(["NaN", "sNaN", "Infinity", "-Infinity", "1e-20", "ten", "", "$5", "1e999999999"]),
+        st.sampled_from(
+            ["NaN", "sNaN", "Infinity", "-Infinity", "1e-20", "ten", "", "$5", "1e999999999"]
+        ),
     )
 
 
@@ -127,15 +155,42 @@ def bad_money(hi: int) -> st.SearchStrategy[str]:
     return st.one_of(
         st.decimals(max_value=0, allow_nan=False, allow_infinity=False, places=3).map(str),
         st.integers(min_value=hi + 1, max_value=10**40).map(str),
-        st.sampled_from(["NaN", "sNaN", "Infinity", "-Infinity", "1e17", "1e-20", "ten", "", "$5", "1e999999999"]),
+        st.sampled_from(
+            [
+                "NaN",
+                "sNaN",
+                "Infinity",
+                "-Infinity",
+                "1e17",
+                "1e-20",
+                "ten",
+                "",
+                "$5",
+                "1e999999999",
+            ]
+        ),
     )
 
 
 S = bounds.MAX_SECONDS
 RUN = ["run", str(TASK), "--model", "sim:gpt-5", "--sandbox", "local", "--json"]
 EVAL = ["eval", str(TASK), "--model", "sim:gpt-5", "--sandbox", "local", "--json"]
-ESTIMATE = ["estimate", "--steps", "3", "--new-tokens", "10", "--output-tokens", "1",
-            "--price-miss", "1", "--price-hit", "1", "--price-out", "1", "--json"]
+ESTIMATE = [
+    "estimate",
+    "--steps",
+    "3",
+    "--new-tokens",
+    "10",
+    "--output-tokens",
+    "1",
+    "--price-miss",
+    "1",
+    "--price-hit",
+    "1",
+    "--price-out",
+    "1",
+    "--json",
+]
 FLAGS: list[tuple[list[str], str, st.SearchStrategy[str]]] = [
     (RUN, "--max-steps", bad_ints(1, bounds.MAX_STEPS)),
     (RUN, "--max-cost", bad_money(1_000_000)),
@@ -145,9 +200,23 @@ FLAGS: list[tuple[list[str], str, st.SearchStrategy[str]]] = [
     (RUN, "--storage-mb", bad_ints(1, bounds.MAX_STORAGE_MB)),
     (RUN, "--max-processes", bad_ints(1, bounds.MAX_PROCESSES)),
     (RUN, "--max-context", bad_ints(1, bounds.MAX_TOKENS)),
-    (RUN, "--run-id", st.sampled_from(["../x", ".hidden", "a/b", "x" * 129, "x" * 300, "é", "a b", "[/x]"])),
-    (RUN, "--policy", st.sampled_from(["mask:-1", "mask:-1:", "mask:x", "summarize:1e99", "bogus", "[/x]", ":+1:"])),
-    (RUN, "--sim-policy", st.sampled_from(["synthetic:steps=0", "synthetic:obs_tokens=10000000000", "x:y"])),
+    (
+        RUN,
+        "--run-id",
+        st.sampled_from(["../x", ".hidden", "a/b", "x" * 129, "x" * 300, "é", "a b", "[/x]"]),
+    ),
+    (
+        RUN,
+        "--policy",
+        st.sampled_from(
+            ["mask:-1", "mask:-1:", "mask:x", "summarize:1e99", "bogus", "[/x]", ":+1:"]
+        ),
+    ),
+    (
+        RUN,
+        "--sim-policy",
+        st.sampled_from(["synthetic:steps=0", "synthetic:obs_tokens=10000000000", "x:y"]),
+    ),
     (ESTIMATE, "--steps", bad_ints(1, bounds.MAX_STEPS)),
     (ESTIMATE, "--new-tokens", bad_ints(0, bounds.MAX_TOKENS)),
     (ESTIMATE, "--output-tokens", bad_ints(0, bounds.MAX_TOKENS)),
@@ -163,11 +232,23 @@ FLAGS: list[tuple[list[str], str, st.SearchStrategy[str]]] = [
     (["runs"], "--limit", bad_ints(1, 1_000_000)),
     (["audit", str(TASK)], "--jobs", bad_ints(1, bounds.MAX_CONCURRENCY)),
     (["audit", str(TASK)], "--since", st.sampled_from(["yesterday", "2025-13-01", "", "[/x]"])),
-    (["audit", str(TASK)], "--what-if", st.sampled_from(["model=gpt-5,max_context=nan", "policy=mask:-1", "x", "model=llama"])),
+    (
+        ["audit", str(TASK)],
+        "--what-if",
+        st.sampled_from(["model=gpt-5,max_context=nan", "policy=mask:-1", "x", "model=llama"]),
+    ),
     (["whatif", str(TASK), "--model", "gpt-5"], "--max-context", bad_ints(1, bounds.MAX_TOKENS)),
     (["sandbox", "exec", "--sandbox", "local"], "--timeout", bad_floats(S)),
-    (["sandbox", "exec", "--sandbox", "local"], "--memory", bad_ints(bounds.MIN_MEMORY_MB, bounds.MAX_MEMORY_MB)),
-    (["sandbox", "exec", "--sandbox", "local"], "--max-file-mb", bad_ints(1, bounds.MAX_STORAGE_MB)),
+    (
+        ["sandbox", "exec", "--sandbox", "local"],
+        "--memory",
+        bad_ints(bounds.MIN_MEMORY_MB, bounds.MAX_MEMORY_MB),
+    ),
+    (
+        ["sandbox", "exec", "--sandbox", "local"],
+        "--max-file-mb",
+        bad_ints(1, bounds.MAX_STORAGE_MB),
+    ),
     (["sandbox", "exec", "--sandbox", "local"], "--storage-mb", bad_ints(1, bounds.MAX_STORAGE_MB)),
 ]
 
@@ -236,9 +317,13 @@ def not_a_number() -> st.SearchStrategy[Any]:
 
 def bad_seconds() -> st.SearchStrategy[Any]:
     return st.one_of(
-        st.floats(max_value=0), st.just(float("nan")), st.just(float("inf")),
-        st.floats(min_value=bounds.MAX_SECONDS, exclude_min=True), st.integers(min_value=-(2**63), max_value=0),
-        st.integers(min_value=int(bounds.MAX_SECONDS) + 1, max_value=2**63 - 1), not_a_number(),
+        st.floats(max_value=0),
+        st.just(float("nan")),
+        st.just(float("inf")),
+        st.floats(min_value=bounds.MAX_SECONDS, exclude_min=True),
+        st.integers(min_value=-(2**63), max_value=0),
+        st.integers(min_value=int(bounds.MAX_SECONDS) + 1, max_value=2**63 - 1),
+        not_a_number(),
     )
 
 
@@ -247,7 +332,9 @@ def bad_mb(lo: int, hi: int) -> st.SearchStrategy[Any]:
         st.integers(min_value=-(2**63), max_value=lo - 1),
         st.integers(min_value=hi + 1, max_value=2**63 - 1),
         st.floats(min_value=0, max_value=4096).filter(lambda x: x != int(x)),  # 0.5 MB caps
-        st.just(float("nan")), st.just(float("inf")), not_a_number(),
+        st.just(float("nan")),
+        st.just(float("inf")),
+        not_a_number(),
     )
 
 
@@ -256,7 +343,11 @@ TASK_FIELDS = [
     ("verifier", "timeout_sec", bad_seconds()),
     ("environment", "memory_mb", bad_mb(bounds.MIN_MEMORY_MB, bounds.MAX_MEMORY_MB)),
     ("environment", "storage_mb", bad_mb(1, bounds.MAX_STORAGE_MB)),
-    ("environment", "allow_internet", st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=4), st.floats())),
+    (
+        "environment",
+        "allow_internet",
+        st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=4), st.floats()),
+    ),
 ]
 
 
@@ -272,8 +363,12 @@ def task_toml(draw: st.DrawFn) -> tuple[bytes, str]:
         value = draw(st.one_of(st.booleans(), st.integers(0, 9), st.text(max_size=5), st.just([1])))
         return f"{section} = {toml_value(value)}\n".encode(), f"[{section}]"
     if kind == "bytes":
-        return b"[agent]\ntimeout_sec = 5\n# " + draw(st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80"])) + b"\n", "UTF-8"
-    return draw(st.sampled_from([b"[agent\n", b"a = = 1\n", b"[agent]\ntimeout_sec = \n", b"x = [1,\n"])), "TOML"
+        return b"[agent]\ntimeout_sec = 5\n# " + draw(
+            st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80"])
+        ) + b"\n", "UTF-8"
+    return draw(
+        st.sampled_from([b"[agent\n", b"a = = 1\n", b"[agent]\ntimeout_sec = \n", b"x = [1,\n"])
+    ), "TOML"
 
 
 def copy_task(where: Path, name: str = "task") -> Path:
@@ -284,7 +379,9 @@ def copy_task(where: Path, name: str = "task") -> Path:
 
 @settings(CASES, max_examples=60)
 @given(doc=task_toml(), command=st.sampled_from(["run", "eval", "tasks check"]))
-def test_bad_task_toml_names_the_file_and_key(tmp_path: Path, doc: tuple[bytes, str], command: str) -> None:
+def test_bad_task_toml_names_the_file_and_key(
+    tmp_path: Path, doc: tuple[bytes, str], command: str
+) -> None:
     content, needle = doc
     with case_dir(tmp_path) as where:
         task = copy_task(where)
@@ -295,11 +392,24 @@ def test_bad_task_toml_names_the_file_and_key(tmp_path: Path, doc: tuple[bytes, 
                 pytest.skip("tasks check needs bubblewrap")
             doc = json.loads(invoke(["tasks", "check", str(task), "--json"], where, code=1))
             (problem,) = doc["tasks"][0]["problems"]
-            assert problem["kind"] == "invalid" and "task.toml" in problem["detail"] and needle in problem["detail"]
+            assert (
+                problem["kind"] == "invalid"
+                and "task.toml" in problem["detail"]
+                and needle in problem["detail"]
+            )
             return
         args = {
             "run": ["run", str(task), "--model", "sim:gpt-5", "--sandbox", "local"],
-            "eval": ["eval", str(task), "--model", "sim:gpt-5", "--sandbox", "local", "--out", str(where / "out")],
+            "eval": [
+                "eval",
+                str(task),
+                "--model",
+                "sim:gpt-5",
+                "--sandbox",
+                "local",
+                "--out",
+                str(where / "out"),
+            ],
         }[command]
         line = invoke(args, where)
         assert "task.toml" in line and needle in line, line
@@ -309,13 +419,62 @@ def test_bad_task_toml_names_the_file_and_key(tmp_path: Path, doc: tuple[bytes, 
 
 CONFIG_FIELDS = [
     ("guard", "max_wall_s", bad_seconds()),
-    ("guard", "max_tokens", st.one_of(st.integers(min_value=-(2**63), max_value=0), st.integers(min_value=bounds.MAX_TOKENS + 1, max_value=2**63 - 1), st.just(float("inf")), not_a_number())),
-    ("guard", "soft_fraction", st.one_of(st.floats(max_value=0), st.floats(min_value=1, exclude_min=True), st.just(float("nan")), not_a_number())),
-    ("guard", "anomaly_factor", st.one_of(st.floats(max_value=0, exclude_max=True), st.just(float("nan")), st.just(float("inf")), not_a_number())),
+    (
+        "guard",
+        "max_tokens",
+        st.one_of(
+            st.integers(min_value=-(2**63), max_value=0),
+            st.integers(min_value=bounds.MAX_TOKENS + 1, max_value=2**63 - 1),
+            st.just(float("inf")),
+            not_a_number(),
+        ),
+    ),
+    (
+        "guard",
+        "soft_fraction",
+        st.one_of(
+            st.floats(max_value=0),
+            st.floats(min_value=1, exclude_min=True),
+            st.just(float("nan")),
+            not_a_number(),
+        ),
+    ),
+    (
+        "guard",
+        "anomaly_factor",
+        st.one_of(
+            st.floats(max_value=0, exclude_max=True),
+            st.just(float("nan")),
+            st.just(float("inf")),
+            not_a_number(),
+        ),
+    ),
     ("tiers", "latency_target_s", bad_seconds()),
-    ("models", "planning_steps", st.one_of(st.integers(min_value=-(2**63), max_value=-1), st.integers(min_value=bounds.MAX_STEPS + 1, max_value=2**63 - 1), st.just(1.5), not_a_number())),
-    ("subagents", "budget_fraction", st.one_of(st.floats(max_value=0), st.floats(min_value=1, exclude_min=True), st.just(float("nan")))),
-    ("subagents", "max_steps", st.one_of(st.integers(min_value=-(2**63), max_value=0), st.integers(min_value=bounds.MAX_STEPS + 1, max_value=2**63 - 1))),
+    (
+        "models",
+        "planning_steps",
+        st.one_of(
+            st.integers(min_value=-(2**63), max_value=-1),
+            st.integers(min_value=bounds.MAX_STEPS + 1, max_value=2**63 - 1),
+            st.just(1.5),
+            not_a_number(),
+        ),
+    ),
+    (
+        "subagents",
+        "budget_fraction",
+        st.one_of(
+            st.floats(max_value=0), st.floats(min_value=1, exclude_min=True), st.just(float("nan"))
+        ),
+    ),
+    (
+        "subagents",
+        "max_steps",
+        st.one_of(
+            st.integers(min_value=-(2**63), max_value=0),
+            st.integers(min_value=bounds.MAX_STEPS + 1, max_value=2**63 - 1),
+        ),
+    ),
 ]
 
 
@@ -349,30 +508,48 @@ def test_bad_stayer_toml_names_the_file_and_key(tmp_path: Path, doc: tuple[bytes
 
 @st.composite
 def tb_yaml(draw: st.DrawFn) -> tuple[bytes, str]:
-    kind = draw(st.sampled_from(["timeout", "timeout", "instruction", "alias", "shape", "bytes", "syntax", "deep"]))
+    kind = draw(
+        st.sampled_from(
+            ["timeout", "timeout", "instruction", "alias", "shape", "bytes", "syntax", "deep"]
+        )
+    )
     if kind == "timeout":
         key = draw(st.sampled_from(["max_agent_timeout_sec", "max_test_timeout_sec"]))
-        value = draw(st.sampled_from([".nan", ".inf", "-.inf", "0", "-5", "1e300", "true", "'ten'", "[1]", "604801"]))
+        value = draw(
+            st.sampled_from(
+                [".nan", ".inf", "-.inf", "0", "-5", "1e300", "true", "'ten'", "[1]", "604801"]
+            )
+        )
         return f"instruction: do it\n{key}: {value}\n".encode(), key
     if kind == "instruction":
-        return draw(st.sampled_from([b"instruction: ''\n", b"instruction: [1, 2]\n", b"author_name: x\n"])), "instruction"
+        return draw(
+            st.sampled_from([b"instruction: ''\n", b"instruction: [1, 2]\n", b"author_name: x\n"])
+        ), "instruction"
     if kind == "alias":
         depth = draw(st.integers(min_value=1, max_value=9))
         lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-        lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, depth + 1)]
+        lines += [
+            f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, depth + 1)
+        ]
         return ("instruction: x\n" + "\n".join(lines) + f"\ntags: *a{depth}\n").encode(), "alias"
     if kind == "shape":
-        return draw(st.sampled_from([b"- a\n- b\n", b"just text\n", b"42\n", b"null\n"])), "task.yaml"
+        return draw(
+            st.sampled_from([b"- a\n- b\n", b"just text\n", b"42\n", b"null\n"])
+        ), "task.yaml"
     if kind == "bytes":
         return b"instruction: caf\xe9\n", "UTF-8"
     if kind == "deep":
         return b"instruction: " + b"[" * 1200 + b"\n", "task.yaml"
-    return draw(st.sampled_from([b"instruction: [\n", b"a: b: c\n", b"\t- x\n", b"instruction: 'x\n"])), "task.yaml"
+    return draw(
+        st.sampled_from([b"instruction: [\n", b"a: b: c\n", b"\t- x\n", b"instruction: 'x\n"])
+    ), "task.yaml"
 
 
 @settings(CASES, max_examples=40)
 @given(doc=tb_yaml(), solution=st.sampled_from([None, b"echo ok\n", b"echo \xff\n"]))
-def test_bad_terminal_bench_task_imports_nothing(tmp_path: Path, doc: tuple[bytes, str], solution: bytes | None) -> None:
+def test_bad_terminal_bench_task_imports_nothing(
+    tmp_path: Path, doc: tuple[bytes, str], solution: bytes | None
+) -> None:
     content, needle = doc
     with case_dir(tmp_path) as where:
         src = where / "tb" / "t1"
@@ -389,7 +566,9 @@ def test_bad_terminal_bench_task_imports_nothing(tmp_path: Path, doc: tuple[byte
 
 JSONISH = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=4)),
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 
@@ -401,15 +580,29 @@ def trajectory_line(draw: st.DrawFn) -> bytes:
     if kind == "array":
         return json.dumps(draw(st.lists(JSONISH, max_size=3))).encode()
     if kind == "scalar":
-        return json.dumps(draw(st.one_of(st.integers(), st.text(max_size=5), st.booleans()))).encode()
+        return json.dumps(
+            draw(st.one_of(st.integers(), st.text(max_size=5), st.booleans()))
+        ).encode()
     if kind == "tool_calls":
-        calls = draw(st.one_of(st.integers(min_value=1), st.text(min_size=1, max_size=4), st.dictionaries(st.text(max_size=2), JSONISH, min_size=1, max_size=2)))
+        calls = draw(
+            st.one_of(
+                st.integers(min_value=1),
+                st.text(min_size=1, max_size=4),
+                st.dictionaries(st.text(max_size=2), JSONISH, min_size=1, max_size=2),
+            )
+        )
         return json.dumps({"role": "assistant", "content": "x", "tool_calls": calls}).encode()
     if kind == "call":
-        call = draw(st.one_of(
-            st.just({"id": "c1"}), st.just({"name": "bash"}), st.just({"id": 1, "name": "bash"}),
-            st.lists(JSONISH, max_size=2), st.integers(), st.text(max_size=3),
-        ))
+        call = draw(
+            st.one_of(
+                st.just({"id": "c1"}),
+                st.just({"name": "bash"}),
+                st.just({"id": 1, "name": "bash"}),
+                st.lists(JSONISH, max_size=2),
+                st.integers(),
+                st.text(max_size=3),
+            )
+        )
         return json.dumps({"role": "assistant", "content": "x", "tool_calls": [call]}).encode()
     if kind == "truncated":
         return b'{"role": "assistant", "content": "x'
@@ -417,12 +610,23 @@ def trajectory_line(draw: st.DrawFn) -> bytes:
 
 
 @settings(CASES, max_examples=40)
-@given(bad=trajectory_line(), position=st.integers(min_value=0, max_value=2),
-       command=st.sampled_from(["whatif", "whatif-id", "replay"]))
-def test_bad_stayer_trajectory_names_the_file(tmp_path: Path, bad: bytes, position: int, command: str) -> None:
+@given(
+    bad=trajectory_line(),
+    position=st.integers(min_value=0, max_value=2),
+    command=st.sampled_from(["whatif", "whatif-id", "replay"]),
+)
+def test_bad_stayer_trajectory_names_the_file(
+    tmp_path: Path, bad: bytes, position: int, command: str
+) -> None:
     good = [
         json.dumps({"kind": "task", "content": "do it"}).encode(),
-        json.dumps({"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "bash", "arguments": "{}"}]}).encode(),
+        json.dumps(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": "c1", "name": "bash", "arguments": "{}"}],
+            }
+        ).encode(),
         json.dumps({"role": "tool", "tool_call_id": "c1", "content": "ok"}).encode(),
     ]
     good.insert(position, bad)
@@ -444,16 +648,43 @@ def traj_json(draw: st.DrawFn) -> bytes:
     """A mini-swe-agent .traj.json or SWE-agent .traj that is malformed inside."""
     kind = draw(st.sampled_from(["messages", "tool_calls", "history", "steps", "bytes", "json"]))
     if kind == "messages":
-        items = draw(st.lists(st.one_of(st.integers(), st.text(max_size=3), st.lists(JSONISH, max_size=2)), min_size=1, max_size=3))
+        items = draw(
+            st.lists(
+                st.one_of(st.integers(), st.text(max_size=3), st.lists(JSONISH, max_size=2)),
+                min_size=1,
+                max_size=3,
+            )
+        )
         return json.dumps({"messages": [{"role": "user", "content": "x"}, *items]}).encode()
     if kind == "tool_calls":
-        calls = draw(st.one_of(st.integers(min_value=1), st.text(min_size=1, max_size=3), st.lists(st.one_of(st.integers(), st.text(max_size=2)), min_size=1, max_size=2)))
-        return json.dumps({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": calls}]}).encode()
+        calls = draw(
+            st.one_of(
+                st.integers(min_value=1),
+                st.text(min_size=1, max_size=3),
+                st.lists(st.one_of(st.integers(), st.text(max_size=2)), min_size=1, max_size=2),
+            )
+        )
+        return json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": "", "tool_calls": calls},
+                ]
+            }
+        ).encode()
     if kind == "history":
-        items = draw(st.lists(st.one_of(st.integers(), st.text(max_size=3)), min_size=1, max_size=3))
-        return json.dumps({"history": items, "trajectory": [{"response": "r", "observation": "o"}]}).encode()
+        items = draw(
+            st.lists(st.one_of(st.integers(), st.text(max_size=3)), min_size=1, max_size=3)
+        )
+        return json.dumps(
+            {"history": items, "trajectory": [{"response": "r", "observation": "o"}]}
+        ).encode()
     if kind == "steps":
-        steps = draw(st.lists(st.one_of(st.integers(), st.text(max_size=3), st.none()), min_size=1, max_size=3))
+        steps = draw(
+            st.lists(
+                st.one_of(st.integers(), st.text(max_size=3), st.none()), min_size=1, max_size=3
+            )
+        )
         return json.dumps({"history": [], "trajectory": steps}).encode()
     if kind == "bytes":
         return b'{"messages": [{"role": "user", "content": "caf\xe9"}]}'
@@ -462,7 +693,9 @@ def traj_json(draw: st.DrawFn) -> bytes:
 
 @settings(CASES, max_examples=30)
 @given(content=traj_json(), suffix=st.sampled_from([".traj", ".traj.json"]))
-def test_bad_swe_agent_trajectory_names_the_file(tmp_path: Path, content: bytes, suffix: str) -> None:
+def test_bad_swe_agent_trajectory_names_the_file(
+    tmp_path: Path, content: bytes, suffix: str
+) -> None:
     with case_dir(tmp_path) as where:
         trace = where / f"t{suffix}"
         trace.write_bytes(content)
@@ -473,38 +706,68 @@ def test_bad_swe_agent_trajectory_names_the_file(tmp_path: Path, content: bytes,
 # --- audit logs: bad lines are counted, never fatal ---------------------------------------------
 
 CODEX_HEAD = [
-    {"timestamp": "2025-10-02T09:00:00Z", "type": "session_meta", "payload": {"id": "0199a1b2-0000-7000-8000-000000000001", "cwd": "/w"}},
+    {
+        "timestamp": "2025-10-02T09:00:00Z",
+        "type": "session_meta",
+        "payload": {"id": "0199a1b2-0000-7000-8000-000000000001", "cwd": "/w"},
+    },
     {"timestamp": "2025-10-02T09:00:01Z", "type": "turn_context", "payload": {"model": "gpt-5"}},
 ]
 
 
 @st.composite
 def codex_line(draw: st.DrawFn) -> bytes:
-    usage = st.one_of(JSONISH, st.fixed_dictionaries({
-        "input_tokens": st.one_of(st.integers(min_value=-5, max_value=10**6), st.none(), st.text(max_size=3)),
-        "cached_input_tokens": st.integers(min_value=0, max_value=10**6),
-        "output_tokens": st.one_of(st.integers(min_value=0, max_value=10**5), st.floats()),
-    }))
+    usage = st.one_of(
+        JSONISH,
+        st.fixed_dictionaries(
+            {
+                "input_tokens": st.one_of(
+                    st.integers(min_value=-5, max_value=10**6), st.none(), st.text(max_size=3)
+                ),
+                "cached_input_tokens": st.integers(min_value=0, max_value=10**6),
+                "output_tokens": st.one_of(st.integers(min_value=0, max_value=10**5), st.floats()),
+            }
+        ),
+    )
     kind = draw(st.sampled_from(["token_count", "token_count", "junk", "bytes"]))
     if kind == "token_count":
-        info = draw(st.one_of(JSONISH, st.fixed_dictionaries({"total_token_usage": usage, "last_token_usage": usage})))
+        info = draw(
+            st.one_of(
+                JSONISH,
+                st.fixed_dictionaries({"total_token_usage": usage, "last_token_usage": usage}),
+            )
+        )
         ts = draw(st.one_of(st.just("2025-10-02T09:00:05Z"), JSONISH))
-        return json.dumps({"timestamp": ts, "type": "event_msg", "payload": {"type": "token_count", "info": info}}).encode()
+        return json.dumps(
+            {"timestamp": ts, "type": "event_msg", "payload": {"type": "token_count", "info": info}}
+        ).encode()
     if kind == "junk":
-        return json.dumps(draw(JSONISH)).encode() + draw(st.sampled_from([b"", b'"token_count"', b"}"]))
+        return json.dumps(draw(JSONISH)).encode() + draw(
+            st.sampled_from([b"", b'"token_count"', b"}"])
+        )
     return b'{"type": "event_msg", "payload": {"type": "token_count", "info": "\xff"}}'
 
 
 @settings(CASES, max_examples=25)
 @given(lines=st.lists(codex_line(), min_size=1, max_size=6))
-def test_malformed_codex_log_lines_are_counted_not_fatal(tmp_path: Path, lines: list[bytes]) -> None:
+def test_malformed_codex_log_lines_are_counted_not_fatal(
+    tmp_path: Path, lines: list[bytes]
+) -> None:
     with case_dir(tmp_path) as where:
-        log = where / "logs" / "rollout-2025-10-02T09-00-00-0199a1b2-0000-7000-8000-000000000001.jsonl"
+        log = (
+            where
+            / "logs"
+            / "rollout-2025-10-02T09-00-00-0199a1b2-0000-7000-8000-000000000001.jsonl"
+        )
         log.parent.mkdir()
         log.write_bytes(b"\n".join([json.dumps(x).encode() for x in CODEX_HEAD] + lines) + b"\n")
         before = snapshot(where)
-        result = CliRunner().invoke(app, ["audit", str(log.parent), "--json"], env={"STAYER_HOME": str(where / "home")})
-        assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+        result = CliRunner().invoke(
+            app, ["audit", str(log.parent), "--json"], env={"STAYER_HOME": str(where / "home")}
+        )
+        assert result.exception is None or isinstance(result.exception, SystemExit), repr(
+            result.exception
+        )
         assert result.exit_code == 0, result.stderr
         doc = json.loads(result.stdout)
         usage = doc["totals"]["usage"]
@@ -521,7 +784,14 @@ def test_yaml_alias_bomb_is_refused_quickly_and_leaves_nothing(tmp_path: Path) -
     lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
     (src / "task.yaml").write_text("instruction: x\n" + "\n".join(lines) + "\ntags: *a9\n")
-    p = stayer("tasks", "import-tb", str(tmp_path / "tb"), str(tmp_path / "suite"), home=tmp_path / "home", timeout=120)
+    p = stayer(
+        "tasks",
+        "import-tb",
+        str(tmp_path / "tb"),
+        str(tmp_path / "suite"),
+        home=tmp_path / "home",
+        timeout=120,
+    )
     assert "alias" in one_error_line(p)
     assert not (tmp_path / "suite").exists() and not list(tmp_path.glob("**/.*importing"))
 
@@ -531,8 +801,14 @@ def test_stayer_home_that_is_not_utf8(tmp_path: Path, command: list[str]) -> Non
     home = os.fsencode(tmp_path) + b"/h\xff"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     environb = {os.fsencode(k): os.fsencode(v) for k, v in env.items()} | {b"STAYER_HOME": home}
-    p = subprocess.run([sys.executable, "-m", "stayer.cli", *command], capture_output=True, text=True,
-                       env=environb, timeout=120, cwd=tmp_path)  # type: ignore[arg-type]
+    p = subprocess.run(
+        [sys.executable, "-m", "stayer.cli", *command],
+        capture_output=True,
+        text=True,
+        env=environb,
+        timeout=120,
+        cwd=tmp_path,
+    )  # type: ignore[arg-type]
     assert "STAYER_HOME" in one_error_line(p)
     assert not os.path.exists(home)
 
@@ -575,7 +851,11 @@ echo "resume=$?" >> {tmp_path}/codes
     # whatever the loop ends with, never an error).
     resumed = (tmp_path / "resume.err").read_text()
     assert codes["resume"] in ("0", "1", "3") and "Traceback" not in resumed, resumed
-    assert json.loads((tmp_path / "resume.out").read_text())["status"] in ("succeeded", "failed", "budget_exhausted")
+    assert json.loads((tmp_path / "resume.out").read_text())["status"] in (
+        "succeeded",
+        "failed",
+        "budget_exhausted",
+    )
 
 
 @pytest.mark.parametrize("which", ["eval --out", "audit --html"])
@@ -583,11 +863,22 @@ def test_read_only_output_directory_is_refused_before_any_work(tmp_path: Path, w
     prefix = _mount_namespace()
     ro = tmp_path / "ro"
     ro.mkdir()
-    log = tmp_path / "logs" / "rollout-2025-10-02T09-00-00-0199a1b2-0000-7000-8000-000000000001.jsonl"
+    log = (
+        tmp_path / "logs" / "rollout-2025-10-02T09-00-00-0199a1b2-0000-7000-8000-000000000001.jsonl"
+    )
     log.parent.mkdir()
     log.write_text("\n".join(json.dumps(x) for x in CODEX_HEAD) + "\n")
     args = {
-        "eval --out": ["eval", str(TASK), "--model", "sim:gpt-5", "--sandbox", "local", "--out", str(ro / "out")],
+        "eval --out": [
+            "eval",
+            str(TASK),
+            "--model",
+            "sim:gpt-5",
+            "--sandbox",
+            "local",
+            "--out",
+            str(ro / "out"),
+        ],
         "audit --html": ["audit", str(log.parent), "--html", str(ro / "report.html")],
     }[which]
     mount = ("sh", "-c", f'mount --bind -o ro {ro} {ro} && exec "$@"', "sh")
@@ -608,13 +899,35 @@ def test_postgres_gone_mid_run_is_one_line_then_resumes(tmp_path: Path) -> None:
     except RuntimeError as e:
         shutil.rmtree(base, ignore_errors=True)
         pytest.skip(str(e))
-    env = {**os.environ, "STAYER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT), "STAYER_DB": url}
+    env = {
+        **os.environ,
+        "STAYER_HOME": str(tmp_path / "home"),
+        "PYTHONPATH": str(ROOT),
+        "STAYER_DB": url,
+    }
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "stayer.cli", "run", str(TASK), "--model", "sim:claude-sonnet-4-5", "--sandbox",
-             "local", "--run-id", "pg1", "--sim-policy", "synthetic:steps=30,obs_tokens=200,out_tokens=50",
-             "--sim-latency", "0.2"],
-            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+            [
+                sys.executable,
+                "-m",
+                "stayer.cli",
+                "run",
+                str(TASK),
+                "--model",
+                "sim:claude-sonnet-4-5",
+                "--sandbox",
+                "local",
+                "--run-id",
+                "pg1",
+                "--sim-policy",
+                "synthetic:steps=30,obs_tokens=200,out_tokens=50",
+                "--sim-latency",
+                "0.2",
+            ],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env=env,
         )
         assert proc.stderr is not None
         seen = []

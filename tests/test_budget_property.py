@@ -75,12 +75,35 @@ D = Decimal
 ROOT = Path(__file__).resolve().parent.parent
 PRICES = PriceBook()
 TOKENIZER = TiktokenCounter()
-PRICED = ["claude-sonnet-4-5", "claude-haiku-4-5", "claude-opus-4-6", "gpt-5", "gpt-5-mini", "deepseek-chat", "gemini-2.5-flash"]
+PRICED = [
+    "claude-sonnet-4-5",
+    "claude-haiku-4-5",
+    "claude-opus-4-6",
+    "gpt-5",
+    "gpt-5-mini",
+    "deepseek-chat",
+    "gemini-2.5-flash",
+]
 UNPRICED = "claude-unknown-9"  # a model genai-prices does not know
 # Standard spellings, tiers some providers price (flex, priority, fast, batch) and tiers
 # nobody prices here (scale, turbo).
-TIERS = [None, "auto", "default", "standard_only", "flex", "priority", "fast", "batch", "scale", "turbo"]
-CASE = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+TIERS = [
+    None,
+    "auto",
+    "default",
+    "standard_only",
+    "flex",
+    "priority",
+    "fast",
+    "batch",
+    "scale",
+    "turbo",
+]
+CASE = settings(
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 # --- the workload ---------------------------------------------------------------------
@@ -108,11 +131,19 @@ class Workload:
         if step > self.steps:
             call = ToolCall(f"call_{step}", "submit", json.dumps({"summary": "done"}))
         elif rng.random() < self.delegate:
-            ask = float(self.max_ask_usd * D(rng.randint(0, 100)) / 100) if rng.random() < 0.7 else None
-            args = {"task": "help", "max_steps": rng.randint(1, 4)} | ({"budget_usd": ask} if ask is not None else {})
+            ask = (
+                float(self.max_ask_usd * D(rng.randint(0, 100)) / 100)
+                if rng.random() < 0.7
+                else None
+            )
+            args = {"task": "help", "max_steps": rng.randint(1, 4)} | (
+                {"budget_usd": ask} if ask is not None else {}
+            )
             call = ToolCall(f"call_{step}", "subagent", json.dumps(args))
         else:
-            call = ToolCall(f"call_{step}", "observe", json.dumps({"tokens": rng.randint(0, self.max_obs)}))
+            call = ToolCall(
+                f"call_{step}", "observe", json.dumps({"tokens": rng.randint(0, self.max_obs)})
+            )
         return Message("assistant", text, (call,))
 
 
@@ -203,16 +234,34 @@ async def run_agent(
 ) -> tuple[RunResult, Budget]:
     budget = Budget(cap)
     router = setup.router(main, lambda m: m, PRICES, tier) if setup else None
-    limits = Limits(steps + 3, cap, max_output_tokens, tier, guard=setup.guard if setup else GuardConfig())
+    limits = Limits(
+        steps + 3, cap, max_output_tokens, tier, guard=setup.guard if setup else GuardConfig()
+    )
     summariser = summariser or (router.role("summariser") if router else main)
     agent = Agent(
-        main, [Observe(), SubmitTool()], PRICES, ToolContext(None, ""), counter, limits,  # type: ignore[arg-type]
-        policy=make_policy(policy), summarizer=ModelSummarizer(summariser, PRICES), router=router, budget=budget,
+        main,
+        [Observe(), SubmitTool()],
+        PRICES,
+        ToolContext(None, ""),
+        counter,
+        limits,  # type: ignore[arg-type]
+        policy=make_policy(policy),
+        summarizer=ModelSummarizer(summariser, PRICES),
+        router=router,
+        budget=budget,
     )
     child_model = router.role("subagent") if router and setup and setup.subagents else subagent
     if child_model is not None:
-        child_settings = ChildSettings(**setup.subagents.model_dump()) if setup and setup.subagents else ChildSettings(max_steps=4)
-        agent.add_tool(ChildAgents(agent, child_model, lambda: [Observe(), SubmitTool()], child_settings).tool())
+        child_settings = (
+            ChildSettings(**setup.subagents.model_dump())
+            if setup and setup.subagents
+            else ChildSettings(max_steps=4)
+        )
+        agent.add_tool(
+            ChildAgents(
+                agent, child_model, lambda: [Observe(), SubmitTool()], child_settings
+            ).tool()
+        )
     result = await agent.run("Do the task.", "run-1")
     return result, budget
 
@@ -227,7 +276,11 @@ def check(result: RunResult, budget: Budget, billing: Billing, cap: Decimal) -> 
     assert not billing.unpriced, f"unpriced calls were sent under a cap: {billing.unpriced}"
     assert budget.reserved == 0
     assert budget.spent <= cap, f"overshoot: {budget.spent} > {cap}"
-    assert billing.total == budget.spent == result.cost_usd, (billing.total, budget.spent, result.cost_usd)
+    assert billing.total == budget.spent == result.cost_usd, (
+        billing.total,
+        budget.spent,
+        result.cost_usd,
+    )
     assert not overruns(result), overruns(result)
     assert result.status in ("submitted", "budget_exhausted", "error"), result.status
 
@@ -254,7 +307,9 @@ def tiers(model_id: str) -> st.SearchStrategy[str | None]:
 @st.composite
 def sim_cases(draw: st.DrawFn) -> dict[str, Any]:
     main = draw(st.sampled_from(PRICED))
-    anyone = st.sampled_from(PRICED) | st.sampled_from(PRICED) | st.sampled_from([*PRICED, UNPRICED])
+    anyone = (
+        st.sampled_from(PRICED) | st.sampled_from(PRICED) | st.sampled_from([*PRICED, UNPRICED])
+    )
     failover = draw(st.none() | st.tuples(st.integers(1, 4), anyone.filter(lambda m: m != main)))
     return {
         "cap": draw(caps()),
@@ -286,7 +341,11 @@ def stayer_toml(c: dict[str, Any]) -> dict[str, Any]:
         doc["models"]["subagent"] = f"sim:{c['subagent']}"
         doc["subagents"] = {"max_steps": 4, "budget_fraction": 0.5}
     if c["cascade"]:
-        doc["cascade"] = {"models": [f"sim:{m}" for m in c["cascade"]], "escalate_after_errors": 1, "relax_after": 2}
+        doc["cascade"] = {
+            "models": [f"sim:{m}" for m in c["cascade"]],
+            "escalate_after_errors": 1,
+            "relax_after": 2,
+        }
     if c["failover"]:
         doc["failover"] = {f"sim:{c['main']}": [f"sim:{c['failover'][1]}"]}
     if c["latency_target"]:
@@ -297,16 +356,27 @@ def stayer_toml(c: dict[str, Any]) -> dict[str, Any]:
 async def sim_case(c: dict[str, Any]) -> None:
     counter = MessageCounter(TOKENIZER)
     billing = Billing()
-    work = Workload(c["seed"], c["steps"], c["max_out"], c["max_obs"], 0.5 if c["subagent"] else 0.0, c["cap"])
+    work = Workload(
+        c["seed"], c["steps"], c["max_out"], c["max_obs"], 0.5 if c["subagent"] else 0.0, c["cap"]
+    )
     child_work = replace(work, delegate=0.0, steps=2)
 
-    def model(model_id: str, workload: Workload = work, failures: frozenset[int] = frozenset()) -> Metered:
+    def model(
+        model_id: str, workload: Workload = work, failures: frozenset[int] = frozenset()
+    ) -> Metered:
         return Metered(SimModel(model_id, workload, counter), billing, f"sim:{model_id}", failures)
 
     config = parse_config(stayer_toml(c), "stayer.toml")
-    main = model(c["main"], failures=frozenset({c["failover"][0]}) if c["failover"] else frozenset())
-    named = {spec: model(spec.removeprefix("sim:"), child_work if spec == f"sim:{c['subagent']}" else work)
-             for spec in config.model_specs() if spec != main.spec}
+    main = model(
+        c["main"], failures=frozenset({c["failover"][0]}) if c["failover"] else frozenset()
+    )
+    named = {
+        spec: model(
+            spec.removeprefix("sim:"), child_work if spec == f"sim:{c['subagent']}" else work
+        )
+        for spec in config.model_specs()
+        if spec != main.spec
+    }
     setup = RoutingSetup("stayer.toml", config, named)  # type: ignore[arg-type]
 
     everyone = [c["main"], *(spec.removeprefix("sim:") for spec in named)]
@@ -317,10 +387,19 @@ async def sim_case(c: dict[str, Any]) -> None:
         require_prices(PRICES, main, c["tier"], setup)
     # Run anyway: the guard must still never send a call it cannot price.
     result, budget = await run_agent(
-        main, counter, c["cap"], c["tier"], c["steps"], c["max_output_tokens"], setup=setup, policy=c["policy"]
+        main,
+        counter,
+        c["cap"],
+        c["tier"],
+        c["steps"],
+        c["max_output_tokens"],
+        setup=setup,
+        policy=c["policy"],
     )
     check(result, budget, billing, c["cap"])
-    if unpriced([c["main"]], c["tier"]) and not (c["planning"] or c["cascade"] or c["latency_target"]):
+    if unpriced([c["main"]], c["tier"]) and not (
+        c["planning"] or c["cascade"] or c["latency_target"]
+    ):
         assert billing.calls == 0  # the first call is the main model's: refused, nothing sent
 
 
@@ -354,37 +433,89 @@ def wire_reply(api: str, r: ModelResponse, model: str) -> dict[str, Any]:
     m = r.message
     if api == "anthropic":
         blocks = [{"type": "text", "text": m.content}] if m.content else []
-        blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _arguments(c.arguments)} for c in m.tool_calls]
-        usage = r.raw_usage | ({"speed": "fast"} if r.service_tier == "fast" else {"service_tier": r.service_tier})
-        return {"id": "msg_sim", "type": "message", "role": "assistant", "model": model, "content": blocks,
-                "stop_reason": r.stop_reason, "stop_sequence": None, "usage": usage}
+        blocks += [
+            {"type": "tool_use", "id": c.id, "name": c.name, "input": _arguments(c.arguments)}
+            for c in m.tool_calls
+        ]
+        usage = r.raw_usage | (
+            {"speed": "fast"} if r.service_tier == "fast" else {"service_tier": r.service_tier}
+        )
+        return {
+            "id": "msg_sim",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": blocks,
+            "stop_reason": r.stop_reason,
+            "stop_sequence": None,
+            "usage": usage,
+        }
     if api == "responses":
         output: list[dict[str, Any]] = []
         if m.content:
-            output.append({"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
-                           "content": [{"type": "output_text", "text": m.content, "annotations": []}]})
-        output += [{"type": "function_call", "id": f"fc_{c.id}", "call_id": c.id, "name": c.name,
-                    "arguments": c.arguments, "status": "completed"} for c in m.tool_calls]
+            output.append(
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": m.content, "annotations": []}],
+                }
+            )
+        output += [
+            {
+                "type": "function_call",
+                "id": f"fc_{c.id}",
+                "call_id": c.id,
+                "name": c.name,
+                "arguments": c.arguments,
+                "status": "completed",
+            }
+            for c in m.tool_calls
+        ]
         cut = r.cut_off
-        return {"id": "resp_sim", "object": "response", "created_at": 0, "model": model, "output": output,
-                "status": "incomplete" if cut else "completed", "error": None,
-                "incomplete_details": {"reason": r.stop_reason} if cut else None,
-                "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "service_tier": r.service_tier,
-                "usage": r.raw_usage}
+        return {
+            "id": "resp_sim",
+            "object": "response",
+            "created_at": 0,
+            "model": model,
+            "output": output,
+            "status": "incomplete" if cut else "completed",
+            "error": None,
+            "incomplete_details": {"reason": r.stop_reason} if cut else None,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "service_tier": r.service_tier,
+            "usage": r.raw_usage,
+        }
     u = r.usage
-    usage = r.raw_usage if "prompt_cache_hit_tokens" in r.raw_usage else {
-        "prompt_tokens": u.input_tokens, "completion_tokens": u.output_tokens,
-        "total_tokens": u.input_tokens + u.output_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cache_read_tokens},
-    }
+    usage = (
+        r.raw_usage
+        if "prompt_cache_hit_tokens" in r.raw_usage
+        else {
+            "prompt_tokens": u.input_tokens,
+            "completion_tokens": u.output_tokens,
+            "total_tokens": u.input_tokens + u.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cache_read_tokens},
+        }
+    )
     message: dict[str, Any] = {"role": "assistant", "content": m.content or None}
     if m.tool_calls:
-        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                 for c in m.tool_calls]
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in m.tool_calls
+        ]
     finish = "length" if r.cut_off else ("tool_calls" if m.tool_calls else "stop")
-    return {"id": "chatcmpl-sim", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-            "usage": usage, "service_tier": r.service_tier}
+    return {
+        "id": "chatcmpl-sim",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": usage,
+        "service_tier": r.service_tier,
+    }
 
 
 class OverHttp:
@@ -406,8 +537,14 @@ class OverHttp:
             self.adapter = OpenAIResponsesModel(model_id, api_key="k", base_url=url, retry=NO_RETRY)
         else:
             provider = self.sim.provider
-            self.adapter = OpenAIChatModel(model_id, api_key="k", base_url=url, provider=provider,
-                                           openai_params=provider == "openai", retry=NO_RETRY)
+            self.adapter = OpenAIChatModel(
+                model_id,
+                api_key="k",
+                base_url=url,
+                provider=provider,
+                openai_params=provider == "openai",
+                retry=NO_RETRY,
+            )
         self.spec, self.provider, self.model_id = self.adapter.spec, self.adapter.provider, model_id
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
@@ -418,8 +555,14 @@ class OverHttp:
         try:
             body, request = rec.json, self.pending
             assert request is not None
-            sent = body.get("max_tokens") or body.get("max_output_tokens") or body.get("max_completion_tokens")
-            assert sent == request.max_tokens, f"max_tokens sent {sent}, reserved for {request.max_tokens}"
+            sent = (
+                body.get("max_tokens")
+                or body.get("max_output_tokens")
+                or body.get("max_completion_tokens")
+            )
+            assert sent == request.max_tokens, (
+                f"max_tokens sent {sent}, reserved for {request.max_tokens}"
+            )
             tier = "fast" if body.get("speed") == "fast" else body.get("service_tier")
             reply = self.sim.respond(replace(request, max_tokens=sent, service_tier=tier))
             self.billing.bill(self.model_id, self.provider, reply)
@@ -459,7 +602,12 @@ async def http_case(c: dict[str, Any]) -> None:
                 with pytest.raises(ConfigError, match="no price data for .* cannot be enforced"):
                     require_prices(PRICES, provider, c["tier"], None)
             result, budget = await run_agent(
-                provider, counter, c["cap"], c["tier"], c["steps"], c["max_output_tokens"],
+                provider,
+                counter,
+                c["cap"],
+                c["tier"],
+                c["steps"],
+                c["max_output_tokens"],
                 subagent=provider if c["delegate"] else None,
             )
         finally:
@@ -482,10 +630,19 @@ def test_the_real_adapters_over_http_never_overshoot_a_cap(c):
 
 @pytest.mark.parametrize(
     ("model", "tier", "priced"),
-    [("claude-sonnet-4-5", "priority", False), ("claude-sonnet-4-5", "flex", False), ("claude-sonnet-4-5", "batch", True),
-     ("claude-opus-4-6", "fast", True), ("claude-sonnet-4-5", "fast", False), ("gpt-5", "flex", True),
-     ("gpt-5", "scale", False), ("deepseek-chat", "flex", False), ("gemini-2.5-flash", "priority", False),
-     ("gemini-2.5-flash", "auto", True), (UNPRICED, None, False)],
+    [
+        ("claude-sonnet-4-5", "priority", False),
+        ("claude-sonnet-4-5", "flex", False),
+        ("claude-sonnet-4-5", "batch", True),
+        ("claude-opus-4-6", "fast", True),
+        ("claude-sonnet-4-5", "fast", False),
+        ("gpt-5", "flex", True),
+        ("gpt-5", "scale", False),
+        ("deepseek-chat", "flex", False),
+        ("gemini-2.5-flash", "priority", False),
+        ("gemini-2.5-flash", "auto", True),
+        (UNPRICED, None, False),
+    ],
 )
 def test_price_data_is_known_per_model_and_tier(model, tier, priced):
     assert PRICES.knows(model, provider_of(model), tier) is priced
@@ -507,7 +664,9 @@ class TakeNote:
     """A tool with no required argument, so that a cut call Anthropic returns as ``{}``
     would pass validation; it records every run."""
 
-    spec = ToolSpec("take_note", "Keep a note.", {"type": "object", "properties": {"note": {"type": "string"}}})
+    spec = ToolSpec(
+        "take_note", "Keep a note.", {"type": "object", "properties": {"note": {"type": "string"}}}
+    )
 
     def __init__(self) -> None:
         self.ran: list[dict[str, Any]] = []
@@ -519,18 +678,26 @@ class TakeNote:
 
 @pytest.mark.parametrize(
     ("model_id", "cut", "whole", "output_field"),
-    [("claude-sonnet-4-5", "max_tokens", "tool_use", "output_tokens"),
-     ("gpt-5", "max_output_tokens", "completed", "output_tokens"),
-     ("deepseek-chat", "length", "tool_calls", "completion_tokens"),
-     ("gemini-2.5-flash", "MAX_TOKENS", "STOP", "candidatesTokenCount")],
+    [
+        ("claude-sonnet-4-5", "max_tokens", "tool_use", "output_tokens"),
+        ("gpt-5", "max_output_tokens", "completed", "output_tokens"),
+        ("deepseek-chat", "length", "tool_calls", "completion_tokens"),
+        ("gemini-2.5-flash", "MAX_TOKENS", "STOP", "candidatesTokenCount"),
+    ],
 )
-def test_the_simulator_cuts_a_reply_at_max_tokens_as_each_provider_does(model_id, cut, whole, output_field):
+def test_the_simulator_cuts_a_reply_at_max_tokens_as_each_provider_does(
+    model_id, cut, whole, output_field
+):
     counter = MessageCounter(TOKENIZER)
     sim = SimModel(model_id, CutThenSubmit(), counter)
-    request = ModelRequest("Be brief.", [TakeNote.spec], [Message("user", "Take a note.")], max_tokens=120)
+    request = ModelRequest(
+        "Be brief.", [TakeNote.spec], [Message("user", "Take a note.")], max_tokens=120
+    )
     r = asyncio.run(sim.complete(request))
     assert r.cut_off and r.stop_reason == cut
-    assert r.usage.output_tokens == 120 and r.raw_usage[output_field] == 120  # billed: exactly max_tokens
+    assert (
+        r.usage.output_tokens == 120 and r.raw_usage[output_field] == 120
+    )  # billed: exactly max_tokens
     assert counter.message(r.message) <= 120 and r.message.content == "Writing the note."
     [call] = r.message.tool_calls  # the call the limit fell in: cut mid-arguments
     assert call.id == "call_1" and call.name == "take_note" and not call.arguments.endswith('"}')
@@ -554,8 +721,15 @@ def test_a_reply_cut_off_at_max_tokens_is_billed_max_tokens_and_its_call_is_not_
         with provider.server:
             provider.connect()
             try:
-                agent = Agent(provider, [tool, SubmitTool()], PRICES, ToolContext(None, ""), counter,  # type: ignore[arg-type]
-                              Limits(max_steps=10, max_output_tokens=300), policy=make_policy("none"))
+                agent = Agent(
+                    provider,
+                    [tool, SubmitTool()],
+                    PRICES,
+                    ToolContext(None, ""),
+                    counter,  # type: ignore[arg-type]
+                    Limits(max_steps=10, max_output_tokens=300),
+                    policy=make_policy("none"),
+                )
                 return await agent.run("Do the task.", "run-1")
             finally:
                 await provider.adapter.aclose()
@@ -573,13 +747,29 @@ def test_a_reply_cut_off_at_max_tokens_is_billed_max_tokens_and_its_call_is_not_
 
 @pytest.mark.parametrize(
     ("model", "tier"),
-    [("claude-sonnet-4-5", "priority"), ("claude-sonnet-4-5", "flex"), ("claude-haiku-4-5", "fast"),
-     ("gpt-5", "scale"), ("deepseek-chat", "flex"), ("gemini-2.5-flash", "priority")],
+    [
+        ("claude-sonnet-4-5", "priority"),
+        ("claude-sonnet-4-5", "flex"),
+        ("claude-haiku-4-5", "fast"),
+        ("gpt-5", "scale"),
+        ("deepseek-chat", "flex"),
+        ("gemini-2.5-flash", "priority"),
+    ],
 )
 def test_a_cap_on_an_unpriced_tier_is_refused_before_anything_runs(tmp_path, model, tier):
     home = tmp_path / "home"
-    r = stayer("run", str(ROOT / "examples" / "hello-file"), "--model", f"sim:{model}", "--service-tier", tier,
-               "--max-cost", "0.01", "--json", home=home)
+    r = stayer(
+        "run",
+        str(ROOT / "examples" / "hello-file"),
+        "--model",
+        f"sim:{model}",
+        "--service-tier",
+        tier,
+        "--max-cost",
+        "0.01",
+        "--json",
+        home=home,
+    )
     assert r.returncode == 2 and r.stdout == "", r.stderr
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1
@@ -589,20 +779,46 @@ def test_a_cap_on_an_unpriced_tier_is_refused_before_anything_runs(tmp_path, mod
 
 def test_a_cap_with_an_unpriced_route_is_refused_naming_the_file_and_the_route(tmp_path):
     config = tmp_path / "stayer.toml"
-    config.write_text('[failover]\n"sim:gpt-5" = ["sim:claude-sonnet-4-5"]\n[models]\nsubagent = "sim:gpt-5-mini"\n')
+    config.write_text(
+        '[failover]\n"sim:gpt-5" = ["sim:claude-sonnet-4-5"]\n[models]\nsubagent = "sim:gpt-5-mini"\n'
+    )
     home = tmp_path / "home"
-    r = stayer("run", str(ROOT / "examples" / "hello-file"), "--model", "sim:gpt-5", "--service-tier", "flex",
-               "--max-cost", "0.01", "--config", str(config), "--json", home=home)
+    r = stayer(
+        "run",
+        str(ROOT / "examples" / "hello-file"),
+        "--model",
+        "sim:gpt-5",
+        "--service-tier",
+        "flex",
+        "--max-cost",
+        "0.01",
+        "--config",
+        str(config),
+        "--json",
+        home=home,
+    )
     assert r.returncode == 2 and r.stdout == "", r.stderr
-    assert r.stderr.strip().startswith(f"error: {config}: no price data for sim:claude-sonnet-4-5 "
-                                       f"(failover.\"sim:gpt-5\") at service tier 'flex'")
-    assert "gpt-5-mini" not in r.stderr and not home.exists()  # gpt-5 and gpt-5-mini have flex prices
+    assert r.stderr.strip().startswith(
+        f"error: {config}: no price data for sim:claude-sonnet-4-5 "
+        f"(failover.\"sim:gpt-5\") at service tier 'flex'"
+    )
+    assert (
+        "gpt-5-mini" not in r.stderr and not home.exists()
+    )  # gpt-5 and gpt-5-mini have flex prices
 
 
 def stayer(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_PRICES"}
-    return subprocess.run([sys.executable, "-m", "stayer.cli", *args], capture_output=True, text=True,
-                          env=env | {"STAYER_HOME": str(home)}, cwd=home.parent, timeout=120)
+    env = {
+        k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_PRICES"
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "stayer.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env | {"STAYER_HOME": str(home)},
+        cwd=home.parent,
+        timeout=120,
+    )
 
 
 def test_the_loop_never_sends_a_call_it_cannot_price_under_a_cap():
@@ -614,8 +830,18 @@ def test_the_loop_never_sends_a_call_it_cannot_price_under_a_cap():
     result, budget = asyncio.run(run_agent(model, counter, D("1"), "scale", 3, 1_024))
     assert billing.calls == 0 and budget.spent == 0 and result.steps == 0
     assert result.status == "budget_exhausted" and result.stop_reason == "max_cost"
-    assert "no price data for the next call's model and service tier" in result.breakers[0]["detail"]
+    assert (
+        "no price data for the next call's model and service tier" in result.breakers[0]["detail"]
+    )
     # Without a cap the same calls are made, their cost reported as unknown (never as 0).
-    result = asyncio.run(Agent(model, [Observe(), SubmitTool()], PRICES, ToolContext(None, ""), counter,  # type: ignore[arg-type]
-                               Limits(5, None, 1_024, "scale")).run("Do the task.", "run-2"))
+    result = asyncio.run(
+        Agent(
+            model,
+            [Observe(), SubmitTool()],
+            PRICES,
+            ToolContext(None, ""),
+            counter,  # type: ignore[arg-type]
+            Limits(5, None, 1_024, "scale"),
+        ).run("Do the task.", "run-2")
+    )
     assert billing.calls > 0 and billing.unpriced and result.cost_usd is None

@@ -29,7 +29,12 @@ def stayer(*args: str, home: Path, columns: int = 250, **kw) -> subprocess.Compl
     env.update({"STAYER_HOME": str(home), "COLUMNS": str(columns)})
     return subprocess.run(
         [sys.executable, "-m", "stayer.cli", *args],
-        capture_output=True, text=True, env=env, cwd=home.parent, timeout=600, **kw,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=home.parent,
+        timeout=600,
+        **kw,
     )
 
 
@@ -73,12 +78,25 @@ def test_help_has_short_flag_version_and_an_example_per_command():
 
 
 def test_budget_exhausted_run_says_why_with_the_summary_and_a_next_step(tmp_path):
-    r = stayer("run", str(EXAMPLES / "hello-file"), "--model", "sim:claude-sonnet-4-5", "--max-cost", "0.001",
-               "--run-id", "capped-run", home=tmp_path / "home")
+    r = stayer(
+        "run",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        "sim:claude-sonnet-4-5",
+        "--max-cost",
+        "0.001",
+        "--run-id",
+        "capped-run",
+        home=tmp_path / "home",
+    )
     assert r.returncode == 3, r.stderr
     out = r.stdout
     assert "run capped-run · hello-file · sim:claude-sonnet-4-5" in out
-    assert re.search(r"^stopped: max_cost: the next call's worst case \(\$[0-9.]+ or more\) does not fit", out, re.M)
+    assert re.search(
+        r"^stopped: max_cost: the next call's worst case \(\$[0-9.]+ or more\) does not fit",
+        out,
+        re.M,
+    )
     assert "wrap-up summary:" in out and "  DONE: 0 step(s)" in out and "  REMAINING:" in out
     need = re.search(r"^next: raise --max-cost to ≥ \$([0-9.]+)", out, re.M)
     assert need and float(need.group(1)) > 0.001, out
@@ -86,9 +104,17 @@ def test_budget_exhausted_run_says_why_with_the_summary_and_a_next_step(tmp_path
 
 
 def test_failed_run_shows_the_verifier_output_and_the_model_of_each_step(tmp_path):
-    r = stayer("run", str(EXAMPLES / "fix-median"), "--model", "sim:claude-sonnet-4-5",
-               "--sim-policy", "synthetic:steps=1,obs_tokens=50,out_tokens=20", "--run-id", "failing",
-               home=tmp_path / "home")
+    r = stayer(
+        "run",
+        str(EXAMPLES / "fix-median"),
+        "--model",
+        "sim:claude-sonnet-4-5",
+        "--sim-policy",
+        "synthetic:steps=1,obs_tokens=50,out_tokens=20",
+        "--run-id",
+        "failing",
+        home=tmp_path / "home",
+    )
     assert r.returncode == 1, r.stderr
     steps = [line for line in r.stderr.splitlines() if line.startswith("step ")]
     assert len(steps) == 2 and all("│ sim:claude-sonnet-4-5 │" in line for line in steps)
@@ -110,8 +136,19 @@ def readme_toml() -> str:
 def test_readme_stayer_toml_runs_as_written_and_steps_show_model_switches(tmp_path):
     home = tmp_path / "home"
     (tmp_path / "stayer.toml").write_text(readme_toml())
-    r = stayer("run", str(EXAMPLES / "fix-median"), "--model", "sim:claude-sonnet-4-5", "--config", "stayer.toml",
-               "--sim-policy", "synthetic:steps=4,obs_tokens=300,out_tokens=50", "--run-id", "routed", home=home)
+    r = stayer(
+        "run",
+        str(EXAMPLES / "fix-median"),
+        "--model",
+        "sim:claude-sonnet-4-5",
+        "--config",
+        "stayer.toml",
+        "--sim-policy",
+        "synthetic:steps=4,obs_tokens=300,out_tokens=50",
+        "--run-id",
+        "routed",
+        home=home,
+    )
     assert r.returncode == 1, r.stderr  # synthetic work fails the task's tests; the config ran
     steps = [line for line in r.stderr.splitlines() if line.startswith("step ")]
     assert "│ sim:claude-sonnet-4-5 │" in steps[0]
@@ -122,16 +159,36 @@ def test_readme_stayer_toml_runs_as_written_and_steps_show_model_switches(tmp_pa
     assert "sim:claude-haiku-4-5" in report.stdout and "cache break: model_switch" in report.stdout
     assert_plain_money(report.stdout)
     # and as the plain run of README command 1 would use it
-    plain = stayer("run", str(EXAMPLES / "fix-median"), "--model", "sim:claude-sonnet-4-5", "--config", "stayer.toml",
-                   "--json", home=home)
+    plain = stayer(
+        "run",
+        str(EXAMPLES / "fix-median"),
+        "--model",
+        "sim:claude-sonnet-4-5",
+        "--config",
+        "stayer.toml",
+        "--json",
+        home=home,
+    )
     assert plain.returncode == 0 and json.loads(plain.stdout)["status"] == "succeeded", plain.stderr
 
 
 def test_compactions_show_in_progress_lines_and_report(tmp_path):
     home = tmp_path / "home"
-    r = stayer("run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--policy", "summarize:3000",
-               "--sim-policy", "synthetic:steps=8,obs_tokens=800,out_tokens=50", "--sandbox", "local",
-               "--run-id", "compacting", home=home)
+    r = stayer(
+        "run",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        "sim:gpt-5",
+        "--policy",
+        "summarize:3000",
+        "--sim-policy",
+        "synthetic:steps=8,obs_tokens=800,out_tokens=50",
+        "--sandbox",
+        "local",
+        "--run-id",
+        "compacting",
+        home=home,
+    )
     note = re.compile(r"compacted [0-9,]+ → [0-9,]+ tokens \(\w+\)")
     compacted = [line for line in r.stderr.splitlines() if note.search(line)]
     assert compacted and all("cache break: compaction" in line for line in compacted), r.stderr
@@ -151,7 +208,12 @@ def test_step_notes_name_breaks_compactions_and_switches():
         "switched to sim:gpt-5 (failover)",
     ]
     assert step_notes({"cache_break": None, "compaction": None, "route": None}) == []
-    assert [usd(None), usd("unknown"), usd("0"), usd("1234.5")] == ["—", "unknown", "$0.000000", "$1,234.500000"]
+    assert [usd(None), usd("unknown"), usd("0"), usd("1234.5")] == [
+        "—",
+        "unknown",
+        "$0.000000",
+        "$1,234.500000",
+    ]
 
 
 # --- runs: filters, where it looked, whole ids ----------------------------------------------
@@ -161,10 +223,26 @@ def test_runs_filters_say_where_they_looked_and_never_cut_an_id(tmp_path):
     home = tmp_path / "home"
     empty = stayer("runs", home=home)
     assert empty.returncode == 0 and f"no journal at {home / 'stayer.db'}" in empty.stdout
-    ok = stayer("run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5",
-                "--run-id", "a-run-with-a-rather-long-id-0001", home=home)
-    capped = stayer("run", str(EXAMPLES / "hello-file"), "--model", "sim:claude-sonnet-4-5",
-                    "--max-cost", "0.001", "--run-id", "a-run-with-a-rather-long-id-0002", home=home)
+    ok = stayer(
+        "run",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        "sim:gpt-5",
+        "--run-id",
+        "a-run-with-a-rather-long-id-0001",
+        home=home,
+    )
+    capped = stayer(
+        "run",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        "sim:claude-sonnet-4-5",
+        "--max-cost",
+        "0.001",
+        "--run-id",
+        "a-run-with-a-rather-long-id-0002",
+        home=home,
+    )
     assert (ok.returncode, capped.returncode) == (0, 3), ok.stderr + capped.stderr
 
     def ids(*flags: str) -> list[str]:
@@ -189,14 +267,22 @@ def test_runs_filters_say_where_they_looked_and_never_cut_an_id(tmp_path):
 # --- typo'd models ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("model", "suggestion"), [("sim:claude-sonet-4-5", "sim:claude-sonnet-4-5"), ("sim:gpt-9", "sim:gpt-5")])
+@pytest.mark.parametrize(
+    ("model", "suggestion"),
+    [("sim:claude-sonet-4-5", "sim:claude-sonnet-4-5"), ("sim:gpt-9", "sim:gpt-5")],
+)
 def test_a_typod_model_is_rejected_with_the_closest_names(tmp_path, model, suggestion):
     home = tmp_path / "home"
     for cmd in (["run", str(EXAMPLES / "hello-file")], ["eval", str(EXAMPLES / "hello-file")]):
         r = stayer(*cmd, "--model", model, "--json", home=home)
         assert r.returncode == 2 and r.stdout == "", r.stderr
         line = r.stderr.strip()
-        assert len(line.splitlines()) == 1 and model in line and "did you mean" in line and suggestion in line
+        assert (
+            len(line.splitlines()) == 1
+            and model in line
+            and "did you mean" in line
+            and suggestion in line
+        )
     assert not home.exists()
 
 
@@ -204,12 +290,21 @@ def test_a_typod_model_is_rejected_with_the_closest_names(tmp_path, model, sugge
 
 
 def test_eval_without_a_terminal_prints_plain_progress_and_no_none(tmp_path):
-    r = stayer("eval", str(EXAMPLES / "hello-file"), "--model", "sim:claude-sonnet-4-5", "--max-cost", "0.001",
-               home=tmp_path / "home")
+    r = stayer(
+        "eval",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        "sim:claude-sonnet-4-5",
+        "--max-cost",
+        "0.001",
+        home=tmp_path / "home",
+    )
     assert r.returncode == 0, r.stderr
     progress = [line for line in r.stderr.splitlines() if line.startswith("eval: ")]
     assert progress, r.stderr
-    assert re.fullmatch(r"eval: 1/1 done · .* · \$[0-9.]+ so far · \S+ elapsed · ETA 0s", progress[-1])
+    assert re.fullmatch(
+        r"eval: 1/1 done · .* · \$[0-9.]+ so far · \S+ elapsed · ETA 0s", progress[-1]
+    )
     assert "\x1b[" not in r.stderr  # no terminal control codes in a log
     assert "None" not in r.stderr + r.stdout and "—" in r.stdout  # cost / success: no success
 
@@ -219,9 +314,30 @@ def test_ctrl_c_on_eval_says_how_far_it_got_and_how_to_resume(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_DB"}
     env["STAYER_HOME"] = str(tmp_path / "home")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stayer.cli", "eval", str(EXAMPLES), "--model", "sim:gpt-5", "--epochs", "2",
-         "--concurrency", "1", "--sim-latency", "30", "--sandbox", "local", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "stayer.cli",
+            "eval",
+            str(EXAMPLES),
+            "--model",
+            "sim:gpt-5",
+            "--epochs",
+            "2",
+            "--concurrency",
+            "1",
+            "--sim-latency",
+            "30",
+            "--sandbox",
+            "local",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
     )
     try:
         assert proc.stderr is not None
@@ -234,7 +350,10 @@ def test_ctrl_c_on_eval_says_how_far_it_got_and_how_to_resume(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, stderr
-    done = re.search(rf"interrupted: (\d)/8 done; rerun with the same --out {re.escape(str(out))} to resume", stderr)
+    done = re.search(
+        rf"interrupted: (\d)/8 done; rerun with the same --out {re.escape(str(out))} to resume",
+        stderr,
+    )
     assert done, stderr
     assert "Traceback" not in stderr and stdout == ""
     # what it says is so: as many trials as it counted are kept in --out for the rerun
@@ -249,18 +368,45 @@ def test_report_follow_tails_a_running_run_from_another_process(tmp_path: Path) 
     env = {**os.environ, "STAYER_HOME": str(tmp_path / "home")}
     task = Path(__file__).resolve().parent.parent / "examples" / "hello-file"
     run = subprocess.Popen(
-        [sys.executable, "-m", "stayer.cli", "run", str(task), "--model", "sim:claude-sonnet-4-5", "--run-id", "tailed",
-         "--sim-policy", "synthetic:steps=6,obs_tokens=50,out_tokens=10", "--sim-latency", "0.3", "--json"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "stayer.cli",
+            "run",
+            str(task),
+            "--model",
+            "sim:claude-sonnet-4-5",
+            "--run-id",
+            "tailed",
+            "--sim-policy",
+            "synthetic:steps=6,obs_tokens=50,out_tokens=10",
+            "--sim-latency",
+            "0.3",
+            "--json",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         for _ in range(2400):  # until the run is in the journal (a hang guard, not a timing margin)
-            probe = subprocess.run([sys.executable, "-m", "stayer.cli", "runs", "--json"], env=env, capture_output=True, text=True)
+            probe = subprocess.run(
+                [sys.executable, "-m", "stayer.cli", "runs", "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             if '"tailed"' in probe.stdout:
                 break
             time.sleep(0.1)
-        tail = subprocess.run([sys.executable, "-m", "stayer.cli", "report", "tailed", "--follow"], env=env,
-                              capture_output=True, text=True, timeout=600)
+        tail = subprocess.run(
+            [sys.executable, "-m", "stayer.cli", "report", "tailed", "--follow"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         doc = json.loads(run.communicate(timeout=600)[0])
     finally:
         run.kill()

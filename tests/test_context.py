@@ -38,6 +38,8 @@ from stayer.whatif import BASH, Trace, load_trace, replay
 COUNTER = MessageCounter(TiktokenCounter())
 PRICES = PriceBook()
 CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus" / "swe-agent"
+
+
 def text(n: int, seed: int) -> str:
     return filler(n, random.Random(seed))
 
@@ -52,7 +54,11 @@ def trace(steps: int, obs: int, out: int, kinds: list[str] | None = None) -> Tra
 
 
 def whatif(t: Trace, model: str, policy: str, max_context: int | None = None) -> dict:
-    return asyncio.run(replay(t, model, make_policy(policy), prices=PRICES, counter=COUNTER, max_context=max_context))
+    return asyncio.run(
+        replay(
+            t, model, make_policy(policy), prices=PRICES, counter=COUNTER, max_context=max_context
+        )
+    )
 
 
 # --- the scheduler against the baselines --------------------------------------------------
@@ -121,7 +127,12 @@ def test_pinned_and_keep_content_survives_any_number_of_compactions(kinds, sizes
         if kind in ("note", "error", "result", "assistant"):
             kept.append(body)
         ctx.append(m)
-        view = StepView(step=step, max_steps=100, max_context=limit, rates_at=lambda n: PRICES.rates("claude-sonnet-4-5", "anthropic", None, n))
+        view = StepView(
+            step=step,
+            max_steps=100,
+            max_context=limit,
+            rates_at=lambda n: PRICES.rates("claude-sonnet-4-5", "anthropic", None, n),
+        )
         try:
             c = p.plan(ctx, view)
         except ContextOverflow:
@@ -139,7 +150,9 @@ def test_pinned_and_keep_content_survives_any_number_of_compactions(kinds, sizes
 
 
 def test_mask_keeps_a_window_and_stubs_name_the_saved_file():
-    ctx = fresh_context([Message("tool", text(50, i), tool_call_id=f"c{i}", kind="observation") for i in range(8)])
+    ctx = fresh_context(
+        [Message("tool", text(50, i), tool_call_id=f"c{i}", kind="observation") for i in range(8)]
+    )
     c = MaskPolicy(window=3).plan(ctx, StepView(step=9))
     c.apply(ctx)
     stubbed = [m for m in ctx.messages if m.kind == "elided"]
@@ -148,14 +161,21 @@ def test_mask_keeps_a_window_and_stubs_name_the_saved_file():
 
 
 def test_summarize_puts_state_in_the_first_stub():
-    ctx = fresh_context([
-        Message("assistant", "", (ToolCall("c1", "bash", '{"command": "make"}'),)),
-        Message("tool", "cc -o x x.c\nerror: boom\n[exit code: 2]", tool_call_id="c1", kind="observation"),
-        Message("assistant", "", (ToolCall("c2", "bash", '{"command": "ls"}'),)),
-        Message("tool", text(900, 2), tool_call_id="c2", kind="observation"),
-        Message("assistant", "", (ToolCall("c3", "bash", '{"command": "ls"}'),)),
-        Message("tool", text(900, 3), tool_call_id="c3", kind="observation"),
-    ])
+    ctx = fresh_context(
+        [
+            Message("assistant", "", (ToolCall("c1", "bash", '{"command": "make"}'),)),
+            Message(
+                "tool",
+                "cc -o x x.c\nerror: boom\n[exit code: 2]",
+                tool_call_id="c1",
+                kind="observation",
+            ),
+            Message("assistant", "", (ToolCall("c2", "bash", '{"command": "ls"}'),)),
+            Message("tool", text(900, 2), tool_call_id="c2", kind="observation"),
+            Message("assistant", "", (ToolCall("c3", "bash", '{"command": "ls"}'),)),
+            Message("tool", text(900, 3), tool_call_id="c3", kind="observation"),
+        ]
+    )
     c = SummarizePolicy(high_watermark=100, window=1).plan(ctx, StepView(step=4))
     assert c.summary_input_tokens > 0 and c.summary_output_tokens > 0
     first = c.changes[min(c.changes)]
@@ -163,7 +183,9 @@ def test_summarize_puts_state_in_the_first_stub():
 
 
 def test_textbook_rewrites_from_the_head():
-    ctx = fresh_context([Message("tool", text(500, i), tool_call_id=f"c{i}", kind="observation") for i in range(5)])
+    ctx = fresh_context(
+        [Message("tool", text(500, i), tool_call_id=f"c{i}", kind="observation") for i in range(5)]
+    )
     c = TextbookPolicy(max_tokens=1_000).plan(ctx, StepView(step=6))
     assert c.first_index == 1 and c.head_insert is not None
 
@@ -181,23 +203,46 @@ class Echo:
         return Message("assistant", "ok", (ToolCall(f"c{len(request.messages)}", "bash", "{}"),))
 
 
-def sim_call(sim: SimModel, f: CacheForensics, messages: list[Message], now: float, *, system: str = "sys",
-             tools: list[ToolSpec] | None = None, compaction_at: int | None = None, model: str | None = None):
-    req = ModelRequest(system=system, tools=tools or [BASH], messages=messages,
-                       cache_breakpoints=[0, len(messages) - 1], cache_key="k", now=now)
+def sim_call(
+    sim: SimModel,
+    f: CacheForensics,
+    messages: list[Message],
+    now: float,
+    *,
+    system: str = "sys",
+    tools: list[ToolSpec] | None = None,
+    compaction_at: int | None = None,
+    model: str | None = None,
+):
+    req = ModelRequest(
+        system=system,
+        tools=tools or [BASH],
+        messages=messages,
+        cache_breakpoints=[0, len(messages) - 1],
+        cache_key="k",
+        now=now,
+    )
     r = asyncio.run(sim.complete(req))
-    return f.observe(req, r.usage, model or sim.spec, cache_rules(sim.provider, sim.model_id), now, compaction_at)
+    return f.observe(
+        req, r.usage, model or sim.spec, cache_rules(sim.provider, sim.model_id), now, compaction_at
+    )
 
 
 @pytest.mark.parametrize("model", ["claude-sonnet-4-5", "gpt-5"])
 def test_cache_break_reasons(model):
     sim, f = SimModel(model, Echo(), COUNTER), CacheForensics(COUNTER)
-    history = [Message("user", text(2_000, 1), kind="task"), Message("assistant", "a"), Message("tool", text(300, 2), tool_call_id="x")]
+    history = [
+        Message("user", text(2_000, 1), kind="task"),
+        Message("assistant", "a"),
+        Message("tool", text(300, 2), tool_call_id="x"),
+    ]
     assert sim_call(sim, f, history[:1], 0) is None
     assert sim_call(sim, f, history, 1) is None  # append-only: whole previous prompt read
     edited = [history[0], Message("assistant", "b"), history[2]]
     brk = sim_call(sim, f, edited, 2)
-    assert brk["reason"] == "prefix_edit" and "message 1" in brk["detail"] and "'a'" in brk["detail"]
+    assert (
+        brk["reason"] == "prefix_edit" and "message 1" in brk["detail"] and "'a'" in brk["detail"]
+    )
     grown = [*edited, Message("user", "next")]
     brk = sim_call(sim, f, grown, 2 + 400)  # idle longer than the 5-minute lifetime
     assert brk["reason"] == "ttl_expired" and "idle 400 s" in brk["detail"]
@@ -213,9 +258,18 @@ def test_compaction_and_below_minimum_reasons():
     sim_call(sim, f, small, 0)
     brk = sim_call(sim, f, [*small, Message("assistant", "a")], 1)
     assert brk["reason"] == "below_minimum"
-    big = [Message("user", text(3_000, 5), kind="task"), Message("tool", text(500, 6), tool_call_id="x")]
+    big = [
+        Message("user", text(3_000, 5), kind="task"),
+        Message("tool", text(500, 6), tool_call_id="x"),
+    ]
     sim_call(sim, f, big, 2)
-    brk = sim_call(sim, f, [big[0], Message("tool", "[elided]", tool_call_id="x", kind="elided")], 3, compaction_at=1)
+    brk = sim_call(
+        sim,
+        f,
+        [big[0], Message("tool", "[elided]", tool_call_id="x", kind="elided")],
+        3,
+        compaction_at=1,
+    )
     assert brk["reason"] == "compaction" and brk["position_tokens"] > 3_000
 
 
@@ -225,10 +279,14 @@ def test_ledger_carries_cache_breaks_and_compactions():
     from stayer.whatif import RecordedTool
 
     outputs = iter([t.observations[c.id] for turn in t.turns for c in turn.tool_calls])
-    agent = Agent(model, [RecordedTool(BASH, outputs)], PRICES, _no_sandbox(), COUNTER, Limits(max_steps=30))
+    agent = Agent(
+        model, [RecordedTool(BASH, outputs)], PRICES, _no_sandbox(), COUNTER, Limits(max_steps=30)
+    )
     result = asyncio.run(agent.run("Solve it.", "r"))
     compacted = [e for e in result.ledger if e.compaction]
-    assert compacted and all(e.cache_break and e.cache_break["reason"] == "compaction" for e in compacted)
+    assert compacted and all(
+        e.cache_break and e.cache_break["reason"] == "compaction" for e in compacted
+    )
     assert result.ledger[1].cache_break["reason"] == "below_minimum"  # step 1's prompt was tiny
     assert all(e.cache_break is None for e in result.ledger[2:] if not e.compaction)
 
@@ -251,7 +309,9 @@ def _no_sandbox():
 
 
 @pytest.mark.skipif(not CORPUS.is_dir(), reason="shared corpus not present")
-@pytest.mark.parametrize("name", ["pydicom__pydicom-1458.traj", "mini-swe-agent/django__django-11119.traj.json"])
+@pytest.mark.parametrize(
+    "name", ["pydicom__pydicom-1458.traj", "mini-swe-agent/django__django-11119.traj.json"]
+)
 def test_corpus_traces_replay(name):
     t = load_trace(str(CORPUS / name))
     r = whatif(t, "gpt-5", "auto")
@@ -274,14 +334,28 @@ def test_memory_notes_survive_compaction(tmp_path):
     from stayer.tools import default_tools
     from stayer.tools.base import ToolContext
 
-    calls = [ToolCall("m1", "memory", json.dumps({"action": "save", "note": "the bug is in parse()"}))]
-    calls += [ToolCall(f"b{i}", "bash", json.dumps({"command": f"seq 1 3000 | sed s/^/line{i}-/"})) for i in range(12)]
+    calls = [
+        ToolCall("m1", "memory", json.dumps({"action": "save", "note": "the bug is in parse()"}))
+    ]
+    calls += [
+        ToolCall(f"b{i}", "bash", json.dumps({"command": f"seq 1 3000 | sed s/^/line{i}-/"}))
+        for i in range(12)
+    ]
     turns = [Message("assistant", "", (c,)) for c in calls]
 
     counter = TiktokenCounter()
-    ctx = ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path), output_token_budget=20_000)
-    agent = Agent(SimModel("claude-sonnet-4-5", _Turns(turns), COUNTER), default_tools(counter), PRICES, ctx, COUNTER,
-                  Limits(max_steps=len(turns)), policy=MaskPolicy(window=1))
+    ctx = ToolContext(
+        sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path), output_token_budget=20_000
+    )
+    agent = Agent(
+        SimModel("claude-sonnet-4-5", _Turns(turns), COUNTER),
+        default_tools(counter),
+        PRICES,
+        ctx,
+        COUNTER,
+        Limits(max_steps=len(turns)),
+        policy=MaskPolicy(window=1),
+    )
     seen: list[ModelRequest] = []
     original = agent.model.complete
 
@@ -324,19 +398,34 @@ def test_summarize_with_a_real_model_asks_it_for_the_summary(tmp_path):
 
         async def complete(self, request):
             self.prompts.append(request.messages[0].content)
-            return ModelResponse(Message("assistant", "Files: none. Failed: nothing."), Usage(input_tokens=900, output_tokens=12), {}, self.model_id, 0.0)
+            return ModelResponse(
+                Message("assistant", "Files: none. Failed: nothing."),
+                Usage(input_tokens=900, output_tokens=12),
+                {},
+                self.model_id,
+                0.0,
+            )
 
     writer = Writer()
     outputs = iter([text(600, i) for i in range(6)])
     turns = [Message("assistant", "", (ToolCall(f"c{i}", "bash", "{}"),)) for i in range(6)]
     from stayer.whatif import RecordedTool
 
-    agent = Agent(SimModel("claude-sonnet-4-5", _Turns(turns), COUNTER), [RecordedTool(BASH, outputs)], PRICES,
-                  ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path)), COUNTER, Limits(max_steps=6),
-                  policy=SummarizePolicy(high_watermark=1_500, window=1), summarizer=ModelSummarizer(writer, PRICES))
+    agent = Agent(
+        SimModel("claude-sonnet-4-5", _Turns(turns), COUNTER),
+        [RecordedTool(BASH, outputs)],
+        PRICES,
+        ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path)),
+        COUNTER,
+        Limits(max_steps=6),
+        policy=SummarizePolicy(high_watermark=1_500, window=1),
+        summarizer=ModelSummarizer(writer, PRICES),
+    )
     result = asyncio.run(agent.run("task", "r"))
     compactions = [e.compaction for e in result.ledger if e.compaction]
     assert compactions and writer.prompts
     # Haiku 4.5: 900 input at $1/M + 12 output at $5/M
     assert Decimal(compactions[0]["cost_usd"]) == Decimal("0.00096")
-    assert result.cost_usd == sum((e.cost.total for e in result.ledger), Decimal(0)) + sum(Decimal(c["cost_usd"]) for c in compactions)
+    assert result.cost_usd == sum((e.cost.total for e in result.ledger), Decimal(0)) + sum(
+        Decimal(c["cost_usd"]) for c in compactions
+    )

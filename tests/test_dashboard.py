@@ -12,8 +12,12 @@ import pytest
 from service_helpers import Env, copy_tasks, start_server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (dev extra)")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (.ci/run installs Debian's)")
+playwright = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (dev extra)"
+)
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium on PATH (.ci/run installs Debian's)"
+)
 
 XSS = '<img src=x onerror="window.pwned=1">'
 HANG_S = 240.0
@@ -48,7 +52,9 @@ def browser():  # noqa: ANN201
         b.close()
 
 
-def test_a_person_follows_approves_and_talks_to_a_run_in_the_browser(service, browser, tmp_path: Path) -> None:
+def test_a_person_follows_approves_and_talks_to_a_run_in_the_browser(
+    service, browser, tmp_path: Path
+) -> None:
     key = service.env.tenant("t" + uuid.uuid4().hex[:8])["api_key"]
     page = browser.new_page()
     errors: list[str] = []

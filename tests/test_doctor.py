@@ -23,7 +23,11 @@ def stayer(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedPr
     full_env.update(env)
     return subprocess.run(
         [sys.executable, "-m", "stayer.cli", *args],
-        capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=300,
     )
 
 
@@ -52,8 +56,13 @@ def test_bundled_bwrap_is_installed_with_stayer() -> None:
 def test_readme_command_1_runs_without_system_bwrap(tmp_path: Path) -> None:
     env = {"PATH": path_without_bwrap(), "STAYER_HOME": str(tmp_path / "home")}
     r = stayer(
-        "run", str(ROOT / "examples" / "hello-file"), "--model", "sim:claude-sonnet-4-5", "--json",
-        env=env, cwd=tmp_path,
+        "run",
+        str(ROOT / "examples" / "hello-file"),
+        "--model",
+        "sim:claude-sonnet-4-5",
+        "--json",
+        env=env,
+        cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["status"] == "succeeded"

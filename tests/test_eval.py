@@ -25,13 +25,22 @@ def test_examples_two_models_three_epochs_resumable(tmp_path):
     doc = json.loads(r.stdout)
     assert [c["model"] for c in doc["configs"]] == MODELS.split(",")
     for c in doc["configs"]:
-        assert (c["trials"], c["successes"], c["success_rate"], c["infra_errors"]) == (12, 12, 1.0, 0)
+        assert (c["trials"], c["successes"], c["success_rate"], c["infra_errors"]) == (
+            12,
+            12,
+            1.0,
+            0,
+        )
         assert 0.6 < c["ci_low"] < 1.0 and c["ci_high"] == 1.0
         assert c["pass_hat_k"] == {"1": 1.0, "2": 1.0, "3": 1.0} and c["pass_at_k"]["3"] == 1.0
         assert Decimal(c["mean_cost_usd"]) > 0 and c["cost_per_success_usd"] == c["mean_cost_usd"]
         assert c["policy"] and c["mean_tokens"] > 0
     [cmp] = doc["comparisons"]
-    assert cmp["significant"] is False and cmp["success_diff"] == 0.0 and "not significant" in cmp["verdict"]
+    assert (
+        cmp["significant"] is False
+        and cmp["success_diff"] == 0.0
+        and "not significant" in cmp["verdict"]
+    )
     assert Decimal(cmp["cost_diff_usd"]) != 0  # same work, different prices
     cheapest = min(doc["configs"], key=lambda c: Decimal(c["mean_cost_usd"]))
     assert [p["model"] for p in doc["pareto"]] == [cheapest["model"]]
@@ -71,7 +80,16 @@ def test_error_classes_and_infrastructure_errors_apart(tmp_path):
     write_task(suite, "oracle-fails", **{k: v for k, v in FIXTURES["oracle-fails"].items()})
     write_task(suite, "no-reward", test="echo 'the verifier crashed' >&2\nexit 3\n")
     home, out = tmp_path / "home", tmp_path / "out"
-    args = ("eval", str(suite), "--model", "sim:gpt-5", "--json", "--out", str(out), "--no-preflight")
+    args = (
+        "eval",
+        str(suite),
+        "--model",
+        "sim:gpt-5",
+        "--json",
+        "--out",
+        str(out),
+        "--no-preflight",
+    )
     r = stayer(*args, home=home)
     assert r.returncode == 1, r.stderr  # an evaluation with infrastructure errors is incomplete
     doc = json.loads(r.stdout)
@@ -84,8 +102,18 @@ def test_error_classes_and_infrastructure_errors_apart(tmp_path):
     r = stayer(*args, home=home)
     assert json.loads(r.stdout)["trials_reused"] == 2
 
-    r = stayer("eval", str(suite / "good"), "--model", "sim:gpt-5", "--max-steps", "2", "--json",
-               "--sim-policy", "synthetic:steps=5,obs_tokens=50,out_tokens=20", home=home)
+    r = stayer(
+        "eval",
+        str(suite / "good"),
+        "--model",
+        "sim:gpt-5",
+        "--max-steps",
+        "2",
+        "--json",
+        "--sim-policy",
+        "synthetic:steps=5,obs_tokens=50,out_tokens=20",
+        home=home,
+    )
     assert r.returncode == 0
     [c] = json.loads(r.stdout)["configs"]
     assert c["error_classes"]["limit_reached"] == 1 and c["successes"] == 0 and c["trials"] == 1
@@ -98,36 +126,68 @@ def test_a_trial_is_scored_by_its_tests_not_by_why_the_agent_stopped(tmp_path):
     suite = tmp_path / "suite"
     write_task(suite, "good")
     out = tmp_path / "out"
-    r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--max-steps", "1", "--json", "--out", str(out),
-               home=tmp_path / "home")
+    r = stayer(
+        "eval",
+        str(suite),
+        "--model",
+        "sim:gpt-5",
+        "--max-steps",
+        "1",
+        "--json",
+        "--out",
+        str(out),
+        home=tmp_path / "home",
+    )
     assert r.returncode == 0, r.stderr
     [c] = json.loads(r.stdout)["configs"]
     assert (c["trials"], c["successes"], c["success_rate"]) == (1, 1, 1.0)
     assert c["error_classes"] == {"agent_failure": 0, "limit_reached": 0, "infrastructure": 0}
     [record] = [json.loads(p.read_text()) for p in (out / "trials").rglob("*.json")]
-    assert (record["status"], record["stop_reason"], record["error_class"]) == ("succeeded", "max_steps", None)
+    assert (record["status"], record["stop_reason"], record["error_class"]) == (
+        "succeeded",
+        "max_steps",
+        None,
+    )
 
 
 @needs_bwrap
 def test_preflight_refuses_tasks_whose_tests_cannot_run_here_and_force_counts_them_apart(tmp_path):
     suite = tmp_path / "suite"
     write_task(suite, "good")
-    write_task(suite, "needs-tool", test="stayer-fixture-missing-tool --check || exit 1\n" + GOOD_TEST)
+    write_task(
+        suite, "needs-tool", test="stayer-fixture-missing-tool --check || exit 1\n" + GOOD_TEST
+    )
     home, out = tmp_path / "home", tmp_path / "out"
     r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--json", "--out", str(out), home=home)
     assert r.returncode == 2 and r.stdout == ""
     [line] = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert "needs-tool: environment" in line and "stayer-fixture-missing-tool" in line and "--force" in line
+    assert (
+        "needs-tool: environment" in line
+        and "stayer-fixture-missing-tool" in line
+        and "--force" in line
+    )
     assert not out.exists() and not runs(home)
 
-    r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--json", "--out", str(out), "--force", home=home)
+    r = stayer(
+        "eval",
+        str(suite),
+        "--model",
+        "sim:gpt-5",
+        "--json",
+        "--out",
+        str(out),
+        "--force",
+        home=home,
+    )
     assert r.returncode == 1, r.stderr  # incomplete: one task could not be judged
     doc = json.loads(r.stdout)
     [c] = doc["configs"]
     assert (c["trials"], c["successes"], c["success_rate"], c["infra_errors"]) == (1, 1, 1.0, 1)
     assert [f["task"] for f in doc["preflight"]] == ["needs-tool"]
     [record] = [json.loads(p.read_text()) for p in (out / "trials").rglob("needs-tool.*.json")]
-    assert record["error_class"] == "infrastructure" and record["verifier_outcome"] == "infrastructure"
+    assert (
+        record["error_class"] == "infrastructure" and record["verifier_outcome"] == "infrastructure"
+    )
     assert "stayer-fixture-missing-tool" in record["error"]
 
 
@@ -137,7 +197,15 @@ def test_preflight_refuses_a_task_that_passes_untouched(tmp_path):
     write_task(suite, "nop-passes", **FIXTURES["nop-passes"])
     r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--json", home=tmp_path / "home")
     assert r.returncode == 2 and "nop-passes: nop_passes" in r.stderr
-    r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--json", "--no-preflight", home=tmp_path / "home")
+    r = stayer(
+        "eval",
+        str(suite),
+        "--model",
+        "sim:gpt-5",
+        "--json",
+        "--no-preflight",
+        home=tmp_path / "home",
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -163,8 +231,11 @@ def test_unrunnable_configuration_is_bad_input_before_any_trial(tmp_path):
     r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--out", str(out), home=home)
     assert r.returncode == 2 and "no-solution" in r.stderr and "solve.sh" in r.stderr
     assert not out.exists() and not runs(home)
-    for flags, named in [(("--epochs", "0"), "--epochs"), (("--concurrency", "0"), "--concurrency"),
-                         (("--model", ","), "--model")]:
+    for flags, named in [
+        (("--epochs", "0"), "--epochs"),
+        (("--concurrency", "0"), "--concurrency"),
+        (("--model", ","), "--model"),
+    ]:
         r = stayer("eval", str(EXAMPLES), "--model", "sim:gpt-5", *flags, home=home)
         assert r.returncode == 2 and named in r.stderr
 
@@ -172,18 +243,33 @@ def test_unrunnable_configuration_is_bad_input_before_any_trial(tmp_path):
 @needs_bwrap
 def test_policies_are_configurations(tmp_path):
     home = tmp_path / "home"
-    r = stayer("eval", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--policy", "none,mask",
-               "--json", home=home)
+    r = stayer(
+        "eval",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        "sim:gpt-5",
+        "--policy",
+        "none,mask",
+        "--json",
+        home=home,
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert [(c["model"], c["policy"]) for c in doc["configs"]] == [("sim:gpt-5", "none"), ("sim:gpt-5", "mask")]
+    assert [(c["model"], c["policy"]) for c in doc["configs"]] == [
+        ("sim:gpt-5", "none"),
+        ("sim:gpt-5", "mask"),
+    ]
     assert len(doc["comparisons"]) == 1
-    r = stayer("eval", str(EXAMPLES), "--model", "sim:gpt-5", "--policy", "no-such-policy", home=home)
+    r = stayer(
+        "eval", str(EXAMPLES), "--model", "sim:gpt-5", "--policy", "no-such-policy", home=home
+    )
     assert r.returncode == 2 and "--policy" in r.stderr
 
 
 @needs_bwrap
-def test_a_trial_past_the_task_agent_timeout_is_stopped_and_counts_as_limit_reached(tmp_path, monkeypatch):
+def test_a_trial_past_the_task_agent_timeout_is_stopped_and_counts_as_limit_reached(
+    tmp_path, monkeypatch
+):
     import asyncio
 
     from stayer.eval import runner
@@ -191,10 +277,14 @@ def test_a_trial_past_the_task_agent_timeout_is_stopped_and_counts_as_limit_reac
     from stayer.pricing import PriceBook
 
     monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))
-    task = load_task(write_task(
-        tmp_path / "suite", "slow", solve="#!/bin/bash\nsleep 30\n",
-        toml="[agent]\ntimeout_sec = 1.0\n\n[verifier]\ntimeout_sec = 1.0\n",
-    ))
+    task = load_task(
+        write_task(
+            tmp_path / "suite",
+            "slow",
+            solve="#!/bin/bash\nsleep 30\n",
+            toml="[agent]\ntimeout_sec = 1.0\n\n[verifier]\ntimeout_sec = 1.0\n",
+        )
+    )
     [trial] = runner.plan_trials([task], [runner.EvalConfig("sim:gpt-5")], epochs=1)
     record = asyncio.run(runner.run_trial(trial, PriceBook.load()))
     assert (record["error_class"], record["stop_reason"]) == ("limit_reached", "agent_timeout")

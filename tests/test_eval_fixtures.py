@@ -59,7 +59,7 @@ FIXTURES = {
     "nop-passes": {"test": "echo 1 > /logs/verifier/reward.txt\n"},
     "oracle-fails": {"solve": "#!/bin/bash\nprintf 'almost\\n' > /app/out.txt\n"},
     # Half of the verifications of a solved workspace pass; an unsolved one never does.
-    "flaky": {"test": GOOD_TEST.replace("= \"done\" ]", "= \"done\" ] && [ $((RANDOM % 2)) = 0 ]")},
+    "flaky": {"test": GOOD_TEST.replace('= "done" ]', '= "done" ] && [ $((RANDOM % 2)) = 0 ]')},
     "invalid": {"test": None},
     "timeout-margin": {
         "solve": "#!/bin/bash\nsleep 0.7\nprintf 'done\\n' > /app/out.txt\n",
@@ -86,7 +86,11 @@ def stayer(*args: str, home: Path, timeout: float = 300) -> subprocess.Completed
     env["STAYER_HOME"] = str(home)
     return subprocess.run(
         [sys.executable, "-m", "stayer.cli", *args],
-        capture_output=True, text=True, env=env, cwd=home.parent, timeout=timeout,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=home.parent,
+        timeout=timeout,
     )
 
 

@@ -20,7 +20,12 @@ from test_eval_fixtures import needs_bwrap, stayer, write_task
 from stayer.journal import open_store
 
 LONG_TOML = "[agent]\ntimeout_sec = 600.0\n\n[verifier]\ntimeout_sec = 60.0\n"
-SYNTHETIC = ("--sim-policy", "synthetic:steps=20,obs_tokens=50,out_tokens=20", "--sim-latency", "0.1")
+SYNTHETIC = (
+    "--sim-policy",
+    "synthetic:steps=20,obs_tokens=50,out_tokens=20",
+    "--sim-latency",
+    "0.1",
+)
 
 
 def journal(home: Path):
@@ -33,8 +38,13 @@ def test_a_killed_eval_resumes_its_trial_in_flight_through_the_journal(tmp_path)
     home, out = tmp_path / "home", tmp_path / "out"
     args = ("eval", str(task), "--model", "sim:gpt-5", *SYNTHETIC, "--json", "--out", str(out))
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_DB"}
-    proc = subprocess.Popen([sys.executable, "-m", "stayer.cli", *args], env={**env, "STAYER_HOME": str(home)},
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", *args],
+        env={**env, "STAYER_HOME": str(home)},
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run_id, deadline = None, time.monotonic() + 120
     while run_id is None and time.monotonic() < deadline and proc.poll() is None:
         store = journal(home)
@@ -68,11 +78,16 @@ def test_a_killed_eval_resumes_its_trial_in_flight_through_the_journal(tmp_path)
     # Counted once, with everything the run spent (a call lost in flight at the kill included).
     report = json.loads(stayer("report", run_id, "--json", home=home).stdout)
     assert record["cost_usd"] == report["totals"]["cost_usd"]
-    assert Decimal(doc["configs"][0]["total_cost_usd"]) == Decimal(record["cost_usd"]) and doc["trials_total"] == 1
+    assert (
+        Decimal(doc["configs"][0]["total_cost_usd"]) == Decimal(record["cost_usd"])
+        and doc["trials_total"] == 1
+    )
 
 
 @needs_bwrap
-def test_a_crashed_trial_keeps_its_run_and_cost_and_its_retry_keeps_both_attempts(tmp_path, monkeypatch):
+def test_a_crashed_trial_keeps_its_run_and_cost_and_its_retry_keeps_both_attempts(
+    tmp_path, monkeypatch
+):
     from stayer import run as run_module
     from stayer.eval import runner
     from stayer.eval.summary import summarise
@@ -91,14 +106,20 @@ def test_a_crashed_trial_keeps_its_run_and_cost_and_its_retry_keeps_both_attempt
 
     with monkeypatch.context() as m:  # the agent's work is done and paid for; then the crash
         m.setattr(run_module, "verify", crash)
-        [first] = asyncio.run(runner.run_trials(trials, concurrency=1, prices=PriceBook.load(), store=store))
+        [first] = asyncio.run(
+            runner.run_trials(trials, concurrency=1, prices=PriceBook.load(), store=store)
+        )
     assert first["error_class"] == "infrastructure" and "went away" in first["error"]
     assert first["run_id"] and first["steps"] == 2 and Decimal(first["cost_usd"]) > 0
 
-    [second] = asyncio.run(runner.run_trials(trials, concurrency=1, prices=PriceBook.load(), store=store))
+    [second] = asyncio.run(
+        runner.run_trials(trials, concurrency=1, prices=PriceBook.load(), store=store)
+    )
     assert second["status"] == "succeeded" and second["run_id"] != first["run_id"]
     [earlier] = second["earlier_attempts"]
     assert (earlier["run_id"], earlier["cost_usd"]) == (first["run_id"], first["cost_usd"])
     [summary] = summarise([second], [config], 1)["configs"]
     total = Decimal(first["cost_usd"]) + Decimal(second["cost_usd"])
-    assert Decimal(summary["total_cost_usd"]) == total and Decimal(summary["mean_cost_usd"]) == Decimal(second["cost_usd"])
+    assert Decimal(summary["total_cost_usd"]) == total and Decimal(
+        summary["mean_cost_usd"]
+    ) == Decimal(second["cost_usd"])

@@ -18,11 +18,14 @@ from stayer.eval.runner import AGENT_FAILURE, INFRASTRUCTURE, EvalConfig
 from stayer.eval.summary import summarise
 
 
-@pytest.mark.parametrize(("s", "n", "low", "high"), [
-    (5, 10, 0.2366, 0.7634),  # Newcombe (1998), Table I
-    (0, 10, 0.0, 0.2775),
-    (10, 10, 0.7225, 1.0),
-])
+@pytest.mark.parametrize(
+    ("s", "n", "low", "high"),
+    [
+        (5, 10, 0.2366, 0.7634),  # Newcombe (1998), Table I
+        (0, 10, 0.0, 0.2775),
+        (10, 10, 0.7225, 1.0),
+    ],
+)
 def test_wilson_matches_published_values(s, n, low, high):
     lo, hi = stats.wilson_interval(s, n)
     assert lo == pytest.approx(low, abs=1e-4) and hi == pytest.approx(high, abs=1e-4)
@@ -54,7 +57,9 @@ def test_pass_at_k_and_pass_hat_k_equal_brute_force_over_all_k_subsets(n, data):
 def test_pass_at_k_needs_k_trials():
     with pytest.raises(ValueError):
         stats.pass_at_k(2, 1, 3)
-    assert stats.mean_over_tasks([(2, 1), (3, 3)], 3, stats.pass_hat_k) == 1.0  # only the task with 3
+    assert (
+        stats.mean_over_tasks([(2, 1), (3, 3)], 3, stats.pass_hat_k) == 1.0
+    )  # only the task with 3
 
 
 @given(st.integers(0, 30), st.integers(0, 30))
@@ -65,14 +70,19 @@ def test_mcnemar_is_the_two_sided_binomial_test_on_discordant_pairs(b, c):
         assert p == 1.0
         return
     # Two-sided: the probability of an outcome at least as far from n/2 as min(b, c).
-    expected = sum(math.comb(n, i) for i in range(n + 1) if abs(i - n / 2) >= abs(min(b, c) - n / 2)) / 2**n
+    expected = (
+        sum(math.comb(n, i) for i in range(n + 1) if abs(i - n / 2) >= abs(min(b, c) - n / 2))
+        / 2**n
+    )
     assert p == pytest.approx(min(1.0, expected))
 
 
 def test_mcnemar_agrees_with_scipy_when_available():
     scipy_stats = pytest.importorskip("scipy.stats")
     for b, c in [(0, 6), (1, 9), (3, 5), (12, 2)]:
-        assert stats.mcnemar_exact(b, c) == pytest.approx(scipy_stats.binomtest(b, b + c, 0.5).pvalue)
+        assert stats.mcnemar_exact(b, c) == pytest.approx(
+            scipy_stats.binomtest(b, b + c, 0.5).pvalue
+        )
 
 
 def test_paired_bootstrap_no_difference_and_clear_difference():
@@ -87,7 +97,13 @@ def test_paired_bootstrap_no_difference_and_clear_difference():
 
 
 def test_pareto_front_keeps_only_undominated_points_by_cost():
-    points = [(Decimal("3"), 0.9), (Decimal("1"), 0.5), (Decimal("2"), 0.4), (Decimal("1"), 0.5), (Decimal("4"), 0.9)]
+    points = [
+        (Decimal("3"), 0.9),
+        (Decimal("1"), 0.5),
+        (Decimal("2"), 0.4),
+        (Decimal("1"), 0.5),
+        (Decimal("4"), 0.9),
+    ]
     assert stats.pareto_front(points) == [1, 3, 0]
 
 
@@ -96,12 +112,21 @@ def test_pareto_front_keeps_only_undominated_points_by_cost():
 A, B = EvalConfig("sim:model-a"), EvalConfig("sim:model-b")
 
 
-def record(config: EvalConfig, task: str, epoch: int, ok: bool, cost: str = "0.01", error_class=None) -> dict:
+def record(
+    config: EvalConfig, task: str, epoch: int, ok: bool, cost: str = "0.01", error_class=None
+) -> dict:
     error_class = error_class if error_class is not None else (None if ok else AGENT_FAILURE)
     return {
-        "task": task, "epoch": epoch, "config_key": config.key,
+        "task": task,
+        "epoch": epoch,
+        "config_key": config.key,
         "status": "succeeded" if ok else ("error" if error_class == INFRASTRUCTURE else "failed"),
-        "reward": 1.0 if ok else 0.0, "error_class": error_class, "cost_usd": cost, "tokens": 1000, "steps": 2, "wall_s": 0.5,
+        "reward": 1.0 if ok else 0.0,
+        "error_class": error_class,
+        "cost_usd": cost,
+        "tokens": 1000,
+        "steps": 2,
+        "wall_s": 0.5,
     }
 
 
@@ -116,20 +141,32 @@ def test_one_epoch_uses_exact_mcnemar_and_finds_a_real_difference():
 
 
 def test_several_epochs_use_the_task_bootstrap_and_equal_configs_are_not_significant():
-    records = [record(c, t, e, t != "hard") for c in (A, B) for t in ("easy", "mid", "hard") for e in (1, 2, 3)]
+    records = [
+        record(c, t, e, t != "hard")
+        for c in (A, B)
+        for t in ("easy", "mid", "hard")
+        for e in (1, 2, 3)
+    ]
     doc = summarise(records, [A, B], epochs=3)
     [cmp] = doc["comparisons"]
-    assert cmp["test"] == "paired_bootstrap_tasks" and cmp["significant"] is False and cmp["p_value"] == 1.0
+    assert (
+        cmp["test"] == "paired_bootstrap_tasks"
+        and cmp["significant"] is False
+        and cmp["p_value"] == 1.0
+    )
     assert "not significant" in cmp["verdict"]
     a = doc["configs"][0]
     assert (a["trials"], a["successes"]) == (9, 6)
-    assert a["pass_at_k"]["3"] == pytest.approx(2 / 3) and a["pass_hat_k"]["3"] == pytest.approx(2 / 3)
+    assert a["pass_at_k"]["3"] == pytest.approx(2 / 3) and a["pass_hat_k"]["3"] == pytest.approx(
+        2 / 3
+    )
     assert a["mean_cost_usd"] == "0.01" and a["cost_per_success_usd"] == "0.015"
 
 
 def test_infrastructure_errors_are_excluded_from_scores_and_counted_apart():
     records = [
-        record(A, "t1", 1, True), record(A, "t2", 1, False),
+        record(A, "t1", 1, True),
+        record(A, "t2", 1, False),
         record(A, "t3", 1, False, cost="0", error_class=INFRASTRUCTURE),
     ]
     [a] = summarise(records, [A], epochs=1)["configs"]

@@ -43,7 +43,9 @@ def test_run_stops_at_the_task_agent_timeout_and_keeps_what_it_spent(tmp_path):
     assert r.returncode == 3, r.stderr  # a limit was reached
     doc = json.loads(r.stdout)
     assert (doc["status"], doc["stop_reason"]) == ("budget_exhausted", "agent_timeout")
-    assert "time limit of 2 s" in doc["summary"] and doc["breakers"][-1]["reason"] == "agent_timeout"
+    assert (
+        "time limit of 2 s" in doc["summary"] and doc["breakers"][-1]["reason"] == "agent_timeout"
+    )
     # The sleep was killed, not waited for: nothing after it ran, and it is gone.
     assert not (Path(doc["run_dir"]) / "workspace" / "out.txt").exists()
     assert processes_running(f"sleep {seconds}") == []
@@ -54,10 +56,16 @@ def test_run_stops_at_the_task_agent_timeout_and_keeps_what_it_spent(tmp_path):
     assert doc["steps"] == 1 and Decimal(doc["cost_usd"]) == Decimal(entry["cost_usd"]) > 0
     assert doc["usage"]["input_tokens"] == entry["usage"]["input_tokens"] > 0
     report = json.loads(stayer("report", doc["run_id"], "--json", home=home).stdout)
-    assert report["status"] == "budget_exhausted" and report["totals"]["cost_usd"] == doc["cost_usd"]
+    assert (
+        report["status"] == "budget_exhausted" and report["totals"]["cost_usd"] == doc["cost_usd"]
+    )
     assert report["ledger"] == doc["ledger"]
     [row] = json.loads(stayer("runs", "--json", home=home).stdout)["runs"]
-    assert (row["status"], row["steps"], row["cost_usd"]) == ("budget_exhausted", 1, doc["cost_usd"])
+    assert (row["status"], row["steps"], row["cost_usd"]) == (
+        "budget_exhausted",
+        1,
+        doc["cost_usd"],
+    )
 
 
 @needs_bwrap
@@ -65,14 +73,21 @@ def test_an_eval_trial_stopped_by_the_agent_timeout_keeps_its_run_and_cost(tmp_p
     task, seconds = slow_task(tmp_path)
     home, out = tmp_path / "home", tmp_path / "out"
     r = stayer("eval", str(task), "--model", "sim:gpt-5", "--json", "--out", str(out), home=home)
-    assert r.returncode == 0, r.stderr  # a limit reached is a judged trial, not an infrastructure error
+    assert r.returncode == 0, (
+        r.stderr
+    )  # a limit reached is a judged trial, not an infrastructure error
     [config] = json.loads(r.stdout)["configs"]
     [record] = [json.loads(p.read_text()) for p in (out / "trials").rglob("*.json")]
     assert (record["error_class"], record["stop_reason"]) == ("limit_reached", "agent_timeout")
     assert record["run_id"] and record["steps"] == 1 and Decimal(record["cost_usd"]) > 0
     report = json.loads(stayer("report", record["run_id"], "--json", home=home).stdout)
-    assert Decimal(report["totals"]["cost_usd"]) == Decimal(record["cost_usd"]) == Decimal(config["total_cost_usd"])
+    assert (
+        Decimal(report["totals"]["cost_usd"])
+        == Decimal(record["cost_usd"])
+        == Decimal(config["total_cost_usd"])
+    )
     assert processes_running(f"sleep {seconds}") == []
+
 
 @needs_bwrap
 def test_a_team_stopped_by_the_agent_timeout_keeps_the_step_its_thread_was_in(tmp_path):
@@ -95,4 +110,8 @@ def test_a_team_stopped_by_the_agent_timeout_keeps_the_step_its_thread_was_in(tm
     report = json.loads(stayer("report", doc["run_id"], "--json", home=home).stdout)
     assert report["totals"]["cost_usd"] == doc["cost_usd"] and report["ledger"] == doc["ledger"]
     [row] = json.loads(stayer("runs", "--json", home=home).stdout)["runs"]
-    assert (row["status"], row["steps"], row["cost_usd"]) == ("budget_exhausted", 1, doc["cost_usd"])
+    assert (row["status"], row["steps"], row["cost_usd"]) == (
+        "budget_exhausted",
+        1,
+        doc["cost_usd"],
+    )

@@ -27,11 +27,15 @@ from stayer.tools import default_tools
 from stayer.tools.base import ToolContext
 
 D = Decimal
-PRICES = Prices({"m-strong": rates("3", "0.3", "3.75", "15"), "m-cheap": rates("1", "0.1", "1.25", "5")})
+PRICES = Prices(
+    {"m-strong": rates("3", "0.3", "3.75", "15"), "m-cheap": rates("1", "0.1", "1.25", "5")}
+)
 
 
 def agent(model, workspace: Path | None, limits: Limits, prices=PRICES, **kw) -> Agent:
-    ctx = ToolContext(sandbox=LocalSandbox(workspace) if workspace else None, workspace=str(workspace or ""))  # type: ignore[arg-type]
+    ctx = ToolContext(
+        sandbox=LocalSandbox(workspace) if workspace else None, workspace=str(workspace or "")
+    )  # type: ignore[arg-type]
     tools = default_tools(COUNTER.counter) if workspace else []
     return Agent(model, tools, prices, ctx, COUNTER, limits, **kw)
 
@@ -134,8 +138,18 @@ def scenarios(draw):
         "out_mul": draw(st.integers(1, 8)),
         "cliff": draw(st.one_of(st.none(), st.integers(300, 3000))),
         "long": draw(st.integers(1, 3)),
-        "agents": draw(st.lists(st.tuples(st.sampled_from(["share", "slice"]), st.integers(1, 100), st.integers(1, 12)), min_size=1, max_size=4)),
-        "asks": draw(st.lists(st.integers(1, 150), max_size=3)),  # sub-agent budget asks, % of what is left
+        "agents": draw(
+            st.lists(
+                st.tuples(
+                    st.sampled_from(["share", "slice"]), st.integers(1, 100), st.integers(1, 12)
+                ),
+                min_size=1,
+                max_size=4,
+            )
+        ),
+        "asks": draw(
+            st.lists(st.integers(1, 150), max_size=3)
+        ),  # sub-agent budget asks, % of what is left
         "seed": draw(st.integers(0, 2**32 - 1)),
         "sqlite": draw(st.integers(0, 7)) == 0,  # an eighth of the cases on the SQL store
     }
@@ -143,14 +157,25 @@ def scenarios(draw):
 
 async def _scenario(s: dict) -> None:
     cents = D(s["inp"]) / 100
-    base = rates(str(cents), str(cents * s["read_pct"] / 100), str(cents * s["write_pct"] / 100), str(cents * s["out_mul"]))
+    base = rates(
+        str(cents),
+        str(cents * s["read_pct"] / 100),
+        str(cents * s["write_pct"] / 100),
+        str(cents * s["out_mul"]),
+    )
     prices = Prices({"m-strong": base}, cliff=s["cliff"], long_factor=D(s["long"]))
     rng = random.Random(s["seed"])
     root = Budget(s["cap"], store=SqliteBudgetStore(":memory:") if s["sqlite"] else None)
-    limits = Limits(max_steps=12, max_output_tokens=2048, guard=GuardConfig(loop_repeats=0, max_tool_errors=0))
+    limits = Limits(
+        max_steps=12, max_output_tokens=2048, guard=GuardConfig(loop_repeats=0, max_tool_errors=0)
+    )
     runners, budgets = [], []
     for n, (mode, share, steps) in enumerate(s["agents"]):
-        budget = root if mode == "share" else root.carve((s["cap"] * share / 100).quantize(D("1e-9")), f"a{n}")
+        budget = (
+            root
+            if mode == "share"
+            else root.carve((s["cap"] * share / 100).quantize(D("1e-9")), f"a{n}")
+        )
         if budget is None:
             continue
         # Some steps delegate to a sub-agent, asking for a share of the cap (often more than
@@ -158,8 +183,17 @@ async def _scenario(s: dict) -> None:
         replies = [text("working " * rng.randint(1, 50)) for _ in range(steps)]
         for k, pct in enumerate(s["asks"]):
             ask = float((s["cap"] * pct / 100).quantize(D("1e-6")))
-            replies.insert(min(k * 2, len(replies)), call("subagent", {"task": "help", "budget_usd": ask}, k))
-        a = agent(ScriptedModel(replies=replies, rng=random.Random(rng.random())), None, limits, prices, budget=budget, path=f"a{n}")
+            replies.insert(
+                min(k * 2, len(replies)), call("subagent", {"task": "help", "budget_usd": ask}, k)
+            )
+        a = agent(
+            ScriptedModel(replies=replies, rng=random.Random(rng.random())),
+            None,
+            limits,
+            prices,
+            budget=budget,
+            path=f"a{n}",
+        )
         child_model = ScriptedModel(replies=[text("sub work")], rng=random.Random(rng.random()))
         a.add_tool(ChildAgents(a, child_model, list, ChildSettings(max_steps=4)).tool())
         runners.append(a)
@@ -170,7 +204,9 @@ async def _scenario(s: dict) -> None:
             budget.close()
     assert root.reserved == 0
     assert root.spent <= s["cap"], f"overshoot: {root.spent} > {s['cap']}"
-    assert sum(r.cost_usd for r in results) == root.spent  # every dollar accounted, children included
+    assert (
+        sum(r.cost_usd for r in results) == root.spent
+    )  # every dollar accounted, children included
     for budget, r in zip(budgets, results, strict=True):
         if budget is not root:
             assert r.cost_usd <= budget.cap
@@ -203,21 +239,31 @@ def test_worst_case_covers_the_long_context_cliff():
 
 
 def test_loop_breaker_trips_and_the_run_ends_with_a_fallback_summary(tmp_path):
-    model = ScriptedModel(replies=[bash("ls")])  # the same action forever, and it ignores the wrap-up
+    model = ScriptedModel(
+        replies=[bash("ls")]
+    )  # the same action forever, and it ignores the wrap-up
     result = run(agent(model, tmp_path, Limits(max_steps=30)))
     assert result.status == "budget_exhausted" and result.stop_reason == "loop"
     trips = [t for e in result.ledger for t in e.breakers]
-    assert trips[0]["reason"] == "loop" and trips[0]["action"] == "wrap_up" and trips[0]["step"] == 4
+    assert (
+        trips[0]["reason"] == "loop" and trips[0]["action"] == "wrap_up" and trips[0]["step"] == 4
+    )
     assert result.steps == 4 + 2  # the loop, then at most wrapup_steps calls
     assert "wrap_up" in {m.kind for m in model.requests[-1].messages}
     assert result.summary.startswith("Stopped before the task was finished (loop")
-    assert "DONE: 6 step(s)" in result.summary and "REMAINING" in result.summary and "STATE" in result.summary
+    assert (
+        "DONE: 6 step(s)" in result.summary
+        and "REMAINING" in result.summary
+        and "STATE" in result.summary
+    )
 
 
 def test_wrap_up_summary_from_the_model_is_kept(tmp_path):
     def reply(request):
         if any(m.kind == "wrap_up" for m in request.messages):
-            return call("submit", {"summary": "DONE: wrote a.txt. REMAINING: b.txt. STATE: a.txt exists."})
+            return call(
+                "submit", {"summary": "DONE: wrote a.txt. REMAINING: b.txt. STATE: a.txt exists."}
+            )
         return bash(f"echo {len(request.messages)} > a.txt")
 
     result = run(agent(ScriptedModel(replies=[reply]), tmp_path, Limits(max_steps=10)))
@@ -229,14 +275,24 @@ def test_wrap_up_summary_from_the_model_is_kept(tmp_path):
 def test_consecutive_tool_errors_trip(tmp_path):
     model = ScriptedModel(replies=[call("bash", '{"command": ', i) for i in range(10)])
     result = run(agent(model, tmp_path, Limits(max_steps=20, guard=GuardConfig(max_tool_errors=3))))
-    assert result.stop_reason == "tool_errors" and result.ledger[2].breakers[0]["reason"] == "tool_errors"
+    assert (
+        result.stop_reason == "tool_errors"
+        and result.ledger[2].breakers[0]["reason"] == "tool_errors"
+    )
 
 
 def test_no_progress_trips_when_the_workspace_does_not_change(tmp_path):
-    model = ScriptedModel(replies=[lambda r: bash(f"echo {len(r.messages)}")])  # distinct, but changes nothing
+    model = ScriptedModel(
+        replies=[lambda r: bash(f"echo {len(r.messages)}")]
+    )  # distinct, but changes nothing
     result = run(agent(model, tmp_path, Limits(max_steps=20, guard=GuardConfig(no_change_steps=3))))
-    assert result.stop_reason == "no_progress" and result.ledger[2].breakers[0]["reason"] == "no_progress"
-    model = ScriptedModel(replies=[lambda r: bash(f"echo {len(r.messages)} >> log")])  # changes it every step
+    assert (
+        result.stop_reason == "no_progress"
+        and result.ledger[2].breakers[0]["reason"] == "no_progress"
+    )
+    model = ScriptedModel(
+        replies=[lambda r: bash(f"echo {len(r.messages)} >> log")]
+    )  # changes it every step
     result = run(agent(model, tmp_path, Limits(max_steps=8, guard=GuardConfig(no_change_steps=3))))
     assert result.stop_reason == "max_steps"
 
@@ -245,7 +301,9 @@ def test_cost_anomaly_trips_on_a_spike_but_not_on_steady_steps(tmp_path):
     steady = [lambda r: bash(f"echo {len(r.messages)} >> log")]
     config = GuardConfig(anomaly_factor=4)
     task = "Do the task. " * 400
-    spiky = ScriptedModel(replies=steady, cached_share=0.95, output_tokens=1, misses={8})  # a cache miss at call 8
+    spiky = ScriptedModel(
+        replies=steady, cached_share=0.95, output_tokens=1, misses={8}
+    )  # a cache miss at call 8
     result = run(agent(spiky, tmp_path, Limits(max_steps=20, guard=config)), task)
     assert result.stop_reason == "cost_anomaly"
     assert result.ledger[7].breakers[0]["reason"] == "cost_anomaly"
@@ -258,20 +316,28 @@ def test_a_call_billed_beyond_its_worst_case_is_recorded(tmp_path):
     # A provider counting 200,000 more prompt tokens than we did breaks the estimate's
     # assumption; the spend happened, so it is on the ledger, never hidden.
     steady = [lambda r: bash(f"echo {len(r.messages)} >> log")]
-    result = run(agent(ScriptedModel(replies=steady, spikes={3: 200_000}), tmp_path, Limits(max_steps=6)))
+    result = run(
+        agent(ScriptedModel(replies=steady, spikes={3: 200_000}), tmp_path, Limits(max_steps=6))
+    )
     trips = result.ledger[2].breakers
     assert trips[0]["reason"] == "reservation_overrun" and trips[0]["action"] == "record"
 
 
 def test_token_limit_is_never_exceeded(tmp_path):
-    model = ScriptedModel(replies=[lambda r: bash(f"echo {len(r.messages)} >> log")], output_tokens=300)
-    result = run(agent(model, tmp_path, Limits(max_steps=100, guard=GuardConfig(max_tokens=40_000))))
+    model = ScriptedModel(
+        replies=[lambda r: bash(f"echo {len(r.messages)} >> log")], output_tokens=300
+    )
+    result = run(
+        agent(model, tmp_path, Limits(max_steps=100, guard=GuardConfig(max_tokens=40_000)))
+    )
     used = result.usage.input_tokens + result.usage.output_tokens
     assert result.stop_reason == "max_tokens" and used <= 40_000 and result.summary
 
 
 def test_cost_cap_run_ends_budget_exhausted_within_the_cap(tmp_path):
-    model = ScriptedModel(replies=[lambda r: bash(f"echo {len(r.messages)} >> log")], output_tokens=500)
+    model = ScriptedModel(
+        replies=[lambda r: bash(f"echo {len(r.messages)} >> log")], output_tokens=500
+    )
     result = run(agent(model, tmp_path, Limits(max_steps=200, max_cost=D("0.2"))))
     assert result.status == "budget_exhausted" and result.stop_reason == "max_cost"
     assert result.cost_usd <= D("0.2") and result.summary
@@ -291,7 +357,11 @@ def test_wall_time_soft_threshold_then_hard_stop():
 
 def test_escalation_is_offered_before_wrapping_up():
     offered = []
-    guard = Guard(Budget(None), GuardConfig(loop_repeats=2), escalate=lambda t: offered.append(t.reason) or True)
+    guard = Guard(
+        Budget(None),
+        GuardConfig(loop_repeats=2),
+        escalate=lambda t: offered.append(t.reason) or True,
+    )
     same = StepRecord(1, D("0.01"), (ToolCallRecord("bash", "{}", False),))
     for step in (1, 2):
         guard.begin_step(step)
@@ -308,7 +378,9 @@ def test_per_agent_attribution_sums_each_subtree():
     ]
     rows = {r["agent"]: r for r in per_agent(entries)}
     assert rows["main"]["cost_usd"] == "2.1" and rows["main"]["subtree_cost_usd"] == "2.85"
-    assert rows["main/sub-1"]["parent"] == "main" and rows["main/sub-1"]["subtree_cost_usd"] == "0.75"
+    assert (
+        rows["main/sub-1"]["parent"] == "main" and rows["main/sub-1"]["subtree_cost_usd"] == "0.75"
+    )
 
 
 def test_memory_store_is_isolated_per_budget():

@@ -41,7 +41,9 @@ def store(backend):
 def new_run(store, owner: str, ttl: float = 30.0, run_id: str | None = None) -> str:
     run_id = run_id or "r-" + uuid.uuid4().hex[:8]
     now = utc_now()
-    store.create_run(RunRow(run_id, "task", "sim:gpt-5", "running", 0, "0", now, now, {"x": 1}), owner, ttl)
+    store.create_run(
+        RunRow(run_id, "task", "sim:gpt-5", "running", 0, "0", now, now, {"x": 1}), owner, ttl
+    )
     return run_id
 
 
@@ -52,17 +54,32 @@ def test_runs_events_and_blobs_round_trip(store):
         new_run(store, owner, run_id=run_id)
     big = b"observation " * 10_000
     blobs = {digest(big): big, digest(b"small"): b"small"}
-    store.append(run_id, owner, 0, [("a", {"n": 1}), ("b", {"ref": digest(big)})], blobs, {"steps": 3, "cost_usd": "0.5"})
+    store.append(
+        run_id,
+        owner,
+        0,
+        [("a", {"n": 1}), ("b", {"ref": digest(big)})],
+        blobs,
+        {"steps": 3, "cost_usd": "0.5"},
+    )
     store.append(run_id, owner, 2, [("c", {})])
     assert [(e.seq, e.kind, e.data) for e in store.events(run_id)] == [
-        (0, "a", {"n": 1}), (1, "b", {"ref": digest(big)}), (2, "c", {})
+        (0, "a", {"n": 1}),
+        (1, "b", {"ref": digest(big)}),
+        (2, "c", {}),
     ]
     assert store.get_blob(digest(big)) == big
     assert store.missing_blobs([digest(big), digest(b"nope")]) == {digest(b"nope")}
     # Compressed: repeated text takes far less than its raw size.
     assert 0 < store.blob_bytes([digest(big)]) < len(big) // 10
     row = store.run(run_id)
-    assert (row.steps, row.cost_usd, row.header, row.lease_owner, row.lease_live) == (3, "0.5", {"x": 1}, owner, True)
+    assert (row.steps, row.cost_usd, row.header, row.lease_owner, row.lease_live) == (
+        3,
+        "0.5",
+        {"x": 1},
+        owner,
+        True,
+    )
     assert run_id in [r.id for r in store.runs()]
     # Two events with one number: the second writer is refused, nothing half-written.
     with pytest.raises(Exception):  # noqa: B017  (sqlite3 / psycopg integrity errors)
@@ -87,8 +104,12 @@ def test_claims_respect_live_leases_and_take_dead_or_expired_ones(store):
     assert store.claim(run_id, owner, 30, owner_is_dead) == elsewhere
     assert store.renew(run_id, owner, 30) is False
     # A process on this host that has exited: its lease is taken at once, unexpired or not.
-    dead = subprocess.run([sys.executable, "-c", "from stayer.journal.lease import new_owner; print(new_owner())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "from stayer.journal.lease import new_owner; print(new_owner())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert owner_is_dead(dead) and not owner_is_dead(owner)
     other = new_run(store, dead)
     assert run_status(store.run(other)) == "interrupted"
@@ -148,9 +169,20 @@ def test_torn_tail_is_dropped_back_to_the_last_complete_event(store):
     owner = new_owner()
     run_id = new_run(store, owner)
     ok, lost = b"complete output", b"output whose blob never made it"
-    store.append(run_id, owner, 0, [("run_created", {"header": {}}), ("tool_finished", {"t": 0, "output": digest(ok)})], {digest(ok): ok})
+    store.append(
+        run_id,
+        owner,
+        0,
+        [("run_created", {"header": {}}), ("tool_finished", {"t": 0, "output": digest(ok)})],
+        {digest(ok): ok},
+    )
     # An event whose blob is missing (a write cut short), and one after it.
-    store.append(run_id, owner, 2, [("tool_finished", {"t": 1, "output": digest(lost)}), ("step", {"step": 1, "entry": {}})])
+    store.append(
+        run_id,
+        owner,
+        2,
+        [("tool_finished", {"t": 1, "output": digest(lost)}), ("step", {"step": 1, "entry": {}})],
+    )
     log = load_log(store, run_id)
     assert [e.kind for e in log.events] == ["run_created", "tool_finished"]
     assert log.torn == 2 and set(log.tools) == {0}
@@ -164,7 +196,10 @@ def _three_writes(store) -> tuple[str, str, dict[str, bytes]]:
     outs = {k: os.urandom(200_000) if k != "c" else b"small output" for k in "abc"}
     seq = 0
     for t, data in enumerate(outs.values()):
-        events = [("tool_started", {"t": t, "name": "bash"}), ("tool_finished", {"t": t, "output": digest(data)})]
+        events = [
+            ("tool_started", {"t": t, "name": "bash"}),
+            ("tool_finished", {"t": t, "output": digest(data)}),
+        ]
         store.append(run_id, owner, seq, events, {digest(data): data})
         seq += 2
     return run_id, owner, outs
@@ -189,7 +224,9 @@ def _flip_one_byte(store, address: str) -> None:
     if files is not None and files.has(address):
         stored = files.path(address).read_bytes()
     else:
-        stored = bytes(store._read("SELECT data FROM stayer_blobs WHERE hash = ?", (address,))[0][0])
+        stored = bytes(
+            store._read("SELECT data FROM stayer_blobs WHERE hash = ?", (address,))[0][0]
+        )
     _set_blob(store, address, stored[:-1] + bytes([stored[-1] ^ 1]))
 
 
@@ -212,14 +249,23 @@ def test_a_damaged_blob_before_the_last_write_is_corruption_not_a_torn_tail(stor
     # The same damage in the last write is a torn tail: dropped, the rest read.
     _set_blob(store, digest(outs["c"]), None)
     log = load_log(store, run_id)
-    assert log.torn == 1 and [e.seq for e in log.events] == [0, 1, 2, 3, 4] and set(log.tools) == {0, 1}
+    assert (
+        log.torn == 1
+        and [e.seq for e in log.events] == [0, 1, 2, 3, 4]
+        and set(log.tools) == {0, 1}
+    )
 
 
 def test_an_unreadable_or_missing_event_before_the_last_write_is_corruption(store):
     run_id, _owner, _outs = _three_writes(store)
     with store._tx() as cur:
-        cur.execute("UPDATE stayer_events SET data = ? WHERE run_id = ? AND seq = 2", ('{"t": 1, "na', run_id))
-    with pytest.raises(JournalCorrupt, match=r"corrupt at event 2 of 6 \(tool_started\): unreadable record"):
+        cur.execute(
+            "UPDATE stayer_events SET data = ? WHERE run_id = ? AND seq = 2",
+            ('{"t": 1, "na', run_id),
+        )
+    with pytest.raises(
+        JournalCorrupt, match=r"corrupt at event 2 of 6 \(tool_started\): unreadable record"
+    ):
         load_log(store, run_id)
     with store._tx() as cur:
         cur.execute("DELETE FROM stayer_events WHERE run_id = ? AND seq = 2", (run_id,))
@@ -227,13 +273,20 @@ def test_an_unreadable_or_missing_event_before_the_last_write_is_corruption(stor
         load_log(store, run_id)
     if isinstance(store, SqliteStore):  # SQLite stores any bytes as text; PostgreSQL refuses them
         with store._tx() as cur:
-            cur.execute("UPDATE stayer_events SET data = CAST(X'7b22ff' AS TEXT) WHERE run_id = ? AND seq = 1", (run_id,))
-        with pytest.raises(JournalCorrupt, match=r"corrupt at event 1 of 5 \(tool_finished\): unreadable record"):
+            cur.execute(
+                "UPDATE stayer_events SET data = CAST(X'7b22ff' AS TEXT) WHERE run_id = ? AND seq = 1",
+                (run_id,),
+            )
+        with pytest.raises(
+            JournalCorrupt, match=r"corrupt at event 1 of 5 \(tool_finished\): unreadable record"
+        ):
             load_log(store, run_id)
     # An unreadable record in the last write is a torn tail.
     other, _owner, _outs = _three_writes(store)
     with store._tx() as cur:
-        cur.execute("UPDATE stayer_events SET data = ? WHERE run_id = ? AND seq = 5", ("[1]", other))
+        cur.execute(
+            "UPDATE stayer_events SET data = ? WHERE run_id = ? AND seq = 5", ("[1]", other)
+        )
     log = load_log(store, other)
     assert log.torn == 1 and len(log.events) == 5
 
@@ -261,16 +314,22 @@ def test_snapshots_in_the_blob_store_restore_exactly(store, tmp_path):
     snaps.restore(first, ws)
     assert sorted(p.name for p in ws.iterdir()) == ["a.txt", "big.log", "link", "sub"]
     assert (ws / "a.txt").read_text() == "alpha\n" and os.readlink(ws / "link") == "a.txt"
-    assert (ws / "sub" / "empty").is_dir() and os.stat(ws / "sub" / "run.sh").st_mode & 0o777 == 0o755
+    assert (ws / "sub" / "empty").is_dir() and os.stat(
+        ws / "sub" / "run.sh"
+    ).st_mode & 0o777 == 0o755
     assert log.stat().st_size == 3 << 20
     other = tmp_path / "elsewhere"
     BlobSnapshots(store.put_blobs, store.get_blob).restore(second, other)  # another process
-    assert (other / "a.txt").read_text() == "changed\n" and (other / "big.log").stat().st_size == (3 << 20) + 1000
+    assert (other / "a.txt").read_text() == "changed\n" and (other / "big.log").stat().st_size == (
+        3 << 20
+    ) + 1000
 
 
 def _all_blobs(store) -> list[str]:
     files = getattr(store, "blobs", None)
-    on_disk = [p.parent.name + p.name for p in files.root.rglob("*") if p.is_file()] if files else []
+    on_disk = (
+        [p.parent.name + p.name for p in files.root.rglob("*") if p.is_file()] if files else []
+    )
     return on_disk + [r[0] for r in store._read("SELECT hash FROM stayer_blobs")]
 
 
@@ -329,8 +388,14 @@ def test_lease_owner_ids():
     assert owner_is_dead(f"{socket.gethostname()}:999999999:1:x")
     assert not owner_is_dead("garbage")
     child = subprocess.Popen(
-        [sys.executable, "-c", "from stayer.journal.lease import new_owner; print(new_owner(), flush=True); input()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "from stayer.journal.lease import new_owner; print(new_owner(), flush=True); input()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     owner = child.stdout.readline().strip()
     assert not owner_is_dead(owner)

@@ -21,7 +21,18 @@ PACKAGE = Path(__file__).resolve().parent.parent / "stayer"
 #: "stayer" is the package's own ``__init__``.
 LAYERS: list[set[str]] = [
     # the vocabulary and its helpers: messages, usage, money, prices, tokens; errors, settings
-    {"stayer", "errors", "settings", "messages", "usage", "money", "pricing", "tokens", "sqlite_tx", "svgplot"},
+    {
+        "stayer",
+        "errors",
+        "settings",
+        "messages",
+        "usage",
+        "money",
+        "pricing",
+        "tokens",
+        "sqlite_tx",
+        "svgplot",
+    },
     {"models"},
     {"sandbox"},
     {"environments"},  # task images: built over the sandbox, used by tasks
@@ -97,7 +108,9 @@ def _unit(module: str) -> str:
 
 def test_every_module_has_a_layer() -> None:
     missing = sorted({_unit(m) for m in MODULES} - LAYER_OF.keys())
-    assert not missing, f"give these a layer in tests/test_layers.py (and README's Layout): {missing}"
+    assert not missing, (
+        f"give these a layer in tests/test_layers.py (and README's Layout): {missing}"
+    )
 
 
 def test_no_upward_import() -> None:
@@ -106,7 +119,10 @@ def test_no_upward_import() -> None:
         here = _unit(module)
         for target in targets:
             there = _unit(target)
-            if LAYER_OF.get(there, -1) > LAYER_OF.get(here, len(LAYERS)) or (here, there) in FORBIDDEN:
+            if (
+                LAYER_OF.get(there, -1) > LAYER_OF.get(here, len(LAYERS))
+                or (here, there) in FORBIDDEN
+            ):
                 upward.append(f"{module} -> {target}")
     assert not upward, "imports against the layering:\n" + "\n".join(sorted(upward))
 
@@ -165,5 +181,7 @@ def test_no_import_cycle() -> None:
         ({"a": {"b"}, "b": set()}, []),
     ],
 )
-def test_the_cycle_finder_finds_cycles(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
+def test_the_cycle_finder_finds_cycles(
+    graph: dict[str, set[str]], expected: list[list[str]]
+) -> None:
     assert _cycles(graph) == expected

@@ -20,7 +20,13 @@ from stayer.models.registry import make_real_model
 
 def cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "STAYER_CACHE": str(cache)}
-    return subprocess.run([sys.executable, "-m", "stayer.cli", "local-model", *args], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "stayer.cli", "local-model", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
 
 
 def test_status_and_start_say_what_is_missing(tmp_path: Path) -> None:
@@ -34,7 +40,9 @@ def test_status_and_start_say_what_is_missing(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
-def test_a_local_spec_without_a_server_is_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_local_spec_without_a_server_is_bad_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STAYER_CACHE", str(tmp_path))
     with pytest.raises(ConfigError, match="stayer local-model start") as e:
         make_real_model(local.SPEC)
@@ -71,9 +79,15 @@ def _gguf(path: Path, kvs: list[tuple[str, int, bytes]]) -> None:
     path.write_bytes(body)
 
 
-def test_the_chat_template_is_read_from_the_weights_and_its_tool_tags_replaced(tmp_path: Path) -> None:
-    template = 'Call tools inside <tool_call></tool_call>:\n<tool_call>\n{"name": ...}\n</tool_call>'
-    tokens = struct.pack("<IQ", 8, 2) + b"".join(struct.pack("<Q", len(t)) + t for t in (b"<|im_start|>", b"hi"))
+def test_the_chat_template_is_read_from_the_weights_and_its_tool_tags_replaced(
+    tmp_path: Path,
+) -> None:
+    template = (
+        'Call tools inside <tool_call></tool_call>:\n<tool_call>\n{"name": ...}\n</tool_call>'
+    )
+    tokens = struct.pack("<IQ", 8, 2) + b"".join(
+        struct.pack("<Q", len(t)) + t for t in (b"<|im_start|>", b"hi")
+    )
     paths = local.LocalModelPaths(tmp_path, tmp_path / "run")
     paths.weights.parent.mkdir()
     _gguf(
@@ -83,13 +97,19 @@ def test_the_chat_template_is_read_from_the_weights_and_its_tool_tags_replaced(t
             ("qwen2.block_count", 4, struct.pack("<I", 24)),
             ("tokenizer.ggml.scores", 9, struct.pack("<IQ", 6, 3) + struct.pack("<3f", 0, 1, 2)),
             ("tokenizer.ggml.tokens", 9, tokens),
-            ("tokenizer.chat_template", 8, struct.pack("<Q", len(template.encode())) + template.encode()),
+            (
+                "tokenizer.chat_template",
+                8,
+                struct.pack("<Q", len(template.encode())) + template.encode(),
+            ),
         ],
     )
     assert local.gguf_string(paths.weights, "tokenizer.chat_template") == template
     assert local.gguf_string(paths.weights, "missing.key") is None
     local.write_template(paths)
-    assert paths.template.read_text() == 'Call tools inside ```json```:\n```json\n{"name": ...}\n```'
+    assert (
+        paths.template.read_text() == 'Call tools inside ```json```:\n```json\n{"name": ...}\n```'
+    )
 
 
 def test_stop_never_signals_a_process_it_did_not_start(tmp_path: Path) -> None:
@@ -98,7 +118,9 @@ def test_stop_never_signals_a_process_it_did_not_start(tmp_path: Path) -> None:
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         # A stale pid file naming a live process that is not our server (a reused pid).
-        paths.state.write_text(json.dumps({"pid": sleeper.pid, "port": 9, "model": "m", "started": 0}))
+        paths.state.write_text(
+            json.dumps({"pid": sleeper.pid, "port": 9, "model": "m", "started": 0})
+        )
         assert local.read_state(paths) is None
         assert local.stop(paths) is None
         assert sleeper.poll() is None  # still running
@@ -119,6 +141,8 @@ def test_the_local_model_is_free_unless_priced_by_an_override(tmp_path: Path) ->
     assert free.total == 0 and free.provider == "local"
     assert not PriceBook().knows(local.MODEL_NAME, "openai")  # never priced as OpenAI's
     override = tmp_path / "prices.toml"
-    override.write_text(f'[models."{local.MODEL_NAME}"]\nprovider = "local"\ninput = "1"\ncache_read = "0.1"\noutput = "2"\n')
+    override.write_text(
+        f'[models."{local.MODEL_NAME}"]\nprovider = "local"\ninput = "1"\ncache_read = "0.1"\noutput = "2"\n'
+    )
     priced = PriceBook(override).cost(u, local.MODEL_NAME, "local")
     assert priced.total == (400 * Decimal(1) + 600 * Decimal("0.1") + 10 * Decimal(2)) / 1_000_000

@@ -17,7 +17,9 @@ from service_helpers import HANG_S, Env, copy_tasks, finished, free_port, start_
 
 from stayer.telemetry.metrics import token_counts
 
-parser = pytest.importorskip("prometheus_client.parser", reason="prometheus-client is not installed (dev extra)")
+parser = pytest.importorskip(
+    "prometheus_client.parser", reason="prometheus-client is not installed (dev extra)"
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus"
@@ -32,10 +34,15 @@ def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     env = Env(tmp_path_factory.mktemp("metrics") / "home")
     server = start_server(env, tasks, "--workers", "2", "--metrics-token", TOKEN)
     runs: list[dict] = []
-    for tenant, tasks_run, cap in (("alpha", ["hello-file", "fix-median"], "5"), ("beta", ["hello-file"], None)):
+    for tenant, tasks_run, cap in (
+        ("alpha", ["hello-file", "fix-median"], "5"),
+        ("beta", ["hello-file"], None),
+    ):
         key = env.tenant(tenant, *(["--max-cost", cap] if cap else []))["api_key"]
         with server.client(key) as c:
-            ids = [c.post("/v1/runs", json={"task": t, "model": SIM}).json()["id"] for t in tasks_run]
+            ids = [
+                c.post("/v1/runs", json={"task": t, "model": SIM}).json()["id"] for t in tasks_run
+            ]
             for run_id in ids:
                 run = wait_for(c, run_id, finished)
                 run["ledger"] = c.get(f"/v1/runs/{run_id}/ledger").json()["ledger"]
@@ -78,7 +85,9 @@ def test_metrics_add_up_to_the_ledgers(served) -> None:
     for s in m["stayer_cache_hit_ratio"]:
         t = s.labels["tenant"]
         prompt = sum(tokens[(t, k)] for k in ("cache_read", "cache_write", "input_uncached"))
-        assert abs(s.value - tokens[(t, "cache_read")] / prompt) < 1e-12  # one model per tenant here
+        assert (
+            abs(s.value - tokens[(t, "cache_read")] / prompt) < 1e-12
+        )  # one model per tenant here
     assert {s.labels["tenant"] for s in m["stayer_cache_hit_ratio"]} == set(cost)
     statuses = {(s.labels["tenant"], s.labels["status"]): s.value for s in m["stayer_runs"]}
     assert statuses == {("alpha", "succeeded"): 2, ("beta", "succeeded"): 1}
@@ -96,11 +105,23 @@ def test_metrics_add_up_to_the_ledgers(served) -> None:
 def test_metrics_take_their_own_token(served, tmp_path: Path) -> None:
     server, _ = served
     alpha_key = server.env.tenant("gamma" + uuid.uuid4().hex[:6])["api_key"]
-    for headers in ({}, {"Authorization": f"Bearer {alpha_key}"}, {"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": TOKEN}):
+    for headers in (
+        {},
+        {"Authorization": f"Bearer {alpha_key}"},
+        {"Authorization": f"Bearer {TOKEN}x"},
+        {"Authorization": TOKEN},
+    ):
         assert httpx.get(server.url + "/metrics", headers=headers).status_code == 401
-    off = start_server(Env(tmp_path / "home"), copy_tasks(tmp_path / "tasks", "hello-file"), "--workers", "0")
+    off = start_server(
+        Env(tmp_path / "home"), copy_tasks(tmp_path / "tasks", "hello-file"), "--workers", "0"
+    )
     try:
-        assert httpx.get(off.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 404
+        assert (
+            httpx.get(
+                off.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}
+            ).status_code
+            == 404
+        )
     finally:
         off.process.kill()
 
@@ -109,16 +130,24 @@ PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (.ci/run installs Debian's prometheus)")
+@pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool is not installed (.ci/run installs Debian's prometheus)"
+)
 def test_alert_rules_check_and_pass_their_unit_tests() -> None:
     assert PROMTOOL is not None
     for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]):
-        r = subprocess.run([PROMTOOL, *args], cwd=RULES, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [PROMTOOL, *args], cwd=RULES, capture_output=True, text=True, timeout=120
+        )
         assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (.ci/run installs Debian's)")
-def test_a_real_prometheus_scrapes_the_server_and_evaluates_the_rules(served, tmp_path: Path) -> None:
+@pytest.mark.skipif(
+    PROMETHEUS is None, reason="prometheus is not installed (.ci/run installs Debian's)"
+)
+def test_a_real_prometheus_scrapes_the_server_and_evaluates_the_rules(
+    served, tmp_path: Path
+) -> None:
     assert PROMETHEUS is not None
     server, runs = served
     port = free_port()
@@ -133,9 +162,14 @@ def test_a_real_prometheus_scrapes_the_server_and_evaluates_the_rules(served, tm
         f"    static_configs:\n      - targets: ['{target}']\n"
     )
     proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"),
+        [
+            PROMETHEUS,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("wb"),
     )
     api = f"http://127.0.0.1:{port}/api/v1"
     try:
@@ -145,7 +179,11 @@ def test_a_real_prometheus_scrapes_the_server_and_evaluates_the_rules(served, tm
             assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "prometheus never scraped the server"
             try:
-                r = httpx.get(f"{api}/query", params={"query": "sum by (tenant) (stayer_cost_usd_total)"}, timeout=10)
+                r = httpx.get(
+                    f"{api}/query",
+                    params={"query": "sum by (tenant) (stayer_cost_usd_total)"},
+                    timeout=10,
+                )
                 result = r.json()["data"]["result"] if r.status_code == 200 else []
             except httpx.HTTPError:
                 pass
@@ -158,13 +196,20 @@ def test_a_real_prometheus_scrapes_the_server_and_evaluates_the_rules(served, tm
         # The shipped rules load, and an alert expression evaluates against live data.
         rules = httpx.get(f"{api}/rules", timeout=10).json()["data"]["groups"][0]["rules"]
         assert {r["name"] for r in rules} == {
-            "StayerTenantBudgetExhaustedWithinAnHour", "StayerCacheHitRatioDrop", "StayerStepCostAnomaly",
-            "StayerRunWaitingForAPerson", "StayerWorkerLeaseLost",
+            "StayerTenantBudgetExhaustedWithinAnHour",
+            "StayerCacheHitRatioDrop",
+            "StayerStepCostAnomaly",
+            "StayerRunWaitingForAPerson",
+            "StayerWorkerLeaseLost",
         }
         assert all(r["health"] == "ok" for r in rules)
-        budget_rule = next(r for r in rules if r["name"] == "StayerTenantBudgetExhaustedWithinAnHour")
+        budget_rule = next(
+            r for r in rules if r["name"] == "StayerTenantBudgetExhaustedWithinAnHour"
+        )
         r = httpx.get(f"{api}/query", params={"query": budget_rule["query"]}, timeout=10).json()
-        assert r["status"] == "success" and r["data"]["result"] == []  # nothing burns: the runs are done
+        assert (
+            r["status"] == "success" and r["data"]["result"] == []
+        )  # nothing burns: the runs are done
         remaining = "stayer_tenant_budget_usd - on (tenant) sum by (tenant) (stayer_cost_usd_total)"  # its left side
         r = httpx.get(f"{api}/query", params={"query": remaining}, timeout=10).json()
         left = {x["metric"]["tenant"]: float(x["value"][1]) for x in r["data"]["result"]}
@@ -187,8 +232,12 @@ def test_avoidable_cost_prices_only_unchosen_misses() -> None:
 
     def step(reason: str | None, read: int) -> SimpleNamespace:
         return SimpleNamespace(
-            model="sim:claude-sonnet-4-5", latency_s=0.1, compaction=None, context_tokens=52_000,
-            cache_break=None if reason is None else {"reason": reason}, cost=cost,
+            model="sim:claude-sonnet-4-5",
+            latency_s=0.1,
+            compaction=None,
+            context_tokens=52_000,
+            cache_break=None if reason is None else {"reason": reason},
+            cost=cost,
             usage=Usage(input_tokens=52_000, cache_read_tokens=read),
         )
 
@@ -203,9 +252,16 @@ def test_avoidable_cost_prices_only_unchosen_misses() -> None:
     metrics = WorkerMetrics()
     metrics.on_step(step("ttl_expired", 20_000), previous, prices)
     metrics.on_step(step("compaction", 0), previous, prices)
-    got = metrics.registry.get_sample_value("stayer_avoidable_cost_usd_total", {"reason": "ttl_expired"})
+    got = metrics.registry.get_sample_value(
+        "stayer_avoidable_cost_usd_total", {"reason": "ttl_expired"}
+    )
     assert got is not None and abs(got - float(want)) < 1e-12
-    assert metrics.registry.get_sample_value("stayer_avoidable_cost_usd_total", {"reason": "compaction"}) is None
+    assert (
+        metrics.registry.get_sample_value(
+            "stayer_avoidable_cost_usd_total", {"reason": "compaction"}
+        )
+        is None
+    )
 
 
 def test_the_cost_anomaly_alert_uses_the_in_process_breakers_factor() -> None:
@@ -217,7 +273,9 @@ def test_the_cost_anomaly_alert_uses_the_in_process_breakers_factor() -> None:
     from stayer.guard.breakers import GuardConfig
 
     rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
-    [rule] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "StayerStepCostAnomaly"]
+    [rule] = [
+        r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "StayerStepCostAnomaly"
+    ]
     factor = re.search(r">\s*([\d.]+)\s*\*\s*histogram_quantile\(0\.5", rule["expr"])
     assert factor is not None, rule["expr"]
     assert float(factor.group(1)) == GuardConfig().anomaly_factor

@@ -222,13 +222,24 @@ def test_missing_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     breakpoints=st.lists(st.integers(-2, 14), max_size=6),
     tier=st.sampled_from([None, "fast", "auto", "standard"]),
 )
-def test_the_body_sent_is_the_request_built_whatever_was_encoded_before(history, more, system, tools, breakpoints, tier) -> None:
+def test_the_body_sent_is_the_request_built_whatever_was_encoded_before(
+    history, more, system, tools, breakpoints, tier
+) -> None:
     """``build_body`` (per-message JSON, reused between calls) sends exactly what
     ``build_params`` describes, also when the same messages were encoded for an earlier
     request with other breakpoints."""
     wire = MessageJson(wire_blocks)
-    build_body("claude-x", ModelRequest(system, tools, history, cache_breakpoints=[len(history) - 1]), wire)
-    req = ModelRequest(system, tools, history + more, cache_breakpoints=breakpoints, max_tokens=77, service_tier=tier)
+    build_body(
+        "claude-x", ModelRequest(system, tools, history, cache_breakpoints=[len(history) - 1]), wire
+    )
+    req = ModelRequest(
+        system,
+        tools,
+        history + more,
+        cache_breakpoints=breakpoints,
+        max_tokens=77,
+        service_tier=tier,
+    )
     body, headers = build_body("claude-x", req, wire)
     params = build_params("claude-x", req)
     assert headers == params.pop("extra_headers", {})
@@ -239,7 +250,11 @@ def test_count_tokens_asks_anthropic_and_falls_back_to_none() -> None:
     import asyncio
 
     request = ModelRequest(
-        "You are terse.", [ToolSpec("bash", "run", {"type": "object"})], [Message("user", "hi")], max_tokens=99, cache_breakpoints=[0]
+        "You are terse.",
+        [ToolSpec("bash", "run", {"type": "object"})],
+        [Message("user", "hi")],
+        max_tokens=99,
+        cache_breakpoints=[0],
     )
 
     async def count(srv: FakeServer) -> int | None:

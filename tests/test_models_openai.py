@@ -268,17 +268,21 @@ def test_missing_openai_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -
     cache_key=st.sampled_from([None, "run-1"]),
     tier=st.sampled_from([None, "flex"]),
 )
-def test_the_bodies_sent_are_the_requests_built(history, more, system, tools, openai_params, cache_key, tier) -> None:
+def test_the_bodies_sent_are_the_requests_built(
+    history, more, system, tools, openai_params, cache_key, tier
+) -> None:
     """Chat and Responses bodies, from per-message JSON kept between calls, say exactly
     what ``build_*_params`` describe."""
     chat, responses = MessageJson(_chat_wire), MessageJson(_responses_wire)
     first = ModelRequest(system, tools, history)
     build_chat_body("m", first, chat, openai_params=openai_params)
     build_responses_body("m", first, responses)
-    req = ModelRequest(system, tools, history + more, max_tokens=55, cache_key=cache_key, service_tier=tier)
-    assert json.loads(build_chat_body("m", req, chat, openai_params=openai_params)) == build_chat_params(
-        "m", req, openai_params=openai_params
+    req = ModelRequest(
+        system, tools, history + more, max_tokens=55, cache_key=cache_key, service_tier=tier
     )
+    assert json.loads(
+        build_chat_body("m", req, chat, openai_params=openai_params)
+    ) == build_chat_params("m", req, openai_params=openai_params)
     assert json.loads(build_responses_body("m", req, responses)) == build_responses_params("m", req)
 
 
@@ -288,6 +292,11 @@ def test_chat_provider_label_follows_the_base_url() -> None:
     assert default_provider(None) == "openai"
     assert default_provider("https://api.openai.com/v1") == "openai"
     assert default_provider("https://api.deepseek.com/v1") == "deepseek"
-    for url in ("http://127.0.0.1:8080/v1", "http://localhost:8080/v1", "http://[::1]:9/v1", "http://127.3.4.5/v1"):
+    for url in (
+        "http://127.0.0.1:8080/v1",
+        "http://localhost:8080/v1",
+        "http://[::1]:9/v1",
+        "http://127.3.4.5/v1",
+    ):
         assert default_provider(url) == "local", url
     assert default_provider("https://llm.example.com/v1") == "openai"

@@ -316,5 +316,7 @@ def test_rate_steps_agree_with_rates_at_every_step_and_time(book: PriceBook) -> 
                     end = steps[i + 1][0] - 1 if i + 1 < len(steps) else start + 10**7
                     for prompt in {start, end}:
                         for at in times:
-                            assert book.rates(model.id, provider.id, tier, prompt, at=at) == rates, (model.id, tier, prompt)
+                            assert (
+                                book.rates(model.id, provider.id, tier, prompt, at=at) == rates
+                            ), (model.id, tier, prompt)
     assert timeless > 50 and timed > 0  # both kinds exist in the data, so both paths ran

@@ -17,13 +17,17 @@ from stayer.eval.spec import unmentioned
 from stayer.eval.task import load_task
 
 
-def write_task(suite: Path, name: str, *, instruction: str, test: str, solve: str, env=None, tests=None) -> Path:
+def write_task(
+    suite: Path, name: str, *, instruction: str, test: str, solve: str, env=None, tests=None
+) -> Path:
     root = suite / name
     (root / "environment").mkdir(parents=True)
     (root / "tests").mkdir()
     (root / "solution").mkdir()
     (root / "instruction.md").write_text(instruction)
-    (root / "task.toml").write_text("[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n")
+    (root / "task.toml").write_text(
+        "[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n"
+    )
     for rel, text in {"README.md": "A workspace.\n", **(env or {})}.items():
         (root / "environment" / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / "environment" / rel).write_text(text)
@@ -34,7 +38,9 @@ def write_task(suite: Path, name: str, *, instruction: str, test: str, solve: st
     return root
 
 
-REWARD_FROM_STATUS = 'then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n'
+REWARD_FROM_STATUS = (
+    "then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n"
+)
 DONE = "Write the word done to /app/out.txt.\n"
 NAMES = "carol\nalice\nbob\n"
 
@@ -42,65 +48,91 @@ NAMES = "carol\nalice\nbob\n"
 GAMEABLE = {
     # The tests are copied into the workspace and run there: pytest loads the workspace's
     # conftest.py.
-    "tamperable-conftest": ("pytest-conftest", dict(
-        instruction=DONE,
-        test="cp /tests/test_out.py /app/ && cd /app\nif python3 -m pytest -q -p no:cacheprovider test_out.py; " + REWARD_FROM_STATUS,
-        tests={"test_out.py": 'def test_out():\n    assert open("/app/out.txt").read() == "done\\n"\n'},
-        solve="echo done > /app/out.txt\n",
-    )),
+    "tamperable-conftest": (
+        "pytest-conftest",
+        dict(
+            instruction=DONE,
+            test="cp /tests/test_out.py /app/ && cd /app\nif python3 -m pytest -q -p no:cacheprovider test_out.py; "
+            + REWARD_FROM_STATUS,
+            tests={
+                "test_out.py": 'def test_out():\n    assert open("/app/out.txt").read() == "done\\n"\n'
+            },
+            solve="echo done > /app/out.txt\n",
+        ),
+    ),
     # Only checks that the output exists.
-    "exists-only": ("empty-outputs", dict(
-        instruction=DONE,
-        test="if [ -f /app/out.txt ]; " + REWARD_FROM_STATUS,
-        solve="echo done > /app/out.txt\n",
-    )),
+    "exists-only": (
+        "empty-outputs",
+        dict(
+            instruction=DONE,
+            test="if [ -f /app/out.txt ]; " + REWARD_FROM_STATUS,
+            solve="echo done > /app/out.txt\n",
+        ),
+    ),
     # The grader leaves its verdict in the workspace, writes it only on success, and the
     # verifier passes on whatever it finds there.
-    "reward-in-workspace": ("reward-file", dict(
-        instruction=DONE,
-        test=(
-            'if [ "$(cat /app/out.txt 2>/dev/null)" = done ]; then mkdir -p /app/.grade && echo 1 > /app/.grade/reward.txt; fi\n'
-            "cp /app/.grade/reward.txt /logs/verifier/reward.txt 2>/dev/null || echo 0 > /logs/verifier/reward.txt\n"
+    "reward-in-workspace": (
+        "reward-file",
+        dict(
+            instruction=DONE,
+            test=(
+                'if [ "$(cat /app/out.txt 2>/dev/null)" = done ]; then mkdir -p /app/.grade && echo 1 > /app/.grade/reward.txt; fi\n'
+                "cp /app/.grade/reward.txt /logs/verifier/reward.txt 2>/dev/null || echo 0 > /logs/verifier/reward.txt\n"
+            ),
+            solve="echo done > /app/out.txt\n",
         ),
-        solve="echo done > /app/out.txt\n",
-    )),
+    ),
     # Compares the lines as a set, forgetting the order the task is about: the input passes.
-    "copied-input-passes": ("copied-inputs", dict(
-        instruction="Sort the lines of /app/names.txt alphabetically into /app/sorted.txt.\n",
-        env={"names.txt": NAMES},
-        test="if python3 /tests/check.py; " + REWARD_FROM_STATUS,
-        tests={"check.py": (
-            "import sys\n"
-            "got = open('/app/sorted.txt').read().split()\n"
-            "sys.exit(0 if sorted(got) == sorted(open('/app/names.txt').read().split()) else 1)\n"
-        )},
-        solve="sort /app/names.txt > /app/sorted.txt\n",
-    )),
+    "copied-input-passes": (
+        "copied-inputs",
+        dict(
+            instruction="Sort the lines of /app/names.txt alphabetically into /app/sorted.txt.\n",
+            env={"names.txt": NAMES},
+            test="if python3 /tests/check.py; " + REWARD_FROM_STATUS,
+            tests={
+                "check.py": (
+                    "import sys\n"
+                    "got = open('/app/sorted.txt').read().split()\n"
+                    "sys.exit(0 if sorted(got) == sorted(open('/app/names.txt').read().split()) else 1)\n"
+                )
+            },
+            solve="sort /app/names.txt > /app/sorted.txt\n",
+        ),
+    ),
     # Compares the output with an expected file of its own, through whatever the output is.
-    "compares-with-expected-file": ("linked-expectations", dict(
-        instruction="Write the numbers 1 to 3, one a line, to /app/out.txt.\n",
-        test="if cmp -s /app/out.txt /tests/expected.txt; " + REWARD_FROM_STATUS,
-        tests={"expected.txt": "1\n2\n3\n"},
-        solve="seq 3 > /app/out.txt\n",
-    )),
+    "compares-with-expected-file": (
+        "linked-expectations",
+        dict(
+            instruction="Write the numbers 1 to 3, one a line, to /app/out.txt.\n",
+            test="if cmp -s /app/out.txt /tests/expected.txt; " + REWARD_FROM_STATUS,
+            tests={"expected.txt": "1\n2\n3\n"},
+            solve="seq 3 > /app/out.txt\n",
+        ),
+    ),
     # Trusts the workspace's own test script, which the agent can rewrite.
-    "runs-workspace-script": ("workspace-executables", dict(
-        instruction="Fix double() in /app/lib.sh so that /app/selftest.sh passes.\n",
-        env={
-            "lib.sh": "double() { echo $(( $1 + 1 )); }\n",
-            "selftest.sh": '#!/bin/bash\n. /app/lib.sh\n[ "$(double 3)" = 6 ]\n',
-        },
-        test="if bash /app/selftest.sh; " + REWARD_FROM_STATUS,
-        solve="echo 'double() { echo $(( $1 * 2 )); }' > /app/lib.sh\n",
-    )),
+    "runs-workspace-script": (
+        "workspace-executables",
+        dict(
+            instruction="Fix double() in /app/lib.sh so that /app/selftest.sh passes.\n",
+            env={
+                "lib.sh": "double() { echo $(( $1 + 1 )); }\n",
+                "selftest.sh": '#!/bin/bash\n. /app/lib.sh\n[ "$(double 3)" = 6 ]\n',
+            },
+            test="if bash /app/selftest.sh; " + REWARD_FROM_STATUS,
+            solve="echo 'double() { echo $(( $1 * 2 )); }' > /app/lib.sh\n",
+        ),
+    ),
     # Imports the agent's module in the judging process: a module that exits 0 passes.
-    "imports-workspace-module": ("shadow-modules", dict(
-        instruction="Implement add(a, b) in /app/calc.py: it returns a + b.\n",
-        env={"calc.py": "def add(a, b):\n    raise NotImplementedError\n"},
-        test="if python3 -c 'import sys; sys.path.insert(0, \"/app\"); import calc; assert calc.add(2, 3) == 5'; "
-        + REWARD_FROM_STATUS,
-        solve="printf 'def add(a, b):\\n    return a + b\\n' > /app/calc.py\n",
-    )),
+    "imports-workspace-module": (
+        "shadow-modules",
+        dict(
+            instruction="Implement add(a, b) in /app/calc.py: it returns a + b.\n",
+            env={"calc.py": "def add(a, b):\n    raise NotImplementedError\n"},
+            test="if python3 -c 'import sys; sys.path.insert(0, \"/app\"); import calc; assert calc.add(2, 3) == 5'; "
+            + REWARD_FROM_STATUS,
+            solve="printf 'def add(a, b):\\n    return a + b\\n' > /app/calc.py\n",
+        ),
+    ),
 }
 
 
@@ -108,7 +140,13 @@ def _sandbox_has_pytest() -> bool:
     # The conftest fixture needs pytest in the system Python the sandbox runs (CI installs
     # python3-pytest).
     python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
-    return python is not None and subprocess.run([python, "-m", "pytest", "--version"], capture_output=True, cwd="/").returncode == 0
+    return (
+        python is not None
+        and subprocess.run(
+            [python, "-m", "pytest", "--version"], capture_output=True, cwd="/"
+        ).returncode
+        == 0
+    )
 
 
 def _check_gameable(tmp_path: Path, names: list[str]) -> None:
@@ -170,11 +208,19 @@ def test_probes_are_derived_from_the_task_files(tmp_path):
     root = write_task(tmp_path, "t", **GAMEABLE["copied-input-passes"][1])
     planned = plan_probes(load_task(root))
     assert [p.name for p in planned] == [
-        "reward-file", "shadow-modules", "empty-outputs", "constant-outputs", "copied-inputs", "copied-inputs",
+        "reward-file",
+        "shadow-modules",
+        "empty-outputs",
+        "constant-outputs",
+        "copied-inputs",
+        "copied-inputs",
         "emptied-references",
     ]
     probes = {p.name: p for p in reversed(planned)}  # the first of each name
-    assert "/app/sorted.txt" in probes["empty-outputs"].script and "/app/names.txt" not in probes["empty-outputs"].script
+    assert (
+        "/app/sorted.txt" in probes["empty-outputs"].script
+        and "/app/names.txt" not in probes["empty-outputs"].script
+    )
     # The input the tests read is copied first, then the others.
     assert "cp -- /app/names.txt /app/sorted.txt" in probes["copied-inputs"].script
     assert "/app/names.txt" in probes["emptied-references"].script
@@ -182,7 +228,13 @@ def test_probes_are_derived_from_the_task_files(tmp_path):
 
 
 def test_no_pytest_no_pytest_probes_and_no_outputs_no_output_probes(tmp_path):
-    root = write_task(tmp_path, "t", instruction="Say hi.\n", test="echo 0 > /logs/verifier/reward.txt\n", solve="true\n")
+    root = write_task(
+        tmp_path,
+        "t",
+        instruction="Say hi.\n",
+        test="echo 0 > /logs/verifier/reward.txt\n",
+        solve="true\n",
+    )
     assert [p.name for p in plan_probes(load_task(root))] == ["reward-file", "shadow-modules"]
 
 
@@ -193,22 +245,43 @@ def test_underspecified_names_files_and_keys_the_instruction_never_states(tmp_pa
         "expected = {'total': 3}\n"
         "assert report['total'] == expected['total'] and report.get('median_value') == 2\n"
     )
-    vague = write_task(tmp_path, "vague", instruction="Summarise the numbers in /app/data.txt.\n",
-                       env={"data.txt": "1 2 3\n"}, test="python3 /tests/check.py\n", tests={"check.py": check}, solve="true\n")
+    vague = write_task(
+        tmp_path,
+        "vague",
+        instruction="Summarise the numbers in /app/data.txt.\n",
+        env={"data.txt": "1 2 3\n"},
+        test="python3 /tests/check.py\n",
+        tests={"check.py": check},
+        solve="true\n",
+    )
     task = load_task(vague)
     # 'total' is also a key of the test's own dict: not counted as the agent's to know.
-    assert unmentioned(task, read_facts(task)) == ["the file /app/result.json", "the key 'median_value'"]
-    clear = write_task(tmp_path, "clear", instruction="Write /app/result.json with keys `total` and `median_value`.\n",
-                       env={"data.txt": "1 2 3\n"}, test="python3 /tests/check.py\n", tests={"check.py": check}, solve="true\n")
+    assert unmentioned(task, read_facts(task)) == [
+        "the file /app/result.json",
+        "the key 'median_value'",
+    ]
+    clear = write_task(
+        tmp_path,
+        "clear",
+        instruction="Write /app/result.json with keys `total` and `median_value`.\n",
+        env={"data.txt": "1 2 3\n"},
+        test="python3 /tests/check.py\n",
+        tests={"check.py": check},
+        solve="true\n",
+    )
     task = load_task(clear)
     assert unmentioned(task, read_facts(task)) == []
 
 
 @needs_bwrap
 def test_underspecified_is_a_flag_not_a_problem(tmp_path):
-    root = write_task(tmp_path / "suite", "vague", instruction="Write the word done to a file.\n",
-                      test='if [ "$(cat /app/out.txt 2>/dev/null)" = done ]; ' + REWARD_FROM_STATUS,
-                      solve="echo done > /app/out.txt\n")
+    root = write_task(
+        tmp_path / "suite",
+        "vague",
+        instruction="Write the word done to a file.\n",
+        test='if [ "$(cat /app/out.txt 2>/dev/null)" = done ]; ' + REWARD_FROM_STATUS,
+        solve="echo done > /app/out.txt\n",
+    )
     r = stayer("tasks", "check", str(root), "--reruns", "0", "--json", home=tmp_path / "home")
     [t] = json.loads(r.stdout)["tasks"]
     assert r.returncode == 0 and t["ok"] and t["flags"] == ["underspecified"], t
@@ -216,8 +289,14 @@ def test_underspecified_is_a_flag_not_a_problem(tmp_path):
 
 
 def test_probe_scripts_quote_odd_names(tmp_path):
-    root = write_task(tmp_path, "t", instruction=DONE, env={"it's $(x).txt": "x\n"},
-                      test="cat '/app/it'\"'\"'s $(x).txt' /app/out.txt\n", solve="true\n")
+    root = write_task(
+        tmp_path,
+        "t",
+        instruction=DONE,
+        env={"it's $(x).txt": "x\n"},
+        test="cat '/app/it'\"'\"'s $(x).txt' /app/out.txt\n",
+        solve="true\n",
+    )
     for probe in plan_probes(load_task(root)):
         r = subprocess.run(["bash", "-n"], input=probe.script, text=True, capture_output=True)
         assert r.returncode == 0, (probe.name, r.stderr)
@@ -225,9 +304,15 @@ def test_probe_scripts_quote_odd_names(tmp_path):
 
 def test_a_quoted_name_is_the_environment_file_of_that_name_wherever_it_lies(tmp_path):
     check = "from pathlib import Path\nassert 'inline' in (Path('/app') / 'include' / 'utils.hpp').read_text()\n"
-    root = write_task(tmp_path, "t", instruction="Make the functions in the headers inline.\n",
-                      env={"include/utils.hpp": "int f();\n"}, test="python3 /tests/check.py\n",
-                      tests={"check.py": check}, solve="true\n")
+    root = write_task(
+        tmp_path,
+        "t",
+        instruction="Make the functions in the headers inline.\n",
+        env={"include/utils.hpp": "int f();\n"},
+        test="python3 /tests/check.py\n",
+        tests={"check.py": check},
+        solve="true\n",
+    )
     task = load_task(root)
     facts = read_facts(task)
     assert facts.mentioned == {"/app/include/utils.hpp"}

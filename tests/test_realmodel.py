@@ -45,11 +45,18 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     assert local.read_state(paths) is None
 
 
-def stayer(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def stayer(
+    *args: str, home: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     full_env.update({"STAYER_HOME": str(home)}, **(env or {}))
     return subprocess.run(
-        [sys.executable, "-m", "stayer.cli", *args], capture_output=True, text=True, env=full_env, cwd=home.parent, timeout=900
+        [sys.executable, "-m", "stayer.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=home.parent,
+        timeout=900,
     )
 
 
@@ -83,7 +90,10 @@ def test_hello_file_succeeds(hello: dict) -> None:
     # The verifier decides: the model writes the file at once, then repeats the write until
     # the loop breaker asks it to wrap up, and submits (stop_reason says which limit).
     assert hello["reward"] == 1.0, hello.get("verifier")
-    assert hello["status"] == "succeeded" and hello["exit_code"] == 0, (hello["status"], hello["stop_reason"])
+    assert hello["status"] == "succeeded" and hello["exit_code"] == 0, (
+        hello["status"],
+        hello["stop_reason"],
+    )
     assert 1 <= hello["steps"] <= 12
     calls = [c["name"] for e in hello["ledger"] for c in e["tool_calls"]]
     assert calls[0] == "write_file" and calls[-1] == "submit", calls
@@ -103,12 +113,18 @@ def test_caching_is_reported_and_priced_through_the_override(hello: dict) -> Non
     assert len(ledger) >= 2
     assert ledger[0]["usage"]["cache_read_tokens"] == 0  # a fresh server has nothing cached
     # Each later prompt starts with the previous one: llama.cpp reads it from the slot.
-    assert all(e["usage"]["cache_read_tokens"] > 0 for e in ledger[1:]), [e["usage"] for e in ledger]
+    assert all(e["usage"]["cache_read_tokens"] > 0 for e in ledger[1:]), [
+        e["usage"] for e in ledger
+    ]
     total = Decimal(0)
     for e in ledger:
         u = e["usage"]
         uncached = u["input_tokens"] - u["cache_read_tokens"]
-        expected = (uncached * RATES["input"] + u["cache_read_tokens"] * RATES["cache_read"] + u["output_tokens"] * RATES["output"]) / MTOK
+        expected = (
+            uncached * RATES["input"]
+            + u["cache_read_tokens"] * RATES["cache_read"]
+            + u["output_tokens"] * RATES["output"]
+        ) / MTOK
         assert Decimal(e["cost_usd"]) == expected
         total += expected
     assert Decimal(hello["cost_usd"]) == total
@@ -134,7 +150,9 @@ def test_the_server_counts_a_prompt_as_it_bills_it(server: local.ServerState) ->
         model = local.LocalChatModel(local.MODEL_NAME, base_url=server.base_url)
         request = ModelRequest("You are terse.", [], [Message("user", "Say OK.")], max_tokens=8)
         try:
-            return await model.count_tokens(request), (await model.complete(request)).usage.input_tokens
+            return await model.count_tokens(request), (
+                await model.complete(request)
+            ).usage.input_tokens
         finally:
             await model.aclose()
 

@@ -102,7 +102,9 @@ def make_task(tmp: Path) -> Path:
 
 
 def tree(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+    }
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -123,13 +125,23 @@ STEPS = 12
 
 
 def _model(prepared, crash_at=None) -> ProviderCalls:
-    return ProviderCalls(SimModel("claude-sonnet-4-5", WorkPolicy(STEPS), prepared.counter), crash_at)
+    return ProviderCalls(
+        SimModel("claude-sonnet-4-5", WorkPolicy(STEPS), prepared.counter), crash_at
+    )
 
 
 def start(task: Path, run_id: str, crash_at=None, crash_on_step=None):
     """Run ``run_id`` from the start; returns (doc or None if it crashed, provider)."""
-    prepared = prepare(RunConfig(str(task), "sim:claude-sonnet-4-5", max_steps=30, run_id=run_id,
-                                 sim_policy="synthetic:steps=1", sandbox="local"))
+    prepared = prepare(
+        RunConfig(
+            str(task),
+            "sim:claude-sonnet-4-5",
+            max_steps=30,
+            run_id=run_id,
+            sim_policy="synthetic:steps=1",
+            sandbox="local",
+        )
+    )
     prepared.model = provider = _model(prepared, crash_at)
     return _drive(prepared, None, crash_on_step), provider
 
@@ -172,7 +184,9 @@ def assert_same_run(doc, base, home: Path):
     for key in ("status", "reward", "steps", "stop_reason"):
         assert doc[key] == base[key], key
     assert usage_by_step(doc) == usage_by_step(base)
-    assert tree(home / "runs" / doc["run_id"] / "workspace") == tree(home / "runs" / base["run_id"] / "workspace")
+    assert tree(home / "runs" / doc["run_id"] / "workspace") == tree(
+        home / "runs" / base["run_id"] / "workspace"
+    )
     finished = [e.data["n"] for e in journal_events(doc["run_id"]) if e.kind == "model_finished"]
     assert sorted(finished) == list(range(len(finished)))  # no completed call twice
     lost = [e for e in doc["ledger"] if e.get("kind") == "lost_in_flight"]
@@ -243,7 +257,9 @@ def test_torn_last_write_resumes_from_the_last_complete_event(env):
     store = open_store(home)
     last = [e for e in store.events(k) if e.kind == "model_finished"][-1]
     with store._tx() as cur:
-        cur.execute("UPDATE stayer_blobs SET data = ? WHERE hash = ?", (b"\x00torn", last.data["message"]))
+        cur.execute(
+            "UPDATE stayer_blobs SET data = ? WHERE hash = ?", (b"\x00torn", last.data["message"])
+        )
     store.close()
     doc, provider = resume(k)
     lost = assert_same_run(doc, base, home)
@@ -291,7 +307,9 @@ class Provider:
 class Touch:
     """A plain tool: appends to a workspace file."""
 
-    spec = ToolSpec("touch", "append", {"type": "object", "properties": {"task": {"type": "string"}}})
+    spec = ToolSpec(
+        "touch", "append", {"type": "object", "properties": {"task": {"type": "string"}}}
+    )
 
     def __init__(self) -> None:
         self.runs = 0
@@ -307,13 +325,17 @@ class Delegate:
     """A tool that makes calls of its own, like a sub-agent: a model call and a tool call,
     and an effect on the agent (``adopted``) besides its result."""
 
-    spec = ToolSpec("delegate", "delegate", {"type": "object", "properties": {"task": {"type": "string"}}})
+    spec = ToolSpec(
+        "delegate", "delegate", {"type": "object", "properties": {"task": {"type": "string"}}}
+    )
 
     def __init__(self, model, touch) -> None:  # noqa: ANN001
         self.model, self.touch, self.adopted = model, touch, []
 
     async def __call__(self, args: dict, ctx: ToolContext) -> ToolResult:
-        reply = await self.model.complete(ModelRequest("child", [], [Message("user", args["task"])]))
+        reply = await self.model.complete(
+            ModelRequest("child", [], [Message("user", args["task"])])
+        )
         done = await self.touch(args, ctx)
         self.adopted.append(reply.message.content)
         return ToolResult(f"{reply.message.content}; {done.output}")
@@ -358,11 +380,21 @@ def test_a_tool_with_calls_of_its_own_is_replayed_not_skipped(tmp_path):
 # --- the commands -------------------------------------------------------------------
 
 
-def stayer(*args: str, home: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_DB"}
+def stayer(
+    *args: str, home: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    full_env = {
+        k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_DB"
+    }
     full_env.update({"STAYER_HOME": str(home)}, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "stayer.cli", *args], capture_output=True, text=True,
-                          env=full_env, cwd=home.parent, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "stayer.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=home.parent,
+        timeout=timeout,
+    )
 
 
 def one_line(stderr: str) -> str:
@@ -376,12 +408,26 @@ def gated_trajectory(path: Path, gate: Path, started: Path) -> Path:
     """A recorded run for ``replay:``: three plain steps, then one whose command waits for
     ``gate`` to exist (after creating ``started``), then two more. The killed run blocks
     there for as long as the test needs, however slow the machine: no race with its work."""
-    commands = ["echo one", "echo two", "echo three",
-                f"touch {started}; while [ ! -e {gate} ]; do sleep 0.05; done; echo gate open",
-                "echo five", "echo six"]
-    lines = [json.dumps({"role": "assistant", "content": f"step {i}",
-                         "tool_calls": [{"id": f"c{i}", "name": "bash", "arguments": json.dumps({"command": c})}]})
-             for i, c in enumerate(commands, 1)]
+    commands = [
+        "echo one",
+        "echo two",
+        "echo three",
+        f"touch {started}; while [ ! -e {gate} ]; do sleep 0.05; done; echo gate open",
+        "echo five",
+        "echo six",
+    ]
+    lines = [
+        json.dumps(
+            {
+                "role": "assistant",
+                "content": f"step {i}",
+                "tool_calls": [
+                    {"id": f"c{i}", "name": "bash", "arguments": json.dumps({"command": c})}
+                ],
+            }
+        )
+        for i, c in enumerate(commands, 1)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -391,16 +437,32 @@ def test_killed_run_shows_as_interrupted_then_resumes_with_the_same_result(tmp_p
     gate, started = tmp_path / "gate", tmp_path / "started"
     trajectory = gated_trajectory(tmp_path / "trajectory.jsonl", gate, started)
     # --sandbox local: the command must see the gate on the host (the journal is the subject here)
-    args = ["run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--json", "--sandbox", "local",
-            "--sim-policy", f"replay:{trajectory}", "--command-timeout", "3600"]
+    args = [
+        "run",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        "sim:gpt-5",
+        "--json",
+        "--sandbox",
+        "local",
+        "--sim-policy",
+        f"replay:{trajectory}",
+        "--command-timeout",
+        "3600",
+    ]
     gate.touch()
     base = json.loads(stayer(*args, "--run-id", "base", home=home).stdout)
     assert base["steps"] == 7  # six commands and the submission
     gate.unlink()
     started.unlink()
     env = {k: v for k, v in os.environ.items() if k != "STAYER_DB"}
-    proc = subprocess.Popen([sys.executable, "-m", "stayer.cli", *args, "--run-id", "k"], cwd=tmp_path,
-                            env={**env, "STAYER_HOME": str(home)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", *args, "--run-id", "k"],
+        cwd=tmp_path,
+        env={**env, "STAYER_HOME": str(home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         while not started.exists():  # step 4's command is running: steps 1-3 are journaled
             assert proc.poll() is None, "the run ended before reaching the gate"
@@ -411,22 +473,45 @@ def test_killed_run_shows_as_interrupted_then_resumes_with_the_same_result(tmp_p
     gate.touch()  # lets the orphaned command, and the resumed run's, go on
     listed = {r["id"]: r for r in json.loads(stayer("runs", "--json", home=home).stdout)["runs"]}
     assert listed["k"]["status"] == "interrupted" and listed["base"]["status"] == "failed"
-    assert set(listed["k"]) == {"id", "task", "model", "status", "steps", "cost_usd", "started", "updated"}
+    assert set(listed["k"]) == {
+        "id",
+        "task",
+        "model",
+        "status",
+        "steps",
+        "cost_usd",
+        "started",
+        "updated",
+    }
     partial = json.loads(stayer("report", "k", "--json", home=home).stdout)
     assert partial["status"] == "interrupted" and 3 <= len(partial["ledger"]) < base["steps"]
     r = stayer("resume", "k", "--json", home=home)
     assert r.returncode == 1, r.stderr  # this work does not pass the verifier: failed, as base
     doc = json.loads(r.stdout)
     assert set(doc) == set(base)
-    assert (doc["status"], doc["reward"], doc["steps"]) == (base["status"], base["reward"], base["steps"])
+    assert (doc["status"], doc["reward"], doc["steps"]) == (
+        base["status"],
+        base["reward"],
+        base["steps"],
+    )
     assert usage_by_step(doc) == usage_by_step(base)
     report = json.loads(stayer("report", "k", "--json", home=home).stdout)
     assert report["status"] == "failed" and report["totals"]["cost_usd"] == doc["cost_usd"]
     assert [e["usage"] for e in report["ledger"]] == [e["usage"] for e in doc["ledger"]]
     assert report["journal"]["resumes"] == 1
     # The resumed run's trajectory is complete: it replays like any other recorded run.
-    replayed = stayer("run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--json", "--sandbox", "local",
-                      "--sim-policy", f"replay:{home / 'runs' / 'k'}", home=home)
+    replayed = stayer(
+        "run",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        "sim:gpt-5",
+        "--json",
+        "--sandbox",
+        "local",
+        "--sim-policy",
+        f"replay:{home / 'runs' / 'k'}",
+        home=home,
+    )
     assert json.loads(replayed.stdout)["steps"] == base["steps"]
     # Resuming a finished run says so in one line and prints its result (exit 0).
     again = stayer("resume", "k", "--json", home=home)
@@ -460,7 +545,12 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
     con.execute("UPDATE stayer_meta SET value = '7' WHERE key = 'schema_version'")
     con.commit()
     con.close()
-    for cmd in (["resume", "x"], ["report", "x"], ["runs"], ["run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5"]):
+    for cmd in (
+        ["resume", "x"],
+        ["report", "x"],
+        ["runs"],
+        ["run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5"],
+    ):
         r = stayer(*cmd, "--json", home=newer)
         assert r.returncode == 2 and "schema version 7 is newer" in one_line(r.stderr)
 
@@ -494,8 +584,15 @@ def test_a_lost_call_is_held_and_charged_against_the_cap(env, monkeypatch):
     monkeypatch.setattr(Guard, "reserve", spy)
     cap = Decimal("0.08")
     k = rid("cap")
-    config = RunConfig(str(env), "sim:claude-sonnet-4-5", max_steps=30, run_id=k, max_cost=cap,
-                       sim_policy="synthetic:steps=1", sandbox="local")
+    config = RunConfig(
+        str(env),
+        "sim:claude-sonnet-4-5",
+        max_steps=30,
+        run_id=k,
+        max_cost=cap,
+        sim_policy="synthetic:steps=1",
+        sandbox="local",
+    )
     prepared = prepare(config)
     prepared.model = _model(prepared, crash_at=4)
     assert _drive(prepared, None, None) is None
@@ -519,25 +616,39 @@ def test_a_corrupt_shared_blob_is_reported_never_read_as_a_shorter_run_or_re_pai
     reply = next(e for e in events if e.kind == "model_finished" and e.data["n"] == 2)
     assert reply.data["message"] in {e.data.get("message") for e in store.events(base_id)}  # shared
     with store._tx() as cur:
-        cur.execute("UPDATE stayer_blobs SET data = ? WHERE hash = ?", (b"\x00not the reply", reply.data["message"]))
+        cur.execute(
+            "UPDATE stayer_blobs SET data = ? WHERE hash = ?",
+            (b"\x00not the reply", reply.data["message"]),
+        )
     store.close()
     db = {"STAYER_DB": os.environ.get("STAYER_DB", "")}
     for run_id in (k, base_id):
         r = stayer("report", run_id, "--json", home=home, env=db)
         assert r.returncode == 2 and r.stdout == "", r.stdout[:200]
         line = one_line(r.stderr)
-        seq = next(e.seq for e in journal_events(run_id) if e.kind == "model_finished" and e.data["n"] == 2)
+        seq = next(
+            e.seq for e in journal_events(run_id) if e.kind == "model_finished" and e.data["n"] == 2
+        )
         assert f"run {run_id}: journal corrupt at event {seq} " in line and "model_finished" in line
     r = stayer("resume", k, "--json", home=home, env=db)
-    assert r.returncode == 2 and r.stdout == "" and f"run {k}: journal corrupt at event {reply.seq} " in one_line(r.stderr)
+    assert (
+        r.returncode == 2
+        and r.stdout == ""
+        and f"run {k}: journal corrupt at event {reply.seq} " in one_line(r.stderr)
+    )
     with pytest.raises(JournalError, match="journal corrupt"):
         resume(k)  # in process: its provider would count any call
-    assert [(e.seq, e.kind) for e in journal_events(k)] == [(e.seq, e.kind) for e in events]  # nothing dropped
+    assert [(e.seq, e.kind) for e in journal_events(k)] == [
+        (e.seq, e.kind) for e in events
+    ]  # nothing dropped
     r = stayer("runs", "--json", home=home, env=db)
     assert r.returncode == 2
     listed = {d["id"]: d["status"] for d in json.loads(r.stdout)["runs"]}
     assert listed[k] == listed[base_id] == "corrupt"
-    assert {line.split(":")[1].strip() for line in r.stderr.splitlines() if "corrupt" in line} >= {f"run {k}", f"run {base_id}"}
+    assert {line.split(":")[1].strip() for line in r.stderr.splitlines() if "corrupt" in line} >= {
+        f"run {k}",
+        f"run {base_id}",
+    }
 
 
 def test_a_step_stopped_mid_way_is_kept_as_cut_short_and_replays_as_journaled(tmp_path):
@@ -550,7 +661,12 @@ def test_a_step_stopped_mid_way_is_kept_as_cut_short_and_replays_as_journaled(tm
     assert journal.cut_short() is None  # no call made: nothing to keep
     asyncio.run(JournaledModel(Provider(), journal).complete(request()))
     entry = journal.cut_short()
-    assert (entry["kind"], entry["step"], entry["model_calls"], entry["usage"]["input_tokens"]) == ("cut_short", 1, 1, 50)
+    assert (entry["kind"], entry["step"], entry["model_calls"], entry["usage"]["input_tokens"]) == (
+        "cut_short",
+        1,
+        1,
+        50,
+    )
     assert Decimal(entry["cost_usd"]) > 0 and journal.cost_text() == entry["cost_usd"]
     assert journal.cut_short() is None  # kept once
     journal.flush()
@@ -561,5 +677,7 @@ def test_a_step_stopped_mid_way_is_kept_as_cut_short_and_replays_as_journaled(tm
     again = RunJournal.reopen(store, row, log, ws, prices)
     provider = Provider()
     asyncio.run(JournaledModel(provider, again).complete(request()))
-    assert provider.calls == 0 and again.cut_short() == entry  # the journaled step, not a second one
+    assert (
+        provider.calls == 0 and again.cut_short() == entry
+    )  # the journaled step, not a second one
     store.close()

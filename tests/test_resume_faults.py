@@ -35,8 +35,15 @@ EXAMPLE = ROOT / "examples" / "hello-file"
 KILLS = 30
 WORKERS = 4
 RUN_ARGS = [
-    "--model", "sim:claude-sonnet-4-5", "--max-steps", "50", "--json",
-    "--sim-policy", "synthetic:steps=40,obs_tokens=60,out_tokens=30", "--sim-latency", "0.05",
+    "--model",
+    "sim:claude-sonnet-4-5",
+    "--max-steps",
+    "50",
+    "--json",
+    "--sim-policy",
+    "synthetic:steps=40,obs_tokens=60,out_tokens=30",
+    "--sim-latency",
+    "0.05",
 ]
 
 pytestmark = [
@@ -49,7 +56,9 @@ pg_url = database_fixture()
 
 
 def tree(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+    }
 
 
 def usage_by_step(doc: dict) -> list[tuple[int, dict]]:
@@ -64,7 +73,9 @@ class Harness:
         self.task = home.parent / "task"
         shutil.copytree(EXAMPLE, self.task)
         toml = self.task / "task.toml"
-        toml.write_text(toml.read_text().replace("[agent]\ntimeout_sec = 60.0", "[agent]\ntimeout_sec = 3600.0"))
+        toml.write_text(
+            toml.read_text().replace("[agent]\ntimeout_sec = 60.0", "[agent]\ntimeout_sec = 3600.0")
+        )
         assert "3600.0" in toml.read_text()
         self.env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
         self.env.update(STAYER_HOME=str(home), STAYER_DB=db)
@@ -72,9 +83,21 @@ class Harness:
     def start(self, run_id: str, capture: bool = False) -> tuple[subprocess.Popen, float]:
         """Start ``stayer run``; returns it and the time its run appeared in the journal."""
         proc = subprocess.Popen(
-            [sys.executable, "-m", "stayer.cli", "run", str(self.task), *RUN_ARGS, "--run-id", run_id],
-            env=self.env, cwd=self.home.parent, stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, text=True,
+            [
+                sys.executable,
+                "-m",
+                "stayer.cli",
+                "run",
+                str(self.task),
+                *RUN_ARGS,
+                "--run-id",
+                run_id,
+            ],
+            env=self.env,
+            cwd=self.home.parent,
+            stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -93,7 +116,11 @@ class Harness:
     def resume(self, run_id: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "stayer.cli", "resume", run_id, "--json"],
-            env=self.env, cwd=self.home.parent, capture_output=True, text=True, timeout=300,
+            env=self.env,
+            cwd=self.home.parent,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
 
     def events(self, run_id: str) -> list:
@@ -137,12 +164,20 @@ def test_sigkill_at_random_instants_then_resume(backend, tmp_path, request):
 
     delays = [rng.uniform(0, duration * 1.05) for _ in range(KILLS)]
     with ThreadPoolExecutor(WORKERS) as pool:
-        outcomes = list(pool.map(lambda a: kill_and_resume(h, *a), [(f"k{i}-{tag}", d) for i, d in enumerate(delays)]))
+        outcomes = list(
+            pool.map(
+                lambda a: kill_and_resume(h, *a), [(f"k{i}-{tag}", d) for i, d in enumerate(delays)]
+            )
+        )
 
     kinds = Counter()
     for o in outcomes:
         doc, where = o["doc"], f"seed {seed}, run {o['id']} killed after {o['delay']:.2f}s"
-        assert (doc["status"], doc["reward"], doc["steps"]) == (base["status"], base["reward"], base["steps"]), where
+        assert (doc["status"], doc["reward"], doc["steps"]) == (
+            base["status"],
+            base["reward"],
+            base["steps"],
+        ), where
         assert usage_by_step(doc) == usage_by_step(base), where
         assert tree(h.home / "runs" / o["id"] / "workspace") == base_tree, where
         events = h.events(o["id"])
@@ -152,6 +187,8 @@ def test_sigkill_at_random_instants_then_resume(backend, tmp_path, request):
         lost = [e for e in doc["ledger"] if e.get("kind") == "lost_in_flight"]
         # Every attempt that was started and never finished is in the ledger, once.
         assert sum(started.values()) - len(finished) == len(lost), where
-        kinds["after finish" if o["rc"] == 2 else "mid model call" if lost else "between calls"] += 1
+        kinds[
+            "after finish" if o["rc"] == 2 else "mid model call" if lost else "between calls"
+        ] += 1
     print(f"\n{backend}: {KILLS} kills (seed {seed}) over a {duration:.1f}s run: {dict(kinds)}")
     assert kinds["mid model call"] >= 1 and kinds["between calls"] >= 1, (seed, kinds)

@@ -24,12 +24,18 @@ PROVIDER = {"claude-sonnet-4-5": "anthropic", "gpt-5": "openai"}
 needs_bwrap = pytest.mark.skipif(locate_bwrap() is None, reason="bubblewrap not installed")
 
 
-def stayer(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def stayer(
+    *args: str, home: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     full_env.update({"STAYER_HOME": str(home)}, **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "stayer.cli", *args],
-        capture_output=True, text=True, env=full_env, cwd=home.parent, timeout=120,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=home.parent,
+        timeout=120,
     )
 
 
@@ -63,8 +69,22 @@ def test_examples_succeed_with_exact_cost(tmp_path, example, model_id):
     assert total == sum(Decimal(e["cost_usd"]) for e in ledger)
     for e in ledger:
         assert Decimal(e["cost_usd"]) == genai_cost(e, model_id)
-        assert set(e) >= {"step", "model", "usage", "cost_usd", "cache_hit_ratio", "latency_s", "tool_calls"}
-    assert set(doc["usage"]) >= {"input_tokens", "cache_read_tokens", "cache_write_tokens", "output_tokens", "reasoning_tokens"}
+        assert set(e) >= {
+            "step",
+            "model",
+            "usage",
+            "cost_usd",
+            "cache_hit_ratio",
+            "latency_s",
+            "tool_calls",
+        }
+    assert set(doc["usage"]) >= {
+        "input_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+    }
     assert doc["usage"]["input_tokens"] == sum(e["usage"]["input_tokens"] for e in ledger)
     # Progress goes to stderr, one line per step.
     assert "step   1" in r.stderr
@@ -75,8 +95,16 @@ def test_examples_succeed_with_exact_cost(tmp_path, example, model_id):
 def test_synthetic_run_reads_whole_previous_prompt_from_cache(tmp_path, model_id, minimum):
     home = tmp_path / "home"
     r = stayer(
-        "run", str(EXAMPLES / "hello-file"), "--model", f"sim:{model_id}", "--json",
-        "--sim-policy", "synthetic:steps=10,obs_tokens=2000,out_tokens=200", "--policy", "none", home=home,
+        "run",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        f"sim:{model_id}",
+        "--json",
+        "--sim-policy",
+        "synthetic:steps=10,obs_tokens=2000,out_tokens=200",
+        "--policy",
+        "none",
+        home=home,
     )
     doc = json.loads(r.stdout)
     assert r.returncode == 1 and doc["status"] == "failed"  # synthetic work does not solve the task
@@ -102,10 +130,29 @@ def test_synthetic_run_reads_whole_previous_prompt_from_cache(tmp_path, model_id
 @needs_bwrap
 def test_replay_of_a_recorded_run(tmp_path):
     home = tmp_path / "home"
-    first = json.loads(stayer("run", str(EXAMPLES / "fix-median"), "--model", "sim:gpt-5", "--json", "--run-id", "a", home=home).stdout)
+    first = json.loads(
+        stayer(
+            "run",
+            str(EXAMPLES / "fix-median"),
+            "--model",
+            "sim:gpt-5",
+            "--json",
+            "--run-id",
+            "a",
+            home=home,
+        ).stdout
+    )
     r = stayer(
-        "run", str(EXAMPLES / "fix-median"), "--model", "sim:claude-sonnet-4-5", "--json", "--run-id", "b",
-        "--sim-policy", f"replay:{first['run_dir']}", home=home,
+        "run",
+        str(EXAMPLES / "fix-median"),
+        "--model",
+        "sim:claude-sonnet-4-5",
+        "--json",
+        "--run-id",
+        "b",
+        "--sim-policy",
+        f"replay:{first['run_dir']}",
+        home=home,
     )
     doc = json.loads(r.stdout)
     assert doc["status"] == "succeeded" and doc["steps"] == first["steps"]
@@ -117,11 +164,16 @@ def test_third_party_harbor_task(tmp_path):
     """simple-task from the Harbor repository: its verifier installs pytest from the network,
     which the sandbox does not have, so we also run its own test file offline."""
     home = tmp_path / "home"
-    original = stayer("run", str(CORPUS_TASK), "--model", "sim:claude-sonnet-4-5", "--json", home=home)
+    original = stayer(
+        "run", str(CORPUS_TASK), "--model", "sim:claude-sonnet-4-5", "--json", home=home
+    )
     doc = json.loads(original.stdout)
     # It ran, and its verifier had no network: the environment's failure, not the agent's.
     assert doc["status"] == "error" and doc["reward"] == 0 and original.returncode == 1
-    assert doc["verifier"]["outcome"] == "infrastructure" and "network" in doc["verifier"]["infrastructure"]
+    assert (
+        doc["verifier"]["outcome"] == "infrastructure"
+        and "network" in doc["verifier"]["infrastructure"]
+    )
     task = tmp_path / "simple-task"
     shutil.copytree(CORPUS_TASK, task)
     (task / "tests" / "test.sh").write_text(
@@ -137,8 +189,15 @@ def test_third_party_harbor_task(tmp_path):
 def test_max_cost_stops_before_overshooting(tmp_path):
     home = tmp_path / "home"
     r = stayer(
-        "run", str(EXAMPLES / "hello-file"), "--model", "sim:claude-sonnet-4-5", "--json",
-        "--sim-policy", "synthetic:steps=40,obs_tokens=3000,out_tokens=200", "--max-cost", "0.2",
+        "run",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        "sim:claude-sonnet-4-5",
+        "--json",
+        "--sim-policy",
+        "synthetic:steps=40,obs_tokens=3000,out_tokens=200",
+        "--max-cost",
+        "0.2",
         home=home,
     )
     assert r.returncode == 3, r.stderr
@@ -154,32 +213,66 @@ def test_tests_that_pass_after_a_limit_was_reached_succeed_and_name_the_limit(tm
     """The oracle solves hello-file at step 1, where --max-steps 1 stops the agent before it
     submits: the verifier decides, so the run succeeded (exit 0) and stop_reason says why
     the agent stopped."""
-    r = stayer("run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--max-steps", "1", "--json",
-               home=tmp_path / "home")
+    r = stayer(
+        "run",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        "sim:gpt-5",
+        "--max-steps",
+        "1",
+        "--json",
+        home=tmp_path / "home",
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert (doc["status"], doc["reward"], doc["stop_reason"], doc["steps"]) == ("succeeded", 1.0, "max_steps", 1)
+    assert (doc["status"], doc["reward"], doc["stop_reason"], doc["steps"]) == (
+        "succeeded",
+        1.0,
+        "max_steps",
+        1,
+    )
     assert doc["verifier"]["outcome"] == "passed"
 
 
 @needs_bwrap
 def test_tests_failing_after_a_limit_was_reached_are_budget_exhausted(tmp_path):
-    r = stayer("run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--max-steps", "2", "--json",
-               "--sim-policy", "synthetic:steps=5,obs_tokens=50,out_tokens=20", home=tmp_path / "home")
+    r = stayer(
+        "run",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        "sim:gpt-5",
+        "--max-steps",
+        "2",
+        "--json",
+        "--sim-policy",
+        "synthetic:steps=5,obs_tokens=50,out_tokens=20",
+        home=tmp_path / "home",
+    )
     assert r.returncode == 3, r.stderr
     doc = json.loads(r.stdout)
-    assert (doc["status"], doc["reward"], doc["stop_reason"]) == ("budget_exhausted", 0.0, "max_steps")
+    assert (doc["status"], doc["reward"], doc["stop_reason"]) == (
+        "budget_exhausted",
+        0.0,
+        "max_steps",
+    )
     assert doc["verifier"]["outcome"] == "failed"
 
 
 @needs_bwrap
-@pytest.mark.parametrize(("test_sh", "reason"), [
-    ("stayer-test-missing-tool --check && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n",
-     "needs commands this host lacks: stayer-test-missing-tool"),
-    ("echo 0 > /logs/verifier/reward.txt\nexit 127\n", "exited 127"),
-    ("echo 'the verifier crashed' >&2\n", "neither reward.txt nor reward.json"),
-])
-def test_tests_that_cannot_run_here_are_an_infrastructure_error_not_a_failure(tmp_path, test_sh, reason):
+@pytest.mark.parametrize(
+    ("test_sh", "reason"),
+    [
+        (
+            "stayer-test-missing-tool --check && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n",
+            "needs commands this host lacks: stayer-test-missing-tool",
+        ),
+        ("echo 0 > /logs/verifier/reward.txt\nexit 127\n", "exited 127"),
+        ("echo 'the verifier crashed' >&2\n", "neither reward.txt nor reward.json"),
+    ],
+)
+def test_tests_that_cannot_run_here_are_an_infrastructure_error_not_a_failure(
+    tmp_path, test_sh, reason
+):
     task = tmp_path / "task"
     shutil.copytree(EXAMPLES / "hello-file", task)
     (task / "tests" / "test.sh").write_text("#!/bin/bash\n" + test_sh)
@@ -187,28 +280,67 @@ def test_tests_that_cannot_run_here_are_an_infrastructure_error_not_a_failure(tm
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     assert doc["status"] == "error" and doc["stop_reason"] == "submit"
-    assert doc["verifier"]["outcome"] == "infrastructure" and reason in doc["verifier"]["infrastructure"]
+    assert (
+        doc["verifier"]["outcome"] == "infrastructure"
+        and reason in doc["verifier"]["infrastructure"]
+    )
     assert doc["error"] == doc["verifier"]["infrastructure"]
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["run", "{missing}", "--model", "sim:gpt-5"], "instruction.md"),
-    (["run", "{bad_toml}", "--model", "sim:gpt-5"], "task.toml"),
-    (["run", "{ok}", "--model", "bogus:gpt-5"], "--model"),
-    (["run", "{ok}", "--model", "gpt-5"], "--model"),
-    (["run", "{ok}", "--model", "sim:llama-3"], "sim:llama-3"),
-    (["run", "{ok}", "--model", "anthropic:claude-sonnet-4-5"], "ANTHROPIC_API_KEY"),
-    (["run", "{ok}", "--model", "openai:gpt-5"], "OPENAI_API_KEY"),
-    (["run", "{ok}", "--model", "sim:gpt-5", "--sim-policy", "synthetic:steps=-1"], "--sim-policy"),
-    (["run", "{ok}", "--model", "sim:gpt-5", "--max-steps", "-3"], "--max-steps"),
-    (["run", "{ok}", "--model", "sim:gpt-5", "--max-cost", "-1"], "--max-cost"),
-    (["run", "{ok}", "--model", "sim:gpt-5", "--max-cost", "ten"], "--max-cost"),
-    (["run", "{ok}", "--model", "sim:gpt-5", "--sandbox", "docker"], "docker"),
-    (["run", "{ok}", "--model", "sim:gpt-5", "--memory-mb", "0"], "--memory-mb"),
-    (["run", "{ok}", "--model", "sim:gpt-5", "--command-timeout", "-1"], "--command-timeout"),
-    (["estimate", "--steps", "0", "--new-tokens", "1", "--output-tokens", "1", "--price-miss", "1", "--price-hit", "1", "--price-out", "1"], "--steps"),
-    (["estimate", "--steps", "3", "--new-tokens", "1", "--output-tokens", "1", "--price-miss", "1"], "--price-hit"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["run", "{missing}", "--model", "sim:gpt-5"], "instruction.md"),
+        (["run", "{bad_toml}", "--model", "sim:gpt-5"], "task.toml"),
+        (["run", "{ok}", "--model", "bogus:gpt-5"], "--model"),
+        (["run", "{ok}", "--model", "gpt-5"], "--model"),
+        (["run", "{ok}", "--model", "sim:llama-3"], "sim:llama-3"),
+        (["run", "{ok}", "--model", "anthropic:claude-sonnet-4-5"], "ANTHROPIC_API_KEY"),
+        (["run", "{ok}", "--model", "openai:gpt-5"], "OPENAI_API_KEY"),
+        (
+            ["run", "{ok}", "--model", "sim:gpt-5", "--sim-policy", "synthetic:steps=-1"],
+            "--sim-policy",
+        ),
+        (["run", "{ok}", "--model", "sim:gpt-5", "--max-steps", "-3"], "--max-steps"),
+        (["run", "{ok}", "--model", "sim:gpt-5", "--max-cost", "-1"], "--max-cost"),
+        (["run", "{ok}", "--model", "sim:gpt-5", "--max-cost", "ten"], "--max-cost"),
+        (["run", "{ok}", "--model", "sim:gpt-5", "--sandbox", "docker"], "docker"),
+        (["run", "{ok}", "--model", "sim:gpt-5", "--memory-mb", "0"], "--memory-mb"),
+        (["run", "{ok}", "--model", "sim:gpt-5", "--command-timeout", "-1"], "--command-timeout"),
+        (
+            [
+                "estimate",
+                "--steps",
+                "0",
+                "--new-tokens",
+                "1",
+                "--output-tokens",
+                "1",
+                "--price-miss",
+                "1",
+                "--price-hit",
+                "1",
+                "--price-out",
+                "1",
+            ],
+            "--steps",
+        ),
+        (
+            [
+                "estimate",
+                "--steps",
+                "3",
+                "--new-tokens",
+                "1",
+                "--output-tokens",
+                "1",
+                "--price-miss",
+                "1",
+            ],
+            "--price-hit",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, needle):
     home = tmp_path / "home"
     ok = EXAMPLES / "hello-file"
@@ -229,8 +361,21 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, needle)
 
 def test_estimate_command_published_example(tmp_path):
     r = stayer(
-        "estimate", "--steps", "30", "--new-tokens", "20000", "--output-tokens", "2000",
-        "--price-miss", "10", "--price-hit", "1", "--price-out", "50", "--json", home=tmp_path / "h",
+        "estimate",
+        "--steps",
+        "30",
+        "--new-tokens",
+        "20000",
+        "--output-tokens",
+        "2000",
+        "--price-miss",
+        "10",
+        "--price-hit",
+        "1",
+        "--price-out",
+        "50",
+        "--json",
+        home=tmp_path / "h",
     )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -240,7 +385,16 @@ def test_estimate_command_published_example(tmp_path):
 
 
 def test_estimate_with_model_prices_long_context_steps_at_their_tier(tmp_path):
-    args = ["estimate", "--new-tokens", "50000", "--output-tokens", "1000", "--model", "claude-sonnet-4-5", "--json"]
+    args = [
+        "estimate",
+        "--new-tokens",
+        "50000",
+        "--output-tokens",
+        "1000",
+        "--model",
+        "claude-sonnet-4-5",
+        "--json",
+    ]
     short = json.loads(stayer(*args, "--steps", "4", home=tmp_path / "h").stdout)
     long = json.loads(stayer(*args, "--steps", "5", home=tmp_path / "h").stdout)
     # Step 5 has 250K tokens of context: past the 200K threshold every rate doubles or more.
@@ -255,8 +409,18 @@ def test_per_run_sandbox_limits_apply(tmp_path):
     past it), where the task sets none."""
     home = tmp_path / "home"
     r = stayer(
-        "run", str(EXAMPLES / "hello-file"), "--model", "sim:gpt-5", "--json", "--storage-mb", "1",
-        "--sim-policy", "synthetic:steps=4,obs_tokens=200000,out_tokens=50", "--policy", "none", home=home,
+        "run",
+        str(EXAMPLES / "hello-file"),
+        "--model",
+        "sim:gpt-5",
+        "--json",
+        "--storage-mb",
+        "1",
+        "--sim-policy",
+        "synthetic:steps=4,obs_tokens=200000,out_tokens=50",
+        "--policy",
+        "none",
+        home=home,
     )
     doc = json.loads(r.stdout)
     log = Path(doc["run_dir"]) / "workspace" / "synthetic.log"

@@ -44,7 +44,9 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(backend: str, tasks: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    s = start_server(Env(tmp_path_factory.mktemp("shared") / "home", backend), tasks, "--workers", "2")
+    s = start_server(
+        Env(tmp_path_factory.mktemp("shared") / "home", backend), tasks, "--workers", "2"
+    )
     yield s
     s.process.kill()
 
@@ -66,12 +68,16 @@ def ledger_total(ledger: list[dict]) -> Decimal:
 def test_a_run_through_the_api_succeeds_and_its_cost_is_its_ledger(server) -> None:
     key = server.env.tenant(name())["api_key"]
     with server.client(key) as c:
-        created = c.post("/v1/runs", json={"task": "hello-file", "model": SIM, "metadata": {"ticket": "T-1"}})
+        created = c.post(
+            "/v1/runs", json={"task": "hello-file", "model": SIM, "metadata": {"ticket": "T-1"}}
+        )
         assert created.status_code == 201, created.text
         body = created.json()
         assert body["status"] == "queued" and body["metadata"] == {"ticket": "T-1"}
         run = wait_for(c, body["id"], finished)
-        assert run["status"] == "succeeded" and run["reward"] == 1.0 and run["stop_reason"] == "submit"
+        assert (
+            run["status"] == "succeeded" and run["reward"] == 1.0 and run["stop_reason"] == "submit"
+        )
         ledger = c.get(f"/v1/runs/{body['id']}/ledger").json()["ledger"]
         assert len(ledger) == run["steps"] > 0
         assert ledger_total(ledger) == Decimal(run["cost_usd"])
@@ -91,7 +97,9 @@ def test_a_team_run_through_the_api_has_cost_per_agent(server) -> None:
     }
     key = server.env.tenant(name())["api_key"]
     with server.client(key) as c:
-        created = c.post("/v1/runs", json={"task": "fix-median", "model": SIM, "team": team, "max_cost": "0.5"})
+        created = c.post(
+            "/v1/runs", json={"task": "fix-median", "model": SIM, "team": team, "max_cost": "0.5"}
+        )
         assert created.status_code == 201, created.text
         run = wait_for(c, created.json()["id"], finished)
         assert run["status"] == "succeeded", run
@@ -108,9 +116,14 @@ def test_every_request_needs_a_key_and_tenants_see_only_their_runs(server) -> No
         with server.client(key) as anon:
             assert anon.get("/v1/runs").status_code == 401
             assert anon.get(f"/v1/runs/{run_id}").status_code == 401
-            assert anon.post("/v1/runs", json={"task": "hello-file", "model": SIM}).status_code == 401
+            assert (
+                anon.post("/v1/runs", json={"task": "hello-file", "model": SIM}).status_code == 401
+            )
     with server.client(alice) as a:
-        assert a.get(f"/v1/runs/{run_id}", headers={"Authorization": f"Basic {alice}"}).status_code == 401
+        assert (
+            a.get(f"/v1/runs/{run_id}", headers={"Authorization": f"Basic {alice}"}).status_code
+            == 401
+        )
     with server.client(bob) as b:
         for path in ("", "/ledger", "/events"):
             assert b.get(f"/v1/runs/{run_id}{path}").status_code == 404
@@ -136,7 +149,11 @@ def test_every_request_needs_a_key_and_tenants_see_only_their_runs(server) -> No
         {"task": "hello-file", "model": SIM, "sim_policy": "replay:/etc/passwd"},
         {"task": "hello-file", "model": SIM, "webhook": "file:///etc/passwd"},
         {"task": "hello-file", "model": SIM, "surprise": 1},
-        {"task": "hello-file", "model": SIM, "team": {"entry": "a", "agents": {"b": {"model": SIM}}}},
+        {
+            "task": "hello-file",
+            "model": SIM,
+            "team": {"entry": "a", "agents": {"b": {"model": SIM}}},
+        },
     ],
 )
 def test_bad_run_requests_are_422_and_create_nothing(server, body: dict) -> None:
@@ -166,14 +183,25 @@ def test_events_stream_from_the_journal_and_resume_exactly_after_last_event_id(s
             assert [int(e["id"]) for e in rest] == [i for i in ids if i > cut]
             assert rest == [e for e in full if int(e["id"]) > cut]
         assert list(read_events(c, run_id, last_event_id=str(ids[-1]))) == []
-        assert c.get(f"/v1/runs/{run_id}/events", params={"after": ids[-2]}).text.count("event: run.status") == 1
+        assert (
+            c.get(f"/v1/runs/{run_id}/events", params={"after": ids[-2]}).text.count(
+                "event: run.status"
+            )
+            == 1
+        )
         assert c.get(f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": "x"}).status_code == 422
 
 
 def test_cancel_stops_a_running_run_and_keeps_what_it_spent(server) -> None:
     key = server.env.tenant(name())["api_key"]
     with server.client(key) as c:
-        body = {"task": "hello-file", "model": SIM, "sim_policy": LONG, "max_steps": 400, "sim_latency": 0.02}
+        body = {
+            "task": "hello-file",
+            "model": SIM,
+            "sim_policy": LONG,
+            "max_steps": 400,
+            "sim_latency": 0.02,
+        }
         run_id = c.post("/v1/runs", json=body).json()["id"]
         wait_for(c, run_id, lambda r: r["steps"] >= 2)
         assert c.post(f"/v1/runs/{run_id}/cancel").json()["cancel_requested"] is True
@@ -199,7 +227,10 @@ def test_a_queued_run_cancels_at_once(env: Env, tasks: Path) -> None:
             assert c.get(f"/v1/runs/{run_id}").json()["status"] == "queued"
             assert c.post(f"/v1/runs/{run_id}/cancel").json()["status"] == "cancelled"
             events = list(read_events(c, run_id))
-            assert [(e["id"], e["data"]["status"]) for e in events] == [("0", "queued"), ("1", "cancelled")]
+            assert [(e["id"], e["data"]["status"]) for e in events] == [
+                ("0", "queued"),
+                ("1", "cancelled"),
+            ]
             assert list(read_events(c, run_id, last_event_id="1")) == []
     finally:
         api_only.process.kill()
@@ -209,16 +240,23 @@ def test_a_run_over_its_tenants_budget_pauses_until_the_budget_is_raised(server)
     tenant = name()
     key = server.env.tenant(tenant, "--max-cost", "0.01")["api_key"]
     with server.client(key) as c:
-        run_id = c.post("/v1/runs", json={"task": "hello-file", "model": SIM, "max_cost": "0.5"}).json()["id"]
+        run_id = c.post(
+            "/v1/runs", json={"task": "hello-file", "model": SIM, "max_cost": "0.5"}
+        ).json()["id"]
         run = wait_for(c, run_id, lambda r: r["status"] == "paused")
         assert run["stop_reason"] == "budget_reached" and run["steps"] == 0
-        raised = json.loads(server.env.cli("tenants", "budget", tenant, "--max-cost", "1", "--json").stdout)
+        raised = json.loads(
+            server.env.cli("tenants", "budget", tenant, "--max-cost", "1", "--json").stdout
+        )
         assert raised["requeued_runs"] == 1
         run = wait_for(c, run_id, finished)
         assert run["status"] == "succeeded"
     tenants = json.loads(server.env.cli("tenants", "list", "--json").stdout)["tenants"]
     mine = next(t for t in tenants if t["tenant"] == tenant)
-    assert Decimal(mine["spent_usd"]) == Decimal(run["cost_usd"]) and Decimal(mine["reserved_usd"]) == 0
+    assert (
+        Decimal(mine["spent_usd"]) == Decimal(run["cost_usd"])
+        and Decimal(mine["reserved_usd"]) == 0
+    )
 
 
 def test_tenant_commands_refuse_bad_input(env: Env) -> None:
@@ -255,14 +293,19 @@ def test_webhooks_are_signed_with_the_tenants_secret(server) -> None:
     try:
         hook = f"http://127.0.0.1:{receiver.server_port}/hook"
         with server.client(tenant["api_key"]) as c:
-            run_id = c.post("/v1/runs", json={"task": "hello-file", "model": SIM, "webhook": hook}).json()["id"]
+            run_id = c.post(
+                "/v1/runs", json={"task": "hello-file", "model": SIM, "webhook": hook}
+            ).json()["id"]
             wait_for(c, run_id, finished)
             wait_for(c, run_id, lambda _r: any(b"succeeded" in b for b, _ in _Receiver.received))
     finally:
         receiver.shutdown()
     statuses = []
     for body, signature in _Receiver.received:
-        expected = "sha256=" + hmac.new(tenant["webhook_secret"].encode(), body, hashlib.sha256).hexdigest()
+        expected = (
+            "sha256="
+            + hmac.new(tenant["webhook_secret"].encode(), body, hashlib.sha256).hexdigest()
+        )
         assert hmac.compare_digest(signature, expected)
         doc = json.loads(body)
         assert doc["type"] == "run.status" and doc["run_id"] == run_id
@@ -271,8 +314,16 @@ def test_webhooks_are_signed_with_the_tenants_secret(server) -> None:
 
 
 def test_webhook_urls_to_private_addresses_are_refused_unless_allowed() -> None:
-    for url in ("http://127.0.0.1/x", "http://localhost:9/x", "http://169.254.169.254/latest", "http://10.0.0.1/",
-                "http://[::1]/x", "ftp://example.org/", "http://user:pw@example.org/", "http:///x"):
+    for url in (
+        "http://127.0.0.1/x",
+        "http://localhost:9/x",
+        "http://169.254.169.254/latest",
+        "http://10.0.0.1/",
+        "http://[::1]/x",
+        "ftp://example.org/",
+        "http://user:pw@example.org/",
+        "http:///x",
+    ):
         assert url_problem(url, allow_private=False) is not None, url
     assert url_problem("http://127.0.0.1:9/x", allow_private=True) is None
     assert sign("s", b"{}") == "sha256=" + hmac.new(b"s", b"{}", hashlib.sha256).hexdigest()
@@ -283,11 +334,18 @@ def _comparable(ledger: list[dict]) -> list[dict]:
     return [{k: v for k, v in e.items() if k not in drop} for e in ledger]
 
 
-def test_a_sigkilled_workers_run_is_finished_by_another_with_the_same_ledger(env: Env, tasks: Path) -> None:
+def test_a_sigkilled_workers_run_is_finished_by_another_with_the_same_ledger(
+    env: Env, tasks: Path
+) -> None:
     api = start_server(env, tasks, "--workers", "0")
     key = env.tenant(name())["api_key"]
-    body = {"task": "hello-file", "model": SIM, "sim_policy": "synthetic:steps=12,obs_tokens=300,out_tokens=40",
-            "max_steps": 30, "sim_latency": 0.05}
+    body = {
+        "task": "hello-file",
+        "model": SIM,
+        "sim_policy": "synthetic:steps=12,obs_tokens=300,out_tokens=40",
+        "max_steps": 30,
+        "sim_latency": 0.05,
+    }
     worker_args = ["worker", "--tasks-dir", str(tasks), "--concurrency", "1", "--lease-ttl", "2"]
     try:
         with api.client(key) as c:
@@ -323,7 +381,9 @@ def test_a_sigkilled_workers_run_is_finished_by_another_with_the_same_ledger(env
             ids = [int(e["id"]) for e in events]
             assert ids == sorted(set(ids))
             stepped = [e["data"] for e in events if e["event"] == "step"]
-            assert [d["step"] for d in stepped if d.get("kind") != "lost_in_flight"] == list(range(1, run["steps"] + 1))
+            assert [d["step"] for d in stepped if d.get("kind") != "lost_in_flight"] == list(
+                range(1, run["steps"] + 1)
+            )
             assert len([d for d in stepped if d.get("kind") == "lost_in_flight"]) == len(lost)
     finally:
         api.process.kill()
@@ -336,19 +396,30 @@ def _decide_all(c, run_id: str, decision: str, message: str | None = None) -> di
         if finished(run):
             return run
         pending = run["pending_action"]
-        r = c.post(f"/v1/runs/{run_id}/actions", json={"call_id": pending["call_id"], "decision": decision, "message": message})
+        r = c.post(
+            f"/v1/runs/{run_id}/actions",
+            json={"call_id": pending["call_id"], "decision": decision, "message": message},
+        )
         assert r.status_code == 200, r.text
 
 
 def test_confirmed_tools_wait_for_a_person_without_holding_a_worker(server) -> None:
     key = server.env.tenant(name())["api_key"]
     with server.client(key) as c:
-        waiting = [c.post("/v1/runs", json={"task": "hello-file", "model": SIM, "confirm_tools": ["bash"]}).json()["id"]
-                   for _ in range(3)]  # more than the server's 2 worker slots
+        waiting = [
+            c.post(
+                "/v1/runs", json={"task": "hello-file", "model": SIM, "confirm_tools": ["bash"]}
+            ).json()["id"]
+            for _ in range(3)
+        ]  # more than the server's 2 worker slots
         for run_id in waiting:
             run = wait_for(c, run_id, lambda r: r["status"] == "requires_action")
             action = run["pending_action"]
-            assert action["call_id"] == "act-1" and action["tool"] == "bash" and action["status"] == "pending"
+            assert (
+                action["call_id"] == "act-1"
+                and action["tool"] == "bash"
+                and action["status"] == "pending"
+            )
             assert "command" in action["arguments"]
             cost = action["wait_cost"]
             assert cost["cache_ttl_s"] == 300 and Decimal(cost["cost_if_cache_expires_usd"]) >= 0
@@ -358,9 +429,24 @@ def test_confirmed_tools_wait_for_a_person_without_holding_a_worker(server) -> N
         assert wait_for(c, plain, finished)["status"] == "succeeded"
 
         run_id = waiting[0]
-        assert c.post(f"/v1/runs/{run_id}/actions", json={"call_id": "act-9", "decision": "approve"}).status_code == 409
-        assert c.post(f"/v1/runs/{run_id}/actions", json={"call_id": "x", "decision": "approve"}).status_code == 422
-        assert c.post(f"/v1/runs/{run_id}/actions", json={"call_id": "act-1", "decision": "maybe"}).status_code == 422
+        assert (
+            c.post(
+                f"/v1/runs/{run_id}/actions", json={"call_id": "act-9", "decision": "approve"}
+            ).status_code
+            == 409
+        )
+        assert (
+            c.post(
+                f"/v1/runs/{run_id}/actions", json={"call_id": "x", "decision": "approve"}
+            ).status_code
+            == 422
+        )
+        assert (
+            c.post(
+                f"/v1/runs/{run_id}/actions", json={"call_id": "act-1", "decision": "maybe"}
+            ).status_code
+            == 422
+        )
         run = _decide_all(c, run_id, "approve")
         assert run["status"] == "succeeded" and run["pending_action"] is None
         actions = c.get(f"/v1/runs/{run_id}/actions").json()["data"]
@@ -370,7 +456,10 @@ def test_confirmed_tools_wait_for_a_person_without_holding_a_worker(server) -> N
         events = list(read_events(c, run_id))
         kinds = [(e["event"], e["data"].get("status")) for e in events]
         assert ("requires_action", None) in [(k, None) for k, _ in kinds]
-        assert ("run.status", "requires_action") in kinds and kinds[-1] == ("run.status", "succeeded")
+        assert ("run.status", "requires_action") in kinds and kinds[-1] == (
+            "run.status",
+            "succeeded",
+        )
         ids = [int(e["id"]) for e in events]
         assert ids == sorted(set(ids))
 
@@ -381,7 +470,9 @@ def test_confirmed_tools_wait_for_a_person_without_holding_a_worker(server) -> N
         tool_results = [e["data"] for e in read_events(c, rejected) if e["event"] == "tool.result"]
         assert not any(r["name"] == "bash" for r in tool_results)  # no bash call ever ran
         actions = c.get(f"/v1/runs/{rejected}/actions").json()["data"]
-        assert actions and all(a["status"] == "rejected" and a["message"] == "not on production" for a in actions)
+        assert actions and all(
+            a["status"] == "rejected" and a["message"] == "not on production" for a in actions
+        )
         trajectory = (server.env.home / "runs" / rejected / "trajectory.jsonl").read_text()
         assert "a person rejected this call: not on production" in trajectory
 
@@ -393,7 +484,12 @@ def test_confirmed_tools_wait_for_a_person_without_holding_a_worker(server) -> N
         assert Decimal(run["cost_usd"]) == ledger_total(spent_before)
         assert list(read_events(c, idle))[-1]["data"]["status"] == "cancelled"
     with server.client(server.env.tenant(name())["api_key"]) as other:
-        assert other.post(f"/v1/runs/{waiting[0]}/actions", json={"call_id": "act-1", "decision": "approve"}).status_code == 404
+        assert (
+            other.post(
+                f"/v1/runs/{waiting[0]}/actions", json={"call_id": "act-1", "decision": "approve"}
+            ).status_code
+            == 404
+        )
         assert other.get(f"/v1/runs/{waiting[0]}/actions").status_code == 404
 
 
@@ -401,19 +497,41 @@ def test_people_talk_to_a_running_or_waiting_agent(server) -> None:
     key = server.env.tenant(name())["api_key"]
     with server.client(key) as c:
         # Waiting for a decision: the message is read at the step after it.
-        waiting = c.post("/v1/runs", json={"task": "hello-file", "model": SIM, "confirm_tools": ["bash"]}).json()["id"]
+        waiting = c.post(
+            "/v1/runs", json={"task": "hello-file", "model": SIM, "confirm_tools": ["bash"]}
+        ).json()["id"]
         wait_for(c, waiting, lambda r: r["status"] == "requires_action")
-        assert c.post(f"/v1/runs/{waiting}/messages", json={"content": "use [b]printf[/b], not echo"}).json()["n"] == 1
+        assert (
+            c.post(
+                f"/v1/runs/{waiting}/messages", json={"content": "use [b]printf[/b], not echo"}
+            ).json()["n"]
+            == 1
+        )
         run = _decide_all(c, waiting, "approve")
         assert run["status"] == "succeeded"
-        said = [e["data"] for e in read_events(c, waiting) if e["event"] == "message" and e["data"].get("role") == "user"]
+        said = [
+            e["data"]
+            for e in read_events(c, waiting)
+            if e["event"] == "message" and e["data"].get("role") == "user"
+        ]
         assert [m["content"] for m in said] == ["use [b]printf[/b], not echo"]
-        trajectory = [json.loads(line) for line in (server.env.home / "runs" / waiting / "trajectory.jsonl").read_text().splitlines()]
+        trajectory = [
+            json.loads(line)
+            for line in (server.env.home / "runs" / waiting / "trajectory.jsonl")
+            .read_text()
+            .splitlines()
+        ]
         assert sum(1 for m in trajectory if m.get("kind") == "person") == 1
         assert c.post(f"/v1/runs/{waiting}/messages", json={"content": "late"}).status_code == 409
 
         # Running: read within a step, in order.
-        body = {"task": "hello-file", "model": SIM, "sim_policy": LONG, "max_steps": 400, "sim_latency": 0.02}
+        body = {
+            "task": "hello-file",
+            "model": SIM,
+            "sim_policy": LONG,
+            "max_steps": 400,
+            "sim_latency": 0.02,
+        }
         running = c.post("/v1/runs", json=body).json()["id"]
         wait_for(c, running, lambda r: r["steps"] >= 1)
         for text in ("first", "second"):
@@ -433,14 +551,21 @@ def test_people_talk_to_a_running_or_waiting_agent(server) -> None:
 def test_a_run_pauses_at_its_cap_and_resumes_when_it_is_raised_without_paying_again(server) -> None:
     key = server.env.tenant(name())["api_key"]
     with server.client(key) as c:
-        body = {"task": "hello-file", "model": SIM, "max_cost": "0.02", "max_steps": 40,
-                "sim_policy": "synthetic:steps=30,obs_tokens=400,out_tokens=30"}
+        body = {
+            "task": "hello-file",
+            "model": SIM,
+            "max_cost": "0.02",
+            "max_steps": 40,
+            "sim_policy": "synthetic:steps=30,obs_tokens=400,out_tokens=30",
+        }
         run_id = c.post("/v1/runs", json=body).json()["id"]
         paused = wait_for(c, run_id, lambda r: r["status"] == "paused" or finished(r))
         assert paused["status"] == "paused" and paused["stop_reason"] == "budget_reached"
         assert 1 <= paused["steps"] < 30 and Decimal(paused["cost_usd"]) <= Decimal("0.02")
         before = c.get(f"/v1/runs/{run_id}/ledger").json()["ledger"]
-        assert len(before) == paused["steps"] and ledger_total(before) == Decimal(paused["cost_usd"])
+        assert len(before) == paused["steps"] and ledger_total(before) == Decimal(
+            paused["cost_usd"]
+        )
         assert c.patch(f"/v1/runs/{run_id}", json={"max_cost": "0.01"}).status_code == 422
         assert c.patch(f"/v1/runs/{run_id}", json={"max_cost": "NaN"}).status_code == 422
         raised = c.patch(f"/v1/runs/{run_id}", json={"max_cost": "5"})
@@ -448,10 +573,14 @@ def test_a_run_pauses_at_its_cap_and_resumes_when_it_is_raised_without_paying_ag
         run = wait_for(c, run_id, finished)
         assert run["steps"] == 31 and run["stop_reason"] == "submit"
         after = c.get(f"/v1/runs/{run_id}/ledger").json()["ledger"]
-        assert _comparable(after[: len(before)]) == _comparable(before)  # the paid steps, as they were
+        assert _comparable(after[: len(before)]) == _comparable(
+            before
+        )  # the paid steps, as they were
         assert not [e for e in after if e.get("kind") == "lost_in_flight"]
         assert ledger_total(after) == Decimal(run["cost_usd"])
-        statuses = [e["data"]["status"] for e in read_events(c, run_id) if e["event"] == "run.status"]
+        statuses = [
+            e["data"]["status"] for e in read_events(c, run_id) if e["event"] == "run.status"
+        ]
         assert statuses == ["queued", "running", "paused", "running", run["status"]]
         assert c.patch(f"/v1/runs/{run_id}", json={"max_cost": "9"}).status_code == 409
     with server.client(server.env.tenant(name())["api_key"]) as other:
@@ -479,7 +608,9 @@ def _task_entries(top: str = "mine") -> list[tuple[tarfile.TarInfo, bytes | None
     out = []
     for p in sorted(root.rglob("*")):
         if p.is_file():
-            out.append(_file(f"{top}/{p.relative_to(root)}", p.read_bytes(), p.stat().st_mode & 0o777))
+            out.append(
+                _file(f"{top}/{p.relative_to(root)}", p.read_bytes(), p.stat().st_mode & 0o777)
+            )
     return out
 
 
@@ -495,27 +626,51 @@ def test_uploaded_tasks_are_checked_unpacked_safely_and_private(server) -> None:
     with server.client(alice) as c:
         ok = c.post("/v1/tasks", params={"name": "mine"}, content=_tgz(_task_entries()))
         assert ok.status_code == 201, ok.text
-        assert c.post("/v1/tasks", params={"name": "mine"}, content=_tgz(_task_entries())).status_code == 422
+        assert (
+            c.post("/v1/tasks", params={"name": "mine"}, content=_tgz(_task_entries())).status_code
+            == 422
+        )
         run_id = c.post("/v1/runs", json={"task": "mine", "model": SIM}).json()["id"]
         assert wait_for(c, run_id, finished)["status"] == "succeeded"
         bad = {
-            "symlink": [*_task_entries(), _special("mine/environment/x", tarfile.SYMTYPE, "/etc/shadow")],
-            "hardlink": [*_task_entries(), _special("mine/environment/y", tarfile.LNKTYPE, "mine/instruction.md")],
+            "symlink": [
+                *_task_entries(),
+                _special("mine/environment/x", tarfile.SYMTYPE, "/etc/shadow"),
+            ],
+            "hardlink": [
+                *_task_entries(),
+                _special("mine/environment/y", tarfile.LNKTYPE, "mine/instruction.md"),
+            ],
             "device": [*_task_entries(), _special("mine/environment/z", tarfile.CHRTYPE)],
             "fifo": [*_task_entries(), _special("mine/environment/f", tarfile.FIFOTYPE)],
             "dotdot": [*_task_entries(), _file("mine/../../escape", b"x")],
             "absolute": [*_task_entries(), _file("/tmp/escape", b"x")],
-            "network": [e if e[0].name != "mine/task.toml" else _file("mine/task.toml", b"[environment]\nallow_internet = true\n")
-                        for e in _task_entries()],
-            "no-instruction": [e for e in _task_entries() if not e[0].name.endswith("instruction.md")],
+            "network": [
+                e
+                if e[0].name != "mine/task.toml"
+                else _file("mine/task.toml", b"[environment]\nallow_internet = true\n")
+                for e in _task_entries()
+            ],
+            "no-instruction": [
+                e for e in _task_entries() if not e[0].name.endswith("instruction.md")
+            ],
         }
         for label, entries in bad.items():
             r = c.post("/v1/tasks", params={"name": f"bad-{label}"}, content=_tgz(entries))
             assert r.status_code == 422, (label, r.text)
             assert str(server.env.home) not in r.text, label  # no server paths in answers
-        assert c.post("/v1/tasks", params={"name": "junk"}, content=b"not a tarball").status_code == 422
-        assert c.post("/v1/tasks", params={"name": "../x"}, content=_tgz(_task_entries())).status_code == 422
-        setuid = [e if not e[0].name.endswith("solve.sh") else _file(e[0].name, e[1], 0o4755) for e in _task_entries("s")]
+        assert (
+            c.post("/v1/tasks", params={"name": "junk"}, content=b"not a tarball").status_code
+            == 422
+        )
+        assert (
+            c.post("/v1/tasks", params={"name": "../x"}, content=_tgz(_task_entries())).status_code
+            == 422
+        )
+        setuid = [
+            e if not e[0].name.endswith("solve.sh") else _file(e[0].name, e[1], 0o4755)
+            for e in _task_entries("s")
+        ]
         assert c.post("/v1/tasks", params={"name": "suid"}, content=_tgz(setuid)).status_code == 201
     tenant_dir = next(d for d in uploads.iterdir() if (d / "mine").is_dir())
     assert sorted(p.name for p in tenant_dir.iterdir()) == ["mine", "suid"]  # nothing half-unpacked
@@ -527,9 +682,16 @@ def test_uploaded_tasks_are_checked_unpacked_safely_and_private(server) -> None:
 
 def test_the_api_restarts_without_affecting_runs(env: Env, tasks: Path) -> None:
     first = start_server(env, tasks, "--workers", "0")
-    worker = spawn(env, ["worker", "--tasks-dir", str(tasks), "--concurrency", "2"], env.home.parent / "w.log")
+    worker = spawn(
+        env, ["worker", "--tasks-dir", str(tasks), "--concurrency", "2"], env.home.parent / "w.log"
+    )
     key = env.tenant(name())["api_key"]
-    body = {"task": "hello-file", "model": SIM, "sim_policy": "synthetic:steps=10,obs_tokens=100,out_tokens=20", "sim_latency": 0.05}
+    body = {
+        "task": "hello-file",
+        "model": SIM,
+        "sim_policy": "synthetic:steps=10,obs_tokens=100,out_tokens=20",
+        "sim_latency": 0.05,
+    }
     try:
         with first.client(key) as c:
             run_id = c.post("/v1/runs", json=body).json()["id"]
@@ -541,7 +703,9 @@ def test_the_api_restarts_without_affecting_runs(env: Env, tasks: Path) -> None:
                 run = wait_for(c, run_id, finished)
                 assert run["steps"] == 11, worker.output()
                 events = list(read_events(c, run_id))
-                assert [e["data"]["step"] for e in events if e["event"] == "step"] == list(range(1, 12))
+                assert [e["data"]["step"] for e in events if e["event"] == "step"] == list(
+                    range(1, 12)
+                )
         finally:
             second.process.kill()
     finally:
@@ -558,7 +722,12 @@ def test_request_bodies_are_bounded(server) -> None:
             for _ in range(40):
                 yield b"x" * 65536
 
-        assert c.post("/v1/runs", content=chunks(), headers={"Content-Type": "application/json"}).status_code == 413
+        assert (
+            c.post(
+                "/v1/runs", content=chunks(), headers={"Content-Type": "application/json"}
+            ).status_code
+            == 413
+        )
         assert c.get("/v1/runs").json()["data"] == []
 
 
@@ -566,7 +735,9 @@ def test_runs_that_end_in_error_or_at_their_step_limit_say_so(server) -> None:
     key = server.env.tenant(name())["api_key"]
     with server.client(key) as c:
         # A model name the API accepts (provider:model) that the run cannot use: error.
-        broken = c.post("/v1/runs", json={"task": "hello-file", "model": "sim:claude-sonet-4-5"}).json()["id"]
+        broken = c.post(
+            "/v1/runs", json={"task": "hello-file", "model": "sim:claude-sonet-4-5"}
+        ).json()["id"]
         run = wait_for(c, broken, finished)
         assert run["status"] == "error" and "claude-sonet-4-5" in run["error"] and run["steps"] == 0
         assert [e["data"]["status"] for e in read_events(c, broken)] == ["queued", "error"]
@@ -574,7 +745,11 @@ def test_runs_that_end_in_error_or_at_their_step_limit_say_so(server) -> None:
         body = {"task": "hello-file", "model": SIM, "max_steps": 2, "sim_policy": LONG}
         limited = c.post("/v1/runs", json=body).json()["id"]
         run = wait_for(c, limited, finished)
-        assert run["status"] == "budget_exhausted" and run["stop_reason"] == "max_steps" and run["steps"] == 2
+        assert (
+            run["status"] == "budget_exhausted"
+            and run["stop_reason"] == "max_steps"
+            and run["steps"] == 2
+        )
         ledger = c.get(f"/v1/runs/{limited}/ledger").json()["ledger"]
         assert ledger_total(ledger) == Decimal(run["cost_usd"])
 
@@ -604,5 +779,7 @@ def test_an_approval_with_words_reaches_the_agent_with_the_tools_result(tmp_path
     assert actions.decide("r1", 1, True, "go ahead, it is Friday")
     [again] = Gate(actions, "r1", ["deploy"])([Echo()])
     result = asyncio.run(again({}, ctx))
-    assert result.output == "deployed\n[a person approved this call and said: go ahead, it is Friday]"
+    assert (
+        result.output == "deployed\n[a person approved this call and said: go ahead, it is Friday]"
+    )
     store.close()

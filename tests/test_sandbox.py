@@ -183,8 +183,6 @@ def test_memory_limit(ws: Path) -> None:
     assert r.stdout == f"{32 * 1024**2}\n"
 
 
-
-
 @needs_bwrap
 @pytest.mark.skipif(
     pids_cgroup_parent() is None and os.geteuid() == 0,
@@ -329,7 +327,9 @@ def outside_tmp() -> Iterator[Path]:
 
 
 @needs_bwrap
-def test_private_dirs_inside_system_dirs_are_covered(ws: Path, outside_tmp: Path, monkeypatch) -> None:
+def test_private_dirs_inside_system_dirs_are_covered(
+    ws: Path, outside_tmp: Path, monkeypatch
+) -> None:
     """A checkout in /usr/src, a home in /etc...: whatever system directory is mounted, the
     directory stayer runs from, the home directory and $STAYER_HOME stay out of sight."""
     import stayer.sandbox.bwrap as bwrap
@@ -379,7 +379,13 @@ def test_disk_usage_counts_what_is_allocated_once(tmp_path: Path) -> None:
     outside.mkdir()
     (outside / "big").write_bytes(b"y" * 1_000_000)
     os.symlink(outside, root / "link")
-    assert sorted(rel for rel, _ in iter_tree(root)) == ["hardlink", "link", "sparse", "sub", "sub/a"]
+    assert sorted(rel for rel, _ in iter_tree(root)) == [
+        "hardlink",
+        "link",
+        "sparse",
+        "sub",
+        "sub/a",
+    ]
     used = disk_usage(root)
     assert 100_000 <= used < 200_000  # the file once; not the sparse hole, not the link's target
     assert disk_usage(tmp_path / "missing") == 0

@@ -23,7 +23,11 @@ def stayer(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     return subprocess.run(
         [sys.executable, "-m", "stayer.cli", "sandbox", "exec", *args],
-        capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
     )
 
 

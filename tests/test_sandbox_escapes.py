@@ -73,8 +73,8 @@ def test_cannot_connect_to_a_host_listener_on_loopback(make: MakeSandbox, ws: Pa
         port = srv.getsockname()[1]
         probe = (
             f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo bash-connected; "
-            f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 3); "
-            "print(\"python-connected\")'"
+            f'python3 -c \'import socket; socket.create_connection(("127.0.0.1", {port}), 3); '
+            'print("python-connected")\''
         )
         r = run(make(ws).exec(probe, timeout=15))
         contained(r)
@@ -95,7 +95,7 @@ def test_cannot_reach_a_host_abstract_unix_socket(make: MakeSandbox, ws: Path) -
         srv.listen(1)
         probe = (
             "python3 -c 'import socket, sys; s = socket.socket(socket.AF_UNIX); "
-            f"s.connect(\"\\0{name}\"); print(\"connected\")'"
+            f's.connect("\\0{name}"); print("connected")\''
         )
         r = run(make(ws).exec(probe, timeout=15))
         contained(r)
@@ -168,7 +168,9 @@ def test_dns_lookups_fail_without_allow_internet(make: MakeSandbox, ws: Path) ->
 # ----------------------------------------------------------------------------- files
 
 
-def test_writes_outside_app_do_not_reach_the_host(make: MakeSandbox, ws: Path, tmp_path: Path) -> None:
+def test_writes_outside_app_do_not_reach_the_host(
+    make: MakeSandbox, ws: Path, tmp_path: Path
+) -> None:
     name = f"stayer-pwned-{uuid.uuid4().hex}"
     cwd = Path.cwd()
     targets = ["/usr", "/etc", "/", "/root", "/home", "/var", "/opt", "/etc/ssl/private", str(cwd)]
@@ -177,7 +179,9 @@ def test_writes_outside_app_do_not_reach_the_host(make: MakeSandbox, ws: Path, t
     strict = [t for t in targets if not (t == "/tmp" or t.startswith("/tmp/"))]
     sb = make(ws)
     # In a container the image's own root-only directories (/root) refuse even the lookup.
-    reasons = ("Read-only file system", "No such file") + (() if make is BwrapSandbox else ("Permission denied",))
+    reasons = ("Read-only file system", "No such file") + (
+        () if make is BwrapSandbox else ("Permission denied",)
+    )
     for t in strict:
         r = run(sb.exec(f"echo x > {t}/{name}"))
         contained(r)
@@ -195,7 +199,9 @@ def test_writes_outside_app_do_not_reach_the_host(make: MakeSandbox, ws: Path, t
     assert (ws / name).read_text() == "kept\n"
 
 
-def test_host_secret_files_are_not_readable(make: MakeSandbox, ws: Path, tmp_path: Path, monkeypatch) -> None:
+def test_host_secret_files_are_not_readable(
+    make: MakeSandbox, ws: Path, tmp_path: Path, monkeypatch
+) -> None:
     token = uuid.uuid4().hex  # the secret
     name = f"stayer-secret-{uuid.uuid4().hex}"
     in_tmp = Path("/tmp") / name
@@ -250,7 +256,9 @@ def test_host_processes_are_invisible_and_unsignalable(make: MakeSandbox, ws: Pa
         r = run(sb.exec(f"kill -9 {victim.pid}"))
         contained(r)
         assert "No such process" in r.stderr
-        r = run(sb.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '; echo; ls -d /proc/[0-9]* | wc -l"))
+        r = run(
+            sb.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '; echo; ls -d /proc/[0-9]* | wc -l")
+        )
         contained(r, failed=False)
         assert mark not in r.stdout and "sleep" not in r.stdout
         assert int(r.stdout.split()[-1]) <= 5  # bwrap, bash, cat, tr, ls: nothing of the host
@@ -367,7 +375,7 @@ def test_five_gigabyte_file_write_is_stopped_early(make: MakeSandbox, ws: Path) 
     for how in (
         f"head -c {five_gb} /dev/zero > /app/big",
         f"dd if=/dev/zero of=/app/big bs=1M count={five_gb // 2**20} status=none",
-        f"python3 -c 'f = open(\"/app/big\", \"wb\"); [f.write(bytes(2**20)) for _ in range({five_gb // 2**20})]'",
+        f'python3 -c \'f = open("/app/big", "wb"); [f.write(bytes(2**20)) for _ in range({five_gb // 2**20})]\'',
         f"truncate -s {five_gb} /app/big",
         f"fallocate -l {five_gb} /app/big",
     ):
@@ -383,7 +391,9 @@ def test_five_gigabyte_file_write_is_stopped_early(make: MakeSandbox, ws: Path) 
 
 def test_many_files_past_the_storage_limit_are_stopped(make: MakeSandbox, ws: Path) -> None:
     sb = make(ws, storage_mb=100)
-    r = run(sb.exec("for i in $(seq 1 100); do head -c 50000000 /dev/zero > /app/f$i; done", timeout=60))
+    r = run(
+        sb.exec("for i in $(seq 1 100); do head -c 50000000 /dev/zero > /app/f$i; done", timeout=60)
+    )
     contained(r)
     assert "[storage limit: /app holds" in r.stderr and "over its limit of 100 MiB" in r.stderr
     held = disk_usage(ws)
@@ -393,8 +403,6 @@ def test_many_files_past_the_storage_limit_are_stopped(make: MakeSandbox, ws: Pa
     r = run(sb.exec("rm /app/f*; echo ok > /app/small"))
     contained(r, failed=False)
     assert disk_usage(ws) < 2**20
-
-
 
 
 @pytest.mark.slow

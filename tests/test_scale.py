@@ -26,7 +26,19 @@ D = Decimal
 
 def rollouts(tmp_path: Path, *args: str, fmt: str = "jsonl"):
     out = tmp_path / "ro"
-    r = stayer("rollouts", str(EXAMPLES), "--model", MODEL, "--out", str(out), "--format", fmt, "--json", *args, home=tmp_path / "home")
+    r = stayer(
+        "rollouts",
+        str(EXAMPLES),
+        "--model",
+        MODEL,
+        "--out",
+        str(out),
+        "--format",
+        fmt,
+        "--json",
+        *args,
+        home=tmp_path / "home",
+    )
     return r, out
 
 
@@ -70,7 +82,12 @@ def check_atif(doc: dict) -> None:
         if "is_copied_context" in s:
             assert isinstance(s["is_copied_context"], bool)
     fm = doc["final_metrics"]
-    for k in ("total_prompt_tokens", "total_completion_tokens", "total_cached_tokens", "total_steps"):
+    for k in (
+        "total_prompt_tokens",
+        "total_completion_tokens",
+        "total_cached_tokens",
+        "total_steps",
+    ):
         assert isinstance(fm[k], int)
     assert fm["total_steps"] == len(steps)
     assert isinstance(doc["subagent_trajectories"], list)
@@ -88,7 +105,9 @@ def test_rollouts_token_ids_masks_and_costs_match_the_ledger(tmp_path):
     for rec in recs.values():
         result = json.loads((Path(rec["run_dir"]) / "result.json").read_text())
         main = [e for e in result["ledger"] if e["agent"] == "main"]
-        assert rec["trace_complete"] and [s["step"] for s in rec["trace"]] == [e["step"] for e in main]
+        assert rec["trace_complete"] and [s["step"] for s in rec["trace"]] == [
+            e["step"] for e in main
+        ]
         for s, e in zip(rec["trace"], main, strict=True):
             # the ids are the tokens the provider billed: as many as it counted
             assert len(s["prompt_ids"]) == e["usage"]["input_tokens"]
@@ -99,7 +118,9 @@ def test_rollouts_token_ids_masks_and_costs_match_the_ledger(tmp_path):
             assert parts["read"] > 0 or e["usage"]["cache_read_tokens"] == 0
         assert sum(D(s["cost_usd"]) for s in rec["trace"]) == D(rec["cost_usd"])
         assert rec["task"] in {"hello-file", "fix-median", "sales-report"}
-        assert load_task(rec["task_path"]).instruction.strip()[:40] in counter.decode(rec["trace"][0]["prompt_ids"])
+        assert load_task(rec["task_path"]).instruction.strip()[:40] in counter.decode(
+            rec["trace"][0]["prompt_ids"]
+        )
     lines = [json.loads(x) for x in (out / "verl.jsonl").read_text().splitlines()]
     assert len(lines) == 6
     for row in lines:
@@ -108,14 +129,23 @@ def test_rollouts_token_ids_masks_and_costs_match_the_ledger(tmp_path):
         assert row["prompt_ids"] == trace[0]["prompt_ids"]
         assert len(row["response_ids"]) == len(row["response_mask"])
         # the model's tokens are exactly its replies; the rest is what the tools returned
-        model_tokens = [t for t, m in zip(row["response_ids"], row["response_mask"], strict=True) if m == 1]
+        model_tokens = [
+            t for t, m in zip(row["response_ids"], row["response_mask"], strict=True) if m == 1
+        ]
         assert model_tokens == [t for s in trace for t in s["completion_ids"]]
-        tool_text = counter.decode([t for t, m in zip(row["response_ids"], row["response_mask"], strict=True) if m == 0])
+        tool_text = counter.decode(
+            [t for t, m in zip(row["response_ids"], row["response_mask"], strict=True) if m == 0]
+        )
         tool_msgs = [m["content"] for s in trace[1:] for m in s["messages"] if m["role"] == "tool"]
         assert tool_msgs and all(c in tool_text for c in tool_msgs)
         # the whole sequence is the last prompt plus the last reply
-        assert row["prompt_ids"] + row["response_ids"] == trace[-1]["prompt_ids"] + trace[-1]["completion_ids"]
-        assert row["num_turns"] == len(trace) and row["reward_score"] == 0.0  # all pass: no advantage
+        assert (
+            row["prompt_ids"] + row["response_ids"]
+            == trace[-1]["prompt_ids"] + trace[-1]["completion_ids"]
+        )
+        assert (
+            row["num_turns"] == len(trace) and row["reward_score"] == 0.0
+        )  # all pass: no advantage
         assert row["extra_fields"]["reward_raw"] == 1.0
 
     # stats: per-domain rewards, success, cost per sample, allocation over time
@@ -123,9 +153,17 @@ def test_rollouts_token_ids_masks_and_costs_match_the_ledger(tmp_path):
     assert s.returncode == 0, s.stderr
     st = json.loads(s.stdout)
     [dom] = st["domains"]
-    assert (dom["domain"], dom["samples"], dom["groups"], dom["success_rate"], dom["groups_with_signal"]) == ("examples", 6, 3, 1.0, 0)
+    assert (
+        dom["domain"],
+        dom["samples"],
+        dom["groups"],
+        dom["success_rate"],
+        dom["groups_with_signal"],
+    ) == ("examples", 6, 3, 1.0, 0)
     assert D(dom["cost_per_sample_usd"]) == sum(D(x["cost_usd"]) for x in recs.values()) / 6
-    assert [rd["round"] for rd in st["rounds"]] == [1] and len(st["rounds"][0]["allocation_history"]) == 3
+    assert [rd["round"] for rd in st["rounds"]] == [1] and len(
+        st["rounds"][0]["allocation_history"]
+    ) == 3
 
 
 @needs_bwrap
@@ -141,13 +179,22 @@ def test_each_export_format(tmp_path, fmt):
         assert n == 2
         for k in ("prompt_token_ids", "rewards", "loss_masks", "stop_reasons", "trajectory_ids"):
             assert len(g[k]) == n, k
-        assert all(len(m) == len(ids) for m, ids in zip(g["loss_masks"], g["response_ids"], strict=True))
+        assert all(
+            len(m) == len(ids) for m, ids in zip(g["loss_masks"], g["response_ids"], strict=True)
+        )
         assert sorted(t["repetition_id"] for t in g["trajectory_ids"]) == [1, 2]
         assert len({t["instance_id"] for t in g["trajectory_ids"]}) == 1  # one group
         assert g["stop_reasons"] == ["tool_use", "tool_use"]
     elif fmt == "verifiers":
         v = json.loads((out / "verifiers.json").read_text())
-        for p, pm, c, cm, lp in zip(v["prompt_ids"], v["prompt_mask"], v["completion_ids"], v["completion_mask"], v["completion_logprobs"], strict=True):
+        for p, pm, c, cm, lp in zip(
+            v["prompt_ids"],
+            v["prompt_mask"],
+            v["completion_ids"],
+            v["completion_mask"],
+            v["completion_logprobs"],
+            strict=True,
+        ):
             assert len(p) == len(pm) and len(c) == len(cm) == len(lp) and set(cm) == {0, 1}
         assert len(v["rewards"]) == 2
     elif fmt == "atif":
@@ -158,8 +205,12 @@ def test_each_export_format(tmp_path, fmt):
             assert doc["schema_version"] == ATIF_VERSION
             rec = next(x for x in recs if x["key"] == doc["trajectory_id"])
             agent_steps = [s for s in doc["steps"] if s["source"] == "agent"]
-            assert [s["metrics"]["cost_usd"] for s in agent_steps] == [float(s["cost_usd"]) for s in rec["trace"]]
-            assert [s["metrics"]["prompt_token_ids"] for s in agent_steps] == [s["prompt_ids"] for s in rec["trace"]]
+            assert [s["metrics"]["cost_usd"] for s in agent_steps] == [
+                float(s["cost_usd"]) for s in rec["trace"]
+            ]
+            assert [s["metrics"]["prompt_token_ids"] for s in agent_steps] == [
+                s["prompt_ids"] for s in rec["trace"]
+            ]
             assert doc["final_metrics"]["total_cost_usd"] == float(rec["cost_usd"])
             assert doc["final_metrics"]["total_prompt_tokens"] == rec["usage"]["input_tokens"]
             assert any(s.get("observation") for s in agent_steps)  # the tool's output
@@ -173,8 +224,12 @@ def test_compacted_context_is_marked_copied_and_starts_a_new_sequence(tmp_path, 
     """A summarising policy rewrites the head of the context: the steps after it are a new
     sequence, the messages it kept are copied context (ATIF is_copied_context)."""
     monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))
-    config = EvalConfig(MODEL, "summarize", "synthetic:steps=30,obs_tokens=6000,out_tokens=100", 40, sandbox="local")
-    rec = asyncio.run(rollout_trial(Trial(load_task(EXAMPLES / "hello-file"), config, 1, "x"), PriceBook.load()))
+    config = EvalConfig(
+        MODEL, "summarize", "synthetic:steps=30,obs_tokens=6000,out_tokens=100", 40, sandbox="local"
+    )
+    rec = asyncio.run(
+        rollout_trial(Trial(load_task(EXAMPLES / "hello-file"), config, 1, "x"), PriceBook.load())
+    )
     trace = rec["trace"]
     resets = [s["step"] for s in trace if s["context_reset"]]
     assert rec["trace_complete"] and resets, "the policy compacted"
@@ -185,21 +240,28 @@ def test_compacted_context_is_marked_copied_and_starts_a_new_sequence(tmp_path, 
     doc = atif(rec, 0.0)
     check_atif(doc)
     copied = [s for s in doc["steps"] if s.get("is_copied_context")]
-    assert copied and all(s["source"] in ("user", "system", "agent") and "metrics" not in s for s in copied)
+    assert copied and all(
+        s["source"] in ("user", "system", "agent") and "metrics" not in s for s in copied
+    )
     assert any(s.get("extra", {}).get("context_management") == "summary" for s in doc["steps"])
 
 
 def test_normalised_reward_is_a_z_score_within_each_group():
-    recs = [
-        {"key": f"a{i}", "group": "a", "reward": r} for i, r in enumerate([0.0, 1.0, 1.0, 0.0])
-    ] + [{"key": f"b{i}", "group": "b", "reward": r} for i, r in enumerate([10.0, 30.0])] + [
-        {"key": "c0", "group": "c", "reward": 1.0}, {"key": "c1", "group": "c", "reward": 1.0},
-        {"key": "d0", "group": "d", "reward": None},  # a sample with no reward scores 0
-    ]
+    recs = (
+        [{"key": f"a{i}", "group": "a", "reward": r} for i, r in enumerate([0.0, 1.0, 1.0, 0.0])]
+        + [{"key": f"b{i}", "group": "b", "reward": r} for i, r in enumerate([10.0, 30.0])]
+        + [
+            {"key": "c0", "group": "c", "reward": 1.0},
+            {"key": "c1", "group": "c", "reward": 1.0},
+            {"key": "d0", "group": "d", "reward": None},  # a sample with no reward scores 0
+        ]
+    )
     z = normalised_rewards(recs)
     for g in ("a", "b"):
         vals = [z[r["key"]] for r in recs if r["group"] == g]
-        assert statistics.fmean(vals) == pytest.approx(0) and statistics.pstdev(vals) == pytest.approx(1)
+        assert statistics.fmean(vals) == pytest.approx(0) and statistics.pstdev(
+            vals
+        ) == pytest.approx(1)
     assert z["b0"] == z["a0"] == -1.0  # a reward scale ten times larger weighs the same
     assert z["c0"] == z["c1"] == z["d0"] == 0.0
 
@@ -261,8 +323,15 @@ def test_straggler_decisions_by_marginal_dollars():
     # deep in the tail: finishing is expected to cost more than a fresh sample
     assert straggler_action(D("2"), costs, cache_warm=True, cold_premium=D("0")) == "abandon"
     # too stale to carry
-    assert straggler_action(D("0.5"), costs, cache_warm=False, cold_premium=D("0"), staleness=2, max_staleness=2) == "abandon"
-    assert straggler_action(D("0.5"), [], cache_warm=True, cold_premium=D("0")) == "carry"  # nothing known
+    assert (
+        straggler_action(
+            D("0.5"), costs, cache_warm=False, cold_premium=D("0"), staleness=2, max_staleness=2
+        )
+        == "abandon"
+    )
+    assert (
+        straggler_action(D("0.5"), [], cache_warm=True, cold_premium=D("0")) == "carry"
+    )  # nothing known
 
 
 # --- the job's dollars and the task checks ----------------------------------------------
@@ -271,39 +340,90 @@ def test_straggler_decisions_by_marginal_dollars():
 @needs_bwrap
 def test_max_cost_holds_for_the_whole_job(tmp_path):
     # each sample costs ~$0.005-0.010: $0.02 over two slots is $0.01 a sample, two at a time
-    r, out = rollouts(tmp_path, "--n", "2", "--target", "3", "--max-cost", "0.02", "--concurrency", "2")
+    r, out = rollouts(
+        tmp_path, "--n", "2", "--target", "3", "--max-cost", "0.02", "--concurrency", "2"
+    )
     doc = json.loads(r.stdout)
     spent = sum(D(x["cost_usd"]) for x in records(out))
     assert spent <= D("0.02") and D(doc["cost_usd"]) == spent
-    assert doc["groups_complete"] < 3 and doc["stop_reason"] == "max_cost" and r.returncode == 3  # budget exhausted
+    assert (
+        doc["groups_complete"] < 3 and doc["stop_reason"] == "max_cost" and r.returncode == 3
+    )  # budget exhausted
 
 
 @needs_bwrap
 def test_flagged_tasks_are_excluded_or_down_weighted_and_said_so(tmp_path):
     checks = tmp_path / "checks.json"
-    checks.write_text(json.dumps({"suite": "examples", "ok": False, "tasks": [
-        {"name": "hello-file", "ok": False, "problems": [{"kind": "nop_passes", "detail": "the untouched environment scores 1"}]},
-        {"name": "fix-median", "ok": False, "problems": [{"kind": "flaky", "detail": "2 of 3 verdicts"}]},
-        {"name": "sales-report", "ok": True, "problems": []},
-    ]}))
+    checks.write_text(
+        json.dumps(
+            {
+                "suite": "examples",
+                "ok": False,
+                "tasks": [
+                    {
+                        "name": "hello-file",
+                        "ok": False,
+                        "problems": [
+                            {"kind": "nop_passes", "detail": "the untouched environment scores 1"}
+                        ],
+                    },
+                    {
+                        "name": "fix-median",
+                        "ok": False,
+                        "problems": [{"kind": "flaky", "detail": "2 of 3 verdicts"}],
+                    },
+                    {"name": "sales-report", "ok": True, "problems": []},
+                ],
+            }
+        )
+    )
     r, out = rollouts(tmp_path, "--n", "1", "--target", "2", "--checks", str(checks))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert "hello-file" in doc["excluded"] and "fix-median" in doc["down_weighted"]
-    assert "excluded: hello-file: nop_passes" in r.stderr and "down-weighted: fix-median: flaky" in r.stderr
+    assert (
+        "excluded: hello-file: nop_passes" in r.stderr
+        and "down-weighted: fix-median: flaky" in r.stderr
+    )
     assert {x["task"] for x in records(out)} <= {"fix-median", "sales-report"}
     assert {x["weight"] for x in records(out) if x["task"] == "fix-median"} <= {0.25}
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
-    for args in ([], ["--target", "0"], ["--target", "1", "--format", "parquet"], ["--target", "1", "--overprovision", "-1"]):
-        r = stayer("rollouts", str(EXAMPLES), "--model", MODEL, "--out", str(tmp_path / "o"), *args, home=tmp_path / "h")
+    for args in (
+        [],
+        ["--target", "0"],
+        ["--target", "1", "--format", "parquet"],
+        ["--target", "1", "--overprovision", "-1"],
+    ):
+        r = stayer(
+            "rollouts",
+            str(EXAMPLES),
+            "--model",
+            MODEL,
+            "--out",
+            str(tmp_path / "o"),
+            *args,
+            home=tmp_path / "h",
+        )
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
     r = stayer("rollouts", "stats", str(tmp_path / "nothing"), home=tmp_path / "h")
     assert r.returncode == 2
     bad = tmp_path / "checks.json"
     bad.write_text("[]")
-    r = stayer("rollouts", str(EXAMPLES), "--model", MODEL, "--target", "1", "--out", str(tmp_path / "o"), "--checks", str(bad), home=tmp_path / "h")
+    r = stayer(
+        "rollouts",
+        str(EXAMPLES),
+        "--model",
+        MODEL,
+        "--target",
+        "1",
+        "--out",
+        str(tmp_path / "o"),
+        "--checks",
+        str(bad),
+        home=tmp_path / "h",
+    )
     assert r.returncode == 2 and "--checks" in r.stderr
     assert not (tmp_path / "o").exists()
 
@@ -319,11 +439,16 @@ def _straggler_round(out: Path, policy: str, target: int, overprovision: float) 
 
     task = load_task(EXAMPLES / "hello-file")
     fast = EvalConfig(MODEL)
-    slow = EvalConfig(MODEL, None, "synthetic:steps=30,obs_tokens=200,out_tokens=50", 40, sim_latency=1.0)
+    slow = EvalConfig(
+        MODEL, None, "synthetic:steps=30,obs_tokens=200,out_tokens=50", 40, sim_latency=1.0
+    )
     spec = RolloutSpec(fast, samples=1, target=target, overprovision=overprovision, concurrency=2)
     return asyncio.run(
         collect(
-            {"d": [task]}, spec, PriceBook.load(), out,
+            {"d": [task]},
+            spec,
+            PriceBook.load(),
+            out,
             config_of=lambda t, epoch: slow if epoch == 2 else fast,
             stragglers=lambda *a, **k: policy,
         )
@@ -356,7 +481,9 @@ def test_a_straggler_carried_over_continues_from_its_journal_next_round(tmp_path
 
 @pytest.mark.slow
 @needs_bwrap
-def test_an_abandoned_straggler_is_never_continued_and_its_dollars_are_counted(tmp_path, monkeypatch):
+def test_an_abandoned_straggler_is_never_continued_and_its_dollars_are_counted(
+    tmp_path, monkeypatch
+):
     from stayer.journal import open_store
 
     monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))

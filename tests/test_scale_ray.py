@@ -38,7 +38,18 @@ def comparable(doc: dict) -> list:
     """What must not depend on where the trials ran: per configuration, trials, successes,
     costs and tokens; per task, the same."""
     return [
-        {k: c[k] for k in ("model", "trials", "successes", "success_rate", "total_cost_usd", "mean_tokens", "error_classes")}
+        {
+            k: c[k]
+            for k in (
+                "model",
+                "trials",
+                "successes",
+                "success_rate",
+                "total_cost_usd",
+                "mean_tokens",
+                "error_classes",
+            )
+        }
         for c in doc["configs"]
     ] + [json.dumps(doc["tasks"], sort_keys=True)]
 
@@ -48,13 +59,18 @@ def test_eval_with_ray_local_equals_the_local_runner(tmp_path):
     cluster (its own process) and gives the local runner's results."""
     args = ("eval", str(EXAMPLES), "--model", f"{MODEL},sim:gpt-5", "--epochs", "2", "--json")
     local = stayer(*args, "--out", str(tmp_path / "local"), home=tmp_path / "h1")
-    on_ray = stayer(*args, "--out", str(tmp_path / "ray"), "--ray", "local", home=tmp_path / "h2", timeout=600)
+    on_ray = stayer(
+        *args, "--out", str(tmp_path / "ray"), "--ray", "local", home=tmp_path / "h2", timeout=600
+    )
     assert local.returncode == 0, local.stderr
     assert on_ray.returncode == 0, on_ray.stderr
     a, b = json.loads(local.stdout), json.loads(on_ray.stdout)
     assert b["settings"]["ray"] == "local" and b["trials_total"] == a["trials_total"] == 16
     assert comparable(a) == comparable(b)
-    keys = lambda out: sorted(p.relative_to(out).as_posix() for p in (out / "trials").rglob("*.json"))  # noqa: E731
+
+    def keys(out):
+        return sorted(p.relative_to(out).as_posix() for p in (out / "trials").rglob("*.json"))
+
     assert keys(tmp_path / "local") == keys(tmp_path / "ray")
 
 
@@ -68,7 +84,9 @@ def test_ray_trials_journal_to_the_shared_store_and_resume_there(cluster):
     trials = plan_trials(tasks, [EvalConfig(MODEL)], 1)
     store = TrialStore(cluster / "out")
     executor = ray_backend.RayTrials()
-    first = asyncio.run(run_trials(trials, concurrency=4, prices=prices, store=store, executor=executor))
+    first = asyncio.run(
+        run_trials(trials, concurrency=4, prices=prices, store=store, executor=executor)
+    )
     assert [r["status"] for r in first] == ["succeeded"] * 4
     # Every run is in the journal the driver reads: nothing lives only on a worker.
     from stayer.journal import open_store
@@ -80,7 +98,9 @@ def test_ray_trials_journal_to_the_shared_store_and_resume_there(cluster):
         journal.close()
     assert all(row is not None and row.status == "succeeded" for row in rows.values())
     # A finished trial is never run again: running the same trials reuses every record.
-    again = asyncio.run(run_trials(trials, concurrency=4, prices=prices, store=store, executor=executor))
+    again = asyncio.run(
+        run_trials(trials, concurrency=4, prices=prices, store=store, executor=executor)
+    )
     assert [r["run_id"] for r in again] == [r["run_id"] for r in first]
     # A run id written down for a run that finished in the journal but whose record was
     # lost (its node died after the run, before the record): taken from the journal as is.
@@ -88,8 +108,14 @@ def test_ray_trials_journal_to_the_shared_store_and_resume_there(cluster):
     run_id = json.loads(rec.read_text())["run_id"]
     rec.unlink()
     store.started(trials[0], run_id)
-    [redo] = asyncio.run(run_trials(trials[:1], concurrency=1, prices=prices, store=store, executor=executor))
-    assert redo["run_id"] == run_id and redo["resumed"] is True and redo["cost_usd"] == first[0]["cost_usd"]
+    [redo] = asyncio.run(
+        run_trials(trials[:1], concurrency=1, prices=prices, store=store, executor=executor)
+    )
+    assert (
+        redo["run_id"] == run_id
+        and redo["resumed"] is True
+        and redo["cost_usd"] == first[0]["cost_usd"]
+    )
 
 
 def test_rollouts_on_ray_equal_local_rollouts(cluster, tmp_path):
@@ -102,14 +128,24 @@ def test_rollouts_on_ray_equal_local_rollouts(cluster, tmp_path):
     spec = RolloutSpec(EvalConfig(MODEL), samples=2, target=3)
     prices = PriceBook.load()
     docs = {}
-    for name, executor in (("local", LocalTrials(rollout_trial)), ("ray", ray_backend.RayTrials(rollout_trial))):
+    for name, executor in (
+        ("local", LocalTrials(rollout_trial)),
+        ("ray", ray_backend.RayTrials(rollout_trial)),
+    ):
         out = tmp_path / name
         doc = asyncio.run(collect(domains, spec, prices, out, executor=executor))
         assert doc["groups_complete"] == 3
         recs = [json.loads(p.read_text()) for p in sorted((out / "trials").rglob("*.json"))]
         export(recs, out, "verl")
         docs[name] = [json.loads(x) for x in (out / "verl.jsonl").read_text().splitlines()]
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "extra_fields"} | {"cost": r["extra_fields"]["cost_usd"]} for r in rows]  # noqa: E731
+
+    def strip(rows):
+        return [
+            {k: v for k, v in r.items() if k != "extra_fields"}
+            | {"cost": r["extra_fields"]["cost_usd"]}
+            for r in rows
+        ]
+
     assert strip(docs["local"]) == strip(docs["ray"]) and len(docs["ray"]) == 6
 
 
@@ -124,12 +160,16 @@ def test_a_killed_worker_loses_no_work_its_trial_resumes_from_the_journal(cluste
     from stayer.eval.task import load_task
     from stayer.journal import open_store
 
-    config = EvalConfig(MODEL, None, "synthetic:steps=8,obs_tokens=100,out_tokens=20", 20, sim_latency=1.0)
+    config = EvalConfig(
+        MODEL, None, "synthetic:steps=8,obs_tokens=100,out_tokens=20", 20, sim_latency=1.0
+    )
     trial = Trial(load_task(EXAMPLES / "hello-file"), config, 1, "x")
     run_id = "eval-killed-worker-test"
 
     async def main() -> dict:
-        job = asyncio.ensure_future(ray_backend.RayTrials().run(trial, PriceBook.load(), run_id, None))
+        job = asyncio.ensure_future(
+            ray_backend.RayTrials().run(trial, PriceBook.load(), run_id, None)
+        )
         journal = open_store(cluster)
         try:
             # Wait (on the journal's state, not a clock) until two steps are journaled.

@@ -44,7 +44,9 @@ def bounded(code: str, timeout: float = 120) -> dict:
     mistake blocks the child, and the timeout turns that into a failure, not a hang."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("blocked: the host opened a FIFO (or something else that never answers)")
     assert done.returncode == 0, done.stderr
@@ -61,7 +63,9 @@ def make_sparse(path: Path) -> None:
 def assert_sparse(path: Path) -> None:
     st = os.lstat(path)
     assert st.st_size == SPARSE_SIZE
-    assert st.st_blocks * 512 < 4 << 20, f"{path} is {st.st_blocks * 512} bytes on disk: its holes were filled"
+    assert st.st_blocks * 512 < 4 << 20, (
+        f"{path} is {st.st_blocks * 512} bytes on disk: its holes were filled"
+    )
     with open(path, "rb") as f:
         assert f.read(4096) == b"head" * 1024
         f.seek(SPARSE_SIZE // 2)
@@ -71,7 +75,9 @@ def assert_sparse(path: Path) -> None:
 
 
 def modes(root: Path) -> dict[str, int]:
-    return {rel: stat.S_IMODE(st.st_mode) for rel, st in iter_tree(root) if not stat.S_ISLNK(st.st_mode)}
+    return {
+        rel: stat.S_IMODE(st.st_mode) for rel, st in iter_tree(root) if not stat.S_ISLNK(st.st_mode)
+    }
 
 
 # --- the reward: the verifier writes /logs/verifier, and the agent's code runs there ------
@@ -86,7 +92,9 @@ def host_one(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("name", ["reward.txt", "reward.json"])
-def test_a_reward_that_is_a_symlink_is_an_error_never_a_score(tmp_path: Path, host_one: Path, name: str) -> None:
+def test_a_reward_that_is_a_symlink_is_an_error_never_a_score(
+    tmp_path: Path, host_one: Path, name: str
+) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / name).symlink_to(host_one)
@@ -152,13 +160,20 @@ def stayer(*args: str, home: Path) -> subprocess.CompletedProcess:
     env.update(STAYER_HOME=str(home), PYTHONPATH=str(ROOT))
     env.pop("STAYER_DB", None)
     return subprocess.run(
-        [sys.executable, "-m", "stayer.cli", *args], capture_output=True, text=True, env=env, cwd=home.parent, timeout=300
+        [sys.executable, "-m", "stayer.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=home.parent,
+        timeout=300,
     )
 
 
 @needs_bwrap
 @pytest.mark.parametrize("content", ["1\n", "TOPSECRET-77aa\n"])
-def test_a_verifier_cannot_forge_or_leak_through_a_link_to_a_host_file(tmp_path: Path, content: str) -> None:
+def test_a_verifier_cannot_forge_or_leak_through_a_link_to_a_host_file(
+    tmp_path: Path, content: str
+) -> None:
     """The whole path: the verifier (the agent's code can run there) links reward.txt to a
     host file; the run is not scored from it and the file's content appears nowhere."""
     host_file = tmp_path / "host-secret"
@@ -198,7 +213,9 @@ def swap_for_link(ws: Path, name: str, target: Path):
     return swap
 
 
-def test_the_walk_never_enters_a_directory_swapped_for_a_link(tmp_path: Path, host_dir: Path) -> None:
+def test_the_walk_never_enters_a_directory_swapped_for_a_link(
+    tmp_path: Path, host_dir: Path
+) -> None:
     ws = tmp_path / "ws"
     (ws / "d").mkdir(parents=True)
     (ws / "d" / "mine.txt").write_text("mine")
@@ -222,7 +239,9 @@ def test_a_snapshot_never_reads_through_a_directory_swapped_for_a_link(
     copy = tmp_path / "copy"
     store.restore(sid, copy)
     store.close()
-    assert b"TOPSECRET" not in b"".join(p.read_bytes() for p in (tmp_path / "store").rglob("*") if p.is_file())
+    assert b"TOPSECRET" not in b"".join(
+        p.read_bytes() for p in (tmp_path / "store").rglob("*") if p.is_file()
+    )
     assert not [p for p in copy.rglob("*") if "host-secret" in p.name and not p.parent.is_symlink()]
     assert (copy / "d" / "mine.txt").read_text() == "mine"  # what was listed is what was read
 
@@ -379,7 +398,7 @@ def test_a_run_with_odd_names_fifos_sockets_sparse_and_setuid_files_finishes_and
     second model call, after the workspace holds them, and ``stayer resume`` finishes it."""
     task = verifier_task(
         tmp_path,
-        "f=\"/app/$(printf 'x\\377-caf\\351')\"; [ \"$(cat \"$f\")\" = made ] && [ -p /app/fifo ] "
+        'f="/app/$(printf \'x\\377-caf\\351\')"; [ "$(cat "$f")" = made ] && [ -p /app/fifo ] '
         "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n",
     )
     (task / "solution" / "solve.sh").write_text(
@@ -411,7 +430,10 @@ def stayer_report(run_id: str, home: Path) -> dict:
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run(
         [sys.executable, "-m", "stayer.cli", "report", run_id, "--json"],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

@@ -38,7 +38,12 @@ PRICES = ["--price-miss", "1", "--price-hit", "1", "--price-out", "1"]
 CASES: list[tuple[str, type[BaseModel], set[str] | None, list[str]]] = [
     ("run", RunSettings, None, ["no-such-task", "--model", "sim:claude-sonnet-4-5"]),
     ("eval", EvalSettings, None, ["no-such-suite", "--model", "sim:claude-sonnet-4-5"]),
-    ("eval", RunSettings, {"max_steps", "max_cost", "sim_latency"}, ["no-such-suite", "--model", "sim:claude-sonnet-4-5"]),
+    (
+        "eval",
+        RunSettings,
+        {"max_steps", "max_cost", "sim_latency"},
+        ["no-such-suite", "--model", "sim:claude-sonnet-4-5"],
+    ),
     ("sandbox exec", SandboxSettings, None, ["true"]),
     ("estimate", EstimateSettings, None, ESTIMATE_BASE + PRICES),
     ("tasks check", CheckSettings, None, ["no-such-suite"]),
@@ -63,18 +68,26 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-@pytest.mark.parametrize(("path", "model", "only", "_base"), CASES, ids=[f"{c[0]}:{c[1].__name__}" for c in CASES])
-def test_every_setting_is_a_flag_with_the_models_default(path: str, model: type[BaseModel], only: set[str] | None, _base: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("path", "model", "only", "_base"), CASES, ids=[f"{c[0]}:{c[1].__name__}" for c in CASES]
+)
+def test_every_setting_is_a_flag_with_the_models_default(
+    path: str, model: type[BaseModel], only: set[str] | None, _base: list[str]
+) -> None:
     options = {opt: p for p in _command(path).params for opt in p.opts}
     for name, field in _fields(model, only).items():
         param = options.get(_flag(name))
-        assert param is not None, f"`stayer {path}` has no {_flag(name)} for {model.__name__}.{name}"
+        assert param is not None, (
+            f"`stayer {path}` has no {_flag(name)} for {model.__name__}.{name}"
+        )
         if field.is_required():
             continue
         default = param.default
         if isinstance(field.default, Decimal) or (default is not None and name == "max_cost"):
             default = Decimal(default)
-        assert default == field.default, f"`stayer {path} {_flag(name)}` defaults to {param.default!r}, {model.__name__}.{name} to {field.default!r}"
+        assert default == field.default, (
+            f"`stayer {path} {_flag(name)}` defaults to {param.default!r}, {model.__name__}.{name} to {field.default!r}"
+        )
 
 
 def _beyond(field: Any) -> list[str]:
@@ -100,8 +113,12 @@ BOUNDS = [
 ]
 
 
-@pytest.mark.parametrize(("path", "name", "value", "base"), BOUNDS, ids=[f"{b[0]} --{b[1]}={b[2]}" for b in BOUNDS])
-def test_the_command_enforces_the_models_bounds(path: str, name: str, value: str, base: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("path", "name", "value", "base"), BOUNDS, ids=[f"{b[0]} --{b[1]}={b[2]}" for b in BOUNDS]
+)
+def test_the_command_enforces_the_models_bounds(
+    path: str, name: str, value: str, base: list[str]
+) -> None:
     if _flag(name) in base:  # the base's own value of this flag is left out
         i = base.index(_flag(name))
         base = base[:i] + base[i + 2 :]

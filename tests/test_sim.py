@@ -43,8 +43,16 @@ def words(n: int, tag: str = "w") -> str:
     return " ".join(f"{tag}{i}" for i in range(n))
 
 
-def call(sim: SimModel, system: str, messages: list[Message], *, now: float = 0.0, key: str | None = "run",
-         breakpoints: list[int] | None = None, ttl: str = "5m") -> dict:
+def call(
+    sim: SimModel,
+    system: str,
+    messages: list[Message],
+    *,
+    now: float = 0.0,
+    key: str | None = "run",
+    breakpoints: list[int] | None = None,
+    ttl: str = "5m",
+) -> dict:
     req = ModelRequest(
         system=system,
         tools=TOOLS,
@@ -84,7 +92,10 @@ def test_anthropic_write_then_read_whole_previous_prompt():
     total2 = prompt_tokens(s, "sys", history)
     assert second["cache_read_input_tokens"] == total1
     assert second["cache_creation_input_tokens"] == total2 - total1
-    assert second["cache_creation"] == {"ephemeral_5m_input_tokens": total2 - total1, "ephemeral_1h_input_tokens": 0}
+    assert second["cache_creation"] == {
+        "ephemeral_5m_input_tokens": total2 - total1,
+        "ephemeral_1h_input_tokens": 0,
+    }
 
 
 def test_anthropic_below_minimum_is_not_cached():
@@ -97,10 +108,17 @@ def test_anthropic_below_minimum_is_not_cached():
         assert u["input_tokens"] == prompt_tokens(s, "sys", history)
 
 
-@pytest.mark.parametrize(("model", "minimum"), [
-    ("claude-sonnet-4-5", 1024), ("claude-opus-4-1", 1024), ("claude-opus-4-5", 4096),
-    ("claude-haiku-4-5", 4096), ("claude-3-5-haiku", 2048), ("claude-sonnet-4-6", 2048),
-])
+@pytest.mark.parametrize(
+    ("model", "minimum"),
+    [
+        ("claude-sonnet-4-5", 1024),
+        ("claude-opus-4-1", 1024),
+        ("claude-opus-4-5", 4096),
+        ("claude-haiku-4-5", 4096),
+        ("claude-3-5-haiku", 2048),
+        ("claude-sonnet-4-6", 2048),
+    ],
+)
 def test_anthropic_minimum_cacheable_length_by_model(model, minimum):
     assert cache_rules("anthropic", model).min_tokens == minimum
 
@@ -110,8 +128,12 @@ def test_anthropic_ttl_5m_expires_and_hits_refresh_it():
     history = [Message("user", words(1500))]
     total = prompt_tokens(s, "sys", history)
     call(s, "sys", history, now=0)
-    assert call(s, "sys", history, now=240)["cache_read_input_tokens"] == total  # 4 min: hit, refreshed
-    assert call(s, "sys", history, now=480)["cache_read_input_tokens"] == total  # 8 min: alive since 4
+    assert (
+        call(s, "sys", history, now=240)["cache_read_input_tokens"] == total
+    )  # 4 min: hit, refreshed
+    assert (
+        call(s, "sys", history, now=480)["cache_read_input_tokens"] == total
+    )  # 8 min: alive since 4
     expired = call(s, "sys", history, now=480 + 301)  # idle > 5 min
     assert expired["cache_read_input_tokens"] == 0
     assert expired["cache_creation_input_tokens"] == total
@@ -122,7 +144,10 @@ def test_anthropic_1h_ttl_survives_ten_minutes_and_reports_1h_writes():
     history = [Message("user", words(1500))]
     total = prompt_tokens(s, "sys", history)
     first = call(s, "sys", history, now=0, ttl="1h")
-    assert first["cache_creation"] == {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": total}
+    assert first["cache_creation"] == {
+        "ephemeral_5m_input_tokens": 0,
+        "ephemeral_1h_input_tokens": total,
+    }
     assert call(s, "sys", history, now=600, ttl="1h")["cache_read_input_tokens"] == total
 
 
@@ -140,7 +165,11 @@ def test_anthropic_lookback_is_limited_to_20_blocks():
 
 def test_anthropic_prefix_edit_misses_from_the_edit_on():
     s = sim("claude-sonnet-4-5")
-    history = [Message("user", words(1500)), Message("assistant", "a"), Message("user", words(1200, "c"))]
+    history = [
+        Message("user", words(1500)),
+        Message("assistant", "a"),
+        Message("user", words(1200, "c")),
+    ]
     call(s, "sys", history)
     edited = [history[0], Message("assistant", "EDITED"), history[2]]
     u = call(s, "sys", edited, now=1)
@@ -168,7 +197,9 @@ def test_openai_automatic_cache_rounds_down_to_128_token_increments():
     second = call(s, "sys", history + [Message("user", "more")], now=1, breakpoints=[])
     expected = 1024 + (total - 1024) // 128 * 128
     assert second["input_tokens_details"]["cached_tokens"] == expected
-    assert second["input_tokens"] == total + prompt_tokens(s, "", [Message("user", "more")]) - prompt_tokens(s, "", [])
+    assert second["input_tokens"] == total + prompt_tokens(
+        s, "", [Message("user", "more")]
+    ) - prompt_tokens(s, "", [])
 
 
 def test_openai_below_1024_tokens_never_cached():
@@ -215,7 +246,9 @@ def test_provider_of_unknown_family_is_bad_input():
         provider_of("llama")
 
 
-@pytest.mark.parametrize("spec", ["synthetic:steps=x", "synthetic:bogus=1", "synthetic:steps=0", "nope", "replay:"])
+@pytest.mark.parametrize(
+    "spec", ["synthetic:steps=x", "synthetic:bogus=1", "synthetic:steps=0", "nope", "replay:"]
+)
 def test_invalid_policy_specs_are_bad_input(spec):
     with pytest.raises(ConfigError, match="--sim-policy"):
         parse_policy(spec, solution="true", counter=WordCounter())
@@ -225,6 +258,8 @@ def test_oracle_runs_solution_then_submits():
     policy = OraclePolicy("echo hi > /app/x\n")
     req = ModelRequest(system="s", tools=TOOLS, messages=[Message("user", "task")])
     first = policy.next_message(req)
-    assert first.tool_calls[0].name == "bash" and "echo hi > /app/x" in first.tool_calls[0].arguments
+    assert (
+        first.tool_calls[0].name == "bash" and "echo hi > /app/x" in first.tool_calls[0].arguments
+    )
     req.messages += [first, Message("tool", "ok", tool_call_id=first.tool_calls[0].id)]
     assert policy.next_message(req).tool_calls[0].name == "submit"

@@ -106,7 +106,9 @@ def test_is_a_snapshot_store(store: FileSnapshotStore) -> None:
     assert callable(protocol.snapshot) and callable(protocol.restore)
 
 
-def test_restore_into_an_empty_directory_is_exact(ws: Path, store: FileSnapshotStore, tmp_path: Path) -> None:
+def test_restore_into_an_empty_directory_is_exact(
+    ws: Path, store: FileSnapshotStore, tmp_path: Path
+) -> None:
     want = tree(ws)
     sid = store.snapshot(ws)
     copy = tmp_path / "copy"
@@ -141,7 +143,9 @@ def test_rollback_in_place_undoes_every_kind_of_change(ws: Path, store: FileSnap
     assert tree(ws) == want
 
 
-def test_restore_does_not_follow_a_planted_symlink(ws: Path, store: FileSnapshotStore, tmp_path: Path) -> None:
+def test_restore_does_not_follow_a_planted_symlink(
+    ws: Path, store: FileSnapshotStore, tmp_path: Path
+) -> None:
     sid = store.snapshot(ws)
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -192,7 +196,11 @@ def stored_blobs(store: FileSnapshotStore) -> dict[str, bytes]:
 def test_identical_content_is_stored_once(ws: Path, store: FileSnapshotStore) -> None:
     store.snapshot(ws)
     blobs = stored_blobs(store)
-    regular = [p for p in ws.rglob("*") if p.is_file() and not p.is_symlink() and not stat.S_ISFIFO(p.lstat().st_mode)]
+    regular = [
+        p
+        for p in ws.rglob("*")
+        if p.is_file() and not p.is_symlink() and not stat.S_ISFIFO(p.lstat().st_mode)
+    ]
     assert len(blobs) == len(regular) - 1  # same.txt and same-too.txt share one
     for blob, data in blobs.items():  # each blob is named by the hash of its bytes
         assert hashlib.sha256(data).hexdigest() == blob
@@ -224,7 +232,9 @@ def test_many_new_small_files_go_into_one_pack(tmp_path: Path, monkeypatch) -> N
     b_store.close()
 
 
-def test_unchanged_files_are_not_read_again(ws: Path, store: FileSnapshotStore, monkeypatch, no_racy_window) -> None:
+def test_unchanged_files_are_not_read_again(
+    ws: Path, store: FileSnapshotStore, monkeypatch, no_racy_window
+) -> None:
     store.snapshot(ws)
     monkeypatch.setattr(store._watch, "unchanged", lambda key: False)  # force real scans
     hashed = count_hashing(monkeypatch, store)
@@ -240,7 +250,9 @@ def test_unchanged_files_are_not_read_again(ws: Path, store: FileSnapshotStore, 
     fresh.close()
 
 
-def test_a_same_size_rewrite_keeping_the_mtime_is_noticed(ws: Path, store: FileSnapshotStore, monkeypatch, no_racy_window) -> None:
+def test_a_same_size_rewrite_keeping_the_mtime_is_noticed(
+    ws: Path, store: FileSnapshotStore, monkeypatch, no_racy_window
+) -> None:
     monkeypatch.setattr(store._watch, "unchanged", lambda key: False)  # the scan alone must see it
     path = ws / "src" / "pkg" / "mod.py"
     before = path.stat()
@@ -255,7 +267,9 @@ def test_a_same_size_rewrite_keeping_the_mtime_is_noticed(ws: Path, store: FileS
     assert (copy / "src" / "pkg" / "mod.py").read_text() == "print('ho')\n"
 
 
-def test_recently_changed_files_are_not_trusted_to_the_cache(ws: Path, store: FileSnapshotStore, monkeypatch) -> None:
+def test_recently_changed_files_are_not_trusted_to_the_cache(
+    ws: Path, store: FileSnapshotStore, monkeypatch
+) -> None:
     """The racy-clean rule: a file changed just before a scan is read again next time,
     because an edit within the same clock tick could leave its stat unchanged."""
     monkeypatch.setattr(snapshot_module, "_RACY_NS", 3600 * 10**9)  # everything is "recent"
@@ -263,10 +277,18 @@ def test_recently_changed_files_are_not_trusted_to_the_cache(ws: Path, store: Fi
     store.snapshot(ws)
     hashed = count_hashing(monkeypatch, store)
     store.snapshot(ws)
-    assert len(hashed) == len([p for p in ws.rglob("*") if p.is_file() and not p.is_symlink() and not stat.S_ISFIFO(p.lstat().st_mode)])
+    assert len(hashed) == len(
+        [
+            p
+            for p in ws.rglob("*")
+            if p.is_file() and not p.is_symlink() and not stat.S_ISFIFO(p.lstat().st_mode)
+        ]
+    )
 
 
-def test_change_watch_skips_the_scan_only_when_nothing_changed(ws: Path, store: FileSnapshotStore, monkeypatch) -> None:
+def test_change_watch_skips_the_scan_only_when_nothing_changed(
+    ws: Path, store: FileSnapshotStore, monkeypatch
+) -> None:
     if not TreeWatch().available:
         pytest.skip("no inotify here: every snapshot scans (tested elsewhere)")
     a = store.snapshot(ws)
@@ -275,7 +297,9 @@ def test_change_watch_skips_the_scan_only_when_nothing_changed(ws: Path, store: 
     monkeypatch.setattr(store._watch, "begin", lambda key: (scans.append(1), real_begin(key)))
     assert store.snapshot(ws) == a and scans == []  # nothing changed: no scan at all
     changes = [
-        lambda: subprocess.run(["sh", "-c", f"echo more >> {ws}/empty"], check=True),  # another process
+        lambda: subprocess.run(
+            ["sh", "-c", f"echo more >> {ws}/empty"], check=True
+        ),  # another process
         lambda: os.chmod(ws / "run.sh", 0o700),  # attributes only
         lambda: (ws / "src" / "pkg" / "new").mkdir(),  # a new directory...
         lambda: (ws / "src" / "pkg" / "new" / "f").write_text("x"),  # ...and a file in it
@@ -303,7 +327,9 @@ def test_hard_links_out_of_the_workspace_defeat_the_watch_not_the_snapshot(
 
 
 @pytest.mark.skipif(bool(NO_BWRAP), reason=f"bwrap unavailable: {NO_BWRAP}")
-def test_change_watch_sees_writes_made_inside_the_sandbox(ws: Path, store: FileSnapshotStore) -> None:
+def test_change_watch_sees_writes_made_inside_the_sandbox(
+    ws: Path, store: FileSnapshotStore
+) -> None:
     from stayer.sandbox.bwrap import BwrapSandbox
 
     os.chmod(ws / "locked", 0o755)
@@ -316,7 +342,9 @@ def test_change_watch_sees_writes_made_inside_the_sandbox(ws: Path, store: FileS
     assert (ws / "src" / "pkg" / "mod.py").read_text() == "print('hi')\n"
 
 
-def test_without_inotify_the_scan_still_sees_everything(ws: Path, tmp_path: Path, monkeypatch) -> None:
+def test_without_inotify_the_scan_still_sees_everything(
+    ws: Path, tmp_path: Path, monkeypatch
+) -> None:
     monkeypatch.setattr("stayer.sandbox.watch._libc", lambda: None)
     store = FileSnapshotStore(tmp_path / "plain-store")
     assert not store._watch.available

@@ -16,20 +16,33 @@ from stayer.cli import app
 from stayer.cli.common import PlainValue, read_plainly
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("pydantic", "genai_prices", "stayer.agent", "stayer.settings", "stayer.eval", "stayer.sandbox")
+HEAVY = (
+    "pydantic",
+    "genai_prices",
+    "stayer.agent",
+    "stayer.settings",
+    "stayer.eval",
+    "stayer.sandbox",
+)
 
 
 def imported_by(*args: str, home: Path) -> tuple[subprocess.CompletedProcess[str], set[str]]:
     env = {**os.environ, "STAYER_HOME": str(home), "PYTHONPATH": str(ROOT)}
     p = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "stayer.cli", *args],
-        capture_output=True, text=True, env=env, cwd=home.parent, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=home.parent,
+        timeout=300,
     )
     lines = [line for line in p.stderr.splitlines() if line.startswith("import time:")]
     return p, {line.rsplit("|", 1)[1].strip() for line in lines}
 
 
-@pytest.mark.parametrize("args", [["--help"], ["runs"], ["runs", "--limit", "3", "--status", "failed"], ["--version"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["runs"], ["runs", "--limit", "3", "--status", "failed"], ["--version"]]
+)
 def test_help_and_runs_import_no_pydantic_and_no_agent(tmp_path: Path, args: list[str]) -> None:
     p, modules = imported_by(*args, home=tmp_path / "home")
     assert p.returncode == 0, p.stderr[-2000:]
@@ -50,8 +63,28 @@ def test_stayer_help_builds_no_command(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # What PlainValue reads must be what Typer's own (pydantic) reading gives, value for value.
-INTS = ["5", "-5", "+5", "0005", "0", " 5", "5 ", "1_000", "1.0", "1.5", "1e3", "0x10", "½", "٣", "", "ten",
-        "9" * 18, "9" * 19, "9" * 40, "\u20035"]
+INTS = [
+    "5",
+    "-5",
+    "+5",
+    "0005",
+    "0",
+    " 5",
+    "5 ",
+    "1_000",
+    "1.0",
+    "1.5",
+    "1e3",
+    "0x10",
+    "½",
+    "٣",
+    "",
+    "ten",
+    "9" * 18,
+    "9" * 19,
+    "9" * 40,
+    "\u20035",
+]
 
 
 def typers_reading(param, value: str):
@@ -74,16 +107,27 @@ def test_plain_values_read_as_typer_reads_them() -> None:
     runs = read_plainly(get_command(app).commands["runs"])  # type: ignore[attr-defined]
     params = {p.name: p for p in runs.params}
     limit, task = params["limit"], params["task"]
-    assert isinstance(limit._runtime_param, PlainValue) and isinstance(task._runtime_param, PlainValue)
+    assert isinstance(limit._runtime_param, PlainValue) and isinstance(
+        task._runtime_param, PlainValue
+    )
     for value in INTS:
         assert plain_reading(limit, value) == typers_reading(limit, value), value
         assert plain_reading(task, value) == typers_reading(task, value) == value
 
 
-def test_rerendering_a_finished_eval_imports_neither_the_agent_nor_price_data(tmp_path: Path) -> None:
+def test_rerendering_a_finished_eval_imports_neither_the_agent_nor_price_data(
+    tmp_path: Path,
+) -> None:
     # Issue 13 §5: reusing an --out only renders; the trials' records are all it needs.
     out = tmp_path / "out"
-    args = ["eval", str(ROOT / "examples" / "hello-file"), "--model", "sim:gpt-5", "--out", str(out)]
+    args = [
+        "eval",
+        str(ROOT / "examples" / "hello-file"),
+        "--model",
+        "sim:gpt-5",
+        "--out",
+        str(out),
+    ]
     first, _ = imported_by(*args, home=tmp_path / "home")
     assert first.returncode == 0, first.stderr[-2000:]
     again, modules = imported_by(*args, home=tmp_path / "home")

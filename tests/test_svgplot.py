@@ -37,7 +37,10 @@ def test_labels_of_points_close_together_do_not_overlap():
 
 
 def test_charts_escape_text_and_hold_no_nan():
-    series = [Series("a<b", [(1, 10.0), (2, 30.0), (3, 20.0)]), Series("dots", [(1, 5.0)], dots=True)]
+    series = [
+        Series("a<b", [(1, 10.0), (2, 30.0), (3, 20.0)]),
+        Series("dots", [(1, 5.0)], dots=True),
+    ]
     for svg in (
         line_chart(series, title="x & y", xlabel="step", marks=[2]),
         strip_chart([("cfg <1>", [0.1, 0.2]), ("empty", [])], title="cost", xlabel="USD"),

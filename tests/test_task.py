@@ -9,7 +9,9 @@ from stayer.eval.verify import read_reward
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def make_task(tmp_path: Path, toml: str | None = 'version = "1.0"\n', instruction: str | None = "Do it.") -> Path:
+def make_task(
+    tmp_path: Path, toml: str | None = 'version = "1.0"\n', instruction: str | None = "Do it."
+) -> Path:
     root = tmp_path / "t"
     (root / "tests").mkdir(parents=True)
     (root / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
@@ -36,11 +38,14 @@ def test_malformed_toml_names_the_file(tmp_path):
         load_task(make_task(tmp_path, toml="[agent\ntimeout_sec = 1"))
 
 
-@pytest.mark.parametrize(("toml", "field"), [
-    ("[agent]\ntimeout_sec = -5\n", r"agent\.timeout_sec"),
-    ('[environment]\nallow_internet = "yes"\n', "allow_internet"),
-    ('agent = "fast"\n', r"\[agent\] must be a table"),
-])
+@pytest.mark.parametrize(
+    ("toml", "field"),
+    [
+        ("[agent]\ntimeout_sec = -5\n", r"agent\.timeout_sec"),
+        ('[environment]\nallow_internet = "yes"\n', "allow_internet"),
+        ('agent = "fast"\n', r"\[agent\] must be a table"),
+    ],
+)
 def test_bad_field_names_the_field(tmp_path, toml, field):
     with pytest.raises(ConfigError, match=field):
         load_task(make_task(tmp_path, toml=toml))

@@ -30,7 +30,12 @@ def test_examples_pass_every_check(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["ok"] is True
-    assert sorted(t["name"] for t in doc["tasks"]) == ["fix-median", "hello-file", "sales-report", "team-fix-median"]
+    assert sorted(t["name"] for t in doc["tasks"]) == [
+        "fix-median",
+        "hello-file",
+        "sales-report",
+        "team-fix-median",
+    ]
     for t in doc["tasks"]:
         assert t["ok"] and t["problems"] == [] and t["rewards"] == [1.0] * 4
         assert 0 < t["oracle_s"] < 30
@@ -39,7 +44,9 @@ def test_examples_pass_every_check(tmp_path):
 @needs_bwrap
 def test_each_broken_fixture_is_flagged_with_its_kind_and_the_good_one_is_not(tmp_path):
     suite = write_fixture_suite(tmp_path / "suite")
-    r = stayer("tasks", "check", str(suite), "--reruns", FLAKY_RERUNS, "--json", home=tmp_path / "home")
+    r = stayer(
+        "tasks", "check", str(suite), "--reruns", FLAKY_RERUNS, "--json", home=tmp_path / "home"
+    )
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     kinds = {t["name"]: sorted({p["kind"] for p in t["problems"]}) for t in doc["tasks"]}
@@ -58,7 +65,10 @@ def test_each_broken_fixture_is_flagged_with_its_kind_and_the_good_one_is_not(tm
     detail = {name: " ".join(p["detail"] for p in t["problems"]) for name, t in by_name.items()}
     assert "tests/test.sh: missing" in detail["invalid"]
     assert "notes.sh" in detail["leak"] and "solution/solve.sh" in detail["leak"]
-    assert "stayer-fixture-missing-tool" in detail["environment"] and "network" in detail["environment"]
+    assert (
+        "stayer-fixture-missing-tool" in detail["environment"]
+        and "network" in detail["environment"]
+    )
     assert "reward 0" in detail["oracle-fails"]
     # The table (on stderr with --json) names every task.
     for name in FIXTURES:
@@ -92,13 +102,19 @@ def test_bad_flags_are_bad_input(tmp_path):
     assert r.returncode == 2 and "nowhere" in r.stderr and r.stdout == ""
 
 
-@pytest.mark.parametrize(("output", "expected"), [
-    ("curl: (6) Could not resolve host: astral.sh", "needs the network"),
-    ("E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), are you root?", "installs system packages"),
-    ("/tests/test.sh: line 11: uvx: command not found", "lacks: uvx"),
-    ("sh: 1: cargo: not found", "lacks: cargo"),
-    ("/tests/test.sh: line 7: /logs/api.log: Read-only file system", "writes outside /app"),
-])
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("curl: (6) Could not resolve host: astral.sh", "needs the network"),
+        (
+            "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), are you root?",
+            "installs system packages",
+        ),
+        ("/tests/test.sh: line 11: uvx: command not found", "lacks: uvx"),
+        ("sh: 1: cargo: not found", "lacks: cargo"),
+        ("/tests/test.sh: line 7: /logs/api.log: Read-only file system", "writes outside /app"),
+    ],
+)
 def test_environment_evidence_recognises_hosts_that_cannot_run_a_task(tmp_path, output, expected):
     task = load_task(write_task(tmp_path, "t"))
     [reason] = environment_evidence(f"noise\n{output}\nmore noise", task)
@@ -109,7 +125,9 @@ def test_missing_module_is_environment_only_when_the_task_installs_it(tmp_path):
     """`No module named 'fastapi'` is the host's fault when the Dockerfile installs fastapi;
     `No module named 'dedupe'` is the oracle's when nothing installs it (the solution should
     have written dedupe.py)."""
-    root = write_task(tmp_path, "t", env={"Dockerfile": "FROM python:3.11\nRUN pip install fastapi==0.104\n"})
+    root = write_task(
+        tmp_path, "t", env={"Dockerfile": "FROM python:3.11\nRUN pip install fastapi==0.104\n"}
+    )
     task = load_task(root)
     output = "ModuleNotFoundError: No module named 'fastapi'\nModuleNotFoundError: No module named 'dedupe'"
     assert environment_evidence(output, task) == ["needs Python modules this host lacks: fastapi"]
@@ -151,12 +169,16 @@ sys.exit(0 if ok else 1)
 """
 
 
-def write_tb_task(root, *, solution="#!/bin/bash\necho hello > /app/greeting.txt\n", yaml_text=TB_YAML):
+def write_tb_task(
+    root, *, solution="#!/bin/bash\necho hello > /app/greeting.txt\n", yaml_text=TB_YAML
+):
     (root / "tests").mkdir(parents=True)
     (root / "task.yaml").write_text(yaml_text)
     (root / "run-tests.sh").write_text(TB_RUN_TESTS)
     (root / "tests" / "check.py").write_text(TB_CHECK)
-    (root / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\nCOPY data.txt /app/data.txt\n")
+    (root / "Dockerfile").write_text(
+        "FROM ubuntu:24.04\nWORKDIR /app\nCOPY data.txt /app/data.txt\n"
+    )
     (root / "data.txt").write_text("input data\n")
     if solution is not None:
         (root / "solution.sh").write_text(solution)
@@ -174,10 +196,18 @@ def test_import_tb_makes_a_harbor_task_that_passes_its_checks(tmp_path):
     assert imported["dest"] == str(dest)
     config = tomllib.loads((dest / "task.toml").read_text())
     assert config["agent"]["timeout_sec"] == 240 and config["verifier"]["timeout_sec"] == 30
-    assert config["metadata"]["tags"] == ["files", 'quoted "tag"'] and config["metadata"]["author_name"] == "Someone"
+    assert (
+        config["metadata"]["tags"] == ["files", 'quoted "tag"']
+        and config["metadata"]["author_name"] == "Someone"
+    )
     assert (dest / "instruction.md").read_text().startswith("Create /app/greeting.txt")
-    assert (dest / "environment" / "data.txt").is_file() and (dest / "environment" / "Dockerfile").is_file()
-    assert not (dest / "environment" / "tests").exists() and not (dest / "environment" / "solution.sh").exists()
+    assert (dest / "environment" / "data.txt").is_file() and (
+        dest / "environment" / "Dockerfile"
+    ).is_file()
+    assert (
+        not (dest / "environment" / "tests").exists()
+        and not (dest / "environment" / "solution.sh").exists()
+    )
     assert (dest / "tests" / "run-tests.sh").read_text() == TB_RUN_TESTS
     task = load_task(dest)
     assert task.agent_timeout_s == 240 and "echo hello" in task.solution
@@ -189,9 +219,16 @@ def test_import_tb_makes_a_harbor_task_that_passes_its_checks(tmp_path):
 @needs_bwrap
 def test_import_tb_solution_yaml_becomes_solve_sh(tmp_path):
     src = write_tb_task(tmp_path / "tb" / "greet", solution=None)
-    (src / "solution.yaml").write_text("- command: cd /app\n- command: echo hello > greeting.txt\n  min_timeout_sec: 1\n")
+    (src / "solution.yaml").write_text(
+        "- command: cd /app\n- command: echo hello > greeting.txt\n  min_timeout_sec: 1\n"
+    )
     home = tmp_path / "home"
-    assert stayer("tasks", "import-tb", str(tmp_path / "tb"), str(tmp_path / "suite"), home=home).returncode == 0
+    assert (
+        stayer(
+            "tasks", "import-tb", str(tmp_path / "tb"), str(tmp_path / "suite"), home=home
+        ).returncode
+        == 0
+    )
     solve = (tmp_path / "suite" / "greet" / "solution" / "solve.sh").read_text()
     assert "cd /app\necho hello > greeting.txt\n" in solve
     r = stayer("tasks", "check", str(tmp_path / "suite"), "--json", home=home)
@@ -203,7 +240,9 @@ def test_import_tb_bad_input_names_file_and_field_and_writes_nothing(tmp_path):
     write_tb_task(tmp_path / "tb" / "no-text", yaml_text="difficulty: easy\n")
     write_tb_task(tmp_path / "tb" / "bad-timeout", yaml_text=TB_YAML.replace("240", "-3"))
     write_tb_task(tmp_path / "tb" / "bad-yaml", yaml_text="instruction: [unclosed\n")
-    r = stayer("tasks", "import-tb", str(tmp_path / "tb"), str(tmp_path / "suite"), home=tmp_path / "home")
+    r = stayer(
+        "tasks", "import-tb", str(tmp_path / "tb"), str(tmp_path / "suite"), home=tmp_path / "home"
+    )
     assert r.returncode == 2 and r.stdout == ""
     lines = [line for line in r.stderr.splitlines() if "error:" in line]
     assert len(lines) == 3
@@ -215,14 +254,25 @@ def test_import_tb_bad_input_names_file_and_field_and_writes_nothing(tmp_path):
 
 def test_import_tb_keeps_the_dockerfile_and_with_sandbox_the_task_runs_in_its_image(tmp_path):
     src = write_tb_task(tmp_path / "tb" / "greet")
-    (src / "Dockerfile").write_text("FROM debian:bookworm\nRUN apt-get update && apt-get install -y dc\nWORKDIR /app\n")
+    (src / "Dockerfile").write_text(
+        "FROM debian:bookworm\nRUN apt-get update && apt-get install -y dc\nWORKDIR /app\n"
+    )
     home = tmp_path / "home"
     r = stayer("tasks", "import-tb", str(src), str(tmp_path / "host"), "--json", home=home)
     assert r.returncode == 0, r.stderr
     [note] = json.loads(r.stdout)["imported"][0]["notes"]
     assert "RUN steps do not happen in the default sandbox" in note
     assert load_task(tmp_path / "host" / "greet").sandbox_kind is None
-    r = stayer("tasks", "import-tb", str(src), str(tmp_path / "image"), "--sandbox", "bwrap-image", "--json", home=home)
+    r = stayer(
+        "tasks",
+        "import-tb",
+        str(src),
+        str(tmp_path / "image"),
+        "--sandbox",
+        "bwrap-image",
+        "--json",
+        home=home,
+    )
     assert r.returncode == 0, r.stderr
     dest = tmp_path / "image" / "greet"
     assert (dest / "environment" / "Dockerfile").read_text() == (src / "Dockerfile").read_text()
@@ -234,13 +284,25 @@ def test_import_tb_with_sandbox_refuses_what_cannot_be_built_and_writes_nothing(
     home = tmp_path / "home"
     src = write_tb_task(tmp_path / "tb" / "greet")
     (src / "Dockerfile").write_text("FROM debian:bookworm\nCOPY --from=builder /x /app/x\n")
-    r = stayer("tasks", "import-tb", str(src), str(tmp_path / "suite"), "--sandbox", "bwrap-image", home=home)
+    r = stayer(
+        "tasks",
+        "import-tb",
+        str(src),
+        str(tmp_path / "suite"),
+        "--sandbox",
+        "bwrap-image",
+        home=home,
+    )
     assert r.returncode == 2 and "greet/Dockerfile:2: COPY --from" in r.stderr, r.stderr
     assert not (tmp_path / "suite").exists()
     (src / "Dockerfile").unlink()
-    r = stayer("tasks", "import-tb", str(src), str(tmp_path / "suite"), "--sandbox", "docker", home=home)
+    r = stayer(
+        "tasks", "import-tb", str(src), str(tmp_path / "suite"), "--sandbox", "docker", home=home
+    )
     assert r.returncode == 2 and "Dockerfile: missing" in r.stderr
-    r = stayer("tasks", "import-tb", str(src), str(tmp_path / "suite"), "--sandbox", "bwrap", home=home)
+    r = stayer(
+        "tasks", "import-tb", str(src), str(tmp_path / "suite"), "--sandbox", "bwrap", home=home
+    )
     assert r.returncode == 2 and "--sandbox bwrap: not a sandbox that builds" in r.stderr
     assert not (tmp_path / "suite").exists()
 
@@ -264,7 +326,14 @@ def test_corpus_terminal_bench_tasks_import_and_get_an_environment_verdict(tmp_p
     """Their run-tests.sh install curl and uv from the internet: here that is an
     environment problem, neither a pass nor a broken oracle."""
     home = tmp_path / "home"
-    r = stayer("tasks", "import-tb", str(CORPUS_TB / "tb-format"), str(tmp_path / "suite"), "--json", home=home)
+    r = stayer(
+        "tasks",
+        "import-tb",
+        str(CORPUS_TB / "tb-format"),
+        str(tmp_path / "suite"),
+        "--json",
+        home=home,
+    )
     assert r.returncode == 0, r.stderr
     names = sorted(t["name"] for t in json.loads(r.stdout)["imported"])
     assert names == sorted(d.name for d in (CORPUS_TB / "tb-format").iterdir() if d.is_dir())
@@ -277,11 +346,16 @@ def test_corpus_terminal_bench_tasks_import_and_get_an_environment_verdict(tmp_p
 
 @corpus
 @needs_bwrap
-@pytest.mark.parametrize("name", [
-    "simple-task",
-    "multi-reward",
-    pytest.param("fix_async_worker_queue", marks=pytest.mark.slow),  # its tests wait 30 s for a server
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "simple-task",
+        "multi-reward",
+        pytest.param(
+            "fix_async_worker_queue", marks=pytest.mark.slow
+        ),  # its tests wait 30 s for a server
+    ],
+)
 def test_corpus_harbor_tasks_load_and_get_an_environment_verdict(tmp_path, name):
     r = stayer("tasks", "check", str(CORPUS_TB / "harbor" / name), "--json", home=tmp_path / "home")
     assert r.returncode == 1

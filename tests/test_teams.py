@@ -50,7 +50,12 @@ def stayer(home: Path, *args: str, cwd: Path | None = None) -> subprocess.Comple
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_DB"}
     env["STAYER_HOME"] = str(home)
     return subprocess.run(
-        [sys.executable, "-m", "stayer.cli", *args], env=env, cwd=cwd or home.parent, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "stayer.cli", *args],
+        env=env,
+        cwd=cwd or home.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -77,13 +82,36 @@ def test_team_toml_shares_split_the_rest(tmp_path):
 @pytest.mark.parametrize(
     ("edit", "field"),
     [
-        (lambda t: t.replace('entry = "lead"', 'entry = "boss"'), "entry: 'boss' is not one of the agents"),
-        (lambda t: t.replace('talks_to = ["lead"]', 'talks_to = ["ghost"]'), "agents.helper.talks_to: 'ghost'"),
-        (lambda t: t.replace("budget_share = 0.25", "budget_share = 1.5"), "agents.lead.budget_share"),
-        (lambda t: t.replace("budget_share = 0.25", 'budget_share = "half"'), "agents.lead.budget_share"),
-        (lambda t: t + "[agents.x]\nmodel = 'sim:gpt-5'\nbudget_share = 0.9\n", "budget_share values add up to 1.15"),
-        (lambda t: t.replace('model = "sim:claude-haiku-4-5"', 'model = "sim:claude-haiku-4-5"\ntools = ["rm"]'), "agents.helper.tools"),
-        (lambda t: t.replace('[agents.lead]', '[agents.lead]\ncolour = "red"'), "agents.lead.colour"),
+        (
+            lambda t: t.replace('entry = "lead"', 'entry = "boss"'),
+            "entry: 'boss' is not one of the agents",
+        ),
+        (
+            lambda t: t.replace('talks_to = ["lead"]', 'talks_to = ["ghost"]'),
+            "agents.helper.talks_to: 'ghost'",
+        ),
+        (
+            lambda t: t.replace("budget_share = 0.25", "budget_share = 1.5"),
+            "agents.lead.budget_share",
+        ),
+        (
+            lambda t: t.replace("budget_share = 0.25", 'budget_share = "half"'),
+            "agents.lead.budget_share",
+        ),
+        (
+            lambda t: t + "[agents.x]\nmodel = 'sim:gpt-5'\nbudget_share = 0.9\n",
+            "budget_share values add up to 1.15",
+        ),
+        (
+            lambda t: t.replace(
+                'model = "sim:claude-haiku-4-5"', 'model = "sim:claude-haiku-4-5"\ntools = ["rm"]'
+            ),
+            "agents.helper.tools",
+        ),
+        (
+            lambda t: t.replace("[agents.lead]", '[agents.lead]\ncolour = "red"'),
+            "agents.lead.colour",
+        ),
         (lambda t: t.replace("sim:claude-haiku-4-5", "sim:claude-haiku-9"), "agents.helper.model"),
         (lambda t: t + "[[broken", "malformed TOML"),
     ],
@@ -112,7 +140,9 @@ def test_team_missing_file_and_missing_model(tmp_path):
 @needs_bwrap
 def test_example_team_succeeds_with_messages_both_ways_and_cost_per_agent(tmp_path):
     home = tmp_path / "home"
-    r = stayer(home, "run", str(EXAMPLE), "--team", str(EXAMPLE / "team.toml"), "--run-id", "t1", "--json")
+    r = stayer(
+        home, "run", str(EXAMPLE), "--team", str(EXAMPLE / "team.toml"), "--run-id", "t1", "--json"
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["status"] == "succeeded" and doc["reward"] == 1.0
@@ -135,23 +165,43 @@ def test_example_team_succeeds_with_messages_both_ways_and_cost_per_agent(tmp_pa
     finally:
         store.close()
     assert set(log.threads) == {"coordinator", "worker"}
-    sent = [json.loads(log.blobs[p]) for t in log.threads.values() for k, p in t.agent_events.values() if k == "message.sent"]
-    received = [json.loads(log.blobs[p]) for t in log.threads.values() for k, p in t.agent_events.values() if k == "message.received"]
-    assert {(m["sender"], m["to"], m["kind"]) for m in sent} == {("coordinator", "worker", "handoff"), ("worker", "coordinator", "report")}
+    sent = [
+        json.loads(log.blobs[p])
+        for t in log.threads.values()
+        for k, p in t.agent_events.values()
+        if k == "message.sent"
+    ]
+    received = [
+        json.loads(log.blobs[p])
+        for t in log.threads.values()
+        for k, p in t.agent_events.values()
+        if k == "message.received"
+    ]
+    assert {(m["sender"], m["to"], m["kind"]) for m in sent} == {
+        ("coordinator", "worker", "handoff"),
+        ("worker", "coordinator", "report"),
+    }
     assert {m["id"] for m in received} == {m["id"] for m in sent}
     assert all(D(m["read_cost_usd"]) > 0 for m in received)
     # The report lists messages, with what each cost its receiver to read.
     rep = json.loads(stayer(home, "report", "t1", "--json").stdout)
-    assert {(m["sender"], m["to"]) for m in rep["messages"]} == {("coordinator", "worker"), ("worker", "coordinator")}
+    assert {(m["sender"], m["to"]) for m in rep["messages"]} == {
+        ("coordinator", "worker"),
+        ("worker", "coordinator"),
+    }
     assert D(rep["totals"]["cost_usd"]) == D(doc["cost_usd"])
     # The threads as A2A v0.3 tasks: one per agent, one context, messages both ways.
     tasks = json.loads(stayer(home, "export", "a2a", "t1").stdout)
     assert [t["id"] for t in tasks] == ["t1/coordinator", "t1/worker"]
     for t in tasks:
-        assert t["kind"] == "task" and t["contextId"] == "t1" and t["status"]["state"] == "completed"
+        assert (
+            t["kind"] == "task" and t["contextId"] == "t1" and t["status"]["state"] == "completed"
+        )
         assert t["status"]["timestamp"] and t["artifacts"][0]["parts"][0]["text"]
         assert {m["role"] for m in t["history"]} == {"user", "agent"}
-    assert D(tasks[0]["metadata"]["stayer"]["cost_usd"]) + D(tasks[1]["metadata"]["stayer"]["cost_usd"]) == D(doc["cost_usd"])
+    assert D(tasks[0]["metadata"]["stayer"]["cost_usd"]) + D(
+        tasks[1]["metadata"]["stayer"]["cost_usd"]
+    ) == D(doc["cost_usd"])
     r = stayer(home, "export", "a2a", "nope")
     assert r.returncode == 2 and "no such run" in r.stderr
 
@@ -162,8 +212,12 @@ def test_example_team_succeeds_with_messages_both_ways_and_cost_per_agent(tmp_pa
 def test_handoff_price_prefers_history_for_short_receivers_and_less_for_long():
     rates = PRICES.rates("claude-sonnet-4-5", "anthropic", None, 10_000)
     sizes = HandoffSizes(brief=200, summary=500, full=20_000)
-    short = price_handoff(rates, sizes, 1, "sim:claude-sonnet-4-5", relevance=0.3, rediscovery_steps=10)
-    long = price_handoff(rates, sizes, 200, "sim:claude-sonnet-4-5", relevance=0.3, rediscovery_steps=10)
+    short = price_handoff(
+        rates, sizes, 1, "sim:claude-sonnet-4-5", relevance=0.3, rediscovery_steps=10
+    )
+    long = price_handoff(
+        rates, sizes, 200, "sim:claude-sonnet-4-5", relevance=0.3, rediscovery_steps=10
+    )
     # A short-lived receiver cannot afford to find the context again; a long-lived one
     # cannot afford to carry all of it at every step.
     assert short.chosen == "full" and long.chosen != "full"
@@ -192,7 +246,11 @@ class Busy:
         names = {t.name: t for t in request.tools}
         if step == 1 and "handoff" in names:
             peer = names["handoff"].parameters["properties"]["to"]["enum"][0]
-            call = ToolCall(f"c{step}", "handoff", json.dumps({"to": peer, "brief": "help", "history": rng.choice(["none", "full"])}))
+            call = ToolCall(
+                f"c{step}",
+                "handoff",
+                json.dumps({"to": peer, "brief": "help", "history": rng.choice(["none", "full"])}),
+            )
         elif step > self.steps:
             call = ToolCall(f"c{step}", "submit", json.dumps({"summary": "done"}))
         else:
@@ -201,7 +259,11 @@ class Busy:
 
 
 class Observe:
-    spec = ToolSpec("observe", "An observation of about `tokens` tokens.", {"type": "object", "properties": {"tokens": {"type": "integer"}}})
+    spec = ToolSpec(
+        "observe",
+        "An observation of about `tokens` tokens.",
+        {"type": "object", "properties": {"tokens": {"type": "integer"}}},
+    )
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         await asyncio.sleep(0)  # let the other threads in, as a real command would
@@ -216,11 +278,17 @@ class Billed:
     bill: list[Decimal]
 
     def __post_init__(self) -> None:
-        self.spec, self.provider, self.model_id = self.sim.spec, self.sim.provider, self.sim.model_id
+        self.spec, self.provider, self.model_id = (
+            self.sim.spec,
+            self.sim.provider,
+            self.sim.model_id,
+        )
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         response = await self.sim.complete(request)
-        self.bill.append(PRICES.cost(response.usage, self.model_id, self.provider, response.service_tier).total)
+        self.bill.append(
+            PRICES.cost(response.usage, self.model_id, self.provider, response.service_tier).total
+        )
         return response
 
 
@@ -233,22 +301,39 @@ def team_spec(tmp_path: Path, models: tuple[str, str], share: float, steps: tupl
     return load_team(f)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(
     seed=st.integers(0, 10_000),
     cap=st.decimals(D("0.0005"), D("0.05"), places=5),
     share=st.sampled_from([0.1, 0.3, 0.5, 0.9]),
-    models=st.tuples(*[st.sampled_from(["claude-sonnet-4-5", "claude-haiku-4-5", "gpt-5", "deepseek-chat"])] * 2),
+    models=st.tuples(
+        *[st.sampled_from(["claude-sonnet-4-5", "claude-haiku-4-5", "gpt-5", "deepseek-chat"])] * 2
+    ),
     steps=st.tuples(st.integers(2, 12), st.integers(1, 12)),
     out=st.integers(0, 3000),
     obs=st.integers(0, 4000),
 )
-def test_max_cost_holds_with_concurrent_threads(tmp_path, seed, cap, share, models, steps, out, obs):
+def test_max_cost_holds_with_concurrent_threads(
+    tmp_path, seed, cap, share, models, steps, out, obs
+):
     spec = team_spec(tmp_path, models, share, steps)
     counter = MessageCounter(TiktokenCounter())
     bill: list[Decimal] = []
     built = {
-        name: Billed(SimModel(agent.model.removeprefix("sim:"), Busy(seed + i, agent.max_steps, out, obs), counter, latency_s=0.001), bill)
+        name: Billed(
+            SimModel(
+                agent.model.removeprefix("sim:"),
+                Busy(seed + i, agent.max_steps, out, obs),
+                counter,
+                latency_s=0.001,
+            ),
+            bill,
+        )
         for i, (name, agent) in enumerate(spec.agents.items())
     }
     budget = Budget(cap)
@@ -283,11 +368,33 @@ def test_a_thread_out_of_share_reports_its_wrap_up_to_its_delegator(tmp_path):
         def next_message(self, request: ModelRequest) -> Message:  # the entry hands off, then waits
             step = 1 + sum(1 for m in request.messages if m.role == "assistant")
             if step == 1:
-                return Message("assistant", "", (ToolCall("c1", "handoff", json.dumps({"to": "b", "brief": "work", "history": "none"})),))
+                return Message(
+                    "assistant",
+                    "",
+                    (
+                        ToolCall(
+                            "c1",
+                            "handoff",
+                            json.dumps({"to": "b", "brief": "work", "history": "none"}),
+                        ),
+                    ),
+                )
             reports = [m.content for m in request.messages if "[report b#" in m.content]
             if reports:
-                return Message("assistant", "", (ToolCall(f"c{step}", "submit", json.dumps({"summary": reports[0]})),))
-            return Message("assistant", "", (ToolCall(f"c{step}", "wait_for_message", json.dumps({"from": "b", "timeout": 60})),))
+                return Message(
+                    "assistant",
+                    "",
+                    (ToolCall(f"c{step}", "submit", json.dumps({"summary": reports[0]})),),
+                )
+            return Message(
+                "assistant",
+                "",
+                (
+                    ToolCall(
+                        f"c{step}", "wait_for_message", json.dumps({"from": "b", "timeout": 60})
+                    ),
+                ),
+            )
 
     built = {
         "a": Billed(SimModel("claude-haiku-4-5", Waiter(0, 30, 0, 0), counter), bill),
@@ -318,7 +425,11 @@ TEAM_KILLS = 8
 
 
 def usage_by_agent_step(doc: dict) -> list[tuple[str, int, dict]]:
-    return sorted((e["agent"], e["step"], e["usage"]) for e in doc["ledger"] if e.get("kind") != "lost_in_flight")
+    return sorted(
+        (e["agent"], e["step"], e["usage"])
+        for e in doc["ledger"]
+        if e.get("kind") != "lost_in_flight"
+    )
 
 
 @pytest.mark.slow
@@ -349,8 +460,11 @@ def test_team_killed_at_random_instants_resumes_to_the_same_result(tmp_path):
     def start(run_id: str, capture: bool = False) -> tuple[subprocess.Popen, float]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "stayer.cli", "run", str(h.task), *args, "--run-id", run_id],
-            env=h.env, cwd=h.home.parent, stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, text=True,
+            env=h.env,
+            cwd=h.home.parent,
+            stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         while True:
             store = open_store(h.home, None, create=False)
@@ -368,8 +482,13 @@ def test_team_killed_at_random_instants_resumes_to_the_same_result(tmp_path):
     duration = time.monotonic() - registered
     base = json.loads(out)
     assert base["status"] == "succeeded", base
+
     def files(run_id: str) -> dict[str, bytes]:  # the verifier's bytecode holds the source's mtime
-        return {k: v for k, v in tree(h.home / "runs" / run_id / "workspace").items() if "__pycache__" not in k}
+        return {
+            k: v
+            for k, v in tree(h.home / "runs" / run_id / "workspace").items()
+            if "__pycache__" not in k
+        }
 
     base_tree = files("base")
     seed = int(os.environ.get("STAYER_FAULT_SEED") or random.randrange(1 << 30))
@@ -386,15 +505,27 @@ def test_team_killed_at_random_instants_resumes_to_the_same_result(tmp_path):
         r = h.resume(run_id)
         assert "Traceback" not in r.stderr, (where, r.stderr)
         doc = json.loads(r.stdout)
-        assert (doc["status"], doc["reward"], doc["steps"]) == (base["status"], base["reward"], base["steps"]), where
+        assert (doc["status"], doc["reward"], doc["steps"]) == (
+            base["status"],
+            base["reward"],
+            base["steps"],
+        ), where
         assert usage_by_agent_step(doc) == usage_by_agent_step(base), where
         assert files(run_id) == base_tree, where
         log_events = h.events(run_id)
-        finished = Counter((e.data.get("thread"), e.data["n"]) for e in log_events if e.kind == "model_finished")
+        finished = Counter(
+            (e.data.get("thread"), e.data["n"]) for e in log_events if e.kind == "model_finished"
+        )
         assert all(c == 1 for c in finished.values()), (where, finished)  # no paid call repeated
         assert sum(finished.values()) == base["steps"], where
         lost = [e for e in doc["ledger"] if e.get("kind") == "lost_in_flight"]
-        kinds["mid model call" if lost else "between calls" if "already finished" not in r.stderr else "after finish"] += 1
+        kinds[
+            "mid model call"
+            if lost
+            else "between calls"
+            if "already finished" not in r.stderr
+            else "after finish"
+        ] += 1
     print(f"\nteam: {TEAM_KILLS} kills (seed {seed}) over a {duration:.1f}s run: {dict(kinds)}")
 
 
@@ -409,13 +540,25 @@ class Script:
 
     def next_message(self, request: ModelRequest) -> Message:
         step = 1 + sum(1 for m in request.messages if m.role == "assistant")
-        name, args = self.turns[step - 1] if step <= len(self.turns) else ("submit", {"summary": f"done after {step - 1}"})
+        name, args = (
+            self.turns[step - 1]
+            if step <= len(self.turns)
+            else ("submit", {"summary": f"done after {step - 1}"})
+        )
         return Message("assistant", "", (ToolCall(f"c{step}", name, json.dumps(args)),))
 
 
-def scripted_team(tmp_path: Path, scripts: dict[str, Script], talks: dict[str, list[str]]) -> tuple[Any, dict[str, list[str]]]:
+def scripted_team(
+    tmp_path: Path, scripts: dict[str, Script], talks: dict[str, list[str]]
+) -> tuple[Any, dict[str, list[str]]]:
     f = tmp_path / "team.toml"
-    f.write_text('entry = "a"\n' + "".join(f'[agents.{n}]\nmodel = "sim:gpt-5"\ntalks_to = {json.dumps(talks[n])}\n' for n in scripts))
+    f.write_text(
+        'entry = "a"\n'
+        + "".join(
+            f'[agents.{n}]\nmodel = "sim:gpt-5"\ntalks_to = {json.dumps(talks[n])}\n'
+            for n in scripts
+        )
+    )
     counter = MessageCounter(TiktokenCounter())
     spec = load_team(f)
     seen: dict[str, list[str]] = {n: [] for n in scripts}
@@ -444,8 +587,14 @@ def scripted_team(tmp_path: Path, scripts: dict[str, Script], talks: dict[str, l
 
 def test_messages_reach_the_receiver_appended_and_peers_are_enforced(tmp_path):
     scripts = {
-        "a": Script([("send_message", {"to": "c", "content": "hi c"}), ("send_message", {"to": "b", "content": "start"}),
-                     ("send_message", {"to": "b", "content": "more"}), ("wait_for_message", {"from": "b", "timeout": 60})]),
+        "a": Script(
+            [
+                ("send_message", {"to": "c", "content": "hi c"}),
+                ("send_message", {"to": "b", "content": "start"}),
+                ("send_message", {"to": "b", "content": "more"}),
+                ("wait_for_message", {"from": "b", "timeout": 60}),
+            ]
+        ),
         "b": Script([("wait_for_message", {"timeout": 0}), ("observe", {"tokens": 1})]),
         "c": Script([]),
     }

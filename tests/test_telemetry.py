@@ -52,10 +52,15 @@ class Collector(sink.handler.RequestHandler):
         doc = MessageToDict(request)
         with self.lock:
             for rs in doc.get("resourceSpans", []):
-                resource = {a["key"]: _value(a["value"]) for a in rs.get("resource", {}).get("attributes", [])}
+                resource = {
+                    a["key"]: _value(a["value"])
+                    for a in rs.get("resource", {}).get("attributes", [])
+                }
                 for ss in rs.get("scopeSpans", []):
                     for span in ss.get("spans", []):
-                        span["attrs"] = {a["key"]: _value(a["value"]) for a in span.get("attributes", [])}
+                        span["attrs"] = {
+                            a["key"]: _value(a["value"]) for a in span.get("attributes", [])
+                        }
                         span["resource"] = resource
                         self.spans.append(span)
 
@@ -67,14 +72,37 @@ class Collector(sink.handler.RequestHandler):
 
 
 def _run(tmp_path: Path, env_extra: dict[str, str], *args: str, rc: int = 0) -> dict[str, Any]:
-    env = {**os.environ, "STAYER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT), **env_extra}
-    for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+    env = {
+        **os.environ,
+        "STAYER_HOME": str(tmp_path / "home"),
+        "PYTHONPATH": str(ROOT),
+        **env_extra,
+    }
+    for k in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ):
         if k not in env_extra:
             env.pop(k, None)
     r = subprocess.run(
-        [sys.executable, "-m", "stayer.cli", "run", str(ROOT / "examples" / "fix-median"), "--model", "sim:claude-sonnet-4-5",
-         "--policy", "none", "--json", *args],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "stayer.cli",
+            "run",
+            str(ROOT / "examples" / "fix-median"),
+            "--model",
+            "sim:claude-sonnet-4-5",
+            "--policy",
+            "none",
+            "--json",
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert r.returncode == rc, r.stderr[-3000:]
     return json.loads(r.stdout)
@@ -112,16 +140,30 @@ def _check(spans: list[dict[str, Any]], doc: dict[str, Any]) -> None:
         assert s["kind"] == "SPAN_KIND_CLIENT"
         assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "anthropic"
         assert a["gen_ai.request.model"] == "claude-sonnet-4-5"
-        assert a["gen_ai.usage.input_tokens"] >= a["gen_ai.usage.cache_read.input_tokens"] + a["gen_ai.usage.cache_write.input_tokens"]
-        assert a["gen_ai.usage.cache_creation.input_tokens"] == a["gen_ai.usage.cache_write.input_tokens"]
+        assert (
+            a["gen_ai.usage.input_tokens"]
+            >= a["gen_ai.usage.cache_read.input_tokens"]
+            + a["gen_ai.usage.cache_write.input_tokens"]
+        )
+        assert (
+            a["gen_ai.usage.cache_creation.input_tokens"]
+            == a["gen_ai.usage.cache_write.input_tokens"]
+        )
         assert a["gen_ai.usage.cost.currency"] == "USD" and a["gen_ai.usage.cost.source"] == "local"
         assert isinstance(a["gen_ai.response.finish_reasons"], list)
         assert a["stayer.step"] >= 1 and "stayer.context_tokens" in a
     assert sorted(s["attrs"]["stayer.step"] for s in chats) == list(range(1, doc["steps"] + 1))
     # The model-call spans carry the run's cost exactly, and nothing else does.
     assert sum(Decimal(s["attrs"]["stayer.cost_usd"]) for s in chats) == Decimal(doc["cost_usd"])
-    assert abs(sum(s["attrs"]["gen_ai.usage.cost.amount"] for s in chats) - float(doc["cost_usd"])) < 1e-9
-    assert not [s for s in spans if "gen_ai.usage.cost.amount" in s["attrs"] and not s["name"].startswith("chat ")]
+    assert (
+        abs(sum(s["attrs"]["gen_ai.usage.cost.amount"] for s in chats) - float(doc["cost_usd"]))
+        < 1e-9
+    )
+    assert not [
+        s
+        for s in spans
+        if "gen_ai.usage.cost.amount" in s["attrs"] and not s["name"].startswith("chat ")
+    ]
     bash = next(s for s in tools if s["name"] == "execute_tool bash")
     assert bash["attrs"]["gen_ai.tool.name"] == "bash" and "stayer.tool.exit_code" in bash["attrs"]
     # The trace id comes from the run id, so a resumed run continues the same trace.
@@ -136,7 +178,9 @@ def test_spans_of_a_run_over_otlp_http(tmp_path: Path) -> None:
     server = sink.HttpSink(collector, logging.getLogger("oteltest"), port=port)
     server.start()
     try:
-        doc = _run(tmp_path, {"OTEL_SERVICE_NAME": "stayer-test"}, "--otlp", f"http://127.0.0.1:{port}")
+        doc = _run(
+            tmp_path, {"OTEL_SERVICE_NAME": "stayer-test"}, "--otlp", f"http://127.0.0.1:{port}"
+        )
         _check(_wait_spans(collector, doc), doc)
     finally:
         server.stop()
@@ -148,8 +192,11 @@ def test_spans_of_a_run_over_otlp_grpc(tmp_path: Path) -> None:
     server = sink.GrpcSink(collector, logging.getLogger("oteltest"), port=port)
     server.start()
     try:
-        env = {"OTEL_SERVICE_NAME": "stayer-test", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-               "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
+        env = {
+            "OTEL_SERVICE_NAME": "stayer-test",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        }
         doc = _run(tmp_path, env)
         _check(_wait_spans(collector, doc), doc)
     finally:
@@ -169,7 +216,9 @@ def test_without_a_collector_opentelemetry_is_not_imported(tmp_path: Path) -> No
     env = {**os.environ, "STAYER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
     for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         env.pop(k, None)
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "[]"
 
@@ -200,19 +249,38 @@ def test_a_sub_agent_is_an_agent_span_nested_under_its_parents_tool_span(tmp_pat
     from stayer.tools import default_tools
     from stayer.tools.base import ToolContext
 
-    prices = Prices({"m-strong": rates("3", "0.3", "3.75", "15"), "m-cheap": rates("1", "0.1", "1.25", "5")})
+    prices = Prices(
+        {"m-strong": rates("3", "0.3", "3.75", "15"), "m-cheap": rates("1", "0.1", "1.25", "5")}
+    )
     tp, exporter = _memory_tracer(prices, "run-sub")
     tracer = RunTracer(tp, prices, "run-sub")
-    parent_model = ScriptedModel(replies=[
-        call("subagent", {"task": "Write the word done to sub.txt", "budget_usd": 0.05}, 1),
-        call("submit", {"summary": "delegated"}, 2),
-    ])
-    child_model = ScriptedModel("m-cheap", [bash("echo done > sub.txt", 1), call("submit", {"summary": "written"}, 2)])
+    parent_model = ScriptedModel(
+        replies=[
+            call("subagent", {"task": "Write the word done to sub.txt", "budget_usd": 0.05}, 1),
+            call("submit", {"summary": "delegated"}, 2),
+        ]
+    )
+    child_model = ScriptedModel(
+        "m-cheap", [bash("echo done > sub.txt", 1), call("submit", {"summary": "written"}, 2)]
+    )
     ctx = ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path))
-    parent = Agent(tracer.model(parent_model), tracer.tools(default_tools(COUNTER.counter)), prices, ctx, COUNTER,
-                   Limits(max_steps=10), budget=Budget(Decimal("1")), on_step=tracer.on_step, on_event=tracer.on_event)
-    children = ChildAgents(parent, tracer.model(child_model), lambda: tracer.tools(default_tools(COUNTER.counter)),
-                           ChildSettings(max_steps=6))
+    parent = Agent(
+        tracer.model(parent_model),
+        tracer.tools(default_tools(COUNTER.counter)),
+        prices,
+        ctx,
+        COUNTER,
+        Limits(max_steps=10),
+        budget=Budget(Decimal("1")),
+        on_step=tracer.on_step,
+        on_event=tracer.on_event,
+    )
+    children = ChildAgents(
+        parent,
+        tracer.model(child_model),
+        lambda: tracer.tools(default_tools(COUNTER.counter)),
+        ChildSettings(max_steps=6),
+    )
     parent.add_tool(tracer.tools([children.tool()])[0])
 
     async def go() -> Any:
@@ -234,7 +302,12 @@ def test_a_sub_agent_is_an_agent_span_nested_under_its_parents_tool_span(tmp_pat
     assert child.attributes["gen_ai.agent.name"] == "main/sub-1"
     assert child.attributes["gen_ai.operation.name"] == "invoke_agent"
     chats = [s for s in spans if s.name.startswith("chat ")]
-    assert sorted(s.name for s in chats) == ["chat m-cheap", "chat m-cheap", "chat m-strong", "chat m-strong"]
+    assert sorted(s.name for s in chats) == [
+        "chat m-cheap",
+        "chat m-cheap",
+        "chat m-strong",
+        "chat m-strong",
+    ]
     for s in chats:  # the child's calls under the child's span, the parent's under the run's
         assert parent_of(s) is (child if s.name == "chat m-cheap" else root)
     child_tools = [s for s in spans if s.name.startswith("execute_tool ") and parent_of(s) is child]
@@ -242,11 +315,17 @@ def test_a_sub_agent_is_an_agent_span_nested_under_its_parents_tool_span(tmp_pat
     assert all(s.attributes["stayer.tool.seconds"] >= 0 for s in child_tools)
     # Every call's cost once, on model-call spans only: they add up to the run's cost.
     assert sum(Decimal(s.attributes["stayer.cost_usd"]) for s in chats) == result.cost_usd
-    assert not [s for s in spans if "gen_ai.usage.cost.amount" in s.attributes and not s.name.startswith("chat ")]
+    assert not [
+        s
+        for s in spans
+        if "gen_ai.usage.cost.amount" in s.attributes and not s.name.startswith("chat ")
+    ]
     assert {s.context.trace_id for s in spans} == {root.context.trace_id}
 
 
-def test_a_call_lost_in_flight_gets_its_own_span_when_the_resumed_run_issues_it_again(tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_call_lost_in_flight_gets_its_own_span_when_the_resumed_run_issues_it_again(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
     import asyncio
 
     from test_resume import STEPS, Crash, ProviderCalls, WorkPolicy, make_task
@@ -259,17 +338,31 @@ def test_a_call_lost_in_flight_gets_its_own_span_when_the_resumed_run_issues_it_
     monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("STAYER_DB", raising=False)
     task = make_task(tmp_path)
-    prepared = prepare(RunConfig(str(task), "sim:claude-sonnet-4-5", max_steps=30, run_id="lost-1",
-                                 sim_policy="synthetic:steps=1", sandbox="local"))
-    prepared.model = ProviderCalls(SimModel("claude-sonnet-4-5", WorkPolicy(STEPS), prepared.counter), crash_at=6)
+    prepared = prepare(
+        RunConfig(
+            str(task),
+            "sim:claude-sonnet-4-5",
+            max_steps=30,
+            run_id="lost-1",
+            sim_policy="synthetic:steps=1",
+            sandbox="local",
+        )
+    )
+    prepared.model = ProviderCalls(
+        SimModel("claude-sonnet-4-5", WorkPolicy(STEPS), prepared.counter), crash_at=6
+    )
     with pytest.raises(Crash):
         asyncio.run(execute(prepared))
 
     prepared, journal = prepare_resume("lost-1")
-    prepared.model = ProviderCalls(SimModel("claude-sonnet-4-5", WorkPolicy(STEPS), prepared.counter))
+    prepared.model = ProviderCalls(
+        SimModel("claude-sonnet-4-5", WorkPolicy(STEPS), prepared.counter)
+    )
     tp, exporter = _memory_tracer(prepared.prices, "lost-1")
     doc = asyncio.run(execute_traced(prepared, None, tp, journal=journal))
-    assert doc["steps"] == STEPS + 1  # (the local sandbox has no /logs: the verdict is not the point)
+    assert (
+        doc["steps"] == STEPS + 1
+    )  # (the local sandbox has no /logs: the verdict is not the point)
     chats = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
     lost = [s for s in chats if s.attributes.get("stayer.lost_in_flight")]
     [entry] = [e for e in doc["ledger"] if e.get("kind") == "lost_in_flight"]
@@ -277,13 +370,24 @@ def test_a_call_lost_in_flight_gets_its_own_span_when_the_resumed_run_issues_it_
     assert lost[0].attributes["stayer.cost_usd"] == entry["cost_usd"]
     assert lost[0].attributes["gen_ai.usage.input_tokens"] == entry["usage"]["input_tokens"]
     assert lost[0].start_time == lost[0].end_time
-    reissued = next(s for s in chats if s.attributes["stayer.step"] == 6 and not s.attributes.get("stayer.lost_in_flight"))
+    reissued = next(
+        s
+        for s in chats
+        if s.attributes["stayer.step"] == 6 and not s.attributes.get("stayer.lost_in_flight")
+    )
     assert reissued.attributes["stayer.lost_in_flight.attempts"] == 1
     # Steps 1-5 were replayed (their spans belong to the killed process); from the resume
     # on, the model-call spans add up to the rest of the run's cost, the lost call's included.
-    replayed = sum(Decimal(e["cost_usd"]) for e in doc["ledger"] if e["step"] < 6 and e.get("kind") != "lost_in_flight")
+    replayed = sum(
+        Decimal(e["cost_usd"])
+        for e in doc["ledger"]
+        if e["step"] < 6 and e.get("kind") != "lost_in_flight"
+    )
     assert sorted(s.attributes["stayer.step"] for s in chats) == [6, *range(6, doc["steps"] + 1)]
-    assert sum(Decimal(s.attributes["stayer.cost_usd"]) for s in chats) == Decimal(doc["cost_usd"]) - replayed
+    assert (
+        sum(Decimal(s.attributes["stayer.cost_usd"]) for s in chats)
+        == Decimal(doc["cost_usd"]) - replayed
+    )
 
 
 def test_eval_exports_one_trace_per_trial(tmp_path: Path) -> None:
@@ -293,15 +397,39 @@ def test_eval_exports_one_trace_per_trial(tmp_path: Path) -> None:
     server.start()
     try:
         env = {**os.environ, "STAYER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
-        for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_SERVICE_NAME"):
+        for k in (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "OTEL_SERVICE_NAME",
+        ):
             env.pop(k, None)
         r = subprocess.run(
-            [sys.executable, "-m", "stayer.cli", "eval", str(ROOT / "examples" / "hello-file"), "--model", "sim:claude-sonnet-4-5",
-             "--epochs", "2", "--json", "--out", str(tmp_path / "out"), "--otlp", f"http://127.0.0.1:{port}"],
-            env=env, capture_output=True, text=True, timeout=600,
+            [
+                sys.executable,
+                "-m",
+                "stayer.cli",
+                "eval",
+                str(ROOT / "examples" / "hello-file"),
+                "--model",
+                "sim:claude-sonnet-4-5",
+                "--epochs",
+                "2",
+                "--json",
+                "--out",
+                str(tmp_path / "out"),
+                "--otlp",
+                f"http://127.0.0.1:{port}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert r.returncode == 0, r.stderr[-3000:]
-        trials = [json.loads(f.read_text()) for f in sorted((tmp_path / "out" / "trials").rglob("*.json"))]
+        trials = [
+            json.loads(f.read_text()) for f in sorted((tmp_path / "out" / "trials").rglob("*.json"))
+        ]
         run_ids = {t["run_id"] for t in trials}
         for _ in range(600):
             with collector.lock:
@@ -318,9 +446,13 @@ def test_eval_exports_one_trace_per_trial(tmp_path: Path) -> None:
     assert len({s["traceId"] for s in agents}) == 2  # a trace per trial, from its run id
     assert {s["resource"]["service.name"] for s in spans} == {"stayer-eval"}
     for trial in trials:
-        trace_id = next(s["traceId"] for s in agents if s["attrs"]["stayer.run_id"] == trial["run_id"])
+        trace_id = next(
+            s["traceId"] for s in agents if s["attrs"]["stayer.run_id"] == trial["run_id"]
+        )
         chats = [s for s in spans if s["traceId"] == trace_id and s["name"].startswith("chat ")]
-        assert sum(Decimal(s["attrs"]["stayer.cost_usd"]) for s in chats) == Decimal(trial["cost_usd"])
+        assert sum(Decimal(s["attrs"]["stayer.cost_usd"]) for s in chats) == Decimal(
+            trial["cost_usd"]
+        )
 
 
 def test_compactions_and_cache_breaks_are_on_the_model_spans(tmp_path: Path) -> None:
@@ -329,8 +461,17 @@ def test_compactions_and_cache_breaks_are_on_the_model_spans(tmp_path: Path) -> 
     server = sink.HttpSink(collector, logging.getLogger("oteltest"), port=port)
     server.start()
     try:
-        doc = _run(tmp_path, {}, "--otlp", f"http://127.0.0.1:{port}", "--policy", "summarize:3000",
-                   "--sim-policy", "synthetic:steps=8,obs_tokens=400", rc=1)  # (busy work: the task fails)
+        doc = _run(
+            tmp_path,
+            {},
+            "--otlp",
+            f"http://127.0.0.1:{port}",
+            "--policy",
+            "summarize:3000",
+            "--sim-policy",
+            "synthetic:steps=8,obs_tokens=400",
+            rc=1,
+        )  # (busy work: the task fails)
         spans = _wait_spans(collector, doc)
     finally:
         server.stop()
@@ -342,7 +483,11 @@ def test_compactions_and_cache_breaks_are_on_the_model_spans(tmp_path: Path) -> 
         a = chats[e["step"]]
         if e.get("compaction"):
             assert a["stayer.compaction.tokens_before"] == e["compaction"]["tokens_before"]
-            assert a["stayer.compaction.tokens_after"] == e["compaction"]["tokens_after"] < e["compaction"]["tokens_before"]
+            assert (
+                a["stayer.compaction.tokens_after"]
+                == e["compaction"]["tokens_after"]
+                < e["compaction"]["tokens_before"]
+            )
             assert "stayer.compaction.cost_usd" in a
         else:
             assert "stayer.compaction.tokens_before" not in a

@@ -48,7 +48,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory):
 
     cache = tmp_path_factory.mktemp("tiktoken-cache")
     for name, url in URLS.items():
-        data = gzip.decompress(resources.files("bpe_openai.data").joinpath(f"{name}.tiktoken.gz").read_bytes())
+        data = gzip.decompress(
+            resources.files("bpe_openai.data").joinpath(f"{name}.tiktoken.gz").read_bytes()
+        )
         (cache / hashlib.sha1(url.encode()).hexdigest()).write_bytes(data)
     mp = pytest.MonkeyPatch()
     mp.setenv("TIKTOKEN_CACHE_DIR", str(cache))
@@ -106,7 +108,11 @@ def test_each_model_gets_its_own_encoding() -> None:
         c = counter_for("openai", model)
         assert isinstance(c, BpeCounter) and c.encoding_name == "o200k_base"
     assert openai_encoding("gpt-4") == "cl100k_base"
-    for provider, model in (("anthropic", "claude-sonnet-4-5"), ("local", "qwen2.5-coder-0.5b-instruct"), ("openai", "my-finetune")):
+    for provider, model in (
+        ("anthropic", "claude-sonnet-4-5"),
+        ("local", "qwen2.5-coder-0.5b-instruct"),
+        ("openai", "my-finetune"),
+    ):
         assert isinstance(counter_for(provider, model), TiktokenCounter)
 
 
@@ -125,7 +131,9 @@ class ProviderTokenizer:
         return self.preamble + sum(self.content(m) + 7 for m in messages)
 
 
-def _anchored_errors(provider: ProviderTokenizer, steps: int = 30) -> tuple[list[float], PromptEstimator]:
+def _anchored_errors(
+    provider: ProviderTokenizer, steps: int = 30
+) -> tuple[list[float], PromptEstimator]:
     """Relative error of the estimate at each step after the first; asserts the bound."""
     est, ours = PromptEstimator(), COUNTER.counter
     sources = sorted((REPO / "stayer").rglob("*.py"))
@@ -138,7 +146,9 @@ def _anchored_errors(provider: ProviderTokenizer, steps: int = 30) -> tuple[list
         truth = provider.count(messages)
         e = est.estimate(counted, len(messages))
         if step:  # before the first report only a count endpoint knows (see below)
-            assert truth <= e.upper, f"step {step}: the bound {e.upper} is below the provider's {truth}"
+            assert truth <= e.upper, (
+                f"step {step}: the bound {e.upper} is below the provider's {truth}"
+            )
             errors.append(abs(e.tokens - truth) / truth)
         est.observe(counted, truth, len(messages))
     return errors, est
@@ -195,7 +205,9 @@ def _run_capped(model: ScriptedModel, cap: Decimal) -> tuple[Budget, object]:
     prices = Prices({"m-strong": rates("3", "0.3", "3.75", "15")})
     budget = Budget(cap)
     limits = Limits(max_steps=40, max_output_tokens=2048, guard=GuardConfig.off())
-    agent = Agent(model, [], prices, ToolContext(sandbox=None, workspace=""), COUNTER, limits, budget=budget)  # type: ignore[arg-type]
+    agent = Agent(
+        model, [], prices, ToolContext(sandbox=None, workspace=""), COUNTER, limits, budget=budget
+    )  # type: ignore[arg-type]
     result = asyncio.run(agent.run("Do the task. " + "context " * 3000, "run-1"))
     return budget, result
 
@@ -204,7 +216,12 @@ def _run_capped(model: ScriptedModel, cap: Decimal) -> tuple[Budget, object]:
 def test_a_provider_counting_more_than_we_do_cannot_overshoot_the_cap(cap: str) -> None:
     # Every prompt is a full cache write and every reply uses all of its max_tokens, so the
     # reservation is the only thing between the run and an overshoot.
-    model = ScriptedModel(replies=[text("working " * 400)], count_factor=1.3, output_tokens=10**9, misses=set(range(1, 100)))
+    model = ScriptedModel(
+        replies=[text("working " * 400)],
+        count_factor=1.3,
+        output_tokens=10**9,
+        misses=set(range(1, 100)),
+    )
     budget, result = _run_capped(model, Decimal(cap))
     assert budget.spent <= Decimal(cap), f"overshoot: {budget.spent} > {cap}"
     assert result.steps >= 2
@@ -212,10 +229,11 @@ def test_a_provider_counting_more_than_we_do_cannot_overshoot_the_cap(cap: str) 
 
 def test_before_any_report_a_tight_budget_asks_the_provider_to_count() -> None:
     # The first call alone nearly exhausts the cap: only an exact count lets it run safely.
-    model = CountingModel(replies=[text("done")], count_factor=1.3, output_tokens=10**9, misses=set(range(1, 100)))
+    model = CountingModel(
+        replies=[text("done")], count_factor=1.3, output_tokens=10**9, misses=set(range(1, 100))
+    )
     budget, result = _run_capped(model, Decimal("0.045"))
     assert budget.spent <= Decimal("0.045")
     assert getattr(model, "counted", 0) >= 1
     first = result.ledger[0].prompt_estimate  # type: ignore[attr-defined]
     assert first is not None and first.exact and first.tokens == result.ledger[0].usage.input_tokens  # type: ignore[attr-defined]
-

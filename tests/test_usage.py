@@ -154,5 +154,11 @@ def test_add_dict_roundtrip_and_ratio() -> None:
 
 
 def test_anthropic_thinking_tokens_are_a_breakdown_of_output():
-    u = Usage.from_anthropic({"input_tokens": 10, "output_tokens": 500, "output_tokens_details": {"thinking_tokens": 320}})
+    u = Usage.from_anthropic(
+        {
+            "input_tokens": 10,
+            "output_tokens": 500,
+            "output_tokens_details": {"thinking_tokens": 320},
+        }
+    )
     assert u.output_tokens == 500 and u.reasoning_tokens == 320

@@ -16,21 +16,37 @@ from stayer.pricing import PriceBook
 
 def mini_swe_agent_trace(path: Path, reasoning: int, cost: float = 0.5) -> Path:
     """Two tool-calling turns of gpt-5-mini, each logged with ``reasoning`` reasoning tokens."""
+
     def assistant(n: int) -> dict:
-        usage = {"completion_tokens": 40 + reasoning, "prompt_tokens": 900,
-                 "completion_tokens_details": {"reasoning_tokens": reasoning}}
-        return {"role": "assistant", "content": f"THOUGHT: step {n}\n```bash\nls -la /repo/{n}\n```",
-                "extra": {"response": {"usage": usage}}}
+        usage = {
+            "completion_tokens": 40 + reasoning,
+            "prompt_tokens": 900,
+            "completion_tokens_details": {"reasoning_tokens": reasoning},
+        }
+        return {
+            "role": "assistant",
+            "content": f"THOUGHT: step {n}\n```bash\nls -la /repo/{n}\n```",
+            "extra": {"response": {"usage": usage}},
+        }
 
     messages = [
-        {"role": "system", "content": "You are a helpful assistant that can run bash commands. " * 20},
+        {
+            "role": "system",
+            "content": "You are a helpful assistant that can run bash commands. " * 20,
+        },
         {"role": "user", "content": "Fix the bug in the repository. " * 30},
-        assistant(1), {"role": "user", "content": "file listing " * 200},
-        assistant(2), {"role": "user", "content": "another listing " * 200},
+        assistant(1),
+        {"role": "user", "content": "file listing " * 200},
+        assistant(2),
+        {"role": "user", "content": "another listing " * 200},
     ]
-    info = {"model_stats": {"instance_cost": cost, "api_calls": 2},
-            "config": {"model": {"model_name": "openai/gpt-5-mini"}}}
-    path.write_text(json.dumps({"info": info, "messages": messages, "trajectory_format": "mini-swe-agent-1.1"}))
+    info = {
+        "model_stats": {"instance_cost": cost, "api_calls": 2},
+        "config": {"model": {"model_name": "openai/gpt-5-mini"}},
+    }
+    path.write_text(
+        json.dumps({"info": info, "messages": messages, "trajectory_format": "mini-swe-agent-1.1"})
+    )
     return path
 
 
@@ -45,7 +61,10 @@ def test_reasoning_tokens_are_billed_in_the_replay(tmp_path):
     thinking = whatif_json(str(mini_swe_agent_trace(tmp_path / "a.traj.json", 5000)), home=home)
     silent = whatif_json(str(mini_swe_agent_trace(tmp_path / "b.traj.json", 0)), home=home)
     assert thinking["baseline"]["usage"]["reasoning_tokens"] == 10_000
-    assert thinking["baseline"]["usage"]["output_tokens"] == silent["baseline"]["usage"]["output_tokens"] + 10_000
+    assert (
+        thinking["baseline"]["usage"]["output_tokens"]
+        == silent["baseline"]["usage"]["output_tokens"] + 10_000
+    )
     output_rate = PriceBook.load().rates("gpt-5-mini", "openai").output
     extra = Decimal(thinking["baseline"]["cost_usd"]) - Decimal(silent["baseline"]["cost_usd"])
     assert extra == 10_000 * output_rate / 1_000_000
@@ -53,9 +72,19 @@ def test_reasoning_tokens_are_billed_in_the_replay(tmp_path):
 
 def test_the_baseline_is_the_recording_replayed_and_every_delta_is_against_it(tmp_path):
     home = tmp_path / "home"
-    doc = whatif_json(str(mini_swe_agent_trace(tmp_path / "t.traj.json", 300)), "--policy", "none,mask,auto", home=home)
-    assert doc["recorded"] == {"cost_usd": "0.5", "model": "gpt-5-mini", "policy": "none", "requests": 2,
-                               "source": str(tmp_path / "t.traj.json")}
+    doc = whatif_json(
+        str(mini_swe_agent_trace(tmp_path / "t.traj.json", 300)),
+        "--policy",
+        "none,mask,auto",
+        home=home,
+    )
+    assert doc["recorded"] == {
+        "cost_usd": "0.5",
+        "model": "gpt-5-mini",
+        "policy": "none",
+        "requests": 2,
+        "source": str(tmp_path / "t.traj.json"),
+    }
     baseline = doc["baseline"]
     assert (baseline["model"], baseline["policy"]) == ("sim:gpt-5-mini", "none")
     assert Decimal(doc["replay_error_usd"]) == Decimal(baseline["cost_usd"]) - Decimal("0.5")
@@ -66,10 +95,23 @@ def test_the_baseline_is_the_recording_replayed_and_every_delta_is_against_it(tm
     # The first scenario's figures stay where a single what-if always put them.
     assert doc["cost_usd"] == doc["scenarios"][0]["cost_usd"] and doc["policy"] == "none"
 
-    r = stayer("whatif", str(tmp_path / "t.traj.json"), "--policy", "none,mask,auto", home=home, env={"COLUMNS": "160"})
+    r = stayer(
+        "whatif",
+        str(tmp_path / "t.traj.json"),
+        "--policy",
+        "none,mask,auto",
+        home=home,
+        env={"COLUMNS": "160"},
+    )
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith("│")]
-    assert [row.split("│")[1].strip() for row in rows] == ["recorded", "replay", "what-if", "what-if", "what-if"]
+    assert [row.split("│")[1].strip() for row in rows] == [
+        "recorded",
+        "replay",
+        "what-if",
+        "what-if",
+        "what-if",
+    ]
     assert "0.500000" in rows[0] and doc["baseline"]["cost_usd"][:7] in rows[1]
 
 
@@ -89,9 +131,21 @@ def test_a_trace_without_a_model_says_why_it_has_no_baseline(tmp_path):
 @needs_bwrap
 def test_a_stayer_run_replays_to_its_own_cost(tmp_path):
     home = tmp_path / "home"
-    r = stayer("run", str(EXAMPLES / "fix-median"), "--model", "sim:gpt-5", "--run-id", "r1", "--json", home=home)
+    r = stayer(
+        "run",
+        str(EXAMPLES / "fix-median"),
+        "--model",
+        "sim:gpt-5",
+        "--run-id",
+        "r1",
+        "--json",
+        home=home,
+    )
     run = json.loads(r.stdout)
     doc = whatif_json("r1", "--policy", "none", home=home)
-    assert doc["recorded"]["cost_usd"] == run["cost_usd"] and doc["recorded"]["policy"] == run["policy"]
+    assert (
+        doc["recorded"]["cost_usd"] == run["cost_usd"]
+        and doc["recorded"]["policy"] == run["policy"]
+    )
     assert doc["recorded"]["requests"] == run["steps"]
     assert Decimal(doc["replay_error_usd"]) == 0  # same model, policy, prompts and tool schemas

@@ -370,7 +370,12 @@ def analyse(
     calls = sorted(calls, key=lambda c: c.ts)
     if not calls:
         return SessionReport(
-            session.source, session.id, session.project, session.files, session.bytes, session.skipped_lines
+            session.source,
+            session.id,
+            session.project,
+            session.files,
+            session.bytes,
+            session.skipped_lines,
         )
     r = SessionReport(
         session.source,
@@ -454,7 +459,9 @@ def _slot(d: dict[str, Tally], key: str) -> Tally:
     return t
 
 
-def _break(n: int, state: _ChainState, call: Call, rules: CacheRules, rates: Rates | None) -> CacheBreak | None:
+def _break(
+    n: int, state: _ChainState, call: Call, rules: CacheRules, rates: Rates | None
+) -> CacheBreak | None:
     previous = state.previous
     gap = call.ts - previous.ts
     lost = _lost_tokens(previous, call, rules)

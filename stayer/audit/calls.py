@@ -97,7 +97,9 @@ def parse_ts(value: Any) -> float | None:
     float ``datetime.timestamp()`` gives (whole microseconds over 10⁶)."""
     if type(value) is str and len(value) == 24 and _ZULU_MS.fullmatch(value):
         try:
-            day = date(int(value[:4]), int(value[5:7]), int(value[8:10])).toordinal() - _EPOCH_ORDINAL
+            day = (
+                date(int(value[:4]), int(value[5:7]), int(value[8:10])).toordinal() - _EPOCH_ORDINAL
+            )
         except ValueError:
             return None
         h, m, s, ms = int(value[11:13]), int(value[14:16]), int(value[17:19]), int(value[20:23])

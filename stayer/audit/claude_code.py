@@ -121,7 +121,12 @@ class _Entry:
     session_id: str
 
 
-_TOKEN_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+_TOKEN_KEYS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)
 
 
 class _Dedup:
@@ -261,7 +266,11 @@ class ClaudeCodeImporter:
                 msg = d.message
                 usage = msg.usage if msg is not None else None
                 if msg is None or not (usage_line and type(usage) is dict):
-                    if d.type == "summary" or d.subtype == "compact_boundary" or d.isCompactSummary is True:
+                    if (
+                        d.type == "summary"
+                        or d.subtype == "compact_boundary"
+                        or d.isCompactSummary is True
+                    ):
                         compaction.add(chain)
                     continue
                 entry = self._entry(d, msg, usage, chain, sidechain, ref, chain in compaction)

@@ -128,7 +128,9 @@ class CodexImporter:
                 if ts is None or (total is None and last is None):
                     out.skipped_lines += 1
                     continue
-                if total is not None and (accounted is None or all(map(operator.ge, total, accounted))):
+                if total is not None and (
+                    accounted is None or all(map(operator.ge, total, accounted))
+                ):
                     if total == accounted:
                         continue  # nothing new since the calls already counted
                     counts = last or tuple(map(operator.sub, total, accounted or _ZERO))
@@ -164,4 +166,3 @@ class CodexImporter:
                     )
                 )
                 compacted = False
-

@@ -41,7 +41,9 @@ _STEPS_FORMAT = 1
 
 #: (model, provider, service tier) → (prompt sizes where a step starts, rates from there),
 #: or None when the rates depend on the time of the call.
-CompiledSteps = dict[tuple[str, str | None, str | None], tuple[tuple[int, ...], tuple[Rates | None, ...]] | None]
+CompiledSteps = dict[
+    tuple[str, str | None, str | None], tuple[tuple[int, ...], tuple[Rates | None, ...]] | None
+]
 
 
 class _Steps:
@@ -96,13 +98,19 @@ class CallPricer:
             xs.insert(hi, mid)
             rs.insert(hi, self._lookup(key, mid))
 
-    def _compile(self, group: tuple[str, str | None, str | None]) -> tuple[tuple[int, ...], tuple[Rates | None, ...]] | None:
+    def _compile(
+        self, group: tuple[str, str | None, str | None]
+    ) -> tuple[tuple[int, ...], tuple[Rates | None, ...]] | None:
         steps = self.book.rate_steps(*group)
-        compiled = None if steps is None else (tuple(n for n, _ in steps), tuple(r for _, r in steps))
+        compiled = (
+            None if steps is None else (tuple(n for n, _ in steps), tuple(r for _, r in steps))
+        )
         self.compiled[group] = self.learned[group] = compiled
         return compiled
 
-    def _lookup(self, key: tuple[str, str | None, str | None, int], prompt_tokens: int) -> Rates | None:
+    def _lookup(
+        self, key: tuple[str, str | None, str | None, int], prompt_tokens: int
+    ) -> Rates | None:
         model, provider, tier, quarter = key
         at = datetime.fromtimestamp(quarter * _QUARTER_HOUR, UTC)
         return self.book.rates(model, provider, tier, prompt_tokens, at=at)
@@ -173,7 +181,13 @@ def save_steps(path: Path, fingerprint: str, steps: CompiledSteps) -> None:
         "steps": {
             group: None
             if s is None
-            else (s[0], tuple(None if r is None else (*(str(getattr(r, f)) for f in _RATE_FIELDS), r.currency) for r in s[1]))
+            else (
+                s[0],
+                tuple(
+                    None if r is None else (*(str(getattr(r, f)) for f in _RATE_FIELDS), r.currency)
+                    for r in s[1]
+                ),
+            )
             for group, s in steps.items()
         },
     }

@@ -43,7 +43,9 @@ class AuditReport:
     sessions: list[SessionReport] = field(default_factory=list)  # those with calls
     group: str = "session"
     skipped_lines: int = 0  # in every file read, sessions without calls included
-    what_if: list[dict[str, Any]] = field(default_factory=list)  # estimates (stayer.audit.scenarios)
+    what_if: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # estimates (stayer.audit.scenarios)
 
     @property
     def total(self) -> Tally:
@@ -75,7 +77,9 @@ class AuditReport:
             r: {"count": len(c), "extra_cost_usd": _sum(c)} for r, c in sorted(reasons.items())
         }
         costliest = sorted(
-            ((s, c) for s in self.sessions for c in s.costliest), key=lambda sc: sc[1].cost, reverse=True
+            ((s, c) for s in self.sessions for c in s.costliest),
+            key=lambda sc: sc[1].cost,
+            reverse=True,
         )[:_TOP]
         return {
             "totals": totals,
@@ -99,7 +103,9 @@ def build(reports: Iterable[SessionReport], group: str = "session") -> AuditRepo
     """Sessions with calls in time order (ties by source and id), so the document is
     reproducible; the others only add their unreadable lines."""
     every = list(reports)
-    sessions = sorted((s for s in every if s.total.calls), key=lambda s: (s.first_ts, s.source, s.id))
+    sessions = sorted(
+        (s for s in every if s.total.calls), key=lambda s: (s.first_ts, s.source, s.id)
+    )
     return AuditReport(sessions, group, skipped_lines=sum(s.skipped_lines for s in every))
 
 
@@ -126,7 +132,15 @@ WHAT_IF_NOTE = (
 
 def what_if_table(what_if: list[dict[str, Any]]) -> tuple[tuple[str, ...], list[list[str]]]:
     """Header and rows of the what-if estimates, for the terminal and the HTML report alike."""
-    header = ("session", "model", "policy", "actual, main chain", "session total", "replayed", "what-if")
+    header = (
+        "session",
+        "model",
+        "policy",
+        "actual, main chain",
+        "session total",
+        "replayed",
+        "what-if",
+    )
     rows = [
         [
             w["session"],
@@ -143,14 +157,20 @@ def what_if_table(what_if: list[dict[str, Any]]) -> tuple[tuple[str, ...], list[
 
 
 def _table(
-    width: int, title: str, header: tuple[str, ...], rows: list[list[str]], footer: list[str] | None = None
+    width: int,
+    title: str,
+    header: tuple[str, ...],
+    rows: list[list[str]],
+    footer: list[str] | None = None,
 ) -> Table:
     """First column (a name) gives way to fit ``width``; the numbers keep their full width."""
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     every = rows + ([footer] if footer else [])
     widths = [max([len(col)] + [len(r[i]) for r in every]) for i, col in enumerate(header)]
     room = width - sum(widths[1:]) - 3 * len(header) - 1
-    t.add_column(header[0], overflow="ellipsis", no_wrap=True, max_width=max(8, min(widths[0], room)))
+    t.add_column(
+        header[0], overflow="ellipsis", no_wrap=True, max_width=max(8, min(widths[0], room))
+    )
     for col, w in zip(header[1:], widths[1:], strict=True):
         t.add_column(col, justify="right", no_wrap=True, min_width=w)
     # Cells are text, never markup: session ids, projects and model names come from the logs.
@@ -186,8 +206,19 @@ def render(report: AuditReport, console: Console, limit: int = 30) -> None:
     if len(groups) > limit:
         rows.append([f"… {len(groups) - limit} more"] + [""] * 7)
     total = report.total
-    header: tuple[str, ...] = (report.group, "calls", "uncached", "c.read", "c.write", "output", "hit %", "cost")
-    console.print(_table(console.width, f"stayer audit · {title}", header, rows, _tally_row("total", total)))
+    header: tuple[str, ...] = (
+        report.group,
+        "calls",
+        "uncached",
+        "c.read",
+        "c.write",
+        "output",
+        "hit %",
+        "cost",
+    )
+    console.print(
+        _table(console.width, f"stayer audit · {title}", header, rows, _tally_row("total", total))
+    )
     if total.unpriced_calls:
         console.print(
             Text(

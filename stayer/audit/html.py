@@ -34,20 +34,49 @@ td:first-child,th:first-child{text-align:left}h2{margin-top:2em}.plots{display:f
 def _plots(s: SessionReport) -> str:
     assert s.series is not None
     x = list(range(1, len(s.series.context) + 1))
-    main = [(i, c) for i, c, ch in zip(x, s.series.context, s.series.chain, strict=True) if ch == MAIN_CHAIN]
-    sub = [(i, c) for i, c, ch in zip(x, s.series.context, s.series.chain, strict=True) if ch != MAIN_CHAIN]
+    main = [
+        (i, c)
+        for i, c, ch in zip(x, s.series.context, s.series.chain, strict=True)
+        if ch == MAIN_CHAIN
+    ]
+    sub = [
+        (i, c)
+        for i, c, ch in zip(x, s.series.context, s.series.chain, strict=True)
+        if ch != MAIN_CHAIN
+    ]
     breaks = [b.call for b in s.cache_breaks]
     context = [Series("main", main)] + ([Series("sub-agents", sub, dots=True)] if sub else [])
     return "".join(
         (
-            line_chart(context, title="context size per call (tokens); red: cache breaks", xlabel="call", marks=breaks),
             line_chart(
-                [Series("cost", list(zip(x, map(float, s.series.cumulative_cost), strict=True)), color="#2ca02c")],
-                title="cumulative cost (USD)", xlabel="call",
+                context,
+                title="context size per call (tokens); red: cache breaks",
+                xlabel="call",
+                marks=breaks,
             ),
             line_chart(
-                [Series("hit ratio", list(zip(x, s.series.hit_ratio, strict=True)), dots=True, color="#9467bd")],
-                title="cache hit ratio per call", xlabel="call", ylim=(0.0, 1.0),
+                [
+                    Series(
+                        "cost",
+                        list(zip(x, map(float, s.series.cumulative_cost), strict=True)),
+                        color="#2ca02c",
+                    )
+                ],
+                title="cumulative cost (USD)",
+                xlabel="call",
+            ),
+            line_chart(
+                [
+                    Series(
+                        "hit ratio",
+                        list(zip(x, s.series.hit_ratio, strict=True)),
+                        dots=True,
+                        color="#9467bd",
+                    )
+                ],
+                title="cache hit ratio per call",
+                xlabel="call",
+                ylim=(0.0, 1.0),
             ),
         )
     )
@@ -71,11 +100,17 @@ def write_html(report: AuditReport) -> str:
             for k, v in (
                 ("date", datetime.now(UTC).isoformat(timespec="seconds")),
                 ("stayer", __version__),
-                ("sessions", f"{len(report.sessions):,} ({doc['files']:,} files, {doc['bytes']:,} bytes)"),
+                (
+                    "sessions",
+                    f"{len(report.sessions):,} ({doc['files']:,} files, {doc['bytes']:,} bytes)",
+                ),
                 ("calls", f"{t['calls']:,}"),
                 ("total cost", f"{t['cost_usd']} USD"),
                 ("cache hit ratio", f"{t['cache_hit_ratio']:.1%}"),
-                ("cache breaks", f"{t['cache_breaks']:,}, costing {t['cache_break_cost_usd']} USD extra"),
+                (
+                    "cache breaks",
+                    f"{t['cache_breaks']:,}, costing {t['cache_break_cost_usd']} USD extra",
+                ),
                 ("unreadable lines", f"{doc['skipped_lines']:,} skipped"),
             )
         )
@@ -83,7 +118,15 @@ def write_html(report: AuditReport) -> str:
         "<h2>Tokens</h2><table>",
         _row(["kind", "tokens", "share of input"], "th"),
         *(
-            _row([label, f"{u[key]:,}", f"{u[key] / u['input_tokens']:.1%}" if u["input_tokens"] and key != "output_tokens" else ""])
+            _row(
+                [
+                    label,
+                    f"{u[key]:,}",
+                    f"{u[key] / u['input_tokens']:.1%}"
+                    if u["input_tokens"] and key != "output_tokens"
+                    else "",
+                ]
+            )
             for label, key in (
                 ("input, all", "input_tokens"),
                 ("\u2003uncached", "uncached_input_tokens"),
@@ -96,19 +139,49 @@ def write_html(report: AuditReport) -> str:
         "</table>",
     ]
     if t["cache_breaks_by_reason"]:
-        out.append("<h2>Cache breaks by reason</h2><table>" + _row(["reason", "count", "extra cost (USD)"], "th"))
-        out.extend(_row([r, str(v["count"]), v["extra_cost_usd"]]) for r, v in t["cache_breaks_by_reason"].items())
+        out.append(
+            "<h2>Cache breaks by reason</h2><table>"
+            + _row(["reason", "count", "extra cost (USD)"], "th")
+        )
+        out.extend(
+            _row([r, str(v["count"]), v["extra_cost_usd"]])
+            for r, v in t["cache_breaks_by_reason"].items()
+        )
         out.append("</table>")
     if doc["costliest_calls"]:
-        out.append("<h2>Costliest calls</h2><table>" + _row(["session", "call", "when", "model", "context", "cost (USD)"], "th"))
+        out.append(
+            "<h2>Costliest calls</h2><table>"
+            + _row(["session", "call", "when", "model", "context", "cost (USD)"], "th")
+        )
         out.extend(
-            _row([c["session"], str(c["call"]), c["ts"] or "", c["model"], f"{c['context_tokens']:,}", c["cost_usd"]])
+            _row(
+                [
+                    c["session"],
+                    str(c["call"]),
+                    c["ts"] or "",
+                    c["model"],
+                    f"{c['context_tokens']:,}",
+                    c["cost_usd"],
+                ]
+            )
             for c in doc["costliest_calls"]
         )
         out.append("</table>")
     out += [
         "<h2>Sessions</h2><table>",
-        _row(["session", "project", "calls", "cost (USD)", "hit ratio", "breaks", "break cost (USD)", "quadratic"], "th"),
+        _row(
+            [
+                "session",
+                "project",
+                "calls",
+                "cost (USD)",
+                "hit ratio",
+                "breaks",
+                "break cost (USD)",
+                "quadratic",
+            ],
+            "th",
+        ),
     ]
     ranked = sorted(report.sessions, key=lambda s: s.total.cost_priced, reverse=True)
     for s in ranked:
@@ -144,7 +217,12 @@ def write_html(report: AuditReport) -> str:
         )
         out.append(f"<div class='plots'>{_plots(s)}</div>")
         if s.cache_breaks:
-            out.append("<table>" + _row(["call", "chain", "reason", "lost tokens", "idle (s)", "extra cost (USD)"], "th"))
+            out.append(
+                "<table>"
+                + _row(
+                    ["call", "chain", "reason", "lost tokens", "idle (s)", "extra cost (USD)"], "th"
+                )
+            )
             for b in s.cache_breaks:
                 j = b.to_json()
                 out.append(

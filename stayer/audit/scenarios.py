@@ -99,7 +99,8 @@ def _text(content: Any) -> str:
         return "\n".join(
             str(b.get("text", "")) if isinstance(b, dict) else str(b)
             for b in content
-            if not isinstance(b, dict) or b.get("type") in (None, "text", "input_text", "output_text")
+            if not isinstance(b, dict)
+            or b.get("type") in (None, "text", "input_text", "output_text")
         )
     return ""
 
@@ -130,7 +131,9 @@ class _Builder:
         if not self.turns:
             self.instruction.append(text)
         elif self.last_call is not None:
-            self.observations[self.last_call] = self.observations.get(self.last_call, "") + "\n\n" + text
+            self.observations[self.last_call] = (
+                self.observations.get(self.last_call, "") + "\n\n" + text
+            )
 
     def assistant(self, text: str, calls: list[ToolCall], new_turn: bool) -> None:
         if new_turn or not self.turns:
@@ -171,7 +174,9 @@ def _claude_code(path: Path) -> _Builder:
             mid = msg.get("id")
             b.assistant(_text(blocks), calls, new_turn=mid != current)
             current = mid
-        elif isinstance(content, list) and any(isinstance(x, dict) and x.get("type") == "tool_result" for x in content):
+        elif isinstance(content, list) and any(
+            isinstance(x, dict) and x.get("type") == "tool_result" for x in content
+        ):
             for x in content:
                 if isinstance(x, dict) and x.get("type") == "tool_result":
                     b.observation(str(x.get("tool_use_id")), _text(x.get("content")))
@@ -198,7 +203,11 @@ def _codex(path: Path) -> _Builder:
         elif kind in ("function_call", "custom_tool_call", "local_shell_call"):
             call_id = str(p.get("call_id") or p.get("id"))
             args = p.get("arguments") or p.get("input") or json.dumps(p.get("action") or {})
-            b.assistant("", [ToolCall(call_id, str(p.get("name") or "shell"), str(args))], new_turn=not in_turn)
+            b.assistant(
+                "",
+                [ToolCall(call_id, str(p.get("name") or "shell"), str(args))],
+                new_turn=not in_turn,
+            )
             in_turn = True
         elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
             out = p.get("output")
@@ -214,7 +223,10 @@ def session_trace(report: SessionReport, ref: SessionRef, counter: Any) -> Any:
 
     if ref.source == "stayer":
         return load_trace(str(ref.paths[0].parent))
-    main = next((p for p in ref.paths if not p.stem.startswith("agent-") and p.parent.name != "subagents"), None)
+    main = next(
+        (p for p in ref.paths if not p.stem.startswith("agent-") and p.parent.name != "subagents"),
+        None,
+    )
     if main is None:
         raise ConfigError(f"session {ref.id}: only sub-agent files; nothing to replay")
     built = _claude_code(main) if ref.source == "claude-code" else _codex(main)
@@ -263,7 +275,9 @@ def run_what_ifs(
             own = _main_model(report).removeprefix("sim:")
             if ":" in own:
                 own = own.split(":", 1)[1]
-            baseline = asyncio.run(replay(trace, own, make_policy("none"), prices=book, counter=counter))
+            baseline = asyncio.run(
+                replay(trace, own, make_policy("none"), prices=book, counter=counter)
+            )
         except (ConfigError, ValueError, OSError) as e:
             for s in scenarios:
                 out.append({**base, "scenario": s.to_json(), "error": str(e)})
@@ -297,8 +311,12 @@ def run_what_ifs(
                         "estimate: the recorded actions replayed through the what-if engine; "
                         "baseline_cost_usd is the same replay with the session's own model and no "
                         "policy, so compare cost_usd with it, not with actual_cost_usd"
-                        + ("" if ref.source == "stayer" else "; system prompt and tool schemas "
-                           "stood in by filler of the first call's size; sub-agent calls not replayed")
+                        + (
+                            ""
+                            if ref.source == "stayer"
+                            else "; system prompt and tool schemas "
+                            "stood in by filler of the first call's size; sub-agent calls not replayed"
+                        )
                     ),
                 }
             )

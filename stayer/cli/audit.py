@@ -22,9 +22,19 @@ def audit(
             "Default: ~/.claude/projects, $CLAUDE_CONFIG_DIR, ~/.codex/sessions, $STAYER_HOME/runs."
         ),
     ] = None,
-    since: Annotated[str | None, typer.Option("--since", help="Only calls on or after this UTC date (YYYY-MM-DD).")] = None,
-    group: Annotated[str, typer.Option("--group", help="Rows of the table: session, day (UTC) or model.")] = "session",
-    html: Annotated[Path | None, typer.Option("--html", help="Also write a self-contained HTML report with plots per session.")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Only calls on or after this UTC date (YYYY-MM-DD)."),
+    ] = None,
+    group: Annotated[
+        str, typer.Option("--group", help="Rows of the table: session, day (UTC) or model.")
+    ] = "session",
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html", help="Also write a self-contained HTML report with plots per session."
+        ),
+    ] = None,
     what_if: Annotated[
         list[str] | None,
         typer.Option(
@@ -33,7 +43,9 @@ def audit(
             "model or context policy (repeatable).",
         ),
     ] = None,
-    jobs: Annotated[int | None, typer.Option("--jobs", help="Worker processes (default: all cores).")] = None,
+    jobs: Annotated[
+        int | None, typer.Option("--jobs", help="Worker processes (default: all cores).")
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Costs, cache breaks and context growth per session, from agents' own logs.
@@ -60,7 +72,9 @@ def audit(
     if html is not None:
         if html.is_dir() or not html.parent.is_dir():
             bad_input(f"--html {html}: expected a file path in an existing directory")
-        if not os.access(html.parent, os.W_OK | os.X_OK) or (html.exists() and not os.access(html, os.W_OK)):
+        if not os.access(html.parent, os.W_OK | os.X_OK) or (
+            html.exists() and not os.access(html, os.W_OK)
+        ):
             bad_input(f"--html {html}: cannot write there (read-only)")
     try:
         book = PriceBook.load()
@@ -74,18 +88,31 @@ def audit(
     found = discover(paths or default_paths())
     if found.unrecognised:
         names = ", ".join(str(p) for p in found.unrecognised[:3])
-        bad_input(f"{names}: not a Claude Code, Codex or stayer run log (.jsonl session or run result.json)")
+        bad_input(
+            f"{names}: not a Claude Code, Codex or stayer run log (.jsonl session or run result.json)"
+        )
     err = stderr()
     if paths and not found.refs:
         where = ", ".join(str(p) for p in paths)
         err.print(Text(f"no agent logs found under {where}", style="yellow"))
     # Prices compiled by earlier audits (a cache: see stayer.audit.costing).
-    steps_file = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stayer" / "audit-prices.marshal"
+    steps_file = (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        / "stayer"
+        / "audit-prices.marshal"
+    )
     fingerprint = book.fingerprint()
     steps = load_steps(steps_file, fingerprint)
     known = len(steps)
     report = build(
-        analyse_all(found.refs, book, since=since_ts, keep_series=html is not None, jobs=jobs, compiled_steps=steps),
+        analyse_all(
+            found.refs,
+            book,
+            since=since_ts,
+            keep_series=html is not None,
+            jobs=jobs,
+            compiled_steps=steps,
+        ),
         group,
     )
     if len(steps) != known:

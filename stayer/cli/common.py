@@ -149,10 +149,16 @@ def read_plainly(command: _click.Command) -> _click.Command:
     help_option = command.get_help_option(_click.Context(command, help_option_names=names))
     for param in [*command.params, *filter(None, [help_option])]:
         descriptor = getattr(param, "type_descriptor", None)
-        if descriptor is None or descriptor.annotation not in (str, int, bool) or getattr(param, "_runtime_param", 0) is not None:
+        if (
+            descriptor is None
+            or descriptor.annotation not in (str, int, bool)
+            or getattr(param, "_runtime_param", 0) is not None
+        ):
             continue
         param._runtime_param = PlainValue(  # type: ignore[attr-defined]
-            descriptor.parameter_info, descriptor.annotation, typers=partial(build_runtime_param, descriptor)
+            descriptor.parameter_info,
+            descriptor.annotation,
+            typers=partial(build_runtime_param, descriptor),
         )
     if not isinstance(command, StayerGroup):  # its commands are read plainly when built
         for sub in getattr(command, "commands", {}).values():
@@ -195,7 +201,9 @@ class StayerApp(typer.Typer):
 
 def _holder() -> typer.Typer:
     """A Typer app with a callback, so that Typer makes it a group even for one command."""
-    holder = typer.Typer(rich_markup_mode=None, pretty_exceptions_enable=False, add_completion=False)
+    holder = typer.Typer(
+        rich_markup_mode=None, pretty_exceptions_enable=False, add_completion=False
+    )
     holder.callback()(_no_options)
     return holder
 
@@ -244,7 +252,9 @@ def _print_version(value: bool) -> None:
 def _main(
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
     ] = False,
 ) -> None:
     """Options of ``stayer`` itself (the help text is the app's)."""
@@ -269,7 +279,9 @@ def stderr() -> Console:
 def error_line(message: str) -> None:
     # Text, not markup: the message quotes what the user typed, brackets and all.
     one_line = " ".join(message.split())
-    stderr().print(Text.assemble(("error:", "bold red"), " ", one_line), highlight=False, soft_wrap=True)
+    stderr().print(
+        Text.assemble(("error:", "bold red"), " ", one_line), highlight=False, soft_wrap=True
+    )
 
 
 def bad_input(message: str) -> NoReturn:
@@ -324,8 +336,6 @@ def emit_json(doc: Any) -> None:
     out = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
     sys.stdout.buffer.write(out + b"\n")
     sys.stdout.flush()
-
-
 
 
 def dash(value: Any) -> str:

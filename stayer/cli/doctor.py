@@ -28,9 +28,13 @@ def doctor(json_out: JsonFlag = False) -> None:
     console = Console(stderr=json_out)
     for c in checks:
         mark = "[green]ok[/]  " if c.ok else "[red]FAIL[/]" if c.required else "[yellow]--[/]  "
-        console.print(f"{mark} {escape(f'{c.name:<16}')} {escape(c.detail)}", highlight=False, soft_wrap=True)
+        console.print(
+            f"{mark} {escape(f'{c.name:<16}')} {escape(c.detail)}", highlight=False, soft_wrap=True
+        )
         if c.fix:
-            console.print(f"     {'':<16} [bold]→[/] {escape(c.fix)}", highlight=False, soft_wrap=True)
+            console.print(
+                f"     {'':<16} [bold]→[/] {escape(c.fix)}", highlight=False, soft_wrap=True
+            )
     verdict = "ready" if ok else "not ready: fix the FAIL lines above"
     console.print(f"stayer {'[green]' if ok else '[red]'}{verdict}[/]", highlight=False)
     raise typer.Exit(EXIT_OK if ok else EXIT_FAILED)

@@ -69,21 +69,76 @@ def _tracing(otlp: str | None) -> Iterator[Any]:
 
 @app.command("eval")
 def eval_command(
-    suite: Annotated[str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")],
-    model: Annotated[str, typer.Option("--model", "-m", help="Comma-separated models, e.g. sim:claude-sonnet-4-5,sim:gpt-5.")],
-    policy: Annotated[str | None, typer.Option("--policy", help="Context policy (comma-separated to compare several).")] = None,
+    suite: Annotated[
+        str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")
+    ],
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model", "-m", help="Comma-separated models, e.g. sim:claude-sonnet-4-5,sim:gpt-5."
+        ),
+    ],
+    policy: Annotated[
+        str | None,
+        typer.Option("--policy", help="Context policy (comma-separated to compare several)."),
+    ] = None,
     epochs: Annotated[int, typer.Option("--epochs", help="Trials per task and configuration.")] = 1,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Trials running at once.")] = 4,
-    out: Annotated[str | None, typer.Option("--out", help="Directory for trial records, eval.json and report.html; re-running resumes.")] = None,
-    max_steps: Annotated[int, typer.Option("--max-steps", help="Model calls at most per trial.")] = 50,
-    max_cost: Annotated[str | None, typer.Option("--max-cost", help="Hard cap in USD per trial.")] = None,
-    sim_policy: Annotated[str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")] = None,
-    sim_latency: Annotated[float, typer.Option("--sim-latency", help="Simulated seconds per model call.")] = 0.0,
-    sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default), docker or bwrap-image (each task's Dockerfile built), or local.")] = "bwrap",
-    preflight: Annotated[bool, typer.Option("--preflight/--no-preflight", help="First verify each untouched task here: refuse tasks whose tests cannot run, pass untouched, or leak.")] = True,
-    force: Annotated[bool, typer.Option("--force", help="Run tasks that fail the preflight; their unjudgeable trials count in infra_errors.")] = False,
-    otlp: Annotated[str | None, typer.Option("--otlp", help="Export each trial's OpenTelemetry spans to this OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
-    ray: Annotated[str | None, typer.Option("--ray", metavar="ADDRESS|local", help="Run trials on Ray: 'local' starts a one-machine cluster, else the address of one (with STAYER_DB).")] = None,
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out",
+            help="Directory for trial records, eval.json and report.html; re-running resumes.",
+        ),
+    ] = None,
+    max_steps: Annotated[
+        int, typer.Option("--max-steps", help="Model calls at most per trial.")
+    ] = 50,
+    max_cost: Annotated[
+        str | None, typer.Option("--max-cost", help="Hard cap in USD per trial.")
+    ] = None,
+    sim_policy: Annotated[
+        str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")
+    ] = None,
+    sim_latency: Annotated[
+        float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
+    ] = 0.0,
+    sandbox: Annotated[
+        str,
+        typer.Option(
+            "--sandbox",
+            help="bwrap (default), docker or bwrap-image (each task's Dockerfile built), or local.",
+        ),
+    ] = "bwrap",
+    preflight: Annotated[
+        bool,
+        typer.Option(
+            "--preflight/--no-preflight",
+            help="First verify each untouched task here: refuse tasks whose tests cannot run, pass untouched, or leak.",
+        ),
+    ] = True,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Run tasks that fail the preflight; their unjudgeable trials count in infra_errors.",
+        ),
+    ] = False,
+    otlp: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp",
+            help="Export each trial's OpenTelemetry spans to this OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT).",
+        ),
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS|local",
+            help="Run trials on Ray: 'local' starts a one-machine cluster, else the address of one (with STAYER_DB).",
+        ),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Evaluate models (and policies) on a task suite, with success and cost with confidence.
@@ -122,7 +177,9 @@ def eval_command(
     try:
         check_flags(EvalSettings, {"epochs": epochs, "concurrency": concurrency})
         cap = parse_decimal(max_cost, "--max-cost")
-        check_flags(RunSettings, {"max_steps": max_steps, "max_cost": cap, "sim_latency": sim_latency})
+        check_flags(
+            RunSettings, {"max_steps": max_steps, "max_cost": cap, "sim_latency": sim_latency}
+        )
     except ConfigError as e:
         bad_input(str(e))
     out_dir = Path(out) if out else None
@@ -131,7 +188,9 @@ def eval_command(
     err = stderr()
     policies: list[str | None] = list(_split(policy)) or [None]
     configs = [
-        EvalConfig(m, p, sim_policy, max_steps, cap, sandbox, sim_latency) for m in models for p in policies
+        EvalConfig(m, p, sim_policy, max_steps, cap, sandbox, sim_latency)
+        for m in models
+        for p in policies
     ]
     try:
         tasks = load_suite(suite)
@@ -146,7 +205,9 @@ def eval_command(
     pending = {(t.task.path, t.config) for t in trials if store is None or store.load(t) is None}
     prices = _runnable(tasks, configs, pending) if pending else None
     to_check = [t for t in tasks if any(path == t.path for path, _ in pending)]
-    preflight_found = _preflight(to_check, sandbox, concurrency, force) if preflight and to_check else []
+    preflight_found = (
+        _preflight(to_check, sandbox, concurrency, force) if preflight and to_check else []
+    )
     if ray and otlp:
         bad_input("--otlp: trials on Ray are not traced yet; leave out --otlp or --ray")
     executor = _ray_executor(ray) if ray else None
@@ -154,7 +215,13 @@ def eval_command(
     progress = WorkProgress(err, "eval", len(trials))
 
     def on_done(trial: Any, record: dict[str, Any], reused: bool) -> None:
-        key = "ok" if succeeded(record) else "infra" if record["error_class"] == INFRASTRUCTURE else "fail"
+        key = (
+            "ok"
+            if succeeded(record)
+            else "infra"
+            if record["error_class"] == INFRASTRUCTURE
+            else "fail"
+        )
         counts[key] += 1
         counts["reused"] += reused
         progress.advance(
@@ -166,23 +233,34 @@ def eval_command(
     try:
         err.print(
             f"[bold]stayer eval[/] {len(tasks)} tasks × {len(configs)} configurations × {epochs} epochs "
-            f"= {len(trials)} trials, {concurrency} at a time", highlight=False,
+            f"= {len(trials)} trials, {concurrency} at a time",
+            highlight=False,
         )
         # Trials on Ray run in its workers: this process's tracer does not reach them.
         tracing_here = contextlib.nullcontext() if ray else _tracing(otlp)
         with progress, tracing_here as execute_run:
             records = asyncio.run(
                 run_trials(
-                    trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done, execute_run=execute_run,
+                    trials,
+                    concurrency=concurrency,
+                    prices=prices,
+                    store=store,
+                    on_done=on_done,
+                    execute_run=execute_run,
                     executor=executor,
                 )
             )
     except KeyboardInterrupt:
         resume = (
-            f"rerun with the same --out {out} to resume" if out_dir is not None
+            f"rerun with the same --out {out} to resume"
+            if out_dir is not None
             else "nothing was kept: pass --out DIR to make an eval resumable"
         )
-        err.print(f"interrupted: {progress.done}/{len(trials)} done; {escape(resume)}", highlight=False, soft_wrap=True)
+        err.print(
+            f"interrupted: {progress.done}/{len(trials)} done; {escape(resume)}",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
     doc: dict[str, Any] = {
@@ -193,8 +271,14 @@ def eval_command(
         "preflight": preflight_found,
         "stayer_version": __version__,
         "settings": {
-            "models": model, "policies": policy or "auto", "epochs": epochs, "concurrency": concurrency,
-            "max_steps": max_steps, "max_cost": max_cost, "sandbox": sandbox, "sim_policy": sim_policy,
+            "models": model,
+            "policies": policy or "auto",
+            "epochs": epochs,
+            "concurrency": concurrency,
+            "max_steps": max_steps,
+            "max_cost": max_cost,
+            "sandbox": sandbox,
+            "sim_policy": sim_policy,
             "ray": ray,
         },
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -205,7 +289,9 @@ def eval_command(
         doc["out"] = str(out_dir.resolve())
         write_atomic(out_dir / "eval.json", json.dumps(doc, indent=2))
         write_run_pages(out_dir, records, write_atomic)
-        write_atomic(out_dir / "report.html", render(doc, records, f"stayer eval · {Path(suite).name}"))
+        write_atomic(
+            out_dir / "report.html", render(doc, records, f"stayer eval · {Path(suite).name}")
+        )
         doc["report"] = str((out_dir / "report.html").resolve())
     if json_out:
         emit_json(doc)
@@ -252,7 +338,9 @@ def _ray_executor(address: str) -> Any:
     return RayTrials()
 
 
-def _preflight(tasks: list[Any], sandbox: str, concurrency: int, force: bool) -> list[dict[str, Any]]:
+def _preflight(
+    tasks: list[Any], sandbox: str, concurrency: int, force: bool
+) -> list[dict[str, Any]]:
     """The cheap checks on every task (``eval.checks.preflight``): refuse, exit 2, naming each
     task and its problem; with ``force``, warn and return them for the document."""
     import asyncio
@@ -261,7 +349,10 @@ def _preflight(tasks: list[Any], sandbox: str, concurrency: int, force: bool) ->
 
     err = stderr()
     if sandbox == "local":
-        err.print(f"[yellow]note:[/] --sandbox {escape(sandbox)} cannot mount the tests: no preflight", highlight=False)
+        err.print(
+            f"[yellow]note:[/] --sandbox {escape(sandbox)} cannot mount the tests: no preflight",
+            highlight=False,
+        )
         return []
 
     async def check_all() -> list[list[Any]]:
@@ -293,17 +384,33 @@ def _summary_table(doc: dict[str, Any], console: Console) -> None:
         return "—" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
     t = Table(title="stayer eval")
-    for h in ("configuration", "success", "95 % CI", "pass^k", "mean cost", "cost / success", "infra"):
+    for h in (
+        "configuration",
+        "success",
+        "95 % CI",
+        "pass^k",
+        "mean cost",
+        "cost / success",
+        "infra",
+    ):
         t.add_column(h)
     for c in doc["configs"]:
         k = max(c["pass_hat_k"], key=int)
         t.add_row(
-            Text(c["label"]), f"{c['successes']}/{c['trials']} = {f(c['success_rate'])}",
-            f"{f(c['ci_low'])}–{f(c['ci_high'])}", f"^{k} {f(c['pass_hat_k'][k])}",
-            usd(c["mean_cost_usd"]), usd(c["cost_per_success_usd"]), str(c["infra_errors"]),
+            Text(c["label"]),
+            f"{c['successes']}/{c['trials']} = {f(c['success_rate'])}",
+            f"{f(c['ci_low'])}–{f(c['ci_high'])}",
+            f"^{k} {f(c['pass_hat_k'][k])}",
+            usd(c["mean_cost_usd"]),
+            usd(c["cost_per_success_usd"]),
+            str(c["infra_errors"]),
         )
     console.print(t)
     for x in doc["comparisons"]:
-        console.print(Text(f"{x['b']['label']} vs {x['a']['label']}: Δ success {f(x['success_diff'])}, {x['verdict']}"))
+        console.print(
+            Text(
+                f"{x['b']['label']} vs {x['a']['label']}: Δ success {f(x['success_diff'])}, {x['verdict']}"
+            )
+        )
     if doc.get("report"):
         console.print(Text(f"report: {doc['report']}"))

@@ -17,7 +17,9 @@ app.add_typer(export_app, name="export")
 @export_app.command("a2a")
 def a2a(
     run_id: Annotated[str, typer.Argument(help="Id of the run (see `stayer runs`).")],
-    out: Annotated[str | None, typer.Option("--out", help="Write the tasks to this file instead of stdout.")] = None,
+    out: Annotated[
+        str | None, typer.Option("--out", help="Write the tasks to this file instead of stdout.")
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """The run's threads as Google A2A v0.3 Task objects (one per agent; a team's share a

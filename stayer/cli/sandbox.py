@@ -45,15 +45,50 @@ DEFAULT_TIMEOUT_S = 120.0
     context_settings={"allow_interspersed_args": False},
 )
 def exec_command(
-    command: Annotated[list[str], typer.Argument(help="The command: one shell string, or words joined with shell quoting.", show_default=False)],
-    workspace: Annotated[str | None, typer.Option("--workspace", help="Directory mounted read-write at /app (default: a new empty one, removed afterwards).")] = None,
-    allow_net: Annotated[bool, typer.Option("--allow-net", help="Share the host's network (as allow_internet = true in task.toml).")] = False,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the command and everything it started are killed.")] = DEFAULT_TIMEOUT_S,
-    memory: Annotated[int | None, typer.Option("--memory", help="Address space per process, MiB (default: unlimited).")] = None,
-    max_processes: Annotated[int | None, typer.Option("--max-processes", help="Processes at once (default: the agent's limit).")] = None,
-    max_file_mb: Annotated[int | None, typer.Option("--max-file-mb", help="Largest file a process may write, MiB.")] = None,
-    storage_mb: Annotated[int | None, typer.Option("--storage-mb", help="What /app (and /tmp) may hold, MiB.")] = None,
-    sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local (no isolation, only by name).")] = "bwrap",
+    command: Annotated[
+        list[str],
+        typer.Argument(
+            help="The command: one shell string, or words joined with shell quoting.",
+            show_default=False,
+        ),
+    ],
+    workspace: Annotated[
+        str | None,
+        typer.Option(
+            "--workspace",
+            help="Directory mounted read-write at /app (default: a new empty one, removed afterwards).",
+        ),
+    ] = None,
+    allow_net: Annotated[
+        bool,
+        typer.Option(
+            "--allow-net", help="Share the host's network (as allow_internet = true in task.toml)."
+        ),
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout", help="Seconds before the command and everything it started are killed."
+        ),
+    ] = DEFAULT_TIMEOUT_S,
+    memory: Annotated[
+        int | None,
+        typer.Option("--memory", help="Address space per process, MiB (default: unlimited)."),
+    ] = None,
+    max_processes: Annotated[
+        int | None,
+        typer.Option("--max-processes", help="Processes at once (default: the agent's limit)."),
+    ] = None,
+    max_file_mb: Annotated[
+        int | None, typer.Option("--max-file-mb", help="Largest file a process may write, MiB.")
+    ] = None,
+    storage_mb: Annotated[
+        int | None, typer.Option("--storage-mb", help="What /app (and /tmp) may hold, MiB.")
+    ] = None,
+    sandbox: Annotated[
+        str,
+        typer.Option("--sandbox", help="bwrap (default) or local (no isolation, only by name)."),
+    ] = "bwrap",
     json_out: JsonFlag = False,
 ) -> None:
     """Run one command in the sandbox exactly as the agent's bash tool would.
@@ -71,8 +106,13 @@ def exec_command(
     try:
         check_flags(
             SandboxSettings,
-            {"timeout": timeout, "memory": memory, "max_processes": max_processes,
-             "max_file_mb": max_file_mb, "storage_mb": storage_mb},
+            {
+                "timeout": timeout,
+                "memory": memory,
+                "max_processes": max_processes,
+                "max_file_mb": max_file_mb,
+                "storage_mb": storage_mb,
+            },
         )
     except ConfigError as e:
         bad_input(str(e))
@@ -114,7 +154,9 @@ def exec_command(
             notes.append(f"timed out after {timeout:g} s: killed with everything it started")
         if result.truncated:
             notes.append("output truncated in the middle")
-        stderr().print(Text(f"sandbox ({sandbox}): " + " · ".join(notes), style="dim"), soft_wrap=True)
+        stderr().print(
+            Text(f"sandbox ({sandbox}): " + " · ".join(notes), style="dim"), soft_wrap=True
+        )
     raise typer.Exit(command_exit_code(result))
 
 

@@ -22,16 +22,31 @@ TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 
 
 # Options that `serve` (for its embedded worker) and `worker` share.
-TasksDirOption = Annotated[str, typer.Option("--tasks-dir", help="Directory of tasks that runs may name.")]
+TasksDirOption = Annotated[
+    str, typer.Option("--tasks-dir", help="Directory of tasks that runs may name.")
+]
 SandboxOption = Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")]
 PrivateWebhooksOption = Annotated[
-    bool, typer.Option("--allow-private-webhooks", help="Let webhooks target loopback and private addresses.")
+    bool,
+    typer.Option(
+        "--allow-private-webhooks", help="Let webhooks target loopback and private addresses."
+    ),
 ]
 LeaseTtlOption = Annotated[
-    float, typer.Option("--lease-ttl", help="Seconds a dead worker's run waits before another takes it.", min=1.0, max=3600.0)
+    float,
+    typer.Option(
+        "--lease-ttl",
+        help="Seconds a dead worker's run waits before another takes it.",
+        min=1.0,
+        max=3600.0,
+    ),
 ]
 OtlpOption = Annotated[
-    str | None, typer.Option("--otlp", help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).")
+    str | None,
+    typer.Option(
+        "--otlp",
+        help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).",
+    ),
 ]
 
 
@@ -67,7 +82,9 @@ def _tasks_dir(tasks_dir: str) -> Path:
 @tenants_app.command("create")
 def tenants_create(
     name: Annotated[str, typer.Argument(help="Tenant name: letters, digits, '.', '_', '-'.")],
-    max_cost: Annotated[str | None, typer.Option("--max-cost", help="The tenant's budget in USD over all its runs.")] = None,
+    max_cost: Annotated[
+        str | None, typer.Option("--max-cost", help="The tenant's budget in USD over all its runs.")
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Add a tenant; prints its API key (shown once: only its hash is stored).
@@ -85,12 +102,19 @@ def tenants_create(
         secret = db.webhook_secret(name)
     except ConfigError as e:
         bad_input(str(e))
-    doc = {"tenant": name, "api_key": key, "webhook_secret": secret, "max_cost": _money(account.cap)}
+    doc = {
+        "tenant": name,
+        "api_key": key,
+        "webhook_secret": secret,
+        "max_cost": _money(account.cap),
+    }
     if json_out:
         emit_json(doc)
         return
     out = Console()
-    out.print(f"tenant [bold]{escape(name)}[/] created; budget {_money(account.cap) or 'unlimited'}")
+    out.print(
+        f"tenant [bold]{escape(name)}[/] created; budget {_money(account.cap) or 'unlimited'}"
+    )
     out.print(f"API key (shown once): {key}", highlight=False, soft_wrap=True)
     out.print(f"webhook secret: {secret}", highlight=False, soft_wrap=True)
 
@@ -98,7 +122,9 @@ def tenants_create(
 @tenants_app.command("budget")
 def tenants_budget(
     name: Annotated[str, typer.Argument(help="Tenant name.")],
-    max_cost: Annotated[str, typer.Option("--max-cost", help="New budget in USD ('none' for unlimited).")],
+    max_cost: Annotated[
+        str, typer.Option("--max-cost", help="New budget in USD ('none' for unlimited).")
+    ],
     json_out: JsonFlag = False,
 ) -> None:
     """Set a tenant's budget; runs paused on it are queued again.
@@ -117,7 +143,9 @@ def tenants_budget(
     if json_out:
         emit_json(doc)
     else:
-        Console().print(f"tenant {escape(name)}: budget {_money(account.cap) or 'unlimited'}; {requeued} paused run(s) queued again")
+        Console().print(
+            f"tenant {escape(name)}: budget {_money(account.cap) or 'unlimited'}; {requeued} paused run(s) queued again"
+        )
 
 
 @tenants_app.command("list")
@@ -129,7 +157,10 @@ def tenants_list(json_out: JsonFlag = False) -> None:
 
     try:
         db, budgets = _service_db(), _budgets()
-        rows = [{"tenant": n, "created_at": c, **_account_doc(budgets.account(n))} for n, c in db.tenants()]
+        rows = [
+            {"tenant": n, "created_at": c, **_account_doc(budgets.account(n))}
+            for n, c in db.tenants()
+        ]
     except ConfigError as e:
         bad_input(str(e))
     if json_out:
@@ -137,7 +168,14 @@ def tenants_list(json_out: JsonFlag = False) -> None:
         return
     t = Table("tenant", "cap", "spent", "held", "available", "created")
     for r in rows:
-        t.add_row(escape(r["tenant"]), r["max_cost"] or "—", r["spent_usd"], r["reserved_usd"], r["available_usd"] or "—", r["created_at"])
+        t.add_row(
+            escape(r["tenant"]),
+            r["max_cost"] or "—",
+            r["spent_usd"],
+            r["reserved_usd"],
+            r["available_usd"] or "—",
+            r["created_at"],
+        )
     Console().print(t)
 
 
@@ -166,15 +204,38 @@ def _account_doc(a) -> dict[str, str | None]:  # noqa: ANN001 - guard.budget.Acc
 @app.command()
 def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=1, max=65535)] = 8080,
-    workers: Annotated[int, typer.Option("--workers", help="Embedded worker slots (0: API only; run `stayer worker`s).", min=0, max=1000)] = 4,
+    port: Annotated[
+        int, typer.Option("--port", help="Port to listen on.", min=1, max=65535)
+    ] = 8080,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            help="Embedded worker slots (0: API only; run `stayer worker`s).",
+            min=0,
+            max=1000,
+        ),
+    ] = 4,
     tasks_dir: TasksDirOption = "tasks",
     sandbox: SandboxOption = "bwrap",
     allow_private_webhooks: PrivateWebhooksOption = False,
     lease_ttl: LeaseTtlOption = 30.0,
     otlp: OtlpOption = None,
-    metrics_token: Annotated[str | None, typer.Option("--metrics-token", envvar="STAYER_METRICS_TOKEN", help="Bearer token of GET /metrics (Prometheus); off without one.")] = None,
-    default_max_cost: Annotated[str, typer.Option("--default-max-cost", help="Cap (USD) of a run that names none, for tenants with a budget.")] = "1",
+    metrics_token: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-token",
+            envvar="STAYER_METRICS_TOKEN",
+            help="Bearer token of GET /metrics (Prometheus); off without one.",
+        ),
+    ] = None,
+    default_max_cost: Annotated[
+        str,
+        typer.Option(
+            "--default-max-cost",
+            help="Cap (USD) of a run that names none, for tenants with a budget.",
+        ),
+    ] = "1",
 ) -> None:
     """Serve the HTTP API (and, by default, one embedded worker) on the journal.
 
@@ -190,13 +251,23 @@ def serve(
     tasks = _tasks_dir(tasks_dir)
     try:
         worker = (
-            Worker(_home(), tasks, concurrency=workers, lease_ttl_s=lease_ttl, sandbox=sandbox,
-                   webhooks=Webhooks(allow_private=allow_private_webhooks), otlp=otlp)
+            Worker(
+                _home(),
+                tasks,
+                concurrency=workers,
+                lease_ttl_s=lease_ttl,
+                sandbox=sandbox,
+                webhooks=Webhooks(allow_private=allow_private_webhooks),
+                otlp=otlp,
+            )
             if workers
             else None
         )
         application = create_app(
-            _home(), tasks, allow_private_webhooks=allow_private_webhooks, metrics_token=metrics_token,
+            _home(),
+            tasks,
+            allow_private_webhooks=allow_private_webhooks,
+            metrics_token=metrics_token,
             worker_registry=worker.metrics.registry if worker else None,
             default_max_cost=_cap(default_max_cost) or Decimal(1),
         )
@@ -216,19 +287,32 @@ def serve(
         if background:
             await asyncio.gather(*background, return_exceptions=True)
 
-    stderr().print(f"stayer serve on http://{escape(host)}:{port} · tasks {escape(str(tasks))} · {workers} worker slot(s)", highlight=False)
+    stderr().print(
+        f"stayer serve on http://{escape(host)}:{port} · tasks {escape(str(tasks))} · {workers} worker slot(s)",
+        highlight=False,
+    )
     uvicorn.run(application, host=host, port=port, log_level="warning")
 
 
 @app.command()
 def worker(
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Runs at once.", min=1, max=1000)] = 4,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", help="Runs at once.", min=1, max=1000)
+    ] = 4,
     tasks_dir: TasksDirOption = "tasks",
     sandbox: SandboxOption = "bwrap",
     allow_private_webhooks: PrivateWebhooksOption = False,
     lease_ttl: LeaseTtlOption = 30.0,
     otlp: OtlpOption = None,
-    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.", min=1, max=65535)] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.",
+            min=1,
+            max=65535,
+        ),
+    ] = None,
 ) -> None:
     """Claim runs from the journal's queue and run them (any number of workers, any
     number of machines, one database: STAYER_DB=postgresql://…).
@@ -243,8 +327,15 @@ def worker(
 
     tasks = _tasks_dir(tasks_dir)
     try:
-        w = Worker(_home(), tasks, concurrency=concurrency, lease_ttl_s=lease_ttl, sandbox=sandbox,
-                   webhooks=Webhooks(allow_private=allow_private_webhooks), otlp=otlp)
+        w = Worker(
+            _home(),
+            tasks,
+            concurrency=concurrency,
+            lease_ttl_s=lease_ttl,
+            sandbox=sandbox,
+            webhooks=Webhooks(allow_private=allow_private_webhooks),
+            otlp=otlp,
+        )
     except ConfigError as e:
         bad_input(str(e))
 
@@ -259,7 +350,10 @@ def worker(
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
-        stderr().print(f"stayer worker {escape(w.name)} · {concurrency} slot(s) · {escape(w.store.location)}", highlight=False)
+        stderr().print(
+            f"stayer worker {escape(w.name)} · {concurrency} slot(s) · {escape(w.store.location)}",
+            highlight=False,
+        )
         await w.serve(stop)
 
     asyncio.run(main())

@@ -27,11 +27,19 @@ app.add_typer(tasks_app, name="tasks")
 
 @tasks_app.command("check")
 def check(
-    suite: Annotated[str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")],
-    reruns: Annotated[int, typer.Option("--reruns", help="Extra verifications of the oracle's workspace (flakiness).")] = 3,
+    suite: Annotated[
+        str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")
+    ],
+    reruns: Annotated[
+        int,
+        typer.Option("--reruns", help="Extra verifications of the oracle's workspace (flakiness)."),
+    ] = 3,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Tasks checked at once.")] = 4,
     probes: Annotated[
-        bool, typer.Option("--probes/--no-probes", help="Run the reward-hack probes (one verification each).")
+        bool,
+        typer.Option(
+            "--probes/--no-probes", help="Run the reward-hack probes (one verification each)."
+        ),
     ] = True,
     json_out: JsonFlag = False,
 ) -> None:
@@ -60,17 +68,27 @@ def check(
     err = stderr()
 
     def done(c: TaskCheck) -> None:
-        verdict = ("ok", "green") if c.ok else (", ".join(sorted({p.kind for p in c.problems})), "red")
+        verdict = (
+            ("ok", "green") if c.ok else (", ".join(sorted({p.kind for p in c.problems})), "red")
+        )
         warning = ("; underspecified", "yellow") if "underspecified" in c.flags else ""
         err.print(Text.assemble(f"checked {c.name}: ", verdict, warning))
 
     try:
         check_bwrap()  # the checks mount tests and solution, which only bwrap can
-        checks = asyncio.run(check_suite(suite, reruns=reruns, concurrency=concurrency, probes=probes, on_done=done))
+        checks = asyncio.run(
+            check_suite(suite, reruns=reruns, concurrency=concurrency, probes=probes, on_done=done)
+        )
     except ConfigError as e:
         bad_input(str(e))
     if json_out:
-        emit_json({"suite": suite, "ok": all(c.ok for c in checks), "tasks": [c.to_dict() for c in checks]})
+        emit_json(
+            {
+                "suite": suite,
+                "ok": all(c.ok for c in checks),
+                "tasks": [c.to_dict() for c in checks],
+            }
+        )
     table = Table(title=Text(f"stayer tasks check · {suite}"))
     for h in ("task", "verdict", "oracle s", "tests s", "problems"):
         table.add_column(h)
@@ -82,7 +100,11 @@ def check(
             "–" if c.verify_s is None else f"{c.verify_s:.2f}",
             Text("\n").join(
                 [Text.assemble((p.kind, "bold"), f": {p.detail}") for p in c.problems]
-                + ([Text.assemble(("underspecified", "bold yellow"), ": " + "; ".join(c.unstated))] if c.unstated else [])
+                + (
+                    [Text.assemble(("underspecified", "bold yellow"), ": " + "; ".join(c.unstated))]
+                    if c.unstated
+                    else []
+                )
             ),
         )
     console(stderr=json_out).print(table)
@@ -91,11 +113,18 @@ def check(
 
 @tasks_app.command("import-tb")
 def import_tb_command(
-    src: Annotated[str, typer.Argument(help="A Terminal-Bench task (task.yaml) or a directory of them.")],
-    dest: Annotated[str, typer.Argument(help="Suite directory to write the Harbor-layout tasks into.")],
+    src: Annotated[
+        str, typer.Argument(help="A Terminal-Bench task (task.yaml) or a directory of them.")
+    ],
+    dest: Annotated[
+        str, typer.Argument(help="Suite directory to write the Harbor-layout tasks into.")
+    ],
     sandbox: Annotated[
         str | None,
-        typer.Option("--sandbox", help="Run the tasks in their image: docker or bwrap-image, built on first run."),
+        typer.Option(
+            "--sandbox",
+            help="Run the tasks in their image: docker or bwrap-image, built on first run.",
+        ),
     ] = None,
     json_out: JsonFlag = False,
 ) -> None:

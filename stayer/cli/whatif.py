@@ -15,10 +15,30 @@ from stayer.errors import ConfigError
 
 @app.command()
 def whatif(
-    trace: Annotated[str, typer.Argument(help="A stayer run id or directory, a SWE-agent .traj, or a mini-swe-agent .traj.json.")],
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Model whose caching rules and prices apply (sim:ID or ID; default: the recorded one).")] = None,
-    policy: Annotated[str, typer.Option("--policy", help="auto | none | mask[:W] | summarize[:TOKENS] | textbook[:TOKENS]; comma-separated to compare several.")] = "auto",
-    max_context: Annotated[int | None, typer.Option("--max-context", help="Hard limit on prompt tokens.")] = None,
+    trace: Annotated[
+        str,
+        typer.Argument(
+            help="A stayer run id or directory, a SWE-agent .traj, or a mini-swe-agent .traj.json."
+        ),
+    ],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Model whose caching rules and prices apply (sim:ID or ID; default: the recorded one).",
+        ),
+    ] = None,
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy",
+            help="auto | none | mask[:W] | summarize[:TOKENS] | textbook[:TOKENS]; comma-separated to compare several.",
+        ),
+    ] = "auto",
+    max_context: Annotated[
+        int | None, typer.Option("--max-context", help="Hard limit on prompt tokens.")
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Replay a trajectory (actions and observations fixed) through context policies; an estimate.
@@ -55,9 +75,17 @@ def whatif(
         if max_context is not None:
             pinned = Context(loaded.system, loaded.tools, loaded.instruction, counter).tokens
             if max_context <= pinned:
-                raise ConfigError(f"--max-context {max_context}: below the trace's pinned prefix of {pinned:,} tokens")
+                raise ConfigError(
+                    f"--max-context {max_context}: below the trace's pinned prefix of {pinned:,} tokens"
+                )
         compared = asyncio.run(
-            compare(loaded, [(model_id, p) for p in policies], prices=PriceBook.load(), counter=counter, max_context=max_context)
+            compare(
+                loaded,
+                [(model_id, p) for p in policies],
+                prices=PriceBook.load(),
+                counter=counter,
+                max_context=max_context,
+            )
         )
     except ConfigError as e:
         bad_input(str(e))
@@ -75,18 +103,42 @@ def comparison_table(doc: dict[str, Any], console: Console) -> None:
 
     recorded, baseline = doc["recorded"], doc["baseline"]
     t = Table(title=f"what-if (estimate): {escape(recorded['source'])}")
-    for h in ("", "model", "policy", "USD", "Δ USD", "calls", "cache hit", "peak ctx", "compactions"):
+    for h in (
+        "",
+        "model",
+        "policy",
+        "USD",
+        "Δ USD",
+        "calls",
+        "cache hit",
+        "peak ctx",
+        "compactions",
+    ):
         t.add_column(h)
 
     def row(label: str, r: dict[str, Any], delta: str | None) -> None:
         t.add_row(
-            label, escape(r["model"]), escape(r["policy"]), _money(r["cost_usd"]), _money(delta, signed=True),
-            str(r["requests"]), f"{r['cache_hit_ratio']:.1%}", f"{r['peak_context_tokens']:,}", str(r["compactions"]),
+            label,
+            escape(r["model"]),
+            escape(r["policy"]),
+            _money(r["cost_usd"]),
+            _money(delta, signed=True),
+            str(r["requests"]),
+            f"{r['cache_hit_ratio']:.1%}",
+            f"{r['peak_context_tokens']:,}",
+            str(r["compactions"]),
         )
 
     t.add_row(
-        "recorded", escape(recorded["model"] or "?"), escape(recorded["policy"]), _money(recorded["cost_usd"]),
-        "", "?" if recorded["requests"] is None else str(recorded["requests"]), "", "", "",
+        "recorded",
+        escape(recorded["model"] or "?"),
+        escape(recorded["policy"]),
+        _money(recorded["cost_usd"]),
+        "",
+        "?" if recorded["requests"] is None else str(recorded["requests"]),
+        "",
+        "",
+        "",
     )
     if baseline is not None:
         row("replay", baseline, doc["replay_error_usd"])

@@ -67,7 +67,9 @@ class Compactor:
         if self.summarizer is None:
             return self.rates_at, c.summary_input_tokens, c.summary_output_tokens
         request = self.summarizer.request(_span(ctx, c))
-        prompt = self.counter.text(request.system) + sum(self.counter.message(m) for m in request.messages)
+        prompt = self.counter.text(request.system) + sum(
+            self.counter.message(m) for m in request.messages
+        )
         m, tier, prices = self.summarizer.model, request.service_tier, self.prices
         return (lambda n: prices.rates(m.model_id, m.provider, tier, n)), prompt, request.max_tokens
 
@@ -95,9 +97,14 @@ class Compactor:
         assert self.summarizer is not None
         first = min(c.changes)
         try:
-            c.changes[first], cost = await self.summarizer.replacement(_span(ctx, c), c.changes[first])
+            c.changes[first], cost = await self.summarizer.replacement(
+                _span(ctx, c), c.changes[first]
+            )
         except ModelError as e:
-            self.on_event("summary_failed", {"agent": self.path, "model": self.summarizer.model.spec, "error": str(e)})
+            self.on_event(
+                "summary_failed",
+                {"agent": self.path, "model": self.summarizer.model.spec, "error": str(e)},
+            )
             return Decimal(0)
         return cost.total if cost.total is not None else planned
 

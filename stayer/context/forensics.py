@@ -77,28 +77,42 @@ class CacheForensics:
         prev = self.previous
         ttl = 3600.0 if request.cache_ttl == "1h" else rules.ttl_s
         tokens = usage.input_tokens or self._tokens(request.system, tools_text, request.messages)
-        self.previous = _Previous(model, tools_text, request.system, request.messages, tokens, now, ttl)
+        self.previous = _Previous(
+            model, tools_text, request.system, request.messages, tokens, now, ttl
+        )
         if prev is None:
             return None
         head = self.counter.text(tools_text)
         if model != prev.model:
-            return _break(0, "model_switch", f"{prev.model} → {model}: each model has its own cache")
+            return _break(
+                0, "model_switch", f"{prev.model} → {model}: each model has its own cache"
+            )
         if tools_text != prev.tools_text:
             at, old, new = _first_difference(prev.tools_text, tools_text)
-            return _break(0, "tools_changed", f"tool schemas differ at byte {at}: {old!r} → {new!r}")
+            return _break(
+                0, "tools_changed", f"tool schemas differ at byte {at}: {old!r} → {new!r}"
+            )
         if request.system != prev.system:
             at, old, new = _first_difference(prev.system, request.system)
-            return _break(head, "prefix_edit", f"system prompt differs at byte {at}: {old!r} → {new!r}")
+            return _break(
+                head, "prefix_edit", f"system prompt differs at byte {at}: {old!r} → {new!r}"
+            )
         k = 0
         limit = min(len(prev.messages), len(request.messages))
-        while k < limit and (prev.messages[k] is request.messages[k] or prev.messages[k] == request.messages[k]):
+        while k < limit and (
+            prev.messages[k] is request.messages[k] or prev.messages[k] == request.messages[k]
+        ):
             k += 1
         if k < len(prev.messages):
             position = self._tokens(request.system, tools_text, request.messages[:k])
             if compaction_at is not None and compaction_at <= k:
-                return _break(position, "compaction", f"context compacted from message {compaction_at}")
+                return _break(
+                    position, "compaction", f"context compacted from message {compaction_at}"
+                )
             if k < len(request.messages):
-                at, old, new = _first_difference(render_message(prev.messages[k]), render_message(request.messages[k]))
+                at, old, new = _first_difference(
+                    render_message(prev.messages[k]), render_message(request.messages[k])
+                )
                 detail = f"message {k} ({request.messages[k].role}) differs at byte {at}: {old!r} → {new!r}"
             else:
                 detail = f"history shortened from {len(prev.messages)} to {len(request.messages)} messages"
@@ -115,7 +129,11 @@ class CacheForensics:
             return None
         gap = now - prev.at
         if gap > prev.ttl_s:
-            return _break(usage.cache_read_tokens, "ttl_expired", f"idle {gap:.0f} s > cache lifetime {prev.ttl_s:.0f} s")
+            return _break(
+                usage.cache_read_tokens,
+                "ttl_expired",
+                f"idle {gap:.0f} s > cache lifetime {prev.ttl_s:.0f} s",
+            )
         return _break(
             usage.cache_read_tokens,
             "unknown",

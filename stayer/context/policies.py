@@ -106,7 +106,12 @@ class Compaction:
             "tokens_before": self.tokens_before,
             "tokens_after": self.tokens_after,
             "changes": {
-                str(i): {"role": m.role, "content": m.content, "tool_call_id": m.tool_call_id, "kind": m.kind}
+                str(i): {
+                    "role": m.role,
+                    "content": m.content,
+                    "tool_call_id": m.tool_call_id,
+                    "kind": m.kind,
+                }
                 for i, m in sorted(self.changes.items())
             },
             "head_insert": None if self.head_insert is None else self.head_insert.content,
@@ -132,7 +137,9 @@ def stub_for(m: Message, size: int) -> tuple[Message, str]:
     return Message(role=m.role, content=text, tool_call_id=m.tool_call_id, kind="elided"), path
 
 
-def _evict(ctx: Context, victims: Sequence[int], reason: str, summary: str | None = None) -> Compaction | None:
+def _evict(
+    ctx: Context, victims: Sequence[int], reason: str, summary: str | None = None
+) -> Compaction | None:
     if not victims:
         return None
     changes: dict[int, Message] = {}
@@ -143,7 +150,10 @@ def _evict(ctx: Context, victims: Sequence[int], reason: str, summary: str | Non
         stub, path = stub_for(original, ctx.sizes[i])
         if n == 0 and summary:
             stub = Message(
-                role=stub.role, content=f"{summary}\n{stub.content}", tool_call_id=stub.tool_call_id, kind="summary"
+                role=stub.role,
+                content=f"{summary}\n{stub.content}",
+                tool_call_id=stub.tool_call_id,
+                kind="summary",
             )
         if original.role == "tool":
             archive[path] = original.content
@@ -167,7 +177,9 @@ def victims_of(ctx: Context, window: int) -> list[int]:
     return sorted(set(evictable) - set(kept) | set(ephemeral))
 
 
-def _enforce_limit(ctx: Context, view: StepView, planned: Compaction | None, window: int) -> Compaction | None:
+def _enforce_limit(
+    ctx: Context, view: StepView, planned: Compaction | None, window: int
+) -> Compaction | None:
     """Whatever the policy planned, the request must fit ``--max-context``."""
     if view.max_context is None:
         return planned
@@ -208,7 +220,9 @@ class MaskPolicy:
     name: str = "mask"
 
     def plan(self, ctx: Context, view: StepView) -> Compaction | None:
-        return _enforce_limit(ctx, view, _evict(ctx, victims_of(ctx, self.window), "window"), self.window)
+        return _enforce_limit(
+            ctx, view, _evict(ctx, victims_of(ctx, self.window), "window"), self.window
+        )
 
 
 class Summarizer(Protocol):
@@ -235,11 +249,15 @@ class SummarizePolicy:
     def plan(self, ctx: Context, view: StepView) -> Compaction | None:
         planned = None
         if ctx.tokens > self.high_watermark:
-            planned = summarize_victims(ctx, victims_of(ctx, self.window), self.summarizer, "threshold")
+            planned = summarize_victims(
+                ctx, victims_of(ctx, self.window), self.summarizer, "threshold"
+            )
         return _enforce_limit(ctx, view, planned, self.window)
 
 
-def summarize_victims(ctx: Context, victims: list[int], summarizer: Summarizer, reason: str) -> Compaction | None:
+def summarize_victims(
+    ctx: Context, victims: list[int], summarizer: Summarizer, reason: str
+) -> Compaction | None:
     if not victims:
         return None
     span = [ctx.messages[i] for i in victims]
@@ -274,7 +292,9 @@ class AutoPolicy:
     def _observe_growth(self, ctx: Context) -> float:
         start = max(self._seen, ctx.prefix_messages)
         added = sum(
-            ctx.sizes[i] for i in range(start, len(ctx.messages)) if retention_of(ctx.messages[i]) is Retention.EVICTABLE
+            ctx.sizes[i]
+            for i in range(start, len(ctx.messages))
+            if retention_of(ctx.messages[i]) is Retention.EVICTABLE
         )
         self._growth = added if self._growth == 0 else 0.7 * self._growth + 0.3 * added
         return self._growth
@@ -304,15 +324,22 @@ class AutoPolicy:
             for i in range(max(self._previous, ctx.prefix_messages), len(ctx.messages))
         )
         miss = max(c.tokens_after - new - prefix, 0) * (miss_rate - read) / MTOK
-        miss += (c.summary_input_tokens * float(rates_after.input) + c.summary_output_tokens * float(rates_after.output)) / MTOK
+        miss += (
+            c.summary_input_tokens * float(rates_after.input)
+            + c.summary_output_tokens * float(rates_after.output)
+        ) / MTOK
         evicted = c.tokens_before - c.tokens_after
         if evicted <= 0:
             return False
-        per_step = self._step_cost(c.tokens_before, growth, view) - self._step_cost(c.tokens_after, growth, view)
+        per_step = self._step_cost(c.tokens_before, growth, view) - self._step_cost(
+            c.tokens_after, growth, view
+        )
         remaining = remaining_steps(view.step, view.max_steps)
         if per_step * remaining < miss:
             return False
-        crosses_tier = view.rates_at(int(c.tokens_before + growth)) != view.rates_at(int(c.tokens_after + growth))
+        crosses_tier = view.rates_at(int(c.tokens_before + growth)) != view.rates_at(
+            int(c.tokens_after + growth)
+        )
         if crosses_tier:
             return True
         eoq = math.sqrt(2 * miss * max(growth, 1.0) / (read / MTOK)) if read > 0 else 0.0
@@ -327,7 +354,9 @@ class AutoPolicy:
             return 0.0
         write = rates.cache_write_5m if view.explicit_cache else rates.input
         return (
-            context * float(rates.cache_read) + growth * float(write) + view.output_tokens * float(rates.output)
+            context * float(rates.cache_read)
+            + growth * float(write)
+            + view.output_tokens * float(rates.output)
         ) / MTOK
 
 

@@ -33,6 +33,11 @@ def retention_of(m: Message) -> Retention:
         return Retention.PINNED
     if m.kind in EPHEMERAL_KINDS:
         return Retention.EPHEMERAL
-    if m.role == "tool" and not m.is_error and m.kind not in KEEP_KINDS and not m.kind.startswith("elided"):
+    if (
+        m.role == "tool"
+        and not m.is_error
+        and m.kind not in KEEP_KINDS
+        and not m.kind.startswith("elided")
+    ):
         return Retention.EVICTABLE
     return Retention.KEEP

@@ -41,7 +41,9 @@ class ModelSummarizer:
         span's stand-ins): the model's summary, then the stub's last line, which says where
         the full text was saved. Raises ModelError when the call fails after its retries."""
         response = await self.model.complete(self.request(span))
-        cost = self.prices.cost(response.usage, self.model.model_id, self.model.provider, response.service_tier)
+        cost = self.prices.cost(
+            response.usage, self.model.model_id, self.model.provider, response.service_tier
+        )
         marker = stub.content.splitlines()[-1]
         text = f"{response.message.content.strip()}\n{marker}"
         return Message(stub.role, text, (), stub.tool_call_id, False, "summary"), cost

@@ -47,11 +47,21 @@ from stayer.sandbox import IMAGE_KINDS
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.sandbox.hostfs import copy_tree
 
-KINDS = ("invalid", "oracle_fails", "nop_passes", "flaky", "timeout_margin", "leak", "environment", "gameable")
+KINDS = (
+    "invalid",
+    "oracle_fails",
+    "nop_passes",
+    "flaky",
+    "timeout_margin",
+    "leak",
+    "environment",
+    "gameable",
+)
 PROBE_TIMEOUT_S = 60.0  # a probe's script only writes a few files
 TIME_MARGIN = 0.5  # share of a timeout the oracle (or the tests) may use
 # Files this small (an empty __init__.py, "1\n") match by accident, not by leaking.
 _MIN_LEAK_BYTES = 16
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -70,7 +80,9 @@ class TaskCheck:
     flags: list[str] = field(default_factory=list)  # gameable, underspecified
     probe: str | None = None  # the reward-hack probe that won
     probes_run: list[str] = field(default_factory=list)
-    unstated: list[str] = field(default_factory=list)  # what the tests need, the instruction never says
+    unstated: list[str] = field(
+        default_factory=list
+    )  # what the tests need, the instruction never says
 
     @property
     def ok(self) -> bool:
@@ -125,15 +137,24 @@ def _hidden_file_digests(task: Task) -> dict[str, str]:
     for where in ("tests", "solution"):
         for p in sorted((task.path / where).rglob("*")):
             if p.is_file() and p.stat().st_size >= _MIN_LEAK_BYTES:
-                digests.setdefault(hashlib.sha256(p.read_bytes()).hexdigest(), str(p.relative_to(task.path)))
+                digests.setdefault(
+                    hashlib.sha256(p.read_bytes()).hexdigest(), str(p.relative_to(task.path))
+                )
     return digests
 
 
 async def check_leaks(task: Task, workspace: Path, kind: str) -> list[Problem]:
     """Probe from inside the agent's sandbox for the tests and the solution."""
-    paths = ["/tests", "/solution", "/oracle", "/logs/verifier", str(task.path / "tests"), str(task.path / "solution")]
+    paths = [
+        "/tests",
+        "/solution",
+        "/oracle",
+        "/logs/verifier",
+        str(task.path / "tests"),
+        str(task.path / "solution"),
+    ]
     probe = (
-        f"for p in {' '.join(shlex.quote(p) for p in paths)}; do [ -e \"$p\" ] && echo \"VISIBLE $p\"; done; "
+        f'for p in {" ".join(shlex.quote(p) for p in paths)}; do [ -e "$p" ] && echo "VISIBLE $p"; done; '
         "find -L /app -type f -size -4M -print0 2>/dev/null | xargs -0 -r sha256sum 2>/dev/null; true"
     )
     result = await _agent_sandbox(task, _fresh(task, workspace, kind), kind).exec(probe, timeout=60)
@@ -145,17 +166,23 @@ async def check_leaks(task: Task, workspace: Path, kind: str) -> list[Problem]:
             continue
         digest, _, name = line.partition("  ")
         if digest in hidden:
-            problems.append(Problem("leak", f"the agent can read {name}, a copy of {hidden[digest]}"))
+            problems.append(
+                Problem("leak", f"the agent can read {name}, a copy of {hidden[digest]}")
+            )
     return problems
 
 
 async def _verify_untouched(task: Task, workspace: Path, kind: str) -> Verdict:
-    return await verify(task, task.make_sandbox(kind, _fresh(task, workspace, kind), allow_net=task.allow_internet))
+    return await verify(
+        task, task.make_sandbox(kind, _fresh(task, workspace, kind), allow_net=task.allow_internet)
+    )
 
 
 def _nop_problems(verdict: Verdict) -> list[Problem]:
     if _passed(verdict):
-        return [Problem("nop_passes", f"the untouched environment scores reward {verdict.reward:g}")]
+        return [
+            Problem("nop_passes", f"the untouched environment scores reward {verdict.reward:g}")
+        ]
     return []
 
 
@@ -175,11 +202,14 @@ async def preflight(task: Task, *, sandbox: str | None = None) -> list[Problem]:
     with tempfile.TemporaryDirectory(prefix="stayer-preflight-") as tmp:
         work = Path(tmp)
         untouched, leaks = await asyncio.gather(
-            _verify_untouched(task, work / "nop", sandbox), check_leaks(task, work / "leak", sandbox)
+            _verify_untouched(task, work / "nop", sandbox),
+            check_leaks(task, work / "leak", sandbox),
         )
     problems = _nop_problems(untouched)
     if untouched.infrastructure:
-        problems.append(Problem("environment", f"its tests cannot run here: {untouched.infrastructure}"))
+        problems.append(
+            Problem("environment", f"its tests cannot run here: {untouched.infrastructure}")
+        )
     return problems + leaks
 
 
@@ -189,20 +219,34 @@ async def check_oracle(
     """The oracle must pass, the same way every time, well inside the timeouts."""
     solution = task.solution
     if solution is None:
-        return [Problem("invalid", f"{task.path / 'solution' / 'solve.sh'}: missing; the oracle cannot be checked")]
+        return [
+            Problem(
+                "invalid",
+                f"{task.path / 'solution' / 'solve.sh'}: missing; the oracle cannot be checked",
+            )
+        ]
     workspace = _fresh(task, work / "oracle", kind)
     # As the simulator's oracle runs it: the script on bash's stdin, cwd /app.
-    run = await _agent_sandbox(task, workspace, kind).exec("bash -s", stdin=solution.encode(), timeout=task.agent_timeout_s)
+    run = await _agent_sandbox(task, workspace, kind).exec(
+        "bash -s", stdin=solution.encode(), timeout=task.agent_timeout_s
+    )
     check.oracle_s = round(run.duration_s, 3)
     problems = []
     if run.timed_out:
-        return [Problem("timeout_margin", f"the oracle did not finish within the agent timeout ({task.agent_timeout_s:g} s)")]
+        return [
+            Problem(
+                "timeout_margin",
+                f"the oracle did not finish within the agent timeout ({task.agent_timeout_s:g} s)",
+            )
+        ]
     if run.duration_s > margin * task.agent_timeout_s:
-        problems.append(Problem(
-            "timeout_margin",
-            f"the oracle took {run.duration_s:.1f} s of the agent's {task.agent_timeout_s:g} s "
-            f"(more than {margin:.0%}): an agent has little time to think",
-        ))
+        problems.append(
+            Problem(
+                "timeout_margin",
+                f"the oracle took {run.duration_s:.1f} s of the agent's {task.agent_timeout_s:g} s "
+                f"(more than {margin:.0%}): an agent has little time to think",
+            )
+        )
     verdicts = [await _verify_copy(task, workspace, work / "verify-0", kind)]
     evidence = []
     if not _passed(verdicts[0]):
@@ -221,32 +265,51 @@ async def check_oracle(
         if evidence:
             problems.append(Problem("environment", "; ".join(evidence)))
         elif all(v.exec and v.exec.timed_out for v in verdicts):
-            problems.append(Problem("timeout_margin", f"the tests did not finish within the verifier timeout ({task.verifier_timeout_s:g} s)"))
+            problems.append(
+                Problem(
+                    "timeout_margin",
+                    f"the tests did not finish within the verifier timeout ({task.verifier_timeout_s:g} s)",
+                )
+            )
         else:
             v = verdicts[0]
             why = f"reward {v.reward:g}" if v.reward is not None else (v.error or "no reward")
             hint = ""
             dockerfile = task.path / "environment" / "Dockerfile"
-            if kind not in IMAGE_KINDS and dockerfile.is_file() and "RUN " in dockerfile.read_text(errors="replace"):
+            if (
+                kind not in IMAGE_KINDS
+                and dockerfile.is_file()
+                and "RUN " in dockerfile.read_text(errors="replace")
+            ):
                 hint = (
                     "; note: the Dockerfile's RUN steps do not happen in this sandbox "
                     '([environment] sandbox = "docker" or "bwrap-image" builds the image)'
                 )
-            problems.append(Problem(
-                "oracle_fails",
-                f"{why}; solve.sh exit {run.exit_code}; tests said: {_tail(_output(v.exec))}{hint}",
-            ))
+            problems.append(
+                Problem(
+                    "oracle_fails",
+                    f"{why}; solve.sh exit {run.exit_code}; tests said: {_tail(_output(v.exec))}{hint}",
+                )
+            )
     elif not all(passes):
-        problems.append(Problem(
-            "flaky",
-            f"{sum(passes)} of {len(passes)} verifications of the same oracle workspace passed "
-            f"(rewards {', '.join('none' if r is None else f'{r:g}' for r in check.rewards)})",
-        ))
-    if check.verify_s is not None and check.verify_s > margin * task.verifier_timeout_s and any(passes):
-        problems.append(Problem(
-            "timeout_margin",
-            f"the tests took {check.verify_s:.1f} s of the verifier's {task.verifier_timeout_s:g} s (more than {margin:.0%})",
-        ))
+        problems.append(
+            Problem(
+                "flaky",
+                f"{sum(passes)} of {len(passes)} verifications of the same oracle workspace passed "
+                f"(rewards {', '.join('none' if r is None else f'{r:g}' for r in check.rewards)})",
+            )
+        )
+    if (
+        check.verify_s is not None
+        and check.verify_s > margin * task.verifier_timeout_s
+        and any(passes)
+    ):
+        problems.append(
+            Problem(
+                "timeout_margin",
+                f"the tests took {check.verify_s:.1f} s of the verifier's {task.verifier_timeout_s:g} s (more than {margin:.0%})",
+            )
+        )
     return problems
 
 
@@ -265,7 +328,12 @@ async def check_probes(task: Task, work: Path, kind: str, check: TaskCheck) -> l
         if _passed(verdict):
             check.probe = probe.name
             check.flags.append("gameable")
-            return [Problem("gameable", f"probe {probe.name} ({probe.what}) scored reward {verdict.reward:g} without doing the task")]
+            return [
+                Problem(
+                    "gameable",
+                    f"probe {probe.name} ({probe.what}) scored reward {verdict.reward:g} without doing the task",
+                )
+            ]
     return []
 
 
@@ -282,7 +350,12 @@ async def _build_problem(task: Task, kind: str) -> Problem | None:
 
 
 async def check_task(
-    task: Task, *, reruns: int = 3, sandbox: str | None = None, margin: float = TIME_MARGIN, probes: bool = True
+    task: Task,
+    *,
+    reruns: int = 3,
+    sandbox: str | None = None,
+    margin: float = TIME_MARGIN,
+    probes: bool = True,
 ) -> TaskCheck:
     """Check ``task`` in the sandbox ``sandbox`` (default: the task's own, else bwrap)."""
     check = TaskCheck(task.name, task.path)
@@ -298,7 +371,9 @@ async def check_task(
             check_leaks(task, work / "leak", sandbox),
         )
         check.problems = [p for group in found for p in group]
-        judges = any(passes(r) for r in check.rewards) and not any(p.kind == "nop_passes" for p in check.problems)
+        judges = any(passes(r) for r in check.rewards) and not any(
+            p.kind == "nop_passes" for p in check.problems
+        )
         if probes and judges:
             check.problems += await check_probes(task, work, sandbox, check)
     check.unstated = unmentioned(task, read_facts(task))
@@ -324,7 +399,9 @@ async def check_suite(
 
     async def one(task: Task) -> TaskCheck:
         async with gate:
-            check = await check_task(task, reruns=reruns, sandbox=sandbox, margin=margin, probes=probes)
+            check = await check_task(
+                task, reruns=reruns, sandbox=sandbox, margin=margin, probes=probes
+            )
         if on_done:
             on_done(check)
         return check

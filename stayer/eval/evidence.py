@@ -21,7 +21,9 @@ _PACKAGES = re.compile(
     r"Could not open lock file|Unable to acquire the dpkg|are you root\?|"
     r"List directory /var/lib/apt/lists/partial is missing"
 )
-_MISSING_COMMAND = re.compile(r"\b([\w.+-]+): command not found|^\S*sh: \d+: ([\w.+-]+): not found", re.MULTILINE)
+_MISSING_COMMAND = re.compile(
+    r"\b([\w.+-]+): command not found|^\S*sh: \d+: ([\w.+-]+): not found", re.MULTILINE
+)
 _MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
 _READ_ONLY = re.compile(r"Read-only file system")
 # Where a task declares what it installs; a missing module named there is the environment's.
@@ -30,7 +32,9 @@ _READ_ONLY = re.compile(r"Read-only file system")
 # the host's.
 _DEPENDENCY_FILES = ("requirements*.txt", "pyproject.toml")
 _SCRIPT_FILES = ("Dockerfile", "*.sh")
-_INSTALL_LINE = re.compile(r"\b(pip3?|uv|poetry|conda|mamba|micromamba|apt-get|apt|apk)\b.*\b(install|add)\b")
+_INSTALL_LINE = re.compile(
+    r"\b(pip3?|uv|poetry|conda|mamba|micromamba|apt-get|apt|apk)\b.*\b(install|add)\b"
+)
 
 
 def _first_line(pattern: re.Pattern[str], text: str) -> str | None:
@@ -49,7 +53,9 @@ def _declared_installs(task: Task) -> str:
                     continue
                 text = p.read_text(errors="replace")
                 if pattern in _SCRIPT_FILES:
-                    text = "\n".join(line for line in text.splitlines() if _INSTALL_LINE.search(line))
+                    text = "\n".join(
+                        line for line in text.splitlines() if _INSTALL_LINE.search(line)
+                    )
                 texts.append(text)
     return "\n".join(texts)
 
@@ -72,5 +78,7 @@ def environment_evidence(output: str, task: Task) -> list[str]:
         if missing:
             reasons.append(f"needs Python modules this host lacks: {', '.join(missing)}")
     if line := _first_line(_READ_ONLY, output):
-        reasons.append(f"writes outside /app and /tmp, which are the only writable paths here ({line})")
+        reasons.append(
+            f"writes outside /app and /tmp, which are the only writable paths here ({line})"
+        )
     return reasons

@@ -83,9 +83,15 @@ def header(doc: dict[str, Any], records: Sequence[dict[str, Any]]) -> str:
         ("date", doc.get("finished", "—")),
         ("stayer", doc.get("stayer_version", "—")),
         ("suite", doc.get("suite", "—")),
-        ("trials", f"{doc.get('trials_total', len(records))} ({doc.get('trials_reused', 0)} reused from an earlier run)"),
+        (
+            "trials",
+            f"{doc.get('trials_total', len(records))} ({doc.get('trials_reused', 0)} reused from an earlier run)",
+        ),
         ("total cost", usd(total_cost(records))),
-        ("wall time", f"{fmt(doc.get('wall_s'), 1)} s (trials together: {sum(r.get('wall_s') or 0 for r in records):,.1f} s)"),
+        (
+            "wall time",
+            f"{fmt(doc.get('wall_s'), 1)} s (trials together: {sum(r.get('wall_s') or 0 for r in records):,.1f} s)",
+        ),
         *((k.replace("_", " "), fmt(v)) for k, v in settings.items()),
     ]
     items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in rows)
@@ -94,27 +100,43 @@ def header(doc: dict[str, Any], records: Sequence[dict[str, Any]]) -> str:
 
 def pareto_plot(configs: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]]) -> str:
     points = [
-        Point(float(Decimal(c["mean_cost_usd"])), c["success_rate"], c["label"], c["ci_low"], c["ci_high"])
+        Point(
+            float(Decimal(c["mean_cost_usd"])),
+            c["success_rate"],
+            c["label"],
+            c["ci_low"],
+            c["ci_high"],
+        )
         for c in configs
         if c["mean_cost_usd"] not in ("unknown", None) and c["success_rate"] is not None
     ]
     frontier = [(float(Decimal(p["mean_cost_usd"])), p["success_rate"]) for p in front]
     return points_chart(
-        points, front=frontier, ylim=(0.0, 1.0), title="cost vs success (dashed: Pareto frontier)",
-        xlabel="mean cost per trial (USD)", ylabel="success rate (Wilson 95 % interval)",
+        points,
+        front=frontier,
+        ylim=(0.0, 1.0),
+        title="cost vs success (dashed: Pareto frontier)",
+        xlabel="mean cost per trial (USD)",
+        ylabel="success rate (Wilson 95 % interval)",
     )
 
 
 def outcome_grid(tasks: Sequence[dict[str, Any]], configs: Sequence[dict[str, Any]]) -> str:
     """Tasks × configurations as a table coloured by success: labels are plain text."""
-    head = "<tr><th>task</th>" + "".join(f"<th>{html.escape(c['label'])}</th>" for c in configs) + "</tr>"
+    head = (
+        "<tr><th>task</th>"
+        + "".join(f"<th>{html.escape(c['label'])}</th>" for c in configs)
+        + "</tr>"
+    )
     rows = []
     for t in tasks:
         cells = []
         for c in configs:
             r = t["results"][c["id"]]
             rate = r["successes"] / r["trials"] if r["trials"] else None
-            text = f"{r['successes']}/{r['trials']}" + (f" (+{r['infra_errors']} infra)" if r["infra_errors"] else "")
+            text = f"{r['successes']}/{r['trials']}" + (
+                f" (+{r['infra_errors']} infra)" if r["infra_errors"] else ""
+            )
             color = "#eee" if rate is None else f"hsl({round(120 * rate)},60%,80%)"
             cells.append(f"<td class=grid style='background:{color}'>{html.escape(text)}</td>")
         rows.append(f"<tr><td>{html.escape(t['task'])}</td>{''.join(cells)}</tr>")
@@ -125,7 +147,11 @@ def cost_distribution(configs: Sequence[dict[str, Any]], records: Sequence[dict[
     groups = [
         (
             c["label"],
-            [float(Decimal(r["cost_usd"])) for r in records if r["config_key"] == c["id"] and r["cost_usd"] != "unknown"],
+            [
+                float(Decimal(r["cost_usd"]))
+                for r in records
+                if r["config_key"] == c["id"] and r["cost_usd"] != "unknown"
+            ],
         )
         for c in configs
     ]
@@ -139,40 +165,126 @@ def run_link(record: dict[str, Any]) -> Any:
     return ("html", f"<a href='runs/{html.escape(run_id)}.html'>{html.escape(run_id)}</a>")
 
 
-def render(doc: dict[str, Any], records: Sequence[dict[str, Any]], title: str = "stayer eval") -> str:
+def render(
+    doc: dict[str, Any], records: Sequence[dict[str, Any]], title: str = "stayer eval"
+) -> str:
     configs = doc["configs"]
     parts = [f"<h1>{html.escape(title)}</h1>", header(doc, records), "<h2>Configurations</h2>"]
-    parts.append(table(
-        ["configuration", "trials", "successes", "success rate", "95 % CI", "mean cost",
-         "cost per success", "mean tokens", "infra errors"],
-        [[c["label"], c["trials"], c["successes"], c["success_rate"],
-          f"{fmt(c['ci_low'])} – {fmt(c['ci_high'])}", usd(c["mean_cost_usd"]),
-          usd(c["cost_per_success_usd"]), c["mean_tokens"], c["infra_errors"]] for c in configs],
-    ))
+    parts.append(
+        table(
+            [
+                "configuration",
+                "trials",
+                "successes",
+                "success rate",
+                "95 % CI",
+                "mean cost",
+                "cost per success",
+                "mean tokens",
+                "infra errors",
+            ],
+            [
+                [
+                    c["label"],
+                    c["trials"],
+                    c["successes"],
+                    c["success_rate"],
+                    f"{fmt(c['ci_low'])} – {fmt(c['ci_high'])}",
+                    usd(c["mean_cost_usd"]),
+                    usd(c["cost_per_success_usd"]),
+                    c["mean_tokens"],
+                    c["infra_errors"],
+                ]
+                for c in configs
+            ],
+        )
+    )
     ks = sorted({k for c in configs for k in c["pass_at_k"]}, key=int)
-    parts.append(table(
-        ["configuration", *[f"pass@{k}" for k in ks], *[f"pass^{k}" for k in ks]],
-        [[c["label"], *[c["pass_at_k"].get(k) for k in ks], *[c["pass_hat_k"].get(k) for k in ks]] for c in configs],
-    ))
+    parts.append(
+        table(
+            ["configuration", *[f"pass@{k}" for k in ks], *[f"pass^{k}" for k in ks]],
+            [
+                [
+                    c["label"],
+                    *[c["pass_at_k"].get(k) for k in ks],
+                    *[c["pass_hat_k"].get(k) for k in ks],
+                ]
+                for c in configs
+            ],
+        )
+    )
     if doc["comparisons"]:
         parts.append("<h2>Paired comparisons</h2>")
-        parts.append(table(
-            ["A", "B", "pairs", "A only", "B only", "success diff (B − A)", "test", "p", "verdict", "cost diff"],
-            [[x["a"]["label"], x["b"]["label"], x["pairs"], x["a_only"], x["b_only"], x["success_diff"],
-              x["test"], x["p_value"], x["verdict"], usd(x["cost_diff_usd"])] for x in doc["comparisons"]],
-        ))
+        parts.append(
+            table(
+                [
+                    "A",
+                    "B",
+                    "pairs",
+                    "A only",
+                    "B only",
+                    "success diff (B − A)",
+                    "test",
+                    "p",
+                    "verdict",
+                    "cost diff",
+                ],
+                [
+                    [
+                        x["a"]["label"],
+                        x["b"]["label"],
+                        x["pairs"],
+                        x["a_only"],
+                        x["b_only"],
+                        x["success_diff"],
+                        x["test"],
+                        x["p_value"],
+                        x["verdict"],
+                        usd(x["cost_diff_usd"]),
+                    ]
+                    for x in doc["comparisons"]
+                ],
+            )
+        )
     parts.append("<h2>Cost vs success</h2>" + pareto_plot(configs, doc["pareto"]))
     parts.append("<h2>Outcomes per task</h2>" + outcome_grid(doc["tasks"], configs))
     parts.append("<h2>Cost per trial</h2>" + cost_distribution(configs, records))
     parts.append("<h2>Trials</h2>")
     labels = {c["id"]: c["label"] for c in configs}
-    ordered = sorted(records, key=lambda r: (r["task"], labels.get(r["config_key"], ""), r["epoch"]))
-    parts.append(table(
-        ["task", "configuration", "epoch", "status", "reward", "steps", "cost", "wall s", "run", "why"],
-        [[r["task"], labels.get(r["config_key"], r["config_key"]), r["epoch"], r["status"], r.get("reward"),
-          r.get("steps"), usd(r.get("cost_usd")), r.get("wall_s"), run_link(r),
-          r.get("error") or r.get("stop_reason")] for r in ordered],
-    ))
+    ordered = sorted(
+        records, key=lambda r: (r["task"], labels.get(r["config_key"], ""), r["epoch"])
+    )
+    parts.append(
+        table(
+            [
+                "task",
+                "configuration",
+                "epoch",
+                "status",
+                "reward",
+                "steps",
+                "cost",
+                "wall s",
+                "run",
+                "why",
+            ],
+            [
+                [
+                    r["task"],
+                    labels.get(r["config_key"], r["config_key"]),
+                    r["epoch"],
+                    r["status"],
+                    r.get("reward"),
+                    r.get("steps"),
+                    usd(r.get("cost_usd")),
+                    r.get("wall_s"),
+                    run_link(r),
+                    r.get("error") or r.get("stop_reason"),
+                ]
+                for r in ordered
+            ],
+        )
+    )
     return page(title, parts)
 
 
@@ -208,13 +320,21 @@ def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> st
         f"<h1>{html.escape(title)}</h1>",
     ]
     facts = [
-        ("task", result.get("task")), ("model", result.get("model")), ("status", result.get("status")),
-        ("reward", result.get("reward")), ("steps", result.get("steps")), ("cost", usd(result.get("cost_usd"))),
-        ("stop reason", result.get("stop_reason")), ("started", result.get("started")),
+        ("task", result.get("task")),
+        ("model", result.get("model")),
+        ("status", result.get("status")),
+        ("reward", result.get("reward")),
+        ("steps", result.get("steps")),
+        ("cost", usd(result.get("cost_usd"))),
+        ("stop reason", result.get("stop_reason")),
+        ("started", result.get("started")),
         ("finished", result.get("finished")),
     ]
-    parts.append("<dl class=header>" + "".join(
-        f"<dt>{html.escape(k)}</dt><dd>{html.escape(fmt(v))}</dd>" for k, v in facts) + "</dl>")
+    parts.append(
+        "<dl class=header>"
+        + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(fmt(v))}</dd>" for k, v in facts)
+        + "</dl>"
+    )
     if result.get("summary"):
         parts.append(f"<h2>Summary</h2><pre>{html.escape(result['summary'])}</pre>")
     tail = (result.get("verifier") or {}).get("output_tail")
@@ -228,27 +348,79 @@ def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> st
             costs.append((e["step"], float(running)))
         breaks = [e["step"] for e in ledger if e.get("cache_break")]
         parts.append("<h2>Per step</h2><div class=plots>")
-        parts.append(line_chart([Series("cost", costs)], title="cumulative cost (USD)", xlabel="step", marks=breaks))
-        parts.append(line_chart(
-            # Calls lost in flight or cut short carry no context size: they are not plotted.
-            [Series("context", [(e["step"], e["context_tokens"]) for e in ledger if e.get("context_tokens") is not None])],
-            title="context (tokens); red: cache breaks", xlabel="step", marks=breaks,
-        ))
-        parts.append(line_chart(
-            [Series("hit ratio", list(zip(steps, [e["cache_hit_ratio"] for e in ledger], strict=True)), dots=True)],
-            title="cache hit ratio", xlabel="step", ylim=(0.0, 1.0),
-        ))
+        parts.append(
+            line_chart(
+                [Series("cost", costs)], title="cumulative cost (USD)", xlabel="step", marks=breaks
+            )
+        )
+        parts.append(
+            line_chart(
+                # Calls lost in flight or cut short carry no context size: they are not plotted.
+                [
+                    Series(
+                        "context",
+                        [
+                            (e["step"], e["context_tokens"])
+                            for e in ledger
+                            if e.get("context_tokens") is not None
+                        ],
+                    )
+                ],
+                title="context (tokens); red: cache breaks",
+                xlabel="step",
+                marks=breaks,
+            )
+        )
+        parts.append(
+            line_chart(
+                [
+                    Series(
+                        "hit ratio",
+                        list(zip(steps, [e["cache_hit_ratio"] for e in ledger], strict=True)),
+                        dots=True,
+                    )
+                ],
+                title="cache hit ratio",
+                xlabel="step",
+                ylim=(0.0, 1.0),
+            )
+        )
         parts.append("</div>")
-        parts.append(table(
-            ["step", "model", "context", "cache %", "cost", "tools", "tool errors", "cache break", "compaction"],
-            [[e["step"], e.get("model"), f"{e['context_tokens']:,}" if e.get("context_tokens") is not None else None,
-              f"{e['cache_hit_ratio'] * 100:.1f}",
-              usd(e["cost_usd"]), ", ".join(c["name"] for c in e.get("tool_calls", [])) or "—",
-              e.get("tool_errors", 0),
-              f"{e['cache_break']['reason']}: {e['cache_break'].get('detail') or ''}" if e.get("cache_break") else None,
-              (f"{e['compaction']['tokens_before']:,} → {e['compaction']['tokens_after']:,} ({e['compaction']['reason']})"
-               if e.get("compaction") else None)] for e in ledger],
-        ))
+        parts.append(
+            table(
+                [
+                    "step",
+                    "model",
+                    "context",
+                    "cache %",
+                    "cost",
+                    "tools",
+                    "tool errors",
+                    "cache break",
+                    "compaction",
+                ],
+                [
+                    [
+                        e["step"],
+                        e.get("model"),
+                        f"{e['context_tokens']:,}" if e.get("context_tokens") is not None else None,
+                        f"{e['cache_hit_ratio'] * 100:.1f}",
+                        usd(e["cost_usd"]),
+                        ", ".join(c["name"] for c in e.get("tool_calls", [])) or "—",
+                        e.get("tool_errors", 0),
+                        f"{e['cache_break']['reason']}: {e['cache_break'].get('detail') or ''}"
+                        if e.get("cache_break")
+                        else None,
+                        (
+                            f"{e['compaction']['tokens_before']:,} → {e['compaction']['tokens_after']:,} ({e['compaction']['reason']})"
+                            if e.get("compaction")
+                            else None
+                        ),
+                    ]
+                    for e in ledger
+                ],
+            )
+        )
     if transcript:
         parts.append("<h2>Transcript</h2>")
         for m in transcript:

@@ -41,8 +41,15 @@ from stayer.settings import TerminalBenchTimeouts, check_file, read_text
 
 _HANDLED = {"task.yaml", "solution.sh", "solution.yaml", "run-tests.sh", "tests"}
 _METADATA_KEYS = (
-    "author_name", "author_email", "difficulty", "category", "tags", "parser_name",
-    "estimated_duration_sec", "expert_time_estimate_min", "junior_time_estimate_min",
+    "author_name",
+    "author_email",
+    "difficulty",
+    "category",
+    "tags",
+    "parser_name",
+    "estimated_duration_sec",
+    "expert_time_estimate_min",
+    "junior_time_estimate_min",
     "run_tests_in_same_shell",
 )
 
@@ -91,7 +98,12 @@ class TbTask:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.dest.name, "source": str(self.source), "dest": str(self.dest), "notes": self.notes}
+        return {
+            "name": self.dest.name,
+            "source": str(self.source),
+            "dest": str(self.dest),
+            "notes": self.notes,
+        }
 
 
 def _toml_value(v: Any) -> str:
@@ -128,10 +140,14 @@ class _NoAliases(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
-            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in task files", mark)
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in task files", mark
+            )
         if self.depth >= _MAX_DEPTH:
             mark = self.peek_event().start_mark
-            raise yaml.composer.ComposerError(None, None, f"nested deeper than {_MAX_DEPTH} levels", mark)
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {_MAX_DEPTH} levels", mark
+            )
         self.depth += 1
         try:
             return super().compose_node(parent, index)
@@ -147,7 +163,9 @@ def _instruction(data: dict[str, Any], where: Path) -> str:
                 text = d.get("description")
                 break
     if not isinstance(text, str) or not text.strip():
-        raise ConfigError(f"{where}: instruction: missing or empty; Terminal-Bench tasks put the task text there")
+        raise ConfigError(
+            f"{where}: instruction: missing or empty; Terminal-Bench tasks put the task text there"
+        )
     return text.strip() + "\n"
 
 
@@ -179,7 +197,11 @@ def _solution(src: Path) -> str | None:
         if not isinstance(command, str):
             raise ConfigError(f"{steps}: step {i + 1}: command: expected a string")
         commands.append(command.rstrip("\n"))
-    return "#!/bin/bash\n# Converted from solution.yaml: its commands, in order.\n" + "\n".join(commands) + "\n"
+    return (
+        "#!/bin/bash\n# Converted from solution.yaml: its commands, in order.\n"
+        + "\n".join(commands)
+        + "\n"
+    )
 
 
 def plan_task(src: Path, dest: Path, sandbox: str | None = None) -> TbTask:
@@ -191,14 +213,22 @@ def plan_task(src: Path, dest: Path, sandbox: str | None = None) -> TbTask:
         raise ConfigError(f"{yaml_file}: missing; not a Terminal-Bench task")
     data = _load_yaml(yaml_file)
     if not isinstance(data, dict):
-        raise ConfigError(f"{yaml_file}: expected a mapping of fields (instruction, max_agent_timeout_sec, …)")
+        raise ConfigError(
+            f"{yaml_file}: expected a mapping of fields (instruction, max_agent_timeout_sec, …)"
+        )
     for name in ("test.sh", "run-tests.sh"):
         if (src / "tests" / name).exists():
-            raise ConfigError(f"{src / 'tests' / name}: exists; the Harbor layout needs that name for the generated verifier")
+            raise ConfigError(
+                f"{src / 'tests' / name}: exists; the Harbor layout needs that name for the generated verifier"
+            )
     if dest.exists():
         raise ConfigError(f"{dest}: already exists; remove it or import into another directory")
     run_tests = src / "run-tests.sh"
-    given = {k: data[k] for k in ("max_agent_timeout_sec", "max_test_timeout_sec") if data.get(k) is not None}
+    given = {
+        k: data[k]
+        for k in ("max_agent_timeout_sec", "max_test_timeout_sec")
+        if data.get(k) is not None
+    }
     timeouts = check_file(TerminalBenchTimeouts, given, str(yaml_file))
     task = TbTask(
         source=src,
@@ -206,22 +236,29 @@ def plan_task(src: Path, dest: Path, sandbox: str | None = None) -> TbTask:
         instruction=_instruction(data, yaml_file),
         agent_timeout_s=timeouts.max_agent_timeout_sec,
         test_timeout_s=timeouts.max_test_timeout_sec,
-        metadata={k: data[k] for k in _METADATA_KEYS if data.get(k) is not None} | {"source": "terminal-bench"},
+        metadata={k: data[k] for k in _METADATA_KEYS if data.get(k) is not None}
+        | {"source": "terminal-bench"},
         solution=_solution(src),
         run_tests=read_text(run_tests, "") if run_tests.is_file() else DEFAULT_RUN_TESTS,
     )
     if not run_tests.is_file():
-        task.notes.append("no run-tests.sh: uses Terminal-Bench's default runner (installs uv and pytest)")
+        task.notes.append(
+            "no run-tests.sh: uses Terminal-Bench's default runner (installs uv and pytest)"
+        )
     if task.solution is None:
         task.notes.append("no solution.sh or solution.yaml: the task has no oracle")
     dockerfile = src / "Dockerfile"
     if sandbox is not None:
         if not dockerfile.is_file():
-            raise ConfigError(f"{dockerfile}: missing; --sandbox {sandbox} builds the task's image from it")
+            raise ConfigError(
+                f"{dockerfile}: missing; --sandbox {sandbox} builds the task's image from it"
+            )
         if sandbox == "bwrap-image":
             parse_dockerfile(dockerfile).plan()  # refusals name the file and line
         task.sandbox = sandbox
-        task.notes.append(f"runs in its image ([environment] sandbox = {sandbox}), built on its first run")
+        task.notes.append(
+            f"runs in its image ([environment] sandbox = {sandbox}), built on its first run"
+        )
     elif dockerfile.is_file() and "RUN " in dockerfile.read_text(errors="replace"):
         task.notes.append(
             "the Dockerfile is kept but its RUN steps do not happen in the default sandbox (the host's "
@@ -254,7 +291,11 @@ def write_task(t: TbTask) -> None:
             (tmp / "solution" / "solve.sh").write_text(t.solution)
         (tmp / "instruction.md").write_text(t.instruction)
         (tmp / "task.toml").write_text(task_toml(t))
-        for script in (tmp / "tests" / "test.sh", tmp / "tests" / "run-tests.sh", tmp / "solution" / "solve.sh"):
+        for script in (
+            tmp / "tests" / "test.sh",
+            tmp / "tests" / "run-tests.sh",
+            tmp / "solution" / "solve.sh",
+        ):
             if script.exists():
                 script.chmod(0o755)
         tmp.rename(t.dest)
@@ -269,13 +310,19 @@ def import_tb(src: str | Path, dest: str | Path, *, sandbox: str | None = None) 
     ``sandbox``: the image kind (``docker``, ``bwrap-image``) the tasks are to run in."""
     src, dest = Path(src), Path(dest)
     if sandbox is not None and sandbox not in IMAGE_KINDS:
-        raise ConfigError(f"--sandbox {sandbox}: not a sandbox that builds the task's image; choose {' or '.join(IMAGE_KINDS)}")
+        raise ConfigError(
+            f"--sandbox {sandbox}: not a sandbox that builds the task's image; choose {' or '.join(IMAGE_KINDS)}"
+        )
     if not src.is_dir():
-        raise ConfigError(f"{src}: not a directory; give a Terminal-Bench task or a directory of them")
+        raise ConfigError(
+            f"{src}: not a directory; give a Terminal-Bench task or a directory of them"
+        )
     if dest.exists() and not dest.is_dir():
         raise ConfigError(f"{dest}: exists and is not a directory")
-    sources = [src] if (src / "task.yaml").is_file() else sorted(
-        d for d in src.iterdir() if d.is_dir() and not d.name.startswith(".")
+    sources = (
+        [src]
+        if (src / "task.yaml").is_file()
+        else sorted(d for d in src.iterdir() if d.is_dir() and not d.name.startswith("."))
     )
     if not sources:
         raise ConfigError(f"{src}: no Terminal-Bench tasks (directories with a task.yaml)")

@@ -181,13 +181,15 @@ def environment_files(task: Task) -> dict[str, Path]:
     return {
         f"/app/{p.relative_to(env)}": p
         for p in sorted(env.rglob("*"))
-        if p.is_file() and not p.is_symlink() and p.name not in IMAGE_FILES  # as materialise skips them
+        if p.is_file()
+        and not p.is_symlink()
+        and p.name not in IMAGE_FILES  # as materialise skips them
     }
 
 
 def _write(path: str, content: str, *, executable: bool = False) -> str:
     q = shlex.quote(path)
-    line = f"mkdir -p -- \"$(dirname -- {q})\" 2>/dev/null; rm -rf -- {q} 2>/dev/null; printf %s {shlex.quote(content)} > {q}"
+    line = f'mkdir -p -- "$(dirname -- {q})" 2>/dev/null; rm -rf -- {q} 2>/dev/null; printf %s {shlex.quote(content)} > {q}'
     return line + (f" && chmod +x -- {q}" if executable else "")
 
 
@@ -206,7 +208,9 @@ def _probes(task: Task, facts: TaskFacts) -> Iterator[Probe]:
     dirs = {str(Path(p).parent) for p in env} | {"/app"}
     outputs = [p for p in facts.mentioned_files if p not in env and p not in dirs]
 
-    rewards = sorted(set(REWARD_FILES) | {p if p.startswith("/") else f"/app/{p}" for p in facts.reward_paths})
+    rewards = sorted(
+        set(REWARD_FILES) | {p if p.startswith("/") else f"/app/{p}" for p in facts.reward_paths}
+    )
     yield Probe(
         "reward-file",
         f"writes a reward of 1 to {', '.join(rewards)}",
@@ -237,8 +241,10 @@ def _probes(task: Task, facts: TaskFacts) -> Iterator[Probe]:
         _script([_write(p, EXIT_HOOK) for p in shadows]),
     )
     programs = sorted(
-        p for p in facts.mentioned
-        if (p in env and _looks_executable(env[p])) or (p not in env and p not in dirs and "." not in Path(p).name)
+        p
+        for p in facts.mentioned
+        if (p in env and _looks_executable(env[p]))
+        or (p not in env and p not in dirs and "." not in Path(p).name)
     )
     if programs:
         yield Probe(
@@ -248,7 +254,11 @@ def _probes(task: Task, facts: TaskFacts) -> Iterator[Probe]:
         )
     if not outputs:
         return
-    yield Probe("empty-outputs", f"writes {', '.join(outputs)} empty", _script([_write(p, "") for p in outputs]))
+    yield Probe(
+        "empty-outputs",
+        f"writes {', '.join(outputs)} empty",
+        _script([_write(p, "") for p in outputs]),
+    )
     yield Probe(
         "constant-outputs",
         f"writes a constant to {', '.join(outputs)}",
@@ -265,7 +275,12 @@ def _probes(task: Task, facts: TaskFacts) -> Iterator[Probe]:
         yield Probe(
             "linked-expectations",
             f"links {', '.join(outputs)} to the tests' own /tests/{expected}",
-            _script([f"rm -rf -- {shlex.quote(p)}; ln -s -- {shlex.quote('/tests/' + expected)} {shlex.quote(p)}" for p in outputs]),
+            _script(
+                [
+                    f"rm -rf -- {shlex.quote(p)}; ln -s -- {shlex.quote('/tests/' + expected)} {shlex.quote(p)}"
+                    for p in outputs
+                ]
+            ),
         )
     references = sorted(p for p in facts.mentioned if p in env)
     if references:

@@ -25,16 +25,22 @@ def prepare_resume(
     opened = store is None
     store = store or open_store(home, create=False)
     if store is None:
-        raise JournalError(f"run {run_id}: no such run (no journal in {home}); `stayer runs` lists the runs there")
+        raise JournalError(
+            f"run {run_id}: no such run (no journal in {home}); `stayer runs` lists the runs there"
+        )
     try:
         row, log = RunJournal.load(store, run_id)
         try:
             config = RunConfig.from_record(row.header["config"])
         except (KeyError, TypeError, ValueError) as e:
-            raise JournalError(f"run {run_id}: its journal header is not a run configuration ({e})") from None
+            raise JournalError(
+                f"run {run_id}: its journal header is not a run configuration ({e})"
+            ) from None
         prepared = prepare(config, prices, store=store, resume=True)
         prepared.close_store = opened
-        journal = RunJournal.reopen(store, row, log, prepared.run_dir / "workspace", prepared.prices)
+        journal = RunJournal.reopen(
+            store, row, log, prepared.run_dir / "workspace", prepared.prices
+        )
     except BaseException:
         if opened:
             store.close()

@@ -206,7 +206,9 @@ async def run_trial(
     run_id = run_id or trial.new_run_id()
     resumed = False
     try:
-        doc, resumed = await _run_or_resume(trial, prices, run_id, on_started, execute_run, observers)
+        doc, resumed = await _run_or_resume(
+            trial, prices, run_id, on_started, execute_run, observers
+        )
     except Exception as e:  # a trial that cannot run is recorded, not fatal to the evaluation
         return crashed_record(trial, run_id, e, time.monotonic() - started)
     usage = doc["usage"]
@@ -229,12 +231,21 @@ async def run_trial(
     )
 
 
-def crashed_record(trial: Trial, run_id: str, error: BaseException, wall_s: float) -> dict[str, Any]:
+def crashed_record(
+    trial: Trial, run_id: str, error: BaseException, wall_s: float
+) -> dict[str, Any]:
     """The record of a trial whose run crashed: an infrastructure error, with what its
     journal says it spent."""
     return _record(
-        trial, **_spent(run_id), reward=None, usage={}, tokens=0, status="error", error_class=INFRASTRUCTURE,
-        error=f"{type(error).__name__}: {error}", traceback="".join(traceback.format_exception(error, limit=8)),
+        trial,
+        **_spent(run_id),
+        reward=None,
+        usage={},
+        tokens=0,
+        status="error",
+        error_class=INFRASTRUCTURE,
+        error=f"{type(error).__name__}: {error}",
+        traceback="".join(traceback.format_exception(error, limit=8)),
         wall_s=round(wall_s, 3),
     )
 
@@ -322,7 +333,11 @@ class TrialStore:
         """The finished record of ``trial``, or None if it must (re)run: missing, unreadable,
         another task content, or an infrastructure error (which is worth retrying)."""
         record = self._read(trial)
-        if record is None or record.get("task_digest") != trial.digest or record.get("error_class") == INFRASTRUCTURE:
+        if (
+            record is None
+            or record.get("task_digest") != trial.digest
+            or record.get("error_class") == INFRASTRUCTURE
+        ):
             return None
         return record
 
@@ -332,7 +347,10 @@ class TrialStore:
         record = self._read(trial)
         if record is None:
             return []
-        this = {k: record.get(k) for k in ("run_id", "status", "error_class", "cost_usd", "error", "finished")}
+        this = {
+            k: record.get(k)
+            for k in ("run_id", "status", "error_class", "cost_usd", "error", "finished")
+        }
         return [*record.get("earlier_attempts", []), this]
 
     def run_in_progress(self, trial: Trial) -> str | None:
@@ -370,7 +388,11 @@ class TrialExecutor(Protocol):
     ``STAYER_DB``) so that a trial another process or machine ran resumes anywhere."""
 
     async def run(
-        self, trial: Trial, prices: PriceBook, run_id: str | None, on_started: Callable[[str], None] | None
+        self,
+        trial: Trial,
+        prices: PriceBook,
+        run_id: str | None,
+        on_started: Callable[[str], None] | None,
     ) -> dict[str, Any]: ...
 
 
@@ -382,7 +404,11 @@ class LocalTrials:
         self.trial_fn = trial_fn
 
     async def run(
-        self, trial: Trial, prices: PriceBook, run_id: str | None, on_started: Callable[[str], None] | None
+        self,
+        trial: Trial,
+        prices: PriceBook,
+        run_id: str | None,
+        on_started: Callable[[str], None] | None,
     ) -> dict[str, Any]:
         return await self.trial_fn(trial, prices, run_id=run_id, on_started=on_started)
 
@@ -407,7 +433,9 @@ async def run_trials(
     to trials run here."""
     if executor is not None and execute_run is not None:
         raise ValueError("execute_run: trials run by another executor are executed where they run")
-    executor = executor or LocalTrials(functools.partial(run_trial, execute_run=execute_run) if execute_run else run_trial)
+    executor = executor or LocalTrials(
+        functools.partial(run_trial, execute_run=execute_run) if execute_run else run_trial
+    )
     gate = asyncio.Semaphore(concurrency)
 
     async def one(trial: Trial) -> dict[str, Any]:
@@ -424,7 +452,10 @@ async def run_trials(
             else:
                 earlier = store.earlier_attempts(trial)
                 record = await executor.run(
-                    trial, prices, store.run_in_progress(trial), lambda rid: store.started(trial, rid)
+                    trial,
+                    prices,
+                    store.run_in_progress(trial),
+                    lambda rid: store.started(trial, rid),
                 )
                 if earlier:
                     record["earlier_attempts"] = earlier

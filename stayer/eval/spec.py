@@ -27,7 +27,9 @@ def unmentioned(task: Task, facts: TaskFacts) -> list[str]:
     said = task.instruction
     missing = []
     for path in facts.mentioned_files:
-        verifiers_own = path in facts.reward_paths or path.removeprefix("/app/") in facts.reward_paths
+        verifiers_own = (
+            path in facts.reward_paths or path.removeprefix("/app/") in facts.reward_paths
+        )
         if path in env or path in env_dirs or verifiers_own or _names(path, said):
             continue
         missing.append(f"the file {path}")
@@ -46,7 +48,10 @@ def unmentioned(task: Task, facts: TaskFacts) -> list[str]:
 
 def _names(path: str, text: str) -> bool:
     relative = path.removeprefix("/app/")
-    return any(re.search(rf"(?<![\w.-]){re.escape(p)}(?![\w-])", text) for p in (path, relative, Path(path).name))
+    return any(
+        re.search(rf"(?<![\w.-]){re.escape(p)}(?![\w-])", text)
+        for p in (path, relative, Path(path).name)
+    )
 
 
 def _looked_up_keys(source: str) -> set[str]:
@@ -59,7 +64,11 @@ def _looked_up_keys(source: str) -> set[str]:
     read: set[str] = set()
     own: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Subscript) and _is_key(node.slice) and not _is_process_state(node.value):
+        if (
+            isinstance(node, ast.Subscript)
+            and _is_key(node.slice)
+            and not _is_process_state(node.value)
+        ):
             (own if isinstance(node.ctx, ast.Store) else read).add(node.slice.value)  # type: ignore[attr-defined]
         elif (
             isinstance(node, ast.Call)
@@ -77,7 +86,13 @@ def _looked_up_keys(source: str) -> set[str]:
 
 def _is_process_state(node: ast.AST) -> bool:
     """``os.environ``, ``sys.modules`` and the like: keys of the process, not of the work."""
-    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    name = (
+        node.attr
+        if isinstance(node, ast.Attribute)
+        else node.id
+        if isinstance(node, ast.Name)
+        else ""
+    )
     return name in {"environ", "modules", "argv", "headers"}
 
 

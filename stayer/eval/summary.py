@@ -60,7 +60,9 @@ def _total_spent(records: Sequence[dict[str, Any]]) -> Decimal | None:
     return None if costs is None else sum(costs, Decimal(0))
 
 
-def config_summary(config: EvalConfig, records: Sequence[dict[str, Any]], epochs: int) -> dict[str, Any]:
+def config_summary(
+    config: EvalConfig, records: Sequence[dict[str, Any]], epochs: int
+) -> dict[str, Any]:
     scored = _scored(records)
     n = len(scored)
     successes = sum(1 for r in scored if succeeded(r))
@@ -86,8 +88,12 @@ def config_summary(config: EvalConfig, records: Sequence[dict[str, Any]], epochs
         "success_rate": successes / n if n else None,
         "ci_low": low,
         "ci_high": high,
-        "pass_at_k": {str(k): stats.mean_over_tasks(counts, k, stats.pass_at_k) for k in range(1, epochs + 1)},
-        "pass_hat_k": {str(k): stats.mean_over_tasks(counts, k, stats.pass_hat_k) for k in range(1, epochs + 1)},
+        "pass_at_k": {
+            str(k): stats.mean_over_tasks(counts, k, stats.pass_at_k) for k in range(1, epochs + 1)
+        },
+        "pass_hat_k": {
+            str(k): stats.mean_over_tasks(counts, k, stats.pass_hat_k) for k in range(1, epochs + 1)
+        },
         "mean_tokens": sum(tokens) / n if n else None,
         "median_tokens": stats.median(tokens),
         "mean_cost_usd": "unknown" if costs is None else money(stats.decimal_mean(costs)),
@@ -105,7 +111,10 @@ def config_summary(config: EvalConfig, records: Sequence[dict[str, Any]], epochs
 
 
 def compare(
-    a: EvalConfig, b: EvalConfig, records_a: Sequence[dict[str, Any]], records_b: Sequence[dict[str, Any]]
+    a: EvalConfig,
+    b: EvalConfig,
+    records_a: Sequence[dict[str, Any]],
+    records_b: Sequence[dict[str, Any]],
 ) -> dict[str, Any]:
     """Paired comparison of B against A on the (task, epoch) units both judged; see
     ``stats`` for why McNemar decides with one epoch and the task bootstrap with more."""
@@ -131,7 +140,11 @@ def compare(
     mcnemar_p = stats.mcnemar_exact(only_a, only_b)
     boot = stats.paired_bootstrap(list(success_diffs.values()))
     several = any(len(d) > 1 for d in success_diffs.values())
-    test, p = ("paired_bootstrap_tasks", boot.p_value) if several and boot else ("mcnemar_exact", mcnemar_p)
+    test, p = (
+        ("paired_bootstrap_tasks", boot.p_value)
+        if several and boot
+        else ("mcnemar_exact", mcnemar_p)
+    )
     significant = p < stats.ALPHA
     cost_boot = stats.paired_bootstrap(list(cost_diffs.values())) if paired_cost else None
     diff = sum(sum(d) for d in success_diffs.values()) / len(units) if units else None
@@ -151,22 +164,44 @@ def compare(
             f"({test}, p = {p:.3g})"
         ),
         "mcnemar_p": mcnemar_p,
-        "bootstrap": None if boot is None else {
-            "diff": boot.diff, "ci_low": boot.ci_low, "ci_high": boot.ci_high, "p_value": boot.p_value,
+        "bootstrap": None
+        if boot is None
+        else {
+            "diff": boot.diff,
+            "ci_low": boot.ci_low,
+            "ci_high": boot.ci_high,
+            "p_value": boot.p_value,
         },
-        "cost_diff_usd": "unknown" if paired_cost is None else money(stats.decimal_mean(paired_cost)),
-        "cost_diff_ci_usd": None if cost_boot is None else [
-            money(Decimal(repr(cost_boot.ci_low))), money(Decimal(repr(cost_boot.ci_high)))
-        ],
+        "cost_diff_usd": "unknown"
+        if paired_cost is None
+        else money(stats.decimal_mean(paired_cost)),
+        "cost_diff_ci_usd": None
+        if cost_boot is None
+        else [money(Decimal(repr(cost_boot.ci_low))), money(Decimal(repr(cost_boot.ci_high)))],
     }
 
 
 def pareto(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Configurations on the cost–success frontier (mean cost per trial vs success rate)."""
-    priced = [s for s in summaries if s["mean_cost_usd"] not in ("unknown", None) and s["success_rate"] is not None]
+    priced = [
+        s
+        for s in summaries
+        if s["mean_cost_usd"] not in ("unknown", None) and s["success_rate"] is not None
+    ]
     front = stats.pareto_front([(Decimal(s["mean_cost_usd"]), s["success_rate"]) for s in priced])
     return [
-        {k: priced[i][k] for k in ("id", "label", "model", "policy", "mean_cost_usd", "success_rate", "cost_per_success_usd")}
+        {
+            k: priced[i][k]
+            for k in (
+                "id",
+                "label",
+                "model",
+                "policy",
+                "mean_cost_usd",
+                "success_rate",
+                "cost_per_success_usd",
+            )
+        }
         for i in front
     ]
 

@@ -93,10 +93,14 @@ class Task:
 def load_task(path: str | Path) -> Task:
     root = Path(path)
     if not root.is_dir():
-        raise ConfigError(f"{root}: not a task directory (expected instruction.md, task.toml, tests/)")
+        raise ConfigError(
+            f"{root}: not a task directory (expected instruction.md, task.toml, tests/)"
+        )
     instruction_file = root / "instruction.md"
     if not instruction_file.is_file():
-        raise ConfigError(f"{instruction_file}: missing; a Harbor task needs instruction.md with the task text")
+        raise ConfigError(
+            f"{instruction_file}: missing; a Harbor task needs instruction.md with the task text"
+        )
     instruction = instruction_file.read_text(errors="replace").strip()
     if not instruction:
         raise ConfigError(f"{instruction_file}: empty; write the task for the agent there")
@@ -107,7 +111,9 @@ def load_task(path: str | Path) -> Task:
             raise ConfigError(f"{toml_file}: [{section}] must be a table")
     test_sh = root / "tests" / "test.sh"
     if not test_sh.is_file():
-        raise ConfigError(f"{test_sh}: missing; the verifier script must write /logs/verifier/reward.txt")
+        raise ConfigError(
+            f"{test_sh}: missing; the verifier script must write /logs/verifier/reward.txt"
+        )
     settings = check_file(TaskToml, config, str(toml_file))
     return Task(
         path=root.resolve(),

@@ -25,7 +25,10 @@ from stayer.sandbox.hostfs import read_regular
 
 # What a test script's exit status says about the host: bash's "found but not executable"
 # and "command not found".
-_UNRUNNABLE_EXIT = {126: "a command it runs is not executable here", 127: "a command it runs is not found here"}
+_UNRUNNABLE_EXIT = {
+    126: "a command it runs is not executable here",
+    127: "a command it runs is not found here",
+}
 
 
 def passes(reward: float | None) -> bool:
@@ -109,7 +112,11 @@ def read_reward(logs: Path) -> tuple[float | None, dict[str, float], str | None]
                 return _finite(float(data)), {}, None
             rewards = {str(k): _finite(float(v)) for k, v in data.items()}
         except (ValueError, TypeError, AttributeError, RecursionError):
-            return None, {}, f"unreadable {name}: not a finite number{'' if name == 'reward.txt' else ' or an object of them'}"
+            return (
+                None,
+                {},
+                f"unreadable {name}: not a finite number{'' if name == 'reward.txt' else ' or an object of them'}",
+            )
         if "reward" in rewards:
             return rewards["reward"], rewards, None
         return (sum(rewards.values()) / len(rewards) if rewards else None), rewards, None

@@ -16,4 +16,13 @@ from stayer.guard.budget import Budget, BudgetStore, MemoryBudgetStore, Reservat
 from stayer.guard.guard import Guard
 from stayer.guard.shared import SqliteBudgetStore
 
-__all__ = ["Budget", "BudgetStore", "Guard", "GuardConfig", "MemoryBudgetStore", "Reservation", "SqliteBudgetStore", "Trip"]
+__all__ = [
+    "Budget",
+    "BudgetStore",
+    "Guard",
+    "GuardConfig",
+    "MemoryBudgetStore",
+    "Reservation",
+    "SqliteBudgetStore",
+    "Trip",
+]

@@ -19,7 +19,14 @@ def per_agent(entries: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         path = e.get("agent", "main")
         row = rows.setdefault(
             path,
-            {"agent": path, "parent": path.rpartition("/")[0] or None, "steps": 0, "input_tokens": 0, "output_tokens": 0, "cost": Decimal(0)},
+            {
+                "agent": path,
+                "parent": path.rpartition("/")[0] or None,
+                "steps": 0,
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "cost": Decimal(0),
+            },
         )
         if e.get("kind") != "lost_in_flight":
             row["steps"] += 1
@@ -27,7 +34,11 @@ def per_agent(entries: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         row["input_tokens"] += int(usage.get("input_tokens", 0))
         row["output_tokens"] += int(usage.get("output_tokens", 0))
         for cost in (e.get("cost_usd"), (e.get("compaction") or {}).get("cost_usd", "0")):
-            row["cost"] = None if row["cost"] is None or cost in (None, "unknown") else row["cost"] + Decimal(cost)
+            row["cost"] = (
+                None
+                if row["cost"] is None or cost in (None, "unknown")
+                else row["cost"] + Decimal(cost)
+            )
     out = []
     for path, row in sorted(rows.items()):
         subtree: Decimal | None = Decimal(0)

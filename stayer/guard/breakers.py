@@ -73,7 +73,14 @@ class GuardConfig(Settings):
     def off(cls) -> GuardConfig:
         """Only the hard limits: for replaying recorded actions (what-if), which no breaker
         or wrap-up instruction could change."""
-        return cls(max_tool_errors=0, loop_repeats=0, no_change_steps=0, anomaly_factor=0, soft_fraction=1.0, wrapup_steps=0)
+        return cls(
+            max_tool_errors=0,
+            loop_repeats=0,
+            no_change_steps=0,
+            anomaly_factor=0,
+            soft_fraction=1.0,
+            wrapup_steps=0,
+        )
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,13 @@ class Trip:
     soft: bool = False  # a soft threshold, not the limit itself
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reason": self.reason, "detail": self.detail, "step": self.step, "action": self.action, "soft": self.soft}
+        return {
+            "reason": self.reason,
+            "detail": self.detail,
+            "step": self.step,
+            "action": self.action,
+            "soft": self.soft,
+        }
 
 
 @dataclass(frozen=True)
@@ -200,7 +213,12 @@ class TreeFingerprint:
             for name in new.subdirs:
                 sub = os.path.join(directory, name)
                 known = self._dirs.get(sub)
-                if known is None or old is None or name not in old.subdirs or known.inode != _inode(sub):
+                if (
+                    known is None
+                    or old is None
+                    or name not in old.subdirs
+                    or known.inode != _inode(sub)
+                ):
                     pending.append(sub)
 
     def _drop_tree(self, top: str) -> None:
@@ -242,7 +260,9 @@ class TreeFingerprint:
                         subdirs.append(entry.name)
                         continue
                     linked = linked or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1)
-                    lines.append(b"%s\0%d\0%d\n" % (os.fsencode(entry.name), st.st_size, st.st_mtime_ns))
+                    lines.append(
+                        b"%s\0%d\0%d\n" % (os.fsencode(entry.name), st.st_size, st.st_mtime_ns)
+                    )
         except OSError:
             return None
         subdirs.sort()
@@ -291,14 +311,28 @@ class BehaviourBreakers:
         else:
             self._errors = 0
         if c.max_tool_errors and self._errors >= c.max_tool_errors:
-            trips.append(Trip("tool_errors", f"{self._errors} consecutive steps whose tool calls all failed", s.step))
+            trips.append(
+                Trip(
+                    "tool_errors",
+                    f"{self._errors} consecutive steps whose tool calls all failed",
+                    s.step,
+                )
+            )
             self._errors = 0
 
-        action = json.dumps([[call.name, call.arguments] for call in s.calls] or [["(no tool)", s.content]])
+        action = json.dumps(
+            [[call.name, call.arguments] for call in s.calls] or [["(no tool)", s.content]]
+        )
         self._repeats = self._repeats + 1 if action == self._last_action else 1
         self._last_action = action
         if c.loop_repeats and self._repeats >= c.loop_repeats:
-            trips.append(Trip("loop", f"the same action {self._repeats} steps in a row: {action[:200]}", s.step))
+            trips.append(
+                Trip(
+                    "loop",
+                    f"the same action {self._repeats} steps in a row: {action[:200]}",
+                    s.step,
+                )
+            )
             self._repeats = 0
 
         if self.probe is not None and c.no_change_steps:
@@ -306,7 +340,13 @@ class BehaviourBreakers:
             self._unchanged = self._unchanged + 1 if fp == self._fingerprint else 0
             self._fingerprint = fp
             if self._unchanged >= c.no_change_steps:
-                trips.append(Trip("no_progress", f"no change in the workspace over {self._unchanged} steps", s.step))
+                trips.append(
+                    Trip(
+                        "no_progress",
+                        f"no change in the workspace over {self._unchanged} steps",
+                        s.step,
+                    )
+                )
                 self._unchanged = 0
 
         if s.cost is not None and c.anomaly_factor:

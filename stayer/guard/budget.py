@@ -63,12 +63,30 @@ ACCOUNT_COLUMNS = "name, cap, spent, reserved, parent, parent_hold, closed, over
 def account_row(a: Account) -> tuple[object, ...]:
     """An account as a database row: amounts as decimal strings (exact), never floats."""
     cap = None if a.cap is None else str(a.cap)
-    return (a.name, cap, str(a.spent), str(a.reserved), a.parent, a.parent_hold, int(a.closed), str(a.overrun))
+    return (
+        a.name,
+        cap,
+        str(a.spent),
+        str(a.reserved),
+        a.parent,
+        a.parent_hold,
+        int(a.closed),
+        str(a.overrun),
+    )
 
 
 def account_of(row: tuple[Any, ...]) -> Account:
     n, cap, spent, reserved, parent, hold, closed, overrun = row
-    return Account(n, None if cap is None else Decimal(cap), Decimal(spent), Decimal(reserved), parent, hold, bool(closed), Decimal(overrun))
+    return Account(
+        n,
+        None if cap is None else Decimal(cap),
+        Decimal(spent),
+        Decimal(reserved),
+        parent,
+        hold,
+        bool(closed),
+        Decimal(overrun),
+    )
 
 
 class Rows(Protocol):
@@ -136,7 +154,14 @@ class BudgetStore(ABC):
             a = rows.get(name)
             assert a is not None
             overrun = max(actual - amount, ZERO)
-            rows.put(replace(a, reserved=a.reserved - amount, spent=a.spent + actual, overrun=a.overrun + overrun))
+            rows.put(
+                replace(
+                    a,
+                    reserved=a.reserved - amount,
+                    spent=a.spent + actual,
+                    overrun=a.overrun + overrun,
+                )
+            )
             return overrun
 
     def carve(self, parent: str, child: str, amount: Decimal | None) -> bool:

@@ -79,7 +79,9 @@ class Guard:
         available = self.budget.available
         # A run that pauses at its cap needs no money kept for a wrap-up on cost.
         if available is not None and self.config.wrapup_steps and not self.config.pause_at_cap:
-            share = (available * Decimal(str(1 - self.config.soft_fraction))).quantize(Decimal("1e-12"))
+            share = (available * Decimal(str(1 - self.config.soft_fraction))).quantize(
+                Decimal("1e-12")
+            )
             self.slice = self.budget.carve(max(share, Decimal(0)), "wrap-up")
 
     # --- state ---------------------------------------------------------------------
@@ -133,7 +135,9 @@ class Guard:
             return Trip("max_steps", f"{done} of {self.max_steps} steps", done, "stop")
         c = self.config
         if c.max_tokens and self.tokens_used >= c.max_tokens:
-            return Trip("max_tokens", f"{self.tokens_used:,} of {c.max_tokens:,} tokens", done, "stop")
+            return Trip(
+                "max_tokens", f"{self.tokens_used:,} of {c.max_tokens:,} tokens", done, "stop"
+            )
         elapsed = self.clock() - self.started
         if c.max_wall_s and elapsed >= c.max_wall_s:
             return Trip("max_wall_time", f"{elapsed:.0f} s of {c.max_wall_s:.0f} s", done, "stop")
@@ -146,10 +150,14 @@ class Guard:
         if done >= 1 and (done >= soft * self.max_steps or self.max_steps - done <= c.wrapup_steps):
             return Trip("max_steps", f"{done} of {self.max_steps} steps", done, soft=True)
         if c.max_tokens and self.tokens_used >= soft * c.max_tokens:
-            return Trip("max_tokens", f"{self.tokens_used:,} of {c.max_tokens:,} tokens", done, soft=True)
+            return Trip(
+                "max_tokens", f"{self.tokens_used:,} of {c.max_tokens:,} tokens", done, soft=True
+            )
         elapsed = self.clock() - self.started
         if c.max_wall_s and elapsed >= soft * c.max_wall_s:
-            return Trip("max_wall_time", f"{elapsed:.0f} s of {c.max_wall_s:.0f} s", done, soft=True)
+            return Trip(
+                "max_wall_time", f"{elapsed:.0f} s of {c.max_wall_s:.0f} s", done, soft=True
+            )
         return None
 
     def wrap_up(self, trip: Trip) -> None:
@@ -186,7 +194,12 @@ class Guard:
     # --- the call's money -------------------------------------------------------------
 
     def reserve(
-        self, rates_at: RatesAt, prompt_tokens: int, cache_ttl: str = "5m", attempts: int = 1, upper: int | None = None
+        self,
+        rates_at: RatesAt,
+        prompt_tokens: int,
+        cache_ttl: str = "5m",
+        attempts: int = 1,
+        upper: int | None = None,
     ) -> Held | None:
         """Hold the call's worst case (``attempts`` times: earlier attempts lost in a crash
         were billed too). ``upper`` bounds the provider's count of the prompt (default: our
@@ -200,7 +213,14 @@ class Guard:
                 if not self.budget.top_up():
                     raise
 
-    def _reserve(self, rates_at: RatesAt, prompt_tokens: int, cache_ttl: str, attempts: int, upper: int | None) -> Held | None:
+    def _reserve(
+        self,
+        rates_at: RatesAt,
+        prompt_tokens: int,
+        cache_ttl: str,
+        attempts: int,
+        upper: int | None,
+    ) -> Held | None:
         c = self.config
         bound = margin_tokens(prompt_tokens) if upper is None else max(upper, prompt_tokens)
         wanted = c.wrapup_output_tokens if self.phase == "wrap_up" else self.max_output_tokens
@@ -208,16 +228,26 @@ class Guard:
         if c.max_tokens:
             wanted = min(wanted, c.max_tokens - self.tokens_used - bound)
             if wanted < MIN_OUTPUT_TOKENS:
-                return self.unaffordable("max_tokens", f"the next call needs about {bound + MIN_OUTPUT_TOKENS:,} tokens; {c.max_tokens - self.tokens_used:,} of {c.max_tokens:,} are left")
+                return self.unaffordable(
+                    "max_tokens",
+                    f"the next call needs about {bound + MIN_OUTPUT_TOKENS:,} tokens; {c.max_tokens - self.tokens_used:,} of {c.max_tokens:,} are left",
+                )
         q = quote(rates_at, prompt_tokens, cache_ttl, upper)
         if q is None:  # no price data for this model at this tier
             if self.budget.cap is not None:
                 # Its worst case is unknown, so it cannot be held against the cap: the call
                 # is never sent. (A run is refused up front when any model it could call is
                 # unpriced; this holds whatever the router picks at run time.)
-                return self.unaffordable("max_cost", "no price data for the next call's model and service tier, so it cannot be held against the cost cap")
+                return self.unaffordable(
+                    "max_cost",
+                    "no price data for the next call's model and service tier, so it cannot be held against the cost cap",
+                )
             r = self.budget.reserve(Decimal(0))
-            return Held(r, wanted) if r is not None else self.unaffordable("max_cost", "the budget is spent")
+            return (
+                Held(r, wanted)
+                if r is not None
+                else self.unaffordable("max_cost", "the budget is spent")
+            )
         available = self.budget.available
         max_tokens = q.affordable_output(available, wanted)
         r = None
@@ -226,11 +256,22 @@ class Guard:
             # its max_tokens is a single attempt's; the lost ones are held beside it.
             r = self.budget.reserve(attempts * q.cost(max_tokens))
             if r is None:
-                self._record(Trip("lost_attempt_unreserved", f"the budget cannot also hold the {attempts - 1} attempt(s) lost in a crash; their estimated cost is charged after the call", self._steps_done + 1, "record"))
+                self._record(
+                    Trip(
+                        "lost_attempt_unreserved",
+                        f"the budget cannot also hold the {attempts - 1} attempt(s) lost in a crash; their estimated cost is charged after the call",
+                        self._steps_done + 1,
+                        "record",
+                    )
+                )
         if r is None and max_tokens >= MIN_OUTPUT_TOKENS:
             r = self.budget.reserve(q.cost(max_tokens))
         if r is None:
-            where = "before the wrap-up reserve" if self.working and self.slice is not None else "in the budget"
+            where = (
+                "before the wrap-up reserve"
+                if self.working and self.slice is not None
+                else "in the budget"
+            )
             return self.unaffordable(
                 "max_cost",
                 f"the next call's worst case (${q.cost(MIN_OUTPUT_TOKENS):.6f} or more) does not fit the "
@@ -238,7 +279,9 @@ class Guard:
             )
         return Held(r, max_tokens)
 
-    def hold_call(self, rates_at: RatesAt, prompt_tokens: int, output_tokens: int) -> Reservation | None:
+    def hold_call(
+        self, rates_at: RatesAt, prompt_tokens: int, output_tokens: int
+    ) -> Reservation | None:
         """Hold the worst case of a call outside the step's own (a compaction's summary),
         at the output it asks for; a prompt of 0 tokens is no call and holds nothing. None:
         the budget cannot hold it (an unpriced call only fits an uncapped budget)."""
@@ -271,7 +314,9 @@ class Guard:
 
     def settle(self, held: Held, cost: Decimal | None) -> None:
         """Replace the hold by the call's real cost (unknown prices: the hold stays spent)."""
-        overrun = self.budget.settle(held.reservation, held.reservation.amount if cost is None else cost)
+        overrun = self.budget.settle(
+            held.reservation, held.reservation.amount if cost is None else cost
+        )
         if overrun > 0:
             self._record(
                 Trip(
@@ -298,7 +343,9 @@ class Guard:
             else:
                 self.wrap_up(trip)
 
-    def final_summary(self, submitted: str, messages: Sequence[Message], steps: int, spent: Decimal | None) -> str:
+    def final_summary(
+        self, submitted: str, messages: Sequence[Message], steps: int, spent: Decimal | None
+    ) -> str:
         if usable(submitted):
             return submitted.removeprefix("submitted: ")
         reason = self.stop_reason or "stopped"

@@ -33,7 +33,9 @@ class SqliteBudgetStore(BudgetStore):
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # isolation_level=None: we issue BEGIN IMMEDIATE ourselves.
-            self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=60.0, check_same_thread=False)
+            self.conn = sqlite3.connect(
+                self.path, isolation_level=None, timeout=60.0, check_same_thread=False
+            )
             self.conn.execute("PRAGMA journal_mode=WAL")
             with self.transaction() as rows:
                 for ddl in _SCHEMA:
@@ -50,26 +52,33 @@ class SqliteBudgetStore(BudgetStore):
         self.conn.close()
 
 
-
 class _SqlRows(Rows):
     def __init__(self, cur: sqlite3.Cursor) -> None:
         self.cur = cur
 
     def get(self, name: str) -> Account | None:
-        row = self.cur.execute(f"SELECT {ACCOUNT_COLUMNS} FROM budget_accounts WHERE name = ?", (name,)).fetchone()
+        row = self.cur.execute(
+            f"SELECT {ACCOUNT_COLUMNS} FROM budget_accounts WHERE name = ?", (name,)
+        ).fetchone()
         return None if row is None else account_of(row)
 
     def put(self, a: Account) -> None:
-        self.cur.execute("INSERT OR REPLACE INTO budget_accounts VALUES (?, ?, ?, ?, ?, ?, ?, ?)", account_row(a))
+        self.cur.execute(
+            "INSERT OR REPLACE INTO budget_accounts VALUES (?, ?, ?, ?, ?, ?, ?, ?)", account_row(a)
+        )
 
     def hold(self, name: str, amount: Decimal) -> int:
-        self.cur.execute("INSERT INTO budget_holds (budget, amount) VALUES (?, ?)", (name, str(amount)))
+        self.cur.execute(
+            "INSERT INTO budget_holds (budget, amount) VALUES (?, ?)", (name, str(amount))
+        )
         hold_id = self.cur.lastrowid
         assert hold_id is not None
         return hold_id
 
     def take(self, hold_id: int) -> tuple[str, Decimal] | None:
-        row = self.cur.execute("SELECT budget, amount FROM budget_holds WHERE id = ?", (hold_id,)).fetchone()
+        row = self.cur.execute(
+            "SELECT budget, amount FROM budget_holds WHERE id = ?", (hold_id,)
+        ).fetchone()
         if row is None:
             return None
         self.cur.execute("DELETE FROM budget_holds WHERE id = ?", (hold_id,))

@@ -33,7 +33,9 @@ class PostgresBudgetStore(BudgetStore):
         try:
             import psycopg
         except ImportError:
-            raise ConfigError("STAYER_DB: PostgreSQL needs psycopg 3; pip install 'stayer[postgres]'") from None
+            raise ConfigError(
+                "STAYER_DB: PostgreSQL needs psycopg 3; pip install 'stayer[postgres]'"
+            ) from None
         try:
             self.conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
             with self.transaction() as rows:
@@ -51,7 +53,6 @@ class PostgresBudgetStore(BudgetStore):
 
     def close_connection(self) -> None:
         self.conn.close()
-
 
 
 class _PgRows(Rows):
@@ -72,10 +73,15 @@ class _PgRows(Rows):
         )
 
     def hold(self, name: str, amount: Decimal) -> int:
-        self.cur.execute("INSERT INTO budget_holds (budget, amount) VALUES (%s, %s) RETURNING id", (name, str(amount)))
+        self.cur.execute(
+            "INSERT INTO budget_holds (budget, amount) VALUES (%s, %s) RETURNING id",
+            (name, str(amount)),
+        )
         return int(self.cur.fetchone()[0])
 
     def take(self, hold_id: int) -> tuple[str, Decimal] | None:
-        self.cur.execute("DELETE FROM budget_holds WHERE id = %s RETURNING budget, amount", (hold_id,))
+        self.cur.execute(
+            "DELETE FROM budget_holds WHERE id = %s RETURNING budget, amount", (hold_id,)
+        )
         row = self.cur.fetchone()
         return None if row is None else (row[0], Decimal(row[1]))

@@ -54,14 +54,24 @@ def summary_from_trajectory(
                     files.append(path)
     cost = "" if spent is None else f", ${spent:.6f} spent"
     lines = [f"Stopped before the task was finished ({reason}: {detail})."]
-    lines.append(f"DONE: {steps} step(s){cost}; the last actions:" if digest else f"DONE: {steps} step(s){cost}; no tool was run.")
+    lines.append(
+        f"DONE: {steps} step(s){cost}; the last actions:"
+        if digest
+        else f"DONE: {steps} step(s){cost}; no tool was run."
+    )
     lines += digest
     lines.append(
         "REMAINING: the agent did not submit the task as complete; what is left is unknown to the "
         "harness — continue from the state below and verify."
     )
-    state = f"files written or edited: {', '.join(files)}" if files else "no file was written with the file tools"
-    last = next((m for m in reversed(messages) if m.role == "assistant" and m.content.strip()), None)
+    state = (
+        f"files written or edited: {', '.join(files)}"
+        if files
+        else "no file was written with the file tools"
+    )
+    last = next(
+        (m for m in reversed(messages) if m.role == "assistant" and m.content.strip()), None
+    )
     if last is not None:
         state += f"; the agent's last words: {last.content.strip()[:300]}"
     lines.append(f"STATE: {state}.")

@@ -19,7 +19,9 @@ def stayer_home() -> Path:
     home = os.environ.get("STAYER_HOME") or ".stayer"
     if not home.isprintable() or not home.encode("utf-8", "replace").decode() == home:
         # The journal stores paths as UTF-8 text (SQLite, JSON): such a name cannot be kept.
-        raise ConfigError(f"STAYER_HOME {home!r}: not a UTF-8 path; choose a directory whose name is UTF-8")
+        raise ConfigError(
+            f"STAYER_HOME {home!r}: not a UTF-8 path; choose a directory whose name is UTF-8"
+        )
     return Path(home)
 
 

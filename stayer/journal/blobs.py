@@ -49,7 +49,9 @@ def decode(stored: bytes, address: str) -> bytes:
     except zlib.error as e:
         raise BlobError(f"blob {address[:12]}: corrupt ({e})") from None
     if marker not in (_RAW, _ZLIB) or digest(data) != address:
-        raise BlobError(f"blob {address[:12]}: its bytes do not match its address (torn or corrupt)")
+        raise BlobError(
+            f"blob {address[:12]}: its bytes do not match its address (torn or corrupt)"
+        )
     return data
 
 

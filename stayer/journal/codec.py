@@ -17,7 +17,9 @@ from stayer.messages import Message, ToolCall
 def message_record(m: Message) -> dict[str, Any]:
     rec: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.tool_calls:
-        rec["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.tool_calls]
+        rec["tool_calls"] = [
+            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.tool_calls
+        ]
     if m.tool_call_id:
         rec["tool_call_id"] = m.tool_call_id
     if m.is_error:
@@ -57,4 +59,6 @@ def _default(o: Any) -> Any:
 def canonical(value: Any) -> bytes:
     """Deterministic JSON bytes (sorted keys, no whitespace): equal values, equal bytes, so
     equal blob addresses."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_default).encode()
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_default
+    ).encode()

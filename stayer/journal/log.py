@@ -21,16 +21,29 @@ from stayer.journal.store import Event, JournalCorrupt, Store
 #: Event kinds the journal itself writes. Any other kind is an agent event (compaction,
 #: breaker, …) recorded through ``on_event``; an agent kind that collides with one of these
 #: is stored with an ``agent:`` prefix.
-JOURNAL_KINDS = frozenset({
-    "run_created", "resumed", "truncated",
-    "model_started", "model_finished", "model_failed", "model_lost",
-    "tool_started", "tool_finished", "tool_diverged",
-    "step", "snapshot", "run_finished", "observed",
-    # Written by the runtime while no process runs the run: a person's decision is awaited.
-    "requires_action", "suspended",
-    # A team's thread began, on which message (``stayer.teams``).
-    "thread_started",
-})
+JOURNAL_KINDS = frozenset(
+    {
+        "run_created",
+        "resumed",
+        "truncated",
+        "model_started",
+        "model_finished",
+        "model_failed",
+        "model_lost",
+        "tool_started",
+        "tool_finished",
+        "tool_diverged",
+        "step",
+        "snapshot",
+        "run_finished",
+        "observed",
+        # Written by the runtime while no process runs the run: a person's decision is awaited.
+        "requires_action",
+        "suspended",
+        # A team's thread began, on which message (``stayer.teams``).
+        "thread_started",
+    }
+)
 
 
 def blob_refs(event: Event) -> list[str]:
@@ -98,7 +111,9 @@ def load_log(store: Store, run_id: str) -> RunLog:
         damage = _damage(store, log, ev, i, missing)
         if damage is not None:
             if any(later.at != raw[-1].at for later in raw[i:]):
-                raise JournalCorrupt(run_id, i, ev.kind if ev.seq == i else "missing", damage, len(raw))
+                raise JournalCorrupt(
+                    run_id, i, ev.kind if ev.seq == i else "missing", damage, len(raw)
+                )
             break
         log.events.append(ev)
     log.torn = len(raw) - len(log.events)

@@ -73,7 +73,9 @@ class PostgresStore(SqlStore):
                 self._check_version(cur)
         except psycopg.Error as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise JournalError(f"STAYER_DB {self.location}: cannot open the journal database ({first})") from None
+            raise JournalError(
+                f"STAYER_DB {self.location}: cannot open the journal database ({first})"
+            ) from None
 
     @contextmanager
     def _tx(self, *, sync: bool = True) -> Iterator[_Cursor]:

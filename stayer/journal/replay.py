@@ -129,7 +129,9 @@ class JournaledModel:
         """Attempts at the next model call that were in flight at a crash: each was billed,
         so the loop must hold budget for them as well as for the call it is about to make."""
         rec = self.journal.log.calls.get(self.journal.n)
-        return rec.attempts if rec is not None and rec.finished is None and rec.failed is None else 0
+        return (
+            rec.attempts if rec is not None and rec.finished is None and rec.failed is None else 0
+        )
 
     async def count_tokens(self, request: ModelRequest) -> int | None:
         """The provider's own count of a prompt, where it has a count endpoint (not a
@@ -141,7 +143,9 @@ class JournaledModel:
         """The attempt in flight at a crash: billed by the provider, its reply never seen.
         Its usage is estimated as the re-issued call's (the same request)."""
         journal, inner = self.journal, self.inner
-        cost = journal.prices.cost(reissued.usage, inner.model_id, inner.provider, reissued.service_tier)
+        cost = journal.prices.cost(
+            reissued.usage, inner.model_id, inner.provider, reissued.service_tier
+        )
         lost = {
             "agent": journal.agent,
             "n": n,
@@ -189,7 +193,8 @@ class JournaledTool:
         rec = journal.log.tools.get(t)
         if rec is not None:
             recorded = ToolResult(
-                journal.log.blob_text(rec["output"]), **{k: rec[k] for k in _RESULT_FIELDS if k in rec}
+                journal.log.blob_text(rec["output"]),
+                **{k: rec[k] for k in _RESULT_FIELDS if k in rec},
             )
             # A tool that made journaled calls of its own (a sub-agent) is run again even
             # before the snapshot: its calls replay from the journal, and whatever it does
@@ -199,7 +204,9 @@ class JournaledTool:
                 live = await _invoke(tool, args, ctx)
                 if live != recorded:
                     output = digest(live.output.encode())
-                    journal.record("tool_diverged", {"t": t, "name": tool.spec.name, "output": output})
+                    journal.record(
+                        "tool_diverged", {"t": t, "name": tool.spec.name, "output": output}
+                    )
                     journal.warn(
                         f"run {journal.run_id}: re-executed {tool.spec.name} call #{t + 1} gave a different result "
                         "than journaled; the journaled one is kept in the context"
@@ -215,7 +222,13 @@ class JournaledTool:
         fields = {k: getattr(result, k) for k in _RESULT_FIELDS}
         journal.record(
             "tool_finished",
-            {"t": t, "name": tool.spec.name, "output": address, "nested": journal.cursors() != before, **fields},
+            {
+                "t": t,
+                "name": tool.spec.name,
+                "output": address,
+                "nested": journal.cursors() != before,
+                **fields,
+            },
             {address: raw},
         )
         journal.stats.seconds += time.perf_counter() - t1
@@ -224,7 +237,9 @@ class JournaledTool:
 
 async def _invoke(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
     # Through run_tool, so that a tool that raises gives the same error result as unwrapped.
-    return await run_tool({tool.spec.name: tool}, ToolCall("", tool.spec.name, json.dumps(args)), ctx)
+    return await run_tool(
+        {tool.spec.name: tool}, ToolCall("", tool.spec.name, json.dumps(args)), ctx
+    )
 
 
 class ReplayingSandbox:

@@ -19,7 +19,11 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
     log = load_log(store, row.id)
     steps = [*log.steps.values(), *(e for t in log.threads.values() for e in t.steps.values())]
     ledger = sorted(
-        [*steps, *lost_ledger_entries(log.lost), *(lost for t in log.threads.values() for lost in lost_ledger_entries(t.lost))],
+        [
+            *steps,
+            *lost_ledger_entries(log.lost),
+            *(lost for t in log.threads.values() for lost in lost_ledger_entries(t.lost)),
+        ],
         key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
     )
     usage = Usage()
@@ -44,7 +48,10 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
         "totals": {
             "usage": usage.to_dict(),
             "cost_usd": str(cost),
-            "model_calls": sum(1 for t in (log, *log.threads.values()) for c in t.calls.values() if c.finished) + len(lost),
+            "model_calls": sum(
+                1 for t in (log, *log.threads.values()) for c in t.calls.values() if c.finished
+            )
+            + len(lost),
             "lost_in_flight": len(lost),
             "lost_in_flight_cost_usd": _sum_cost(lost),
             "tool_calls": len(log.tools) + sum(len(t.tools) for t in log.threads.values()),
@@ -83,13 +90,15 @@ def messages(log: RunLog) -> list[dict[str, Any]]:
     out = []
     for m in events("message.sent"):
         r = read.get(m["id"])
-        out.append({
-            "id": m["id"],
-            "sender": m["sender"],
-            "to": m["to"],
-            "kind": m["kind"],
-            "tokens": m["tokens"],
-            "read_cost_usd": None if r is None else r["read_cost_usd"],
-            "content": m["content"],
-        })
+        out.append(
+            {
+                "id": m["id"],
+                "sender": m["sender"],
+                "to": m["to"],
+                "kind": m["kind"],
+                "tokens": m["tokens"],
+                "read_cost_usd": None if r is None else r["read_cost_usd"],
+                "content": m["content"],
+            }
+        )
     return out

@@ -149,7 +149,16 @@ class RunJournal:
         ttl_s = kw.get("ttl_s", LEASE_TTL_S)
         row = RunRow(run_id, header["task"], header["model"], "running", 0, "0", now, now, header)
         store.create_run(row, owner, ttl_s)
-        journal = cls(store, run_id, owner, RunLog(run_id, header=header), workspace, prices, started=now, **kw)
+        journal = cls(
+            store,
+            run_id,
+            owner,
+            RunLog(run_id, header=header),
+            workspace,
+            prices,
+            started=now,
+            **kw,
+        )
         journal.record("run_created", {"header": header}, durable=True)
         return journal
 
@@ -159,13 +168,20 @@ class RunJournal:
         (carrying its result) for one that has finished."""
         row = store.run(run_id)
         if row is None:
-            raise JournalError(f"run {run_id}: no such run in {store.location}; `stayer runs` lists the runs there")
+            raise JournalError(
+                f"run {run_id}: no such run in {store.location}; `stayer runs` lists the runs there"
+            )
         log = load_log(store, run_id)
         if log.finished is not None:
             result = json.loads(log.blobs[log.finished["result"]])
-            raise RunFinished(f"run {run_id} already finished ({log.finished['status']}); nothing to resume", result)
+            raise RunFinished(
+                f"run {run_id} already finished ({log.finished['status']}); nothing to resume",
+                result,
+            )
         if not log.events:
-            raise JournalError(f"run {run_id}: its journal in {store.location} is empty or unreadable; start it again")
+            raise JournalError(
+                f"run {run_id}: its journal in {store.location} is empty or unreadable; start it again"
+            )
         return row, log
 
     @classmethod
@@ -184,8 +200,12 @@ class RunJournal:
         journal = cls(store, row.id, owner, log, workspace, prices, started=row.started, **kw)
         if log.torn:
             store.truncate(row.id, owner, log.next_seq - 1)
-            journal.warn(f"run {row.id}: dropped {log.torn} torn event(s) at the end of the journal")
-        journal.record("resumed", {"owner": owner, "from_seq": log.next_seq, "torn": log.torn}, durable=True)
+            journal.warn(
+                f"run {row.id}: dropped {log.torn} torn event(s) at the end of the journal"
+            )
+        journal.record(
+            "resumed", {"owner": owner, "from_seq": log.next_seq, "torn": log.torn}, durable=True
+        )
         return journal
 
     def release(self) -> None:
@@ -199,9 +219,14 @@ class RunJournal:
             try:
                 self.snapshots.restore(snap["id"], self.workspace)
             except (BlobError, SnapshotNotFound, OSError, ValueError, KeyError) as e:
-                self.warn(f"run {self.run_id}: snapshot of step {snap['step']} unusable ({e}); trying an older one")
+                self.warn(
+                    f"run {self.run_id}: snapshot of step {snap['step']} unusable ({e}); trying an older one"
+                )
                 continue
-            self.restored_tools_done, self.snapshot_step = int(snap["tools_done"]), int(snap["step"])
+            self.restored_tools_done, self.snapshot_step = (
+                int(snap["tools_done"]),
+                int(snap["step"]),
+            )
             self.restored_step = self.snapshot_step
             break
         else:
@@ -236,7 +261,15 @@ class RunJournal:
         """Write every pending event, in one transaction (``sync``: see ``Store.append``)."""
         if not self._events:
             return
-        self.store.append(self.run_id, self.owner, self.seq, self._events, self._blobs, self._update or None, sync=sync)
+        self.store.append(
+            self.run_id,
+            self.owner,
+            self.seq,
+            self._events,
+            self._blobs,
+            self._update or None,
+            sync=sync,
+        )
         self.seq += len(self._events)
         self.stats.events += len(self._events)
         self.stats.writes += 1
@@ -279,7 +312,11 @@ class RunJournal:
             {"status": result["status"], "result": address},
             {address: raw},
             durable=True,
-            update={"status": result["status"], "steps": result["steps"], "cost_usd": result["cost_usd"]},
+            update={
+                "status": result["status"],
+                "steps": result["steps"],
+                "cost_usd": result["cost_usd"],
+            },
         )
         self.store.release(self.run_id, self.owner)
 
@@ -294,7 +331,9 @@ class RunJournal:
         being taken, which ``on_step`` or ``cut_short`` records."""
         self._unstepped.append((inner, response))
 
-    def read_outside(self, compute: Callable[[], Any], keep: Callable[[Any], bool] | None = None) -> Any:
+    def read_outside(
+        self, compute: Callable[[], Any], keep: Callable[[Any], bool] | None = None
+    ) -> Any:
         """A value the loop reads from outside itself (a workspace fingerprint, …): computed
         and journaled live, the journaled one on replay, so decisions taken on it (breakers)
         come out the same. The value must be JSON.
@@ -364,9 +403,14 @@ class RunJournal:
         usage, cost = Usage(), Usd()
         for inner, response in self._unstepped:
             usage += response.usage
-            cost += self.prices.cost(response.usage, inner.model_id, inner.provider, response.service_tier).total
+            cost += self.prices.cost(
+                response.usage, inner.model_id, inner.provider, response.service_tier
+            ).total
         first_model, first = self._unstepped[0]
-        calls = [{"id": c.id, "name": c.name, "is_error": True, "exit_code": None} for c in first.message.tool_calls]
+        calls = [
+            {"id": c.id, "name": c.name, "is_error": True, "exit_code": None}
+            for c in first.message.tool_calls
+        ]
         entry = {
             "agent": self.agent,
             "step": step,
@@ -385,12 +429,19 @@ class RunJournal:
         self._unstepped.clear()
         self.steps_done = step
         self.steps_cost += cost
-        self.record("step", {"step": step, "entry": entry}, update={"steps": step, "cost_usd": self.cost_text()})
+        self.record(
+            "step",
+            {"step": step, "entry": entry},
+            update={"steps": step, "cost_usd": self.cost_text()},
+        )
         return entry
 
     def take_snapshot(self, step: int) -> None:
         snapshot_id = self.snapshots.snapshot(self.workspace)
-        self.record("snapshot", {"step": step, "id": snapshot_id, "tools_done": self.t, "model_calls": self.n})
+        self.record(
+            "snapshot",
+            {"step": step, "id": snapshot_id, "tools_done": self.t, "model_calls": self.n},
+        )
         self.snapshot_step = step
 
     def on_event(self, kind: str, payload: dict[str, Any]) -> None:
@@ -405,16 +456,22 @@ class RunJournal:
         if recorded is None:
             self.record(stored_kind, {"i": i, "payload": address}, {address: raw})
         elif recorded != (stored_kind, address):
-            self.warn(f"run {self.run_id}: replay emitted a different {kind!r} event than the journal holds (#{i})")
+            self.warn(
+                f"run {self.run_id}: replay emitted a different {kind!r} event than the journal holds (#{i})"
+            )
         self.stats.seconds += time.perf_counter() - t0
 
     def cost_text(self) -> str:
         return str(self.steps_cost + usd_sum(Usd.parse(lost["cost_usd"]) for lost in self.lost))
 
+
 def lost_ledger_entries(lost: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``model_lost`` records as ledger entries (``kind: lost_in_flight``), each with the
     agent (a team's thread) whose call it was."""
     return [
-        {"agent": rec.get("agent", "main"), **lost_entry(rec["step"], rec["model"], Usage.from_dict(rec["usage"]), rec["cost_usd"])}
+        {
+            "agent": rec.get("agent", "main"),
+            **lost_entry(rec["step"], rec["model"], Usage.from_dict(rec["usage"]), rec["cost_usd"]),
+        }
         for rec in lost
     ]

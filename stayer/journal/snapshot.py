@@ -83,7 +83,9 @@ class BlobSnapshots:
             self._known.update(pending)
             pending.clear()
 
-    def _tree(self, dir_fd: int, key: str, pending: dict[str, bytes], racy_after: int, depth: int = 0) -> str:
+    def _tree(
+        self, dir_fd: int, key: str, pending: dict[str, bytes], racy_after: int, depth: int = 0
+    ) -> str:
         """Store the directory ``dir_fd`` (``key``: its path, for the stat cache) as a tree
         blob. Walked by fd and opened with ``O_NOFOLLOW`` (:mod:`stayer.sandbox.hostfs`):
         the workspace is the sandbox's, and nothing it plants is followed or read."""
@@ -96,14 +98,26 @@ class BlobSnapshots:
                 if stat.S_ISLNK(st.st_mode):
                     entries.append({"name": e.name, "link": os.readlink(e.name, dir_fd=dir_fd)})
                 elif stat.S_ISDIR(st.st_mode):
-                    tree = self._subtree(dir_fd, e.name, f"{key}/{e.name}", pending, racy_after, depth + 1)
+                    tree = self._subtree(
+                        dir_fd, e.name, f"{key}/{e.name}", pending, racy_after, depth + 1
+                    )
                     entries.append({"name": e.name, "mode": plain_mode(st.st_mode), "tree": tree})
                 elif stat.S_ISREG(st.st_mode):
-                    chunks, size = self._file(dir_fd, e.name, f"{key}/{e.name}", pending, racy_after)
-                    entries.append(
-                        {"name": e.name, "mode": plain_mode(st.st_mode), "size": size, "mtime_ns": st.st_mtime_ns, "chunks": chunks}
+                    chunks, size = self._file(
+                        dir_fd, e.name, f"{key}/{e.name}", pending, racy_after
                     )
-                elif stat.S_ISFIFO(st.st_mode):  # kept as the sandbox's snapshots keep it; never opened
+                    entries.append(
+                        {
+                            "name": e.name,
+                            "mode": plain_mode(st.st_mode),
+                            "size": size,
+                            "mtime_ns": st.st_mtime_ns,
+                            "chunks": chunks,
+                        }
+                    )
+                elif stat.S_ISFIFO(
+                    st.st_mode
+                ):  # kept as the sandbox's snapshots keep it; never opened
                     entries.append({"name": e.name, "mode": plain_mode(st.st_mode), "fifo": True})
             except (UnsafeFile, FileNotFoundError):  # replaced or gone since listed
                 continue
@@ -112,7 +126,15 @@ class BlobSnapshots:
                 self._flush(pending)
         return self._add(json.dumps(entries, separators=(",", ":")).encode(), pending)
 
-    def _subtree(self, dir_fd: int, name: str, key: str, pending: dict[str, bytes], racy_after: int, depth: int) -> str:
+    def _subtree(
+        self,
+        dir_fd: int,
+        name: str,
+        key: str,
+        pending: dict[str, bytes],
+        racy_after: int,
+        depth: int,
+    ) -> str:
         if depth > MAX_DEPTH:  # as deep as the walk goes (stayer.sandbox.tree)
             return self._add(b"[]", pending)
         try:

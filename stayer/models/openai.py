@@ -155,13 +155,22 @@ class OpenAIResponsesModel(_OpenAIBase):
 def _responses_items(m: Message) -> list[dict[str, Any]]:
     """One history message → its Responses API input items."""
     if m.role == "tool":
-        return [{"type": "function_call_output", "call_id": m.tool_call_id or "", "output": m.content}]
+        return [
+            {"type": "function_call_output", "call_id": m.tool_call_id or "", "output": m.content}
+        ]
     if m.role == "assistant":
         items: list[dict[str, Any]] = []
         if m.content:
             items.append({"type": "message", "role": "assistant", "content": m.content})
         for call in m.tool_calls:
-            items.append({"type": "function_call", "call_id": call.id, "name": call.name, "arguments": call.arguments})
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call.id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                }
+            )
         return items
     return [{"type": "message", "role": "user", "content": m.content}]
 
@@ -173,10 +182,15 @@ def _responses_wire(m: Message) -> tuple[bytes, ...]:
 def build_responses_params(model_id: str, request: ModelRequest) -> dict[str, Any]:
     """Keyword arguments for ``responses.create``; pure, so tests can inspect it.
     ``build_responses_body`` sends the same, encoded from per-message pieces."""
-    return {"input": [item for m in request.messages for item in _responses_items(m)], **_responses_fields(model_id, request)}
+    return {
+        "input": [item for m in request.messages for item in _responses_items(m)],
+        **_responses_fields(model_id, request),
+    }
 
 
-def build_responses_body(model_id: str, request: ModelRequest, wire: MessageJson[tuple[bytes, ...]]) -> bytes:
+def build_responses_body(
+    model_id: str, request: ModelRequest, wire: MessageJson[tuple[bytes, ...]]
+) -> bytes:
     items = [item for per_message in wire(request.messages) for item in per_message]
     return object_with_array(_responses_fields(model_id, request), "input", items)
 
@@ -302,7 +316,11 @@ def _chat_message(m: Message) -> dict[str, Any]:
         if m.tool_calls:
             msg["content"] = m.content or None  # the spec's "no text" with tool calls
             msg["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
                 for c in m.tool_calls
             ]
         return msg
@@ -326,8 +344,12 @@ def build_chat_params(
 def build_chat_body(
     model_id: str, request: ModelRequest, wire: MessageJson[bytes], *, openai_params: bool
 ) -> bytes:
-    system = [dumps({"role": "system", "content": request.system}).encode()] if request.system else []
-    return object_with_array(_chat_fields(model_id, request, openai_params), "messages", system + wire(request.messages))
+    system = (
+        [dumps({"role": "system", "content": request.system}).encode()] if request.system else []
+    )
+    return object_with_array(
+        _chat_fields(model_id, request, openai_params), "messages", system + wire(request.messages)
+    )
 
 
 def _chat_fields(model_id: str, request: ModelRequest, openai_params: bool) -> dict[str, Any]:

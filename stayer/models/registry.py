@@ -20,7 +20,9 @@ def split_spec(spec: str) -> tuple[str, str]:
             "(e.g. sim:claude-sonnet-4-5, anthropic:claude-sonnet-4-5, openai:gpt-5)"
         )
     if kind not in PROVIDERS:
-        raise ConfigError(f"--model {spec}: unknown provider {kind!r}; use one of {', '.join(PROVIDERS)}")
+        raise ConfigError(
+            f"--model {spec}: unknown provider {kind!r}; use one of {', '.join(PROVIDERS)}"
+        )
     return kind, model_id
 
 

@@ -37,13 +37,29 @@ class Prices:
     def knows(self, model_id: str, provider: str | None = None) -> bool:
         return model_id in self.table
 
-    def rates(self, model_id: str, provider: str | None = None, service_tier: str | None = None, prompt_tokens: int = 0) -> Rates | None:
+    def rates(
+        self,
+        model_id: str,
+        provider: str | None = None,
+        service_tier: str | None = None,
+        prompt_tokens: int = 0,
+    ) -> Rates | None:
         r = self.table.get(model_id)
         if r is None:
             return None
-        return r.scaled(self.long_factor) if self.cliff is not None and prompt_tokens > self.cliff else r
+        return (
+            r.scaled(self.long_factor)
+            if self.cliff is not None and prompt_tokens > self.cliff
+            else r
+        )
 
-    def cost(self, usage: Usage, model_id: str, provider: str | None = None, service_tier: str | None = None) -> Cost:
+    def cost(
+        self,
+        usage: Usage,
+        model_id: str,
+        provider: str | None = None,
+        service_tier: str | None = None,
+    ) -> Cost:
         r = self.rates(model_id, provider, service_tier, usage.input_tokens)
         if r is None:
             return Cost.unknown(model_id, provider, service_tier)
@@ -114,8 +130,16 @@ class ScriptedModel:
         else:
             total = math.ceil(prompt * self.count_factor) + self.spikes.get(n, 0)
             read, write = (0, total) if n in self.misses else (int(total * self.cached_share), 0)
-            out = min(self.output_tokens if self.output_tokens is not None else COUNTER.message(message), request.max_tokens)
-        usage = Usage(input_tokens=total, cache_read_tokens=read, cache_write_5m_tokens=write, output_tokens=out)
+            out = min(
+                self.output_tokens if self.output_tokens is not None else COUNTER.message(message),
+                request.max_tokens,
+            )
+        usage = Usage(
+            input_tokens=total,
+            cache_read_tokens=read,
+            cache_write_5m_tokens=write,
+            output_tokens=out,
+        )
         return ModelResponse(message, usage, {}, self.model_id, 0.01)
 
 

@@ -203,7 +203,9 @@ def cut_off(message: Message, max_tokens: int, counter: MessageCounter) -> Messa
     for call in message.tool_calls:
         size = tokens.count(f"{call.name} {call.arguments}") + 1
         if size > left:
-            calls.append(replace(call, arguments=take(call.arguments, left - tokens.count(f"{call.name} "))))
+            calls.append(
+                replace(call, arguments=take(call.arguments, left - tokens.count(f"{call.name} ")))
+            )
             break
         calls.append(call)
         left -= size
@@ -296,7 +298,9 @@ class SimModel:
         it themselves, e.g. over HTTP in the provider's wire shape)."""
         started = time.perf_counter()
         outcome = self.account(request)
-        reasoning = self.policy.reasoning_tokens(request) if isinstance(self.policy, ReasoningPolicy) else 0
+        reasoning = (
+            self.policy.reasoning_tokens(request) if isinstance(self.policy, ReasoningPolicy) else 0
+        )
         message = self.policy.next_message(request)
         # Reasoning comes first and counts towards max_tokens, as providers bill it.
         reasoning = min(reasoning, request.max_tokens)

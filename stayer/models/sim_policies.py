@@ -30,7 +30,18 @@ from stayer.tokens import TokenCounter
 
 # Each is one token (with its leading space) in the common BPE vocabularies, so a filler
 # of N words is about N tokens.
-FILLER_WORDS = ["alpha", "delta", "echo", "golf", "hotel", "india", "mike", "november", "uniform", "whiskey"]
+FILLER_WORDS = [
+    "alpha",
+    "delta",
+    "echo",
+    "golf",
+    "hotel",
+    "india",
+    "mike",
+    "november",
+    "uniform",
+    "whiskey",
+]
 
 
 def filler(tokens: int, rng: random.Random) -> str:
@@ -47,7 +58,9 @@ def _call(step: int, name: str, **args: object) -> ToolCall:
 
 
 def _submit(step: int, text: str) -> Message:
-    return Message(role="assistant", content=text, tool_calls=(_call(step, "submit", summary=text),))
+    return Message(
+        role="assistant", content=text, tool_calls=(_call(step, "submit", summary=text),)
+    )
 
 
 def _wrap_up_requested(request: ModelRequest) -> bool:
@@ -91,12 +104,22 @@ class TeamPolicy:
             return OraclePolicy(self.solution or "true").next_message(request)
         peer = sorted(tools["handoff"].parameters["properties"]["to"]["enum"])[0]
         if step == 1:
-            return Message(role="assistant", content=f"Handing the task to {peer}.", tool_calls=(_call(step, "handoff", to=peer, brief=task),))
+            return Message(
+                role="assistant",
+                content=f"Handing the task to {peer}.",
+                tool_calls=(_call(step, "handoff", to=peer, brief=task),),
+            )
         said = [m.content for m in request.messages if m.role in ("tool", "user")]
         report = next((c for c in said if f"[report {peer}#" in c), None)
         if report is not None:
-            return _submit(step, f"The team finished. {peer} reported:\n{report.partition(chr(10))[2]}")
-        return Message(role="assistant", content=f"Waiting for {peer}.", tool_calls=(_call(step, "wait_for_message", **{"from": peer, "timeout": 600}),))
+            return _submit(
+                step, f"The team finished. {peer} reported:\n{report.partition(chr(10))[2]}"
+            )
+        return Message(
+            role="assistant",
+            content=f"Waiting for {peer}.",
+            tool_calls=(_call(step, "wait_for_message", **{"from": peer, "timeout": 600}),),
+        )
 
     def _worker(self, step: int) -> Message:
         if step == 1 and self.solution is not None:
@@ -121,7 +144,7 @@ class SyntheticPolicy:
         lines = max(self.obs_tokens // per_line, 1)
         words = " ".join(FILLER_WORDS)
         return (
-            f"for i in $(seq -w 1 {lines}); do echo \"step {step} record $i: {words}\"; done"
+            f'for i in $(seq -w 1 {lines}); do echo "step {step} record $i: {words}"; done'
             # Relative to the working directory, /app: with --sandbox local there is no /app.
             f" | tee -a synthetic.log"
         )
@@ -155,7 +178,9 @@ class ReplayPolicy:
     def load(cls, path: Path) -> ReplayPolicy:
         file = path / "trajectory.jsonl" if path.is_dir() else path
         if not file.is_file():
-            raise ConfigError(f"--sim-policy replay:{path}: no recorded run there (expected a run directory or its trajectory.jsonl)")
+            raise ConfigError(
+                f"--sim-policy replay:{path}: no recorded run there (expected a run directory or its trajectory.jsonl)"
+            )
         turns = []
         for n, line in enumerate(read_text(file, "--sim-policy replay:").splitlines(), 1):
             if not line.strip():
@@ -167,7 +192,11 @@ class ReplayPolicy:
                 if rec.get("role") != "assistant":
                     continue
                 calls = tuple(_recorded_call(c) for c in rec.get("tool_calls") or [])
-                turns.append(Message(role="assistant", content=str(rec.get("content") or ""), tool_calls=calls))
+                turns.append(
+                    Message(
+                        role="assistant", content=str(rec.get("content") or ""), tool_calls=calls
+                    )
+                )
             except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
                 raise ConfigError(f"{file}:{n}: not a stayer trajectory record ({e})") from None
         return cls(turns)
@@ -180,12 +209,19 @@ class ReplayPolicy:
 
 
 # One synthetic observation or reply is at most a million tokens: beyond any context window.
-_SYNTHETIC_MAX = {"steps": MAX_STEPS, "obs_tokens": 1_000_000, "out_tokens": 1_000_000, "seed": 2**63}
+_SYNTHETIC_MAX = {
+    "steps": MAX_STEPS,
+    "obs_tokens": 1_000_000,
+    "out_tokens": 1_000_000,
+    "seed": 2**63,
+}
 
 
 def _recorded_call(c: dict[str, Any]) -> ToolCall:
     args = c["arguments"]
-    return ToolCall(str(c["id"]), str(c["name"]), args if isinstance(args, str) else json.dumps(args))
+    return ToolCall(
+        str(c["id"]), str(c["name"]), args if isinstance(args, str) else json.dumps(args)
+    )
 
 
 def parse_policy(spec: str | None, *, solution: str | None, counter: TokenCounter) -> SimPolicy:
@@ -218,12 +254,18 @@ def parse_policy(spec: str | None, *, solution: str | None, counter: TokenCounte
             try:
                 values[key] = int(val)
             except ValueError:
-                raise ConfigError(f"--sim-policy {spec}: {key} must be an integer, got {val!r}") from None
+                raise ConfigError(
+                    f"--sim-policy {spec}: {key} must be an integer, got {val!r}"
+                ) from None
             if values[key] < 0 or (key == "steps" and values[key] < 1):
                 raise ConfigError(f"--sim-policy {spec}: {key} must be positive")
             if values[key] > _SYNTHETIC_MAX[key]:
-                raise ConfigError(f"--sim-policy {spec}: {key} must be at most {_SYNTHETIC_MAX[key]:,}")
-        return SyntheticPolicy(values["steps"], values["obs_tokens"], values["out_tokens"], counter, values["seed"])
+                raise ConfigError(
+                    f"--sim-policy {spec}: {key} must be at most {_SYNTHETIC_MAX[key]:,}"
+                )
+        return SyntheticPolicy(
+            values["steps"], values["obs_tokens"], values["out_tokens"], counter, values["seed"]
+        )
     if name == "replay":
         if not arg:
             raise ConfigError("--sim-policy replay:PATH needs the path of a recorded run")

@@ -65,7 +65,12 @@ def object_with_array(fields: dict[str, Any], key: str, items: Sequence[bytes]) 
 
 
 async def post_json(
-    client: Any, path: str, body: bytes, cast_to: type, headers: dict[str, str], timeout: float | None = None
+    client: Any,
+    path: str,
+    body: bytes,
+    cast_to: type,
+    headers: dict[str, str],
+    timeout: float | None = None,
 ) -> Any:
     """POST an encoded JSON body through a Stainless SDK client (Anthropic's, OpenAI's):
     its auth, headers, error classes and response models, without its re-encoding.

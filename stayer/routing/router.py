@@ -37,7 +37,9 @@ from stayer.routing.switch import Outlook, Priced, SwitchQuote, price_switch
 from stayer.routing.tiers import TierPolicy
 
 TRIPS_TO_ESCALATE = frozenset({"loop", "no_progress", "tool_errors"})
-TEST_COMMAND = re.compile(r"\b(pytest|test|tests|make check|ctest|cargo test|go test|npm test|jest|unittest)\b")
+TEST_COMMAND = re.compile(
+    r"\b(pytest|test|tests|make check|ctest|cargo test|go test|npm test|jest|unittest)\b"
+)
 # Before any step-down has been seen to end, assume one lasts this many steps (it counts
 # as one observation of that length, so real observations soon dominate).
 PRIOR_DOWN_SPELL = 10
@@ -53,7 +55,12 @@ class Route:
     latency_s: float | None = None  # modelled, when a latency target chose the tier
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"model": self.model.spec, "tier": self.tier, "reason": self.reason, "switched": self.switched}
+        d: dict[str, Any] = {
+            "model": self.model.spec,
+            "tier": self.tier,
+            "reason": self.reason,
+            "switched": self.switched,
+        }
         if self.quote is not None:
             d["quote"] = self.quote.to_dict()
         if self.latency_s is not None:
@@ -129,7 +136,11 @@ class Router:
             return built[spec]
 
         m = config.models
-        roles = {role: model(spec) for role in ("planning", "execution", "summariser", "subagent") if (spec := getattr(m, role))}
+        roles = {
+            role: model(spec)
+            for role in ("planning", "execution", "summariser", "subagent")
+            if (spec := getattr(m, role))
+        }
         c = config.cascade
         t = config.tiers
         return cls(
@@ -142,9 +153,14 @@ class Router:
             escalate_on_loop=c.escalate_on_loop if c else False,
             escalate_after_failing_tests=c.escalate_after_failing_tests if c else 0,
             relax_after=c.relax_after if c else 0,
-            failover_to={primary: [model(s) for s in fallbacks] for primary, fallbacks in config.failover.items()},
+            failover_to={
+                primary: [model(s) for s in fallbacks]
+                for primary, fallbacks in config.failover.items()
+            },
             cache_aware=config.routing.cache_aware,
-            tiers=TierPolicy(t.latency_target_s, t.batch) if (t.latency_target_s or t.batch) else None,
+            tiers=TierPolicy(t.latency_target_s, t.batch)
+            if (t.latency_target_s or t.batch)
+            else None,
             service_tier=service_tier,
         )
 
@@ -169,7 +185,9 @@ class Router:
             if not switched:
                 why = f"staying on {cur.spec}: switching to {want.spec} would not pay back"
         self.current = chosen
-        self._seen[chosen.spec] = _Seen(view.now, view.context_tokens, view.compactions, view.messages)
+        self._seen[chosen.spec] = _Seen(
+            view.now, view.context_tokens, view.compactions, view.messages
+        )
         tier, latency = self._tier(chosen, view)
         return Route(chosen, tier, why, switched, quote, latency)
 
@@ -190,7 +208,9 @@ class Router:
         return want, why
 
     def _rates(self, m: Model, tier: str | None = None) -> Callable[[int], Rates | None]:
-        return lambda tokens: self.prices.rates(m.model_id, m.provider, tier or self.service_tier, tokens)
+        return lambda tokens: self.prices.rates(
+            m.model_id, m.provider, tier or self.service_tier, tokens
+        )
 
     def _dearer(self, a: Model, b: Model) -> bool:
         """Is ``a`` the pricier model (a stronger one, by the cascade's own assumption)?"""
@@ -202,9 +222,17 @@ class Router:
     def quote(self, current: Model, candidate: Model, view: RouteView) -> SwitchQuote | None:
         """The priced switch from ``current`` to ``candidate`` at this step."""
         remaining = remaining_steps(view.step, view.max_steps)
-        stepping_down = bool(self.cascade) and self.level < len(self.cascade) - 1 and current in self.cascade
+        stepping_down = (
+            bool(self.cascade) and self.level < len(self.cascade) - 1 and current in self.cascade
+        )
         if not stepping_down:
-            outlook = Outlook(view.context_tokens, self._growth, self.output_per_step, max(1, remaining), self._interval)
+            outlook = Outlook(
+                view.context_tokens,
+                self._growth,
+                self.output_per_step,
+                max(1, remaining),
+                self._interval,
+            )
             return price_switch(self._priced(current, view), self._priced(candidate, view), outlook)
         # A step-down lasts until the next escalation: how long past ones lasted (with one
         # prior observation) gives the horizon, and the share that outlasted the current
@@ -217,8 +245,12 @@ class Router:
         cold_p = (sum(1 for n in spells if n > cold_after) + prior_cold) / (len(spells) + 1)
         horizon = max(1, int(min(remaining, mean)))
         comeback_p = min(1.0, remaining / mean)
-        outlook = Outlook(view.context_tokens, self._growth, self.output_per_step, horizon, self._interval)
-        return price_switch(self._priced(current, view), self._priced(candidate, view), outlook, comeback_p, cold_p)
+        outlook = Outlook(
+            view.context_tokens, self._growth, self.output_per_step, horizon, self._interval
+        )
+        return price_switch(
+            self._priced(current, view), self._priced(candidate, view), outlook, comeback_p, cold_p
+        )
 
     def _steps_until_cold(self, m: Model, view: RouteView) -> float:
         rules = rules_for(m)
@@ -230,7 +262,13 @@ class Router:
 
     def _priced(self, m: Model, view: RouteView) -> Priced:
         rules = rules_for(m)
-        return Priced(m.spec, self._rates(m), rules.mode == "explicit", self._warm(m, rules, view), rules.ttl_s)
+        return Priced(
+            m.spec,
+            self._rates(m),
+            rules.mode == "explicit",
+            self._warm(m, rules, view),
+            rules.ttl_s,
+        )
 
     def _warm(self, m: Model, rules: CacheRules, view: RouteView) -> int:
         """How much of the current context ``m`` still has cached."""
@@ -238,7 +276,9 @@ class Router:
         if seen is None or view.now - seen.at >= rules.ttl_s:
             return 0
         explicit = rules.mode == "explicit"
-        if seen.compactions != view.compactions or (explicit and view.messages - seen.messages > rules.lookback_blocks):
+        if seen.compactions != view.compactions or (
+            explicit and view.messages - seen.messages > rules.lookback_blocks
+        ):
             # Rewritten since, or too far back for the provider's lookback: only the pinned
             # prefix (explicit breakpoint at its end) is still found.
             return view.prefix_tokens if explicit else 0
@@ -293,11 +333,19 @@ class Router:
 
     def on_trip(self, trip: Trip) -> bool:
         """The guard's breaker tripped: escalate if that is what the cascade does for it."""
-        return self.escalate_on_loop and trip.reason in TRIPS_TO_ESCALATE and self.escalate(trip.reason)
+        return (
+            self.escalate_on_loop
+            and trip.reason in TRIPS_TO_ESCALATE
+            and self.escalate(trip.reason)
+        )
 
     def observe(self, record: StepRecord) -> None:
         """Failure signals of a finished step: failed tool calls, failing test runs."""
-        self.output_per_step = record.output_tokens if self.output_per_step == 0 else 0.7 * self.output_per_step + 0.3 * record.output_tokens
+        self.output_per_step = (
+            record.output_tokens
+            if self.output_per_step == 0
+            else 0.7 * self.output_per_step + 0.3 * record.output_tokens
+        )
         failed = bool(record.calls) and all(c.failed for c in record.calls)
         tests = [c for c in record.calls if c.name == "bash" and TEST_COMMAND.search(c.arguments)]
         self._errors = self._errors + 1 if failed else 0
@@ -306,7 +354,10 @@ class Router:
         if self.escalate_after_errors and self._errors >= self.escalate_after_errors:
             self._errors = 0
             self.escalate("repeated errors")
-        elif self.escalate_after_failing_tests and self._failing_tests >= self.escalate_after_failing_tests:
+        elif (
+            self.escalate_after_failing_tests
+            and self._failing_tests >= self.escalate_after_failing_tests
+        ):
             self._failing_tests = 0
             self.escalate("failing tests")
         elif not failed:
@@ -321,7 +372,11 @@ class Router:
     def models(self) -> list[Model]:
         """Every model this router may call (for price checks up front)."""
         out = {self.main.spec: self.main}
-        for m in [*self.roles.values(), *self.cascade, *(x for fs in self.failover_to.values() for x in fs)]:
+        for m in [
+            *self.roles.values(),
+            *self.cascade,
+            *(x for fs in self.failover_to.values() for x in fs),
+        ]:
             out.setdefault(m.spec, m)
         return list(out.values())
 

@@ -27,9 +27,17 @@ class RoutingSetup:
     config: StayerConfig
     models: dict[str, Model] = field(default_factory=dict)  # every named model but the main one
 
-    def router(self, main: Model, wrap: Callable[[Model], Model], prices: PriceBook, service_tier: str | None) -> Router:
+    def router(
+        self,
+        main: Model,
+        wrap: Callable[[Model], Model],
+        prices: PriceBook,
+        service_tier: str | None,
+    ) -> Router:
         """The run's router; ``wrap`` is applied to every model (the journal's wrapper)."""
-        return Router.from_config(self.config, main, lambda spec: wrap(self.models[spec]), prices, service_tier)
+        return Router.from_config(
+            self.config, main, lambda spec: wrap(self.models[spec]), prices, service_tier
+        )
 
     @property
     def guard(self) -> GuardConfig:
@@ -49,7 +57,9 @@ def prepare_routing(
         return None
     config = load_config(path)
     if config.models.main and config.models.main != main_spec:
-        raise ConfigError(f"{path}: models.main = {config.models.main!r} but --model is {main_spec!r}; drop one of them")
+        raise ConfigError(
+            f"{path}: models.main = {config.models.main!r} but --model is {main_spec!r}; drop one of them"
+        )
     models: dict[str, Model] = {}
     for spec in config.model_specs():
         if spec == main_spec:
@@ -89,7 +99,9 @@ def require_prices(
         name = model.spec if role is None else f"{model.spec} ({role})"
         if not prices.knows(model.model_id, model.provider):
             missing.append(name)
-        elif service_tier is not None and not prices.knows(model.model_id, model.provider, service_tier):
+        elif service_tier is not None and not prices.knows(
+            model.model_id, model.provider, service_tier
+        ):
             missing.append(f"{name} at service tier {service_tier!r}")
             tier_tables.append(f"tiers.{model.provider}.{service_tier}")
         else:
@@ -99,8 +111,14 @@ def require_prices(
         return
     fixes = ["add its prices to stayer-prices.toml"] if len(tier_tables) < len(missing) else []
     if tier_tables:
-        fixes.append(f"add a {' / '.join(dict.fromkeys(tier_tables))} multiplier to stayer-prices.toml")
+        fixes.append(
+            f"add a {' / '.join(dict.fromkeys(tier_tables))} multiplier to stayer-prices.toml"
+        )
     drop = "--service-tier or --max-cost" if tier_tables else "--max-cost"
     fix = f"{' and '.join(fixes)}, or drop {drop}" if tier_tables else f"{fixes[0]} or drop {drop}"
-    where, what = (routing.path, "--max-cost") if from_file and routing else ("--max-cost", "a cost cap")
-    raise ConfigError(f"{where}: no price data for {', '.join(missing)}, so {what} cannot be enforced; {fix}")
+    where, what = (
+        (routing.path, "--max-cost") if from_file and routing else ("--max-cost", "a cost cap")
+    )
+    raise ConfigError(
+        f"{where}: no price data for {', '.join(missing)}, so {what} cannot be enforced; {fix}"
+    )

@@ -61,7 +61,9 @@ class TierPolicy:
     batch: bool = False
     speeds: Mapping[str, Mapping[str | None, Speed]] = field(default_factory=lambda: TIER_SPEEDS)
 
-    def latency(self, provider: str, tier: str | None, prompt_tokens: int, output_tokens: int) -> float:
+    def latency(
+        self, provider: str, tier: str | None, prompt_tokens: int, output_tokens: int
+    ) -> float:
         speed = self.speeds.get(provider, {}).get(tier) or STANDARD
         return speed.latency(prompt_tokens, output_tokens)
 
@@ -80,8 +82,10 @@ class TierPolicy:
             rates = rates_for(tier)
             if rates is None:
                 continue
-            price = (prompt_tokens * rates.cache_read + output_tokens * rates.output)
-            options.append((price, self.latency(provider, tier, prompt_tokens, output_tokens), tier))
+            price = prompt_tokens * rates.cache_read + output_tokens * rates.output
+            options.append(
+                (price, self.latency(provider, tier, prompt_tokens, output_tokens), tier)
+            )
         if not options:
             return TierChoice(None, self.latency(provider, None, prompt_tokens, output_tokens))
         if self.batch or self.latency_target_s is None:

@@ -107,7 +107,17 @@ class Actions:
             params,
         )
         return [
-            Action(r[0], int(r[1]), r[2], json.loads(r[3]), r[4], r[5], r[6], r[7], json.loads(r[8]) if r[8] else None)
+            Action(
+                r[0],
+                int(r[1]),
+                r[2],
+                json.loads(r[3]),
+                r[4],
+                r[5],
+                r[6],
+                r[7],
+                json.loads(r[8]) if r[8] else None,
+            )
             for r in rows
         ]
 
@@ -125,7 +135,9 @@ class Actions:
     def request(self, run_id: str, n: int, tool: str, arguments: dict[str, Any]) -> Action:
         """Record call ``n`` as awaiting a decision (again: a no-op)."""
         with self.store._tx() as cur:
-            if not cur.execute("SELECT 1 FROM stayer_actions WHERE run_id = ? AND n = ?", (run_id, n)).fetchone():
+            if not cur.execute(
+                "SELECT 1 FROM stayer_actions WHERE run_id = ? AND n = ?", (run_id, n)
+            ).fetchone():
                 cur.execute(
                     "INSERT INTO stayer_actions (run_id, n, tool, arguments, status, requested_at) VALUES (?, ?, ?, ?, ?, ?)",
                     (run_id, n, tool, json.dumps(arguments), PENDING, utc_now()),
@@ -136,7 +148,10 @@ class Actions:
 
     def set_price(self, run_id: str, n: int, price: dict[str, Any]) -> None:
         with self.store._tx() as cur:
-            cur.execute("UPDATE stayer_actions SET price = ? WHERE run_id = ? AND n = ?", (json.dumps(price), run_id, n))
+            cur.execute(
+                "UPDATE stayer_actions SET price = ? WHERE run_id = ? AND n = ?",
+                (json.dumps(price), run_id, n),
+            )
 
     def decide(self, run_id: str, n: int, approve: bool, message: str | None) -> bool:
         """Record a person's decision on a pending call; False if it was not pending."""
@@ -168,7 +183,11 @@ class ConfirmedTool:
         result = await self.inner(args, ctx)
         if action.message:
             # ToolResult is frozen: a copy carries the person's words.
-            result = replace(result, output=result.output + f"\n[a person approved this call and said: {action.message}]")
+            result = replace(
+                result,
+                output=result.output
+                + f"\n[a person approved this call and said: {action.message}]",
+            )
         return result
 
 
@@ -190,7 +209,9 @@ class Gate:
         return [ConfirmedTool(t, self) if t.spec.name in self.confirm else t for t in tools]
 
 
-def pause_price(model: Model, prices: PriceBook, context_tokens: int, now: datetime | None = None) -> dict[str, Any]:
+def pause_price(
+    model: Model, prices: PriceBook, context_tokens: int, now: datetime | None = None
+) -> dict[str, Any]:
     """What waiting costs: the prompt cache expires ``cache_ttl_s`` after the last call;
     a decision after ``cache_expires_at`` makes the next call write ``context_tokens`` again
     instead of reading them (``cost_if_cache_expires_usd``, "unknown" without prices)."""

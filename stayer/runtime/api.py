@@ -109,7 +109,13 @@ class BodyLimit:
 
 async def _too_large(send: Any, limit: int) -> None:
     body = f'{{"detail":"request body over {limit} bytes"}}'.encode()
-    await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -159,7 +165,9 @@ def tenant_of(request: Request, authorization: Annotated[str | None, Header()] =
     dbs: Databases = request.app.state.databases
     tenant = dbs.get().tenant_for_key(key) if scheme.lower() == "bearer" and key else None
     if tenant is None:
-        raise HTTPException(401, "missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401, "missing or invalid API key", headers={"WWW-Authenticate": "Bearer"}
+        )
     return tenant
 
 
@@ -228,11 +236,17 @@ def create_app(
         if not metrics_token:
             raise HTTPException(404, "metrics are off; start stayer serve with --metrics-token")
         scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), metrics_token.encode()):
-            raise HTTPException(401, "missing or invalid metrics token", headers={"WWW-Authenticate": "Bearer"})
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), metrics_token.encode()
+        ):
+            raise HTTPException(
+                401, "missing or invalid metrics token", headers={"WWW-Authenticate": "Bearer"}
+            )
         registry = CollectorRegistry()
         registry.register(ServiceCollector(dbs.get, dbs.budgets))
-        text = generate_latest(registry) + (generate_latest(worker_registry) if worker_registry is not None else b"")
+        text = generate_latest(registry) + (
+            generate_latest(worker_registry) if worker_registry is not None else b""
+        )
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", include_in_schema=False)
@@ -243,14 +257,18 @@ def create_app(
     def create_run(body: RunCreate, tenant: Tenant) -> RunOut:
         from stayer.models.registry import split_spec
 
-        resolve_task(tasks_dir, body.task, uploads_dir(home, tenant))  # 422 for a task the tenant cannot run
+        resolve_task(
+            tasks_dir, body.task, uploads_dir(home, tenant)
+        )  # 422 for a task the tenant cannot run
         split_spec(body.model)
         if body.team is not None:
             from stayer.teams.config import team_from
 
             team_from(body.team, "team")  # 422 for a team that cannot run
         if body.sim_policy and body.sim_policy.startswith("replay:"):
-            raise ConfigError("sim_policy: replay:PATH reads a file on the server; not available through the API")
+            raise ConfigError(
+                "sim_policy: replay:PATH reads a file on the server; not available through the API"
+            )
         if body.webhook is not None:
             problem = url_problem(body.webhook, allow_private=allow_private_webhooks)
             if problem is not None:
@@ -264,7 +282,9 @@ def create_app(
 
     @app.post("/v1/tasks", status_code=201, response_model=TaskOut)
     async def upload_task(
-        request: Request, tenant: Tenant, name: Annotated[str, Query(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+        request: Request,
+        tenant: Tenant,
+        name: Annotated[str, Query(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")],
     ) -> TaskOut:
         """Upload a task (the request body: a tar.gz in the Harbor layout) as ``name``;
         runs of this tenant may then name it."""
@@ -283,7 +303,9 @@ def create_app(
             raise HTTPException(422, f"status: one of {', '.join(STATUSES)}")
         runs = dbs.get().runs(tenant, status, limit + 1, cursor)
         page = runs[:limit]
-        return RunList(data=[out(r) for r in page], next_cursor=page[-1].id if len(runs) > limit else None)
+        return RunList(
+            data=[out(r) for r in page], next_cursor=page[-1].id if len(runs) > limit else None
+        )
 
     @app.get("/v1/runs/{run_id}", response_model=RunOut)
     def get_run(run_id: str, tenant: Tenant) -> RunOut:
@@ -295,7 +317,10 @@ def create_app(
         queued again and resumes from its journal without paying again."""
         run = own_run(run_id, tenant)
         if run.status not in ("queued", "paused", "requires_action"):
-            raise HTTPException(409, f"run {run_id} is {run.status}; its cap can be raised while it is queued or waiting")
+            raise HTTPException(
+                409,
+                f"run {run_id} is {run.status}; its cap can be raised while it is queued or waiting",
+            )
         asked = run.run_cap or run.request.get("max_cost")
         old = Decimal(asked) if asked is not None else None
         if old is not None and body.max_cost <= old:
@@ -317,13 +342,24 @@ def create_app(
             if ended_here:
                 doc = close_idle_journal(db.store, run_id, CANCELLED, "cancelled")
                 settle_hold(dbs.budgets(), run, doc)
-                db.record_result(run_id, steps=int(doc.get("steps") or 0), cost_usd=doc.get("cost_usd", "0"))
+                db.record_result(
+                    run_id, steps=int(doc.get("steps") or 0), cost_usd=doc.get("cost_usd", "0")
+                )
             return own_run(run_id, tenant), ended_here
 
         run, ended_here = await run_in_threadpool(cancel)
         secret = await run_in_threadpool(lambda: dbs.get().webhook_secret(run.tenant))
         if ended_here and run.request.get("webhook") and secret:
-            webhooks.send(run.request["webhook"], secret, {"type": "run.status", "run_id": run.id, "status": CANCELLED, "stop_reason": "cancelled"})
+            webhooks.send(
+                run.request["webhook"],
+                secret,
+                {
+                    "type": "run.status",
+                    "run_id": run.id,
+                    "status": CANCELLED,
+                    "stop_reason": "cancelled",
+                },
+            )
         return out(run)
 
     @app.post("/v1/runs/{run_id}/messages", status_code=201, response_model=MessageOut)
@@ -348,7 +384,9 @@ def create_app(
         """Approve or reject the pending call; the run continues from its journal."""
         run = own_run(run_id, tenant)
         n = int(body.call_id.removeprefix("act-"))
-        if run.status != "requires_action" or not dbs.actions().decide(run_id, n, body.decision == "approve", body.message):
+        if run.status != "requires_action" or not dbs.actions().decide(
+            run_id, n, body.decision == "approve", body.message
+        ):
             raise HTTPException(409, f"{body.call_id}: not awaiting a decision (run {run.status})")
         dbs.get().resume_after_decision(run_id)
         return out(own_run(run_id, tenant))
@@ -358,7 +396,9 @@ def create_app(
         own_run(run_id, tenant)
         log = load_log(dbs.get().store, run_id)
         entries = [log.steps[s] for s in sorted(log.steps)]
-        entries += [t.steps[s] for t in log.threads.values() for s in sorted(t.steps)]  # a team's threads
+        entries += [
+            t.steps[s] for t in log.threads.values() for s in sorted(t.steps)
+        ]  # a team's threads
         if log.finished is not None:
             import json
 
@@ -381,7 +421,9 @@ def create_app(
             try:
                 start = int(last_event_id)
             except ValueError:
-                raise HTTPException(422, "Last-Event-ID: expected an event id (an integer)") from None
+                raise HTTPException(
+                    422, "Last-Event-ID: expected an event id (an integer)"
+                ) from None
 
         async def stream() -> AsyncIterator[ServerSentEvent]:
             async for event in follow(dbs, run_id, start):

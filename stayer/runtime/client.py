@@ -43,7 +43,9 @@ class ApiError(Exception):
 
 class Client:
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 60.0) -> None:
-        self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout)
+        self.http = httpx.Client(
+            base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout
+        )
 
     def __enter__(self) -> Client:
         return self
@@ -69,8 +71,14 @@ class Client:
     def run(self, run_id: str) -> dict[str, Any]:
         return self._json(self.http.get(f"/v1/runs/{run_id}"))  # type: ignore[no-any-return]
 
-    def runs(self, status: str | None = None, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
-        params = {k: v for k, v in {"status": status, "limit": limit, "cursor": cursor}.items() if v is not None}
+    def runs(
+        self, status: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> dict[str, Any]:
+        params = {
+            k: v
+            for k, v in {"status": status, "limit": limit, "cursor": cursor}.items()
+            if v is not None
+        }
         return self._json(self.http.get("/v1/runs", params=params))  # type: ignore[no-any-return]
 
     def cancel(self, run_id: str) -> dict[str, Any]:
@@ -82,22 +90,33 @@ class Client:
     def message(self, run_id: str, content: str) -> dict[str, Any]:
         return self._json(self.http.post(f"/v1/runs/{run_id}/messages", json={"content": content}))  # type: ignore[no-any-return]
 
-    def decide(self, run_id: str, call_id: str, decision: str, message: str | None = None) -> dict[str, Any]:
+    def decide(
+        self, run_id: str, call_id: str, decision: str, message: str | None = None
+    ) -> dict[str, Any]:
         body = {"call_id": call_id, "decision": decision, "message": message}
         return self._json(self.http.post(f"/v1/runs/{run_id}/actions", json=body))  # type: ignore[no-any-return]
 
-    def events(self, run_id: str, last_event_id: str | int | None = None) -> Iterator[dict[str, Any]]:
+    def events(
+        self, run_id: str, last_event_id: str | int | None = None
+    ) -> Iterator[dict[str, Any]]:
         """The run's events from after ``last_event_id`` (all of them by default), live
         until its final status."""
         headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
-        with self.http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None) as response:
+        with self.http.stream(
+            "GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None
+        ) as response:
             if response.status_code >= 400:
                 response.read()
                 self._json(response)
             yield from iter_sse(response.iter_lines())
 
     def wait(
-        self, run_id: str, until: Callable[[dict[str, Any]], bool] | None = None, *, poll_s: float = 0.2, timeout_s: float | None = None
+        self,
+        run_id: str,
+        until: Callable[[dict[str, Any]], bool] | None = None,
+        *,
+        poll_s: float = 0.2,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Poll the run until ``until(run)`` (default: a final status); its last state."""
         until = until or (lambda r: r["status"] in TERMINAL)

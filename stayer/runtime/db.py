@@ -29,7 +29,17 @@ from stayer.journal.store import Event
 QUEUED, RUNNING, PAUSED, CANCELLED, ERROR = "queued", "running", "paused", "cancelled", "error"
 REQUIRES_ACTION = "requires_action"
 TERMINAL = frozenset({"succeeded", "failed", "budget_exhausted", CANCELLED, ERROR})
-STATUSES = (QUEUED, RUNNING, REQUIRES_ACTION, PAUSED, "succeeded", "failed", "budget_exhausted", CANCELLED, ERROR)
+STATUSES = (
+    QUEUED,
+    RUNNING,
+    REQUIRES_ACTION,
+    PAUSED,
+    "succeeded",
+    "failed",
+    "budget_exhausted",
+    CANCELLED,
+    ERROR,
+)
 
 _DDL = [
     """CREATE TABLE IF NOT EXISTS stayer_tenants (
@@ -78,7 +88,19 @@ _COLUMNS = (
 )
 # What a worker may write to its run's row (never the tenant, the request or the id).
 _WRITABLE = frozenset(
-    {"status", "stop_reason", "steps", "cost_usd", "reward", "error", "budget_hold", "run_cap", "usage", "paused_on", "held"}
+    {
+        "status",
+        "stop_reason",
+        "steps",
+        "cost_usd",
+        "reward",
+        "error",
+        "budget_hold",
+        "run_cap",
+        "usage",
+        "paused_on",
+        "held",
+    }
 )
 
 
@@ -106,7 +128,9 @@ class ServiceRun:
     budget_hold: int | None = None  # the tenant-budget reservation funding the run
     run_cap: str | None = None  # the run's own cap as held from the tenant's budget
     usage: dict[str, Any] = field(default_factory=dict)
-    paused_on: str | None = None  # "tenant": its budget could not hold the run's cap; "run": the run reached its cap
+    paused_on: str | None = (
+        None  # "tenant": its budget could not hold the run's cap; "run": the run reached its cap
+    )
     held: str | None = None  # the amount ``budget_hold`` holds
 
     @property
@@ -130,7 +154,9 @@ class ServiceDB:
         api_key = "sk-stayer-" + secrets.token_urlsafe(32)
         with self.store._tx() as cur:
             if cur.execute("SELECT 1 FROM stayer_tenants WHERE name = ?", (name,)).fetchone():
-                raise ConfigError(f"tenant {name!r}: already exists; `stayer tenants list` shows the tenants")
+                raise ConfigError(
+                    f"tenant {name!r}: already exists; `stayer tenants list` shows the tenants"
+                )
             cur.execute(
                 "INSERT INTO stayer_tenants (name, key_hash, webhook_secret, created_at) VALUES (?, ?, ?, ?)",
                 (name, key_hash(api_key), secrets.token_hex(32), utc_now()),
@@ -138,7 +164,9 @@ class ServiceDB:
         return api_key
 
     def tenant_for_key(self, api_key: str) -> str | None:
-        rows = self.store._read("SELECT name FROM stayer_tenants WHERE key_hash = ?", (key_hash(api_key),))
+        rows = self.store._read(
+            "SELECT name FROM stayer_tenants WHERE key_hash = ?", (key_hash(api_key),)
+        )
         return str(rows[0][0]) if rows else None
 
     def tenant_exists(self, name: str) -> bool:
@@ -146,7 +174,12 @@ class ServiceDB:
 
     def tenants(self) -> list[tuple[str, str]]:
         """(name, created_at), by name."""
-        return [(str(n), str(c)) for n, c in self.store._read("SELECT name, created_at FROM stayer_tenants ORDER BY name")]
+        return [
+            (str(n), str(c))
+            for n, c in self.store._read(
+                "SELECT name, created_at FROM stayer_tenants ORDER BY name"
+            )
+        ]
 
     def webhook_secret(self, name: str) -> str | None:
         rows = self.store._read("SELECT webhook_secret FROM stayer_tenants WHERE name = ?", (name,))
@@ -154,7 +187,9 @@ class ServiceDB:
 
     # --- runs ----------------------------------------------------------------------------
 
-    def insert_run(self, run_id: str, tenant: str, task: str, model: str, request: dict[str, Any]) -> ServiceRun:
+    def insert_run(
+        self, run_id: str, tenant: str, task: str, model: str, request: dict[str, Any]
+    ) -> ServiceRun:
         now = utc_now()
         with self.store._tx() as cur:
             if cur.execute("SELECT 1 FROM stayer_service_runs WHERE id = ?", (run_id,)).fetchone():
@@ -172,11 +207,26 @@ class ServiceDB:
         rows = self.store._read(f"SELECT {_COLUMNS} FROM stayer_service_runs {where}", params)
         return [
             ServiceRun(
-                id=r[0], tenant=r[1], task=r[2], model=r[3], request=json.loads(r[4]), status=r[5],
-                stop_reason=r[6], steps=int(r[7]), cost_usd=r[8], reward=r[9], error=r[10],
-                created_at=r[11], updated_at=r[12], worker=r[13], cancel_requested=bool(r[14]),
-                budget_hold=None if r[15] is None else int(r[15]), run_cap=r[16],
-                usage=json.loads(r[17]) if r[17] else {}, paused_on=r[18], held=r[19],
+                id=r[0],
+                tenant=r[1],
+                task=r[2],
+                model=r[3],
+                request=json.loads(r[4]),
+                status=r[5],
+                stop_reason=r[6],
+                steps=int(r[7]),
+                cost_usd=r[8],
+                reward=r[9],
+                error=r[10],
+                created_at=r[11],
+                updated_at=r[12],
+                worker=r[13],
+                cancel_requested=bool(r[14]),
+                budget_hold=None if r[15] is None else int(r[15]),
+                run_cap=r[16],
+                usage=json.loads(r[17]) if r[17] else {},
+                paused_on=r[18],
+                held=r[19],
             )
             for r in rows
         ]
@@ -203,14 +253,19 @@ class ServiceDB:
                 "(created_at = (SELECT created_at FROM stayer_service_runs WHERE id = ?) AND id < ?))"
             )
             params += [after, after, after]
-        return self._rows(f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT ?", (*params, limit))
+        return self._rows(
+            f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT ?",
+            (*params, limit),
+        )
 
     def all_runs(self) -> list[ServiceRun]:
         """Every run (the metrics' totals)."""
         return self._rows("ORDER BY created_at", ())
 
     def active_runs(self) -> list[ServiceRun]:
-        return self._rows(f"WHERE status IN ('queued', 'running', 'paused', '{REQUIRES_ACTION}')", ())
+        return self._rows(
+            f"WHERE status IN ('queued', 'running', 'paused', '{REQUIRES_ACTION}')", ()
+        )
 
     def seconds_since(self, iso: str) -> float:
         from datetime import UTC, datetime
@@ -223,7 +278,8 @@ class ServiceDB:
         (status before, status after)."""
         with self.store._tx() as cur:
             row = cur.execute(
-                f"SELECT status FROM stayer_service_runs WHERE id = ?{self.store.LOCK_ROW}", (run_id,)
+                f"SELECT status FROM stayer_service_runs WHERE id = ?{self.store.LOCK_ROW}",
+                (run_id,),
             ).fetchone()
             if row is None:
                 raise KeyError(run_id)
@@ -249,7 +305,9 @@ class ServiceDB:
             raise ValueError(f"not writable: {sorted(bad)}")
         sets = ", ".join(f"{k} = ?" for k in values)
         with self.store._tx() as cur:
-            cur.execute(f"UPDATE stayer_service_runs SET {sets} WHERE id = ?", (*values.values(), run_id))
+            cur.execute(
+                f"UPDATE stayer_service_runs SET {sets} WHERE id = ?", (*values.values(), run_id)
+            )
 
     def raise_run_cap(self, run_id: str, cap: str) -> bool:
         """A larger cap for a run no worker holds (the worker that next takes it grows the
@@ -289,11 +347,14 @@ class ServiceDB:
         """Queue a person's message for the run's next step; its number (from 1)."""
         with self.store._tx() as cur:
             row = cur.execute(
-                f"SELECT status FROM stayer_service_runs WHERE id = ?{self.store.LOCK_ROW}", (run_id,)
+                f"SELECT status FROM stayer_service_runs WHERE id = ?{self.store.LOCK_ROW}",
+                (run_id,),
             ).fetchone()
             if row is None or row[0] in TERMINAL:
                 raise ValueError(f"run {run_id} has ended; it takes no more messages")
-            top = cur.execute("SELECT MAX(n) FROM stayer_messages WHERE run_id = ?", (run_id,)).fetchone()
+            top = cur.execute(
+                "SELECT MAX(n) FROM stayer_messages WHERE run_id = ?", (run_id,)
+            ).fetchone()
             n = 1 + (int(top[0]) if top and top[0] is not None else 0)
             cur.execute(
                 "INSERT INTO stayer_messages (run_id, n, content, created_at) VALUES (?, ?, ?, ?)",
@@ -303,7 +364,8 @@ class ServiceDB:
 
     def messages_after(self, run_id: str, after: int) -> list[dict[str, Any]]:
         rows = self.store._read(
-            "SELECT n, content, created_at FROM stayer_messages WHERE run_id = ? AND n > ? ORDER BY n", (run_id, after)
+            "SELECT n, content, created_at FROM stayer_messages WHERE run_id = ? AND n > ? ORDER BY n",
+            (run_id, after),
         )
         return [{"n": int(n), "content": c, "created_at": at} for n, c, at in rows]
 
@@ -336,7 +398,9 @@ class ServiceDB:
                 (ttl_s, run_id, worker),
             )
             ours = cur.rowcount == 1
-            row = cur.execute("SELECT cancel_requested FROM stayer_service_runs WHERE id = ?", (run_id,)).fetchone()
+            row = cur.execute(
+                "SELECT cancel_requested FROM stayer_service_runs WHERE id = ?", (run_id,)
+            ).fetchone()
         return ours, bool(row and row[0])
 
     def update(self, run_id: str, worker: str, *, release: bool = False, **values: Any) -> bool:

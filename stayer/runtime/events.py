@@ -38,8 +38,12 @@ class PublicEvent:
         return json.dumps({"id": self.id, "type": self.type, **self.data}, separators=(",", ":"))
 
 
-def status_event(event_id: int, run_id: str, status: str, stop_reason: str | None = None) -> PublicEvent:
-    return PublicEvent(event_id, "run.status", {"run_id": run_id, "status": status, "stop_reason": stop_reason})
+def status_event(
+    event_id: int, run_id: str, status: str, stop_reason: str | None = None
+) -> PublicEvent:
+    return PublicEvent(
+        event_id, "run.status", {"run_id": run_id, "status": status, "stop_reason": stop_reason}
+    )
 
 
 def public_event(run_id: str, ev: Event, blob: Callable[[str], bytes]) -> PublicEvent | None:
@@ -56,15 +60,23 @@ def _public(run_id: str, ev: Event, blob: Callable[[str], bytes]) -> PublicEvent
     if kind == "run_created":
         return status_event(event_id, run_id, "running")
     if kind == "resumed":
-        return PublicEvent(event_id, "run.status", {"run_id": run_id, "status": "running", "resumed": True, "stop_reason": None})
+        return PublicEvent(
+            event_id,
+            "run.status",
+            {"run_id": run_id, "status": "running", "resumed": True, "stop_reason": None},
+        )
     if kind == "run_finished":
         result = json.loads(blob(d["result"]))
         return status_event(event_id, run_id, d["status"], result.get("stop_reason") or None)
     if kind == "model_finished":
         message = json.loads(blob(d["message"]))
-        return PublicEvent(event_id, "message", {"run_id": run_id, "model": d.get("model"), **message})
+        return PublicEvent(
+            event_id, "message", {"run_id": run_id, "model": d.get("model"), **message}
+        )
     if kind == "tool_started":
-        return PublicEvent(event_id, "tool.call", {"run_id": run_id, "t": d["t"], "name": d["name"]})
+        return PublicEvent(
+            event_id, "tool.call", {"run_id": run_id, "t": d["t"], "name": d["name"]}
+        )
     if kind == "tool_finished":
         output = blob(d["output"]).decode(errors="replace")
         cut = len(output) > TOOL_OUTPUT_LIMIT

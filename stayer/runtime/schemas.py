@@ -17,27 +17,49 @@ MAX_RUN_COST = Decimal(100_000)
 class RunCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    task: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="A task under the server's --tasks-dir.")
-    model: str = Field(min_length=3, max_length=200, description="PROVIDER:MODEL, e.g. sim:claude-sonnet-4-5.")
-    max_cost: Decimal | None = Field(default=None, gt=0, le=MAX_RUN_COST, description="Hard cap in USD, carved from the tenant's budget.")
+    task: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        description="A task under the server's --tasks-dir.",
+    )
+    model: str = Field(
+        min_length=3, max_length=200, description="PROVIDER:MODEL, e.g. sim:claude-sonnet-4-5."
+    )
+    max_cost: Decimal | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_RUN_COST,
+        description="Hard cap in USD, carved from the tenant's budget.",
+    )
     max_steps: int = Field(default=50, ge=1, le=10_000)
-    policy: str = Field(default="auto", max_length=100, description="Context policy: auto | none | mask[:W] | summarize[:TOKENS].")
-    sim_policy: str | None = Field(default=None, max_length=500, description="For sim: models; replay: is refused.")
+    policy: str = Field(
+        default="auto",
+        max_length=100,
+        description="Context policy: auto | none | mask[:W] | summarize[:TOKENS].",
+    )
+    sim_policy: str | None = Field(
+        default=None, max_length=500, description="For sim: models; replay: is refused."
+    )
     sim_latency: float = Field(default=0.0, ge=0, le=600, allow_inf_nan=False)
-    webhook: str | None = Field(default=None, max_length=2000, description="URL that receives signed status changes.")
+    webhook: str | None = Field(
+        default=None, max_length=2000, description="URL that receives signed status changes."
+    )
     metadata: dict[str, str] = Field(default_factory=dict, max_length=50)
     team: dict[str, Any] | None = Field(
-        default=None, description="A team of agents instead of one: team.toml's contents as an object (docs/teams.md)."
+        default=None,
+        description="A team of agents instead of one: team.toml's contents as an object (docs/teams.md).",
     )
     confirm_tools: list[Literal["bash", "read_file", "write_file", "edit_file", "memory"]] = Field(
-        default_factory=list, description="Tools whose every call waits for a person's approval (requires_action)."
+        default_factory=list,
+        description="Tools whose every call waits for a person's approval (requires_action).",
     )
 
 
 class RunPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_cost: Decimal = Field(gt=0, le=MAX_RUN_COST, description="A larger cap; a run paused at its cap resumes.")
+    max_cost: Decimal = Field(
+        gt=0, le=MAX_RUN_COST, description="A larger cap; a run paused at its cap resumes."
+    )
 
 
 class Decision(BaseModel):
@@ -45,7 +67,9 @@ class Decision(BaseModel):
 
     call_id: str = Field(pattern=r"^act-[0-9]{1,9}$", description="The pending action's call_id.")
     decision: Literal["approve", "reject"]
-    message: str | None = Field(default=None, max_length=10_000, description="Said to the agent with the decision.")
+    message: str | None = Field(
+        default=None, max_length=10_000, description="Said to the agent with the decision."
+    )
 
 
 class Usage(BaseModel):
@@ -70,7 +94,8 @@ class RunOut(BaseModel):
     error: str | None
     cancel_requested: bool
     pending_action: dict[str, Any] | None = Field(
-        default=None, description="The call awaiting a decision, with wait_cost: when the prompt cache expires and what that costs."
+        default=None,
+        description="The call awaiting a decision, with wait_cost: when the prompt cache expires and what that costs.",
     )
     metadata: dict[str, str]
     created_at: str
@@ -101,13 +126,19 @@ class RunOut(BaseModel):
 
 class RunList(BaseModel):
     data: list[RunOut]
-    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last.")
+    next_cursor: str | None = Field(
+        description="Pass as ?cursor= for the next page; null on the last."
+    )
 
 
 class MessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    content: str = Field(min_length=1, max_length=100_000, description="Said to the agent; it reads it at its next step.")
+    content: str = Field(
+        min_length=1,
+        max_length=100_000,
+        description="Said to the agent; it reads it at its next step.",
+    )
 
 
 class MessageOut(BaseModel):

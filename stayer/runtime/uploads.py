@@ -49,7 +49,9 @@ def unpack_task(archive: bytes, home: Path, tenant: str, name: str) -> Path:
     dest_root = uploads_dir(home, tenant)
     dest = dest_root / name
     if dest.exists():
-        raise ConfigError(f"task {name!r}: already uploaded; uploads are never replaced (runs resume from them)")
+        raise ConfigError(
+            f"task {name!r}: already uploaded; uploads are never replaced (runs resume from them)"
+        )
     try:
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
             members = _checked_members(tar)
@@ -75,7 +77,9 @@ def _checked_members(tar: tarfile.TarFile) -> list[tuple[tuple[str, ...], tarfil
         if len(members) >= MAX_MEMBERS:
             raise ConfigError(f"archive: more than {MAX_MEMBERS} entries")
         if not (m.isreg() or m.isdir()):
-            raise ConfigError(f"archive: {m.name!r}: only regular files and directories are accepted")
+            raise ConfigError(
+                f"archive: {m.name!r}: only regular files and directories are accepted"
+            )
         total += m.size
         if total > MAX_BYTES:
             raise ConfigError(f"archive: more than {MAX_BYTES // 2**20} MiB unpacked")
@@ -90,7 +94,9 @@ def _checked_members(tar: tarfile.TarFile) -> list[tuple[tuple[str, ...], tarfil
     return members
 
 
-def _unpack(tar: tarfile.TarFile, members: list[tuple[tuple[str, ...], tarfile.TarInfo]], work: Path) -> None:
+def _unpack(
+    tar: tarfile.TarFile, members: list[tuple[tuple[str, ...], tarfile.TarInfo]], work: Path
+) -> None:
     for parts, m in members:
         target = work.joinpath(*parts)
         if m.isdir():
@@ -112,6 +118,10 @@ def _check_task(work: Path, name: str) -> None:
     try:
         task = load_task(work)
     except ConfigError as e:
-        raise ConfigError(str(e).replace(str(work), name)) from None  # no server paths in the answer
+        raise ConfigError(
+            str(e).replace(str(work), name)
+        ) from None  # no server paths in the answer
     if task.allow_internet:
-        raise ConfigError(f"{name}/task.toml: environment.allow_internet: uploaded tasks run without network")
+        raise ConfigError(
+            f"{name}/task.toml: environment.allow_internet: uploaded tasks run without network"
+        )

@@ -61,7 +61,9 @@ def url_problem(url: str, *, allow_private: bool) -> str | None:
 class Webhooks:
     """Fire-and-forget delivery: each ``send`` is a background task with its own retries."""
 
-    def __init__(self, *, allow_private: bool = False, attempts: int = 5, backoff_s: float = 0.5) -> None:
+    def __init__(
+        self, *, allow_private: bool = False, attempts: int = 5, backoff_s: float = 0.5
+    ) -> None:
         self.allow_private = allow_private
         self.attempts = attempts
         self.backoff_s = backoff_s
@@ -76,7 +78,10 @@ class Webhooks:
     async def _deliver(self, url: str, secret: str, payload: dict[str, Any]) -> None:
         problem = await asyncio.to_thread(url_problem, url, allow_private=self.allow_private)
         if problem is not None:
-            print(f"stayer: webhook for run {payload.get('run_id')} not sent: {problem}", file=sys.stderr)
+            print(
+                f"stayer: webhook for run {payload.get('run_id')} not sent: {problem}",
+                file=sys.stderr,
+            )
             return
         body = json.dumps(payload, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", SIGNATURE_HEADER: sign(secret, body)}
@@ -91,7 +96,10 @@ class Webhooks:
             except httpx.HTTPError:
                 pass
             await asyncio.sleep(self.backoff_s * 2**attempt)
-        print(f"stayer: webhook for run {payload.get('run_id')} failed after {self.attempts} attempts", file=sys.stderr)
+        print(
+            f"stayer: webhook for run {payload.get('run_id')} failed after {self.attempts} attempts",
+            file=sys.stderr,
+        )
 
     async def aclose(self, timeout_s: float = 5.0) -> None:
         """Give pending deliveries a moment to finish, then drop them."""

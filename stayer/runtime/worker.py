@@ -70,7 +70,9 @@ def resolve_task(tasks_dir: Path, name: str, uploads: Path | None = None) -> Pat
         path = (base / name).resolve()
         if path.parent == base and (path / "instruction.md").is_file():
             return path
-    raise ConfigError(f"task {name!r}: no such task (upload it with POST /v1/tasks, or ask for one in the server's tasks)")
+    raise ConfigError(
+        f"task {name!r}: no such task (upload it with POST /v1/tasks, or ask for one in the server's tasks)"
+    )
 
 
 class Worker:
@@ -117,6 +119,7 @@ class Worker:
 
     def _forget(self, run_id: str) -> Callable[[asyncio.Task[None]], None]:
         """A done-callback dropping a finished run from ``running``."""
+
         def forget(_task: asyncio.Task[None]) -> None:
             self.running.pop(run_id, None)
 
@@ -149,7 +152,13 @@ class Worker:
             await self._run(run)
         except Exception as e:  # a bug must not take the worker (and its other runs) down
             self.log(f"run {run.id} failed in the worker: {e}\n{traceback.format_exc()}")
-            self._set(run, status=ERROR, stop_reason="error", error=f"{type(e).__name__}: {e}", release=True)
+            self._set(
+                run,
+                status=ERROR,
+                stop_reason="error",
+                error=f"{type(e).__name__}: {e}",
+                release=True,
+            )
         finally:
             self.metrics.active.dec()
 
@@ -161,7 +170,16 @@ class Worker:
         url = run.request.get("webhook")
         secret = self.db.webhook_secret(run.tenant)
         if url and secret:
-            self.webhooks.send(url, secret, {"type": "run.status", "run_id": run.id, "status": status, "stop_reason": stop_reason})
+            self.webhooks.send(
+                url,
+                secret,
+                {
+                    "type": "run.status",
+                    "run_id": run.id,
+                    "status": status,
+                    "stop_reason": stop_reason,
+                },
+            )
 
     def _hold_budget(self, run: ServiceRun) -> Decimal | None | bool:
         """The run's cap, held from its tenant's budget; False when it does not fit.
@@ -181,7 +199,11 @@ class Worker:
             cap = account.available
         if run.budget_hold is not None and run.held == str(cap):
             return cap
-        hold = self.budgets.regrow(run.tenant, run.budget_hold, cap) if cap is not None and cap > 0 else None
+        hold = (
+            self.budgets.regrow(run.tenant, run.budget_hold, cap)
+            if cap is not None and cap > 0
+            else None
+        )
         if hold is None:
             return False
         self.db.update(run.id, self.name, budget_hold=hold, held=str(cap), run_cap=str(cap))
@@ -197,14 +219,18 @@ class Worker:
             return
         cap = self._hold_budget(run)
         if cap is False:
-            self._set(run, status=PAUSED, stop_reason="budget_reached", paused_on="tenant", release=True)
+            self._set(
+                run, status=PAUSED, stop_reason="budget_reached", paused_on="tenant", release=True
+            )
             return
         self._notify(run, "running", None)
         req = run.request
         try:
             if self.store.run(run.id) is None:
                 config = RunConfig(
-                    task_dir=str(resolve_task(self.tasks_dir, run.task, uploads_dir(self.home, run.tenant))),
+                    task_dir=str(
+                        resolve_task(self.tasks_dir, run.task, uploads_dir(self.home, run.tenant))
+                    ),
                     model=run.model,
                     max_steps=int(req.get("max_steps") or 50),
                     max_cost=cap if isinstance(cap, Decimal) else None,
@@ -229,7 +255,9 @@ class Worker:
         entries: list[LedgerEntry] = []
         cancel = asyncio.Event()
 
-        totals = RunResult(status=RUNNING)  # running sums (unknown stays unknown), for the run's row
+        totals = RunResult(
+            status=RUNNING
+        )  # running sums (unknown stays unknown), for the run's row
 
         def on_step(entry: LedgerEntry) -> None:
             self.metrics.on_step(entry, entries[-1] if entries else None, self.prices)
@@ -237,8 +265,12 @@ class Worker:
             totals.usage += entry.usage
             totals.add_cost(entry.cost.total)
             cost = str(Usd(totals.cost_usd))
-            steps = entry.step if entry.agent == "main" else len(entries)  # a team's steps: all its agents'
-            self.db.update(run.id, self.name, steps=steps, cost_usd=cost, usage=_json(totals.usage.to_dict()))
+            steps = (
+                entry.step if entry.agent == "main" else len(entries)
+            )  # a team's steps: all its agents'
+            self.db.update(
+                run.id, self.name, steps=steps, cost_usd=cost, usage=_json(totals.usage.to_dict())
+            )
             if cancel.is_set():
                 raise RunCancelled
 
@@ -253,7 +285,9 @@ class Worker:
         if self.tracing is not None:
             from stayer.telemetry.tracing import execute_traced
 
-            running = execute_traced(prepared, on_step, self.tracing, journal=journal, controls=controls)
+            running = execute_traced(
+                prepared, on_step, self.tracing, journal=journal, controls=controls
+            )
         else:
             running = execute(prepared, on_step, journal=journal, controls=controls)
         execution = asyncio.create_task(running)
@@ -266,8 +300,14 @@ class Worker:
             self._await_decision(run, prepared.model, s)
             return
         except BudgetReached as e:
-            note_in_journal(self.store, run.id, [("suspended", {"status": PAUSED, "reason": "budget_reached", "detail": str(e)})])
-            self._set(run, status=PAUSED, stop_reason="budget_reached", paused_on="run", release=True)
+            note_in_journal(
+                self.store,
+                run.id,
+                [("suspended", {"status": PAUSED, "reason": "budget_reached", "detail": str(e)})],
+            )
+            self._set(
+                run, status=PAUSED, stop_reason="budget_reached", paused_on="run", release=True
+            )
             return
         except asyncio.CancelledError:
             if not beat.done() or beat.result() != "lost":
@@ -296,7 +336,9 @@ class Worker:
         )
         self._set(run, status=REQUIRES_ACTION, stop_reason=REQUIRES_ACTION, release=True)
 
-    async def _heartbeat(self, run: ServiceRun, cancel: asyncio.Event, execution: asyncio.Task[Any]) -> str:
+    async def _heartbeat(
+        self, run: ServiceRun, cancel: asyncio.Event, execution: asyncio.Task[Any]
+    ) -> str:
         while True:
             await asyncio.sleep(min(self.lease_ttl_s / 3, 1.0))
             ours, cancel_requested = self.db.renew(run.id, self.name, self.lease_ttl_s)
@@ -327,10 +369,14 @@ def settle_hold(budgets: TenantBudgets, run: ServiceRun, doc: dict[str, Any]) ->
     when a price was unknown: the tenant is never charged less than it may have spent)."""
     if run.budget_hold is not None:
         cost = doc.get("cost_usd", "0")
-        budgets.settle(run.budget_hold, Decimal(cost) if cost != "unknown" else Decimal(run.run_cap or 0))
+        budgets.settle(
+            run.budget_hold, Decimal(cost) if cost != "unknown" else Decimal(run.run_cap or 0)
+        )
 
 
-def close_idle_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -> dict[str, Any]:
+def close_idle_journal(
+    store: SqlStore, run_id: str, status: str, stop_reason: str
+) -> dict[str, Any]:
     """The result of a run ended while no process runs it: its journal is closed with
     what it spent (a run that never started has spent nothing)."""
     from stayer.journal import RunFinished, RunJournal
@@ -338,7 +384,13 @@ def close_idle_journal(store: SqlStore, run_id: str, status: str, stop_reason: s
     from stayer.run import write_result
 
     if store.run(run_id) is None:
-        return {"status": status, "stop_reason": stop_reason, "steps": 0, "cost_usd": "0", "usage": {}}
+        return {
+            "status": status,
+            "stop_reason": stop_reason,
+            "steps": 0,
+            "cost_usd": "0",
+            "usage": {},
+        }
     try:
         RunJournal.load(store, run_id)
     except RunFinished as e:

@@ -33,7 +33,9 @@ def make_sandbox(kind: str, workspace: str | Path, **limits: Any) -> Sandbox:
 
         return LocalSandbox(workspace, **limits)
     if kind in IMAGE_KINDS:
-        raise ConfigError(f"--sandbox {kind}: runs a task's image; it needs a task (environment/Dockerfile)")
+        raise ConfigError(
+            f"--sandbox {kind}: runs a task's image; it needs a task (environment/Dockerfile)"
+        )
     raise ConfigError(f"--sandbox: unknown sandbox {kind!r}; choose one of {', '.join(KINDS)}")
 
 

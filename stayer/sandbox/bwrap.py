@@ -111,7 +111,16 @@ def check_bwrap(bwrap: str | None = None) -> str:
         )
     try:
         proc = subprocess.run(
-            [path, "--unshare-all", *_identity(path), "--die-with-parent", "--ro-bind", "/", "/", "true"],
+            [
+                path,
+                "--unshare-all",
+                *_identity(path),
+                "--die-with-parent",
+                "--ro-bind",
+                "/",
+                "/",
+                "true",
+            ],
             capture_output=True,
             timeout=30,
             env={"PATH": SANDBOX_PATH},
@@ -270,10 +279,16 @@ class BwrapSandbox:
         if self.root is None:
             self._system = [(d, d) for d in SYSTEM_DIRS]
             real_system_dirs = [
-                os.path.realpath(d) for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)
+                os.path.realpath(d)
+                for d in SYSTEM_DIRS
+                if os.path.isdir(d) and not os.path.islink(d)
             ]
             self._hidden_dirs = sorted(
-                {p for p in _private_host_dirs() if os.path.isdir(p) and _covers(real_system_dirs, p)}
+                {
+                    p
+                    for p in _private_host_dirs()
+                    if os.path.isdir(p) and _covers(real_system_dirs, p)
+                }
             )
             self._etc = "/etc"
         else:
@@ -342,7 +357,9 @@ class BwrapSandbox:
         from that descriptor: bwrap stays pid 1 of the sandbox, and its command line, which
         the command can read in /proc/1/cmdline, would otherwise show the host paths of the
         workspace, of the hidden directories and of the secrets."""
-        head = [self.bwrap, "--args", str(args_fd)] if args_fd is not None else [self.bwrap, *options]
+        head = (
+            [self.bwrap, "--args", str(args_fd)] if args_fd is not None else [self.bwrap, *options]
+        )
         return [*head, "/bin/bash", "-c", command]
 
     async def exec(

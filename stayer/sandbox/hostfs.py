@@ -63,7 +63,9 @@ def describe(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(name: str, dir_fd: int, *, single_link: bool = False) -> tuple[int, os.stat_result]:
+def open_regular(
+    name: str, dir_fd: int, *, single_link: bool = False
+) -> tuple[int, os.stat_result]:
     """Open ``name`` in the directory ``dir_fd`` for reading, if it is a regular file (not
     a link to one): ``(fd, fstat)``. ``single_link`` also refuses a file with other hard
     links, which could be a host file linked into a directory the sandbox writes."""
@@ -213,7 +215,9 @@ def copy_range(src: int, dst: int, length: int, src_offset: int, dst_offset: int
     done = 0
     try:
         while done < length:
-            n = os.copy_file_range(src, dst, min(length - done, 1 << 30), src_offset + done, dst_offset + done)
+            n = os.copy_file_range(
+                src, dst, min(length - done, 1 << 30), src_offset + done, dst_offset + done
+            )
             if n == 0:
                 return
             done += n
@@ -349,4 +353,3 @@ __all__ = [
     "read_at_most",
     "read_regular",
 ]
-

@@ -283,7 +283,11 @@ def _rlimits(limits: ProcessLimits, cgroup: _PidsCgroup | None) -> list[tuple[in
 
 
 # bash's ulimit flag and unit (bytes per unit) of each rlimit the prelude sets
-_ULIMIT = {resource.RLIMIT_AS: ("-v", 1024), resource.RLIMIT_FSIZE: ("-f", 1024), resource.RLIMIT_NPROC: ("-u", 1)}
+_ULIMIT = {
+    resource.RLIMIT_AS: ("-v", 1024),
+    resource.RLIMIT_FSIZE: ("-f", 1024),
+    resource.RLIMIT_NPROC: ("-u", 1),
+}
 
 
 def _limits_prelude(limits: ProcessLimits, cgroup: _PidsCgroup | None) -> list[str]:
@@ -549,7 +553,10 @@ async def run_process(
     stderr_text = err.text()
     if storage is not None:
         stopped = storage_used is not None
-        if not stopped and (used := await asyncio.to_thread(disk_usage, storage.path)) > storage_cap:
+        if (
+            not stopped
+            and (used := await asyncio.to_thread(disk_usage, storage.path)) > storage_cap
+        ):
             storage_used = used  # it finished between two polls, but over the limit
         if storage_used is not None:
             code = code or 1  # a command that broke a limit did not succeed

@@ -235,7 +235,9 @@ class _Blobs:
         size = 0
         tmp, out = _tmp_file(self.tmp)
         try:
-            while size != limit and (chunk := os.read(src, _CHUNK if limit < 0 else min(_CHUNK, limit - size))):
+            while size != limit and (
+                chunk := os.read(src, _CHUNK if limit < 0 else min(_CHUNK, limit - size))
+            ):
                 digest.update(chunk)
                 _write_all(out, chunk)
                 size += len(chunk)
@@ -282,7 +284,9 @@ class _Blobs:
         name, offset, size = where
         fd = self._pack_fds.get(name)
         if fd is None:
-            fd = self._pack_fds[name] = os.open(f"{self.packs}/{name}.pack", os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._pack_fds[name] = os.open(
+                f"{self.packs}/{name}.pack", os.O_RDONLY | os.O_CLOEXEC
+            )
         data = os.pread(fd, size, offset)
         if len(data) != size:
             raise OSError(f"snapshot store: pack {name} is truncated")
@@ -443,7 +447,9 @@ class FileSnapshotStore:
                     dir_modes.append((path, mode))
             elif kind == "f" or kind == "s":
                 assert data is not None
-                record = self._restore_file(path, have, cache.get(rel), kind, data, size, mode, mtime_ns)
+                record = self._restore_file(
+                    path, have, cache.get(rel), kind, data, size, mode, mtime_ns
+                )
                 fresh_cache[rel] = record
             elif kind == "l":
                 assert data is not None
@@ -612,10 +618,18 @@ class FileSnapshotStore:
     # ------------------------------------------------------------------ restore side
 
     @staticmethod
-    def _remove_unwanted(ws: Path, current: dict[str, os.stat_result], wanted: dict[str, Entry]) -> None:
+    def _remove_unwanted(
+        ws: Path, current: dict[str, os.stat_result], wanted: dict[str, Entry]
+    ) -> None:
         """Delete what the snapshot does not have, or has as another kind of thing; drop it
         from ``current`` so that what remains is what can be kept or updated in place."""
-        kinds = {"d": stat.S_ISDIR, "f": stat.S_ISREG, "s": stat.S_ISREG, "l": stat.S_ISLNK, "p": stat.S_ISFIFO}
+        kinds = {
+            "d": stat.S_ISDIR,
+            "f": stat.S_ISREG,
+            "s": stat.S_ISREG,
+            "l": stat.S_ISLNK,
+            "p": stat.S_ISFIFO,
+        }
         # A directory the agent made read-only would refuse deletions inside it (for a
         # non-root user); its final mode is set from the manifest afterwards anyway.
         for rel, st in current.items():

@@ -35,8 +35,16 @@ _IN_DELETE_SELF, _IN_MOVE_SELF = 0x400, 0x800
 _IN_Q_OVERFLOW = 0x4000
 _IN_ONLYDIR, _IN_DONT_FOLLOW = 0x01000000, 0x02000000
 _MASK = (
-    _IN_MODIFY | _IN_ATTRIB | _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE
-    | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR | _IN_DONT_FOLLOW
+    _IN_MODIFY
+    | _IN_ATTRIB
+    | _IN_MOVED_FROM
+    | _IN_MOVED_TO
+    | _IN_CREATE
+    | _IN_DELETE
+    | _IN_DELETE_SELF
+    | _IN_MOVE_SELF
+    | _IN_ONLYDIR
+    | _IN_DONT_FOLLOW
 )
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 

@@ -70,7 +70,12 @@ def segments(trace: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
             current["response_ids"] += added
             current["response_mask"] += [0] * len(added)
         else:
-            current = {"prompt_ids": list(prompt), "response_ids": [], "response_mask": [], "steps": []}
+            current = {
+                "prompt_ids": list(prompt),
+                "response_ids": [],
+                "response_mask": [],
+                "steps": [],
+            }
             out.append(current)
         current["response_ids"] += completion
         current["response_mask"] += [1] * len(completion)
@@ -126,13 +131,25 @@ def atif(record: dict[str, Any], normalised: float) -> dict[str, Any]:
         for m in s["messages"]:
             copied = {"is_copied_context": True} if m.get("copied") else {}
             if m.get("kind") == "summary":  # a compaction wrote it (ATIF: context management)
-                add("system", m["content"], extra={"context_management": "summary", "role": m["role"]}, **copied)
+                add(
+                    "system",
+                    m["content"],
+                    extra={"context_management": "summary", "role": m["role"]},
+                    **copied,
+                )
             elif m["role"] == "tool":
                 if last_agent is not None and not m.get("copied"):
                     results = last_agent.setdefault("observation", {"results": []})["results"]
-                    results.append({"source_call_id": m.get("tool_call_id"), "content": m["content"]})
+                    results.append(
+                        {"source_call_id": m.get("tool_call_id"), "content": m["content"]}
+                    )
                 else:
-                    add("system", m["content"], extra={"role": "tool", "tool_call_id": m.get("tool_call_id")}, **copied)
+                    add(
+                        "system",
+                        m["content"],
+                        extra={"role": "tool", "tool_call_id": m.get("tool_call_id")},
+                        **copied,
+                    )
             elif m["role"] == "assistant":
                 add("agent", m["content"], **copied)
             else:
@@ -146,14 +163,22 @@ def atif(record: dict[str, Any], normalised: float) -> dict[str, Any]:
             "prompt_token_ids": s.get("prompt_ids"),
             "completion_token_ids": s.get("completion_ids"),
             "logprobs": None,
-            "extra": {"cost_usd_exact": s["cost_usd"], "cost_parts_usd": s.get("cost_parts"), "usage": usage},
+            "extra": {
+                "cost_usd_exact": s["cost_usd"],
+                "cost_parts_usd": s.get("cost_parts"),
+                "usage": usage,
+            },
         }
         last_agent = add(
             "agent",
             reply.get("content", ""),
             model_name=s["model"],
             tool_calls=[
-                {"tool_call_id": c["id"], "function_name": c["name"], "arguments": _arguments(c["arguments"])}
+                {
+                    "tool_call_id": c["id"],
+                    "function_name": c["name"],
+                    "arguments": _arguments(c["arguments"]),
+                }
                 for c in reply.get("tool_calls", [])
             ],
             metrics=metrics,
@@ -169,7 +194,9 @@ def atif(record: dict[str, Any], normalised: float) -> dict[str, Any]:
             "name": "stayer",
             "version": __version__,
             "model_name": record["model"],
-            "tool_definitions": [{"type": "function", "function": t} for t in head.get("tools", [])],
+            "tool_definitions": [
+                {"type": "function", "function": t} for t in head.get("tools", [])
+            ],
         },
         "steps": steps,
         "final_metrics": {
@@ -178,7 +205,11 @@ def atif(record: dict[str, Any], normalised: float) -> dict[str, Any]:
             "total_cached_tokens": sum(u["cache_read_tokens"] for u in usage_total),
             "total_cost_usd": None if cost in (None, "unknown") else float(cost),
             "total_steps": len(steps),
-            "extra": {"reward": record.get("reward"), "reward_normalised": normalised, "cost_usd_exact": cost},
+            "extra": {
+                "reward": record.get("reward"),
+                "reward_normalised": normalised,
+                "cost_usd_exact": cost,
+            },
         },
         "subagent_trajectories": [],
     }
@@ -192,11 +223,16 @@ def export(records: Iterable[dict[str, Any]], out: Path, fmt: str) -> dict[str, 
     norm = normalised_rewards(records)
     if fmt == "jsonl":
         path = out / "rollouts.jsonl"
-        write_atomic(path, "".join(json.dumps(sample_doc(r, norm[r["key"]])) + "\n" for r in records))
+        write_atomic(
+            path, "".join(json.dumps(sample_doc(r, norm[r["key"]])) + "\n" for r in records)
+        )
         return {"format": fmt, "path": str(path), "samples": len(records), "skipped": []}
     if fmt == "atif":
         for r in records:
-            write_atomic(out / "atif" / f"{_file_name(r['key'])}.json", json.dumps(atif(r, norm[r["key"]]), indent=1))
+            write_atomic(
+                out / "atif" / f"{_file_name(r['key'])}.json",
+                json.dumps(atif(r, norm[r["key"]]), indent=1),
+            )
         return {"format": fmt, "path": str(out / "atif"), "samples": len(records), "skipped": []}
     rows, skipped = [], []
     for r in records:
@@ -214,7 +250,13 @@ def export(records: Iterable[dict[str, Any]], out: Path, fmt: str) -> dict[str, 
     else:
         text = json.dumps(_verifiers(rows, norm))
     write_atomic(path, text)
-    return {"format": fmt, "path": str(path), "samples": len(records) - len(skipped), "sequences": len(rows), "skipped": skipped}
+    return {
+        "format": fmt,
+        "path": str(path),
+        "samples": len(records) - len(skipped),
+        "sequences": len(rows),
+        "skipped": skipped,
+    }
 
 
 def _file_name(key: str) -> str:
@@ -230,13 +272,20 @@ def _verl(r: dict[str, Any], i: int, seg: dict[str, Any], normalised: float) -> 
         "reward_score": normalised,
         "num_turns": len(seg["steps"]),
         "extra_fields": {
-            "sample_id": r["key"], "segment": i, "domain": r["domain"], "group": r["group"],
-            "reward_raw": r.get("reward"), "cost_usd": r.get("cost_usd"), "steps": seg["steps"],
+            "sample_id": r["key"],
+            "segment": i,
+            "domain": r["domain"],
+            "group": r["group"],
+            "reward_raw": r.get("reward"),
+            "cost_usd": r.get("cost_usd"),
+            "steps": seg["steps"],
         },
     }
 
 
-def _skyrl(rows: Sequence[tuple[dict[str, Any], int, dict[str, Any]]], norm: dict[str, float]) -> dict[str, Any]:
+def _skyrl(
+    rows: Sequence[tuple[dict[str, Any], int, dict[str, Any]]], norm: dict[str, float]
+) -> dict[str, Any]:
     return {
         "prompt_token_ids": [seg["prompt_ids"] for _, _, seg in rows],
         "response_ids": [seg["response_ids"] for _, _, seg in rows],
@@ -244,12 +293,19 @@ def _skyrl(rows: Sequence[tuple[dict[str, Any], int, dict[str, Any]]], norm: dic
         "loss_masks": [seg["response_mask"] for _, _, seg in rows],
         "stop_reasons": [seg["stop_reason"] for _, _, seg in rows],
         "rollout_logprobs": None,
-        "trajectory_ids": [{"instance_id": r["group"], "repetition_id": r["epoch"]} for r, _, _ in rows],
-        "rollout_metrics": {"cost_usd": [r.get("cost_usd") for r, _, _ in rows], "reward_raw": [r.get("reward") for r, _, _ in rows]},
+        "trajectory_ids": [
+            {"instance_id": r["group"], "repetition_id": r["epoch"]} for r, _, _ in rows
+        ],
+        "rollout_metrics": {
+            "cost_usd": [r.get("cost_usd") for r, _, _ in rows],
+            "reward_raw": [r.get("reward") for r, _, _ in rows],
+        },
     }
 
 
-def _verifiers(rows: Sequence[tuple[dict[str, Any], int, dict[str, Any]]], norm: dict[str, float]) -> dict[str, Any]:
+def _verifiers(
+    rows: Sequence[tuple[dict[str, Any], int, dict[str, Any]]], norm: dict[str, float]
+) -> dict[str, Any]:
     return {
         "prompt_ids": [seg["prompt_ids"] for _, _, seg in rows],
         "prompt_mask": [[0] * len(seg["prompt_ids"]) for _, _, seg in rows],
@@ -261,4 +317,7 @@ def _verifiers(rows: Sequence[tuple[dict[str, Any], int, dict[str, Any]]], norm:
 
 
 def total_cost(records: Iterable[dict[str, Any]]) -> Decimal:
-    return sum((Decimal(r["cost_usd"]) for r in records if r.get("cost_usd") not in (None, "unknown")), Decimal(0))
+    return sum(
+        (Decimal(r["cost_usd"]) for r in records if r.get("cost_usd") not in (None, "unknown")),
+        Decimal(0),
+    )

@@ -74,7 +74,9 @@ class _TrialWorker:
     commands, so one process serves many, and Python and stayer are loaded once per
     worker rather than once per trial."""
 
-    async def run(self, trial_fn: TrialFunction, trial: Trial, prices: PriceBook, run_id: str) -> dict[str, Any]:
+    async def run(
+        self, trial_fn: TrialFunction, trial: Trial, prices: PriceBook, run_id: str
+    ) -> dict[str, Any]:
         return await trial_fn(trial, prices, run_id=run_id)
 
 
@@ -85,7 +87,11 @@ class RayTrials:
     their runs from the journal. The runner's ``concurrency`` bounds trials in flight."""
 
     def __init__(
-        self, trial_fn: TrialFunction = run_trial, *, workers: int | None = None, cpus_per_worker: float = 0.0
+        self,
+        trial_fn: TrialFunction = run_trial,
+        *,
+        workers: int | None = None,
+        cpus_per_worker: float = 0.0,
     ) -> None:
         import ray
 
@@ -110,7 +116,11 @@ class RayTrials:
         return self._prices[1]
 
     async def run(
-        self, trial: Trial, prices: PriceBook, run_id: str | None, on_started: Callable[[str], None] | None
+        self,
+        trial: Trial,
+        prices: PriceBook,
+        run_id: str | None,
+        on_started: Callable[[str], None] | None,
     ) -> dict[str, Any]:
         started = time.monotonic()
         run_id = run_id or trial.new_run_id()

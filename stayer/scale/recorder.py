@@ -87,7 +87,9 @@ class StepRecorder:
         # Messages the previous prompt (and its reply) already held are not new; after a
         # compaction the prefix differs, and the messages kept are copied context.
         kept = 0
-        while kept < min(len(messages), len(self._context)) and messages[kept] == self._context[kept]:
+        while (
+            kept < min(len(messages), len(self._context)) and messages[kept] == self._context[kept]
+        ):
             kept += 1
         reset = bool(self._context) and kept < len(self._context)
         seen = set(self._context)
@@ -102,7 +104,10 @@ class StepRecorder:
         if first:  # the prefix every prompt starts with
             head = {
                 "system": call.request.system,
-                "tools": [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in call.request.tools],
+                "tools": [
+                    {"name": t.name, "description": t.description, "parameters": t.parameters}
+                    for t in call.request.tools
+                ],
             }
         return {
             **head,

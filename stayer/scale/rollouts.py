@@ -57,12 +57,18 @@ CACHE_TTL_S = 300.0  # the default prompt-cache lifetime (Anthropic 5 m; OpenAI 
 
 
 async def rollout_trial(
-    trial: Trial, prices: PriceBook, *, run_id: str | None = None, on_started: Callable[[str], None] | None = None
+    trial: Trial,
+    prices: PriceBook,
+    *,
+    run_id: str | None = None,
+    on_started: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """``run_trial`` with a ``StepRecorder``: the record gains ``trace`` (one dict per step)
     and ``trace_complete`` (False when steps were replayed from a journal, unseen)."""
     recorder = StepRecorder(prices)
-    record = await run_trial(trial, prices, run_id=run_id, on_started=on_started, observers=[recorder])
+    record = await run_trial(
+        trial, prices, run_id=run_id, on_started=on_started, observers=[recorder]
+    )
     record["trace"] = recorder.steps
     record["trace_complete"] = recorder.complete(int(record.get("steps") or 0))
     return record
@@ -100,11 +106,19 @@ class RolloutState:
         except (OSError, ValueError):
             doc = {}
         self.round = int(doc.get("round", 0)) + 1
-        self.carried: dict[str, dict[str, Any]] = dict(doc.get("carried", {}))  # key -> round, domain, g
+        self.carried: dict[str, dict[str, Any]] = dict(
+            doc.get("carried", {})
+        )  # key -> round, domain, g
         self.abandoned: list[dict[str, Any]] = list(doc.get("abandoned", []))
 
     def save(self) -> None:
-        write_atomic(self.path, json.dumps({"round": self.round, "carried": self.carried, "abandoned": self.abandoned}, indent=2))
+        write_atomic(
+            self.path,
+            json.dumps(
+                {"round": self.round, "carried": self.carried, "abandoned": self.abandoned},
+                indent=2,
+            ),
+        )
 
 
 async def collect(
@@ -142,9 +156,18 @@ async def collect(
         tasks = domains[domain]
         task = tasks[g % len(tasks)]
         epochs = range(g * spec.samples + 1, (g + 1) * spec.samples + 1)
-        trials = [Trial(task, config_of(task, e) if config_of else spec.config, e, digests[task.path]) for e in epochs]
+        trials = [
+            Trial(task, config_of(task, e) if config_of else spec.config, e, digests[task.path])
+            for e in epochs
+        ]
         weight = 0.25 if task.name in down_weighted else 1.0
-        return Job(f"{domain}/{task.name}.g{g + 1}", domain=domain, priority=priority, weight=weight, payload=(g, trials))
+        return Job(
+            f"{domain}/{task.name}.g{g + 1}",
+            domain=domain,
+            priority=priority,
+            weight=weight,
+            payload=(g, trials),
+        )
 
     for domain in sorted(domains):
         for g in range((state.round - 1) * per_domain, state.round * per_domain):
@@ -152,7 +175,9 @@ async def collect(
     # Groups with a sample carried over from an earlier round go first (their finished
     # samples are reused; the carried one continues from its journal).
     carried_keys = sorted(state.carried)
-    for domain, g in sorted({(c["domain"], c["g"]) for c in state.carried.values() if c["domain"] in domains}):
+    for domain, g in sorted(
+        {(c["domain"], c["g"]) for c in state.carried.values() if c["domain"] in domains}
+    ):
         scheduler.add(group_job(domain, g, priority=1))
     gate = asyncio.Semaphore(spec.concurrency)
     running: dict[str, tuple[asyncio.Task[dict[str, Any]], Trial]] = {}
@@ -170,7 +195,11 @@ async def collect(
         record: dict[str, Any] = {}
         try:
             # The run's own cap is its slice: it never spends beyond what was reserved.
-            t = replace(trial, config=replace(trial.config, max_cost=slice_cap)) if slice_cap is not None else trial
+            t = (
+                replace(trial, config=replace(trial.config, max_cost=slice_cap))
+                if slice_cap is not None
+                else trial
+            )
             record = await executor.run(t, prices, run_id, lambda rid: store.started(trial, rid))
             record["key"] = trial.key  # the slice is a budget, not a setting: one key
             record.update(domain=job.domain, group=job.key, weight=job.weight, round=state.round)
@@ -181,7 +210,9 @@ async def collect(
                 assert slice_cap is not None  # only a slice is ever held
                 # What it spent; a sample stopped midway, what its journal says it spent.
                 cost = record.get("cost_usd")
-                spent = Decimal(cost) if cost not in (None, "unknown") else _spent_so_far(store, trial)
+                spent = (
+                    Decimal(cost) if cost not in (None, "unknown") else _spent_so_far(store, trial)
+                )
                 budget.settle(hold, slice_cap if spent is None else spent)  # unknown: all it held
 
     async def group(job: Job) -> None:
@@ -207,7 +238,11 @@ async def collect(
                 return
             records[trial.key] = record
             outcomes.append(passes(record.get("reward")))
-            cost += Decimal(record.get("cost_usd") or 0) if record.get("cost_usd") not in (None, "unknown") else ZERO
+            cost += (
+                Decimal(record.get("cost_usd") or 0)
+                if record.get("cost_usd") not in (None, "unknown")
+                else ZERO
+            )
             if on_done:
                 on_done(record)
 
@@ -222,7 +257,9 @@ async def collect(
             break
         # Groups in flight: enough to keep ``concurrency`` samples busy, no more, so that
         # the scheduler chooses each next group with what the finished ones taught it.
-        while groups_launched < spec.launch_limit and len(tasks) < max(1, spec.concurrency // spec.samples + 1):
+        while groups_launched < spec.launch_limit and len(tasks) < max(
+            1, spec.concurrency // spec.samples + 1
+        ):
             if slice_cap is not None and (budget.account("job").available or ZERO) < slice_cap:
                 stop_reason = "max_cost"
                 break
@@ -241,7 +278,12 @@ async def collect(
     target_s = time.monotonic() - started_at
     at_target = len(groups_done)
     cost_at_target = sum(
-        (Decimal(r["cost_usd"]) for r in records.values() if r.get("cost_usd") not in (None, "unknown")), ZERO
+        (
+            Decimal(r["cost_usd"])
+            for r in records.values()
+            if r.get("cost_usd") not in (None, "unknown")
+        ),
+        ZERO,
     )
 
     # Stragglers: finish, carry over or abandon each sample still running.
@@ -257,7 +299,12 @@ async def collect(
         # billed by the provider but not journaled).
         spent = _spent_so_far(store, trial) or ZERO
         abandoned_usd += spent
-        gone = {"key": key, "run_id": store.run_in_progress(trial), "round": state.round, "cost_usd": str(spent)}
+        gone = {
+            "key": key,
+            "run_id": store.run_in_progress(trial),
+            "round": state.round,
+            "cost_usd": str(spent),
+        }
         state.abandoned.append(gone)
         store.run_path(trial).unlink(missing_ok=True)  # never continued
         state.carried.pop(key, None)
@@ -271,7 +318,12 @@ async def collect(
             state.carried.pop(key)
     state.save()
     spent = sum(
-        (Decimal(r["cost_usd"]) for r in records.values() if r.get("cost_usd") not in (None, "unknown")), ZERO
+        (
+            Decimal(r["cost_usd"])
+            for r in records.values()
+            if r.get("cost_usd") not in (None, "unknown")
+        ),
+        ZERO,
     )
     return {
         "round": state.round,
@@ -322,7 +374,9 @@ async def _stragglers(
     """The action for each sample still running, by ``scheduler.straggler_action``, from
     what its journal says: spent so far, the age of its last step, its context size."""
     finished_costs = [
-        Decimal(r["cost_usd"]) for r in records.values() if r.get("cost_usd") not in (None, "unknown")
+        Decimal(r["cost_usd"])
+        for r in records.values()
+        if r.get("cost_usd") not in (None, "unknown")
     ]
     decisions: dict[str, list[str]] = {"finish": [], "carry": [], "abandon": []}
     if not running:
@@ -333,14 +387,22 @@ async def _stragglers(
         for key, (_, trial) in running.items():
             spent, age, context = ZERO, math.inf, 0
             row_id = store.run_in_progress(trial)
-            if journal is not None and row_id is not None and (row := journal.run(row_id)) is not None:
+            if (
+                journal is not None
+                and row_id is not None
+                and (row := journal.run(row_id)) is not None
+            ):
                 spent = Decimal(row.cost_usd) if row.cost_usd != "unknown" else ZERO
                 steps = [e for e in journal.events(row_id) if e.kind == "step"]
                 if steps:
                     age = (now - datetime.fromisoformat(steps[-1].at)).total_seconds()
                     context = int(steps[-1].data.get("entry", {}).get("context_tokens", 0))
             rates = prices.rates(trial.config.model.split(":", 1)[-1])
-            premium = ZERO if rates is None else (rates.cache_write_5m - rates.cache_read) * context / 1_000_000
+            premium = (
+                ZERO
+                if rates is None
+                else (rates.cache_write_5m - rates.cache_read) * context / 1_000_000
+            )
             action = policy(
                 spent,
                 finished_costs,

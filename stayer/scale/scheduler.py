@@ -50,7 +50,9 @@ def learning_signal(successes: int, samples: int) -> bool:
 
 
 class Scheduler:
-    def __init__(self, *, tenant_shares: dict[str, float] | None = None, min_share: float = 0.1) -> None:
+    def __init__(
+        self, *, tenant_shares: dict[str, float] | None = None, min_share: float = 0.1
+    ) -> None:
         if not 0 < min_share <= 1:
             raise ValueError(f"min_share {min_share}: must be in (0, 1]")
         self.tenant_shares = tenant_shares or {}
@@ -88,7 +90,9 @@ class Scheduler:
         launched_total = sum(self.launched.values()) or 1.0
 
         def order(job: Job) -> tuple[Any, ...]:
-            tenant_load = self.spent[job.tenant] / Decimal(str(self.tenant_shares.get(job.tenant, 1.0)))
+            tenant_load = self.spent[job.tenant] / Decimal(
+                str(self.tenant_shares.get(job.tenant, 1.0))
+            )
             domain_load = self.launched[job.domain] / launched_total - share.get(job.domain, 0.0)
             return (-job.priority, tenant_load, domain_load, job.seq)
 

@@ -41,12 +41,16 @@ def a2a_tasks(log: RunLog, run_status: str) -> list[dict[str, Any]]:
             if kind not in ("message.sent", "message.received"):
                 continue
             m = json.loads(log.blobs[address])
-            history.append(_message(m, "agent" if kind == "message.sent" else "user", task_id, log.run_id))
+            history.append(
+                _message(m, "agent" if kind == "message.sent" else "user", task_id, log.run_id)
+            )
             if kind == "message.sent" and m["kind"] == "report":
                 report = m
         started_by_message = name in log.thread_starts
         steps = list(thread.steps.values())
-        cost = sum((Decimal(e["cost_usd"]) for e in steps if e["cost_usd"] != "unknown"), Decimal(0))
+        cost = sum(
+            (Decimal(e["cost_usd"]) for e in steps if e["cost_usd"] != "unknown"), Decimal(0)
+        )
         if not started_by_message:  # the entry thread: the run's outcome
             state = STATES.get(result.get("status", run_status), "working")
             summary = result.get("summary", "")
@@ -56,27 +60,46 @@ def a2a_tasks(log: RunLog, run_status: str) -> list[dict[str, Any]]:
         status: dict[str, Any] = {"state": state, "timestamp": last_at}
         if summary:
             status["message"] = _text_message(summary, task_id, log.run_id, f"{task_id}#status")
-        tasks.append({
-            "kind": "task",
-            "id": task_id,
-            "contextId": log.run_id,
-            "status": status,
-            "artifacts": [{"artifactId": f"{task_id}#summary", "name": "summary", "parts": [{"kind": "text", "text": summary}]}]
-            if summary
-            else [],
-            "history": history,
-            "metadata": {"stayer": {"agent": name, "steps": len(steps), "cost_usd": str(cost), "run_status": run_status}},
-        })
+        tasks.append(
+            {
+                "kind": "task",
+                "id": task_id,
+                "contextId": log.run_id,
+                "status": status,
+                "artifacts": [
+                    {
+                        "artifactId": f"{task_id}#summary",
+                        "name": "summary",
+                        "parts": [{"kind": "text", "text": summary}],
+                    }
+                ]
+                if summary
+                else [],
+                "history": history,
+                "metadata": {
+                    "stayer": {
+                        "agent": name,
+                        "steps": len(steps),
+                        "cost_usd": str(cost),
+                        "run_status": run_status,
+                    }
+                },
+            }
+        )
     return tasks
 
 
 def _message(m: dict[str, Any], role: str, task_id: str, context_id: str) -> dict[str, Any]:
     out = _text_message(m["content"], task_id, context_id, m["id"], role)
-    out["metadata"] = {"stayer": {"from": m["sender"], "to": m["to"], "kind": m["kind"], "tokens": m.get("tokens")}}
+    out["metadata"] = {
+        "stayer": {"from": m["sender"], "to": m["to"], "kind": m["kind"], "tokens": m.get("tokens")}
+    }
     return out
 
 
-def _text_message(text: str, task_id: str, context_id: str, message_id: str, role: str = "agent") -> dict[str, Any]:
+def _text_message(
+    text: str, task_id: str, context_id: str, message_id: str, role: str = "agent"
+) -> dict[str, Any]:
     return {
         "kind": "message",
         "messageId": message_id,

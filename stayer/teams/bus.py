@@ -27,7 +27,13 @@ class TeamMessage:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TeamMessage:
-        return cls(str(d["id"]), str(d["sender"]), str(d["to"]), str(d["content"]), str(d.get("kind", "message")))
+        return cls(
+            str(d["id"]),
+            str(d["sender"]),
+            str(d["to"]),
+            str(d["content"]),
+            str(d.get("kind", "message")),
+        )
 
 
 class MessageBus:
@@ -60,7 +66,12 @@ class MessageBus:
         ]
 
     async def wait(
-        self, to: str, seen: set[str], sender: str | None, timeout: float, until: Callable[[], bool] = lambda: False
+        self,
+        to: str,
+        seen: set[str],
+        sender: str | None,
+        timeout: float,
+        until: Callable[[], bool] = lambda: False,
     ) -> list[TeamMessage]:
         """The unread messages for ``to`` (from ``sender``), waiting up to ``timeout``
         seconds for one; at once when ``sender`` has finished or ``until()`` holds."""
@@ -68,7 +79,12 @@ class MessageBus:
         deadline = loop.time() + timeout
         while True:
             got = self.unread(to, seen, sender)
-            if got or (sender is not None and self.finished(sender)) or until() or loop.time() >= deadline:
+            if (
+                got
+                or (sender is not None and self.finished(sender))
+                or until()
+                or loop.time() >= deadline
+            ):
                 return got
             changed = self._changed
             with contextlib.suppress(TimeoutError):

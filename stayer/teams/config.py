@@ -83,7 +83,9 @@ def _inconsistency(team: TeamSpec) -> str | None:
                 return f"agents.{name}.talks_to: {other!r} is not another agent of the team"
     given = sum(a.budget_share or 0 for a in team.agents.values())
     if given > 1 + 1e-9:
-        return f"agents: the budget_share values add up to {given:g}, more than the whole budget (1)"
+        return (
+            f"agents: the budget_share values add up to {given:g}, more than the whole budget (1)"
+        )
     if given >= 1 - 1e-9 and any(a.budget_share is None for a in team.agents.values()):
         return "agents: the budget_share values given leave nothing for the agents without one"
     return None
@@ -94,4 +96,6 @@ def shares(team: TeamSpec) -> dict[str, float]:
     given = sum(a.budget_share or 0 for a in team.agents.values())
     unset = [n for n, a in team.agents.items() if a.budget_share is None]
     rest = (1 - given) / len(unset) if unset else 0
-    return {n: a.budget_share if a.budget_share is not None else rest for n, a in team.agents.items()}
+    return {
+        n: a.budget_share if a.budget_share is not None else rest for n, a in team.agents.items()
+    }

@@ -53,7 +53,11 @@ class HandoffQuote:
             "chosen": self.chosen,
             "receiver_model": self.receiver_model,
             "expected_steps": self.steps,
-            "tokens": {"brief": self.sizes.brief, "summary": self.sizes.summary, "full": self.sizes.full},
+            "tokens": {
+                "brief": self.sizes.brief,
+                "summary": self.sizes.summary,
+                "full": self.sizes.full,
+            },
             "expected_cost_usd": {k: None if v is None else str(v) for k, v in self.costs.items()},
         }
 
@@ -74,12 +78,20 @@ def price_handoff(
     first = rates.cache_write_5m if rates.cache_write_5m > 0 else rates.input
     needed = Decimal(str(relevance)) * sizes.full
     passed = {"none": 0, "summary": sizes.summary, "full": sizes.full}
-    missing = {"none": needed, "summary": max(needed - sizes.summary, Decimal(0)), "full": Decimal(0)}
+    missing = {
+        "none": needed,
+        "summary": max(needed - sizes.summary, Decimal(0)),
+        "full": Decimal(0),
+    }
     step = (sizes.brief + needed) * rates.cache_read + STEP_OUTPUT_TOKENS * rates.output
     costs: dict[str, Decimal | None] = {}
     for option in OPTIONS:
         extra = rediscovery_steps * (missing[option] / needed if needed else Decimal(0))
-        total = (sizes.brief + passed[option]) * (first + later) + missing[option] * (rates.input + later) + extra * step
+        total = (
+            (sizes.brief + passed[option]) * (first + later)
+            + missing[option] * (rates.input + later)
+            + extra * step
+        )
         costs[option] = (total / PER_TOKEN).quantize(Decimal("1e-9"))
     chosen = min(OPTIONS, key=lambda o: costs[o])  # type: ignore[arg-type,return-value]
     return HandoffQuote(chosen, costs, sizes, steps, receiver_model)

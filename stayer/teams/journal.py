@@ -24,7 +24,9 @@ class ThreadJournal(RunJournal):
         row_update: Callable[[], dict[str, Any]],
         snapshot: Callable[[], None],
     ) -> None:
-        log = run.log.threads.get(name) or RunLog(run.run_id, blobs=run.log.blobs, header=run.log.header)
+        log = run.log.threads.get(name) or RunLog(
+            run.run_id, blobs=run.log.blobs, header=run.log.header
+        )
         super().__init__(
             run.store,
             run.run_id,
@@ -53,7 +55,9 @@ class ThreadJournal(RunJournal):
         sync: bool = True,
         update: Mapping[str, Any] | None = None,
     ) -> None:
-        self.run.record(kind, {**data, "thread": self.name}, blobs, durable=durable, sync=sync, update=update)
+        self.run.record(
+            kind, {**data, "thread": self.name}, blobs, durable=durable, sync=sync, update=update
+        )
 
     def flush(self, *, sync: bool = True) -> None:
         self.run.flush(sync=sync)
@@ -63,5 +67,7 @@ class ThreadJournal(RunJournal):
         self._unstepped.clear()
         self.steps_cost += entry.cost.total  # ``Usd``: an unpriced step makes it unknown
         if entry.step not in self.log.steps:
-            self.record("step", {"step": entry.step, "entry": entry.to_dict()}, update=self.row_update())
+            self.record(
+                "step", {"step": entry.step, "entry": entry.to_dict()}, update=self.row_update()
+            )
         self.snapshot()

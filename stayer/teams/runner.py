@@ -77,7 +77,9 @@ class TeamServices:
     observe_tools: Callable[[list[Tool]], list[Tool]] = lambda ts: ts
     on_step: Callable[[LedgerEntry], None] = lambda e: None  # after the thread's journal
     on_message: Callable[[Message], None] = lambda m: None
-    on_event: Callable[[str, dict[str, Any]], None] = lambda k, p: None  # observers (not the journal)
+    on_event: Callable[[str, dict[str, Any]], None] = lambda k, p: (
+        None
+    )  # observers (not the journal)
 
 
 class Team:
@@ -91,7 +93,9 @@ class Team:
         self.run_id = ""
         self.stopping = False  # the entry agent has finished: the others end their step and stop
         journal = services.journal
-        self._snapshots = 1 + max((int(s["step"]) for s in journal.log.snapshots), default=0) if journal else 0
+        self._snapshots = (
+            1 + max((int(s["step"]) for s in journal.log.snapshots), default=0) if journal else 0
+        )
         if journal is not None:
             self._restore_cursors(journal)
 
@@ -101,13 +105,19 @@ class Team:
         (its usage, cost and ledger entries, which keep the agent's name)."""
         entry = self.threads[self.spec.entry]
         result = replace(entry.result or RunResult(status="budget_exhausted"))
-        result.usage, result.ledger, result.breakers = Usage() + result.usage, list(result.ledger), list(result.breakers)
+        result.usage, result.ledger, result.breakers = (
+            Usage() + result.usage,
+            list(result.ledger),
+            list(result.breakers),
+        )
         for t in self.threads.values():
             if t is not entry and t.result is not None:
                 result.adopt(t.result)
                 result.breakers.extend(t.result.breakers)
                 result.steps += t.result.steps
-                result.peak_context_tokens = max(result.peak_context_tokens, t.result.peak_context_tokens)
+                result.peak_context_tokens = max(
+                    result.peak_context_tokens, t.result.peak_context_tokens
+                )
         return result
 
     async def run(self, instruction: str, run_id: str) -> RunResult:
@@ -124,9 +134,15 @@ class Team:
         finally:
             self.stopping = True
             self.bus.wake()
-            others = [t.task for t in self.threads.values() if t.task is not None and t is not entry]
+            others = [
+                t.task for t in self.threads.values() if t.task is not None and t is not entry
+            ]
             ended = await asyncio.gather(*others, return_exceptions=True)
-        failed = [e for e in ended if isinstance(e, BaseException) and not isinstance(e, asyncio.CancelledError)]
+        failed = [
+            e
+            for e in ended
+            if isinstance(e, BaseException) and not isinstance(e, asyncio.CancelledError)
+        ]
         if failed:  # a thread's journal or store failed: the run stops as a single agent's would
             raise failed[0]
         return self.result
@@ -162,7 +178,9 @@ class Team:
     def _restore_cursors(self, journal: RunJournal) -> None:
         """After the run's workspace came back from a team snapshot: where each thread's
         tool calls and steps stood when it was taken."""
-        snap = next((s for s in journal.log.snapshots if int(s["step"]) == journal.snapshot_step), None)
+        snap = next(
+            (s for s in journal.log.snapshots if int(s["step"]) == journal.snapshot_step), None
+        )
         # The run's own cursors never move (its threads replay, each by its own), so the
         # run's sandbox must not hold commands back as replayed: each thread's does.
         journal.restored_step = journal.restored_tools_done = 0
@@ -178,13 +196,16 @@ class Team:
 
     def _cost_text(self) -> str:
         threads = self.threads.values()
-        return str(usd_sum(t.journal.steps_cost if t.journal is not None else None for t in threads))
+        return str(
+            usd_sum(t.journal.steps_cost if t.journal is not None else None for t in threads)
+        )
 
     def _replaying(self) -> bool:
         """Whether some thread has yet to catch up with the restored workspace: a snapshot
         now would pair that later workspace with its earlier cursors."""
         return any(
-            t.journal is not None and (t.journal.in_restored_step or t.journal.t < t.journal.restored_tools_done)
+            t.journal is not None
+            and (t.journal.in_restored_step or t.journal.t < t.journal.restored_tools_done)
             for t in self.threads.values()
         )
 
@@ -200,7 +221,14 @@ class Team:
         step, self._snapshots = self._snapshots, self._snapshots + 1
         journal.record(
             "snapshot",
-            {"step": step, "id": snapshot_id, "tools_done": 0, "model_calls": 0, "threads": cursors, "thread_steps": steps},
+            {
+                "step": step,
+                "id": snapshot_id,
+                "tools_done": 0,
+                "model_calls": 0,
+                "threads": cursors,
+                "thread_steps": steps,
+            },
         )
         journal.snapshot_step = step
 
@@ -214,7 +242,9 @@ class Thread:
         self.spec = team.spec.agents[name]
         self.share = share
         run = team.s.journal
-        self.journal = ThreadJournal(run, name, team.row_update, team.snapshot) if run is not None else None
+        self.journal = (
+            ThreadJournal(run, name, team.row_update, team.snapshot) if run is not None else None
+        )
         self.seen: set[str] = set()
         self.sent = 0
         self.delegator: str | None = None
@@ -232,7 +262,9 @@ class Thread:
         self.seen.add(first.id)
         self.event("message.received", self._receipt(first))
         heading = "Handoff" if first.kind == "handoff" else "Message"
-        self.task = asyncio.create_task(self.run(f"{heading} from {first.sender}:\n{first.content}"))
+        self.task = asyncio.create_task(
+            self.run(f"{heading} from {first.sender}:\n{first.content}")
+        )
 
     async def run(self, instruction: str) -> RunResult:
         s = self.team.s
@@ -240,10 +272,16 @@ class Thread:
         amount = None if cap is None else (cap * Decimal(str(self.share))).quantize(Decimal("1e-9"))
         budget = s.budget.carve(amount, self.name)
         if budget is None:  # cannot happen while shares add up to at most 1; refuse loudly
-            raise RuntimeError(f"team agent {self.name}: the budget cannot spare its share ${amount}")
+            raise RuntimeError(
+                f"team agent {self.name}: the budget cannot spare its share ${amount}"
+            )
         journal = self.journal
         model = s.observe_model(s.models[self.name])
-        context = replace(s.tool_context, sandbox=ReplayingSandbox(s.tool_context.sandbox, journal)) if journal else s.tool_context
+        context = (
+            replace(s.tool_context, sandbox=ReplayingSandbox(s.tool_context.sandbox, journal))
+            if journal
+            else s.tool_context
+        )
         self.agent = Agent(
             JournaledModel(model, journal) if journal else model,
             self._tools(),
@@ -285,15 +323,26 @@ class Thread:
     def _tools(self) -> list[Tool]:
         s, journal = self.team.s, self.journal
         # ``tools`` chooses among the built-in ones; whatever else the run gives is kept.
-        chosen = [t for t in s.tools() if t.spec.name not in BUILTIN_TOOLS or t.spec.name in self.spec.tools]
+        chosen = [
+            t
+            for t in s.tools()
+            if t.spec.name not in BUILTIN_TOOLS or t.spec.name in self.spec.tools
+        ]
         tools = s.observe_tools(chosen)
         tools = [JournaledTool(t, journal) for t in tools] if journal else tools
-        tools = [Locked(t, self.team.workspace_lock) if t.spec.name in WORKSPACE_TOOLS else t for t in tools]
+        tools = [
+            Locked(t, self.team.workspace_lock) if t.spec.name in WORKSPACE_TOOLS else t
+            for t in tools
+        ]
         if self.spec.talks_to:
             # Not journaled: they are run again on replay (sends are deduplicated by id,
             # and what they read comes back from the journal), so the bus is rebuilt.
             peers = list(self.spec.talks_to)
-            tools += [SendMessageTool(self, peers), WaitForMessageTool(self, peers), HandoffTool(self, peers)]
+            tools += [
+                SendMessageTool(self, peers),
+                WaitForMessageTool(self, peers),
+                HandoffTool(self, peers),
+            ]
         return tools
 
     # --- hooks ------------------------------------------------------------------------
@@ -323,7 +372,9 @@ class Thread:
         top of every step: where a thread stops once the team has finished."""
         if self.team.stopping and self.name != self.team.spec.entry:
             raise Stopped(TEAM_FINISHED)  # like a limit: its wrap-up slice is given back, not spent
-        got = self._observe(lambda: [m.to_dict() for m in self.team.bus.unread(self.name, self.seen)])
+        got = self._observe(
+            lambda: [m.to_dict() for m in self.team.bus.unread(self.name, self.seen)]
+        )
         return [Message("user", self._text(m), kind="message") for m in self._read(got)]
 
     def _read(self, records: Sequence[dict[str, Any]]) -> list[TeamMessage]:
@@ -341,9 +392,21 @@ class Thread:
         tokens = s.counter.message(Message("user", self._text(m)))
         model = s.models[self.name]
         rates = s.prices.rates(model.model_id, model.provider, None, tokens)
-        first = None if rates is None else (rates.cache_write_5m if rates.cache_write_5m > 0 else rates.input)
-        cost = None if first is None else (first * tokens / Decimal(1_000_000)).quantize(Decimal("1e-9"))
-        return {**m.to_dict(), "tokens": tokens, "read_cost_usd": "unknown" if cost is None else str(cost)}
+        first = (
+            None
+            if rates is None
+            else (rates.cache_write_5m if rates.cache_write_5m > 0 else rates.input)
+        )
+        cost = (
+            None
+            if first is None
+            else (first * tokens / Decimal(1_000_000)).quantize(Decimal("1e-9"))
+        )
+        return {
+            **m.to_dict(),
+            "tokens": tokens,
+            "read_cost_usd": "unknown" if cost is None else str(cost),
+        }
 
     @staticmethod
     def _text(m: TeamMessage) -> str:
@@ -353,7 +416,9 @@ class Thread:
 
     def _peer(self, name: str) -> str:
         if name not in self.spec.talks_to:
-            raise MessagingRefused(f"{name!r} is not an agent you may talk to ({', '.join(self.spec.talks_to)})")
+            raise MessagingRefused(
+                f"{name!r} is not an agent you may talk to ({', '.join(self.spec.talks_to)})"
+            )
         return name
 
     async def send(self, to: str, content: str) -> str:
@@ -366,8 +431,13 @@ class Thread:
         bus = self.team.bus
 
         async def waited() -> dict[str, Any]:
-            got = await bus.wait(self.name, self.seen, sender, timeout, until=lambda: self.team.stopping)
-            return {"messages": [m.to_dict() for m in got], "finished": sender is not None and bus.finished(sender)}
+            got = await bus.wait(
+                self.name, self.seen, sender, timeout, until=lambda: self.team.stopping
+            )
+            return {
+                "messages": [m.to_dict() for m in got],
+                "finished": sender is not None and bus.finished(sender),
+            }
 
         value = await (self.journal.observe_waiting(waited) if self.journal else waited())
         got = self._read(value["messages"])
@@ -386,7 +456,12 @@ class Thread:
         model = s.models[to]
         rates = s.prices.rates(model.model_id, model.provider, None, sizes.brief + sizes.full)
         quote = price_handoff(
-            rates, sizes, cfg.expected_steps, model.spec, relevance=cfg.relevance, rediscovery_steps=cfg.rediscovery_steps
+            rates,
+            sizes,
+            cfg.expected_steps,
+            model.spec,
+            relevance=cfg.relevance,
+            rediscovery_steps=cfg.rediscovery_steps,
         )
         passed = history or quote.chosen
         self.quote = {**quote.to_dict(), "to": to, "asked": history, "passed": passed}

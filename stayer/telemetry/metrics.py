@@ -34,7 +34,22 @@ TOKEN_KINDS = ("input_uncached", "cache_read", "cache_write", "output", "reasoni
 #: Compactions and model switches are planned; a prompt below the minimum cannot be cached.
 AVOIDABLE = frozenset({"prefix_edit", "tools_changed", "ttl_expired", "unknown"})
 # Buckets of one step's cost in USD: a cent's fractions up to a few dollars.
-COST_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+COST_BUCKETS = (
+    0.0001,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
 
 
 def token_counts(usage: dict[str, Any]) -> dict[str, int]:
@@ -55,7 +70,9 @@ def hit_ratios(tokens_by: dict[tuple[str, str, str, str], int]) -> GaugeMetricFa
     """Cache reads over all prompt tokens, by tenant and model, over the runs so far (the
     alerts compute the same ratio over windows from ``stayer_tokens_total``)."""
     ratio = GaugeMetricFamily(
-        "stayer_cache_hit_ratio", "Share of prompt tokens read from the cache (0-1)", labels=["tenant", "model"]
+        "stayer_cache_hit_ratio",
+        "Share of prompt tokens read from the cache (0-1)",
+        labels=["tenant", "model"],
     )
     read: dict[tuple[str, str], int] = defaultdict(int)
     prompt: dict[tuple[str, str], int] = defaultdict(int)
@@ -82,9 +99,21 @@ class ServiceCollector:
 
     def collect(self) -> Iterator[Metric]:
         db = self.db()
-        cost = CounterMetricFamily("stayer_cost_usd", "Spend of the runtime's runs, as their ledgers add up", labels=["tenant", "model", "task"])
-        tokens = CounterMetricFamily("stayer_tokens", "Tokens of the runtime's runs by kind", labels=["tenant", "model", "task", "kind"])
-        unpriced = CounterMetricFamily("stayer_unpriced_runs", "Runs with a step whose price is unknown (not in stayer_cost_usd_total)", labels=["tenant", "model"])
+        cost = CounterMetricFamily(
+            "stayer_cost_usd",
+            "Spend of the runtime's runs, as their ledgers add up",
+            labels=["tenant", "model", "task"],
+        )
+        tokens = CounterMetricFamily(
+            "stayer_tokens",
+            "Tokens of the runtime's runs by kind",
+            labels=["tenant", "model", "task", "kind"],
+        )
+        unpriced = CounterMetricFamily(
+            "stayer_unpriced_runs",
+            "Runs with a step whose price is unknown (not in stayer_cost_usd_total)",
+            labels=["tenant", "model"],
+        )
         runs = GaugeMetricFamily("stayer_runs", "Runs by status", labels=["tenant", "status"])
         cost_by: dict[tuple[str, str, str], Decimal] = defaultdict(Decimal)
         tokens_by: dict[tuple[str, str, str, str], int] = defaultdict(int)
@@ -110,10 +139,22 @@ class ServiceCollector:
         yield from (cost, tokens, unpriced, runs)
         yield hit_ratios(tokens_by)
 
-        cap = GaugeMetricFamily("stayer_tenant_budget_usd", "A tenant's budget (absent: unlimited)", labels=["tenant"])
-        spent = GaugeMetricFamily("stayer_tenant_spent_usd", "What a tenant's finished runs spent", labels=["tenant"])
-        held = GaugeMetricFamily("stayer_tenant_held_usd", "Held for a tenant's admitted runs (their caps)", labels=["tenant"])
-        left = GaugeMetricFamily("stayer_tenant_budget_remaining_usd", "A tenant's budget not spent or held", labels=["tenant"])
+        cap = GaugeMetricFamily(
+            "stayer_tenant_budget_usd", "A tenant's budget (absent: unlimited)", labels=["tenant"]
+        )
+        spent = GaugeMetricFamily(
+            "stayer_tenant_spent_usd", "What a tenant's finished runs spent", labels=["tenant"]
+        )
+        held = GaugeMetricFamily(
+            "stayer_tenant_held_usd",
+            "Held for a tenant's admitted runs (their caps)",
+            labels=["tenant"],
+        )
+        left = GaugeMetricFamily(
+            "stayer_tenant_budget_remaining_usd",
+            "A tenant's budget not spent or held",
+            labels=["tenant"],
+        )
         budgets = self.budgets()
         for name, _created in db.tenants():
             a = budgets.account(name)
@@ -124,12 +165,22 @@ class ServiceCollector:
                 left.add_metric([name], float(a.available))
         yield from (cap, spent, held, left)
 
-        run_left = GaugeMetricFamily("stayer_run_budget_remaining_usd", "Cap minus spend of runs not finished", labels=["tenant", "run_id"])
-        waiting = GaugeMetricFamily("stayer_requires_action_oldest_seconds", "How long the oldest run waiting for a person has waited", labels=["tenant"])
+        run_left = GaugeMetricFamily(
+            "stayer_run_budget_remaining_usd",
+            "Cap minus spend of runs not finished",
+            labels=["tenant", "run_id"],
+        )
+        waiting = GaugeMetricFamily(
+            "stayer_requires_action_oldest_seconds",
+            "How long the oldest run waiting for a person has waited",
+            labels=["tenant"],
+        )
         oldest: dict[str, float] = {}
         for r in db.active_runs():
             if r.run_cap is not None and r.cost_usd != "unknown":
-                run_left.add_metric([r.tenant, r.id], float(Decimal(r.run_cap) - Decimal(r.cost_usd)))
+                run_left.add_metric(
+                    [r.tenant, r.id], float(Decimal(r.run_cap) - Decimal(r.cost_usd))
+                )
             if r.status == "requires_action":
                 oldest[r.tenant] = max(oldest.get(r.tenant, 0.0), db.seconds_since(r.updated_at))
         for tenant, seconds in sorted(oldest.items()):
@@ -143,18 +194,35 @@ class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.step_latency = Histogram("stayer_step_latency_seconds", "Model call latency per step", ["model"], registry=r)
-        self.step_cost = Histogram("stayer_step_cost_usd", "Cost of one step", ["model"], buckets=COST_BUCKETS, registry=r)
-        self.cache_breaks = Counter("stayer_cache_breaks", "Steps whose prompt missed the cache, by the forensics' reason", ["reason"], registry=r)
+        self.step_latency = Histogram(
+            "stayer_step_latency_seconds", "Model call latency per step", ["model"], registry=r
+        )
+        self.step_cost = Histogram(
+            "stayer_step_cost_usd", "Cost of one step", ["model"], buckets=COST_BUCKETS, registry=r
+        )
+        self.cache_breaks = Counter(
+            "stayer_cache_breaks",
+            "Steps whose prompt missed the cache, by the forensics' reason",
+            ["reason"],
+            registry=r,
+        )
         self.avoidable = Counter(
             "stayer_avoidable_cost_usd",
             "What cache misses nobody chose cost above reading the reusable prefix, by reason",
             ["reason"],
             registry=r,
         )
-        self.compaction_saved = Counter("stayer_compaction_tokens_saved", "Context tokens removed by compactions", registry=r)
-        self.leases_lost = Counter("stayer_worker_leases_lost", "Runs this worker lost to another (it stalled past its lease)", registry=r)
-        self.active = Gauge("stayer_worker_runs_active", "Runs this worker is executing", registry=r)
+        self.compaction_saved = Counter(
+            "stayer_compaction_tokens_saved", "Context tokens removed by compactions", registry=r
+        )
+        self.leases_lost = Counter(
+            "stayer_worker_leases_lost",
+            "Runs this worker lost to another (it stalled past its lease)",
+            registry=r,
+        )
+        self.active = Gauge(
+            "stayer_worker_runs_active", "Runs this worker is executing", registry=r
+        )
 
     def on_step(self, entry: Any, previous: Any = None, prices: Any = None) -> None:
         """A ledger entry (``agent.LedgerEntry``) of a step just made; ``previous`` is the
@@ -169,7 +237,9 @@ class WorkerMetrics:
         if entry.cache_break:
             self.cache_breaks.labels(str(entry.cache_break.get("reason", "unknown"))).inc()
         if entry.compaction:
-            saved = int(entry.compaction.get("tokens_before", 0)) - int(entry.compaction.get("tokens_after", 0))
+            saved = int(entry.compaction.get("tokens_before", 0)) - int(
+                entry.compaction.get("tokens_after", 0)
+            )
             self.compaction_saved.inc(max(saved, 0))
 
 
@@ -180,7 +250,12 @@ def avoidable_cost(entry: Any, previous: Any, prices: Any) -> Decimal | None:
     from stayer.models.caching import cache_rules, miss_premium
 
     br = entry.cache_break
-    if not br or br.get("reason") not in AVOIDABLE or previous is None or not previous.context_tokens:
+    if (
+        not br
+        or br.get("reason") not in AVOIDABLE
+        or previous is None
+        or not previous.context_tokens
+    ):
         return None
     missed = max(0, previous.context_tokens - entry.usage.cache_read_tokens)
     c = entry.cost

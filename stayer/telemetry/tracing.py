@@ -65,7 +65,11 @@ def provider(otlp: str | None = None, service_name: str = "stayer") -> TracerPro
     """A tracer provider exporting in batches over OTLP. The protocol is
     ``OTEL_EXPORTER_OTLP_PROTOCOL`` (``grpc``, or ``http/protobuf``, the default); the
     endpoint ``--otlp`` or the standard variables."""
-    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    )
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcExporter,
@@ -77,7 +81,9 @@ def provider(otlp: str | None = None, service_name: str = "stayer") -> TracerPro
             OTLPSpanExporter as HttpExporter,
         )
 
-        exporter = HttpExporter(endpoint=otlp.rstrip("/") + "/v1/traces") if otlp else HttpExporter()
+        exporter = (
+            HttpExporter(endpoint=otlp.rstrip("/") + "/v1/traces") if otlp else HttpExporter()
+        )
     name = os.environ.get("OTEL_SERVICE_NAME") or service_name
     tp = TracerProvider(resource=Resource.create({"service.name": name}))
     tp.add_span_processor(BatchSpanProcessor(exporter))
@@ -106,7 +112,9 @@ def _usage_attributes(response: ModelResponse) -> dict[str, Any]:
 class RunTracer:
     """A ``RunObserver`` that turns one run into spans (see the module docstring)."""
 
-    def __init__(self, tp: TracerProvider, prices: PriceBook, run_id: str, agent: str = "stayer") -> None:
+    def __init__(
+        self, tp: TracerProvider, prices: PriceBook, run_id: str, agent: str = "stayer"
+    ) -> None:
         self.tracer = tp.get_tracer("stayer")
         self.prices = prices
         self.run_id = run_id
@@ -121,7 +129,11 @@ class RunTracer:
     def run_span(self, task: str, model: str) -> Iterator[None]:
         trace_id, root = _ids(self.run_id)
         parent = trace.set_span_in_context(
-            NonRecordingSpan(SpanContext(trace_id, root, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)))
+            NonRecordingSpan(
+                SpanContext(
+                    trace_id, root, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)
+                )
+            )
         )
         span = self.tracer.start_span(
             f"invoke_agent {self.agent}",
@@ -151,7 +163,11 @@ class RunTracer:
         child's path (``main/sub-1``) from the ``subagent_started`` event."""
         span = self.tracer.start_span(
             "invoke_agent subagent",
-            attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": SUBAGENT, "stayer.run_id": self.run_id},
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": SUBAGENT,
+                "stayer.run_id": self.run_id,
+            },
         )
         self._children.append(span)
         try:
@@ -214,7 +230,9 @@ class RunTracer:
             self._lost_span(span, inner, response, entry, attempt)
         self._end_open(priced=True)
 
-    def _lost_span(self, reissued: Any, inner: Model, response: ModelResponse, entry: LedgerEntry, attempt: int) -> None:
+    def _lost_span(
+        self, reissued: Any, inner: Model, response: ModelResponse, entry: LedgerEntry, attempt: int
+    ) -> None:
         """The attempt in flight at a crash, as the ledger has it: the re-issued call's usage
         and cost, estimated; zero duration (when it ran is not known), at the re-issue."""
         start = reissued.start_time
@@ -247,8 +265,15 @@ class RunTracer:
             self._children[-1].set_attributes({"gen_ai.agent.name": path, "stayer.agent": path})
         span = trace.get_current_span(self._context) if self._context is not None else None
         if span is not None:
-            span.add_event(f"stayer.{kind}", {k: json.dumps(v, default=str) if not isinstance(v, str | int | float | bool) else v
-                                              for k, v in payload.items()})
+            span.add_event(
+                f"stayer.{kind}",
+                {
+                    k: json.dumps(v, default=str)
+                    if not isinstance(v, str | int | float | bool)
+                    else v
+                    for k, v in payload.items()
+                },
+            )
 
     # --- spans ----------------------------------------------------------------------------
 
@@ -257,7 +282,12 @@ class RunTracer:
             span, end, inner, response = self._open
             self._open = None
             if not priced:  # a call with no step of its own (a summary): priced here
-                _cost_attributes(span, self.prices.cost(response.usage, inner.model_id, inner.provider, response.service_tier).total)
+                _cost_attributes(
+                    span,
+                    self.prices.cost(
+                        response.usage, inner.model_id, inner.provider, response.service_tier
+                    ).total,
+                )
             span.end(end_time=end)
 
     def parent(self) -> Any:
@@ -309,7 +339,10 @@ def _lost_attempts(response: ModelResponse) -> int:
 
 def _cost_attributes(span: Any, total: Any) -> None:
     """The call's cost as the conventions' proposal has it, and exactly (``stayer.cost_usd``)."""
-    attributes: dict[str, Any] = {"gen_ai.usage.cost.currency": "USD", "gen_ai.usage.cost.source": "local"}
+    attributes: dict[str, Any] = {
+        "gen_ai.usage.cost.currency": "USD",
+        "gen_ai.usage.cost.source": "local",
+    }
     if total is not None:
         attributes["gen_ai.usage.cost.amount"] = float(total)
         attributes["stayer.cost_usd"] = str(total)
@@ -355,7 +388,9 @@ class _TracedTool:
         name = self.spec.name
         tracer = self.tracer
         attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
-        span = tracer.tracer.start_span(f"execute_tool {name}", context=tracer.parent(), attributes=attributes)
+        span = tracer.tracer.start_span(
+            f"execute_tool {name}", context=tracer.parent(), attributes=attributes
+        )
         t0 = time.perf_counter()
         try:
             if name == SUBAGENT:
@@ -383,7 +418,9 @@ class _TracedTool:
         return result
 
 
-async def execute_traced(prepared: Any, on_step: Any, tp: TracerProvider, *, journal: Any = None, controls: Any = None) -> dict[str, Any]:
+async def execute_traced(
+    prepared: Any, on_step: Any, tp: TracerProvider, *, journal: Any = None, controls: Any = None
+) -> dict[str, Any]:
     """``stayer.run.execute`` inside the run's ``invoke_agent`` span."""
     from stayer.run import Controls, execute
 

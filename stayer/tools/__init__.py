@@ -27,7 +27,14 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 def default_tools(counter: TokenCounter) -> list[Tool]:
     """bash, read_file, write_file, edit_file, memory, submit — in a fixed order, because the
     tool schemas are part of the cached prompt prefix and must be byte-identical every call."""
-    return [BashTool(counter), ReadFileTool(counter), WriteFileTool(), EditFileTool(), MemoryTool(), SubmitTool()]
+    return [
+        BashTool(counter),
+        ReadFileTool(counter),
+        WriteFileTool(),
+        EditFileTool(),
+        MemoryTool(),
+        SubmitTool(),
+    ]
 
 
 def check_args(schema: Mapping[str, Any], args: Any) -> str | None:

@@ -49,7 +49,9 @@ class MemoryTool:
                 cwd="/app",
             )
             if res.exit_code != 0:
-                return ToolResult(f"cannot save the note: {res.stderr.strip()[:500]}", is_error=True)
+                return ToolResult(
+                    f"cannot save the note: {res.stderr.strip()[:500]}", is_error=True
+                )
             return ToolResult(f"saved note: {note}", kind="note")
         if action == "read":
             res = await ctx.sandbox.exec(

@@ -54,7 +54,9 @@ class SendMessageTool:
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            return ToolResult(await self.thread.send(str(args["to"]), str(args["content"])), kind="result")
+            return ToolResult(
+                await self.thread.send(str(args["to"]), str(args["content"])), kind="result"
+            )
         except MessagingRefused as e:
             return ToolResult(f"send_message: {e}", is_error=True)
 
@@ -72,7 +74,11 @@ class WaitForMessageTool:
                 "type": "object",
                 "properties": {
                     "from": _peers(peers),
-                    "timeout": {"type": "number", "minimum": 0, "description": f"Seconds, at most {MAX_WAIT_S:g}."},
+                    "timeout": {
+                        "type": "number",
+                        "minimum": 0,
+                        "description": f"Seconds, at most {MAX_WAIT_S:g}.",
+                    },
                 },
                 "additionalProperties": False,
             },
@@ -111,8 +117,13 @@ class HandoffTool:
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         history = args.get("history")
         if history is not None and history not in HISTORY_CHOICES:
-            return ToolResult(f"handoff: history must be one of {', '.join(HISTORY_CHOICES)}", is_error=True)
+            return ToolResult(
+                f"handoff: history must be one of {', '.join(HISTORY_CHOICES)}", is_error=True
+            )
         try:
-            return ToolResult(await self.thread.handoff(str(args["to"]), str(args["brief"]), history), kind="result")
+            return ToolResult(
+                await self.thread.handoff(str(args["to"]), str(args["brief"]), history),
+                kind="result",
+            )
         except MessagingRefused as e:
             return ToolResult(f"handoff: {e}", is_error=True)

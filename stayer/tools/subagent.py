@@ -66,7 +66,11 @@ class SubagentTool:
                     "type": "number",
                     "description": "Most the sub-agent may spend, in USD (default: a share of what you have left).",
                 },
-                "max_steps": {"type": "integer", "minimum": 1, "description": "Most model calls it may make."},
+                "max_steps": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Most model calls it may make.",
+                },
             },
             "required": ["task"],
             "additionalProperties": False,
@@ -87,7 +91,10 @@ class SubagentTool:
             except InvalidOperation:
                 budget = None
             if budget is None or not budget.is_finite() or budget <= 0:
-                return ToolResult(f"subagent: budget_usd must be a positive amount, got {args['budget_usd']!r}", is_error=True)
+                return ToolResult(
+                    f"subagent: budget_usd must be a positive amount, got {args['budget_usd']!r}",
+                    is_error=True,
+                )
         try:
             out = await self.delegator.delegate(Subtask(task, budget, args.get("max_steps")))
         except DelegationRefused as e:

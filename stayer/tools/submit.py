@@ -34,4 +34,6 @@ class SubmitTool:
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         summary = str(args.get("summary") or "").strip()
-        return ToolResult("submitted" + (f": {summary}" if summary else ""), submitted=True, kind="result")
+        return ToolResult(
+            "submitted" + (f": {summary}" if summary else ""), submitted=True, kind="result"
+        )

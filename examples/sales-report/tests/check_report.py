@@ -18,7 +18,11 @@ ok = True
 for key, want in expected.items():
     got = report.get(key)
     if isinstance(want, dict):
-        good = isinstance(got, dict) and set(got) == set(want) and all(abs(got[k] - v) < 0.005 for k, v in want.items())
+        good = (
+            isinstance(got, dict)
+            and set(got) == set(want)
+            and all(abs(got[k] - v) < 0.005 for k, v in want.items())
+        )
     elif isinstance(want, float):
         good = isinstance(got, int | float) and abs(got - want) < 0.005
     else:

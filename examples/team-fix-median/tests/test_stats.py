@@ -75,7 +75,12 @@ def reap_strays() -> None:
 # Into a file, not a pipe: a process the module leaves behind could hold a pipe open.
 with tempfile.TemporaryFile("w+") as out:
     try:
-        subprocess.run([sys.executable, "-I", "-c", CHILD, json.dumps(CALLS)], cwd="/app", stdout=out, timeout=20)
+        subprocess.run(
+            [sys.executable, "-I", "-c", CHILD, json.dumps(CALLS)],
+            cwd="/app",
+            stdout=out,
+            timeout=20,
+        )
     except subprocess.TimeoutExpired:
         reap_strays()
         print("FAIL: stats.py did not finish")
@@ -93,12 +98,16 @@ def same(got, want):
     if not isinstance(got, list) or len(got) != 2:
         return False
     if want[0] == "value" and isinstance(want[1], float):
-        return got[0] == "value" and isinstance(got[1], int | float) and abs(got[1] - want[1]) < 1e-12
+        return (
+            got[0] == "value" and isinstance(got[1], int | float) and abs(got[1] - want[1]) < 1e-12
+        )
     return got == want
 
 
 failures = [name for name, want in EXPECTED.items() if not same(results.get(name), want)]
 for name in failures:
-    print(f"FAIL {name}: {CALLS[name][0]}{tuple(CALLS[name][1])} gave {results.get(name)}, want {EXPECTED[name]}")
+    print(
+        f"FAIL {name}: {CALLS[name][0]}{tuple(CALLS[name][1])} gave {results.get(name)}, want {EXPECTED[name]}"
+    )
 print("failures:", failures)
 sys.exit(1 if failures else 0)
