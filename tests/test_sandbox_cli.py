@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,12 @@ from stayer.errors import ConfigError
 KEYS = {"exit_code", "stdout", "stderr", "timed_out", "truncated", "duration_s"}
 
 
-def stayer(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def stayer(
+    *args: str, cwd: Path | None = None, tmpdir: Path | None = None
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    if tmpdir is not None:  # where the command's scratch workspace goes (TMPDIR)
+        env["TMPDIR"] = str(tmpdir)
     return subprocess.run(
         [sys.executable, "-m", "stayer.cli", "sandbox", "exec", *args],
         capture_output=True,
@@ -72,11 +75,12 @@ def test_plain_output_passes_the_streams_through(tmp_path: Path) -> None:
 
 
 @needs_bwrap
-def test_default_workspace_is_fresh_and_removed() -> None:
-    before = set(Path(tempfile.gettempdir()).glob("stayer-sandbox-*"))
-    p = stayer("--json", "ls -A /app; touch /app/x")
+def test_default_workspace_is_fresh_and_removed(tmp_path: Path) -> None:
+    # A private TMPDIR: other tests running beside this one make scratch workspaces too.
+    # (tempfile.mkdtemp honours TMPDIR, so the scratch workspace is made in tmp_path.)
+    p = stayer("--json", "ls -A /app; touch /app/x", tmpdir=tmp_path)
     assert p.returncode == 0 and doc(p)["stdout"] == ""
-    assert set(Path(tempfile.gettempdir()).glob("stayer-sandbox-*")) == before
+    assert list(tmp_path.iterdir()) == []
 
 
 @needs_bwrap
