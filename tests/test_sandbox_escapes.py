@@ -385,7 +385,9 @@ def test_five_gigabyte_file_write_is_stopped_early(make: MakeSandbox, ws: Path) 
         assert time.monotonic() - t0 < 10, how  # stopped at the limit, not at the end
         big = ws / "big"
         assert not big.exists() or big.stat().st_size <= 64 * 2**20, how
-        assert disk_usage(ws) <= 64 * 2**20
+        # st_blocks also counts the file system's own blocks for the file (an ext4 extent
+        # block when the file is fragmented, as on a busy disk): a few KiB past the limit.
+        assert disk_usage(ws) <= 64 * 2**20 + 64 * 2**10
         big.unlink(missing_ok=True)
 
 
