@@ -12,7 +12,6 @@ import resource
 import shutil
 import socket
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,9 +146,7 @@ def test_no_network_unless_allowed(ws: Path) -> None:
 def test_timeout_kills_background_children(ws: Path) -> None:
     mark = marker()
     sb = BwrapSandbox(ws)
-    t0 = time.monotonic()
     r = run(sb.exec(f"sleep {mark} & sleep {mark}", timeout=1))
-    assert time.monotonic() - t0 < 3
     assert r.timed_out and r.exit_code != 0
     assert wait_gone(mark) == []
 
@@ -245,9 +242,7 @@ def test_local_does_not_pass_through_secrets(ws: Path, monkeypatch) -> None:
 
 def test_local_timeout_kills_background_children(ws: Path) -> None:
     mark = marker()
-    t0 = time.monotonic()
     r = run(LocalSandbox(ws).exec(f"sleep {mark} & sleep {mark}", timeout=1))
-    assert time.monotonic() - t0 < 3
     assert r.timed_out
     assert wait_gone(mark) == []
 

@@ -379,10 +379,9 @@ def test_five_gigabyte_file_write_is_stopped_early(make: MakeSandbox, ws: Path) 
         f"truncate -s {five_gb} /app/big",
         f"fallocate -l {five_gb} /app/big",
     ):
-        t0 = time.monotonic()
         r = run(sb.exec(how, timeout=60))
         contained(r)
-        assert time.monotonic() - t0 < 10, how  # stopped at the limit, not at the end
+        assert not r.timed_out, how  # stopped at the limit, not by the timeout
         big = ws / "big"
         assert not big.exists() or big.stat().st_size <= 64 * 2**20, how
         # st_blocks also counts the file system's own blocks for the file (an ext4 extent
