@@ -236,16 +236,10 @@ class RunTracer:
         """The attempt in flight at a crash, as the ledger has it: the re-issued call's usage
         and cost, estimated; zero duration (when it ran is not known), at the re-issue."""
         start = reissued.start_time
-        span = self.tracer.start_span(
-            f"chat {inner.model_id}",
-            context=self.parent(),
-            kind=SpanKind.CLIENT,
-            start_time=start,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": inner.provider,
-                "gen_ai.request.model": inner.model_id,
-                "stayer.model": inner.spec,
+        span = self._chat_span(
+            inner,
+            start,
+            {
                 "stayer.step": entry.step,
                 "stayer.agent": entry.agent,
                 "stayer.lost_in_flight": True,
@@ -300,6 +294,10 @@ class RunTracer:
 
     def model_span(self, inner: Model, request: ModelRequest, start: int) -> Any:
         self._end_open()  # a call before this one with no step of its own (a summary)
+        return self._chat_span(inner, start, {"gen_ai.request.max_tokens": request.max_tokens})
+
+    def _chat_span(self, inner: Model, start: int, attributes: dict[str, Any]) -> Any:
+        """A model-call span (``chat {model}``, kind CLIENT) with the request's attributes."""
         return self.tracer.start_span(
             f"chat {inner.model_id}",
             context=self.parent(),
@@ -309,8 +307,8 @@ class RunTracer:
                 "gen_ai.operation.name": "chat",
                 "gen_ai.provider.name": inner.provider,
                 "gen_ai.request.model": inner.model_id,
-                "gen_ai.request.max_tokens": request.max_tokens,
                 "stayer.model": inner.spec,
+                **attributes,
             },
         )
 
