@@ -4,6 +4,7 @@ oteltest's pure-Python sinks on loopback."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,20 @@ class Collector(sink.handler.RequestHandler):
 
     def handle_logs(self, request: Any, headers: Any) -> None:
         pass
+
+
+@contextlib.contextmanager
+def _receiver(kind: str = "http") -> Iterator[tuple[Collector, int]]:
+    """An oteltest sink (``http`` or ``grpc``) on a free loopback port, and what it receives."""
+    collector = Collector()
+    port = _free_port()
+    sinks = {"http": sink.HttpSink, "grpc": sink.GrpcSink}
+    server = sinks[kind](collector, logging.getLogger("oteltest"), port=port)
+    server.start()
+    try:
+        yield collector, port
+    finally:
+        server.stop()
 
 
 def _run(tmp_path: Path, env_extra: dict[str, str], *args: str, rc: int = 0) -> dict[str, Any]:
@@ -173,25 +189,15 @@ def _check(spans: list[dict[str, Any]], doc: dict[str, Any]) -> None:
 
 
 def test_spans_of_a_run_over_otlp_http(tmp_path: Path) -> None:
-    collector = Collector()
-    port = _free_port()
-    server = sink.HttpSink(collector, logging.getLogger("oteltest"), port=port)
-    server.start()
-    try:
+    with _receiver() as (collector, port):
         doc = _run(
             tmp_path, {"OTEL_SERVICE_NAME": "stayer-test"}, "--otlp", f"http://127.0.0.1:{port}"
         )
         _check(_wait_spans(collector, doc), doc)
-    finally:
-        server.stop()
 
 
 def test_spans_of_a_run_over_otlp_grpc(tmp_path: Path) -> None:
-    collector = Collector()
-    port = _free_port()
-    server = sink.GrpcSink(collector, logging.getLogger("oteltest"), port=port)
-    server.start()
-    try:
+    with _receiver("grpc") as (collector, port):
         env = {
             "OTEL_SERVICE_NAME": "stayer-test",
             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
@@ -199,8 +205,6 @@ def test_spans_of_a_run_over_otlp_grpc(tmp_path: Path) -> None:
         }
         doc = _run(tmp_path, env)
         _check(_wait_spans(collector, doc), doc)
-    finally:
-        server.stop()
 
 
 def test_without_a_collector_opentelemetry_is_not_imported(tmp_path: Path) -> None:
@@ -391,11 +395,7 @@ def test_a_call_lost_in_flight_gets_its_own_span_when_the_resumed_run_issues_it_
 
 
 def test_eval_exports_one_trace_per_trial(tmp_path: Path) -> None:
-    collector = Collector()
-    port = _free_port()
-    server = sink.HttpSink(collector, logging.getLogger("oteltest"), port=port)
-    server.start()
-    try:
+    with _receiver() as (collector, port):
         env = {**os.environ, "STAYER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
         for k in (
             "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -439,8 +439,6 @@ def test_eval_exports_one_trace_per_trial(tmp_path: Path) -> None:
             time.sleep(0.05)
         with collector.lock:
             spans = list(collector.spans)
-    finally:
-        server.stop()
     agents = [s for s in spans if s["name"] == "invoke_agent stayer"]
     assert {s["attrs"]["stayer.run_id"] for s in agents} == run_ids and len(run_ids) == 2
     assert len({s["traceId"] for s in agents}) == 2  # a trace per trial, from its run id
@@ -456,11 +454,7 @@ def test_eval_exports_one_trace_per_trial(tmp_path: Path) -> None:
 
 
 def test_compactions_and_cache_breaks_are_on_the_model_spans(tmp_path: Path) -> None:
-    collector = Collector()
-    port = _free_port()
-    server = sink.HttpSink(collector, logging.getLogger("oteltest"), port=port)
-    server.start()
-    try:
+    with _receiver() as (collector, port):
         doc = _run(
             tmp_path,
             {},
@@ -473,8 +467,6 @@ def test_compactions_and_cache_breaks_are_on_the_model_spans(tmp_path: Path) -> 
             rc=1,
         )  # (busy work: the task fails)
         spans = _wait_spans(collector, doc)
-    finally:
-        server.stop()
     chats = {s["attrs"]["stayer.step"]: s["attrs"] for s in spans if s["name"].startswith("chat ")}
     assert sorted(chats) == [e["step"] for e in doc["ledger"]]
     compacted = [e for e in doc["ledger"] if e.get("compaction")]
