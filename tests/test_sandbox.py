@@ -488,3 +488,50 @@ def test_a_gated_child_that_reports_nothing_usable_is_killed_not_released(tmp_pa
     r = _gated(script, gate, Limits(max_file_mb=1))
     assert r.exit_code == 137 and not r.timed_out, r
     assert not ran.exists()
+
+
+def test_a_caller_cancelled_as_the_gate_opens_is_cancelled_and_kills_the_command(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A run's time limit cancels the command in flight wherever it is. Cancelled at the
+    instant the child is released, the call must still end at once with the cancellation
+    and take the command with it: ``asyncio.wait_for`` on Python 3.11 returned the gate's
+    result instead when both came together, so the command ran on to its end, past the limit."""
+    import asyncio
+
+    from stayer.sandbox import process
+
+    mark = marker()
+    real = process._confine_and_release
+
+    async def confine_then_cancel(*args, **kwargs):
+        opened = await real(*args, **kwargs)
+        caller.cancel()  # the limit fires just as the gate opens
+        return opened
+
+    monkeypatch.setattr(process, "_confine_and_release", confine_then_cancel)
+    gate = StartGate()
+    script = (
+        f"printf '{{\"child-pid\": %d}}' $$ >&{gate.child_report}; exec {gate.child_report}>&-; "
+        f"read -r -n1 -u {gate.child_release} _; exec sleep {mark}"
+    )
+
+    async def main() -> str:
+        nonlocal caller
+        caller = asyncio.ensure_future(
+            run_process(
+                ["/bin/bash", "-c", script],
+                timeout=60,  # the bug's outcome: the command's own time, then a result
+                pass_fds=[gate.child_report, gate.child_release],
+                gate=gate,
+            )
+        )
+        await asyncio.wait({caller})
+        return "cancelled" if caller.cancelled() else f"finished: {caller.result()}"
+
+    caller: asyncio.Future[ExecResult]
+    try:
+        assert asyncio.run(main()) == "cancelled"
+    finally:
+        gate.close()
+    assert wait_gone(mark, within=30) == []

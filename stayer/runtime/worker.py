@@ -136,8 +136,9 @@ class Worker:
                         self.running[claimed.id] = task
                         task.add_done_callback(self._forget(claimed.id))
                         continue
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.poll_s)
+                with contextlib.suppress(TimeoutError):  # (not wait_for: see teams.bus)
+                    async with asyncio.timeout(self.poll_s):
+                        await stop.wait()
             if self.running:
                 await asyncio.gather(*self.running.values(), return_exceptions=True)
         finally:

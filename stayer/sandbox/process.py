@@ -509,10 +509,12 @@ async def run_process(
     try:
         opened: bool | None = True  # None: the time ran out before the gate opened
         if gate is not None:
+            # Not asyncio.wait_for: on Python 3.11 it returns the gate's result instead of
+            # the caller's cancellation when both come together (a run's time limit
+            # firing as the gate opens), and the command would run on past the limit.
             try:
-                opened = await asyncio.wait_for(
-                    _confine_and_release(gate, proc.pid, limits, cgroup), max(timeout, 0.001)
-                )
+                async with asyncio.timeout(max(timeout, 0.001)):
+                    opened = await _confine_and_release(gate, proc.pid, limits, cgroup)
             except TimeoutError:
                 opened = None
             timed_out = opened is None

@@ -87,8 +87,11 @@ class MessageBus:
             ):
                 return got
             changed = self._changed
+            # asyncio.timeout, not wait_for: on 3.11 wait_for loses the caller's cancellation
+            # (a run's time limit) when the event is set at the same moment.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), deadline - loop.time())
+                async with asyncio.timeout(deadline - loop.time()):
+                    await changed.wait()
 
     def wake(self) -> None:
         """Every waiter looks again (something changed)."""
