@@ -1,6 +1,7 @@
 """Journal size and per-step journaling time, beside LangGraph's SqliteSaver.
 
-    python bench/journal.py [--steps 200] [--obs-tokens 20000] [--repeat 3] [--langgraph-python PATH]
+    python bench/journal.py [--steps 200] [--obs-tokens 20000] [--repeat 3] [--store URL]
+                            [--langgraph-python PATH] [--json]
 
 One workload, recorded twice in one run: ``--steps`` agent steps, each an assistant reply
 (~200 tokens, one tool call) and a tool observation of ``--obs-tokens`` tokens of
@@ -11,7 +12,9 @@ log-like text, every observation different.
   by ``RunJournal`` into the default SQLite store (WAL, synchronous=FULL, blob files
   fsynced) with a workspace snapshot per step. Journaling time is what ``RunJournal``
   spends itself (hashing, encoding, writing, snapshots), measured inside it; the wall-time
-  difference against the same loop unjournaled is printed beside it.
+  difference against the same loop unjournaled is printed beside it. ``--store`` puts it
+  in a PostgreSQL database instead (``bench/serve.py`` uses this to time the journal
+  while workers share that database).
 * LangGraph: a ``StateGraph(MessagesState)`` with one node that appends the same step's two
   messages, checkpointed by ``SqliteSaver`` (WAL, SQLite's default synchronous=FULL) in a
   separate virtual environment (created on first use with ``langgraph`` and
@@ -100,8 +103,11 @@ def workload(steps: int, obs_tokens: int) -> list[dict]:
 # --- stayer -----------------------------------------------------------------------------
 
 
-def measure_stayer(data: list[dict], where: Path) -> dict:
+def measure_stayer(data: list[dict], where: Path, store_url: str = "") -> dict:
+    """stayer's journal over ``data``: in SQLite under ``where``, or in the store
+    ``store_url`` names (PostgreSQL: ``bytes`` is then None, the database is shared)."""
     import asyncio
+    import uuid
 
     from stayer.agent import Agent, Limits
     from stayer.context.policies import make_policy
@@ -184,9 +190,11 @@ def measure_stayer(data: list[dict], where: Path) -> dict:
         model, tools, sandbox = ScriptedModel(), [ScriptedTool(), SubmitTool()], NoSandbox()
         journal = on_step = on_event = probe = None
         if journaled:
-            store = open_store(home, "")
+            store = open_store(home, store_url)
+            assert store is not None
             header = {"task": "bench", "model": model.spec, "config": {}}
-            journal = RunJournal.create(store, "bench", header, workspace, prices)
+            run_id = f"bench-{uuid.uuid4().hex[:12]}"  # a shared store holds many
+            journal = RunJournal.create(store, run_id, header, workspace, prices)
             journal.take_snapshot(0)
             model, tools = (
                 JournaledModel(model, journal),
@@ -226,15 +234,17 @@ def measure_stayer(data: list[dict], where: Path) -> dict:
     journaled_s, journal = asyncio.run(run(True))
     assert journal is not None
     store = journal.store
-    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # type: ignore[attr-defined]
-    home = where / "journaled"
-    files = [
-        home / "stayer.db",
-        home / "stayer.db-wal",
-        *(home / "blobs").rglob("*"),
-        *(home / "snapshots").rglob("*"),
-    ]
-    on_disk = sum(p.stat().st_size for p in files if p.is_file())
+    on_disk = None
+    if not store_url:
+        store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # type: ignore[attr-defined]
+        home = where / "journaled"
+        files = [
+            home / "stayer.db",
+            home / "stayer.db-wal",
+            *(home / "blobs").rglob("*"),
+            *(home / "snapshots").rglob("*"),
+        ]
+        on_disk = sum(p.stat().st_size for p in files if p.is_file())
     store.close()
     return {
         "bytes": on_disk,
@@ -358,6 +368,32 @@ def langgraph_python(explicit: str | None) -> tuple[str | None, str]:
     return str(python), ""
 
 
+def measure_langgraph(
+    python: str, data: list[dict], where: Path, name: str
+) -> tuple[dict | None, str]:
+    """One SqliteSaver run over ``data`` in LangGraph's own Python: (figures, "") or
+    (None, why it failed)."""
+    data_file, out, db = (
+        where / f"{name}.data.json",
+        where / f"{name}.json",
+        where / f"{name}.sqlite",
+    )
+    if not data_file.exists():
+        data_file.write_text(json.dumps(data))
+    try:
+        r = subprocess.run(
+            [python, __file__, "--langgraph-worker", str(data_file), str(db), str(out)],
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        for p in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+            p.unlink(missing_ok=True)  # ~1 GB each at the defaults
+    if r.returncode != 0:
+        return None, str(r.stderr.strip().splitlines()[-1:])
+    return json.loads(out.read_text()), ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -365,6 +401,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs per side; the fastest counts")
     ap.add_argument(
         "--langgraph-python", help="a Python with langgraph and langgraph-checkpoint-sqlite"
+    )
+    ap.add_argument(
+        "--store",
+        default="",
+        help="stayer's journal in this postgresql://… database (default: SQLite in a temporary directory)",
     )
     ap.add_argument(
         "--langgraph-worker", nargs=3, metavar=("DATA", "DB", "OUT"), help=argparse.SUPPRESS
@@ -384,7 +425,7 @@ def main() -> None:
             f"workload: {args.steps} steps, {args.obs_tokens:,}-token observations; {raw / 1e6:.1f} MB of unique message text"
         )
         ours = min(
-            (measure_stayer(data, where / f"stayer{i}") for i in range(args.repeat)),
+            (measure_stayer(data, where / f"stayer{i}", args.store) for i in range(args.repeat)),
             key=lambda r: r["journal_s_per_step"],
         )
         python, why = langgraph_python(args.langgraph_python)
@@ -392,51 +433,37 @@ def main() -> None:
         if python is None:
             say(f"LangGraph baseline skipped: {why}")
         else:
-            (where / "data.json").write_text(json.dumps(data))
             for i in range(args.repeat):
-                out, db = where / "langgraph.json", where / f"langgraph{i}.sqlite"
-                r = subprocess.run(
-                    [
-                        python,
-                        __file__,
-                        "--langgraph-worker",
-                        str(where / "data.json"),
-                        str(db),
-                        str(out),
-                    ],
-                    capture_output=True,
-                    text=True,
-                )
-                for p in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
-                    p.unlink(missing_ok=True)  # ~1 GB each at the defaults
-                if r.returncode != 0:
-                    say(f"LangGraph baseline failed: {r.stderr.strip().splitlines()[-1:]}")
+                run, failed = measure_langgraph(python, data, where, f"langgraph{i}")
+                if run is None:
+                    say(f"LangGraph baseline failed: {failed}")
                     break
-                run = json.loads(out.read_text())
                 if theirs is None or run["journal_s_per_step"] < theirs["journal_s_per_step"]:
                     theirs = run
         say(f"{'':28} {'bytes on disk':>15} {'journaling ms/step':>19}")
-        say(
-            f"{'stayer journal (SQLite)':28} {ours['bytes']:>15,} {ours['journal_s_per_step'] * 1000:>19.3f}"
-        )
+        label = "stayer journal (PostgreSQL)" if args.store else "stayer journal (SQLite)"
+        size = "" if ours["bytes"] is None else f"{ours['bytes']:,}"
+        say(f"{label:28} {size:>15} {ours['journal_s_per_step'] * 1000:>19.3f}")
         say(f"{'  (A/B wall difference)':28} {'':>15} {ours['ab_s_per_step'] * 1000:>19.3f}")
         if theirs is not None:
             say(
                 f"{'LangGraph SqliteSaver':28} {theirs['bytes']:>15,} {theirs['journal_s_per_step'] * 1000:>19.3f}"
             )
-            size_x = theirs["bytes"] / ours["bytes"]
             time_x = theirs["journal_s_per_step"] / ours["journal_s_per_step"]
-            say(
-                f"stayer is {size_x:.1f}× smaller and {time_x:.1f}× faster per step (target: ≥10× each)"
-            )
+            if ours["bytes"] is not None:
+                size_x = theirs["bytes"] / ours["bytes"]
+                say(
+                    f"stayer is {size_x:.1f}× smaller and {time_x:.1f}× faster per step (target: ≥10× each)"
+                )
+            else:
+                say(f"stayer is {time_x:.1f}× faster per step (target: ≥10×)")
             say(
                 f"LangGraph: {theirs['checkpoints']} checkpoints, journal_mode={theirs['journal_mode']}, "
                 f"synchronous={theirs['synchronous']}, {theirs['versions']}"
             )
-        say(
-            f"stayer: {ours['events']} events in {ours['writes']} durable writes; "
-            f"stored/unique text = {ours['bytes'] / raw:.2f} (blobs are zlib-compressed)"
-        )
+        say(f"stayer: {ours['events']} events in {ours['writes']} durable writes")
+        if ours["bytes"] is not None:
+            say(f"stored/unique text = {ours['bytes'] / raw:.2f} (blobs are zlib-compressed)")
         if args.json:
             print(
                 json.dumps(
@@ -445,6 +472,7 @@ def main() -> None:
                         "steps": args.steps,
                         "obs_tokens": args.obs_tokens,
                         "unique_text_bytes": raw,
+                        "store": "postgres" if args.store else "sqlite",
                         "stayer": ours,
                         "langgraph": theirs,
                     },

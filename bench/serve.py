@@ -20,6 +20,15 @@ call in the real bwrap sandbox, and the verifier runs). While they run:
 
 Runs/min is measured from the first submission to the last final status. Targets (issue
 15): p99 API < 50 ms and p99 event lag < 250 ms on this machine.
+
+The journal under that load (issue 20): ``bench/journal.py``'s workload (``--journal-steps``
+steps with ``--journal-obs-tokens``-token observations), stayer's journal beside LangGraph's
+SqliteSaver, is timed in separate processes in rounds, first with the service idle (its
+processes up, no runs), then over and over while the load runs. With ``--postgres`` the
+journal writes into the database the workers share; with SQLite into a file of its own
+(SQLite serialises writers per file, so sharing one would time the lock, not the journal).
+Each side's figure is its journaling time per step (measured inside the journal and inside
+the saver), min and median over the rounds.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -55,6 +65,7 @@ def pct(values: list[float], q: float) -> float | None:
 def summary(values: list[float]) -> dict[str, Any]:
     return {
         "n": len(values),
+        "min": round(min(values), 3) if values else None,
         "p50": pct(values, 0.5),
         "p99": pct(values, 0.99),
         "max": pct(values, 1.0),
@@ -80,6 +91,13 @@ def main() -> None:
     ap.add_argument(
         "--postgres", default="", help="postgresql://… of an empty database (default: SQLite)"
     )
+    ap.add_argument(
+        "--journal-steps",
+        type=int,
+        default=40,
+        help="steps of the journal workload timed idle and under load (0: not timed)",
+    )
+    ap.add_argument("--journal-obs-tokens", type=int, default=5000)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -130,7 +148,10 @@ def main() -> None:
                     log=work / f"worker-{i}.log",
                 )
             )
-        result = run_load(base, keys, args)
+        journal = JournalRounds(args, work)
+        idle = journal.idle()
+        result = run_load(base, keys, args, beside=journal.until)
+        result["journal"] = journal.summary(idle)
         result.update(
             {
                 "backend": "postgres" if args.postgres else "sqlite",
@@ -178,7 +199,69 @@ def _wait_healthy(base: str) -> None:
     raise SystemExit("stayer serve did not start")
 
 
-def run_load(base: str, keys: list[str], args: argparse.Namespace) -> dict[str, Any]:
+class JournalRounds:
+    """``bench/journal.py`` runs, one process each, idle and beside the load."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args, self.work = args, work
+        self.loaded: list[dict[str, Any]] = []
+
+    def round(self) -> dict[str, Any] | None:
+        if not self.args.journal_steps:
+            return None
+        argv = [sys.executable, str(ROOT / "bench" / "journal.py"), "--json", "--repeat", "1"]
+        argv += ["--steps", str(self.args.journal_steps)]
+        argv += ["--obs-tokens", str(self.args.journal_obs_tokens)]
+        if self.args.postgres:
+            argv += ["--store", self.args.postgres]
+        r = subprocess.run(argv, capture_output=True, text=True, cwd=self.work)
+        if r.returncode != 0:
+            raise SystemExit(f"bench/journal.py failed: {r.stderr.strip()[-500:]}")
+        return json.loads(r.stdout)
+
+    def idle(self, rounds: int = 3) -> list[dict[str, Any]]:
+        return [r for _ in range(rounds) if (r := self.round()) is not None]
+
+    def until(self, done: threading.Event) -> None:
+        while not done.is_set() and (r := self.round()) is not None:
+            self.loaded.append(r)
+
+    def summary(self, idle: list[dict[str, Any]]) -> dict[str, Any] | None:
+        if not self.args.journal_steps:
+            return None
+
+        def side(rounds: list[dict[str, Any]], name: str) -> dict[str, Any]:
+            ms = [r[name]["journal_s_per_step"] * 1000 for r in rounds if r.get(name)]
+            return summary(ms)
+
+        out: dict[str, Any] = {
+            "steps": self.args.journal_steps,
+            "obs_tokens": self.args.journal_obs_tokens,
+            "store": "postgres" if self.args.postgres else "sqlite (own file)",
+        }
+        for when, rounds in (("idle", idle), ("under_load", self.loaded)):
+            ours, theirs = side(rounds, "stayer"), side(rounds, "langgraph")
+            out[when] = {
+                "rounds": len(rounds),
+                "stayer_ms_per_step": ours,
+                "langgraph_sqlitesaver_ms_per_step": theirs,
+                "langgraph_over_stayer_median": (
+                    round(theirs["p50"] / ours["p50"], 1)
+                    if ours.get("p50") and theirs.get("p50")
+                    else None
+                ),
+            }
+        return out
+
+
+def run_load(
+    base: str,
+    keys: list[str],
+    args: argparse.Namespace,
+    beside: Callable[[threading.Event], None] | None = None,
+) -> dict[str, Any]:
+    """Submit the runs and measure; ``beside(done)`` runs in a thread meanwhile, until
+    ``done`` is set."""
     load_before = os.getloadavg()
     clients = [Client(base, k) for k in keys]
     submitted: list[tuple[int, str]] = []
@@ -240,6 +323,9 @@ def run_load(base: str, keys: list[str], args: argparse.Namespace) -> dict[str, 
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
+    extra = threading.Thread(target=beside, args=(done,), daemon=True) if beside else None
+    if extra is not None:
+        extra.start()
     watchers: list[threading.Thread] = []
     started = time.perf_counter()
     for i in range(args.runs):
@@ -267,6 +353,8 @@ def run_load(base: str, keys: list[str], args: argparse.Namespace) -> dict[str, 
     for t in watchers:
         t.join(timeout=120)
     poller.join(timeout=10)
+    if extra is not None:
+        extra.join()  # its round in progress ends on its own
     for c in clients:
         c.close()
     assert set(statuses) <= TERMINAL
