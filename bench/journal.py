@@ -407,6 +407,7 @@ def main() -> None:
         default="",
         help="stayer's journal in this postgresql://… database (default: SQLite in a temporary directory)",
     )
+    ap.add_argument("--no-langgraph", action="store_true", help="Time stayer's journal only.")
     ap.add_argument(
         "--langgraph-worker", nargs=3, metavar=("DATA", "DB", "OUT"), help=argparse.SUPPRESS
     )
@@ -428,7 +429,11 @@ def main() -> None:
             (measure_stayer(data, where / f"stayer{i}", args.store) for i in range(args.repeat)),
             key=lambda r: r["journal_s_per_step"],
         )
-        python, why = langgraph_python(args.langgraph_python)
+        python, why = (
+            (None, "--no-langgraph")
+            if args.no_langgraph
+            else langgraph_python(args.langgraph_python)
+        )
         theirs = None
         if python is None:
             say(f"LangGraph baseline skipped: {why}")

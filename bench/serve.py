@@ -207,13 +207,19 @@ class JournalRounds:
         self.loaded: list[dict[str, Any]] = []
 
     def round(self) -> dict[str, Any] | None:
+        """stayer's journal in the shared store beside SqliteSaver, then (with PostgreSQL)
+        stayer's journal in SQLite alone, the store SqliteSaver is measured in."""
         if not self.args.journal_steps:
             return None
         argv = [sys.executable, str(ROOT / "bench" / "journal.py"), "--json", "--repeat", "1"]
         argv += ["--steps", str(self.args.journal_steps)]
         argv += ["--obs-tokens", str(self.args.journal_obs_tokens)]
+        out = self._run([*argv, "--store", self.args.postgres] if self.args.postgres else argv)
         if self.args.postgres:
-            argv += ["--store", self.args.postgres]
+            out["stayer_sqlite"] = self._run([*argv, "--no-langgraph"])["stayer"]
+        return out
+
+    def _run(self, argv: list[str]) -> dict[str, Any]:
         r = subprocess.run(argv, capture_output=True, text=True, cwd=self.work)
         if r.returncode != 0:
             raise SystemExit(f"bench/journal.py failed: {r.stderr.strip()[-500:]}")
@@ -244,6 +250,9 @@ class JournalRounds:
             out[when] = {
                 "rounds": len(rounds),
                 "stayer_ms_per_step": ours,
+                "stayer_sqlite_ms_per_step": side(rounds, "stayer_sqlite")
+                if self.args.postgres
+                else ours,
                 "langgraph_sqlitesaver_ms_per_step": theirs,
                 "langgraph_over_stayer_median": (
                     round(theirs["p50"] / ours["p50"], 1)
