@@ -186,7 +186,7 @@ async def serve(
         ctx.append(
             Message("tool", filler(w.obs_tokens[i], rng), tool_call_id=call.id, kind="observation")
         )
-        router.observe(StepRecord(i + 1, c.total, (), output_tokens=u.output_tokens))
+        router.record_step(StepRecord(i + 1, c.total, (), output_tokens=u.output_tokens))
     return Outcome(cost, latency, switches, hard_on_cheap, read / total if total else 0.0)
 
 

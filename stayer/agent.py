@@ -175,7 +175,7 @@ class Agent:
         """Before ``run``: the tool schemas are part of the cached prefix from the start."""
         self.tools[tool.spec.name] = tool
 
-    def adopt(self, child: RunResult) -> None:
+    def child_finished(self, child: RunResult) -> None:
         """A sub-agent's finished run, folded into this run's result after the step."""
         self._children.append(child)
 
@@ -267,7 +267,7 @@ class Agent:
         s.guard.after_step(
             record, call.response.usage.input_tokens + call.response.usage.output_tokens
         )
-        self.router.observe(record)
+        self.router.record_step(record)
         self._record(s, call, tool_calls, compaction, route)
         if wrapping_up and not tool_calls and reply.content.strip():
             s.result.summary = reply.content.strip()  # a summary given as text
@@ -345,7 +345,7 @@ class Agent:
         except ModelError as e:
             s.guard.release(held)
             raise self._fail_over(e) from e
-        self.estimator.observe(context_tokens, response.usage.input_tokens, len(request.messages))
+        self.estimator.calibrate(context_tokens, response.usage.input_tokens, len(request.messages))
         cost = self.prices.cost(
             response.usage, self.model.model_id, self.model.provider, response.service_tier
         )

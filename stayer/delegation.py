@@ -111,7 +111,7 @@ class ChildAgents:
             result = await child.run(subtask.task, f"{parent.run_id}/{path}")
         finally:
             budget.close()
-        parent.adopt(result)
+        parent.child_finished(result)
         cost = result.cost_usd
         parent.on_event(
             "subagent_finished",

@@ -192,7 +192,7 @@ class PromptEstimator:
             r0 + round(predicted), max(blanket, r0 + math.ceil(worst * ADDED_MARGIN))
         )
 
-    def observe(self, counted: int, reported: int, messages: int = 0) -> None:
+    def calibrate(self, counted: int, reported: int, messages: int = 0) -> None:
         """A call's prompt of ``messages`` messages: ``counted`` by us, ``reported`` by the
         provider (0: no report)."""
         if reported <= 0 or counted <= 0:

@@ -171,9 +171,9 @@ def test_cascade_escalates_on_repeated_errors_and_failing_tests():
         escalate_after_failing_tests=2,
     )
     failed = StepRecord(1, None, (ToolCallRecord("bash", '{"command": "ls nope"}', False, 2),))
-    router.observe(failed)
+    router.record_step(failed)
     assert router.level == 0
-    router.observe(failed)
+    router.record_step(failed)
     assert router.level == 1 and router.choose(view(3, 5_000, 30.0)).model is SONNET
     router = Router(
         HAIKU,
@@ -190,8 +190,8 @@ def test_cascade_escalates_on_repeated_errors_and_failing_tests():
             ToolCallRecord("read_file", "{}", False),
         ),
     )
-    router.observe(tests_fail)
-    router.observe(tests_fail)
+    router.record_step(tests_fail)
+    router.record_step(tests_fail)
     assert router.level == 1
 
 

@@ -150,7 +150,7 @@ def _anchored_errors(
                 f"step {step}: the bound {e.upper} is below the provider's {truth}"
             )
             errors.append(abs(e.tokens - truth) / truth)
-        est.observe(counted, truth, len(messages))
+        est.calibrate(counted, truth, len(messages))
     return errors, est
 
 
@@ -173,7 +173,7 @@ def test_a_denser_tokenizer_is_learned_from_the_reports_and_stays_under_the_boun
 
 def test_a_shrunk_prompt_is_scaled_by_the_last_ratio_and_resets_on_a_model_switch() -> None:
     est = PromptEstimator()
-    est.observe(1000, 1300)
+    est.calibrate(1000, 1300)
     e = est.estimate(600)  # after a compaction
     assert e.tokens == 780 and e.upper >= math.ceil(780 * 1.2)
     est.reset()

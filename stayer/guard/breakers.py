@@ -303,7 +303,7 @@ class BehaviourBreakers:
         if self.probe is not None and self.config.no_change_steps:
             self._fingerprint = self.probe.fingerprint()
 
-    def observe(self, s: StepRecord) -> list[Trip]:
+    def check(self, s: StepRecord) -> list[Trip]:
         c = self.config
         trips: list[Trip] = []
         if s.calls and all(call.failed for call in s.calls):

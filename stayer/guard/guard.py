@@ -254,7 +254,7 @@ class Guard:
         if max_tokens >= MIN_OUTPUT_TOKENS and attempts > 1:
             # The request must stay the one the lost attempt sent (a resume replays it), so
             # its max_tokens is a single attempt's; the lost ones are held beside it.
-            r = self.budget.reserve(attempts * q.cost(max_tokens))
+            r = self.budget.reserve(attempts * q.worst_case(max_tokens))
             if r is None:
                 self._record(
                     Trip(
@@ -265,7 +265,7 @@ class Guard:
                     )
                 )
         if r is None and max_tokens >= MIN_OUTPUT_TOKENS:
-            r = self.budget.reserve(q.cost(max_tokens))
+            r = self.budget.reserve(q.worst_case(max_tokens))
         if r is None:
             where = (
                 "before the wrap-up reserve"
@@ -274,7 +274,7 @@ class Guard:
             )
             return self.unaffordable(
                 "max_cost",
-                f"the next call's worst case (${q.cost(MIN_OUTPUT_TOKENS):.6f} or more) does not fit the "
+                f"the next call's worst case (${q.worst_case(MIN_OUTPUT_TOKENS):.6f} or more) does not fit the "
                 f"${available:.6f} left {where} of ${self.budget.cap}",
             )
         return Held(r, max_tokens)
@@ -289,7 +289,7 @@ class Guard:
         if q is None:
             priced_free = not prompt_tokens or self.budget.cap is None
             return self.budget.reserve(Decimal(0)) if priced_free else None
-        return self.budget.reserve(q.cost(output_tokens))
+        return self.budget.reserve(q.worst_case(output_tokens))
 
     def tight(self, rates_at: RatesAt, prompt_tokens: int, upper: int) -> bool:
         """Whether the prompt's error bound decides the next call: under a cap, its worst
@@ -298,7 +298,7 @@ class Guard:
         if available is None:
             return False
         q = quote(rates_at, prompt_tokens, upper=upper)
-        return q is not None and q.cost(self.max_output_tokens) > available
+        return q is not None and q.worst_case(self.max_output_tokens) > available
 
     def unaffordable(self, reason: str, detail: str) -> Held | None:
         """No call can be held: wrap up or stop (or pause, at a cost cap that pauses). None,
@@ -337,7 +337,7 @@ class Guard:
         if self.phase == "wrap_up":
             self._wrapup_steps += 1
             return
-        for trip in self.breakers.observe(record):
+        for trip in self.breakers.check(record):
             if trip.reason in ESCALATABLE and self.working and self.escalate(trip):
                 self._record(Trip(trip.reason, trip.detail, trip.step, "escalate"))
             else:

@@ -35,7 +35,7 @@ class CallQuote:
     input_cost: Decimal
     output_rate: Decimal  # USD per output token
 
-    def cost(self, max_tokens: int) -> Decimal:
+    def worst_case(self, max_tokens: int) -> Decimal:
         return self.input_cost + max_tokens * self.output_rate
 
     def affordable_output(self, available: Decimal | None, wanted: int) -> int:

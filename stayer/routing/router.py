@@ -339,7 +339,7 @@ class Router:
             and self.escalate(trip.reason)
         )
 
-    def observe(self, record: StepRecord) -> None:
+    def record_step(self, record: StepRecord) -> None:
         """Failure signals of a finished step: failed tool calls, failing test runs."""
         self.output_per_step = (
             record.output_tokens
