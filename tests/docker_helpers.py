@@ -115,6 +115,23 @@ def base_root() -> Path:
     return build_base(base_for(BASE_IMAGE))
 
 
+def private_cache(base_root: Path, tmp_path: Path) -> Path:
+    """A layer cache of the test's own over the shared base: layers of content made up
+    for one test are not left behind in ~/.cache. Skipped, saying why, where RUN steps
+    cannot get their network."""
+    needs_slirp()
+    cache = tmp_path / "cache"
+    (cache / "rootfs").mkdir(parents=True)
+    (cache / "rootfs" / base_root.name).symlink_to(base_root)
+    return cache
+
+
+def needs_slirp() -> None:
+    """Skip, saying why, where RUN steps cannot get their network (see
+    stayer.environments.buildnet)."""
+    _needs("slirp4netns", why="apt install slirp4netns: the network of RUN steps")
+
+
 @pytest.fixture(scope="session")
 def docker_base(docker_host: str, base_root: Path) -> str:
     """:data:`BASE_IMAGE` in the session's daemon, imported from :func:`base_root` (on a

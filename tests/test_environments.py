@@ -11,7 +11,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from docker_helpers import base_root, docker_base, docker_host  # noqa: F401 - fixtures
+from docker_helpers import (  # noqa: F401 - fixtures
+    base_root,
+    docker_base,
+    docker_host,
+    needs_slirp,
+    private_cache,
+)
 from sandbox_helpers import needs_bwrap
 
 from stayer.environments.build import BuildError, build_root
@@ -30,6 +36,7 @@ def kind(request: pytest.FixtureRequest) -> str:
     if request.param == "docker":
         request.getfixturevalue("docker_base")
     else:
+        needs_slirp()
         request.getfixturevalue("base_root")
     return request.param
 
@@ -71,19 +78,10 @@ def test_a_dockerfile_that_cannot_be_built_is_an_environment_problem(
     assert "cannot be built" in check.problems[0].detail
 
 
-def _private_cache(base_root: Path, tmp_path: Path) -> Path:  # noqa: F811
-    """A layer cache of the test's own over the shared base: layers of content made up
-    for one test are not left behind in ~/.cache."""
-    cache = tmp_path / "cache"
-    (cache / "rootfs").mkdir(parents=True)
-    (cache / "rootfs" / base_root.name).symlink_to(base_root)
-    return cache
-
-
 def test_layers_are_cached_by_content(base_root: Path, tmp_path: Path) -> None:  # noqa: F811
     task = _copy_task(tmp_path)
     context = task / "environment"
-    cache = _private_cache(base_root, tmp_path)
+    cache = private_cache(base_root, tmp_path)
     first: list[str] = []
     built = build_root(context, cache=cache, log=first.append)
     again: list[str] = []
@@ -154,4 +152,4 @@ def test_build_steps_cannot_write_the_hosts_sysctls(base_root: Path, tmp_path: P
         f"RUN echo {uuid.uuid4().hex} && cat /proc/sys/vm/swappiness > /tmp/v && cat /tmp/v > /proc/sys/vm/swappiness\n"
     )
     with pytest.raises(BuildError, match="Read-only file system"):
-        build_root(context, cache=_private_cache(base_root, tmp_path))
+        build_root(context, cache=private_cache(base_root, tmp_path))

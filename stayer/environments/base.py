@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -197,9 +198,29 @@ def build_base(
 def private_dir(path: Path) -> None:
     """Create ``path`` (and its parents) for root filesystems: only its owner may enter it,
     since what it holds has setuid programs (su, mount, whatever a RUN step made) that no
-    other local user may reach."""
+    other local user may reach. ConfigError, in one line, where ``path`` is a link or
+    another user's, or where another user could move it aside (a parent others may
+    write, not sticky): chmod alone would not keep them out."""
     path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(
+            f"{path}: not a directory of its own (a link?): {e.strerror}; remove it or set STAYER_CACHE elsewhere"
+        ) from e
+    try:
+        parent = os.stat(path.parent)
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise ConfigError(
+                f"{path}: belongs to another user, who could enter it; remove it or set STAYER_CACHE elsewhere"
+            )
+        if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
+            raise ConfigError(
+                f"{path.parent}: others may write it (and move {path.name} aside); set STAYER_CACHE elsewhere"
+            )
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def _remove(path: Path) -> None:

@@ -10,36 +10,66 @@ what a step does can never reach a cached layer; the price is disk space per lay
 
 How a step runs, as ``docker build`` runs it:
 
-* ``RUN`` as root with the network (unless ``--network=none``), the image's ``ENV`` and
+* ``RUN`` as root, with the network (unless ``--network=none``), the image's ``ENV`` and
   ``ARG`` values, in its ``WORKDIR``; ``USER`` applies through ``runuser``;
 * ``COPY``/``ADD`` inside the same sandbox with the build context mounted read-only, so the
   host never writes into a tree a step could have filled with links;
 * ``WORKDIR`` creates the directory.
 
-"Root" there is real root when stayer runs as root, holding only the capabilities package
-installation needs (those of Docker's default set that concern files and users; not
-``CAP_SYS_ADMIN``, ``CAP_NET_ADMIN``, ``CAP_MKNOD``…), in new pid, ipc and uts namespaces,
-seeing nothing of the host but the layer, the build context and the resolver
-configuration: apt and dpkg change file owners, which a single-uid user namespace cannot
-map. Started by another user, a step runs as uid 0 of a user namespace of its own, where
-installing packages whose files belong to other users fails. The network, when given, is
-the host's (``docker build`` gives a bridge): build steps are the task author's, trusted
-as its verifier is; the agent's commands never get it unless the task allows.
+What a step can reach. A Dockerfile is the task author's, and tasks are imported from
+public benchmarks: a step is treated as hostile to the host.
+
+* Files: the layer (its own copy, read-write), the build context read-only during a
+  ``COPY``, a fresh ``/proc`` of its own pid namespace with ``/proc/sys`` read-only and the
+  root-only ``/proc`` files covered, bwrap's minimal ``/dev``. No ``/sys`` (mounting one
+  needs ``CAP_SYS_ADMIN``), nothing else of the host's file system.
+* Network: a namespace of its own. A ``RUN`` with the network gets slirp4netns's
+  (:mod:`stayer.environments.buildnet`): the internet and what the host reaches by its
+  other addresses, not the host's loopback (127.0.0.0/8: PostgreSQL, ``stayer serve``)
+  nor the abstract unix sockets of the host's namespace; its resolver is slirp's
+  (10.0.2.3), never the host's file. Without slirp4netns such a step is refused, never
+  given the host's network; ``--network=none`` steps, ``COPY`` and ``WORKDIR`` have none.
+* Processes: new pid, ipc, uts and cgroup namespaces: no host process to see or signal.
+* Privilege: when stayer runs as root, real root holding only the capabilities package
+  installation needs (those of Docker's default set that concern files and users:
+  ``CHOWN``, ``DAC_OVERRIDE``, ``FOWNER``, ``FSETID``, ``KILL``, ``SETGID``, ``SETUID``; not
+  ``SYS_ADMIN``, ``NET_ADMIN``, ``MKNOD``, ``SETFCAP``, ``DAC_READ_SEARCH``…): apt and dpkg
+  change file owners, which a single-uid user namespace cannot map. Started by another
+  user, a step runs as uid 0 of a user namespace of its own, where installing packages
+  whose files belong to other users fails.
+
+What remains of root (a full-range user namespace would remove it; not done): a step's
+files belong to the host's uids, so it can leave setuid-root programs in its layer (dpkg
+installs some), and it runs as the host's uid 0, sharing root's kernel keyrings. Hence:
+layers live in directories only their owner may enter (:func:`~stayer.environments.base.private_dir`
+refuses a link, another user's directory, or one others could move aside); every mount of
+a layer (the build's and the agent's sandbox) is ``nosuid`` and the agent runs in a user
+namespace with no new privileges; the workspace seeded from the image's ``/app`` gets no
+setuid bit, device or link target. A step cannot make device nodes (no ``CAP_MKNOD``).
+
+What the host does with a layer: copies it (``cp -a``, links copied as links), removes
+it (``rm --one-file-system``), and gives it to bwrap, which makes its mount points in it
+as root while the host's root is its ``/oldroot``; so a step's planted link where a
+mount point goes (``/proc``, ``/dev``, ``/etc``, the context's mount point, the resolver
+file) is refused or left alone, never followed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import hashlib
 import json
 import os
 import posixpath
+import stat
 import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stayer.environments import buildnet
 from stayer.environments.base import base_for, build_base, cache_root, private_dir
 from stayer.environments.dockerfile import (
     CopyStep,
@@ -52,13 +82,14 @@ from stayer.environments.dockerfile import (
 from stayer.errors import ConfigError
 from stayer.sandbox.bwrap import SANDBOX_PATH, check_bwrap, cover, proc_secrets
 from stayer.sandbox.hostfs import content_digest, tree_digest
+from stayer.sandbox.seccomp import filter_fd, keyring_filter
 
 # What a step may take: an apt-get install of a compiler tool chain takes minutes.
 STEP_TIMEOUT_S = 1800.0
 # Of Docker's default capability set, those for files and users (what dpkg and apt use).
 _BUILD_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
 _CONTEXT = "/.stayer-context"  # where the build context is mounted during COPY
-_RECIPE = 2  # bump when how a layer is made changes (2: /proc/sys read-only)
+_RECIPE = 3  # bump when how a layer is made changes (2: /proc/sys read-only, 3: slirp)
 
 
 class BuildError(ConfigError):
@@ -214,7 +245,7 @@ done
 
 def _run_step(bwrap: str, root: Path, step: Step, context: Path, where: Path) -> None:
     env = {"PATH": SANDBOX_PATH, "HOME": "/root", "HOSTNAME": "stayer-build"}
-    network = True
+    network = False
     binds: list[str] = []
     if isinstance(step, RunStep):
         env.update(dict(step.env))
@@ -247,52 +278,91 @@ def _run_step(bwrap: str, root: Path, step: Step, context: Path, where: Path) ->
             *sources,
         ]
         binds = ["--ro-bind", str(context), _CONTEXT]
-        network = False
     else:
         assert isinstance(step, WorkdirStep)
         argv = ["mkdir", "-p", step.path]
-        network = False
+    slirp = buildnet.find_slirp() if network else None
+    if network and slirp is None:
+        # Never the host's network instead: its loopback services would be in reach.
+        raise BuildError(
+            f"{where}:{step.line}: {_describe(step)[:80]}: RUN with the network needs slirp4netns (apt install slirp4netns), or RUN --network=none"
+        )
+    # bwrap makes its mount points in the layer, as root, before the step's root is the
+    # layer: a link a step planted there would be followed out of it, onto the host.
+    planted = [d for d in ("proc", "dev", "etc", _CONTEXT.lstrip("/")) if _planted(root / d)]
+    if planted:
+        raise BuildError(
+            f"{where}:{step.line}: {_describe(step)[:80]}: /{planted[0]} in the image is not a directory; refusing to build on it"
+        )
     args = [bwrap, "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev", *binds]
     # Real root may write sysctls and trigger sysrq whatever its capabilities: /proc/sys
     # read-only and root-only /proc files covered, as in the agent's sandbox.
     args += ["--ro-bind", "/proc/sys", "/proc/sys", *cover(proc_secrets())]
-    args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    if not network:
-        args.append("--unshare-net")
-    elif os.path.isfile("/etc/resolv.conf") and (root / "etc" / "resolv.conf").is_file():
-        args += ["--ro-bind", os.path.realpath("/etc/resolv.conf"), "/etc/resolv.conf"]
-    if os.geteuid() == 0:
+    # A network namespace of its own always; slirp4netns connects it when the step has
+    # the network (stayer.environments.buildnet).
+    args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    args += ["--unshare-cgroup-try"]
+    userns = os.geteuid() != 0
+    if userns:
+        args += ["--unshare-user", "--uid", "0", "--gid", "0"]
+    else:
         args += ["--cap-drop", "ALL"]
         for cap in _BUILD_CAPS:
             args += ["--cap-add", f"CAP_{cap}"]
-    else:
-        args += ["--unshare-user", "--uid", "0", "--gid", "0"]
     args += ["--die-with-parent", "--new-session", "--clearenv", "--hostname", "stayer-build"]
     for name, value in env.items():
         args += ["--setenv", name, value]
+    # Root's user keyring is every uid 0 process's: no keyrings for a step that is root.
+    seccomp = filter_fd(keyring_filter())
+    if seccomp is not None:
+        args += ["--seccomp", str(seccomp)]
+    # Over the image's own resolver file only where it is one (not a link bwrap follows).
+    resolv = not _planted(root / "etc") and _regular(root / "etc" / "resolv.conf")
     try:
-        proc = subprocess.run(
-            [*args, *argv],
-            capture_output=True,
+        out, err, code = buildnet.run_step(
+            args,
+            argv,
+            slirp=slirp,
+            userns=userns,
+            resolv=resolv,
             timeout=STEP_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            env={"PATH": SANDBOX_PATH},
-            cwd="/",
+            pass_fds=() if seccomp is None else (seccomp,),
         )
     except subprocess.TimeoutExpired as e:
         raise BuildError(
             f"{where}:{step.line}: {_describe(step)[:80]}: did not finish in {STEP_TIMEOUT_S:.0f} s"
         ) from e
+    except buildnet.NetworkError as e:
+        raise BuildError(f"{where}:{step.line}: {_describe(step)[:80]}: {e}") from e
     finally:
-        # The mount point of the context, left empty in the layer by bwrap.
-        if binds and (root / _CONTEXT.lstrip("/")).is_dir():
-            os.rmdir(root / _CONTEXT.lstrip("/"))
-    if proc.returncode != 0:
-        output = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip().splitlines()
+        if seccomp is not None:
+            os.close(seccomp)
+        # The mount point of the context, left empty in the layer by bwrap (never a
+        # link: rmdir does not follow one).
+        if binds:
+            with contextlib.suppress(OSError):
+                os.rmdir(root / _CONTEXT.lstrip("/"))
+    if code != 0:
+        output = (err or out).decode("utf-8", "replace").strip().splitlines()
         last = output[-1] if output else ""
         raise BuildError(
-            f"{where}:{step.line}: {_describe(step)[:80]}: failed with exit {proc.returncode}: {last[:200]}"
+            f"{where}:{step.line}: {_describe(step)[:80]}: failed with exit {code}: {last[:200]}"
         )
+
+
+def _planted(path: Path) -> bool:
+    """Whether ``path`` is there but not a directory (a link above all)."""
+    try:
+        return not stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _remove(path: Path) -> None:

@@ -56,8 +56,11 @@ class Environment:
     def seed(self, workspace: str | Path) -> None:
         """Copy what the image holds in ``/app`` into ``workspace`` (over what is there)."""
         if self.root is not None:
-            if (self.root.root / "app").is_dir():
-                copy_tree(self.root.root / "app", workspace)
+            # A build step made /app: a link there would lead the host's copy out of the
+            # image (Docker's copy, made inside the image, would find nothing there).
+            app = self.root.root / "app"
+            if app.is_dir() and not app.is_symlink():
+                copy_tree(app, workspace)
             return
         from stayer.sandbox.docker import DockerSandbox, check_docker, client_env, hand_over
 

@@ -61,7 +61,7 @@ from stayer.sandbox.process import (
     file_size_cap,
     run_process,
 )
-from stayer.sandbox.seccomp import suid_filter
+from stayer.sandbox.seccomp import filter_fd, suid_filter
 
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -294,7 +294,8 @@ class BwrapSandbox:
         else:
             # An image's root (stayer.environments): all of it, but what the sandbox makes
             # fresh itself; nothing of the host is mounted, so nothing of it needs hiding.
-            if not (self.root / "etc").is_dir():
+            # (etc/ a link, planted by a build step, would have the host read where it leads)
+            if not (self.root / "etc").is_dir() or (self.root / "etc").is_symlink():
                 raise ConfigError(f"sandbox: {self.root} is not a root file system (no etc/)")
             self._system = [
                 (str(self.root / name), "/" + name)
@@ -418,19 +419,9 @@ class BwrapSandbox:
 
 
 def _seccomp_fd() -> int | None:
-    """A descriptor holding :func:`suid_filter` for ``bwrap --seccomp``, read from its start;
-    None where there is no filter for this machine."""
-    program = suid_filter()
-    if program is None:
-        return None
-    fd = os.memfd_create("stayer-seccomp", os.MFD_CLOEXEC)
-    try:
-        os.write(fd, program)
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    """A descriptor holding :func:`suid_filter` for ``bwrap --seccomp``; None where there is
+    no filter for this machine."""
+    return filter_fd(suid_filter())
 
 
 def _options_pipe(options: list[str]) -> int | None:

@@ -16,14 +16,21 @@ describe (e.g. 32-bit ARM on arm64) is killed: its system call numbers would byp
 
 Supported: x86-64 (with its i386 and x32 ABIs) and arm64. Elsewhere :func:`suid_filter`
 returns None and the bits are not blocked (SECURITY.md says so).
+
+:func:`keyring_filter` is for image build steps, which may be the host's root: the kernel's
+keyrings (``add_key``, ``request_key``, ``keyctl``) fail with ``EPERM``, as in Docker's
+default profile, since root's user keyring is every uid 0 process's in the host's user
+namespace.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
+import os
 import platform
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # <linux/filter.h>, <linux/seccomp.h>, <linux/audit.h>
@@ -72,6 +79,7 @@ _FCHMODAT2 = _ModeCall(452, mode=2)
 class _Abi:
     arch: int
     calls: tuple[_ModeCall, ...]
+    keys: tuple[int, ...]  # add_key, request_key, keyctl
     strip: int = 0  # bits cleared from nr first (x32 shares x86-64's numbers)
 
 
@@ -103,10 +111,15 @@ def _legacy_calls(
 _X86_64 = _Abi(
     _AUDIT_ARCH_X86_64,
     _at_calls(257, 258, 259, 91, 268) + _legacy_calls(2, 85, 83, 133, 90),
+    (248, 249, 250),
     strip=_X32_SYSCALL_BIT,
 )
-_I386 = _Abi(_AUDIT_ARCH_I386, _at_calls(295, 296, 297, 94, 306) + _legacy_calls(5, 8, 39, 14, 15))
-_AARCH64 = _Abi(_AUDIT_ARCH_AARCH64, _at_calls(56, 34, 33, 52, 53))
+_I386 = _Abi(
+    _AUDIT_ARCH_I386,
+    _at_calls(295, 296, 297, 94, 306) + _legacy_calls(5, 8, 39, 14, 15),
+    (286, 287, 288),
+)
+_AARCH64 = _Abi(_AUDIT_ARCH_AARCH64, _at_calls(56, 34, 33, 52, 53), (217, 218, 219))
 
 _ABIS = {"x86_64": (_X86_64, _I386), "aarch64": (_AARCH64,)}
 
@@ -142,10 +155,14 @@ def _ret(p: _Program, action: int) -> None:
     p.op(_RET_K, action)
 
 
-def _abi_block(p: _Program, abi: _Abi, name: str) -> None:
+def _load_nr(p: _Program, abi: _Abi) -> None:
     p.op(_LD_W_ABS, _NR)
     if abi.strip:
         p.op(_ALU_AND_K, 0xFFFFFFFF & ~abi.strip)
+
+
+def _abi_block(p: _Program, abi: _Abi, name: str) -> None:
+    _load_nr(p, abi)
     p.op(_JEQ_K, _OPENAT2, jt=f"{name}.enosys")
     for i, call in enumerate(abi.calls):
         p.op(_JEQ_K, call.nr, jt=f"{name}.{i}")
@@ -161,9 +178,16 @@ def _abi_block(p: _Program, abi: _Abi, name: str) -> None:
         p.op(_JSET_K, _S_ISUID_ISGID, jt="deny", jf="allow")
 
 
-@functools.cache
-def suid_filter(machine: str | None = None) -> bytes | None:
-    """The compiled filter for ``machine`` (default: this one), or None if unsupported."""
+def _keyring_block(p: _Program, abi: _Abi, name: str) -> None:
+    _load_nr(p, abi)
+    for nr in abi.keys:
+        p.op(_JEQ_K, nr, jt="deny")
+    _ret(p, _RET_ALLOW)
+
+
+def _compile(machine: str | None, block: Callable[[_Program, _Abi, str], None]) -> bytes | None:
+    """A filter that runs ``block`` for the ABI of each call (killing a process of an ABI
+    not described); its jumps end at "allow" or "deny" (EPERM)."""
     abis = _ABIS.get(machine or platform.machine())
     if abis is None:
         return None
@@ -174,9 +198,36 @@ def suid_filter(machine: str | None = None) -> bytes | None:
     _ret(p, _RET_KILL_PROCESS)
     for abi in abis:
         p.label(f"arch{abi.arch:x}")
-        _abi_block(p, abi, f"a{abi.arch:x}")
+        block(p, abi, f"a{abi.arch:x}")
     p.label("allow")
     _ret(p, _RET_ALLOW)
     p.label("deny")
     _ret(p, _RET_ERRNO | errno.EPERM)
     return p.pack()
+
+
+@functools.cache
+def suid_filter(machine: str | None = None) -> bytes | None:
+    """The compiled filter for ``machine`` (default: this one), or None if unsupported."""
+    return _compile(machine, _abi_block)
+
+
+@functools.cache
+def keyring_filter(machine: str | None = None) -> bytes | None:
+    """The keyring filter for ``machine`` (default: this one), or None if unsupported."""
+    return _compile(machine, _keyring_block)
+
+
+def filter_fd(program: bytes | None) -> int | None:
+    """A descriptor holding ``program`` for ``bwrap --seccomp``, read from its start; None
+    for no program. The caller closes it."""
+    if program is None:
+        return None
+    fd = os.memfd_create("stayer-seccomp", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, program)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -1,0 +1,184 @@
+"""The network of a ``RUN`` step: a namespace of its own behind slirp4netns, as Docker's
+bridge gives one to ``docker build``.
+
+The step's bubblewrap sandbox gets a new, empty network namespace, and its command holds
+still until :func:`run_step` has connected it: a shell prelude writes one byte to the
+step's output once bwrap's own setup (its loopback included, which races with any other
+configuration of the namespace) is done, then waits for a line on its input. Meanwhile
+slirp4netns, a user-space TCP/IP stack started here for the namespace of the sandbox's
+pid (from bwrap's ``--info-fd``), makes ``tap0`` there (10.0.2.100/24, gateway 10.0.2.2,
+DNS 10.0.2.3) and relays its connections through ordinary sockets of the host.
+``--disable-host-loopback`` refuses connections to the host's 127.0.0.0/8 through the
+gateway, so services bound to the host's loopback (PostgreSQL, ``stayer serve``) are out
+of reach, and so are the abstract unix sockets of the host's namespace. What the host
+itself can reach by its other addresses (the internet, the local network, the host's own
+non-loopback addresses) the step reaches too, as with Docker's bridge. slirp4netns runs
+sandboxed (``--enable-sandbox``, ``--enable-seccomp``) and is stopped when the step ends.
+
+The step's resolver configuration is :data:`RESOLV_CONF` (slirp4netns's DNS forwarder,
+which asks the host's resolvers), never the host's file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+
+from stayer.sandbox.bwrap import SANDBOX_PATH
+
+RESOLV_CONF = b"nameserver 10.0.2.3\n"
+_DEVICE = "tap0"
+_STOP_S = 30.0  # slirp4netns exits at once when told; this only bounds a stuck one
+
+
+class NetworkError(RuntimeError):
+    """slirp4netns could not connect the step's namespace (the message says why)."""
+
+
+def find_slirp() -> str | None:
+    """slirp4netns's path, or None where it is not installed."""
+    return shutil.which("slirp4netns")
+
+
+@contextlib.contextmanager
+def slirp_network(slirp: str, pid: int, *, userns: bool) -> Iterator[None]:
+    """Connect the network namespace of process ``pid`` (held at its start gate, so that
+    nothing runs in it yet) for as long as the context lasts. ``userns``: the namespace
+    belongs to the user namespace of ``pid``, which slirp4netns must join to configure it.
+    Raises :class:`NetworkError` when slirp4netns exits before the network is up."""
+    ready_r, ready_w = os.pipe()
+    exit_r, exit_w = os.pipe()
+    argv = [slirp, "--configure", "--mtu=65520", "--disable-host-loopback"]
+    argv += ["--enable-sandbox", "--enable-seccomp"]
+    argv += ["--ready-fd", str(ready_w), "--exit-fd", str(exit_r)]
+    if userns:
+        argv += ["--userns-path", f"/proc/{pid}/ns/user"]
+    argv += [str(pid), _DEVICE]
+    with tempfile.TemporaryFile() as log:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                pass_fds=(ready_w, exit_r),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        except BaseException:
+            for fd in (ready_r, ready_w, exit_r, exit_w):
+                os.close(fd)
+            raise
+        os.close(ready_w)
+        os.close(exit_r)
+        try:
+            # "1" once the namespace is configured; end of file if slirp4netns died first.
+            if os.read(ready_r, 1) != b"1":
+                proc.wait()
+                log.seek(0)
+                lines = log.read().decode("utf-8", "replace").strip().splitlines()
+                raise NetworkError(
+                    f"slirp4netns failed (exit {proc.returncode}): {lines[-1] if lines else ''}"
+                )
+            yield
+        finally:
+            os.close(ready_r)
+            os.close(exit_w)  # slirp4netns's --exit-fd: stop
+            try:
+                proc.wait(timeout=_STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+# Says "set up" on the step's output, waits for the go on its input, then runs the command
+# with /dev/null as its input (the image's /bin/sh: dash knows no descriptor above 9).
+_HOLD = 'printf . && read -r _ && exec "$@" </dev/null'
+
+
+def run_step(
+    options: list[str],
+    command: list[str],
+    *,
+    slirp: str | None,
+    userns: bool,
+    resolv: bool,
+    timeout: float,
+    pass_fds: tuple[int, ...] = (),
+) -> tuple[bytes, bytes, int]:
+    """Run bwrap's ``options`` and ``command``: stdout, stderr and exit status. With
+    ``slirp``, the sandbox (``options`` must unshare its network) is connected before
+    ``command`` starts and gets :data:`RESOLV_CONF` when ``resolv``; without, it runs as
+    is. Raises subprocess.TimeoutExpired after ``timeout`` seconds, the sandbox killed,
+    and :class:`NetworkError`. ``pass_fds``: descriptors ``options`` name, for bwrap."""
+    if slirp is None:
+        done = subprocess.run(
+            [*options, *command],
+            capture_output=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            env={"PATH": SANDBOX_PATH},
+            cwd="/",
+            pass_fds=pass_fds,
+        )
+        return done.stdout, done.stderr, done.returncode
+    info_r, info_w = os.pipe()
+    fds = [info_w]
+    extra = ["--info-fd", str(info_w)]
+    if resolv:
+        fds.append(_data_fd(RESOLV_CONF))
+        # (0600 unless said: apt fetches as its own user, _apt)
+        extra += ["--perms", "0644", "--ro-bind-data", str(fds[-1]), "/etc/resolv.conf"]
+    try:
+        proc = subprocess.Popen(
+            [*options, *extra, "/bin/sh", "-c", _HOLD, "sh", *command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={"PATH": SANDBOX_PATH},
+            cwd="/",
+            pass_fds=[*fds, *pass_fds],
+            bufsize=0,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        with os.fdopen(info_r, "rb") as info:
+            pid = _child_pid(info.read())
+        # EOF instead: bwrap failed before the command (its status and stderr say why)
+        if pid is not None and proc.stdout.read(1) == b".":
+            with slirp_network(slirp, pid, userns=userns):
+                out, err = proc.communicate(b"go\n", timeout=timeout)
+        else:
+            out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return out, err, proc.returncode
+
+
+def _data_fd(data: bytes) -> int:
+    """A descriptor to read ``data`` from (for bwrap's ``--ro-bind-data``)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, data)  # far less than a pipe holds
+    finally:
+        os.close(w)
+    return r
+
+
+def _child_pid(report: bytes) -> int | None:
+    """The sandbox's pid from bwrap's ``--info-fd`` report; None when there is none."""
+    try:
+        return int(json.loads(report)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+__all__ = ["RESOLV_CONF", "NetworkError", "find_slirp", "run_step", "slirp_network"]
