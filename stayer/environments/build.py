@@ -40,7 +40,8 @@ public benchmarks: a step is treated as hostile to the host.
 
 What remains of root (a full-range user namespace would remove it; not done): a step's
 files belong to the host's uids, so it can leave setuid-root programs in its layer (dpkg
-installs some), and it runs as the host's uid 0, sharing root's kernel keyrings. Hence:
+installs some), and it runs as the host's uid 0, whose user keyring is shared by all of
+root's processes (the kernel's keyring calls fail in a step: a seccomp filter). Hence:
 layers live in directories only their owner may enter (:func:`~stayer.environments.base.private_dir`
 refuses a link, another user's directory, or one others could move aside); every mount of
 a layer (the build's and the agent's sandbox) is ``nosuid`` and the agent runs in a user

@@ -47,7 +47,7 @@ def find_slirp() -> str | None:
 
 @contextlib.contextmanager
 def slirp_network(slirp: str, pid: int, *, userns: bool) -> Iterator[None]:
-    """Connect the network namespace of process ``pid`` (held at its start gate, so that
+    """Connect the network namespace of process ``pid`` (whose command is held, so that
     nothing runs in it yet) for as long as the context lasts. ``userns``: the namespace
     belongs to the user namespace of ``pid``, which slirp4netns must join to configure it.
     Raises :class:`NetworkError` when slirp4netns exits before the network is up."""
@@ -143,6 +143,9 @@ def run_step(
             pass_fds=[*fds, *pass_fds],
             bufsize=0,
         )
+    except BaseException:
+        os.close(info_r)
+        raise
     finally:
         for fd in fds:
             os.close(fd)
