@@ -4,9 +4,13 @@ processes by a marker in their command line."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import os
+import platform
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,3 +78,36 @@ except OSError:
     pass
 print(n)
 EOF"""
+
+
+# add_key and keyctl by machine; KEY_SPEC_USER_KEYRING and KEYCTL_UNLINK.
+_KEY_CALLS = {"x86_64": (248, 250), "aarch64": (217, 219)}
+_USER_KEYRING, _UNLINK = -4, 9
+# Run as ``python3 - KEYCTL NAME``: looks for the key NAME in the user keyring and reads
+# it; prints what it got, or "no key".
+KEY_READER = """import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+keyctl = int(sys.argv[1])
+key = libc.syscall(keyctl, 10, -4, b"user", sys.argv[2].encode(), 0)
+buf = ctypes.create_string_buffer(64)
+n = libc.syscall(keyctl, 11, key, buf, 64) if key > 0 else -1
+print(buf.value.decode() if n > 0 else "no key")
+"""
+
+
+@contextlib.contextmanager
+def host_key() -> Iterator[tuple[str, int]]:
+    """A key with a unique name (and secret) in this user's keyring, removed after:
+    ``(name, keyctl's system call number)`` for :data:`KEY_READER`."""
+    calls = _KEY_CALLS.get(platform.machine())
+    if calls is None:
+        pytest.skip(f"no system call numbers here for {platform.machine()}")
+    add_key, keyctl = calls
+    libc = ctypes.CDLL(None, use_errno=True)
+    name, secret = f"stayer-test-{uuid.uuid4().hex}", uuid.uuid4().hex
+    key = libc.syscall(add_key, b"user", name.encode(), secret.encode(), 32, _USER_KEYRING)
+    assert key > 0, os.strerror(ctypes.get_errno())
+    try:
+        yield name, keyctl
+    finally:
+        libc.syscall(keyctl, _UNLINK, key, _USER_KEYRING)

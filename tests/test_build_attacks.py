@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
-import platform
 import socket
 import stat
 import uuid
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from docker_helpers import base_root, private_cache  # noqa: F401 - fixtures
-from sandbox_helpers import needs_bwrap
+from sandbox_helpers import KEY_READER, host_key, needs_bwrap
 
 from stayer.environments import buildnet
 from stayer.environments.build import BuildError, build_root
@@ -123,41 +121,17 @@ def test_a_build_step_cannot_read_the_hosts_files(base_root: Path, tmp_path: Pat
     assert (built.root / "read.txt").read_text() == "done\n"
 
 
-# add_key and keyctl by machine; KEY_SPEC_USER_KEYRING and KEYCTL_UNLINK.
-_KEY_CALLS = {"x86_64": (248, 250), "aarch64": (217, 219)}
-_USER_KEYRING, _UNLINK = -4, 9
-# Looks for the key named argv[2] in the user keyring and reads it: prints what it got.
-_KEYS = """import ctypes, sys
-libc = ctypes.CDLL(None, use_errno=True)
-keyctl = int(sys.argv[1])
-key = libc.syscall(keyctl, 10, -4, b"user", sys.argv[2].encode(), 0)
-buf = ctypes.create_string_buffer(64)
-n = libc.syscall(keyctl, 11, key, buf, 64) if key > 0 else -1
-print(buf.value.decode() if n > 0 else "no key")
-"""
-
-
 def test_a_build_step_cannot_read_the_hosts_keyrings(base_root: Path, tmp_path: Path) -> None:  # noqa: F811
     """A step that is the host's root shares root's user keyring (kerberos tickets, file
     system keys) unless keyrings are closed to it."""
-    calls = _KEY_CALLS.get(platform.machine())
-    if calls is None:
-        pytest.skip(f"no system call numbers here for {platform.machine()}")
-    add_key, keyctl = calls
-    libc = ctypes.CDLL(None, use_errno=True)
-    name, secret = f"stayer-test-{uuid.uuid4().hex}", uuid.uuid4().hex
-    key = libc.syscall(add_key, b"user", name.encode(), secret.encode(), 32, _USER_KEYRING)
-    assert key > 0, os.strerror(ctypes.get_errno())
-    try:
+    with host_key() as (name, keyctl):
         context = _context(
             tmp_path,
             f"COPY keys.py /\nRUN python3 /keys.py {keyctl} {name} > /keys.txt\n",
-            **{"keys.py": _KEYS},
+            **{"keys.py": KEY_READER},
         )
         built = build_root(context, cache=private_cache(base_root, tmp_path))
         assert (built.root / "keys.txt").read_text() == "no key\n"
-    finally:
-        libc.syscall(keyctl, _UNLINK, key, _USER_KEYRING)
 
 
 def test_nothing_setuid_or_a_device_that_a_step_leaves_is_usable_from_the_host(

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import needs_bwrap
+from sandbox_helpers import KEY_READER, host_key, needs_bwrap
 
 from stayer.models.base import ToolCall
 from stayer.sandbox.base import Mount
@@ -354,6 +354,24 @@ def test_host_paths_do_not_leak(tmp_path: Path, ws: Path, monkeypatch: pytest.Mo
         assert "PWD=/\n" in out, out  # bwrap's own environment was read, and shows /
         for secret in (launch, home, state):
             assert secret.name not in out, (secret, out)
+
+
+def test_the_hosts_keyrings_are_not_listed_or_read(run_in: Runner, ws: Path) -> None:
+    """Started by root, the command is the host's uid 0 to the kernel's key accounting:
+    /proc/keys would list root's keys (kerberos tickets, file system keys) by description,
+    and /proc/key-users who holds how many."""
+    with host_key() as (name, keyctl):
+        script = (
+            "echo KEYS; cat /proc/keys /proc/key-users 2>&1; "
+            f"python3 - {keyctl} {name} <<'EOF'\n{KEY_READER}EOF\n"
+            # KEYCTL_GET_KEYRING_ID of the user keyring: any key call at all is refused
+            "python3 -c 'import ctypes, sys; l = ctypes.CDLL(None, use_errno=True); "
+            f'r = l.syscall({keyctl}, 0, -4, 0); print("KEYCTL", r, ctypes.get_errno())\''
+        )
+        out = run_in(ws, script)
+        assert "KEYS" in out and "no key" in out, out  # the probe ran, and read nothing
+        assert name not in out, out
+        assert "KEYCTL -1 1\n" in out, out  # EPERM
 
 
 # ---------------------------------------------------------------------------- run dirs

@@ -205,20 +205,27 @@ def _identity(bwrap: str) -> list[str]:
     return args
 
 
+# Readable by all, but they list the caller's keys by description (root's, when stayer runs
+# as root: the command counts as root to the key accounting) and who holds how many.
+_KEY_LISTS = ("keys", "key-users")
+
+
 @functools.cache
 def proc_secrets(proc: str = "/proc") -> tuple[tuple[str, bool], ...]:
     """``(path, is_dir)`` of the entries at the top of ``/proc`` (not the processes) that
     other users may not read: ``kpageflags``, ``slabinfo`` and the like are exploit aids,
-    and the command's uid is the caller's, root's when stayer runs as root."""
+    and the command's uid is the caller's, root's when stayer runs as root. Also the key
+    lists, which anyone may read but which show the caller's own keys."""
     try:
         names = os.listdir(proc)
     except OSError:
         return ()
+    paths = (os.path.join(proc, name) for name in names if not name.isdigit())
     return tuple(
         sorted(
             (path, os.path.isdir(path))
-            for name in names
-            if not name.isdigit() and _kept_from_others(path := os.path.join(proc, name))
+            for path in paths
+            if os.path.basename(path) in _KEY_LISTS or _kept_from_others(path)
         )
     )
 

@@ -17,10 +17,11 @@ describe (e.g. 32-bit ARM on arm64) is killed: its system call numbers would byp
 Supported: x86-64 (with its i386 and x32 ABIs) and arm64. Elsewhere :func:`suid_filter`
 returns None and the bits are not blocked (SECURITY.md says so).
 
-:func:`keyring_filter` is for image build steps, which may be the host's root: the kernel's
-keyrings (``add_key``, ``request_key``, ``keyctl``) fail with ``EPERM``, as in Docker's
-default profile, since root's user keyring is every uid 0 process's in the host's user
-namespace.
+The kernel's keyrings (``add_key``, ``request_key``, ``keyctl``) fail with ``EPERM`` too,
+as in Docker's default profile: started by root, the command counts as root to the key
+accounting, and root's user keyring (kerberos tickets, file system keys) is every uid 0
+process's. :func:`keyring_filter` is that part alone, for image build steps (which must set
+setuid bits: dpkg installs setuid programs).
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ def _load_nr(p: _Program, abi: _Abi) -> None:
 
 def _abi_block(p: _Program, abi: _Abi, name: str) -> None:
     _load_nr(p, abi)
+    _deny_keys(p, abi)
     p.op(_JEQ_K, _OPENAT2, jt=f"{name}.enosys")
     for i, call in enumerate(abi.calls):
         p.op(_JEQ_K, call.nr, jt=f"{name}.{i}")
@@ -178,10 +180,14 @@ def _abi_block(p: _Program, abi: _Abi, name: str) -> None:
         p.op(_JSET_K, _S_ISUID_ISGID, jt="deny", jf="allow")
 
 
-def _keyring_block(p: _Program, abi: _Abi, name: str) -> None:
-    _load_nr(p, abi)
+def _deny_keys(p: _Program, abi: _Abi) -> None:
     for nr in abi.keys:
         p.op(_JEQ_K, nr, jt="deny")
+
+
+def _keyring_block(p: _Program, abi: _Abi, name: str) -> None:
+    _load_nr(p, abi)
+    _deny_keys(p, abi)
     _ret(p, _RET_ALLOW)
 
 
