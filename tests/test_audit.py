@@ -947,7 +947,6 @@ def test_what_if_says_it_sets_the_main_chain_beside_the_replay_in_every_output(
 ) -> None:
     """The replay covers the session's own agent only: every output labels its "actual" as
     the main chain and shows the session's total beside it; the HTML report has the section."""
-    pytest.importorskip("matplotlib")
     s = "s-scope"
     lines: list[dict[str, Any]] = [
         {**user(s, 0), "message": {"role": "user", "content": "Fix calc.py"}}
