@@ -79,6 +79,30 @@ def _tasks_dir(tasks_dir: str) -> Path:
     return path.resolve()
 
 
+def _worker(  # noqa: ANN202 - Worker (imported lazily: the CLI starts fast)
+    tasks: Path,
+    concurrency: int,
+    sandbox: str,
+    allow_private_webhooks: bool,
+    lease_ttl: float,
+    otlp: str | None,
+):
+    """The worker of ``stayer worker``, and the one ``stayer serve`` embeds: both take the
+    same options for it."""
+    from stayer.runtime.webhooks import Webhooks
+    from stayer.runtime.worker import Worker
+
+    return Worker(
+        _home(),
+        tasks,
+        concurrency=concurrency,
+        lease_ttl_s=lease_ttl,
+        sandbox=sandbox,
+        webhooks=Webhooks(allow_private=allow_private_webhooks),
+        otlp=otlp,
+    )
+
+
 @tenants_app.command("create")
 def tenants_create(
     name: Annotated[str, typer.Argument(help="Tenant name: letters, digits, '.', '_', '-'.")],
@@ -245,21 +269,11 @@ def serve(
     import uvicorn
 
     from stayer.runtime.api import create_app
-    from stayer.runtime.webhooks import Webhooks
-    from stayer.runtime.worker import Worker
 
     tasks = _tasks_dir(tasks_dir)
     try:
         worker = (
-            Worker(
-                _home(),
-                tasks,
-                concurrency=workers,
-                lease_ttl_s=lease_ttl,
-                sandbox=sandbox,
-                webhooks=Webhooks(allow_private=allow_private_webhooks),
-                otlp=otlp,
-            )
+            _worker(tasks, workers, sandbox, allow_private_webhooks, lease_ttl, otlp)
             if workers
             else None
         )
@@ -322,20 +336,9 @@ def worker(
     import contextlib
     import signal
 
-    from stayer.runtime.webhooks import Webhooks
-    from stayer.runtime.worker import Worker
-
     tasks = _tasks_dir(tasks_dir)
     try:
-        w = Worker(
-            _home(),
-            tasks,
-            concurrency=concurrency,
-            lease_ttl_s=lease_ttl,
-            sandbox=sandbox,
-            webhooks=Webhooks(allow_private=allow_private_webhooks),
-            otlp=otlp,
-        )
+        w = _worker(tasks, concurrency, sandbox, allow_private_webhooks, lease_ttl, otlp)
     except ConfigError as e:
         bad_input(str(e))
 
