@@ -10,7 +10,16 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json, parse_decimal, stderr, sub_app
+from stayer.cli.common import (
+    JsonFlag,
+    SandboxOption,
+    app,
+    bad_input,
+    emit_json,
+    parse_decimal,
+    stderr,
+    sub_app,
+)
 from stayer.errors import ConfigError
 
 # asyncio, signal and rich.table are imported inside the commands: `stayer --help` and the
@@ -25,7 +34,6 @@ TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 TasksDirOption = Annotated[
     str, typer.Option("--tasks-dir", help="Directory of tasks that runs may name.")
 ]
-SandboxOption = Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")]
 PrivateWebhooksOption = Annotated[
     bool,
     typer.Option(
