@@ -276,20 +276,29 @@ class SqlStore:
         return None
 
     def claim_next(self, owner: str, ttl_s: float) -> str | None:
+        return self._claim_first(
+            "stayer_runs",
+            f"status = 'running' AND (lease_owner IS NULL OR lease_expires <= {self.NOW})",
+            "updated",
+            f"lease_owner = ?, lease_expires = {self.NOW} + ?, updated = ?",
+            (owner, ttl_s, utc_now()),
+        )
+
+    def _claim_first(
+        self, table: str, claimable: str, order: str, lease: str, params: Sequence[Any]
+    ) -> str | None:
+        """In one transaction, the first row of ``table`` that is ``claimable`` (in ``order``;
+        rows another claimer has locked are skipped) is updated by ``lease``, the ``SET``
+        clauses taking ``params``. Its id, or None when no row is claimable."""
         with self._tx() as cur:
             row = cur.execute(
-                "SELECT id FROM stayer_runs WHERE status = 'running' "
-                f"AND (lease_owner IS NULL OR lease_expires <= {self.NOW}) "
-                f"ORDER BY updated LIMIT 1{self.LOCK_ROW_SKIP}",
+                f"SELECT id FROM {table} WHERE {claimable} "
+                f"ORDER BY {order} LIMIT 1{self.LOCK_ROW_SKIP}",
                 (),
             ).fetchone()
             if row is None:
                 return None
-            cur.execute(
-                f"UPDATE stayer_runs SET lease_owner = ?, lease_expires = {self.NOW} + ?, updated = ? "
-                "WHERE id = ?",
-                (owner, ttl_s, utc_now(), row[0]),
-            )
+            cur.execute(f"UPDATE {table} SET {lease} WHERE id = ?", (*params, row[0]))
         return str(row[0])
 
     def renew(self, run_id: str, owner: str, ttl_s: float) -> bool:

@@ -363,21 +363,15 @@ class ServiceDB:
     def claim_next(self, worker: str, ttl_s: float) -> ServiceRun | None:
         """Lease the oldest queued run, or a running one whose worker stopped renewing."""
         now_sql = self.store.NOW
-        with self.store._tx() as cur:
-            row = cur.execute(
-                "SELECT id FROM stayer_service_runs WHERE status = 'queued' "
-                f"OR (status = 'running' AND (lease_expires IS NULL OR lease_expires <= {now_sql})) "
-                f"ORDER BY created_at, id LIMIT 1{self.store.LOCK_ROW_SKIP}",
-                (),
-            ).fetchone()
-            if row is None:
-                return None
-            cur.execute(
-                f"UPDATE stayer_service_runs SET status = 'running', worker = ?, lease_expires = {now_sql} + ?, "
-                "updated_at = ? WHERE id = ?",
-                (worker, ttl_s, utc_now(), row[0]),
-            )
-        return self.run(str(row[0]))
+        run_id = self.store._claim_first(
+            "stayer_service_runs",
+            "status = 'queued' "
+            f"OR (status = 'running' AND (lease_expires IS NULL OR lease_expires <= {now_sql}))",
+            "created_at, id",
+            f"status = 'running', worker = ?, lease_expires = {now_sql} + ?, updated_at = ?",
+            (worker, ttl_s, utc_now()),
+        )
+        return None if run_id is None else self.run(run_id)
 
     def renew(self, run_id: str, worker: str, ttl_s: float) -> tuple[bool, bool]:
         """Extend the lease. Returns (still ours, cancel requested)."""
