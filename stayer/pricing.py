@@ -235,19 +235,25 @@ def _check_keys(src: str, here: str, body: Mapping[str, Any], allowed: Collectio
             )
 
 
+def _mapping(value: Any, where: str, expected: str) -> Mapping[str, Any]:
+    """``value`` if it is a table; else the error saying what ``where`` should hold."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected {expected}")
+    return value
+
+
 def _parse_table(data: Mapping[str, Any], src: str) -> _Table:
     """Validate a parsed override document; every error names ``src`` and the field."""
     for key in data:
         if key not in ("models", "tiers"):
             raise ConfigError(f"{src}: {key}: unknown top-level key; expected [models] or [tiers]")
     models: dict[str, _ModelOverride] = {}
-    raw_models = data.get("models", {})
-    if not isinstance(raw_models, Mapping):
-        raise ConfigError(f'{src}: models: expected a table of [models."name"] tables')
+    raw_models = _mapping(
+        data.get("models", {}), f"{src}: models", 'a table of [models."name"] tables'
+    )
     for name, body in raw_models.items():
         here = f"models.{name}"
-        if not isinstance(body, Mapping):
-            raise ConfigError(f"{src}: {here}: expected a table")
+        body = _mapping(body, f"{src}: {here}", "a table")
         _check_keys(src, here, body, _MODEL_KEYS)
         for k in ("input", "output"):
             if k not in body:
@@ -264,16 +270,12 @@ def _parse_table(data: Mapping[str, Any], src: str) -> _Table:
         )
         models[name.lower()] = _ModelOverride(rates, provider.lower() if provider else None)
     tiers: dict[tuple[str, str], _TierRule] = {}
-    raw_tiers = data.get("tiers", {})
-    if not isinstance(raw_tiers, Mapping):
-        raise ConfigError(f"{src}: tiers: expected [tiers.<provider>.<tier>] tables")
+    raw_tiers = _mapping(data.get("tiers", {}), f"{src}: tiers", "[tiers.<provider>.<tier>] tables")
     for provider, by_tier in raw_tiers.items():
-        if not isinstance(by_tier, Mapping):
-            raise ConfigError(f"{src}: tiers.{provider}: expected [tiers.{provider}.<tier>] tables")
-        for tier, body in by_tier.items():
+        where = f"{src}: tiers.{provider}"
+        for tier, body in _mapping(by_tier, where, f"[tiers.{provider}.<tier>] tables").items():
             here = f"tiers.{provider}.{tier}"
-            if not isinstance(body, Mapping):
-                raise ConfigError(f'{src}: {here}: expected a table with multiplier = "…"')
+            body = _mapping(body, f"{src}: {here}", 'a table with multiplier = "…"')
             _check_keys(src, here, body, _TIER_KEYS)
             if "multiplier" not in body:
                 raise ConfigError(f"{src}: {here}.multiplier: required")

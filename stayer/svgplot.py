@@ -105,20 +105,10 @@ class _Frame:
         y0, y1 = self.sy(self.y[0]), self.sy(self.y[1])
         for t in self.xticks:
             x = self.sx(t)
-            p.append(
-                f'<line x1="{x:.1f}" y1="{y0:.1f}" x2="{x:.1f}" y2="{y1:.1f}" stroke="#e6e6e6"/>'
-            )
-            p.append(
-                f'<text x="{x:.1f}" y="{y0 + FONT + 4:.1f}" text-anchor="middle">{tick_text(t)}</text>'
-            )
+            self.tick(t, (x, y0, x, y1), (x, y0 + FONT + 4), "middle")
         for t in self.yticks:
             y = self.sy(t)
-            p.append(
-                f'<line x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="#e6e6e6"/>'
-            )
-            p.append(
-                f'<text x="{x0 - 5:.1f}" y="{y + 4:.1f}" text-anchor="end">{tick_text(t)}</text>'
-            )
+            self.tick(t, (x0, y, x1, y), (x0 - 5, y + 4), "end")
         p.append(
             f'<rect x="{x0:.1f}" y="{y1:.1f}" width="{x1 - x0:.1f}" height="{y0 - y1:.1f}" fill="none" stroke="#999"/>'
         )
@@ -135,6 +125,23 @@ class _Frame:
             p.append(
                 f'<text x="12" y="{cy:.1f}" text-anchor="middle" transform="rotate(-90 12 {cy:.1f})">{escape(self.ylabel)}</text>'
             )
+
+    def tick(
+        self,
+        value: float,
+        grid: tuple[float, float, float, float],
+        label_at: tuple[float, float],
+        anchor: str,
+    ) -> None:
+        """A tick of either axis: its grid line across the plot, and its label."""
+        x1, y1, x2, y2 = grid
+        self.parts.append(
+            f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="#e6e6e6"/>'
+        )
+        lx, ly = label_at
+        self.parts.append(
+            f'<text x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}">{tick_text(value)}</text>'
+        )
 
     def svg(self, description: str) -> str:
         return (

@@ -59,11 +59,16 @@ class Usage:
     @classmethod
     def from_openai_chat(cls, u: Mapping[str, Any]) -> Usage:
         """OpenAI Chat Completions (also vLLM, Ollama, most OpenAI-compatible servers)."""
-        prompt = _get(u, "prompt_tokens")
-        cached = _get(u.get("prompt_tokens_details") or {}, "cached_tokens")
         # DeepSeek reports its cache hits in its own top-level fields.
         if "prompt_cache_hit_tokens" in u:
             return cls.from_deepseek(u)
+        cached = _get(u.get("prompt_tokens_details") or {}, "cached_tokens")
+        return cls._chat_completion(u, _get(u, "prompt_tokens"), cached)
+
+    @classmethod
+    def _chat_completion(cls, u: Mapping[str, Any], prompt: int, cached: int) -> Usage:
+        """A Chat Completions usage, given its prompt size and cache reads (which providers
+        report in fields of their own)."""
         return cls(
             input_tokens=prompt,
             cache_read_tokens=cached,
@@ -106,13 +111,7 @@ class Usage:
     def from_deepseek(cls, u: Mapping[str, Any]) -> Usage:
         hit = _get(u, "prompt_cache_hit_tokens")
         miss = _get(u, "prompt_cache_miss_tokens")
-        prompt = _get(u, "prompt_tokens") or hit + miss
-        return cls(
-            input_tokens=prompt,
-            cache_read_tokens=hit,
-            output_tokens=_get(u, "completion_tokens"),
-            reasoning_tokens=_get(u.get("completion_tokens_details") or {}, "reasoning_tokens"),
-        )
+        return cls._chat_completion(u, _get(u, "prompt_tokens") or hit + miss, hit)
 
     @classmethod
     def from_gemini(cls, u: Mapping[str, Any]) -> Usage:

@@ -90,12 +90,7 @@ class Tally:
 
     def add(self, u: Usage, cost: Decimal | None, model: str) -> None:
         self.calls += 1
-        self.input_tokens += u.input_tokens
-        self.cache_read_tokens += u.cache_read_tokens
-        self.cache_write_5m_tokens += u.cache_write_5m_tokens
-        self.cache_write_1h_tokens += u.cache_write_1h_tokens
-        self.output_tokens += u.output_tokens
-        self.reasoning_tokens += u.reasoning_tokens
+        self._add_tokens(u)
         if cost is None:
             self.unpriced_calls += 1
             self.unpriced_models.add(model)
@@ -104,15 +99,20 @@ class Tally:
 
     def merge(self, o: Tally) -> None:
         self.calls += o.calls
-        self.input_tokens += o.input_tokens
-        self.cache_read_tokens += o.cache_read_tokens
-        self.cache_write_5m_tokens += o.cache_write_5m_tokens
-        self.cache_write_1h_tokens += o.cache_write_1h_tokens
-        self.output_tokens += o.output_tokens
-        self.reasoning_tokens += o.reasoning_tokens
+        self._add_tokens(o)
         self.cost_priced += o.cost_priced
         self.unpriced_calls += o.unpriced_calls
         self.unpriced_models |= o.unpriced_models
+
+    def _add_tokens(self, t: Usage | Tally) -> None:
+        # Field by field rather than ``Usage.__add__``: this runs for every call of every
+        # session audited, four times (total, model, day, chain).
+        self.input_tokens += t.input_tokens
+        self.cache_read_tokens += t.cache_read_tokens
+        self.cache_write_5m_tokens += t.cache_write_5m_tokens
+        self.cache_write_1h_tokens += t.cache_write_1h_tokens
+        self.output_tokens += t.output_tokens
+        self.reasoning_tokens += t.reasoning_tokens
 
     @property
     def usage(self) -> Usage:
@@ -147,10 +147,19 @@ class Tally:
 
 
 @dataclass(slots=True)
-class CacheBreak:
+class CallAt:
+    """Which call of a session a finding is about: its place, its chain and its time."""
+
     call: int  # 1-based position in the session's calls, in time order
     chain: str
     ts: float
+
+    def where_json(self) -> dict[str, Any]:
+        return {"call": self.call, "chain": self.chain or "main", "ts": iso(self.ts)}
+
+
+@dataclass(slots=True)
+class CacheBreak(CallAt):
     reason: str
     lost_tokens: int  # reusable prompt tokens that were not read from cache
     gap_s: float | None
@@ -158,9 +167,7 @@ class CacheBreak:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "call": self.call,
-            "chain": self.chain or "main",
-            "ts": iso(self.ts),
+            **self.where_json(),
             "reason": self.reason,
             "lost_tokens": self.lost_tokens,
             "gap_s": None if self.gap_s is None else round(self.gap_s, 1),
@@ -169,19 +176,14 @@ class CacheBreak:
 
 
 @dataclass(slots=True)
-class CallCost:
-    call: int
-    chain: str
-    ts: float
+class CallCost(CallAt):
     model: str
     context_tokens: int
     cost: Decimal
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "call": self.call,
-            "chain": self.chain or "main",
-            "ts": iso(self.ts),
+            **self.where_json(),
             "model": self.model,
             "context_tokens": self.context_tokens,
             "cost_usd": money(self.cost),
@@ -368,15 +370,6 @@ def analyse(
     if since is not None:
         calls = [c for c in calls if c.ts >= since]
     calls = sorted(calls, key=lambda c: c.ts)
-    if not calls:
-        return SessionReport(
-            session.source,
-            session.id,
-            session.project,
-            session.files,
-            session.bytes,
-            session.skipped_lines,
-        )
     r = SessionReport(
         session.source,
         session.id,
@@ -384,11 +377,12 @@ def analyse(
         session.files,
         session.bytes,
         session.skipped_lines,
-        first_ts=calls[0].ts,
-        last_ts=calls[-1].ts,
-        approximate_ts=any(c.approximate_ts for c in calls),
-        series=Series() if keep_series else None,
     )
+    if not calls:
+        return r
+    r.first_ts, r.last_ts = calls[0].ts, calls[-1].ts
+    r.approximate_ts = any(c.approximate_ts for c in calls)
+    r.series = Series() if keep_series else None
     chains: dict[str, _ChainState] = {}
     days: dict[int, str] = {}
     top: list[tuple[Decimal, int, Call]] = []

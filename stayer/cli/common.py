@@ -264,6 +264,21 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_BUDGET = 0, 1, 2, 3
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
+# Options that several commands take with one meaning and one help text.
+SandboxOption = Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")]
+SimPolicyOption = Annotated[
+    str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")
+]
+SimLatencyOption = Annotated[
+    float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
+]
+
+
+def ray_option(help: str) -> Any:
+    """``--ray ADDRESS|local``: the work as Ray tasks, on a cluster started here ('local') or
+    the one at ADDRESS. The help says what the work is (trials, samples)."""
+    return typer.Option("--ray", metavar="ADDRESS|local", help=help)
+
 
 def console(*, stderr: bool = False) -> Console:
     """A console for stayer's own output. User text goes to it as ``rich.text.Text``, never

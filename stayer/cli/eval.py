@@ -17,6 +17,8 @@ from stayer.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     JsonFlag,
+    SimLatencyOption,
+    SimPolicyOption,
     app,
     bad_input,
     check_writable_dir,
@@ -24,6 +26,7 @@ from stayer.cli.common import (
     emit_json,
     error_line,
     parse_decimal,
+    ray_option,
     stderr,
     usd,
 )
@@ -97,12 +100,8 @@ def eval_command(
     max_cost: Annotated[
         str | None, typer.Option("--max-cost", help="Hard cap in USD per trial.")
     ] = None,
-    sim_policy: Annotated[
-        str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")
-    ] = None,
-    sim_latency: Annotated[
-        float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
-    ] = 0.0,
+    sim_policy: SimPolicyOption = None,
+    sim_latency: SimLatencyOption = 0.0,
     sandbox: Annotated[
         str,
         typer.Option(
@@ -133,10 +132,8 @@ def eval_command(
     ] = None,
     ray: Annotated[
         str | None,
-        typer.Option(
-            "--ray",
-            metavar="ADDRESS|local",
-            help="Run trials on Ray: 'local' starts a one-machine cluster, else the address of one (with STAYER_DB).",
+        ray_option(
+            "Run trials on Ray: 'local' starts a one-machine cluster, else the address of one (with STAYER_DB)."
         ),
     ] = None,
     json_out: JsonFlag = False,

@@ -16,12 +16,15 @@ from stayer.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     JsonFlag,
+    SandboxOption,
+    SimPolicyOption,
     app,
     bad_input,
     check_writable_dir,
     console,
     emit_json,
     parse_decimal,
+    ray_option,
     stderr,
     usd,
 )
@@ -87,10 +90,8 @@ def rollouts_command(
     max_steps: Annotated[
         int, typer.Option("--max-steps", help="Model calls at most per sample.")
     ] = 50,
-    sim_policy: Annotated[
-        str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")
-    ] = None,
-    sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")] = "bwrap",
+    sim_policy: SimPolicyOption = None,
+    sandbox: SandboxOption = "bwrap",
     checks: Annotated[
         str | None,
         typer.Option(
@@ -99,12 +100,7 @@ def rollouts_command(
         ),
     ] = None,
     ray: Annotated[
-        str | None,
-        typer.Option(
-            "--ray",
-            metavar="ADDRESS|local",
-            help="Run samples as Ray tasks ('local': a one-machine cluster).",
-        ),
+        str | None, ray_option("Run samples as Ray tasks ('local': a one-machine cluster).")
     ] = None,
     json_out: JsonFlag = False,
 ) -> None:

@@ -16,6 +16,7 @@ from stayer.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     JsonFlag,
+    SimLatencyOption,
     app,
     bad_input,
     console,
@@ -63,9 +64,7 @@ def run(
             help="oracle | team | synthetic:steps=N,obs_tokens=T,out_tokens=U | replay:PATH",
         ),
     ] = None,
-    sim_latency: Annotated[
-        float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
-    ] = 0.0,
+    sim_latency: SimLatencyOption = 0.0,
     sandbox: Annotated[
         str | None,
         typer.Option(

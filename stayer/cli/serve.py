@@ -10,7 +10,16 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json, parse_decimal, stderr, sub_app
+from stayer.cli.common import (
+    JsonFlag,
+    SandboxOption,
+    app,
+    bad_input,
+    emit_json,
+    parse_decimal,
+    stderr,
+    sub_app,
+)
 from stayer.errors import ConfigError
 
 # asyncio, signal and rich.table are imported inside the commands: `stayer --help` and the
@@ -25,7 +34,6 @@ TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 TasksDirOption = Annotated[
     str, typer.Option("--tasks-dir", help="Directory of tasks that runs may name.")
 ]
-SandboxOption = Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")]
 PrivateWebhooksOption = Annotated[
     bool,
     typer.Option(
@@ -77,6 +85,30 @@ def _tasks_dir(tasks_dir: str) -> Path:
     if not path.is_dir():
         bad_input(f"--tasks-dir {tasks_dir}: not a directory")
     return path.resolve()
+
+
+def _worker(  # noqa: ANN202 - Worker (imported lazily: the CLI starts fast)
+    tasks: Path,
+    concurrency: int,
+    sandbox: str,
+    allow_private_webhooks: bool,
+    lease_ttl: float,
+    otlp: str | None,
+):
+    """The worker of ``stayer worker``, and the one ``stayer serve`` embeds: both take the
+    same options for it."""
+    from stayer.runtime.webhooks import Webhooks
+    from stayer.runtime.worker import Worker
+
+    return Worker(
+        _home(),
+        tasks,
+        concurrency=concurrency,
+        lease_ttl_s=lease_ttl,
+        sandbox=sandbox,
+        webhooks=Webhooks(allow_private=allow_private_webhooks),
+        otlp=otlp,
+    )
 
 
 @tenants_app.command("create")
@@ -245,21 +277,11 @@ def serve(
     import uvicorn
 
     from stayer.runtime.api import create_app
-    from stayer.runtime.webhooks import Webhooks
-    from stayer.runtime.worker import Worker
 
     tasks = _tasks_dir(tasks_dir)
     try:
         worker = (
-            Worker(
-                _home(),
-                tasks,
-                concurrency=workers,
-                lease_ttl_s=lease_ttl,
-                sandbox=sandbox,
-                webhooks=Webhooks(allow_private=allow_private_webhooks),
-                otlp=otlp,
-            )
+            _worker(tasks, workers, sandbox, allow_private_webhooks, lease_ttl, otlp)
             if workers
             else None
         )
@@ -322,20 +344,9 @@ def worker(
     import contextlib
     import signal
 
-    from stayer.runtime.webhooks import Webhooks
-    from stayer.runtime.worker import Worker
-
     tasks = _tasks_dir(tasks_dir)
     try:
-        w = Worker(
-            _home(),
-            tasks,
-            concurrency=concurrency,
-            lease_ttl_s=lease_ttl,
-            sandbox=sandbox,
-            webhooks=Webhooks(allow_private=allow_private_webhooks),
-            otlp=otlp,
-        )
+        w = _worker(tasks, concurrency, sandbox, allow_private_webhooks, lease_ttl, otlp)
     except ConfigError as e:
         bad_input(str(e))
 

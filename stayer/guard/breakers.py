@@ -306,18 +306,16 @@ class BehaviourBreakers:
     def check(self, s: StepRecord) -> list[Trip]:
         c = self.config
         trips: list[Trip] = []
+
+        def trip(reason: str, detail: str) -> None:
+            trips.append(Trip(reason, detail, s.step))
+
         if s.calls and all(call.failed for call in s.calls):
             self._errors += 1
         else:
             self._errors = 0
         if c.max_tool_errors and self._errors >= c.max_tool_errors:
-            trips.append(
-                Trip(
-                    "tool_errors",
-                    f"{self._errors} consecutive steps whose tool calls all failed",
-                    s.step,
-                )
-            )
+            trip("tool_errors", f"{self._errors} consecutive steps whose tool calls all failed")
             self._errors = 0
 
         action = json.dumps(
@@ -326,13 +324,7 @@ class BehaviourBreakers:
         self._repeats = self._repeats + 1 if action == self._last_action else 1
         self._last_action = action
         if c.loop_repeats and self._repeats >= c.loop_repeats:
-            trips.append(
-                Trip(
-                    "loop",
-                    f"the same action {self._repeats} steps in a row: {action[:200]}",
-                    s.step,
-                )
-            )
+            trip("loop", f"the same action {self._repeats} steps in a row: {action[:200]}")
             self._repeats = 0
 
         if self.probe is not None and c.no_change_steps:
@@ -340,13 +332,7 @@ class BehaviourBreakers:
             self._unchanged = self._unchanged + 1 if fp == self._fingerprint else 0
             self._fingerprint = fp
             if self._unchanged >= c.no_change_steps:
-                trips.append(
-                    Trip(
-                        "no_progress",
-                        f"no change in the workspace over {self._unchanged} steps",
-                        s.step,
-                    )
-                )
+                trip("no_progress", f"no change in the workspace over {self._unchanged} steps")
                 self._unchanged = 0
 
         if s.cost is not None and c.anomaly_factor:
@@ -354,12 +340,9 @@ class BehaviourBreakers:
             if not s.planned_miss and len(window) >= c.anomaly_window:
                 median = statistics.median(window)
                 if median > 0 and s.cost > median * Decimal(str(c.anomaly_factor)):
-                    trips.append(
-                        Trip(
-                            "cost_anomaly",
-                            f"step cost ${s.cost:.6f}, {s.cost / median:.1f}x the median ${median:.6f} of the last {len(window)} steps",
-                            s.step,
-                        )
+                    trip(
+                        "cost_anomaly",
+                        f"step cost ${s.cost:.6f}, {s.cost / median:.1f}x the median ${median:.6f} of the last {len(window)} steps",
                     )
             if not s.planned_miss:  # a chosen miss would inflate the median it is judged by
                 self._costs.append(s.cost)

@@ -119,6 +119,11 @@ class RunJournal:
         self._blobs: dict[str, bytes] = {}
         self._update: dict[str, Any] = {}
         self._stored: set[str] = set(log.blobs)  # addresses known to be in the store
+        # The journal whose queue this one's events join, and the keys they are tagged with:
+        # a run's own queue, untagged; a team thread's go to the run's, tagged with the
+        # thread's name (``teams.journal``).
+        self.writer: RunJournal = self
+        self.tags: dict[str, Any] = {}
         # Replay cursors: the n-th model call, t-th tool call, e-th agent event and o-th
         # observation of the run, counted the same way on every replay.
         self.n = self.t = self.e = self.o = 0
@@ -248,12 +253,13 @@ class RunJournal:
         update: Mapping[str, Any] | None = None,
     ) -> None:
         """Queue an event; ``durable`` writes it (and everything queued) now."""
-        self._events.append((kind, data))
+        w = self.writer
+        w._events.append((kind, {**data, **self.tags} if self.tags else data))
         for address, raw in (blobs or {}).items():
-            if address not in self._stored:
-                self._blobs[address] = raw
+            if address not in w._stored:
+                w._blobs[address] = raw
         if update:
-            self._update.update(update)
+            w._update.update(update)
         if durable:
             self.flush(sync=sync)
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stayer.journal.blobs import BlobError, decode, encode
 from stayer.journal.store import SCHEMA_VERSION, Event, JournalError, LeaseLost, RunRow
@@ -23,6 +23,20 @@ if TYPE_CHECKING:
 
 RUN_COLUMNS = "id, task, model, status, steps, cost_usd, started, updated, header, lease_owner"
 _UPDATABLE = ("status", "steps", "cost_usd")
+_RUN_FIELDS = (*RUN_COLUMNS.split(", "), "lease_live")
+
+T = TypeVar("T")
+
+
+def record_of(
+    cls: Callable[..., T], names: Sequence[str], row: Sequence[Any], **convert: Callable[[Any], Any]
+) -> T:
+    """A record from a row selected as ``names`` (each column a field of the same name);
+    ``convert`` turns a column's stored value into the field's (JSON text, 0/1, …)."""
+    values = dict(zip(names, row, strict=True))
+    for name, to_field in convert.items():
+        values[name] = to_field(values[name])
+    return cls(**values)
 
 
 def schema(blob_type: str) -> list[str]:
@@ -149,25 +163,13 @@ class SqlStore:
                 ),
             )
 
-    def _row(self, r: Sequence[Any]) -> RunRow:
-        return RunRow(
-            id=r[0],
-            task=r[1],
-            model=r[2],
-            status=r[3],
-            steps=int(r[4]),
-            cost_usd=r[5],
-            started=r[6],
-            updated=r[7],
-            header=json.loads(r[8]),
-            lease_owner=r[9],
-            lease_live=bool(r[10]),
-        )
-
     def _select_runs(self, where: str, params: Sequence[Any]) -> list[RunRow]:
         live = f"CASE WHEN lease_owner IS NOT NULL AND lease_expires > {self.NOW} THEN 1 ELSE 0 END"
         rows = self._read(f"SELECT {RUN_COLUMNS}, {live} FROM stayer_runs {where}", params)
-        return [self._row(r) for r in rows]
+        return [
+            record_of(RunRow, _RUN_FIELDS, r, steps=int, header=json.loads, lease_live=bool)
+            for r in rows
+        ]
 
     def run(self, run_id: str) -> RunRow | None:
         rows = self._select_runs("WHERE id = ?", (run_id,))
@@ -274,20 +276,29 @@ class SqlStore:
         return None
 
     def claim_next(self, owner: str, ttl_s: float) -> str | None:
+        return self._claim_first(
+            "stayer_runs",
+            f"status = 'running' AND (lease_owner IS NULL OR lease_expires <= {self.NOW})",
+            "updated",
+            f"lease_owner = ?, lease_expires = {self.NOW} + ?, updated = ?",
+            (owner, ttl_s, utc_now()),
+        )
+
+    def _claim_first(
+        self, table: str, claimable: str, order: str, lease: str, params: Sequence[Any]
+    ) -> str | None:
+        """In one transaction, the first row of ``table`` that is ``claimable`` (in ``order``;
+        rows another claimer has locked are skipped) is updated by ``lease``, the ``SET``
+        clauses taking ``params``. Its id, or None when no row is claimable."""
         with self._tx() as cur:
             row = cur.execute(
-                "SELECT id FROM stayer_runs WHERE status = 'running' "
-                f"AND (lease_owner IS NULL OR lease_expires <= {self.NOW}) "
-                f"ORDER BY updated LIMIT 1{self.LOCK_ROW_SKIP}",
+                f"SELECT id FROM {table} WHERE {claimable} "
+                f"ORDER BY {order} LIMIT 1{self.LOCK_ROW_SKIP}",
                 (),
             ).fetchone()
             if row is None:
                 return None
-            cur.execute(
-                f"UPDATE stayer_runs SET lease_owner = ?, lease_expires = {self.NOW} + ?, updated = ? "
-                "WHERE id = ?",
-                (owner, ttl_s, utc_now(), row[0]),
-            )
+            cur.execute(f"UPDATE {table} SET {lease} WHERE id = ?", (*params, row[0]))
         return str(row[0])
 
     def renew(self, run_id: str, owner: str, ttl_s: float) -> bool:

@@ -30,7 +30,7 @@ from stayer.journal import load_log, lost_ledger_entries
 from stayer.journal.blobs import digest
 from stayer.journal.codec import canonical
 from stayer.journal.lease import new_owner, owner_is_dead
-from stayer.journal.sql import SqlStore, utc_now
+from stayer.journal.sql import SqlStore, record_of, utc_now
 from stayer.models.base import Model
 from stayer.models.caching import miss_premium
 from stayer.money import MTOK, Usd
@@ -92,6 +92,10 @@ class Action:
         }
 
 
+_COLUMNS = "run_id, n, tool, arguments, status, message, requested_at, decided_at, price"
+_FIELDS = _COLUMNS.split(", ")  # Action's, in the same order
+
+
 class Actions:
     """The ``stayer_actions`` table in the journal's database."""
 
@@ -101,22 +105,15 @@ class Actions:
             cur.execute(_DDL)
 
     def _rows(self, where: str, params: tuple[Any, ...]) -> list[Action]:
-        rows = self.store._read(
-            "SELECT run_id, n, tool, arguments, status, message, requested_at, decided_at, price "
-            f"FROM stayer_actions {where}",
-            params,
-        )
+        rows = self.store._read(f"SELECT {_COLUMNS} FROM stayer_actions {where}", params)
         return [
-            Action(
-                r[0],
-                int(r[1]),
-                r[2],
-                json.loads(r[3]),
-                r[4],
-                r[5],
-                r[6],
-                r[7],
-                json.loads(r[8]) if r[8] else None,
+            record_of(
+                Action,
+                _FIELDS,
+                r,
+                n=int,
+                arguments=json.loads,
+                price=lambda v: json.loads(v) if v else None,
             )
             for r in rows
         ]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stayer.errors import ConfigError
-from stayer.journal.sql import SqlStore, utc_now
+from stayer.journal.sql import SqlStore, record_of, utc_now
 from stayer.journal.store import Event
 
 QUEUED, RUNNING, PAUSED, CANCELLED, ERROR = "queued", "running", "paused", "cancelled", "error"
@@ -86,6 +86,7 @@ _COLUMNS = (
     "id, tenant, task, model, request, status, stop_reason, steps, cost_usd, reward, error, "
     "created_at, updated_at, worker, cancel_requested, budget_hold, run_cap, usage, paused_on, held"
 )
+_FIELDS = _COLUMNS.split(", ")  # ServiceRun's, in the same order
 # What a worker may write to its run's row (never the tenant, the request or the id).
 _WRITABLE = frozenset(
     {
@@ -206,27 +207,15 @@ class ServiceDB:
     def _rows(self, where: str, params: tuple[Any, ...]) -> list[ServiceRun]:
         rows = self.store._read(f"SELECT {_COLUMNS} FROM stayer_service_runs {where}", params)
         return [
-            ServiceRun(
-                id=r[0],
-                tenant=r[1],
-                task=r[2],
-                model=r[3],
-                request=json.loads(r[4]),
-                status=r[5],
-                stop_reason=r[6],
-                steps=int(r[7]),
-                cost_usd=r[8],
-                reward=r[9],
-                error=r[10],
-                created_at=r[11],
-                updated_at=r[12],
-                worker=r[13],
-                cancel_requested=bool(r[14]),
-                budget_hold=None if r[15] is None else int(r[15]),
-                run_cap=r[16],
-                usage=json.loads(r[17]) if r[17] else {},
-                paused_on=r[18],
-                held=r[19],
+            record_of(
+                ServiceRun,
+                _FIELDS,
+                r,
+                request=json.loads,
+                steps=int,
+                cancel_requested=bool,
+                budget_hold=lambda v: None if v is None else int(v),
+                usage=lambda v: json.loads(v) if v else {},
             )
             for r in rows
         ]
@@ -374,21 +363,15 @@ class ServiceDB:
     def claim_next(self, worker: str, ttl_s: float) -> ServiceRun | None:
         """Lease the oldest queued run, or a running one whose worker stopped renewing."""
         now_sql = self.store.NOW
-        with self.store._tx() as cur:
-            row = cur.execute(
-                "SELECT id FROM stayer_service_runs WHERE status = 'queued' "
-                f"OR (status = 'running' AND (lease_expires IS NULL OR lease_expires <= {now_sql})) "
-                f"ORDER BY created_at, id LIMIT 1{self.store.LOCK_ROW_SKIP}",
-                (),
-            ).fetchone()
-            if row is None:
-                return None
-            cur.execute(
-                f"UPDATE stayer_service_runs SET status = 'running', worker = ?, lease_expires = {now_sql} + ?, "
-                "updated_at = ? WHERE id = ?",
-                (worker, ttl_s, utc_now(), row[0]),
-            )
-        return self.run(str(row[0]))
+        run_id = self.store._claim_first(
+            "stayer_service_runs",
+            "status = 'queued' "
+            f"OR (status = 'running' AND (lease_expires IS NULL OR lease_expires <= {now_sql}))",
+            "created_at, id",
+            f"status = 'running', worker = ?, lease_expires = {now_sql} + ?, updated_at = ?",
+            (worker, ttl_s, utc_now()),
+        )
+        return None if run_id is None else self.run(run_id)
 
     def renew(self, run_id: str, worker: str, ttl_s: float) -> tuple[bool, bool]:
         """Extend the lease. Returns (still ours, cancel requested)."""

@@ -9,7 +9,7 @@ thread records its steps and asks for one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from stayer.journal.log import RunLog
@@ -40,24 +40,12 @@ class ThreadJournal(RunJournal):
             warn=run.warn,
         )
         self.run = run
+        self.writer = run.writer  # the run's one writer writes the thread's events too
         self.name = self.agent = name
+        self.tags = {"thread": name}
         self.lost = run.lost  # one list for the run: its ledger's lost_in_flight entries
         self.row_update = row_update  # the run's row after this step: the team's totals
         self.snapshot = snapshot  # the team's workspace snapshot, when it can take one
-
-    def record(
-        self,
-        kind: str,
-        data: dict[str, Any],
-        blobs: Mapping[str, bytes] | None = None,
-        *,
-        durable: bool = False,
-        sync: bool = True,
-        update: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.run.record(
-            kind, {**data, "thread": self.name}, blobs, durable=durable, sync=sync, update=update
-        )
 
     def flush(self, *, sync: bool = True) -> None:
         self.run.flush(sync=sync)

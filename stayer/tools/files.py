@@ -27,6 +27,16 @@ _PATH_PROP = {
 }
 
 
+def _file_parameters(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """The JSON schema of a file tool's arguments: ``path``, then the tool's own, no others."""
+    return {
+        "type": "object",
+        "properties": {"path": _PATH_PROP, **properties},
+        "required": ["path", *required],
+        "additionalProperties": False,
+    }
+
+
 class PathError(ValueError):
     """A path the file tools refuse; the message is meant for the model."""
 
@@ -99,7 +109,28 @@ async def _write_whole(ctx: ToolContext, rel: str, content: str) -> ToolResult |
     return None
 
 
-class ReadFileTool:
+class FileTool:
+    """A tool whose ``path`` argument names a file under /app. The path is checked here,
+    once for every such tool, and each error the tool reports starts with its name."""
+
+    spec: ToolSpec
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        try:
+            rel = app_relative(args["path"])
+        except PathError as e:
+            return self.error(str(e))
+        return await self.on_file(rel, args, ctx)
+
+    async def on_file(self, rel: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        """The tool's work on ``rel`` (relative to /app, already checked)."""
+        raise NotImplementedError
+
+    def error(self, message: str) -> ToolResult:
+        return ToolResult(f"{self.spec.name}: {message}", is_error=True)
+
+
+class ReadFileTool(FileTool):
     """Numbered lines of a text file, a window at a time, cut to the output budget."""
 
     def __init__(self, counter: TokenCounter) -> None:
@@ -114,10 +145,8 @@ class ReadFileTool:
                 f"{MAX_LINE_CHARS} characters are cut. Use it instead of cat, head or tail "
                 "to look at files, including saved command outputs."
             ),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "path": _PATH_PROP,
+            parameters=_file_parameters(
+                {
                     "offset": {
                         "type": "integer",
                         "minimum": 1,
@@ -129,16 +158,11 @@ class ReadFileTool:
                         "description": "Maximum number of lines to return.",
                     },
                 },
-                "required": ["path"],
-                "additionalProperties": False,
-            },
+                required=[],
+            ),
         )
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        try:
-            rel = app_relative(args["path"])
-        except PathError as e:
-            return ToolResult(f"read_file: {e}", is_error=True)
+    async def on_file(self, rel: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         offset = int(args.get("offset") or 1)
         limit = int(args.get("limit") or DEFAULT_LIMIT)
         last = offset + limit  # one line past the window: tells us whether more follow
@@ -151,13 +175,12 @@ class ReadFileTool:
         )
         shown = _shown(rel)
         if res.timed_out:
-            return ToolResult(f"read_file: reading {shown} timed out", is_error=True)
+            return self.error(f"reading {shown} timed out")
         if res.exit_code != 0:
-            return ToolResult(f"read_file: cannot read {shown}: {_stderr(res)}", is_error=True)
+            return self.error(f"cannot read {shown}: {_stderr(res)}")
         if "\0" in res.stdout:
-            return ToolResult(
-                f"read_file: {shown} is a binary file; inspect it with bash (xxd, file, strings)",
-                is_error=True,
+            return self.error(
+                f"{shown} is a binary file; inspect it with bash (xxd, file, strings)"
             )
         # Split on "\n" only, as sed counts lines (splitlines would also split on \r, \f...).
         lines = res.stdout.split("\n")
@@ -191,7 +214,7 @@ class ReadFileTool:
         return ToolResult(text)
 
 
-class WriteFileTool:
+class WriteFileTool(FileTool):
     """Create or overwrite a file with exactly the given content."""
 
     spec = ToolSpec(
@@ -201,34 +224,25 @@ class WriteFileTool:
             "missing parent directories are created. To change part of an existing file use "
             "edit_file instead, which does not require repeating the whole file."
         ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "path": _PATH_PROP,
-                "content": {"type": "string", "description": "The complete new file content."},
-            },
-            "required": ["path", "content"],
-            "additionalProperties": False,
-        },
+        parameters=_file_parameters(
+            {"content": {"type": "string", "description": "The complete new file content."}},
+            required=["content"],
+        ),
     )
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        try:
-            rel = app_relative(args["path"])
-        except PathError as e:
-            return ToolResult(f"write_file: {e}", is_error=True)
+    async def on_file(self, rel: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         if rel == ".":
-            return ToolResult("write_file: /app is a directory, give a file path", is_error=True)
+            return self.error("/app is a directory, give a file path")
         content: str = args["content"]
         err = await _write_whole(ctx, rel, content)
         if err is not None:
-            return ToolResult(f"write_file: {err.output}", is_error=True)
+            return self.error(err.output)
         n_bytes = len(content.encode("utf-8"))
         n_lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
         return ToolResult(f"wrote {n_bytes} bytes ({n_lines} lines) to {_shown(rel)}")
 
 
-class EditFileTool:
+class EditFileTool(FileTool):
     """Exact string replacement in a text file: the cheap way to change a large file."""
 
     spec = ToolSpec(
@@ -240,10 +254,8 @@ class EditFileTool:
             "make it unique. It is replaced by `new_string`. Read the file first so that the "
             "text matches. To create a file use write_file."
         ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "path": _PATH_PROP,
+        parameters=_file_parameters(
+            {
                 "old_string": {"type": "string", "description": "Exact text to replace."},
                 "new_string": {"type": "string", "description": "Text to put in its place."},
                 "replace_all": {
@@ -251,46 +263,36 @@ class EditFileTool:
                     "description": "Replace every occurrence instead of requiring exactly one.",
                 },
             },
-            "required": ["path", "old_string", "new_string"],
-            "additionalProperties": False,
-        },
+            required=["old_string", "new_string"],
+        ),
     )
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        try:
-            rel = app_relative(args["path"])
-        except PathError as e:
-            return ToolResult(f"edit_file: {e}", is_error=True)
+    async def on_file(self, rel: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         old: str = args["old_string"]
         new: str = args["new_string"]
         replace_all = bool(args.get("replace_all", False))
         if not old:
-            return ToolResult(
-                "edit_file: old_string is empty; to create or overwrite a file use write_file",
-                is_error=True,
-            )
+            return self.error("old_string is empty; to create or overwrite a file use write_file")
         if old == new:
-            return ToolResult("edit_file: old_string and new_string are the same", is_error=True)
+            return self.error("old_string and new_string are the same")
         text = await _read_whole(ctx, rel)
         if isinstance(text, ToolResult):
-            return ToolResult(f"edit_file: {text.output}", is_error=True)
+            return self.error(text.output)
         shown = _shown(rel)
         count = text.count(old)
         if count == 0:
-            return ToolResult(
-                f"edit_file: old_string not found in {shown}; it must match exactly, including "
-                "whitespace and indentation (read the file again to check)",
-                is_error=True,
+            return self.error(
+                f"old_string not found in {shown}; it must match exactly, including "
+                "whitespace and indentation (read the file again to check)"
             )
         if count > 1 and not replace_all:
-            return ToolResult(
-                f"edit_file: old_string occurs {count} times in {shown}; include more "
-                "surrounding text to make it unique, or set replace_all to true",
-                is_error=True,
+            return self.error(
+                f"old_string occurs {count} times in {shown}; include more "
+                "surrounding text to make it unique, or set replace_all to true"
             )
         line = text[: text.index(old)].count("\n") + 1
         err = await _write_whole(ctx, rel, text.replace(old, new))
         if err is not None:
-            return ToolResult(f"edit_file: {err.output}", is_error=True)
+            return self.error(err.output)
         what = f"{count} occurrences" if count > 1 else f"1 occurrence at line {line}"
         return ToolResult(f"edited {shown}: replaced {what}")
