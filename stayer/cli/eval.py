@@ -104,12 +104,12 @@ def eval_command(
         float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
     ] = 0.0,
     sandbox: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--sandbox",
-            help="bwrap (default), docker or bwrap-image (each task's Dockerfile built), or local.",
+            help="For every task: bwrap, docker or bwrap-image (each task's Dockerfile built), or local. Default: each task's [environment] sandbox, else bwrap.",
         ),
-    ] = "bwrap",
+    ] = None,
     preflight: Annotated[
         bool,
         typer.Option(
@@ -339,7 +339,7 @@ def _ray_executor(address: str) -> Any:
 
 
 def _preflight(
-    tasks: list[Any], sandbox: str, concurrency: int, force: bool
+    tasks: list[Any], sandbox: str | None, concurrency: int, force: bool
 ) -> list[dict[str, Any]]:
     """The cheap checks on every task (``eval.checks.preflight``): refuse, exit 2, naming each
     task and its problem; with ``force``, warn and return them for the document."""

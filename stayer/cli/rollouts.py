@@ -90,7 +90,13 @@ def rollouts_command(
     sim_policy: Annotated[
         str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")
     ] = None,
-    sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")] = "bwrap",
+    sandbox: Annotated[
+        str | None,
+        typer.Option(
+            "--sandbox",
+            help="For every task: bwrap, docker, bwrap-image or local. Default: each task's [environment] sandbox, else bwrap.",
+        ),
+    ] = None,
     checks: Annotated[
         str | None,
         typer.Option(
@@ -155,7 +161,7 @@ def _collect(
     concurrency: int,
     max_steps: int,
     sim_policy: str | None,
-    sandbox: str,
+    sandbox: str | None,
     checks: str | None,
     ray: str | None,
     json_out: bool,
