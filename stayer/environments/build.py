@@ -81,7 +81,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stayer.environments import buildnet
+from stayer.environments import buildnet, idmap
 from stayer.environments.base import base_for, build_base, cache_root, private_dir
 from stayer.environments.dockerfile import (
     CopyStep,
@@ -404,6 +404,10 @@ def _run_step(
         ) from e
     except buildnet.NetworkError as e:
         raise BuildError(f"{where}:{step.line}: {_describe(step)[:80]}: {e}") from e
+    except idmap.MappingError as e:
+        raise BuildError(
+            f"{where}:{step.line}: {_describe(step)[:80]}: {e}; give root 65536 ids this system maps in /etc/subuid and /etc/subgid, run stayer as another user, or use --sandbox docker"
+        ) from e
     finally:
         if seccomp is not None:
             os.close(seccomp)

@@ -44,6 +44,11 @@ _VFS_CAP_V3 = 0x03000000
 _VFS_CAP_EFFECTIVE = 0x000001
 
 
+class MappingError(OSError):
+    """The namespace's ids could not be mapped (a range this system does not map, as in
+    a container whose root is itself a namespace's)."""
+
+
 @dataclass(frozen=True)
 class IdRange:
     """The host ids of a step's namespace: ``uid``…``uid+count-1`` and the same for gids."""
@@ -207,8 +212,13 @@ def popen_in_userns(
     try:
         if os.read(ready_r, 1) == b"1":
             for name, start in (("uid_map", ids.uid), ("gid_map", ids.gid)):
-                with open(f"/proc/{proc.pid}/{name}", "w") as f:
-                    f.write(f"0 {start} {ids.count}\n")
+                try:
+                    with open(f"/proc/{proc.pid}/{name}", "w") as f:
+                        f.write(f"0 {start} {ids.count}\n")
+                except OSError as e:
+                    raise MappingError(
+                        f"cannot map ids {start}–{start + ids.count - 1} ({name}): {e.strerror}",
+                    ) from e
             os.write(go_w, b"1")
     except BaseException:
         proc.kill()
