@@ -20,9 +20,10 @@ What a step can reach. A Dockerfile is the task author's, and tasks are imported
 public benchmarks: a step is treated as hostile to the host.
 
 * Files: the layer (its own copy, read-write), the build context (as root, a copy of
-  it) read-only during a ``COPY``, a fresh ``/proc`` of its own pid namespace with ``/proc/sys`` read-only and the
-  root-only ``/proc`` files covered, bwrap's minimal ``/dev``. No ``/sys`` (mounting one
-  needs ``CAP_SYS_ADMIN``), nothing else of the host's file system.
+  it) read-only during a ``COPY``, a fresh ``/proc`` of its own pid namespace with
+  ``/proc/sys`` read-only and the root-only ``/proc`` files covered, bwrap's minimal
+  ``/dev``. No ``/sys`` (mounting one needs ``CAP_SYS_ADMIN``), nothing else of the
+  host's file system.
 * Network: a namespace of its own. A ``RUN`` with the network gets slirp4netns's
   (:mod:`stayer.environments.buildnet`): the internet and what the host reaches by its
   other addresses, not the host's loopback (127.0.0.0/8: PostgreSQL, ``stayer serve``)
@@ -39,7 +40,7 @@ public benchmarks: a step is treated as hostile to the host.
   ``CHOWN``, ``DAC_OVERRIDE``, ``FOWNER``, ``FSETID``, ``KILL``, ``SETGID``, ``SETUID``;
   not ``SYS_ADMIN``, ``NET_ADMIN``, ``MKNOD``, ``SETFCAP``, ``DAC_READ_SEARCH``…). The
   base's files are copied once with their owners shifted into the range (cached beside
-  the base, ~200 MB and seconds), layers are made from that copy, and a ``COPY`` reads a
+  the base: as much disk again, seconds once), layers are made from that copy, and a ``COPY`` reads a
   copy of the context given to the namespace (a step may read of the host's files only
   what any user may). Started by another user, a step runs as uid 0 of a single-id user
   namespace of its own, where installing packages whose files belong to other users
