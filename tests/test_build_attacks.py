@@ -22,6 +22,7 @@ from sandbox_helpers import KEY_READER, host_key, needs_bwrap
 
 from stayer.environments import buildnet
 from stayer.environments.build import BuildError, build_root
+from stayer.environments.idmap import build_ids
 from stayer.environments.prepare import Environment
 from stayer.errors import ConfigError
 from stayer.sandbox.bwrap import BwrapSandbox
@@ -300,3 +301,70 @@ def test_without_slirp4netns_a_networked_step_is_refused_not_given_the_hosts_net
         f"{BASE}RUN --network=none echo {uuid.uuid4().hex} > /offline.txt\n"
     )
     assert (build_root(context, cache=cache).root / "offline.txt").is_file()
+
+
+def test_a_build_step_is_root_only_in_its_own_namespace(base_root: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A RUN step is root, as in ``docker build``, but of a user namespace whose ids are
+    unprivileged ones of the host (stayer.environments.idmap): what it makes, chowns to
+    root or marks setuid-root belongs to a subordinate id on the host, never to its root;
+    and nothing in the layer is the host's root's, not even what came from the base."""
+    context = _context(
+        tmp_path,
+        "RUN touch /made && chown 0:0 /made && chown 1234:1234 /etc/hostname"
+        " && cp /bin/sh /rootsh && chmod 4755 /rootsh && chmod g+s /rootsh"
+        " && mkdir -p /app && cp -a /rootsh /app/ && cat /proc/self/uid_map > /uid_map.txt\n",
+    )
+    built = build_root(context, cache=private_cache(base_root, tmp_path))
+    owned_by_root = [
+        str(path)
+        for path in [built.root, *built.root.rglob("*")]
+        if os.lstat(path).st_uid == 0 or os.lstat(path).st_gid == 0
+    ]
+    assert owned_by_root == []
+    rootsh = os.lstat(built.root / "rootsh")
+    assert rootsh.st_mode & stat.S_ISUID and rootsh.st_mode & stat.S_ISGID  # as the step left it
+    assert rootsh.st_uid != 0 and rootsh.st_gid != 0
+    ids = build_ids()
+    if ids is not None:  # stayer is root: the namespace's ids are the subordinate range
+        assert (rootsh.st_uid, rootsh.st_gid) == (ids.uid, ids.gid)
+        assert os.lstat(built.root / "made").st_uid == ids.uid
+        hostname = os.lstat(built.root / "etc" / "hostname")
+        assert (hostname.st_uid, hostname.st_gid) == (ids.uid + 1234, ids.gid + 1234)
+        assert (built.root / "uid_map.txt").read_text().split() == ["0", str(ids.uid), "65536"]
+
+
+# Tries to read each path given: "read PATH" or "refused PATH".
+_READ_ANY = """import sys
+for path in sys.argv[1:]:
+    try:
+        with open(path, "rb") as f:
+            f.read()
+        print("read", path)
+    except OSError:
+        print("refused", path)
+"""
+
+
+def test_a_build_step_cannot_read_what_only_the_hosts_root_may(
+    base_root: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The host's files a step sees are few (the build context, ``/proc/sys`` read-only),
+    but owner-only ones among them were the step's to read while it was the host's root:
+    the kernel's sysctl checks look at uid 0, not at capabilities
+    (``kernel.usermodehelper.bset``, ``kernel.cad_pid`` are 0600). And a root-only file
+    of the host stays out of sight by every path."""
+    secret = tmp_path / "root-only.txt"
+    secret.write_text("host root's own")
+    secret.chmod(0o600)
+    knobs = ["/proc/sys/kernel/usermodehelper/bset", "/proc/sys/kernel/cad_pid"]
+    knobs = [k for k in knobs if os.path.exists(k)]
+    assert knobs, "no owner-only sysctl to try on this kernel"
+    paths = [*knobs, str(secret), f"/proc/1/root{secret}", f"/proc/self/root{secret}"]
+    context = _context(
+        tmp_path,
+        f"COPY read.py /\nRUN python3 /read.py {' '.join(paths)} > /read.txt\n",
+        **{"read.py": _READ_ANY},
+    )
+    built = build_root(context, cache=private_cache(base_root, tmp_path))
+    assert (built.root / "read.txt").read_text().splitlines() == [f"refused {p}" for p in paths]

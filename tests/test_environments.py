@@ -6,7 +6,11 @@ package from the Debian archive."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -98,6 +102,48 @@ def test_layers_are_cached_by_content(base_root: Path, tmp_path: Path) -> None: 
     assert (built.root / "app" / "numbers.txt").read_text() != numbers  # its parent untouched
     assert (rebuilt.root / "usr" / "bin" / "dc").is_file()
     assert rebuilt.env["DEBIAN_FRONTEND"] == "noninteractive"
+
+
+def _eval(suite: Path, home: Path, *args: str) -> tuple[dict, str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_DB"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "stayer.cli", "eval", str(suite), "--model", "sim:gpt-5", "--json"]
+        + list(args),
+        capture_output=True,
+        text=True,
+        env={**env, "STAYER_HOME": str(home)},
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+def test_an_eval_runs_each_task_in_its_own_image_built_once(
+    kind: str,
+    base_root: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``stayer eval`` follows a task's ``[environment] sandbox`` (what ``tasks import-tb
+    --sandbox`` writes) as ``stayer run`` does: the image is built, once for all the
+    trials and epochs, saying so on stderr; the oracle passes with dc from the image, and
+    an agent that does nothing fails."""
+    monkeypatch.setenv("STAYER_CACHE", str(private_cache(base_root, tmp_path)))
+    task = _copy_task(tmp_path / "suite")
+    with (task / "task.toml").open("a") as f:
+        f.write(f'\n[environment]\nsandbox = "{kind}"\n')
+    dockerfile = task / "environment" / "Dockerfile"
+    # (an image of this test's own: no earlier build stands in for this one)
+    dockerfile.write_text(dockerfile.read_text() + f"RUN echo {uuid.uuid4().hex}\n")
+    doc, err = _eval(tmp_path / "suite", tmp_path / "home", "--epochs", "2")
+    [config] = doc["configs"]
+    assert (config["successes"], config["trials"]) == (2, 2), err
+    building = [line for line in err.splitlines() if line.startswith(str(dockerfile))]
+    assert building and len(building) == len(set(building)), err  # each step built once
+    doc, err = _eval(tmp_path / "suite", tmp_path / "home", "--sim-policy", "synthetic:steps=1")
+    [config] = doc["configs"]
+    assert (config["successes"], config["trials"]) == (0, 1), err
+    assert not [line for line in err.splitlines() if line.startswith(str(dockerfile))]
 
 
 def test_the_image_app_directory_seeds_the_workspace(kind: str, tmp_path: Path) -> None:

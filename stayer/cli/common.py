@@ -266,6 +266,14 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document 
 
 # Options that several commands take with one meaning and one help text.
 SandboxOption = Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")]
+# Over a suite each task may name its own sandbox (task.toml's [environment] sandbox).
+TaskSandboxOption = Annotated[
+    str | None,
+    typer.Option(
+        "--sandbox",
+        help="For every task: bwrap, docker or bwrap-image (each task's Dockerfile built), or local. Default: each task's [environment] sandbox, else bwrap.",
+    ),
+]
 SimPolicyOption = Annotated[
     str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")
 ]

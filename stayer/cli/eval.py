@@ -19,6 +19,7 @@ from stayer.cli.common import (
     JsonFlag,
     SimLatencyOption,
     SimPolicyOption,
+    TaskSandboxOption,
     app,
     bad_input,
     check_writable_dir,
@@ -102,13 +103,7 @@ def eval_command(
     ] = None,
     sim_policy: SimPolicyOption = None,
     sim_latency: SimLatencyOption = 0.0,
-    sandbox: Annotated[
-        str,
-        typer.Option(
-            "--sandbox",
-            help="bwrap (default), docker or bwrap-image (each task's Dockerfile built), or local.",
-        ),
-    ] = "bwrap",
+    sandbox: TaskSandboxOption = None,
     preflight: Annotated[
         bool,
         typer.Option(
@@ -336,7 +331,7 @@ def _ray_executor(address: str) -> Any:
 
 
 def _preflight(
-    tasks: list[Any], sandbox: str, concurrency: int, force: bool
+    tasks: list[Any], sandbox: str | None, concurrency: int, force: bool
 ) -> list[dict[str, Any]]:
     """The cheap checks on every task (``eval.checks.preflight``): refuse, exit 2, naming each
     task and its problem; with ``force``, warn and return them for the document."""

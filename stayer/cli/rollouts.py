@@ -16,8 +16,8 @@ from stayer.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     JsonFlag,
-    SandboxOption,
     SimPolicyOption,
+    TaskSandboxOption,
     app,
     bad_input,
     check_writable_dir,
@@ -91,7 +91,7 @@ def rollouts_command(
         int, typer.Option("--max-steps", help="Model calls at most per sample.")
     ] = 50,
     sim_policy: SimPolicyOption = None,
-    sandbox: SandboxOption = "bwrap",
+    sandbox: TaskSandboxOption = None,
     checks: Annotated[
         str | None,
         typer.Option(
@@ -151,7 +151,7 @@ def _collect(
     concurrency: int,
     max_steps: int,
     sim_policy: str | None,
-    sandbox: str,
+    sandbox: str | None,
     checks: str | None,
     ray: str | None,
     json_out: bool,

@@ -19,10 +19,11 @@ How a step runs, as ``docker build`` runs it:
 What a step can reach. A Dockerfile is the task author's, and tasks are imported from
 public benchmarks: a step is treated as hostile to the host.
 
-* Files: the layer (its own copy, read-write), the build context read-only during a
-  ``COPY``, a fresh ``/proc`` of its own pid namespace with ``/proc/sys`` read-only and the
-  root-only ``/proc`` files covered, bwrap's minimal ``/dev``. No ``/sys`` (mounting one
-  needs ``CAP_SYS_ADMIN``), nothing else of the host's file system.
+* Files: the layer (its own copy, read-write), the build context (as root, a copy of
+  it) read-only during a ``COPY``, a fresh ``/proc`` of its own pid namespace with
+  ``/proc/sys`` read-only and the root-only ``/proc`` files covered, bwrap's minimal
+  ``/dev``. No ``/sys`` (mounting one needs ``CAP_SYS_ADMIN``), nothing else of the
+  host's file system.
 * Network: a namespace of its own. A ``RUN`` with the network gets slirp4netns's
   (:mod:`stayer.environments.buildnet`): the internet and what the host reaches by its
   other addresses, not the host's loopback (127.0.0.0/8: PostgreSQL, ``stayer serve``)
@@ -30,23 +31,34 @@ public benchmarks: a step is treated as hostile to the host.
   (10.0.2.3), never the host's file. Without slirp4netns such a step is refused, never
   given the host's network; ``--network=none`` steps, ``COPY`` and ``WORKDIR`` have none.
 * Processes: new pid, ipc, uts and cgroup namespaces: no host process to see or signal.
-* Privilege: when stayer runs as root, real root holding only the capabilities package
+* Privilege: when stayer runs as root, uid 0 of a user namespace of its own whose 65536
+  ids are a subordinate range of the host's (:mod:`stayer.environments.idmap`: root's
+  range in ``/etc/subuid`` and ``/etc/subgid``, else host ids 2,000,000,000 and up), so
+  that apt and dpkg change owners freely while every id they use is an unprivileged one
+  on the host. Its capabilities are the namespace's, and only those package
   installation needs (those of Docker's default set that concern files and users:
-  ``CHOWN``, ``DAC_OVERRIDE``, ``FOWNER``, ``FSETID``, ``KILL``, ``SETGID``, ``SETUID``; not
-  ``SYS_ADMIN``, ``NET_ADMIN``, ``MKNOD``, ``SETFCAP``, ``DAC_READ_SEARCH``…): apt and dpkg
-  change file owners, which a single-uid user namespace cannot map. Started by another
-  user, a step runs as uid 0 of a user namespace of its own, where installing packages
-  whose files belong to other users fails.
+  ``CHOWN``, ``DAC_OVERRIDE``, ``FOWNER``, ``FSETID``, ``KILL``, ``SETGID``, ``SETUID``;
+  not ``SYS_ADMIN``, ``NET_ADMIN``, ``MKNOD``, ``SETFCAP``, ``DAC_READ_SEARCH``…). The
+  base's files are copied once with their owners shifted into the range (cached beside
+  the base: as much disk again, seconds once), layers are made from that copy, and a ``COPY`` reads a
+  copy of the context given to the namespace (a step may read of the host's files only
+  what any user may). Started by another user, a step runs as uid 0 of a single-id user
+  namespace of its own, where installing packages whose files belong to other users
+  fails.
 
-What remains of root (a full-range user namespace would remove it; not done): a step's
-files belong to the host's uids, so it can leave setuid-root programs in its layer (dpkg
-installs some), and it runs as the host's uid 0, whose user keyring is shared by all of
-root's processes (the kernel's keyring calls fail in a step: a seccomp filter). Hence:
-layers live in directories only their owner may enter (:func:`~stayer.environments.base.private_dir`
-refuses a link, another user's directory, or one others could move aside); every mount of
-a layer (the build's and the agent's sandbox) is ``nosuid`` and the agent runs in a user
-namespace with no new privileges; the workspace seeded from the image's ``/app`` gets no
-setuid bit, device or link target. A step cannot make device nodes (no ``CAP_MKNOD``).
+What root in a step amounts to: the files it makes, chowns to root or marks setuid-root
+belong to the subordinate ids on the host (a setuid-root program it leaves is setuid to
+an unprivileged host uid); the host's root-owned files are to it what they are to any
+other user (owner-only sysctls included, which the kernel checks against uid 0, not
+capabilities); it cannot make device nodes (no ``CAP_MKNOD``); kernel keyrings fail in a
+step anyway (a seccomp filter). Layers still live in directories only their owner may
+enter (:func:`~stayer.environments.base.private_dir` refuses a link, another user's
+directory, or one others could move aside): a setuid program of the subordinate range
+is no business of other local users either. Every mount of a layer (the build's and the
+agent's sandbox) is ``nosuid`` and the agent runs in a user namespace with no new
+privileges; the workspace seeded from the image's ``/app`` gets no setuid bit, device or
+link target. Inside the agent's sandbox the image's files show as ``nobody``'s (their
+owners are not mapped there) and are read with the permissions others have.
 
 What the host does with a layer: copies it (``cp -a``, links copied as links), removes
 it (``rm --one-file-system``), and gives it to bwrap, which makes its mount points in it
@@ -70,7 +82,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stayer.environments import buildnet
+from stayer.environments import buildnet, idmap
 from stayer.environments.base import base_for, build_base, cache_root, private_dir
 from stayer.environments.dockerfile import (
     CopyStep,
@@ -80,6 +92,7 @@ from stayer.environments.dockerfile import (
     WorkdirStep,
     parse_dockerfile,
 )
+from stayer.environments.idmap import STAGE, IdRange, build_ids, shift_tree
 from stayer.errors import ConfigError
 from stayer.sandbox.bwrap import SANDBOX_PATH, check_bwrap, cover, proc_secrets
 from stayer.sandbox.hostfs import content_digest, tree_digest
@@ -90,7 +103,8 @@ STEP_TIMEOUT_S = 1800.0
 # Of Docker's default capability set, those for files and users (what dpkg and apt use).
 _BUILD_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
 _CONTEXT = "/.stayer-context"  # where the build context is mounted during COPY
-_RECIPE = 3  # bump when how a layer is made changes (2: /proc/sys read-only, 3: slirp)
+# bump when how a layer is made changes (2: /proc/sys read-only, 3: slirp, 4: subordinate ids)
+_RECIPE = 4
 
 
 class BuildError(ConfigError):
@@ -126,10 +140,41 @@ def build_root(
     cache = cache or cache_root()
     layer = build_base(base, cache=cache, log=log)
     key = base.key
+    ids = build_ids()
+    if ids is not None:
+        layer = _shifted_base(layer, ids, base.image, log)
+        key = f"{key}:{ids.key}"
     for step in plan.steps:
         key = _layer_key(key, step, context, dockerfile.path)
-        layer = _layer(bwrap, layer, key, step, context, cache / "layers", dockerfile.path, log)
+        layer = _layer(
+            bwrap, layer, key, step, context, cache / "layers", dockerfile.path, ids, log
+        )
     return BuiltRoot(layer, _image_env(plan), plan.workdir, plan.user, tuple(notes))
+
+
+def _shifted_base(base: Path, ids: IdRange, image: str, log: Callable[[str], None]) -> Path:
+    """The base root filesystem with its owners shifted into ``ids`` (the namespace steps
+    run in as root): made once per base and range, beside the base itself."""
+    real = Path(os.path.realpath(base))  # (a test's cache links to the shared base)
+    done = real.parent / f"{real.name}.ids-{ids.key}"
+    if done.is_dir():
+        return done
+    private_dir(real.parent)
+    with open(real.parent / f"{done.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.is_dir():  # made while we waited
+            return done
+        partial = real.parent / f"{done.name}.partial"
+        _remove(partial)
+        log(f"{image}: giving the base's files to the build namespace's ids {ids.uid}… (once)")
+        subprocess.run(["cp", "-a", "--reflink=auto", f"{real}/.", str(partial)], check=True)
+        try:
+            shift_tree(partial, ids)
+        except BaseException:
+            _remove(partial)
+            raise
+        partial.rename(done)
+    return done
 
 
 def _image_env(plan: Plan) -> dict[str, str]:
@@ -181,6 +226,7 @@ def _layer(
     context: Path,
     layers: Path,
     where: Path,
+    ids: IdRange | None,
     log: Callable[[str], None],
 ) -> Path:
     done = layers / key
@@ -197,7 +243,7 @@ def _layer(
         subprocess.run(["cp", "-a", "--reflink=auto", f"{parent}/.", str(partial)], check=True)
         try:
             log(f"{where}:{step.line}: {_describe(step)}")
-            _run_step(bwrap, partial, step, context, where)
+            _run_step(bwrap, partial, step, context, where, ids)
         except BaseException:
             _remove(partial)
             raise
@@ -244,10 +290,13 @@ done
 """
 
 
-def _run_step(bwrap: str, root: Path, step: Step, context: Path, where: Path) -> None:
+def _run_step(
+    bwrap: str, root: Path, step: Step, context: Path, where: Path, ids: IdRange | None
+) -> None:
     env = {"PATH": SANDBOX_PATH, "HOME": "/root", "HOSTNAME": "stayer-build"}
     network = False
     binds: list[str] = []
+    staged: Path | None = None
     if isinstance(step, RunStep):
         env.update(dict(step.env))
         network = step.network
@@ -295,7 +344,24 @@ def _run_step(bwrap: str, root: Path, step: Step, context: Path, where: Path) ->
         raise BuildError(
             f"{where}:{step.line}: {_describe(step)[:80]}: /{planted[0]} in the image is not a directory; refusing to build on it"
         )
-    args = [bwrap, "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev", *binds]
+    mounts: dict[str, Path] = {}
+    if ids is not None:
+        # The namespace's root may not pass through the cache's directories (0700, the
+        # host's root's) to reach the layer by its path: it gets them at idmap.STAGE.
+        mounts["layer"] = root
+        args = [bwrap, "--bind", f"{STAGE}/layer", "/"]
+        if binds:
+            # It may read only what others may of the host's files: a copy of the
+            # context, its own (as Docker's daemon reads all of it), removed after.
+            staged = root.parent / f"{root.name}.context"
+            _remove(staged)
+            subprocess.run(["cp", "-a", "--reflink=auto", f"{context}/.", str(staged)], check=True)
+            subprocess.run(["chown", "-hR", f"{ids.uid}:{ids.gid}", str(staged)], check=True)
+            mounts["context"] = staged
+            binds = ["--ro-bind", f"{STAGE}/context", _CONTEXT]
+    else:
+        args = [bwrap, "--bind", str(root), "/"]
+    args += ["--proc", "/proc", "--dev", "/dev", *binds]
     # Real root may write sysctls and trigger sysrq whatever its capabilities: /proc/sys
     # read-only and root-only /proc files covered, as in the agent's sandbox.
     args += ["--ro-bind", "/proc/sys", "/proc/sys", *cover(proc_secrets())]
@@ -303,10 +369,12 @@ def _run_step(bwrap: str, root: Path, step: Step, context: Path, where: Path) ->
     # the network (stayer.environments.buildnet).
     args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     args += ["--unshare-cgroup-try"]
-    userns = os.geteuid() != 0
+    userns = ids is None and os.geteuid() != 0
     if userns:
         args += ["--unshare-user", "--uid", "0", "--gid", "0"]
     else:
+        # bwrap runs as root of the namespace popen_in_userns makes (ids): these are
+        # capabilities there, over the namespace's own files only.
         args += ["--cap-drop", "ALL"]
         for cap in _BUILD_CAPS:
             args += ["--cap-add", f"CAP_{cap}"]
@@ -328,6 +396,8 @@ def _run_step(bwrap: str, root: Path, step: Step, context: Path, where: Path) ->
             resolv=resolv,
             timeout=STEP_TIMEOUT_S,
             pass_fds=() if seccomp is None else (seccomp,),
+            ids=ids,
+            mounts=mounts,
         )
     except subprocess.TimeoutExpired as e:
         raise BuildError(
@@ -335,9 +405,15 @@ def _run_step(bwrap: str, root: Path, step: Step, context: Path, where: Path) ->
         ) from e
     except buildnet.NetworkError as e:
         raise BuildError(f"{where}:{step.line}: {_describe(step)[:80]}: {e}") from e
+    except idmap.MappingError as e:
+        raise BuildError(
+            f"{where}:{step.line}: {_describe(step)[:80]}: {e}; give root 65536 ids this system maps in /etc/subuid and /etc/subgid, run stayer as another user, or use --sandbox docker"
+        ) from e
     finally:
         if seccomp is not None:
             os.close(seccomp)
+        if staged is not None:
+            _remove(staged)
         # The mount point of the context, left empty in the layer by bwrap (never a
         # link: rmdir does not follow one).
         if binds:

@@ -28,7 +28,10 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+from stayer.environments.idmap import IdRange, popen_in_userns
 from stayer.sandbox.bwrap import SANDBOX_PATH
 
 RESOLV_CONF = b"nameserver 10.0.2.3\n"
@@ -108,23 +111,35 @@ def run_step(
     resolv: bool,
     timeout: float,
     pass_fds: tuple[int, ...] = (),
+    ids: IdRange | None = None,
+    mounts: dict[str, Path] | None = None,
 ) -> tuple[bytes, bytes, int]:
     """Run bwrap's ``options`` and ``command``: stdout, stderr and exit status. With
     ``slirp``, the sandbox (``options`` must unshare its network) is connected before
     ``command`` starts and gets :data:`RESOLV_CONF` when ``resolv``; without, it runs as
     is. Raises subprocess.TimeoutExpired after ``timeout`` seconds, the sandbox killed,
-    and :class:`NetworkError`. ``pass_fds``: descriptors ``options`` name, for bwrap."""
+    and :class:`NetworkError`. ``pass_fds``: descriptors ``options`` name, for bwrap.
+    ``ids``: bwrap runs as root of a user namespace mapped onto them
+    (:func:`~stayer.environments.idmap.popen_in_userns`, which also mounts ``mounts``)."""
     if slirp is None:
-        done = subprocess.run(
+        proc = _spawn(
             [*options, *command],
-            capture_output=True,
-            timeout=timeout,
+            ids,
+            mounts,
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env={"PATH": SANDBOX_PATH},
             cwd="/",
             pass_fds=pass_fds,
         )
-        return done.stdout, done.stderr, done.returncode
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        return out, err, proc.returncode
     info_r, info_w = os.pipe()
     fds = [info_w]
     extra = ["--info-fd", str(info_w)]
@@ -133,8 +148,10 @@ def run_step(
         # (0600 unless said: apt fetches as its own user, _apt)
         extra += ["--perms", "0644", "--ro-bind-data", str(fds[-1]), "/etc/resolv.conf"]
     try:
-        proc = subprocess.Popen(
+        proc = _spawn(
             [*options, *extra, "/bin/sh", "-c", _HOLD, "sh", *command],
+            ids,
+            mounts,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -164,6 +181,14 @@ def run_step(
             proc.kill()
             proc.communicate()
     return out, err, proc.returncode
+
+
+def _spawn(
+    argv: list[str], ids: IdRange | None, mounts: dict[str, Path] | None, **kwargs: Any
+) -> subprocess.Popen[bytes]:
+    if ids is None:
+        return subprocess.Popen(argv, **kwargs)
+    return popen_in_userns(argv, ids, mounts=mounts, **kwargs)
 
 
 def _data_fd(data: bytes) -> int:

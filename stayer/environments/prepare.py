@@ -18,6 +18,7 @@ build nothing.
 from __future__ import annotations
 
 import subprocess
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any
 from stayer.environments.build import BuiltRoot, build_root
 from stayer.errors import ConfigError
 from stayer.sandbox import IMAGE_KINDS, Sandbox, make_sandbox
-from stayer.sandbox.hostfs import copy_tree
+from stayer.sandbox.hostfs import copy_tree, tree_digest
 
 # The image's own HOME is usually /root, which the command can neither read nor write.
 _FORCED_ENV = {"HOME": "/tmp"}
@@ -94,16 +95,44 @@ class Environment:
         )
 
 
+# Images prepared by this process, by kind and content of their build context: an
+# evaluation asks for a task's image for every trial (its workspace, the agent's sandbox,
+# the verifier's), and each epoch again.
+_PREPARED: dict[tuple[str, Path, str], Environment] = {}
+_PREPARING: dict[tuple[str, Path, str], threading.Lock] = {}
+_PREPARING_LOCK = threading.Lock()
+
+
 def prepare_environment(
     kind: str, context: str | Path, *, log: Callable[[str], None] = lambda _: None
 ) -> Environment:
     """Build ``context``'s image for ``kind``, or find it built: both builders cache by
-    content, so preparing the same environment again costs a hash of its files."""
+    content, so preparing the same environment again costs a hash of its files. One image
+    is built once: callers asking for the same one at the same time (threads of this
+    process) wait for the first, and later ones get what it built (other processes wait
+    on the builders' own locks)."""
     context = Path(context).resolve()
     if not (context / "Dockerfile").is_file():
         raise ConfigError(
             f"--sandbox {kind}: {context}/Dockerfile: missing; this sandbox runs the task's image"
         )
+    if kind not in IMAGE_KINDS:
+        raise ConfigError(
+            f"--sandbox {kind}: builds no image; choose one of {', '.join(IMAGE_KINDS)}"
+        )
+    key = (kind, context, tree_digest(context))
+    with _PREPARING_LOCK:
+        lock = _PREPARING.setdefault(key, threading.Lock())
+    with lock:
+        done = _PREPARED.get(key)
+        if done is not None and (done.root is None or done.root.root.is_dir()):
+            return done
+        environment = _build(kind, context, log)
+        _PREPARED[key] = environment
+        return environment
+
+
+def _build(kind: str, context: Path, log: Callable[[str], None]) -> Environment:
     if kind == "docker":
         from stayer.environments.docker import build_image, image_env
 
@@ -112,7 +141,7 @@ def prepare_environment(
     if kind == "bwrap-image":
         built = build_root(context, log=log)
         return Environment(kind, built.env, root=built, notes=built.notes)
-    raise ConfigError(f"--sandbox {kind}: builds no image; choose one of {', '.join(IMAGE_KINDS)}")
+    raise AssertionError(kind)
 
 
 def sandbox_for(

@@ -78,7 +78,8 @@ class EvalConfig:
     sim_policy: str | None = None
     max_steps: int = 50
     max_cost: Decimal | None = None
-    sandbox: str = "bwrap"
+    # None: each task's own ([environment] sandbox, else bwrap), as ``stayer run`` chooses
+    sandbox: str | None = None
     sim_latency: float = 0.0
 
     @property
