@@ -483,3 +483,21 @@ def test_a_reward_channel_made_unwritable_is_told(tmp_path):
     (tmp_path / "host").chmod(0o444)
     (logs / "reward.txt").symlink_to(tmp_path / "host")
     assert locked(logs) is None
+
+
+@needs_bwrap
+def test_a_task_whose_tests_pass_but_exit_non_zero_is_told_why_its_oracle_fails(tmp_path):
+    root = write_task(
+        tmp_path / "suite",
+        "ends-badly",
+        instruction=DONE,
+        test='if [ "$(cat /app/out.txt)" = done ]; ' + REWARD_FROM_STATUS + "false\n",
+        solve="echo done > /app/out.txt\n",
+    )
+    r = stayer("tasks", "check", str(root), "--reruns", "0", "--json", home=tmp_path / "home")
+    [t] = json.loads(r.stdout)["tasks"]
+    assert r.returncode == 1 and t["rewards"] == [0.0], t
+    [problem] = [p for p in t["problems"] if p["kind"] == "oracle_fails"]
+    assert problem["detail"].startswith("a reward of 1 does not count: the test script exited 1"), (
+        problem
+    )

@@ -162,7 +162,10 @@ def locked(logs: Path) -> str | None:
     reward file its owner may not write. The script writes its reward with ``>``: a reward
     of 1 planted read-only survives the script's own write, which fails. Read without
     following a link; what is not a regular file is :func:`read_reward`'s to refuse."""
-    fd = open_dir_beneath(logs, "")
+    try:
+        fd = open_dir_beneath(logs, "")
+    except OSError as e:  # made unreadable to a host that is not root
+        return f"/logs/verifier was made unreadable ({e.strerror})"
     try:
         if os.fstat(fd).st_mode & 0o700 != 0o700:
             return "/logs/verifier was made unwritable"
