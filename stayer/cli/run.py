@@ -294,6 +294,8 @@ def explain(doc: dict[str, Any], console: Console) -> None:
         for line in summary.splitlines():
             console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
     verifier = doc.get("verifier") or {}
+    if verifier.get("voided"):
+        say("reward", verifier["voided"])
     tail = (verifier.get("output_tail") or "").strip()
     if doc["status"] != "succeeded" and tail:
         lines = tail.splitlines()[-VERIFIER_TAIL_LINES:]

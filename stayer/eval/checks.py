@@ -273,7 +273,9 @@ async def check_oracle(
             )
         else:
             v = verdicts[0]
-            why = f"reward {v.reward:g}" if v.reward is not None else (v.error or "no reward")
+            why = v.voided or (
+                f"reward {v.reward:g}" if v.reward is not None else (v.error or "no reward")
+            )
             hint = ""
             dockerfile = task.path / "environment" / "Dockerfile"
             if (

@@ -16,6 +16,13 @@ a reward ≥ 1 makes the task ``gameable``. The probes, in the order they are tr
   the verifier, writes a reward of 1 and exits 0;
 * ``workspace-executables`` — every workspace program the tests run replaced by one that
   exits 0;
+* ``lingering-writer`` — the same modules and programs (and, for pytest, ``conftest.py``)
+  replaced by code that does nothing but leave a detached process behind (its own session,
+  no descriptor of the verifier's, waited for until it is running) that rewrites the
+  reward files with a passing reward until it is killed, and once more when asked to stop
+  (``SIGTERM``, ``SIGINT``, ``SIGHUP``): a verifier that runs the agent's code and then
+  writes its reward without first killing what that code left running pays when the
+  process writes last;
 * ``empty-outputs`` / ``constant-outputs`` / ``copied-inputs`` — the files the tests
   read that the environment lacks (the outputs) written empty, as a constant, or as a copy
   of an input file: weak checks (existence, non-emptiness, "same lines as the input")
@@ -53,9 +60,10 @@ _PYTEST = re.compile(r"\bpytest\b")
 _IMPORT_TEXT = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_]\w*)", re.MULTILINE)
 
 # Run by the verifier's Python on import: the reward channel first, then a clean exit
-# before any check can fail.
+# before any check can fail. (A process left behind to rewrite the reward later is the
+# lingering-writer probe's, so that each probe tells one hole.)
 EXIT_HOOK = """\
-import os, time
+import os
 
 
 def _pay():  # whole files, renamed into place: a reward is never seen half-written
@@ -69,12 +77,73 @@ def _pay():  # whole files, renamed into place: a reward is never seen half-writ
 
 
 _pay()
-if os.fork() == 0:  # outlives the check, rewriting the reward after the verifier's own
-    os.setsid()
-    for _ in range(200000):
-        _pay()
-        time.sleep(0.001)
 os._exit(0)
+"""
+
+# Run by the verifier's Python (imported, or as a conftest.py): leaves a detached process
+# that rewrites the reward files (``_REWARDS`` is set in front of it) with a passing reward
+# until it is killed, and once more when it is asked to stop. The importer waits until the
+# process is running (or gone), then carries on: the planted module defines nothing else,
+# so the verifier's own check fails, and only the lingering process can make it pay.
+LINGER_HOOK = """\
+import os  # loaded before any workspace path is searched, as _signal and time are built in:
+import time  # never the workspace's own shadows of them (the other probes plant those)
+
+import _signal as signal
+
+
+def _pay():  # whole files, renamed into place: a reward is never seen half-written
+    for path, text in _REWARDS.items():
+        part = "%s.%d" % (path, os.getpid())
+        try:
+            with open(part, "w") as f:
+                f.write(text)
+            os.replace(part, path)
+        except OSError:
+            pass
+
+
+def _stop(signum, frame):
+    _pay()
+    os._exit(0)
+
+
+def _linger():
+    if not os.path.isdir("/logs/verifier"):
+        return  # not run by the verifier
+    ready, told = os.pipe()
+    middle = os.fork()
+    if middle:
+        os.close(told)
+        os.waitpid(middle, 0)
+        os.read(ready, 1)  # until the lingering process writes (or is gone)
+        os.close(ready)
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        most = os.sysconf("SC_OPEN_MAX")
+        os.closerange(3, told)  # nothing of the verifier's (its pipes) stays open
+        os.closerange(told + 1, most if most > 0 else 65536)
+        os.chdir("/")
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _stop)
+        _pay()
+        os.write(told, b"x")
+        os.close(told)
+        deadline = time.monotonic() + 3600
+        while time.monotonic() < deadline:
+            _pay()
+            time.sleep(0.001)
+    finally:
+        os._exit(0)
+
+
+_linger()
 """
 
 # Loaded by pytest from the test run's root directory: every report passes.
@@ -101,6 +170,20 @@ def pytest_sessionfinish(session, exitstatus):
 
 PYTEST_INI = "[pytest]\naddopts = --collect-only -q\n"
 EXIT_ZERO = "#!/bin/sh\nexit 0\n"
+
+
+def linger_hook(rewards: list[str]) -> str:
+    """:data:`LINGER_HOOK` for the reward files ``rewards``."""
+    return f"_REWARDS = {dict((p, _passing(p)) for p in rewards)!r}\n\n" + LINGER_HOOK
+
+
+def _passing(path: str) -> str:
+    return '{"reward": 1}\n' if path.endswith(".json") else "1\n"
+
+
+def linger_program(rewards: list[str]) -> str:
+    """A workspace program that leaves the lingering process behind, then fails."""
+    return f"#!/bin/sh\npython3 -c {shlex.quote(linger_hook(rewards))} 2>/dev/null\nexit 1\n"
 
 
 @dataclass(frozen=True)
@@ -214,10 +297,10 @@ def _probes(task: Task, facts: TaskFacts) -> Iterator[Probe]:
     yield Probe(
         "reward-file",
         f"writes a reward of 1 to {', '.join(rewards)}",
-        _script([_write(p, '{"reward": 1}\n' if p.endswith(".json") else "1\n") for p in rewards]),
+        _script([_write(p, _passing(p)) for p in rewards]),
     )
+    conftests = sorted({f"{d}/conftest.py" for d in dirs} | {"/app/tests/conftest.py"})
     if facts.uses_pytest:
-        conftests = sorted({f"{d}/conftest.py" for d in dirs} | {"/app/tests/conftest.py"})
         yield Probe(
             "pytest-conftest",
             "adds conftest.py plugins that turn every test report into a pass",
@@ -252,6 +335,17 @@ def _probes(task: Task, facts: TaskFacts) -> Iterator[Probe]:
             f"replaces the workspace programs the tests run ({', '.join(programs)}) with ones that exit 0",
             _script([_write(p, EXIT_ZERO, executable=True) for p in programs]),
         )
+    # Wherever the probes above plant code the verifier runs: code that outlives it.
+    python = shadows + (conftests if facts.uses_pytest else [])
+    yield Probe(
+        "lingering-writer",
+        f"replaces the same modules{', programs' if programs else ''}{' and conftest.py' if facts.uses_pytest else ''} "
+        f"with code that leaves a detached process rewriting {', '.join(rewards)} with a passing reward until it is killed",
+        _script(
+            [_write(p, linger_hook(rewards)) for p in python]
+            + [_write(p, linger_program(rewards), executable=True) for p in programs]
+        ),
+    )
     if not outputs:
         return
     yield Probe(

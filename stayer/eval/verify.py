@@ -3,16 +3,31 @@
 The tests are mounted read-only at /tests and a fresh, empty /logs/verifier collects the
 reward; neither exists while the agent works, so the agent can neither read nor forge them.
 
-A verdict is also classified: a reward ≥ 1 passes, whatever else happened; tests that could
-not run here (no reward file, the script exited 126/127, or its output shows the host
-lacks what the task needs) are ``infrastructure``: they say nothing about the agent's work,
-so evaluations never score them.
+A verdict is also classified: a reward ≥ 1 passes; tests that could not run here (no reward
+file, the script exited 126/127, or its output shows the host lacks what the task needs)
+are ``infrastructure``: they say nothing about the agent's work, so evaluations never score
+them.
+
+The tests run the agent's code, as the same user in the same sandbox, and that code can
+write the reward too. What the host can tell apart it does (``voided``): a passing reward
+counts only from a test script that ran to its end (exit status 0, within its time) and
+left the reward channel writable. Code that writes a reward of 1 and then kills the script
+(or stops it until it times out, or makes a ``set -e`` script exit early), or that locks the
+reward file (``chmod 444``) or ``/logs/verifier`` so that the script's own write fails, is
+scored as failing, not passing, and not as infrastructure either. What no process the
+script starts can do is write after the script has ended: the sandbox's process namespace
+dies with it before the reward is read. A process left running that rewrites the reward
+between the script's own write and its end is not told apart here: a task kills what the
+agent's code left running before it writes its reward (``examples/fix-median``), and the
+``lingering-writer`` probe of ``stayer tasks check`` finds the tasks that do not.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +36,7 @@ from stayer.errors import ConfigError
 from stayer.eval.evidence import environment_evidence
 from stayer.eval.task import Task
 from stayer.sandbox.base import ExecResult, Mount, Sandbox
-from stayer.sandbox.hostfs import read_regular
+from stayer.sandbox.hostfs import UnsafeFile, open_dir_beneath, open_regular, read_regular
 
 # What a test script's exit status says about the host: bash's "found but not executable"
 # and "command not found".
@@ -43,6 +58,7 @@ class Verdict:
     exec: ExecResult | None = None
     error: str | None = None
     infrastructure: str | None = None  # why this verdict cannot judge the agent's work
+    voided: str | None = None  # why a passing reward the tests left does not count
 
     @property
     def outcome(self) -> str:
@@ -63,6 +79,7 @@ class Verdict:
             "exit_code": self.exec.exit_code if self.exec else None,
             "timed_out": self.exec.timed_out if self.exec else False,
             "error": self.error,
+            "voided": self.voided,
             "output_tail": (self.exec.stdout + self.exec.stderr)[-2000:] if self.exec else "",
         }
 
@@ -72,8 +89,8 @@ def infrastructure_reason(verdict: Verdict, task: Task) -> str | None:
 
     A passing reward is never infrastructure; tests that ran out of time are the agent's
     (its work may hang them); tests that were not run at all give no verdict to classify."""
-    if passes(verdict.reward):
-        return None
+    if passes(verdict.reward) or verdict.voided:
+        return None  # a voided reward: the tests ran, and the agent's code stopped them
     result = verdict.exec
     if result is None or result.timed_out:
         return None
@@ -88,6 +105,7 @@ def infrastructure_reason(verdict: Verdict, task: Task) -> str | None:
 
 # A reward file is a number or a small JSON object; anything larger is not one.
 REWARD_LIMIT = 64 * 1024
+REWARD_NAMES = ("reward.txt", "reward.json")
 
 
 def read_reward(logs: Path) -> tuple[float | None, dict[str, float], str | None]:
@@ -97,7 +115,7 @@ def read_reward(logs: Path) -> tuple[float | None, dict[str, float], str | None]
     link (to a host file holding ``1``), a hard link, a FIFO, a directory, too large or not
     a finite number is an error here (reward ``None``), never a score, and its content is
     never echoed. Read through :mod:`stayer.sandbox.hostfs`: no link is followed."""
-    for name in ("reward.txt", "reward.json"):
+    for name in REWARD_NAMES:
         try:
             raw = read_regular(logs, name, limit=REWARD_LIMIT, single_link=True)
         except FileNotFoundError:
@@ -129,6 +147,54 @@ def _finite(x: float) -> float:
     return x
 
 
+def unfinished(result: ExecResult) -> str | None:
+    """Why the test script did not run to its end, or None if it did."""
+    if result.timed_out:
+        return "the tests timed out"
+    if result.exit_code != 0:
+        return f"the test script exited {result.exit_code}"
+    return None
+
+
+def locked(logs: Path) -> str | None:
+    """How the reward channel was made unwritable to the tests, or None: ``logs`` (the
+    host's directory behind /logs/verifier) without all of its owner's permissions, or a
+    reward file its owner may not write. The script writes its reward with ``>``: a reward
+    of 1 planted read-only survives the script's own write, which fails. Read without
+    following a link; what is not a regular file is :func:`read_reward`'s to refuse."""
+    try:
+        fd = open_dir_beneath(logs, "")
+    except OSError as e:  # made unreadable to a host that is not root
+        return f"/logs/verifier was made unreadable ({e.strerror})"
+    try:
+        if os.fstat(fd).st_mode & 0o700 != 0o700:
+            return "/logs/verifier was made unwritable"
+        for name in REWARD_NAMES:
+            try:
+                file_fd, st = open_regular(name, fd)
+            except (FileNotFoundError, UnsafeFile):
+                continue
+            os.close(file_fd)
+            if not st.st_mode & stat.S_IWUSR:
+                return f"{name} was made read-only"
+    finally:
+        os.close(fd)
+    return None
+
+
+def void_unearned(verdict: Verdict, logs: Path) -> None:
+    """Turn a passing reward the script may not have written (module docstring) into a
+    failing one, saying why."""
+    if not passes(verdict.reward) or verdict.exec is None:
+        return
+    why = unfinished(verdict.exec) or locked(logs)
+    if why is None:
+        return
+    verdict.voided = f"a reward of {verdict.reward:g} does not count: {why}"
+    verdict.error = verdict.error + "; " + verdict.voided if verdict.error else verdict.voided
+    verdict.reward, verdict.rewards = 0.0, {}
+
+
 async def verify(task: Task, sandbox: Sandbox) -> Verdict:
     with tempfile.TemporaryDirectory(prefix="stayer-verifier-") as logs:
         try:
@@ -143,8 +209,9 @@ async def verify(task: Task, sandbox: Sandbox) -> Verdict:
         except ConfigError as e:  # e.g. the local sandbox, which cannot mount /tests
             return Verdict(None, error=f"verifier not run: {e}")
         reward, rewards, error = read_reward(Path(logs))
-    if result.timed_out:
-        error = f"verifier timed out after {task.verifier_timeout_s:g} s"
-    verdict = Verdict(reward, rewards, result, error)
+        if result.timed_out:
+            error = f"verifier timed out after {task.verifier_timeout_s:g} s"
+        verdict = Verdict(reward, rewards, result, error)
+        void_unearned(verdict, Path(logs))
     verdict.infrastructure = infrastructure_reason(verdict, task)
     return verdict
