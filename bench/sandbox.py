@@ -16,8 +16,9 @@
    empty store plus a restore into an empty directory (target under 1 s), a snapshot of
    the unchanged workspace, 5 interleaved samples per round of each of: in this process
    (the change watch; target under 1 ms), in an actual new Python process started for it
-   (what a resumed run pays; target under 50 ms for ``snapshot()``, the whole process's
-   time from spawn to exit shown beside it), and by a fresh store that uses no watch (a
+   (target under 50 ms for ``snapshot()``, the whole process's time from spawn to exit
+   shown beside it; and what a resumed run does first: ``restore`` of that snapshot, then
+   ``snapshot``, in a new process), and by a fresh store that uses no watch (a
    stat scan against the stat cache); then a step that changed 10 files, a rollback of
    that step, and the breakers' workspace fingerprint (also taken every step). The
    baseline is what "a full copy each time" costs: ``cp -a`` of the workspace, measured in
@@ -136,6 +137,7 @@ def snapshot_figures(
             "unchanged snapshot (change watch)",
             "unchanged snapshot (new process)",
             "new process: start, import, snapshot",
+            "resume in a new process: restore + snapshot",
             "unchanged snapshot (stat scan, no watch)",
             "snapshot after a 10-file step",
             "rollback of that step (restore in place)",
@@ -173,6 +175,8 @@ def snapshot_figures(
             inner, whole = new_process_snapshot(store_dir, ws, sid)
             rows["unchanged snapshot (new process)"].append(inner)
             rows["new process: start, import, snapshot"].append(whole)
+            inner, _whole = new_process_snapshot(store_dir, ws, sid, resume=True)
+            rows["resume in a new process: restore + snapshot"].append(inner)
             fresh = scan_only_store(store_dir)
             rows["unchanged snapshot (stat scan, no watch)"].append(
                 timed(lambda s=fresh, i=sid: check_id(s.snapshot(ws), i))
@@ -202,20 +206,25 @@ from pathlib import Path
 from stayer.sandbox.snapshot import FileSnapshotStore
 store = FileSnapshotStore(sys.argv[1])
 t1 = time.perf_counter()
+if len(sys.argv) > 3:  # a resumed run: back to its last snapshot, then the next one
+    store.restore(sys.argv[3], Path(sys.argv[2]))
 sid = store.snapshot(Path(sys.argv[2]))
 t2 = time.perf_counter()
 print(json.dumps({"id": sid, "import_s": t1 - t0, "snapshot_s": t2 - t1}))
 """
 
 
-def new_process_snapshot(store_dir: Path, ws: Path, expected: str) -> tuple[float, float]:
-    """An unchanged snapshot taken by a new Python process, as a resumed run takes it:
-    (seconds in ``snapshot()`` itself, seconds of the whole process from spawn to exit)."""
+def new_process_snapshot(
+    store_dir: Path, ws: Path, expected: str, *, resume: bool = False
+) -> tuple[float, float]:
+    """An unchanged snapshot taken by a new Python process: (seconds in ``snapshot()``
+    itself, seconds of the whole process from spawn to exit). With ``resume``, as a resumed
+    run begins: ``restore(expected)`` and then ``snapshot()``, both in the first figure."""
     root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(store_dir), str(ws)],
+        [sys.executable, "-c", _CHILD, str(store_dir), str(ws), *([expected] if resume else [])],
         check=True,
         capture_output=True,
         env=env,

@@ -345,3 +345,34 @@ def test_a_sandboxed_process_that_reaches_the_socket_is_not_served(ws: Path, roo
         r.stderr,
     )
     store.close()
+
+
+def test_restoring_the_tree_it_already_is_does_nothing_and_anything_else_restores(
+    ws: Path, root: Path, monkeypatch
+) -> None:
+    """A resumed run restores its last snapshot: free when the daemon vouches that the
+    workspace is that tree, a real restore after any change."""
+    store = store_with_daemon(root)
+    a = store.snapshot(ws)
+
+    def resume() -> FileSnapshotStore:
+        return FileSnapshotStore(root, shared_watch=True)
+
+    fresh = resume()
+    monkeypatch.setattr(snapshot_module, "iter_tree", lambda *_a: 1 / 0)  # no walk
+    fresh.restore(a, ws)
+    assert fresh.snapshot(ws) == a
+    fresh.close()
+    monkeypatch.undo()
+    for change in (
+        lambda: (ws / "notes.txt").write_text("NOTES\n"),  # same size
+        lambda: os.chmod(ws / "src", 0o700),
+        lambda: (ws / "src" / "new").write_text("new"),
+    ):
+        change()
+        fresh = resume()
+        fresh.restore(a, ws)
+        assert (ws / "notes.txt").read_text() == "notes\n" and not (ws / "src" / "new").exists()
+        assert fresh.snapshot(ws) == a == scan_only(root, ws)
+        fresh.close()
+    store.close()

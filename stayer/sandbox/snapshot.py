@@ -40,11 +40,13 @@ How :class:`FileSnapshotStore` keeps that cheap:
   root) and, if so, returns the id without a stat; anything else (no daemon, a dead or
   silent one, hard links, a restore since) means a scan. The stat cache and that file are
   :mod:`marshal`, not JSON: 10,000 records load in milliseconds.
-* **Restore rewrites only what differs.** Restoring into the workspace the snapshot came
-  from (the journal's rollback) compares the tree with the manifest and touches only
-  changed, added and deleted paths; restoring into an empty directory copies every blob,
-  large ones with ``copy_file_range`` so that file systems with reflinks (XFS, btrfs)
-  share the data instead of copying it.
+* **Restore rewrites only what differs**, and nothing at all (not even a walk) when a
+  watch vouches that the workspace is still the snapshot's tree: a resumed run whose
+  workspace nothing touched since its last snapshot starts at once. Restoring into the
+  workspace the snapshot came from (the journal's rollback) compares the tree with the
+  manifest and touches only changed, added and deleted paths; restoring into an empty
+  directory copies every blob, large ones with ``copy_file_range`` so that file systems
+  with reflinks (XFS, btrfs) share the data instead of copying it.
 
 Blobs are never hard-linked into a workspace: a command that edits a file in place would
 then edit the stored snapshot too.
@@ -481,6 +483,8 @@ class FileSnapshotStore:
         return token
 
     def restore(self, snapshot_id: str, workspace: Path) -> None:
+        if snapshot_id in self and self._holds(workspace, snapshot_id):
+            return  # (a resumed run whose workspace nothing touched since its snapshot)
         entries = self._load_manifest(snapshot_id)
         ws = self._workspace_path(workspace, must_exist=False)
         ws.mkdir(parents=True, exist_ok=True)
@@ -539,6 +543,21 @@ class FileSnapshotStore:
         self._save_cache(ws, state)
         state.last_entries, state.last_id = entries, snapshot_id
         self._watch.forget(str(ws))  # new directories here are not watched yet
+
+    def _holds(self, workspace: Path, snapshot_id: str) -> bool:
+        """Whether ``workspace`` provably is ``snapshot_id``'s tree now: a watch (this
+        process's, or the shared one's token) vouches that nothing changed since the scan
+        that gave that id. Then a restore has nothing to do, not even a walk."""
+        ws = self._workspace_path(workspace, must_exist=False)
+        if not ws.is_dir():
+            return False
+        state = self._state(ws)
+        if state.last_id == snapshot_id and self._watch.unchanged(str(ws)):
+            return True
+        if self._shared is None:
+            return False
+        held_id, token = self._held(ws, state)
+        return held_id == snapshot_id and token is not None and self._shared.check(str(ws), token)
 
     def close(self) -> None:
         """Release the change watch and open pack files; the store stays usable."""

@@ -302,6 +302,8 @@ class _Daemon:
                     del self.trees_of_wd[wd]
                     self.libc.inotify_rm_watch(self.fd, wd)
         tree.wds, tree.token, tree.root = [], None, None
+        if self.trees.get(tree.path) is tree:
+            del self.trees[tree.path]  # nothing left to vouch for: a new begin starts over
 
     def drain(self) -> None:
         while True:
@@ -316,7 +318,7 @@ class _Daemon:
                 wd, mask, _cookie, length = _EVENT.unpack_from(buf, offset)
                 offset += _EVENT.size + length
                 if mask & _IN_Q_OVERFLOW:  # events were lost: every tree may have changed
-                    for tree in self.trees.values():
+                    for tree in list(self.trees.values()):
                         self.dirty(tree)
                 else:
                     for tree in list(self.trees_of_wd.get(wd, ())):
@@ -324,14 +326,16 @@ class _Daemon:
 
     def begin(self, path: str) -> bytes:
         self.drain()
-        tree = self.trees.setdefault(path, _Tree(path))
-        if tree.token is not None and tree.root == _root_id(path):
+        tree = self.trees.get(path)
+        if tree is not None and tree.token is not None and tree.root == _root_id(path):
             return b"R" + tree.token.encode()  # no event since it was issued
-        self.dirty(tree)
+        if tree is not None:
+            self.dirty(tree)
         try:
             root_fd = os.open(path, _DIR_FLAGS)
         except OSError:
             return b"F"
+        tree = self.trees[path] = _Tree(path)
         try:
             st = os.fstat(root_fd)
             ok = self._watch_tree(tree, root_fd, st.st_dev, 0)
