@@ -24,7 +24,8 @@ How :class:`FileSnapshotStore` keeps that cheap:
   ``mtime``) and the inode changes when a file is replaced, so an edit is always noticed.
   As in git's "racily clean" rule, a file changed in the last :data:`_RACY_NS` before the
   scan is not cached: a later edit within the same file-system clock tick could otherwise
-  leave every field unchanged.
+  leave every field unchanged; a file whose ctime is a whole second (a file system that
+  keeps seconds only), in the last :data:`_COARSE_RACY_NS`.
 * **Change watch.** Where inotify is available the store also watches every directory it
   scanned (:mod:`stayer.sandbox.watch`); when no event arrived since the last scan, the
   snapshot is the previous id without even a stat. Any doubt means a scan, and so does a
@@ -47,6 +48,13 @@ How :class:`FileSnapshotStore` keeps that cheap:
   manifest and touches only changed, added and deleted paths; restoring into an empty
   directory copies every blob, large ones with ``copy_file_range`` so that file systems
   with reflinks (XFS, btrfs) share the data instead of copying it.
+
+One algorithm, two object backends: all of the above is :class:`Snapshots`, over an
+:class:`Objects` backend. :class:`FileSnapshotStore` is it over files (loose blobs, packs,
+``snapshots/<id>.json``); the journal's :class:`~stayer.journal.snapshot.BlobSnapshots`
+is it over the journal store's blobs (Postgres: a run may resume on another machine),
+where a blob is at most 1 MiB, so bigger files are extent maps of 1 MiB pieces. The same
+tree of small files has the same id in both.
 
 Blobs are never hard-linked into a workspace: a command that edits a file in place would
 then edit the stored snapshot too.
@@ -100,6 +108,9 @@ _CHUNK = 1 << 20
 # Entries whose ctime is this close to the start of a scan are not cached (see module doc):
 # more than a file-system clock tick (1-10 ms) on the file systems a workspace lives on.
 _RACY_NS = 50_000_000
+# ...and this close for a file whose ctime is a whole second: a file system that keeps
+# seconds only (ext3, HFS+) cannot tell two writes within the same second apart.
+_COARSE_RACY_NS = 2_000_000_000
 # With durable=True, up to this many new files are fsync'ed one by one; more, one syncfs.
 _FSYNC_AT_MOST = 64
 # Within one snapshot, new small blobs beyond this many go into a pack, not a file each.
@@ -134,6 +145,38 @@ class SnapshotStore(Protocol):
 
 class SnapshotNotFound(KeyError):
     """``restore`` was given an id this store never produced (or has lost)."""
+
+
+class Objects(Protocol):
+    """Where :class:`Snapshots` keeps blobs and manifests: files under a directory
+    (:class:`_Blobs`, for :class:`FileSnapshotStore`) or the journal store's blobs
+    (:class:`stayer.journal.snapshot.BlobSnapshots`). One snapshot algorithm, two object
+    backends."""
+
+    #: The largest blob it takes in one piece, or None for any size (then big files are
+    #: streamed with :meth:`put_stream` and read back with :meth:`open_loose`). Files
+    #: bigger than this are kept as extent maps of pieces at most this big.
+    max_blob: int | None
+
+    def has(self, blob: str) -> bool: ...
+    def put(self, blob: str, data: bytes) -> None: ...
+    def put_stream(self, src: int, limit: int = -1) -> tuple[str, int, bool]: ...
+    def end_batch(self) -> list[str]:
+        """Finish this snapshot's blob writes; the local paths that need an fsync."""
+        ...
+
+    def read(self, blob: str) -> bytes: ...
+    def open_loose(self, blob: str) -> int: ...
+    def put_manifest(self, snapshot_id: str, body: bytes) -> list[str] | None:
+        """Store a manifest; None if it was there already, else the paths to fsync."""
+        ...
+
+    def get_manifest(self, snapshot_id: str) -> bytes:
+        """A manifest's bytes; :class:`SnapshotNotFound` if there is none."""
+        ...
+
+    def has_manifest(self, snapshot_id: str) -> bool: ...
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -206,11 +249,14 @@ class _Blobs:
     looked for before a blob is declared missing.
     """
 
+    max_blob: int | None = None
+
     def __init__(self, root: Path) -> None:
         self.objects = root / "objects"
         self.packs = root / "packs"
         self.tmp = root / "tmp"
-        for d in (self.objects, self.packs, self.tmp):
+        self.snapshots = root / "snapshots"
+        for d in (self.objects, self.packs, self.tmp, self.snapshots):
             d.mkdir(parents=True, exist_ok=True)
         self._fan_out: set[str] = set()  # objects/xx directories known to exist
         self._packed: dict[str, tuple[str, int, int]] = {}  # blob -> (pack name, offset, size)
@@ -314,6 +360,25 @@ class _Blobs:
     def open_loose(self, blob: str) -> int:
         return os.open(self.loose_path(blob), os.O_RDONLY | os.O_CLOEXEC)
 
+    def manifest_path(self, snapshot_id: str) -> Path:
+        return self.snapshots / f"{snapshot_id}.json"
+
+    def has_manifest(self, snapshot_id: str) -> bool:
+        return self.manifest_path(snapshot_id).is_file()
+
+    def put_manifest(self, snapshot_id: str, body: bytes) -> list[str] | None:
+        path = self.manifest_path(snapshot_id)
+        if path.exists():
+            return None
+        os.replace(_tmp_file_with(self.tmp, body), path)
+        return [str(path)]
+
+    def get_manifest(self, snapshot_id: str) -> bytes:
+        try:
+            return self.manifest_path(snapshot_id).read_bytes()
+        except FileNotFoundError:
+            raise SnapshotNotFound(f"no snapshot {snapshot_id!r} in {self.snapshots}") from None
+
     def close(self) -> None:
         for fd in self._pack_fds.values():
             os.close(fd)
@@ -346,34 +411,41 @@ class _Blobs:
             self._indexes_seen.add(entry.name)
 
 
-class FileSnapshotStore:
-    """The default :class:`SnapshotStore`: content-addressed files under ``root``.
+class Snapshots:
+    """The snapshot algorithm (module doc) over an object backend (:class:`Objects`).
 
-    ``root`` may be shared by many workspaces and processes (every file in it is written
-    to a temporary name and renamed into place). With ``durable=True`` a snapshot is on
-    disk before its id is returned, so that a journal line naming it survives a crash.
-    Nothing is ever deleted from the store.
+    ``local`` is a directory of this machine for what is not content: the stat caches,
+    the hand-over to the shared watch, temporary files. Without it (the journal's
+    backend) the stat cache lives in memory only and there is no shared watch; without
+    ``watch`` no change watch either (then every snapshot is a stat scan).
     """
 
     def __init__(
-        self, root: str | Path, *, durable: bool = False, shared_watch: bool | None = None
+        self,
+        objects: Objects,
+        local: Path | None,
+        *,
+        durable: bool = False,
+        watch: bool = True,
+        shared_watch: bool | None = None,
     ) -> None:
-        self.root = Path(root).resolve()
+        self.root = local
         self.durable = durable
-        self._blobs = _Blobs(self.root)
-        self._snapshots = self.root / "snapshots"
-        self._caches = self.root / "cache"
-        self._tmp = self.root / "tmp"
-        for d in (self._snapshots, self._caches):
-            d.mkdir(parents=True, exist_ok=True)
+        self._blobs = objects
+        self._caches = local / "cache" if local is not None else None
+        self._tmp = local / "tmp" if local is not None else None
+        if self._caches is not None:
+            self._caches.mkdir(parents=True, exist_ok=True)
         self._umask = _current_umask()
         self._watch = TreeWatch()
+        if not watch:
+            self._watch.close()  # a closed watch never vouches: every snapshot scans
         if shared_watch is None:
             shared_watch = os.environ.get("STAYER_SHARED_WATCH", "1") != "0"
         self._shared: SharedWatch | None = None
-        if shared_watch and self._watch.available and SharedWatch.supported():
-            (self.root / "watch").mkdir(exist_ok=True)
-            self._shared = SharedWatch(str(self.root / "watch"))
+        if local is not None and shared_watch and self._watch.available and SharedWatch.supported():
+            (local / "watch").mkdir(exist_ok=True)
+            self._shared = SharedWatch(str(local / "watch"))
         self._workspaces: dict[str, _WorkspaceState] = {}
         self._manifests: dict[str, list[Entry]] = {}
 
@@ -405,7 +477,8 @@ class FileSnapshotStore:
             state.cache = self._load_cache(ws)
         self._watch.begin(key)
         # Files changed since this instant are not cached (the "racily clean" rule).
-        racy_since = time.time_ns() - _RACY_NS
+        now = time.time_ns()
+        racy_since, coarse_since = now - _RACY_NS, now - _COARSE_RACY_NS
         entries: list[Entry] = [("", "d", plain_mode(os.lstat(ws).st_mode), None, 0, 0)]
         append = entries.append
         cached = state.cache.get
@@ -429,7 +502,11 @@ class FileSnapshotStore:
                         blob, size = self._store_file(dir_fd, name)
                     except (UnsafeFile, FileNotFoundError):  # replaced or gone since listed
                         continue
-                if sig[3] < racy_since and size == sig[0]:
+                if (
+                    sig[3] < racy_since
+                    and size == sig[0]
+                    and (sig[3] % 1_000_000_000 or sig[3] < coarse_since)
+                ):
                     fresh_cache[rel] = (sig, blob)
                 if blob[0] == "s":  # a sparse file's extent map (see _store_sparse)
                     append((rel, "s", mode & 0o777, blob[1:], size, sig[1]))
@@ -458,9 +535,8 @@ class FileSnapshotStore:
         else:
             snapshot_id, wrote_manifest = self._save_manifest(entries)
             state.last_entries, state.last_id = entries, snapshot_id
-            if self.durable and (written or wrote_manifest):
-                if wrote_manifest:
-                    written.append(str(self._manifest_path(snapshot_id)))
+            written += wrote_manifest or []
+            if self.durable and written:
                 self._sync(written)  # on disk before anyone records the id
         if shared is not None:
             token = self._hand_over(ws, state, snapshot_id, begun or shared.begin(key))
@@ -570,7 +646,7 @@ class FileSnapshotStore:
         return (
             isinstance(snapshot_id, str)
             and snapshot_id.isalnum()  # ids are hex digests; anything else is not ours
-            and self._manifest_path(snapshot_id).is_file()
+            and (snapshot_id in self._manifests or self._blobs.has_manifest(snapshot_id))
         )
 
     # ------------------------------------------------------------------ snapshot side
@@ -579,7 +655,9 @@ class FileSnapshotStore:
         ws = Path(workspace).resolve()
         if must_exist and not ws.is_dir():
             raise NotADirectoryError(f"snapshot: workspace {ws} is not a directory")
-        if ws == self.root or ws in self.root.parents or self.root.is_relative_to(ws):
+        if self.root is not None and (
+            ws == self.root or ws in self.root.parents or self.root.is_relative_to(ws)
+        ):
             raise ValueError(
                 f"snapshot: the store {self.root} lies inside the workspace {ws}; keep it outside"
             )
@@ -606,8 +684,8 @@ class FileSnapshotStore:
         src, st = open_regular(name, dir_fd)
         try:
             size = st.st_size
-            if size > _SMALL_FILE and is_sparse(st):
-                return "s" + self._store_sparse(src, size), size
+            if size > _SMALL_FILE and (self._blobs.max_blob is not None or is_sparse(st)):
+                return "s" + self._store_sparse(src, size, is_sparse(st)), size
             if size <= _SMALL_FILE:
                 data = os.read(src, size + 1)
                 if len(data) <= size:  # else it grew since the stat: stream it instead
@@ -616,18 +694,36 @@ class FileSnapshotStore:
                         self._blobs.put(blob, data)
                     return blob, len(data)
                 os.lseek(src, 0, os.SEEK_SET)
+                if self._blobs.max_blob is not None:  # no streaming there: pieces
+                    size = os.fstat(src).st_size
+                    return "s" + self._store_sparse(src, size, False), size
             blob, size, _new = self._blobs.put_stream(src)
             return blob, size
         finally:
             os.close(src)
 
-    def _store_sparse(self, src: int, size: int) -> str:
+    def _store_sparse(self, src: int, size: int, sparse: bool = True) -> str:
         """Store a sparse file as the blobs of its data extents plus an extent map (a blob
         of ``{"size", "extents": [[offset, length, blob], …]}``); return the map's id. Holes
-        are never read, so a 1 TB file holding 1 MB costs 1 MB, here and on restore."""
-        extents = []
-        for offset, length in data_extents(src, size, min_hole=_SMALL_FILE):
+        are never read, so a 1 TB file holding 1 MB costs 1 MB, here and on restore. With a
+        backend that caps blobs (``max_blob``) every big file is kept so, its extents cut
+        into pieces at fixed offsets: a file that only grows (a log) stores only its last
+        piece again."""
+        extents: list[tuple[int, int, str]] = []
+        piece = self._blobs.max_blob
+        for offset, length in (
+            data_extents(src, size, min_hole=_SMALL_FILE) if sparse else [(0, size)]
+        ):
             os.lseek(src, offset, os.SEEK_SET)
+            if piece is not None:
+                end = offset + length
+                while offset < end:
+                    data = read_at_most(src, min(piece, end - offset))
+                    if not data:  # shrank since the fstat
+                        break
+                    extents.append((offset, len(data), self._put_small(data)))
+                    offset += len(data)
+                continue
             if length <= _SMALL_FILE:
                 data = read_at_most(src, length)
                 blob = self._put_small(data)
@@ -643,19 +739,13 @@ class FileSnapshotStore:
             self._blobs.put(blob, data)
         return blob
 
-    def _manifest_path(self, snapshot_id: str) -> Path:
-        return self._snapshots / f"{snapshot_id}.json"
-
-    def _save_manifest(self, entries: list[Entry]) -> tuple[str, bool]:
-        """Store the manifest; ``(snapshot id, whether it was new)``."""
+    def _save_manifest(self, entries: list[Entry]) -> tuple[str, list[str] | None]:
+        """Store the manifest; ``(snapshot id, paths to fsync or None if it was there)``."""
         body = json.dumps({"format": FORMAT, "entries": entries}, separators=(",", ":")).encode()
         snapshot_id = hashlib.sha256(body).hexdigest()
-        path = self._manifest_path(snapshot_id)
-        new = not path.exists()
-        if new:
-            self._write_file(path, body)
+        written = self._blobs.put_manifest(snapshot_id, body)
         self._manifests[snapshot_id] = entries
-        return snapshot_id, new
+        return snapshot_id, written
 
     def _sync(self, files: list[str]) -> None:
         """Flush ``files`` and the directories naming them to disk: one by one when they are
@@ -664,19 +754,20 @@ class FileSnapshotStore:
         if len(files) > _FSYNC_AT_MOST or not _fsync_paths(
             [*files, *dict.fromkeys(os.path.dirname(f) for f in files)]
         ):
-            _syncfs(self.root)
+            _syncfs(self.root if self.root is not None else Path(files[0]).parent)
 
     def _load_manifest(self, snapshot_id: str) -> list[Entry]:
         if snapshot_id in self._manifests:
             return self._manifests[snapshot_id]
         if not snapshot_id.isalnum():  # ids are hex digests; anything else is not ours
             raise SnapshotNotFound(f"no snapshot {snapshot_id!r} in {self.root}")
-        try:
-            doc = json.loads(self._manifest_path(snapshot_id).read_bytes())
-        except FileNotFoundError:
-            raise SnapshotNotFound(f"no snapshot {snapshot_id!r} in {self.root}") from None
-        if doc.get("format") != FORMAT:
-            raise ValueError(f"snapshot {snapshot_id}: unknown format {doc.get('format')!r}")
+        return self._parse_manifest(snapshot_id, self._blobs.get_manifest(snapshot_id))
+
+    def _parse_manifest(self, snapshot_id: str, body: bytes) -> list[Entry]:
+        doc = json.loads(body)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            what = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+            raise ValueError(f"snapshot {snapshot_id}: unknown format {what!r}")
         entries: list[Entry] = [tuple(e) for e in doc["entries"]]
         self._manifests[snapshot_id] = entries
         return entries
@@ -686,24 +777,30 @@ class FileSnapshotStore:
 
     # Both files are marshal, not JSON: a new process loads 10,000 records in a few ms.
 
-    def _cache_path(self, ws: Path, suffix: str = ".cache") -> Path:
+    def _cache_path(self, ws: Path, suffix: str = ".cache") -> Path | None:
+        if self._caches is None:
+            return None
         return self._caches / (hashlib.sha256(os.fsencode(ws)).hexdigest()[:32] + suffix)
 
     def _load_cache(self, ws: Path) -> dict[str, CacheRecord]:
-        doc = _load_marshal(self._cache_path(ws))
+        path = self._cache_path(ws)
+        doc = _load_marshal(path) if path is not None else {}
         if doc.get("workspace") != str(ws) or not isinstance(doc.get("files"), dict):
             return {}
         files: dict[str, CacheRecord] = doc["files"]
         return files
 
     def _save_cache(self, ws: Path, state: _WorkspaceState) -> None:
-        doc = {"format": FORMAT, "workspace": str(ws), "files": state.cache}
-        self._write_file(self._cache_path(ws), marshal.dumps(doc))
+        path = self._cache_path(ws)
+        if path is not None:  # (else it lives in memory only)
+            doc = {"format": FORMAT, "workspace": str(ws), "files": state.cache}
+            self._write_file(path, marshal.dumps(doc))
 
     def _held(self, ws: Path, state: _WorkspaceState) -> tuple[str | None, str | None]:
         """The snapshot id and shared-watch token the last scan of ``ws`` left on disk."""
         if state.held is None:
-            doc = _load_marshal(self._cache_path(ws, ".held"))
+            path = self._cache_path(ws, ".held")
+            doc = _load_marshal(path) if path is not None else {}
             held: tuple[str | None, str | None] = (None, None)
             if doc.get("workspace") == str(ws):
                 snapshot_id, token = doc.get("id"), doc.get("token")
@@ -719,7 +816,9 @@ class FileSnapshotStore:
         if state.held == (snapshot_id, token):
             return
         path = self._cache_path(ws, ".held")
-        if snapshot_id is None:
+        if path is None:
+            pass
+        elif snapshot_id is None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         else:
@@ -728,6 +827,7 @@ class FileSnapshotStore:
         state.held = (snapshot_id, token)
 
     def _write_file(self, path: Path, body: bytes) -> None:
+        assert self._tmp is not None
         os.replace(_tmp_file_with(self._tmp, body), path)
 
     # ------------------------------------------------------------------ restore side
@@ -834,6 +934,28 @@ class FileSnapshotStore:
                 finally:
                     os.close(src)
         os.ftruncate(dst, doc["size"])
+
+
+class FileSnapshotStore(Snapshots):
+    """The default :class:`SnapshotStore`: content-addressed files under ``root``.
+
+    ``root`` may be shared by many workspaces and processes (every file in it is written
+    to a temporary name and renamed into place). With ``durable=True`` a snapshot is on
+    disk before its id is returned, so that a journal line naming it survives a crash.
+    Nothing is ever deleted from the store.
+    """
+
+    root: Path
+
+    def __init__(
+        self, root: str | Path, *, durable: bool = False, shared_watch: bool | None = None
+    ) -> None:
+        local = Path(root).resolve()
+        super().__init__(_Blobs(local), local, durable=durable, shared_watch=shared_watch)
+
+    def _manifest_path(self, snapshot_id: str) -> Path:
+        assert isinstance(self._blobs, _Blobs)
+        return self._blobs.manifest_path(snapshot_id)
 
 
 def _load_marshal(path: Path) -> dict[str, Any]:
