@@ -27,6 +27,10 @@
    ``--settle`` seconds (default 6): creating or deleting 10,000 files keeps an ext4
    journal busy for up to its 5 s commit interval, and whichever operation comes next
    would pay for the one before. ``--settle 0`` shows that back-to-back cost.
+   ``--journal-snapshots`` instead times the journal's snapshots (``BlobSnapshots``, the
+   Postgres journal's, the same algorithm over the journal's blobs) over an in-memory blob
+   store: first, unchanged (5 samples a round), after a 10-file step, its rollback, and a
+   restore into an empty directory by another instance.
 3. **Task images** (``--images``; root, with docker.io and mmdebstrap installed): the
    image of ``tests/fixtures/image-task`` (a Debian base plus ``apt-get install dc`` and a
    ``COPY``) built ``--build-rounds`` times cold and then found cached, with Docker (a
@@ -249,6 +253,50 @@ def check_id(got: str, expected: str) -> None:
         raise SystemExit(f"bench: an unchanged snapshot gave {got}, expected {expected}")
 
 
+def journal_snapshot_figures(base: Path, files: int, mb: int, repeat: int) -> dict[str, dict]:
+    """The journal's snapshots (``BlobSnapshots``, as a Postgres journal keeps them) over
+    an in-memory blob store, so that the figures are the algorithm's, not the database's:
+    a first snapshot, an unchanged one (a stat scan: there is no watch), one after a
+    10-file step, the rollback of that step, a restore into an empty directory."""
+    from stayer.journal.snapshot import BlobSnapshots
+
+    ws = base / "journal-ws"
+    make_workspace(ws, files, mb * 10**6, seed=5)
+    rows: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "first snapshot",
+            "unchanged snapshot",
+            "snapshot after a 10-file step",
+            "rollback of that step (restore in place)",
+            "restore into an empty dir",
+        )
+    }
+    rnd = random.Random(11)
+    for r in range(repeat):
+        blobs: dict[str, bytes] = {}
+        snaps = BlobSnapshots(blobs.update, blobs.__getitem__)
+        rows["first snapshot"].append(timed(lambda s=snaps: s.snapshot(ws)))
+        sid = snaps.snapshot(ws)
+        for _ in range(SAMPLES):
+            rows["unchanged snapshot"].append(
+                timed(lambda s=snaps, i=sid: check_id(s.snapshot(ws), i))
+            )
+        change_step(ws, rnd)
+        rows["snapshot after a 10-file step"].append(timed(lambda s=snaps: s.snapshot(ws)))
+        rows["rollback of that step (restore in place)"].append(
+            timed(lambda s=snaps, i=sid: s.restore(i, ws))
+        )
+        other = BlobSnapshots(blobs.update, blobs.__getitem__)  # as another process
+        rows["restore into an empty dir"].append(
+            timed(lambda s=other, i=sid, d=base / f"journal-copy{r}": s.restore(i, d))
+        )
+    return {
+        k: {"min_ms": min(v) * 1000, "median_ms": statistics.median(v) * 1000, "n": len(v)}
+        for k, v in rows.items()
+    }
+
+
 def image_figures(build_rounds: int, exec_runs: int, base: Path) -> dict[str, object]:
     """Cold and cached builds of the fixture task's image, with and without Docker, and
     exec overhead in each (see the module's docstring, item 3)."""
@@ -358,12 +406,32 @@ def main() -> None:
     )
     ap.add_argument("--no-snapshots", action="store_true", help="leave out the snapshot figures")
     ap.add_argument(
+        "--journal-snapshots",
+        action="store_true",
+        help="only the journal's snapshots (BlobSnapshots over in-memory blobs): no exec, no images",
+    )
+    ap.add_argument(
         "--exec-only", action="store_true", help="only the exec overhead (no snapshots, no images)"
     )
     args = ap.parse_args()
 
     images = None
     load_before = os.getloadavg()
+    if args.journal_snapshots:
+        with tempfile.TemporaryDirectory(prefix="stayer-bench-", dir=args.dir) as tmp:
+            journal = journal_snapshot_figures(Path(tmp), args.files, args.mb, args.repeat)
+        print(
+            f"journal snapshots (BlobSnapshots, in-memory blobs) of a {args.mb} MB, "
+            f"{args.files:,}-file workspace, {args.repeat} rounds "
+            f"(load {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after)"
+        )
+        print(f"{'':46} {'min ms':>9} {'median ms':>10} {'n':>3}")
+        for name, r in journal.items():
+            print(f"{name:46} {r['min_ms']:9.2f} {r['median_ms']:10.2f} {r['n']:3}")
+        if args.json:
+            doc = {"journal_snapshot_samples": journal, "files": args.files, "mb": args.mb}
+            print(json.dumps({**doc, "load_before": load_before, "load_after": os.getloadavg()}))
+        return
     with tempfile.TemporaryDirectory(prefix="stayer-bench-", dir=args.dir) as tmp:
         base = Path(tmp)
         (base / "exec-ws").mkdir()
