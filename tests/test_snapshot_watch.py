@@ -376,3 +376,26 @@ def test_restoring_the_tree_it_already_is_does_nothing_and_anything_else_restore
         assert fresh.snapshot(ws) == a == scan_only(root, ws)
         fresh.close()
     store.close()
+
+
+def test_a_file_system_mounted_inside_is_watched_at_its_root(
+    ws: Path, root: Path, monkeypatch
+) -> None:
+    """A mount point inside the workspace is not walked into (its root's mode is all a
+    snapshot keeps of it), but the daemon watches that root: a chmod there is seen."""
+    mnt = ws / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "none", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount here (needs root)")
+    try:
+        (mnt / "inside").write_text("not snapshotted")
+        store = store_with_daemon(root)
+        a = store.snapshot(ws)
+        assert handed_over(store, ws)[1] is not None
+        os.chmod(mnt, 0o700)
+        b = fresh_snapshot(root, ws, monkeypatch, may_scan=True)
+        assert b != a and b == scan_only(root, ws)
+        assert store.snapshot(ws) == b  # the process's own watch saw it too
+        store.close()
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)

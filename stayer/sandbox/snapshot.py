@@ -479,7 +479,9 @@ class Snapshots:
         # Files changed since this instant are not cached (the "racily clean" rule).
         now = time.time_ns()
         racy_since, coarse_since = now - _RACY_NS, now - _COARSE_RACY_NS
-        entries: list[Entry] = [("", "d", plain_mode(os.lstat(ws).st_mode), None, 0, 0)]
+        root_st = os.lstat(ws)
+        device = root_st.st_dev
+        entries: list[Entry] = [("", "d", plain_mode(root_st.st_mode), None, 0, 0)]
         append = entries.append
         cached = state.cache.get
         fresh_cache: dict[str, CacheRecord] = {}
@@ -513,6 +515,8 @@ class Snapshots:
                 else:
                     append((rel, "f", mode & 0o777, blob, size, sig[1]))
             elif fmt == stat.S_IFDIR:
+                if st.st_dev != device:  # a mount point: not walked, but its mode is kept
+                    self._watch.add(key, f"{ws}/{rel}")
                 append((rel, "d", mode & 0o777, None, 0, 0))
             elif fmt == stat.S_IFLNK:
                 try:

@@ -351,13 +351,8 @@ class _Daemon:
 
     def _watch_tree(self, tree: _Tree, dir_fd: int, device: int, depth: int) -> bool:
         """Watch the directory ``dir_fd`` (before listing it), then those under it."""
-        if depth > MAX_DEPTH:
+        if depth > MAX_DEPTH or not self._watch_one(tree, dir_fd):
             return False
-        wd = self.libc.inotify_add_watch(self.fd, f"/proc/self/fd/{dir_fd}".encode(), _MASK)
-        if wd < 0:
-            return False
-        tree.wds.append(wd)
-        self.trees_of_wd.setdefault(wd, set()).add(tree)
         try:
             with os.scandir(dir_fd) as entries:
                 subdirs = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
@@ -369,12 +364,23 @@ class _Daemon:
             except OSError:  # gone or replaced since listed: an event says so
                 continue
             try:
-                if os.fstat(fd).st_dev != device:  # another file system: not walked either
+                if os.fstat(fd).st_dev != device:  # another file system: not walked either,
+                    if not self._watch_one(tree, fd):  # but its root's mode is in a snapshot
+                        return False
                     continue
                 if not self._watch_tree(tree, fd, device, depth + 1):
                     return False
             finally:
                 os.close(fd)
+        return True
+
+    def _watch_one(self, tree: _Tree, dir_fd: int) -> bool:
+        """Watch the directory open as ``dir_fd`` (through its fd: no path is resolved)."""
+        wd = self.libc.inotify_add_watch(self.fd, f"/proc/self/fd/{dir_fd}".encode(), _MASK)
+        if wd < 0:
+            return False
+        tree.wds.append(wd)
+        self.trees_of_wd.setdefault(wd, set()).add(tree)
         return True
 
     def check(self, token: str, path: str) -> bytes:
