@@ -30,7 +30,8 @@
    ``--journal-snapshots`` instead times the journal's snapshots (``BlobSnapshots``, the
    Postgres journal's, the same algorithm over the journal's blobs) over an in-memory blob
    store: first, unchanged (5 samples a round), after a 10-file step, its rollback, and a
-   restore into an empty directory by another instance.
+   restore into an empty directory by another instance (``--settle`` before the first
+   snapshot and that restore).
 3. **Task images** (``--images``; root, with docker.io and mmdebstrap installed): the
    image of ``tests/fixtures/image-task`` (a Debian base plus ``apt-get install dc`` and a
    ``COPY``) built ``--build-rounds`` times cold and then found cached, with Docker (a
@@ -253,11 +254,14 @@ def check_id(got: str, expected: str) -> None:
         raise SystemExit(f"bench: an unchanged snapshot gave {got}, expected {expected}")
 
 
-def journal_snapshot_figures(base: Path, files: int, mb: int, repeat: int) -> dict[str, dict]:
+def journal_snapshot_figures(
+    base: Path, files: int, mb: int, repeat: int, settle: float
+) -> dict[str, dict]:
     """The journal's snapshots (``BlobSnapshots``, as a Postgres journal keeps them) over
     an in-memory blob store, so that the figures are the algorithm's, not the database's:
     a first snapshot, an unchanged one (a stat scan: there is no watch), one after a
-    10-file step, the rollback of that step, a restore into an empty directory."""
+    10-file step, the rollback of that step, a restore into an empty directory (the bulk
+    ones after ``settle`` seconds, as in :func:`snapshot_figures`)."""
     from stayer.journal.snapshot import BlobSnapshots
 
     ws = base / "journal-ws"
@@ -276,6 +280,7 @@ def journal_snapshot_figures(base: Path, files: int, mb: int, repeat: int) -> di
     for r in range(repeat):
         blobs: dict[str, bytes] = {}
         snaps = BlobSnapshots(blobs.update, blobs.__getitem__)
+        time.sleep(settle)
         rows["first snapshot"].append(timed(lambda s=snaps: s.snapshot(ws)))
         sid = snaps.snapshot(ws)
         for _ in range(SAMPLES):
@@ -288,6 +293,7 @@ def journal_snapshot_figures(base: Path, files: int, mb: int, repeat: int) -> di
             timed(lambda s=snaps, i=sid: s.restore(i, ws))
         )
         other = BlobSnapshots(blobs.update, blobs.__getitem__)  # as another process
+        time.sleep(settle)
         rows["restore into an empty dir"].append(
             timed(lambda s=other, i=sid, d=base / f"journal-copy{r}": s.restore(i, d))
         )
@@ -419,10 +425,12 @@ def main() -> None:
     load_before = os.getloadavg()
     if args.journal_snapshots:
         with tempfile.TemporaryDirectory(prefix="stayer-bench-", dir=args.dir) as tmp:
-            journal = journal_snapshot_figures(Path(tmp), args.files, args.mb, args.repeat)
+            journal = journal_snapshot_figures(
+                Path(tmp), args.files, args.mb, args.repeat, args.settle
+            )
         print(
             f"journal snapshots (BlobSnapshots, in-memory blobs) of a {args.mb} MB, "
-            f"{args.files:,}-file workspace, {args.repeat} rounds "
+            f"{args.files:,}-file workspace, {args.repeat} rounds, {args.settle:g} s settle "
             f"(load {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after)"
         )
         print(f"{'':46} {'min ms':>9} {'median ms':>10} {'n':>3}")
