@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from sandbox_helpers import NO_BWRAP, run
+from snapshot_helpers import daemon_stopped_after, store_with_daemon
 
 import stayer.sandbox.snapshot as snapshot_module
 from stayer.sandbox.snapshot import FileSnapshotStore, SnapshotNotFound, SnapshotStore
@@ -75,11 +76,17 @@ def ws(tmp_path: Path) -> Path:
     return d
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> FileSnapshotStore:
-    s = FileSnapshotStore(tmp_path / "store")
-    yield s
-    s.close()
+@pytest.fixture(params=["scan", "shared-watch"])
+def store(tmp_path: Path, request) -> FileSnapshotStore:
+    """Each test twice: a store on its own, and one with the shared watch's daemon up
+    (whose answers must never change what a snapshot finds)."""
+    with daemon_stopped_after(tmp_path / "store") as root:
+        if request.param == "scan":
+            s = FileSnapshotStore(root, shared_watch=False)
+        else:
+            s = store_with_daemon(root)
+        yield s
+        s.close()
 
 
 @pytest.fixture

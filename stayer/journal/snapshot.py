@@ -2,21 +2,22 @@
 
 The sandbox's ``FileSnapshotStore`` keeps snapshots in local files, which is right next to
 a local SQLite journal. A run journaled in PostgreSQL may be resumed on another machine, so
-its snapshots must live where its events do: this ``SnapshotStore`` (same protocol) writes
+its snapshots must live where its events do: :class:`BlobSnapshots` (same protocol) writes
 into the journal store's blobs.
 
-Layout, as in git: a directory is a tree blob listing its entries; a file is a list of
-1 MiB chunk blobs (``null`` for a chunk wholly inside a hole of a sparse file: never read,
-never written back, so sparse stays sparse). Unchanged files, chunks and subtrees hash to
-the same addresses and are stored once, so per-step snapshots cost what changed, not the
-workspace size, and a file that only grows (a log) re-stores only its last chunk. The
-workspace is the sandbox's: it is walked by directory fd and read as
-:mod:`stayer.sandbox.hostfs` reads (no link followed, only regular files opened, names as
-bytes), and modes keep permission bits only (no setuid, setgid or sticky bit). FIFOs are
-kept (never opened); sockets and device files are not workspace content. A stat cache skips re-reading files
-whose size, times and inode are unchanged; files modified within the last second are
-always re-read, since a same-size rewrite within the filesystem's timestamp granularity
-would otherwise go unnoticed.
+It is the same snapshot algorithm as the sandbox's (:class:`stayer.sandbox.snapshot.
+Snapshots`: the walk, the stat cache and its racy rule, the manifest, the restore that
+rewrites only what differs, and everything the workspace's safety needs: no link
+followed, only regular files opened, names as bytes, no setuid bit, FIFOs kept and never
+opened, sockets and devices left out, sparse files kept sparse), over another object
+backend: the journal's ``put_blobs`` / ``get_blob``. Blobs there are at most
+:data:`CHUNK` (a database row, not a file), so a file bigger than that is kept as an
+extent map of 1 MiB pieces at fixed offsets: unchanged pieces, files and manifests are
+stored once, and a file that only grows (a log) re-stores only its last piece. The stat
+cache lives in memory (the backend has no local directory), and there is no change watch
+(a journal store may serve thousands of runs in one process; inotify instances are few).
+
+Snapshots written before this format (git-style trees of JSON blobs) still restore.
 """
 
 from __future__ import annotations
@@ -25,201 +26,149 @@ import json
 import os
 import shutil
 import stat
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from stayer.journal.blobs import digest
-from stayer.sandbox.hostfs import (
-    UnsafeFile,
-    data_extents,
-    is_sparse,
-    open_regular,
-    plain_mode,
-    pwrite_all,
-)
-from stayer.sandbox.tree import MAX_DEPTH
+from stayer.journal.blobs import BlobError
+from stayer.sandbox.hostfs import plain_mode, pwrite_all
+from stayer.sandbox.snapshot import SnapshotNotFound, Snapshots
 
 CHUNK = 1 << 20
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_RACY_NS = 1_000_000_000
+# Blobs held back before they go to the store in one put: bounded memory, fewer round trips.
+_BATCH_BLOBS, _BATCH_BYTES = 64, 8 << 20
 
 
-class BlobSnapshots:
-    """Snapshots as content-addressed trees. ``put`` stores blobs durably (the journal
-    store's ``put_blobs``); ``get`` reads one back."""
+class _JournalObjects:
+    """The journal store's blobs as :class:`~stayer.sandbox.snapshot.Objects`. A put is
+    durable when ``put`` returns (the store's promise), so nothing needs an fsync here."""
+
+    max_blob: int | None = CHUNK
+
+    def __init__(
+        self, put: Callable[[Mapping[str, bytes]], object], get: Callable[[str], bytes]
+    ) -> None:
+        self._put = put
+        self._get = get
+        self._known: set[str] = set()  # addresses stored by this instance
+        self._pending: dict[str, bytes] = {}
+        self._pending_bytes = 0
+
+    def has(self, blob: str) -> bool:
+        return blob in self._known or blob in self._pending
+
+    def put(self, blob: str, data: bytes) -> None:
+        self._pending[blob] = data
+        self._pending_bytes += len(data)
+        if len(self._pending) >= _BATCH_BLOBS or self._pending_bytes >= _BATCH_BYTES:
+            self._flush()
+
+    def put_stream(self, src: int, limit: int = -1) -> tuple[str, int, bool]:
+        raise NotImplementedError("blobs here are at most CHUNK: big files are extent maps")
+
+    def open_loose(self, blob: str) -> int:
+        raise NotImplementedError("blobs here are at most CHUNK: big files are extent maps")
+
+    def end_batch(self) -> list[str]:
+        self._flush()
+        return []
+
+    def read(self, blob: str) -> bytes:
+        return self._get(blob)
+
+    def put_manifest(self, snapshot_id: str, body: bytes) -> list[str] | None:
+        if snapshot_id in self._known:
+            return None
+        self._pending[snapshot_id] = body  # its address: the snapshot id is its hash
+        self._flush()  # last: every blob it names is stored before it
+        return []
+
+    def get_manifest(self, snapshot_id: str) -> bytes:
+        try:
+            return self._get(snapshot_id)
+        except (KeyError, BlobError) as e:
+            raise SnapshotNotFound(f"no snapshot {snapshot_id!r} in the journal ({e})") from None
+
+    def has_manifest(self, snapshot_id: str) -> bool:
+        if snapshot_id in self._known:
+            return True
+        try:
+            self._get(snapshot_id)
+        except (KeyError, BlobError):
+            return False
+        return True
+
+    def close(self) -> None:
+        pass
+
+    def _flush(self) -> None:
+        if self._pending:
+            pending, self._pending, self._pending_bytes = self._pending, {}, 0
+            self._put(pending)
+            self._known.update(pending)
+
+
+class BlobSnapshots(Snapshots):
+    """Snapshots in the journal store's blobs. ``put`` stores blobs durably (the journal
+    store's ``put_blobs``); ``get`` reads one back (``get_blob``)."""
 
     def __init__(
         self,
         put: Callable[[Mapping[str, bytes]], object],
         get: Callable[[str], bytes],
     ) -> None:
-        self._put = put
+        super().__init__(_JournalObjects(put, get), None, watch=False, shared_watch=False)
         self._get = get
-        self._stat_cache: dict[str, tuple[tuple[int, ...], list[str | None]]] = {}
-        self._known: set[str] = set()  # addresses stored by this instance
-
-    def snapshot(self, workspace: Path) -> str:
-        pending: dict[str, bytes] = {}
-        fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            root = self._tree(fd, os.fspath(workspace), pending, time.time_ns() - _RACY_NS)
-        finally:
-            os.close(fd)
-        self._flush(pending)
-        return root
-
-    def _add(self, data: bytes, pending: dict[str, bytes]) -> str:
-        address = digest(data)
-        if address not in self._known:
-            pending[address] = data
-        return address
-
-    def _flush(self, pending: dict[str, bytes]) -> None:
-        if pending:
-            self._put(pending)
-            self._known.update(pending)
-            pending.clear()
-
-    def _tree(
-        self, dir_fd: int, key: str, pending: dict[str, bytes], racy_after: int, depth: int = 0
-    ) -> str:
-        """Store the directory ``dir_fd`` (``key``: its path, for the stat cache) as a tree
-        blob. Walked by fd and opened with ``O_NOFOLLOW`` (:mod:`stayer.sandbox.hostfs`):
-        the workspace is the sandbox's, and nothing it plants is followed or read."""
-        entries: list[dict[str, Any]] = []
-        with os.scandir(dir_fd) as it:
-            items = sorted(it, key=lambda e: e.name)
-        for e in items:
-            try:
-                st = e.stat(follow_symlinks=False)
-                if stat.S_ISLNK(st.st_mode):
-                    entries.append({"name": e.name, "link": os.readlink(e.name, dir_fd=dir_fd)})
-                elif stat.S_ISDIR(st.st_mode):
-                    tree = self._subtree(
-                        dir_fd, e.name, f"{key}/{e.name}", pending, racy_after, depth + 1
-                    )
-                    entries.append({"name": e.name, "mode": plain_mode(st.st_mode), "tree": tree})
-                elif stat.S_ISREG(st.st_mode):
-                    chunks, size = self._file(
-                        dir_fd, e.name, f"{key}/{e.name}", pending, racy_after
-                    )
-                    entries.append(
-                        {
-                            "name": e.name,
-                            "mode": plain_mode(st.st_mode),
-                            "size": size,
-                            "mtime_ns": st.st_mtime_ns,
-                            "chunks": chunks,
-                        }
-                    )
-                elif stat.S_ISFIFO(
-                    st.st_mode
-                ):  # kept as the sandbox's snapshots keep it; never opened
-                    entries.append({"name": e.name, "mode": plain_mode(st.st_mode), "fifo": True})
-            except (UnsafeFile, FileNotFoundError):  # replaced or gone since listed
-                continue
-            # sockets and devices are not workspace content
-            if len(pending) > 64:  # bound memory: large trees flush as they go
-                self._flush(pending)
-        return self._add(json.dumps(entries, separators=(",", ":")).encode(), pending)
-
-    def _subtree(
-        self,
-        dir_fd: int,
-        name: str,
-        key: str,
-        pending: dict[str, bytes],
-        racy_after: int,
-        depth: int,
-    ) -> str:
-        if depth > MAX_DEPTH:  # as deep as the walk goes (stayer.sandbox.tree)
-            return self._add(b"[]", pending)
-        try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-        except OSError as e:  # a link now, not the directory that was listed
-            raise UnsafeFile(e.errno, "not a directory any more", name) from None
-        try:
-            return self._tree(fd, key, pending, racy_after, depth)
-        finally:
-            os.close(fd)
-
-    def _file(
-        self, dir_fd: int, name: str, key: str, pending: dict[str, bytes], racy_after: int
-    ) -> tuple[list[str | None], int]:
-        """The chunk addresses of a file and its size; a chunk entirely in a hole of a
-        sparse file is ``None``, never read and never written back."""
-        fd, st = open_regular(name, dir_fd)
-        try:
-            sig = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-            cached = self._stat_cache.get(key)
-            if cached is not None and cached[0] == sig:
-                return cached[1], st.st_size
-            sparse = is_sparse(st)
-            extents = data_extents(fd, st.st_size) if sparse else []
-            chunks: list[str | None] = []
-            offset, i = 0, 0  # extents[i]: the first one that ends after offset
-            while offset < st.st_size:
-                while i < len(extents) and sum(extents[i]) <= offset:
-                    i += 1
-                next_data = extents[i][0] if i < len(extents) else st.st_size
-                if sparse and next_data >= offset + CHUNK:
-                    # a hole up to the chunk holding the next data: skip its chunks at once
-                    holes = (next_data - offset) // CHUNK
-                    chunks.extend([None] * holes)
-                    offset += holes * CHUNK
-                    continue
-                block = os.pread(fd, min(CHUNK, st.st_size - offset), offset)
-                if not block:  # shrank since the fstat
-                    break
-                chunks.append(self._add(block, pending))
-                if len(pending) > 64:
-                    self._flush(pending)
-                offset += CHUNK
-        finally:
-            os.close(fd)
-        if st.st_mtime_ns < racy_after and st.st_ctime_ns < racy_after:
-            self._stat_cache[key] = (sig, chunks)
-        return chunks, st.st_size
 
     def restore(self, snapshot_id: str, workspace: Path) -> None:
         """Make ``workspace`` exactly the snapshot: extra files removed, contents, modes,
         modification times and symlinks as recorded."""
-        workspace = Path(workspace)
-        clear_workspace(workspace)
-        workspace.mkdir(parents=True, exist_ok=True)
-        self._restore_tree(snapshot_id, workspace)
-        self._stat_cache.clear()
+        if snapshot_id not in self._manifests and snapshot_id.isalnum():
+            body = self._blobs.get_manifest(snapshot_id)
+            if body[:1] == b"[":  # a tree of the format before this one
+                _restore_legacy(self._get, snapshot_id, Path(workspace))
+                self._workspaces.pop(str(Path(workspace).resolve()), None)
+                return
+            self._manifests[snapshot_id] = self._parse_manifest(snapshot_id, body)
+        super().restore(snapshot_id, workspace)
 
-    def _restore_tree(self, address: str, directory: Path) -> None:
-        dir_modes: list[tuple[Path, int]] = []
-        for entry in json.loads(self._get(address)):
-            path = directory / entry["name"]
-            if "link" in entry:
-                os.symlink(entry["link"], path)
-            elif entry.get("fifo"):
-                os.mkfifo(path, plain_mode(entry["mode"]))
-                os.chmod(path, plain_mode(entry["mode"]))  # past the umask
-            elif "tree" in entry:
-                path.mkdir()
-                self._restore_tree(entry["tree"], path)
-                dir_modes.append((path, plain_mode(entry["mode"])))
-            else:
-                fd = os.open(path, _CREATE_FLAGS, 0o600)
-                try:
-                    for i, chunk in enumerate(entry["chunks"]):
-                        if chunk is not None:  # None: a hole, left unwritten
-                            pwrite_all(fd, self._get(chunk), i * CHUNK)
-                    os.ftruncate(fd, entry["size"])
-                    os.fchmod(fd, plain_mode(entry["mode"]))
-                    os.utime(fd, ns=(entry["mtime_ns"], entry["mtime_ns"]))
-                finally:
-                    os.close(fd)
-        # Modes last: a read-only directory must be filled before it becomes read-only.
-        for path, mode in dir_modes:
-            os.chmod(path, mode)
+
+def _restore_legacy(get: Callable[[str], bytes], address: str, workspace: Path) -> None:
+    """Restore a snapshot of the earlier format: a directory is a JSON list of entries (a
+    ``tree``, a ``link``, a ``fifo`` or a file's 1 MiB ``chunks``, ``null`` for a hole)."""
+    clear_workspace(workspace)
+    workspace.mkdir(parents=True, exist_ok=True)
+    _restore_legacy_tree(get, address, workspace)
+
+
+def _restore_legacy_tree(get: Callable[[str], bytes], address: str, directory: Path) -> None:
+    dir_modes: list[tuple[Path, int]] = []
+    for entry in json.loads(get(address)):
+        path = directory / entry["name"]
+        if "link" in entry:
+            os.symlink(entry["link"], path)
+        elif entry.get("fifo"):
+            os.mkfifo(path, plain_mode(entry["mode"]))
+            os.chmod(path, plain_mode(entry["mode"]))  # past the umask
+        elif "tree" in entry:
+            path.mkdir()
+            _restore_legacy_tree(get, entry["tree"], path)
+            dir_modes.append((path, plain_mode(entry["mode"])))
+        else:
+            fd = os.open(path, _CREATE_FLAGS, 0o600)
+            try:
+                for i, chunk in enumerate(entry["chunks"]):
+                    if chunk is not None:  # None: a hole, left unwritten
+                        pwrite_all(fd, get(chunk), i * CHUNK)
+                os.ftruncate(fd, entry["size"])
+                os.fchmod(fd, plain_mode(entry["mode"]))
+                os.utime(fd, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+            finally:
+                os.close(fd)
+    # Modes last: a read-only directory must be filled before it becomes read-only.
+    for path, mode in dir_modes:
+        os.chmod(path, mode)
 
 
 def clear_workspace(workspace: Path) -> None:
