@@ -43,7 +43,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT.parent / "shared" / "corpus" / "claude-code"
+# ../shared next to the checkout, or next to the folder holding it (a worktree under wt/)
+CORPUS = next(
+    (
+        d / "shared" / "corpus" / "claude-code"
+        for d in (ROOT.parent, ROOT.parent.parent)
+        if (d / "shared" / "corpus" / "claude-code").is_dir()
+    ),
+    ROOT.parent / "shared" / "corpus" / "claude-code",
+)
 CCUSAGE_VERSION = "20.0.24"
 
 _IDS = re.compile(rb"\b(msg|req)_([0-9A-Za-z]+)")
