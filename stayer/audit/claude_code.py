@@ -50,8 +50,6 @@ _USAGE = b'"usage":'
 _SIDECHAIN = b'"isSidechain":true'
 _COMPACT = b"ompact"  # in "compact_boundary" and "isCompactSummary"
 _SUMMARY = b'{"type":"summary"'
-_USAGE_HINT = _USAGE[2:]  # 'sage":'
-_TAIL = 1024
 _BUFFER = 1 << 16
 _SESSION_ID = re.compile(rb'"sessionId":"([^"]+)"')
 
@@ -309,16 +307,12 @@ class ClaudeCodeImporter:
             out.skipped_lines += 1
             return 0
         sidechains = file_chain is None
-        usual = _USUAL.decode
-        add = dedup.add
+        usual, usual_usage, entry_of, parse = _USUAL.decode, _Usage, _Entry, parse_ts
+        add, skipped = dedup.add, 0
         with f:
             for line in f:
                 size += len(line)
-                # The hint is a part of _USAGE that bytes.find rules out faster; in a usage
-                # line "usage": comes after the message content, near the end.
-                usage_line = _USAGE_HINT in line and (
-                    line.find(_USAGE, -_TAIL) != -1 or _USAGE in line
-                )
+                usage_line = line.rfind(_USAGE) != -1  # near the end, after the content
                 if not (
                     usage_line
                     or (sidechains and line.find(_SIDECHAIN, 0, 512) != -1)
@@ -326,7 +320,7 @@ class ClaudeCodeImporter:
                     or _COMPACT in line  # one scan for both compaction markers
                 ):
                     if not well_framed(line):
-                        out.skipped_lines += 1
+                        skipped += 1
                     continue
                 d: _UsualLine | _Line | None
                 try:
@@ -340,9 +334,38 @@ class ClaudeCodeImporter:
                 chain = self._chain(d, file_chain, roots) if sidechain else MAIN_CHAIN
                 msg = d.message
                 usage = msg.usage if msg is not None else None
-                if msg is None or not (
-                    usage_line and (type(usage) is _Usage or type(usage) is dict)
-                ):
+                if usage_line and isinstance(usage, usual_usage):
+                    # the usual shape: its counts are non-negative integers (or absent)
+                    ts = parse(d.timestamp)
+                    model = msg.model  # type: ignore[union-attr]
+                    if ts is None or type(model) is not str or not model:
+                        skipped += 1
+                        continue
+                    mid, rid, sid = msg.id, d.requestId, d.sessionId  # type: ignore[union-attr]
+                    entry = entry_of(
+                        ts,
+                        model,
+                        usage,
+                        (usage.input_tokens or 0)
+                        + (usage.output_tokens or 0)
+                        + (usage.cache_creation_input_tokens or 0)
+                        + (usage.cache_read_input_tokens or 0),
+                        chain,
+                        sidechain,
+                        chain in compaction,
+                        mid if type(mid) is str and mid else None,
+                        rid if type(rid) is str and rid else None,
+                        sid if type(sid) is str and sid else ref.id,
+                        usage.speed,
+                    )
+                elif usage_line and type(usage) is dict:  # another shape
+                    assert msg is not None
+                    general = self._entry(d, msg, usage, chain, sidechain, ref, chain in compaction)
+                    if general is None:
+                        skipped += 1
+                        continue
+                    entry = general
+                else:
                     if (
                         d.type == "summary"
                         or d.subtype == "compact_boundary"
@@ -350,14 +373,11 @@ class ClaudeCodeImporter:
                     ):
                         compaction.add(chain)
                     continue
-                entry = self._entry(d, msg, usage, chain, sidechain, ref, chain in compaction)
-                if entry is None:
-                    out.skipped_lines += 1
-                    continue
                 if entry.model == "<synthetic>":
                     continue  # Claude Code's own notices (errors, interruptions): no API call
                 compaction.discard(chain)
                 add(entry)
+        out.skipped_lines += skipped
         return size
 
     @staticmethod
@@ -380,35 +400,25 @@ class ClaudeCodeImporter:
     def _entry(
         d: _UsualLine | _Line,
         msg: _UsualMessage | _Message,
-        usage: _Usage | dict[str, Any],
+        usage: dict[str, Any],
         chain: str,
         sidechain: bool,
         ref: SessionRef,
         compacted: bool,
     ) -> _Entry | None:
+        """The entry of a usage of another shape than the usual one; None if it is not one."""
         ts = parse_ts(d.timestamp)
         model = msg.model
         if ts is None or type(model) is not str or not model:
             return None
-        if type(usage) is dict:
-            total = 0
-            for k in _TOKEN_KEYS:
-                v = usage.get(k)
-                if v is None:
-                    continue
-                if type(v) is not int or v < 0:
-                    return None
-                total += v
-            speed = usage.get("speed")
-        else:  # the usual shape: its counts are known to be non-negative integers
-            assert isinstance(usage, _Usage)
-            total = (
-                (usage.input_tokens or 0)
-                + (usage.output_tokens or 0)
-                + (usage.cache_creation_input_tokens or 0)
-                + (usage.cache_read_input_tokens or 0)
-            )
-            speed = usage.speed
+        total = 0
+        for k in _TOKEN_KEYS:
+            v = usage.get(k)
+            if v is None:
+                continue
+            if type(v) is not int or v < 0:
+                return None
+            total += v
         mid, rid, sid = msg.id, d.requestId, d.sessionId
         return _Entry(
             ts,
@@ -421,7 +431,7 @@ class ClaudeCodeImporter:
             mid if type(mid) is str and mid else None,
             rid if type(rid) is str and rid else None,
             sid if type(sid) is str and sid else ref.id,
-            speed,
+            usage.get("speed"),
         )
 
 
