@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -134,36 +135,44 @@ def audit(
     except ConfigError as e:
         bad_input(str(e))
 
-    found = discover(paths or default_paths())
-    if found.unrecognised:
-        names = ", ".join(str(p) for p in found.unrecognised[:3])
-        bad_input(
-            f"{names}: not a Claude Code, Codex or stayer run log (.jsonl session or run result.json)"
+    # Reading makes no reference cycles (what it reads is freed by reference counting), so
+    # the cyclic collector is off meanwhile: it would only walk the many objects again and
+    # again. What is kept after is frozen, out of later collections' way.
+    gc.disable()
+    try:
+        found = discover(paths or default_paths())
+        if found.unrecognised:
+            names = ", ".join(str(p) for p in found.unrecognised[:3])
+            bad_input(
+                f"{names}: not a Claude Code, Codex or stayer run log (.jsonl session or run result.json)"
+            )
+        err = stderr()
+        if paths and not found.refs:
+            where = ", ".join(str(p) for p in paths)
+            err.print(Text(f"no agent logs found under {where}", style="yellow"))
+        # Prices compiled by earlier audits (a cache: see stayer.audit.costing).
+        steps_file = (
+            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+            / "stayer"
+            / "audit-prices.marshal"
         )
-    err = stderr()
-    if paths and not found.refs:
-        where = ", ".join(str(p) for p in paths)
-        err.print(Text(f"no agent logs found under {where}", style="yellow"))
-    # Prices compiled by earlier audits (a cache: see stayer.audit.costing).
-    steps_file = (
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        / "stayer"
-        / "audit-prices.marshal"
-    )
-    fingerprint = book.fingerprint()
-    steps = load_steps(steps_file, fingerprint)
-    known = len(steps)
-    report = build(
-        analyse_all(
-            found.refs,
-            book,
-            since=since_ts,
-            keep_series=html is not None,
-            jobs=jobs,
-            compiled_steps=steps,
-        ),
-        group,
-    )
+        fingerprint = book.fingerprint()
+        steps = load_steps(steps_file, fingerprint)
+        known = len(steps)
+        report = build(
+            analyse_all(
+                found.refs,
+                book,
+                since=since_ts,
+                keep_series=html is not None,
+                jobs=jobs,
+                compiled_steps=steps,
+            ),
+            group,
+        )
+    finally:
+        gc.freeze()
+        gc.enable()
     if len(steps) != known:
         save_steps(steps_file, fingerprint, steps)
     if what_if:
