@@ -167,6 +167,7 @@ def audit(
                 keep_series=html is not None,
                 jobs=jobs,
                 compiled_steps=steps,
+                render=json_out,
             ),
             group,
         )
@@ -192,7 +193,7 @@ def audit(
             tmp.unlink(missing_ok=True)
         err.print(Text(f"wrote {html}"))
     if json_out:
-        emit_json(report.to_json())
+        emit_json(report.to_json(rendered=True))
         if err.is_terminal:  # a person is watching; a pipe gets just the document
             render(report, err)
     else:
