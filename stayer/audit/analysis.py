@@ -253,9 +253,6 @@ class Series:
     hit_ratio: list[float] = field(default_factory=list)
 
 
-Rendered = bytes  # (the name ``bytes`` is a field of SessionReport)
-
-
 @dataclass
 class SessionReport:
     source: str
@@ -278,7 +275,6 @@ class SessionReport:
     ref_id: str = ""  # the id discovery gave the session (before its log named it)
     first_main_context: int = 0  # prompt size of the session's own agent's first call
     main_models: dict[str, int] = field(default_factory=dict)  # its own agent's calls per model
-    rendered: Rendered | None = None  # to_json() as the document prints it (audit.engine)
 
     @property
     def break_cost(self) -> Decimal | None:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-import orjson
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -64,9 +63,7 @@ class AuditReport:
                 merged.setdefault(key, Tally()).merge(t)
         return sorted(merged.items())
 
-    def to_json(self, rendered: bool = False) -> dict[str, Any]:
-        """The document; ``rendered``: sessions rendered by the engine are given as such
-        (``orjson.Fragment``), for printing with ``orjson`` as ``stayer audit --json`` does."""
+    def to_json(self) -> dict[str, Any]:
         total = self.total
         breaks = [b for s in self.sessions for b in s.cache_breaks]
         break_costs = [b.extra_cost for b in breaks]
@@ -86,10 +83,7 @@ class AuditReport:
         )[:_TOP]
         return {
             "totals": totals,
-            "sessions": [
-                orjson.Fragment(s.rendered) if rendered and s.rendered else s.to_json()
-                for s in self.sessions
-            ],
+            "sessions": [s.to_json() for s in self.sessions],
             "group": self.group,
             "groups": [{"key": k, **t.to_json()} for k, t in self.groups()],
             "costliest_calls": [{"session": s.id, **c.to_json()} for s, c in costliest],

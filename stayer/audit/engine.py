@@ -23,8 +23,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
-
 from stayer.audit.analysis import SessionReport, analyse
 from stayer.audit.calls import Importer, SessionRef
 from stayer.audit.claude_code import ClaudeCodeImporter
@@ -120,18 +118,6 @@ class _Audit:
     since: float | None
     keep_series: bool
     compiled: CompiledSteps
-    render: bool = False
-
-
-#: Whether orjson can take pre-rendered JSON (``orjson.Fragment``, from orjson 3.9.11).
-FRAGMENTS = hasattr(orjson, "Fragment")
-
-
-def render_session(report: SessionReport) -> bytes:
-    """``report.to_json()`` as ``stayer audit --json`` prints it: indented two spaces per
-    level, at the depth of the document's ``sessions`` list (see ``AuditReport.to_json``)."""
-    doc = orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
-    return doc.replace(b"\n", b"\n    ")
 
 
 def _run(audit: _Audit, refs: Sequence[SessionRef]) -> tuple[list[SessionReport], CompiledSteps]:
@@ -142,8 +128,6 @@ def _run(audit: _Audit, refs: Sequence[SessionRef]) -> tuple[list[SessionReport]
     for ref in refs:
         report = analyse(by_source[ref.source].read(ref), pricer, audit.since, audit.keep_series)
         report.ref_id = ref.id
-        if audit.render and report.total.calls:
-            report.rendered = render_session(report)
         reports.append(report)
     return reports, pricer.learned
 
@@ -190,16 +174,13 @@ def analyse_all(
     jobs: int | None = None,
     parallel_min_bytes: int = _PARALLEL_MIN_BYTES,
     compiled_steps: CompiledSteps | None = None,
-    render: bool = False,
 ) -> Iterator[SessionReport]:
     """Reports of every session (with or without calls), in no particular order. Inputs smaller than
     ``parallel_min_bytes`` are analysed in this process. ``compiled_steps`` (see
     ``stayer.audit.costing``) are used for pricing, and the steps compiled on the way are
-    added to it. ``render``: each session with calls also comes with its JSON rendered
-    (``SessionReport.rendered``, see :func:`render_session`), in the worker that analysed
-    it rather than after all of them."""
+    added to it."""
     steps: CompiledSteps = {} if compiled_steps is None else compiled_steps
-    audit = _Audit(book, since, keep_series, dict(steps), render and FRAGMENTS)
+    audit = _Audit(book, since, keep_series, dict(steps))
     jobs = jobs or _cores()
     total = sum(r.bytes for r in refs)
     if jobs <= 1 or len(refs) < 2 or total < parallel_min_bytes:

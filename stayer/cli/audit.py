@@ -167,7 +167,6 @@ def audit(
                 keep_series=html is not None,
                 jobs=jobs,
                 compiled_steps=steps,
-                render=json_out,
             ),
             group,
         )
@@ -193,7 +192,7 @@ def audit(
             tmp.unlink(missing_ok=True)
         err.print(Text(f"wrote {html}"))
     if json_out:
-        emit_json(report.to_json(rendered=True))
+        emit_json(report.to_json())
         if err.is_terminal:  # a person is watching; a pipe gets just the document
             render(report, err)
     else:
