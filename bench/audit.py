@@ -9,6 +9,10 @@ see whether memory grows with the input. Both tools read the same tree, cold pro
 time: ``stayer audit PROJECTS --json`` (all cores) and ccusage's native binary
 ``ccusage claude session --json --offline`` with ``CLAUDE_CONFIG_DIR`` pointing at it.
 
+Each stayer checkout's bytecode is compiled first (``compileall``), as an installed package's
+is; without that, a shell with ``PYTHONDONTWRITEBYTECODE`` set would have every run compile
+stayer from source. ``--source`` times it that way instead.
+
 The tools are timed in ``--runs`` interleaved rounds (the order alternates each round, so
 a change of machine load hits both alike); each figure is given as min and median, wall
 time and CPU time (user + system of the whole process tree), with the load average before
@@ -43,7 +47,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT.parent / "shared" / "corpus" / "claude-code"
+# ../shared next to the checkout, or next to the folder holding it (a worktree under wt/)
+CORPUS = next(
+    (
+        d / "shared" / "corpus" / "claude-code"
+        for d in (ROOT.parent, ROOT.parent.parent)
+        if (d / "shared" / "corpus" / "claude-code").is_dir()
+    ),
+    ROOT.parent / "shared" / "corpus" / "claude-code",
+)
 CCUSAGE_VERSION = "20.0.24"
 
 _IDS = re.compile(rb"\b(msg|req)_([0-9A-Za-z]+)")
@@ -214,6 +226,9 @@ def main() -> None:
     ap.add_argument("--baseline", help="another stayer checkout to time in the same rounds")
     ap.add_argument("--keep", help="build the trees here and keep them (reused when present)")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    ap.add_argument(
+        "--source", action="store_true", help="do not compile stayer's bytecode before timing"
+    )
     args = ap.parse_args()
     if not CORPUS.is_dir():
         sys.exit(f"skipped: corpus not found at {CORPUS}")
@@ -240,6 +255,12 @@ def main() -> None:
             **({"stayer-baseline": Path(args.baseline).resolve()} if args.baseline else {}),
         }
         for name, root in roots.items():
+            if not args.source:
+                subprocess.run(
+                    [sys.executable, "-m", "compileall", "-q", str(root / "stayer")],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
             env = dict(os.environ, PYTHONPATH=str(root), XDG_CACHE_HOME=str(caches / name))
             tools[name] = (stayer_cmd(trees["full"][0]), env)
         tools["ccusage"] = (
@@ -273,6 +294,7 @@ def main() -> None:
             "mb": full_bytes / 1e6,
             "cores": os.cpu_count(),
             "runs": args.runs,
+            "bytecode_compiled": not args.source,
             "load_before": load_before,
             "load_after": load_after,
             "tools": {

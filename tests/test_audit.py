@@ -295,6 +295,70 @@ def test_truncated_last_line_and_garbage_are_counted_not_fatal(tmp_path: Path) -
     assert doc["skipped_lines"] == 3
 
 
+def test_lines_of_the_usual_shape_read_as_any_other_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The typed decoding of the usual line shape is only a fast path: with it turned off
+    every line is read by the general one, and the calls and skipped lines are the same."""
+    import random
+
+    import msgspec
+
+    from stayer.audit import claude_code
+
+    odd: list[Any] = [None, 0, 7, -1, 1.0, 2.5, True, "3", [], {}, {"x": 1}, 10**20]
+    rng = random.Random(20)
+    lines: list[dict[str, Any] | str] = []
+    for i in range(300):
+        line = assistant(
+            "s-shape",
+            7.0 * i,
+            f"msg_{rng.randrange(60)}",
+            rng.choice([None, "req_1", f"req_{i}", ""]),
+            read=rng.randrange(9000),
+            write=rng.randrange(3000),
+            write_1h=rng.choice([0, 0, 500]),
+            out=rng.randrange(900),
+            sidechain=rng.random() < 0.3,
+            agent=rng.choice([None, None, "a1", ""]),
+        )
+        u = line["message"]["usage"]
+        for key in [*u, "cache_creation", "output_tokens_details", "speed"]:
+            r = rng.random()
+            if r < 0.04:
+                u.pop(key, None)
+            elif r < 0.08:
+                u[key] = rng.choice(odd)
+        split = u.get("cache_creation")
+        if isinstance(split, dict) and split and rng.random() < 0.15:
+            split[rng.choice(list(split))] = rng.choice([None, -1, 2.5, True, "3"])
+        if rng.random() < 0.05:
+            line["timestamp"] = rng.choice([None, 5, "late", "2025-11-19T24:00:00.000Z"])
+        if rng.random() < 0.03:
+            line["message"]["model"] = rng.choice([None, "", 5, "<synthetic>"])
+        if rng.random() < 0.03:
+            line["message"]["usage"] = rng.choice([None, 5, "usage", []])
+        text = json.dumps(line, separators=(",", ":"))
+        if rng.random() < 0.03:
+            text = text[: len(text) // 2]
+        lines.append(text + "\n")
+        if rng.random() < 0.1:
+            lines.append(rng.choice([compact_boundary("s-shape", 7.0 * i), user("s-shape", 1)]))
+    write_jsonl(tmp_path / "projects" / "p" / "s-shape.jsonl", lines)
+    (ref,) = discover([tmp_path / "projects"]).refs
+
+    usual = ClaudeCodeImporter().read(ref)
+
+    class Refuses:
+        def decode(self, line: bytes) -> None:
+            raise msgspec.DecodeError("not the usual shape")
+
+    monkeypatch.setattr(claude_code, "_USUAL", Refuses())
+    general = ClaudeCodeImporter().read(ref)
+    assert len(usual.calls) > 100 and usual.skipped_lines > 10
+    assert (usual.calls, usual.skipped_lines) == (general.calls, general.skipped_lines)
+
+
 # --- prices -----------------------------------------------------------------------------
 
 
@@ -768,6 +832,34 @@ def test_cli_json_contract_and_bad_input(tmp_path: Path) -> None:
 
     empty = stayer("--json", cwd=tmp_path)  # default paths under an empty HOME: an empty report
     assert empty.returncode == 0 and json.loads(empty.stdout)["totals"]["calls"] == 0
+
+
+def test_audit_imports_neither_pydantic_nor_price_data_once_prices_are_compiled(
+    tmp_path: Path,
+) -> None:
+    """``stayer audit`` reads its flags without pydantic, and an audit of models seen before
+    prices them from the compiled steps it kept, without loading genai-prices."""
+    s = "s-imports"
+    write_jsonl(tmp_path / "projects" / "p" / f"{s}.jsonl", [assistant(s, 0, "msg_1")])
+    env = dict(os.environ, HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    for _run in ("compiles the steps", "uses them"):
+        p = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "stayer.cli", "audit"]
+            + [str(tmp_path / "projects"), "--json", "--html", str(tmp_path / "a.html")],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert json.loads(p.stdout)["totals"]["calls"] == 1
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in p.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert not {m for m in imported if m.split(".")[0] in ("pydantic", "genai_prices")}
 
 
 def test_html_report_is_self_contained_with_plots(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,7 +20,6 @@ import orjson
 from stayer.usage import Usage
 
 _ZULU_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", re.ASCII)
-_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 
 #: The chain name of a session's own agent; sub-agents get their own chain names.
 MAIN_CHAIN = ""
@@ -93,25 +92,18 @@ class Importer(Protocol):
 def parse_ts(value: Any) -> float | None:
     """ISO-8601 time (``…Z`` or with offset) → epoch seconds; None if it is not one.
 
-    The form agents write (``2025-08-01T12:34:56.789Z``) is read by slicing, to the same
-    float ``datetime.timestamp()`` gives (whole microseconds over 10⁶)."""
-    if type(value) is str and len(value) == 24 and _ZULU_MS.fullmatch(value):
-        try:
-            day = (
-                date(int(value[:4]), int(value[5:7]), int(value[8:10])).toordinal() - _EPOCH_ORDINAL
-            )
-        except ValueError:
-            return None
-        h, m, s, ms = int(value[11:13]), int(value[14:16]), int(value[17:19]), int(value[20:23])
-        if h < 24 and m < 60 and s < 60:
-            return ((day * 86400 + h * 3600 + m * 60 + s) * 1000 + ms) * 1000 / 1_000_000
-        return None
+    As ``datetime.fromisoformat`` reads it, except that the form agents write
+    (``2025-08-01T12:34:56.789Z``) never has an hour of 24 (newer Pythons read ``24:00`` as
+    the next midnight). ``timestamp()`` gives whole microseconds over 10⁶, correctly rounded."""
     if not isinstance(value, str):
         return None
     try:
-        return datetime.fromisoformat(value).timestamp()
+        t = datetime.fromisoformat(value)
     except ValueError:
         return None
+    if not (t.hour or t.minute or t.second) and value[11:13] == "24" and _ZULU_MS.fullmatch(value):
+        return None
+    return t.timestamp()
 
 
 def well_framed(line: bytes) -> bool:

@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -50,10 +50,11 @@ _USAGE = b'"usage":'
 _SIDECHAIN = b'"isSidechain":true'
 _COMPACT = b"ompact"  # in "compact_boundary" and "isCompactSummary"
 _SUMMARY = b'{"type":"summary"'
+_BUFFER = 1 << 16
 _SESSION_ID = re.compile(rb'"sessionId":"([^"]+)"')
 
 
-class _Message(msgspec.Struct):
+class _Message(msgspec.Struct, gc=False):
     """The fields of ``message`` read here; any JSON value each (``None`` when absent)."""
 
     id: Any = None
@@ -61,7 +62,7 @@ class _Message(msgspec.Struct):
     usage: Any = None
 
 
-class _Line(msgspec.Struct):
+class _Line(msgspec.Struct, gc=False):
     """The fields of a transcript line read here; any JSON value each (``None`` when absent)."""
 
     type: Any = None
@@ -78,6 +79,56 @@ class _Line(msgspec.Struct):
 
 
 _LINE = msgspec.json.Decoder(_Line)
+
+# The usual shape, decoded first: ``message.usage`` as a struct whose token counts are
+# non-negative integers (what ``_entry`` accepts) and with no ``output_tokens_details``
+# (which ``Usage.from_anthropic`` reads). A line of any other shape fails to decode here
+# and is read as a ``_Line``, so this shape changes only how fast a line is read.
+
+_Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _Split(msgspec.Struct, gc=False):
+    """``usage.cache_creation``: the cache writes by lifetime."""
+
+    ephemeral_5m_input_tokens: int | None = None
+    ephemeral_1h_input_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct, gc=False):
+    input_tokens: _Count | None = None
+    output_tokens: _Count | None = None
+    cache_creation_input_tokens: _Count | None = None
+    cache_read_input_tokens: _Count | None = None
+    cache_creation: _Split | None = None
+    output_tokens_details: None = None
+    service_tier: Any = None
+    speed: Any = None
+
+
+class _UsualMessage(msgspec.Struct, gc=False):
+    id: Any = None
+    model: Any = None
+    usage: _Usage | None = None
+
+
+class _UsualLine(msgspec.Struct, gc=False):
+    """``_Line`` with ``message.usage`` of the usual shape."""
+
+    type: Any = None
+    subtype: Any = None
+    isSidechain: Any = None
+    isCompactSummary: Any = None
+    agentId: Any = None
+    uuid: Any = None
+    parentUuid: Any = None
+    timestamp: Any = None
+    requestId: Any = None
+    sessionId: Any = None
+    message: _UsualMessage | None = None
+
+
+_USUAL = msgspec.json.Decoder(_UsualLine)
 
 
 def _decode(line: bytes, out: ImportedSession) -> _Line | None:
@@ -111,7 +162,7 @@ class _Entry:
 
     ts: float
     model: str
-    usage: dict[str, Any]
+    usage: _Usage | dict[str, Any]  # the usual shape, or any other (a dict)
     total: int  # all four token counts: the larger of two repeats is the complete one
     chain: str
     sidechain: bool
@@ -119,6 +170,7 @@ class _Entry:
     message_id: str | None
     request_id: str | None
     session_id: str
+    speed: Any  # usage.speed
 
 
 _TOKEN_KEYS = (
@@ -169,7 +221,7 @@ def _replaces(new: _Entry, old: _Entry) -> bool:
     a, b = new.total, old.total
     if a != b:
         return a > b
-    return new.usage.get("speed") is not None and old.usage.get("speed") is None
+    return new.speed is not None and old.speed is None
 
 
 def _layout(path: Path) -> tuple[str, str | None, bool]:
@@ -218,18 +270,27 @@ class ClaudeCodeImporter:
         for path in ref.paths:
             out.files += 1
             out.bytes += self._read_file(path, ref, dedup, out)
+        calls = out.calls
         for e in dedup.kept:
             u = e.usage
-            tier = "fast" if u.get("speed") == "fast" else u.get("service_tier")
-            out.calls.append(
+            if type(u) is dict:  # another shape
+                usage = Usage.from_anthropic(u)
+                tier = u.get("service_tier")
+            else:
+                assert isinstance(u, _Usage)
+                usage = _usual_usage(u)
+                tier = u.service_tier
+            if e.speed == "fast":
+                tier = "fast"
+            calls.append(
                 Call(
-                    ts=e.ts,
-                    model=e.model,
-                    usage=Usage.from_anthropic(u),
-                    chain=e.chain,
-                    provider="anthropic",
-                    service_tier=tier if isinstance(tier, str) else None,
-                    compacted=e.compacted,
+                    e.ts,
+                    e.model,
+                    usage,
+                    e.chain,
+                    "anthropic",
+                    tier if isinstance(tier, str) else None,
+                    e.compacted,
                 )
             )
         return out
@@ -241,31 +302,70 @@ class ClaudeCodeImporter:
         compaction: set[str] = set()  # chains with a compaction since their last call
         size = 0
         try:
-            f = path.open("rb")
+            f = path.open("rb", buffering=_BUFFER)
         except OSError:
             out.skipped_lines += 1
             return 0
+        sidechains = file_chain is None
+        usual, usual_usage, entry_of, parse = _USUAL.decode, _Usage, _Entry, parse_ts
+        add, skipped = dedup.add, 0
         with f:
             for line in f:
                 size += len(line)
-                usage_line = _USAGE in line
+                usage_line = line.rfind(_USAGE) != -1  # near the end, after the content
                 if not (
                     usage_line
-                    or (file_chain is None and line.find(_SIDECHAIN, 0, 512) != -1)
+                    or (sidechains and line.find(_SIDECHAIN, 0, 512) != -1)
                     or line.startswith(_SUMMARY)
                     or _COMPACT in line  # one scan for both compaction markers
                 ):
                     if not well_framed(line):
-                        out.skipped_lines += 1
+                        skipped += 1
                     continue
-                d = _decode(line, out)
+                d: _UsualLine | _Line | None
+                try:
+                    # msgspec does not check the UTF-8 of the strings it skips; orjson does
+                    d = usual(line) if line.isascii() or _is_utf8(line) else _decode(line, out)
+                except msgspec.DecodeError:  # another shape, or not JSON: see _decode
+                    d = _decode(line, out)
                 if d is None:
                     continue
                 sidechain = d.isSidechain is True
                 chain = self._chain(d, file_chain, roots) if sidechain else MAIN_CHAIN
                 msg = d.message
                 usage = msg.usage if msg is not None else None
-                if msg is None or not (usage_line and type(usage) is dict):
+                if usage_line and isinstance(usage, usual_usage):
+                    # the usual shape: its counts are non-negative integers (or absent)
+                    ts = parse(d.timestamp)
+                    model = msg.model  # type: ignore[union-attr]
+                    if ts is None or type(model) is not str or not model:
+                        skipped += 1
+                        continue
+                    mid, rid, sid = msg.id, d.requestId, d.sessionId  # type: ignore[union-attr]
+                    entry = entry_of(
+                        ts,
+                        model,
+                        usage,
+                        (usage.input_tokens or 0)
+                        + (usage.output_tokens or 0)
+                        + (usage.cache_creation_input_tokens or 0)
+                        + (usage.cache_read_input_tokens or 0),
+                        chain,
+                        sidechain,
+                        chain in compaction,
+                        mid if type(mid) is str and mid else None,
+                        rid if type(rid) is str and rid else None,
+                        sid if type(sid) is str and sid else ref.id,
+                        usage.speed,
+                    )
+                elif usage_line and type(usage) is dict:  # another shape
+                    assert msg is not None
+                    general = self._entry(d, msg, usage, chain, sidechain, ref, chain in compaction)
+                    if general is None:
+                        skipped += 1
+                        continue
+                    entry = general
+                else:
                     if (
                         d.type == "summary"
                         or d.subtype == "compact_boundary"
@@ -273,18 +373,15 @@ class ClaudeCodeImporter:
                     ):
                         compaction.add(chain)
                     continue
-                entry = self._entry(d, msg, usage, chain, sidechain, ref, chain in compaction)
-                if entry is None:
-                    out.skipped_lines += 1
-                    continue
                 if entry.model == "<synthetic>":
                     continue  # Claude Code's own notices (errors, interruptions): no API call
                 compaction.discard(chain)
-                dedup.add(entry)
+                add(entry)
+        out.skipped_lines += skipped
         return size
 
     @staticmethod
-    def _chain(d: _Line, file_chain: str | None, roots: dict[str, str]) -> str:
+    def _chain(d: _UsualLine | _Line, file_chain: str | None, roots: dict[str, str]) -> str:
         """The sub-agent a sidechain entry belongs to."""
         agent = d.agentId
         if isinstance(agent, str) and agent:
@@ -301,14 +398,15 @@ class ClaudeCodeImporter:
 
     @staticmethod
     def _entry(
-        d: _Line,
-        msg: _Message,
+        d: _UsualLine | _Line,
+        msg: _UsualMessage | _Message,
         usage: dict[str, Any],
         chain: str,
         sidechain: bool,
         ref: SessionRef,
         compacted: bool,
     ) -> _Entry | None:
+        """The entry of a usage of another shape than the usual one; None if it is not one."""
         ts = parse_ts(d.timestamp)
         model = msg.model
         if ts is None or type(model) is not str or not model:
@@ -333,6 +431,7 @@ class ClaudeCodeImporter:
             mid if type(mid) is str and mid else None,
             rid if type(rid) is str and rid else None,
             sid if type(sid) is str and sid else ref.id,
+            usage.get("speed"),
         )
 
 
@@ -342,3 +441,17 @@ def _read_head(path: Path, n: int) -> bytes:
             return f.read(n)
     except OSError:
         return b""
+
+
+def _usual_usage(u: _Usage) -> Usage:
+    """``Usage.from_anthropic`` of a usage of the usual shape (the same arithmetic)."""
+    written = u.cache_creation_input_tokens or 0
+    read = u.cache_read_input_tokens or 0
+    w5m, w1h = written, 0
+    split = u.cache_creation
+    if split is not None:  # an empty or unrelated split leaves every write at 5 m, as there
+        w1h = split.ephemeral_1h_input_tokens or 0
+        w5m = split.ephemeral_5m_input_tokens or 0
+        if w5m + w1h != written:
+            w5m = written - w1h
+    return Usage((u.input_tokens or 0) + read + written, read, w5m, w1h, u.output_tokens or 0, 0)

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
+from stayer.money import MTOK
 from stayer.pricing import PriceBook, Rates
 from stayer.usage import Usage
 
@@ -130,8 +131,18 @@ class CallPricer:
             if usage.input_tokens == 0 and usage.output_tokens == 0:
                 return Decimal(0), None
             return None, None
-        inp, out = rates.price(usage)
-        return inp + out, rates
+        # Rates.price's arithmetic, operation for operation (so the same Decimals), without
+        # building its parts: this runs once per call of every audited session.
+        w5m, w1h = usage.cache_write_5m_tokens, usage.cache_write_1h_tokens
+        uncached = usage.input_tokens - usage.cache_read_tokens - w5m - w1h
+        if uncached < 0:
+            return rates.price(usage)[0], rates  # raises: inconsistent usage
+        inp = (
+            rates.cache_read * usage.cache_read_tokens / MTOK
+            + (rates.cache_write_5m * w5m + rates.cache_write_1h * w1h) / MTOK
+            + rates.input * uncached / MTOK
+        )
+        return inp + rates.output * usage.output_tokens / MTOK, rates
 
 
 # --- compiled steps kept between audits ----------------------------------------------

@@ -60,8 +60,8 @@ class Discovery:
     unrecognised: list[Path] = field(default_factory=list)
 
 
-def _walk(root: Path) -> Iterator[Path]:
-    stack = [root]
+def _walk(root: Path) -> Iterator[os.DirEntry[str]]:
+    stack = [os.fspath(root)]
     while stack:
         d = stack.pop()
         try:
@@ -70,9 +70,9 @@ def _walk(root: Path) -> Iterator[Path]:
             continue
         for e in entries:
             if e.is_dir(follow_symlinks=False):
-                stack.append(Path(e.path))
+                stack.append(e.path)
             elif e.name.endswith(".jsonl") or e.name == "result.json":
-                yield Path(e.path)
+                yield e
 
 
 def discover(paths: Iterable[Path], formats: Sequence[Importer] | None = None) -> Discovery:
@@ -84,16 +84,17 @@ def discover(paths: Iterable[Path], formats: Sequence[Importer] | None = None) -
     seen: set[tuple[int, int]] = set()  # (device, inode): overlapping PATHs count once
     for root in paths:
         named = root.is_file()
-        for path in [root] if named else _walk(root):
+        for entry in [root] if named else _walk(root):
             try:
-                st = path.stat()
+                st = entry.stat()  # a directory entry's follows links too, as a path's does
             except OSError:
                 continue
             if (st.st_dev, st.st_ino) in seen:
                 continue
             seen.add((st.st_dev, st.st_ino))
+            path = entry if isinstance(entry, Path) else Path(entry.path)
             try:
-                with path.open("rb") as f:
+                with open(entry, "rb") as f:
                     head = f.read(_HEAD)
             except OSError:
                 head = b""
