@@ -295,6 +295,32 @@ def test_truncated_last_line_and_garbage_are_counted_not_fatal(tmp_path: Path) -
     assert doc["skipped_lines"] == 3
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("cache_creation", {"ephemeral_5m_input_tokens": {"a": 1}}),
+        ("cache_creation", {"ephemeral_1h_input_tokens": [3]}),
+        ("input_tokens", [1]),
+        ("output_tokens", "many"),
+    ],
+)
+def test_a_count_that_is_no_number_skips_its_line_not_the_audit(
+    tmp_path: Path, field: str, value: Any
+) -> None:
+    """Other agents' logs are input: a usage whose count is an object, a list or a word is
+    a skipped line, and the session's other calls are still counted (it was a traceback)."""
+    s = "s-odd"
+    odd = assistant(s, 5, "msg_B", write=2000)
+    odd["message"]["usage"][field] = value
+    write_jsonl(
+        tmp_path / "projects" / "p" / f"{s}.jsonl",
+        [assistant(s, 0, "msg_A", write=1000), odd, assistant(s, 9, "msg_C", read=1000)],
+    )
+    doc = audit(tmp_path)
+    assert only_session(doc)["calls"] == 2
+    assert doc["skipped_lines"] == 1
+
+
 def test_lines_of_the_usual_shape_read_as_any_other_shape(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -274,7 +274,11 @@ class ClaudeCodeImporter:
         for e in dedup.kept:
             u = e.usage
             if type(u) is dict:  # another shape
-                usage = Usage.from_anthropic(u)
+                try:
+                    usage = Usage.from_anthropic(u)
+                except (TypeError, ValueError):  # a count that is no number: not a call
+                    out.skipped_lines += 1
+                    continue
                 tier = u.get("service_tier")
             else:
                 assert isinstance(u, _Usage)
