@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stayer.environments import dockerignore
 from stayer.environments.build import BuiltRoot, build_root
 from stayer.errors import ConfigError
 from stayer.sandbox import IMAGE_KINDS, Sandbox, make_sandbox
-from stayer.sandbox.hostfs import copy_tree, tree_digest
+from stayer.sandbox.hostfs import copy_tree
 
 # The image's own HOME is usually /root, which the command can neither read nor write.
 _FORCED_ENV = {"HOME": "/tmp"}
@@ -120,7 +121,7 @@ def prepare_environment(
         raise ConfigError(
             f"--sandbox {kind}: builds no image; choose one of {', '.join(IMAGE_KINDS)}"
         )
-    key = (kind, context, tree_digest(context))
+    key = (kind, context, dockerignore.walk(context).image_digest())
     with _PREPARING_LOCK:
         lock = _PREPARING.setdefault(key, threading.Lock())
     with lock:
