@@ -274,3 +274,42 @@ def test_docker_applies_dockerignore_and_its_tag_ignores_what_it_leaves_out(
     assert image_tag(context) == tag
     (context / "keep.txt").write_text("changed\n")
     assert image_tag(context) != tag
+
+
+def test_a_build_records_its_layers_and_holds_them_against_a_prune(
+    base_root: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    context = _ignoring_context(tmp_path)
+    (context / "Dockerfile").write_text(
+        "FROM python:3.11-slim-bookworm\nWORKDIR /app\nCOPY keep.txt ./\n"
+    )
+    cache = private_cache(base_root, tmp_path)
+    built = build_root(context, cache=cache)
+
+    def images(*args: str) -> dict:
+        proc = subprocess.run(
+            [sys.executable, "-m", "stayer.cli", "images", *args, "--json"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "STAYER_CACHE": str(cache)},
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    listed = images("list")["layers"]
+    by_id = {layer["id"]: layer for layer in listed}
+    top = by_id[built.root.name]
+    assert top["images"] == [str(context / "Dockerfile")]
+    assert top["step"] == "line 3: COPY keep.txt /app/" and top["dockerfile"] == str(
+        context / "Dockerfile"
+    )
+    workdir = by_id[top["parent"]]
+    assert workdir["parent"] is None and workdir["step"] == "line 2: WORKDIR /app"
+    assert top["size_bytes"] > 50_000_000  # a whole root filesystem
+    # This process built them, and may run sandboxes on them: in use, never removed.
+    assert all(layer["in_use"] for layer in listed)
+    doc = images("prune", "--all")
+    assert doc["removed"] == [] and sorted(doc["in_use"]) == sorted(by_id)
+    assert (built.root / "app" / "keep.txt").read_text() == "kept\n"

@@ -6,7 +6,11 @@ whose ``/`` is a copy of the previous layer, and the result is cached as the nex
 under a content hash of everything it depends on (the parent layer's hash, the step, the
 bytes of what a ``COPY`` copies). A layer is a complete root filesystem, made by copying
 its parent (``cp --reflink=auto``: shared extents where the file system has them), so that
-what a step does can never reach a cached layer; the price is disk space per layer.
+what a step does can never reach a cached layer; the price is disk space per layer
+(:mod:`stayer.environments.layers` records each layer's origin and last use, holds the
+layers a process uses, and prunes the rest: ``stayer images prune``). The context is what
+Docker would send (:mod:`stayer.environments.dockerignore`: its ``.dockerignore``
+applied, no link followed): ``COPY`` sees nothing else, and nothing else counts in a key.
 
 How a step runs, as ``docker build`` runs it:
 
@@ -82,7 +86,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stayer.environments import buildnet, dockerignore, idmap
+from stayer.environments import buildnet, dockerignore, idmap, layers
 from stayer.environments.base import base_for, build_base, cache_root, private_dir
 from stayer.environments.dockerfile import (
     CopyStep,
@@ -144,9 +148,18 @@ def build_root(
     if ids is not None:
         layer = _shifted_base(layer, ids, base.image, log)
         key = f"{key}:{ids.key}"
-    for step in plan.steps:
-        key = _layer_key(key, step, sent, dockerfile.path)
-        layer = _layer(bwrap, layer, key, step, sent, cache / "layers", dockerfile.path, ids, log)
+    store = cache / "layers"
+    private_dir(store)
+    with layers.building(store):  # no prune meanwhile
+        parent: str | None = None
+        for step in plan.steps:
+            key = _layer_key(key, step, sent, dockerfile.path)
+            layer = _layer(bwrap, layer, key, step, sent, store, dockerfile.path, ids, log)
+            made_by = (str(dockerfile.path), f"line {step.line}: {_describe(step)[:120]}")
+            layers.used(store, key, made_on=parent, made_by=made_by)
+            parent = key
+        if parent is not None:
+            layers.used(store, parent, image_of=str(dockerfile.path))
     return BuiltRoot(layer, _image_env(plan), plan.workdir, plan.user, tuple(notes))
 
 
