@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stayer.environments import dockerignore
+from stayer.environments import dockerignore, layers
 from stayer.environments.build import BuiltRoot, build_root
 from stayer.errors import ConfigError
 from stayer.sandbox import IMAGE_KINDS, Sandbox, make_sandbox
@@ -127,6 +127,8 @@ def prepare_environment(
     with lock:
         done = _PREPARED.get(key)
         if done is not None and (done.root is None or done.root.root.is_dir()):
+            if done.root is not None and done.root.root.parent.name == "layers":
+                layers.used(done.root.root.parent, done.root.root.name)  # for prune's LRU
             return done
         environment = _build(kind, context, log)
         _PREPARED[key] = environment
