@@ -199,3 +199,117 @@ def test_build_steps_cannot_write_the_hosts_sysctls(base_root: Path, tmp_path: P
     )
     with pytest.raises(BuildError, match="Read-only file system"):
         build_root(context, cache=private_cache(base_root, tmp_path))
+
+
+def _ignoring_context(tmp_path: Path) -> Path:
+    context = tmp_path / "ctx"
+    (context / "logs").mkdir(parents=True)
+    (context / "Dockerfile").write_text("FROM python:3.11-slim-bookworm\nCOPY . /app/\n")
+    (context / ".dockerignore").write_text("secret*\n!secret-ok.txt\nlogs\n!logs/keep.log\n")
+    (context / "keep.txt").write_text("kept\n")
+    (context / "secret.txt").write_text(f"s3cret {uuid.uuid4()}\n")
+    (context / "secret-ok.txt").write_text("not secret\n")
+    (context / "logs" / "keep.log").write_text("log\n")
+    (context / "logs" / "noise.log").write_text("noise\n")
+    return context
+
+
+def test_what_dockerignore_leaves_out_is_not_in_the_image_nor_in_its_key(
+    base_root: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    context = _ignoring_context(tmp_path)
+    cache = private_cache(base_root, tmp_path)
+    built = build_root(context, cache=cache)
+    app = built.root / "app"
+    assert sorted(p.name for p in app.iterdir()) == [
+        ".dockerignore",
+        "Dockerfile",
+        "keep.txt",
+        "logs",
+        "secret-ok.txt",
+    ]
+    assert [p.name for p in (app / "logs").iterdir()] == ["keep.log"]
+    # Editing a file it leaves out builds nothing again.
+    (context / "secret.txt").write_text("another secret\n")
+    (context / "logs" / "noise.log").write_text("more noise\n")
+    again: list[str] = []
+    assert build_root(context, cache=cache, log=again.append) == built
+    assert again == []
+    # A file it sends does.
+    (context / "keep.txt").write_text(f"changed {uuid.uuid4()}\n")
+    changed: list[str] = []
+    assert build_root(context, cache=cache, log=changed.append).root != built.root
+    assert [line.split(": ", 1)[1] for line in changed] == ["COPY . /app/"]
+    # COPY of what it leaves out finds nothing, as in Docker.
+    (context / "Dockerfile").write_text("FROM python:3.11-slim-bookworm\nCOPY secret.txt /\n")
+    with pytest.raises(BuildError, match="left out by its .dockerignore"):
+        build_root(context, cache=cache)
+
+
+def test_docker_applies_dockerignore_and_its_tag_ignores_what_it_leaves_out(
+    docker_base: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from stayer.environments.docker import build_image, image_tag
+
+    context = _ignoring_context(tmp_path)
+    tag = build_image(context)
+    listing = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "/bin/sh", tag, "-c", "cd /app && find . | sort"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert listing == [
+        ".",
+        "./.dockerignore",
+        "./Dockerfile",
+        "./keep.txt",
+        "./logs",
+        "./logs/keep.log",
+        "./secret-ok.txt",
+    ]
+    (context / "secret.txt").write_text("another secret\n")
+    assert image_tag(context) == tag
+    (context / "keep.txt").write_text("changed\n")
+    assert image_tag(context) != tag
+
+
+def test_a_build_records_its_layers_and_holds_them_against_a_prune(
+    base_root: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    context = _ignoring_context(tmp_path)
+    (context / "Dockerfile").write_text(
+        "FROM python:3.11-slim-bookworm\nWORKDIR /app\nCOPY keep.txt ./\n"
+    )
+    cache = private_cache(base_root, tmp_path)
+    built = build_root(context, cache=cache)
+
+    def images(*args: str) -> dict:
+        proc = subprocess.run(
+            [sys.executable, "-m", "stayer.cli", "images", *args, "--json"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "STAYER_CACHE": str(cache)},
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    listed = images("list")["layers"]
+    by_id = {layer["id"]: layer for layer in listed}
+    top = by_id[built.root.name]
+    assert top["images"] == [str(context / "Dockerfile")]
+    assert top["step"] == "line 3: COPY keep.txt /app/" and top["dockerfile"] == str(
+        context / "Dockerfile"
+    )
+    workdir = by_id[top["parent"]]
+    assert workdir["parent"] is None and workdir["step"] == "line 2: WORKDIR /app"
+    assert top["size_bytes"] > 50_000_000  # a whole root filesystem
+    # This process built them, and may run sandboxes on them: in use, never removed.
+    assert all(layer["in_use"] for layer in listed)
+    doc = images("prune", "--all")
+    assert doc["removed"] == [] and sorted(doc["in_use"]) == sorted(by_id)
+    assert (built.root / "app" / "keep.txt").read_text() == "kept\n"

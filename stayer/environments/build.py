@@ -6,7 +6,11 @@ whose ``/`` is a copy of the previous layer, and the result is cached as the nex
 under a content hash of everything it depends on (the parent layer's hash, the step, the
 bytes of what a ``COPY`` copies). A layer is a complete root filesystem, made by copying
 its parent (``cp --reflink=auto``: shared extents where the file system has them), so that
-what a step does can never reach a cached layer; the price is disk space per layer.
+what a step does can never reach a cached layer; the price is disk space per layer
+(:mod:`stayer.environments.layers` records each layer's origin and last use, holds the
+layers a process uses, and prunes the rest: ``stayer images prune``). The context is what
+Docker would send (:mod:`stayer.environments.dockerignore`: its ``.dockerignore``
+applied, no link followed): ``COPY`` sees nothing else, and nothing else counts in a key.
 
 How a step runs, as ``docker build`` runs it:
 
@@ -82,7 +86,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stayer.environments import buildnet, idmap
+from stayer.environments import buildnet, dockerignore, idmap, layers
 from stayer.environments.base import base_for, build_base, cache_root, private_dir
 from stayer.environments.dockerfile import (
     CopyStep,
@@ -95,7 +99,6 @@ from stayer.environments.dockerfile import (
 from stayer.environments.idmap import STAGE, IdRange, build_ids, shift_tree
 from stayer.errors import ConfigError
 from stayer.sandbox.bwrap import SANDBOX_PATH, check_bwrap, cover, proc_secrets
-from stayer.sandbox.hostfs import content_digest, tree_digest
 from stayer.sandbox.seccomp import filter_fd, keyring_filter
 
 # What a step may take: an apt-get install of a compiler tool chain takes minutes.
@@ -134,6 +137,7 @@ def build_root(
     context = Path(context).resolve()
     dockerfile = parse_dockerfile(context / "Dockerfile")
     plan = dockerfile.plan()
+    sent = dockerignore.walk(context)  # what Docker would send: .dockerignore applied
     base = base_for(plan.base, where=f"{dockerfile.path}: FROM")
     notes = [f"{plan.base}: {base.approximation}"] if base.approximation else []
     bwrap = check_bwrap()
@@ -144,11 +148,18 @@ def build_root(
     if ids is not None:
         layer = _shifted_base(layer, ids, base.image, log)
         key = f"{key}:{ids.key}"
-    for step in plan.steps:
-        key = _layer_key(key, step, context, dockerfile.path)
-        layer = _layer(
-            bwrap, layer, key, step, context, cache / "layers", dockerfile.path, ids, log
-        )
+    store = cache / "layers"
+    private_dir(store)
+    with layers.building(store):  # no prune meanwhile
+        parent: str | None = None
+        for step in plan.steps:
+            key = _layer_key(key, step, sent, dockerfile.path)
+            layer = _layer(bwrap, layer, key, step, sent, store, dockerfile.path, ids, log)
+            made_by = (str(dockerfile.path), f"line {step.line}: {_describe(step)[:120]}")
+            layers.used(store, key, made_on=parent, made_by=made_by)
+            parent = key
+        if parent is not None:
+            layers.used(store, parent, image_of=str(dockerfile.path))
     return BuiltRoot(layer, _image_env(plan), plan.workdir, plan.user, tuple(notes))
 
 
@@ -181,38 +192,43 @@ def _image_env(plan: Plan) -> dict[str, str]:
     return {"PATH": SANDBOX_PATH, **dict(plan.env)}
 
 
-def _layer_key(parent: str, step: Step, context: Path, where: Path) -> str:
+def _layer_key(parent: str, step: Step, sent: dockerignore.Context, where: Path) -> str:
+    """The layer's content hash: its parent's, the step, and for a ``COPY`` the names and
+    contents of what it copies, as the context sends them (what .dockerignore leaves out
+    counts for nothing); read from the context without following a link."""
     h = hashlib.sha256(f"{_RECIPE}\0{parent}\0".encode())
     h.update(json.dumps([type(step).__name__, asdict(step)], sort_keys=True).encode())
     if isinstance(step, CopyStep):
-        for rel in _sources(step, context, where):
+        for rel in _sources(step, sent, where):
             h.update(os.fsencode(rel) + b"\0")
-            path = context / rel
-            if path.is_dir() and not path.is_symlink():
-                h.update(tree_digest(path).encode())
-            elif path.is_symlink():
-                h.update(b"link " + os.fsencode(os.readlink(path)))
+            kind = sent.entries.get(rel, dockerignore.DIR)  # "." is the context
+            if kind == dockerignore.DIR:
+                h.update(sent.tree_digest(rel).encode())
+            elif kind == dockerignore.LINK:
+                h.update(b"link " + os.fsencode(os.readlink(sent.root / rel)))
+            elif kind == dockerignore.FILE:
+                h.update(dockerignore.file_digest(sent.root / rel))
             else:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-                try:
-                    h.update(content_digest(fd, os.fstat(fd)))
-                finally:
-                    os.close(fd)
+                h.update(b"special")
     return h.hexdigest()[:24]
 
 
-def _sources(step: CopyStep, context: Path, where: Path) -> list[str]:
-    """The context-relative paths ``step`` copies: globs expanded, nothing outside."""
+def _sources(step: CopyStep, sent: dockerignore.Context, where: Path) -> list[str]:
+    """The context-relative paths ``step`` copies: wildcards expanded, nothing outside the
+    context, nothing .dockerignore leaves out, nothing through a link."""
     found: list[str] = []
     for pattern in step.sources:
         rel = posixpath.normpath(pattern.lstrip("/")) if pattern.strip("/") else "."
         if rel == ".." or rel.startswith("../"):
             raise BuildError(f"{where}:{step.line}: COPY {pattern}: outside the build context")
-        matches = sorted(glob.glob(rel, root_dir=context)) if glob.has_magic(rel) else [rel]
-        matches = [m for m in matches if os.path.lexists(context / m)]
+        if glob.has_magic(rel):
+            matches = sent.glob(rel)
+        else:
+            matches = [rel] if rel == "." or rel in sent.entries else []
         if not matches:
+            why = "" if sent.complete else " (or left out by its .dockerignore)"
             raise BuildError(
-                f"{where}:{step.line}: COPY {pattern}: no such file in the build context {context}"
+                f"{where}:{step.line}: COPY {pattern}: no such file in the build context {sent.root}{why}"
             )
         found += matches
     return found
@@ -223,7 +239,7 @@ def _layer(
     parent: Path,
     key: str,
     step: Step,
-    context: Path,
+    sent: dockerignore.Context,
     layers: Path,
     where: Path,
     ids: IdRange | None,
@@ -243,7 +259,7 @@ def _layer(
         subprocess.run(["cp", "-a", "--reflink=auto", f"{parent}/.", str(partial)], check=True)
         try:
             log(f"{where}:{step.line}: {_describe(step)}")
-            _run_step(bwrap, partial, step, context, where, ids)
+            _run_step(bwrap, partial, step, sent, where, ids)
         except BaseException:
             _remove(partial)
             raise
@@ -291,8 +307,14 @@ done
 
 
 def _run_step(
-    bwrap: str, root: Path, step: Step, context: Path, where: Path, ids: IdRange | None
+    bwrap: str,
+    root: Path,
+    step: Step,
+    sent: dockerignore.Context,
+    where: Path,
+    ids: IdRange | None,
 ) -> None:
+    context = sent.root
     env = {"PATH": SANDBOX_PATH, "HOME": "/root", "HOSTNAME": "stayer-build"}
     network = False
     binds: list[str] = []
@@ -313,7 +335,7 @@ def _run_step(
             *argv,
         ]
     elif isinstance(step, CopyStep):
-        sources = _sources(step, context, where)
+        sources = _sources(step, sent, where)
         many = "1" if len(sources) > 1 or any("*" in s or "?" in s for s in step.sources) else "0"
         argv = [
             "/bin/sh",
@@ -355,12 +377,22 @@ def _run_step(
             # context, its own (as Docker's daemon reads all of it), removed after.
             staged = root.parent / f"{root.name}.context"
             _remove(staged)
-            subprocess.run(["cp", "-a", "--reflink=auto", f"{context}/.", str(staged)], check=True)
+            if sent.complete:
+                cmd = ["cp", "-a", "--reflink=auto", f"{context}/.", str(staged)]
+                subprocess.run(cmd, check=True)
+            else:  # what .dockerignore leaves out is not in the copy
+                dockerignore.stage(sent, staged)
             subprocess.run(["chown", "-hR", f"{ids.uid}:{ids.gid}", str(staged)], check=True)
             mounts["context"] = staged
             binds = ["--ro-bind", f"{STAGE}/context", _CONTEXT]
     else:
         args = [bwrap, "--bind", str(root), "/"]
+        if binds and not sent.complete:
+            # What .dockerignore leaves out is not in the copy COPY reads.
+            staged = root.parent / f"{root.name}.context"
+            _remove(staged)
+            dockerignore.stage(sent, staged)
+            binds = ["--ro-bind", str(staged), _CONTEXT]
     args += ["--proc", "/proc", "--dev", "/dev", *binds]
     # Real root may write sysctls and trigger sysrq whatever its capabilities: /proc/sys
     # read-only and root-only /proc files covered, as in the agent's sandbox.

@@ -1,4 +1,7 @@
-"""Build a task's image with Docker, cached by the content hash of its build context."""
+"""Build a task's image with Docker, cached by the content hash of its build context.
+
+The context directory goes to ``docker build`` as it is: Docker reads its ``.dockerignore``
+and sends the rest; the hash counts the same files (:mod:`stayer.environments.dockerignore`)."""
 
 from __future__ import annotations
 
@@ -7,10 +10,10 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from stayer.environments import dockerignore
 from stayer.environments.build import BuildError
 from stayer.environments.dockerfile import parse_dockerfile
 from stayer.sandbox.docker import check_docker, client_env
-from stayer.sandbox.hostfs import tree_digest
 
 # An image is named by what it is built from: equal contexts share one image.
 IMAGE_REPOSITORY = "stayer-env"
@@ -18,7 +21,10 @@ BUILD_TIMEOUT_S = 3600.0
 
 
 def image_tag(context: Path) -> str:
-    return f"{IMAGE_REPOSITORY}:{tree_digest(context)[:24]}"
+    """The image's name: the content hash of what ``docker build`` is given of ``context``
+    (its .dockerignore applied, as Docker applies it), so that editing a file it leaves
+    out builds nothing again."""
+    return f"{IMAGE_REPOSITORY}:{dockerignore.walk(context).image_digest()[:24]}"
 
 
 def build_image(context: str | Path, *, log: Callable[[str], None] = lambda _: None) -> str:

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stayer.environments import dockerignore, layers
 from stayer.environments.build import BuiltRoot, build_root
 from stayer.errors import ConfigError
 from stayer.sandbox import IMAGE_KINDS, Sandbox, make_sandbox
-from stayer.sandbox.hostfs import copy_tree, tree_digest
+from stayer.sandbox.hostfs import copy_tree
 
 # The image's own HOME is usually /root, which the command can neither read nor write.
 _FORCED_ENV = {"HOME": "/tmp"}
@@ -120,12 +121,14 @@ def prepare_environment(
         raise ConfigError(
             f"--sandbox {kind}: builds no image; choose one of {', '.join(IMAGE_KINDS)}"
         )
-    key = (kind, context, tree_digest(context))
+    key = (kind, context, dockerignore.walk(context).image_digest())
     with _PREPARING_LOCK:
         lock = _PREPARING.setdefault(key, threading.Lock())
     with lock:
         done = _PREPARED.get(key)
         if done is not None and (done.root is None or done.root.root.is_dir()):
+            if done.root is not None and done.root.root.parent.name == "layers":
+                layers.used(done.root.root.parent, done.root.root.name)  # for prune's LRU
             return done
         environment = _build(kind, context, log)
         _PREPARED[key] = environment
