@@ -51,8 +51,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from stayer.sandbox.base import ExecResult
+from stayer.errors import ConfigError
+from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.tree import disk_usage
 
 log = logging.getLogger(__name__)
@@ -410,7 +412,15 @@ async def _wait_exit_watching(
     """Like :func:`_wait_exit`, while polling the size of ``path``. Returns ``(timed_out,
     bytes used)``, the latter only if the tree grew past ``cap_bytes`` (the caller then
     kills the command as it would on a timeout)."""
-    exited = asyncio.ensure_future(_wait_exit(proc, timeout))
+    return await watch_storage(asyncio.ensure_future(_wait_exit(proc, timeout)), path, cap_bytes)
+
+
+async def watch_storage(
+    exited: asyncio.Future[bool], path: Path, cap_bytes: int
+) -> tuple[bool, int | None]:
+    """Poll the size of ``path`` until ``exited`` (True: the command exited in time) is
+    done; ``(timed_out, bytes used)`` as :func:`_wait_exit_watching` says. ``exited`` is
+    cancelled if it is still running when this returns."""
     try:
         while True:
             t0 = time.monotonic()
@@ -576,3 +586,130 @@ async def run_process(
         truncated=bool(out.dropped or err.dropped),
         duration_s=time.monotonic() - start,
     )
+
+
+# --------------------------------------------------------------------------------------
+# the exec path the backends share
+
+
+@dataclass(slots=True)
+class Launch:
+    """How one command starts, as a backend builds it: the argv (the command inside),
+    the child's directory and environment, the limits to apply from here and, for a child
+    that holds still before its command, its gate and the descriptors it inherits."""
+
+    argv: list[str]
+    cwd: str | None = None
+    env: Mapping[str, str] | None = None
+    limits: ProcessLimits = ProcessLimits()  # noqa: RUF009  (frozen dataclass: safe)
+    pass_fds: Sequence[int] = ()
+    gate: StartGate | None = None
+
+
+# Enough for parallel builds and test runners, few enough that a fork bomb stays harmless.
+DEFAULT_MAX_PROCESSES = 1024
+
+
+class ProcessSandbox:
+    """What the ``bwrap``, ``docker`` and ``local`` backends share: the workspace and the
+    limits every backend takes, and :meth:`exec`, the one exec path. A backend says only how
+    a command starts (:meth:`_launch`, around which it may set up and clean up), and may run
+    it in a sandbox it keeps (:meth:`_kept`); the deadline, output capture, storage limit
+    and killing of the tree are :func:`run_process`'s for all of them."""
+
+    def __init__(
+        self,
+        workspace: str | Path,
+        *,
+        allow_net: bool = False,
+        memory_mb: int | None = None,
+        max_processes: int | None = DEFAULT_MAX_PROCESSES,
+        max_file_mb: int | None = None,
+        storage_mb: int | None = None,
+        max_output_bytes: int = 1_000_000,
+        shown_as: str = "/app",
+    ) -> None:
+        """The limits every backend takes (``None``: unlimited), with the defaults of the
+        sandboxes (``local`` has its own); ``shown_as`` is how the command names the
+        workspace in a storage limit's message."""
+        self.workspace = Path(workspace).resolve()
+        if not self.workspace.is_dir():
+            raise ConfigError(f"sandbox: workspace {self.workspace} is not a directory")
+        self.allow_net = allow_net
+        self.memory_mb = memory_mb
+        self.max_processes = max_processes
+        self.max_file_mb = file_size_cap(max_file_mb, storage_mb)
+        self.storage_mb = storage_mb
+        self.max_output_bytes = max_output_bytes
+        self.storage = (
+            StorageLimit(self.workspace, storage_mb, shown_as=shown_as)
+            if storage_mb is not None
+            else None
+        )
+
+    @property
+    def limits(self) -> ProcessLimits:
+        """The limits of each command, as given."""
+        return ProcessLimits(
+            memory_mb=self.memory_mb, max_processes=self.max_processes, max_file_mb=self.max_file_mb
+        )
+
+    def _launch(
+        self, command: str, *, stdin: bool, mounts: tuple[Mount, ...], cwd: str
+    ) -> contextlib.AbstractAsyncContextManager[Launch | ExecResult]:
+        """How ``command`` starts, for the time it runs; an :class:`ExecResult` instead when
+        the backend answers it without starting anything."""
+        raise NotImplementedError
+
+    def _kept(self, mounts: tuple[Mount, ...]) -> KeptSandbox | None:
+        """A sandbox kept running that can take this command now, if the backend has one."""
+        return None
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout: float = 120.0,
+        stdin: bytes | None = None,
+        mounts: tuple[Mount, ...] = (),
+        cwd: str = "/app",
+    ) -> ExecResult:
+        if (kept := self._kept(mounts)) is not None:
+            return await kept.run(
+                command,
+                timeout=timeout,
+                stdin=stdin,
+                cwd=cwd,
+                max_output_bytes=self.max_output_bytes,
+                storage=self.storage,
+            )
+        async with self._launch(command, stdin=stdin is not None, mounts=mounts, cwd=cwd) as how:
+            if isinstance(how, ExecResult):
+                return how
+            return await run_process(
+                how.argv,
+                timeout=timeout,
+                stdin=stdin,
+                cwd=how.cwd,
+                env=how.env,
+                max_output_bytes=self.max_output_bytes,
+                limits=how.limits,
+                storage=self.storage,
+                pass_fds=how.pass_fds,
+                gate=how.gate,
+            )
+
+
+class KeptSandbox(Protocol):
+    """A sandbox kept running between commands (see :mod:`stayer.sandbox.kept`)."""
+
+    async def run(
+        self,
+        command: str,
+        *,
+        timeout: float,
+        stdin: bytes | None,
+        cwd: str,
+        max_output_bytes: int,
+        storage: StorageLimit | None,
+    ) -> ExecResult: ...
