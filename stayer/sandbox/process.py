@@ -435,6 +435,35 @@ async def watch_storage(
         exited.cancel()
 
 
+async def storage_baseline(storage: StorageLimit | None) -> int:
+    """What the command may grow ``storage`` to: a tree that is already over the limit may
+    still shrink (``rm``), so only growth beyond the larger of the two is stopped."""
+    if storage is None:
+        return 0
+    return max(storage.max_mb * 2**20, await asyncio.to_thread(disk_usage, storage.path))
+
+
+async def storage_verdict(
+    storage: StorageLimit | None, cap: int, stopped_at: int | None, code: int, stderr: str
+) -> tuple[int, str]:
+    """The exit code and stderr of a command once it is over: with a note, and failed, if
+    it broke the storage limit (``stopped_at``: the size at which the watch stopped it;
+    else measured once more now, as it may have finished between two polls)."""
+    if storage is None:
+        return code, stderr
+    stopped = stopped_at is not None
+    if not stopped and (used := await asyncio.to_thread(disk_usage, storage.path)) > cap:
+        stopped_at = used
+    if stopped_at is None:
+        return code, stderr
+    return code or 1, stderr + (  # a command that broke a limit did not succeed
+        f"\n[storage limit: {storage.shown_as} holds {stopped_at / 2**20:.0f} MiB, "
+        f"over its limit of {storage.max_mb} MiB; "
+        f"{'the command was stopped' if stopped else 'the command went over it'}. "
+        "Delete files to free space.]\n"
+    )
+
+
 def _kill_group(pgid: int) -> None:
     # The group may outlive its (already reaped) leader while children remain in it; its id
     # cannot be reused by a new process group while any member is alive.
@@ -464,11 +493,7 @@ async def run_process(
     Never raises for the child's behaviour (non-zero exit, signals, timeouts); raises
     ``OSError`` only when the process cannot be started at all.
     """
-    storage_cap = 0
-    if storage is not None:
-        # A tree that is already over the limit may still shrink (``rm``): only growth
-        # beyond the larger of the two is stopped.
-        storage_cap = max(storage.max_mb * 2**20, await asyncio.to_thread(disk_usage, storage.path))
+    storage_cap = await storage_baseline(storage)
     # A cgroup is used whenever one can be made, limit or not: killing its members at the
     # end is the one way to also catch processes that left the process group (setsid).
     cgroup: _PidsCgroup | None = None
@@ -562,22 +587,7 @@ async def run_process(
     assert code is not None
     if code < 0:  # killed by a signal: report it the way a shell would
         code = 128 - code
-    stderr_text = err.text()
-    if storage is not None:
-        stopped = storage_used is not None
-        if (
-            not stopped
-            and (used := await asyncio.to_thread(disk_usage, storage.path)) > storage_cap
-        ):
-            storage_used = used  # it finished between two polls, but over the limit
-        if storage_used is not None:
-            code = code or 1  # a command that broke a limit did not succeed
-            stderr_text += (
-                f"\n[storage limit: {storage.shown_as} holds {storage_used / 2**20:.0f} MiB, "
-                f"over its limit of {storage.max_mb} MiB; "
-                f"{'the command was stopped' if stopped else 'the command went over it'}. "
-                "Delete files to free space.]\n"
-            )
+    code, stderr_text = await storage_verdict(storage, storage_cap, storage_used, code, err.text())
     return ExecResult(
         exit_code=code,
         stdout=out.text(),
@@ -674,8 +684,8 @@ class ProcessSandbox:
         mounts: tuple[Mount, ...] = (),
         cwd: str = "/app",
     ) -> ExecResult:
-        if (kept := self._kept(mounts)) is not None:
-            return await kept.run(
+        if (kept := self._kept(mounts)) is not None and (
+            result := await kept.run(
                 command,
                 timeout=timeout,
                 stdin=stdin,
@@ -683,6 +693,8 @@ class ProcessSandbox:
                 max_output_bytes=self.max_output_bytes,
                 storage=self.storage,
             )
+        ) is not None:
+            return result
         async with self._launch(command, stdin=stdin is not None, mounts=mounts, cwd=cwd) as how:
             if isinstance(how, ExecResult):
                 return how
@@ -701,7 +713,8 @@ class ProcessSandbox:
 
 
 class KeptSandbox(Protocol):
-    """A sandbox kept running between commands (see :mod:`stayer.sandbox.kept`)."""
+    """A sandbox kept running between commands (see :mod:`stayer.sandbox.kept`): ``run``
+    returns None when it cannot start, and the command then gets a fresh sandbox."""
 
     async def run(
         self,
@@ -712,4 +725,4 @@ class KeptSandbox(Protocol):
         cwd: str,
         max_output_bytes: int,
         storage: StorageLimit | None,
-    ) -> ExecResult: ...
+    ) -> ExecResult | None: ...
