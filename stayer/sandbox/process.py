@@ -231,6 +231,10 @@ class _PidsCgroup:
             self.path.rmdir()
             raise
 
+    def join(self, pid: int) -> None:
+        """Move process ``pid`` into this cgroup."""
+        (self.path / "cgroup.procs").write_text(str(pid))
+
     def kill_all(self) -> None:
         kill_file = self.path / "cgroup.kill"  # cgroup v2, Linux >= 5.14
         if kill_file.exists():
@@ -368,17 +372,27 @@ async def _confine_and_release(
     child died, or reported nothing usable): the caller kills it, never releases it."""
     import json
 
+    # Moving a process into a cgroup waits for an RCU grace period in the kernel (the
+    # first move in a while: milliseconds on a busy machine; one right after is cheap). So
+    # the outer process is moved at once, in a thread, while it sets up; the child it
+    # reports is moved after it (or was born inside, if the outer one was moved first).
+    joined = (
+        asyncio.ensure_future(asyncio.to_thread(cgroup.join, outer)) if cgroup is not None else None
+    )
     try:
         inner = int(json.loads(await _read_to_eof(gate.report))["child-pid"])
-        if cgroup is not None:
-            for pid in (outer, inner):  # bwrap's own two, before either starts anything more
-                (cgroup.path / "cgroup.procs").write_text(str(pid))
+        if cgroup is not None and joined is not None:
+            await joined  # bwrap's own two, before either starts anything more
+            cgroup.join(inner)
         for which, value in _rlimits(limits, cgroup):
             resource.prlimit(inner, which, (value, value))
         os.write(gate.release, b"x")
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("could not apply limits to a sandboxed command: %s", e)
         return False
+    finally:
+        if joined is not None:
+            joined.cancel()  # when it failed early: the thread finishes on its own
     return True
 
 
