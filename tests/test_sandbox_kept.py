@@ -232,3 +232,11 @@ def test_the_cli_and_make_sandbox_select_it(ws: Path) -> None:
         timeout=120,
     )
     assert json.loads(proc.stdout)["stdout"] == "2\n", proc.stderr
+
+
+def test_long_commands_and_output(sb: BwrapSandbox) -> None:
+    r = run(sb.exec(": '" + "x" * 100_000 + "'; echo $PPID; head -c 3000000 /dev/zero | wc -c"))
+    assert (r.exit_code, r.stdout) == (0, "2\n3000000\n"), r  # still the kept sandbox
+    r = run(sb.exec("head -c 3000000 /dev/zero", timeout=30))
+    assert r.truncated and "bytes dropped" in r.stdout, r.stdout[:200]
+    honest(sb)

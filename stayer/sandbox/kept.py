@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -49,7 +50,7 @@ import socket
 import subprocess
 import time
 import weakref
-from typing import Protocol
+from typing import Any, Protocol
 
 from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.process import (
@@ -179,15 +180,20 @@ class _Live:
         return self.proc.poll() is None
 
     def kill(self) -> None:
+        """Kill everything in the sandbox. The socket stays open until :meth:`reap` (a
+        reader may still be registered on it in the event loop)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         if self.cgroup is not None:
             self.cgroup.kill_all()
+
+    def close(self) -> None:
+        self.kill()
         with contextlib.suppress(OSError):
             self.sock.close()
 
     async def reap(self) -> None:
-        self.kill()
+        self.close()
         for _ in range(1000):
             if self.proc.poll() is not None:
                 break
@@ -198,7 +204,7 @@ class _Live:
 
 def _kill_all(lives: list[_Live]) -> None:
     for live in lives:
-        live.kill()
+        live.close()
 
 
 class KeptBwrap:
@@ -211,6 +217,7 @@ class KeptBwrap:
         self._live: _Live | None = None
         self._dead: list[_Live] = []  # killed, not yet reaped
         self._seq = 0
+        self._broken = False  # it could not start: every command gets a fresh sandbox
         self._lives: list[_Live] = []  # what the finaliser kills: the live one, if any
         weakref.finalize(self, _kill_all, self._lives)
 
@@ -229,11 +236,14 @@ class KeptBwrap:
             while self._dead:
                 await self._dead.pop().reap()
             if self._live is None or not self._live.alive():
+                if self._broken:
+                    return None
                 self._drop()
                 while self._dead:
                     await self._dead.pop().reap()
                 self._live = await self._start()
                 if self._live is None:
+                    self._broken = True  # not again for this sandbox: each would wait
                     return None
             return await self._run(
                 self._live, command, timeout, stdin, cwd, max_output_bytes, storage
@@ -321,7 +331,8 @@ class KeptBwrap:
         cwd: str,
         max_output_bytes: int,
         storage: StorageLimit | None,
-    ) -> ExecResult:
+    ) -> ExecResult | None:
+        """The command's result; None if it could not be handed to the runner."""
         storage_cap = await storage_baseline(storage)
         out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
         start = time.monotonic()
@@ -337,6 +348,7 @@ class KeptBwrap:
         theirs: list[int] = []  # the command's: stdin, stdout, stderr
         finished = False
         tasks: list[asyncio.Task[None]] = []
+        waits: list[asyncio.Future[Any]] = []  # the runner's answer, the deadline
         try:
             if stdin is not None:
                 in_r, in_w = os.pipe()
@@ -348,7 +360,13 @@ class KeptBwrap:
                 r, w = os.pipe()
                 ours.append(r)
                 theirs.append(w)
-            socket.send_fds(live.sock, [json.dumps(request).encode()], theirs)
+            try:
+                socket.send_fds(live.sock, [json.dumps(request).encode()], theirs)
+            except OSError as e:
+                # Too long for one message (about 200 KiB, where bash -c refuses 128 KiB
+                # anyway): a fresh sandbox says what it says. Else the runner is gone.
+                finished = e.errno == errno.EMSGSIZE
+                return None
             for fd in theirs:
                 os.close(fd)
             theirs.clear()
@@ -361,6 +379,7 @@ class KeptBwrap:
                 tasks.append(asyncio.create_task(_feed_fd(ours, stdin)))
             answer = asyncio.ensure_future(_answer(live.sock, self._seq))
             exited = asyncio.ensure_future(_in_time(answer, max(timeout, 0.001)))
+            waits += [answer, exited]
             storage_used: int | None = None
             if storage is None:
                 timed_out = not await exited
@@ -387,7 +406,6 @@ class KeptBwrap:
                     if os.WIFSIGNALED(status)
                     else 128 + signal.SIGKILL
                 )
-            answer.cancel()
             _done, pending = await asyncio.wait(tasks, timeout=_DRAIN_GRACE_S)
             if pending:  # nothing in the sandbox may hold them now: something is wrong
                 log.warning("a command of the persistent sandbox left its output open")
@@ -404,8 +422,11 @@ class KeptBwrap:
         finally:
             if not finished:
                 self._drop()  # cancelled, or broken: kill before propagating
-            for task in tasks:
+            for task in (*tasks, *waits):
                 task.cancel()
+            for wait in waits:
+                if wait.done() and not wait.cancelled():
+                    wait.exception()  # seen: a runner gone as the deadline came
             for fd in (*ours, *theirs):
                 with contextlib.suppress(OSError):
                     os.close(fd)
