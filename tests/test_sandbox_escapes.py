@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from docker_helpers import base_root, docker_base, docker_host  # noqa: F401 - fixtures
@@ -36,13 +37,25 @@ pytestmark = needs_bwrap
 MakeSandbox = Callable[..., Sandbox]
 
 
-@pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.slow)])
+@pytest.fixture(
+    params=["bwrap", "bwrap-persistent", pytest.param("docker", marks=pytest.mark.slow)]
+)
 def make(request: pytest.FixtureRequest) -> MakeSandbox:
-    """The sandbox under attack: bwrap, or a container of the docker sandbox (its own
-    daemon and base image, from docker_helpers; slow to set up)."""
+    """The sandbox under attack: bwrap, bwrap kept running between commands (each attack
+    runs after a first command, in a sandbox already in use), or a container of the docker
+    sandbox (its own daemon and base image, from docker_helpers; slow to set up)."""
     if request.param == "bwrap":
         return BwrapSandbox
+    if request.param == "bwrap-persistent":
+        return kept_bwrap
     return functools.partial(DockerSandbox, image=request.getfixturevalue("docker_base"))
+
+
+def kept_bwrap(ws: Path, **kw: Any) -> BwrapSandbox:
+    """A persistent bwrap sandbox that has run one command already."""
+    sb = BwrapSandbox(ws, persistent=True, **kw)
+    assert run(sb.exec("echo $PPID")).stdout == "2\n"  # started by the runner, pid 2
+    return sb
 
 
 @pytest.fixture
@@ -180,7 +193,7 @@ def test_writes_outside_app_do_not_reach_the_host(
     sb = make(ws)
     # In a container the image's own root-only directories (/root) refuse even the lookup.
     reasons = ("Read-only file system", "No such file") + (
-        () if make is BwrapSandbox else ("Permission denied",)
+        () if make in (BwrapSandbox, kept_bwrap) else ("Permission denied",)
     )
     for t in strict:
         r = run(sb.exec(f"echo x > {t}/{name}"))

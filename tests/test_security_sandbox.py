@@ -13,6 +13,7 @@ SECURITY.md lists what these tests cover and what the sandbox does not defend ag
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -43,7 +44,12 @@ Runner = Callable[[Path, str], str]
 
 
 def via_cli(
-    ws: Path, script: str, *, cwd: Path | None = None, env: dict[str, str] | None = None
+    ws: Path,
+    script: str,
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    sandbox: str = "bwrap",
 ) -> str:
     """stdout and stderr of ``script`` run by ``stayer sandbox exec`` over ``ws``."""
     full_env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
@@ -58,6 +64,8 @@ def via_cli(
             "--json",
             "--workspace",
             str(ws),
+            "--sandbox",
+            sandbox,
             "--",
             script,
         ],
@@ -74,21 +82,39 @@ def via_cli(
     return doc["stdout"] + doc["stderr"]
 
 
-def via_bash_tool(ws: Path, script: str) -> str:
-    """What the agent's bash tool returns for ``script`` over ``ws``."""
+def via_bash_tool(ws: Path, script: str, *, persistent: bool = False) -> str:
+    """What the agent's bash tool returns for ``script`` over ``ws``; ``persistent``: in a
+    sandbox kept running, after a first command in it."""
     tools = {t.spec.name: t for t in default_tools(TiktokenCounter("o200k_base"))}
     ctx = ToolContext(
-        sandbox=BwrapSandbox(ws), workspace=str(ws), output_token_budget=100_000, command_timeout=60
+        sandbox=BwrapSandbox(ws, persistent=persistent),
+        workspace=str(ws),
+        output_token_budget=100_000,
+        command_timeout=60,
     )
-    result = asyncio.run(
-        run_tool(tools, ToolCall("c1", "bash", json.dumps({"command": script})), ctx)
-    )
-    return result.output
+
+    async def calls() -> str:
+        if persistent:
+            first = ToolCall("c0", "bash", json.dumps({"command": "echo $PPID"}))
+            assert (await run_tool(tools, first, ctx)).output.startswith("2\n")  # the runner
+        call = ToolCall("c1", "bash", json.dumps({"command": script}))
+        return (await run_tool(tools, call, ctx)).output
+
+    return asyncio.run(calls())
 
 
-@pytest.fixture(params=["cli", "bash_tool"])
+# Every way a command reaches the sandbox, and both kinds of bwrap sandbox.
+RUNNERS: dict[str, Runner] = {
+    "cli": via_cli,
+    "bash_tool": via_bash_tool,
+    "cli_persistent": functools.partial(via_cli, sandbox="bwrap-persistent"),
+    "bash_tool_persistent": functools.partial(via_bash_tool, persistent=True),
+}
+
+
+@pytest.fixture(params=list(RUNNERS))
 def run_in(request: pytest.FixtureRequest) -> Runner:
-    return via_cli if request.param == "cli" else via_bash_tool
+    return RUNNERS[request.param]
 
 
 @pytest.fixture
@@ -334,7 +360,10 @@ def test_setuid_bits_never_reach_a_writable_mount_and_mounts_are_nosuid(
 # ------------------------------------------------------------------------------- leaks
 
 
-def test_host_paths_do_not_leak(tmp_path: Path, ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("kind", ["bwrap", "bwrap-persistent"])
+def test_host_paths_do_not_leak(
+    tmp_path: Path, ws: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
     launch = tmp_path / f"launch-{uuid.uuid4().hex}"
     home = tmp_path / f"home-{uuid.uuid4().hex}"
     state = tmp_path / f"state-{uuid.uuid4().hex}"
@@ -345,11 +374,11 @@ def test_host_paths_do_not_leak(tmp_path: Path, ws: Path, monkeypatch: pytest.Mo
         "/proc/1/mountinfo; do tr '\\0' '\\n' < $f; done; env; pwd; ls -la / /tmp"
     )
     env = {"HOME": str(home), "STAYER_HOME": str(state), "PWD": str(launch)}
-    seen = [via_cli(ws, probe, cwd=launch, env=env)]
+    seen = [via_cli(ws, probe, cwd=launch, env=env, sandbox=kind)]
     monkeypatch.chdir(launch)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    seen.append(via_bash_tool(ws, probe))
+    seen.append(via_bash_tool(ws, probe, persistent=kind == "bwrap-persistent"))
     for out in seen:
         assert "PWD=/\n" in out, out  # bwrap's own environment was read, and shows /
         for secret in (launch, home, state):

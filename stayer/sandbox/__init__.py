@@ -1,5 +1,6 @@
 """Sandboxes: where the agent's commands run. ``bwrap`` (default on Linux) or ``local``;
-``docker`` and ``bwrap-image`` run the task's image (:mod:`stayer.environments`)."""
+``docker`` and ``bwrap-image`` run the task's image (:mod:`stayer.environments`);
+``bwrap-persistent`` is ``bwrap`` kept running between commands (:mod:`stayer.sandbox.kept`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount, Sandbox
 
-KINDS = ("bwrap", "docker", "bwrap-image", "local")
+KINDS = ("bwrap", "bwrap-persistent", "docker", "bwrap-image", "local")
 # Kinds that run a task's image rather than the host's system: built by stayer.environments.
 IMAGE_KINDS = ("docker", "bwrap-image")
 
@@ -24,10 +25,10 @@ def make_sandbox(kind: str, workspace: str | Path, **limits: Any) -> Sandbox:
     Imports are deferred so that choosing one backend never requires the other's
     prerequisites.
     """
-    if kind == "bwrap":
+    if kind in ("bwrap", "bwrap-persistent"):
         from stayer.sandbox.bwrap import BwrapSandbox
 
-        return BwrapSandbox(workspace, **limits)
+        return BwrapSandbox(workspace, persistent=kind == "bwrap-persistent", **limits)
     if kind == "local":
         from stayer.sandbox.local import LocalSandbox
 

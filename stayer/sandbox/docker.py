@@ -32,18 +32,20 @@ import os
 import shutil
 import subprocess
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.bwrap import (
-    DEFAULT_MAX_PROCESSES,
     DEFAULT_TMP_MB,
     SANDBOX_GID,
     SANDBOX_PATH,
     SANDBOX_UID,
+    sandbox_env,
 )
-from stayer.sandbox.process import StorageLimit, file_size_cap, run_process
+from stayer.sandbox.process import Launch, ProcessSandbox
 from stayer.sandbox.tree import walk
 
 _FIX = (
@@ -93,7 +95,7 @@ def check_docker(docker: str | None = None) -> str:
     return path
 
 
-class DockerSandbox:
+class DockerSandbox(ProcessSandbox):
     """Runs each command in a fresh container of ``image`` with the workspace at ``/app``."""
 
     def __init__(
@@ -101,35 +103,16 @@ class DockerSandbox:
         workspace: str | Path,
         *,
         image: str,
-        allow_net: bool = False,
-        memory_mb: int | None = None,
-        max_processes: int | None = DEFAULT_MAX_PROCESSES,
-        max_file_mb: int | None = None,
-        storage_mb: int | None = None,
-        max_output_bytes: int = 1_000_000,
         env: dict[str, str] | None = None,
         cpus: float | None = None,
+        **limits: Any,
     ) -> None:
-        self.workspace = Path(workspace).resolve()
-        if not self.workspace.is_dir():
-            raise ConfigError(f"sandbox: workspace {self.workspace} is not a directory")
+        """``limits``: those of :class:`~stayer.sandbox.process.ProcessSandbox`."""
+        super().__init__(workspace, **limits)
         self.docker = check_docker()
         self.image = image
-        self.allow_net = allow_net
-        self.memory_mb = memory_mb
-        self.max_processes = max_processes
-        self.max_file_mb = file_size_cap(max_file_mb, storage_mb)
-        self.storage_mb = storage_mb
-        self.max_output_bytes = max_output_bytes
         self.cpus = cpus
-        self.env = {
-            "PATH": SANDBOX_PATH,
-            "HOME": "/tmp",
-            "LANG": "C.UTF-8",
-            "TERM": "dumb",
-            "APP": "/app",
-            **(env or {}),
-        }
+        self.env = sandbox_env(env)
         # As root, the command runs as SANDBOX_UID, which must own what it may write; any
         # other caller's uid already owns it.
         self.user = (
@@ -169,34 +152,16 @@ class DockerSandbox:
         prelude = f'ulimit -v {self.memory_mb * 1024} || exit 125; exec /bin/bash -c "$1"'
         return [*argv, "-c", prelude, "stayer-limits", command]
 
-    async def exec(
-        self,
-        command: str,
-        *,
-        timeout: float = 120.0,
-        stdin: bytes | None = None,
-        mounts: tuple[Mount, ...] = (),
-        cwd: str = "/app",
-    ) -> ExecResult:
+    @contextlib.asynccontextmanager
+    async def _launch(
+        self, command: str, *, stdin: bool, mounts: tuple[Mount, ...], cwd: str
+    ) -> AsyncIterator[Launch | ExecResult]:
         if os.geteuid() == 0:
             for path in (self.workspace, *(Path(m.host) for m in mounts if m.writable)):
                 await asyncio.to_thread(hand_over, path, *self.user)
-        storage = (
-            StorageLimit(self.workspace, self.storage_mb, shown_as="/app")
-            if self.storage_mb is not None
-            else None
-        )
         name = f"stayer-{uuid.uuid4().hex[:16]}"
         try:
-            return await run_process(
-                self._argv(name, command, mounts, cwd, stdin is not None),
-                timeout=timeout,
-                stdin=stdin,
-                cwd="/",
-                env=client_env(),
-                max_output_bytes=self.max_output_bytes,
-                storage=storage,
-            )
+            yield Launch(self._argv(name, command, mounts, cwd, stdin), cwd="/", env=client_env())
         finally:
             # Killing the docker client (timeout, storage limit, cancellation) leaves the
             # container running; removing it kills everything in it. Shielded: a cancelled

@@ -20,17 +20,20 @@ transcript through a stray ``env``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
-from stayer.sandbox.process import ProcessLimits, StorageLimit, file_size_cap, run_process
+from stayer.sandbox.process import Launch, ProcessSandbox
 
 _HOST_ENV_KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ")
 
 
-class LocalSandbox:
+class LocalSandbox(ProcessSandbox):
     """Runs commands directly on the host with ``cwd`` = the workspace. No isolation."""
 
     def __init__(
@@ -38,28 +41,19 @@ class LocalSandbox:
         workspace: str | Path,
         *,
         allow_net: bool = True,  # accepted for a uniform make_sandbox(); the host net is always there
-        memory_mb: int | None = None,
         max_processes: int | None = None,
-        max_file_mb: int | None = None,
-        storage_mb: int | None = None,
-        max_output_bytes: int = 1_000_000,
         env: dict[str, str] | None = None,
+        **limits: Any,
     ) -> None:
-        self.workspace = Path(workspace).resolve()
-        if not self.workspace.is_dir():
-            raise ConfigError(f"sandbox: workspace {self.workspace} is not a directory")
-        self.allow_net = allow_net
-        self.limits = ProcessLimits(
-            memory_mb=memory_mb,
+        """``limits``: the others of :class:`~stayer.sandbox.process.ProcessSandbox`."""
+        workspace = Path(workspace).resolve()
+        super().__init__(
+            workspace,
+            allow_net=allow_net,
             max_processes=max_processes,
-            max_file_mb=file_size_cap(max_file_mb, storage_mb),
+            shown_as=str(workspace),
+            **limits,
         )
-        self.storage = (
-            StorageLimit(self.workspace, storage_mb, shown_as=str(self.workspace))
-            if storage_mb is not None
-            else None
-        )
-        self.max_output_bytes = max_output_bytes
         self.env = {k: os.environ[k] for k in _HOST_ENV_KEEP if k in os.environ}
         self.env.setdefault("PATH", os.defpath)
         self.env.update({"TERM": "dumb", "APP": str(self.workspace), **(env or {})})
@@ -70,15 +64,10 @@ class LocalSandbox:
             return str(self.workspace / cwd[len("/app") :].lstrip("/"))
         return cwd
 
-    async def exec(
-        self,
-        command: str,
-        *,
-        timeout: float = 120.0,
-        stdin: bytes | None = None,
-        mounts: tuple[Mount, ...] = (),
-        cwd: str = "/app",
-    ) -> ExecResult:
+    @contextlib.asynccontextmanager
+    async def _launch(
+        self, command: str, *, stdin: bool, mounts: tuple[Mount, ...], cwd: str
+    ) -> AsyncIterator[Launch | ExecResult]:
         if mounts:
             dests = ", ".join(m.dest for m in mounts)
             raise ConfigError(
@@ -86,16 +75,8 @@ class LocalSandbox:
             )
         host_cwd = self.host_cwd(cwd)
         if not os.path.isdir(host_cwd):  # what bwrap --chdir reports, instead of an OSError
-            return ExecResult(
+            yield ExecResult(
                 exit_code=1, stdout="", stderr=f"cannot chdir to {cwd}: no such directory\n"
             )
-        return await run_process(
-            ["/bin/bash", "-c", command],
-            timeout=timeout,
-            stdin=stdin,
-            cwd=host_cwd,
-            env=self.env,
-            max_output_bytes=self.max_output_bytes,
-            limits=self.limits,
-            storage=self.storage,
-        )
+            return
+        yield Launch(["/bin/bash", "-c", command], cwd=host_cwd, env=self.env, limits=self.limits)

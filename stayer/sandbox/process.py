@@ -51,8 +51,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from stayer.sandbox.base import ExecResult
+from stayer.errors import ConfigError
+from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.tree import disk_usage
 
 log = logging.getLogger(__name__)
@@ -229,6 +231,10 @@ class _PidsCgroup:
             self.path.rmdir()
             raise
 
+    def join(self, pid: int) -> None:
+        """Move process ``pid`` into this cgroup."""
+        (self.path / "cgroup.procs").write_text(str(pid))
+
     def kill_all(self) -> None:
         kill_file = self.path / "cgroup.kill"  # cgroup v2, Linux >= 5.14
         if kill_file.exists():
@@ -366,17 +372,27 @@ async def _confine_and_release(
     child died, or reported nothing usable): the caller kills it, never releases it."""
     import json
 
+    # Moving a process into a cgroup waits for an RCU grace period in the kernel (the
+    # first move in a while: milliseconds on a busy machine; one right after is cheap). So
+    # the outer process is moved at once, in a thread, while it sets up; the child it
+    # reports is moved after it (or was born inside, if the outer one was moved first).
+    joined = (
+        asyncio.ensure_future(asyncio.to_thread(cgroup.join, outer)) if cgroup is not None else None
+    )
     try:
         inner = int(json.loads(await _read_to_eof(gate.report))["child-pid"])
-        if cgroup is not None:
-            for pid in (outer, inner):  # bwrap's own two, before either starts anything more
-                (cgroup.path / "cgroup.procs").write_text(str(pid))
+        if cgroup is not None and joined is not None:
+            await joined  # bwrap's own two, before either starts anything more
+            cgroup.join(inner)
         for which, value in _rlimits(limits, cgroup):
             resource.prlimit(inner, which, (value, value))
         os.write(gate.release, b"x")
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("could not apply limits to a sandboxed command: %s", e)
         return False
+    finally:
+        if joined is not None:
+            joined.cancel()  # when it failed early: the thread finishes on its own
     return True
 
 
@@ -410,7 +426,15 @@ async def _wait_exit_watching(
     """Like :func:`_wait_exit`, while polling the size of ``path``. Returns ``(timed_out,
     bytes used)``, the latter only if the tree grew past ``cap_bytes`` (the caller then
     kills the command as it would on a timeout)."""
-    exited = asyncio.ensure_future(_wait_exit(proc, timeout))
+    return await watch_storage(asyncio.ensure_future(_wait_exit(proc, timeout)), path, cap_bytes)
+
+
+async def watch_storage(
+    exited: asyncio.Future[bool], path: Path, cap_bytes: int
+) -> tuple[bool, int | None]:
+    """Poll the size of ``path`` until ``exited`` (True: the command exited in time) is
+    done; ``(timed_out, bytes used)`` as :func:`_wait_exit_watching` says. ``exited`` is
+    cancelled if it is still running when this returns."""
     try:
         while True:
             t0 = time.monotonic()
@@ -423,6 +447,35 @@ async def _wait_exit_watching(
                 return not exited.result(), None
     finally:
         exited.cancel()
+
+
+async def storage_baseline(storage: StorageLimit | None) -> int:
+    """What the command may grow ``storage`` to: a tree that is already over the limit may
+    still shrink (``rm``), so only growth beyond the larger of the two is stopped."""
+    if storage is None:
+        return 0
+    return max(storage.max_mb * 2**20, await asyncio.to_thread(disk_usage, storage.path))
+
+
+async def storage_verdict(
+    storage: StorageLimit | None, cap: int, stopped_at: int | None, code: int, stderr: str
+) -> tuple[int, str]:
+    """The exit code and stderr of a command once it is over: with a note, and failed, if
+    it broke the storage limit (``stopped_at``: the size at which the watch stopped it;
+    else measured once more now, as it may have finished between two polls)."""
+    if storage is None:
+        return code, stderr
+    stopped = stopped_at is not None
+    if not stopped and (used := await asyncio.to_thread(disk_usage, storage.path)) > cap:
+        stopped_at = used
+    if stopped_at is None:
+        return code, stderr
+    return code or 1, stderr + (  # a command that broke a limit did not succeed
+        f"\n[storage limit: {storage.shown_as} holds {stopped_at / 2**20:.0f} MiB, "
+        f"over its limit of {storage.max_mb} MiB; "
+        f"{'the command was stopped' if stopped else 'the command went over it'}. "
+        "Delete files to free space.]\n"
+    )
 
 
 def _kill_group(pgid: int) -> None:
@@ -454,11 +507,7 @@ async def run_process(
     Never raises for the child's behaviour (non-zero exit, signals, timeouts); raises
     ``OSError`` only when the process cannot be started at all.
     """
-    storage_cap = 0
-    if storage is not None:
-        # A tree that is already over the limit may still shrink (``rm``): only growth
-        # beyond the larger of the two is stopped.
-        storage_cap = max(storage.max_mb * 2**20, await asyncio.to_thread(disk_usage, storage.path))
+    storage_cap = await storage_baseline(storage)
     # A cgroup is used whenever one can be made, limit or not: killing its members at the
     # end is the one way to also catch processes that left the process group (setsid).
     cgroup: _PidsCgroup | None = None
@@ -552,22 +601,7 @@ async def run_process(
     assert code is not None
     if code < 0:  # killed by a signal: report it the way a shell would
         code = 128 - code
-    stderr_text = err.text()
-    if storage is not None:
-        stopped = storage_used is not None
-        if (
-            not stopped
-            and (used := await asyncio.to_thread(disk_usage, storage.path)) > storage_cap
-        ):
-            storage_used = used  # it finished between two polls, but over the limit
-        if storage_used is not None:
-            code = code or 1  # a command that broke a limit did not succeed
-            stderr_text += (
-                f"\n[storage limit: {storage.shown_as} holds {storage_used / 2**20:.0f} MiB, "
-                f"over its limit of {storage.max_mb} MiB; "
-                f"{'the command was stopped' if stopped else 'the command went over it'}. "
-                "Delete files to free space.]\n"
-            )
+    code, stderr_text = await storage_verdict(storage, storage_cap, storage_used, code, err.text())
     return ExecResult(
         exit_code=code,
         stdout=out.text(),
@@ -576,3 +610,133 @@ async def run_process(
         truncated=bool(out.dropped or err.dropped),
         duration_s=time.monotonic() - start,
     )
+
+
+# --------------------------------------------------------------------------------------
+# the exec path the backends share
+
+
+@dataclass(slots=True)
+class Launch:
+    """How one command starts, as a backend builds it: the argv (the command inside),
+    the child's directory and environment, the limits to apply from here and, for a child
+    that holds still before its command, its gate and the descriptors it inherits."""
+
+    argv: list[str]
+    cwd: str | None = None
+    env: Mapping[str, str] | None = None
+    limits: ProcessLimits = ProcessLimits()  # noqa: RUF009  (frozen dataclass: safe)
+    pass_fds: Sequence[int] = ()
+    gate: StartGate | None = None
+
+
+# Enough for parallel builds and test runners, few enough that a fork bomb stays harmless.
+DEFAULT_MAX_PROCESSES = 1024
+
+
+class ProcessSandbox:
+    """What the ``bwrap``, ``docker`` and ``local`` backends share: the workspace and the
+    limits every backend takes, and :meth:`exec`, the one exec path. A backend says only how
+    a command starts (:meth:`_launch`, around which it may set up and clean up), and may run
+    it in a sandbox it keeps (:meth:`_kept`); the deadline, output capture, storage limit
+    and killing of the tree are :func:`run_process`'s for all of them."""
+
+    def __init__(
+        self,
+        workspace: str | Path,
+        *,
+        allow_net: bool = False,
+        memory_mb: int | None = None,
+        max_processes: int | None = DEFAULT_MAX_PROCESSES,
+        max_file_mb: int | None = None,
+        storage_mb: int | None = None,
+        max_output_bytes: int = 1_000_000,
+        shown_as: str = "/app",
+    ) -> None:
+        """The limits every backend takes (``None``: unlimited), with the defaults of the
+        sandboxes (``local`` has its own); ``shown_as`` is how the command names the
+        workspace in a storage limit's message."""
+        self.workspace = Path(workspace).resolve()
+        if not self.workspace.is_dir():
+            raise ConfigError(f"sandbox: workspace {self.workspace} is not a directory")
+        self.allow_net = allow_net
+        self.memory_mb = memory_mb
+        self.max_processes = max_processes
+        self.max_file_mb = file_size_cap(max_file_mb, storage_mb)
+        self.storage_mb = storage_mb
+        self.max_output_bytes = max_output_bytes
+        self.storage = (
+            StorageLimit(self.workspace, storage_mb, shown_as=shown_as)
+            if storage_mb is not None
+            else None
+        )
+
+    @property
+    def limits(self) -> ProcessLimits:
+        """The limits of each command, as given."""
+        return ProcessLimits(
+            memory_mb=self.memory_mb, max_processes=self.max_processes, max_file_mb=self.max_file_mb
+        )
+
+    def _launch(
+        self, command: str, *, stdin: bool, mounts: tuple[Mount, ...], cwd: str
+    ) -> contextlib.AbstractAsyncContextManager[Launch | ExecResult]:
+        """How ``command`` starts, for the time it runs; an :class:`ExecResult` instead when
+        the backend answers it without starting anything."""
+        raise NotImplementedError
+
+    def _kept(self, mounts: tuple[Mount, ...]) -> KeptSandbox | None:
+        """A sandbox kept running that can take this command now, if the backend has one."""
+        return None
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout: float = 120.0,
+        stdin: bytes | None = None,
+        mounts: tuple[Mount, ...] = (),
+        cwd: str = "/app",
+    ) -> ExecResult:
+        if (kept := self._kept(mounts)) is not None and (
+            result := await kept.run(
+                command,
+                timeout=timeout,
+                stdin=stdin,
+                cwd=cwd,
+                max_output_bytes=self.max_output_bytes,
+                storage=self.storage,
+            )
+        ) is not None:
+            return result
+        async with self._launch(command, stdin=stdin is not None, mounts=mounts, cwd=cwd) as how:
+            if isinstance(how, ExecResult):
+                return how
+            return await run_process(
+                how.argv,
+                timeout=timeout,
+                stdin=stdin,
+                cwd=how.cwd,
+                env=how.env,
+                max_output_bytes=self.max_output_bytes,
+                limits=how.limits,
+                storage=self.storage,
+                pass_fds=how.pass_fds,
+                gate=how.gate,
+            )
+
+
+class KeptSandbox(Protocol):
+    """A sandbox kept running between commands (see :mod:`stayer.sandbox.kept`): ``run``
+    returns None when it cannot start, and the command then gets a fresh sandbox."""
+
+    async def run(
+        self,
+        command: str,
+        *,
+        timeout: float,
+        stdin: bytes | None,
+        cwd: str,
+        max_output_bytes: int,
+        storage: StorageLimit | None,
+    ) -> ExecResult | None: ...

@@ -1,0 +1,508 @@
+"""A bubblewrap sandbox kept running between commands (``--sandbox bwrap-persistent``).
+
+Starting bubblewrap costs about 5 ms of namespaces and mounts per command, more than the
+command itself for most tool calls. Here the sandbox is started once, with exactly the
+options, seccomp filter, limits and cgroup of a per-command one
+(:meth:`~stayer.sandbox.bwrap.BwrapSandbox.started`), and a small runner inside it (Python,
+:data:`RUNNER`) starts each command. What each command still gets, as in a fresh sandbox:
+
+* its own session and process group, the environment allow-list (sent with each command,
+  not the runner's), its directory, and its rlimits (address space, file size; processes
+  by the sandbox's pids cgroup, which counts the runner as one);
+* stdout, stderr and stdin on pipes of its own, created here for it and handed to the
+  runner over a socket (``SCM_RIGHTS``): the host reads what the command wrote, never a
+  copy relayed by the runner, with the same bounded capture;
+* its deadline and the storage watch from here; on a timeout, a storage limit, the
+  caller's cancellation or anything unexpected the whole sandbox is killed (its process
+  group and its cgroup) and the next command starts a fresh one;
+* nothing it started outlives it: when it exits, the runner (a child subreaper) kills
+  every other process of the sandbox (``kill(-1)`` reaches all but itself and pid 1, and
+  only in the sandbox's pid namespace) and reaps them before it reports the exit status.
+
+The runner is the one thing that lasts, so the commands must not reach it: it makes itself
+non-dumpable first, so a command (same uid, no capabilities) can neither ptrace it, read
+``/proc/<runner>/fd`` nor take its descriptors with ``pidfd_getfd``; its control socket is
+close-on-exec and closed in each command before it runs; each report carries the number
+of the command it answers, and one that does not match, or none at all, kills the
+sandbox. A command can kill or stop the runner (same uid): a killed runner takes the
+sandbox with it (bwrap's pid 1 exits with it, and the kernel kills the namespace), that
+command is reported as killed, and the next command gets a fresh sandbox; a stopped one
+holds the command to its deadline, then the same.
+
+What differs from a fresh sandbox per command: ``/tmp`` and the pid namespace last from
+one command to the next, as in a persistent shell (the workspace always does); a command
+with mounts of its own (the verifier's ``/logs/verifier``), one that comes while another
+runs, and any command when the runner cannot start (no ``/usr/bin/python3``) get a fresh
+sandbox instead. bwrap's ``--die-with-parent`` is tied to the thread that started it: if
+that thread ends, the sandbox ends, and the next command starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import weakref
+from typing import Any, Protocol
+
+from stayer.sandbox.base import ExecResult, Mount
+from stayer.sandbox.process import (
+    _CHUNK,
+    _DRAIN_GRACE_S,
+    Launch,
+    ProcessLimits,
+    StorageLimit,
+    _Capture,
+    _confine_and_release,
+    _PidsCgroup,
+    _rlimits,
+    _set_once,
+    pids_cgroup_parent,
+    storage_baseline,
+    storage_verdict,
+    watch_storage,
+)
+
+
+class Starts(Protocol):
+    """What a kept sandbox needs of its :class:`~stayer.sandbox.bwrap.BwrapSandbox`."""
+
+    env: dict[str, str]
+
+    @property
+    def limits(self) -> ProcessLimits: ...
+
+    def started(
+        self, mounts: tuple[Mount, ...], cwd: str, program: list[str]
+    ) -> contextlib.AbstractContextManager[Launch]: ...
+
+
+log = logging.getLogger(__name__)
+
+PYTHON = "/usr/bin/python3"
+# How long the runner may take to start (Python, once per sandbox).
+_START_TIMEOUT_S = 30.0
+# The runner counts as one process of the sandbox's pids cgroup, on top of bwrap's two.
+_RUNNER_PROCESSES = 1
+
+# What the sandbox starts: fd ``argv[1]`` is its end of a SOCK_SEQPACKET socket, whose
+# first message is the runner's code (so that /proc/*/cmdline and ps show only this line).
+BOOT = "import socket,sys;ctl=socket.socket(fileno=int(sys.argv[1]));exec(ctl.recv(1<<16))"
+# The runner. Each message is one command (JSON) with its stdin, stdout and stderr
+# attached; the answer is {"seq": n, "status": wait status}, sent once every process the
+# command left is gone.
+RUNNER = r"""
+import ctypes, json, os, resource, signal, socket, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+# PR_SET_DUMPABLE 0 first: no ptrace, no /proc/<pid>/fd, no pidfd_getfd for the commands.
+# PR_SET_CHILD_SUBREAPER: what a command leaves behind is reparented here, to be reaped.
+if libc.prctl(4, 0, 0, 0, 0) or libc.prctl(36, 1, 0, 0, 0):
+    sys.exit(3)
+os.set_inheritable(ctl.fileno(), False)
+
+def child(req, fds):
+    try:
+        os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.closerange(3, 1 << 20)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; a shell must not
+            signal.signal(sig, signal.SIG_DFL)
+        for which, value in req["rlimits"]:
+            resource.setrlimit(which, (value, value))
+        try:
+            os.chdir(req["cwd"])
+        except OSError as e:
+            os.write(2, ("bwrap: Can't chdir to %s: %s\n" % (req["cwd"], e.strerror)).encode())
+            os._exit(1)
+        os.execve("/bin/bash", ["/bin/bash", "-c", req["command"]], req["env"])
+    except BaseException as e:
+        os.write(2, ("stayer runner: %r\n" % (e,)).encode())
+    os._exit(127)
+
+def clean():
+    # Kill every process of the sandbox but pid 1 and this one, until none is left.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        if time.monotonic() > deadline:
+            os._exit(4)
+        time.sleep(0.0002)
+
+ctl.send(b"ready")
+while True:
+    msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 20, 3)
+    if not msg or len(fds) != 3:
+        os._exit(0)
+    req = json.loads(msg)
+    pid = os.fork()
+    if pid == 0:
+        child(req, fds)
+    for fd in fds:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    clean()
+    ctl.send(json.dumps({"seq": req["seq"], "status": status}).encode())
+"""
+
+
+class _Gone(Exception):
+    """The runner stopped answering, or answered something else than asked."""
+
+
+class _Live:
+    """The running sandbox: bwrap, the host's end of the control socket, the cgroup.
+    Killing it is synchronous, so that it can run anywhere (a finaliser, a cancellation)."""
+
+    def __init__(
+        self, proc: subprocess.Popen[bytes], sock: socket.socket, cgroup: _PidsCgroup | None
+    ) -> None:
+        self.proc = proc
+        self.sock = sock
+        self.cgroup: _PidsCgroup | None = cgroup
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill everything in the sandbox. The socket stays open until :meth:`reap` (a
+        reader may still be registered on it in the event loop)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+
+    def close(self) -> None:
+        self.kill()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    async def reap(self) -> None:
+        self.close()
+        for _ in range(1000):
+            if self.proc.poll() is not None:
+                break
+            await asyncio.sleep(0.005)
+        if self.cgroup is not None:
+            await self.cgroup.remove()
+
+
+def _kill_all(lives: list[_Live]) -> None:
+    for live in lives:
+        live.close()
+
+
+class KeptBwrap:
+    """One kept sandbox of a :class:`~stayer.sandbox.bwrap.BwrapSandbox` (see the module
+    docstring); one command at a time (``busy``)."""
+
+    def __init__(self, box: Starts) -> None:
+        self.box = box
+        self.busy = False
+        self._live: _Live | None = None
+        self._dead: list[_Live] = []  # killed, not yet reaped
+        self._seq = 0
+        self._broken = False  # it could not start: every command gets a fresh sandbox
+        self._lives: list[_Live] = []  # what the finaliser kills: the live one, if any
+        weakref.finalize(self, _kill_all, self._lives)
+
+    async def run(
+        self,
+        command: str,
+        *,
+        timeout: float,
+        stdin: bytes | None,
+        cwd: str,
+        max_output_bytes: int,
+        storage: StorageLimit | None,
+    ) -> ExecResult | None:
+        self.busy = True
+        try:
+            while self._dead:
+                await self._dead.pop().reap()
+            if self._live is None or not self._live.alive():
+                if self._broken:
+                    return None
+                self._drop()
+                while self._dead:
+                    await self._dead.pop().reap()
+                self._live = await self._start()
+                if self._live is None:
+                    self._broken = True  # not again for this sandbox: each would wait
+                    return None
+            return await self._run(
+                self._live, command, timeout, stdin, cwd, max_output_bytes, storage
+            )
+        finally:
+            self.busy = False
+
+    def _drop(self) -> None:
+        """Kill the sandbox now; it is reaped before the next one starts."""
+        if self._live is not None:
+            self._live.kill()
+            self._dead.append(self._live)
+            self._lives.clear()
+            self._live = None
+
+    async def _start(self) -> _Live | None:
+        box = self.box
+        cgroup: _PidsCgroup | None = None
+        if (parent := pids_cgroup_parent()) is not None:
+            try:
+                own = box.limits.max_processes
+                cgroup = _PidsCgroup(parent, None if own is None else own + _RUNNER_PROCESSES)
+            except OSError as e:
+                log.warning("could not create pids cgroup under %s: %s", parent, e)
+        host_end, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        live: _Live | None = None
+        try:
+            program = [PYTHON, "-I", "-S", "-c", BOOT, str(runner_end.fileno())]
+            with box.started((), "/app", program) as how:
+                assert how.gate is not None
+                try:
+                    proc = subprocess.Popen(
+                        how.argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        cwd=how.cwd,
+                        env=dict(how.env or {}),
+                        start_new_session=True,
+                        pass_fds=(*how.pass_fds, runner_end.fileno()),
+                    )
+                finally:
+                    how.gate.close_child_ends()
+                    runner_end.close()
+                live = _Live(proc, host_end, cgroup)
+                cgroup = None  # the sandbox's now
+                self._lives.append(live)
+                host_end.send(RUNNER.encode())
+                host_end.setblocking(False)
+                async with asyncio.timeout(_START_TIMEOUT_S):
+                    # The rlimits are each command's (set by the runner), not the runner's.
+                    if not await _confine_and_release(
+                        how.gate, proc.pid, ProcessLimits(), live.cgroup
+                    ):
+                        raise _Gone("bwrap did not start")
+                    if await asyncio.get_running_loop().sock_recv(host_end, 64) != b"ready":
+                        raise _Gone("the runner did not start")
+            return live
+        except (OSError, TimeoutError, _Gone) as e:
+            log.warning("the persistent sandbox could not start (%s): a fresh one per command", e)
+            if live is not None:
+                self._lives.clear()
+                await live.reap()
+            else:
+                host_end.close()
+            if cgroup is not None:
+                await cgroup.remove()
+            return None
+        except BaseException:
+            if live is not None:
+                self._lives.clear()
+                live.kill()
+                self._dead.append(live)
+            elif cgroup is not None:
+                await cgroup.remove()
+            host_end.close()
+            raise
+
+    async def _run(
+        self,
+        live: _Live,
+        command: str,
+        timeout: float,
+        stdin: bytes | None,
+        cwd: str,
+        max_output_bytes: int,
+        storage: StorageLimit | None,
+    ) -> ExecResult | None:
+        """The command's result; None if it could not be handed to the runner."""
+        storage_cap = await storage_baseline(storage)
+        out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
+        start = time.monotonic()
+        self._seq += 1
+        request = {
+            "seq": self._seq,
+            "command": command,
+            "cwd": cwd,
+            "env": self.box.env,
+            "rlimits": _rlimits(self.box.limits, live.cgroup),
+        }
+        ours: list[int] = []  # our ends: stdout's and stderr's read ends, stdin's write end
+        theirs: list[int] = []  # the command's: stdin, stdout, stderr
+        finished = False
+        tasks: list[asyncio.Task[None]] = []
+        waits: list[asyncio.Future[Any]] = []  # the runner's answer, the deadline
+        try:
+            if stdin is not None:
+                in_r, in_w = os.pipe()
+                theirs.append(in_r)
+                ours.append(in_w)
+            else:
+                theirs.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            for _ in range(2):
+                r, w = os.pipe()
+                ours.append(r)
+                theirs.append(w)
+            try:
+                socket.send_fds(live.sock, [json.dumps(request).encode()], theirs)
+            except OSError as e:
+                # Too long for one message (about 200 KiB, where bash -c refuses 128 KiB
+                # anyway): a fresh sandbox says what it says. Else the runner is gone.
+                finished = e.errno == errno.EMSGSIZE
+                return None
+            for fd in theirs:
+                os.close(fd)
+            theirs.clear()
+            out_fd, err_fd = ours[-2:]
+            tasks = [
+                asyncio.create_task(_drain_fd(out_fd, out)),
+                asyncio.create_task(_drain_fd(err_fd, err)),
+            ]
+            if stdin is not None:
+                tasks.append(asyncio.create_task(_feed_fd(ours, stdin)))
+            answer = asyncio.ensure_future(_answer(live.sock, self._seq))
+            exited = asyncio.ensure_future(_in_time(answer, max(timeout, 0.001)))
+            waits += [answer, exited]
+            storage_used: int | None = None
+            if storage is None:
+                timed_out = not await exited
+            else:
+                timed_out, storage_used = await watch_storage(exited, storage.path, storage_cap)
+            note = ""
+            if timed_out or storage_used is not None or not answer.done():
+                code = 128 + signal.SIGKILL
+                self._drop()  # everything in it dies; the next command gets a fresh one
+            elif answer.exception() is not None:
+                code = 128 + signal.SIGKILL
+                note = (
+                    "\n[the sandbox's command runner stopped during this command (was it "
+                    "killed?): the sandbox was stopped, and the next command starts a fresh "
+                    "one]\n"
+                )
+                self._drop()
+            else:
+                status = answer.result()
+                code = (
+                    os.WEXITSTATUS(status)
+                    if os.WIFEXITED(status)
+                    else 128 + os.WTERMSIG(status)
+                    if os.WIFSIGNALED(status)
+                    else 128 + signal.SIGKILL
+                )
+            _done, pending = await asyncio.wait(tasks, timeout=_DRAIN_GRACE_S)
+            if pending:  # nothing in the sandbox may hold them now: something is wrong
+                log.warning("a command of the persistent sandbox left its output open")
+                self._drop()
+                _done, pending = await asyncio.wait(tasks, timeout=_DRAIN_GRACE_S)
+            code, stderr_text = await storage_verdict(
+                storage, storage_cap, storage_used, code, err.text() + note
+            )
+            finished = True
+        except (OSError, ValueError) as e:  # the socket broke, or pipes could not be made
+            log.warning("persistent sandbox: %s; the next command starts a fresh one", e)
+            self._drop()
+            raise
+        finally:
+            if not finished:
+                self._drop()  # cancelled, or broken: kill before propagating
+            for task in (*tasks, *waits):
+                task.cancel()
+            for wait in waits:
+                if wait.done() and not wait.cancelled():
+                    wait.exception()  # seen: a runner gone as the deadline came
+            for fd in (*ours, *theirs):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        return ExecResult(
+            exit_code=code,
+            stdout=out.text(),
+            stderr=stderr_text,
+            timed_out=timed_out,
+            truncated=bool(out.dropped or err.dropped),
+            duration_s=time.monotonic() - start,
+        )
+
+
+async def _answer(sock: socket.socket, seq: int) -> int:
+    """The wait status the runner reports for command ``seq``; :class:`_Gone` if it closes
+    the socket or says anything else."""
+    data = await asyncio.get_running_loop().sock_recv(sock, 4096)
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        reply = None
+    if (
+        not isinstance(reply, dict)
+        or reply.get("seq") != seq
+        or type(reply.get("status")) is not int
+    ):
+        raise _Gone(f"the runner answered {data[:80]!r}")
+    return reply["status"]
+
+
+async def _in_time(answer: asyncio.Future[int], timeout: float) -> bool:
+    """Whether ``answer`` came (or failed) within ``timeout``."""
+    done, _ = await asyncio.wait({answer}, timeout=timeout)
+    return bool(done)
+
+
+async def _wait_fd(fd: int, writable: bool) -> None:
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    add, remove = (
+        (loop.add_writer, loop.remove_writer) if writable else (loop.add_reader, loop.remove_reader)
+    )
+    add(fd, _set_once, ready)
+    try:
+        await ready
+    finally:
+        remove(fd)
+
+
+async def _drain_fd(fd: int, capture: _Capture) -> None:
+    os.set_blocking(fd, False)
+    while True:
+        try:
+            chunk = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            await _wait_fd(fd, writable=False)
+            continue
+        if not chunk:
+            return
+        capture.feed(chunk)
+
+
+async def _feed_fd(ours: list[int], data: bytes) -> None:
+    """Write ``data`` to the command's stdin (the write end, ``ours[0]``), then close it
+    and take it off ``ours``: it is the last write end, and the command reads to its end.
+    The command may exit, or close stdin, without reading it all: that is its business."""
+    fd = ours[0]
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    try:
+        while view:
+            try:
+                view = view[os.write(fd, view[:_CHUNK]) :]
+            except BlockingIOError:
+                await _wait_fd(fd, writable=True)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    ours.remove(fd)
+    os.close(fd)

@@ -1,0 +1,242 @@
+"""Attacks on the persistent sandbox (``--sandbox bwrap-persistent``): what lasts between
+commands is the runner inside the sandbox and its control channel, so these commands go
+after them. The isolation suites (tests/test_security_sandbox.py,
+tests/test_sandbox_escapes.py) run over this sandbox too.
+
+Each attack is followed by an honest command whose report must be its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sandbox_helpers import marker, needs_bwrap, procs_with, run, wait_gone
+
+from stayer.sandbox import make_sandbox
+from stayer.sandbox.base import Mount
+from stayer.sandbox.bwrap import BwrapSandbox
+
+pytestmark = needs_bwrap
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    d = tmp_path / "ws"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def sb(ws: Path) -> BwrapSandbox:
+    box = BwrapSandbox(ws, persistent=True)
+    assert run(box.exec("echo $PPID")).stdout == "2\n"  # the runner started it
+    return box
+
+
+def honest(sb: BwrapSandbox) -> None:
+    """A command after the attack reports exactly what it did."""
+    r = run(sb.exec("echo real; echo err >&2; exit 5", timeout=30))
+    assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (5, "real\n", "err\n", False), r
+
+
+# A command that looks for any way to the runner's control socket and writes a forged
+# report ({"seq": N, "status": 0}) for the next few commands into whatever it reaches.
+_FORGER = r"""
+import ctypes, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+runner = os.getppid()
+forged = [json.dumps({"seq": n, "status": 0}).encode() for n in range(1, 50)]
+def report(what, ok):
+    print(what, "OPEN" if ok else "shut", flush=True)
+# 1. descriptors of our own beyond stdio
+own = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+report("own-fds " + ",".join(map(str, own)), any(fd > 3 for fd in own))
+for fd in range(3, 256):
+    try:
+        os.fstat(fd)
+    except OSError:
+        continue
+    for msg in forged:
+        try:
+            os.write(fd, msg)
+        except OSError:
+            pass
+# 2. the runner's descriptors through /proc (started by root, the command may list their
+# numbers: the directory is root's, and so is the command to the host; not follow them)
+try:
+    names = os.listdir("/proc/%d/fd" % runner)
+except OSError:
+    names = [str(n) for n in range(32)]
+for name in names:
+    path = "/proc/%d/fd/%s" % (runner, name)
+    try:
+        report("runner-fd-link " + name + " " + os.readlink(path), True)
+    except OSError:
+        pass
+    try:
+        fd = os.open(path, os.O_WRONLY)
+        report("runner-fd-open " + name, True)
+        for msg in forged:
+            os.write(fd, msg)
+    except OSError:
+        pass
+report("runner-fds %d" % len(names), False)
+# 3. the runner's descriptors through pidfd_getfd, and ptrace
+pidfd = libc.syscall(434, runner, 0)  # pidfd_open
+got = [libc.syscall(438, pidfd, n, 0) for n in range(0, 32)] if pidfd >= 0 else []
+report("pidfd_getfd", any(g >= 0 for g in got))
+for g in got:
+    if g >= 0:
+        for msg in forged:
+            try:
+                socket.socket(fileno=g).send(msg)
+            except OSError:
+                pass
+report("ptrace", libc.ptrace(16, runner, 0, 0) == 0)  # PTRACE_ATTACH
+# 4. the runner's memory and environment
+for what in ("mem", "environ", "cmdline"):
+    try:
+        open("/proc/%d/%s" % (runner, what), "rb").read(1)
+        report("runner-" + what, what == "mem")
+    except OSError:
+        report("runner-" + what, False)
+print("forger done")
+"""
+
+
+def test_a_command_cannot_reach_the_control_channel_or_forge_a_report(sb: BwrapSandbox) -> None:
+    r = run(sb.exec("python3 -", stdin=_FORGER.encode(), timeout=60))
+    assert r.exit_code == 0 and "forger done" in r.stdout, r
+    assert "OPEN" not in r.stdout, r.stdout
+    honest(sb)
+    honest(sb)
+
+
+def test_a_daemon_cannot_write_into_a_later_commands_output(sb: BwrapSandbox) -> None:
+    """A daemon that would write into every process's stdout, or forge reports, is gone
+    before the next command starts: the next output is that command's alone."""
+    mark = marker()
+    daemon = (
+        f"setsid nohup bash -c 'sleep {mark} & while :; do for f in /proc/[0-9]*/fd/[12]; do "
+        "echo FORGED > $f; done 2>/dev/null; done' > /dev/null 2>&1 < /dev/null & echo left"
+    )
+    r = run(sb.exec(daemon, timeout=30))
+    assert (r.exit_code, r.stdout) == (0, "left\n"), r
+    assert procs_with(mark) == []  # killed before the report came
+    for _ in range(5):
+        r = run(sb.exec("sleep 0.05; echo mine", timeout=30))
+        assert (r.exit_code, r.stdout, r.stderr) == (0, "mine\n", ""), r
+    r = run(sb.exec("ps -e -o pid=,args=", timeout=30))
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3, r.stdout  # bwrap, the runner, ps: nothing else lives
+    honest(sb)
+
+
+def test_killing_the_runner_ends_that_sandbox_and_the_next_gets_a_fresh_one(
+    sb: BwrapSandbox,
+) -> None:
+    mark = marker()
+    assert run(sb.exec("echo planted > /tmp/left")).exit_code == 0
+    r = run(sb.exec(f"sleep {mark} > /dev/null 2>&1 & kill -9 $PPID; sleep 1; echo after"))
+    assert r.exit_code == 137 and "runner stopped" in r.stderr, r
+    assert wait_gone(mark) == [], "a process of the killed sandbox lived on"
+    r = run(sb.exec("echo $PPID; cat /tmp/left", timeout=30))
+    assert r.stdout == "2\n" and r.exit_code == 1, r  # a new runner, a new /tmp
+    honest(sb)
+
+
+def test_a_stopped_runner_holds_only_its_command_to_the_deadline(sb: BwrapSandbox) -> None:
+    r = run(sb.exec("kill -STOP $PPID; echo stopped", timeout=2))
+    assert r.timed_out and r.exit_code == 137, r
+    honest(sb)
+
+
+def test_a_command_that_kills_everything_it_can(sb: BwrapSandbox) -> None:
+    r = run(sb.exec("kill -9 -1; echo survived", timeout=30))
+    assert r.exit_code in (0, 137), r  # it may take itself along
+    honest(sb)
+
+
+def test_a_timed_out_command_and_all_it_started_are_killed(sb: BwrapSandbox) -> None:
+    mark = marker()
+    r = run(sb.exec(f"setsid sleep {mark} & sleep {mark}", timeout=1))
+    assert r.timed_out and r.exit_code == 137, r
+    assert wait_gone(mark) == []
+    honest(sb)
+
+
+def test_each_command_gets_a_fresh_environment_and_directory(sb: BwrapSandbox) -> None:
+    first = run(sb.exec("env | sort; pwd"))
+    r = run(sb.exec("export LEAK=1; cd /tmp; echo $LEAK"))
+    assert r.stdout == "1\n"
+    assert run(sb.exec("env | sort; pwd")).stdout == first.stdout
+    assert "LEAK" not in first.stdout and first.stdout.endswith("\n/app\n")
+    r = run(sb.exec("pwd", cwd="/tmp"))
+    assert r.stdout == "/tmp\n"
+    r = run(sb.exec("true", cwd="/app/missing"))
+    assert r.exit_code == 1 and "Can't chdir to /app/missing" in r.stderr, r
+
+
+def test_limits_hold_for_each_command(ws: Path) -> None:
+    sb = BwrapSandbox(ws, persistent=True, memory_mb=256, max_file_mb=1)
+    r = run(sb.exec("ulimit -v; ulimit -f; ulimit -v unlimited || echo refused", timeout=30))
+    assert r.stdout.startswith(f"{256 * 1024}\n{1024}\n") and "refused" in r.stdout, r
+    r = run(sb.exec("head -c 2000000 /dev/zero > big; echo $?", timeout=30))
+    assert r.stdout == "153\n", r  # SIGXFSZ, as in a fresh sandbox (not ignored as in Python)
+    r = run(sb.exec("yes | head -c 10", timeout=30))  # SIGPIPE is the default again
+    assert (r.exit_code, r.stdout) == (0, "y\ny\ny\ny\ny\n"), r
+
+
+def test_stdin_output_cap_and_signals(ws: Path) -> None:
+    sb = BwrapSandbox(ws, persistent=True, max_output_bytes=1000)
+    r = run(sb.exec("cat; echo", stdin=b"x" * 200_000, timeout=30))
+    assert r.truncated and len(r.stdout) < 1100 and "bytes dropped" in r.stdout, r
+    r = run(sb.exec("kill -TERM $$", timeout=30))
+    assert r.exit_code == 128 + 15, r
+
+
+def test_mounts_and_concurrent_commands_get_a_fresh_sandbox(
+    sb: BwrapSandbox, tmp_path: Path
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    r = run(
+        sb.exec(
+            "echo $PPID > /logs/verifier/ppid",
+            mounts=(Mount(str(logs), "/logs/verifier", writable=True),),
+        )
+    )
+    assert r.exit_code == 0 and (logs / "ppid").read_text() == "1\n", r  # bwrap's own child
+
+    async def both() -> list[str]:
+        rs = await asyncio.gather(*(sb.exec("sleep 0.3; echo $PPID") for _ in range(2)))
+        return sorted(r.stdout for r in rs)
+
+    assert run(both()) == ["1\n", "2\n"]  # one in the kept sandbox, one in a fresh one
+    honest(sb)
+
+
+def test_the_cli_and_make_sandbox_select_it(ws: Path) -> None:
+    assert run(make_sandbox("bwrap-persistent", ws).exec("echo $PPID")).stdout == "2\n"
+    assert run(make_sandbox("bwrap", ws).exec("echo $PPID")).stdout == "1\n"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stayer.cli", "sandbox", "exec", "--json", "--workspace", str(ws)]
+        + ["--sandbox", "bwrap-persistent", "--", "echo $PPID"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert json.loads(proc.stdout)["stdout"] == "2\n", proc.stderr
+
+
+def test_long_commands_and_output(sb: BwrapSandbox) -> None:
+    r = run(sb.exec(": '" + "x" * 100_000 + "'; echo $PPID; head -c 3000000 /dev/zero | wc -c"))
+    assert (r.exit_code, r.stdout) == (0, "2\n3000000\n"), r  # still the kept sandbox
+    r = run(sb.exec("head -c 3000000 /dev/zero", timeout=30))
+    assert r.truncated and "bytes dropped" in r.stdout, r.stdout[:200]
+    honest(sb)
