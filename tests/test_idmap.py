@@ -56,13 +56,22 @@ def test_a_program_runs_as_root_of_its_namespace(tmp_path: Path) -> None:
 
     ids = IdRange(DEFAULT_START, DEFAULT_START)
     os.chown(tmp_path, ids.uid, ids.gid)
-    proc = idmap.popen_in_userns(
-        ["/bin/sh", "-c", "id -u; cat /proc/self/uid_map; touch /tmp/d/made"],
-        ids,
-        mounts={"d": tmp_path},
-        stdout=subprocess.PIPE,
-    )
-    out, _ = proc.communicate(timeout=60)
+    with idmap.staging() as stage:
+        proc = idmap.popen_in_userns(
+            ["/bin/sh", "-c", f"id -u; cat /proc/self/uid_map; touch {stage}/d/made; ls /tmp"],
+            ids,
+            stage=stage,
+            mounts={"d": tmp_path},
+            stdout=subprocess.PIPE,
+        )
+        out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
-    assert out.split() == [b"0", b"0", str(ids.uid).encode(), b"65536"]
+    lines = out.split(b"\n")
+    assert lines[0].split() == [b"0"] and lines[1].split() == [
+        b"0",
+        str(ids.uid).encode(),
+        b"65536",
+    ]
+    # only the stage is covered: the rest of /tmp is still there (the stage's own name in it)
+    assert os.path.basename(stage).encode() in lines[2:]
     assert os.lstat(tmp_path / "made").st_uid == ids.uid

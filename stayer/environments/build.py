@@ -96,9 +96,10 @@ from stayer.environments.dockerfile import (
     WorkdirStep,
     parse_dockerfile,
 )
-from stayer.environments.idmap import STAGE, IdRange, build_ids, shift_tree
+from stayer.environments.idmap import IdRange, build_ids, shift_tree
 from stayer.errors import ConfigError
 from stayer.sandbox.bwrap import SANDBOX_PATH, check_bwrap, cover, proc_secrets
+from stayer.sandbox.locate import system_bwrap
 from stayer.sandbox.seccomp import filter_fd, keyring_filter
 
 # What a step may take: an apt-get install of a compiler tool chain takes minutes.
@@ -146,6 +147,7 @@ def build_root(
     key = base.key
     ids = build_ids()
     if ids is not None:
+        bwrap = _reachable_bwrap(bwrap, dockerfile.path)
         layer = _shifted_base(layer, ids, base.image, log)
         key = f"{key}:{ids.key}"
     store = cache / "layers"
@@ -259,7 +261,8 @@ def _layer(
         subprocess.run(["cp", "-a", "--reflink=auto", f"{parent}/.", str(partial)], check=True)
         try:
             log(f"{where}:{step.line}: {_describe(step)}")
-            _run_step(bwrap, partial, step, sent, where, ids)
+            with idmap.staging() as stage:
+                _run_step(bwrap, partial, step, sent, where, ids, stage)
         except BaseException:
             _remove(partial)
             raise
@@ -306,6 +309,21 @@ done
 """
 
 
+def _reachable_bwrap(bwrap: str, where: Path) -> str:
+    """A bwrap that the steps' namespace may run: its root is another user to the host's
+    files, so the program (and the libraries beside it, for the bundled one) must be on a
+    way others may walk; else the system's, if that one is."""
+    blocked = idmap.unreachable_part(bwrap)
+    if blocked is None:
+        return bwrap
+    system = system_bwrap()
+    if system is not None and idmap.unreachable_part(system) is None:
+        return check_bwrap(system)
+    raise BuildError(
+        f"{where}: the build's steps cannot run {bwrap}: {blocked} is closed to other users, which the steps' user namespace is; install bubblewrap (apt install bubblewrap), or install stayer where others may read it"
+    )
+
+
 def _run_step(
     bwrap: str,
     root: Path,
@@ -313,6 +331,7 @@ def _run_step(
     sent: dockerignore.Context,
     where: Path,
     ids: IdRange | None,
+    stage: str,
 ) -> None:
     context = sent.root
     env = {"PATH": SANDBOX_PATH, "HOME": "/root", "HOSTNAME": "stayer-build"}
@@ -369,9 +388,9 @@ def _run_step(
     mounts: dict[str, Path] = {}
     if ids is not None:
         # The namespace's root may not pass through the cache's directories (0700, the
-        # host's root's) to reach the layer by its path: it gets them at idmap.STAGE.
+        # host's root's) to reach the layer by its path: it gets them on a stage.
         mounts["layer"] = root
-        args = [bwrap, "--bind", f"{STAGE}/layer", "/"]
+        args = [bwrap, "--bind", f"{stage}/layer", "/"]
         if binds:
             # It may read only what others may of the host's files: a copy of the
             # context, its own (as Docker's daemon reads all of it), removed after.
@@ -384,7 +403,7 @@ def _run_step(
                 dockerignore.stage(sent, staged)
             subprocess.run(["chown", "-hR", f"{ids.uid}:{ids.gid}", str(staged)], check=True)
             mounts["context"] = staged
-            binds = ["--ro-bind", f"{STAGE}/context", _CONTEXT]
+            binds = ["--ro-bind", f"{stage}/context", _CONTEXT]
     else:
         args = [bwrap, "--bind", str(root), "/"]
         if binds and not sent.complete:
@@ -429,6 +448,7 @@ def _run_step(
             timeout=STEP_TIMEOUT_S,
             pass_fds=() if seccomp is None else (seccomp,),
             ids=ids,
+            stage=stage,
             mounts=mounts,
         )
     except subprocess.TimeoutExpired as e:

@@ -112,6 +112,7 @@ def run_step(
     timeout: float,
     pass_fds: tuple[int, ...] = (),
     ids: IdRange | None = None,
+    stage: str | None = None,
     mounts: dict[str, Path] | None = None,
 ) -> tuple[bytes, bytes, int]:
     """Run bwrap's ``options`` and ``command``: stdout, stderr and exit status. With
@@ -120,11 +121,13 @@ def run_step(
     is. Raises subprocess.TimeoutExpired after ``timeout`` seconds, the sandbox killed,
     and :class:`NetworkError`. ``pass_fds``: descriptors ``options`` name, for bwrap.
     ``ids``: bwrap runs as root of a user namespace mapped onto them
-    (:func:`~stayer.environments.idmap.popen_in_userns`, which also mounts ``mounts``)."""
+    (:func:`~stayer.environments.idmap.popen_in_userns`, which also mounts ``mounts`` on
+    ``stage``)."""
     if slirp is None:
         proc = _spawn(
             [*options, *command],
             ids,
+            stage,
             mounts,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -151,6 +154,7 @@ def run_step(
         proc = _spawn(
             [*options, *extra, "/bin/sh", "-c", _HOLD, "sh", *command],
             ids,
+            stage,
             mounts,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -184,11 +188,15 @@ def run_step(
 
 
 def _spawn(
-    argv: list[str], ids: IdRange | None, mounts: dict[str, Path] | None, **kwargs: Any
+    argv: list[str],
+    ids: IdRange | None,
+    stage: str | None,
+    mounts: dict[str, Path] | None,
+    **kwargs: Any,
 ) -> subprocess.Popen[bytes]:
     if ids is None:
         return subprocess.Popen(argv, **kwargs)
-    return popen_in_userns(argv, ids, mounts=mounts, **kwargs)
+    return popen_in_userns(argv, ids, stage=stage, mounts=mounts, **kwargs)
 
 
 def _data_fd(data: bytes) -> int:

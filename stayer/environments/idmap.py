@@ -27,11 +27,14 @@ into it (:func:`shift_tree`, cached beside the base), and layers are made from t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import struct
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,14 +126,23 @@ def _shift(path: str, ids: IdRange) -> None:
         os.setxattr(path, _CAPABILITY, v3 + struct.pack("<I", ids.uid), follow_symlinks=False)
 
 
-# Where the directories given to popen_in_userns appear, in the helper's own mount
-# namespace: a fresh tmpfs there, so that bwrap (which resolves its sources by path) finds
-# them without passing through directories only the host's root may enter.
-STAGE = "/tmp"
+def unreachable_part(path: str | Path) -> Path | None:
+    """The first directory on the way to ``path`` that others may not enter (a program
+    there cannot be run, nor its libraries loaded, by a namespace's root: its ids are
+    others to the host's files); None when the whole way is open."""
+    here = Path(os.path.abspath(path))
+    for d in reversed(here.parents):
+        try:
+            if not os.stat(d).st_mode & stat.S_IXOTH:
+                return d
+        except OSError:
+            return d
+    return None
+
 
 # Runs as the host's root until the namespace is made, then as its root. argv: the two
-# descriptors of the handshake, the program's descriptor, the number of directories to
-# mount, each one's path and name, then the program's argv.
+# descriptors of the handshake, the program's descriptor, the stage, the number of
+# directories to mount, each one's path and name, then the program's argv.
 _HELPER = r"""
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
@@ -138,8 +150,9 @@ def check(ok, what):
     if not ok:
         os.write(2, b"stayer: " + what.encode() + b": " + os.strerror(ctypes.get_errno()).encode() + b"\n")
         os._exit(126)
-ready, go, program, n = (int(a) for a in sys.argv[1:5])
-mounts = sys.argv[5 : 5 + 2 * n]
+ready, go, program = (int(a) for a in sys.argv[1:4])
+stage, n = sys.argv[4].encode(), int(sys.argv[5])
+mounts = sys.argv[6 : 6 + 2 * n]
 # A mount namespace of its own, private (nothing mounted here reaches the host's), then
 # the directories on a tmpfs, then the user namespace.
 check(libc.unshare(0x00020000) == 0, "unshare(CLONE_NEWNS)")
@@ -147,8 +160,8 @@ check(libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None) == 0, "making / pr
 # (opened in this namespace, whose mounts a bind must come from, before the tmpfs hides
 # what is below it; never through a link)
 fds = [os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW) for path in mounts[::2]]
-stage = STAGE.encode()
-check(libc.mount(b"tmpfs", stage, b"tmpfs", 0x2 | 0x4, b"mode=0755") == 0, "mounting a tmpfs")
+if n:
+    check(libc.mount(b"tmpfs", stage, b"tmpfs", 0x2 | 0x4, b"mode=0755") == 0, "mounting a tmpfs")
 for fd, name in zip(fds, mounts[1::2]):
     target = stage + b"/" + name.encode()
     os.mkdir(target, 0o755)
@@ -165,14 +178,15 @@ os.setgroups([])
 os.setresgid(0, 0, 0)
 os.setresuid(0, 0, 0)
 os.set_inheritable(program, False)  # (an ELF program runs from a close-on-exec descriptor)
-os.execve(program, sys.argv[5 + 2 * n :], os.environ)
-""".replace("STAGE", repr(STAGE))
+os.execve(program, sys.argv[6 + 2 * n :], os.environ)
+"""
 
 
 def popen_in_userns(
     argv: list[str],
     ids: IdRange,
     *,
+    stage: str | None = None,
     mounts: dict[str, Path] | None = None,
     pass_fds: tuple[int, ...] | list[int] = (),
     **kwargs: Any,
@@ -181,13 +195,18 @@ def popen_in_userns(
     the host's root). Like ``subprocess.Popen(argv, pass_fds=..., **kwargs)``; the program
     is opened here, so that a path only root may reach still runs. ``mounts``: directories
     (each opened by the host's root, never through a link at its end) that the program
-    finds at ``STAGE/<name>``. Raises OSError when the namespace cannot be made (the helper's
+    finds at ``<stage>/<name>``: ``stage``, an empty directory of the host's root that others
+    may reach (:func:`staging`), gets a tmpfs of its own in the helper's mount namespace,
+    so that nothing else is hidden (a program or its libraries under ``/tmp``, say).
+    Raises OSError when the namespace cannot be made (the helper's
     stderr goes where ``kwargs`` send it)."""
     opened: list[int] = []
     try:
         program = os.open(argv[0], os.O_RDONLY | os.O_CLOEXEC)
         opened.append(program)
         staged = [str(x) for name, path in (mounts or {}).items() for x in (path, name)]
+        if staged and stage is None:
+            raise ValueError("mounts need a stage")
     except BaseException:
         for fd in opened:
             os.close(fd)
@@ -198,7 +217,8 @@ def popen_in_userns(
     try:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _HELPER]
-            + [str(ready_w), str(go_r), str(program), str(len(staged) // 2), *staged, *argv],
+            + [str(ready_w), str(go_r), str(program), stage or "/", str(len(staged) // 2)]
+            + [*staged, *argv],
             pass_fds=(*fds, *pass_fds),
             **kwargs,
         )
@@ -230,10 +250,24 @@ def popen_in_userns(
     return proc
 
 
+@contextlib.contextmanager
+def staging() -> Iterator[str]:
+    """A fresh empty directory under ``/tmp`` (which anyone may enter) for
+    :func:`popen_in_userns`'s ``stage``, removed after: the host only ever sees it empty
+    (the tmpfs over it is the helper's own mount namespace's)."""
+    path = tempfile.mkdtemp(prefix="stayer-stage-", dir="/tmp")
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
 __all__ = [
     "COUNT",
     "DEFAULT_START",
-    "STAGE",
+    "staging",
+    "unreachable_part",
     "IdRange",
     "build_ids",
     "popen_in_userns",
