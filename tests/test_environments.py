@@ -13,6 +13,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from docker_helpers import (  # noqa: F401 - fixtures
@@ -313,3 +314,46 @@ def test_a_build_records_its_layers_and_holds_them_against_a_prune(
     doc = images("prune", "--all")
     assert doc["removed"] == [] and sorted(doc["in_use"]) == sorted(by_id)
     assert (built.root / "app" / "keep.txt").read_text() == "kept\n"
+
+
+def _docker_seed_with(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, codes: list[int]
+) -> list[list[str]]:
+    """Environment.seed for an image, with ``docker run`` answering ``codes`` in turn."""
+    from stayer.environments import prepare
+    from stayer.sandbox import docker
+
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        calls.append(argv)
+        code = codes[min(len(calls), len(codes)) - 1]
+        return subprocess.CompletedProcess(
+            argv, code, b"", b"docker: Error: OCI runtime create failed\n"
+        )
+
+    monkeypatch.setattr(docker, "check_docker", lambda docker=None: "docker")
+    monkeypatch.setattr(prepare.subprocess, "run", run)
+    workspace = tmp_path / "ws"
+    workspace.mkdir(parents=True)
+    env = prepare.Environment(kind="docker", env={}, image="stayer-image:test")
+    try:
+        env.seed(workspace)
+    finally:
+        monkeypatch.undo()
+    return calls
+
+
+def test_the_images_app_is_seeded_or_the_failure_said_never_silently_skipped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The seed's ``docker run`` once had its status ignored: when Docker's runtime failed to
+    start the container (it does now and then on a busy machine), the workspace silently
+    lacked the image's /app (CI saw numbers.txt missing)."""
+    from stayer.environments.build import BuildError
+
+    assert len(_docker_seed_with(monkeypatch, tmp_path / "a", [125, 0])) == 2  # tried again
+    with pytest.raises(BuildError, match=r"exit 125\): docker: Error: OCI runtime"):
+        _docker_seed_with(monkeypatch, tmp_path / "b", [125])
+    with pytest.raises(BuildError, match="exit 1"):  # the copy itself failed: not retried
+        _docker_seed_with(monkeypatch, tmp_path / "c", [1])

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stayer.environments import dockerignore, layers
-from stayer.environments.build import BuiltRoot, build_root
+from stayer.environments.build import BuildError, BuiltRoot, build_root
 from stayer.errors import ConfigError
 from stayer.sandbox import IMAGE_KINDS, Sandbox, make_sandbox
 from stayer.sandbox.hostfs import copy_tree
@@ -69,7 +69,7 @@ class Environment:
         user = DockerSandbox(workspace, image=self.image or "").user
         hand_over(Path(workspace), *user)
         # Copied inside a container of the image: the host never reads the image's files.
-        subprocess.run(
+        argv = (
             [
                 check_docker(),
                 "run",
@@ -88,12 +88,22 @@ class Environment:
                 self.image or "",
                 "-c",
                 "[ ! -d /app ] || cp -R /app/. /stayer-seed/",
-            ],
-            capture_output=True,
-            timeout=600,
-            env=client_env(),
-            check=False,
+            ]
         )
+        # 125: Docker could not start the container (its runtime fails now and then on a
+        # busy machine): tried again; any other failure is the image's, said as it is,
+        # never a workspace silently left without the image's files.
+        for _ in range(3):
+            proc = subprocess.run(
+                argv, capture_output=True, timeout=600, env=client_env(), check=False
+            )
+            if proc.returncode != 125:
+                break
+        if proc.returncode != 0:
+            lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise BuildError(
+                f"{self.image}: copying the image's /app into the workspace failed (exit {proc.returncode}): {(lines[-1] if lines else '')[:200]}"
+            )
 
 
 # Images prepared by this process, by kind and content of their build context: an
