@@ -106,25 +106,13 @@ class _Usage(msgspec.Struct, gc=False):
     speed: Any = None
 
 
-class _UsualMessage(msgspec.Struct, gc=False):
-    id: Any = None
-    model: Any = None
+class _UsualMessage(_Message, gc=False):
     usage: _Usage | None = None
 
 
-class _UsualLine(msgspec.Struct, gc=False):
+class _UsualLine(_Line, gc=False):
     """``_Line`` with ``message.usage`` of the usual shape."""
 
-    type: Any = None
-    subtype: Any = None
-    isSidechain: Any = None
-    isCompactSummary: Any = None
-    agentId: Any = None
-    uuid: Any = None
-    parentUuid: Any = None
-    timestamp: Any = None
-    requestId: Any = None
-    sessionId: Any = None
     message: _UsualMessage | None = None
 
 
