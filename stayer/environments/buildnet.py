@@ -27,7 +27,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,26 +123,17 @@ def run_step(
     ``ids``: bwrap runs as root of a user namespace mapped onto them
     (:func:`~stayer.environments.idmap.popen_in_userns`, which also mounts ``mounts`` on
     ``stage``)."""
+
+    def spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+        kwargs["env"] = {"PATH": SANDBOX_PATH}
+        if ids is None:
+            return subprocess.Popen(argv, **kwargs)
+        return popen_in_userns(argv, ids, stage=stage, mounts=mounts, **kwargs)
+
     if slirp is None:
-        proc = _spawn(
-            [*options, *command],
-            ids,
-            stage,
-            mounts,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={"PATH": SANDBOX_PATH},
-            cwd="/",
-            pass_fds=pass_fds,
-        )
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        return out, err, proc.returncode
+        proc = spawn([*options, *command], stdin=subprocess.DEVNULL, pass_fds=pass_fds)
+        return _ended(proc, lambda: proc.communicate(timeout=timeout))
     info_r, info_w = os.pipe()
     fds = [info_w]
     extra = ["--info-fd", str(info_w)]
@@ -151,16 +142,9 @@ def run_step(
         # (0600 unless said: apt fetches as its own user, _apt)
         extra += ["--perms", "0644", "--ro-bind-data", str(fds[-1]), "/etc/resolv.conf"]
     try:
-        proc = _spawn(
+        proc = spawn(
             [*options, *extra, "/bin/sh", "-c", _HOLD, "sh", *command],
-            ids,
-            stage,
-            mounts,
             stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={"PATH": SANDBOX_PATH},
-            cwd="/",
             pass_fds=[*fds, *pass_fds],
             bufsize=0,
         )
@@ -171,32 +155,32 @@ def run_step(
         for fd in fds:
             os.close(fd)
     assert proc.stdin is not None and proc.stdout is not None
-    try:
+    stdout = proc.stdout
+
+    def connect_then_run() -> tuple[bytes, bytes]:
         with os.fdopen(info_r, "rb") as info:
             pid = _child_pid(info.read())
         # EOF instead: bwrap failed before the command (its status and stderr say why)
-        if pid is not None and proc.stdout.read(1) == b".":
+        if pid is not None and stdout.read(1) == b".":
             with slirp_network(slirp, pid, userns=userns):
-                out, err = proc.communicate(b"go\n", timeout=timeout)
-        else:
-            out, err = proc.communicate(timeout=timeout)
+                return proc.communicate(b"go\n", timeout=timeout)
+        return proc.communicate(timeout=timeout)
+
+    return _ended(proc, connect_then_run)
+
+
+def _ended(
+    proc: subprocess.Popen[bytes], talk: Callable[[], tuple[bytes, bytes]]
+) -> tuple[bytes, bytes, int]:
+    """``talk()``'s stdout and stderr, and the status: the process is killed if it is still
+    running after (a timeout, an error)."""
+    try:
+        out, err = talk()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     return out, err, proc.returncode
-
-
-def _spawn(
-    argv: list[str],
-    ids: IdRange | None,
-    stage: str | None,
-    mounts: dict[str, Path] | None,
-    **kwargs: Any,
-) -> subprocess.Popen[bytes]:
-    if ids is None:
-        return subprocess.Popen(argv, **kwargs)
-    return popen_in_userns(argv, ids, stage=stage, mounts=mounts, **kwargs)
 
 
 def _data_fd(data: bytes) -> int:

@@ -56,14 +56,15 @@ from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.process import (
     _CHUNK,
     _DRAIN_GRACE_S,
+    KeptCommand,
     Launch,
     ProcessLimits,
-    StorageLimit,
     _Capture,
     _confine_and_release,
     _PidsCgroup,
     _rlimits,
     _set_once,
+    captured_result,
     pids_cgroup_parent,
     storage_baseline,
     storage_verdict,
@@ -221,16 +222,7 @@ class KeptBwrap:
         self._lives: list[_Live] = []  # what the finaliser kills: the live one, if any
         weakref.finalize(self, _kill_all, self._lives)
 
-    async def run(
-        self,
-        command: str,
-        *,
-        timeout: float,
-        stdin: bytes | None,
-        cwd: str,
-        max_output_bytes: int,
-        storage: StorageLimit | None,
-    ) -> ExecResult | None:
+    async def run(self, cmd: KeptCommand) -> ExecResult | None:
         self.busy = True
         try:
             while self._dead:
@@ -245,9 +237,7 @@ class KeptBwrap:
                 if self._live is None:
                     self._broken = True  # not again for this sandbox: each would wait
                     return None
-            return await self._run(
-                self._live, command, timeout, stdin, cwd, max_output_bytes, storage
-            )
+            return await self._run(self._live, cmd)
         finally:
             self.busy = False
 
@@ -322,25 +312,17 @@ class KeptBwrap:
             host_end.close()
             raise
 
-    async def _run(
-        self,
-        live: _Live,
-        command: str,
-        timeout: float,
-        stdin: bytes | None,
-        cwd: str,
-        max_output_bytes: int,
-        storage: StorageLimit | None,
-    ) -> ExecResult | None:
+    async def _run(self, live: _Live, cmd: KeptCommand) -> ExecResult | None:
         """The command's result; None if it could not be handed to the runner."""
+        timeout, stdin, storage = cmd.timeout, cmd.stdin, cmd.storage
         storage_cap = await storage_baseline(storage)
-        out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
+        out, err = _Capture(cmd.max_output_bytes), _Capture(cmd.max_output_bytes)
         start = time.monotonic()
         self._seq += 1
         request = {
             "seq": self._seq,
-            "command": command,
-            "cwd": cwd,
+            "command": cmd.command,
+            "cwd": cmd.cwd,
             "env": self.box.env,
             "rlimits": _rlimits(self.box.limits, live.cgroup),
         }
@@ -430,14 +412,7 @@ class KeptBwrap:
             for fd in (*ours, *theirs):
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        return ExecResult(
-            exit_code=code,
-            stdout=out.text(),
-            stderr=stderr_text,
-            timed_out=timed_out,
-            truncated=bool(out.dropped or err.dropped),
-            duration_s=time.monotonic() - start,
-        )
+        return captured_result(code, out, err, stderr_text, timed_out=timed_out, start=start)
 
 
 async def _answer(sock: socket.socket, seq: int) -> int:

@@ -602,6 +602,14 @@ async def run_process(
     if code < 0:  # killed by a signal: report it the way a shell would
         code = 128 - code
     code, stderr_text = await storage_verdict(storage, storage_cap, storage_used, code, err.text())
+    return captured_result(code, out, err, stderr_text, timed_out=timed_out, start=start)
+
+
+def captured_result(
+    code: int, out: _Capture, err: _Capture, stderr_text: str, *, timed_out: bool, start: float
+) -> ExecResult:
+    """A command's result from what was captured of it (``stderr_text``: its stderr with any
+    note of ours), since ``start`` (``time.monotonic()``)."""
     return ExecResult(
         exit_code=code,
         stdout=out.text(),
@@ -700,12 +708,7 @@ class ProcessSandbox:
     ) -> ExecResult:
         if (kept := self._kept(mounts)) is not None and (
             result := await kept.run(
-                command,
-                timeout=timeout,
-                stdin=stdin,
-                cwd=cwd,
-                max_output_bytes=self.max_output_bytes,
-                storage=self.storage,
+                KeptCommand(command, timeout, stdin, cwd, self.max_output_bytes, self.storage)
             )
         ) is not None:
             return result
@@ -726,17 +729,20 @@ class ProcessSandbox:
             )
 
 
+@dataclass(frozen=True)
+class KeptCommand:
+    """A command for a sandbox kept running, with the caps a sandbox of its own would set."""
+
+    command: str
+    timeout: float
+    stdin: bytes | None
+    cwd: str
+    max_output_bytes: int
+    storage: StorageLimit | None
+
+
 class KeptSandbox(Protocol):
     """A sandbox kept running between commands (see :mod:`stayer.sandbox.kept`): ``run``
     returns None when it cannot start, and the command then gets a fresh sandbox."""
 
-    async def run(
-        self,
-        command: str,
-        *,
-        timeout: float,
-        stdin: bytes | None,
-        cwd: str,
-        max_output_bytes: int,
-        storage: StorageLimit | None,
-    ) -> ExecResult | None: ...
+    async def run(self, cmd: KeptCommand) -> ExecResult | None: ...
