@@ -357,3 +357,30 @@ def test_the_images_app_is_seeded_or_the_failure_said_never_silently_skipped(
         _docker_seed_with(monkeypatch, tmp_path / "b", [125])
     with pytest.raises(BuildError, match="exit 1"):  # the copy itself failed: not retried
         _docker_seed_with(monkeypatch, tmp_path / "c", [1])
+
+
+def test_a_prepared_image_is_built_again_once_it_is_gone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An image is built once per process, but a worker lives for days: an image removed
+    from Docker (by hand, or another daemon) or a root no longer in the layer cache in use
+    (pruned, or STAYER_CACHE changed) is built again, not handed out to fail every run."""
+    from stayer.environments import docker, prepare
+
+    context = tmp_path / "env"
+    context.mkdir()
+    (context / "Dockerfile").write_text("FROM debian:bookworm\n")
+    built: list[str] = []
+    images = {"present": True}
+
+    def build(kind: str, ctx: Path, log: Any) -> prepare.Environment:
+        built.append(kind)
+        return prepare.Environment(kind, {}, image=f"stayer-env:{len(built)}")
+
+    monkeypatch.setattr(prepare, "_build", build)
+    monkeypatch.setattr(docker, "image_exists", lambda tag: images["present"])
+    first = prepare.prepare_environment("docker", context)
+    assert prepare.prepare_environment("docker", context) is first and built == ["docker"]
+    images["present"] = False  # docker image rm
+    assert prepare.prepare_environment("docker", context) is not first
+    assert built == ["docker", "docker"]

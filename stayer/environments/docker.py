@@ -81,6 +81,11 @@ def image_env(tag: str) -> dict[str, str]:
     return dict(p.split("=", 1) for p in pairs if "=" in p)
 
 
+def image_exists(tag: str) -> bool:
+    """Whether the Docker that commands run in has the image ``tag``."""
+    return _exists(check_docker(), tag)
+
+
 def _exists(docker: str, tag: str) -> bool:
     proc = subprocess.run(
         [docker, "image", "inspect", "--format", "{{.Id}}", tag],
@@ -91,4 +96,4 @@ def _exists(docker: str, tag: str) -> bool:
     return proc.returncode == 0
 
 
-__all__ = ["IMAGE_REPOSITORY", "build_image", "image_env", "image_tag"]
+__all__ = ["IMAGE_REPOSITORY", "build_image", "image_env", "image_exists", "image_tag"]

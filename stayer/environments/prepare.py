@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stayer.environments import dockerignore, layers
+from stayer.environments.base import cache_root
 from stayer.environments.build import BuildError, BuiltRoot, build_root
 from stayer.errors import ConfigError
 from stayer.sandbox import IMAGE_KINDS, Sandbox, make_sandbox
@@ -136,13 +137,25 @@ def prepare_environment(
         lock = _PREPARING.setdefault(key, threading.Lock())
     with lock:
         done = _PREPARED.get(key)
-        if done is not None and (done.root is None or done.root.root.is_dir()):
+        if done is not None and _still_there(done):
             if done.root is not None and done.root.root.parent.name == "layers":
                 layers.used(done.root.root.parent, done.root.root.name)  # for prune's LRU
             return done
         environment = _build(kind, context, log)
         _PREPARED[key] = environment
         return environment
+
+
+def _still_there(environment: Environment) -> bool:
+    """Whether what this process built is what a build now would give: the image still in
+    the Docker it would run in (removed by hand, or another daemon), the root still in the
+    layer cache in use (pruned, or another cache). A worker lives for days."""
+    if environment.root is not None:
+        root = environment.root.root
+        return root.is_dir() and root.is_relative_to(cache_root())
+    from stayer.environments.docker import image_exists
+
+    return environment.image is not None and image_exists(environment.image)
 
 
 def _build(kind: str, context: Path, log: Callable[[str], None]) -> Environment:
