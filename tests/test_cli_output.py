@@ -360,6 +360,37 @@ def test_ctrl_c_on_eval_says_how_far_it_got_and_how_to_resume(tmp_path):
     assert len(list((out / "trials").glob("*.json"))) >= int(done.group(1))
 
 
+def test_ctrl_c_while_the_event_loop_is_being_made_cancels_the_work_cleanly() -> None:
+    # The moment between making the coroutine and the loop's own Ctrl-C handler: Python
+    # used to raise there, inside the loop's construction (a traceback from its __del__,
+    # "coroutine was never awaited"); now the work is cancelled and unwinds.
+    code = """
+import asyncio, os, signal
+from stayer.cli.common import run_async
+real = asyncio.run
+def ctrl_c_first(coro):
+    os.kill(os.getpid(), signal.SIGINT)
+    return real(coro)
+asyncio.run = ctrl_c_first
+seen = []
+async def work():
+    try:
+        await asyncio.sleep(300)
+    except asyncio.CancelledError:
+        seen.append("cancelled")
+        raise
+try:
+    run_async(work)
+except KeyboardInterrupt:
+    print("interrupted", seen)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert proc.stdout.strip() == "interrupted ['cancelled']", proc.stderr
+    assert proc.stderr == ""
+
+
 def test_report_follow_tails_a_running_run_from_another_process(tmp_path: Path) -> None:
     import time
 

@@ -11,12 +11,12 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -30,6 +30,8 @@ from typer.main import get_command, get_command_name
 
 from stayer.errors import ConfigError
 from stayer.money import Usd
+
+T = TypeVar("T")
 
 
 class StayerGroup(TyperGroup):
@@ -286,6 +288,34 @@ def ray_option(help: str) -> Any:
     """``--ray ADDRESS|local``: the work as Ray tasks, on a cluster started here ('local') or
     the one at ADDRESS. The help says what the work is (trials, samples)."""
     return typer.Option("--ray", metavar="ADDRESS|local", help=help)
+
+
+def run_async(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``asyncio.run(main())``, with Ctrl-C held back until the event loop runs ``main``.
+
+    Python raises KeyboardInterrupt wherever the main thread is when the signal comes; in
+    the moment between making the coroutine and the loop's own Ctrl-C handler, that is
+    inside the loop's construction (a half-made loop, a traceback from its ``__del__``,
+    "coroutine was never awaited"). Held back, it always arrives as the loop's
+    cancellation of ``main``, which ends as KeyboardInterrupt once ``main`` has unwound."""
+    import asyncio
+    import signal
+    import threading
+
+    hold = threading.current_thread() is threading.main_thread()
+
+    async def body() -> T:
+        if hold:  # the loop's handler is in place now: let a pending Ctrl-C in
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        return await main()
+
+    if hold:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return asyncio.run(body())
+    finally:
+        if hold:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def console(*, stderr: bool = False) -> Console:

@@ -28,6 +28,7 @@ from stayer.cli.common import (
     error_line,
     parse_decimal,
     ray_option,
+    run_async,
     stderr,
     usd,
 )
@@ -141,7 +142,6 @@ def eval_command(
     \b
     Example:  stayer eval examples --model sim:claude-sonnet-4-5,sim:gpt-5 --epochs 3 --out eval-out
     """
-    import asyncio
     import json
     import time
     from datetime import UTC, datetime
@@ -231,8 +231,8 @@ def eval_command(
         # Trials on Ray run in its workers: this process's tracer does not reach them.
         tracing_here = contextlib.nullcontext() if ray else _tracing(otlp)
         with progress, tracing_here as execute_run:
-            records = asyncio.run(
-                run_trials(
+            records = run_async(
+                lambda: run_trials(
                     trials,
                     concurrency=concurrency,
                     prices=prices,

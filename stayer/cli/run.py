@@ -25,6 +25,7 @@ from stayer.cli.common import (
     environment_error,
     is_store_error,
     parse_decimal,
+    run_async,
     stderr,
     step_notes,
     usd,
@@ -195,10 +196,8 @@ def finish(run: Callable[[], Any], json_out: bool, run_id: str) -> NoReturn:
 
     A full disk or a journal database gone mid-run stops the run where its journal says it
     was: one line saying so, exit 2, and ``stayer resume`` continues it."""
-    import asyncio
-
     try:
-        doc = asyncio.run(run())
+        doc = run_async(run)
     except ConfigError as e:
         bad_input(str(e))
     except Exception as e:
