@@ -9,7 +9,9 @@
    as the agent's bash tool runs it (bwrap with the default limits, pids cgroup, output
    capture, asyncio); through the same sandbox kept running between commands
    (``bwrap-persistent``: a runner inside it starts each command); also through the
-   unsandboxed ``local`` backend, to separate stayer's own cost from bubblewrap's. min, p50
+   unsandboxed ``local`` backend, to separate stayer's own cost from bubblewrap's; and the
+   floor under a fresh sandbox per command: the same ``bwrap`` binary run bare, with
+   namespaces and the fewest mounts, and with exactly stayer's options. min, p50
    and p99 of each, overhead in ms and as a ratio, with the load average before and after.
    Target (issue 20): p50 overhead under 5 ms.
    ``--exec-only`` skips the snapshots.
@@ -65,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from stayer.guard.breakers import TreeFingerprint  # noqa: E402
 from stayer.sandbox import make_sandbox  # noqa: E402
+from stayer.sandbox.bwrap import BwrapSandbox  # noqa: E402
 from stayer.sandbox.snapshot import FileSnapshotStore  # noqa: E402
 
 
@@ -79,12 +82,33 @@ async def exec_overhead(runs: int, workspace: Path) -> dict[str, dict[str, float
         "stayer bwrap-persistent": make_sandbox("bwrap-persistent", workspace),
         "stayer local": make_sandbox("local", workspace),
     }
-    samples: dict[str, list[float]] = {"bare subprocess.run": [], **{k: [] for k in boxes}}
+    # The floor under a fresh sandbox per command: the same bwrap binary run bare by
+    # subprocess.run, once with namespaces and the fewest mounts a sandbox needs, once with
+    # exactly the options stayer passes (its mounts: the read-only system, the covers over
+    # host secrets in /etc and /proc), no seccomp filter, limits or capture.
+    bw = boxes["stayer bwrap"]
+    assert isinstance(bw, BwrapSandbox)
+    floors = {
+        "bwrap alone, namespaces": [
+            bw.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
+            "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+        ],
+        "bwrap alone, stayer's mounts": [bw.bwrap, *bw._options((), "/app", None)],
+    }  # fmt: skip
+    samples: dict[str, list[float]] = {
+        "bare subprocess.run": [],
+        **{k: [] for k in floors},
+        **{k: [] for k in boxes},
+    }
     for i in range(runs + 10):  # the first 10 warm up caches and probes
         t0 = time.perf_counter()
         subprocess.run(["/bin/bash", "-c", "true"], check=True)
         bare = time.perf_counter() - t0
         times = {"bare subprocess.run": bare}
+        for name, head in floors.items():
+            t0 = time.perf_counter()
+            subprocess.run([*head, "/bin/bash", "-c", "true"], check=True)
+            times[name] = time.perf_counter() - t0
         for name, box in boxes.items():
             t0 = time.perf_counter()
             r = await box.exec("true", timeout=30)
@@ -462,11 +486,11 @@ def main() -> None:
         f"load {load['load_before'][0]:.1f} before, {load['load_after'][0]:.1f} after)"
     )
     print(
-        f"{'':24} {'min ms':>8} {'p50 ms':>8} {'p99 ms':>8} {'p50 over':>9} {'p99 over':>9} {'p50 ×':>6} {'p99 ×':>6}"
+        f"{'':30} {'min ms':>8} {'p50 ms':>8} {'p99 ms':>8} {'p50 over':>9} {'p99 over':>9} {'p50 ×':>6} {'p99 ×':>6}"
     )
     for name, r in execs.items():
         print(
-            f"{name:24} {r['min_ms']:8.2f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['p50_ms'] - bare['p50_ms']:9.2f} "
+            f"{name:30} {r['min_ms']:8.2f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['p50_ms'] - bare['p50_ms']:9.2f} "
             f"{r['p99_ms'] - bare['p99_ms']:9.2f} {r['p50_ms'] / bare['p50_ms']:6.2f} {r['p99_ms'] / bare['p99_ms']:6.2f}"
         )
     for name in ("stayer bwrap", "stayer bwrap-persistent"):

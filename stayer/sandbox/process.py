@@ -396,37 +396,36 @@ async def _confine_and_release(
     return True
 
 
-async def _wait_exit(proc: asyncio.subprocess.Process, timeout: float | None) -> bool:
-    """Wait until ``proc`` itself has exited; False if ``timeout`` passed first.
+class _ChildProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's protocol for a child with pipes, plus ``exited``: done when the child
+    itself has exited. Not ``proc.wait()``: that also waits for the child's pipes to close,
+    which never happens while a background grandchild holds them, so a finished command
+    would look like a timeout. Told by the child watcher the moment the status is in; no
+    polling (which cost a command up to a poll interval: 5 ms on the shortest)."""
 
-    Not ``proc.wait()`` alone: since Python 3.11.? that also waits for the child's pipes to
-    close, which never happens while a background grandchild holds them, so a finished
-    command would look like a timeout. The exit status arrives through the child watcher
-    independently of the pipes; poll for it, backing off from 5 ms to 100 ms.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout is None else loop.time() + timeout
-    waiter = asyncio.ensure_future(proc.wait())  # returns at once in the common case
-    interval = 0.005
-    try:
-        while proc.returncode is None:
-            step = interval if deadline is None else min(interval, deadline - loop.time())
-            if step <= 0:
-                return False
-            await asyncio.wait({waiter}, timeout=step)
-            interval = min(interval * 2, 0.1)
-        return True
-    finally:
-        waiter.cancel()
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        _set_once(self.exited)
+
+
+async def _wait_exit(exited: asyncio.Future[None], timeout: float | None) -> bool:
+    """Wait until the child has exited (``exited``, see :class:`_ChildProtocol`); False if
+    ``timeout`` passed first."""
+    done, _ = await asyncio.wait({exited}, timeout=timeout)
+    return bool(done)
 
 
 async def _wait_exit_watching(
-    proc: asyncio.subprocess.Process, timeout: float, path: Path, cap_bytes: int
+    exited: asyncio.Future[None], timeout: float, path: Path, cap_bytes: int
 ) -> tuple[bool, int | None]:
     """Like :func:`_wait_exit`, while polling the size of ``path``. Returns ``(timed_out,
     bytes used)``, the latter only if the tree grew past ``cap_bytes`` (the caller then
     kills the command as it would on a timeout)."""
-    return await watch_storage(asyncio.ensure_future(_wait_exit(proc, timeout)), path, cap_bytes)
+    return await watch_storage(asyncio.ensure_future(_wait_exit(exited, timeout)), path, cap_bytes)
 
 
 async def watch_storage(
@@ -524,7 +523,9 @@ async def run_process(
     out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
     start = time.monotonic()
     try:
-        proc = await asyncio.create_subprocess_exec(
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _ChildProtocol(_CHUNK, loop),
             *argv,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -532,9 +533,10 @@ async def run_process(
             cwd=cwd,
             env=dict(env) if env is not None else None,
             start_new_session=True,  # own session and process group: kill the whole tree
-            limit=_CHUNK,
             pass_fds=tuple(pass_fds),
         )
+        # What asyncio.create_subprocess_exec makes, with the protocol that says "exited".
+        proc = asyncio.subprocess.Process(transport, protocol, loop)
     except BaseException:
         if gate is not None:
             gate.close_child_ends()
@@ -570,16 +572,16 @@ async def run_process(
         if not opened:
             pass  # killed just below, at the gate: the command never started
         elif storage is None:
-            timed_out = not await _wait_exit(proc, max(timeout, 0.001))
+            timed_out = not await _wait_exit(protocol.exited, max(timeout, 0.001))
         else:
             timed_out, storage_used = await _wait_exit_watching(
-                proc, max(timeout, 0.001), storage.path, storage_cap
+                protocol.exited, max(timeout, 0.001), storage.path, storage_cap
             )
         # Whether it finished or not: nothing it started may outlive the call.
         _kill_group(proc.pid)
         if cgroup is not None:
             cgroup.kill_all()
-        await _wait_exit(proc, None)
+        await _wait_exit(protocol.exited, None)
         _done, pending = await asyncio.wait(tasks, timeout=_DRAIN_GRACE_S)
         if pending:  # a straggler escaped the group and still holds a pipe open
             log.warning("a process started by %.80r outlived it, holding its output", argv[-1])
