@@ -587,9 +587,7 @@ async def run_process(
             log.warning("a process started by %.80r outlived it, holding its output", argv[-1])
             for task in pending:
                 task.cancel()
-            transport = getattr(proc, "_transport", None)
-            if transport is not None:
-                transport.close()  # release our ends of the pipes
+            transport.close()  # release our ends of the pipes
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         if proc.returncode is None:  # the caller was cancelled: kill before propagating
