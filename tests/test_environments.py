@@ -155,9 +155,12 @@ def test_the_image_app_directory_seeds_the_workspace(kind: str, tmp_path: Path) 
     dockerfile.write_text(
         dockerfile.read_text().replace("COPY numbers.txt ./", "COPY renamed.txt numbers.txt")
     )
+    (task.path / "environment" / "hint.txt").write_text("not for the agent\n")
+    (task.path / "environment" / ".dockerignore").write_text("hint.txt\n")
     task.materialise(workspace, kind)
-    # renamed.txt comes from environment/, numbers.txt from the image's /app.
-    assert sorted(p.name for p in workspace.iterdir()) == ["numbers.txt", "renamed.txt"]
+    # The image's /app, as a container of it has: numbers.txt as the Dockerfile copied it;
+    # neither the build context's own files (renamed.txt) nor what it leaves out (hint.txt).
+    assert sorted(p.name for p in workspace.iterdir()) == ["numbers.txt"]
     r = asyncio.run(
         task.make_sandbox(kind, workspace).exec("id -u; dc -e '2 3 * p'; cat numbers.txt")
     )

@@ -79,15 +79,19 @@ class Task:
         agent's workspace), sparse files sparse, FIFOs re-created and never opened, no
         sockets, devices or setuid bits, any file name.
 
-        For a sandbox ``kind`` that runs the task's image, what the image holds in ``/app``
-        is copied over them: the workspace mounted at /app would otherwise hide it."""
+        For a sandbox ``kind`` that runs the task's image, the workspace is what the image
+        holds in ``/app`` and nothing else, as in a container of it: the environment
+        directory is the image's build context, whose files reach the image only where the
+        Dockerfile copies them (a file its ``.dockerignore`` leaves out, or one no ``COPY``
+        names, is not the agent's to see)."""
         env = self.path / "environment"
-        if env.is_dir():
+        if kind in IMAGE_KINDS:
+            workspace.mkdir(parents=True, exist_ok=True)
+            prepare_environment(kind, env).seed(workspace)
+        elif env.is_dir():
             copy_tree(env, workspace, skip=IMAGE_FILES)
         else:
             workspace.mkdir(parents=True, exist_ok=True)
-        if kind in IMAGE_KINDS:
-            prepare_environment(kind, env).seed(workspace)
 
 
 def load_task(path: str | Path) -> Task:
