@@ -52,8 +52,10 @@ def procs_with(mark: str) -> list[int]:
     return found
 
 
-def wait_gone(mark: str, within: float = 2.0) -> list[int]:
-    """Pids still carrying ``mark`` after ``within`` seconds (empty: all gone)."""
+def wait_gone(mark: str, within: float = 120.0) -> list[int]:
+    """Pids still carrying ``mark`` after ``within`` seconds (empty: all gone). Returns as
+    soon as none is left: ``within`` bounds a failure's wait, not a success's (a killed
+    process on a busy machine may take a while to be reaped)."""
     deadline = time.monotonic() + within
     while (left := procs_with(mark)) and time.monotonic() < deadline:
         time.sleep(0.05)

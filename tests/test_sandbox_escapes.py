@@ -9,6 +9,7 @@ the same probe where it must succeed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import resource
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 from docker_helpers import base_root, docker_base, docker_host  # noqa: F401 - fixtures
-from sandbox_helpers import count_forks, marker, needs_bwrap, run, wait_gone
+from sandbox_helpers import count_forks, marker, needs_bwrap, procs_with, run, wait_gone
 
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.sandbox.bwrap import DEFAULT_MAX_PROCESSES, BwrapSandbox
@@ -309,37 +310,49 @@ def test_background_child_does_not_outlive_its_command(make: MakeSandbox, ws: Pa
     reason="max_processes is not enforceable here: root and no writable pids cgroup",
 )
 def test_fork_bomb_is_contained_and_the_host_stays_responsive(make: MakeSandbox, ws: Path) -> None:
-    timeout = 5.0
-    worst, peak = [0.0], [0]
+    # Every process of the bomb is a fork of the bash running the command, so its command
+    # line carries the mark: the count is of this bomb's processes, whatever else the
+    # machine (another test) is running.
+    mark = f"bomb-{uuid.uuid4().hex[:12]}"
+    limit = 64
+    peak, started, refused = [0], [0], []
     stop = threading.Event()
 
-    def host_processes() -> int:
-        return sum(1 for e in os.listdir("/proc") if e.isdigit())
+    def bash_processes() -> int:  # not bwrap or the docker client, whose argv holds it too
+        count = 0
+        for pid in procs_with(mark):
+            with contextlib.suppress(OSError):
+                count += Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"/bin/bash\0")
+        return count
 
-    def probe_host() -> None:  # meanwhile: how long does the host take to start a process?
+    def watch() -> None:  # meanwhile: the bomb's size, and whether the host can start a process
         while not stop.is_set():
-            t0 = time.monotonic()
-            subprocess.run(["true"], check=True)
-            worst[0] = max(worst[0], time.monotonic() - t0)
-            peak[0] = max(peak[0], host_processes())
+            peak[0] = max(peak[0], bash_processes())
+            r = subprocess.run(["true"], capture_output=True)
+            started[0] += r.returncode == 0
+            if r.returncode != 0:
+                refused.append(r.returncode)
             time.sleep(0.05)
 
-    before = host_processes()
-    prober = threading.Thread(target=probe_host, daemon=True)
-    prober.start()
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     try:
         # The parent stays (sleep) so that the bomb runs until the timeout: a parent that
         # exits takes all its children with it at once, which would prove less.
-        r = run(make(ws, max_processes=64).exec(":(){ :|:& };:; sleep 60", timeout=timeout))
+        r = run(
+            make(ws, max_processes=limit).exec(f":(){{ :|:& }};:; sleep 60 # {mark}", timeout=5.0)
+        )
     finally:
         stop.set()
-        prober.join()
-    assert r.timed_out and r.exit_code == 137, r
-    assert r.duration_s < timeout + 3  # it ends by its timeout
+        watcher.join()
+    assert r.timed_out and r.exit_code == 137, r  # ended by its timeout, not by the sleep
     assert "fork" in r.stderr  # bash reports forks refused by the process limit
-    assert peak[0] - before < 64 + 200, (before, peak[0])  # the cap held (plus host noise)
-    assert worst[0] < 2.0, f"the host took {worst[0]:.1f} s to start a process"
-    assert wait_gone("stayer-limits") == []  # nothing of it is left
+    assert 0 < peak[0] <= limit, peak[0]  # the cap held
+    assert started[0] > 0 and not refused, (
+        started,
+        refused,
+    )  # the host could still start processes
+    assert wait_gone(mark) == []  # nothing of it is left
 
 
 # ----------------------------------------------------------------------------- memory, output
