@@ -242,20 +242,19 @@ def _layer(
     key: str,
     step: Step,
     sent: dockerignore.Context,
-    layers: Path,
+    store: Path,
     where: Path,
     ids: IdRange | None,
     log: Callable[[str], None],
 ) -> Path:
-    done = layers / key
+    done = store / key
     if done.is_dir():
         return done
-    private_dir(layers)
-    with open(layers / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    private_dir(store)
+    with layers.making(store, key):
         if done.is_dir():  # built while we waited
             return done
-        partial = layers / f"{key}.partial"
+        partial = store / f"{key}.partial"
         _remove(partial)
         # parent/. : the tree, also where parent is a link to it (a shared base)
         subprocess.run(["cp", "-a", "--reflink=auto", f"{parent}/.", str(partial)], check=True)

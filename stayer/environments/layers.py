@@ -9,9 +9,12 @@ last used, and the Dockerfiles whose image it is (the last layer of their build)
 
 Locks (``fcntl.flock``):
 
-* ``<key>.lock``: held exclusively while the layer is made, then shared for as long as the
-  process that built or reused it lives (its sandboxes run on it): a layer whose lock
-  another process holds is in use and never removed;
+* ``<key>.build``: held exclusively while the layer is made (one build of a layer at a
+  time), removed when released;
+* ``<key>.lock``: shared for as long as the process that built or reused the layer lives
+  (its sandboxes run on it): a layer whose lock another process holds is in use and never
+  removed. Never what a build waits for: a process that uses the layer holds it for its
+  lifetime, so a second build of a layer waited, for as long, on the first's use of it;
 * ``layers/prune.lock``: shared by every build while it runs, exclusive while a prune
   chooses and removes, so that a build never finds half a layer nor loses one it just
   made.
@@ -41,7 +44,7 @@ from stayer.errors import ConfigError
 KEY = re.compile(r"[0-9a-f]{24}")
 PRUNE_LOCK = "prune.lock"
 # Left behind by an interrupted build (or prune) of the layer named before the suffix.
-_LEFTOVERS = (".partial.context", ".partial", ".pruning")
+_LEFTOVERS = (".partial.context", ".partial", ".pruning", ".build")
 # This process's shared locks on the layers it built or reused, by path: kept open.
 _HELD: dict[str, int] = {}
 
@@ -73,6 +76,29 @@ def building(layers: Path) -> Iterator[None]:
     with open(layers / PRUNE_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_SH)
         yield
+
+
+@contextlib.contextmanager
+def making(layers: Path, key: str) -> Iterator[None]:
+    """Held while layer ``key`` is made: a second build of it waits here for the first,
+    then finds the layer made (or makes it, if the first failed)."""
+    path = layers / f"{key}.build"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            st, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # its holder removed it while we waited: lock the one there now
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # before the lock is let go: a waiter then sees it gone
+        os.close(fd)
 
 
 def used(
@@ -161,7 +187,7 @@ def list_layers(cache: Path) -> list[Layer]:
                 dockerfile=meta.get("dockerfile"),
                 step=meta.get("step"),
                 images=list(meta.get("images") or []),
-                in_use=_busy(layers, entry.name),
+                in_use=_locked(layers / f"{entry.name}.lock"),
             )
         )
     return sorted(found, key=lambda layer: -(layer.last_used or 0))
@@ -250,10 +276,11 @@ def _kept(
     return kept
 
 
-def _busy(layers: Path, key: str) -> bool:
-    """Whether another holder has ``key``'s lock (a build making it, or a process using it)."""
+def _locked(lock: Path) -> bool:
+    """Whether another holder has the lock ``lock`` (``<key>.lock``: a process uses the
+    layer; ``<key>.build``: a build is making it)."""
     try:
-        fd = os.open(layers / f"{key}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
     try:
@@ -294,7 +321,7 @@ def _leftovers(layers: Path, *, remove: bool) -> list[str]:
         suffix = next((s for s in _LEFTOVERS if entry.name.endswith(s)), None)
         if suffix is None or not KEY.fullmatch(entry.name[: -len(suffix)]):
             continue
-        if entry.is_symlink() or _busy(layers, entry.name[: -len(suffix)]):
+        if entry.is_symlink() or _locked(layers / f"{entry.name[: -len(suffix)]}.build"):
             continue
         found.append(entry.name)
         if remove:
