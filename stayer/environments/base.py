@@ -22,6 +22,7 @@ made once per release and package set (~3 minutes, ~180 MB) and kept in the cach
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -30,7 +31,7 @@ import re
 import shutil
 import stat
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,8 +157,7 @@ def build_base(
             f"FROM {base.image}: building without Docker needs mmdebstrap (apt install mmdebstrap), or use --sandbox docker"
         )
     private_dir(root)
-    with open(root / f"{base.key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with making(root, base.key):
         if (done / "etc" / "debian_version").is_file():  # made while we waited
             return done
         partial = root / f"{base.key}.partial"
@@ -193,6 +193,32 @@ def build_base(
         os.chmod(partial / "tmp", 0o1777)
         partial.rename(done)
     return done
+
+
+@contextlib.contextmanager
+def making(directory: Path, name: str) -> Iterator[None]:
+    """Held while ``directory``/``name`` (a base, a layer) is made: one maker at a time.
+    Whoever waited here then finds it made, or makes it (the first failed). The lock is a
+    file of its own, ``<name>.build``, removed when let go; a process that *uses* what was
+    made may hold another lock on it for its whole life (``layers.used``), which a maker
+    must never wait for."""
+    path = directory / f"{name}.build"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            st, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # its holder removed it while we waited: lock the one there now
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # before the lock is let go: a waiter then sees it gone
+        os.close(fd)
 
 
 def private_dir(path: Path) -> None:

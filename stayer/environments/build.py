@@ -74,7 +74,6 @@ file) is refused or left alone, never followed.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import hashlib
 import json
@@ -87,7 +86,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from stayer.environments import buildnet, dockerignore, idmap, layers
-from stayer.environments.base import base_for, build_base, cache_root, private_dir
+from stayer.environments.base import base_for, build_base, cache_root, making, private_dir
 from stayer.environments.dockerfile import (
     CopyStep,
     Plan,
@@ -173,8 +172,7 @@ def _shifted_base(base: Path, ids: IdRange, image: str, log: Callable[[str], Non
     if done.is_dir():
         return done
     private_dir(real.parent)
-    with open(real.parent / f"{done.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with making(real.parent, done.name):
         if done.is_dir():  # made while we waited
             return done
         partial = real.parent / f"{done.name}.partial"
@@ -251,7 +249,7 @@ def _layer(
     if done.is_dir():
         return done
     private_dir(store)
-    with layers.making(store, key):
+    with making(store, key):
         if done.is_dir():  # built while we waited
             return done
         partial = store / f"{key}.partial"

@@ -78,29 +78,6 @@ def building(layers: Path) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def making(layers: Path, key: str) -> Iterator[None]:
-    """Held while layer ``key`` is made: a second build of it waits here for the first,
-    then finds the layer made (or makes it, if the first failed)."""
-    path = layers / f"{key}.build"
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            st, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
-            if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # its holder removed it while we waited: lock the one there now
-    try:
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # before the lock is let go: a waiter then sees it gone
-        os.close(fd)
-
-
 def used(
     layers: Path,
     key: str,
