@@ -189,6 +189,19 @@ def test_preflight_refuses_tasks_whose_tests_cannot_run_here_and_force_counts_th
         record["error_class"] == "infrastructure" and record["verifier_outcome"] == "infrastructure"
     )
     assert "stayer-fixture-missing-tool" in record["error"]
+    [infra] = doc["infra_trials"]
+    assert infra["task"] == "needs-tool" and "stayer-fixture-missing-tool" in infra["reason"]
+
+    # Without --json, what people read says it too: as it happens, and after the table with
+    # what to do next (the rerun runs only the trial that could not be judged).
+    r = stayer("eval", str(suite), "--model", "sim:gpt-5", "--out", str(out), "--force", home=home)
+    assert r.returncode == 1, r.stderr
+    said = " ".join(r.stdout.split())  # the reason may wrap
+    assert "1 trial could not be judged (not scored):" in said
+    assert "needs-tool · " in said and "stayer-fixture-missing-tool" in said
+    assert f"rerun with the same --out {out} to run only these again" in said
+    live = " ".join(r.stderr.split())
+    assert "infra: needs-tool · " in live and "stayer-fixture-missing-tool" in live
 
 
 @needs_bwrap

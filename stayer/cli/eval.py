@@ -153,6 +153,7 @@ def eval_command(
         INFRASTRUCTURE,
         EvalConfig,
         TrialStore,
+        infra_reason,
         plan_trials,
         run_trials,
         write_atomic,
@@ -216,6 +217,13 @@ def eval_command(
         )
         counts[key] += 1
         counts["reused"] += reused
+        if key == "infra" and not reused:  # said as it happens: a table only counts it
+            err.print(
+                f"[yellow]infra:[/] {escape(_trial_name(record, trial.config.label))}: "
+                f"{escape(infra_reason(record))}",
+                highlight=False,
+                soft_wrap=True,
+            )
         progress.advance(
             record.get("cost_usd"),
             f"✓ {counts['ok']}  ✗ {counts['fail']}  infra {counts['infra']}  reused {counts['reused']}",
@@ -288,6 +296,7 @@ def eval_command(
     if json_out:
         emit_json(doc)
     _summary_table(doc, console(stderr=json_out))
+    _infra_summary(doc, console(stderr=json_out), out if out_dir is not None else None)
     raise typer.Exit(EXIT_FAILED if counts["infra"] else EXIT_OK)
 
 
@@ -367,6 +376,28 @@ def _preflight(
     for line in lines:
         err.print(f"[yellow]warning:[/] preflight: {escape(line)}", highlight=False, soft_wrap=True)
     return found
+
+
+def _trial_name(record: dict[str, Any], label: str) -> str:
+    return f"{record['task']} · {label} · epoch {record['epoch']}"
+
+
+def _infra_summary(doc: dict[str, Any], console: Console, out: str | None) -> None:
+    """The trials that could not be judged, each with its reason, and what to do next."""
+    if not doc["infra_trials"]:
+        return
+    labels = {c["id"]: c["label"] for c in doc["configs"]}
+    n = len(doc["infra_trials"])
+    console.print(Text(f"{n} trial{'s' * (n != 1)} could not be judged (not scored):"))
+    for t in doc["infra_trials"]:
+        name = _trial_name(t, labels.get(t["config_key"], t["config_key"]))
+        console.print(Text(f"  {name}: {t['reason']}"), soft_wrap=True)
+    again = (
+        f"rerun with the same --out {out} to run only these again"
+        if out is not None
+        else "rerun (with --out DIR, a rerun runs only these again)"
+    )
+    console.print(Text(f"next: fix the cause above, then {again}"), soft_wrap=True)
 
 
 def _summary_table(doc: dict[str, Any], console: Console) -> None:

@@ -171,6 +171,12 @@ def error_class(doc: dict[str, Any]) -> str | None:
     return AGENT_FAILURE
 
 
+def infra_reason(record: dict[str, Any]) -> str:
+    """Why a trial of the infrastructure class could not be judged, as its record says:
+    the run's error, or the verifier's reason the tests could not run here."""
+    return str(record.get("error") or "no reason was recorded")
+
+
 def _record(trial: Trial, **fields: Any) -> dict[str, Any]:
     return {
         "key": trial.key,

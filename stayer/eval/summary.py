@@ -5,7 +5,8 @@
                   "cost_per_success_usd", "infra_errors", …}],
      "comparisons": [{"a", "b", "test", "p_value", "significant", …}],
      "pareto": [{"model", "policy", "mean_cost_usd", "success_rate"}],
-     "tasks": [{"task", "results": {config id: {"successes", "trials", "infra_errors"}}}]}
+     "tasks": [{"task", "results": {config id: {"successes", "trials", "infra_errors"}}}],
+     "infra_trials": [{"task", "config_key", "epoch", "run_id", "reason"}]}
 
 Scores count only judged trials: infrastructure errors are reported in ``infra_errors`` and
 left out of every rate. ``total_cost_usd`` is everything the configuration spent: every
@@ -23,7 +24,7 @@ from itertools import combinations
 from typing import Any
 
 from stayer.eval import stats
-from stayer.eval.runner import ERROR_CLASSES, INFRASTRUCTURE, EvalConfig
+from stayer.eval.runner import ERROR_CLASSES, INFRASTRUCTURE, EvalConfig, infra_reason
 from stayer.eval.verify import passes
 
 _MONEY_PLACES = Decimal("1e-10")
@@ -228,4 +229,16 @@ def summarise(
         ],
         "pareto": pareto(summaries),
         "tasks": [{"task": t, "results": grid[t]} for t in sorted(grid)],
+        # What could not be judged, and why: the table only counts these.
+        "infra_trials": [
+            {
+                "task": r["task"],
+                "config_key": r["config_key"],
+                "epoch": r["epoch"],
+                "run_id": r.get("run_id"),
+                "reason": infra_reason(r),
+            }
+            for r in records
+            if r["error_class"] == INFRASTRUCTURE
+        ],
     }
