@@ -21,6 +21,13 @@ works the same; ``DOCKER_HOST`` chooses the daemon):
   ``max_file_mb`` is ``--ulimit fsize``, ``storage_mb`` caps the workspace (polled on the
   host, as under bwrap) and ``/tmp``, ``cpus`` is ``--cpus``;
 * an environment built from the same allow-list, never the host's.
+
+A container that the runtime failed to create (``docker run`` reports ``OCI runtime create
+failed``, the command never started) is tried again, twice at most, within the command's
+timeout. On a busy host runc now and then fails that way (seen as ``exec: "/bin/bash": stat
+/bin/bash: permission denied`` for an image whose ``/bin/bash`` every other container
+reaches, in about 1 of 4 loaded test runs, the retry succeeding); the cause is not known.
+A command that prints the same words itself may be run again: it gains nothing by that.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import functools
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -119,6 +127,29 @@ class DockerSandbox(ProcessSandbox):
             (SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
         )
 
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout: float = 120.0,
+        stdin: bytes | None = None,
+        mounts: tuple[Mount, ...] = (),
+        cwd: str = "/app",
+    ) -> ExecResult:
+        deadline = time.monotonic() + timeout
+        for pause in (*_CREATE_RETRY_PAUSES_S, None):
+            r = await super().exec(
+                command,
+                timeout=max(deadline - time.monotonic(), 0.001),
+                stdin=stdin,
+                mounts=mounts,
+                cwd=cwd,
+            )
+            if pause is None or not _never_created(r) or time.monotonic() + pause >= deadline:
+                return r
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable: the last pause is None")
+
     def _argv(
         self, name: str, command: str, mounts: tuple[Mount, ...], cwd: str, stdin: bool
     ) -> list[str]:
@@ -167,6 +198,24 @@ class DockerSandbox(ProcessSandbox):
             # container running; removing it kills everything in it. Shielded: a cancelled
             # caller must not leave it behind.
             await asyncio.shield(_remove_container(self.docker, name))
+
+
+# Between the tries of a container the runtime failed to create (module docstring).
+_CREATE_RETRY_PAUSES_S = (0.25, 1.0)
+_CREATE_FAILED = (
+    "docker: Error response from daemon: failed to create shim task: OCI runtime create failed"
+)
+
+
+def _never_created(r: ExecResult) -> bool:
+    """Whether ``docker run`` failed before the command started: the runtime could not
+    create its container (exit 126 or 127, the client's words, nothing on stdout)."""
+    return (
+        r.exit_code in (126, 127)
+        and not r.timed_out
+        and r.stdout == ""
+        and r.stderr.startswith(_CREATE_FAILED)
+    )
 
 
 async def _remove_container(docker: str, name: str) -> None:

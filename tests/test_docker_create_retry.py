@@ -1,0 +1,80 @@
+"""The docker sandbox tries again a container that the runtime failed to create (the
+command never started), and nothing else.
+
+A real runc that fails now and then cannot be had on demand, so ``docker`` here is a
+stand-in on PATH: it fails its first ``run`` calls with the words of the real failure, then
+runs the command as ``docker run`` would hand it to bash."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from stayer.sandbox.docker import DockerSandbox, check_docker
+
+CREATE_FAILED = (
+    "docker: Error response from daemon: failed to create shim task: OCI runtime create "
+    'failed: runc create failed: unable to start container process: exec: "/bin/bash": '
+    "stat /bin/bash: permission denied: unknown"
+)
+
+
+@pytest.fixture
+def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``make(fails)``: a docker whose first ``fails`` runs fail to create the container;
+    returns the file counting its runs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def make(fails: int) -> Path:
+        count = tmp_path / "runs"
+        script = bin_dir / "docker"
+        script.write_text(
+            "#!/bin/sh\n"
+            'case "$1" in\n'
+            "  version) echo 26.1.5 ;;\n"
+            "  rm) ;;\n"
+            f"  run) n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n"
+            f"       if [ $n -le {fails} ]; then echo '{CREATE_FAILED}' >&2; echo >&2;"
+            " echo \"Run 'docker run --help' for more information\" >&2; exit 126; fi\n"
+            '       for last; do :; done; exec /bin/sh -c "$last" ;;\n'
+            "esac\n"
+        )
+        script.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        check_docker.cache_clear()
+        return count
+
+    yield make
+    check_docker.cache_clear()
+
+
+def _exec(tmp_path: Path, command: str):
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    return asyncio.run(DockerSandbox(ws, image="any").exec(command, timeout=60))
+
+
+def test_a_container_the_runtime_failed_to_create_is_tried_again(fake_docker, tmp_path):
+    runs = fake_docker(fails=1)
+    r = _exec(tmp_path, "echo ran")
+    assert (r.exit_code, r.stdout, runs.read_text()) == (0, "ran\n", "2\n"), r
+
+
+def test_the_tries_are_bounded_and_the_last_failure_is_reported(fake_docker, tmp_path):
+    runs = fake_docker(fails=10)
+    r = _exec(tmp_path, "echo ran")
+    assert r.exit_code == 126 and r.stderr.startswith(CREATE_FAILED), r
+    assert runs.read_text() == "3\n"
+
+
+def test_a_command_that_failed_itself_is_not_run_again(fake_docker, tmp_path):
+    runs = fake_docker(fails=0)
+    # Exit 126 and the runtime's words, but it printed: it started, and ran once.
+    r = _exec(tmp_path, f"echo started; echo '{CREATE_FAILED}' >&2; exit 126")
+    assert (r.exit_code, r.stdout, runs.read_text()) == (126, "started\n", "1\n"), r
+    r = _exec(tmp_path, "exit 127")
+    assert r.exit_code == 127 and runs.read_text() == "2\n"
