@@ -142,6 +142,7 @@ def test_an_eval_runs_each_task_in_its_own_image_built_once(
     assert (config["successes"], config["trials"]) == (2, 2), err
     building = [line for line in err.splitlines() if line.startswith(str(dockerfile))]
     assert building and len(building) == len(set(building)), err  # each step built once
+    assert any("RUN apt-get update" in line for line in building), err  # said as it starts
     doc, err = _eval(tmp_path / "suite", tmp_path / "home", "--sim-policy", "synthetic:steps=1")
     [config] = doc["configs"]
     assert (config["successes"], config["trials"]) == (0, 1), err

@@ -5,8 +5,11 @@ and sends the rest; the hash counts the same files (:mod:`stayer.environments.do
 
 from __future__ import annotations
 
+import collections
 import json
+import re
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +21,8 @@ from stayer.sandbox.docker import check_docker, client_env
 # An image is named by what it is built from: equal contexts share one image.
 IMAGE_REPOSITORY = "stayer-env"
 BUILD_TIMEOUT_S = 3600.0
+_TAIL_LINES = 20
+_STEP = re.compile(r"Step \d+/\d+ : |#\d+ \[(?:[\w.-]+ )?\d+/\d+\] ")
 
 
 def image_tag(context: Path) -> str:
@@ -38,34 +43,51 @@ def build_image(context: str | Path, *, log: Callable[[str], None] = lambda _: N
     if _exists(docker, tag):
         return tag
     log(f"{dockerfile.path}: building image {tag} with Docker")
-    try:
-        proc = subprocess.run(
-            [
-                docker,
-                "build",
-                "--network",
-                "host",
-                "--tag",
-                tag,
-                "--file",
-                str(dockerfile.path),
-                str(context),
-            ],
-            capture_output=True,
-            timeout=BUILD_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            env=client_env(),
-        )
-    except subprocess.TimeoutExpired as e:
+    argv = [docker, "build", "--network", "host", "--tag", tag, "--file", str(dockerfile.path)]
+    code, tail = _run_build([*argv, str(context)], lambda step: log(f"{dockerfile.path}: {step}"))
+    if code is None:
         raise BuildError(
-            f"{dockerfile.path}: docker build did not finish in {BUILD_TIMEOUT_S:.0f} s"
-        ) from e
-    if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip().splitlines()
-        raise BuildError(
-            f"{dockerfile.path}: docker build failed: {(lines[-1] if lines else proc.returncode)}"
+            f"{dockerfile.path}: docker build did not finish in {BUILD_TIMEOUT_S:.0f} s; "
+            f"its last words: {tail[-1] if tail else '(none)'}"
         )
+    if code != 0:
+        raise BuildError(f"{dockerfile.path}: docker build failed: {(tail[-1] if tail else code)}")
     return tag
+
+
+def _run_build(argv: list[str], on_step: Callable[[str], None]) -> tuple[int | None, list[str]]:
+    """Run ``docker build``: ``(exit code or None when it ran past BUILD_TIMEOUT_S, its
+    last lines)``. Each step it starts is passed to ``on_step`` as it starts (the classic
+    builder's ``Step 2/5 : RUN …``, BuildKit's ``#5 [2/5] RUN …``): a build takes minutes,
+    and one that hangs says on which step."""
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=client_env(),
+    )
+    tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                tail.append(line)
+            if _STEP.match(line):
+                on_step(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code: int | None = proc.wait(timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        code = None
+    reader.join()
+    return code, list(tail)
 
 
 def image_env(tag: str) -> dict[str, str]:
