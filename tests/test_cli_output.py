@@ -309,6 +309,13 @@ def test_eval_without_a_terminal_prints_plain_progress_and_no_none(tmp_path):
     assert "None" not in r.stderr + r.stdout and "—" in r.stdout  # cost / success: no success
 
 
+def ctrl_c_as_at_a_terminal() -> None:
+    """In the child: SIGINT as a terminal's shell gives it. A job a script starts in the
+    background (``.ci/run &``) inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt: the child would sleep through the Ctrl-C these tests send."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_on_eval_says_how_far_it_got_and_how_to_resume(tmp_path):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_DB"}
@@ -338,6 +345,7 @@ def test_ctrl_c_on_eval_says_how_far_it_got_and_how_to_resume(tmp_path):
         text=True,
         env=env,
         cwd=tmp_path,
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )
     try:
         assert proc.stderr is not None
@@ -385,7 +393,11 @@ except KeyboardInterrupt:
     print("interrupted", seen)
 """
     proc = subprocess.run(
-        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=300
+        [sys.executable, "-W", "error", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )
     assert proc.stdout.strip() == "interrupted ['cancelled']", proc.stderr
     assert proc.stderr == ""
