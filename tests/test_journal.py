@@ -405,3 +405,20 @@ def test_lease_owner_ids():
         time.sleep(0.01)
     assert owner_is_dead(owner)
     child.wait()
+
+
+def test_psycopg_s_duplicate_of_a_raised_error_is_not_printed(caplog) -> None:
+    # psycopg logs "error ignored terminating <Pipeline>: the connection is lost" while the
+    # same loss is raised; logging's last resort printed it above the journal's own line.
+    import logging
+
+    from stayer.journal.postgres import quiet_duplicate_warnings
+
+    logger = logging.getLogger("psycopg.test-duplicate")  # a child: the filter is per logger
+    quiet_duplicate_warnings(logger)
+    quiet_duplicate_warnings(logger)  # once only
+    assert len(logger.filters) == 1
+    logger.warning("error ignored terminating %r: %s", "<psycopg.Pipeline [BAD]>", "lost")
+    logger.warning("another warning: %s", "kept")
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["another warning: kept"]

@@ -10,6 +10,7 @@ each get a different run without waiting on one another. Needs ``psycopg`` 3 (th
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -19,6 +20,22 @@ from stayer.journal.snapshot import BlobSnapshots
 from stayer.journal.sql import SqlStore, schema
 from stayer.journal.store import JournalError
 from stayer.sandbox.snapshot import SnapshotStore
+
+
+class _DuplicateOfRaised(logging.Filter):
+    """Drops psycopg's warning that ending a pipeline failed too (``error ignored
+    terminating …``): it comes with the exception already raised, which the journal reports
+    in one line; printed by logging's last resort, it was a second line of the same error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("error ignored terminating")
+
+
+def quiet_duplicate_warnings(logger: logging.Logger) -> None:
+    """Add :class:`_DuplicateOfRaised` to ``logger``, once."""
+    if not any(isinstance(f, _DuplicateOfRaised) for f in logger.filters):
+        logger.addFilter(_DuplicateOfRaised())
+
 
 # Serialises schema creation across processes that open a fresh database at once.
 _DDL_LOCK = 0x5741_5945_52  # "STAYER"-ish; any constant shared by all stayer processes
@@ -64,6 +81,7 @@ class PostgresStore(SqlStore):
                 "STAYER_DB: PostgreSQL needs psycopg 3; install it with pip install 'stayer[postgres]'"
             ) from None
         self._psycopg = psycopg
+        quiet_duplicate_warnings(logging.getLogger("psycopg"))
         try:
             self.conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
             with self._tx() as cur:
