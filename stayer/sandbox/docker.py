@@ -127,24 +127,11 @@ class DockerSandbox(ProcessSandbox):
             (SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
         )
 
-    async def exec(
-        self,
-        command: str,
-        *,
-        timeout: float = 120.0,
-        stdin: bytes | None = None,
-        mounts: tuple[Mount, ...] = (),
-        cwd: str = "/app",
-    ) -> ExecResult:
+    async def exec(self, command: str, *, timeout: float = 120.0, **rest: Any) -> ExecResult:
         deadline = time.monotonic() + timeout
         for pause in (*_CREATE_RETRY_PAUSES_S, None):
-            r = await super().exec(
-                command,
-                timeout=max(deadline - time.monotonic(), 0.001),
-                stdin=stdin,
-                mounts=mounts,
-                cwd=cwd,
-            )
+            left = max(deadline - time.monotonic(), 0.001)
+            r = await super().exec(command, timeout=left, **rest)
             if pause is None or not _never_created(r) or time.monotonic() + pause >= deadline:
                 return r
             await asyncio.sleep(pause)
