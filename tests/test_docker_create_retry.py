@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from stayer.environments.build import BuildError
+from stayer.environments.prepare import Environment
 from stayer.sandbox.docker import DockerSandbox, check_docker
 
 CREATE_FAILED = (
@@ -24,12 +26,13 @@ CREATE_FAILED = (
 
 @pytest.fixture
 def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """``make(fails)``: a docker whose first ``fails`` runs fail to create the container;
-    returns the file counting its runs."""
+    """``make(fails, then)``: a docker whose first ``fails`` runs fail to create the
+    container, and later ones run ``then`` (by default the command, as bash would); returns
+    the file counting its runs."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
 
-    def make(fails: int) -> Path:
+    def make(fails: int, then: str = 'for last; do :; done; exec /bin/sh -c "$last"') -> Path:
         count = tmp_path / "runs"
         script = bin_dir / "docker"
         script.write_text(
@@ -40,7 +43,7 @@ def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
             f"  run) n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n"
             f"       if [ $n -le {fails} ]; then echo '{CREATE_FAILED}' >&2; echo >&2;"
             " echo \"Run 'docker run --help' for more information\" >&2; exit 126; fi\n"
-            '       for last; do :; done; exec /bin/sh -c "$last" ;;\n'
+            f"       {then} ;;\n"
             "esac\n"
         )
         script.chmod(0o755)
@@ -78,3 +81,24 @@ def test_a_command_that_failed_itself_is_not_run_again(fake_docker, tmp_path):
     assert (r.exit_code, r.stdout, runs.read_text()) == (126, "started\n", "1\n"), r
     r = _exec(tmp_path, "exit 127")
     assert r.exit_code == 127 and runs.read_text() == "2\n"
+
+
+def test_seeding_a_workspace_from_the_image_tries_again_too(fake_docker, tmp_path):
+    """The copy of the image's /app into a fresh workspace is a container of its own (a
+    loaded CI run lost a trial to it as an infrastructure failure)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    runs = fake_docker(fails=2, then="exit 0")
+    Environment(kind="docker", env={}, image="any").seed(ws)
+    assert runs.read_text() == "3\n"
+
+
+def test_seeding_says_the_runtimes_words_when_every_try_fails(fake_docker, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    runs = fake_docker(fails=10)
+    with pytest.raises(BuildError) as e:
+        Environment(kind="docker", env={}, image="any").seed(ws)
+    assert runs.read_text() == "3\n"
+    assert "exit 126" in str(e.value) and "OCI runtime create failed" in str(e.value), e.value
+    assert "docker run --help" not in str(e.value)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +66,15 @@ class Environment:
             if app.is_dir() and not app.is_symlink():
                 copy_tree(app, workspace)
             return
-        from stayer.sandbox.docker import DockerSandbox, check_docker, client_env, hand_over
+        from stayer.sandbox.docker import (
+            CREATE_RETRY_PAUSES_S,
+            DockerSandbox,
+            check_docker,
+            client_env,
+            client_error,
+            hand_over,
+            never_created,
+        )
 
         user = DockerSandbox(workspace, image=self.image or "").user
         hand_over(Path(workspace), *user)
@@ -91,19 +100,20 @@ class Environment:
                 "[ ! -d /app ] || cp -R /app/. /stayer-seed/",
             ]
         )
-        # 125: Docker could not start the container (its runtime fails now and then on a
-        # busy machine): tried again; any other failure is the image's, said as it is,
+        # Docker's runtime fails now and then to create a container on a busy machine: tried
+        # again as the docker sandbox does; any other failure is the image's, said as it is,
         # never a workspace silently left without the image's files.
-        for _ in range(3):
+        for pause in (*CREATE_RETRY_PAUSES_S, None):
             proc = subprocess.run(
                 argv, capture_output=True, timeout=600, env=client_env(), check=False
             )
-            if proc.returncode != 125:
+            if pause is None or not never_created(proc.returncode, proc.stdout, proc.stderr):
                 break
+            time.sleep(pause)
         if proc.returncode != 0:
-            lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
             raise BuildError(
-                f"{self.image}: copying the image's /app into the workspace failed (exit {proc.returncode}): {(lines[-1] if lines else '')[:200]}"
+                f"{self.image}: copying the image's /app into the workspace failed (exit "
+                f"{proc.returncode}): {client_error(proc.stderr)[:300]}"
             )
 
 

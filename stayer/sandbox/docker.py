@@ -129,10 +129,11 @@ class DockerSandbox(ProcessSandbox):
 
     async def exec(self, command: str, *, timeout: float = 120.0, **rest: Any) -> ExecResult:
         deadline = time.monotonic() + timeout
-        for pause in (*_CREATE_RETRY_PAUSES_S, None):
+        for pause in (*CREATE_RETRY_PAUSES_S, None):
             left = max(deadline - time.monotonic(), 0.001)
             r = await super().exec(command, timeout=left, **rest)
-            if pause is None or not _never_created(r) or time.monotonic() + pause >= deadline:
+            created = r.timed_out or not never_created(r.exit_code, r.stdout, r.stderr)
+            if pause is None or created or time.monotonic() + pause >= deadline:
                 return r
             await asyncio.sleep(pause)
         raise AssertionError("unreachable: the last pause is None")
@@ -188,21 +189,26 @@ class DockerSandbox(ProcessSandbox):
 
 
 # Between the tries of a container the runtime failed to create (module docstring).
-_CREATE_RETRY_PAUSES_S = (0.25, 1.0)
+CREATE_RETRY_PAUSES_S = (0.25, 1.0)
 _CREATE_FAILED = (
     "docker: Error response from daemon: failed to create shim task: OCI runtime create failed"
 )
 
 
-def _never_created(r: ExecResult) -> bool:
+def never_created(exit_code: int, stdout: str | bytes, stderr: str | bytes) -> bool:
     """Whether ``docker run`` failed before the command started: the runtime could not
-    create its container (exit 126 or 127, the client's words, nothing on stdout)."""
-    return (
-        r.exit_code in (126, 127)
-        and not r.timed_out
-        and r.stdout == ""
-        and r.stderr.startswith(_CREATE_FAILED)
-    )
+    create its container (exit 125-127, the client's words, nothing on stdout)."""
+    err = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
+    return exit_code in (125, 126, 127) and not stdout and err.startswith(_CREATE_FAILED)
+
+
+def client_error(stderr: str | bytes) -> str:
+    """The line of a failed ``docker`` command that says why: the daemon's or the runtime's
+    words, not the client's closing "Run 'docker run --help' for more information"."""
+    err = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
+    lines = [line.strip() for line in err.splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith("Run '")]
+    return (said or lines or [""])[0]
 
 
 async def _remove_container(docker: str, name: str) -> None:
@@ -230,4 +236,12 @@ def hand_over(root: Path, uid: int, gid: int) -> None:
                 os.chown(name, uid, gid, dir_fd=parent_fd, follow_symlinks=False)
 
 
-__all__ = ["DockerSandbox", "check_docker", "client_env", "hand_over"]
+__all__ = [
+    "CREATE_RETRY_PAUSES_S",
+    "DockerSandbox",
+    "check_docker",
+    "client_env",
+    "client_error",
+    "hand_over",
+    "never_created",
+]
