@@ -190,16 +190,22 @@ class DockerSandbox(ProcessSandbox):
 
 # Between the tries of a container the runtime failed to create (module docstring).
 CREATE_RETRY_PAUSES_S = (0.25, 1.0)
-_CREATE_FAILED = (
-    "docker: Error response from daemon: failed to create shim task: OCI runtime create failed"
-)
+_CREATE_FAILED = "OCI runtime create failed"
 
 
 def never_created(exit_code: int, stdout: str | bytes, stderr: str | bytes) -> bool:
     """Whether ``docker run`` failed before the command started: the runtime could not
-    create its container (exit 125-127, the client's words, nothing on stdout)."""
+    create its container (exit 125-127, nothing on stdout, and the client's first line says
+    so: "docker: Error response from daemon: failed to create shim task: OCI runtime create
+    failed: …")."""
     err = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
-    return exit_code in (125, 126, 127) and not stdout and err.startswith(_CREATE_FAILED)
+    first = err.split("\n", 1)[0]
+    return (
+        exit_code in (125, 126, 127)
+        and not stdout
+        and first.startswith("docker: Error")
+        and _CREATE_FAILED in first
+    )
 
 
 def client_error(stderr: str | bytes) -> str:
