@@ -106,7 +106,7 @@ class Tally:
 
     def _add_tokens(self, t: Usage | Tally) -> None:
         # Field by field rather than ``Usage.__add__``: this runs for every call of every
-        # session audited, four times (total, model, day, chain).
+        # session audited.
         self.input_tokens += t.input_tokens
         self.cache_read_tokens += t.cache_read_tokens
         self.cache_write_5m_tokens += t.cache_write_5m_tokens
@@ -384,7 +384,9 @@ def analyse(
     r.approximate_ts = any(c.approximate_ts for c in calls)
     r.series = Series() if keep_series else None
     chains: dict[str, _ChainState] = {}
-    days: dict[int, str] = {}
+    # Each call is tallied once, in its (model, day, chain) group; the session's total and
+    # its tallies by model, day and chain are sums of these few groups.
+    groups: dict[tuple[str, int, str], Tally] = {}
     top: list[tuple[Decimal, int, Call]] = []
     main_context: list[int] = []
     all_context: list[int] = []
@@ -392,17 +394,11 @@ def analyse(
     for n, call in enumerate(calls, 1):
         u = call.usage
         cost, rates = pricer.cost(u, call.model, call.provider, call.service_tier, call.ts)
-        day_no = int(call.ts // 86400)
-        day = days.get(day_no)
-        if day is None:
-            day = days[day_no] = time.strftime("%Y-%m-%d", time.gmtime(call.ts))
-        for tally in (
-            r.total,
-            _slot(r.by_model, call.model),
-            _slot(r.by_day, day),
-            _slot(r.by_chain, call.chain),
-        ):
-            tally.add(u, cost, call.model)
+        key = (call.model, int(call.ts // 86400), call.chain)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = Tally()
+        group.add(u, cost, call.model)
         if cost is not None:  # keep the COSTLIEST dearest (earlier first among equals)
             item = (cost, -n, call)
             if len(top) < COSTLIEST:
@@ -436,6 +432,15 @@ def analyse(
             r.series.context.append(u.input_tokens)
             r.series.cumulative_cost.append(running)
             r.series.hit_ratio.append(u.cache_hit_ratio)
+    for (model, day_no, chain), group in groups.items():
+        day = time.strftime("%Y-%m-%d", time.gmtime(day_no * 86400))
+        for tally in (
+            r.total,
+            _slot(r.by_model, model),
+            _slot(r.by_day, day),
+            _slot(r.by_chain, chain),
+        ):
+            tally.merge(group)
     r.costliest = [
         CallCost(-neg, c.chain, c.ts, c.model, c.usage.input_tokens, cost)
         for cost, neg, c in sorted(top, reverse=True)
