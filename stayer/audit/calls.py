@@ -8,6 +8,7 @@ one small module implementing :class:`Importer`.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -67,18 +68,33 @@ class SessionRef:
     bytes: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class LogFile:
+    """A file that discovery found: where it is, its size and its first bytes. Plain strings,
+    not ``Path`` s: an audit finds thousands, and pathlib's parsing of each costs more than
+    reading its first bytes."""
+
+    path: str
+    size: int
+    head: bytes
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+
 class Importer(Protocol):
     """One log format: find its sessions under some paths, and read one session."""
 
     source: str
 
-    def sniff(self, path: Path, head: bytes) -> bool:
-        """Whether ``path`` (whose first bytes are ``head``) is a log of this format."""
+    def sniff(self, name: str, head: bytes) -> bool:
+        """Whether a file called ``name`` whose first bytes are ``head`` is a log of this
+        format."""
         ...
 
-    def group(self, files: Sequence[tuple[Path, bytes]]) -> Iterable[SessionRef]:
-        """Group files of this format (each with its first bytes) into sessions (a session
-        may span several files)."""
+    def group(self, files: Sequence[LogFile]) -> Iterable[SessionRef]:
+        """Group files of this format into sessions (a session may span several files)."""
         ...
 
     def read(self, ref: SessionRef) -> ImportedSession:

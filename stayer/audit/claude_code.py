@@ -27,6 +27,7 @@ tricky, and how this importer matches ccusage (the reference tool people already
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -38,6 +39,7 @@ from stayer.audit.calls import (
     MAIN_CHAIN,
     Call,
     ImportedSession,
+    LogFile,
     SessionRef,
     json_object,
     parse_ts,
@@ -211,13 +213,16 @@ def _replaces(new: _Entry, old: _Entry) -> bool:
     return new.speed is not None and old.speed is None
 
 
-def _layout(path: Path) -> tuple[str, str | None, bool]:
+def _layout(path: str) -> tuple[str, str | None, bool]:
     """(project, session id if the path says it, is a sub-agent file). Otherwise the session
     is the first ``sessionId`` the file holds: a transcript's name is its session id, but a
     copied or renamed one — or a sub-agent's ``agent-<id>.jsonl`` — is known by its entries."""
-    if path.parent.name == "subagents":  # <project>/<session>/subagents/agent-<id>.jsonl
-        return path.parent.parent.parent.name, path.parent.parent.name, True
-    return path.parent.name, None, path.stem.startswith("agent-")
+    parent, name = os.path.split(path)
+    grandparent, parent_name = os.path.split(parent)
+    if parent_name == "subagents":  # <project>/<session>/subagents/agent-<id>.jsonl
+        project_dir, session = os.path.split(grandparent)
+        return os.path.basename(project_dir), session, True
+    return parent_name, None, name.startswith("agent-")
 
 
 class ClaudeCodeImporter:
@@ -225,29 +230,28 @@ class ClaudeCodeImporter:
 
     source = "claude-code"
 
-    def sniff(self, path: Path, head: bytes) -> bool:
+    def sniff(self, name: str, head: bytes) -> bool:
         return (
-            path.suffix == ".jsonl"
+            name.endswith(".jsonl")
             and (b'"sessionId"' in head or b'"leafUuid"' in head)
             and b'"session_meta"' not in head
         )
 
-    def group(self, files: Sequence[tuple[Path, bytes]]) -> Iterable[SessionRef]:
-        sessions: dict[tuple[str, str], list[tuple[bool, Path, int]]] = {}
-        for path, head in files:
-            project, session, agent = _layout(path)
+    def group(self, files: Sequence[LogFile]) -> Iterable[SessionRef]:
+        sessions: dict[tuple[str, str], list[tuple[bool, str, int]]] = {}
+        for f in files:
+            project, session, agent = _layout(f.path)
             if session is None:
-                m = _SESSION_ID.search(head) or _SESSION_ID.search(_read_head(path, 1 << 16))
-                session = m.group(1).decode() if m else path.stem
-            size = path.stat().st_size
-            sessions.setdefault((project, session), []).append((agent, path, size))
+                m = _SESSION_ID.search(f.head) or _SESSION_ID.search(_read_head(f.path, 1 << 16))
+                session = m.group(1).decode() if m else f.name.removesuffix(".jsonl")
+            sessions.setdefault((project, session), []).append((agent, f.path, f.size))
         for (project, session), members in sessions.items():
             members.sort()  # the session's own file first, then its sub-agents by name
             yield SessionRef(
                 self.source,
                 session,
                 project,
-                tuple(p for _, p, _ in members),
+                tuple(Path(p) for _, p, _ in members),
                 sum(s for _, _, s in members),
             )
 
@@ -287,7 +291,7 @@ class ClaudeCodeImporter:
         return out
 
     def _read_file(self, path: Path, ref: SessionRef, dedup: _Dedup, out: ImportedSession) -> int:
-        _, _, agent_file = _layout(path)
+        _, _, agent_file = _layout(os.fspath(path))
         file_chain = path.stem.removeprefix("agent-") if agent_file else None
         roots: dict[str, str] = {}  # sidechain entry uuid -> uuid of its chain's first entry
         compaction: set[str] = set()  # chains with a compaction since their last call
@@ -428,9 +432,9 @@ class ClaudeCodeImporter:
         )
 
 
-def _read_head(path: Path, n: int) -> bytes:
+def _read_head(path: str, n: int) -> bytes:
     try:
-        with path.open("rb") as f:
+        with open(path, "rb") as f:
             return f.read(n)
     except OSError:
         return b""

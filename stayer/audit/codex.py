@@ -27,7 +27,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stayer.audit.calls import Call, ImportedSession, SessionRef, json_object, parse_ts, well_framed
+from stayer.audit.calls import (
+    Call,
+    ImportedSession,
+    LogFile,
+    SessionRef,
+    json_object,
+    parse_ts,
+    well_framed,
+)
 from stayer.usage import Usage
 
 _UUID = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
@@ -55,17 +63,16 @@ class CodexImporter:
 
     source = "codex"
 
-    def sniff(self, path: Path, head: bytes) -> bool:
-        return path.suffix == ".jsonl" and (
+    def sniff(self, name: str, head: bytes) -> bool:
+        return name.endswith(".jsonl") and (
             b'"session_meta"' in head or b'"turn_context"' in head or b'"type":"event_msg"' in head
         )
 
-    def group(self, files: Sequence[tuple[Path, bytes]]) -> Iterable[SessionRef]:
-        for path, _ in files:
-            m = _UUID.search(path.stem)
-            yield SessionRef(
-                self.source, m.group(1) if m else path.stem, "", (path,), path.stat().st_size
-            )
+    def group(self, files: Sequence[LogFile]) -> Iterable[SessionRef]:
+        for f in files:
+            stem = f.name.removesuffix(".jsonl")
+            m = _UUID.search(stem)
+            yield SessionRef(self.source, m.group(1) if m else stem, "", (Path(f.path),), f.size)
 
     def read(self, ref: SessionRef) -> ImportedSession:
         out = ImportedSession(self.source, ref.id, ref.project)

@@ -19,12 +19,13 @@ the caller can keep them for the next audit (``compiled_steps``).
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from stayer.audit.analysis import SessionReport, analyse
-from stayer.audit.calls import Importer, SessionRef
+from stayer.audit.calls import Importer, LogFile, SessionRef
 from stayer.audit.claude_code import ClaudeCodeImporter
 from stayer.audit.codex import CodexImporter
 from stayer.audit.costing import CallPricer, CompiledSteps
@@ -60,8 +61,10 @@ class Discovery:
     unrecognised: list[Path] = field(default_factory=list)
 
 
-def _walk(root: Path) -> Iterator[os.DirEntry[str]]:
-    stack = [os.fspath(root)]
+def _walk(root: str) -> Iterator[str]:
+    """Paths of the files under ``root`` that may be logs; links to directories are not
+    followed."""
+    stack = [root]
     while stack:
         d = stack.pop()
         try:
@@ -72,41 +75,55 @@ def _walk(root: Path) -> Iterator[os.DirEntry[str]]:
             if e.is_dir(follow_symlinks=False):
                 stack.append(e.path)
             elif e.name.endswith(".jsonl") or e.name == "result.json":
-                yield e
+                yield e.path
+
+
+def _open_log(path: str) -> tuple[os.stat_result, bytes] | None:
+    """(stat, first bytes) of a regular file, links followed; None for anything else (a FIFO
+    is opened without blocking and left unread) or when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        return (st, os.read(fd, _HEAD)) if stat.S_ISREG(st.st_mode) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def discover(paths: Iterable[Path], formats: Sequence[Importer] | None = None) -> Discovery:
     """Sessions under ``paths`` (files or directories); files given by name that no format
-    recognises are reported in ``unrecognised`` (files found by walking are just ignored)."""
+    recognises are reported in ``unrecognised`` (files found by walking are just ignored).
+    Each file is opened once: its size, identity and first bytes come from that."""
     formats = list(formats) if formats is not None else importers()
-    found: dict[int, list[tuple[Path, bytes]]] = {i: [] for i in range(len(formats))}
+    found: list[list[LogFile]] = [[] for _ in formats]
     out = Discovery()
     seen: set[tuple[int, int]] = set()  # (device, inode): overlapping PATHs count once
     for root in paths:
         named = root.is_file()
-        for entry in [root] if named else _walk(root):
-            try:
-                st = entry.stat()  # a directory entry's follows links too, as a path's does
-            except OSError:
+        for path in [os.fspath(root)] if named else _walk(os.fspath(root)):
+            opened = _open_log(path)
+            if opened is None:
+                if named:
+                    out.unrecognised.append(root)
                 continue
+            st, head = opened
             if (st.st_dev, st.st_ino) in seen:
                 continue
             seen.add((st.st_dev, st.st_ino))
-            path = entry if isinstance(entry, Path) else Path(entry.path)
-            try:
-                with open(entry, "rb") as f:
-                    head = f.read(_HEAD)
-            except OSError:
-                head = b""
-            for i, fmt in enumerate(formats):
-                if fmt.sniff(path, head):
-                    found[i].append((path, head))
+            name = os.path.basename(path)
+            for fmt, files in zip(formats, found, strict=True):
+                if fmt.sniff(name, head):
+                    files.append(LogFile(path, st.st_size, head))
                     break
             else:
                 if named:
-                    out.unrecognised.append(path)
-    for i, fmt in enumerate(formats):
-        out.refs.extend(fmt.group(found[i]))
+                    out.unrecognised.append(root)
+    for fmt, files in zip(formats, found, strict=True):
+        out.refs.extend(fmt.group(files))
     return out
 
 

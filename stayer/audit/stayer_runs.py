@@ -10,13 +10,14 @@ these runs are underestimated and marked approximate.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from stayer.audit.calls import Call, ImportedSession, SessionRef, parse_ts
+from stayer.audit.calls import Call, ImportedSession, LogFile, SessionRef, parse_ts
 from stayer.usage import Usage
 
 
@@ -25,12 +26,13 @@ class StayerRunImporter:
 
     source = "stayer"
 
-    def sniff(self, path: Path, head: bytes) -> bool:
-        return path.name == "result.json" and b'"run_id"' in head and b'"task_path"' in head
+    def sniff(self, name: str, head: bytes) -> bool:
+        return name == "result.json" and b'"run_id"' in head and b'"task_path"' in head
 
-    def group(self, files: Sequence[tuple[Path, bytes]]) -> Iterable[SessionRef]:
-        for path, _ in files:
-            yield SessionRef(self.source, path.parent.name, "", (path,), path.stat().st_size)
+    def group(self, files: Sequence[LogFile]) -> Iterable[SessionRef]:
+        for f in files:
+            run_dir = os.path.basename(os.path.dirname(f.path))
+            yield SessionRef(self.source, run_dir, "", (Path(f.path),), f.size)
 
     def read(self, ref: SessionRef) -> ImportedSession:
         out = ImportedSession(self.source, ref.id, ref.project)
