@@ -1138,3 +1138,15 @@ def test_compiled_price_steps_kept_between_audits_price_the_same(tmp_path: Path)
     assert load_steps(path, "other prices") == {}
     path.write_bytes(b"\x00garbled")
     assert load_steps(path, BOOK.fingerprint()) == {}
+
+
+def test_discovery_skips_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    """A FIFO, or a link to one, named like a transcript is skipped, never opened to wait for
+    a writer (an audit would hang); a directory named like one is walked, not read."""
+    project = tmp_path / "projects" / "p"
+    write_jsonl(project / "a.jsonl", [assistant("a", 0, "msg_a", write=1000)])
+    os.mkfifo(project / "fifo.jsonl")
+    (project / "link.jsonl").symlink_to(project / "fifo.jsonl")
+    write_jsonl(project / "dir.jsonl" / "b.jsonl", [assistant("b", 0, "msg_b", write=1000)])
+    refs = discover([tmp_path]).refs
+    assert sorted(r.id for r in refs) == ["a", "b"]
