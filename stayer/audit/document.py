@@ -25,14 +25,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
-
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from stayer.audit.analysis import SessionReport, Tally, money
+
+if TYPE_CHECKING:  # rich is imported by the tables only: ``audit --json`` never loads it
+    from rich.console import Console
+    from rich.table import Table
 
 GROUPS = ("session", "day", "model")
 _TOP = 10
@@ -164,6 +163,10 @@ def _table(
     footer: list[str] | None = None,
 ) -> Table:
     """First column (a name) gives way to fit ``width``; the numbers keep their full width."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     every = rows + ([footer] if footer else [])
     widths = [max([len(col)] + [len(r[i]) for r in every]) for i, col in enumerate(header)]
@@ -198,6 +201,8 @@ def _tally_row(key: str, tally: Tally) -> list[str]:
 
 def render(report: AuditReport, console: Console, limit: int = 30) -> None:
     """Tables for people: the groups, then where the cache broke and what it cost."""
+    from rich.text import Text
+
     title = {"session": "Sessions", "day": "Days (UTC)", "model": "Models"}[report.group]
     groups = report.groups()
     if report.group == "session":

@@ -135,6 +135,7 @@ class _Audit:
     since: float | None
     keep_series: bool
     compiled: CompiledSteps
+    with_json: bool = False
 
 
 def _run(audit: _Audit, refs: Sequence[SessionRef]) -> tuple[list[SessionReport], CompiledSteps]:
@@ -145,6 +146,8 @@ def _run(audit: _Audit, refs: Sequence[SessionRef]) -> tuple[list[SessionReport]
     for ref in refs:
         report = analyse(by_source[ref.source].read(ref), pricer, audit.since, audit.keep_series)
         report.ref_id = ref.id
+        if audit.with_json:
+            report.doc = report.to_json()
         reports.append(report)
     return reports, pricer.learned
 
@@ -191,13 +194,15 @@ def analyse_all(
     jobs: int | None = None,
     parallel_min_bytes: int = _PARALLEL_MIN_BYTES,
     compiled_steps: CompiledSteps | None = None,
+    with_json: bool = False,
 ) -> Iterator[SessionReport]:
     """Reports of every session (with or without calls), in no particular order. Inputs smaller than
     ``parallel_min_bytes`` are analysed in this process. ``compiled_steps`` (see
     ``stayer.audit.costing``) are used for pricing, and the steps compiled on the way are
-    added to it."""
+    added to it. ``with_json``: each report's ``to_json()`` is made where it was analysed,
+    in parallel, rather than by the caller after the last one."""
     steps: CompiledSteps = {} if compiled_steps is None else compiled_steps
-    audit = _Audit(book, since, keep_series, dict(steps))
+    audit = _Audit(book, since, keep_series, dict(steps), with_json)
     jobs = jobs or _cores()
     total = sum(r.bytes for r in refs)
     if jobs <= 1 or len(refs) < 2 or total < parallel_min_bytes:

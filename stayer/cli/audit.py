@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.text import Text
 from typer import _click  # Typer's own click; no public alias
 from typer._coercion import build_runtime_param
 from typer.core import TyperCommand
@@ -146,10 +146,9 @@ def audit(
             bad_input(
                 f"{names}: not a Claude Code, Codex or stayer run log (.jsonl session or run result.json)"
             )
-        err = stderr()
         if paths and not found.refs:
             where = ", ".join(str(p) for p in paths)
-            err.print(Text(f"no agent logs found under {where}", style="yellow"))
+            _note(f"no agent logs found under {where}", style="yellow")
         # Prices compiled by earlier audits (a cache: see stayer.audit.costing).
         steps_file = (
             Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -167,6 +166,7 @@ def audit(
                 keep_series=html is not None,
                 jobs=jobs,
                 compiled_steps=steps,
+                with_json=json_out,
             ),
             group,
         )
@@ -178,7 +178,7 @@ def audit(
     if what_if:
         from stayer.audit.scenarios import run_what_ifs
 
-        err.print("what-if: replaying the costliest sessions (estimates)…", highlight=False)
+        _note("what-if: replaying the costliest sessions (estimates)…")
         refs = {(r.source, r.id): r for r in found.refs}
         report.what_if = run_what_ifs(report.sessions, refs, scenarios, book)
     if html is not None:
@@ -190,10 +190,28 @@ def audit(
             tmp.replace(html)
         finally:
             tmp.unlink(missing_ok=True)
-        err.print(Text(f"wrote {html}"))
+        _note(f"wrote {html}")
     if json_out:
         emit_json(report.to_json())
-        if err.is_terminal:  # a person is watching; a pipe gets just the document
-            render(report, err)
+        if _may_be_terminal():  # a person is watching; a pipe gets just the document
+            err = stderr()
+            if err.is_terminal:
+                render(report, err)
     else:
         render(report, console())
+
+
+# Rich, and a Console, only where something is shown: an audit piped as JSON never
+# imports it (a twentieth of the command's start-up).
+
+
+def _note(message: str, style: str | None = None) -> None:
+    from rich.text import Text
+
+    stderr().print(Text(message, style=style or ""))
+
+
+def _may_be_terminal() -> bool:
+    """Whether rich could take stderr for a terminal (its ``Console.is_terminal`` reads
+    these, and nothing else outside a notebook)."""
+    return sys.stderr.isatty() or "TTY_COMPATIBLE" in os.environ or "FORCE_COLOR" in os.environ
