@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import orjson
 
 from stayer.usage import Usage
@@ -26,9 +27,9 @@ _ZULU_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", re.ASCII)
 MAIN_CHAIN = ""
 
 
-@dataclass(slots=True)
-class Call:
-    """One billed model call, after deduplication."""
+class Call(msgspec.Struct, gc=False):
+    """One billed model call, after deduplication. (A Struct: an audit makes one per call
+    of every session, and a Struct is made several times faster than a dataclass.)"""
 
     ts: float  # request time, seconds since the epoch (UTC)
     model: str
