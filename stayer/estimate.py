@@ -36,14 +36,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-from typing import Any, Literal
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any, Literal
 
 from stayer.errors import ConfigError
 from stayer.money import MTOK
 from stayer.pricing import Rates
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["estimate", "rates_from_flags", "render_estimate"]
 
@@ -171,6 +171,8 @@ def estimate(
 
 def render_estimate(result: dict[str, Any], console: Console, *, max_rows: int = 20) -> None:
     """Print a per-step table and the totals; only the first and last rows when long."""
+    from rich.table import Table
+
     cur = result.get("currency", "USD")
     table = Table(title="Cost per step", title_justify="left")
     table.add_column("step", justify="right")

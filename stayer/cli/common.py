@@ -16,11 +16,9 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
-from rich.text import Text
 from typer import _click  # Typer's own click; no public alias
 from typer import exceptions as typer_errors
 from typer._click import exceptions as click_errors
@@ -30,6 +28,10 @@ from typer.main import get_command, get_command_name
 
 from stayer.errors import ConfigError
 from stayer.money import Usd
+
+# Rich is imported where output is rendered: a command that prints JSON never loads it.
+if TYPE_CHECKING:
+    from rich.console import Console
 
 T = TypeVar("T")
 
@@ -322,6 +324,8 @@ def console(*, stderr: bool = False) -> Console:
     """A console for stayer's own output. User text goes to it as ``rich.text.Text``, never
     inside markup (``rich.markup.escape`` loses a backslash before ``[``); emoji codes stay
     text, so that ``--policy mask:-1:`` is not printed as a thumbs-down."""
+    from rich.console import Console
+
     return Console(stderr=stderr, emoji=False)
 
 
@@ -330,6 +334,8 @@ def stderr() -> Console:
 
 
 def error_line(message: str) -> None:
+    from rich.text import Text
+
     # Text, not markup: the message quotes what the user typed, brackets and all.
     one_line = " ".join(message.split())
     stderr().print(

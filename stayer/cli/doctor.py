@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from stayer.cli.common import EXIT_FAILED, EXIT_OK, JsonFlag, app, emit_json
 
@@ -19,6 +17,9 @@ def doctor(json_out: JsonFlag = False) -> None:
     \b
     Example:  stayer doctor
     """
+    from rich.console import Console
+    from rich.markup import escape
+
     from stayer.doctor import run_checks
 
     checks = run_checks()

@@ -5,12 +5,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.text import Text
 
 from stayer.cli.common import (
     EXIT_BAD_INPUT,
@@ -33,6 +30,9 @@ from stayer.cli.common import (
     usd,
 )
 from stayer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # The shell's status for a process stopped by Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
@@ -145,6 +145,8 @@ def eval_command(
     import json
     import time
     from datetime import UTC, datetime
+
+    from rich.markup import escape
 
     from stayer import __version__
     from stayer.cli.progress import WorkProgress
@@ -329,6 +331,8 @@ def _runnable(tasks: list[Any], configs: list[Any], pending: set[tuple[Path, Any
 def _ray_executor(address: str) -> Any:
     """The Ray executor for ``--ray ADDRESS`` (cluster started or joined here); bad input
     (exit 2) when Ray is missing or a cluster has no shared journal."""
+    from rich.markup import escape
+
     from stayer.scale.ray_backend import RayTrials, connect
 
     stderr().print(f"connecting to Ray ({escape(address)})…", highlight=False)
@@ -345,6 +349,8 @@ def _preflight(
     """The cheap checks on every task (``eval.checks.preflight``): refuse, exit 2, naming each
     task and its problem; with ``force``, warn and return them for the document."""
     import asyncio
+
+    from rich.markup import escape
 
     from stayer.eval.checks import preflight
 
@@ -386,6 +392,8 @@ def _infra_summary(doc: dict[str, Any], console: Console, out: str | None) -> No
     """The trials that could not be judged, each with its reason, and what to do next."""
     if not doc["infra_trials"]:
         return
+    from rich.text import Text
+
     labels = {c["id"]: c["label"] for c in doc["configs"]}
     n = len(doc["infra_trials"])
     console.print(Text(f"{n} trial{'s' * (n != 1)} could not be judged (not scored):"))
@@ -402,6 +410,7 @@ def _infra_summary(doc: dict[str, Any], console: Console, out: str | None) -> No
 
 def _summary_table(doc: dict[str, Any], console: Console) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     def f(v: Any) -> str:
         return "—" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)

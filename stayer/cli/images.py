@@ -8,7 +8,6 @@ import re
 from typing import Annotated, Any
 
 import typer
-from rich.text import Text
 
 from stayer.cli.common import JsonFlag, app, bad_input, console, dash, emit_json, stderr, sub_app
 
@@ -60,8 +59,6 @@ def list_command(json_out: JsonFlag = False) -> None:
     \b
     Example:  stayer images list --json
     """
-    from rich.table import Table
-
     from stayer.environments.layers import list_layers
 
     cache = _cache()
@@ -76,6 +73,9 @@ def list_command(json_out: JsonFlag = False) -> None:
             }
         )
         return
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(box=None)
     table.add_column("id", no_wrap=True)
     table.add_column("size", no_wrap=True, justify="right")
@@ -133,6 +133,8 @@ def prune_command(
     \b
     Example:  stayer images prune --older-than 14d --keep-bytes 20G
     """
+    from rich.text import Text
+
     from stayer.environments.layers import prune
 
     if older_than is None and keep_bytes is None and not everything:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
 from stayer.cli.common import EXIT_FAILED, JsonFlag, app, bad_input, emit_json, stderr
 from stayer.errors import ConfigError
@@ -26,6 +25,8 @@ app.add_typer(local_app, name="local-model")
 
 
 def _log(message: str) -> None:
+    from rich.markup import escape
+
     stderr().print(f"[dim]local-model:[/] {escape(message)}", highlight=False)
 
 
@@ -125,6 +126,8 @@ def _emit(doc: dict, json_out: bool) -> None:
     if json_out:
         emit_json(doc)
         return
+    from rich.markup import escape
+
     out = stderr()
     built = "built" if doc["built"] else "missing: " + ", ".join(doc["missing"])
     out.print(f"cache: {escape(built)}", highlight=False)

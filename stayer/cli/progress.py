@@ -11,13 +11,13 @@ import threading
 import time
 from decimal import Decimal
 from types import TracebackType
-from typing import Any
-
-from rich.console import Console
-from rich.markup import escape
+from typing import TYPE_CHECKING, Any
 
 from stayer.cli.common import usd
 from stayer.money import Usd
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # Seconds between plain lines; a line is also printed when the work ends.
 PLAIN_INTERVAL_S = 5.0
@@ -58,6 +58,8 @@ class WorkProgress:
             if not reused and self.cost is not None:
                 self.cost = (Usd(self.cost) + Usd.parse(cost_usd)).amount
         if self._bar is not None:
+            from rich.markup import escape
+
             self._bar.update(self._bar_task, advance=1, description=escape(self.status()))
 
     # --- what people see ---------------------------------------------------------------
@@ -83,11 +85,14 @@ class WorkProgress:
             )
 
     def _tick(self) -> None:
+        from rich.markup import escape
+
         while not self._stop.wait(self.interval_s):
             self.console.print(escape(self.line()), highlight=False, soft_wrap=True)
 
     def __enter__(self) -> WorkProgress:
         if self.console.is_terminal:
+            from rich.markup import escape
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -124,4 +129,6 @@ class WorkProgress:
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join()
+        from rich.markup import escape
+
         self.console.print(escape(self.line()), highlight=False, soft_wrap=True)

@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from stayer.cli.common import JsonFlag, app, bad_input, emit_json, step_notes, usd
 from stayer.errors import ConfigError
@@ -31,8 +29,6 @@ def report(
     \b
     Example:  stayer report 20260101-120000-a1b2c3
     """
-    from rich.table import Table
-
     from stayer.journal.backends import open_store, stayer_home
     from stayer.journal.run_report import run_report
 
@@ -50,6 +46,10 @@ def report(
     if json_out:
         emit_json(doc)
         return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
     console = Console(emoji=False)
     console.print(
         f"[bold]run {escape(doc['run_id'])}[/] · {escape(doc['task'])} · {escape(doc['model'])} · {escape(doc['status'])}",
@@ -132,6 +132,8 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
     import time
     from decimal import Decimal
 
+    from rich.console import Console
+    from rich.markup import escape
     from rich.text import Text
 
     from stayer.cli.run import add_cost, exit_code, step_line

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.text import Text
 
 from stayer.cli.common import EXIT_OK, JsonFlag, app, bad_input, console, emit_json, stderr
 from stayer.cli.run import finish, step_printer, summary_table, traced
@@ -24,6 +23,8 @@ def resume(
     \b
     Example:  stayer resume 20260101-120000-a1b2c3
     """
+    from rich.text import Text
+
     from stayer.eval.resume import prepare_resume
     from stayer.journal import RunFinished
 

@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.text import Text
 
 from stayer.cli.common import (
     EXIT_BUDGET,
@@ -159,6 +157,9 @@ def _collect(
     import asyncio
     import uuid
 
+    from rich.markup import escape
+    from rich.text import Text
+
     from stayer.eval.runner import EvalConfig, LocalTrials, write_atomic
     from stayer.eval.suite import ProblemsError, load_suite
     from stayer.pricing import PriceBook
@@ -301,7 +302,9 @@ def _stats(out: Path, json_out: bool) -> None:
     import statistics
     from decimal import Decimal
 
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     from stayer.eval.verify import passes
     from stayer.scale.exports import raw_reward

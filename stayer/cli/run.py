@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.text import Text
 
 from stayer.cli.common import (
     EXIT_BUDGET,
@@ -32,6 +29,9 @@ from stayer.cli.common import (
 )
 from stayer.errors import ConfigError
 from stayer.money import Usd
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @app.command()
@@ -135,6 +135,8 @@ def run(
     \b
     Example:  stayer run examples/hello-file --model sim:claude-sonnet-4-5 --max-cost 0.05
     """
+    from rich.text import Text
+
     from stayer.run import RunConfig, prepare
 
     config = RunConfig(
@@ -218,6 +220,8 @@ def exit_code(status: str) -> int:
 
 def step_printer(err: Console) -> Callable[[Any], None]:
     """One progress line per step on ``err`` (see ``step_line``)."""
+    from rich.markup import escape
+
     total: list[Decimal | None] = [Decimal(0)]
 
     def progress(entry: Any) -> None:
@@ -248,7 +252,9 @@ def step_line(d: dict[str, Any], total: Decimal | None) -> str:
 def summary_table(doc: dict[str, Any], console: Console) -> None:
     """The result: a table of figures, then why the run stopped, the wrap-up summary, the
     verifier's output when it failed, and what to do next."""
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     console.print(
         f"[bold]run {escape(doc['run_id'])}[/] · {escape(doc['task'])} · {escape(doc['model'])}",
@@ -278,6 +284,7 @@ def summary_table(doc: dict[str, Any], console: Console) -> None:
 
 def explain(doc: dict[str, Any], console: Console) -> None:
     """Why the run ended as it did, and the next step, in words."""
+    from rich.markup import escape
 
     def say(label: str, text: str = "") -> None:
         console.print(f"[bold]{label}:[/] {escape(text)}".rstrip(), highlight=False, soft_wrap=True)

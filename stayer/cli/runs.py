@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from stayer.cli.common import (
     EXIT_BAD_INPUT,
@@ -19,6 +17,9 @@ from stayer.cli.common import (
     usd,
 )
 from stayer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 STATUSES = ("running", "interrupted", "succeeded", "failed", "budget_exhausted", "error", "corrupt")
 # Dropped first to last when the terminal is too narrow: the id is what people copy, so it
@@ -108,6 +109,9 @@ def mark_corrupt(store: Any, docs: list[dict[str, Any]]) -> list[str]:
 
 
 def show(docs: list[dict[str, Any]], total: int, found: bool, where: str, filters: Any) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
     console = Console(emoji=False)
     if not found:
         console.print(
@@ -142,6 +146,7 @@ def matches(
 
 
 def print_table(console: Console, docs: list[dict[str, Any]]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     cells = {

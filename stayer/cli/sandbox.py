@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.text import Text
 
 from stayer.cli.common import (
     JsonFlag,
@@ -145,6 +144,8 @@ def exec_command(
     if json_out:
         emit_json(result.to_dict())
     else:
+        from rich.text import Text
+
         sys.stdout.write(result.stdout)
         sys.stdout.flush()
         sys.stderr.write(result.stderr)

@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from stayer.cli.common import (
     JsonFlag,
@@ -22,7 +20,7 @@ from stayer.cli.common import (
 )
 from stayer.errors import ConfigError
 
-# asyncio, signal and rich.table are imported inside the commands: `stayer --help` and the
+# asyncio, signal and rich are imported inside the commands: `stayer --help` and the
 # other commands load this module too (see stayer.cli.common).
 tenants_app = sub_app("Tenants of the runtime: API keys and dollar budgets.")
 app.add_typer(tenants_app, name="tenants")
@@ -143,6 +141,9 @@ def tenants_create(
     if json_out:
         emit_json(doc)
         return
+    from rich.console import Console
+    from rich.markup import escape
+
     out = Console()
     out.print(
         f"tenant [bold]{escape(name)}[/] created; budget {_money(account.cap) or 'unlimited'}"
@@ -175,6 +176,9 @@ def tenants_budget(
     if json_out:
         emit_json(doc)
     else:
+        from rich.console import Console
+        from rich.markup import escape
+
         Console().print(
             f"tenant {escape(name)}: budget {_money(account.cap) or 'unlimited'}; {requeued} paused run(s) queued again"
         )
@@ -185,8 +189,6 @@ def tenants_list(json_out: JsonFlag = False) -> None:
     """The tenants, with their budgets: cap, spent, held by running runs, available.
 
     Example: stayer tenants list --json"""
-    from rich.table import Table
-
     try:
         db, budgets = _service_db(), _budgets()
         rows = [
@@ -198,6 +200,10 @@ def tenants_list(json_out: JsonFlag = False) -> None:
     if json_out:
         emit_json({"tenants": rows})
         return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
     t = Table("tenant", "cap", "spent", "held", "available", "created")
     for r in rows:
         t.add_row(
@@ -275,6 +281,7 @@ def serve(
     import asyncio
 
     import uvicorn
+    from rich.markup import escape
 
     from stayer.runtime.api import create_app
 
@@ -343,6 +350,8 @@ def worker(
     import asyncio
     import contextlib
     import signal
+
+    from rich.markup import escape
 
     tasks = _tasks_dir(tasks_dir)
     try:

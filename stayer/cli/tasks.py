@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.text import Text
 
 from stayer.cli.common import (
     EXIT_FAILED,
@@ -56,6 +55,7 @@ def check(
     import asyncio
 
     from rich.table import Table
+    from rich.text import Text
 
     from stayer.eval.checks import TaskCheck, check_suite
     from stayer.sandbox.bwrap import check_bwrap
@@ -137,6 +137,8 @@ def import_tb_command(
     \b
     Example:  stayer tasks import-tb terminal-bench/tasks suites/tb --sandbox bwrap-image
     """
+    from rich.text import Text
+
     from stayer.eval.import_tb import import_tb
     from stayer.eval.suite import ProblemsError
 

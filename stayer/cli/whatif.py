@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json
 from stayer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @app.command()
@@ -99,6 +100,7 @@ def whatif(
 
 def comparison_table(doc: dict[str, Any], console: Console) -> None:
     """Recorded, the baseline replay, and every scenario, in one table."""
+    from rich.markup import escape
     from rich.table import Table
 
     recorded, baseline = doc["recorded"], doc["baseline"]
