@@ -3,6 +3,7 @@ the agent, and build no command they do not run. The times are bench/startup.py'
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -134,3 +135,21 @@ def test_rerendering_a_finished_eval_imports_neither_the_agent_nor_price_data(
     assert again.returncode == 0, again.stderr[-2000:]
     assert "reused 1" in again.stderr and (out / "report.html").exists()
     assert not {"stayer.agent", "stayer.run", "genai_prices", "stayer.pricing"} & modules
+
+
+@pytest.mark.parametrize("args", [["--version"], ["audit", "{logs}", "--json"]])
+def test_json_and_version_never_import_rich(tmp_path: Path, args: list[str]) -> None:
+    """Rich is imported where something is rendered with it: a document piped as JSON, or
+    the version, loads none of it (a twentieth of an audit's wall time)."""
+    logs = tmp_path / "logs" / "project"
+    logs.mkdir(parents=True)
+    (logs / "s.jsonl").write_text(
+        '{"type":"assistant","sessionId":"s","timestamp":"2026-01-01T00:00:00.000Z",'
+        '"message":{"id":"msg_1","model":"claude-sonnet-4-5","usage":{"input_tokens":10,'
+        '"output_tokens":5}},"requestId":"req_1"}\n'
+    )
+    p, modules = imported_by(*[a.format(logs=logs) for a in args], home=tmp_path / "home")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert sorted(m for m in modules if m.split(".")[0] == "rich") == []
+    if args[0] == "audit":
+        assert json.loads(p.stdout)["totals"]["calls"] == 1
