@@ -1150,3 +1150,34 @@ def test_discovery_skips_what_is_not_a_regular_file(tmp_path: Path) -> None:
     write_jsonl(project / "dir.jsonl" / "b.jsonl", [assistant("b", 0, "msg_b", write=1000)])
     refs = discover([tmp_path]).refs
     assert sorted(r.id for r in refs) == ["a", "b"]
+
+
+def test_sessions_encoded_in_the_workers_give_the_same_document(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """``with_json`` has each session's JSON encoded where it was analysed, indented for its
+    place in the document; the document ``--json`` prints is byte for byte the one made from
+    the reports themselves (sub-agents, breaks and strings that need escaping included)."""
+    from stayer.cli.common import emit_json
+
+    project = tmp_path / "projects" / 'p "q"\\'
+    for n in range(3):
+        write_jsonl(
+            project / f"s{n}.jsonl",
+            [
+                assistant(f"s{n}", 0, f"msg_{n}a", write=5000),
+                assistant(f"s{n}", 10, f"msg_{n}b", read=5000, out=7),
+                assistant(f"s{n}", 4000, f"msg_{n}c", write=9000, model=HAIKU),
+                assistant(f"s{n}", 20, f"msg_{n}d", sidechain=True, agent="a\u00e9\n"),
+            ],
+        )
+    refs = discover([tmp_path]).refs
+    printed = []
+    for with_json in (False, True):
+        report = build(analyse_all(refs, BOOK, jobs=1, with_json=with_json))
+        assert all((s.json_fragment is not None) == with_json for s in report.sessions)
+        emit_json(report.to_json())
+        printed.append(capsysbinary.readouterr().out)
+    assert printed[0] == printed[1]
+    doc = json.loads(printed[1])
+    assert len(doc["sessions"]) == 3 and doc["sessions"][0]["subagents"][0]["id"] == "a\u00e9\n"

@@ -277,9 +277,10 @@ class SessionReport:
     ref_id: str = ""  # the id discovery gave the session (before its log named it)
     first_main_context: int = 0  # prompt size of the session's own agent's first call
     main_models: dict[str, int] = field(default_factory=dict)  # its own agent's calls per model
-    # ``to_json()`` made ahead, where the report was analysed (a worker process: see
-    # ``stayer.audit.engine``), and given as is: a report does not change once analysed.
-    doc: dict[str, Any] | None = None
+    # ``to_json()`` encoded ahead where the report was analysed (a worker process: see
+    # ``stayer.audit.engine``), as it stands in the audit document (``AuditReport.to_json``):
+    # bytes cross from a worker far faster than the objects they encode.
+    json_fragment: bytes | None = None
 
     @property
     def break_cost(self) -> Decimal | None:
@@ -288,8 +289,6 @@ class SessionReport:
         return sum(known, Decimal(0)) if len(known) == len(costs) else None
 
     def to_json(self) -> dict[str, Any]:
-        if self.doc is not None:
-            return self.doc
         doc: dict[str, Any] = {
             "id": self.id,
             "project": self.project,

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from stayer.audit.analysis import SessionReport, Tally, money
 
 if TYPE_CHECKING:  # rich is imported by the tables only: ``audit --json`` never loads it
@@ -82,7 +84,10 @@ class AuditReport:
         )[:_TOP]
         return {
             "totals": totals,
-            "sessions": [s.to_json() for s in self.sessions],
+            "sessions": [
+                s.to_json() if s.json_fragment is None else orjson.Fragment(s.json_fragment)
+                for s in self.sessions
+            ],
             "group": self.group,
             "groups": [{"key": k, **t.to_json()} for k, t in self.groups()],
             "costliest_calls": [{"session": s.id, **c.to_json()} for s, c in costliest],
@@ -91,6 +96,17 @@ class AuditReport:
             "files": sum(s.files for s in self.sessions),
             "bytes": sum(s.bytes for s in self.sessions),
         }
+
+
+#: How the ``stayer audit --json`` document is written (``stayer.cli.common.emit_json``).
+JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+
+
+def session_fragment(report: SessionReport) -> bytes:
+    """``report.to_json()`` encoded as it stands in the document written with
+    :data:`JSON_OPTIONS`: an item of the top-level ``sessions`` list, two levels in, so each
+    of its lines is indented four spaces more (JSON strings hold no raw newline)."""
+    return orjson.dumps(report.to_json(), option=JSON_OPTIONS).replace(b"\n", b"\n    ")
 
 
 def _sum(amounts: list[Decimal | None]) -> str:

@@ -29,11 +29,13 @@ from stayer.audit.calls import Importer, LogFile, SessionRef
 from stayer.audit.claude_code import ClaudeCodeImporter
 from stayer.audit.codex import CodexImporter
 from stayer.audit.costing import CallPricer, CompiledSteps
+from stayer.audit.document import session_fragment
 from stayer.audit.stayer_runs import StayerRunImporter
 from stayer.pricing import PriceBook
 
 _HEAD = 4096
 _PARALLEL_MIN_BYTES = 16 << 20  # below this a process pool costs more than it saves
+_MIN_BATCH_BYTES = 1 << 20  # a smaller batch costs more to hand over than it evens out
 
 
 def importers() -> list[Importer]:
@@ -147,7 +149,7 @@ def _run(audit: _Audit, refs: Sequence[SessionRef]) -> tuple[list[SessionReport]
         report = analyse(by_source[ref.source].read(ref), pricer, audit.since, audit.keep_series)
         report.ref_id = ref.id
         if audit.with_json:
-            report.doc = report.to_json()
+            report.json_fragment = session_fragment(report)
         reports.append(report)
     return reports, pricer.learned
 
@@ -167,15 +169,29 @@ def _run_in_worker(refs: tuple[SessionRef, ...]) -> tuple[list[SessionReport], C
     return _run(_worker_audit, refs)
 
 
-def _batches(refs: Sequence[SessionRef], n: int) -> list[tuple[SessionRef, ...]]:
-    """``n`` batches of similar total size (largest first into the lightest batch)."""
-    bins: list[list[SessionRef]] = [[] for _ in range(n)]
-    sizes = [0] * n
-    for ref in sorted(refs, key=lambda r: r.bytes, reverse=True):
-        i = sizes.index(min(sizes))
-        bins[i].append(ref)
-        sizes[i] += ref.bytes + 1
-    return [tuple(b) for b in bins if b]
+def _batches(refs: Sequence[SessionRef], jobs: int) -> list[tuple[SessionRef, ...]]:
+    """Batches for ``jobs`` workers, largest first and shrinking ("guided" scheduling): each
+    takes a ``2 * jobs``-th of the bytes still to hand out, the largest sessions first, so
+    that a worker taking the next batch as it finishes one ends close to the others. Equal
+    batches left one core idle for as long as a whole batch took: the same bytes can take
+    half as long again (other sessions' shapes, a core shared with another machine)."""
+    ordered = sorted(refs, key=lambda r: r.bytes, reverse=True)
+    left = sum(r.bytes + 1 for r in ordered)
+    # Each batch costs its worker a round trip (its reports pickled back): no smaller than
+    # an eighth of a worker's share.
+    smallest = max(left // (8 * jobs), _MIN_BATCH_BYTES)
+    batches: list[tuple[SessionRef, ...]] = []
+    start = 0
+    while start < len(ordered):
+        target = max(left // (2 * jobs), smallest)
+        end, size = start, 0
+        while end < len(ordered) and (end == start or size + ordered[end].bytes < target):
+            size += ordered[end].bytes + 1
+            end += 1
+        batches.append(tuple(ordered[start:end]))
+        left -= size
+        start = end
+    return batches
 
 
 def _cores() -> int:
@@ -213,8 +229,7 @@ def analyse_all(
     import multiprocessing as mp
 
     method = "fork" if "fork" in mp.get_all_start_methods() else None
-    # Several batches per worker so that one large session does not leave a core idle.
-    batches = _batches(refs, jobs * 4)
+    batches = _batches(refs, jobs)
     with mp.get_context(method).Pool(min(jobs, len(batches)), _start_worker, (audit,)) as pool:
         for reports, learned in pool.imap_unordered(_run_in_worker, batches):
             steps.update(learned)
