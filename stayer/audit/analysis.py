@@ -31,6 +31,7 @@ is positive, and the growth term accounts for at least a fifth of the cumulative
 
 from __future__ import annotations
 
+import builtins
 import heapq
 import time
 from collections.abc import Iterable
@@ -280,7 +281,7 @@ class SessionReport:
     # ``to_json()`` encoded ahead where the report was analysed (a worker process: see
     # ``stayer.audit.engine``), as it stands in the audit document (``AuditReport.to_json``):
     # bytes cross from a worker far faster than the objects they encode.
-    json_fragment: bytes | None = None
+    json_fragment: builtins.bytes | None = None  # (``bytes`` here is the field above)
 
     @property
     def break_cost(self) -> Decimal | None:
