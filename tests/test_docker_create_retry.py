@@ -102,3 +102,63 @@ def test_seeding_says_the_runtimes_words_when_every_try_fails(fake_docker, tmp_p
     assert runs.read_text() == "3\n"
     assert "exit 126" in str(e.value) and "OCI runtime create failed" in str(e.value), e.value
     assert "docker run --help" not in str(e.value)
+
+
+def _fake_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: int, words: str) -> Path:
+    """A docker whose first ``fails`` builds fail at a RUN step saying ``words``; it has no
+    image until a build succeeds. Returns the file counting its builds."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    count, built = tmp_path / "builds", tmp_path / "built"
+    script = bin_dir / "docker"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        "  version) echo 26.1.5 ;;\n"
+        f"  image) [ -e {built} ] ;;\n"
+        f"  build) n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n"
+        "         echo 'Step 1/2 : FROM debian:bookworm'; echo 'Step 2/2 : RUN true'\n"
+        f"         if [ $n -le {fails} ]; then echo '{words}'; exit 1; fi\n"
+        f"         touch {built} ;;\n"
+        "esac\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    check_docker.cache_clear()
+    return count
+
+
+def _context(tmp_path: Path) -> Path:
+    context = tmp_path / "env"
+    context.mkdir()
+    (context / "Dockerfile").write_text("FROM debian:bookworm\nRUN true\n")
+    return context
+
+
+def test_a_build_whose_step_the_runtime_failed_to_start_is_built_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stayer.environments.docker import build_image
+
+    builds = _fake_builder(tmp_path, monkeypatch, 1, CREATE_FAILED.removeprefix("docker: "))
+    said: list[str] = []
+    try:
+        build_image(_context(tmp_path), log=said.append)
+    finally:
+        check_docker.cache_clear()
+    assert builds.read_text() == "2\n"
+    assert any("runtime failed to start a step; building again" in line for line in said), said
+
+
+def test_a_build_that_fails_by_itself_is_not_built_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stayer.environments.docker import build_image
+
+    builds = _fake_builder(tmp_path, monkeypatch, 1, "E: Unable to locate package nosuch")
+    try:
+        with pytest.raises(BuildError, match="Unable to locate package nosuch"):
+            build_image(_context(tmp_path))
+    finally:
+        check_docker.cache_clear()
+    assert builds.read_text() == "1\n"

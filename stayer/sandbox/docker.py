@@ -204,8 +204,13 @@ def never_created(exit_code: int, stdout: str | bytes, stderr: str | bytes) -> b
         exit_code in (125, 126, 127)
         and not stdout
         and first.startswith("docker: Error")
-        and _CREATE_FAILED in first
+        and runtime_failed(first)
     )
+
+
+def runtime_failed(line: str) -> bool:
+    """Whether a line of Docker's says its runtime could not create a container."""
+    return _CREATE_FAILED in line
 
 
 def client_error(stderr: str | bytes) -> str:
@@ -250,4 +255,5 @@ __all__ = [
     "client_error",
     "hand_over",
     "never_created",
+    "runtime_failed",
 ]
