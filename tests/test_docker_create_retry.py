@@ -24,31 +24,33 @@ CREATE_FAILED = (
 )
 
 
+def _install_docker(bin_dir: Path, body: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``docker`` on PATH answering ``case "$1"`` with ``body``."""
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "docker"
+    script.write_text('#!/bin/sh\ncase "$1" in\n  version) echo 26.1.5 ;;\n' + body + "esac\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    check_docker.cache_clear()
+
+
 @pytest.fixture
 def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``make(fails, then)``: a docker whose first ``fails`` runs fail to create the
     container, and later ones run ``then`` (by default the command, as bash would); returns
     the file counting its runs."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
 
     def make(fails: int, then: str = 'for last; do :; done; exec /bin/sh -c "$last"') -> Path:
         count = tmp_path / "runs"
-        script = bin_dir / "docker"
-        script.write_text(
-            "#!/bin/sh\n"
-            'case "$1" in\n'
-            "  version) echo 26.1.5 ;;\n"
+        _install_docker(
+            tmp_path / "bin",
             "  rm) ;;\n"
             f"  run) n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n"
             f"       if [ $n -le {fails} ]; then echo '{CREATE_FAILED}' >&2; echo >&2;"
             " echo \"Run 'docker run --help' for more information\" >&2; exit 126; fi\n"
-            f"       {then} ;;\n"
-            "esac\n"
+            f"       {then} ;;\n",
+            monkeypatch,
         )
-        script.chmod(0o755)
-        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-        check_docker.cache_clear()
         return count
 
     yield make
@@ -107,24 +109,16 @@ def test_seeding_says_the_runtimes_words_when_every_try_fails(fake_docker, tmp_p
 def _fake_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: int, words: str) -> Path:
     """A docker whose first ``fails`` builds fail at a RUN step saying ``words``; it has no
     image until a build succeeds. Returns the file counting its builds."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
     count, built = tmp_path / "builds", tmp_path / "built"
-    script = bin_dir / "docker"
-    script.write_text(
-        "#!/bin/sh\n"
-        'case "$1" in\n'
-        "  version) echo 26.1.5 ;;\n"
+    _install_docker(
+        tmp_path / "bin",
         f"  image) [ -e {built} ] ;;\n"
         f"  build) n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n"
         "         echo 'Step 1/2 : FROM debian:bookworm'; echo 'Step 2/2 : RUN true'\n"
         f"         if [ $n -le {fails} ]; then echo '{words}'; exit 1; fi\n"
-        f"         touch {built} ;;\n"
-        "esac\n"
+        f"         touch {built} ;;\n",
+        monkeypatch,
     )
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    check_docker.cache_clear()
     return count
 
 

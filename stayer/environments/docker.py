@@ -10,14 +10,13 @@ import json
 import re
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from stayer.environments import dockerignore
 from stayer.environments.build import BuildError
 from stayer.environments.dockerfile import parse_dockerfile
-from stayer.sandbox.docker import CREATE_RETRY_PAUSES_S, check_docker, client_env, runtime_failed
+from stayer.sandbox.docker import check_docker, client_env, retry_uncreated, runtime_failed
 
 # An image is named by what it is built from: equal contexts share one image.
 IMAGE_REPOSITORY = "stayer-env"
@@ -48,14 +47,11 @@ def build_image(context: str | Path, *, log: Callable[[str], None] = lambda _: N
     # A step whose container the runtime failed to create (as ``docker run`` sometimes
     # fails on a busy machine: stayer.sandbox.docker) fails the build; built again, the
     # steps before it come from Docker's cache.
-    for pause in (*CREATE_RETRY_PAUSES_S, None):
-        code, tail = _run_build(
-            [*argv, str(context)], lambda step: log(f"{dockerfile.path}: {step}")
-        )
-        if code in (0, None) or pause is None or not any(map(runtime_failed, tail)):
-            break
-        log(f"{dockerfile.path}: Docker's runtime failed to start a step; building again")
-        time.sleep(pause)
+    code, tail = retry_uncreated(
+        lambda: _run_build([*argv, str(context)], lambda step: log(f"{dockerfile.path}: {step}")),
+        lambda done: done[0] not in (0, None) and any(map(runtime_failed, done[1])),
+        lambda: log(f"{dockerfile.path}: Docker's runtime failed to start a step; building again"),
+    )
     if code is None:
         raise BuildError(
             f"{dockerfile.path}: docker build did not finish in {BUILD_TIMEOUT_S:.0f} s; "

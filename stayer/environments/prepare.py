@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,13 +66,13 @@ class Environment:
                 copy_tree(app, workspace)
             return
         from stayer.sandbox.docker import (
-            CREATE_RETRY_PAUSES_S,
             DockerSandbox,
             check_docker,
             client_env,
             client_error,
             hand_over,
             never_created,
+            retry_uncreated,
         )
 
         user = DockerSandbox(workspace, image=self.image or "").user
@@ -103,13 +102,12 @@ class Environment:
         # Docker's runtime fails now and then to create a container on a busy machine: tried
         # again as the docker sandbox does; any other failure is the image's, said as it is,
         # never a workspace silently left without the image's files.
-        for pause in (*CREATE_RETRY_PAUSES_S, None):
-            proc = subprocess.run(
+        proc = retry_uncreated(
+            lambda: subprocess.run(
                 argv, capture_output=True, timeout=600, env=client_env(), check=False
-            )
-            if pause is None or not never_created(proc.returncode, proc.stdout, proc.stderr):
-                break
-            time.sleep(pause)
+            ),
+            lambda p: never_created(p.returncode, p.stdout, p.stderr),
+        )
         if proc.returncode != 0:
             raise BuildError(
                 f"{self.image}: copying the image's /app into the workspace failed (exit "

@@ -40,9 +40,9 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
@@ -188,6 +188,8 @@ class DockerSandbox(ProcessSandbox):
             await asyncio.shield(_remove_container(self.docker, name))
 
 
+_R = TypeVar("_R")
+
 # Between the tries of a container the runtime failed to create (module docstring).
 CREATE_RETRY_PAUSES_S = (0.25, 1.0)
 _CREATE_FAILED = "OCI runtime create failed"
@@ -206,6 +208,24 @@ def never_created(exit_code: int, stdout: str | bytes, stderr: str | bytes) -> b
         and first.startswith("docker: Error")
         and runtime_failed(first)
     )
+
+
+def retry_uncreated(
+    run: Callable[[], _R],
+    uncreated: Callable[[_R], bool],
+    on_retry: Callable[[], None] = lambda: None,
+) -> _R:
+    """``run()``, run again (after ``CREATE_RETRY_PAUSES_S``) while ``uncreated`` says Docker's
+    runtime failed to create its container; the last result otherwise. For the synchronous
+    callers (the image's seed, ``docker build``); ``DockerSandbox.exec`` does the same within
+    its command's timeout."""
+    for pause in (*CREATE_RETRY_PAUSES_S, None):
+        result = run()
+        if pause is None or not uncreated(result):
+            return result
+        on_retry()
+        time.sleep(pause)
+    raise AssertionError("unreachable: the last pause is None")
 
 
 def runtime_failed(line: str) -> bool:
@@ -255,5 +275,6 @@ __all__ = [
     "client_error",
     "hand_over",
     "never_created",
+    "retry_uncreated",
     "runtime_failed",
 ]
