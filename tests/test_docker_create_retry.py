@@ -129,29 +129,48 @@ def _context(tmp_path: Path) -> Path:
     return context
 
 
-def test_a_build_whose_step_the_runtime_failed_to_start_is_built_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+UNPACK_FAILED = (
+    "failed to copy files: failed to copy file: Error processing tar file(exit status 1): "
+    "Error after fallback to chroot: no such file or directory"
+)
+
+
+@pytest.mark.parametrize(
+    "words", [CREATE_FAILED.removeprefix("docker: "), UNPACK_FAILED], ids=["create", "unpack"]
+)
+def test_a_build_whose_step_docker_failed_to_start_or_fill_is_built_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, words: str
 ) -> None:
     from stayer.environments.docker import build_image
 
-    builds = _fake_builder(tmp_path, monkeypatch, 1, CREATE_FAILED.removeprefix("docker: "))
+    builds = _fake_builder(tmp_path, monkeypatch, 1, words)
     said: list[str] = []
     try:
         build_image(_context(tmp_path), log=said.append)
     finally:
         check_docker.cache_clear()
     assert builds.read_text() == "2\n"
-    assert any("runtime failed to start a step; building again" in line for line in said), said
+    assert any("failed to start or fill a step; building again" in line for line in said), said
 
 
+@pytest.mark.parametrize(
+    "words",
+    [
+        "E: Unable to locate package nosuch",
+        # a COPY onto a file: unpacked by the same helper, the step's own fault
+        "failed to copy files: failed to copy file: Error processing tar file(exit status 1): "
+        "mkdir /app/numbers.txt: not a directory",
+    ],
+    ids=["run", "copy"],
+)
 def test_a_build_that_fails_by_itself_is_not_built_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, words: str
 ) -> None:
     from stayer.environments.docker import build_image
 
-    builds = _fake_builder(tmp_path, monkeypatch, 1, "E: Unable to locate package nosuch")
+    builds = _fake_builder(tmp_path, monkeypatch, 1, words)
     try:
-        with pytest.raises(BuildError, match="Unable to locate package nosuch"):
+        with pytest.raises(BuildError, match=words.split(": ")[-1]):
             build_image(_context(tmp_path))
     finally:
         check_docker.cache_clear()

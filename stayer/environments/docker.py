@@ -16,13 +16,19 @@ from pathlib import Path
 from stayer.environments import dockerignore
 from stayer.environments.build import BuildError
 from stayer.environments.dockerfile import parse_dockerfile
-from stayer.sandbox.docker import check_docker, client_env, retry_uncreated, runtime_failed
+from stayer.sandbox.docker import check_docker, client_env, retry_docker_failures, runtime_failed
 
 # An image is named by what it is built from: equal contexts share one image.
 IMAGE_REPOSITORY = "stayer-env"
 BUILD_TIMEOUT_S = 3600.0
 _TAIL_LINES = 20
 _STEP = re.compile(r"Step \d+/\d+ : |#\d+ \[(?:[\w.-]+ )?\d+/\d+\] ")
+# The daemon's helper that unpacks a COPY into the step's root could not enter that root
+# ("failed to copy files: failed to copy file: Error processing tar file(exit status 1):
+# Error after fallback to chroot: no such file or directory"; seen in two concurrent test
+# runs at a load of ~13, not on demand). The step's own failures (a source missing, a
+# destination that is a file) say something else.
+_UNPACK_FAILED = "Error after fallback to chroot"
 
 
 def image_tag(context: Path) -> str:
@@ -45,12 +51,12 @@ def build_image(context: str | Path, *, log: Callable[[str], None] = lambda _: N
     log(f"{dockerfile.path}: building image {tag} with Docker")
     argv = [docker, "build", "--network", "host", "--tag", tag, "--file", str(dockerfile.path)]
     # A step whose container the runtime failed to create (as ``docker run`` sometimes
-    # fails on a busy machine: stayer.sandbox.docker) fails the build; built again, the
-    # steps before it come from Docker's cache.
-    code, tail = retry_uncreated(
+    # fails on a busy machine: stayer.sandbox.docker), or whose COPY the daemon failed to
+    # unpack, fails the build; built again, the steps before it come from Docker's cache.
+    code, tail = retry_docker_failures(
         lambda: _run_build([*argv, str(context)], lambda step: log(f"{dockerfile.path}: {step}")),
-        lambda done: done[0] not in (0, None) and any(map(runtime_failed, done[1])),
-        lambda: log(f"{dockerfile.path}: Docker's runtime failed to start a step; building again"),
+        lambda done: done[0] not in (0, None) and any(map(_docker_failed, done[1])),
+        lambda: log(f"{dockerfile.path}: Docker failed to start or fill a step; building again"),
     )
     if code is None:
         raise BuildError(
@@ -60,6 +66,11 @@ def build_image(context: str | Path, *, log: Callable[[str], None] = lambda _: N
     if code != 0:
         raise BuildError(f"{dockerfile.path}: docker build failed: {(tail[-1] if tail else code)}")
     return tag
+
+
+def _docker_failed(line: str) -> bool:
+    """Whether a line of ``docker build`` says Docker itself failed a step, not the step."""
+    return runtime_failed(line) or _UNPACK_FAILED in line
 
 
 def _run_build(argv: list[str], on_step: Callable[[str], None]) -> tuple[int | None, list[str]]:

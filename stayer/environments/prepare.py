@@ -72,7 +72,7 @@ class Environment:
             client_error,
             hand_over,
             never_created,
-            retry_uncreated,
+            retry_docker_failures,
         )
 
         user = DockerSandbox(workspace, image=self.image or "").user
@@ -102,7 +102,7 @@ class Environment:
         # Docker's runtime fails now and then to create a container on a busy machine: tried
         # again as the docker sandbox does; any other failure is the image's, said as it is,
         # never a workspace silently left without the image's files.
-        proc = retry_uncreated(
+        proc = retry_docker_failures(
             lambda: subprocess.run(
                 argv, capture_output=True, timeout=600, env=client_env(), check=False
             ),

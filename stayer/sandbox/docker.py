@@ -210,18 +210,19 @@ def never_created(exit_code: int, stdout: str | bytes, stderr: str | bytes) -> b
     )
 
 
-def retry_uncreated(
+def retry_docker_failures(
     run: Callable[[], _R],
-    uncreated: Callable[[_R], bool],
+    failed: Callable[[_R], bool],
     on_retry: Callable[[], None] = lambda: None,
 ) -> _R:
-    """``run()``, run again (after ``CREATE_RETRY_PAUSES_S``) while ``uncreated`` says Docker's
-    runtime failed to create its container; the last result otherwise. For the synchronous
-    callers (the image's seed, ``docker build``); ``DockerSandbox.exec`` does the same within
-    its command's timeout."""
+    """``run()``, run again (after ``CREATE_RETRY_PAUSES_S``) while ``failed`` says Docker
+    itself failed it, not the command or step (its runtime could not create the container;
+    for a build, also its daemon could not unpack a step's files); the last result otherwise.
+    For the synchronous callers (the image's seed, ``docker build``); ``DockerSandbox.exec``
+    does the same within its command's timeout."""
     for pause in (*CREATE_RETRY_PAUSES_S, None):
         result = run()
-        if pause is None or not uncreated(result):
+        if pause is None or not failed(result):
             return result
         on_retry()
         time.sleep(pause)
@@ -275,6 +276,6 @@ __all__ = [
     "client_error",
     "hand_over",
     "never_created",
-    "retry_uncreated",
+    "retry_docker_failures",
     "runtime_failed",
 ]
