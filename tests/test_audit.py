@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
@@ -324,8 +326,9 @@ def test_a_count_that_is_no_number_skips_its_line_not_the_audit(
 def test_lines_of_the_usual_shape_read_as_any_other_shape(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The typed decoding of the usual line shape is only a fast path: with it turned off
-    every line is read by the general one, and the calls and skipped lines are the same."""
+    """The typed decoding of the usual line shape, many lines at once, is only a fast path:
+    with it turned off every line is read by the general one, and the calls and skipped
+    lines are the same."""
     import random
 
     import msgspec
@@ -379,10 +382,99 @@ def test_lines_of_the_usual_shape_read_as_any_other_shape(
         def decode(self, line: bytes) -> None:
             raise msgspec.DecodeError("not the usual shape")
 
+        def decode_lines(self, lines: bytes) -> None:
+            raise msgspec.DecodeError("not the usual shape")
+
     monkeypatch.setattr(claude_code, "_USUAL", Refuses())
     general = ClaudeCodeImporter().read(ref)
     assert len(usual.calls) > 100 and usual.skipped_lines > 10
     assert (usual.calls, usual.skipped_lines) == (general.calls, general.skipped_lines)
+
+
+def _shapes_session(path: Path, broken: bool) -> None:
+    """A session of 200 calls of the usual shape (with repeats, sub-agents, compactions and
+    lines of every length), and with ``broken`` a few lines that are no JSON object."""
+    import random
+
+    rng = random.Random(7)
+    lines: list[dict[str, Any] | str] = []
+    for i in range(200):
+        line = assistant(
+            "s-chunks",
+            5.0 * i,
+            f"msg_{rng.randrange(120)}",
+            rng.choice([None, f"req_{i}"]),
+            read=rng.randrange(9000),
+            write=rng.randrange(3000),
+            out=rng.randrange(900),
+            sidechain=rng.random() < 0.3,
+        )
+        line["message"]["content"] = [{"type": "text", "text": "x" * rng.choice([0, 9, 700])}]
+        lines.append(line)
+        if rng.random() < 0.1:
+            lines.append(compact_boundary("s-chunks", 5.0 * i))
+        if rng.random() < 0.1:
+            lines.append("\n")
+        if broken and rng.random() < 0.05:
+            lines.append(rng.choice(["not json\n", '{"cut": \n', "[1, 2]\n"]))
+    text = "".join(
+        x if isinstance(x, str) else json.dumps(x, separators=(",", ":")) + "\n" for x in lines
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.removesuffix("\n"))  # the last line without its newline
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_lines_read_many_at_once_or_one_by_one_give_the_same_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: bool
+) -> None:
+    """Lines are decoded a chunk at a time; a chunk holding a line of another shape (or no
+    JSON) is read line by line. Where the chunks end — mid-line, or in lines longer than a
+    chunk — changes nothing: every chunk size gives the calls and skipped lines the line by
+    line reading gives."""
+    import msgspec
+
+    from stayer.audit import claude_code
+
+    _shapes_session(tmp_path / "projects" / "p" / "s-chunks.jsonl", broken)
+    (ref,) = discover([tmp_path / "projects"]).refs
+    whole = ClaudeCodeImporter().read(ref)
+    assert len(whole.calls) > 50 and whole.bytes == ref.bytes
+    assert (whole.skipped_lines > 0) == broken
+
+    results = []
+    for chunk in (64, 1000, 4096):
+        monkeypatch.setattr(claude_code, "_CHUNK", chunk)
+        results.append(ClaudeCodeImporter().read(ref))
+
+    class OneByOne:
+        decode = claude_code._USUAL.decode
+
+        def decode_lines(self, lines: bytes) -> None:
+            raise msgspec.DecodeError("read one by one")
+
+    monkeypatch.setattr(claude_code, "_USUAL", OneByOne())
+    results.append(ClaudeCodeImporter().read(ref))
+    for r in results:
+        assert (r.calls, r.skipped_lines, r.bytes) == (whole.calls, whole.skipped_lines, ref.bytes)
+
+
+def test_a_call_whose_content_is_not_utf8_is_still_counted(tmp_path: Path) -> None:
+    """A stray byte that is not UTF-8 in a tool's output (the content, which the audit does
+    not read) does not unbill the call: it is counted (ccusage 20 drops such a line). A line
+    whose own fields are not UTF-8 is skipped."""
+    s = "s-bytes"
+    path = tmp_path / "projects" / "p" / f"{s}.jsonl"
+    calls = [assistant(s, 0, "msg_A", write=1000), assistant(s, 9, "msg_B", read=1000)]
+    calls[1]["message"]["content"] = [{"type": "text", "text": "BYTE"}]
+    odd = assistant(s, 20, "msg_C", read=1000)
+    odd["message"]["model"] = "MODEL"
+    raw = b"".join(json.dumps(c, separators=(",", ":")).encode() + b"\n" for c in [*calls, odd])
+    path.parent.mkdir(parents=True)
+    path.write_bytes(raw.replace(b"BYTE", b"caf\xe9 \xff").replace(b"MODEL", b"claude-\xff"))
+    doc = audit(tmp_path)
+    assert only_session(doc)["calls"] == 2
+    assert doc["skipped_lines"] == 1
 
 
 # --- prices -----------------------------------------------------------------------------
@@ -1150,6 +1242,71 @@ def test_discovery_skips_what_is_not_a_regular_file(tmp_path: Path) -> None:
     write_jsonl(project / "dir.jsonl" / "b.jsonl", [assistant("b", 0, "msg_b", write=1000)])
     refs = discover([tmp_path]).refs
     assert sorted(r.id for r in refs) == ["a", "b"]
+
+
+def _stayer_run(root: Path) -> None:
+    run = root / "runs" / "r1"
+    run.mkdir(parents=True)
+    entry = {"model": "sim:claude-sonnet-4-5", "cost_usd": "0", "step": 1, "latency_s": 1.0}
+    doc = {"run_id": "r1", "task_path": "t", "started": ts(0), "ledger": [entry]}
+    (run / "result.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("source", ["claude-code", "codex", "stayer"])
+def test_a_log_swapped_for_a_fifo_after_discovery_is_skipped_not_waited_on(
+    source: str, tmp_path: Path
+) -> None:
+    """Discovery opens each log once, and each importer opens it again to read it: a log
+    replaced by a FIFO in between (by whoever can write the log directory) is counted as
+    unreadable and never opened (stayer.audit.calls.open_log), not even without blocking: a
+    writer waiting on the FIFO before the importer reads, and still waiting after, tells
+    that no reader came (any reader, a non-blocking one included, lets it through)."""
+    import shutil
+
+    from stayer.audit.engine import importers
+    from stayer.audit.scenarios import _lines
+
+    if source == "claude-code":
+        write_jsonl(tmp_path / "projects" / "p" / "s.jsonl", [assistant("s", 0, "msg_a", write=9)])
+    elif source == "codex":
+        shutil.copytree(FIXTURES / "codex", tmp_path / "codex")
+    else:
+        _stayer_run(tmp_path)
+    (ref,) = discover([tmp_path]).refs
+    assert ref.source == source
+    (path,) = ref.paths
+    path.unlink()
+    os.mkfifo(path)
+
+    def writer() -> None:
+        with open(path, "wb"):  # returns once a reader has opened the FIFO
+            pass
+
+    waiting = threading.Thread(target=writer, daemon=True)
+    waiting.start()
+    deadline = time.monotonic() + 120  # reached only when the writer never waits
+    while not _waiting_for_a_reader(waiting):
+        assert time.monotonic() < deadline, "the writer never waited on the FIFO"
+        time.sleep(0.01)
+    try:
+        (importer,) = [i for i in importers() if i.source == source]
+        session = importer.read(ref)
+        assert session.skipped_lines == 1 and session.calls == []
+        assert list(_lines(path)) == []  # the what-if replay reads the log the same way
+        assert _waiting_for_a_reader(waiting)  # nothing opened the FIFO
+    finally:
+        # let the writer through (a non-blocking reader of our own) and end its thread
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        waiting.join()
+        os.close(fd)
+
+
+def _waiting_for_a_reader(thread: threading.Thread) -> bool:
+    """Whether ``thread`` sleeps in the kernel's open of a FIFO, waiting for a reader (its
+    wchan: ``wait_for_partner``, called by ``fifo_open``). A reader's open wakes it at once
+    (it is then running, or past the open), so this tells whether any reader came."""
+    wchan = Path(f"/proc/self/task/{thread.native_id}/wchan").read_text()
+    return wchan in ("wait_for_partner", "fifo_open")
 
 
 def test_sessions_encoded_in_the_workers_give_the_same_document(

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import msgspec
 import orjson
@@ -104,6 +106,44 @@ class Importer(Protocol):
 
 
 # --- reading log lines: every importer skips and counts malformed lines the same way ---
+
+
+def open_log(
+    path: str | os.PathLike[str], buffering: int = -1
+) -> tuple[BinaryIO, os.stat_result] | None:
+    """A log file opened for reading, with its stat (links followed); None for anything but a
+    regular file (a FIFO, a device, a directory) or when it cannot be opened. Discovery and
+    every importer open through here, so a log swapped for a FIFO or a device after
+    discovery is never opened: a FIFO would have the audit wait for a writer (or let a
+    waiting writer through), and opening a device can act on it.
+
+    On Linux the path is pinned with ``O_PATH``, which opens nothing (no reader of a FIFO,
+    no driver's open); its type is read from that, and only a regular file is opened for
+    reading, through ``/proc/self/fd`` (the same inode, whatever the path names by then).
+    Elsewhere, or without ``/proc``, ``O_NONBLOCK`` keeps the open of a FIFO from waiting."""
+    pin = _can_reopen()
+    try:
+        fd = os.open(path, (os.O_PATH if pin else os.O_RDONLY | os.O_NONBLOCK) | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            readable = (
+                os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC) if pin else os.dup(fd)
+            )
+            return os.fdopen(readable, "rb", buffering=buffering), st
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return None
+
+
+@cache
+def _can_reopen() -> bool:
+    """Whether an ``O_PATH`` descriptor can be opened again for reading through /proc."""
+    return hasattr(os, "O_PATH") and os.path.isdir("/proc/self/fd")
 
 
 def parse_ts(value: Any) -> float | None:

@@ -17,21 +17,24 @@ tricky, and how this importer matches ccusage (the reference tool people already
 * **Compaction.** A ``compact_boundary`` system entry, a compact-summary user entry or a
   ``summary`` entry between two calls marks the next call of that chain as following a
   compaction.
-* Only lines containing a ``"usage":`` key, a compaction marker or a sidechain flag
-  are parsed; the rest are only checked for JSON-object framing, so a truncated or garbled
-  line anywhere is counted in ``skipped_lines``. A parsed line is decoded into
-  :class:`_Line`, which names only the fields read here: the message content (most of the
-  bytes) is skipped, not built. A line whose fields do not have the expected shape is read
-  again as plain JSON, so the shape only makes the common case fast.
+* Lines are decoded a few megabytes at a time (``msgspec``'s ``decode_lines``) into
+  :class:`_UsualLine`, which names only the fields read here: the message content (most of
+  the bytes) is skipped, not built, and is not checked for UTF-8 either, so a stray byte in
+  a tool's output does not unbill its call (ccusage 20 drops such a line, so on such logs
+  its totals are lower; checking 200 MB of content for UTF-8 would cost more than reading
+  it). A piece holding a line of another shape, or one that is no JSON object, is read
+  again line by line: a line of another shape is read as plain JSON, and a line that is no
+  JSON object (truncated, garbled) is counted in ``skipped_lines``. So the shape only makes
+  the common case fast.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 import msgspec
 
@@ -42,16 +45,12 @@ from stayer.audit.calls import (
     LogFile,
     SessionRef,
     json_object,
+    open_log,
     parse_ts,
-    well_framed,
 )
 from stayer.usage import Usage
 
-_USAGE = b'"usage":'
-_SIDECHAIN = b'"isSidechain":true'
-_COMPACT = b"ompact"  # in "compact_boundary" and "isCompactSummary"
-_SUMMARY = b'{"type":"summary"'
-_BUFFER = 1 << 16
+_CHUNK = 1 << 22  # read and decoded at once: whole lines, bounded memory
 _SESSION_ID = re.compile(rb'"sessionId":"([^"]+)"')
 
 
@@ -123,9 +122,7 @@ _USUAL = msgspec.json.Decoder(_UsualLine)
 def _decode(line: bytes, out: ImportedSession) -> _Line | None:
     """The line's fields; None, counted in ``out.skipped_lines``, when it is not a JSON object."""
     try:
-        # msgspec does not check the UTF-8 of the strings it skips; orjson (below) does
-        if line.isascii() or _is_utf8(line):
-            return _LINE.decode(line)
+        return _LINE.decode(line)
     except msgspec.DecodeError:  # not the usual shape (or not JSON): read it as plain JSON
         pass
     d = json_object(line, out)
@@ -135,14 +132,6 @@ def _decode(line: bytes, out: ImportedSession) -> _Line | None:
     fields = {k: d.get(k) for k in _Line.__struct_fields__ if k != "message"}
     message = _Message(m.get("id"), m.get("model"), m.get("usage")) if type(m) is dict else None
     return _Line(**fields, message=message)
-
-
-def _is_utf8(line: bytes) -> bool:
-    try:
-        line.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 class _Entry(msgspec.Struct, gc=False):
@@ -292,116 +281,149 @@ class ClaudeCodeImporter:
 
     def _read_file(self, path: Path, ref: SessionRef, dedup: _Dedup, out: ImportedSession) -> int:
         _, _, agent_file = _layout(os.fspath(path))
-        file_chain = path.stem.removeprefix("agent-") if agent_file else None
-        roots: dict[str, str] = {}  # sidechain entry uuid -> uuid of its chain's first entry
-        compaction: set[str] = set()  # chains with a compaction since their last call
+        lines = _FileLines(
+            ref.id, path.stem.removeprefix("agent-") if agent_file else None, dedup, out
+        )
         size = 0
-        try:
-            f = path.open("rb", buffering=_BUFFER)
-        except OSError:
+        opened = open_log(path, buffering=0)
+        if opened is None:
             out.skipped_lines += 1
             return 0
-        sidechains = file_chain is None
-        usual, usual_usage, entry_of, parse = _USUAL.decode, _Usage, _Entry, parse_ts
-        add, skipped = dedup.add, 0
-        with f:
-            for line in f:
-                size += len(line)
-                usage_line = line.rfind(_USAGE) != -1  # near the end, after the content
-                if not (
-                    usage_line
-                    or (sidechains and line.find(_SIDECHAIN, 0, 512) != -1)
-                    or line.startswith(_SUMMARY)
-                    or _COMPACT in line  # one scan for both compaction markers
-                ):
-                    if not well_framed(line):
-                        skipped += 1
-                    continue
-                d: _UsualLine | _Line | None
+        with opened[0] as f:
+            for chunk in _chunks(f):
+                size += len(chunk)
+                decoded: Sequence[_UsualLine | _Line]
                 try:
-                    # msgspec does not check the UTF-8 of the strings it skips; orjson does
-                    d = usual(line) if line.isascii() or _is_utf8(line) else _decode(line, out)
-                except msgspec.DecodeError:  # another shape, or not JSON: see _decode
-                    d = _decode(line, out)
-                if d is None:
-                    continue
-                sidechain = d.isSidechain is True
-                if not sidechain:
-                    chain = MAIN_CHAIN
-                elif type(d.agentId) is str and d.agentId:
-                    chain = d.agentId
-                else:
-                    chain = self._chain(d, file_chain, roots)
-                msg = d.message
-                usage = msg.usage if msg is not None else None
-                if usage_line and isinstance(usage, usual_usage):
-                    # the usual shape: its counts are non-negative integers (or absent)
-                    ts = parse(d.timestamp)
-                    model = msg.model  # type: ignore[union-attr]
-                    if ts is None or type(model) is not str or not model:
-                        skipped += 1
-                        continue
-                    mid, rid, sid = msg.id, d.requestId, d.sessionId  # type: ignore[union-attr]
-                    entry = entry_of(
-                        ts,
-                        model,
-                        usage,
-                        (usage.input_tokens or 0)
-                        + (usage.output_tokens or 0)
-                        + (usage.cache_creation_input_tokens or 0)
-                        + (usage.cache_read_input_tokens or 0),
-                        chain,
-                        sidechain,
-                        chain in compaction,
-                        mid if type(mid) is str and mid else None,
-                        rid if type(rid) is str and rid else None,
-                        sid if type(sid) is str and sid else ref.id,
-                        usage.speed,
-                    )
-                elif usage_line and type(usage) is dict:  # another shape
-                    assert msg is not None
-                    general = self._entry(d, msg, usage, chain, sidechain, ref, chain in compaction)
-                    if general is None:
-                        skipped += 1
-                        continue
-                    entry = general
-                else:
-                    if (
-                        d.type == "summary"
-                        or d.subtype == "compact_boundary"
-                        or d.isCompactSummary is True
-                    ):
-                        compaction.add(chain)
-                    continue
-                if entry.model == "<synthetic>":
-                    continue  # Claude Code's own notices (errors, interruptions): no API call
-                compaction.discard(chain)
-                add(entry)
-        out.skipped_lines += skipped
+                    decoded = _USUAL.decode_lines(chunk)
+                except msgspec.DecodeError:  # a line of another shape, or not JSON: one by one
+                    decoded = _each_line(chunk, out)
+                lines.take(decoded)
         return size
 
-    @staticmethod
-    def _chain(d: _UsualLine | _Line, file_chain: str | None, roots: dict[str, str]) -> str:
+
+def _chunks(f: BinaryIO) -> Iterator[bytes]:
+    """The file's bytes in pieces of whole lines (the last one's may lack its newline), so
+    that what is held does not grow with the file."""
+    parts: list[bytes] = []
+    while block := f.read(_CHUNK):
+        cut = block.rfind(b"\n") + 1
+        if cut == 0:  # no line ends in it: part of a longer line
+            parts.append(block)
+            continue
+        parts.append(block[:cut])
+        yield b"".join(parts)
+        parts = [block[cut:]]
+    if parts and parts[0]:
+        yield b"".join(parts)
+
+
+def _each_line(chunk: bytes, out: ImportedSession) -> list[_UsualLine | _Line]:
+    """The lines of ``chunk`` decoded one by one: those that are not JSON objects are
+    counted in ``out.skipped_lines``, blank ones are passed over."""
+    decoded: list[_UsualLine | _Line] = []
+    for line in chunk.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            decoded.append(_USUAL.decode(line))
+        except msgspec.DecodeError:  # another shape, or not JSON: see _decode
+            d = _decode(line, out)
+            if d is not None:
+                decoded.append(d)
+    return decoded
+
+
+class _FileLines:
+    """What one file's lines mean, taken in order: its calls (into the session's
+    deduplication), the chain each belongs to and where a chain was compacted."""
+
+    def __init__(
+        self, session: str, file_chain: str | None, dedup: _Dedup, out: ImportedSession
+    ) -> None:
+        self.session = session  # the session id of entries that name none
+        self.file_chain = file_chain  # a sub-agent's own file: the chain of all its entries
+        self.dedup = dedup
+        self.out = out
+        self.roots: dict[str, str] = {}  # sidechain entry uuid -> uuid of its chain's first
+        self.compaction: set[str] = set()  # chains with a compaction since their last call
+
+    def take(self, decoded: Sequence[_UsualLine | _Line]) -> None:
+        usual_usage, entry_of, parse, add = _Usage, _Entry, parse_ts, self.dedup.add
+        compaction, session, skipped = self.compaction, self.session, 0
+        for d in decoded:
+            sidechain = d.isSidechain is True
+            if not sidechain:
+                chain = MAIN_CHAIN
+            elif type(d.agentId) is str and d.agentId:
+                chain = d.agentId
+            else:
+                chain = self._chain(d)
+            msg = d.message
+            usage = msg.usage if msg is not None else None
+            if isinstance(usage, usual_usage):
+                # the usual shape: its counts are non-negative integers (or absent)
+                ts = parse(d.timestamp)
+                model = msg.model  # type: ignore[union-attr]
+                if ts is None or type(model) is not str or not model:
+                    skipped += 1
+                    continue
+                mid, rid, sid = msg.id, d.requestId, d.sessionId  # type: ignore[union-attr]
+                entry = entry_of(
+                    ts,
+                    model,
+                    usage,
+                    (usage.input_tokens or 0)
+                    + (usage.output_tokens or 0)
+                    + (usage.cache_creation_input_tokens or 0)
+                    + (usage.cache_read_input_tokens or 0),
+                    chain,
+                    sidechain,
+                    chain in compaction,
+                    mid if type(mid) is str and mid else None,
+                    rid if type(rid) is str and rid else None,
+                    sid if type(sid) is str and sid else session,
+                    usage.speed,
+                )
+            elif type(usage) is dict:  # another shape
+                assert msg is not None
+                general = self._entry(d, msg, usage, chain, sidechain)
+                if general is None:
+                    skipped += 1
+                    continue
+                entry = general
+            else:
+                if (
+                    d.type == "summary"
+                    or d.subtype == "compact_boundary"
+                    or d.isCompactSummary is True
+                ):
+                    compaction.add(chain)
+                continue
+            if entry.model == "<synthetic>":
+                continue  # Claude Code's own notices (errors, interruptions): no API call
+            compaction.discard(chain)
+            add(entry)
+        self.out.skipped_lines += skipped
+
+    def _chain(self, d: _UsualLine | _Line) -> str:
         """The sub-agent a sidechain entry that names none (no ``agentId``) belongs to."""
-        if file_chain is not None:
-            return file_chain
+        if self.file_chain is not None:
+            return self.file_chain
         uuid, parent = d.uuid, d.parentUuid
-        root = roots.get(parent, parent) if isinstance(parent, str) else uuid
+        root = self.roots.get(parent, parent) if isinstance(parent, str) else uuid
         if not isinstance(root, str):
             return "sidechain"
         if isinstance(uuid, str):
-            roots[uuid] = root
+            self.roots[uuid] = root
         return root[:8]
 
-    @staticmethod
     def _entry(
+        self,
         d: _UsualLine | _Line,
         msg: _UsualMessage | _Message,
         usage: dict[str, Any],
         chain: str,
         sidechain: bool,
-        ref: SessionRef,
-        compacted: bool,
     ) -> _Entry | None:
         """The entry of a usage of another shape than the usual one; None if it is not one."""
         ts = parse_ts(d.timestamp)
@@ -424,20 +446,23 @@ class ClaudeCodeImporter:
             total,
             chain,
             sidechain,
-            compacted,
+            chain in self.compaction,
             mid if type(mid) is str and mid else None,
             rid if type(rid) is str and rid else None,
-            sid if type(sid) is str and sid else ref.id,
+            sid if type(sid) is str and sid else self.session,
             usage.get("speed"),
         )
 
 
 def _read_head(path: str, n: int) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read(n)
-    except OSError:
+    opened = open_log(path, buffering=0)
+    if opened is None:
         return b""
+    with opened[0] as f:
+        try:
+            return f.read(n)
+        except OSError:
+            return b""
 
 
 def _usual_usage(u: _Usage) -> Usage:

@@ -33,6 +33,7 @@ from stayer.audit.calls import (
     LogFile,
     SessionRef,
     json_object,
+    open_log,
     parse_ts,
     well_framed,
 )
@@ -78,12 +79,11 @@ class CodexImporter:
         out = ImportedSession(self.source, ref.id, ref.project)
         for path in ref.paths:
             out.files += 1
-            try:
-                f = path.open("rb")
-            except OSError:
+            opened = open_log(path)
+            if opened is None:
                 out.skipped_lines += 1
                 continue
-            with f:
+            with opened[0] as f:
                 self._read(f, out)
         return out
 

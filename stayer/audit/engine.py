@@ -19,13 +19,12 @@ the caller can keep them for the next audit (``compiled_steps``).
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from stayer.audit.analysis import SessionReport, analyse
-from stayer.audit.calls import Importer, LogFile, SessionRef
+from stayer.audit.calls import Importer, LogFile, SessionRef, open_log
 from stayer.audit.claude_code import ClaudeCodeImporter
 from stayer.audit.codex import CodexImporter
 from stayer.audit.costing import CallPricer, CompiledSteps
@@ -83,17 +82,15 @@ def _walk(root: str) -> Iterator[str]:
 def _open_log(path: str) -> tuple[os.stat_result, bytes] | None:
     """(stat, first bytes) of a regular file, links followed; None for anything else (a FIFO
     is opened without blocking and left unread) or when it cannot be read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    opened = open_log(path, buffering=0)
+    if opened is None:
         return None
-    try:
-        st = os.fstat(fd)
-        return (st, os.read(fd, _HEAD)) if stat.S_ISREG(st.st_mode) else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    f, st = opened
+    with f:
+        try:
+            return st, f.read(_HEAD)
+        except OSError:
+            return None
 
 
 def discover(paths: Iterable[Path], formats: Sequence[Importer] | None = None) -> Discovery:

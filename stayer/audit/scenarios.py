@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from stayer.audit.analysis import SessionReport, money
-from stayer.audit.calls import MAIN_CHAIN, SessionRef
+from stayer.audit.calls import MAIN_CHAIN, SessionRef, open_log
 from stayer.errors import ConfigError
 from stayer.messages import Message, ToolCall
 from stayer.pricing import PriceBook
@@ -106,7 +106,10 @@ def _text(content: Any) -> str:
 
 
 def _lines(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open("rb") as f:
+    opened = open_log(path)
+    if opened is None:  # gone, or no longer a regular file, since it was audited
+        return
+    with opened[0] as f:
         for line in f:
             try:
                 d = orjson.loads(line)

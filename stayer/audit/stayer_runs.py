@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from stayer.audit.calls import Call, ImportedSession, LogFile, SessionRef, parse_ts
+from stayer.audit.calls import Call, ImportedSession, LogFile, SessionRef, open_log, parse_ts
 from stayer.usage import Usage
 
 
@@ -38,8 +38,13 @@ class StayerRunImporter:
         out = ImportedSession(self.source, ref.id, ref.project)
         for path in ref.paths:
             out.files += 1
+            opened = open_log(path)
+            if opened is None:
+                out.skipped_lines += 1
+                continue
             try:
-                raw = path.read_bytes()
+                with opened[0] as f:
+                    raw = f.read()
                 doc = orjson.loads(raw)
             except (OSError, orjson.JSONDecodeError):
                 out.skipped_lines += 1
