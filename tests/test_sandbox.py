@@ -297,6 +297,41 @@ def test_etc_secrets_are_what_other_users_cannot_read(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("inotify", [True, False], ids=["watched", "no-inotify"])
+def test_etc_secrets_written_after_the_first_probe_are_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inotify: bool
+) -> None:
+    """A long-lived process (the server) asks for /etc's secrets before every command: a
+    secret written since the last answer (dockerd writing /etc/docker/key.json, a file
+    made private by chmod, a private directory) is in the next one, whether inotify
+    vouches for the tree in between or, where there is none, the tree is walked again."""
+    from stayer.sandbox import bwrap, watch
+
+    if not inotify:
+        monkeypatch.setattr(watch, "_libc", lambda: None)
+    monkeypatch.setattr(bwrap, "_ETC_SECRETS", bwrap._SecretsProbe())
+    etc = tmp_path / "etc"
+    (etc / "docker").mkdir(parents=True)
+    (etc / "hosts").write_text("h")
+    os.chmod(etc / "hosts", 0o644)
+    assert bwrap.etc_secrets(str(etc)) == ()
+    assert bwrap.etc_secrets(str(etc)) == ()  # the kept answer
+
+    key = etc / "docker" / "key.json"
+    key.write_text("k")
+    os.chmod(key, 0o600)
+    assert bwrap.etc_secrets(str(etc)) == ((str(key), False),)
+    os.chmod(etc / "hosts", 0o600)  # no new entry: only its mode changes
+    (etc / "private").mkdir(mode=0o700)
+    assert bwrap.etc_secrets(str(etc)) == (
+        (str(key), False),
+        (str(etc / "hosts"), False),
+        (str(etc / "private"), True),
+    )
+    os.chmod(etc / "hosts", 0o644)
+    assert bwrap.etc_secrets(str(etc)) == ((str(key), False), (str(etc / "private"), True))
+
+
 @needs_bwrap
 def test_etc_secrets_are_covered_in_the_sandbox(ws: Path) -> None:
     from stayer.sandbox.bwrap import etc_secrets

@@ -49,7 +49,8 @@ import pwd
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,7 @@ from stayer.sandbox.process import (
     StartGate,
 )
 from stayer.sandbox.seccomp import filter_fd, suid_filter
+from stayer.sandbox.watch import TreeWatch
 
 if TYPE_CHECKING:
     from stayer.sandbox.kept import KeptBwrap
@@ -171,23 +173,68 @@ def _kept_from_others(path: str) -> bool:
     return stat.S_ISREG(mode) and not mode & stat.S_IROTH
 
 
-@functools.cache
 def etc_secrets(etc: str = "/etc") -> tuple[tuple[str, bool], ...]:
     """``(path, is_dir)`` of what under ``etc`` other users may not read, outermost only.
 
-    Probed once per process: /etc does not change under a running agent, and walking it on
-    every command would cost more than the sandbox itself.
+    As it is now, not as it was when this process first asked: a server runs for days, and
+    a secret written meanwhile (a daemon's key, a new certificate's private key) would be
+    visible to every later command. Walking /etc costs more than the sandbox itself, so the
+    answer is kept and walked again only when inotify says something under ``etc`` may have
+    changed (:class:`_SecretsProbe`).
     """
+    return _ETC_SECRETS.secrets(etc)
+
+
+class _SecretsProbe:
+    """:func:`etc_secrets`, kept per tree while inotify vouches that the tree is unchanged
+    (:class:`~stayer.sandbox.watch.TreeWatch`: a created, renamed or chmod-ed entry in any
+    watched directory is a change). Where inotify cannot vouch (not Linux, the watch limit
+    reached, events lost) every call walks the tree again. A process made by ``fork``
+    shares its parent's inotify queue, so it starts a watch of its own and never reads the
+    parent's (each would take events the other needs)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._watch: TreeWatch | None = None
+        self._found: dict[str, tuple[tuple[str, bool], ...]] = {}
+
+    def secrets(self, etc: str) -> tuple[tuple[str, bool], ...]:
+        with self._lock:
+            if self._watch is None or self._pid != os.getpid():
+                self._watch, self._pid, self._found = TreeWatch(), os.getpid(), {}
+            watch = self._watch
+            found = self._found.get(etc)
+            if found is not None and watch.unchanged(etc):
+                return found
+            watch.begin(etc)
+            found = self._found[etc] = _walk_secrets(etc, lambda d: watch.add(etc, d))
+            watch.end(etc)
+            return found
+
+
+def _walk_secrets(etc: str, watching: Callable[[str], object]) -> tuple[tuple[str, bool], ...]:
+    """The walk behind :func:`etc_secrets`; ``watching(directory)`` is called before each
+    directory is listed, so that a change made while it is listed is seen later."""
     found: list[tuple[str, bool]] = []
-    for dirpath, dirnames, filenames in os.walk(etc):
-        for name in list(dirnames):
-            if _kept_from_others(path := os.path.join(dirpath, name)):
-                found.append((path, True))
-                dirnames.remove(name)  # covered as a whole
-        for name in filenames:
-            if _kept_from_others(path := os.path.join(dirpath, name)):
-                found.append((path, False))
+    stack = [etc]
+    while stack:
+        directory = stack.pop()
+        watching(directory)
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            path = entry.path
+            if _kept_from_others(path):
+                found.append((path, entry.is_dir(follow_symlinks=False)))
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(path)  # covered as a whole when kept from others; else walked
     return tuple(sorted(found))
+
+
+_ETC_SECRETS = _SecretsProbe()
 
 
 def _identity(bwrap: str) -> list[str]:
