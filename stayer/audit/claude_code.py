@@ -168,29 +168,35 @@ class _Dedup:
         self._by_message: dict[tuple[str, str], list[int]] = {}
 
     def add(self, e: _Entry) -> None:
-        if e.message_id is None:
-            self.kept.append(e)
+        kept, mid = self.kept, e.message_id
+        if mid is None:
+            kept.append(e)
             return
-        key = (e.message_id, e.request_id, e.session_id)
+        key = (mid, e.request_id, e.session_id)
         index = self._exact.get(key)
         if index is None:
-            for j in self._by_message.get((e.message_id, e.session_id), ()):
-                other = self.kept[j]
-                if other.ts == e.ts and (e.sidechain or other.sidechain):
-                    index = j
-                    break
-        if index is None:
-            index = len(self.kept)
-            self.kept.append(e)
-            self._by_message.setdefault((e.message_id, e.session_id), []).append(index)
-        else:
-            old = self.kept[index]
-            if _replaces(e, old):
-                e.compacted = e.compacted or old.compacted
-                self.kept[index] = e
-            elif e.compacted:
-                old.compacted = True
-        self._exact.setdefault(key, index)
+            message = (mid, e.session_id)
+            same = self._by_message.get(message)
+            if same is not None:
+                for j in same:
+                    other = kept[j]
+                    if other.ts == e.ts and (e.sidechain or other.sidechain):
+                        index = j
+                        break
+            self._exact[key] = len(kept) if index is None else index
+            if index is None:  # a response not seen before (the common case)
+                if same is None:
+                    self._by_message[message] = [len(kept)]
+                else:
+                    same.append(len(kept))
+                kept.append(e)
+                return
+        old = kept[index]
+        if _replaces(e, old):
+            e.compacted = e.compacted or old.compacted
+            kept[index] = e
+        elif e.compacted:
+            old.compacted = True
 
 
 def _replaces(new: _Entry, old: _Entry) -> bool:
@@ -289,8 +295,9 @@ class ClaudeCodeImporter:
         if opened is None:
             out.skipped_lines += 1
             return 0
-        with opened[0] as f:
-            for chunk in _chunks(f):
+        f, st = opened
+        with f:
+            for chunk in _chunks(f, st.st_size):
                 size += len(chunk)
                 decoded: Sequence[_UsualLine | _Line]
                 try:
@@ -301,9 +308,15 @@ class ClaudeCodeImporter:
         return size
 
 
-def _chunks(f: BinaryIO) -> Iterator[bytes]:
+def _chunks(f: BinaryIO, size: int) -> Iterator[bytes]:
     """The file's bytes in pieces of whole lines (the last one's may lack its newline), so
-    that what is held does not grow with the file."""
+    that what is held does not grow with the file. A file of ``size`` up to a piece (most
+    transcripts) is read whole, in one read of its own size: reading it as a piece of
+    ``_CHUNK`` bytes costs three times as long (a buffer of that size, then copies)."""
+    if size <= _CHUNK:
+        if whole := f.read():  # to its end, should it have grown since
+            yield whole
+        return
     parts: list[bytes] = []
     while block := f.read(_CHUNK):
         cut = block.rfind(b"\n") + 1
@@ -349,13 +362,15 @@ class _FileLines:
 
     def take(self, decoded: Sequence[_UsualLine | _Line]) -> None:
         usual_usage, entry_of, parse, add = _Usage, _Entry, parse_ts, self.dedup.add
-        compaction, session, skipped = self.compaction, self.session, 0
+        compaction, session, file_chain, skipped = self.compaction, self.session, self.file_chain, 0
         for d in decoded:
             sidechain = d.isSidechain is True
             if not sidechain:
                 chain = MAIN_CHAIN
             elif type(d.agentId) is str and d.agentId:
                 chain = d.agentId
+            elif file_chain is not None:  # a sub-agent's own file
+                chain = file_chain
             else:
                 chain = self._chain(d)
             msg = d.message
@@ -406,9 +421,8 @@ class _FileLines:
         self.out.skipped_lines += skipped
 
     def _chain(self, d: _UsualLine | _Line) -> str:
-        """The sub-agent a sidechain entry that names none (no ``agentId``) belongs to."""
-        if self.file_chain is not None:
-            return self.file_chain
+        """The sub-agent a sidechain entry that names none (no ``agentId``) belongs to, in
+        the session's own file (in a sub-agent's file it is that file's)."""
         uuid, parent = d.uuid, d.parentUuid
         root = self.roots.get(parent, parent) if isinstance(parent, str) else uuid
         if not isinstance(root, str):
