@@ -25,10 +25,12 @@ sandbox dies with it: killing bwrap's process group on timeout kills the whole t
 
 What is hidden even where a system directory would show it:
 
-* ``/etc`` is visible (resolvers, users, CA certificates) but every file or directory in it
-  that the host keeps from other users (not world-readable: ``/etc/shadow``, ssh host keys,
-  ``/etc/ssl/private``) is covered by an empty one. The command's uid is the host user's, so
-  without this root-owned secrets would be readable by a command of a root caller.
+* ``/etc`` is a copy of the host's (resolvers, users, CA certificates) without what the
+  host keeps from other users (not world-readable: ``/etc/shadow``, ssh host keys,
+  ``/etc/ssl/private``), which is there as an empty stand-in (:mod:`stayer.sandbox.etc_copy`).
+  The command's uid is the host user's, so root-owned secrets would otherwise be readable
+  by a command of a root caller; a copy, unlike covers over the live ``/etc``, also holds
+  when the host replaces or writes a secret while the command runs.
 * the directory stayer was started from, the home directory and ``$STAYER_HOME`` are
   covered by empty directories when they lie inside a mounted system directory (e.g. a
   checkout in ``/usr/src``); elsewhere they are not mounted at all.
@@ -46,7 +48,6 @@ import contextlib
 import functools
 import os
 import pwd
-import stat
 import subprocess
 import sys
 import threading
@@ -56,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
+from stayer.sandbox.etc_copy import EtcCopies, kept_from_others
 from stayer.sandbox.locate import locate_bwrap
 from stayer.sandbox.process import (
     DEFAULT_MAX_PROCESSES as DEFAULT_MAX_PROCESSES,  # the sandboxes' default, here since ever
@@ -165,22 +167,18 @@ def _kept_from_others(path: str) -> bool:
     """Whether other users may not read ``path``: a directory they cannot list and enter, or
     a regular file they cannot read (links and special files are never secrets here)."""
     try:
-        mode = os.lstat(path).st_mode
+        return kept_from_others(os.lstat(path).st_mode)
     except OSError:
         return False
-    if stat.S_ISDIR(mode):
-        return mode & 0o005 != 0o005
-    return stat.S_ISREG(mode) and not mode & stat.S_IROTH
 
 
 def etc_secrets(etc: str = "/etc") -> tuple[tuple[str, bool], ...]:
-    """``(path, is_dir)`` of what under ``etc`` other users may not read, outermost only.
+    """``(path, is_dir)`` of what under ``etc`` other users may not read, outermost only:
+    covered in an image's own ``/etc`` (the host's is copied instead: ``etc_copy``).
 
-    As it is now, not as it was when this process first asked: a server runs for days, and
-    a secret written meanwhile (a daemon's key, a new certificate's private key) would be
-    visible to every later command. Walking /etc costs more than the sandbox itself, so the
-    answer is kept and walked again only when inotify says something under ``etc`` may have
-    changed (:class:`_SecretsProbe`).
+    As it is now, not as it was when this process first asked. Walking a tree costs more
+    than the sandbox itself, so the answer is kept and walked again only when inotify says
+    something under ``etc`` may have changed (:class:`_SecretsProbe`).
     """
     return _ETC_SECRETS.secrets(etc)
 
@@ -235,6 +233,7 @@ def _walk_secrets(etc: str, watching: Callable[[str], object]) -> tuple[tuple[st
 
 
 _ETC_SECRETS = _SecretsProbe()
+_ETC_COPIES = EtcCopies()
 
 
 def _identity(bwrap: str) -> list[str]:
@@ -378,8 +377,11 @@ class BwrapSandbox(ProcessSandbox):
             self._etc = str(self.root / "etc")
         self.env = sandbox_env(env)
 
-    def _options(self, mounts: tuple[Mount, ...], cwd: str, seccomp_fd: int | None) -> list[str]:
-        """bwrap's options: everything but the program to run."""
+    def _options(
+        self, mounts: tuple[Mount, ...], cwd: str, seccomp_fd: int | None, etc: str
+    ) -> list[str]:
+        """bwrap's options: everything but the program to run; ``etc``: what to mount at
+        ``/etc`` (a copy of the host's, or the image's own)."""
         args = ["--unshare-all", *_identity(self.bwrap)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
@@ -389,11 +391,15 @@ class BwrapSandbox(ProcessSandbox):
         for key, value in self.env.items():
             args += ["--setenv", key, value]
         for src, dest in self._system:
-            if os.path.islink(src):  # e.g. /bin -> usr/bin on merged-/usr systems
+            if dest == "/etc":
+                args += ["--ro-bind", etc, dest]
+            elif os.path.islink(src):  # e.g. /bin -> usr/bin on merged-/usr systems
                 args += ["--symlink", os.readlink(src), dest]
             elif os.path.isdir(src) or (self.root is not None and os.path.isfile(src)):
                 args += ["--ro-bind", src, dest]
-        args += cover(tuple(("/etc" + p[len(self._etc) :], d) for p, d in etc_secrets(self._etc)))
+        if self.root is not None:  # an image's own /etc, which only stayer's builds write
+            secrets = etc_secrets(self._etc)
+            args += cover(tuple(("/etc" + p[len(self._etc) :], d) for p, d in secrets))
         for path in self._hidden_dirs:
             args += ["--tmpfs", path, "--remount-ro", path]
         if self.allow_net and self.root is not None:
@@ -461,8 +467,11 @@ class BwrapSandbox(ProcessSandbox):
         # bwrap holds still after setting up the sandbox until the limits are applied to it
         # from here: no shell prelude started before it (see stayer.sandbox.process)
         gate = StartGate()
+        held = contextlib.ExitStack()
         try:
-            options = self._options(mounts, cwd, seccomp_fd)
+            # The host's /etc as a copy, held unchanged while this sandbox lives (etc_copy).
+            etc = held.enter_context(_ETC_COPIES.current()) if self.root is None else self._etc
+            options = self._options(mounts, cwd, seccomp_fd, etc)
             options += ["--info-fd", str(gate.child_report), "--block-fd", str(gate.child_release)]
             args_fd = _options_pipe(options)
             yield Launch(
@@ -482,6 +491,7 @@ class BwrapSandbox(ProcessSandbox):
             for fd in (args_fd, seccomp_fd):
                 if fd is not None:
                     os.close(fd)
+            held.close()
 
     @contextlib.asynccontextmanager
     async def _launch(

@@ -1,0 +1,253 @@
+"""The sandbox's ``/etc``: a copy of what in the host's ``/etc`` other users may read.
+
+The sandbox used to bind the host's ``/etc`` and cover each secret in it (a file or
+directory other users may not read) with an empty one. That holds only while the host
+leaves its secrets where they were when the command started: a file the host replaces by
+rename (``useradd`` rewriting ``/etc/shadow``, a renewed private key) takes the cover's
+mount point away, and the kernel detaches the cover in every mount namespace (Linux 3.18
+on), so the running command reads the new secret; a secret written during a command
+(a daemon's first start writing its key) was never covered at all. The command's uid is
+the caller's, root's when stayer runs as root, so file modes do not stop it.
+
+A copy holds whatever the host does next: it has only what was readable to others when
+it was made, and the host's writes never reach it. Secrets keep their names, as empty
+stand-ins nobody may read (an empty directory, an empty file of mode 000), so the tree
+looks as it did. Special files (FIFOs, sockets, devices) are left out; links are copied
+as links, to be resolved inside the sandbox as before.
+
+When: each command takes the newest copy as it starts (:meth:`EtcCopies.current`), and a
+new one is made first when ``/etc`` changed since the last: inotify says so
+(:class:`~stayer.sandbox.watch.TreeWatch`), and where it cannot vouch, a walk comparing
+every entry's status (what :func:`~stayer.sandbox.bwrap.etc_secrets` costs) does.
+A copy in use (a running command, a kept sandbox) is never changed or removed; older
+copies go when their last command ends, all of a process's when it exits, and those of
+a process that died are removed by the next process that makes one.
+
+Where: ``/tmp/stayer-etc-<uid>/<pid>-<random>/``, in a directory only the caller may
+enter. Not under the home directory or the cache: a bind mount's source path shows in
+the sandbox's ``/proc/self/mountinfo``, and this one says nothing of the user or the task.
+Should that directory be another user's (or a link), each process uses a fresh private
+directory of its own in ``/tmp`` instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import stat
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from stayer.sandbox.watch import TreeWatch
+
+# What says an entry changed: kind and mode, owner, identity, size and times (the change
+# time moves with a chmod, chown, rename or write).
+_Status = tuple[str, int, int, int, int, int, int]
+
+
+def kept_from_others(mode: int) -> bool:
+    """Whether other users may not read an entry of ``mode``: a directory they cannot list
+    and enter, or a regular file they cannot read (links and special files never are)."""
+    if stat.S_ISDIR(mode):
+        return mode & 0o005 != 0o005
+    return stat.S_ISREG(mode) and not mode & stat.S_IROTH
+
+
+def copies_home(tmp: str = "/tmp") -> Path:
+    """The directory of this user's copies (see the module docstring), made if need be."""
+    path = os.path.join(tmp, f"stayer-etc-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+        return Path(path)
+    return Path(tempfile.mkdtemp(prefix="stayer-etc-", dir=tmp))  # planted by someone else
+
+
+@dataclass
+class _Copy:
+    path: str
+    users: int = 0
+
+
+class EtcCopies:
+    """Copies of one ``/etc`` for the sandboxes of this process (see the module docstring)."""
+
+    def __init__(self, source: str = "/etc", home: Path | None = None) -> None:
+        self.source = source
+        self._home = home
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._watch: TreeWatch | None = None
+        self._copies: list[_Copy] = []  # oldest first; the last is the newest
+        self._status: list[_Status] | None = None  # of the newest, where inotify cannot vouch
+        atexit.register(self.close)
+
+    @contextlib.contextmanager
+    def current(self) -> Iterator[str]:
+        """The path of a copy of ``/etc`` as it is now, kept unchanged until the block ends."""
+        with self._lock:
+            copy = self._newest()
+            copy.users += 1
+        try:
+            yield copy.path
+        finally:
+            with self._lock:
+                copy.users -= 1
+                self._drop_unused()
+
+    def close(self) -> None:
+        """Remove this process's copies (at exit: no command of it runs any more)."""
+        with self._lock:
+            if self._pid == os.getpid():
+                for copy in self._copies:
+                    shutil.rmtree(copy.path, ignore_errors=True)
+            self._copies = []
+            if self._watch is not None and self._pid == os.getpid():
+                self._watch.close()
+            self._watch = None
+
+    def _newest(self) -> _Copy:
+        if self._pid != os.getpid():
+            # A forked child: the copies and the inotify queue are its parent's (reading
+            # the queue would take the parent's events). It starts afresh and never
+            # removes what its parent holds.
+            self._pid, self._watch, self._copies, self._status = os.getpid(), TreeWatch(), [], None
+        watch = self._watch
+        assert watch is not None
+        if self._copies:
+            if watch.unchanged(self.source):
+                return self._copies[-1]
+            if not watch.available and self._status == _walk_status(self.source):
+                return self._copies[-1]
+        self._copies.append(self._make(watch))
+        self._drop_unused()
+        return self._copies[-1]
+
+    def _make(self, watch: TreeWatch) -> _Copy:
+        if self._home is None:
+            self._home = copies_home()
+        home = self._home
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self._copies:
+            _remove_dead(home)
+        path = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=home)
+        try:
+            watch.begin(self.source)
+            copy_public(self.source, path, lambda d: watch.add(self.source, d))
+            watch.end(self.source)
+            self._status = None if watch.available else _walk_status(self.source)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return _Copy(path)
+
+    def _drop_unused(self) -> None:
+        """Remove the copies, newest but one, that no command uses any more."""
+        keep = []
+        for copy in self._copies[:-1]:
+            if copy.users:
+                keep.append(copy)
+            else:
+                shutil.rmtree(copy.path, ignore_errors=True)
+        self._copies = keep + self._copies[-1:]
+
+
+def copy_public(source: str, dest: str, watching: Callable[[str], object] = lambda _: None) -> None:
+    """Copy into the empty directory ``dest`` what under ``source`` other users may read,
+    with empty stand-ins for the rest (see the module docstring); ``watching(directory)``
+    is called before each directory of ``source`` is listed. ``source`` is read without
+    following a link or opening a special file."""
+    modes: list[tuple[str, int]] = [(dest, os.stat(source).st_mode & 0o777)]
+    stack = [(source, dest)]
+    while stack:
+        src_dir, dest_dir = stack.pop()
+        watching(src_dir)
+        try:
+            entries = list(os.scandir(src_dir))
+        except OSError:
+            continue
+        for entry in entries:
+            target = os.path.join(dest_dir, entry.name)
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+                if stat.S_ISLNK(mode):
+                    os.symlink(os.readlink(entry.path), target)
+                elif stat.S_ISDIR(mode):
+                    os.mkdir(target, 0o700)  # filled first, then given its mode
+                    if kept_from_others(mode):
+                        modes.append((target, 0o755))  # an empty stand-in, as a cover was
+                    else:
+                        modes.append((target, mode & 0o777))
+                        stack.append((entry.path, target))
+                elif stat.S_ISREG(mode):
+                    _copy_file(entry.path, target, mode)
+            except FileNotFoundError:  # gone since it was listed
+                continue
+    for path, mode in reversed(modes):  # deepest first: a parent may forbid entering it
+        os.chmod(path, mode)
+
+
+def _copy_file(source: str, target: str, mode: int) -> None:
+    """``source`` into a new file ``target`` if others may read it, else an empty file that
+    nobody may read. Judged on the file as opened (it may have changed since it was
+    listed); never through a link, never blocking on a FIFO put in its place."""
+    if kept_from_others(mode):
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0))
+        return
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        public = stat.S_ISREG(st.st_mode) and not kept_from_others(st.st_mode)
+        out = os.open(
+            target,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+            st.st_mode & 0o777 if public else 0,
+        )
+        try:
+            while public and (data := os.read(fd, 1 << 20)):
+                os.write(out, data)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
+def _walk_status(source: str) -> list[_Status]:
+    """Every entry's status under ``source``, links not followed: equal lists, the same
+    tree as far as a copy is concerned."""
+    found: list[_Status] = []
+    stack = [source]
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            found.append(
+                (entry.path, st.st_mode, st.st_uid, st.st_ino, st.st_size)
+                + (st.st_mtime_ns, st.st_ctime_ns)
+            )
+            if stat.S_ISDIR(st.st_mode) and not kept_from_others(st.st_mode):
+                stack.append(entry.path)
+    return found
+
+
+def _remove_dead(home: Path) -> None:
+    """Remove the copies of processes that no longer exist (killed before they could)."""
+    if not os.path.isdir("/proc/self"):  # no way to tell who is alive
+        return
+    for entry in os.scandir(home):
+        pid, _, _ = entry.name.partition("-")
+        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(entry.path, ignore_errors=True)
