@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from stayer.guard.breakers import TreeFingerprint  # noqa: E402
 from stayer.sandbox import make_sandbox  # noqa: E402
-from stayer.sandbox.bwrap import BwrapSandbox  # noqa: E402
+from stayer.sandbox.bwrap import BwrapSandbox, host_etc  # noqa: E402
 from stayer.sandbox.snapshot import FileSnapshotStore  # noqa: E402
 
 
@@ -77,6 +77,11 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 async def exec_overhead(runs: int, workspace: Path) -> dict[str, dict[str, float]]:
+    with host_etc() as etc:  # the copy of /etc that stayer's sandboxes mount
+        return await _exec_overhead(runs, workspace, etc)
+
+
+async def _exec_overhead(runs: int, workspace: Path, etc: str) -> dict[str, dict[str, float]]:
     boxes = {
         "stayer bwrap": make_sandbox("bwrap", workspace),
         "stayer bwrap-persistent": make_sandbox("bwrap-persistent", workspace),
@@ -84,8 +89,8 @@ async def exec_overhead(runs: int, workspace: Path) -> dict[str, dict[str, float
     }
     # The floor under a fresh sandbox per command: the same bwrap binary run bare by
     # subprocess.run, once with namespaces and the fewest mounts a sandbox needs, once with
-    # exactly the options stayer passes (its mounts: the read-only system, the covers over
-    # host secrets in /etc and /proc), no seccomp filter, limits or capture.
+    # exactly the options stayer passes (its mounts: the read-only system, its copy of /etc,
+    # the covers over host secrets in /proc), no seccomp filter, limits or capture.
     bw = boxes["stayer bwrap"]
     assert isinstance(bw, BwrapSandbox)
     floors = {
@@ -93,7 +98,7 @@ async def exec_overhead(runs: int, workspace: Path) -> dict[str, dict[str, float
             bw.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
             "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
         ],
-        "bwrap alone, stayer's mounts": [bw.bwrap, *bw._options((), "/app", None)],
+        "bwrap alone, stayer's mounts": [bw.bwrap, *bw._options((), "/app", None, etc)],
     }  # fmt: skip
     samples: dict[str, list[float]] = {
         "bare subprocess.run": [],

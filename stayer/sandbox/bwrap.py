@@ -236,6 +236,12 @@ _ETC_SECRETS = _SecretsProbe()
 _ETC_COPIES = EtcCopies()
 
 
+def host_etc() -> contextlib.AbstractContextManager[str]:
+    """The copy of the host's /etc that a sandbox started now mounts at ``/etc``, kept
+    unchanged while the block lasts (:mod:`stayer.sandbox.etc_copy`)."""
+    return _ETC_COPIES.current()
+
+
 def _identity(bwrap: str) -> list[str]:
     """Who the command is: :data:`SANDBOX_UID` in a user namespace of its own, with no
     capabilities, unable to create further user namespaces.
@@ -470,7 +476,7 @@ class BwrapSandbox(ProcessSandbox):
         held = contextlib.ExitStack()
         try:
             # The host's /etc as a copy, held unchanged while this sandbox lives (etc_copy).
-            etc = held.enter_context(_ETC_COPIES.current()) if self.root is None else self._etc
+            etc = held.enter_context(host_etc()) if self.root is None else self._etc
             options = self._options(mounts, cwd, seccomp_fd, etc)
             options += ["--info-fd", str(gate.child_report), "--block-fd", str(gate.child_release)]
             args_fd = _options_pipe(options)
