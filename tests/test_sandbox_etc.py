@@ -176,3 +176,25 @@ def test_the_copies_are_kept_from_other_users_in_a_directory_of_their_own(tmp_pa
     home.symlink_to(elsewhere)
     third = etc_copy.copies_home(str(tmp_path))
     assert third not in (home, elsewhere) and not third.is_symlink()
+
+
+@needs_bwrap
+def test_a_process_removes_its_copies_when_it_exits(tmp_path: Path) -> None:
+    """``stayer sandbox exec`` makes a copy of /etc for its command and removes it as it
+    exits (its copies are named by its pid, in the user's directory of copies)."""
+    import subprocess
+    import sys
+
+    home = etc_copy.copies_home()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", "sandbox", "exec", "--workspace", str(ws)]
+        + ["--", "sh", "-c", "ls /etc/hosts > /app/seen"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, (out, err)
+    assert (ws / "seen").read_text() == "/etc/hosts\n"
+    assert not [p for p in home.iterdir() if p.name.startswith(f"{proc.pid}-")]
