@@ -198,3 +198,26 @@ def test_a_process_removes_its_copies_when_it_exits(tmp_path: Path) -> None:
     assert proc.returncode == 0, (out, err)
     assert (ws / "seen").read_text() == "/etc/hosts\n"
     assert not [p for p in home.iterdir() if p.name.startswith(f"{proc.pid}-")]
+
+
+def test_copies_go_to_tmp_when_dev_shm_is_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    full = tmp_path / "shm" / "stayer-etc"
+    real = etc_copy.copy_public
+
+    def copy(source: str, dest: str, watching: object) -> None:
+        if dest.startswith(str(full)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(source, dest, watching)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(etc_copy, "copy_public", copy)
+    copies = EtcCopies(str(_host_etc(tmp_path)), home=full)
+    with copies.current() as path:
+        assert Path(path).parent == etc_copy.copies_home("/tmp")
+        assert (Path(path) / "hosts").read_text().startswith("127.0.0.1")
+    assert list(full.iterdir()) == []  # the failed copy is not left behind
+    copies.close()
+    assert not Path(path).exists()
