@@ -267,6 +267,41 @@ def test_local_straggler_holding_the_pipe_is_not_a_timeout(ws: Path, monkeypatch
 
 
 @pytest.mark.skipif(pids_cgroup_parent() is None, reason="no writable pids cgroup here")
+@needs_bwrap
+def test_a_command_cancelled_as_it_starts_leaves_nothing_running(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller's time limit can fire while asyncio is still starting the process
+    (connecting its pipes): the whole sandbox is killed and the caller gets its
+    cancellation. Held here at that point: the process exists, the start has not returned."""
+    import asyncio
+
+    mark = marker()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        real = loop.subprocess_exec
+        spawned, finish = asyncio.Event(), asyncio.Event()
+
+        async def slow_start(*args: object, **kwargs: object) -> object:
+            started = await real(*args, **kwargs)  # type: ignore[arg-type]
+            spawned.set()
+            await finish.wait()  # a cancellation lands while the start is under way
+            return started
+
+        monkeypatch.setattr(loop, "subprocess_exec", slow_start)
+        command = asyncio.create_task(BwrapSandbox(ws).exec(f"sleep {mark}", timeout=600))
+        await spawned.wait()
+        command.cancel()
+        await asyncio.sleep(0)
+        finish.set()
+        with pytest.raises(asyncio.CancelledError):
+            await command
+
+    run(scenario())
+    assert wait_gone(mark) == []
+
+
 def test_local_setsid_escapee_is_killed_via_the_cgroup(ws: Path) -> None:
     mark = marker()
     r = run(LocalSandbox(ws).exec(f"setsid sleep {mark} > /dev/null 2>&1 & echo hi", timeout=10))

@@ -536,19 +536,33 @@ async def run_process(
 
     out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
     start = time.monotonic()
+    # The caller's cancellation while asyncio starts the process and connects its pipes:
+    # the start is let finish, and then all of the process group is killed below. Left to
+    # asyncio, the cancellation kills the direct child only (bwrap's outer process) and
+    # waits for its pipes to close, which the sandbox's own process, a grandchild waiting
+    # at the gate, holds open: the caller hung for good (seen when a trial's time limit
+    # fired as its first command started).
+    cancelled: asyncio.CancelledError | None = None
     try:
         loop = asyncio.get_running_loop()
-        transport, protocol = await loop.subprocess_exec(
-            lambda: _ChildProtocol(_CHUNK, loop),
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            start_new_session=True,  # own session and process group: kill the whole tree
-            pass_fds=tuple(pass_fds),
+        spawn = asyncio.ensure_future(
+            loop.subprocess_exec(
+                lambda: _ChildProtocol(_CHUNK, loop),
+                *argv,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                start_new_session=True,  # own session and process group: kill the whole tree
+                pass_fds=tuple(pass_fds),
+            )
         )
+        try:
+            transport, protocol = await asyncio.shield(spawn)
+        except asyncio.CancelledError as e:
+            cancelled = e
+            transport, protocol = await spawn
         # What asyncio.create_subprocess_exec makes, with the protocol that says "exited".
         proc = asyncio.subprocess.Process(transport, protocol, loop)
     except BaseException:
@@ -572,6 +586,8 @@ async def run_process(
     timed_out = False
     storage_used: int | None = None  # set when the storage limit was exceeded
     try:
+        if cancelled is not None:
+            raise cancelled  # killed in ``finally``, as any cancelled command is
         opened: bool | None = True  # None: the time ran out before the gate opened
         if gate is not None:
             # Not asyncio.wait_for: on Python 3.11 it returns the gate's result instead of
