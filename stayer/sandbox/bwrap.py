@@ -48,6 +48,7 @@ import contextlib
 import functools
 import os
 import pwd
+import stat
 import subprocess
 import sys
 import threading
@@ -57,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
-from stayer.sandbox.etc_copy import EtcCopies, kept_from_others
+from stayer.sandbox.etc_copy import EtcCopies, kept_from_others, walk
 from stayer.sandbox.locate import locate_bwrap
 from stayer.sandbox.process import (
     DEFAULT_MAX_PROCESSES as DEFAULT_MAX_PROCESSES,  # the sandboxes' default, here since ever
@@ -212,24 +213,14 @@ class _SecretsProbe:
 
 
 def _walk_secrets(etc: str, watching: Callable[[str], object]) -> tuple[tuple[str, bool], ...]:
-    """The walk behind :func:`etc_secrets`; ``watching(directory)`` is called before each
-    directory is listed, so that a change made while it is listed is seen later."""
-    found: list[tuple[str, bool]] = []
-    stack = [etc]
-    while stack:
-        directory = stack.pop()
-        watching(directory)
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for entry in entries:
-            path = entry.path
-            if _kept_from_others(path):
-                found.append((path, entry.is_dir(follow_symlinks=False)))
-            elif entry.is_dir(follow_symlinks=False):
-                stack.append(path)  # covered as a whole when kept from others; else walked
-    return tuple(sorted(found))
+    """The walk behind :func:`etc_secrets` (``watching``: see :func:`etc_copy.walk`)."""
+    return tuple(
+        sorted(
+            (path, stat.S_ISDIR(st.st_mode))
+            for path, _, st in walk(etc, watching)
+            if kept_from_others(st.st_mode)
+        )
+    )
 
 
 _ETC_SECRETS = _SecretsProbe()

@@ -173,37 +173,52 @@ class EtcCopies:
         self._copies = keep + self._copies[-1:]
 
 
+def walk(
+    source: str, watching: Callable[[str], object] = lambda _: None
+) -> Iterator[tuple[str, str, os.stat_result]]:
+    """``(path, path relative to source, status)`` of every entry under ``source``, links
+    not followed, a directory before what is in it; directories that other users may not
+    list are not entered (they are secrets as a whole). ``watching(directory)`` is called
+    before each directory is listed, so that a change made while it is listed is seen
+    later. Entries gone while the walk reaches them are passed over."""
+    stack = [(source, "")]
+    while stack:
+        directory, relative = stack.pop()
+        watching(directory)
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            inside = os.path.join(relative, entry.name)
+            yield entry.path, inside, st
+            if stat.S_ISDIR(st.st_mode) and not kept_from_others(st.st_mode):
+                stack.append((entry.path, inside))
+
+
 def copy_public(source: str, dest: str, watching: Callable[[str], object] = lambda _: None) -> None:
     """Copy into the empty directory ``dest`` what under ``source`` other users may read,
     with empty stand-ins for the rest (see the module docstring); ``watching(directory)``
     is called before each directory of ``source`` is listed. ``source`` is read without
     following a link or opening a special file."""
     modes: list[tuple[str, int]] = [(dest, os.stat(source).st_mode & 0o777)]
-    stack = [(source, dest)]
-    while stack:
-        src_dir, dest_dir = stack.pop()
-        watching(src_dir)
+    for path, inside, st in walk(source, watching):
+        target, mode = os.path.join(dest, inside), st.st_mode
         try:
-            entries = list(os.scandir(src_dir))
-        except OSError:
+            if stat.S_ISLNK(mode):
+                os.symlink(os.readlink(path), target)
+            elif stat.S_ISDIR(mode):
+                os.mkdir(target, 0o700)  # filled first, then given its mode
+                # a secret as an empty stand-in, as a cover was (``walk`` does not enter it)
+                modes.append((target, 0o755 if kept_from_others(mode) else mode & 0o777))
+            elif stat.S_ISREG(mode):
+                _copy_file(path, target, mode)
+        except FileNotFoundError:  # gone since it was listed
             continue
-        for entry in entries:
-            target = os.path.join(dest_dir, entry.name)
-            try:
-                mode = entry.stat(follow_symlinks=False).st_mode
-                if stat.S_ISLNK(mode):
-                    os.symlink(os.readlink(entry.path), target)
-                elif stat.S_ISDIR(mode):
-                    os.mkdir(target, 0o700)  # filled first, then given its mode
-                    if kept_from_others(mode):
-                        modes.append((target, 0o755))  # an empty stand-in, as a cover was
-                    else:
-                        modes.append((target, mode & 0o777))
-                        stack.append((entry.path, target))
-                elif stat.S_ISREG(mode):
-                    _copy_file(entry.path, target, mode)
-            except FileNotFoundError:  # gone since it was listed
-                continue
     for path, mode in reversed(modes):  # deepest first: a parent may forbid entering it
         os.chmod(path, mode)
 
@@ -234,28 +249,12 @@ def _copy_file(source: str, target: str, mode: int) -> None:
 
 
 def _walk_status(source: str) -> list[_Status]:
-    """Every entry's status under ``source``, links not followed: equal lists, the same
-    tree as far as a copy is concerned."""
-    found: list[_Status] = []
-    stack = [source]
-    while stack:
-        directory = stack.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            found.append(
-                (entry.path, st.st_mode, st.st_uid, st.st_ino, st.st_size)
-                + (st.st_mtime_ns, st.st_ctime_ns)
-            )
-            if stat.S_ISDIR(st.st_mode) and not kept_from_others(st.st_mode):
-                stack.append(entry.path)
-    return found
+    """Every entry's status under ``source``: equal lists, the same tree as far as a copy
+    is concerned."""
+    return [
+        (path, st.st_mode, st.st_uid, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        for path, _, st in walk(source)
+    ]
 
 
 def _remove_dead(home: Path) -> None:

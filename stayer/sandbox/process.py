@@ -573,6 +573,13 @@ async def run_process(
         raise
     if gate is not None:
         gate.close_child_ends()  # so that the report reads to its end even if the child dies
+    if cancelled is not None:  # cancelled as it started: killed whole before propagating
+        _kill_group(proc.pid)
+        if cgroup is not None:
+            await cgroup.remove()
+        await _wait_exit(protocol.exited, None)
+        transport.close()  # its pipes, which nothing reads now
+        raise cancelled
 
     assert proc.stdout is not None and proc.stderr is not None
     tasks = [
@@ -586,8 +593,6 @@ async def run_process(
     timed_out = False
     storage_used: int | None = None  # set when the storage limit was exceeded
     try:
-        if cancelled is not None:
-            raise cancelled  # killed in ``finally``, as any cancelled command is
         opened: bool | None = True  # None: the time ran out before the gate opened
         if gate is not None:
             # Not asyncio.wait_for: on Python 3.11 it returns the gate's result instead of
