@@ -80,8 +80,8 @@ def _walk(root: str) -> Iterator[str]:
 
 
 def _open_log(path: str) -> tuple[os.stat_result, bytes] | None:
-    """(stat, first bytes) of a regular file, links followed; None for anything else (a FIFO
-    is opened without blocking and left unread) or when it cannot be read."""
+    """(stat, first bytes) of a regular file, links followed; None for anything else (never
+    opened: ``open_log``) or when it cannot be read."""
     opened = open_log(path, buffering=0)
     if opened is None:
         return None

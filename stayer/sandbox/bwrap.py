@@ -70,7 +70,7 @@ from stayer.sandbox.process import (
     StartGate,
 )
 from stayer.sandbox.seccomp import filter_fd, suid_filter
-from stayer.sandbox.watch import TreeWatch
+from stayer.sandbox.watch import OwnWatch
 
 if TYPE_CHECKING:
     from stayer.sandbox.kept import KeptBwrap
@@ -188,21 +188,18 @@ class _SecretsProbe:
     """:func:`etc_secrets`, kept per tree while inotify vouches that the tree is unchanged
     (:class:`~stayer.sandbox.watch.TreeWatch`: a created, renamed or chmod-ed entry in any
     watched directory is a change). Where inotify cannot vouch (not Linux, the watch limit
-    reached, events lost) every call walks the tree again. A process made by ``fork``
-    shares its parent's inotify queue, so it starts a watch of its own and never reads the
-    parent's (each would take events the other needs)."""
+    reached, events lost) every call walks the tree again."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pid = -1
-        self._watch: TreeWatch | None = None
+        self._own = OwnWatch()
         self._found: dict[str, tuple[tuple[str, bool], ...]] = {}
 
     def secrets(self, etc: str) -> tuple[tuple[str, bool], ...]:
         with self._lock:
-            if self._watch is None or self._pid != os.getpid():
-                self._watch, self._pid, self._found = TreeWatch(), os.getpid(), {}
-            watch = self._watch
+            watch, new = self._own.get()
+            if new:
+                self._found = {}
             found = self._found.get(etc)
             if found is not None and watch.unchanged(etc):
                 return found

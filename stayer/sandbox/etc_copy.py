@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from stayer.sandbox.watch import TreeWatch
+from stayer.sandbox.watch import OwnWatch, TreeWatch
 
 # What says an entry changed: kind and mode, owner, identity, size and times (the change
 # time moves with a chmod, chown, rename or write).
@@ -88,8 +88,7 @@ class EtcCopies:
         self.source = source
         self._home = home
         self._lock = threading.Lock()
-        self._pid = -1
-        self._watch: TreeWatch | None = None
+        self._own = OwnWatch()
         self._copies: list[_Copy] = []  # oldest first; the last is the newest
         self._status: list[_Status] | None = None  # of the newest, where inotify cannot vouch
         atexit.register(self.close)
@@ -110,22 +109,16 @@ class EtcCopies:
     def close(self) -> None:
         """Remove this process's copies (at exit: no command of it runs any more)."""
         with self._lock:
-            if self._pid == os.getpid():
+            if self._own.owned:  # never a parent's copies, in a child made by fork
                 for copy in self._copies:
                     shutil.rmtree(copy.path, ignore_errors=True)
             self._copies = []
-            if self._watch is not None and self._pid == os.getpid():
-                self._watch.close()
-            self._watch = None
+            self._own.close()
 
     def _newest(self) -> _Copy:
-        if self._pid != os.getpid():
-            # A forked child: the copies and the inotify queue are its parent's (reading
-            # the queue would take the parent's events). It starts afresh and never
-            # removes what its parent holds.
-            self._pid, self._watch, self._copies, self._status = os.getpid(), TreeWatch(), [], None
-        watch = self._watch
-        assert watch is not None
+        watch, new = self._own.get()
+        if new:  # a child made by fork starts afresh and never removes its parent's copies
+            self._copies, self._status = [], None
         if self._copies:
             if watch.unchanged(self.source):
                 return self._copies[-1]

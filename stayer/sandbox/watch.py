@@ -171,3 +171,32 @@ class TreeWatch:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+class OwnWatch:
+    """A :class:`TreeWatch` of this process's own, for a cache kept for the life of a
+    process. A process made by ``fork`` shares its parent's inotify queue, and reading it
+    would take events the parent needs (and the reverse): a child gets a watch of its own,
+    and :meth:`get` says so, for the caller to drop what it kept under its parent's."""
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._watch: TreeWatch | None = None
+
+    @property
+    def owned(self) -> bool:
+        """Whether this process made the watch (and what was kept with it)."""
+        return self._watch is not None and self._pid == os.getpid()
+
+    def get(self) -> tuple[TreeWatch, bool]:
+        """(this process's watch, whether it is new: nothing kept before is vouched for)."""
+        if self._watch is not None and self.owned:
+            return self._watch, False
+        self._watch, self._pid = TreeWatch(), os.getpid()
+        return self._watch, True
+
+    def close(self) -> None:
+        if self.owned:
+            assert self._watch is not None
+            self._watch.close()
+        self._watch = None
