@@ -39,17 +39,34 @@ MakeSandbox = Callable[..., Sandbox]
 
 
 @pytest.fixture(
-    params=["bwrap", "bwrap-persistent", pytest.param("docker", marks=pytest.mark.slow)]
+    params=[
+        "bwrap",
+        "bwrap-ahead",
+        "bwrap-persistent",
+        pytest.param("docker", marks=pytest.mark.slow),
+    ]
 )
 def make(request: pytest.FixtureRequest) -> MakeSandbox:
-    """The sandbox under attack: bwrap, bwrap kept running between commands (each attack
-    runs after a first command, in a sandbox already in use), or a container of the docker
-    sandbox (its own daemon and base image, from docker_helpers; slow to set up)."""
+    """The sandbox under attack: bwrap started for the command, bwrap started ahead (each
+    attack runs in the sandbox started when a first command ended: the default), bwrap kept
+    running between commands (each attack runs after a first command, in a sandbox already
+    in use), or a container of the docker sandbox (its own daemon and base image, from
+    docker_helpers; slow to set up)."""
     if request.param == "bwrap":
-        return BwrapSandbox
+        return functools.partial(BwrapSandbox, ahead=False)
+    if request.param == "bwrap-ahead":
+        return ahead_bwrap
     if request.param == "bwrap-persistent":
         return kept_bwrap
     return functools.partial(DockerSandbox, image=request.getfixturevalue("docker_base"))
+
+
+def ahead_bwrap(ws: Path, **kw: Any) -> BwrapSandbox:
+    """A bwrap sandbox whose next command runs in a sandbox started ahead for it."""
+    sb = BwrapSandbox(ws, **kw)
+    assert run(sb.exec("echo $$")).stdout == "2\n"
+    assert sb._kept_box is not None and sb._kept_box._next is not None  # started ahead
+    return sb
 
 
 def kept_bwrap(ws: Path, **kw: Any) -> BwrapSandbox:

@@ -82,33 +82,37 @@ def via_cli(
     return doc["stdout"] + doc["stderr"]
 
 
-def via_bash_tool(ws: Path, script: str, *, persistent: bool = False) -> str:
-    """What the agent's bash tool returns for ``script`` over ``ws``; ``persistent``: in a
-    sandbox kept running, after a first command in it."""
+def via_bash_tool(ws: Path, script: str, *, kind: str = "bwrap") -> str:
+    """What the agent's bash tool returns for ``script`` over ``ws``, in a sandbox of
+    ``kind``: ``bwrap`` started for it, ``bwrap-ahead`` started when a first command ended,
+    ``bwrap-persistent`` kept running, after a first command in it."""
     tools = {t.spec.name: t for t in default_tools(TiktokenCounter("o200k_base"))}
+    box = BwrapSandbox(ws, persistent=kind == "bwrap-persistent", ahead=kind != "bwrap")
     ctx = ToolContext(
-        sandbox=BwrapSandbox(ws, persistent=persistent),
-        workspace=str(ws),
-        output_token_budget=100_000,
-        command_timeout=60,
+        sandbox=box, workspace=str(ws), output_token_budget=100_000, command_timeout=60
     )
 
     async def calls() -> str:
-        if persistent:
+        if kind != "bwrap":
             first = ToolCall("c0", "bash", json.dumps({"command": "echo $PPID"}))
-            assert (await run_tool(tools, first, ctx)).output.startswith("2\n")  # the runner
+            ppid = "2" if kind == "bwrap-persistent" else "1"  # the runner; else bwrap
+            assert (await run_tool(tools, first, ctx)).output.startswith(ppid + "\n")
+            assert box._kept_box is not None
+            if kind == "bwrap-ahead":
+                assert box._kept_box._next is not None  # the next one is started ahead
         call = ToolCall("c1", "bash", json.dumps({"command": script}))
         return (await run_tool(tools, call, ctx)).output
 
     return asyncio.run(calls())
 
 
-# Every way a command reaches the sandbox, and both kinds of bwrap sandbox.
+# Every way a command reaches the sandbox, and each kind of bwrap sandbox.
 RUNNERS: dict[str, Runner] = {
     "cli": via_cli,
     "bash_tool": via_bash_tool,
     "cli_persistent": functools.partial(via_cli, sandbox="bwrap-persistent"),
-    "bash_tool_persistent": functools.partial(via_bash_tool, persistent=True),
+    "bash_tool_ahead": functools.partial(via_bash_tool, kind="bwrap-ahead"),
+    "bash_tool_persistent": functools.partial(via_bash_tool, kind="bwrap-persistent"),
 }
 
 
@@ -360,7 +364,7 @@ def test_setuid_bits_never_reach_a_writable_mount_and_mounts_are_nosuid(
 # ------------------------------------------------------------------------------- leaks
 
 
-@pytest.mark.parametrize("kind", ["bwrap", "bwrap-persistent"])
+@pytest.mark.parametrize("kind", ["bwrap", "bwrap-ahead", "bwrap-persistent"])
 def test_host_paths_do_not_leak(
     tmp_path: Path, ws: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
@@ -374,11 +378,11 @@ def test_host_paths_do_not_leak(
         "/proc/1/mountinfo; do tr '\\0' '\\n' < $f; done; env; pwd; ls -la / /tmp"
     )
     env = {"HOME": str(home), "STAYER_HOME": str(state), "PWD": str(launch)}
-    seen = [via_cli(ws, probe, cwd=launch, env=env, sandbox=kind)]
+    seen = [via_cli(ws, probe, cwd=launch, env=env, sandbox=kind.replace("-ahead", ""))]
     monkeypatch.chdir(launch)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    seen.append(via_bash_tool(ws, probe, persistent=kind == "bwrap-persistent"))
+    seen.append(via_bash_tool(ws, probe, kind=kind))
     for out in seen:
         assert "PWD=/\n" in out, out  # bwrap's own environment was read, and shows /
         for secret in (launch, home, state):

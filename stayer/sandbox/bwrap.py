@@ -52,7 +52,9 @@ import stat
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +75,7 @@ from stayer.sandbox.seccomp import filter_fd, suid_filter
 from stayer.sandbox.watch import OwnWatch
 
 if TYPE_CHECKING:
+    from stayer.sandbox.ahead import AheadBwrap
     from stayer.sandbox.kept import KeptBwrap
 
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc")
@@ -316,6 +319,10 @@ def sandbox_env(env: dict[str, str] | None) -> dict[str, str]:
 class BwrapSandbox(ProcessSandbox):
     """Runs each command in a fresh bubblewrap sandbox with the workspace at ``/app``.
 
+    With ``ahead`` (the default over the host's system) each command's sandbox is started
+    when the command before it ended, and waits for it (:mod:`stayer.sandbox.ahead`): the
+    same fresh sandbox, without the wait for bubblewrap's set-up.
+
     With ``persistent`` (``--sandbox bwrap-persistent``) the sandbox is started once and
     kept, and each command runs in it through a runner (:mod:`stayer.sandbox.kept`): the
     same isolation and limits, milliseconds less per command, but ``/tmp`` and the pid
@@ -331,16 +338,19 @@ class BwrapSandbox(ProcessSandbox):
         env: dict[str, str] | None = None,
         root: str | Path | None = None,
         persistent: bool = False,
+        ahead: bool = True,
         **limits: Any,
     ) -> None:
-        """``limits``: those of :class:`~stayer.sandbox.process.ProcessSandbox`."""
+        """``limits``: those of :class:`~stayer.sandbox.process.ProcessSandbox`; ``ahead``:
+        start each command's sandbox ahead, as soon as the command before it ends."""
         super().__init__(workspace, **limits)
         self.bwrap = check_bwrap()
         self.root = Path(root).resolve() if root is not None else None
         if persistent and self.root is not None:
             raise ConfigError("sandbox: a persistent sandbox runs over the host's system only")
         self.persistent = persistent
-        self._kept_box: KeptBwrap | None = None
+        self.ahead = ahead and self.root is None
+        self._kept_box: KeptBwrap | AheadBwrap | None = None
         if self.root is None:
             self._system = [(d, d) for d in SYSTEM_DIRS]
             real_system_dirs = [
@@ -443,19 +453,41 @@ class BwrapSandbox(ProcessSandbox):
             max_file_mb=self.max_file_mb,
         )
 
-    def _kept(self, mounts: tuple[Mount, ...]) -> KeptBwrap | None:
-        if not self.persistent or mounts:
+    def _kept(self, mounts: tuple[Mount, ...]) -> KeptBwrap | AheadBwrap | None:
+        if not (self.persistent or self.ahead) or mounts:
             return None
         if self._kept_box is None:
-            from stayer.sandbox.kept import KeptBwrap
+            # Weakly: no cycle, so that dropping this sandbox stops the one it keeps at once
+            # (its finaliser), not at the next full garbage collection.
+            me = weakref.proxy(self)
+            if self.persistent:
+                from stayer.sandbox.kept import KeptBwrap
 
-            self._kept_box = KeptBwrap(self)
+                self._kept_box = KeptBwrap(me)
+            else:
+                from stayer.sandbox.ahead import AheadBwrap
+
+                self._kept_box = AheadBwrap(me)
         return None if self._kept_box.busy else self._kept_box
 
+    def hold_host(self) -> contextlib.AbstractContextManager[HostView]:
+        """What of the host a sandbox started now shows that may change, held unchanged
+        while the block lasts (for :meth:`started`'s ``host``). It holds no reference to
+        this sandbox: a sandbox kept running holds it for its whole life."""
+        return _held_view(self.workspace, self._etc if self.root is not None else None)
+
     @contextlib.contextmanager
-    def started(self, mounts: tuple[Mount, ...], cwd: str, program: list[str]) -> Iterator[Launch]:
+    def started(
+        self,
+        mounts: tuple[Mount, ...],
+        cwd: str,
+        program: list[str],
+        host: HostView | None = None,
+    ) -> Iterator[Launch]:
         """How bwrap starts ``program`` in a new sandbox with ``mounts``, in ``cwd``, for as
-        long as it may run: its descriptors are closed afterwards."""
+        long as it may run: its descriptors are closed afterwards. ``host``: the view of
+        the host to show, which the caller holds (:meth:`hold_host`); else the current one,
+        held while the block lasts."""
         seccomp_fd = _seccomp_fd()
         args_fd = None
         # bwrap holds still after setting up the sandbox until the limits are applied to it
@@ -464,7 +496,7 @@ class BwrapSandbox(ProcessSandbox):
         held = contextlib.ExitStack()
         try:
             # The host's /etc as a copy, held unchanged while this sandbox lives (etc_copy).
-            etc = held.enter_context(host_etc()) if self.root is None else self._etc
+            etc = (host or held.enter_context(self.hold_host())).etc
             options = self._options(mounts, cwd, seccomp_fd, etc)
             options += ["--info-fd", str(gate.child_report), "--block-fd", str(gate.child_release)]
             args_fd = _options_pipe(options)
@@ -493,6 +525,30 @@ class BwrapSandbox(ProcessSandbox):
     ) -> AsyncIterator[Launch | ExecResult]:
         with self.started(mounts, cwd, ["/bin/bash", "-c", command]) as how:
             yield how
+
+
+@dataclass(frozen=True)
+class HostView:
+    """What of the host a sandbox shows that may change while stayer runs: the ``/etc``
+    it mounts (a copy, named by its path) and the workspace directory it binds (by device
+    and inode: a directory made anew under the same path is another)."""
+
+    etc: str
+    workspace: tuple[int, int]
+
+
+@contextlib.contextmanager
+def _held_view(workspace: Path, image_etc: str | None) -> Iterator[HostView]:
+    if image_etc is not None:  # an image's /etc, which only stayer's builds write
+        yield HostView(image_etc, _dir_id(workspace))
+        return
+    with host_etc() as etc:
+        yield HostView(etc, _dir_id(workspace))
+
+
+def _dir_id(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
 
 
 def _seccomp_fd() -> int | None:

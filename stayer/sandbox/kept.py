@@ -50,21 +50,22 @@ import socket
 import subprocess
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.process import (
-    _CHUNK,
     _DRAIN_GRACE_S,
     KeptCommand,
     Launch,
     ProcessLimits,
     _Capture,
-    _confine_and_release,
     _PidsCgroup,
     _rlimits,
-    _set_once,
     captured_result,
+    confine_and_release_now,
+    drain_fd,
+    feed_fd,
     pids_cgroup_parent,
     storage_baseline,
     storage_verdict,
@@ -81,8 +82,13 @@ class Starts(Protocol):
     def limits(self) -> ProcessLimits: ...
 
     def started(
-        self, mounts: tuple[Mount, ...], cwd: str, program: list[str]
+        self, mounts: tuple[Mount, ...], cwd: str, program: list[str], host: Any = None
     ) -> contextlib.AbstractContextManager[Launch]: ...
+
+    def hold_host(self) -> contextlib.AbstractContextManager[Any]:
+        """What of the host a sandbox started now shows, held unchanged for it while the
+        block lasts (for ``started``'s ``host``); two compare equal when no difference."""
+        ...
 
 
 log = logging.getLogger(__name__)
@@ -171,11 +177,18 @@ class _Live:
     Killing it is synchronous, so that it can run anywhere (a finaliser, a cancellation)."""
 
     def __init__(
-        self, proc: subprocess.Popen[bytes], sock: socket.socket, cgroup: _PidsCgroup | None
+        self,
+        proc: subprocess.Popen[bytes],
+        sock: socket.socket,
+        cgroup: _PidsCgroup | None,
+        view: object,
+        held: contextlib.ExitStack,
     ) -> None:
         self.proc = proc
         self.sock = sock
         self.cgroup: _PidsCgroup | None = cgroup
+        self.view = view  # the host as the sandbox shows it (Starts.hold_host)
+        self._held = held  # keeps that view (the copy of /etc it mounts) until closed
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -192,6 +205,7 @@ class _Live:
         self.kill()
         with contextlib.suppress(OSError):
             self.sock.close()
+        self._held.close()
 
     async def reap(self) -> None:
         self.close()
@@ -250,6 +264,19 @@ class KeptBwrap:
             self._live = None
 
     async def _start(self) -> _Live | None:
+        """A new sandbox, started and ready; None (logged) when it cannot start."""
+        try:
+            live, finish = self._spawn()
+        except OSError as e:
+            log.warning("the kept sandbox could not start (%s): a fresh one per command", e)
+            return None
+        return await self._ready(live, asyncio.to_thread(finish))
+
+    def _spawn(self) -> tuple[_Live, Callable[[], None]]:
+        """Start bwrap now, from this thread (bwrap's ``--die-with-parent`` is tied to the
+        thread that starts it: the event loop's). Returns the sandbox and what finishes
+        starting it, blocking, in a thread of its own: limits, release, the runner's
+        "ready" (so that it goes on while this thread does other work)."""
         box = self.box
         cgroup: _PidsCgroup | None = None
         if (parent := pids_cgroup_parent()) is not None:
@@ -259,57 +286,73 @@ class KeptBwrap:
             except OSError as e:
                 log.warning("could not create pids cgroup under %s: %s", parent, e)
         host_end, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        live: _Live | None = None
+        held = contextlib.ExitStack()  # the host's view for the sandbox's whole life
+        starting = contextlib.ExitStack()  # bwrap's descriptors, until it has started
         try:
+            view = held.enter_context(box.hold_host())
             program = [PYTHON, "-I", "-S", "-c", BOOT, str(runner_end.fileno())]
-            with box.started((), "/app", program) as how:
-                assert how.gate is not None
-                try:
-                    proc = subprocess.Popen(
-                        how.argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                        cwd=how.cwd,
-                        env=dict(how.env or {}),
-                        start_new_session=True,
-                        pass_fds=(*how.pass_fds, runner_end.fileno()),
-                    )
-                finally:
-                    how.gate.close_child_ends()
-                    runner_end.close()
-                live = _Live(proc, host_end, cgroup)
-                cgroup = None  # the sandbox's now
-                self._lives.append(live)
+            how = starting.enter_context(box.started((), "/app", program, view))
+            gate = how.gate
+            assert gate is not None
+            try:
+                proc = subprocess.Popen(
+                    how.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    cwd=how.cwd,
+                    env=dict(how.env or {}),
+                    start_new_session=True,
+                    pass_fds=(*how.pass_fds, runner_end.fileno()),
+                )
+            finally:
+                gate.close_child_ends()
+                runner_end.close()
+        except BaseException:
+            starting.close()
+            held.close()
+            host_end.close()
+            if cgroup is not None:
+                cgroup.kill_all()
+                with contextlib.suppress(OSError):
+                    cgroup.path.rmdir()
+            raise
+        live = _Live(proc, host_end, cgroup, view, held)
+        self._lives.append(live)
+
+        def finish() -> None:
+            try:
                 host_end.send(RUNNER.encode())
+                # The rlimits are each command's (set by the runner), not the runner's.
+                confined = confine_and_release_now(gate, proc.pid, ProcessLimits(), cgroup)
+                if not confined:
+                    raise _Gone("bwrap did not start")
+                host_end.settimeout(_START_TIMEOUT_S)
+                if host_end.recv(64) != b"ready":
+                    raise _Gone("the runner did not start")
                 host_end.setblocking(False)
-                async with asyncio.timeout(_START_TIMEOUT_S):
-                    # The rlimits are each command's (set by the runner), not the runner's.
-                    if not await _confine_and_release(
-                        how.gate, proc.pid, ProcessLimits(), live.cgroup
-                    ):
-                        raise _Gone("bwrap did not start")
-                    if await asyncio.get_running_loop().sock_recv(host_end, 64) != b"ready":
-                        raise _Gone("the runner did not start")
+            finally:
+                starting.close()
+
+        return live, finish
+
+    async def _ready(self, live: _Live, finishing: Awaitable[None]) -> _Live | None:
+        """``live`` once ``finishing`` (:meth:`_spawn`'s second half) is done; None (logged,
+        and the sandbox killed) if it failed."""
+        try:
+            await finishing
             return live
         except (OSError, TimeoutError, _Gone) as e:
-            log.warning("the persistent sandbox could not start (%s): a fresh one per command", e)
-            if live is not None:
-                self._lives.clear()
-                await live.reap()
-            else:
-                host_end.close()
-            if cgroup is not None:
-                await cgroup.remove()
+            log.warning("the kept sandbox could not start (%s): a fresh one per command", e)
+            with contextlib.suppress(ValueError):
+                self._lives.remove(live)
+            await live.reap()
             return None
         except BaseException:
-            if live is not None:
-                self._lives.clear()
-                live.kill()
-                self._dead.append(live)
-            elif cgroup is not None:
-                await cgroup.remove()
-            host_end.close()
+            with contextlib.suppress(ValueError):
+                self._lives.remove(live)
+            live.kill()
+            self._dead.append(live)
             raise
 
     async def _run(self, live: _Live, cmd: KeptCommand) -> ExecResult | None:
@@ -354,11 +397,11 @@ class KeptBwrap:
             theirs.clear()
             out_fd, err_fd = ours[-2:]
             tasks = [
-                asyncio.create_task(_drain_fd(out_fd, out)),
-                asyncio.create_task(_drain_fd(err_fd, err)),
+                asyncio.create_task(drain_fd(out_fd, out)),
+                asyncio.create_task(drain_fd(err_fd, err)),
             ]
             if stdin is not None:
-                tasks.append(asyncio.create_task(_feed_fd(ours, stdin)))
+                tasks.append(asyncio.create_task(feed_fd(ours, stdin)))
             answer = asyncio.ensure_future(_answer(live.sock, self._seq))
             exited = asyncio.ensure_future(_in_time(answer, max(timeout, 0.001)))
             waits += [answer, exited]
@@ -436,48 +479,3 @@ async def _in_time(answer: asyncio.Future[int], timeout: float) -> bool:
     """Whether ``answer`` came (or failed) within ``timeout``."""
     done, _ = await asyncio.wait({answer}, timeout=timeout)
     return bool(done)
-
-
-async def _wait_fd(fd: int, writable: bool) -> None:
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    add, remove = (
-        (loop.add_writer, loop.remove_writer) if writable else (loop.add_reader, loop.remove_reader)
-    )
-    add(fd, _set_once, ready)
-    try:
-        await ready
-    finally:
-        remove(fd)
-
-
-async def _drain_fd(fd: int, capture: _Capture) -> None:
-    os.set_blocking(fd, False)
-    while True:
-        try:
-            chunk = os.read(fd, _CHUNK)
-        except BlockingIOError:
-            await _wait_fd(fd, writable=False)
-            continue
-        if not chunk:
-            return
-        capture.feed(chunk)
-
-
-async def _feed_fd(ours: list[int], data: bytes) -> None:
-    """Write ``data`` to the command's stdin (the write end, ``ours[0]``), then close it
-    and take it off ``ours``: it is the last write end, and the command reads to its end.
-    The command may exit, or close stdin, without reading it all: that is its business."""
-    fd = ours[0]
-    os.set_blocking(fd, False)
-    view = memoryview(data)
-    try:
-        while view:
-            try:
-                view = view[os.write(fd, view[:_CHUNK]) :]
-            except BlockingIOError:
-                await _wait_fd(fd, writable=True)
-    except (BrokenPipeError, ConnectionResetError):
-        pass
-    ours.remove(fd)
-    os.close(fd)

@@ -253,15 +253,24 @@ class _PidsCgroup:
                     os.kill(pid, signal.SIGKILL)
 
     async def remove(self) -> None:
+        """Kill what is left in it and remove it, in a thread: removing a cgroup may wait
+        in the kernel for milliseconds (behind another process's move into a cgroup), and
+        the event loop runs other commands meanwhile."""
+        await asyncio.to_thread(self.remove_now)
+
+    def remove_now(self) -> None:
+        """:meth:`remove`, blocking."""
         self.kill_all()
-        for _ in range(200):  # killed tasks leave the cgroup asynchronously
+        # Killed tasks leave the cgroup asynchronously, most within a millisecond: wait
+        # short first, then longer (about 2 s in all).
+        for pause in (0.0002, 0.0005, 0.001, 0.002, 0.005, *[0.01] * 200):
             try:
                 self.path.rmdir()
                 return
             except FileNotFoundError:
                 return
             except OSError:
-                await asyncio.sleep(0.01)
+                time.sleep(pause)
                 self.kill_all()
         log.warning("could not remove cgroup %s", self.path)
 
@@ -364,14 +373,59 @@ async def _read_to_eof(fd: int) -> bytes:
         chunks.append(chunk)
 
 
+async def wait_fd(fd: int, writable: bool) -> None:
+    """Until ``fd`` is readable (or ``writable``), in the running event loop."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    add, remove = (
+        (loop.add_writer, loop.remove_writer) if writable else (loop.add_reader, loop.remove_reader)
+    )
+    add(fd, _set_once, ready)
+    try:
+        await ready
+    finally:
+        remove(fd)
+
+
+async def drain_fd(fd: int, capture: _Capture) -> None:
+    """Read ``fd`` (a pipe of ours) to its end into ``capture``."""
+    os.set_blocking(fd, False)
+    while True:
+        try:
+            chunk = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            await wait_fd(fd, writable=False)
+            continue
+        if not chunk:
+            return
+        capture.feed(chunk)
+
+
+async def feed_fd(ours: list[int], data: bytes) -> None:
+    """Write ``data`` to the command's stdin (the write end, ``ours[0]``), then close it
+    and take it off ``ours``: it is the last write end, and the command reads to its end.
+    The command may exit, or close stdin, without reading it all: that is its business."""
+    fd = ours[0]
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    try:
+        while view:
+            try:
+                view = view[os.write(fd, view[:_CHUNK]) :]
+            except BlockingIOError:
+                await wait_fd(fd, writable=True)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    ours.remove(fd)
+    os.close(fd)
+
+
 async def _confine_and_release(
     gate: StartGate, outer: int, limits: ProcessLimits, cgroup: _PidsCgroup | None
 ) -> bool:
     """Put the gated child and the process that will start the command into ``cgroup``
     with the rlimits of ``limits``, then release it. False when that could not be done (the
     child died, or reported nothing usable): the caller kills it, never releases it."""
-    import json
-
     # Moving a process into a cgroup waits for an RCU grace period in the kernel (the
     # first move in a while: milliseconds on a busy machine; one right after is cheap). So
     # the outer process is moved at once, in a thread, while it sets up; the child it
@@ -380,13 +434,10 @@ async def _confine_and_release(
         asyncio.ensure_future(asyncio.to_thread(cgroup.join, outer)) if cgroup is not None else None
     )
     try:
-        inner = int(json.loads(await _read_to_eof(gate.report))["child-pid"])
-        if cgroup is not None and joined is not None:
+        report = await _read_to_eof(gate.report)
+        if joined is not None:
             await joined  # bwrap's own two, before either starts anything more
-            cgroup.join(inner)
-        for which, value in _rlimits(limits, cgroup):
-            resource.prlimit(inner, which, (value, value))
-        os.write(gate.release, b"x")
+        _confine_inner(gate, report, limits, cgroup)
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("could not apply limits to a sandboxed command: %s", e)
         return False
@@ -394,6 +445,37 @@ async def _confine_and_release(
         if joined is not None:
             joined.cancel()  # when it failed early: the thread finishes on its own
     return True
+
+
+def confine_and_release_now(
+    gate: StartGate, outer: int, limits: ProcessLimits, cgroup: _PidsCgroup | None
+) -> bool:
+    """:func:`_confine_and_release`, blocking, for a thread of its own (no event loop: its
+    time is in system calls, which let the caller's thread run meanwhile)."""
+    try:
+        if cgroup is not None:
+            cgroup.join(outer)
+        with open(gate.report, "rb", closefd=False) as report:
+            _confine_inner(gate, report.read(), limits, cgroup)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("could not apply limits to a sandboxed command: %s", e)
+        return False
+    return True
+
+
+def _confine_inner(
+    gate: StartGate, report: bytes, limits: ProcessLimits, cgroup: _PidsCgroup | None
+) -> None:
+    """The child that bwrap's ``report`` names into ``cgroup``, with the rlimits, then
+    released (bwrap's outer process is in ``cgroup`` already)."""
+    import json
+
+    inner = int(json.loads(report)["child-pid"])
+    if cgroup is not None:
+        cgroup.join(inner)
+    for which, value in _rlimits(limits, cgroup):
+        resource.prlimit(inner, which, (value, value))
+    os.write(gate.release, b"x")
 
 
 class _ChildProtocol(asyncio.subprocess.SubprocessStreamProtocol):
