@@ -25,7 +25,7 @@ PROBE = (
     "echo pid=$$ ppid=$PPID; id; pwd; env | sort; ls -l /proc/self/fd | awk '{print $9, $10, $11}' | sed 's/:\\[[0-9]*\\]//';"
     " ulimit -a; awk '{print $5, $6}' /proc/self/mountinfo | sort;"
     " ls /proc | grep -c '^[0-9]';"
-    " ls -la /tmp; md5sum /etc/passwd; cat /proc/self/status | grep -E '^(Cap|NoNewPrivs|Seccomp)'"
+    " ls -A /tmp; stat -c '%a %U' /tmp /app; md5sum /etc/passwd; cat /proc/self/status | grep -E '^(Cap|NoNewPrivs|Seccomp)'"
 )
 
 

@@ -157,11 +157,14 @@ class AheadBwrap:
         # --die-with-parent is tied to the thread that starts it: these live as long as
         # this object does, and a sandbox whose thread is gone is not used.
         self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stayer-ahead")
+        self._pid = os.getpid()  # a copy made by fork has neither the threads nor the children
         weakref.finalize(self, _close_all, self._live, self._threads)
 
     async def run(self, cmd: KeptCommand) -> ExecResult | None:
         """``cmd``'s result, in the sandbox started for it; None when none is ready and fit
         (the caller starts one). Either way the next one starts before this returns."""
+        if os.getpid() != self._pid:
+            return None
         self.busy = True
         try:
             ahead = await self._take(cmd)

@@ -354,19 +354,13 @@ def _set_once(future: asyncio.Future[None]) -> None:
 
 
 async def _read_to_eof(fd: int) -> bytes:
-    loop = asyncio.get_running_loop()
     os.set_blocking(fd, False)
     chunks: list[bytes] = []
     while True:
         try:
             chunk = os.read(fd, 4096)
         except BlockingIOError:
-            readable = loop.create_future()
-            loop.add_reader(fd, _set_once, readable)
-            try:
-                await readable
-            finally:
-                loop.remove_reader(fd)
+            await wait_fd(fd, writable=False)
             continue
         if not chunk:
             return b"".join(chunks)
