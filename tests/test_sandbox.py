@@ -605,3 +605,35 @@ def test_a_caller_cancelled_as_the_gate_opens_is_cancelled_and_kills_the_command
     finally:
         gate.close()
     assert wait_gone(mark, within=30) == []
+
+
+def test_cgroups_left_by_a_killed_stayer_are_removed_with_what_is_in_them() -> None:
+    """A stayer process killed as a sandbox started leaves its cgroup, maybe with a process
+    in it that waits for good. The next stayer process removes it; a live maker's stays."""
+    import os
+    import subprocess
+    import uuid
+
+    from stayer.sandbox import process
+
+    parent = process.pids_cgroup_parent()
+    if parent is None:
+        pytest.skip("no pids cgroup can be made here")
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid whose process is gone
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    left = parent / f"stayer-{gone.pid}.{ns}-{uuid.uuid4().hex[:12]}"
+    mine = parent / f"stayer-{os.getpid()}.{ns}-{uuid.uuid4().hex[:12]}"
+    stuck = subprocess.Popen(["sleep", "1000"])
+    try:
+        for d in (left, mine):
+            d.mkdir()
+        (left / "cgroup.procs").write_text(str(stuck.pid))
+        process.remove_orphans(parent)
+        assert stuck.wait(timeout=60) == -9
+        assert not left.exists() and mine.is_dir()
+    finally:
+        stuck.kill()
+        for d in (left, mine):
+            if d.exists():
+                process._PidsCgroup.at(d).remove_now()

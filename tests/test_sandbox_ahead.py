@@ -207,3 +207,31 @@ def test_the_sandbox_started_ahead_goes_with_its_owner(ws: Path) -> None:
         deadline -= 1
         run(asyncio.sleep(0.1))
     assert deadline, "the sandbox started ahead outlived its sandbox object"
+
+
+def test_the_whole_sandbox_is_in_its_cgroup_from_birth(ws: Path) -> None:
+    """bwrap is started inside the command's cgroup, not moved there afterwards: a child
+    it cloned before a move stayed outside, and if bwrap was killed then (stayer killed
+    as a sandbox started), that child waited for good, out of reach of the cgroup's kill."""
+    from stayer.sandbox.process import pids_cgroup_parent
+
+    if pids_cgroup_parent() is None:
+        pytest.skip("no pids cgroup can be made here")
+    sb = primed(ws)
+    pid = spare_pid(sb)
+
+    def cgroup(p: int) -> str:  # in the hierarchy with the pids controller (v1), or v2's
+        lines = Path(f"/proc/{p}/cgroup").read_text().splitlines()
+        line = next((x for x in lines if ":pids:" in x), None) or next(
+            x for x in lines if x.startswith("0::")
+        )
+        return line.rsplit("/", 1)[-1]
+
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        for task in Path(f"/proc/{p}/task").iterdir():
+            todo += [int(c) for c in (task / "children").read_text().split()]
+    assert len(tree) == 3  # bwrap, the sandbox's pid 1, the shell waiting for its command
+    assert {cgroup(p) for p in tree} == {cgroup(pid)} and cgroup(pid).startswith("stayer-")

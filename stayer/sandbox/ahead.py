@@ -41,6 +41,7 @@ from stayer.sandbox.process import (
     _Capture,
     _kill_group,
     _PidsCgroup,
+    born_in,
     captured_result,
     confine_and_release_now,
     drain_fd,
@@ -252,7 +253,7 @@ class AheadBwrap:
                 assert gate is not None
                 try:
                     proc = subprocess.Popen(
-                        how.argv,
+                        born_in(cgroup, how.argv),
                         stdin=theirs["stdin"],
                         stdout=theirs["stdout"],
                         stderr=theirs["stderr"],
@@ -269,7 +270,7 @@ class AheadBwrap:
                     theirs.clear()
                 ahead = _Ahead(proc, ours, cgroup, view, held)
                 self._live.append(ahead)
-                if not confine_and_release_now(gate, proc.pid, box.limits, cgroup):
+                if not confine_and_release_now(gate, box.limits, cgroup):
                     raise OSError("bwrap did not start")
             return ahead
         except BaseException:

@@ -62,6 +62,7 @@ from stayer.sandbox.process import (
     _Capture,
     _PidsCgroup,
     _rlimits,
+    born_in,
     captured_result,
     confine_and_release_now,
     drain_fd,
@@ -296,7 +297,7 @@ class KeptBwrap:
             assert gate is not None
             try:
                 proc = subprocess.Popen(
-                    how.argv,
+                    born_in(cgroup, how.argv),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
@@ -324,7 +325,7 @@ class KeptBwrap:
             try:
                 host_end.send(RUNNER.encode())
                 # The rlimits are each command's (set by the runner), not the runner's.
-                confined = confine_and_release_now(gate, proc.pid, ProcessLimits(), cgroup)
+                confined = confine_and_release_now(gate, ProcessLimits(), cgroup)
                 if not confined:
                     raise _Gone("bwrap did not start")
                 host_end.settimeout(_START_TIMEOUT_S)

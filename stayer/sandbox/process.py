@@ -44,6 +44,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import resource
 import signal
 import time
@@ -199,7 +200,8 @@ def pids_cgroup_parent() -> Path | None:
     parent = _pids_cgroup_candidate()
     if parent is None:
         return None
-    probe = parent / f"stayer-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    remove_orphans(parent)
+    probe = parent / f"stayer-probe-{_owner_tag()}-{uuid.uuid4().hex[:8]}"
     try:
         probe.mkdir()
     except OSError:
@@ -217,11 +219,44 @@ def pids_cgroup_parent() -> Path | None:
             probe.rmdir()
 
 
+def _owner_tag() -> str:
+    """What a cgroup's name says of the process that made it: its pid, and its pid
+    namespace (so that a pid is never read in another namespace's sense)."""
+    return f"{os.getpid()}.{os.stat('/proc/self/ns/pid').st_ino}"
+
+
+_OWNED = re.compile(r"stayer-(?:probe-)?(\d+)\.(\d+)-[0-9a-f]+")
+
+
+def remove_orphans(parent: Path) -> None:
+    """Remove the cgroups under ``parent`` that stayer processes of this pid namespace made
+    and left when they were killed, with what is still in them: a sandbox that was starting
+    then waits there for good (bwrap killed before it wrote its child's uid map)."""
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return
+    for entry in entries:
+        m = _OWNED.fullmatch(entry.name)
+        if m is None or int(m.group(2)) != ns or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # its maker lives (or another process has its pid: left alone)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        log.info("removing cgroup %s, left by a process that is gone", entry.path)
+        _PidsCgroup.at(Path(entry.path)).remove_now()
+
+
 class _PidsCgroup:
     """One cgroup per command: caps the number of tasks, and kills every leftover at the end."""
 
     def __init__(self, parent: Path, max_processes: int | None) -> None:
-        self.path = parent / f"stayer-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.path = parent / f"stayer-{_owner_tag()}-{uuid.uuid4().hex[:12]}"
         self.path.mkdir()
         try:
             (self.path / "pids.max").write_text(
@@ -231,9 +266,12 @@ class _PidsCgroup:
             self.path.rmdir()
             raise
 
-    def join(self, pid: int) -> None:
-        """Move process ``pid`` into this cgroup."""
-        (self.path / "cgroup.procs").write_text(str(pid))
+    @classmethod
+    def at(cls, path: Path) -> _PidsCgroup:
+        """The cgroup at ``path``, made before."""
+        cgroup = cls.__new__(cls)
+        cgroup.path = path
+        return cgroup
 
     def kill_all(self) -> None:
         kill_file = self.path / "cgroup.kill"  # cgroup v2, Linux >= 5.14
@@ -415,40 +453,25 @@ async def feed_fd(ours: list[int], data: bytes) -> None:
 
 
 async def _confine_and_release(
-    gate: StartGate, outer: int, limits: ProcessLimits, cgroup: _PidsCgroup | None
+    gate: StartGate, limits: ProcessLimits, cgroup: _PidsCgroup | None
 ) -> bool:
-    """Put the gated child and the process that will start the command into ``cgroup``
-    with the rlimits of ``limits``, then release it. False when that could not be done (the
-    child died, or reported nothing usable): the caller kills it, never releases it."""
-    # Moving a process into a cgroup waits for an RCU grace period in the kernel (the
-    # first move in a while: milliseconds on a busy machine; one right after is cheap). So
-    # the outer process is moved at once, in a thread, while it sets up; the child it
-    # reports is moved after it (or was born inside, if the outer one was moved first).
-    joined = (
-        asyncio.ensure_future(asyncio.to_thread(cgroup.join, outer)) if cgroup is not None else None
-    )
+    """Apply the rlimits of ``limits`` to the gated child (in ``cgroup`` since birth:
+    :func:`born_in`), then release it. False when that could not be done (the child died,
+    or reported nothing usable): the caller kills it, never releases it."""
     try:
-        report = await _read_to_eof(gate.report)
-        if joined is not None:
-            await joined  # bwrap's own two, before either starts anything more
-        _confine_inner(gate, report, limits, cgroup)
+        _confine_inner(gate, await _read_to_eof(gate.report), limits, cgroup)
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("could not apply limits to a sandboxed command: %s", e)
         return False
-    finally:
-        if joined is not None:
-            joined.cancel()  # when it failed early: the thread finishes on its own
     return True
 
 
 def confine_and_release_now(
-    gate: StartGate, outer: int, limits: ProcessLimits, cgroup: _PidsCgroup | None
+    gate: StartGate, limits: ProcessLimits, cgroup: _PidsCgroup | None
 ) -> bool:
     """:func:`_confine_and_release`, blocking, for a thread of its own (no event loop: its
     time is in system calls, which let the caller's thread run meanwhile)."""
     try:
-        if cgroup is not None:
-            cgroup.join(outer)
         with open(gate.report, "rb", closefd=False) as report:
             _confine_inner(gate, report.read(), limits, cgroup)
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -457,16 +480,26 @@ def confine_and_release_now(
     return True
 
 
+def born_in(cgroup: _PidsCgroup | None, argv: list[str]) -> list[str]:
+    """``argv`` started inside ``cgroup``: a shell moves itself there, then execs it. So
+    every process it starts is in the cgroup from birth, and killing the cgroup kills them
+    all. Moved from here after it started, a process bwrap cloned meanwhile stayed out: if
+    bwrap was killed then (stayer killed as a sandbox started), its child waited forever
+    for the uid map bwrap would have written. Moving a process also waits for the kernel
+    (milliseconds on a busy machine): here the shell waits, not the caller."""
+    if cgroup is None:
+        return argv
+    join = 'echo $$ > "$0" && exec "$@"'
+    return ["/bin/sh", "-c", join, str(cgroup.path / "cgroup.procs"), *argv]
+
+
 def _confine_inner(
     gate: StartGate, report: bytes, limits: ProcessLimits, cgroup: _PidsCgroup | None
 ) -> None:
-    """The child that bwrap's ``report`` names into ``cgroup``, with the rlimits, then
-    released (bwrap's outer process is in ``cgroup`` already)."""
+    """The rlimits on the child that bwrap's ``report`` names, then released."""
     import json
 
     inner = int(json.loads(report)["child-pid"])
-    if cgroup is not None:
-        cgroup.join(inner)
     for which, value in _rlimits(limits, cgroup):
         resource.prlimit(inner, which, (value, value))
     os.write(gate.release, b"x")
@@ -606,7 +639,9 @@ async def run_process(
         except OSError as e:
             log.warning("could not create pids cgroup under %s: %s", parent, e)
     argv = list(argv)
-    if gate is None and (cgroup is not None or limits != ProcessLimits()):
+    if gate is not None:
+        argv = born_in(cgroup, argv)
+    elif cgroup is not None or limits != ProcessLimits():
         prelude = "\n".join(_limits_prelude(limits, cgroup))
         argv = ["/bin/bash", "-c", prelude, "stayer-limits", *argv]
 
@@ -676,7 +711,7 @@ async def run_process(
             # firing as the gate opens), and the command would run on past the limit.
             try:
                 async with asyncio.timeout(max(timeout, 0.001)):
-                    opened = await _confine_and_release(gate, proc.pid, limits, cgroup)
+                    opened = await _confine_and_release(gate, limits, cgroup)
             except TimeoutError:
                 opened = None
             timed_out = opened is None
