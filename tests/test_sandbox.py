@@ -636,4 +636,4 @@ def test_cgroups_left_by_a_killed_stayer_are_removed_with_what_is_in_them() -> N
         stuck.kill()
         for d in (left, mine):
             if d.exists():
-                process._PidsCgroup.at(d).remove_now()
+                process._PidsCgroup(d).remove_now()

@@ -72,9 +72,9 @@ def test_the_command_runs_in_the_sandbox_started_ahead_and_the_next_starts(ws: P
     used: list[int] = []
     run_in = box._run
 
-    async def recorded(ahead, cmd):  # type: ignore[no-untyped-def]
+    async def recorded(ahead, *rest):  # type: ignore[no-untyped-def]
         used.append(ahead.proc.pid)
-        return await run_in(ahead, cmd)
+        return await run_in(ahead, *rest)
 
     box._run = recorded  # type: ignore[method-assign]
     r = run(sb.exec("echo $$ $PPID"))

@@ -30,23 +30,19 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
 
-from stayer.sandbox.base import ExecResult, Mount
+from stayer.sandbox.base import ExecResult
+from stayer.sandbox.kept import Starts, spawn
 from stayer.sandbox.process import (
     _DRAIN_GRACE_S,
     KeptCommand,
-    Launch,
-    ProcessLimits,
     _Capture,
     _kill_group,
     _PidsCgroup,
-    born_in,
     captured_result,
     confine_and_release_now,
     drain_fd,
     feed_fd,
-    pids_cgroup_parent,
     storage_baseline,
     storage_verdict,
     wait_fd,
@@ -70,20 +66,6 @@ READER = (
     '[ "$go" = 1 ] || exec </dev/null\n'
     'exec /bin/bash -c "$c"\n'
 )
-
-
-class Starts(Protocol):
-    """What a sandbox started ahead needs of its
-    :class:`~stayer.sandbox.bwrap.BwrapSandbox`."""
-
-    @property
-    def limits(self) -> ProcessLimits: ...
-
-    def started(
-        self, mounts: tuple[Mount, ...], cwd: str, program: list[str], host: Any = None
-    ) -> contextlib.AbstractContextManager[Launch]: ...
-
-    def hold_host(self) -> contextlib.AbstractContextManager[Any]: ...
 
 
 class _Ahead:
@@ -168,17 +150,18 @@ class AheadBwrap:
             return None
         self.busy = True
         try:
-            ahead = await self._take(cmd)
-            return None if ahead is None else await self._run(ahead, cmd)
+            text = os.fsencode(cmd.command)
+            ahead = await self._take(cmd, text)
+            return None if ahead is None else await self._run(ahead, cmd, text)
         finally:
             self.busy = False
             self._start_next()
 
-    async def _take(self, cmd: KeptCommand) -> _Ahead | None:
-        """The sandbox started for the next command, if it fits ``cmd`` and the host is
-        as it shows; None else (one that did not fit the host is killed)."""
-        fits = cmd.cwd == "/app" and "\0" not in cmd.command
-        fits = fits and len(os.fsencode(cmd.command)) <= _MAX_COMMAND_BYTES
+    async def _take(self, cmd: KeptCommand, text: bytes) -> _Ahead | None:
+        """The sandbox started for the next command, if it fits ``cmd`` (``text``: its
+        command, encoded) and the host is as it shows; None else (one that did not fit the
+        host is killed)."""
+        fits = cmd.cwd == "/app" and b"\0" not in text and len(text) <= _MAX_COMMAND_BYTES
         if self._next is None or not fits:
             return None
         starting, self._next = self._next, None
@@ -229,16 +212,8 @@ class AheadBwrap:
     def _spawn(self) -> _Ahead:
         """A new sandbox waiting for its command (in one of this object's threads)."""
         box = self.box
-        cgroup: _PidsCgroup | None = None
-        if (parent := pids_cgroup_parent()) is not None:
-            try:
-                cgroup = _PidsCgroup(parent, box.limits.max_processes)
-            except OSError as e:
-                log.warning("could not create pids cgroup under %s: %s", parent, e)
-        held = contextlib.ExitStack()  # the host's view, for the sandbox's whole life
         ours: dict[str, int] = {}
         theirs: dict[str, int] = {}
-        ahead: _Ahead | None = None
         try:
             text = os.memfd_create("stayer-command", os.MFD_CLOEXEC)
             ours["text"] = theirs["text"] = text  # the same file: written here, read there
@@ -246,46 +221,38 @@ class AheadBwrap:
             theirs["stdin"], ours["stdin"] = os.pipe()
             ours["stdout"], theirs["stdout"] = os.pipe()
             ours["stderr"], theirs["stderr"] = os.pipe()
-            view = held.enter_context(box.hold_host())
             reader = READER.format(go=theirs["go"], text=text)
-            with box.started((), "/app", ["/bin/bash", "-c", reader], view) as how:
-                gate = how.gate
-                assert gate is not None
-                try:
-                    proc = subprocess.Popen(
-                        born_in(cgroup, how.argv),
-                        stdin=theirs["stdin"],
-                        stdout=theirs["stdout"],
-                        stderr=theirs["stderr"],
-                        cwd=how.cwd,
-                        env=dict(how.env or {}),
-                        start_new_session=True,
-                        pass_fds=(*how.pass_fds, text, theirs["go"]),
-                    )
-                finally:
-                    gate.close_child_ends()
-                    for name, fd in theirs.items():
-                        if name != "text":
-                            os.close(fd)
-                    theirs.clear()
-                ahead = _Ahead(proc, ours, cgroup, view, held)
-                self._live.append(ahead)
-                if not confine_and_release_now(gate, box.limits, cgroup):
-                    raise OSError("bwrap did not start")
-            return ahead
+            try:
+                sp = spawn(
+                    box,
+                    ["/bin/bash", "-c", reader],
+                    max_processes=box.limits.max_processes,
+                    stdio=(theirs["stdin"], theirs["stdout"], theirs["stderr"]),
+                    pass_fds=(text, theirs["go"]),
+                )
+            finally:
+                for name, fd in theirs.items():
+                    if name != "text":
+                        os.close(fd)
+                theirs.clear()
         except BaseException:
-            if ahead is not None:
-                self._reap(ahead)
-                raise
-            held.close()
             for fd in {*ours.values(), *theirs.values()}:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            if cgroup is not None:
-                cgroup.remove_now()
             raise
+        ahead = _Ahead(sp.proc, ours, sp.cgroup, sp.view, sp.held)
+        self._live.append(ahead)
+        try:
+            if not confine_and_release_now(sp.gate, box.limits, sp.cgroup):
+                raise OSError("bwrap did not start")
+        except BaseException:
+            self._reap(ahead)
+            raise
+        finally:
+            sp.starting.close()
+        return ahead
 
-    async def _run(self, ahead: _Ahead, cmd: KeptCommand) -> ExecResult | None:
+    async def _run(self, ahead: _Ahead, cmd: KeptCommand, text: bytes) -> ExecResult | None:
         """``cmd``'s result in ``ahead``; None if it could not be handed over (the sandbox
         died since it was taken)."""
         storage = cmd.storage
@@ -297,7 +264,7 @@ class AheadBwrap:
         storage_used: int | None = None
         try:
             try:
-                os.pwrite(fds["text"], os.fsencode(cmd.command) + b"\0", 0)
+                os.pwrite(fds["text"], text + b"\0", 0)
                 os.write(fds["go"], b"1" if cmd.stdin is not None else b"0")
             except OSError as e:
                 log.warning("a sandbox started ahead died (%s): one started for the command", e)

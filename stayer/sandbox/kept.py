@@ -50,7 +50,7 @@ import socket
 import subprocess
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stayer.sandbox.base import ExecResult, Mount
@@ -59,6 +59,7 @@ from stayer.sandbox.process import (
     KeptCommand,
     Launch,
     ProcessLimits,
+    StartGate,
     _Capture,
     _PidsCgroup,
     _rlimits,
@@ -75,7 +76,8 @@ from stayer.sandbox.process import (
 
 
 class Starts(Protocol):
-    """What a kept sandbox needs of its :class:`~stayer.sandbox.bwrap.BwrapSandbox`."""
+    """What a kept sandbox, or one started ahead (:mod:`stayer.sandbox.ahead`), needs of
+    its :class:`~stayer.sandbox.bwrap.BwrapSandbox`."""
 
     env: dict[str, str]
 
@@ -90,6 +92,65 @@ class Starts(Protocol):
         """What of the host a sandbox started now shows, held unchanged for it while the
         block lasts (for ``started``'s ``host``); two compare equal when no difference."""
         ...
+
+
+@dataclass
+class Spawned:
+    """bwrap started by :func:`spawn`, held at its gate until released."""
+
+    proc: subprocess.Popen[bytes]
+    gate: StartGate
+    cgroup: _PidsCgroup | None
+    view: Any  # the host as the sandbox shows it (Starts.hold_host)
+    held: contextlib.ExitStack  # keeps that view (the /etc copy it mounts): the sandbox's
+    starting: contextlib.ExitStack  # bwrap's own descriptors: until it has started
+
+
+def spawn(
+    box: Starts,
+    program: list[str],
+    *,
+    max_processes: int | None,
+    stdio: tuple[int, int, int],
+    pass_fds: tuple[int, ...] = (),
+) -> Spawned:
+    """Start bwrap for ``program`` in a sandbox of ``box`` in ``/app``, in a pids cgroup of
+    its own from birth, held at its gate (the caller applies limits and releases it).
+    bwrap's ``--die-with-parent`` is tied to the calling thread: the sandbox lasts as long
+    as that thread does."""
+    cgroup: _PidsCgroup | None = None
+    if (parent := pids_cgroup_parent()) is not None:
+        try:
+            cgroup = _PidsCgroup.create(parent, max_processes)
+        except OSError as e:
+            log.warning("could not create pids cgroup under %s: %s", parent, e)
+    held = contextlib.ExitStack()
+    starting = contextlib.ExitStack()
+    try:
+        view = held.enter_context(box.hold_host())
+        how = starting.enter_context(box.started((), "/app", program, view))
+        gate = how.gate
+        assert gate is not None
+        try:
+            proc = subprocess.Popen(
+                born_in(cgroup, how.argv),
+                stdin=stdio[0],
+                stdout=stdio[1],
+                stderr=stdio[2],
+                cwd=how.cwd,
+                env=dict(how.env or {}),
+                start_new_session=True,
+                pass_fds=(*how.pass_fds, *pass_fds),
+            )
+        finally:
+            gate.close_child_ends()
+    except BaseException:
+        starting.close()
+        held.close()
+        if cgroup is not None:
+            cgroup.remove_now()
+        raise
+    return Spawned(proc, gate, cgroup, view, held, starting)
 
 
 log = logging.getLogger(__name__)
@@ -265,93 +326,55 @@ class KeptBwrap:
             self._live = None
 
     async def _start(self) -> _Live | None:
-        """A new sandbox, started and ready; None (logged) when it cannot start."""
+        """A new sandbox, started and ready; None (logged) when it cannot start. bwrap
+        starts from this thread (its ``--die-with-parent`` is tied to the thread that
+        starts it: the event loop's); its limits, release and the runner's "ready" are
+        waited for in a thread."""
+        own = self.box.limits.max_processes
+        host_end, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            live, finish = self._spawn()
-        except OSError as e:
+            program = [PYTHON, "-I", "-S", "-c", BOOT, str(runner_end.fileno())]
+            sp = spawn(
+                self.box,
+                program,
+                max_processes=None if own is None else own + _RUNNER_PROCESSES,
+                stdio=(subprocess.DEVNULL,) * 3,
+                pass_fds=(runner_end.fileno(),),
+            )
+        except BaseException as e:
+            host_end.close()
+            if not isinstance(e, OSError):
+                raise
             log.warning("the kept sandbox could not start (%s): a fresh one per command", e)
             return None
-        return await self._ready(live, asyncio.to_thread(finish))
-
-    def _spawn(self) -> tuple[_Live, Callable[[], None]]:
-        """Start bwrap now, from this thread (bwrap's ``--die-with-parent`` is tied to the
-        thread that starts it: the event loop's). Returns the sandbox and what finishes
-        starting it, blocking, in a thread of its own: limits, release, the runner's
-        "ready" (so that it goes on while this thread does other work)."""
-        box = self.box
-        cgroup: _PidsCgroup | None = None
-        if (parent := pids_cgroup_parent()) is not None:
-            try:
-                own = box.limits.max_processes
-                cgroup = _PidsCgroup(parent, None if own is None else own + _RUNNER_PROCESSES)
-            except OSError as e:
-                log.warning("could not create pids cgroup under %s: %s", parent, e)
-        host_end, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        held = contextlib.ExitStack()  # the host's view for the sandbox's whole life
-        starting = contextlib.ExitStack()  # bwrap's descriptors, until it has started
-        try:
-            view = held.enter_context(box.hold_host())
-            program = [PYTHON, "-I", "-S", "-c", BOOT, str(runner_end.fileno())]
-            how = starting.enter_context(box.started((), "/app", program, view))
-            gate = how.gate
-            assert gate is not None
-            try:
-                proc = subprocess.Popen(
-                    born_in(cgroup, how.argv),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    cwd=how.cwd,
-                    env=dict(how.env or {}),
-                    start_new_session=True,
-                    pass_fds=(*how.pass_fds, runner_end.fileno()),
-                )
-            finally:
-                gate.close_child_ends()
-                runner_end.close()
-        except BaseException:
-            starting.close()
-            held.close()
-            host_end.close()
-            if cgroup is not None:
-                cgroup.kill_all()
-                with contextlib.suppress(OSError):
-                    cgroup.path.rmdir()
-            raise
-        live = _Live(proc, host_end, cgroup, view, held)
+        finally:
+            runner_end.close()
+        live = _Live(sp.proc, host_end, sp.cgroup, sp.view, sp.held)
         self._lives.append(live)
 
         def finish() -> None:
             try:
                 host_end.send(RUNNER.encode())
                 # The rlimits are each command's (set by the runner), not the runner's.
-                confined = confine_and_release_now(gate, ProcessLimits(), cgroup)
-                if not confined:
+                if not confine_and_release_now(sp.gate, ProcessLimits(), sp.cgroup):
                     raise _Gone("bwrap did not start")
                 host_end.settimeout(_START_TIMEOUT_S)
                 if host_end.recv(64) != b"ready":
                     raise _Gone("the runner did not start")
                 host_end.setblocking(False)
             finally:
-                starting.close()
+                sp.starting.close()
 
-        return live, finish
-
-    async def _ready(self, live: _Live, finishing: Awaitable[None]) -> _Live | None:
-        """``live`` once ``finishing`` (:meth:`_spawn`'s second half) is done; None (logged,
-        and the sandbox killed) if it failed."""
         try:
-            await finishing
+            await asyncio.to_thread(finish)
             return live
         except (OSError, TimeoutError, _Gone) as e:
             log.warning("the kept sandbox could not start (%s): a fresh one per command", e)
-            with contextlib.suppress(ValueError):
-                self._lives.remove(live)
+            self._lives.remove(live)
             await live.reap()
             return None
         except BaseException:
-            with contextlib.suppress(ValueError):
-                self._lives.remove(live)
+            self._lives.remove(live)
             live.kill()
             self._dead.append(live)
             raise

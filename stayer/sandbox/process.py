@@ -27,14 +27,14 @@ in the argv they build, so everything that is easy to get subtly wrong lives her
   ``RLIMIT_NPROC`` is not enforced for root and, for other users, counts *all* of that
   user's processes on the host. Without a usable cgroup it falls back to ``RLIMIT_NPROC``
   and, when running as root, logs once that the limit is not enforced.
-  Limits are applied by a tiny ``/bin/bash`` prelude that joins the cgroup, calls
-  ``ulimit`` and ``exec``\\ s the real argv: no ``preexec_fn``, which is unsafe in a process
-  that has threads (asyncio's executor, tokenizers). A child that can hold still before it
-  starts the command (bwrap's ``--info-fd`` and ``--block-fd``: a :class:`StartGate`) gets
-  them from here instead, with no second program started: it reports the pid that will
-  start the command, that pid and the child itself are moved into the cgroup and given the
-  rlimits (``prlimit``), and only then is the child released — so nothing of the command
-  ever runs outside its limits, as with the prelude.
+  Limits are applied by a tiny shell prelude (:func:`born_in`) that joins the cgroup,
+  calls ``ulimit`` and ``exec``\\ s the real argv: no ``preexec_fn``, which is unsafe in a
+  process that has threads (asyncio's executor, tokenizers). A child that can hold still
+  before it starts the command (bwrap's ``--info-fd`` and ``--block-fd``: a
+  :class:`StartGate`) is only put into the cgroup by the prelude, from birth; it reports
+  the pid that will start the command, that pid is given the rlimits from here
+  (``prlimit``), and only then is the child released — so nothing of the command ever
+  runs outside its limits.
 """
 
 from __future__ import annotations
@@ -249,29 +249,26 @@ def remove_orphans(parent: Path) -> None:
         except PermissionError:
             continue
         log.info("removing cgroup %s, left by a process that is gone", entry.path)
-        _PidsCgroup.at(Path(entry.path)).remove_now()
+        _PidsCgroup(Path(entry.path)).remove_now()
 
 
 class _PidsCgroup:
     """One cgroup per command: caps the number of tasks, and kills every leftover at the end."""
 
-    def __init__(self, parent: Path, max_processes: int | None) -> None:
-        self.path = parent / f"stayer-{_owner_tag()}-{uuid.uuid4().hex[:12]}"
-        self.path.mkdir()
-        try:
-            (self.path / "pids.max").write_text(
-                "max" if max_processes is None else str(max_processes)
-            )
-        except OSError:
-            self.path.rmdir()
-            raise
+    def __init__(self, path: Path) -> None:
+        self.path = path
 
     @classmethod
-    def at(cls, path: Path) -> _PidsCgroup:
-        """The cgroup at ``path``, made before."""
-        cgroup = cls.__new__(cls)
-        cgroup.path = path
-        return cgroup
+    def create(cls, parent: Path, max_processes: int | None) -> _PidsCgroup:
+        """A new cgroup under ``parent``, named after this process (:func:`remove_orphans`)."""
+        path = parent / f"stayer-{_owner_tag()}-{uuid.uuid4().hex[:12]}"
+        path.mkdir()
+        try:
+            (path / "pids.max").write_text("max" if max_processes is None else str(max_processes))
+        except OSError:
+            path.rmdir()
+            raise
+        return cls(path)
 
     def kill_all(self) -> None:
         kill_file = self.path / "cgroup.kill"  # cgroup v2, Linux >= 5.14
@@ -335,7 +332,7 @@ def _rlimits(limits: ProcessLimits, cgroup: _PidsCgroup | None) -> list[tuple[in
     return out
 
 
-# bash's ulimit flag and unit (bytes per unit) of each rlimit the prelude sets
+# bash's ulimit flag and unit (bytes per unit) of each rlimit born_in's shell sets
 _ULIMIT = {
     resource.RLIMIT_AS: ("-v", 1024),
     resource.RLIMIT_FSIZE: ("-f", 1024),
@@ -343,16 +340,28 @@ _ULIMIT = {
 }
 
 
-def _limits_prelude(limits: ProcessLimits, cgroup: _PidsCgroup | None) -> list[str]:
-    """Shell lines that apply ``limits`` to the prelude itself before it execs the argv."""
-    lines = ["set -e"]
-    if cgroup is not None:
-        lines.append(f"echo $$ > '{cgroup.path}/cgroup.procs'")
-    for which, value in _rlimits(limits, cgroup):
-        flag, unit = _ULIMIT[which]
-        lines.append(f"ulimit {flag} {value // unit}")  # sets soft and hard
-    lines.append('exec "$@"')
-    return lines
+def born_in(
+    cgroup: _PidsCgroup | None,
+    argv: list[str],
+    limits: ProcessLimits = ProcessLimits(),  # noqa: B008
+) -> list[str]:
+    """``argv`` started by a shell that first moves itself into ``cgroup`` and applies the
+    rlimits of ``limits`` to itself, then execs it (``argv`` itself when there is nothing to
+    do). So every process it starts is in the cgroup from birth, and killing the cgroup
+    kills them all. Moved from here after it started, a process bwrap cloned meanwhile
+    stayed out: if bwrap was killed then (stayer killed as a sandbox started), its child
+    waited forever for the uid map bwrap would have written. Moving a process also waits
+    for the kernel (milliseconds on a busy machine): here the shell waits, not the caller."""
+    join = [f"echo $$ > '{cgroup.path}/cgroup.procs'"] if cgroup is not None else []
+    ulimits = [
+        f"ulimit {_ULIMIT[which][0]} {value // _ULIMIT[which][1]}"  # sets soft and hard
+        for which, value in _rlimits(limits, cgroup)
+    ]
+    if not join and not ulimits:
+        return argv
+    shell = "/bin/bash" if ulimits else "/bin/sh"  # bash for ulimit -u; sh starts faster
+    script = "\n".join(["set -e", *join, *ulimits, 'exec "$@"'])
+    return [shell, "-c", script, "stayer-limits", *argv]
 
 
 class StartGate:
@@ -478,19 +487,6 @@ def confine_and_release_now(
         log.warning("could not apply limits to a sandboxed command: %s", e)
         return False
     return True
-
-
-def born_in(cgroup: _PidsCgroup | None, argv: list[str]) -> list[str]:
-    """``argv`` started inside ``cgroup``: a shell moves itself there, then execs it. So
-    every process it starts is in the cgroup from birth, and killing the cgroup kills them
-    all. Moved from here after it started, a process bwrap cloned meanwhile stayed out: if
-    bwrap was killed then (stayer killed as a sandbox started), its child waited forever
-    for the uid map bwrap would have written. Moving a process also waits for the kernel
-    (milliseconds on a busy machine): here the shell waits, not the caller."""
-    if cgroup is None:
-        return argv
-    join = 'echo $$ > "$0" && exec "$@"'
-    return ["/bin/sh", "-c", join, str(cgroup.path / "cgroup.procs"), *argv]
 
 
 def _confine_inner(
@@ -635,15 +631,11 @@ async def run_process(
     cgroup: _PidsCgroup | None = None
     if (parent := pids_cgroup_parent()) is not None:
         try:
-            cgroup = _PidsCgroup(parent, limits.max_processes)
+            cgroup = _PidsCgroup.create(parent, limits.max_processes)
         except OSError as e:
             log.warning("could not create pids cgroup under %s: %s", parent, e)
-    argv = list(argv)
-    if gate is not None:
-        argv = born_in(cgroup, argv)
-    elif cgroup is not None or limits != ProcessLimits():
-        prelude = "\n".join(_limits_prelude(limits, cgroup))
-        argv = ["/bin/bash", "-c", prelude, "stayer-limits", *argv]
+    # With a gate the rlimits are applied from here (_confine_and_release), else by the shell.
+    argv = born_in(cgroup, list(argv), limits if gate is None else ProcessLimits())
 
     out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
     start = time.monotonic()
