@@ -235,3 +235,24 @@ def test_the_whole_sandbox_is_in_its_cgroup_from_birth(ws: Path) -> None:
             todo += [int(c) for c in (task / "children").read_text().split()]
     assert len(tree) == 3  # bwrap, the sandbox's pid 1, the shell waiting for its command
     assert {cgroup(p) for p in tree} == {cgroup(pid)} and cgroup(pid).startswith("stayer-")
+
+
+def _gone_within(path: Path, seconds: float) -> bool:
+    """Whether ``path`` is gone within ``seconds`` (it is removed by a thread)."""
+    for _ in range(int(seconds * 10)):
+        if not path.exists():
+            return True
+        run(asyncio.sleep(0.1))
+    return not path.exists()
+
+
+def test_the_cgroup_of_the_sandbox_started_ahead_goes_with_its_owner(ws: Path) -> None:
+    sb = primed(ws)
+    box = sb._kept_box
+    assert isinstance(box, AheadBwrap) and box._next is not None
+    cgroup = box._next.result(timeout=60).cgroup
+    if cgroup is None:
+        pytest.skip("no pids cgroup can be made here")
+    del sb, box
+    gc.collect()
+    assert _gone_within(cgroup.path, 60), cgroup.path

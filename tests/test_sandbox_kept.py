@@ -240,3 +240,18 @@ def test_long_commands_and_output(sb: BwrapSandbox) -> None:
     r = run(sb.exec("head -c 3000000 /dev/zero", timeout=30))
     assert r.truncated and "bytes dropped" in r.stdout, r.stdout[:200]
     honest(sb)
+
+
+def test_the_cgroup_of_a_persistent_sandbox_goes_with_its_owner(ws: Path) -> None:
+    import gc
+
+    sb = BwrapSandbox(ws, persistent=True)
+    assert run(sb.exec("true")).exit_code == 0
+    live = sb._kept_box._live  # type: ignore[union-attr]
+    assert live is not None
+    if live.cgroup is None:
+        pytest.skip("no pids cgroup can be made here")
+    path = live.cgroup.path
+    del sb, live
+    gc.collect()
+    assert not path.exists()  # removed by the finaliser, before it returns

@@ -120,8 +120,14 @@ class _Ahead:
 
 
 def _close_all(aheads: list[_Ahead], threads: ThreadPoolExecutor) -> None:
+    """At the owner's end: each sandbox killed now and reaped, its cgroup removed, by the
+    owner's threads, which then end (here, at the interpreter's exit, when they are gone)."""
     for one in list(aheads):
-        one.close()
+        one.kill()
+        try:
+            threads.submit(one.reap)
+        except RuntimeError:  # shut down
+            one.reap()
     threads.shutdown(wait=False)
 
 

@@ -279,9 +279,13 @@ class _Live:
             await self.cgroup.remove()
 
 
-def _kill_all(lives: list[_Live]) -> None:
-    for live in lives:
+def _kill_all(lives: list[_Live], dead: list[_Live]) -> None:
+    """At the owner's end: the live sandbox and those killed but not reaped yet, closed,
+    and their cgroups removed."""
+    for live in (*lives, *dead):
         live.close()
+        if live.cgroup is not None:
+            live.cgroup.remove_now()
 
 
 class KeptBwrap:
@@ -296,7 +300,7 @@ class KeptBwrap:
         self._seq = 0
         self._broken = False  # it could not start: every command gets a fresh sandbox
         self._lives: list[_Live] = []  # what the finaliser kills: the live one, if any
-        weakref.finalize(self, _kill_all, self._lives)
+        weakref.finalize(self, _kill_all, self._lives, self._dead)
 
     async def run(self, cmd: KeptCommand) -> ExecResult | None:
         self.busy = True
