@@ -8,9 +8,12 @@ import contextlib
 import ctypes
 import os
 import platform
+import subprocess
+import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -52,14 +55,106 @@ def procs_with(mark: str) -> list[int]:
     return found
 
 
-def wait_gone(mark: str, within: float = 120.0) -> list[int]:
-    """Pids still carrying ``mark`` after ``within`` seconds (empty: all gone). Returns as
-    soon as none is left: ``within`` bounds a failure's wait, not a success's (a killed
-    process on a busy machine may take a while to be reaped)."""
+def _until(done: Callable[[], bool], within: float) -> bool:
+    """Whether ``done()`` holds within ``within`` seconds. Returns as soon as it does:
+    ``within`` bounds a failure's wait, not a success's (on a busy machine a killed
+    process may take a while to be reaped, a thread a while to get its turn)."""
     deadline = time.monotonic() + within
-    while (left := procs_with(mark)) and time.monotonic() < deadline:
+    while not done():
+        if time.monotonic() > deadline:
+            return done()
         time.sleep(0.05)
-    return left
+    return True
+
+
+def wait_gone(mark: str, within: float = 120.0) -> list[int]:
+    """Pids still carrying ``mark`` after ``within`` seconds (empty: all gone)."""
+    _until(lambda: not procs_with(mark), within)
+    return procs_with(mark)
+
+
+def dead(pid: int) -> bool:
+    """Whether process ``pid`` has exited (gone, or a zombie not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone, perhaps between two looks
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def wait_dead(pid: int, within: float = 120.0) -> bool:
+    """Whether process ``pid`` has exited within ``within`` seconds."""
+    return _until(lambda: dead(pid), within)
+
+
+def gone_within(path: Path, within: float = 120.0) -> bool:
+    """Whether ``path`` is gone within ``within`` seconds (removed by another thread)."""
+    return _until(lambda: not path.exists(), within)
+
+
+def not_blocked(thread: threading.Thread, where: set[str], within: float = 120.0) -> bool:
+    """Whether ``thread`` ends, rather than being found in code of one of the files
+    ``where`` (those that take a lock it holds: once there, it waits for good). Whichever
+    comes first is seen, however slowly it runs; ``within`` bounds only a wait that sees
+    neither."""
+
+    def entered() -> bool:
+        frame = sys._current_frames().get(thread.ident or -1)
+        while frame is not None:
+            if frame.f_code.co_filename in where:
+                return True
+            frame = frame.f_back
+        return False
+
+    return _until(lambda: not thread.is_alive() or entered(), within) and not thread.is_alive()
+
+
+# Run by dropped_holding_locks in a Python of its own: argv = tests dir, workspace, "1" for
+# a persistent sandbox. A thread that blocks holds the lock for good: os._exit then.
+_DROP_HOLDING_LOCKS = """
+import gc, os, sys, threading
+from concurrent.futures import thread as futures_thread
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from sandbox_helpers import not_blocked, run, wait_dead
+from stayer.sandbox import bwrap, etc_copy
+
+sb = bwrap.BwrapSandbox(Path(sys.argv[2]), persistent=sys.argv[3] == "1")
+assert run(sb.exec("true")).exit_code == 0
+kept = sb._kept_box
+pid = kept._live.proc.pid if sb.persistent else kept._next.result(timeout=120).proc.pid
+owner = [sb]
+del sb, kept
+
+def drop():
+    with futures_thread._global_shutdown_lock, bwrap._ETC_COPIES._lock:
+        owner.clear()
+        gc.collect()
+
+dropper = threading.Thread(target=drop, daemon=True)
+dropper.start()
+if not not_blocked(dropper, {futures_thread.__file__, etc_copy.__file__}):
+    print("the finaliser waited for a lock its thread held", flush=True)
+    os._exit(1)
+print("ok" if wait_dead(pid) else "the sandbox outlived its owner", flush=True)
+"""
+
+
+def dropped_holding_locks(ws: Path, *, persistent: bool) -> str:
+    """What happens when a sandbox of ``ws`` that has run a command (so that it keeps one
+    running, or started ahead) is dropped by a thread holding the locks its finaliser must
+    not take: the executors' shutdown lock and the lock of the /etc copies. A finaliser
+    runs wherever the garbage collector does, in such a thread too; one that took either
+    waited there for good (as one did, hanging a run of the suite). "ok", or what went
+    wrong; in a Python of its own, which a blocked thread cannot hang."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _DROP_HOLDING_LOCKS, str(Path(__file__).parent), str(ws)]
+        + ["1" if persistent else "0"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return proc.stdout.strip() or proc.stderr[-2000:]
 
 
 def count_forks(up_to: int) -> str:

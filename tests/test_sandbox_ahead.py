@@ -12,7 +12,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import marker, needs_bwrap, procs_with, run, wait_gone
+from sandbox_helpers import (
+    dropped_holding_locks,
+    gone_within,
+    marker,
+    needs_bwrap,
+    procs_with,
+    run,
+    wait_dead,
+    wait_gone,
+)
 
 from stayer.sandbox.ahead import AheadBwrap
 from stayer.sandbox.bwrap import BwrapSandbox
@@ -199,14 +208,11 @@ def test_the_sandbox_started_ahead_goes_with_its_owner(ws: Path) -> None:
     pid = spare_pid(sb)
     del sb
     gc.collect()
-    deadline = 600
-    while deadline and Path(f"/proc/{pid}").exists():
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            break
-        deadline -= 1
-        run(asyncio.sleep(0.1))
-    assert deadline, "the sandbox started ahead outlived its sandbox object"
+    assert wait_dead(pid), "the sandbox started ahead outlived its sandbox object"
+
+
+def test_the_finaliser_takes_no_lock(ws: Path) -> None:
+    assert dropped_holding_locks(ws, persistent=False) == "ok"
 
 
 def test_the_whole_sandbox_is_in_its_cgroup_from_birth(ws: Path) -> None:
@@ -237,15 +243,6 @@ def test_the_whole_sandbox_is_in_its_cgroup_from_birth(ws: Path) -> None:
     assert {cgroup(p) for p in tree} == {cgroup(pid)} and cgroup(pid).startswith("stayer-")
 
 
-def _gone_within(path: Path, seconds: float) -> bool:
-    """Whether ``path`` is gone within ``seconds`` (it is removed by a thread)."""
-    for _ in range(int(seconds * 10)):
-        if not path.exists():
-            return True
-        run(asyncio.sleep(0.1))
-    return not path.exists()
-
-
 def test_the_cgroup_of_the_sandbox_started_ahead_goes_with_its_owner(ws: Path) -> None:
     sb = primed(ws)
     box = sb._kept_box
@@ -255,4 +252,4 @@ def test_the_cgroup_of_the_sandbox_started_ahead_goes_with_its_owner(ws: Path) -
         pytest.skip("no pids cgroup can be made here")
     del sb, box
     gc.collect()
-    assert _gone_within(cgroup.path, 60), cgroup.path
+    assert gone_within(cgroup.path), cgroup.path

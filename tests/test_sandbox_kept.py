@@ -9,13 +9,23 @@ Each attack is followed by an honest command whose report must be its own.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import marker, needs_bwrap, procs_with, run, wait_gone
+from sandbox_helpers import (
+    dropped_holding_locks,
+    gone_within,
+    marker,
+    needs_bwrap,
+    procs_with,
+    run,
+    wait_dead,
+    wait_gone,
+)
 
 from stayer.sandbox import make_sandbox
 from stayer.sandbox.base import Mount
@@ -243,15 +253,18 @@ def test_long_commands_and_output(sb: BwrapSandbox) -> None:
 
 
 def test_the_cgroup_of_a_persistent_sandbox_goes_with_its_owner(ws: Path) -> None:
-    import gc
-
     sb = BwrapSandbox(ws, persistent=True)
     assert run(sb.exec("true")).exit_code == 0
     live = sb._kept_box._live  # type: ignore[union-attr]
     assert live is not None
     if live.cgroup is None:
         pytest.skip("no pids cgroup can be made here")
-    path = live.cgroup.path
+    path, pid = live.cgroup.path, live.proc.pid
     del sb, live
     gc.collect()
-    assert not path.exists()  # removed by the finaliser, before it returns
+    assert wait_dead(pid)  # killed by the finaliser
+    assert gone_within(path), path  # removed by the janitor's thread
+
+
+def test_the_finaliser_of_a_persistent_sandbox_takes_no_lock(ws: Path) -> None:
+    assert dropped_holding_locks(ws, persistent=True) == "ok"

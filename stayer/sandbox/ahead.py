@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import subprocess
@@ -32,6 +33,7 @@ import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from stayer.sandbox.base import ExecResult
+from stayer.sandbox.janitor import JANITOR
 from stayer.sandbox.kept import Starts, spawn
 from stayer.sandbox.process import (
     _DRAIN_GRACE_S,
@@ -119,16 +121,16 @@ class _Ahead:
             self.cgroup.remove_now()
 
 
-def _close_all(aheads: list[_Ahead], threads: ThreadPoolExecutor) -> None:
-    """At the owner's end: each sandbox killed now and reaped, its cgroup removed, by the
-    owner's threads, which then end (here, at the interpreter's exit, when they are gone)."""
+def _close_all(aheads: list[_Ahead], threads: ThreadPoolExecutor, pid: int) -> None:
+    """At the owner's end (a finaliser: it runs in any thread, perhaps one holding the
+    executor's locks, so it takes none): each sandbox killed now; its reaping and the
+    threads' end are the janitor's jobs. In a copy made by fork, nothing here is its own."""
+    if os.getpid() != pid:
+        return
     for one in list(aheads):
         one.kill()
-        try:
-            threads.submit(one.reap)
-        except RuntimeError:  # shut down
-            one.reap()
-    threads.shutdown(wait=False)
+        JANITOR.put(one.reap)
+    JANITOR.put(functools.partial(threads.shutdown, wait=False))
 
 
 class AheadBwrap:
@@ -147,7 +149,8 @@ class AheadBwrap:
         # this object does, and a sandbox whose thread is gone is not used.
         self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stayer-ahead")
         self._pid = os.getpid()  # a copy made by fork has neither the threads nor the children
-        weakref.finalize(self, _close_all, self._live, self._threads)
+        JANITOR.ready()
+        weakref.finalize(self, _close_all, self._live, self._threads, self._pid)
 
     async def run(self, cmd: KeptCommand) -> ExecResult | None:
         """``cmd``'s result, in the sandbox started for it; None when none is ready and fit

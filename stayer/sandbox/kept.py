@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stayer.sandbox.base import ExecResult, Mount
+from stayer.sandbox.janitor import JANITOR
 from stayer.sandbox.process import (
     _DRAIN_GRACE_S,
     KeptCommand,
@@ -278,14 +279,24 @@ class _Live:
         if self.cgroup is not None:
             await self.cgroup.remove()
 
+    def reap_now(self) -> None:
+        """:meth:`reap`, blocking (for a thread)."""
+        self.close()
+        self.proc.wait()
+        if self.cgroup is not None:
+            self.cgroup.remove_now()
 
-def _kill_all(lives: list[_Live], dead: list[_Live]) -> None:
-    """At the owner's end: the live sandbox and those killed but not reaped yet, closed,
-    and their cgroups removed."""
+
+def _kill_all(lives: list[_Live], dead: list[_Live], pid: int) -> None:
+    """At the owner's end (a finaliser: it runs in any thread, perhaps one holding the lock
+    of the ``/etc`` copies, so it takes none): the live sandbox and those killed but not
+    reaped yet, killed now; the rest is the janitor's job. In a copy made by fork, nothing
+    here is its own."""
+    if os.getpid() != pid:
+        return
     for live in (*lives, *dead):
-        live.close()
-        if live.cgroup is not None:
-            live.cgroup.remove_now()
+        live.kill()
+        JANITOR.put(live.reap_now)
 
 
 class KeptBwrap:
@@ -300,7 +311,8 @@ class KeptBwrap:
         self._seq = 0
         self._broken = False  # it could not start: every command gets a fresh sandbox
         self._lives: list[_Live] = []  # what the finaliser kills: the live one, if any
-        weakref.finalize(self, _kill_all, self._lives, self._dead)
+        JANITOR.ready()
+        weakref.finalize(self, _kill_all, self._lives, self._dead, os.getpid())
 
     async def run(self, cmd: KeptCommand) -> ExecResult | None:
         self.busy = True
