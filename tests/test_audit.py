@@ -24,10 +24,10 @@ import pytest
 from stayer.audit.analysis import analyse, context_growth
 from stayer.audit.calls import ImportedSession
 from stayer.audit.claude_code import ClaudeCodeImporter
-from stayer.audit.costing import CallPricer
+from stayer.audit.costing import CallPricer, CompiledSteps, usd
 from stayer.audit.document import build
 from stayer.audit.engine import analyse_all, default_paths, discover
-from stayer.pricing import MTOK, PriceBook
+from stayer.pricing import MTOK, PriceBook, Rates
 from stayer.usage import Usage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -560,6 +560,33 @@ def test_call_pricer_agrees_with_pricebook_cost() -> None:
         totals.add((model, got))
     deepseek = [pricer.cost(c[2], c[0], c[1], None, c[3].timestamp())[0] for c in cases[6:]]
     assert deepseek[0] != deepseek[1]  # the window edge is honoured, not smeared over an hour
+
+
+def test_call_pricer_units_are_exact_for_rates_of_any_precision() -> None:
+    """Calls are priced in integer units of 1e-18; a rate finer than that (more than 12
+    decimals per million tokens) is priced in Decimal, as exact as Rates.price."""
+    coarse = Rates(Decimal("3"), Decimal("0.3"), Decimal("3.75"), Decimal("6"), Decimal("15"))
+    fine = Rates(
+        Decimal("3.0000000000001"),
+        Decimal("0.3"),
+        Decimal("3.75"),
+        Decimal("6"),
+        Decimal("15.00000000000007"),
+    )
+    compiled: CompiledSteps = {
+        ("coarse", None, None): ((0,), (coarse,)),
+        ("fine", None, None): ((0,), (fine,)),
+    }
+    pricer = CallPricer(BOOK, compiled)
+    u = Usage(1_234_567, 1_000_003, 7, 11, 98_765)
+    for model, rates in (("coarse", coarse), ("fine", fine)):
+        units, paid = pricer.units(u, model, None, None, 0.0)
+        assert paid is rates and units is not None
+        assert isinstance(units, int if model == "coarse" else Decimal)
+        assert usd(units) == sum(rates.price(u))
+        assert pricer.cost(u, model, None, None, 0.0)[0] == usd(units)
+    assert pricer.units(Usage(0, 0, 0, 0, 0), "unknown-model", None, None, 0.0)[0] == 0
+    assert pricer.units(Usage(5, 0, 0, 0, 1), "unknown-model", None, None, 0.0)[0] is None
 
 
 # --- cache-break forensics ----------------------------------------------------------------

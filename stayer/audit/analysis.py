@@ -43,7 +43,7 @@ from typing import Any
 import msgspec
 
 from stayer.audit.calls import MAIN_CHAIN, Call, ImportedSession
-from stayer.audit.costing import CallPricer
+from stayer.audit.costing import CallPricer, Units, usd
 from stayer.errors import ConfigError
 from stayer.models.caching import CacheRules, cache_rules, cached_length, provider_of
 from stayer.money import MTOK, Usd
@@ -91,23 +91,24 @@ class Tally(msgspec.Struct):
     cache_write_1h_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
-    cost_priced: Decimal = Decimal(0)
+    cost_units: Units = 0  # of the priced calls (stayer.audit.costing.UNIT_EXPONENT)
     unpriced_calls: int = 0
     unpriced_models: set[str] = msgspec.field(default_factory=set)
 
-    def add(self, u: Usage, cost: Decimal | None, model: str) -> None:
+    def add(self, u: Usage, model: str, units: Units | None) -> None:
+        """One call of ``model`` that used ``u`` and cost ``units`` (None: unknown)."""
         self.calls += 1
         self._add_tokens(u)
-        if cost is None:
+        if units is None:
             self.unpriced_calls += 1
             self.unpriced_models.add(model)
         else:
-            self.cost_priced += cost
+            self.cost_units += units
 
     def merge(self, o: Tally) -> None:
         self.calls += o.calls
         self._add_tokens(o)
-        self.cost_priced += o.cost_priced
+        self.cost_units += o.cost_units
         self.unpriced_calls += o.unpriced_calls
         self.unpriced_models |= o.unpriced_models
 
@@ -131,6 +132,11 @@ class Tally(msgspec.Struct):
             self.output_tokens,
             self.reasoning_tokens,
         )
+
+    @property
+    def cost_priced(self) -> Decimal:
+        """What the priced calls cost."""
+        return usd(self.cost_units)
 
     @property
     def cost(self) -> Decimal | None:
@@ -394,20 +400,20 @@ def analyse(
     # Each call is tallied once, in its (model, day, chain) group; the session's total and
     # its tallies by model, day and chain are sums of these few groups.
     groups: dict[tuple[str, int, str], Tally] = {}
-    top: list[tuple[Decimal, int, Call]] = []
+    top: list[tuple[Units, int, Call]] = []
     main_context: list[int] = []
     all_context: list[int] = []
-    running = 0.0
+    running: Units = 0  # the cost so far, exact
     for n, call in enumerate(calls, 1):
         u = call.usage
-        cost, rates = pricer.cost(u, call.model, call.provider, call.service_tier, call.ts)
+        units, rates = pricer.units(u, call.model, call.provider, call.service_tier, call.ts)
         key = (call.model, int(call.ts // 86400), call.chain)
         group = groups.get(key)
         if group is None:
             group = groups[key] = Tally()
-        group.add(u, cost, call.model)
-        if cost is not None:  # keep the COSTLIEST dearest (earlier first among equals)
-            item = (cost, -n, call)
+        group.add(u, call.model, units)
+        if units is not None:  # keep the COSTLIEST dearest (earlier first among equals)
+            item = (units, -n, call)
             if len(top) < COSTLIEST:
                 heapq.heappush(top, item)
             elif item > top[0]:
@@ -433,11 +439,11 @@ def analyse(
         chains[call.chain] = _ChainState(call, ttl)
 
         if r.series is not None:
-            running += float(cost or 0)
+            running += units or 0
             r.series.ts.append(call.ts)
             r.series.chain.append(call.chain)
             r.series.context.append(u.input_tokens)
-            r.series.cumulative_cost.append(running)
+            r.series.cumulative_cost.append(float(usd(running)))
             r.series.hit_ratio.append(u.cache_hit_ratio)
     for (model, day_no, chain), group in groups.items():
         day = time.strftime("%Y-%m-%d", time.gmtime(day_no * 86400))
@@ -449,8 +455,8 @@ def analyse(
         ):
             tally.merge(group)
     r.costliest = [
-        CallCost(-neg, c.chain, c.ts, c.model, c.usage.input_tokens, cost)
-        for cost, neg, c in sorted(top, reverse=True)
+        CallCost(-neg, c.chain, c.ts, c.model, c.usage.input_tokens, usd(units))
+        for units, neg, c in sorted(top, reverse=True)
     ]
     r.context = context_growth(main_context or all_context)
     if not main_context:

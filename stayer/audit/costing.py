@@ -30,11 +30,18 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
-from stayer.money import MTOK
 from stayer.pricing import PriceBook, Rates
 from stayer.usage import Usage
 
-__all__ = ["CallPricer", "CompiledSteps", "load_steps", "save_steps"]
+__all__ = ["UNIT_EXPONENT", "CallPricer", "CompiledSteps", "load_steps", "save_steps", "usd"]
+
+#: A call's cost is counted in units of 10**-UNIT_EXPONENT of the currency: integers, so
+#: that pricing and summing tens of thousands of calls is integer arithmetic, exact. Rates
+#: per million tokens with up to UNIT_EXPONENT - 6 decimals (all known: genai-prices
+#: quotes at most 6) are whole units per token; a finer one is priced in Decimal, as exact
+#: as before, its units then a Decimal.
+UNIT_EXPONENT = 18
+_RATE_SHIFT = UNIT_EXPONENT - 6  # a rate per million tokens, in units per token
 
 _QUARTER_HOUR = 900
 _MAX_PROMPT = 1 << 40  # above any prompt a model accepts
@@ -57,6 +64,27 @@ class _Steps:
         self.rs = [lo, hi]
 
 
+Units = int | Decimal  # of 10**-UNIT_EXPONENT of the currency; Decimal only for finer rates
+_UnitRates = tuple[int, int, int, int, int]  # input, cache read, writes 5m and 1h, output
+
+
+def usd(units: Units) -> Decimal:
+    """An amount in units (:data:`UNIT_EXPONENT`) as a Decimal of the currency, exact."""
+    return Decimal(units).scaleb(-UNIT_EXPONENT)
+
+
+def _unit_rates(rates: Rates) -> _UnitRates | None:
+    """``rates`` in whole units per token; None when one is finer than a unit."""
+    out = []
+    for name in _RATE_FIELDS:
+        per_token = getattr(rates, name).scaleb(_RATE_SHIFT)
+        if per_token != per_token.to_integral_value():
+            return None
+        out.append(int(per_token))
+    inp, cache_read, write_5m, write_1h, output = out
+    return inp, cache_read, write_5m, write_1h, output
+
+
 class CallPricer:
     """Prices calls through one ``PriceBook``; holds only a memo of rates already looked up."""
 
@@ -65,6 +93,8 @@ class CallPricer:
         self.compiled: CompiledSteps = dict(compiled or {})
         self.learned: CompiledSteps = {}  # compiled here, not given: for the caller to keep
         self._steps: dict[tuple[str, str | None, str | None, int], _Steps] = {}
+        # id of a Rates (kept alive here, so that the id is not reused) → its unit rates
+        self._unit_rates: dict[int, tuple[Rates, _UnitRates | None]] = {}
 
     def rates(
         self,
@@ -116,6 +146,41 @@ class CallPricer:
         at = datetime.fromtimestamp(quarter * _QUARTER_HOUR, UTC)
         return self.book.rates(model, provider, tier, prompt_tokens, at=at)
 
+    def units(
+        self,
+        usage: Usage,
+        model: str,
+        provider: str | None,
+        service_tier: str | None,
+        ts: float,
+    ) -> tuple[Units | None, Rates | None]:
+        """(cost of the call in units, the rates it paid); cost None when unknown — never
+        0 — except that a call with no tokens at all costs 0 whatever its model."""
+        rates = self.rates(model, provider, service_tier, usage.input_tokens, ts)
+        if rates is None:
+            if usage.input_tokens == 0 and usage.output_tokens == 0:
+                return 0, None
+            return None, None
+        known = self._unit_rates.get(id(rates))
+        if known is None:
+            known = self._unit_rates[id(rates)] = (rates, _unit_rates(rates))
+        per_token = known[1]
+        w5m, w1h = usage.cache_write_5m_tokens, usage.cache_write_1h_tokens
+        uncached = usage.input_tokens - usage.cache_read_tokens - w5m - w1h
+        if uncached < 0:
+            rates.price(usage)  # raises: inconsistent usage
+        if per_token is None:  # a rate finer than a unit: Rates.price's Decimal arithmetic
+            inp_cost, out_cost = rates.price(usage)
+            return (inp_cost + out_cost).scaleb(UNIT_EXPONENT), rates
+        inp, cache_read, write_5m, write_1h, output = per_token
+        return (
+            inp * uncached
+            + cache_read * usage.cache_read_tokens
+            + write_5m * w5m
+            + write_1h * w1h
+            + output * usage.output_tokens
+        ), rates
+
     def cost(
         self,
         usage: Usage,
@@ -124,25 +189,9 @@ class CallPricer:
         service_tier: str | None,
         ts: float,
     ) -> tuple[Decimal | None, Rates | None]:
-        """(cost of the call, the rates it paid); cost None when unknown — never 0 — except
-        that a call with no tokens at all costs 0 whatever its model."""
-        rates = self.rates(model, provider, service_tier, usage.input_tokens, ts)
-        if rates is None:
-            if usage.input_tokens == 0 and usage.output_tokens == 0:
-                return Decimal(0), None
-            return None, None
-        # Rates.price's arithmetic, operation for operation (so the same Decimals), without
-        # building its parts: this runs once per call of every audited session.
-        w5m, w1h = usage.cache_write_5m_tokens, usage.cache_write_1h_tokens
-        uncached = usage.input_tokens - usage.cache_read_tokens - w5m - w1h
-        if uncached < 0:
-            return rates.price(usage)[0], rates  # raises: inconsistent usage
-        inp = (
-            rates.cache_read * usage.cache_read_tokens / MTOK
-            + (rates.cache_write_5m * w5m + rates.cache_write_1h * w1h) / MTOK
-            + rates.input * uncached / MTOK
-        )
-        return inp + rates.output * usage.output_tokens / MTOK, rates
+        """:meth:`units`, the cost as a Decimal of the currency."""
+        units, rates = self.units(usage, model, provider, service_tier, ts)
+        return (None if units is None else usd(units)), rates
 
 
 # --- compiled steps kept between audits ----------------------------------------------

@@ -222,7 +222,7 @@ def render(report: AuditReport, console: Console, limit: int = 30) -> None:
     title = {"session": "Sessions", "day": "Days (UTC)", "model": "Models"}[report.group]
     groups = report.groups()
     if report.group == "session":
-        groups.sort(key=lambda kt: kt[1].cost_priced, reverse=True)
+        groups.sort(key=lambda kt: kt[1].cost_units, reverse=True)
     rows = [_tally_row(key, tally) for key, tally in groups[:limit]]
     if len(groups) > limit:
         rows.append([f"… {len(groups) - limit} more"] + [""] * 7)

@@ -183,7 +183,7 @@ def write_html(report: AuditReport) -> str:
             "th",
         ),
     ]
-    ranked = sorted(report.sessions, key=lambda s: s.total.cost_priced, reverse=True)
+    ranked = sorted(report.sessions, key=lambda s: s.total.cost_units, reverse=True)
     for s in ranked:
         out.append(
             _row(

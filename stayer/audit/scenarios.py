@@ -265,7 +265,7 @@ def run_what_ifs(
 
     counter = MessageCounter(TiktokenCounter())
     out: list[dict[str, Any]] = []
-    ranked = sorted(reports, key=lambda r: r.total.cost_priced, reverse=True)[:MAX_SESSIONS]
+    ranked = sorted(reports, key=lambda r: r.total.cost_units, reverse=True)[:MAX_SESSIONS]
     for report in ranked:
         ref = refs.get((report.source, report.ref_id))
         base = {"session": report.id, "estimate": True, "actual_cost_usd": money(report.total.cost)}
