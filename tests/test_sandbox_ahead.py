@@ -203,6 +203,22 @@ def test_a_command_in_another_directory_or_too_long_gets_a_sandbox_of_its_own(ws
     assert spare_pid(sb) == pid
 
 
+def test_next_ready_waits_for_the_next_commands_sandbox(ws: Path) -> None:
+    sb = BwrapSandbox(ws)
+    assert not sb.next_ready()  # none before the first command
+    assert run(sb.exec("true")).exit_code == 0
+    assert sb.next_ready(timeout=120)
+    box = sb._kept_box
+    assert isinstance(box, AheadBwrap) and box._next is not None and box._next.done()
+    assert box._next.result().proc.poll() is None  # started, waiting for its command
+    cold = BwrapSandbox(ws, ahead=False)
+    assert run(cold.exec("true")).exit_code == 0
+    assert not cold.next_ready()  # a sandbox per command: nothing started ahead
+    kept = BwrapSandbox(ws, persistent=True)
+    assert run(kept.exec("true")).exit_code == 0
+    assert kept.next_ready()
+
+
 def test_the_sandbox_started_ahead_goes_with_its_owner(ws: Path) -> None:
     sb = primed(ws)
     pid = spare_pid(sb)

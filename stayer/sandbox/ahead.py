@@ -166,6 +166,18 @@ class AheadBwrap:
             self.busy = False
             self._start_next()
 
+    def next_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the next command's sandbox has started (up to ``timeout`` s);
+        whether it has (not if it failed, or none is starting)."""
+        starting = self._next
+        if starting is None:
+            return False
+        try:
+            starting.result(timeout)
+        except Exception:  # it failed (the command will say how), or not in time
+            return False
+        return True
+
     async def _take(self, cmd: KeptCommand, text: bytes) -> _Ahead | None:
         """The sandbox started for the next command, if it fits ``cmd`` (``text``: its
         command, encoded) and the host is as it shows; None else (one that did not fit the

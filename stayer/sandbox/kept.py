@@ -333,6 +333,11 @@ class KeptBwrap:
         finally:
             self.busy = False
 
+    def next_ready(self, timeout: float | None = None) -> bool:
+        """Whether the kept sandbox is running (it starts with a command: nothing to wait
+        for; ``timeout`` is :meth:`AheadBwrap.next_ready`'s)."""
+        return self._live is not None and self._live.alive()
+
     def _drop(self) -> None:
         """Kill the sandbox now; it is reaped before the next one starts."""
         if self._live is not None:
