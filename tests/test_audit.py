@@ -920,6 +920,7 @@ def test_default_paths_follow_the_agents_environment_variables(tmp_path: Path) -
 
 def stayer(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HOME=str(cwd), STAYER_HOME=str(cwd / ".stayer"), COLUMNS="120")
+    env["STAYER_CACHE"] = str(cwd / ".cache" / "stayer")
     env.pop("CLAUDE_CONFIG_DIR", None)
     env.pop("CODEX_HOME", None)
     return subprocess.run(
@@ -986,7 +987,7 @@ def test_audit_imports_neither_pydantic_nor_price_data_once_prices_are_compiled(
     prices them from the compiled steps it kept, without loading genai-prices."""
     s = "s-imports"
     write_jsonl(tmp_path / "projects" / "p" / f"{s}.jsonl", [assistant(s, 0, "msg_1")])
-    env = dict(os.environ, HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env = dict(os.environ, HOME=str(tmp_path), STAYER_CACHE=str(tmp_path / "cache"))
     for _run in ("compiles the steps", "uses them"):
         p = subprocess.run(
             [sys.executable, "-X", "importtime", "-m", "stayer.cli", "audit"]
@@ -1005,6 +1006,7 @@ def test_audit_imports_neither_pydantic_nor_price_data_once_prices_are_compiled(
         if line.startswith("import time:")
     }
     assert not {m for m in imported if m.split(".")[0] in ("pydantic", "genai_prices")}
+    assert (tmp_path / "cache" / "audit-prices.marshal").is_file()  # STAYER_CACHE's
 
 
 def test_html_report_is_self_contained_with_plots(tmp_path: Path) -> None:

@@ -762,9 +762,10 @@ def test_malformed_codex_log_lines_are_counted_not_fatal(
         log.parent.mkdir()
         log.write_bytes(b"\n".join([json.dumps(x).encode() for x in CODEX_HEAD] + lines) + b"\n")
         before = snapshot(where)
-        result = CliRunner().invoke(
-            app, ["audit", str(log.parent), "--json"], env={"STAYER_HOME": str(where / "home")}
-        )
+        # The prices the audit compiles are cached: in this test's own directory (beside
+        # ``where``, which must stay as it was), never the user's.
+        env = {"STAYER_HOME": str(where / "home"), "STAYER_CACHE": str(tmp_path / "cache")}
+        result = CliRunner().invoke(app, ["audit", str(log.parent), "--json"], env=env)
         assert result.exception is None or isinstance(result.exception, SystemExit), repr(
             result.exception
         )

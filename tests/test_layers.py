@@ -20,7 +20,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "stayer"
 #: Bottom first. Names are the first component under ``stayer.`` (a module or a package);
 #: "stayer" is the package's own ``__init__``.
 LAYERS: list[set[str]] = [
-    # the vocabulary and its helpers: messages, usage, money, prices, tokens; errors, settings
+    # the vocabulary and its helpers: messages, usage, money, prices, tokens; errors, settings,
+    # where the cache lives
     {
         "stayer",
         "errors",
@@ -32,6 +33,7 @@ LAYERS: list[set[str]] = [
         "tokens",
         "sqlite_tx",
         "svgplot",
+        "paths",
     },
     {"models"},
     {"sandbox"},

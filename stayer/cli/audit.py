@@ -104,6 +104,7 @@ def audit(
     from stayer.audit.costing import load_steps, save_steps
     from stayer.audit.document import GROUPS, build, render
     from stayer.audit.engine import analyse_all, default_paths, discover
+    from stayer.paths import cache_root
     from stayer.pricing import PriceBook
 
     if group not in GROUPS:
@@ -150,11 +151,7 @@ def audit(
             where = ", ".join(str(p) for p in paths)
             _note(f"no agent logs found under {where}", style="yellow")
         # Prices compiled by earlier audits (a cache: see stayer.audit.costing).
-        steps_file = (
-            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-            / "stayer"
-            / "audit-prices.marshal"
-        )
+        steps_file = cache_root() / "audit-prices.marshal"
         fingerprint = book.fingerprint()
         steps = load_steps(steps_file, fingerprint)
         known = len(steps)

@@ -47,7 +47,7 @@ def _human(n: int) -> str:
 
 
 def _cache() -> Any:
-    from stayer.environments.base import cache_root
+    from stayer.paths import cache_root
 
     return cache_root()
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stayer.errors import ConfigError
+from stayer.paths import cache_root
 
 # Debian releases by name and number, and the Python 3 each ships.
 _RELEASES = {"bullseye": "11", "bookworm": "12", "trixie": "13"}
@@ -72,14 +73,6 @@ class BaseSystem:
         """Content hash of the recipe: equal keys make equal root filesystems."""
         recipe = {"release": self.release, "packages": sorted(self.packages), "recipe": _RECIPE}
         return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def cache_root() -> Path:
-    """Where built root filesystems and layers live: ``$STAYER_CACHE``, else
-    ``$XDG_CACHE_HOME/stayer``, else ``~/.cache/stayer``."""
-    if explicit := os.environ.get("STAYER_CACHE"):
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stayer"
 
 
 def base_for(image: str, *, where: str = "FROM") -> BaseSystem:

@@ -86,7 +86,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from stayer.environments import buildnet, dockerignore, idmap, layers
-from stayer.environments.base import base_for, build_base, cache_root, making, private_dir
+from stayer.environments.base import base_for, build_base, making, private_dir
 from stayer.environments.dockerfile import (
     CopyStep,
     Plan,
@@ -97,6 +97,7 @@ from stayer.environments.dockerfile import (
 )
 from stayer.environments.idmap import IdRange, build_ids, shift_tree
 from stayer.errors import ConfigError
+from stayer.paths import cache_root
 from stayer.sandbox.bwrap import SANDBOX_PATH, check_bwrap, cover, proc_secrets
 from stayer.sandbox.locate import system_bwrap
 from stayer.sandbox.seccomp import filter_fd, keyring_filter

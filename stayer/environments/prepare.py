@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from stayer.environments import dockerignore, layers
-from stayer.environments.base import cache_root
 from stayer.environments.build import BuildError, BuiltRoot, build_root
 from stayer.errors import ConfigError
+from stayer.paths import cache_root
 from stayer.sandbox import IMAGE_KINDS, Sandbox, make_sandbox
 from stayer.sandbox.hostfs import copy_tree
 

@@ -47,6 +47,7 @@ import httpx
 from stayer.errors import ConfigError
 from stayer.models.base import ModelRequest
 from stayer.models.openai import OpenAIChatModel, build_chat_params
+from stayer.paths import cache_root
 
 MODEL_NAME = "qwen2.5-coder-0.5b-instruct"  # what the server answers to (``--alias``)
 SPEC = f"local:{MODEL_NAME}"
@@ -73,14 +74,6 @@ WEIGHTS_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff
 
 CONTEXT_TOKENS = 16384  # the model takes 32K; half keeps the KV cache at ~200 MB
 START_TIMEOUT_S = 120.0
-
-
-def cache_root() -> Path:
-    base = os.environ.get("STAYER_CACHE")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "stayer"
 
 
 @dataclass(frozen=True)
