@@ -11,7 +11,7 @@ call from a finaliser (it is reentrant and takes no Python-level lock).
 The thread is started by :meth:`Janitor.ready`, which owners call when they are made (a
 finaliser must not start a thread: that takes locks too), again in a process made by
 ``fork`` (it has no copy of the thread). At the interpreter's exit the jobs left are done
-before it ends; a job put after that is done at once, by whoever puts it.
+before it ends (for up to 30 s); a job put after that is done at once, by whoever puts it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 Job = Callable[[], object]
+
+# At exit, how long the jobs left may take: each waits for processes already killed, which
+# takes milliseconds; a job stuck (a process the kernel does not let die) must not keep the
+# interpreter from ending for good.
+_EXIT_WAIT_S = 30
 
 
 class Janitor:
@@ -75,7 +80,13 @@ class Janitor:
             return
         self._closed = True
         self._jobs.put(None)
-        self._thread.join()
+        self._thread.join(_EXIT_WAIT_S)
+        if self._thread.is_alive():
+            log.warning(
+                "sandbox clean-up still running after %d s at exit: left to the next start "
+                "(stayer removes the cgroups of processes gone)",
+                _EXIT_WAIT_S,
+            )
 
 
 def _do(job: Job) -> None:
