@@ -43,7 +43,7 @@ from typing import Any
 import msgspec
 
 from stayer.audit.calls import MAIN_CHAIN, Call, ImportedSession
-from stayer.audit.costing import CallPricer, Units, usd
+from stayer.audit.costing import PER_CURRENCY, CallPricer, Units, usd
 from stayer.errors import ConfigError
 from stayer.models.caching import CacheRules, cache_rules, cached_length, provider_of
 from stayer.money import MTOK, Usd
@@ -443,7 +443,7 @@ def analyse(
             r.series.ts.append(call.ts)
             r.series.chain.append(call.chain)
             r.series.context.append(u.input_tokens)
-            r.series.cumulative_cost.append(float(usd(running)))
+            r.series.cumulative_cost.append(float(running / PER_CURRENCY))
             r.series.hit_ratio.append(u.cache_hit_ratio)
     for (model, day_no, chain), group in groups.items():
         day = time.strftime("%Y-%m-%d", time.gmtime(day_no * 86400))

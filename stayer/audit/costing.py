@@ -68,6 +68,10 @@ Units = int | Decimal  # of 10**-UNIT_EXPONENT of the currency; Decimal only for
 _UnitRates = tuple[int, int, int, int, int]  # input, cache read, writes 5m and 1h, output
 
 
+#: Units in one of the currency: ``units / PER_CURRENCY`` is a float, correctly rounded.
+PER_CURRENCY = 10**UNIT_EXPONENT
+
+
 def usd(units: Units) -> Decimal:
     """An amount in units (:data:`UNIT_EXPONENT`) as a Decimal of the currency, exact."""
     return Decimal(units).scaleb(-UNIT_EXPONENT)
@@ -167,9 +171,9 @@ class CallPricer:
         per_token = known[1]
         w5m, w1h = usage.cache_write_5m_tokens, usage.cache_write_1h_tokens
         uncached = usage.input_tokens - usage.cache_read_tokens - w5m - w1h
-        if uncached < 0:
-            rates.price(usage)  # raises: inconsistent usage
-        if per_token is None:  # a rate finer than a unit: Rates.price's Decimal arithmetic
+        if per_token is None or uncached < 0:
+            # A rate finer than a unit: Rates.price's Decimal arithmetic (which raises on
+            # inconsistent usage, cache reads and writes above the input).
             inp_cost, out_cost = rates.price(usage)
             return (inp_cost + out_cost).scaleb(UNIT_EXPONENT), rates
         inp, cache_read, write_5m, write_1h, output = per_token

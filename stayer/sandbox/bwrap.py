@@ -472,9 +472,9 @@ class BwrapSandbox(ProcessSandbox):
 
     def next_ready(self, timeout: float | None = None) -> bool:
         """Wait until the sandbox the next command will use, started ahead or kept, has
-        started (up to ``timeout`` s); whether one is ready. None is before the first
-        command, nor for a sandbox started per command. For benchmarks: work timed while
-        one starts in the background would be charged part of its start."""
+        started (up to ``timeout`` s); whether one is ready. There is none before the first
+        command, nor with a sandbox per command. For benchmarks: work timed while one
+        starts in the background would be charged part of its start."""
         return self._kept_box is not None and self._kept_box.next_ready(timeout)
 
     def hold_host(self) -> contextlib.AbstractContextManager[HostView]:

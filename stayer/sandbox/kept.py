@@ -159,6 +159,7 @@ log = logging.getLogger(__name__)
 PYTHON = "/usr/bin/python3"
 # How long the runner may take to start (Python, once per sandbox).
 _START_TIMEOUT_S = 30.0
+_REAP_WAIT_S = 5.0  # for a killed bwrap to exit, before its cgroup is removed anyway
 # The runner counts as one process of the sandbox's pids cgroup, on top of bwrap's two.
 _RUNNER_PROCESSES = 1
 
@@ -271,18 +272,20 @@ class _Live:
         self._held.close()
 
     async def reap(self) -> None:
+        """Close it here (the event loop's thread: its readers are registered here), then
+        wait for bwrap and remove the cgroup in a thread."""
         self.close()
-        for _ in range(1000):
-            if self.proc.poll() is not None:
-                break
-            await asyncio.sleep(0.005)
-        if self.cgroup is not None:
-            await self.cgroup.remove()
+        await asyncio.to_thread(self._wait_and_remove)
 
     def reap_now(self) -> None:
-        """:meth:`reap`, blocking (for a thread)."""
+        """:meth:`reap`, blocking (for the janitor's thread)."""
         self.close()
-        self.proc.wait()
+        self._wait_and_remove()
+
+    def _wait_and_remove(self) -> None:
+        # Killed, bwrap exits at once; one the kernel holds must not hold its reaper for good.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(_REAP_WAIT_S)
         if self.cgroup is not None:
             self.cgroup.remove_now()
 
