@@ -330,12 +330,6 @@ def _rules(provider: str | None, model: str) -> CacheRules:
         return _FALLBACK_RULES
 
 
-@dataclass(slots=True)
-class _ChainState:
-    previous: Call
-    ttl_s: float
-
-
 def _lost_tokens(previous: Call, call: Call, rules: CacheRules) -> int:
     u, p = call.usage, previous.usage
     if rules.mode == "explicit":
@@ -396,7 +390,8 @@ def analyse(
     r.first_ts, r.last_ts = calls[0].ts, calls[-1].ts
     r.approximate_ts = any(c.approximate_ts for c in calls)
     r.series = Series() if keep_series else None
-    chains: dict[str, _ChainState] = {}
+    # chain → (its previous call, the lifetime of what that call left in the cache)
+    chains: dict[str, tuple[Call, float]] = {}
     # Each call is tallied once, in its (model, day, chain) group; the session's total and
     # its tallies by model, day and chain are sums of these few groups.
     groups: dict[tuple[str, int, str], Tally] = {}
@@ -404,47 +399,53 @@ def analyse(
     main_context: list[int] = []
     all_context: list[int] = []
     running: Units = 0  # the cost so far, exact
+    price, series, main_models = pricer.units, r.series, r.main_models
     for n, call in enumerate(calls, 1):
-        u = call.usage
-        units, rates = pricer.units(u, call.model, call.provider, call.service_tier, call.ts)
-        key = (call.model, int(call.ts // 86400), call.chain)
+        u, model, chain = call.usage, call.model, call.chain
+        units, rates = price(u, model, call.provider, call.service_tier, call.ts)
+        key = (model, int(call.ts // 86400), chain)
         group = groups.get(key)
         if group is None:
             group = groups[key] = Tally()
-        group.add(u, call.model, units)
+        group.add(u, model, units)
         if units is not None:  # keep the COSTLIEST dearest (earlier first among equals)
             item = (units, -n, call)
             if len(top) < COSTLIEST:
                 heapq.heappush(top, item)
             elif item > top[0]:
                 heapq.heapreplace(top, item)
-        all_context.append(u.input_tokens)
-        if call.chain == MAIN_CHAIN:
+        prompt = u.input_tokens
+        all_context.append(prompt)
+        if chain == MAIN_CHAIN:
             if not main_context:
-                r.first_main_context = u.input_tokens
-            main_context.append(u.input_tokens)
-            r.main_models[call.model] = r.main_models.get(call.model, 0) + 1
+                r.first_main_context = prompt
+            main_context.append(prompt)
+            main_models[model] = main_models.get(model, 0) + 1
 
-        rules = _rules(call.provider, call.model)
-        state = chains.get(call.chain)
-        if state is not None:
-            brk = _break(n, state, call, rules, rates)
-            if brk is not None:
-                r.cache_breaks.append(brk)
-        ttl = state.ttl_s if state is not None else rules.ttl_s
+        rules = _rules(call.provider, model)
+        state = chains.get(chain)
+        if state is None:
+            ttl = rules.ttl_s
+        else:
+            previous, ttl = state
+            lost = _lost_tokens(previous, call, rules)
+            if call.cache_break_reason is not None or lost >= MIN_LOST_TOKENS:
+                brk = _break(n, previous, ttl, lost, call, rules, rates)
+                if brk is not None:
+                    r.cache_breaks.append(brk)
         if u.cache_write_5m_tokens:
             ttl = rules.ttl_s
         elif u.cache_write_1h_tokens:
             ttl = 3600.0
-        chains[call.chain] = _ChainState(call, ttl)
+        chains[chain] = (call, ttl)
 
-        if r.series is not None:
+        if series is not None:
             running += units or 0
-            r.series.ts.append(call.ts)
-            r.series.chain.append(call.chain)
-            r.series.context.append(u.input_tokens)
-            r.series.cumulative_cost.append(float(running / PER_CURRENCY))
-            r.series.hit_ratio.append(u.cache_hit_ratio)
+            series.ts.append(call.ts)
+            series.chain.append(chain)
+            series.context.append(prompt)
+            series.cumulative_cost.append(float(running / PER_CURRENCY))
+            series.hit_ratio.append(u.cache_hit_ratio)
     for (model, day_no, chain), group in groups.items():
         day = time.strftime("%Y-%m-%d", time.gmtime(day_no * 86400))
         for tally in (
@@ -472,11 +473,17 @@ def _slot(d: dict[str, Tally], key: str) -> Tally:
 
 
 def _break(
-    n: int, state: _ChainState, call: Call, rules: CacheRules, rates: Rates | None
+    n: int,
+    previous: Call,
+    ttl_s: float,
+    lost: int,
+    call: Call,
+    rules: CacheRules,
+    rates: Rates | None,
 ) -> CacheBreak | None:
-    previous = state.previous
+    """The break at the ``n``-th call, which read ``lost`` reusable tokens less than
+    ``previous`` left in the cache for ``ttl_s``; None when there is none."""
     gap = call.ts - previous.ts
-    lost = _lost_tokens(previous, call, rules)
     if call.cache_break_reason is not None:  # the log's own verdict
         if not call.cache_break_reason:
             return None
@@ -484,7 +491,7 @@ def _break(
     elif lost < MIN_LOST_TOKENS:
         return None
     else:
-        reason = _reason(previous, call, gap, state.ttl_s, rules)
+        reason = _reason(previous, call, gap, ttl_s, rules)
     return CacheBreak(
         call=n,
         chain=call.chain,

@@ -362,26 +362,45 @@ class _FileLines:
 
     def take(self, decoded: Sequence[_UsualLine | _Line]) -> None:
         usual_usage, entry_of, parse, add = _Usage, _Entry, parse_ts, self.dedup.add
-        compaction, session, file_chain, skipped = self.compaction, self.session, self.file_chain, 0
+        compaction, session, file_chain, roots = (
+            self.compaction,
+            self.session,
+            self.file_chain,
+            self.roots,
+        )
+        skipped = 0
         for d in decoded:
-            sidechain = d.isSidechain is True
-            if not sidechain:
-                chain = MAIN_CHAIN
-            elif type(d.agentId) is str and d.agentId:
-                chain = d.agentId
-            elif file_chain is not None:  # a sub-agent's own file
-                chain = file_chain
+            if d.isSidechain is not True:
+                sidechain, chain = False, MAIN_CHAIN
             else:
-                chain = self._chain(d)
+                sidechain, agent = True, d.agentId
+                if type(agent) is str and agent:
+                    chain = agent
+                elif file_chain is not None:  # a sub-agent's own file
+                    chain = file_chain
+                else:
+                    # A sidechain entry of the session's own file that names no agent: the
+                    # sub-agent is the root of its parentUuid chain (here, not in a method:
+                    # most lines of older transcripts are such entries).
+                    uuid, parent = d.uuid, d.parentUuid
+                    root = roots.get(parent, parent) if type(parent) is str else uuid
+                    if type(root) is str:
+                        if type(uuid) is str:
+                            roots[uuid] = root
+                        chain = root[:8]
+                    else:
+                        chain = "sidechain"
             msg = d.message
             usage = msg.usage if msg is not None else None
-            if isinstance(usage, usual_usage):
+            if type(usage) is usual_usage:
                 # the usual shape: its counts are non-negative integers (or absent)
                 ts = parse(d.timestamp)
                 model = msg.model  # type: ignore[union-attr]
                 if ts is None or type(model) is not str or not model:
                     skipped += 1
                     continue
+                if model == "<synthetic>":
+                    continue  # Claude Code's own notices (errors, interruptions): no API call
                 mid, rid, sid = msg.id, d.requestId, d.sessionId  # type: ignore[union-attr]
                 entry = entry_of(
                     ts,
@@ -405,6 +424,8 @@ class _FileLines:
                 if general is None:
                     skipped += 1
                     continue
+                if general.model == "<synthetic>":
+                    continue
                 entry = general
             else:
                 if (
@@ -414,22 +435,10 @@ class _FileLines:
                 ):
                     compaction.add(chain)
                 continue
-            if entry.model == "<synthetic>":
-                continue  # Claude Code's own notices (errors, interruptions): no API call
-            compaction.discard(chain)
+            if compaction:
+                compaction.discard(chain)
             add(entry)
         self.out.skipped_lines += skipped
-
-    def _chain(self, d: _UsualLine | _Line) -> str:
-        """The sub-agent a sidechain entry that names none (no ``agentId``) belongs to, in
-        the session's own file (in a sub-agent's file it is that file's)."""
-        uuid, parent = d.uuid, d.parentUuid
-        root = self.roots.get(parent, parent) if isinstance(parent, str) else uuid
-        if not isinstance(root, str):
-            return "sidechain"
-        if isinstance(uuid, str):
-            self.roots[uuid] = root
-        return root[:8]
 
     def _entry(
         self,

@@ -99,6 +99,12 @@ class CallPricer:
         self._steps: dict[tuple[str, str | None, str | None, int], _Steps] = {}
         # id of a Rates (kept alive here, so that the id is not reused) → its unit rates
         self._unit_rates: dict[int, tuple[Rates, _UnitRates | None]] = {}
+        # (model, provider, tier) → its compiled steps with each step's unit rates, or ()
+        # when its rates depend on the time: what ``units`` looks up first, once per call
+        self._priced: dict[
+            tuple[str, str | None, str | None],
+            tuple[tuple[int, ...], tuple[tuple[Rates | None, _UnitRates | None], ...]] | tuple[()],
+        ] = {}
 
     def rates(
         self,
@@ -160,15 +166,24 @@ class CallPricer:
     ) -> tuple[Units | None, Rates | None]:
         """(cost of the call in units, the rates it paid); cost None when unknown — never
         0 — except that a call with no tokens at all costs 0 whatever its model."""
-        rates = self.rates(model, provider, service_tier, usage.input_tokens, ts)
+        group = (model, provider, service_tier)
+        priced = self._priced.get(group)
+        if priced is None:
+            priced = self._priced[group] = self._priced_steps(group)
+        if priced:  # compiled: the rates by prompt size alone
+            starts, steps = priced
+            rates, per_token = (
+                steps[0]
+                if len(starts) == 1
+                else steps[bisect_right(starts, usage.input_tokens) - 1]
+            )
+        else:
+            rates = self.rates(model, provider, service_tier, usage.input_tokens, ts)
+            per_token = None if rates is None else self._per_token(rates)
         if rates is None:
             if usage.input_tokens == 0 and usage.output_tokens == 0:
                 return 0, None
             return None, None
-        known = self._unit_rates.get(id(rates))
-        if known is None:
-            known = self._unit_rates[id(rates)] = (rates, _unit_rates(rates))
-        per_token = known[1]
         w5m, w1h = usage.cache_write_5m_tokens, usage.cache_write_1h_tokens
         uncached = usage.input_tokens - usage.cache_read_tokens - w5m - w1h
         if per_token is None or uncached < 0:
@@ -184,6 +199,22 @@ class CallPricer:
             + write_1h * w1h
             + output * usage.output_tokens
         ), rates
+
+    def _per_token(self, rates: Rates) -> _UnitRates | None:
+        known = self._unit_rates.get(id(rates))
+        if known is None:
+            known = self._unit_rates[id(rates)] = (rates, _unit_rates(rates))
+        return known[1]
+
+    def _priced_steps(
+        self, group: tuple[str, str | None, str | None]
+    ) -> tuple[tuple[int, ...], tuple[tuple[Rates | None, _UnitRates | None], ...]] | tuple[()]:
+        """The group's compiled steps, each with its unit rates; () when it has none."""
+        compiled = self.compiled[group] if group in self.compiled else self._compile(group)
+        if compiled is None:
+            return ()
+        starts, rates = compiled
+        return starts, tuple((r, None if r is None else self._per_token(r)) for r in rates)
 
     def cost(
         self,
