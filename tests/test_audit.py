@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from stayer.audit.analysis import analyse, context_growth
-from stayer.audit.calls import ImportedSession
+from stayer.audit.calls import Call, ImportedSession
 from stayer.audit.claude_code import ClaudeCodeImporter
 from stayer.audit.costing import CallPricer, CompiledSteps, usd
 from stayer.audit.document import build
-from stayer.audit.engine import analyse_all, default_paths, discover
+from stayer.audit.engine import _REPORTS_IN, _REPORTS_OUT, analyse_all, default_paths, discover
 from stayer.pricing import MTOK, PriceBook, Rates
 from stayer.usage import Usage
 
@@ -587,6 +587,29 @@ def test_call_pricer_units_are_exact_for_rates_of_any_precision() -> None:
         assert pricer.cost(u, model, None, None, 0.0)[0] == usd(units)
     assert pricer.units(Usage(0, 0, 0, 0, 0), "unknown-model", None, None, 0.0)[0] == 0
     assert pricer.units(Usage(5, 0, 0, 0, 1), "unknown-model", None, None, 0.0)[0] is None
+
+
+def test_reports_cross_from_a_worker_unchanged() -> None:
+    """A worker's reports reach the caller equal, field by field, in their rare shapes too:
+    a cost in Decimal units (a rate finer than a unit), unpriced calls, a break whose cost
+    is unknown, the plot series."""
+    fine = Rates(
+        Decimal("3.0000000000001"), Decimal("0.3"), Decimal("3.75"), Decimal("6"), Decimal("15")
+    )
+    pricer = CallPricer(BOOK, {("fine", None, None): ((0,), (fine,))})
+    session = ImportedSession("claude-code", "s-cross", "p")
+    for i, (model, read) in enumerate(
+        [("fine", 0), ("fine", 90_000), ("no-such-model", 0), ("no-such-model", 0)]
+    ):
+        usage = Usage(100_000, read, 100_000 - read if i == 0 else 0, 0, 50)
+        session.calls.append(Call(T0.timestamp() + 60 * i, model, usage))
+    report = analyse(session, pricer, keep_series=True)
+    assert isinstance(report.total.cost_units, Decimal) and report.total.unpriced_calls == 2
+    assert any(b.extra_cost is None for b in report.cache_breaks) and report.series is not None
+    crossed = _REPORTS_IN.decode(_REPORTS_OUT.encode([report]))
+    assert crossed == [report]
+    assert type(crossed[0].total.cost_units) is Decimal
+    assert crossed[0].to_json() == report.to_json()
 
 
 # --- cache-break forensics ----------------------------------------------------------------
