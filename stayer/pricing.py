@@ -527,7 +527,9 @@ class PriceBook:
         return [(n, _rates_of(mp, n).scaled(plan.multiplier)) for n in (0, *starts)]
 
     def fingerprint(self) -> str:
-        """Changes whenever an answer of this book could: the price data and override files."""
+        """Changes whenever an answer of this book could: the price data and override files.
+        The text itself (under a kilobyte), not a digest of it: importing hashlib loads
+        OpenSSL, which takes an audit longer than comparing the text does."""
         from importlib.util import find_spec
 
         spec = find_spec("genai_prices")
@@ -538,9 +540,7 @@ class PriceBook:
             parts.append(f"{data}:{st.st_size}:{st.st_mtime_ns}" if st else "")
         except OSError:
             parts.append("")
-        import hashlib
-
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+        return "\n".join(parts)
 
     # --- resolution ---------------------------------------------------------------
 
