@@ -59,15 +59,17 @@ malformed TOML raises ``stayer.errors.ConfigError`` naming the file and the fiel
 from __future__ import annotations
 
 import os
+import pkgutil
 import tomllib
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from stayer.errors import ConfigError
 from stayer.money import MTOK, Usd, plain
@@ -185,9 +187,11 @@ class Cost:
 
 # --- override tables -----------------------------------------------------------------
 
+# msgspec Structs, not dataclasses: a Struct class is made in a tenth of a dataclass's
+# time, and every command that prices makes these at its start.
 
-@dataclass(frozen=True)
-class _TierRule:
+
+class _TierRule(msgspec.Struct, frozen=True):
     multiplier: Decimal
     models: tuple[str, ...] = ()  # lower-case model-id prefixes; empty = every model
 
@@ -195,16 +199,14 @@ class _TierRule:
         return not self.models or any(n.startswith(p) for n in names for p in self.models)
 
 
-@dataclass(frozen=True)
-class _ModelOverride:
+class _ModelOverride(msgspec.Struct, frozen=True):
     rates: Rates
     provider: str | None
 
 
-@dataclass(frozen=True)
-class _Table:
-    models: Mapping[str, _ModelOverride] = field(default_factory=dict)
-    tiers: Mapping[tuple[str, str], _TierRule] = field(default_factory=dict)
+class _Table(msgspec.Struct, frozen=True):
+    models: Mapping[str, _ModelOverride] = msgspec.field(default_factory=dict)
+    tiers: Mapping[tuple[str, str], _TierRule] = msgspec.field(default_factory=dict)
 
     def tier_rule(
         self, provider: str | None, tier: str, names: tuple[str, ...]
@@ -310,8 +312,11 @@ def _load_file(path: Path) -> _Table:
 
 @cache
 def _builtin_table() -> _Table:
-    ref = resources.files("stayer").joinpath("data", _BUILTIN)
-    return _parse_text(ref.read_text(encoding="utf-8"), f"stayer/data/{_BUILTIN}")
+    # pkgutil, not importlib.resources: the same package data through the package's loader,
+    # without importing tempfile, shutil and random into every command that prices
+    data = pkgutil.get_data("stayer", f"data/{_BUILTIN}")
+    assert data is not None  # (None only from a loader that cannot read data)
+    return _parse_text(data.decode("utf-8"), f"stayer/data/{_BUILTIN}")
 
 
 # --- genai-prices helpers ------------------------------------------------------------
@@ -378,8 +383,7 @@ def _norm_tier(service_tier: str | None) -> str | None:
     return None if t in STANDARD_TIERS else t
 
 
-@dataclass(frozen=True)
-class _Plan:
+class _Plan(msgspec.Struct, frozen=True):
     """How one (model, provider, tier) is priced."""
 
     provider: str | None

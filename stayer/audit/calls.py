@@ -12,7 +12,6 @@ import os
 import re
 import stat
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -47,21 +46,19 @@ class Call(msgspec.Struct, gc=False):
     approximate_ts: bool = False  # ts reconstructed (stayer runs record latencies, not times)
 
 
-@dataclass
-class ImportedSession:
+class ImportedSession(msgspec.Struct):
     """A session's calls (any order) plus what could not be read."""
 
     source: str  # "claude-code", "codex", "stayer"
     id: str
     project: str
-    calls: list[Call] = field(default_factory=list)
+    calls: list[Call] = msgspec.field(default_factory=list)
     skipped_lines: int = 0
     files: int = 0
     bytes: int = 0
 
 
-@dataclass(frozen=True)
-class SessionRef:
+class SessionRef(msgspec.Struct, frozen=True):
     """Where one session's data lives: cheap to build, cheap to send to a worker process."""
 
     source: str
@@ -71,8 +68,7 @@ class SessionRef:
     bytes: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class LogFile:
+class LogFile(msgspec.Struct, frozen=True):
     """A file that discovery found: where it is, its size and its first bytes. Plain strings,
     not ``Path`` s: an audit finds thousands, and pathlib's parsing of each costs more than
     reading its first bytes."""

@@ -23,10 +23,10 @@ is then the sum of the calls that do, and ``unpriced_models`` names the rest).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import orjson
 
 from stayer.audit.analysis import SessionReport, Tally, money
@@ -39,12 +39,11 @@ GROUPS = ("session", "day", "model")
 _TOP = 10
 
 
-@dataclass
-class AuditReport:
-    sessions: list[SessionReport] = field(default_factory=list)  # those with calls
+class AuditReport(msgspec.Struct):
+    sessions: list[SessionReport] = msgspec.field(default_factory=list)  # those with calls
     group: str = "session"
     skipped_lines: int = 0  # in every file read, sessions without calls included
-    what_if: list[dict[str, Any]] = field(
+    what_if: list[dict[str, Any]] = msgspec.field(
         default_factory=list
     )  # estimates (stayer.audit.scenarios)
 

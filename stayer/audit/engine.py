@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -58,10 +57,9 @@ def default_paths(env: dict[str, str] | None = None) -> list[Path]:
     return [*(c / "projects" for c in claude), codex / "sessions", stayer / "runs"]
 
 
-@dataclass
-class Discovery:
-    refs: list[SessionRef] = field(default_factory=list)
-    unrecognised: list[Path] = field(default_factory=list)
+class Discovery(msgspec.Struct):
+    refs: list[SessionRef] = msgspec.field(default_factory=list)
+    unrecognised: list[Path] = msgspec.field(default_factory=list)
 
 
 def _walk(root: str) -> Iterator[str]:
@@ -128,8 +126,7 @@ def discover(paths: Iterable[Path], formats: Sequence[Importer] | None = None) -
     return out
 
 
-@dataclass(frozen=True)
-class _Audit:
+class _Audit(msgspec.Struct, frozen=True):
     """What every batch of one audit shares."""
 
     book: PriceBook
