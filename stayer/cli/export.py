@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -46,6 +45,8 @@ def a2a(
     if out is None:
         emit_json(tasks)
         return
+    import json  # here: every command's start-up imports this module
+
     target = Path(out)
     tmp = target.with_name(target.name + ".tmp")
     try:

@@ -9,10 +9,8 @@ where bubblewrap cannot run (then with a one-line error and nothing on stdout).
 
 from __future__ import annotations
 
-import shlex
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -128,6 +126,10 @@ def exec_command(
     ):
         if value is not None:
             limits[key] = value
+    # (imported here: every command's start-up imports this module)
+    import shlex
+    import tempfile
+
     script = command[0] if len(command) == 1 else shlex.join(command)
 
     scratch = None if workspace is not None else tempfile.mkdtemp(prefix="stayer-sandbox-")
