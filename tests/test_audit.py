@@ -1111,8 +1111,8 @@ def test_reading_is_streamed_per_session(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "projects" / "p" / "b.jsonl", [assistant("b", 0, "msg_b", write=1000)])
     refs = sorted(discover([tmp_path]).refs, key=lambda r: r.id)
     assert [r.paths for r in refs] == [
-        (tmp_path / "projects" / "p" / "a.jsonl",),
-        (tmp_path / "projects" / "p" / "b.jsonl",),
+        (str(tmp_path / "projects" / "p" / "a.jsonl"),),
+        (str(tmp_path / "projects" / "p" / "b.jsonl"),),
     ]
     session: ImportedSession = ClaudeCodeImporter().read(refs[0])
     assert [c.usage.cache_write_tokens for c in session.calls] == [1000]
@@ -1326,7 +1326,8 @@ def test_a_log_swapped_for_a_fifo_after_discovery_is_skipped_not_waited_on(
         _stayer_run(tmp_path)
     (ref,) = discover([tmp_path]).refs
     assert ref.source == source
-    (path,) = ref.paths
+    (name,) = ref.paths
+    path = Path(name)
     path.unlink()
     os.mkfifo(path)
 

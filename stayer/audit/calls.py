@@ -14,7 +14,6 @@ import stat
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from functools import cache
-from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 import msgspec
@@ -59,12 +58,13 @@ class ImportedSession(msgspec.Struct):
 
 
 class SessionRef(msgspec.Struct, frozen=True):
-    """Where one session's data lives: cheap to build, cheap to send to a worker process."""
+    """Where one session's data lives: cheap to build, cheap to send to a worker process
+    (its paths are strings, as ``LogFile``'s)."""
 
     source: str
     id: str
     project: str
-    paths: tuple[Path, ...]
+    paths: tuple[str, ...]
     bytes: int = 0
 
 

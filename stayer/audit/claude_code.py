@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import Annotated, Any, BinaryIO
 
 import msgspec
@@ -246,7 +245,7 @@ class ClaudeCodeImporter:
                 self.source,
                 session,
                 project,
-                tuple(Path(p) for _, p, _ in members),
+                tuple(p for _, p, _ in members),
                 sum(s for _, _, s in members),
             )
 
@@ -285,11 +284,11 @@ class ClaudeCodeImporter:
             )
         return out
 
-    def _read_file(self, path: Path, ref: SessionRef, dedup: _Dedup, out: ImportedSession) -> int:
-        _, _, agent_file = _layout(os.fspath(path))
-        lines = _FileLines(
-            ref.id, path.stem.removeprefix("agent-") if agent_file else None, dedup, out
-        )
+    def _read_file(self, path: str, ref: SessionRef, dedup: _Dedup, out: ImportedSession) -> int:
+        _, _, agent_file = _layout(path)
+        name = os.path.basename(path).removesuffix(".jsonl")  # (every transcript's suffix)
+        chain = name.removeprefix("agent-") if agent_file else None
+        lines = _FileLines(ref.id, chain, dedup, out)
         size = 0
         opened = open_log(path, buffering=0)
         if opened is None:

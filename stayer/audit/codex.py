@@ -24,7 +24,6 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from stayer.audit.calls import (
@@ -73,7 +72,7 @@ class CodexImporter:
         for f in files:
             stem = f.name.removesuffix(".jsonl")
             m = _UUID.search(stem)
-            yield SessionRef(self.source, m.group(1) if m else stem, "", (Path(f.path),), f.size)
+            yield SessionRef(self.source, m.group(1) if m else stem, "", (f.path,), f.size)
 
     def read(self, ref: SessionRef) -> ImportedSession:
         out = ImportedSession(self.source, ref.id, ref.project)

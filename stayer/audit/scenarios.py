@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,9 +226,10 @@ def session_trace(report: SessionReport, ref: SessionRef, counter: Any) -> Any:
     from stayer.whatif import BASH, Trace, load_trace
 
     if ref.source == "stayer":
-        return load_trace(str(ref.paths[0].parent))
+        return load_trace(os.path.dirname(ref.paths[0]))
+    paths = [Path(p) for p in ref.paths]
     main = next(
-        (p for p in ref.paths if not p.stem.startswith("agent-") and p.parent.name != "subagents"),
+        (p for p in paths if not p.stem.startswith("agent-") and p.parent.name != "subagents"),
         None,
     )
     if main is None:

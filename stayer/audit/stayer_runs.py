@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -32,7 +31,7 @@ class StayerRunImporter:
     def group(self, files: Sequence[LogFile]) -> Iterable[SessionRef]:
         for f in files:
             run_dir = os.path.basename(os.path.dirname(f.path))
-            yield SessionRef(self.source, run_dir, "", (Path(f.path),), f.size)
+            yield SessionRef(self.source, run_dir, "", (f.path,), f.size)
 
     def read(self, ref: SessionRef) -> ImportedSession:
         out = ImportedSession(self.source, ref.id, ref.project)
