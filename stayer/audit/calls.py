@@ -109,9 +109,18 @@ def open_log(
 ) -> tuple[BinaryIO, os.stat_result] | None:
     """A log file opened for reading, with its stat (links followed); None for anything but a
     regular file (a FIFO, a device, a directory) or when it cannot be opened. Discovery and
-    every importer open through here, so a log swapped for a FIFO or a device after
-    discovery is never opened: a FIFO would have the audit wait for a writer (or let a
-    waiting writer through), and opening a device can act on it.
+    every importer open through here (or ``open_log_fd``), so a log swapped for a FIFO or a
+    device after discovery is never opened: a FIFO would have the audit wait for a writer
+    (or let a waiting writer through), and opening a device can act on it."""
+    opened = open_log_fd(path)
+    if opened is None:
+        return None
+    fd, st = opened
+    return os.fdopen(fd, "rb", buffering=buffering), st
+
+
+def open_log_fd(path: str | os.PathLike[str]) -> tuple[int, os.stat_result] | None:
+    """``open_log``'s file descriptor, for a caller that reads a few bytes and closes it.
 
     On Linux the path is pinned with ``O_PATH``, which opens nothing (no reader of a FIFO,
     no driver's open); its type is read from that, and only a regular file is opened for
@@ -128,7 +137,7 @@ def open_log(
             readable = (
                 os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC) if pin else os.dup(fd)
             )
-            return os.fdopen(readable, "rb", buffering=buffering), st
+            return readable, st
     except OSError:
         pass
     finally:

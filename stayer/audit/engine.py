@@ -25,7 +25,7 @@ from pathlib import Path
 import msgspec
 
 from stayer.audit.analysis import SessionReport, analyse
-from stayer.audit.calls import Importer, LogFile, SessionRef, open_log
+from stayer.audit.calls import Importer, LogFile, SessionRef, open_log_fd
 from stayer.audit.claude_code import ClaudeCodeImporter
 from stayer.audit.codex import CodexImporter
 from stayer.audit.costing import CallPricer, CompiledSteps
@@ -81,16 +81,17 @@ def _walk(root: str) -> Iterator[str]:
 
 def _open_log(path: str) -> tuple[os.stat_result, bytes] | None:
     """(stat, first bytes) of a regular file, links followed; None for anything else (never
-    opened: ``open_log``) or when it cannot be read."""
-    opened = open_log(path, buffering=0)
+    opened: ``open_log_fd``) or when it cannot be read."""
+    opened = open_log_fd(path)
     if opened is None:
         return None
-    f, st = opened
-    with f:
-        try:
-            return st, f.read(_HEAD)
-        except OSError:
-            return None
+    fd, st = opened
+    try:
+        return st, os.read(fd, _HEAD)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def discover(paths: Iterable[Path], formats: Sequence[Importer] | None = None) -> Discovery:
