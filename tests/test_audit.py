@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from stayer.audit.analysis import analyse, context_growth
-from stayer.audit.calls import Call, ImportedSession
+from stayer.audit.calls import Call, ImportedSession, SessionRef
 from stayer.audit.claude_code import ClaudeCodeImporter
 from stayer.audit.costing import CallPricer, CompiledSteps, usd
 from stayer.audit.document import build
@@ -890,6 +890,62 @@ def test_stayer_run_ledger_keeps_its_own_cache_break_verdicts(tmp_path: Path) ->
 
 
 # --- reports and the command ----------------------------------------------------------------
+
+
+def _sessions_to_share(tmp_path: Path) -> list[SessionRef]:
+    for k in range(8):
+        write_jsonl(
+            tmp_path / "projects" / "p" / f"s{k}.jsonl",
+            [assistant(f"s{k}", 10 * i, f"msg_{k}_{i}", write=1000) for i in range(3)],
+        )
+    return discover([tmp_path]).refs
+
+
+def _fail_in_a_helper(monkeypatch: pytest.MonkeyPatch, how: Callable[[], object]) -> None:
+    """``analyse`` fails (``how``) in a helper process, once, while the caller waits at its
+    first session until that has happened: so the failure is a helper's, whatever the
+    order in which the processes took their batches."""
+    import multiprocessing
+
+    from stayer.audit import engine
+
+    caller, failed = os.getpid(), multiprocessing.get_context("fork").Event()
+    real = engine.analyse
+    monkeypatch.setattr(engine, "_MIN_BATCH_BYTES", 1)  # a few small sessions, several batches
+
+    def analyse(*args: Any, **kwargs: Any) -> Any:
+        if os.getpid() != caller:
+            failed.set()
+            how()
+        elif not failed.wait(120):
+            raise AssertionError("no helper process took a batch")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "analyse", analyse)
+
+
+def test_a_helper_process_error_reaches_the_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refs = _sessions_to_share(tmp_path)
+
+    def fail() -> None:
+        raise ValueError("a reader's bug")
+
+    _fail_in_a_helper(monkeypatch, fail)
+    with pytest.raises(ValueError, match="a reader's bug"):
+        list(analyse_all(refs, BOOK, jobs=2, parallel_min_bytes=0))
+
+
+def test_a_helper_process_that_dies_is_an_error_not_a_hang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper killed midway (the kernel's OOM killer, say) ends the audit with an error:
+    its sessions are missing, so no partial document is written as if whole."""
+    refs = _sessions_to_share(tmp_path)
+    _fail_in_a_helper(monkeypatch, lambda: os._exit(3))
+    with pytest.raises(RuntimeError, match=r"ended without its reports \(exit code 3\)"):
+        list(analyse_all(refs, BOOK, jobs=2, parallel_min_bytes=0))
 
 
 def test_groups_since_and_parallel_workers_agree(tmp_path: Path) -> None:

@@ -9,11 +9,13 @@ Deduplication is per session — the key includes the session id, and a session'
 case this misses and ccusage catches: an entry copied, under its original session id, into
 another session's file.
 
-Sessions are spread over worker processes (``fork`` where available) in batches of
-similar byte size. What every batch shares (the ``PriceBook``, the compiled price steps,
-the options) reaches each worker once, when it starts; each worker prices with its own
-:class:`CallPricer`, and the price steps it compiled come back with its reports, so that
-the caller can keep them for the next audit (``compiled_steps``).
+Sessions are shared, in batches, between the calling process and one helper process per
+other core (``fork`` where available): batches of shrinking byte size, the largest first,
+each taken by whichever process is free. What every batch shares (the ``PriceBook``, the
+compiled price steps, the options) reaches each helper once, when it starts; each process
+prices with its own :class:`CallPricer`, and the price steps a helper compiled come back
+with its reports, so that the caller can keep them for the next audit
+(``compiled_steps``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -137,53 +140,69 @@ class _Audit(msgspec.Struct, frozen=True):
     with_json: bool = False
 
 
-def _run(audit: _Audit, refs: Sequence[SessionRef]) -> tuple[list[SessionReport], CompiledSteps]:
-    """The reports of ``refs`` and the price steps compiled for them."""
-    pricer = CallPricer(audit.book, audit.compiled)
+def _run(
+    audit: _Audit, batches: Iterable[Sequence[SessionRef]], pricer: CallPricer
+) -> Iterator[SessionReport]:
+    """The reports of the sessions of ``batches``, priced by ``pricer`` (which learns the
+    price steps it compiles on the way)."""
     by_source = {f.source: f for f in importers()}
-    reports = []
-    for ref in refs:
-        report = analyse(by_source[ref.source].read(ref), pricer, audit.since, audit.keep_series)
-        report.ref_id = ref.id
-        if audit.with_json:
-            report.json_fragment = session_fragment(report)
-        reports.append(report)
-    return reports, pricer.learned
+    for refs in batches:
+        for ref in refs:
+            report = analyse(
+                by_source[ref.source].read(ref), pricer, audit.since, audit.keep_series
+            )
+            report.ref_id = ref.id
+            if audit.with_json:
+                report.json_fragment = session_fragment(report)
+            yield report
 
 
-# A pool worker's copy of the audit, set once when it starts (``_start_worker``) so that
-# tasks carry only their sessions. Set in worker processes only, never in the caller's.
-_worker_audit: _Audit | None = None
-
-
-def _start_worker(audit: _Audit) -> None:
-    global _worker_audit
-    _worker_audit = audit
-
-
-# Reports cross from a worker as MessagePack: encoded and decoded in C, in half the time
-# pickle takes for these nested dataclasses and Structs (the caller's share of that time
-# is taken from the workers on a machine with as many cores as workers).
+# A helper's reports cross to the caller as MessagePack: encoded and decoded in C, in half
+# the time pickle takes for these nested Structs.
 _REPORTS_OUT = msgspec.msgpack.Encoder()
 _REPORTS_IN = msgspec.msgpack.Decoder(list[SessionReport])
 
 
-def _run_in_worker(refs: tuple[SessionRef, ...]) -> tuple[bytes, CompiledSteps]:
-    assert _worker_audit is not None
-    reports, learned = _run(_worker_audit, refs)
-    return _REPORTS_OUT.encode(reports), learned
+def _take(
+    batches: Sequence[tuple[SessionRef, ...]], taken: Any
+) -> Iterator[tuple[SessionRef, ...]]:
+    """The batches this process takes, in order: each process of the audit takes the next
+    one not taken (``taken``: a shared counter) when it has finished its last."""
+    while True:
+        with taken.get_lock():
+            i = taken.value
+            taken.value = i + 1
+        if i >= len(batches):
+            return
+        yield batches[i]
+
+
+def _helper(
+    audit: _Audit, batches: Sequence[tuple[SessionRef, ...]], taken: Any, send: Any
+) -> None:
+    """A helper process: its batches' reports and the price steps it compiled, sent once at
+    its end (sending per batch would have it wait whenever the caller, busy with its own
+    batches, is not reading); or what it raised."""
+    try:
+        pricer = CallPricer(audit.book, audit.compiled)
+        reports = list(_run(audit, _take(batches, taken), pricer))
+        outcome: Any = (_REPORTS_OUT.encode(reports), pricer.learned)
+    except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
+        outcome = e
+    send.send(outcome)
+    send.close()
 
 
 def _batches(refs: Sequence[SessionRef], jobs: int) -> list[tuple[SessionRef, ...]]:
-    """Batches for ``jobs`` workers, largest first and shrinking ("guided" scheduling): each
-    takes a ``2 * jobs``-th of the bytes still to hand out, the largest sessions first, so
-    that a worker taking the next batch as it finishes one ends close to the others. Equal
-    batches left one core idle for as long as a whole batch took: the same bytes can take
-    half as long again (other sessions' shapes, a core shared with another machine)."""
+    """Batches for ``jobs`` processes, largest first and shrinking ("guided" scheduling):
+    each takes a ``2 * jobs``-th of the bytes still to hand out, the largest sessions first,
+    so that a process taking the next batch as it finishes one ends close to the others.
+    Equal batches left one core idle for as long as a whole batch took: the same bytes can
+    take half as long again (other sessions' shapes, a core shared with another machine)."""
     ordered = sorted(refs, key=lambda r: r.bytes, reverse=True)
     left = sum(r.bytes + 1 for r in ordered)
-    # Each batch costs its worker a round trip (its reports pickled back): no smaller than
-    # an eighth of a worker's share.
+    # The last batches are a 32nd of a process's share (a few ms of work each): smaller
+    # ones would only add turns at the shared counter.
     smallest = max(left // (32 * jobs), _MIN_BATCH_BYTES)
     batches: list[tuple[SessionRef, ...]] = []
     start = 0
@@ -227,15 +246,51 @@ def analyse_all(
     jobs = jobs or _cores()
     total = sum(r.bytes for r in refs)
     if jobs <= 1 or len(refs) < 2 or total < parallel_min_bytes:
-        reports, learned = _run(audit, refs)
-        steps.update(learned)
-        yield from reports
+        pricer = CallPricer(book, audit.compiled)
+        yield from _run(audit, [refs], pricer)
+        steps.update(pricer.learned)
         return
+    yield from _shared(audit, _batches(refs, jobs), jobs, steps)
+
+
+def _shared(
+    audit: _Audit, batches: list[tuple[SessionRef, ...]], jobs: int, steps: CompiledSteps
+) -> Iterator[SessionReport]:
+    """The reports of ``batches``, shared between this process and ``jobs - 1`` helper
+    processes (``fork`` where available): each takes the next batch as it finishes one.
+    This process works rather than waits, so a machine of ``jobs`` cores runs ``jobs``
+    readers, and its own reports never cross a pipe."""
     import multiprocessing as mp
 
-    method = "fork" if "fork" in mp.get_all_start_methods() else None
-    batches = _batches(refs, jobs)
-    with mp.get_context(method).Pool(min(jobs, len(batches)), _start_worker, (audit,)) as pool:
-        for encoded, learned in pool.imap_unordered(_run_in_worker, batches):
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
+    taken = ctx.Value("q", 0)
+    helpers = []
+    try:
+        for _ in range(min(jobs, len(batches)) - 1):
+            receive, send = ctx.Pipe(duplex=False)
+            process = ctx.Process(target=_helper, args=(audit, batches, taken, send), daemon=True)
+            process.start()
+            send.close()
+            helpers.append((process, receive))
+        pricer = CallPricer(audit.book, audit.compiled)
+        yield from _run(audit, _take(batches, taken), pricer)
+        steps.update(pricer.learned)
+        for process, receive in helpers:
+            try:
+                outcome = receive.recv()
+            except EOFError:
+                process.join()
+                raise RuntimeError(
+                    f"an audit helper process ended without its reports (exit code {process.exitcode})"
+                ) from None
+            if isinstance(outcome, BaseException):
+                raise outcome
+            encoded, learned = outcome
             steps.update(learned)
             yield from _REPORTS_IN.decode(encoded)
+    finally:
+        for process, receive in helpers:
+            receive.close()
+            if process.is_alive():
+                process.terminate()
+            process.join()
