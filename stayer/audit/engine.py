@@ -182,11 +182,15 @@ def _helper(
 ) -> None:
     """A helper process: its batches' reports and the price steps it compiled, sent once at
     its end (sending per batch would have it wait whenever the caller, busy with its own
-    batches, is not reading); or what it raised."""
+    batches, is not reading); or what it raised. Each batch's reports are encoded as it
+    ends, so that the caller, done with its own, waits for the last batch only."""
     try:
         pricer = CallPricer(audit.book, audit.compiled)
-        reports = list(_run(audit, _take(batches, taken), pricer))
-        outcome: Any = (_REPORTS_OUT.encode(reports), pricer.learned)
+        encoded = [
+            _REPORTS_OUT.encode(list(_run(audit, [batch], pricer)))
+            for batch in _take(batches, taken)
+        ]
+        outcome: Any = (encoded, pricer.learned)
     except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
         outcome = e
     send.send(outcome)
@@ -287,7 +291,8 @@ def _shared(
                 raise outcome
             encoded, learned = outcome
             steps.update(learned)
-            yield from _REPORTS_IN.decode(encoded)
+            for reports in encoded:
+                yield from _REPORTS_IN.decode(reports)
     finally:
         for process, receive in helpers:
             receive.close()
