@@ -937,6 +937,23 @@ def test_a_helper_process_error_reaches_the_caller(
         list(analyse_all(refs, BOOK, jobs=2, parallel_min_bytes=0))
 
 
+def test_a_helper_error_that_cannot_cross_is_still_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception pickle refuses (a class local to a function) is reported by its text."""
+    refs = _sessions_to_share(tmp_path)
+
+    class Unpicklable(Exception):
+        pass
+
+    def fail() -> None:
+        raise Unpicklable("a reader's local error")
+
+    _fail_in_a_helper(monkeypatch, fail)
+    with pytest.raises(RuntimeError, match="a reader's local error"):
+        list(analyse_all(refs, BOOK, jobs=2, parallel_min_bytes=0))
+
+
 def test_a_helper_process_that_dies_is_an_error_not_a_hang(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,6 +21,7 @@ with its reports, so that the caller can keep them for the next audit
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -193,8 +194,15 @@ def _helper(
         outcome: Any = (encoded, pricer.learned)
     except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
         outcome = e
-    send.send(outcome)
-    send.close()
+    try:
+        try:
+            send.send(outcome)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:  # an error pickle refuses
+            send.send(RuntimeError(f"an audit helper process failed: {outcome!r} ({e})"))
+    except OSError:  # the caller is gone: there is no one to tell
+        pass
+    finally:
+        send.close()
 
 
 def _batches(refs: Sequence[SessionRef], jobs: int) -> list[tuple[SessionRef, ...]]:
