@@ -46,7 +46,7 @@ from stayer.audit.calls import MAIN_CHAIN, Call, ImportedSession
 from stayer.audit.costing import PER_CURRENCY, CallPricer, Units, usd
 from stayer.errors import ConfigError
 from stayer.models.caching import CacheRules, cache_rules, cached_length, provider_of
-from stayer.money import MTOK, Usd
+from stayer.money import MTOK, UNKNOWN, plain
 from stayer.pricing import Rates
 from stayer.usage import Usage
 
@@ -56,19 +56,22 @@ _FALLBACK_RULES = CacheRules("automatic", 1024)
 
 
 def money(d: Decimal | None) -> str:
-    """A Decimal USD amount as the JSON string every stayer command uses."""
-    return Usd(d).to_json()
+    """A Decimal USD amount as the JSON string every stayer command uses (``Usd.to_json``,
+    without making a ``Usd`` of each of the tens of thousands a report writes)."""
+    return UNKNOWN if d is None else plain(d)
 
 
 _KINDS = tuple(f.name for f in fields(Usage))
 
 
-def usage_json(u: Usage) -> dict[str, int]:
-    """``Usage.to_dict()`` plus the uncached remainder (built directly: ``asdict`` deep-copies,
-    and a report over thousands of sessions makes tens of thousands of these)."""
+def usage_json(u: Usage | Tally) -> dict[str, int]:
+    """``Usage.to_dict()`` plus the uncached remainder, of a usage or a tally's tokens (built
+    directly: ``asdict`` deep-copies, and a report over thousands of sessions makes tens of
+    thousands of these)."""
     d = {k: getattr(u, k) for k in _KINDS}
-    d["cache_write_tokens"] = u.cache_write_tokens
-    d["uncached_input_tokens"] = u.uncached_input_tokens
+    written = u.cache_write_5m_tokens + u.cache_write_1h_tokens
+    d["cache_write_tokens"] = written
+    d["uncached_input_tokens"] = u.input_tokens - u.cache_read_tokens - written
     return d
 
 
@@ -148,11 +151,12 @@ class Tally(msgspec.Struct):
         return round(self.cache_read_tokens / self.input_tokens, 4) if self.input_tokens else 0.0
 
     def to_json(self) -> dict[str, Any]:
+        priced = money(self.cost_priced)  # (once: it is also the total when all are priced)
         return {
             "calls": self.calls,
-            "usage": usage_json(self.usage),
-            "cost_usd": money(self.cost),
-            "cost_usd_priced": money(self.cost_priced),
+            "usage": usage_json(self),
+            "cost_usd": UNKNOWN if self.unpriced_calls else priced,
+            "cost_usd_priced": priced,
             "unpriced_calls": self.unpriced_calls,
             "unpriced_models": sorted(self.unpriced_models),
             "cache_hit_ratio": self.cache_hit_ratio,
