@@ -924,33 +924,33 @@ def _fail_in_a_helper(monkeypatch: pytest.MonkeyPatch, how: Callable[[], object]
     monkeypatch.setattr(engine, "analyse", analyse)
 
 
-def test_a_helper_process_error_reaches_the_caller(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    refs = _sessions_to_share(tmp_path)
-
-    def fail() -> None:
-        raise ValueError("a reader's bug")
-
-    _fail_in_a_helper(monkeypatch, fail)
-    with pytest.raises(ValueError, match="a reader's bug"):
-        list(analyse_all(refs, BOOK, jobs=2, parallel_min_bytes=0))
-
-
-def test_a_helper_error_that_cannot_cross_is_still_reported(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An exception pickle refuses (a class local to a function) is reported by its text."""
-    refs = _sessions_to_share(tmp_path)
-
-    class Unpicklable(Exception):
+def _unpicklable(text: str) -> Exception:
+    class Unpicklable(Exception):  # local to a function: pickle refuses it
         pass
 
+    return Unpicklable(text)
+
+
+@pytest.mark.parametrize(
+    ("error", "reported"),
+    [(ValueError, ValueError), (_unpicklable, RuntimeError)],
+    ids=["as-raised", "unpicklable-by-its-text"],
+)
+def test_a_helper_process_error_reaches_the_caller(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    error: Callable[[str], Exception],
+    reported: type[Exception],
+) -> None:
+    """A helper's exception is raised in the caller; one that pickle refuses, as a
+    RuntimeError with its text."""
+    refs = _sessions_to_share(tmp_path)
+
     def fail() -> None:
-        raise Unpicklable("a reader's local error")
+        raise error("a reader's bug")
 
     _fail_in_a_helper(monkeypatch, fail)
-    with pytest.raises(RuntimeError, match="a reader's local error"):
+    with pytest.raises(reported, match="a reader's bug"):
         list(analyse_all(refs, BOOK, jobs=2, parallel_min_bytes=0))
 
 
