@@ -25,6 +25,12 @@ def plain(d: Decimal) -> str:
     return format(d, "f") if d else "0"
 
 
+def amount_json(amount: Decimal | None) -> str:
+    """An amount's JSON form: plain, trailing zeros dropped; ``"unknown"`` for None. (A
+    function as well as ``Usd.to_json``: an audit writes tens of thousands of amounts.)"""
+    return UNKNOWN if amount is None else plain(amount)
+
+
 @dataclass(frozen=True, slots=True)
 class Usd:
     """An amount of US dollars; ``amount`` None: unknown."""
@@ -53,7 +59,7 @@ class Usd:
 
     def to_json(self) -> str:
         """A price's JSON form: plain, trailing zeros dropped (``Cost.to_json``)."""
-        return UNKNOWN if self.amount is None else plain(self.amount)
+        return amount_json(self.amount)
 
     def __str__(self) -> str:
         """A total's JSON form, as totals have always been written: the Decimal's own text."""

@@ -46,7 +46,7 @@ from stayer.audit.calls import MAIN_CHAIN, Call, ImportedSession
 from stayer.audit.costing import PER_CURRENCY, CallPricer, Units, usd
 from stayer.errors import ConfigError
 from stayer.models.caching import CacheRules, cache_rules, cached_length, provider_of
-from stayer.money import MTOK, UNKNOWN, plain
+from stayer.money import MTOK, UNKNOWN, amount_json
 from stayer.pricing import Rates
 from stayer.usage import Usage
 
@@ -55,10 +55,8 @@ COSTLIEST = 5
 _FALLBACK_RULES = CacheRules("automatic", 1024)
 
 
-def money(d: Decimal | None) -> str:
-    """A Decimal USD amount as the JSON string every stayer command uses (``Usd.to_json``,
-    without making a ``Usd`` of each of the tens of thousands a report writes)."""
-    return UNKNOWN if d is None else plain(d)
+#: A Decimal USD amount as the JSON string every stayer command uses.
+money = amount_json
 
 
 _KINDS = tuple(f.name for f in fields(Usage))

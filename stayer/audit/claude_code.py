@@ -398,8 +398,6 @@ class _FileLines:
                 if ts is None or type(model) is not str or not model:
                     skipped += 1
                     continue
-                if model == "<synthetic>":
-                    continue  # Claude Code's own notices (errors, interruptions): no API call
                 mid, rid, sid = msg.id, d.requestId, d.sessionId  # type: ignore[union-attr]
                 entry = entry_of(
                     ts,
@@ -423,8 +421,6 @@ class _FileLines:
                 if general is None:
                     skipped += 1
                     continue
-                if general.model == "<synthetic>":
-                    continue
                 entry = general
             else:
                 if (
@@ -434,6 +430,8 @@ class _FileLines:
                 ):
                     compaction.add(chain)
                 continue
+            if entry.model == "<synthetic>":
+                continue  # Claude Code's own notices (errors, interruptions): no API call
             if compaction:
                 compaction.discard(chain)
             add(entry)

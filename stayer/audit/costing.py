@@ -116,7 +116,7 @@ class CallPricer:
     ) -> Rates | None:
         """The rates ``PriceBook.rates`` gives for this call; None when the price is unknown."""
         group = (model, provider, service_tier)
-        compiled = self.compiled[group] if group in self.compiled else self._compile(group)
+        compiled = self._compiled(group)
         if compiled is not None:
             starts, rates = compiled
             return rates[0] if len(starts) == 1 else rates[bisect_right(starts, prompt_tokens) - 1]
@@ -138,6 +138,13 @@ class CallPricer:
             mid = (xs[lo] + xs[hi]) // 2
             xs.insert(hi, mid)
             rs.insert(hi, self._lookup(key, mid))
+
+    def _compiled(
+        self, group: tuple[str, str | None, str | None]
+    ) -> tuple[tuple[int, ...], tuple[Rates | None, ...]] | None:
+        """The group's steps (compiled now if they were not given or compiled before); None
+        when its rates depend on the time."""
+        return self.compiled[group] if group in self.compiled else self._compile(group)
 
     def _compile(
         self, group: tuple[str, str | None, str | None]
@@ -210,7 +217,7 @@ class CallPricer:
         self, group: tuple[str, str | None, str | None]
     ) -> tuple[tuple[int, ...], tuple[tuple[Rates | None, _UnitRates | None], ...]] | tuple[()]:
         """The group's compiled steps, each with its unit rates; () when it has none."""
-        compiled = self.compiled[group] if group in self.compiled else self._compile(group)
+        compiled = self._compiled(group)
         if compiled is None:
             return ()
         starts, rates = compiled

@@ -20,6 +20,7 @@ with its reports, so that the caller can keep them for the next audit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 from collections.abc import Iterable, Iterator, Sequence
@@ -158,6 +159,15 @@ def _run(
             yield report
 
 
+def _read_here(
+    audit: _Audit, batches: Iterable[Sequence[SessionRef]], steps: CompiledSteps
+) -> Iterator[SessionReport]:
+    """:func:`_run` in this process, its price steps added to ``steps`` at the end."""
+    pricer = CallPricer(audit.book, audit.compiled)
+    yield from _run(audit, batches, pricer)
+    steps.update(pricer.learned)
+
+
 # A helper's reports cross to the caller as MessagePack: encoded and decoded in C, in half
 # the time pickle takes for these nested Structs.
 _REPORTS_OUT = msgspec.msgpack.Encoder()
@@ -194,15 +204,12 @@ def _helper(
         outcome: Any = (encoded, pricer.learned)
     except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
         outcome = e
-    try:
+    with contextlib.suppress(OSError):  # OSError: the caller is gone, no one to tell
         try:
             send.send(outcome)
         except (pickle.PicklingError, TypeError, AttributeError) as e:  # an error pickle refuses
             send.send(RuntimeError(f"an audit helper process failed: {outcome!r} ({e})"))
-    except OSError:  # the caller is gone: there is no one to tell
-        pass
-    finally:
-        send.close()
+    send.close()
 
 
 def _batches(refs: Sequence[SessionRef], jobs: int) -> list[tuple[SessionRef, ...]]:
@@ -258,9 +265,7 @@ def analyse_all(
     jobs = jobs or _cores()
     total = sum(r.bytes for r in refs)
     if jobs <= 1 or len(refs) < 2 or total < parallel_min_bytes:
-        pricer = CallPricer(book, audit.compiled)
-        yield from _run(audit, [refs], pricer)
-        steps.update(pricer.learned)
+        yield from _read_here(audit, [refs], steps)
         return
     yield from _shared(audit, _batches(refs, jobs), jobs, steps)
 
@@ -284,9 +289,7 @@ def _shared(
             process.start()
             send.close()
             helpers.append((process, receive))
-        pricer = CallPricer(audit.book, audit.compiled)
-        yield from _run(audit, _take(batches, taken), pricer)
-        steps.update(pricer.learned)
+        yield from _read_here(audit, _take(batches, taken), steps)
         for process, receive in helpers:
             try:
                 outcome = receive.recv()
