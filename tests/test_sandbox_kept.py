@@ -13,6 +13,7 @@ import gc
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -141,9 +142,11 @@ def test_a_daemon_cannot_write_into_a_later_commands_output(sb: BwrapSandbox) ->
     for _ in range(5):
         r = run(sb.exec("sleep 0.05; echo mine", timeout=30))
         assert (r.exit_code, r.stdout, r.stderr) == (0, "mine\n", ""), r
-    r = run(sb.exec("ps -e -o pid=,args=", timeout=30))
-    lines = r.stdout.splitlines()
-    assert len(lines) == 3, r.stdout  # bwrap, the runner, ps: nothing else lives
+    r = run(sb.exec("echo $$; ps -e -o pid=,ppid=", timeout=30))
+    me, *procs = r.stdout.split("\n")[:-1]
+    # bwrap, the runner, this command's bash and its ps: nothing else lives
+    assert len(procs) == 4, r.stdout
+    assert all(p.split()[0] in ("1", "2", me) or p.split()[1] == me for p in procs), r.stdout
     honest(sb)
 
 
@@ -268,3 +271,99 @@ def test_the_cgroup_of_a_persistent_sandbox_goes_with_its_owner(ws: Path) -> Non
 
 def test_the_finaliser_of_a_persistent_sandbox_takes_no_lock(ws: Path) -> None:
     assert dropped_holding_locks(ws, persistent=True) == "ok"
+
+
+# Each command's bash is started ahead, when the command before it ended (kept.PRESTARTED):
+# a command in /app without stdin of its own runs in it, and must find what a bash started
+# for it would show it.
+
+
+def test_a_command_runs_in_the_bash_started_ahead_for_it(sb: BwrapSandbox) -> None:
+    kept = sb._kept_box
+    assert kept is not None and sb.next_ready(timeout=60)
+    slot = kept._live.slot  # type: ignore[union-attr]
+    assert slot is not None and slot.pid is not None
+    assert run(sb.exec("echo $$")).stdout == f"{slot.pid}\n"
+    # Not for a command with stdin of its own, or elsewhere than /app: that bash is killed.
+    assert sb.next_ready(timeout=60)
+    ahead = kept._live.slot.pid  # type: ignore[union-attr]
+    r = run(sb.exec("cat; echo $$; ps -e -o pid=", stdin=b"in\n"))
+    mine, *pids = r.stdout.split("\n")[1:-1]
+    assert r.stdout.startswith("in\n") and mine != str(ahead), r
+    assert str(ahead) not in [p.strip() for p in pids], r.stdout
+    assert sb.next_ready(timeout=60)
+    ahead = kept._live.slot.pid  # type: ignore[union-attr]
+    assert run(sb.exec("echo $$", cwd="/tmp")).stdout != f"{ahead}\n"
+    honest(sb)
+
+
+def test_no_command_runs_beside_the_next_ones_bash(sb: BwrapSandbox) -> None:
+    """The next command's bash starts after this command and all it left are gone: while
+    a command runs, the only bash waiting for its text is none (it is the command's own)."""
+    for _ in range(3):
+        r = run(sb.exec("sleep 1000 & ps -e -o pid=,ppid=,args=; echo $$", timeout=30))
+        *procs, me = r.stdout.split("\n")[:-1]
+        # the runner's children that wait for a text (a fork of this bash has its args too)
+        waiting = [p.split()[0] for p in procs if p.split()[1] == "2" and "BASH_EXEC" in p]
+        assert waiting in ([], [me]), r.stdout
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        'echo "$0" "$-" "$#" "$SECONDS" "$BASH_EXECUTION_STRING"',
+        "echo $LINENO\n\necho $LINENO; f() { echo $LINENO; }; f",
+        "exit 7",
+        "set -u; echo $nope",
+        "trap 'echo bye' EXIT; false",
+        'read -r x; echo "[$x] $?"',
+        "cd /tmp && pwd; echo $PWD $OLDPWD",
+        "printf '%s\\n' 'é ü \\ \"' $'\\t'",
+        "env | sort; ulimit -a",
+        "cd /proc/$$/fd && echo *",  # the glob's own directory is 3: none of ours is left
+        "grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status",
+        "echo " + "x" * 100_000 + " | wc -c",
+        "",
+    ],
+    ids=lambda c: c.split("\n")[0][:30],
+)
+def test_a_command_started_ahead_sees_what_bash_c_shows(
+    sb: BwrapSandbox, ws: Path, command: str
+) -> None:
+    fresh = BwrapSandbox(ws, ahead=False)
+    assert sb.next_ready(timeout=60)
+    got, want = run(sb.exec(command, timeout=30)), run(fresh.exec(command, timeout=30))
+    assert (got.exit_code, got.stdout, got.stderr) == (want.exit_code, want.stdout, want.stderr)
+
+
+def test_what_differs_from_a_bash_started_for_the_command(sb: BwrapSandbox, ws: Path) -> None:
+    """The command is eval's: a syntax error is reported as eval's, and a last program is
+    that bash's child rather than run in its place, so bash reports its death by a signal
+    too (`bash -c` reports none for the program it becomes). Exit statuses are the same."""
+    fresh = BwrapSandbox(ws, ahead=False)
+    for command in ("echo a\nif", "sh -c 'kill -SEGV $$'"):
+        assert sb.next_ready(timeout=60)
+        got, want = run(sb.exec(command, timeout=30)), run(fresh.exec(command, timeout=30))
+        assert (got.exit_code, got.stdout) == (want.exit_code, want.stdout), (got, want)
+        if command.startswith("sh"):
+            assert want.stderr == "" and got.stderr.endswith(
+                "Segmentation fault      " + command + "\n"
+            )
+        else:
+            assert got.stderr == want.stderr.replace(": -c: ", ": eval: ") != want.stderr
+
+
+def test_what_bash_reads_as_it_starts_is_read_when_the_command_comes(ws: Path) -> None:
+    """BASH_ENV names a file bash runs as it starts: a bash started ahead would run the
+    file as it was then, so there is none; and TMOUT= would end its wait for the text."""
+    (ws / "rc").write_text("X=first\n")
+    sb = BwrapSandbox(ws, persistent=True, env={"BASH_ENV": "/app/rc", "TMOUT": "1"})
+    assert run(sb.exec("echo $X $TMOUT")).stdout == "first 1\n"
+    assert not sb.next_ready(timeout=60)  # running, no bash ahead of the next command
+    (ws / "rc").write_text("X=second\n")
+    assert run(sb.exec("echo $X")).stdout == "second\n"
+    tmout = BwrapSandbox(ws, persistent=True, env={"TMOUT": "1"})
+    assert run(tmout.exec("true")).exit_code == 0 and tmout.next_ready(timeout=60)
+    ahead = tmout._kept_box._live.slot.pid  # type: ignore[union-attr]
+    time.sleep(1.5)  # longer than TMOUT: a read that honoured it would have ended by now
+    assert run(tmout.exec("echo $$ $TMOUT")).stdout == f"{ahead} 1\n"

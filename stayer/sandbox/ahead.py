@@ -37,6 +37,7 @@ from stayer.sandbox.janitor import JANITOR
 from stayer.sandbox.kept import Starts, spawn
 from stayer.sandbox.process import (
     _DRAIN_GRACE_S,
+    MAX_COMMAND_BYTES,
     KeptCommand,
     _Capture,
     _kill_group,
@@ -52,10 +53,6 @@ from stayer.sandbox.process import (
 )
 
 log = logging.getLogger(__name__)
-
-# Longer than this, bash -c refuses the command (MAX_ARG_STRLEN): a sandbox started for it
-# reports that as it always did.
-_MAX_COMMAND_BYTES = 128 * 1024 - 1
 
 # What the sandbox runs until its command comes: one byte on the go pipe (1: the command
 # has stdin on a pipe, 0: it reads /dev/null), then the command from the memory file,
@@ -182,7 +179,7 @@ class AheadBwrap:
         """The sandbox started for the next command, if it fits ``cmd`` (``text``: its
         command, encoded) and the host is as it shows; None else (one that did not fit the
         host is killed)."""
-        fits = cmd.cwd == "/app" and b"\0" not in text and len(text) <= _MAX_COMMAND_BYTES
+        fits = cmd.cwd == "/app" and b"\0" not in text and len(text) <= MAX_COMMAND_BYTES
         if self._next is None or not fits:
             return None
         starting, self._next = self._next, None

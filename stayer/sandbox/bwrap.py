@@ -324,9 +324,10 @@ class BwrapSandbox(ProcessSandbox):
     same fresh sandbox, without the wait for bubblewrap's set-up.
 
     With ``persistent`` (``--sandbox bwrap-persistent``) the sandbox is started once and
-    kept, and each command runs in it through a runner (:mod:`stayer.sandbox.kept`): the
-    same isolation and limits, milliseconds less per command, but ``/tmp`` and the pid
-    namespace last from one command to the next (nothing a command starts outlives it).
+    kept, and each command runs in it through a runner (:mod:`stayer.sandbox.kept`), in a
+    bash the runner started ahead for it: the same isolation and limits, under a
+    millisecond per command, but ``/tmp`` and the pid namespace last from one command to
+    the next (nothing a command starts outlives it).
     A command with ``mounts`` of its own, or one that comes while another runs, gets a
     fresh sandbox as without it. Not with an image's ``root``.
     """

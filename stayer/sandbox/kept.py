@@ -19,6 +19,21 @@ options, seccomp filter, limits and cgroup of a per-command one
   every other process of the sandbox (``kill(-1)`` reaches all but itself and pid 1, and
   only in the sandbox's pid namespace) and reaps them before it reports the exit status.
 
+**Each command's bash is started ahead.** Starting bash itself (fork, exec, the dynamic
+loader, bash's own set-up) costs about 1 ms, more than a tool call such as ``cat`` or
+``grep`` in a small tree. So once a command has returned, the runner starts the next
+command's bash exactly as above (its session, descriptors, environment, directory
+``/app``, rlimits), and it waits in :data:`PRESTARTED` for its text on a pipe: the
+command, when it comes, is written there, read whole, and run by ``eval``. It starts
+after the command before it and all that command left are gone, so no command ever runs
+beside it; its pipes are closed before the command runs. A command with stdin of its own,
+in another directory, or whose text ``bash -c`` would refuse, gets a bash started for it
+as before (the waiting one is killed first); none is started ahead when the environment
+sets ``BASH_ENV`` (bash reads that file as it starts). What ``eval`` shows differently
+from ``bash -c``: a syntax error is reported as ``eval:``'s, not ``-c:``'s, and a program
+run last is the bash's child rather than run in its place, so bash also reports its death
+by a signal (``Segmentation fault``) on stderr; exit statuses are the same.
+
 The runner is the one thing that lasts, so the commands must not reach it: it makes itself
 non-dumpable first, so a command (same uid, no capabilities) can neither ptrace it, read
 ``/proc/<runner>/fd`` nor take its descriptors with ``pidfd_getfd``; its control socket is
@@ -45,6 +60,7 @@ import errno
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -57,6 +73,7 @@ from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.janitor import JANITOR
 from stayer.sandbox.process import (
     _DRAIN_GRACE_S,
+    MAX_COMMAND_BYTES,
     KeptCommand,
     Launch,
     ProcessLimits,
@@ -157,6 +174,8 @@ def spawn(
 log = logging.getLogger(__name__)
 
 PYTHON = "/usr/bin/python3"
+# Where a command started ahead runs: the workspace, which lasts as long as the sandbox.
+PRESTART_CWD = "/app"
 # How long the runner may take to start (Python, once per sandbox).
 _START_TIMEOUT_S = 30.0
 _REAP_WAIT_S = 5.0  # for a killed bwrap to exit, before its cgroup is removed anyway
@@ -166,11 +185,27 @@ _RUNNER_PROCESSES = 1
 # What the sandbox starts: fd ``argv[1]`` is its end of a SOCK_SEQPACKET socket, whose
 # first message is the runner's code (so that /proc/*/cmdline and ps show only this line).
 BOOT = "import socket,sys;ctl=socket.socket(fileno=int(sys.argv[1]));exec(ctl.recv(1<<16))"
+# What a command started ahead runs (fd 3: its text, until EOF; fd 4: closed once it
+# waits), on one line so that ``$LINENO`` counts from the command's first line: the text
+# read whole (``read -N`` reads a pipe in blocks, else byte by byte), and run by eval, so
+# that the command sees what ``bash -c COMMAND`` shows it (``$0``, ``$-``,
+# ``$BASH_EXECUTION_STRING``, ``$SECONDS`` from 0, its exit status) save one thing: a
+# syntax error is reported as ``eval:``'s rather than ``-c:``'s. ``TMOUT=``: the read
+# waits whatever the environment sets.
+PRESTARTED = (
+    "exec 4>&-; TMOUT= IFS= read -r -N 1000000000 BASH_EXECUTION_STRING <&3; exec 3<&-; "
+    'SECONDS=0; eval "$BASH_EXECUTION_STRING"'
+)
 # The runner. Each message is one command (JSON) with its stdin, stdout and stderr
 # attached; the answer is {"seq": n, "status": wait status}, sent once every process the
-# command left is gone.
-RUNNER = r"""
-import ctypes, json, os, resource, signal, socket, sys, time
+# command left is gone. A message {"prestart": n} with the next command's descriptors
+# starts that command's bash ahead, in PRESTARTED, answered {"prestarted": n, "pid": pid}
+# once it waits (pid null: it could not start); then {"seq": n, "go": 1, "command": ...} (no descriptors) runs the command
+# in it: written to its pipe, read there, run by eval. Any other message kills it first.
+RUNNER = (
+    f"PRESTARTED = {PRESTARTED!r}\n"
+    + r"""
+import ctypes, fcntl, json, os, resource, signal, socket, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 # PR_SET_DUMPABLE 0 first: no ptrace, no /proc/<pid>/fd, no pidfd_getfd for the commands.
 # PR_SET_CHILD_SUBREAPER: what a command leaves behind is reparented here, to be reaped.
@@ -178,12 +213,14 @@ if libc.prctl(4, 0, 0, 0, 0) or libc.prctl(36, 1, 0, 0, 0):
     sys.exit(3)
 os.set_inheritable(ctl.fileno(), False)
 
-def child(req, fds):
+def child(req, fds, argv, extra=()):
     try:
         os.setsid()
+        # Out of the way of the targets first: 0-2 for stdio, 3 on for ``extra``.
+        fds = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (*fds, *extra)]
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
-        os.closerange(3, 1 << 20)
+        os.closerange(len(fds), 1 << 20)
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; a shell must not
             signal.signal(sig, signal.SIG_DFL)
         for which, value in req["rlimits"]:
@@ -193,7 +230,7 @@ def child(req, fds):
         except OSError as e:
             os.write(2, ("bwrap: Can't chdir to %s: %s\n" % (req["cwd"], e.strerror)).encode())
             os._exit(1)
-        os.execve("/bin/bash", ["/bin/bash", "-c", req["command"]], req["env"])
+        os.execve("/bin/bash", argv, req["env"])
     except BaseException as e:
         os.write(2, ("stayer runner: %r\n" % (e,)).encode())
     os._exit(127)
@@ -215,25 +252,92 @@ def clean():
             os._exit(4)
         time.sleep(0.0002)
 
+def prestart(req, fds):
+    # The next command's bash, waiting on a pipe for its text; ready once it closes fd 4.
+    text_r, text_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        pid = None
+    if pid == 0:
+        child(req, fds, ["/bin/bash", "-c", PRESTARTED], (text_r, ready_w))
+    for fd in (*fds, text_r, ready_w):
+        os.close(fd)
+    while os.read(ready_r, 64):
+        pass
+    os.close(ready_r)
+    if pid is None:
+        os.close(text_w)
+        return None
+    return pid, text_w
+
+def go(req, nxt):
+    pid, text_w = nxt
+    try:
+        os.write(text_w, os.fsencode(req["command"]))  # blocks until bash has read the rest
+    except OSError:
+        pass  # it died: its status says how
+    os.close(text_w)
+    return pid
+
+def drop(nxt):
+    if nxt is not None:
+        os.kill(nxt[0], signal.SIGKILL)
+        os.waitpid(nxt[0], 0)
+        os.close(nxt[1])
+
 ctl.send(b"ready")
+nxt = None
 while True:
     msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 20, 3)
-    if not msg or len(fds) != 3:
+    if not msg:
         os._exit(0)
     req = json.loads(msg)
-    pid = os.fork()
-    if pid == 0:
-        child(req, fds)
-    for fd in fds:
-        os.close(fd)
+    if "prestart" in req and len(fds) == 3 and nxt is None:
+        nxt = prestart(req, fds)
+        pid = None if nxt is None else nxt[0]
+        ctl.send(json.dumps({"prestarted": req["prestart"], "pid": pid}).encode())
+        continue
+    if req.get("go") and not fds and nxt is not None:
+        pid, nxt = go(req, nxt), None
+    elif len(fds) == 3 and "prestart" not in req:
+        drop(nxt)
+        nxt = None
+        pid = os.fork()
+        if pid == 0:
+            child(req, fds, ["/bin/bash", "-c", req["command"]])
+        for fd in fds:
+            os.close(fd)
+    else:
+        os._exit(5)
     _, status = os.waitpid(pid, 0)
     clean()
     ctl.send(json.dumps({"seq": req["seq"], "status": status}).encode())
 """
+)
 
 
 class _Gone(Exception):
     """The runner stopped answering, or answered something else than asked."""
+
+
+@dataclass
+class _Slot:
+    """The next command's bash, started ahead in the sandbox (``prestart``): our ends of
+    its stdout and stderr, and whether the runner said it waits (None: not answered yet),
+    with its pid in the sandbox."""
+
+    seq: int
+    out: int
+    err: int
+    ok: bool | None = None
+    pid: int | None = None
+
+    def close(self) -> None:
+        for fd in (self.out, self.err):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class _Live:
@@ -253,6 +357,7 @@ class _Live:
         self.cgroup: _PidsCgroup | None = cgroup
         self.view = view  # the host as the sandbox shows it (Starts.hold_host)
         self._held = held  # keeps that view (the copy of /etc it mounts) until closed
+        self.slot: _Slot | None = None  # the next command's bash, started ahead
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -269,6 +374,9 @@ class _Live:
         self.kill()
         with contextlib.suppress(OSError):
             self.sock.close()
+        if self.slot is not None:
+            self.slot.close()
+            self.slot = None
         self._held.close()
 
     async def reap(self) -> None:
@@ -312,6 +420,7 @@ class KeptBwrap:
         self._live: _Live | None = None
         self._dead: list[_Live] = []  # killed, not yet reaped
         self._seq = 0
+        self._soon: tuple[asyncio.Handle, _Live] | None = None  # the next bash, to start
         self._broken = False  # it could not start: every command gets a fresh sandbox
         self._lives: list[_Live] = []  # what the finaliser kills: the live one, if any
         JANITOR.ready()
@@ -319,6 +428,7 @@ class KeptBwrap:
 
     async def run(self, cmd: KeptCommand) -> ExecResult | None:
         self.busy = True
+        self._start_next_now()
         try:
             while self._dead:
                 await self._dead.pop().reap()
@@ -332,14 +442,95 @@ class KeptBwrap:
                 if self._live is None:
                     self._broken = True  # not again for this sandbox: each would wait
                     return None
+                self._prestart(self._live)
             return await self._run(self._live, cmd)
         finally:
             self.busy = False
 
     def next_ready(self, timeout: float | None = None) -> bool:
-        """Whether the kept sandbox is running (it starts with a command: nothing to wait
-        for; ``timeout`` is :meth:`AheadBwrap.next_ready`'s)."""
-        return self._live is not None and self._live.alive()
+        """Whether the kept sandbox is running with the next command's bash started and
+        waiting, waiting up to ``timeout`` s for that bash (as
+        :meth:`AheadBwrap.next_ready`). The sandbox starts with the first command."""
+        live = self._live
+        if live is None or not live.alive() or self.busy:
+            return False
+        self._start_next_now()
+        slot = live.slot
+        if slot is not None and slot.ok is None:
+            if not select.select([live.sock], [], [], timeout)[0]:
+                return False
+            try:
+                slot.pid = _prestarted(live.sock.recv(4096), slot.seq)
+                slot.ok = slot.pid is not None
+            except (OSError, _Gone) as e:
+                log.warning("persistent sandbox: %s; the next command starts a fresh one", e)
+                self._drop()
+                return False
+        return slot is not None and bool(slot.ok)
+
+    def _start_next_now(self) -> None:
+        """Start the next command's bash now if it is still to start."""
+        if self._soon is not None:
+            handle, live = self._soon
+            handle.cancel()
+            self._prestart(live)
+
+    def _prestart(self, live: _Live) -> None:
+        """Have the runner start the next command's bash now (it waits in
+        :data:`PRESTARTED`), with /dev/null for stdin and our pipes for its output, as a
+        command in ``/app`` without stdin of its own would get them."""
+        self._soon = None
+        if self._live is not live or live.slot is not None:
+            return  # dropped since, or started
+        try:
+            env, limits = self.box.env, self.box.limits
+        except ReferenceError:  # the sandbox is gone (its finaliser kills this one)
+            return
+        if "BASH_ENV" in env:  # bash reads it as it starts: the command's to read
+            return
+        self._seq += 1
+        request = {
+            "prestart": self._seq,
+            "cwd": PRESTART_CWD,
+            "env": env,
+            "rlimits": _rlimits(limits, live.cgroup),
+        }
+        ours: list[int] = []
+        theirs = [os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)]
+        try:
+            for _ in range(2):
+                r, w = os.pipe()
+                ours.append(r)
+                theirs.append(w)
+            socket.send_fds(live.sock, [json.dumps(request).encode()], theirs)
+        except OSError as e:  # the runner is gone: the next command finds out
+            log.debug("persistent sandbox: no command started ahead: %s", e)
+            for fd in ours:
+                os.close(fd)
+            return
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        live.slot = _Slot(self._seq, ours[0], ours[1])
+
+    async def _waiting(self, live: _Live, timeout: float) -> _Slot | None:
+        """The next command's bash, once the runner says it waits; None when there is
+        none, or it could not start. :class:`_Gone` (or OSError, TimeoutError) when the
+        runner does not answer as it should, within ``timeout``."""
+        slot = live.slot
+        if slot is None:
+            return None
+        if slot.ok is None:
+            data = await asyncio.wait_for(
+                asyncio.get_running_loop().sock_recv(live.sock, 4096), max(timeout, 0.001)
+            )
+            slot.pid = _prestarted(data, slot.seq)
+            slot.ok = slot.pid is not None
+        if slot.ok:
+            return slot
+        live.slot = None
+        slot.close()
+        return None
 
     def _drop(self) -> None:
         """Kill the sandbox now; it is reaped before the next one starts."""
@@ -409,40 +600,63 @@ class KeptBwrap:
         storage_cap = await storage_baseline(storage)
         out, err = _Capture(cmd.max_output_bytes), _Capture(cmd.max_output_bytes)
         start = time.monotonic()
+        try:
+            slot = await self._waiting(live, timeout)
+        except (OSError, TimeoutError, _Gone) as e:
+            log.warning("persistent sandbox: %s; the next command starts a fresh one", e)
+            self._drop()
+            return None
+        if slot is not None:
+            live.slot = None  # this command runs in it, or the runner kills it
+            if not _fits_prestarted(cmd):
+                slot.close()
+                slot = None
         self._seq += 1
-        request = {
-            "seq": self._seq,
-            "command": cmd.command,
-            "cwd": cmd.cwd,
-            "env": self.box.env,
-            "rlimits": _rlimits(self.box.limits, live.cgroup),
-        }
+        request: dict[str, Any] = {"seq": self._seq, "command": cmd.command}
+        if slot is None:
+            request |= {
+                "cwd": cmd.cwd,
+                "env": self.box.env,
+                "rlimits": _rlimits(self.box.limits, live.cgroup),
+            }
+        else:
+            request["go"] = 1
         ours: list[int] = []  # our ends: stdout's and stderr's read ends, stdin's write end
         theirs: list[int] = []  # the command's: stdin, stdout, stderr
         finished = False
         tasks: list[asyncio.Task[None]] = []
         waits: list[asyncio.Future[Any]] = []  # the runner's answer, the deadline
         try:
-            if stdin is not None:
+            if slot is not None:
+                ours += [slot.out, slot.err]
+                try:
+                    live.sock.send(json.dumps(request).encode())
+                except OSError as e:
+                    # Too long for one message: a fresh sandbox says what it says (the
+                    # runner kills that bash with the next command). Else the runner is gone.
+                    finished = e.errno == errno.EMSGSIZE
+                    return None
+            elif stdin is not None:
                 in_r, in_w = os.pipe()
                 theirs.append(in_r)
                 ours.append(in_w)
             else:
                 theirs.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
-            for _ in range(2):
-                r, w = os.pipe()
-                ours.append(r)
-                theirs.append(w)
-            try:
-                socket.send_fds(live.sock, [json.dumps(request).encode()], theirs)
-            except OSError as e:
-                # Too long for one message (about 200 KiB, where bash -c refuses 128 KiB
-                # anyway): a fresh sandbox says what it says. Else the runner is gone.
-                finished = e.errno == errno.EMSGSIZE
-                return None
-            for fd in theirs:
-                os.close(fd)
-            theirs.clear()
+            if slot is None:
+                for _ in range(2):
+                    r, w = os.pipe()
+                    ours.append(r)
+                    theirs.append(w)
+                try:
+                    socket.send_fds(live.sock, [json.dumps(request).encode()], theirs)
+                except OSError as e:
+                    # Too long for one message (about 200 KiB, where bash -c refuses 128 KiB
+                    # anyway): a fresh sandbox says what it says. Else the runner is gone.
+                    finished = e.errno == errno.EMSGSIZE
+                    return None
+                for fd in theirs:
+                    os.close(fd)
+                theirs.clear()
             out_fd, err_fd = ours[-2:]
             tasks = [
                 asyncio.create_task(drain_fd(out_fd, out)),
@@ -484,6 +698,11 @@ class KeptBwrap:
                 log.warning("a command of the persistent sandbox left its output open")
                 self._drop()
                 _done, pending = await asyncio.wait(tasks, timeout=_DRAIN_GRACE_S)
+            if self._live is live:
+                # The next command's bash starts once this one has returned (its caller runs
+                # on until it waits), or when the next command or next_ready comes first.
+                handle = asyncio.get_running_loop().call_soon(self._prestart, live)
+                self._soon = (handle, live)
             code, stderr_text = await storage_verdict(
                 storage, storage_cap, storage_used, code, err.text() + note
             )
@@ -504,6 +723,34 @@ class KeptBwrap:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         return captured_result(code, out, err, stderr_text, timed_out=timed_out, start=start)
+
+
+def _fits_prestarted(cmd: KeptCommand) -> bool:
+    """Whether ``cmd`` runs in a bash started ahead exactly as it would in its own: in
+    ``/app``, no stdin of its own, and a text ``bash -c`` takes (no NUL, not too long)."""
+    if cmd.stdin is not None or cmd.cwd != PRESTART_CWD:
+        return False
+    try:
+        text = os.fsencode(cmd.command)
+    except UnicodeError:
+        return False
+    return b"\0" not in text and len(text) <= MAX_COMMAND_BYTES
+
+
+def _prestarted(data: bytes, seq: int) -> int | None:
+    """The pid of the bash of ``prestart`` ``seq``, which the runner says waits; None if it
+    could not start; :class:`_Gone` if it closed the socket or said anything else."""
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        reply = None
+    if (
+        not isinstance(reply, dict)
+        or reply.get("prestarted") != seq
+        or not (reply.get("pid") is None or type(reply.get("pid")) is int)
+    ):
+        raise _Gone(f"the runner answered {data[:80]!r}")
+    return reply["pid"]
 
 
 async def _answer(sock: socket.socket, seq: int) -> int:

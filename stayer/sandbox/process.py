@@ -64,6 +64,9 @@ _CHUNK = 64 * 1024
 # After the main process exits, how long to wait for the pipes to reach EOF before giving up
 # on stragglers that escaped the process group (only possible for the local backend).
 _DRAIN_GRACE_S = 1.0
+# Longer than this, bash -c refuses the command (MAX_ARG_STRLEN): a sandbox that takes the
+# command otherwise (started ahead, or kept) gives it one started for it, which reports that.
+MAX_COMMAND_BYTES = 128 * 1024 - 1
 
 
 @dataclass(frozen=True, slots=True)
