@@ -737,37 +737,36 @@ def _fits_prestarted(cmd: KeptCommand) -> bool:
     return b"\0" not in text and len(text) <= MAX_COMMAND_BYTES
 
 
-def _prestarted(data: bytes, seq: int) -> int | None:
-    """The pid of the bash of ``prestart`` ``seq``, which the runner says waits; None if it
-    could not start; :class:`_Gone` if it closed the socket or said anything else."""
+def _reply(data: bytes, key: str, seq: int, field: str) -> int | None:
+    """``field`` of the runner's answer ``{key: seq, field: int or null}``; :class:`_Gone`
+    if it closed the socket or said anything else."""
     try:
         reply = json.loads(data)
     except ValueError:
         reply = None
     if (
         not isinstance(reply, dict)
-        or reply.get("prestarted") != seq
-        or not (reply.get("pid") is None or type(reply.get("pid")) is int)
+        or reply.get(key) != seq
+        or not (reply.get(field) is None or type(reply.get(field)) is int)
     ):
         raise _Gone(f"the runner answered {data[:80]!r}")
-    return reply["pid"]
+    return reply[field]
+
+
+def _prestarted(data: bytes, seq: int) -> int | None:
+    """The pid of the bash of ``prestart`` ``seq``, which the runner says waits; None if it
+    could not start."""
+    return _reply(data, "prestarted", seq, "pid")
 
 
 async def _answer(sock: socket.socket, seq: int) -> int:
     """The wait status the runner reports for command ``seq``; :class:`_Gone` if it closes
     the socket or says anything else."""
     data = await asyncio.get_running_loop().sock_recv(sock, 4096)
-    try:
-        reply = json.loads(data)
-    except ValueError:
-        reply = None
-    if (
-        not isinstance(reply, dict)
-        or reply.get("seq") != seq
-        or type(reply.get("status")) is not int
-    ):
+    status = _reply(data, "seq", seq, "status")
+    if status is None:
         raise _Gone(f"the runner answered {data[:80]!r}")
-    return reply["status"]
+    return status
 
 
 async def _in_time(answer: asyncio.Future[int], timeout: float) -> bool:
