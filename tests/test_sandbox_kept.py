@@ -311,7 +311,9 @@ def test_no_command_runs_beside_the_next_ones_bash(sb: BwrapSandbox) -> None:
 @pytest.mark.parametrize(
     "command",
     [
-        'echo "$0" "$-" "$#" "$SECONDS" "$BASH_EXECUTION_STRING"',
+        'echo "$_" "$0" "$-" "$#" "$SECONDS" "$BASH_EXECUTION_STRING"',
+        'echo "$BASH_COMMAND" "${BASH_SOURCE[*]}" "${BASH_LINENO[*]}" "$BASH_SUBSHELL" "$SHLVL"',
+        "shopt; set -o; history | wc -l; caller",
         "echo $LINENO\n\necho $LINENO; f() { echo $LINENO; }; f",
         "exit 7",
         "set -u; echo $nope",

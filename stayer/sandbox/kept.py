@@ -187,14 +187,14 @@ _RUNNER_PROCESSES = 1
 BOOT = "import socket,sys;ctl=socket.socket(fileno=int(sys.argv[1]));exec(ctl.recv(1<<16))"
 # What a command started ahead runs (fd 3: its text, until EOF; fd 4: closed once it
 # waits), on one line so that ``$LINENO`` counts from the command's first line: the text
-# read whole (``read -N`` reads a pipe in blocks, else byte by byte), and run by eval, so
-# that the command sees what ``bash -c COMMAND`` shows it (``$0``, ``$-``,
-# ``$BASH_EXECUTION_STRING``, ``$SECONDS`` from 0, its exit status) save one thing: a
-# syntax error is reported as ``eval:``'s rather than ``-c:``'s. ``TMOUT=``: the read
-# waits whatever the environment sets.
+# read whole (``read -N`` reads a pipe in blocks, else byte by byte) and run by eval, so
+# that the command sees what ``bash -c COMMAND`` shows it (``$0``, ``$-``, ``$_``,
+# ``$BASH_EXECUTION_STRING``, ``$SECONDS`` from 0, its exit status), but for the two
+# differences the module docstring names. ``TMOUT=``: the read waits whatever the
+# environment sets.
 PRESTARTED = (
     "exec 4>&-; TMOUT= IFS= read -r -N 1000000000 BASH_EXECUTION_STRING <&3; exec 3<&-; "
-    'SECONDS=0; eval "$BASH_EXECUTION_STRING"'
+    'SECONDS=0; : "$0"; eval "$BASH_EXECUTION_STRING"'
 )
 # The runner. Each message is one command (JSON) with its stdin, stdout and stderr
 # attached; the answer is {"seq": n, "status": wait status}, sent once every process the
