@@ -369,3 +369,21 @@ def test_what_bash_reads_as_it_starts_is_read_when_the_command_comes(ws: Path) -
     ahead = tmout._kept_box._live.slot.pid  # type: ignore[union-attr]
     time.sleep(1.5)  # longer than TMOUT: a read that honoured it would have ended by now
     assert run(tmout.exec("echo $$ $TMOUT")).stdout == f"{ahead} 1\n"
+
+
+def test_a_cancelled_command_started_ahead_leaves_nothing_running(sb: BwrapSandbox) -> None:
+    mark = marker()
+
+    async def cancel() -> None:
+        assert sb.next_ready(timeout=60)
+        task = asyncio.ensure_future(sb.exec(f"echo up; sleep {mark}", timeout=600))
+        while not procs_with(mark):
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(cancel())
+    assert wait_gone(mark) == []
+    honest(sb)
+    assert sb.next_ready(timeout=60)  # a fresh kept sandbox, with a bash ahead again

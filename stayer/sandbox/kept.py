@@ -606,6 +606,9 @@ class KeptBwrap:
             log.warning("persistent sandbox: %s; the next command starts a fresh one", e)
             self._drop()
             return None
+        except BaseException:  # cancelled: whether its answer was read is unknown
+            self._drop()
+            raise
         if slot is not None:
             live.slot = None  # this command runs in it, or the runner kills it
             if not _fits_prestarted(cmd):
