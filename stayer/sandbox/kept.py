@@ -32,7 +32,9 @@ as before (the waiting one is killed first); none is started ahead when the envi
 sets ``BASH_ENV`` (bash reads that file as it starts). What ``eval`` shows differently
 from ``bash -c``: a syntax error is reported as ``eval:``'s, not ``-c:``'s, and a program
 run last is the bash's child rather than run in its place, so bash also reports its death
-by a signal (``Segmentation fault``) on stderr; exit statuses are the same.
+by a signal (``Segmentation fault``) on stderr; exit statuses are the same. And its
+command line (``ps``, ``/proc/<pid>/cmdline``) is the program it waited in, not
+``bash -c COMMAND``.
 
 The runner is the one thing that lasts, so the commands must not reach it: it makes itself
 non-dumpable first, so a command (same uid, no capabilities) can neither ptrace it, read
