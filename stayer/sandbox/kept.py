@@ -191,7 +191,7 @@ BOOT = "import socket,sys;ctl=socket.socket(fileno=int(sys.argv[1]));exec(ctl.re
 # waits), on one line so that ``$LINENO`` counts from the command's first line: the text
 # read whole (``read -N`` reads a pipe in blocks, else byte by byte) and run by eval, so
 # that the command sees what ``bash -c COMMAND`` shows it (``$0``, ``$-``, ``$_``,
-# ``$BASH_EXECUTION_STRING``, ``$SECONDS`` from 0, its exit status), but for the two
+# ``$BASH_EXECUTION_STRING``, ``$SECONDS`` from 0, its exit status), but for the
 # differences the module docstring names. ``TMOUT=``: the read waits whatever the
 # environment sets.
 PRESTARTED = (
@@ -202,8 +202,9 @@ PRESTARTED = (
 # attached; the answer is {"seq": n, "status": wait status}, sent once every process the
 # command left is gone. A message {"prestart": n} with the next command's descriptors
 # starts that command's bash ahead, in PRESTARTED, answered {"prestarted": n, "pid": pid}
-# once it waits (pid null: it could not start); then {"seq": n, "go": 1, "command": ...} (no descriptors) runs the command
-# in it: written to its pipe, read there, run by eval. Any other message kills it first.
+# once it waits (pid null: it could not start); then {"seq": n, "go": 1, "command": ...}
+# (no descriptors) runs the command in it: written to its pipe, read there, run by eval.
+# Any other message kills it first.
 RUNNER = (
     f"PRESTARTED = {PRESTARTED!r}\n"
     + r"""
@@ -327,13 +328,13 @@ class _Gone(Exception):
 @dataclass
 class _Slot:
     """The next command's bash, started ahead in the sandbox (``prestart``): our ends of
-    its stdout and stderr, and whether the runner said it waits (None: not answered yet),
-    with its pid in the sandbox."""
+    its stdout and stderr; once the runner has answered, its pid in the sandbox (None: it
+    could not start)."""
 
     seq: int
     out: int
     err: int
-    ok: bool | None = None
+    answered: bool = False
     pid: int | None = None
 
     def close(self) -> None:
@@ -422,7 +423,8 @@ class KeptBwrap:
         self._live: _Live | None = None
         self._dead: list[_Live] = []  # killed, not yet reaped
         self._seq = 0
-        self._soon: tuple[asyncio.Handle, _Live] | None = None  # the next bash, to start
+        # The next command's bash, to start once the caller has its result (call_soon).
+        self._soon: tuple[asyncio.Handle, _Live] | None = None
         self._broken = False  # it could not start: every command gets a fresh sandbox
         self._lives: list[_Live] = []  # what the finaliser kills: the live one, if any
         JANITOR.ready()
@@ -458,17 +460,16 @@ class KeptBwrap:
             return False
         self._start_next_now()
         slot = live.slot
-        if slot is not None and slot.ok is None:
+        if slot is not None and not slot.answered:
             if not select.select([live.sock], [], [], timeout)[0]:
                 return False
             try:
-                slot.pid = _prestarted(live.sock.recv(4096), slot.seq)
-                slot.ok = slot.pid is not None
+                slot.pid, slot.answered = _prestarted(live.sock.recv(4096), slot.seq), True
             except (OSError, _Gone) as e:
                 log.warning("persistent sandbox: %s; the next command starts a fresh one", e)
                 self._drop()
                 return False
-        return slot is not None and bool(slot.ok)
+        return slot is not None and slot.pid is not None
 
     def _start_next_now(self) -> None:
         """Start the next command's bash now if it is still to start."""
@@ -522,13 +523,12 @@ class KeptBwrap:
         slot = live.slot
         if slot is None:
             return None
-        if slot.ok is None:
+        if not slot.answered:
             data = await asyncio.wait_for(
                 asyncio.get_running_loop().sock_recv(live.sock, 4096), max(timeout, 0.001)
             )
-            slot.pid = _prestarted(data, slot.seq)
-            slot.ok = slot.pid is not None
-        if slot.ok:
+            slot.pid, slot.answered = _prestarted(data, slot.seq), True
+        if slot.pid is not None:
             return slot
         live.slot = None
         slot.close()
