@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from stayer.errors import ConfigError
+from stayer.sandbox.base import Sandbox
 from stayer.sandbox.bwrap import check_bwrap
 
 try:
@@ -32,6 +33,21 @@ needs_bwrap = pytest.mark.skipif(bool(NO_BWRAP), reason=f"bwrap unavailable: {NO
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def cancel_once_running(sb: Sandbox, mark: str) -> None:
+    """Start ``echo up; sleep MARK`` in ``sb`` and cancel it once the sleep runs: the
+    cancellation reaches the caller."""
+
+    async def cancel() -> None:
+        task = asyncio.ensure_future(sb.exec(f"echo up; sleep {mark}", timeout=600))
+        while not procs_with(mark):
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(cancel())
 
 
 def marker() -> str:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from sandbox_helpers import (
+    cancel_once_running,
     dropped_holding_locks,
     gone_within,
     marker,
     needs_bwrap,
-    procs_with,
     run,
     wait_dead,
     wait_gone,
@@ -122,16 +122,7 @@ def test_a_timeout_kills_the_whole_tree(ws: Path) -> None:
 def test_a_cancelled_command_leaves_nothing_running(ws: Path) -> None:
     sb = primed(ws)
     mark = marker()
-
-    async def cancel() -> None:
-        task = asyncio.ensure_future(sb.exec(f"echo up; sleep {mark}", timeout=600))
-        while not procs_with(mark):
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    run(cancel())
+    cancel_once_running(sb, mark)
     assert wait_gone(mark) == []
     assert run(sb.exec("echo after")).stdout == "after\n"
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from sandbox_helpers import (
+    cancel_once_running,
     dropped_holding_locks,
     gone_within,
     marker,
@@ -373,17 +374,8 @@ def test_what_bash_reads_as_it_starts_is_read_when_the_command_comes(ws: Path) -
 
 def test_a_cancelled_command_started_ahead_leaves_nothing_running(sb: BwrapSandbox) -> None:
     mark = marker()
-
-    async def cancel() -> None:
-        assert sb.next_ready(timeout=60)
-        task = asyncio.ensure_future(sb.exec(f"echo up; sleep {mark}", timeout=600))
-        while not procs_with(mark):
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    run(cancel())
+    assert sb.next_ready(timeout=60)
+    cancel_once_running(sb, mark)
     assert wait_gone(mark) == []
     honest(sb)
     assert sb.next_ready(timeout=60)  # a fresh kept sandbox, with a bash ahead again

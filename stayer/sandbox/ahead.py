@@ -37,7 +37,6 @@ from stayer.sandbox.janitor import JANITOR
 from stayer.sandbox.kept import Starts, spawn
 from stayer.sandbox.process import (
     _DRAIN_GRACE_S,
-    MAX_COMMAND_BYTES,
     KeptCommand,
     _Capture,
     _kill_group,
@@ -46,6 +45,7 @@ from stayer.sandbox.process import (
     confine_and_release_now,
     drain_fd,
     feed_fd,
+    fits_ahead,
     storage_baseline,
     storage_verdict,
     wait_fd,
@@ -179,8 +179,7 @@ class AheadBwrap:
         """The sandbox started for the next command, if it fits ``cmd`` (``text``: its
         command, encoded) and the host is as it shows; None else (one that did not fit the
         host is killed)."""
-        fits = cmd.cwd == "/app" and b"\0" not in text and len(text) <= MAX_COMMAND_BYTES
-        if self._next is None or not fits:
+        if self._next is None or not fits_ahead(cmd.cwd, text):
             return None
         starting, self._next = self._next, None
         try:

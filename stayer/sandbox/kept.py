@@ -75,7 +75,7 @@ from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.janitor import JANITOR
 from stayer.sandbox.process import (
     _DRAIN_GRACE_S,
-    MAX_COMMAND_BYTES,
+    AHEAD_CWD,
     KeptCommand,
     Launch,
     ProcessLimits,
@@ -88,6 +88,7 @@ from stayer.sandbox.process import (
     confine_and_release_now,
     drain_fd,
     feed_fd,
+    fits_ahead,
     pids_cgroup_parent,
     storage_baseline,
     storage_verdict,
@@ -176,8 +177,6 @@ def spawn(
 log = logging.getLogger(__name__)
 
 PYTHON = "/usr/bin/python3"
-# Where a command started ahead runs: the workspace, which lasts as long as the sandbox.
-PRESTART_CWD = "/app"
 # How long the runner may take to start (Python, once per sandbox).
 _START_TIMEOUT_S = 30.0
 _REAP_WAIT_S = 5.0  # for a killed bwrap to exit, before its cgroup is removed anyway
@@ -337,6 +336,10 @@ class _Slot:
     answered: bool = False
     pid: int | None = None
 
+    def answer(self, data: bytes) -> None:
+        """Take the runner's answer about this bash; :class:`_Gone` if it is not one."""
+        self.pid, self.answered = _reply(data, "prestarted", self.seq, "pid"), True
+
     def close(self) -> None:
         for fd in (self.out, self.err):
             with contextlib.suppress(OSError):
@@ -464,7 +467,7 @@ class KeptBwrap:
             if not select.select([live.sock], [], [], timeout)[0]:
                 return False
             try:
-                slot.pid, slot.answered = _prestarted(live.sock.recv(4096), slot.seq), True
+                slot.answer(live.sock.recv(4096))
             except (OSError, _Gone) as e:
                 log.warning("persistent sandbox: %s; the next command starts a fresh one", e)
                 self._drop()
@@ -486,18 +489,13 @@ class KeptBwrap:
         if self._live is not live or live.slot is not None:
             return  # dropped since, or started
         try:
-            env, limits = self.box.env, self.box.limits
+            setup = self._setup(live, AHEAD_CWD)
         except ReferenceError:  # the sandbox is gone (its finaliser kills this one)
             return
-        if "BASH_ENV" in env:  # bash reads it as it starts: the command's to read
+        if "BASH_ENV" in setup["env"]:  # bash reads it as it starts: the command's to read
             return
         self._seq += 1
-        request = {
-            "prestart": self._seq,
-            "cwd": PRESTART_CWD,
-            "env": env,
-            "rlimits": _rlimits(limits, live.cgroup),
-        }
+        request = {"prestart": self._seq, **setup}
         ours: list[int] = []
         theirs = [os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)]
         try:
@@ -516,6 +514,15 @@ class KeptBwrap:
                 os.close(fd)
         live.slot = _Slot(self._seq, ours[0], ours[1])
 
+    def _setup(self, live: _Live, cwd: str) -> dict[str, Any]:
+        """What the runner sets up for a command of ``live`` in ``cwd``, as a fresh sandbox
+        would: its directory, environment and rlimits."""
+        return {
+            "cwd": cwd,
+            "env": self.box.env,
+            "rlimits": _rlimits(self.box.limits, live.cgroup),
+        }
+
     async def _waiting(self, live: _Live, timeout: float) -> _Slot | None:
         """The next command's bash, once the runner says it waits; None when there is
         none, or it could not start. :class:`_Gone` (or OSError, TimeoutError) when the
@@ -527,7 +534,7 @@ class KeptBwrap:
             data = await asyncio.wait_for(
                 asyncio.get_running_loop().sock_recv(live.sock, 4096), max(timeout, 0.001)
             )
-            slot.pid, slot.answered = _prestarted(data, slot.seq), True
+            slot.answer(data)
         if slot.pid is not None:
             return slot
         live.slot = None
@@ -619,11 +626,7 @@ class KeptBwrap:
         self._seq += 1
         request: dict[str, Any] = {"seq": self._seq, "command": cmd.command}
         if slot is None:
-            request |= {
-                "cwd": cmd.cwd,
-                "env": self.box.env,
-                "rlimits": _rlimits(self.box.limits, live.cgroup),
-            }
+            request |= self._setup(live, cmd.cwd)
         else:
             request["go"] = 1
         ours: list[int] = []  # our ends: stdout's and stderr's read ends, stdin's write end
@@ -731,15 +734,14 @@ class KeptBwrap:
 
 
 def _fits_prestarted(cmd: KeptCommand) -> bool:
-    """Whether ``cmd`` runs in a bash started ahead exactly as it would in its own: in
-    ``/app``, no stdin of its own, and a text ``bash -c`` takes (no NUL, not too long)."""
-    if cmd.stdin is not None or cmd.cwd != PRESTART_CWD:
+    """Whether ``cmd`` runs in a bash started ahead exactly as it would in its own: no stdin
+    of its own, and :func:`~stayer.sandbox.process.fits_ahead`."""
+    if cmd.stdin is not None:
         return False
     try:
-        text = os.fsencode(cmd.command)
+        return fits_ahead(cmd.cwd, os.fsencode(cmd.command))
     except UnicodeError:
         return False
-    return b"\0" not in text and len(text) <= MAX_COMMAND_BYTES
 
 
 def _reply(data: bytes, key: str, seq: int, field: str) -> int | None:
@@ -756,12 +758,6 @@ def _reply(data: bytes, key: str, seq: int, field: str) -> int | None:
     ):
         raise _Gone(f"the runner answered {data[:80]!r}")
     return reply[field]
-
-
-def _prestarted(data: bytes, seq: int) -> int | None:
-    """The pid of the bash of ``prestart`` ``seq``, which the runner says waits; None if it
-    could not start."""
-    return _reply(data, "prestarted", seq, "pid")
 
 
 async def _answer(sock: socket.socket, seq: int) -> int:

@@ -67,6 +67,16 @@ _DRAIN_GRACE_S = 1.0
 # Longer than this, bash -c refuses the command (MAX_ARG_STRLEN): a sandbox that takes the
 # command otherwise (started ahead, or kept) gives it one started for it, which reports that.
 MAX_COMMAND_BYTES = 128 * 1024 - 1
+# Where a shell started ahead of its command waits: the workspace, which lasts as long as
+# its sandbox.
+AHEAD_CWD = "/app"
+
+
+def fits_ahead(cwd: str, text: bytes) -> bool:
+    """Whether a shell started ahead in :data:`AHEAD_CWD` runs a command of ``text`` (its
+    command, encoded) in ``cwd`` exactly as a sandbox started for it would: the same
+    directory, and a text ``bash -c`` takes (no NUL, not too long)."""
+    return cwd == AHEAD_CWD and b"\0" not in text and len(text) <= MAX_COMMAND_BYTES
 
 
 @dataclass(frozen=True, slots=True)
