@@ -331,3 +331,18 @@ def test_html_report_shows_the_logs_own_totals(tmp_path: Path) -> None:
     html = write_html(audit_report(CORPUS / "swe-agent" / "6e44b9__sweagenttestrepo-1c2844.traj"))
     assert "own totals</h2>" in html
     assert "info.model_stats.instance_cost" in html and "0.019520000000000006" in html
+
+
+def test_a_folder_of_unknown_logs_is_a_one_line_error(tmp_path: Path) -> None:
+    """A folder given by name whose would-be logs (.json, .jsonl, .traj) are none of the
+    formats read is an error naming it and one of them, not an empty $0.0000 table."""
+    logs = tmp_path / "logs"
+    (logs / "run").mkdir(parents=True)
+    (logs / "run" / "events.json").write_text('[{"kind": "unknown agent"}]\n')
+    p = stayer(str(logs), cwd=tmp_path)
+    assert p.returncode == 2 and p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(logs) in lines[0] and "events.json" in lines[0]
+    assert "no log stayer audit reads" in lines[0]
+    (tmp_path / "empty").mkdir()  # nothing that could be a log: an empty report, as before
+    assert stayer(str(tmp_path / "empty"), "--json", cwd=tmp_path).returncode == 0

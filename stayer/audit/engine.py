@@ -88,6 +88,8 @@ def default_paths(env: dict[str, str] | None = None) -> list[Path]:
 class Discovery(msgspec.Struct):
     refs: list[SessionRef] = msgspec.field(default_factory=list)
     unrecognised: list[Path] = msgspec.field(default_factory=list)
+    # Directories with files named like logs, none of which is one: (directory, a file).
+    unread: list[tuple[Path, str]] = msgspec.field(default_factory=list)
     # Restatements left out because the session's own log is audited too (their paths).
     restated: list[str] = msgspec.field(default_factory=list)
 
@@ -126,14 +128,17 @@ def _open_log(path: str) -> tuple[os.stat_result, bytes] | None:
 
 def discover(paths: Iterable[Path], formats: Sequence[Importer] | None = None) -> Discovery:
     """Sessions under ``paths`` (files or directories); files given by name that no format
-    recognises are reported in ``unrecognised`` (files found by walking are just ignored).
-    Each file is opened once: its size, identity and first bytes come from that."""
+    recognises are reported in ``unrecognised``, directories where files that might be logs
+    (by their name) were found but none is in ``unread`` (other files found by walking are
+    just ignored). Each file is opened once: its size, identity and first bytes come from
+    that."""
     formats = list(formats) if formats is not None else importers()
     found: list[list[LogFile]] = [[] for _ in formats]
     out = Discovery()
     seen: set[tuple[int, int]] = set()  # (device, inode): overlapping PATHs count once
     for root in paths:
         named = root.is_file()
+        recognised, other = 0, ""
         for path in [os.fspath(root)] if named else _walk(os.fspath(root)):
             opened = _open_log(path)
             if opened is None:
@@ -148,10 +153,15 @@ def discover(paths: Iterable[Path], formats: Sequence[Importer] | None = None) -
             for fmt, files in zip(formats, found, strict=True):
                 if fmt.sniff(name, head):
                     files.append(LogFile(path, st.st_size, head))
+                    recognised += 1
                     break
             else:
                 if named:
                     out.unrecognised.append(root)
+                elif not other:
+                    other = path
+        if other and not recognised:
+            out.unread.append((root, other))
     for fmt, files in zip(formats, found, strict=True):
         out.refs.extend(fmt.group(files))
     if any(r.source in _RESTATED for r in out.refs):

@@ -146,6 +146,11 @@ def audit(
         if found.unrecognised:
             names = ", ".join(str(p) for p in found.unrecognised[:3])
             bad_input(f"{names}: not a log stayer audit reads ({FORMATS})")
+        if paths and found.unread:
+            root, example = found.unread[0]
+            bad_input(
+                f"{root}: no log stayer audit reads in it (such as {example}; reads: {FORMATS})"
+            )
         if paths and not found.refs:
             where = ", ".join(str(p) for p in paths)
             _note(f"no agent logs found under {where} (reads: {FORMATS})", style="yellow")
