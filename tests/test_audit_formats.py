@@ -346,3 +346,26 @@ def test_a_folder_of_unknown_logs_is_a_one_line_error(tmp_path: Path) -> None:
     assert "no log stayer audit reads" in lines[0]
     (tmp_path / "empty").mkdir()  # nothing that could be a log: an empty report, as before
     assert stayer(str(tmp_path / "empty"), "--json", cwd=tmp_path).returncode == 0
+
+
+@needs_corpus
+def test_helper_processes_return_the_same_reports() -> None:
+    """The reports (their ``recorded`` checks included) cross from helper processes as
+    MessagePack unchanged."""
+    refs = discover([CORPUS / "swe-agent", CORPUS / "openhands"]).refs
+    here = build(analyse_all(refs, BOOK, jobs=1)).to_json()
+    shared = build(analyse_all(refs, BOOK, jobs=2, parallel_min_bytes=0)).to_json()
+    assert shared == here and any(s["recorded"] for s in here["sessions"])
+
+
+@needs_corpus
+def test_what_if_says_it_does_not_replay_these_logs() -> None:
+    from stayer.audit.scenarios import parse_scenario, run_what_ifs
+
+    path = CORPUS / "swe-agent" / "mini-swe-agent" / "django__django-11119.traj.json"
+    found = discover([path])
+    report = build(analyse_all(found.refs, BOOK, jobs=1))
+    refs = {(r.source, r.id): r for r in found.refs}
+    scenario = parse_scenario("model=claude-haiku-4-5,policy=auto")
+    [entry] = run_what_ifs(report.sessions, refs, [scenario], BOOK)
+    assert "not mini-swe-agent logs" in entry["error"] and "cost_usd" not in entry
