@@ -369,3 +369,31 @@ def test_what_if_says_it_does_not_replay_these_logs() -> None:
     scenario = parse_scenario("model=claude-haiku-4-5,policy=auto")
     [entry] = run_what_ifs(report.sessions, refs, [scenario], BOOK)
     assert "not mini-swe-agent logs" in entry["error"] and "cost_usd" not in entry
+
+
+def test_swe_agent_replay_config_as_text(tmp_path: Path) -> None:
+    """SWE-agent 1.x writes replay_config as a JSON string; its model prices the session,
+    and a tiny logged cost is shown in plain digits."""
+    config = {"agent": {"model": {"name": "gpt-4o", "per_instance_cost_limit": 3.0}}}
+    traj = {
+        "trajectory": [{"action": "ls", "observation": "", "response": "ls"}],
+        "history": [],
+        "info": {
+            "model_stats": {
+                "instance_cost": 1e-05,
+                "tokens_sent": 1000,
+                "tokens_received": 10,
+                "api_calls": 2,
+            }
+        },
+        "replay_config": json.dumps(config),
+        "environment": "main",
+    }
+    path = tmp_path / "inst.traj"
+    path.write_text(json.dumps(traj))
+    s = only(audit(path))
+    assert s["calls"] == 2 and s["models"][0]["model"] == "gpt-4o"
+    assert Decimal(s["cost_usd"]) == (1000 * Decimal("2.5") + 10 * Decimal(10)) / 10**6
+    cost = recorded(s)["info.model_stats.instance_cost"]
+    assert cost["logged"] == "0.00001" and not cost["matches"]
+    assert s["costliest_calls"] == [] and s["context"] is None  # totals, not a call

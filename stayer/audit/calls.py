@@ -229,8 +229,8 @@ def read_document(path: str, out: ImportedSession, decoder: msgspec.json.Decoder
 
 def logged_cost(value: float | None) -> str | None:
     """A cost a log wrote as a JSON number, as a decimal string (the float's shortest
-    round-trip text); None when it wrote none."""
-    return None if value is None else repr(float(value))
+    round-trip digits, never an exponent); None when it wrote none."""
+    return None if value is None else format(Decimal(repr(float(value))), "f")
 
 
 def file_time(path: str) -> float:

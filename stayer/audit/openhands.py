@@ -77,7 +77,8 @@ class OpenHandsImporter:
             name.endswith(".json")
             and head.lstrip().startswith(b"[")
             and b'"source"' in head
-            and (b'"action"' in head or b'"observation"' in head)
+            # (a first event's message can fill the head before its "action" key)
+            and (b'"action"' in head or b'"observation"' in head or b'"timestamp"' in head)
         )
 
     def group(self, files: Sequence[LogFile]) -> Iterable[SessionRef]:
