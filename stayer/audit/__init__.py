@@ -5,7 +5,8 @@ answers *why*: which calls cost most, where the prompt cache broke and for what 
 reason, how the context grew, which sub-agent spent what — and, as an estimate through the
 what-if engine, what a session would have cost under another model or context policy.
 
-Layers: importers (``claude_code``, ``codex``, ``stayer_runs``) turn logs into
+Layers: importers (``claude_code``, ``codex``, ``stayer_runs``, ``swe_agent``,
+``mini_swe_agent``, ``openhands``, ``atif``) turn logs into
 :class:`~stayer.audit.calls.Call` records per session; ``analysis`` prices them
 (``costing``, through ``PriceBook``) and explains them; ``engine`` runs sessions in
 parallel with bounded memory; ``report``, ``html`` and ``whatif`` present the results.

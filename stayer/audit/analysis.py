@@ -42,7 +42,7 @@ from typing import Any
 
 import msgspec
 
-from stayer.audit.calls import MAIN_CHAIN, Call, ImportedSession
+from stayer.audit.calls import MAIN_CHAIN, Call, Check, ImportedSession, same_cost
 from stayer.audit.costing import PER_CURRENCY, CallPricer, Units, usd
 from stayer.errors import ConfigError
 from stayer.models.caching import CacheRules, cache_rules, cached_length, provider_of
@@ -265,6 +265,27 @@ class Series(msgspec.Struct):
     hit_ratio: list[float] = msgspec.field(default_factory=list)
 
 
+class Reference(msgspec.Struct):
+    """A total the log records of itself, next to the audit's count of the same."""
+
+    what: str  # calls, input_tokens, cache_read_tokens, cache_write_tokens, output_tokens, cost_usd
+    field: str  # where the log keeps it
+    logged: int | str
+    audited: int | str
+    matches: bool
+    why: str  # why they differ ("" when they match)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "what": self.what,
+            "field": self.field,
+            "logged": self.logged,
+            "audited": self.audited,
+            "matches": self.matches,
+            "why": self.why,
+        }
+
+
 class SessionReport(msgspec.Struct):
     source: str
     id: str
@@ -292,6 +313,9 @@ class SessionReport(msgspec.Struct):
     # ``stayer.audit.engine``), as it stands in the audit document (``AuditReport.to_json``):
     # bytes cross from a worker far faster than the objects they encode.
     json_fragment: builtins.bytes | None = None  # (``bytes`` here is the field above)
+    # The log's own totals (formats that record them: SWE-agent, mini-swe-agent, ATIF, …)
+    # against the audit's.
+    recorded: list[Reference] = msgspec.field(default_factory=list)
 
     @property
     def break_cost(self) -> Decimal | None:
@@ -320,6 +344,7 @@ class SessionReport(msgspec.Struct):
             if chain != MAIN_CHAIN
         ]
         doc["skipped_lines"] = self.skipped_lines
+        doc["recorded"] = [c.to_json() for c in self.recorded]
         return doc
 
 
@@ -410,6 +435,11 @@ def analyse(
         if group is None:
             group = groups[key] = Tally()
         group.add(u, model, units)
+        if call.count != 1:  # a log's totals, not one call: no prompt size, no cache
+            group.calls += call.count - 1
+            if units is None:
+                group.unpriced_calls += call.count - 1
+            continue
         if units is not None:  # keep the COSTLIEST dearest (earlier first among equals)
             item = (units, -n, call)
             if len(top) < COSTLIEST:
@@ -462,9 +492,63 @@ def analyse(
         for units, neg, c in sorted(top, reverse=True)
     ]
     r.context = context_growth(main_context or all_context)
-    if not main_context:
+    if not main_context and all_context:
         r.first_main_context = all_context[0]
+    if session.recorded:
+        r.recorded = references(session.recorded, r.total, _price_note(calls, pricer))
     return r
+
+
+def _audited(what: str, total: Tally) -> int | str:
+    if what == "cost_usd":
+        return money(total.cost)
+    if what == "calls":
+        return total.calls
+    if what == "cache_write_tokens":
+        return total.cache_write_5m_tokens + total.cache_write_1h_tokens
+    return int(getattr(total, what))
+
+
+def references(checks: list[Check], total: Tally, price_note: str) -> list[Reference]:
+    """The log's totals next to the audit's, each with why they differ."""
+    out = []
+    for c in checks:
+        audited = _audited(c.what, total)
+        if c.what == "cost_usd":
+            ours = total.cost
+            matches = ours is not None and same_cost(Decimal(str(c.value)), ours)
+            why = c.why or (
+                f"no price data for {', '.join(sorted(total.unpriced_models))}"
+                if ours is None
+                else f"the log priced the calls with its own table; {price_note}"
+            )
+        else:
+            matches = audited == c.value
+            why = c.why or "unexplained"
+        out.append(Reference(c.what, c.field, c.value, audited, matches, "" if matches else why))
+    return out
+
+
+def _price_note(calls: Iterable[Call], pricer: CallPricer) -> str:
+    """The rates the audit used, per model: "genai-prices: gpt-4o $2.5 in, …"."""
+    seen: dict[str, str] = {}
+    for c in calls:
+        if c.model in seen:
+            continue
+        rates = pricer.units(Usage(), c.model, c.provider, c.service_tier, c.ts)[1]
+        if rates is not None:
+            write = (
+                f", ${rates.cache_write_5m} cache write"
+                if rates.cache_write_5m != rates.input
+                else ""
+            )
+            seen[c.model] = (
+                f"{c.model} ${rates.input} in, ${rates.cache_read} cache read{write}, "
+                f"${rates.output} out"
+            )
+    if not seen:
+        return "genai-prices has no rates for its models"
+    return "genai-prices, per million tokens: " + "; ".join(seen.values())
 
 
 def _slot(d: dict[str, Tally], key: str) -> Tally:

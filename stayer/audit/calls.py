@@ -13,6 +13,7 @@ import re
 import stat
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from decimal import Decimal
 from functools import cache
 from typing import Any, BinaryIO, Protocol
 
@@ -43,18 +44,33 @@ class Call(msgspec.Struct, gc=False):
     # the usage-only forensics decide.
     cache_break_reason: str | None = None
     approximate_ts: bool = False  # ts reconstructed (stayer runs record latencies, not times)
+    # How many API calls the record stands for: more than 1 only where a log keeps totals,
+    # not each call's usage (SWE-agent's ``model_stats``); such a record is priced and
+    # counted but has no prompt size of its own (no context growth, no costliest call).
+    count: int = 1
+
+
+class Check(msgspec.Struct, frozen=True):
+    """One total a log records of itself, the reference its audit is checked against."""
+
+    what: str  # the audit's quantity: calls, input_tokens, cache_read_tokens,
+    #            cache_write_tokens, output_tokens or cost_usd
+    field: str  # where the log keeps it, e.g. ``info.model_stats.instance_cost``
+    value: int | str  # the log's value (a cost as the decimal string of the logged float)
+    why: str = ""  # why the audit counts otherwise, where the importer knows
 
 
 class ImportedSession(msgspec.Struct):
     """A session's calls (any order) plus what could not be read."""
 
-    source: str  # "claude-code", "codex", "stayer"
+    source: str  # "claude-code", "codex", "stayer", "swe-agent", "mini-swe-agent", …
     id: str
     project: str
     calls: list[Call] = msgspec.field(default_factory=list)
     skipped_lines: int = 0
     files: int = 0
     bytes: int = 0
+    recorded: list[Check] = msgspec.field(default_factory=list)  # the log's own totals
 
 
 class SessionRef(msgspec.Struct, frozen=True):
@@ -186,3 +202,48 @@ def json_object(line: bytes, out: ImportedSession) -> dict[str, Any] | None:
         return d
     out.skipped_lines += 1
     return None
+
+
+def read_document(path: str, out: ImportedSession, decoder: msgspec.json.Decoder[Any]) -> Any:
+    """A whole-file JSON log (one document, not lines) decoded by ``decoder``, its bytes and
+    files counted in ``out``; None, counted as one skipped line, when it cannot be opened or
+    is not that document."""
+    out.files += 1
+    opened = open_log(path)
+    if opened is None:
+        out.skipped_lines += 1
+        return None
+    try:
+        with opened[0] as f:
+            raw = f.read()
+    except OSError:
+        out.skipped_lines += 1
+        return None
+    out.bytes += len(raw)
+    try:
+        return decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        out.skipped_lines += 1
+        return None
+
+
+def logged_cost(value: float | None) -> str | None:
+    """A cost a log wrote as a JSON number, as a decimal string (the float's shortest
+    round-trip digits, never an exponent); None when it wrote none."""
+    return None if value is None else format(Decimal(repr(float(value))), "f")
+
+
+def file_time(path: str) -> float:
+    """A log's modification time: the time of its calls where it records none."""
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+#: Costs closer than this agree: a log's float total carries its additions' rounding.
+COST_TOLERANCE = Decimal("1e-9")
+
+
+def same_cost(a: Decimal, b: Decimal) -> bool:
+    return abs(a - b) <= COST_TOLERANCE

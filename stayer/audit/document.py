@@ -9,7 +9,9 @@
                    "cost_usd", "cache_hit_ratio", "models": […], "cache_breaks": [{"call",
                    "chain", "ts", "reason", "lost_tokens", "gap_s", "extra_cost_usd"}],
                    "cache_break_cost_usd", "context": {…}, "costliest_calls": […],
-                   "subagents": [{"id", "calls", "usage", "cost_usd", …}], …}],
+                   "subagents": [{"id", "calls", "usage", "cost_usd", …}],
+                   "recorded": [{"what", "field", "logged", "audited", "matches",
+                                 "why"}], …}],   # the log's own totals, where it has any
      "groups": [{"key", "calls", "usage", "cost_usd", …}],   # by --group
      "costliest_calls": [{"session", "call", …}],
      "what_if": [{"session", "scenario", "estimate": true, "actual_cost_usd",
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import orjson
 
-from stayer.audit.analysis import SessionReport, Tally, money
+from stayer.audit.analysis import Reference, SessionReport, Tally, money
 
 if TYPE_CHECKING:  # rich is imported by the tables only: ``audit --json`` never loads it
     from rich.console import Console
@@ -214,6 +216,38 @@ def _tally_row(key: str, tally: Tally) -> list[str]:
     ]
 
 
+def recorded_rows(report: AuditReport) -> list[tuple[SessionReport, Reference]]:
+    """Where a log's own totals and the audit's differ, session by session."""
+    return [(s, r) for s in report.sessions for r in s.recorded if not r.matches]
+
+
+def _render_recorded(report: AuditReport, console: Console, limit: int) -> None:
+    """How the audit compares with the totals the logs record of themselves (SWE-agent's
+    ``model_stats``, ATIF's ``final_metrics``, …): each difference with its reason."""
+    from rich.text import Text
+
+    checked = [s for s in report.sessions if s.recorded]
+    if not checked:
+        return
+    differ = recorded_rows(report)
+    odd = len({id(s) for s, _ in differ})
+    console.print(
+        Text(
+            f"Against the logs' own totals: {len(checked) - odd} of {len(checked)} sessions "
+            "match" + (", the others differ:" if odd else ".")
+        )
+    )
+    for s, r in differ[:limit]:
+        console.print(
+            Text(
+                f"  {s.source} {s.id}: {r.field} {r.logged} in the log, {r.audited} here: {r.why}",
+                style="yellow",
+            )
+        )
+    if len(differ) > limit:
+        console.print(Text(f"  … {len(differ) - limit} more in --json (sessions[].recorded)"))
+
+
 def render(report: AuditReport, console: Console, limit: int = 30) -> None:
     """Tables for people: the groups, then where the cache broke and what it cost."""
     from rich.text import Text
@@ -247,6 +281,7 @@ def render(report: AuditReport, console: Console, limit: int = 30) -> None:
                 style="yellow",
             )
         )
+    _render_recorded(report, console, limit)
     breaks = sorted(
         ((s, b) for s in report.sessions for b in s.cache_breaks),
         key=lambda sb: sb[1].extra_cost or Decimal(0),

@@ -30,12 +30,16 @@ from typing import Any
 import msgspec
 
 from stayer.audit.analysis import SessionReport, analyse
+from stayer.audit.atif import AtifImporter
 from stayer.audit.calls import Importer, LogFile, SessionRef, open_log_fd
 from stayer.audit.claude_code import ClaudeCodeImporter
 from stayer.audit.codex import CodexImporter
 from stayer.audit.costing import CallPricer, CompiledSteps
 from stayer.audit.document import session_fragment
+from stayer.audit.mini_swe_agent import MiniSweAgentImporter
+from stayer.audit.openhands import OpenHandsImporter
 from stayer.audit.stayer_runs import StayerRunImporter
+from stayer.audit.swe_agent import SweAgentImporter
 from stayer.pricing import PriceBook
 
 _HEAD = 4096
@@ -45,7 +49,26 @@ _MIN_BATCH_BYTES = 1 << 20  # a smaller batch costs more to hand over than it ev
 
 def importers() -> list[Importer]:
     """The formats ``stayer audit`` reads, in sniffing order."""
-    return [CodexImporter(), ClaudeCodeImporter(), StayerRunImporter()]
+    return [
+        CodexImporter(),
+        ClaudeCodeImporter(),
+        StayerRunImporter(),
+        SweAgentImporter(),
+        MiniSweAgentImporter(),
+        AtifImporter(),
+        OpenHandsImporter(),
+    ]
+
+
+#: What ``stayer audit`` reads, as said to someone who gave it something else.
+FORMATS = (
+    "Claude Code or Codex .jsonl session, stayer run result.json, SWE-agent .traj, "
+    "mini-swe-agent .traj.json, OpenHands event list .json, ATIF trajectory.json"
+)
+
+#: Formats that restate another agent's own log (Harbor's ATIF of a Claude Code session):
+#: left out of an audit that reads that log too, whose record is the finer one.
+_RESTATED = frozenset({AtifImporter.source})
 
 
 def default_paths(env: dict[str, str] | None = None) -> list[Path]:
@@ -65,6 +88,10 @@ def default_paths(env: dict[str, str] | None = None) -> list[Path]:
 class Discovery(msgspec.Struct):
     refs: list[SessionRef] = msgspec.field(default_factory=list)
     unrecognised: list[Path] = msgspec.field(default_factory=list)
+    # Directories with files named like logs, none of which is one: (directory, a file).
+    unread: list[tuple[Path, str]] = msgspec.field(default_factory=list)
+    # Restatements left out because the session's own log is audited too (their paths).
+    restated: list[str] = msgspec.field(default_factory=list)
 
 
 def _walk(root: str) -> Iterator[str]:
@@ -80,7 +107,7 @@ def _walk(root: str) -> Iterator[str]:
         for e in entries:
             if e.is_dir(follow_symlinks=False):
                 stack.append(e.path)
-            elif e.name.endswith(".jsonl") or e.name == "result.json":
+            elif e.name.endswith((".jsonl", ".json", ".traj")):
                 yield e.path
 
 
@@ -101,14 +128,17 @@ def _open_log(path: str) -> tuple[os.stat_result, bytes] | None:
 
 def discover(paths: Iterable[Path], formats: Sequence[Importer] | None = None) -> Discovery:
     """Sessions under ``paths`` (files or directories); files given by name that no format
-    recognises are reported in ``unrecognised`` (files found by walking are just ignored).
-    Each file is opened once: its size, identity and first bytes come from that."""
+    recognises are reported in ``unrecognised``, directories where files that might be logs
+    (by their name) were found but none is in ``unread`` (other files found by walking are
+    just ignored). Each file is opened once: its size, identity and first bytes come from
+    that."""
     formats = list(formats) if formats is not None else importers()
     found: list[list[LogFile]] = [[] for _ in formats]
     out = Discovery()
     seen: set[tuple[int, int]] = set()  # (device, inode): overlapping PATHs count once
     for root in paths:
         named = root.is_file()
+        recognised, other = 0, ""
         for path in [os.fspath(root)] if named else _walk(os.fspath(root)):
             opened = _open_log(path)
             if opened is None:
@@ -123,12 +153,23 @@ def discover(paths: Iterable[Path], formats: Sequence[Importer] | None = None) -
             for fmt, files in zip(formats, found, strict=True):
                 if fmt.sniff(name, head):
                     files.append(LogFile(path, st.st_size, head))
+                    recognised += 1
                     break
             else:
                 if named:
                     out.unrecognised.append(root)
+                elif not other:
+                    other = path
+        if other and not recognised:
+            out.unread.append((root, other))
     for fmt, files in zip(formats, found, strict=True):
         out.refs.extend(fmt.group(files))
+    if any(r.source in _RESTATED for r in out.refs):
+        own = {r.id for r in out.refs if r.source not in _RESTATED}
+        out.restated = [
+            p for r in out.refs if r.source in _RESTATED and r.id in own for p in r.paths
+        ]
+        out.refs = [r for r in out.refs if r.source not in _RESTATED or r.id not in own]
     return out
 
 

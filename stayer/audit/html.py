@@ -200,6 +200,18 @@ def write_html(report: AuditReport) -> str:
             )
         )
     out.append("</table>")
+    checked = [s for s in report.sessions if s.recorded]
+    if checked:
+        out.append(
+            "<h2>Against the logs' own totals</h2><table>"
+            + _row(["session", "source", "field", "in the log", "audited", "why they differ"], "th")
+        )
+        out += [
+            _row([s.id, s.source, r.field, str(r.logged), str(r.audited), r.why or "they match"])
+            for s in checked
+            for r in s.recorded
+        ]
+        out.append("</table>")
     if report.what_if:
         header, rows = what_if_table(report.what_if)
         out.append("<h2>What-if (estimates, USD)</h2><table>" + _row(list(header), "th"))
@@ -208,7 +220,7 @@ def write_html(report: AuditReport) -> str:
     if len(ranked) > MAX_PLOTTED:
         out.append(f"<p class='note'>Plots for the {MAX_PLOTTED} costliest sessions.</p>")
     for s in ranked[:MAX_PLOTTED]:
-        if s.series is None:
+        if s.series is None or not s.series.ts:  # (a log of totals only has no calls to plot)
             continue
         out.append(
             f"<h2>{_html.escape(s.id)}</h2><p class='note'>{_html.escape(s.source)} · "

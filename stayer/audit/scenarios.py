@@ -227,6 +227,11 @@ def session_trace(report: SessionReport, ref: SessionRef, counter: Any) -> Any:
 
     if ref.source == "stayer":
         return load_trace(os.path.dirname(ref.paths[0]))
+    if ref.source not in ("claude-code", "codex"):
+        raise ConfigError(
+            f"session {ref.id}: what-if replays Claude Code, Codex and stayer sessions, "
+            f"not {ref.source} logs"
+        )
     paths = [Path(p) for p in ref.paths]
     main = next(
         (p for p in paths if not p.stem.startswith("agent-") and p.parent.name != "subagents"),

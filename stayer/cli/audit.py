@@ -66,7 +66,8 @@ def audit(
     paths: Annotated[
         list[Path] | None,
         typer.Argument(
-            help="Log files or directories (Claude Code, Codex, stayer runs). "
+            help="Log files or directories (Claude Code, Codex, stayer runs, SWE-agent, "
+            "mini-swe-agent, OpenHands, ATIF). "
             "Default: ~/.claude/projects, $CLAUDE_CONFIG_DIR, ~/.codex/sessions, $STAYER_HOME/runs."
         ),
     ] = None,
@@ -103,7 +104,7 @@ def audit(
     """
     from stayer.audit.costing import load_steps, save_steps
     from stayer.audit.document import GROUPS, build, render
-    from stayer.audit.engine import analyse_all, default_paths, discover
+    from stayer.audit.engine import FORMATS, analyse_all, default_paths, discover
     from stayer.paths import cache_root
     from stayer.pricing import PriceBook
 
@@ -144,12 +145,20 @@ def audit(
         found = discover(paths or default_paths())
         if found.unrecognised:
             names = ", ".join(str(p) for p in found.unrecognised[:3])
+            bad_input(f"{names}: not a log stayer audit reads ({FORMATS})")
+        if paths and found.unread:
+            root, example = found.unread[0]
             bad_input(
-                f"{names}: not a Claude Code, Codex or stayer run log (.jsonl session or run result.json)"
+                f"{root}: no log stayer audit reads in it (such as {example}; reads: {FORMATS})"
             )
         if paths and not found.refs:
             where = ", ".join(str(p) for p in paths)
-            _note(f"no agent logs found under {where}", style="yellow")
+            _note(f"no agent logs found under {where} (reads: {FORMATS})", style="yellow")
+        if found.restated:
+            _note(
+                f"left out {len(found.restated)} ATIF trajectory file(s) whose sessions' own "
+                "logs are audited too (the same calls)"
+            )
         # Prices compiled by earlier audits (a cache: see stayer.audit.costing).
         steps_file = cache_root() / "audit-prices.marshal"
         fingerprint = book.fingerprint()

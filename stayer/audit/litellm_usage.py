@@ -1,0 +1,57 @@
+"""The usage block LiteLLM attaches to a response (OpenAI's Chat Completions shape, plus
+Anthropic's cache fields), as mini-swe-agent and OpenHands log it.
+
+``prompt_tokens`` includes cache reads and, for Anthropic models, cache writes (checked on
+the OpenHands corpus: ``prompt = uncached + cache_read_input_tokens +
+cache_creation_input_tokens``); a log where it is smaller than reads plus writes left the
+writes out, and they are added. ``completion_tokens`` includes reasoning.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from stayer.usage import Usage
+
+
+class _PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class _CompletionDetails(msgspec.Struct):
+    reasoning_tokens: int | None = None
+
+
+class LiteLLMUsage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_tokens_details: _PromptDetails | None = None
+    completion_tokens_details: _CompletionDetails | None = None
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+
+    def to_usage(self) -> Usage | None:
+        """The normalised usage; None when the counts are inconsistent (negative, or more
+        reads than prompt)."""
+        prompt = self.prompt_tokens or 0
+        read = self.cache_read_input_tokens
+        if read is None and self.prompt_tokens_details is not None:
+            read = self.prompt_tokens_details.cached_tokens
+        read = read or 0
+        written = self.cache_creation_input_tokens or 0
+        output = self.completion_tokens or 0
+        details = self.completion_tokens_details
+        reasoning = (details.reasoning_tokens or 0) if details is not None else 0
+        if min(prompt, read, written, output, reasoning) < 0 or reasoning > output:
+            return None
+        if prompt < read + written:
+            prompt += written  # writes left out of prompt_tokens
+        if prompt < read + written:
+            return None
+        return Usage(
+            input_tokens=prompt,
+            cache_read_tokens=read,
+            cache_write_5m_tokens=written,
+            output_tokens=output,
+            reasoning_tokens=reasoning,
+        )
