@@ -225,10 +225,10 @@ def check_tokenizer() -> Check:
 
 # extra → (a module it installs, what it is for)
 EXTRAS = {
+    "serve": ("fastapi", "the HTTP API and its workers (stayer serve)"),
     "postgres": ("psycopg", "the journal in PostgreSQL (STAYER_DB)"),
     "ray": ("ray", "evaluations on a Ray cluster"),
-    "otel": ("opentelemetry", "OpenTelemetry spans"),
-    "mcp": ("mcp", "MCP tools"),
+    "otel": ("opentelemetry.sdk", "OpenTelemetry spans"),
 }
 
 

@@ -316,9 +316,12 @@ def serve(
         if background:
             await asyncio.gather(*background, return_exceptions=True)
 
+    where = f"[{host}]" if ":" in host else host
     stderr().print(
-        f"stayer serve on http://{escape(host)}:{port} · tasks {escape(str(tasks))} · {workers} worker slot(s)",
+        f"stayer serve: dashboard and API on http://{escape(where)}:{port}/ · tasks "
+        f"{escape(str(tasks))} · {workers} worker slot(s)",
         highlight=False,
+        soft_wrap=True,
     )
     uvicorn.run(application, host=host, port=port, log_level="warning")
 
