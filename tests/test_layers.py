@@ -48,7 +48,7 @@ LAYERS: list[set[str]] = [
     {"agent"},
     {"teams", "delegation"},
     {"eval", "audit", "whatif", "run", "run_config", "estimate", "doctor"},
-    {"runtime", "telemetry", "scale"},
+    {"runtime", "telemetry", "scale", "simserver"},
     {"cli"},
 ]
 

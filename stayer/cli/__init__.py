@@ -15,6 +15,7 @@ from stayer.cli import (  # noqa: F401  (registers the commands)
     runs,
     sandbox,
     serve,
+    sim,
     tasks,
     whatif,
 )

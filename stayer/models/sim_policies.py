@@ -6,6 +6,11 @@
   output tokens long; then submits. A workload with a known shape, for cost experiments.
   Asked to wrap up (a budget's soft threshold), it submits a DONE / REMAINING / STATE summary.
 * ``replay:PATH`` — the assistant turns of a recorded stayer run, in order.
+* ``script:FILE`` — a YAML list of assistant turns, in order: ``{text: STR}``, or
+  ``{tool: NAME, input: OBJ}`` (a call of the request's own tool of that name), or a list
+  of such calls for one turn. Turn k answers a request holding k - 1 assistant messages;
+  past the end it answers ``Done.``. For clients no one here wrote (``stayer sim serve``).
+* ``echo`` — a short text answer quoting the last user text.
 * ``team`` — for the agents of a team (``--team``): the entry agent hands the task to the
   first agent it may talk to and waits for its report, then submits; an agent handed work
   runs the oracle solution and submits (its summary goes back as its report, a message).
@@ -208,6 +213,88 @@ class ReplayPolicy:
         return _submit(step, "Replay finished.")
 
 
+@dataclass(frozen=True)
+class ScriptTurn:
+    text: str = ""
+    calls: tuple[tuple[str, str], ...] = ()  # (tool name, JSON arguments)
+
+
+class ScriptError(ConfigError):
+    """A script's turn that this request cannot be answered with (a tool it does not offer)."""
+
+
+@dataclass
+class ScriptPolicy:
+    turns: list[ScriptTurn]
+    source: str = "script"
+
+    @classmethod
+    def load(cls, path: Path) -> ScriptPolicy:
+        import yaml
+
+        what = "--sim-policy script:"
+        try:
+            data = yaml.safe_load(read_text(path, what))
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{what}{path}: not YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(data, list) or not data:
+            raise ConfigError(f"{what}{path}: expected a non-empty list of turns")
+        return cls(
+            [_script_turn(item, f"{path}: turn {n}") for n, item in enumerate(data, 1)], str(path)
+        )
+
+    def next_message(self, request: ModelRequest) -> Message:
+        step = _step(request)
+        if step > len(self.turns):
+            return Message(role="assistant", content="Done.")
+        turn = self.turns[step - 1]
+        offered = {t.name for t in request.tools}
+        for name, _ in turn.calls:
+            if name not in offered:
+                raise ScriptError(
+                    f"{self.source}: turn {step} calls tool {name!r}, which the request does "
+                    f"not offer (it offers: {', '.join(sorted(offered)) or 'no tools'})"
+                )
+        calls = tuple(
+            ToolCall(id=f"toolu_sim_{step}_{k}", name=name, arguments=args)
+            for k, (name, args) in enumerate(turn.calls)
+        )
+        return Message(role="assistant", content=turn.text, tool_calls=calls)
+
+
+def _script_call(item: object, where: str) -> tuple[str, str]:
+    if not isinstance(item, dict) or set(item) - {"tool", "input"} or "tool" not in item:
+        raise ConfigError(f"{where}: a tool call is {{tool: NAME, input: OBJECT}}")
+    name, args = item["tool"], item.get("input", {})
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}: tool must be a tool's name")
+    if not isinstance(args, dict):
+        raise ConfigError(f"{where}: input must be an object (the tool's arguments)")
+    return name, json.dumps(args, ensure_ascii=False)
+
+
+def _script_turn(item: object, where: str) -> ScriptTurn:
+    if isinstance(item, list):
+        if not item:
+            raise ConfigError(f"{where}: a list of tool calls must not be empty")
+        return ScriptTurn(calls=tuple(_script_call(c, where) for c in item))
+    if isinstance(item, dict) and "tool" in item:
+        return ScriptTurn(calls=(_script_call(item, where),))
+    if isinstance(item, dict) and set(item) == {"text"} and isinstance(item["text"], str):
+        return ScriptTurn(text=item["text"])
+    raise ConfigError(
+        f"{where}: expected {{text: STR}}, {{tool: NAME, input: OBJECT}} or a list of tool calls"
+    )
+
+
+@dataclass
+class EchoPolicy:
+    def next_message(self, request: ModelRequest) -> Message:
+        said = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+        said = " ".join(said.split())
+        return Message(role="assistant", content=f"echo: {said[:200]}" if said else "echo")
+
+
 # One synthetic observation or reply is at most a million tokens: beyond any context window.
 _SYNTHETIC_MAX = {
     "steps": MAX_STEPS,
@@ -270,7 +357,13 @@ def parse_policy(spec: str | None, *, solution: str | None, counter: TokenCounte
         if not arg:
             raise ConfigError("--sim-policy replay:PATH needs the path of a recorded run")
         return ReplayPolicy.load(Path(arg))
+    if name == "script":
+        if not arg:
+            raise ConfigError("--sim-policy script:FILE needs the path of a YAML script")
+        return ScriptPolicy.load(Path(arg))
+    if name == "echo" and not arg:
+        return EchoPolicy()
     raise ConfigError(
         f"--sim-policy {spec}: unknown policy {name!r}; use oracle, team, "
-        "synthetic:steps=N,obs_tokens=T,out_tokens=U or replay:PATH"
+        "synthetic:steps=N,obs_tokens=T,out_tokens=U, replay:PATH, script:FILE or echo"
     )

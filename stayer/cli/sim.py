@@ -1,0 +1,78 @@
+"""``stayer sim serve``: the offline provider simulator as an HTTP server that any client
+(the official SDKs, Claude Code, Codex, LiteLLM) can point its base URL at."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from stayer.cli.common import app, bad_input, stderr, sub_app
+from stayer.errors import ConfigError
+
+sim_app = sub_app("The offline provider simulator, as a server on the providers' wire APIs.")
+app.add_typer(sim_app, name="sim")
+
+
+@sim_app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", help="Port to listen on (0: a free one).", min=0, max=65535)
+    ] = 8090,
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy", help="What the model says: echo | script:FILE (YAML turns) | replay:PATH."
+        ),
+    ] = "echo",
+    latency: Annotated[
+        float,
+        typer.Option("--latency", help="Seconds before each reply's first byte.", min=0, max=600),
+    ] = 0.0,
+) -> None:
+    """Serve POST /v1/messages (and /count_tokens), /v1/chat/completions and /v1/responses,
+    streamed or not, with the simulator's token counts, caching rules and usage fields.
+
+    Example: stayer sim serve --port 8090 --policy script:turns.yaml"""
+    import socket
+
+    from rich.markup import escape
+
+    try:
+        import uvicorn
+
+        from stayer.simserver.app import SimServer, create_app
+    except ImportError as e:
+        bad_input(f"stayer sim serve needs the serve extra: pip install 'stayer[serve]' ({e})")
+    from stayer.models.sim_policies import parse_policy
+    from stayer.tokens import TiktokenCounter
+
+    if policy.partition(":")[0] not in ("echo", "script", "replay"):
+        bad_input(f"--policy {policy}: use echo, script:FILE or replay:PATH")
+    try:
+        behaviour = parse_policy(policy, solution=None, counter=TiktokenCounter())
+    except ConfigError as e:
+        bad_input(str(e))
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        bad_input(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})")
+    bound = sock.getsockname()[1]
+    where = f"[{host}]" if ":" in host else host
+    stderr().print(
+        f"stayer sim serve on http://{escape(where)}:{bound} · policy {escape(policy)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(SimServer(behaviour, latency_s=latency)),
+            log_level="warning",
+            timeout_keep_alive=30,
+        )
+    )
+    server.run(sockets=[sock])

@@ -1,0 +1,131 @@
+"""Agents that no one here wrote, run for real against ``stayer sim serve``: Claude Code
+(Anthropic Messages, streaming) and Codex CLI (OpenAI Responses, streaming), each made by a
+``script:`` policy to run a shell command through its own tool and then answer. Claude
+Code's own reported usage and cost must equal stayer's pricing of the same usage.
+
+The CLIs come from npm (.ci/run installs the pinned versions into
+``~/.cache/stayer-bench/agents``); without them these tests skip, saying why."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from stayer.pricing import PriceBook
+from stayer.usage import Usage
+
+AGENTS = Path(os.environ.get("STAYER_AGENTS_DIR", Path.home() / ".cache/stayer-bench/agents"))
+CLAUDE = AGENTS / "node_modules/.bin/claude"
+CODEX = AGENTS / "node_modules/.bin/codex"
+
+
+def _needs(binary: Path) -> None:
+    if not binary.exists() or shutil.which("node") is None:
+        pytest.skip(f"{binary.name} not installed: .ci/run installs it with npm into {AGENTS}")
+
+
+@pytest.fixture
+def sim(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    script = tmp_path / "turns.yaml"
+    script.write_text(request.param)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", "sim", "serve", "--port", "0",
+         "--policy", f"script:{script}"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert "stayer sim serve on http://" in line, line + proc.stderr.read()
+    yield line.split(" on ", 1)[1].split()[0]
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+CLAUDE_SCRIPT = """
+- tool: Bash
+  input: {command: "echo made-by-claude > out.txt", description: "write a file"}
+- text: I wrote out.txt.
+"""
+
+
+@pytest.mark.parametrize("sim", [CLAUDE_SCRIPT], indirect=True)
+def test_claude_code_runs_a_bash_tool_and_prices_as_stayer_does(sim: str, tmp_path: Path) -> None:
+    _needs(CLAUDE)
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": sim,
+        "ANTHROPIC_API_KEY": "sk-test-not-a-key",
+        "DISABLE_TELEMETRY": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+    }
+    done = subprocess.run(
+        [str(CLAUDE), "-p", "Write a file.", "--output-format", "json", "--allowedTools", "Bash",
+         "--model", "claude-sonnet-4-5"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["result"] == "I wrote out.txt." and result["num_turns"] == 2
+    assert (work / "out.txt").read_text() == "made-by-claude\n"
+    u = result["usage"]
+    assert u["cache_read_input_tokens"] > 0  # its second call read what its first wrote
+    usage = Usage(
+        input_tokens=u["input_tokens"]
+        + u["cache_read_input_tokens"]
+        + u["cache_creation_input_tokens"],
+        cache_read_tokens=u["cache_read_input_tokens"],
+        cache_write_5m_tokens=u["cache_creation"]["ephemeral_5m_input_tokens"],
+        cache_write_1h_tokens=u["cache_creation"]["ephemeral_1h_input_tokens"],
+        output_tokens=u["output_tokens"],
+    )
+    cost = PriceBook.load().cost(usage, "claude-sonnet-4-5", "anthropic")
+    assert cost.total is not None
+    assert Decimal(str(result["total_cost_usd"])).quantize(Decimal("1e-9")) == cost.total.quantize(
+        Decimal("1e-9")
+    )
+
+
+CODEX_SCRIPT = """
+- tool: exec_command
+  input: {cmd: "echo made-by-codex > note.txt"}
+- text: Wrote note.txt.
+"""
+
+
+@pytest.mark.parametrize("sim", [CODEX_SCRIPT], indirect=True)
+def test_codex_runs_its_exec_command_tool_through_the_responses_api(
+    sim: str, tmp_path: Path
+) -> None:
+    _needs(CODEX)
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    provider = f'{{name="sim",base_url="{sim}/v1",env_key="OPENAI_API_KEY",wire_api="responses"}}'
+    done = subprocess.run(
+        [str(CODEX), "exec", "--json", "--skip-git-repo-check",
+         "--dangerously-bypass-approvals-and-sandbox",  # its own sandbox needs helpers off /tmp
+         "-c", "model_provider=sim", "-c", f"model_providers.sim={provider}",
+         "-m", "gpt-5", "Write a note."],
+        cwd=work, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        env={"PATH": os.environ["PATH"], "HOME": str(home), "OPENAI_API_KEY": "sk-test"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    said = [e["item"]["text"] for e in events if e.get("item", {}).get("type") == "agent_message"]
+    assert said == ["Wrote note.txt."]
+    assert (work / "note.txt").read_text() == "made-by-codex\n"
+    (usage,) = [e["usage"] for e in events if e["type"] == "turn.completed"]
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
