@@ -49,7 +49,7 @@ LAYERS: list[set[str]] = [
     {"agent"},
     {"teams", "delegation"},
     {"eval", "audit", "whatif", "run", "run_config", "estimate", "doctor"},
-    {"runtime", "telemetry", "scale", "simserver"},
+    {"runtime", "telemetry", "scale", "simserver", "gateway"},
     {"cli"},
 ]
 
