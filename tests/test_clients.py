@@ -129,3 +129,64 @@ def test_codex_runs_its_exec_command_tool_through_the_responses_api(
     assert (work / "note.txt").read_text() == "made-by-codex\n"
     (usage,) = [e["usage"] for e in events if e["type"] == "turn.completed"]
     assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+
+
+@pytest.mark.parametrize("sim", [CLAUDE_SCRIPT], indirect=True)
+def test_claude_code_through_the_gateway_matches_its_session_ledger(
+    sim: str, tmp_path: Path
+) -> None:
+    """Claude Code's own usage and cost equal the gateway's ledger of its session, token
+    for token; the ledger is found by the session id Claude Code sends."""
+    _needs(CLAUDE)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env.update(STAYER_HOME=str(tmp_path / "stayer"), COLUMNS="300")
+    env.pop("STAYER_DB", None)
+
+    def stayer(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "stayer.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    key = json.loads(stayer("tenants", "create", "dev", "--max-cost", "5", "--json"))["api_key"]
+    gw = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", "gateway", "--port", "0", "--upstream",
+         f"anthropic={sim}"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert gw.stderr is not None
+        line = gw.stderr.readline()
+        assert " on http://" in line, line
+        url = line.split(" on ", 1)[1].split()[0]
+        work, home = tmp_path / "work", tmp_path / "home"
+        work.mkdir()
+        home.mkdir()
+        done = subprocess.run(
+            [str(CLAUDE), "-p", "Write a file.", "--output-format", "json",
+             "--allowedTools", "Bash", "--model", "claude-sonnet-4-5"],
+            cwd=work, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+            env={"PATH": os.environ["PATH"], "HOME": str(home), "ANTHROPIC_BASE_URL": url,
+                 "ANTHROPIC_API_KEY": key, "DISABLE_TELEMETRY": "1",
+                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        result = json.loads(done.stdout)
+        assert (work / "out.txt").read_text() == "made-by-claude\n"
+        report = json.loads(stayer("report", result["session_id"], "--json"))
+    finally:
+        gw.terminate()
+        gw.wait(timeout=60)
+    u, totals = result["usage"], report["totals"]
+    assert report["steps"] == result["num_turns"] == 2
+    assert totals["usage"]["cache_read_tokens"] == u["cache_read_input_tokens"]
+    assert totals["usage"]["cache_write_5m_tokens"] == u["cache_creation_input_tokens"]
+    assert totals["usage"]["output_tokens"] == u["output_tokens"]
+    assert totals["usage"]["input_tokens"] == (
+        u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
+    )
+    # Claude Code adds its costs as floats: equal to the tenth of a micro-dollar
+    tenth = Decimal("1e-10")
+    assert Decimal(totals["cost_usd"]).quantize(tenth) == Decimal(
+        str(result["total_cost_usd"])
+    ).quantize(tenth)

@@ -44,11 +44,12 @@ LAYERS: list[set[str]] = [
     {"config"},  # stayer.toml's schema: the router's sections and the guard's GuardConfig
     {"routing"},
     {"ledger"},  # the journal writes ledger entries, so the ledger sits below it
+    {"metering"},  # a provider call read, priced, reserved and settled: every door's core
     {"journal"},
     {"agent"},
     {"teams", "delegation"},
     {"eval", "audit", "whatif", "run", "run_config", "estimate", "doctor"},
-    {"runtime", "telemetry", "scale", "simserver"},
+    {"runtime", "telemetry", "scale", "simserver", "gateway"},
     {"cli"},
 ]
 

@@ -18,9 +18,9 @@ import httpx
 import openai
 import pytest
 
+from stayer.metering import requests
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
-from stayer.simserver import wire
 from stayer.tokens import MessageCounter, TiktokenCounter, counter_for
 
 SCRIPT = """
@@ -123,7 +123,7 @@ def test_anthropic_sdk_runs_a_scripted_tool_loop_with_caching(server: str, scrip
          "messages": m}
         for m in (messages[:1], messages)
     ]  # fmt: skip
-    usage = _in_process(script, bodies[1], wire.parse_anthropic, bodies[:1])
+    usage = _in_process(script, bodies[1], requests.parse_anthropic, bodies[:1])
     assert second.usage.cache_read_input_tokens == usage.cache_read_tokens
     assert second.usage.input_tokens == usage.uncached_input_tokens
     assert second.usage.output_tokens == usage.output_tokens
@@ -194,7 +194,7 @@ def test_openai_chat_completions_stream_and_not(server: str, script: Path) -> No
         {"model": "gpt-5", "messages": m, "tools": TOOLS_O, "prompt_cache_key": "s1"}
         for m in (messages[:2], messages)
     ]
-    expected = _in_process(script, bodies[1], wire.parse_chat, bodies[:1])
+    expected = _in_process(script, bodies[1], requests.parse_chat, bodies[:1])
     assert (usage.prompt_tokens, cached) == (expected.input_tokens, expected.cache_read_tokens)
 
 

@@ -6,6 +6,7 @@ from stayer.cli import (  # noqa: F401  (registers the commands)
     estimate,
     eval,
     export,
+    gateway,
     images,
     local_model,
     report,

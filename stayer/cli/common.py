@@ -439,3 +439,30 @@ def parse_since(value: str | None, flag: str = "--since") -> float | None:
         except ValueError:
             continue
     bad_input(f"{flag} {value!r}: expected a date as YYYY-MM-DD or YYYYMMDD (UTC)")
+
+
+def serve_app(app: Any, host: str, port: int, what: str) -> None:
+    """Listen on ``host``:``port`` (0: a free port) before saying where on stderr
+    (``stayer WHAT on http://HOST:PORT · …``, which scripts wait for), then serve ``app``."""
+    import socket
+
+    import uvicorn
+    from rich.markup import escape
+
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        bad_input(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})")
+    where = f"[{host}]" if ":" in host else host
+    head, _, rest = what.partition(" · ")
+    stderr().print(
+        f"stayer {escape(head)} on http://{escape(where)}:{sock.getsockname()[1]}"
+        + (f" · {escape(rest)}" if rest else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=30)
+    uvicorn.Server(config).run(sockets=[sock])

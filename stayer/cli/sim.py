@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from stayer.cli.common import app, bad_input, stderr, sub_app
+from stayer.cli.common import app, bad_input, serve_app, sub_app
 from stayer.errors import ConfigError
 
 sim_app = sub_app("The offline provider simulator, as a server on the providers' wire APIs.")
@@ -35,13 +35,7 @@ def serve(
     streamed or not, with the simulator's token counts, caching rules and usage fields.
 
     Example: stayer sim serve --port 8090 --policy script:turns.yaml"""
-    import socket
-
-    from rich.markup import escape
-
     try:
-        import uvicorn
-
         from stayer.simserver.app import SimServer, create_app
     except ImportError as e:
         bad_input(f"stayer sim serve needs the serve extra: pip install 'stayer[serve]' ({e})")
@@ -54,25 +48,9 @@ def serve(
         behaviour = parse_policy(policy, solution=None, counter=TiktokenCounter())
     except ConfigError as e:
         bad_input(str(e))
-    try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError as e:
-        bad_input(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})")
-    bound = sock.getsockname()[1]
-    where = f"[{host}]" if ":" in host else host
-    stderr().print(
-        f"stayer sim serve on http://{escape(where)}:{bound} · policy {escape(policy)}",
-        highlight=False,
-        soft_wrap=True,
+    serve_app(
+        create_app(SimServer(behaviour, latency_s=latency)),
+        host,
+        port,
+        f"sim serve · policy {policy}",
     )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(SimServer(behaviour, latency_s=latency)),
-            log_level="warning",
-            timeout_keep_alive=30,
-        )
-    )
-    server.run(sockets=[sock])

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from stayer.errors import ConfigError
+from stayer.metering import requests as wire_in
 from stayer.models.caching import provider_of
 from stayer.models.sim import SimModel, SimPolicy
 from stayer.simserver import wire
@@ -83,7 +84,7 @@ class SimServer:
             sim = self.models[model_id] = SimModel(model_id, self.policy, counter)
         return sim
 
-    def count(self, parsed: wire.Parsed) -> int:
+    def count(self, parsed: wire_in.Parsed) -> int:
         sim = self.model(parsed.model)
         req = parsed.request
         counter = sim.counter
@@ -96,9 +97,9 @@ class SimServer:
 
 def create_app(server: SimServer) -> Starlette:
     def route(
-        parse: Callable[[dict[str, Any]], wire.Parsed],
-        body_of: Callable[[Any, str, wire.Parsed], dict[str, Any]],
-        events_of: Callable[[Any, str, wire.Parsed], Iterator[bytes]],
+        parse: Callable[[dict[str, Any]], wire_in.Parsed],
+        body_of: Callable[[Any, str, wire_in.Parsed], dict[str, Any]],
+        events_of: Callable[[Any, str, wire_in.Parsed], Iterator[bytes]],
         error: Callable[[int, str, str | None], dict[str, Any]],
         prefix: str,
     ) -> Callable[[Request], Any]:
@@ -110,7 +111,7 @@ def create_app(server: SimServer) -> Starlette:
                     response = sim.respond(parsed.request)
                 except ConfigError as e:  # the policy cannot answer this request
                     raise _HttpError(400, str(e)) from None
-            except wire.WireError as e:
+            except wire_in.WireError as e:
                 return JSONResponse(error(400, str(e), e.param), status_code=400)
             except _HttpError as e:
                 return JSONResponse(error(e.status, str(e), e.param), status_code=e.status)
@@ -135,23 +136,23 @@ def create_app(server: SimServer) -> Starlette:
         return endpoint
 
     def anthropic_error(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-        return wire.anthropic_error(status, message)
+        return wire_in.anthropic_error(status, message)
 
     async def count_tokens(request: Request) -> Response:
         try:
-            parsed = wire.parse_anthropic(await _body(request, server.max_body), count_only=True)
+            parsed = wire_in.parse_anthropic(await _body(request, server.max_body), count_only=True)
             return JSONResponse({"input_tokens": server.count(parsed)})
-        except wire.WireError as e:
-            return JSONResponse(wire.anthropic_error(400, str(e)), status_code=400)
+        except wire_in.WireError as e:
+            return JSONResponse(wire_in.anthropic_error(400, str(e)), status_code=400)
         except _HttpError as e:
-            return JSONResponse(wire.anthropic_error(e.status, str(e)), status_code=e.status)
+            return JSONResponse(wire_in.anthropic_error(e.status, str(e)), status_code=e.status)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
         message = f"{request.method} {request.url.path}: not an endpoint of the simulator"
         if request.url.path.startswith("/v1/messages"):
-            return JSONResponse(wire.anthropic_error(status, message), status_code=status)
-        return JSONResponse(wire.openai_error(status, message), status_code=status)
+            return JSONResponse(wire_in.anthropic_error(status, message), status_code=status)
+        return JSONResponse(wire_in.openai_error(status, message), status_code=status)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -160,7 +161,7 @@ def create_app(server: SimServer) -> Starlette:
         Route(
             "/v1/messages",
             route(
-                wire.parse_anthropic,
+                wire_in.parse_anthropic,
                 lambda r, rid, p: wire.anthropic_body(r, rid),
                 lambda r, rid, p: wire.anthropic_events(r, rid),
                 anthropic_error,
@@ -172,10 +173,10 @@ def create_app(server: SimServer) -> Starlette:
         Route(
             "/v1/chat/completions",
             route(
-                wire.parse_chat,
+                wire_in.parse_chat,
                 lambda r, rid, p: wire.chat_body(r, rid),
                 lambda r, rid, p: wire.chat_events(r, rid, p.include_usage),
-                wire.openai_error,
+                wire_in.openai_error,
                 "chatcmpl-sim-",
             ),
             methods=["POST"],
@@ -183,10 +184,10 @@ def create_app(server: SimServer) -> Starlette:
         Route(
             "/v1/responses",
             route(
-                wire.parse_responses,
+                wire_in.parse_responses,
                 lambda r, rid, p: wire.responses_body(r, rid, p.request),
                 lambda r, rid, p: wire.responses_events(r, rid, p.request),
-                wire.openai_error,
+                wire_in.openai_error,
                 "resp_sim_",
             ),
             methods=["POST"],

@@ -1,0 +1,92 @@
+"""``stayer gateway``: the Anthropic and OpenAI wire APIs in front of any upstream, every
+call priced, capped and journaled per session on its way through."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from stayer.cli.common import app, bad_input, serve_app
+
+
+@app.command()
+def gateway(
+    upstream: Annotated[
+        list[str],
+        typer.Option(
+            "--upstream",
+            help="anthropic=URL or openai=URL (a provider, `stayer sim serve`, llama.cpp, vLLM).",
+        ),
+    ],
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", help="Port to listen on (0: a free one).", min=0, max=65535)
+    ] = 8088,
+    upstream_timeout: Annotated[
+        float,
+        typer.Option(
+            "--upstream-timeout",
+            help="Seconds an upstream may stay silent before the call fails (502).",
+            min=1,
+            max=3600,
+        ),
+    ] = 600.0,
+) -> None:
+    """Meter any agent: point its base URL here and authenticate with a stayer tenant key
+    (`stayer tenants create`). The provider keys are the gateway's own:
+    ANTHROPIC_API_KEY and OPENAI_API_KEY (or STAYER_UPSTREAM_ANTHROPIC_KEY / _OPENAI_KEY).
+
+    Example: stayer gateway --upstream anthropic=https://api.anthropic.com"""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+    from urllib.parse import urlsplit
+
+    try:
+        from stayer.gateway.app import Gateway, Upstream, create_app
+    except ImportError as e:
+        bad_input(f"stayer gateway needs the serve extra: pip install 'stayer[serve]' ({e})")
+    from stayer.errors import ConfigError
+    from stayer.gateway.sessions import SessionLedger
+    from stayer.journal.backends import open_store, stayer_home
+    from stayer.metering.meter import Meter
+    from stayer.pricing import PriceBook
+    from stayer.runtime.db import ServiceDB
+    from stayer.runtime.tenants import open_budget_store
+
+    upstreams: dict[str, Upstream] = {}
+    for item in upstream:
+        name, eq, url = item.partition("=")
+        parts = urlsplit(url)
+        if name not in ("anthropic", "openai") or not eq:
+            bad_input(f"--upstream {item}: expected anthropic=URL or openai=URL")
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.username:
+            bad_input(f"--upstream {item}: expected an http(s) URL without credentials")
+        if name in upstreams:
+            bad_input(f"--upstream {name}: given twice")
+        key = os.environ.get(f"STAYER_UPSTREAM_{name.upper()}_KEY") or os.environ.get(
+            f"{name.upper()}_API_KEY"
+        )
+        upstreams[name] = Upstream(url, key)
+
+    def build(db: ThreadPoolExecutor) -> Gateway:  # on the thread that will use the stores
+        home = stayer_home()
+        store = open_store(home)
+        assert store is not None
+        service = ServiceDB(store)  # type: ignore[arg-type]
+        return Gateway(
+            meter=Meter(PriceBook.load(), open_budget_store(home)),
+            ledger=SessionLedger(store),
+            tenant_for_key=service.tenant_for_key,
+            upstreams=upstreams,
+            timeout_s=upstream_timeout,
+            db=db,
+        )
+
+    db = ThreadPoolExecutor(1, "stayer-gw-db")
+    try:
+        gw = db.submit(build, db).result()
+    except ConfigError as e:
+        bad_input(str(e))
+    ups = ", ".join(f"{n}={u.base_url}" for n, u in upstreams.items())
+    serve_app(create_app(gw), host, port, f"gateway · {ups}")

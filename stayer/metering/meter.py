@@ -1,0 +1,154 @@
+"""A provider call admitted against its budgets, then priced and settled.
+
+``Meter.admit`` counts the request's prompt, quotes its worst case (every prompt token at
+the dearest input rate, plus ``max_tokens`` of output: ``stayer.guard.reserve``) and holds
+it in every account the call is charged to (a tenant's, a key's, a session's), all or
+none. A call whose ``max_tokens`` does not fit gets the most that does, down to
+``MIN_OUTPUT_TOKENS``; below that it is refused, with the numbers. A model without price
+data is refused under any cap: an unknown price never passes a cap. ``Meter.settle``
+prices the usage the provider reported and replaces each hold by it; a call whose usage
+never came (a stream cut before its usage event) is settled at its worst case, so that
+money the provider may have billed is never lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from stayer.errors import ConfigError
+from stayer.guard.budget import BudgetStore
+from stayer.guard.reserve import MIN_OUTPUT_TOKENS, CallQuote, quote
+from stayer.metering.requests import Parsed
+from stayer.metering.usage import Reading
+from stayer.pricing import Cost, PriceBook
+from stayer.tokens import MessageCounter, canonical_tools, counter_for
+from stayer.usage import Usage
+
+
+class Refused(Exception):
+    """The call cannot be made within its budgets; the message says which and why."""
+
+
+@dataclass(slots=True)
+class Admission:
+    """A call let through: what is held for it, and the ``max_tokens`` it may use."""
+
+    model: str
+    provider: str
+    tier: str | None
+    prompt_tokens: int
+    max_tokens: int
+    worst_case: Decimal | None  # None: unpriced, and uncapped
+    holds: list[int] = field(default_factory=list)
+    settled: bool = False
+
+
+@dataclass(slots=True)
+class Metered:
+    """A settled call: its usage (None when the provider never reported it) and cost."""
+
+    usage: Usage | None
+    cost: Cost
+    charged: Decimal | None  # what the accounts were charged: the cost, or the worst case
+    complete: bool
+
+
+class Meter:
+    def __init__(self, prices: PriceBook, budgets: BudgetStore) -> None:
+        self.prices = prices
+        self.budgets = budgets
+        self._counters: dict[tuple[str, str], MessageCounter] = {}
+
+    def prompt_tokens(self, parsed: Parsed, provider: str) -> int:
+        """Our count of the request's prompt (tools, system, messages)."""
+        key = (provider, parsed.model)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = MessageCounter(counter_for(provider, parsed.model))
+        r = parsed.request
+        return (
+            counter.text(canonical_tools(r.tools))
+            + counter.text(r.system)
+            + sum(counter.message(m) for m in r.messages)
+        )
+
+    def quote(self, parsed: Parsed, provider: str, prompt_tokens: int) -> CallQuote | None:
+        tier = parsed.request.service_tier
+        return quote(
+            lambda n: self.prices.rates(parsed.model, provider, tier, prompt_tokens=n),
+            prompt_tokens,
+            parsed.request.cache_ttl,
+        )
+
+    def admit(self, parsed: Parsed, provider: str, accounts: Sequence[str]) -> Admission:
+        """Hold the call's worst case in each of ``accounts``, or raise :class:`Refused`."""
+        tokens = self.prompt_tokens(parsed, provider)
+        q = self.quote(parsed, provider, tokens)
+        wanted = parsed.request.max_tokens
+        capped = [
+            (name, a.available) for name in accounts if (a := self._account(name)).cap is not None
+        ]
+        base = Admission(parsed.model, provider, parsed.request.service_tier, tokens, wanted, None)
+        if q is None:
+            if capped:
+                raise Refused(
+                    f"model {parsed.model!r} ({provider}) has no price data, so no call of it "
+                    f"can be held under the cap of {capped[0][0]}"
+                )
+            return base
+        available = min((v for _, v in capped if v is not None), default=None)
+        allowed = q.affordable_output(available, wanted)
+        if allowed < min(wanted, MIN_OUTPUT_TOKENS):
+            raise Refused(
+                f"budget: this call's worst case does not fit what is left "
+                f"(${available} in {min(capped, key=lambda c: c[1] or 0)[0]}): about "
+                f"{tokens:,} prompt tokens cost up to ${q.input_cost:.6f} before any output, "
+                f"and {min(wanted, MIN_OUTPUT_TOKENS):,} output tokens up to "
+                f"${q.output_rate * min(wanted, MIN_OUTPUT_TOKENS):.6f}"
+            )
+        base.max_tokens, base.worst_case = allowed, q.worst_case(allowed)
+        for name in accounts:
+            hold = self.budgets.reserve(name, base.worst_case)
+            if hold is None:  # another call took what was left since we looked
+                self._release(base)
+                raise Refused(f"budget: {name} cannot hold ${base.worst_case} for this call now")
+            base.holds.append(hold)
+        return base
+
+    def settle(self, admission: Admission, reading: Reading) -> Metered:
+        """Price what the provider reported and charge it in place of the holds."""
+        usage = reading.usage
+        tier = reading.service_tier or admission.tier
+        model = reading.model or admission.model
+        if usage is None:
+            cost = Cost.unknown(model, admission.provider, tier)
+        else:
+            cost = self.prices.cost(usage, model, admission.provider, tier)
+        charged = cost.total if cost.total is not None and reading.complete else None
+        if charged is None and admission.worst_case is not None:
+            charged = max(admission.worst_case, cost.total or Decimal(0))
+        if not admission.settled:
+            admission.settled = True
+            for hold in admission.holds:
+                self.budgets.settle(hold, charged if charged is not None else Decimal(0))
+        return Metered(usage, cost, charged, reading.complete)
+
+    def release(self, admission: Admission) -> None:
+        """Give back the holds of a call that was never sent (or was refused upstream
+        before anything was billed)."""
+        if not admission.settled:
+            admission.settled = True
+            self._release(admission)
+
+    def _release(self, admission: Admission) -> None:
+        for hold in admission.holds:
+            self.budgets.settle(hold, Decimal(0))
+        admission.holds.clear()
+
+    def _account(self, name: str):  # noqa: ANN202 - guard.budget.Account
+        try:
+            return self.budgets.account(name)
+        except KeyError:
+            raise ConfigError(f"budget {name!r} is not open") from None

@@ -1,0 +1,327 @@
+"""``stayer gateway`` in front of ``stayer sim serve``, both started as a user starts them,
+driven by the official SDKs: calls pass through (streamed or not), each lands priced on
+its session's ledger (``stayer report SESSION``), caps hold under 100 concurrent calls,
+a client that hangs up mid-stream is still priced, and the new surface is attacked."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+SYSTEM = "Be exact. " * 700
+
+
+def _serve(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", *argv],
+        stderr=subprocess.PIPE, text=True, env={**env, "COLUMNS": "300"},
+    )  # fmt: skip
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert " on http://" in line, line + proc.stderr.read()
+    return proc, line.split(" on ", 1)[1].split()[0]
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "stayer.cli", *args],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("home")
+    e = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_DB"}
+    e["STAYER_HOME"] = str(home)
+    return e
+
+
+@pytest.fixture(scope="module")
+def keys(env: dict[str, str]) -> dict[str, str]:
+    made = {}
+    for name, cap in (("acme", "50"), ("other", "50"), ("poor", "0.01")):
+        made[name] = json.loads(_cli(env, "tenants", "create", name, "--max-cost", cap, "--json"))[
+            "api_key"
+        ]
+    return made
+
+
+@pytest.fixture(scope="module")
+def gateway(env: dict[str, str], keys: dict[str, str]) -> Iterator[str]:
+    sim, sim_url = _serve(["sim", "serve", "--port", "0"], env)
+    gw, url = _serve(
+        ["gateway", "--port", "0", "--upstream", f"anthropic={sim_url}",
+         "--upstream", f"openai={sim_url}"],
+        {**env, "ANTHROPIC_API_KEY": "sk-upstream-secret"},
+    )  # fmt: skip
+    yield url
+    for p in (gw, sim):
+        p.terminate()
+        p.wait(timeout=60)
+
+
+def _report(env: dict[str, str], session: str) -> dict[str, Any]:
+    return json.loads(_cli(env, "report", session, "--json"))
+
+
+def _wait_steps(env: dict[str, str], session: str, n: int) -> dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while True:  # the ledger is written once the call's last byte is read: a condition
+        done = subprocess.run(
+            [sys.executable, "-m", "stayer.cli", "report", session, "--json"],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+        if done.returncode == 0 and (doc := json.loads(done.stdout))["steps"] >= n:
+            return doc
+        assert time.monotonic() < deadline, done.stderr
+        time.sleep(0.2)
+
+
+def test_anthropic_calls_pass_through_and_land_priced_on_the_sessions_ledger(
+    gateway: str, keys: dict[str, str], env: dict[str, str]
+) -> None:
+    client = anthropic.Anthropic(
+        base_url=gateway, api_key=keys["acme"], max_retries=0,
+        default_headers={"x-stayer-session": "s-anthropic"},
+    )  # fmt: skip
+    system = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    messages = [{"role": "user", "content": "hello"}]
+    first = client.messages.create(
+        model="claude-sonnet-4-5", max_tokens=200, system=system, messages=messages
+    )
+    with client.messages.stream(
+        model="claude-sonnet-4-5", max_tokens=200, system=system, messages=messages
+    ) as stream:
+        second = stream.get_final_message()
+    assert first.content[0].text == "echo: hello" == second.content[0].text
+    assert second.usage.cache_read_input_tokens == first.usage.cache_creation_input_tokens > 0
+    doc = _wait_steps(env, "s-anthropic", 2)
+    ledger = doc["ledger"]
+    for entry, seen in zip(ledger, (first, second), strict=True):
+        u = seen.usage
+        assert entry["usage"]["cache_read_tokens"] == u.cache_read_input_tokens
+        assert entry["usage"]["output_tokens"] == u.output_tokens
+        assert entry["complete"] is True
+    # priced as stayer prices: $3/M input, $3.75/M 5m writes, $0.30/M reads, $15/M output
+    u = first.usage
+    expected = (
+        Decimal(u.input_tokens) * 3 + Decimal(u.cache_creation_input_tokens) * Decimal("3.75")
+        + Decimal(u.output_tokens) * 15
+    ) / 1_000_000  # fmt: skip
+    assert Decimal(ledger[0]["cost_usd"]) == expected
+    assert Decimal(doc["totals"]["cost_usd"]) == sum(Decimal(e["cost_usd"]) for e in ledger)
+
+
+def test_openai_apis_pass_through_and_are_priced(
+    gateway: str, keys: dict[str, str], env: dict[str, str]
+) -> None:
+    client = openai.OpenAI(
+        base_url=f"{gateway}/v1", api_key=keys["acme"], max_retries=0,
+        default_headers={"x-stayer-session": "s-openai"},
+    )  # fmt: skip
+    chat = client.chat.completions.create(
+        model="gpt-5", messages=[{"role": "user", "content": "hi"}]
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="gpt-5", messages=[{"role": "user", "content": "hi"}], stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    response = client.responses.create(model="gpt-5", input="hi")
+    assert chat.choices[0].message.content == "echo: hi"
+    assert chunks[-1].usage is not None and response.output_text == "echo: hi"
+    ledger = _wait_steps(env, "s-openai", 3)["ledger"]
+    assert [e["usage"]["input_tokens"] for e in ledger] == [
+        chat.usage.prompt_tokens,
+        chunks[-1].usage.prompt_tokens,
+        response.usage.input_tokens,
+    ]
+    assert all(Decimal(e["cost_usd"]) > 0 for e in ledger)
+
+
+def test_a_call_over_the_budget_is_refused_in_the_providers_shape(
+    gateway: str, keys: dict[str, str]
+) -> None:
+    client = anthropic.Anthropic(base_url=gateway, api_key=keys["poor"], max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as e:
+        client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=100_000, system=SYSTEM,
+            messages=[{"role": "user", "content": "hi"}], timeout=60,
+        )  # fmt: skip
+    assert e.value.status_code == 402
+    assert e.value.body["type"] == "error" and "worst case" in e.value.body["error"]["message"]  # type: ignore[index]
+    # a call that fits gets fewer max_tokens instead
+    small = client.messages.create(
+        model="claude-sonnet-4-5", max_tokens=100_000, timeout=60,
+        messages=[{"role": "user", "content": "hi"}],
+    )  # fmt: skip
+    assert small.content[0].text == "echo: hi"
+
+
+def test_100_concurrent_calls_never_overshoot_a_session_cap(
+    gateway: str, keys: dict[str, str], env: dict[str, str]
+) -> None:
+    cap = Decimal("0.05")
+    client = anthropic.Anthropic(
+        base_url=gateway, api_key=keys["acme"], max_retries=0,
+        default_headers={"x-stayer-session": "s-capped", "x-stayer-max-cost": str(cap)},
+    )  # fmt: skip
+
+    def call(i: int) -> str:
+        try:
+            client.messages.create(
+                model="claude-sonnet-4-5", max_tokens=300,
+                messages=[{"role": "user", "content": f"call {i} " + "word " * 400}],
+            )  # fmt: skip
+            return "ok"
+        except anthropic.APIStatusError as e:
+            assert e.status_code == 402, e
+            return "refused"
+
+    with ThreadPoolExecutor(32) as pool:
+        outcomes = list(pool.map(call, range(100)))
+    assert "ok" in outcomes and "refused" in outcomes
+    doc = _wait_steps(env, "s-capped", outcomes.count("ok"))
+    spent = sum(Decimal(e["cost_usd"]) for e in doc["ledger"])
+    assert doc["steps"] == outcomes.count("ok")
+    assert spent <= cap, spent
+    tenants = json.loads(_cli(env, "tenants", "list", "--json"))["tenants"]
+    (acme,) = [t for t in tenants if t["tenant"] == "acme"]
+    assert Decimal(acme["reserved_usd"]) == 0  # every hold settled or released
+    assert Decimal(acme["spent_usd"]) >= spent
+
+
+def test_a_client_that_hangs_up_mid_stream_is_still_priced(
+    gateway: str, keys: dict[str, str], env: dict[str, str]
+) -> None:
+    body = {
+        "model": "claude-sonnet-4-5", "max_tokens": 4000, "stream": True,
+        "messages": [{"role": "user", "content": "x " * 3000}],
+    }  # fmt: skip
+    headers = {"x-api-key": keys["acme"], "x-stayer-session": "s-hangup"}
+    with httpx.stream(
+        "POST", f"{gateway}/v1/messages", json=body, headers=headers, timeout=60
+    ) as r:
+        assert r.status_code == 200
+        next(r.iter_bytes())  # the first bytes, then gone
+    (entry,) = _wait_steps(env, "s-hangup", 1)["ledger"]
+    assert entry["complete"] is True and entry["usage"]["output_tokens"] > 1
+    assert Decimal(entry["cost_usd"]) > 0
+
+
+def test_keys_sessions_and_bodies_are_checked(gateway: str, keys: dict[str, str]) -> None:
+    url = f"{gateway}/v1/messages"
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 10, "messages": []}
+    assert httpx.post(url, json=body, timeout=30).status_code == 401
+    bad = httpx.post(url, json=body, headers={"x-api-key": "sk-stayer-nope"}, timeout=30)
+    assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
+    bearer = httpx.post(
+        f"{gateway}/v1/chat/completions",
+        json={"model": "gpt-5", "messages": [{"role": "user", "content": "x"}]},
+        headers={"authorization": f"Bearer {keys['acme']}"},
+        timeout=30,
+    )
+    assert bearer.status_code == 200
+    mine = {"x-api-key": keys["acme"], "x-stayer-session": "s-owned"}
+    assert httpx.post(url, json=dict(body, messages=[{"role": "user", "content": "a"}]),
+                      headers=mine, timeout=30).status_code == 200  # fmt: skip
+    theirs = dict(mine, **{"x-api-key": keys["other"]})
+    stolen = httpx.post(url, json=body, headers=theirs, timeout=30)
+    assert stolen.status_code == 403  # another tenant cannot spend or read into it
+    for raw in (b"{", b"[1]", b"[" * 100_000):
+        r = httpx.post(url, content=raw, headers={"x-api-key": keys["acme"]}, timeout=30)
+        assert r.status_code == 400 and r.json()["type"] == "error"
+    huge = b'{"model": "claude-sonnet-4-5", "pad": "' + b"x" * (33 << 20) + b'"}'
+    r = httpx.post(url, content=huge, headers={"x-api-key": keys["acme"]}, timeout=60)
+    assert r.status_code == 413 and r.json()["type"] == "error"
+    for cap in ("nan", "-1", "1e100", "abc"):
+        r = httpx.post(url, json=body, headers=dict(mine, **{"x-stayer-max-cost": cap}), timeout=30)
+        assert r.status_code == 400, cap
+
+
+class _Recorder:
+    """An upstream of the test's own: records what reaches it; hangs or sends garbage."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.seen = mode, []  # type: ignore[var-annotated]
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            data = conn.recv(1 << 20)
+            self.seen.append(data)
+            if self.mode == "garbage":
+                junk = b"\x00\xffnot http at all\r\n\r\n"
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(junk), junk))  # fmt: skip
+                conn.close()
+            # "hang": never answers
+
+
+@pytest.mark.parametrize("mode", ["hang", "garbage"])
+def test_an_upstream_that_hangs_or_sends_garbage_fails_the_call_not_the_gateway(
+    mode: str, env: dict[str, str], keys: dict[str, str]
+) -> None:
+    upstream = _Recorder(mode)
+    gw, url = _serve(
+        ["gateway", "--port", "0", "--upstream", f"anthropic={upstream.url}",
+         "--upstream-timeout", "2"],
+        {**env, "ANTHROPIC_API_KEY": "sk-upstream-secret"},
+    )  # fmt: skip
+    try:
+        r = httpx.post(
+            f"{url}/v1/messages",
+            json={"model": "claude-sonnet-4-5", "max_tokens": 10,
+                  "messages": [{"role": "user", "content": "x"}]},
+            headers={"x-api-key": keys["acme"], "x-stayer-session": f"s-{mode}",
+                     "x-evil": "a", "anthropic-version": "2023-06-01"},
+            timeout=60,
+        )  # fmt: skip
+        if mode == "hang":
+            assert r.status_code == 502 and r.json()["type"] == "error"
+        else:
+            assert r.status_code == 200  # passed back as it came; priced at its worst case
+        sent = upstream.seen[0].decode(errors="replace").lower()
+        assert "x-api-key: sk-upstream-secret" in sent
+        assert keys["acme"].lower() not in sent and "x-stayer-session" not in sent
+        assert httpx.get(f"{url}/healthz", timeout=30).json() == {"status": "ok"}
+    finally:
+        gw.terminate()
+        gw.wait(timeout=60)
+        upstream.sock.close()
+
+
+def test_an_upstream_is_an_http_url_without_credentials(env: dict[str, str]) -> None:
+    for bad in ("anthropic=file:///etc/passwd", "anthropic=http://u:p@127.0.0.1:1",
+                "mystery=http://127.0.0.1:1", "anthropic"):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "stayer.cli", "gateway", "--upstream", bad],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2 and "--upstream" in done.stderr, bad
