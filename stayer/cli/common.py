@@ -237,7 +237,7 @@ HELP_SETTINGS: dict[str, Any] = {
 
 def sub_app(help: str, **extra: Any) -> typer.Typer:
     """A command group (``stayer sandbox …``) that looks like the main app."""
-    return typer.Typer(help=help, **HELP_SETTINGS, **extra)
+    return typer.Typer(help=help, **{**HELP_SETTINGS, **extra})
 
 
 app = StayerApp(

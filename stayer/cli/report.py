@@ -12,7 +12,15 @@ from stayer.errors import ConfigError
 
 @app.command()
 def report(
-    run_id: Annotated[str, typer.Argument(help="Id of the run (see `stayer runs`).")],
+    run_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="RUN_ID", help="Id of the run (see `stayer runs`).", show_default=False
+        ),
+    ] = None,
+    last: Annotated[
+        bool, typer.Option("--last", help="The most recently started run (no RUN_ID).")
+    ] = False,
     follow: Annotated[
         bool,
         typer.Option(
@@ -28,12 +36,23 @@ def report(
 
     \b
     Example:  stayer report 20260101-120000-a1b2c3
+              stayer report --last
     """
     from stayer.journal.backends import open_store, stayer_home
     from stayer.journal.run_report import run_report
 
+    if run_id is None and not last:
+        bad_input("report: name the run: a RUN_ID (see `stayer runs`) or --last")
+    if run_id is not None and last:
+        bad_input(f"--last: the most recent run, or RUN_ID {run_id!r}: not both")
     try:
         store = open_store(stayer_home(), create=False)
+        if run_id is None:
+            newest = [] if store is None else store.runs(1)
+            if not newest:
+                where = store.location if store else stayer_home()
+                bad_input(f"--last: no runs in {where}")
+            run_id = newest[0].id
         row = None if store is None else store.run(run_id)
         if store is None or row is None:
             where = store.location if store else stayer_home()
