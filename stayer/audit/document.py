@@ -243,13 +243,12 @@ def render(report: AuditReport, console: Console, limit: int = 30) -> None:
     footer = _tally_row("total", total)
     print_table(console, _table(f"stayer audit · {title}", columns, rows, footer))
     if total.unpriced_calls:
-        say(
-            console,
+        console.print(
             Text(
                 f"{total.unpriced_calls} calls have no price data "
                 f"({', '.join(sorted(total.unpriced_models))}); priced part {_usd(total.cost_priced)}",
                 style="yellow",
-            ),
+            )
         )
     breaks = sorted(
         ((s, b) for s in report.sessions for b in s.cache_breaks),

@@ -76,7 +76,7 @@ def list_command(json_out: JsonFlag = False) -> None:
     from stayer.cli.tables import Col, FitTable, print_table, say
 
     table = FitTable(
-        Col("id"),
+        Col("id", whole=True),
         Col("size", number=True),
         Col("last used (UTC)", number=True),
         Col("in use", drop=3),

@@ -120,22 +120,21 @@ def mark_corrupt(store: Any, docs: list[dict[str, Any]]) -> list[str]:
 
 
 def show(docs: list[dict[str, Any]], total: int, found: bool, where: str, filters: Any) -> None:
-    from rich.console import Console
-    from rich.markup import escape
+    from stayer.cli.common import console as make_console
+    from stayer.cli.tables import say
 
-    console = Console(emoji=False)
+    console = make_console()
     if not found:
-        console.print(
-            f"no runs yet: no journal at {escape(where)} (set STAYER_HOME or STAYER_DB to look elsewhere)",
-            highlight=False,
-            soft_wrap=True,
+        say(
+            console,
+            f"no runs yet: no journal at {where} (set STAYER_HOME or STAYER_DB to look elsewhere)",
         )
         return
     if docs:
         print_table(console, docs)
     said = ", ".join(f"{k} {v}" for k, v in filters if v)
     shown = f"{len(docs)} of {total} run(s)" + (f" matching {said}" if said else "")
-    console.print(f"{escape(shown)} in {escape(where)}", highlight=False, soft_wrap=True)
+    say(console, f"{shown} in {where}")
 
 
 def matches(
@@ -157,31 +156,32 @@ def matches(
 
 
 def print_table(console: Console, docs: list[dict[str, Any]]) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+    from stayer.cli import tables
+    from stayer.cli.tables import Col, FitTable
 
-    cells = {
-        "id": [d["id"] for d in docs],
-        "task": [d["task"] for d in docs],
-        "model": [d["model"] for d in docs],
-        "status": [d["status"] for d in docs],
-        "steps": [str(d["steps"]) for d in docs],
-        "cost (USD)": [usd(d["cost_usd"]) for d in docs],
-        "started": [d["started"][:19].replace("T", " ") for d in docs],
-        "updated": [d["updated"][:19].replace("T", " ") for d in docs],
-    }
-    widths = {k: max(len(k), *(len(v) for v in vs)) for k, vs in cells.items()}
-    columns = list(cells)
-    for name in DROPPABLE:
-        if sum(widths[c] + 3 for c in columns) + 1 <= console.width:
-            break
-        columns.remove(name)
-    t = Table()
-    for c in columns:
-        t.add_column(c, no_wrap=True, min_width=widths[c] if c == "id" else None)
-    for i in range(len(docs)):
-        t.add_row(*(escape(cells[c][i]) for c in columns))
-    console.print(t)
+    drop = {name: len(DROPPABLE) - i for i, name in enumerate(DROPPABLE)}
+    t = FitTable(
+        Col("id", whole=True),
+        Col("task", drop=drop["task"]),
+        Col("model", drop=drop["model"]),
+        Col("status"),
+        Col("steps", number=True, drop=drop["steps"]),
+        Col("cost (USD)", number=True, drop=drop["cost (USD)"]),
+        Col("started", number=True, drop=drop["started"]),
+        Col("updated", number=True, drop=drop["updated"]),
+    )
+    for d in docs:
+        t.add_row(
+            d["id"],
+            d["task"],
+            d["model"],
+            d["status"],
+            str(d["steps"]),
+            usd(d["cost_usd"]),
+            d["started"][:19].replace("T", " "),
+            d["updated"][:19].replace("T", " "),
+        )
+    tables.print_table(console, t)
 
 
 @runs_app.command("prune")

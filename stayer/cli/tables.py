@@ -1,8 +1,9 @@
 """Tables and lines that fit: how every command prints a table for people.
 
-At a terminal a table fits its width: a number (``Col(number=True)``) is never cut or
-wrapped, text folds (never an ellipsis), and when even that does not fit, whole columns are
-left out in the order the command gives (``drop``, highest first) and a line says which.
+At a terminal a table fits its width: a number (``Col(number=True)``) or an id
+(``whole=True``) is never cut or wrapped; other text folds (never an ellipsis), a column that
+may be left out into three lines at most; when that does not fit, whole columns are left
+out in the order the command gives (``drop``, highest first) and a line says which.
 In a pipe (no terminal) a table is printed at its full natural width, every column whole,
 and a line is never wrapped: what a script reads is what the data says.
 
@@ -11,7 +12,7 @@ Cells are plain text, never markup: user text needs no escaping here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ class Col:
     number: bool = False
     drop: int | None = None
     style: str | None = None
+    whole: bool = False  # text never folded either (an id people copy)
 
 
 class FitTable:
@@ -92,7 +94,7 @@ def layout(table: FitTable, width: int | None) -> tuple[list[int], list[int], li
         cells = [r[i] for r in table.rows]
         data = max((_cell_width(c) for c in cells), default=0)
         natural.append(max(data, len(col.header)))
-        if col.number:
+        if col.number or col.whole:
             least.append(max(data, _longest_word(col.header), 1))
         else:  # one that may be left out is, rather than folded into a paragraph
             fold = FOLD_MIN if col.drop is None else -(-data // FOLD_LINES)
@@ -178,8 +180,3 @@ def _width(console: Console, width: int | None) -> Iterator[None]:
         yield
     finally:
         console.width = before
-
-
-def cells(values: Iterable[Any]) -> list[str]:
-    """Values for a row: "—" where there is none."""
-    return ["—" if v is None or v == "" else str(v) for v in values]
