@@ -22,7 +22,7 @@ from typing import Any
 from rich.cells import cell_len
 
 from stayer.cli.common import usd
-from stayer.cli.tables import Col, FitTable, layout
+from stayer.cli.tables import Col, FitTable, layout, print_table
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -113,6 +113,20 @@ def test_layout_drops_by_priority_and_never_narrows_a_number() -> None:
     assert dropped == ["b"] and shown == [0, 1, 3]
     assert widths[1] == 20 and sum(widths) + 3 * 3 + 1 <= 60
     assert layout(t, None) == ([0, 1, 2, 3], [40, 20, 20, 14], [])
+
+
+def test_a_terminal_too_narrow_for_the_table_gets_a_block_per_row() -> None:
+    from rich.console import Console
+
+    t = FitTable(Col("name"), Col("cost", number=True), Col("tokens", number=True))
+    t.add_row("a-model-with-a-long-name", "$123.456789", "12,345,678")
+    t.add_row("b", "$0.000001", "1")
+    console = Console(width=24, force_terminal=True, record=True, color_system=None)
+    print_table(console, t)
+    text = console.export_text()
+    assert_fits(text, 24)
+    assert_whole(text, ["$123.456789", "12,345,678", "$0.000001", "a-model-with-a-long-name"])
+    assert "cost: $123.456789" in text
 
 
 # --- the commands -----------------------------------------------------------------------------

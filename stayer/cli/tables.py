@@ -48,6 +48,7 @@ class FitTable:
         self.options = options
         self.rows: list[list[Text]] = []
         self.sections: set[int] = set()  # a rule above the row of this index
+        self.overheads: dict[int, int] = {}  # borders and padding by number of columns
 
     def add_row(self, *cells: str | Text | None) -> None:
         from rich.text import Text
@@ -74,11 +75,13 @@ def _overhead(table: FitTable, n: int) -> int:
     from rich.measure import Measurement
     from rich.table import Table
 
-    probe = Table(**_layout_options(table.options))
-    for _ in range(n):
-        probe.add_column(width=1)
-    probe_console = Console(width=10_000)
-    return Measurement.get(probe_console, probe_console.options, probe).maximum - n
+    if n not in table.overheads:
+        probe = Table(**_layout_options(table.options))
+        for _ in range(n):
+            probe.add_column(width=1)
+        wide = Console(width=10_000)
+        table.overheads[n] = Measurement.get(wide, wide.options, probe).maximum - n
+    return table.overheads[n]
 
 
 def _layout_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -131,6 +134,9 @@ def print_table(console: Console, table: FitTable) -> None:
 
     terminal = console.is_terminal
     shown, widths, dropped = layout(table, console.width if terminal else None)
+    if terminal and _overhead(table, len(shown)) + sum(widths) > console.width:
+        _records(console, table)  # not even the columns that must stay fit: a row a block
+        return
     t = Table(**table.options)
     for i, w in zip(shown, widths, strict=True):
         col = table.columns[i]
@@ -154,6 +160,23 @@ def print_table(console: Console, table: FitTable) -> None:
             "a wider terminal, a pipe or --json shows them)",
             style="dim",
         )
+
+
+def _records(console: Console, table: FitTable) -> None:
+    """Each row as lines of ``header: value`` under its first cell: a terminal too narrow
+    for the table still gets every value whole."""
+    from rich.text import Text
+
+    title = table.options.get("title")
+    if title:
+        say(console, Text.from_markup(title) if isinstance(title, str) else title, style="bold")
+    for n, row in enumerate(table.rows):
+        if n in table.sections:
+            say(console, "")
+        for i, (col, cell) in enumerate(zip(table.columns, row, strict=True)):
+            if i == 0 or cell.plain.strip():
+                label = f"{col.header}: " if col.header else ""
+                say(console, "  " * (i > 0) + label, cell, style="" if i else "bold")
 
 
 def say(console: Console, *parts: str | Text | tuple[str, str], style: str | None = None) -> None:
