@@ -64,6 +64,26 @@ def test_delete_runs_keeps_shared_blobs_and_live_runs(store) -> None:
     assert load_log(store, "b").blobs[digest(shared)] == shared
 
 
+def test_prune_status_corrupt_deletes_a_damaged_journal(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    store = open_store(home, "")
+    owner = new_owner()
+    _run(store, "damaged", owner, [b"one", b"two"])
+    _run(store, "sound", owner, [b"three"])
+    store.close()
+    with sqlite3.connect(home / "stayer.db") as db:  # unreadable, and written before the last
+        db.execute(
+            "UPDATE stayer_events SET data = '{', at = '2020-01-01T00:00:00+00:00' "
+            "WHERE run_id = 'damaged' AND seq = 0"
+        )
+    listed = stayer("runs", "--json", home=home)
+    assert listed.returncode == 2 and "damaged" in listed.stderr
+    r = stayer("runs", "prune", "--status", "corrupt", "--json", home=home)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["deleted"] == ["damaged"]
+    assert _ids(home) == ["sound"]
+
+
 # --- the commands ----------------------------------------------------------------------------
 
 

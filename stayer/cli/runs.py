@@ -242,6 +242,8 @@ def prune(
     chosen = []
     for i, row in enumerate(rows):
         shown = run_status(row)
+        if status == "corrupt" and shown != "running" and _is_corrupt(store, row.id):
+            shown = "corrupt"
         if shown == "running" or (keep is not None and i < keep):
             continue
         if status is not None and shown != status:
@@ -289,3 +291,14 @@ def prune(
         f"other run refers to ({blob_bytes:,} bytes), {len(dirs)} run directories; "
         f"kept {len(rows) - len(deleted)} run(s) in {store.location if store else home}",
     )
+
+
+def _is_corrupt(store: Any, run_id: str) -> bool:
+    """Whether the run's journal is damaged before its last write (as `stayer runs` marks)."""
+    from stayer.journal import JournalCorrupt, load_log
+
+    try:
+        load_log(store, run_id)
+    except JournalCorrupt:
+        return True
+    return False
