@@ -44,6 +44,7 @@ def test_show_completion_in_bash_prints_a_script_that_completes(tmp_path: Path) 
     script = bash("stayer --show-completion")
     assert "_STAYER_COMPLETE=complete_bash" in script
     assert "complete -o default -F _stayer_completion stayer" in script
+    assert bash("stayer --show-completion bash") == script
 
     def complete(*words: str) -> list[str]:
         return bash(
