@@ -171,14 +171,17 @@ def estimate(
 
 def render_estimate(result: dict[str, Any], console: Console, *, max_rows: int = 20) -> None:
     """Print a per-step table and the totals; only the first and last rows when long."""
-    from rich.table import Table
+    from stayer.cli.tables import Col, FitTable, print_table
 
     cur = result.get("currency", "USD")
-    table = Table(title="Cost per step", title_justify="left")
-    table.add_column("step", justify="right")
-    table.add_column("context tokens", justify="right")
-    table.add_column(f"with cache ({cur})", justify="right")
-    table.add_column(f"without cache ({cur})", justify="right")
+    table = FitTable(
+        Col("step", number=True),
+        Col("context tokens", number=True),
+        Col(f"with cache ({cur})", number=True),
+        Col(f"without cache ({cur})", number=True),
+        title="Cost per step",
+        title_justify="left",
+    )
     rows = result["steps"]
     if len(rows) > max_rows:
         head, tail = max_rows // 2, max_rows - max_rows // 2
@@ -192,7 +195,7 @@ def render_estimate(result: dict[str, Any], console: Console, *, max_rows: int =
             table.add_row(
                 str(r["step"]), f"{r['context_tokens']:,}", r["with_cache"], r["without_cache"]
             )
-    console.print(table)
+    print_table(console, table)
     w, wo = result["with_cache"], result["without_cache"]
     console.print(
         f"[bold]with cache[/]    {w['total']} {cur}  "

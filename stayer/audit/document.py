@@ -35,7 +35,8 @@ from stayer.audit.analysis import Reference, SessionReport, Tally, money
 
 if TYPE_CHECKING:  # rich is imported by the tables only: ``audit --json`` never loads it
     from rich.console import Console
-    from rich.table import Table
+
+    from stayer.cli.tables import Col, FitTable
 
 GROUPS = ("session", "day", "model")
 _TOP = 10
@@ -173,33 +174,33 @@ def what_if_table(what_if: list[dict[str, Any]]) -> tuple[tuple[str, ...], list[
 
 
 def _table(
-    width: int,
     title: str,
-    header: tuple[str, ...],
+    columns: tuple[Col, ...],
     rows: list[list[str]],
     footer: list[str] | None = None,
-) -> Table:
-    """First column (a name) gives way to fit ``width``; the numbers keep their full width."""
+) -> FitTable:
+    """A table that fits the terminal (stayer.cli.tables): names fold, numbers stay whole."""
     from rich import box
-    from rich.table import Table
-    from rich.text import Text
 
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    every = rows + ([footer] if footer else [])
-    widths = [max([len(col)] + [len(r[i]) for r in every]) for i, col in enumerate(header)]
-    room = width - sum(widths[1:]) - 3 * len(header) - 1
-    t.add_column(
-        header[0], overflow="ellipsis", no_wrap=True, max_width=max(8, min(widths[0], room))
-    )
-    for col, w in zip(header[1:], widths[1:], strict=True):
-        t.add_column(col, justify="right", no_wrap=True, min_width=w)
-    # Cells are text, never markup: session ids, projects and model names come from the logs.
+    from stayer.cli.tables import FitTable
+
+    t = FitTable(*columns, title=title, title_justify="left", box=box.SIMPLE_HEAD)
     for r in rows:
-        t.add_row(*map(Text, r))
+        t.add_row(*r)
     if footer:
         t.add_section()
-        t.add_row(*map(Text, footer))
+        t.add_row(*footer)
     return t
+
+
+def _cols(header: tuple[str, ...], text: tuple[str, ...], drop: dict[str, int]) -> tuple[Col, ...]:
+    """Columns under ``header``: those named in ``text`` hold text, the first among them,
+    the others numbers; ``drop``: which a narrow terminal leaves out, highest first."""
+    from stayer.cli.tables import Col
+
+    return tuple(
+        Col(h, number=i > 0 and h not in text, drop=drop.get(h)) for i, h in enumerate(header)
+    )
 
 
 def _tally_row(key: str, tally: Tally) -> list[str]:
@@ -252,6 +253,8 @@ def render(report: AuditReport, console: Console, limit: int = 30) -> None:
     """Tables for people: the groups, then where the cache broke and what it cost."""
     from rich.text import Text
 
+    from stayer.cli.tables import print_table, say
+
     title = {"session": "Sessions", "day": "Days (UTC)", "model": "Models"}[report.group]
     groups = report.groups()
     if report.group == "session":
@@ -270,9 +273,9 @@ def render(report: AuditReport, console: Console, limit: int = 30) -> None:
         "hit %",
         "cost",
     )
-    console.print(
-        _table(console.width, f"stayer audit · {title}", header, rows, _tally_row("total", total))
-    )
+    columns = _cols(header, (), {"hit %": 3, "c.write": 2, "c.read": 1})
+    footer = _tally_row("total", total)
+    print_table(console, _table(f"stayer audit · {title}", columns, rows, footer))
     if total.unpriced_calls:
         console.print(
             Text(
@@ -301,15 +304,24 @@ def render(report: AuditReport, console: Console, limit: int = 30) -> None:
             for s, b in breaks[:limit]
         ]
         header = ("session", "call", "chain", "reason", "lost", "idle", "extra cost")
-        console.print(_table(console.width, "Costliest cache breaks", header, rows))
+        columns = _cols(header, ("chain", "reason"), {"chain": 2, "idle": 1})
+        print_table(console, _table("Costliest cache breaks", columns, rows))
     if report.what_if:
         header, rows = what_if_table(report.what_if)
-        console.print(_table(console.width, "What-if (estimates, USD)", header, rows))
-        console.print(WHAT_IF_NOTE, highlight=False)
+        # A replay's error is said under the table: its column holds numbers.
+        for r, w in zip(rows, report.what_if, strict=True):
+            if "error" in w:
+                r[-1] = "not replayed"
+        columns = _cols(header, ("model", "policy"), {"session total": 2, "actual, main chain": 1})
+        print_table(console, _table("What-if (estimates, USD)", columns, rows))
+        for w in report.what_if:
+            if "error" in w:
+                say(console, f"not replayed: {w['error']}")
+        say(console, WHAT_IF_NOTE)
     quadratic = [s for s in report.sessions if s.context and s.context.quadratic]
     if quadratic:
-        console.print(
+        say(
+            console,
             f"{len(quadratic)} of {len(report.sessions)} sessions re-send a context that grows "
             "every call (cumulative input ~ calls²); see context.growth_per_call_tokens in --json.",
-            highlight=False,
         )

@@ -45,6 +45,9 @@ class StayerGroup(TyperGroup):
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
+        # One name, however started (``python -m stayer.cli`` too): usage lines and the
+        # shell completion (``_STAYER_COMPLETE``) are those of the ``stayer`` command.
+        kwargs.setdefault("prog_name", "stayer")
         if not standalone_mode:
             return super().main(*args, **kwargs)
         try:
@@ -75,6 +78,10 @@ class StayerGroup(TyperGroup):
         # typer passes none: see StayerApp. Looked up, never changed, so a Mapping serves.
         self.commands = LazyCommands(app.deferred)  # type: ignore[assignment]
         read_plainly(self)
+
+    def parse_args(self, ctx: _click.Context, args: list[str]) -> list[str]:
+        read_plainly(self)  # Typer adds --install/--show-completion after __init__
+        return super().parse_args(ctx, args)
 
     def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         # The listing in ``stayer --help`` from each command's help text, without building it.
@@ -230,7 +237,7 @@ HELP_SETTINGS: dict[str, Any] = {
 
 def sub_app(help: str, **extra: Any) -> typer.Typer:
     """A command group (``stayer sandbox …``) that looks like the main app."""
-    return typer.Typer(help=help, **HELP_SETTINGS, **extra)
+    return typer.Typer(help=help, **{**HELP_SETTINGS, **extra})
 
 
 app = StayerApp(
@@ -240,7 +247,7 @@ app = StayerApp(
     "  stayer run examples/hello-file --model sim:claude-sonnet-4-5\n"
     "  stayer COMMAND -h  a command's options, with an example",
     cls=StayerGroup,
-    **HELP_SETTINGS,
+    **{**HELP_SETTINGS, "add_completion": True},  # --install-completion, --show-completion
 )
 
 

@@ -392,44 +392,42 @@ def _infra_summary(doc: dict[str, Any], console: Console, out: str | None) -> No
     """The trials that could not be judged, each with its reason, and what to do next."""
     if not doc["infra_trials"]:
         return
-    from rich.text import Text
+    from stayer.cli.tables import say
 
     labels = {c["id"]: c["label"] for c in doc["configs"]}
     n = len(doc["infra_trials"])
-    console.print(Text(f"{n} trial{'s' * (n != 1)} could not be judged (not scored):"))
+    say(console, f"{n} trial{'s' * (n != 1)} could not be judged (not scored):")
     for t in doc["infra_trials"]:
         name = _trial_name(t, labels.get(t["config_key"], t["config_key"]))
-        console.print(Text(f"  {name}: {t['reason']}"), soft_wrap=True)
+        say(console, f"  {name}: {t['reason']}")
     again = (
         f"rerun with the same --out {out} to run only these again"
         if out is not None
         else "rerun (with --out DIR, a rerun runs only these again)"
     )
-    console.print(Text(f"next: fix the cause above, then {again}"), soft_wrap=True)
+    say(console, f"next: fix the cause above, then {again}")
 
 
 def _summary_table(doc: dict[str, Any], console: Console) -> None:
-    from rich.table import Table
-    from rich.text import Text
+    from stayer.cli.tables import Col, FitTable, print_table, say
 
     def f(v: Any) -> str:
         return "—" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
-    t = Table(title="stayer eval")
-    for h in (
-        "configuration",
-        "success",
-        "95 % CI",
-        "pass^k",
-        "mean cost",
-        "cost / success",
-        "infra",
-    ):
-        t.add_column(h)
+    t = FitTable(
+        Col("configuration"),
+        Col("success", number=True),
+        Col("95 % CI", number=True),
+        Col("pass^k", number=True, drop=2),
+        Col("mean cost", number=True),
+        Col("cost / success", number=True),
+        Col("infra", number=True, drop=1),
+        title="stayer eval",
+    )
     for c in doc["configs"]:
         k = max(c["pass_hat_k"], key=int)
         t.add_row(
-            Text(c["label"]),
+            c["label"],
             f"{c['successes']}/{c['trials']} = {f(c['success_rate'])}",
             f"{f(c['ci_low'])}–{f(c['ci_high'])}",
             f"^{k} {f(c['pass_hat_k'][k])}",
@@ -437,12 +435,11 @@ def _summary_table(doc: dict[str, Any], console: Console) -> None:
             usd(c["cost_per_success_usd"]),
             str(c["infra_errors"]),
         )
-    console.print(t)
+    print_table(console, t)
     for x in doc["comparisons"]:
-        console.print(
-            Text(
-                f"{x['b']['label']} vs {x['a']['label']}: Δ success {f(x['success_diff'])}, {x['verdict']}"
-            )
+        say(
+            console,
+            f"{x['b']['label']} vs {x['a']['label']}: Δ success {f(x['success_diff'])}, {x['verdict']}",
         )
     if doc.get("report"):
-        console.print(Text(f"report: {doc['report']}"))
+        say(console, f"report: {doc['report']}")

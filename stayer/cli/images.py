@@ -73,15 +73,17 @@ def list_command(json_out: JsonFlag = False) -> None:
             }
         )
         return
-    from rich.table import Table
-    from rich.text import Text
+    from stayer.cli.tables import Col, FitTable, print_table, say
 
-    table = Table(box=None)
-    table.add_column("id", no_wrap=True)
-    table.add_column("size", no_wrap=True, justify="right")
-    table.add_column("last used (UTC)", no_wrap=True)
-    for column in ("made by", "image of", "in use"):
-        table.add_column(column, overflow="fold")
+    table = FitTable(
+        Col("id", whole=True),
+        Col("size", number=True),
+        Col("last used (UTC)", number=True),
+        Col("in use", drop=3),
+        Col("made by", drop=1),
+        Col("image of", drop=2),
+        box=None,
+    )
     for layer in found:
         made_by = f"{layer.dockerfile} {layer.step}" if layer.dockerfile else None
         used = layer.doc()["last_used"]
@@ -89,13 +91,13 @@ def list_command(json_out: JsonFlag = False) -> None:
             layer.id,
             _human(layer.size_bytes),
             dash(used and used[:16].replace("T", " ")),
-            Text(dash(made_by)),
-            Text(dash(", ".join(layer.images))),
             "yes" if layer.in_use else "",
+            dash(made_by),
+            dash(", ".join(layer.images)),
         )
     out = console()
-    out.print(table)
-    out.print(f"{len(found)} layers, {_human(total)} in {cache}", highlight=False)
+    print_table(out, table)
+    say(out, f"{len(found)} layers, {_human(total)} in {cache}")
 
 
 @images_app.command("prune")

@@ -12,7 +12,15 @@ from stayer.errors import ConfigError
 
 @app.command()
 def report(
-    run_id: Annotated[str, typer.Argument(help="Id of the run (see `stayer runs`).")],
+    run_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="RUN_ID", help="Id of the run (see `stayer runs`).", show_default=False
+        ),
+    ] = None,
+    last: Annotated[
+        bool, typer.Option("--last", help="The most recently started run (no RUN_ID).")
+    ] = False,
     follow: Annotated[
         bool,
         typer.Option(
@@ -28,12 +36,23 @@ def report(
 
     \b
     Example:  stayer report 20260101-120000-a1b2c3
+              stayer report --last
     """
     from stayer.journal.backends import open_store, stayer_home
     from stayer.journal.run_report import run_report
 
+    if run_id is None and not last:
+        bad_input("report: name the run: a RUN_ID (see `stayer runs`) or --last")
+    if run_id is not None and last:
+        bad_input(f"--last: the most recent run, or RUN_ID {run_id!r}: not both")
     try:
         store = open_store(stayer_home(), create=False)
+        if run_id is None:
+            newest = [] if store is None else store.runs(1)
+            if not newest:
+                where = store.location if store else stayer_home()
+                bad_input(f"--last: no runs in {where}")
+            run_id = newest[0].id
         row = None if store is None else store.run(run_id)
         if store is None or row is None:
             where = store.location if store else stayer_home()
@@ -46,45 +65,43 @@ def report(
     if json_out:
         emit_json(doc)
         return
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    from stayer.cli.common import console as make_console
+    from stayer.cli.tables import Col, FitTable, print_table, say
 
-    console = Console(emoji=False)
-    console.print(
-        f"[bold]run {escape(doc['run_id'])}[/] · {escape(doc['task'])} · {escape(doc['model'])} · {escape(doc['status'])}",
-        highlight=False,
-        soft_wrap=True,
+    console = make_console()
+    say(
+        console,
+        (f"run {doc['run_id']}", "bold"),
+        f" · {doc['task']} · {doc['model']} · {doc['status']}",
     )
-    t = Table(
-        "step",
-        "model",
-        "input",
-        "cache read",
-        "cache write",
-        "output",
-        "cache %",
-        "cost (USD)",
-        "tools",
-        "notes",
+    # Left out at a narrow terminal, first to last: tools, cache write, cache %, notes.
+    t = FitTable(
+        Col("step"),
+        Col("model"),
+        Col("input", number=True),
+        Col("cache read", number=True),
+        Col("cache write", number=True, drop=3),
+        Col("output", number=True),
+        Col("cache %", number=True, drop=2),
+        Col("cost (USD)", number=True),
+        Col("tools", drop=4),
+        Col("notes", drop=1),
     )
     for entry in doc["ledger"]:
         u = entry["usage"]
         lost = entry.get("kind") == "lost_in_flight"
         agent = entry.get("agent", "main")
         t.add_row(
-            escape(str(entry["step"]) if agent == "main" else f"{agent} {entry['step']}"),
-            escape(entry.get("model") or "—"),
+            str(entry["step"]) if agent == "main" else f"{agent} {entry['step']}",
+            entry.get("model") or "—",
             f"{u['input_tokens']:,}",
             f"{u['cache_read_tokens']:,}",
             f"{u['cache_write_tokens']:,}",
             f"{u['output_tokens']:,}",
             f"{entry['cache_hit_ratio'] * 100:.1f}",
             usd(entry["cost_usd"]) + (" (est.)" if lost else ""),
-            "lost in flight"
-            if lost
-            else escape(",".join(c["name"] for c in entry["tool_calls"]) or "-"),
-            escape("; ".join(step_notes(entry))),
+            "lost in flight" if lost else ",".join(c["name"] for c in entry["tool_calls"]) or "-",
+            "; ".join(step_notes(entry)),
         )
     tot = doc["totals"]
     u = tot["usage"]
@@ -101,27 +118,35 @@ def report(
         f"{tot['tool_calls']} tool calls",
         "",
     )
-    console.print(t)
+    print_table(console, t)
     if doc["messages"]:
-        m = Table("message", "from", "to", "kind", "tokens", "read cost (USD)", "says")
+        m = FitTable(
+            Col("message"),
+            Col("from"),
+            Col("to"),
+            Col("kind", drop=1),
+            Col("tokens", number=True),
+            Col("read cost (USD)", number=True),
+            Col("says", drop=2),
+        )
         for msg in doc["messages"]:
             said = msg["content"].strip().splitlines()[0][:60] if msg["content"].strip() else ""
             m.add_row(
-                escape(msg["id"]),
-                escape(msg["sender"]),
-                escape(msg["to"]),
+                msg["id"],
+                msg["sender"],
+                msg["to"],
                 msg["kind"],
                 f"{msg['tokens']:,}",
                 usd(msg["read_cost_usd"]) if msg["read_cost_usd"] is not None else "unread",
-                escape(said),
+                said,
             )
-        console.print(m)
+        print_table(console, m)
     j = doc["journal"]
-    console.print(
-        f"{tot['model_calls']} model calls ({tot['lost_in_flight']} lost in flight, {usd(tot['lost_in_flight_cost_usd'])}) · "
-        f"{j['events']} events · {j['resumes']} resume(s) · {j['blob_bytes']:,} blob bytes · {escape(j['store'])}",
-        highlight=False,
-        soft_wrap=True,
+    say(
+        console,
+        f"{tot['model_calls']} model calls ({tot['lost_in_flight']} lost in flight, "
+        f"{usd(tot['lost_in_flight_cost_usd'])}) · {j['events']} events · "
+        f"{j['resumes']} resume(s) · {j['blob_bytes']:,} blob bytes · {j['store']}",
     )
 
 

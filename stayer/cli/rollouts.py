@@ -303,7 +303,6 @@ def _stats(out: Path, json_out: bool) -> None:
     from decimal import Decimal
 
     from rich.markup import escape
-    from rich.table import Table
     from rich.text import Text
 
     from stayer.eval.verify import passes
@@ -358,20 +357,21 @@ def _stats(out: Path, json_out: bool) -> None:
     doc = {"out": str(out.resolve()), "samples": len(records), "domains": rows, "rounds": rounds}
     if json_out:
         emit_json(doc)
-    t = Table(title=f"stayer rollouts · {escape(str(out))}")
-    for h in (
-        "domain",
-        "samples",
-        "groups",
-        "with signal",
-        "success",
-        "reward mean ± sd",
-        "cost / sample",
-    ):
-        t.add_column(h)
+    from stayer.cli.tables import Col, FitTable, print_table
+
+    t = FitTable(
+        Col("domain"),
+        Col("samples", number=True),
+        Col("groups", number=True, drop=2),
+        Col("with signal", number=True, drop=1),
+        Col("success", number=True),
+        Col("reward mean ± sd", number=True),
+        Col("cost / sample", number=True),
+        title=f"stayer rollouts · {escape(str(out))}",
+    )
     for row in rows:
         t.add_row(
-            Text(row["domain"]),
+            row["domain"],
             str(row["samples"]),
             str(row["groups"]),
             str(row["groups_with_signal"]),
@@ -379,7 +379,7 @@ def _stats(out: Path, json_out: bool) -> None:
             f"{row['reward_mean']:.3f} ± {row['reward_sd']:.3f}",
             usd(row["cost_per_sample_usd"]),
         )
-    console(stderr=json_out).print(t)
+    print_table(console(stderr=json_out), t)
     for rd in rounds:
         last = (rd.get("allocation_history") or [{}])[-1].get("allocation", {})
         shares = ", ".join(f"{d} {s:.2f}" for d, s in sorted(last.items()))

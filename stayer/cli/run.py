@@ -252,16 +252,10 @@ def step_line(d: dict[str, Any], total: Decimal | None) -> str:
 def summary_table(doc: dict[str, Any], console: Console) -> None:
     """The result: a table of figures, then why the run stopped, the wrap-up summary, the
     verifier's output when it failed, and what to do next."""
-    from rich.markup import escape
-    from rich.table import Table
-    from rich.text import Text
+    from stayer.cli.tables import Col, FitTable, print_table, say
 
-    console.print(
-        f"[bold]run {escape(doc['run_id'])}[/] · {escape(doc['task'])} · {escape(doc['model'])}",
-        highlight=False,
-        soft_wrap=True,
-    )
-    t = Table(show_header=False)
+    say(console, (f"run {doc['run_id']}", "bold"), f" · {doc['task']} · {doc['model']}")
+    t = FitTable(Col("", whole=True), Col(""), show_header=False)
     u = doc["usage"]
     rows = [
         ("status", doc["status"]),
@@ -277,8 +271,8 @@ def summary_table(doc: dict[str, Any], console: Console) -> None:
     if doc.get("compactions"):
         rows.append(("compactions", str(doc["compactions"])))
     for k, v in rows:
-        t.add_row(k, Text(str(v)))
-    console.print(t)
+        t.add_row(k, str(v))
+    print_table(console, t)
     explain(doc, console)
 
 
@@ -287,7 +281,11 @@ def explain(doc: dict[str, Any], console: Console) -> None:
     from rich.markup import escape
 
     def say(label: str, text: str = "") -> None:
-        console.print(f"[bold]{label}:[/] {escape(text)}".rstrip(), highlight=False, soft_wrap=True)
+        console.print(
+            f"[bold]{label}:[/] {escape(text)}".rstrip(),
+            highlight=False,
+            soft_wrap=not console.is_terminal,
+        )
 
     stop = stop_detail(doc)
     if stop:
@@ -298,7 +296,7 @@ def explain(doc: dict[str, Any], console: Console) -> None:
     if summary and doc["status"] != "succeeded":
         say("wrap-up summary" if doc["status"] == "budget_exhausted" else "summary")
         for line in summary.splitlines():
-            console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+            console.print(f"  {escape(line)}", highlight=False, soft_wrap=not console.is_terminal)
     verifier = doc.get("verifier") or {}
     if verifier.get("voided"):
         say("reward", verifier["voided"])
@@ -310,7 +308,7 @@ def explain(doc: dict[str, Any], console: Console) -> None:
             f"(last {len(lines)} lines, exit code {dash(verifier.get('exit_code'))})",
         )
         for line in lines:
-            console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+            console.print(f"  {escape(line)}", highlight=False, soft_wrap=not console.is_terminal)
     say("next", next_step(doc))
 
 

@@ -14,6 +14,7 @@ from stayer.cli.common import (
     emit_json,
     error_line,
     parse_since,
+    sub_app,
     usd,
 )
 from stayer.errors import ConfigError
@@ -27,8 +28,22 @@ STATUSES = ("running", "interrupted", "succeeded", "failed", "budget_exhausted",
 DROPPABLE = ("updated", "steps", "started", "task", "model", "cost (USD)")
 
 
-@app.command()
+RUNS_HELP = """List runs, newest first: id, task, model, status, steps, cost, started, updated.
+
+    Looks in $STAYER_HOME (default ./.stayer) or the database STAYER_DB names, and says which.
+    `stayer runs prune` deletes runs.
+
+    \b
+    Example:  stayer runs --status failed --since 2026-01-01
+    """
+# A group that lists when no command follows: ``stayer runs`` and ``stayer runs prune``.
+runs_app = sub_app(RUNS_HELP, no_args_is_help=False, invoke_without_command=True)
+app.add_typer(runs_app, name="runs")
+
+
+@runs_app.callback()
 def runs(
+    ctx: typer.Context,
     limit: Annotated[int, typer.Option("--limit", help="Show at most this many runs.")] = 50,
     status: Annotated[
         str | None,
@@ -46,13 +61,9 @@ def runs(
     ] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """List runs, newest first: id, task, model, status, steps, cost, started, updated.
-
-    Looks in $STAYER_HOME (default ./.stayer) or the database STAYER_DB names, and says which.
-
-    \b
-    Example:  stayer runs --status failed --since 2026-01-01
-    """
+    """The runs in the journal (RUNS_HELP is the help text)."""
+    if ctx.invoked_subcommand is not None:
+        return
     from stayer.journal.backends import open_store, stayer_home
     from stayer.journal.lease import run_status
 
@@ -109,22 +120,21 @@ def mark_corrupt(store: Any, docs: list[dict[str, Any]]) -> list[str]:
 
 
 def show(docs: list[dict[str, Any]], total: int, found: bool, where: str, filters: Any) -> None:
-    from rich.console import Console
-    from rich.markup import escape
+    from stayer.cli.common import console as make_console
+    from stayer.cli.tables import say
 
-    console = Console(emoji=False)
+    console = make_console()
     if not found:
-        console.print(
-            f"no runs yet: no journal at {escape(where)} (set STAYER_HOME or STAYER_DB to look elsewhere)",
-            highlight=False,
-            soft_wrap=True,
+        say(
+            console,
+            f"no runs yet: no journal at {where} (set STAYER_HOME or STAYER_DB to look elsewhere)",
         )
         return
     if docs:
         print_table(console, docs)
     said = ", ".join(f"{k} {v}" for k, v in filters if v)
     shown = f"{len(docs)} of {total} run(s)" + (f" matching {said}" if said else "")
-    console.print(f"{escape(shown)} in {escape(where)}", highlight=False, soft_wrap=True)
+    say(console, f"{shown} in {where}")
 
 
 def matches(
@@ -146,28 +156,149 @@ def matches(
 
 
 def print_table(console: Console, docs: list[dict[str, Any]]) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+    from stayer.cli import tables
+    from stayer.cli.tables import Col, FitTable
 
-    cells = {
-        "id": [d["id"] for d in docs],
-        "task": [d["task"] for d in docs],
-        "model": [d["model"] for d in docs],
-        "status": [d["status"] for d in docs],
-        "steps": [str(d["steps"]) for d in docs],
-        "cost (USD)": [usd(d["cost_usd"]) for d in docs],
-        "started": [d["started"][:19].replace("T", " ") for d in docs],
-        "updated": [d["updated"][:19].replace("T", " ") for d in docs],
-    }
-    widths = {k: max(len(k), *(len(v) for v in vs)) for k, vs in cells.items()}
-    columns = list(cells)
-    for name in DROPPABLE:
-        if sum(widths[c] + 3 for c in columns) + 1 <= console.width:
-            break
-        columns.remove(name)
-    t = Table()
-    for c in columns:
-        t.add_column(c, no_wrap=True, min_width=widths[c] if c == "id" else None)
-    for i in range(len(docs)):
-        t.add_row(*(escape(cells[c][i]) for c in columns))
-    console.print(t)
+    drop = {name: len(DROPPABLE) - i for i, name in enumerate(DROPPABLE)}
+    t = FitTable(
+        Col("id", whole=True),
+        Col("task", drop=drop["task"]),
+        Col("model", drop=drop["model"]),
+        Col("status"),
+        Col("steps", number=True, drop=drop["steps"]),
+        Col("cost (USD)", number=True, drop=drop["cost (USD)"]),
+        Col("started", number=True, drop=drop["started"]),
+        Col("updated", number=True, drop=drop["updated"]),
+    )
+    for d in docs:
+        t.add_row(
+            d["id"],
+            d["task"],
+            d["model"],
+            d["status"],
+            str(d["steps"]),
+            usd(d["cost_usd"]),
+            d["started"][:19].replace("T", " "),
+            d["updated"][:19].replace("T", " "),
+        )
+    tables.print_table(console, t)
+
+
+@runs_app.command("prune")
+def prune(
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--older-than",
+            metavar="DURATION",
+            help="Runs not updated for this long (30m, 12h, 7d, 1d12h).",
+        ),
+    ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option("--status", help="Runs with this status (as `stayer runs` shows it)."),
+    ] = None,
+    keep: Annotated[
+        int | None,
+        typer.Option("--keep", metavar="N", help="Never the N most recently started runs."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be deleted; delete nothing.")
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Delete runs: their journal (run row and events), the blobs no other run refers to,
+    and their directory under $STAYER_HOME/runs. A run that is running is never deleted;
+    workspace snapshots are kept. The selectors combine: a run is deleted when it matches
+    every one given.
+
+    \b
+    Example:  stayer runs prune --older-than 30d --status failed --keep 20 --dry-run
+    """
+    import shutil
+    import time
+    from datetime import datetime
+
+    from stayer.cli.images import parse_duration
+    from stayer.journal.backends import open_store, stayer_home
+    from stayer.journal.lease import run_status
+
+    if older_than is None and status is None and keep is None:
+        bad_input("runs prune: say which runs with --older-than, --status or --keep")
+    if status is not None and status not in STATUSES:
+        bad_input(f"--status {status!r}: expected one of {', '.join(STATUSES)}")
+    if status == "running":
+        bad_input("--status running: a running run is never deleted")
+    if keep is not None and keep < 0:
+        bad_input(f"--keep {keep}: expected a number of runs, 0 or more")
+    age = None if older_than is None else parse_duration(older_than, "--older-than")
+    home = stayer_home()
+    try:
+        store = open_store(home, create=False)
+        rows = [] if store is None else store.runs(None)  # newest first
+    except ConfigError as e:
+        bad_input(str(e))
+    now = time.time()
+    chosen = []
+    for i, row in enumerate(rows):
+        shown = run_status(row)
+        if status == "corrupt" and shown != "running" and _is_corrupt(store, row.id):
+            shown = "corrupt"
+        if shown == "running" or (keep is not None and i < keep):
+            continue
+        if status is not None and shown != status:
+            continue
+        if age is not None and now - datetime.fromisoformat(row.updated).timestamp() < age:
+            continue
+        chosen.append(row)
+    done = store.delete_runs([r.id for r in chosen], dry_run=dry_run) if store else None
+    deleted = [] if done is None else done.runs
+    dirs = [home / "runs" / r for r in deleted if (home / "runs" / r).is_dir()]
+    if not dry_run:
+        for d in dirs:
+            if d.is_symlink():
+                d.unlink()
+            else:
+                shutil.rmtree(d)
+    events, blobs = (done.events, done.blobs) if done else (0, [])
+    blob_bytes = done.blob_bytes if done else 0
+    if json_out:
+        emit_json(
+            {
+                "store": store.location if store else None,
+                "dry_run": dry_run,
+                "deleted": deleted,
+                "events": events,
+                "blobs": len(blobs),
+                "blob_bytes": blob_bytes,
+                "run_dirs": [str(d) for d in dirs],
+                "kept": len(rows) - len(deleted),
+            }
+        )
+        return
+    from stayer.cli.common import console
+    from stayer.cli.tables import say
+
+    out = console()
+    verb = "would delete" if dry_run else "deleted"
+    by_id = {r.id: r for r in chosen}
+    for run_id in deleted:
+        r = by_id[run_id]
+        say(out, f"{verb} {run_id} ({run_status(r)}, started {r.started[:19].replace('T', ' ')})")
+    say(
+        out,
+        f"{verb} {len(deleted)} run(s): {events:,} journal events, {len(blobs):,} blobs no "
+        f"other run refers to ({blob_bytes:,} bytes), {len(dirs)} run directories; "
+        f"kept {len(rows) - len(deleted)} run(s) in {store.location if store else home}",
+    )
+
+
+def _is_corrupt(store: Any, run_id: str) -> bool:
+    """Whether the run's journal is damaged before its last write (as `stayer runs` marks)."""
+    from stayer.journal import JournalCorrupt, load_log
+
+    try:
+        load_log(store, run_id)
+    except JournalCorrupt:
+        return True
+    return False

@@ -13,6 +13,7 @@ from stayer.cli.common import (
     SandboxOption,
     app,
     bad_input,
+    console,
     emit_json,
     parse_decimal,
     stderr,
@@ -200,21 +201,26 @@ def tenants_list(json_out: JsonFlag = False) -> None:
     if json_out:
         emit_json({"tenants": rows})
         return
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    from stayer.cli.tables import Col, FitTable, print_table
 
-    t = Table("tenant", "cap", "spent", "held", "available", "created")
+    t = FitTable(
+        Col("tenant", whole=True),
+        Col("cap", number=True),
+        Col("spent", number=True),
+        Col("held", number=True, drop=1),
+        Col("available", number=True),
+        Col("created", number=True, drop=2),
+    )
     for r in rows:
         t.add_row(
-            escape(r["tenant"]),
+            r["tenant"],
             r["max_cost"] or "—",
             r["spent_usd"],
             r["reserved_usd"],
             r["available_usd"] or "—",
             r["created_at"],
         )
-    Console().print(t)
+    print_table(console(), t)
 
 
 def _cap(text: str | None):  # noqa: ANN202 - Decimal | None

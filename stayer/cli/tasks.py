@@ -54,7 +54,7 @@ def check(
     """
     import asyncio
 
-    from rich.table import Table
+    from rich.markup import escape
     from rich.text import Text
 
     from stayer.eval.checks import TaskCheck, check_suite
@@ -89,13 +89,20 @@ def check(
                 "tasks": [c.to_dict() for c in checks],
             }
         )
-    table = Table(title=Text(f"stayer tasks check · {suite}"))
-    for h in ("task", "verdict", "oracle s", "tests s", "problems"):
-        table.add_column(h)
+    from stayer.cli.tables import Col, FitTable, print_table
+
+    table = FitTable(
+        Col("task"),
+        Col("verdict"),
+        Col("oracle s", number=True, drop=2),
+        Col("tests s", number=True, drop=1),
+        Col("problems"),
+        title=escape(f"stayer tasks check · {suite}"),
+    )
     for c in checks:
         table.add_row(
-            Text(c.name),
-            "[green]ok[/]" if c.ok else "[red]problem[/]",
+            c.name,
+            Text("ok", style="green") if c.ok else Text("problem", style="red"),
             "–" if c.oracle_s is None else f"{c.oracle_s:.2f}",
             "–" if c.verify_s is None else f"{c.verify_s:.2f}",
             Text("\n").join(
@@ -107,7 +114,7 @@ def check(
                 )
             ),
         )
-    console(stderr=json_out).print(table)
+    print_table(console(stderr=json_out), table)
     raise typer.Exit(EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED)
 
 

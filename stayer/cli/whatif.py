@@ -101,28 +101,28 @@ def whatif(
 def comparison_table(doc: dict[str, Any], console: Console) -> None:
     """Recorded, the baseline replay, and every scenario, in one table."""
     from rich.markup import escape
-    from rich.table import Table
+
+    from stayer.cli.tables import Col, FitTable, print_table
 
     recorded, baseline = doc["recorded"], doc["baseline"]
-    t = Table(title=f"what-if (estimate): {escape(recorded['source'])}")
-    for h in (
-        "",
-        "model",
-        "policy",
-        "USD",
-        "Δ USD",
-        "calls",
-        "cache hit",
-        "peak ctx",
-        "compactions",
-    ):
-        t.add_column(h)
+    t = FitTable(
+        Col(""),
+        Col("model"),
+        Col("policy"),
+        Col("USD", number=True),
+        Col("Δ USD", number=True),
+        Col("calls", number=True, drop=2),
+        Col("cache hit", number=True, drop=3),
+        Col("peak ctx", number=True, drop=4),
+        Col("compactions", number=True, drop=5),
+        title=f"what-if (estimate): {escape(recorded['source'])}",
+    )
 
     def row(label: str, r: dict[str, Any], delta: str | None) -> None:
         t.add_row(
             label,
-            escape(r["model"]),
-            escape(r["policy"]),
+            r["model"],
+            r["policy"],
             _money(r["cost_usd"]),
             _money(delta, signed=True),
             str(r["requests"]),
@@ -133,8 +133,8 @@ def comparison_table(doc: dict[str, Any], console: Console) -> None:
 
     t.add_row(
         "recorded",
-        escape(recorded["model"] or "?"),
-        escape(recorded["policy"]),
+        recorded["model"] or "?",
+        recorded["policy"],
         _money(recorded["cost_usd"]),
         "",
         "?" if recorded["requests"] is None else str(recorded["requests"]),
@@ -146,7 +146,7 @@ def comparison_table(doc: dict[str, Any], console: Console) -> None:
         row("replay", baseline, doc["replay_error_usd"])
     for r in doc["scenarios"]:
         row("what-if", r, r["delta_usd"])
-    console.print(t)
+    print_table(console, t)
     if baseline is None:
         console.print(f"[yellow]{escape(doc['baseline_error'])}[/]; Δ not shown", highlight=False)
     console.print(

@@ -66,6 +66,9 @@ class _Cursor:
         row: tuple[Any, ...] | None = self.cur.fetchone()
         return row
 
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return list(self.cur.fetchall())
+
 
 class PostgresStore(SqlStore):
     NOW = "extract(epoch from clock_timestamp())::double precision"

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stayer.journal.blobs import BlobError, decode, encode
-from stayer.journal.store import SCHEMA_VERSION, Event, JournalError, LeaseLost, RunRow
+from stayer.journal.store import SCHEMA_VERSION, Event, JournalError, LeaseLost, Pruned, RunRow
 
 if TYPE_CHECKING:
     from stayer.sandbox.snapshot import SnapshotStore
@@ -244,6 +244,55 @@ class SqlStore:
                 continue
             out.append(Event(int(seq), kind, parsed, at))
         return out
+
+    def delete_runs(self, run_ids: Sequence[str], *, dry_run: bool = False) -> Pruned:
+        """Delete these runs (their rows and events), except one whose lease is live (a
+        process may be running it), and every blob they referred to that no other run's
+        event refers to; in one write transaction. ``dry_run``: say what, delete nothing."""
+        from stayer.journal.log import blob_refs
+
+        def refs(rows: Iterable[Sequence[Any]]) -> set[str]:
+            out: set[str] = set()
+            for seq, kind, data in rows:
+                try:
+                    out.update(blob_refs(Event(int(seq), kind, json.loads(data), "")))
+                except (ValueError, KeyError, TypeError):
+                    continue  # a damaged record: nothing can be read through it
+            return out
+
+        live = f"lease_owner IS NOT NULL AND lease_expires > {self.NOW}"
+        done = Pruned()
+        with self._tx() as cur:
+            cur.execute(f"SELECT id FROM stayer_runs WHERE NOT ({live})")
+            free = {r[0] for r in cur.fetchall()}
+            done.runs = [r for r in dict.fromkeys(run_ids) if r in free]
+            gone = set(done.runs)
+            dropped: set[str] = set()
+            for run_id in done.runs:
+                cur.execute(
+                    f"SELECT seq, kind, {self.EVENT_DATA} FROM stayer_events WHERE run_id = ?",
+                    (run_id,),
+                )
+                rows = cur.fetchall()
+                done.events += len(rows)
+                dropped |= refs(rows)
+            if dropped:
+                cur.execute(f"SELECT run_id, seq, kind, {self.EVENT_DATA} FROM stayer_events")
+                dropped -= refs(r[1:] for r in cur.fetchall() if r[0] not in gone)
+            done.blobs = sorted(dropped)
+            done.blob_bytes = self.blob_bytes(done.blobs)
+            if not dry_run:
+                for run_id in done.runs:
+                    cur.execute("DELETE FROM stayer_events WHERE run_id = ?", (run_id,))
+                    cur.execute("DELETE FROM stayer_runs WHERE id = ?", (run_id,))
+                self._drop_blobs(cur, done.blobs)
+        return done
+
+    def _drop_blobs(self, cur: Any, addresses: Sequence[str]) -> None:
+        """Delete these blobs, inside the transaction ``cur``."""
+        for part in chunked(addresses):
+            marks = ", ".join("?" * len(part))
+            cur.execute(f"DELETE FROM stayer_blobs WHERE hash IN ({marks})", tuple(part))
 
     def truncate(self, run_id: str, owner: str, after_seq: int) -> None:
         with self._tx() as cur:

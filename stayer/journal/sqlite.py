@@ -80,6 +80,13 @@ class SqliteStore(SqlStore):
                 written += self.blobs.put_stored(address, stored)
         return written + self._insert_stored(cur, small)
 
+    def _drop_blobs(self, cur: Any, addresses: Sequence[str]) -> None:
+        # Files too, while this transaction holds the write lock: an append that would
+        # find one present (and not rewrite it) waits for the lock.
+        super()._drop_blobs(cur, addresses)
+        for address in addresses:
+            self.blobs.path(address).unlink(missing_ok=True)
+
     def get_blob(self, address: str) -> bytes:
         if self.blobs.has(address):
             return self.blobs.get(address)

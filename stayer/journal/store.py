@@ -85,6 +85,16 @@ class RunRow:
         }
 
 
+@dataclass
+class Pruned:
+    """What ``Store.delete_runs`` deleted (or, on a dry run, would)."""
+
+    runs: list[str] = field(default_factory=list)
+    events: int = 0
+    blobs: list[str] = field(default_factory=list)  # no remaining event refers to them
+    blob_bytes: int = 0  # as stored (compressed)
+
+
 class Store(Protocol):
     """Runs, their append-only events, and blobs. Every write is durable on return (see
     ``append`` for the one relaxation)."""
@@ -119,6 +129,10 @@ class Store(Protocol):
 
     def truncate(self, run_id: str, owner: str, after_seq: int) -> None:
         """Drop events numbered above ``after_seq`` (a torn tail found on resume)."""
+
+    def delete_runs(self, run_ids: Sequence[str], *, dry_run: bool = False) -> Pruned:
+        """Delete these runs (rows, events), but not one with a live lease, and the blobs
+        no remaining event refers to (``dry_run``: say which, delete nothing)."""
 
     def put_blobs(self, blobs: Mapping[str, bytes]) -> int:
         """Store blobs durably; returns the bytes newly stored."""
