@@ -171,7 +171,7 @@ def estimate(
 
 def render_estimate(result: dict[str, Any], console: Console, *, max_rows: int = 20) -> None:
     """Print a per-step table and the totals; only the first and last rows when long."""
-    from stayer.cli.tables import Col, FitTable, print_table
+    from stayer.tables import Col, FitTable, print_table
 
     cur = result.get("currency", "USD")
     table = FitTable(

@@ -22,7 +22,7 @@ from typing import Any
 from rich.cells import cell_len
 
 from stayer.cli.common import usd
-from stayer.cli.tables import Col, FitTable, layout, print_table
+from stayer.tables import Col, FitTable, layout, print_table
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -33,6 +33,7 @@ LAYERS: list[set[str]] = [
         "tokens",
         "sqlite_tx",
         "svgplot",
+        "tables",
         "paths",
     },
     {"models"},

@@ -36,7 +36,7 @@ from stayer.audit.analysis import Reference, SessionReport, Tally, money
 if TYPE_CHECKING:  # rich is imported by the tables only: ``audit --json`` never loads it
     from rich.console import Console
 
-    from stayer.cli.tables import Col, FitTable
+    from stayer.tables import Col, FitTable
 
 GROUPS = ("session", "day", "model")
 _TOP = 10
@@ -179,10 +179,10 @@ def _table(
     rows: list[list[str]],
     footer: list[str] | None = None,
 ) -> FitTable:
-    """A table that fits the terminal (stayer.cli.tables): names fold, numbers stay whole."""
+    """A table that fits the terminal (stayer.tables): names fold, numbers stay whole."""
     from rich import box
 
-    from stayer.cli.tables import FitTable
+    from stayer.tables import FitTable
 
     t = FitTable(*columns, title=title, title_justify="left", box=box.SIMPLE_HEAD)
     for r in rows:
@@ -196,7 +196,7 @@ def _table(
 def _cols(header: tuple[str, ...], text: tuple[str, ...], drop: dict[str, int]) -> tuple[Col, ...]:
     """Columns under ``header``: those named in ``text`` hold text, the first among them,
     the others numbers; ``drop``: which a narrow terminal leaves out, highest first."""
-    from stayer.cli.tables import Col
+    from stayer.tables import Col
 
     return tuple(
         Col(h, number=i > 0 and h not in text, drop=drop.get(h)) for i, h in enumerate(header)
@@ -253,7 +253,7 @@ def render(report: AuditReport, console: Console, limit: int = 30) -> None:
     """Tables for people: the groups, then where the cache broke and what it cost."""
     from rich.text import Text
 
-    from stayer.cli.tables import print_table, say
+    from stayer.tables import print_table, say
 
     title = {"session": "Sessions", "day": "Days (UTC)", "model": "Models"}[report.group]
     groups = report.groups()

@@ -392,7 +392,7 @@ def _infra_summary(doc: dict[str, Any], console: Console, out: str | None) -> No
     """The trials that could not be judged, each with its reason, and what to do next."""
     if not doc["infra_trials"]:
         return
-    from stayer.cli.tables import say
+    from stayer.tables import say
 
     labels = {c["id"]: c["label"] for c in doc["configs"]}
     n = len(doc["infra_trials"])
@@ -409,7 +409,7 @@ def _infra_summary(doc: dict[str, Any], console: Console, out: str | None) -> No
 
 
 def _summary_table(doc: dict[str, Any], console: Console) -> None:
-    from stayer.cli.tables import Col, FitTable, print_table, say
+    from stayer.tables import Col, FitTable, print_table, say
 
     def f(v: Any) -> str:
         return "—" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)

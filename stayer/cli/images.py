@@ -73,7 +73,7 @@ def list_command(json_out: JsonFlag = False) -> None:
             }
         )
         return
-    from stayer.cli.tables import Col, FitTable, print_table, say
+    from stayer.tables import Col, FitTable, print_table, say
 
     table = FitTable(
         Col("id", whole=True),

@@ -66,7 +66,7 @@ def report(
         emit_json(doc)
         return
     from stayer.cli.common import console as make_console
-    from stayer.cli.tables import Col, FitTable, print_table, say
+    from stayer.tables import Col, FitTable, print_table, say
 
     console = make_console()
     say(

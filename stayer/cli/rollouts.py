@@ -357,7 +357,7 @@ def _stats(out: Path, json_out: bool) -> None:
     doc = {"out": str(out.resolve()), "samples": len(records), "domains": rows, "rounds": rounds}
     if json_out:
         emit_json(doc)
-    from stayer.cli.tables import Col, FitTable, print_table
+    from stayer.tables import Col, FitTable, print_table
 
     t = FitTable(
         Col("domain"),

@@ -252,7 +252,7 @@ def step_line(d: dict[str, Any], total: Decimal | None) -> str:
 def summary_table(doc: dict[str, Any], console: Console) -> None:
     """The result: a table of figures, then why the run stopped, the wrap-up summary, the
     verifier's output when it failed, and what to do next."""
-    from stayer.cli.tables import Col, FitTable, print_table, say
+    from stayer.tables import Col, FitTable, print_table, say
 
     say(console, (f"run {doc['run_id']}", "bold"), f" · {doc['task']} · {doc['model']}")
     t = FitTable(Col("", whole=True), Col(""), show_header=False)

@@ -121,7 +121,7 @@ def mark_corrupt(store: Any, docs: list[dict[str, Any]]) -> list[str]:
 
 def show(docs: list[dict[str, Any]], total: int, found: bool, where: str, filters: Any) -> None:
     from stayer.cli.common import console as make_console
-    from stayer.cli.tables import say
+    from stayer.tables import say
 
     console = make_console()
     if not found:
@@ -156,8 +156,8 @@ def matches(
 
 
 def print_table(console: Console, docs: list[dict[str, Any]]) -> None:
-    from stayer.cli import tables
-    from stayer.cli.tables import Col, FitTable
+    from stayer import tables
+    from stayer.tables import Col, FitTable
 
     drop = {name: len(DROPPABLE) - i for i, name in enumerate(DROPPABLE)}
     t = FitTable(
@@ -277,7 +277,7 @@ def prune(
         )
         return
     from stayer.cli.common import console
-    from stayer.cli.tables import say
+    from stayer.tables import say
 
     out = console()
     verb = "would delete" if dry_run else "deleted"

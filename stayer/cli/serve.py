@@ -201,7 +201,7 @@ def tenants_list(json_out: JsonFlag = False) -> None:
     if json_out:
         emit_json({"tenants": rows})
         return
-    from stayer.cli.tables import Col, FitTable, print_table
+    from stayer.tables import Col, FitTable, print_table
 
     t = FitTable(
         Col("tenant", whole=True),

@@ -89,7 +89,7 @@ def check(
                 "tasks": [c.to_dict() for c in checks],
             }
         )
-    from stayer.cli.tables import Col, FitTable, print_table
+    from stayer.tables import Col, FitTable, print_table
 
     table = FitTable(
         Col("task"),

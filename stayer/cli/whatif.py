@@ -102,7 +102,7 @@ def comparison_table(doc: dict[str, Any], console: Console) -> None:
     """Recorded, the baseline replay, and every scenario, in one table."""
     from rich.markup import escape
 
-    from stayer.cli.tables import Col, FitTable, print_table
+    from stayer.tables import Col, FitTable, print_table
 
     recorded, baseline = doc["recorded"], doc["baseline"]
     t = FitTable(
