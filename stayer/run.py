@@ -44,7 +44,7 @@ from stayer.journal.replay import JournaledModel, JournaledProbe, JournaledTool,
 from stayer.messages import Message
 from stayer.models.base import Model
 from stayer.models.caching import provider_of
-from stayer.models.registry import make_real_model, split_spec
+from stayer.models.registry import known_sim_model, make_real_model, split_spec
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
 from stayer.money import Usd
@@ -207,16 +207,8 @@ def model_for(
     """``build_model``, refusing a ``sim:`` model that no price data knows: it is a typo
     (``sim:claude-sonet-4-5``) far more often than a model, and would be priced "unknown"."""
     model = build_model(spec, config, task, counters)
-    if spec.startswith("sim:") and not prices.knows(model.model_id, model.provider):
-        close = [f"sim:{m}" for m in prices.closest(model.model_id, model.provider)]
-        hint = (
-            f"did you mean {' or '.join(close)}?"
-            if close
-            else "e.g. sim:claude-sonnet-4-5 or sim:gpt-5"
-        )
-        raise ConfigError(
-            f"--model {spec}: no {model.provider} model of that name in the price data; {hint}"
-        )
+    if spec.startswith("sim:"):
+        known_sim_model(model.model_id, prices)
     return model
 
 
