@@ -227,6 +227,13 @@ def build_model(spec: str, config: RunConfig, task: Task, counters: Counters) ->
     return make_real_model(spec, base_url=config.base_url)
 
 
+def stop_detail(reason: str | None, breakers: list[dict[str, Any]]) -> str | None:
+    """Why the run stopped, in the words of the limit or breaker that stopped it (the last
+    trip of the stop reason: the one that began the wrap-up, or that ended the run)."""
+    trip = next((b for b in reversed(breakers) if b.get("reason") == reason), None)
+    return None if trip is None else str(trip.get("detail") or "") or None
+
+
 def run_header(p: PreparedRun) -> dict[str, Any]:
     """What the journal records about a run up front: enough to prepare it again."""
     config = p.config.to_record()
@@ -616,6 +623,7 @@ def result_document(
         },
         "cost_usd": str(cost),
         "stop_reason": result.stop_reason,
+        "stop_detail": stop_detail(result.stop_reason, result.breakers),
         "policy": p.config.policy,
         "peak_context_tokens": result.peak_context_tokens,
         "compactions": sum(1 for e in result.ledger if e.compaction),

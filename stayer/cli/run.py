@@ -320,6 +320,8 @@ VERIFIER_TAIL_LINES = 15
 def stop_detail(doc: dict[str, Any]) -> str:
     """The reason the run stopped, with the breaker's own words when one stopped it."""
     reason = doc.get("stop_reason") or ""
+    if doc.get("stop_detail"):
+        return f"{reason}: {doc['stop_detail']}"
     hard = [b for b in doc.get("breakers") or () if not b.get("soft")]
     if hard:
         return f"{hard[-1]['reason']}: {hard[-1]['detail']}"
