@@ -412,6 +412,8 @@ def step_notes(entry: dict[str, Any]) -> list[str]:
     """What happened at a ledger entry besides the call: a cache break and its reason, a
     compaction, a model switch."""
     notes = []
+    if entry.get("kind") == "lost_in_flight":
+        notes.append("lost in flight at a crash (billed; estimated)")
     brk = entry.get("cache_break")
     if brk:
         detail = f" ({brk['detail']})" if brk.get("detail") else ""

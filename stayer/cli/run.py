@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -218,16 +218,26 @@ def exit_code(status: str) -> int:
     return {"succeeded": EXIT_OK, "budget_exhausted": EXIT_BUDGET}.get(status, EXIT_FAILED)
 
 
-def step_printer(err: Console) -> Callable[[Any], None]:
-    """One progress line per step on ``err`` (see ``step_line``)."""
+def step_printer(err: Console, lost: Sequence[dict[str, Any]] = ()) -> Callable[[Any], None]:
+    """One progress line per step on ``err`` (see ``step_line``). ``lost``: the journal's
+    ``model_lost`` records, which grow as a resumed run re-issues calls lost at a crash;
+    each gets its line before the step's, so the running total is what the result counts."""
     from rich.markup import escape
 
-    total: list[Decimal | None] = [Decimal(0)]
+    from stayer.journal.session import lost_ledger_entries
 
-    def progress(entry: Any) -> None:
-        d = entry.to_dict()
+    total: list[Decimal | None] = [Decimal(0)]
+    shown = [0]
+
+    def show(d: dict[str, Any]) -> None:
         total[0] = add_cost(total[0], d["cost_usd"])
         err.print(escape(step_line(d, total[0])), highlight=False, soft_wrap=True)
+
+    def progress(entry: Any) -> None:
+        for d in lost_ledger_entries(lost[shown[0] :]):
+            show(d)
+        shown[0] = len(lost)
+        show(entry.to_dict())
 
     return progress
 
