@@ -458,3 +458,28 @@ def test_report_follow_tails_a_running_run_from_another_process(tmp_path: Path) 
     assert lines[-1].split("│")[5].strip() == f"total {usd(doc['cost_usd'])}"
     assert tail.stdout.splitlines()[-1].startswith(f"finished: {doc['status']}")
     assert tail.returncode == run.returncode
+
+
+@pytest.mark.parametrize("status", ["running", "interrupted", "cancelled", "error", "corrupt"])
+def test_runs_takes_every_status_it_shows(tmp_path, status):
+    """Before: --status cancelled was refused though the hosted runtime's cancelled runs
+    are listed as cancelled. The choices are the journal's own statuses."""
+    from stayer.journal import open_store
+    from stayer.journal.store import RunRow
+
+    home = tmp_path / "home"
+    store = open_store(home)
+    try:
+        for n, final in enumerate(
+            ("succeeded", "failed", "budget_exhausted", "error", "cancelled")
+        ):
+            row = RunRow(f"r{n}", "t", "sim:gpt-5", final, 1, "0.1", "2026-01-01", "2026-01-01")
+            store.create_run(row, "nobody", 0)
+    finally:
+        store.close()
+    r = stayer("runs", "--status", status, "--json", home=home)
+    assert r.returncode in (0, 2) and "--status" not in r.stderr, r.stderr
+    if status == "cancelled":
+        assert [d["id"] for d in json.loads(r.stdout)["runs"]] == ["r4"]
+    help_text = " ".join(stayer("runs", "--help", home=home, columns=200).stdout.split())
+    assert "cancelled" in help_text
