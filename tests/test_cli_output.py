@@ -483,3 +483,31 @@ def test_runs_takes_every_status_it_shows(tmp_path, status):
         assert [d["id"] for d in json.loads(r.stdout)["runs"]] == ["r4"]
     help_text = " ".join(stayer("runs", "--help", home=home, columns=200).stdout.split())
     assert "cancelled" in help_text
+
+
+def test_help_names_every_choice_a_command_takes(tmp_path):
+    """Before: sandbox exec --help omitted bwrap-persistent and run --help textbook. The
+    choices in help come from the lists the commands check against."""
+    from stayer.context.policies import POLICIES, make_policy
+    from stayer.errors import ConfigError
+    from stayer.sandbox import KINDS, make_sandbox
+
+    def help_of(*command: str) -> str:
+        r = stayer(*command, "--help", home=tmp_path / "home", columns=200)
+        assert r.returncode == 0, r.stderr
+        return " ".join(r.stdout.split()).replace("- ", "-")  # a name split at its hyphen
+
+    for command in (("run",), ("whatif",)):
+        text = help_of(*command)
+        for name in POLICIES:
+            make_policy(name)  # taken…
+            assert f"{name}" in text.split("--policy", 1)[1], (command, name)  # …and named
+    for command in (("run",), ("eval",), ("sandbox", "exec")):
+        text = help_of(*command).split("--sandbox", 1)[1].split(" --", 1)[0]
+        for kind in KINDS:
+            try:
+                make_sandbox(kind, tmp_path)
+                taken = True
+            except ConfigError:
+                taken = command != ("sandbox", "exec")  # a task's image: run and eval build it
+            assert (f"{kind} (" in text) == taken, (command, kind, text)

@@ -26,6 +26,7 @@ from typer._coercion import RuntimeParam, build_runtime_param
 from typer.core import TyperGroup
 from typer.main import get_command, get_command_name
 
+from stayer.choices import kinds_help
 from stayer.errors import ConfigError
 from stayer.money import Usd
 
@@ -269,13 +270,13 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_BUDGET = 0, 1, 2, 3
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 # Options that several commands take with one meaning and one help text.
-SandboxOption = Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")]
+SandboxOption = Annotated[str, typer.Option("--sandbox", help=f"{kinds_help()}. Default: bwrap.")]
 # Over a suite each task may name its own sandbox (task.toml's [environment] sandbox).
 TaskSandboxOption = Annotated[
     str | None,
     typer.Option(
         "--sandbox",
-        help="For every task: bwrap, docker or bwrap-image (each task's Dockerfile built), or local. Default: each task's [environment] sandbox, else bwrap.",
+        help=f"For every task: {kinds_help()}. Default: each task's [environment] sandbox, else bwrap.",
     ),
 ]
 SimPolicyOption = Annotated[

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from stayer.choices import POLICY_HELP, kinds_help
 from stayer.cli.common import (
     EXIT_BUDGET,
     EXIT_FAILED,
@@ -70,7 +71,7 @@ def run(
         str | None,
         typer.Option(
             "--sandbox",
-            help="bwrap (default: the host's system), docker or bwrap-image (the task's Dockerfile, built with Docker or without), local (unsandboxed, only by name). Default: task.toml's [environment] sandbox, else bwrap.",
+            help=f"{kinds_help()}. Default: task.toml's [environment] sandbox, else bwrap.",
         ),
     ] = None,
     service_tier: Annotated[
@@ -79,9 +80,7 @@ def run(
     ] = None,
     policy: Annotated[
         str,
-        typer.Option(
-            "--policy", help="Context policy: auto | none | mask[:W] | summarize[:TOKENS]."
-        ),
+        typer.Option("--policy", help=f"Context policy: {POLICY_HELP}."),
     ] = "auto",
     max_context: Annotated[
         int | None,

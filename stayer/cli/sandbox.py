@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from stayer.choices import HOST_KINDS, kinds_help
 from stayer.cli.common import (
     JsonFlag,
     app,
@@ -84,7 +85,7 @@ def exec_command(
     ] = None,
     sandbox: Annotated[
         str,
-        typer.Option("--sandbox", help="bwrap (default) or local (no isolation, only by name)."),
+        typer.Option("--sandbox", help=f"{kinds_help(HOST_KINDS)}. Default: bwrap."),
     ] = "bwrap",
     json_out: JsonFlag = False,
 ) -> None:

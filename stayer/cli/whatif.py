@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from stayer.choices import POLICY_HELP
 from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json
 from stayer.errors import ConfigError
 
@@ -34,7 +35,7 @@ def whatif(
         str,
         typer.Option(
             "--policy",
-            help="auto | none | mask[:W] | summarize[:TOKENS] | textbook[:TOKENS]; comma-separated to compare several.",
+            help=f"{POLICY_HELP}; comma-separated to compare several.",
         ),
     ] = "auto",
     max_context: Annotated[
