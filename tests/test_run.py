@@ -460,3 +460,32 @@ def test_per_run_sandbox_limits_apply(tmp_path):
     doc = json.loads(r.stdout)
     log = Path(doc["run_dir"]) / "workspace" / "synthetic.log"
     assert log.stat().st_size <= 2 * 1024 * 1024
+
+
+@needs_bwrap
+def test_ctrl_c_names_the_resume_that_continues_the_run(tmp_path):
+    """Before: exit 130 and nothing said. Ctrl-C once the first step is done."""
+    import signal
+
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env["STAYER_HOME"] = str(home)
+    args = ["--sim-policy", "synthetic:steps=400", "--max-steps", "500", "--sim-latency", "0.2"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", "run", str(EXAMPLES / "hello-file")]
+        + ["--model", "sim:claude-sonnet-4-5", "--run-id", "cc1", *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert p.stderr is not None
+    for line in p.stderr:
+        if line.startswith("step"):
+            break
+    p.send_signal(signal.SIGINT)
+    rest = p.stderr.read()
+    assert p.wait(timeout=120) == 130
+    assert "interrupted: run cc1 stopped; `stayer resume cc1` continues it" in rest
+    assert "Traceback" not in rest

@@ -266,6 +266,7 @@ def _main(
 
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_BUDGET = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C (128 + SIGINT)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 

@@ -12,6 +12,7 @@ import typer
 from stayer.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     JsonFlag,
     SimLatencyOption,
@@ -33,9 +34,6 @@ from stayer.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-# The shell's status for a process stopped by Ctrl-C (128 + SIGINT).
-EXIT_INTERRUPTED = 130
 
 
 def report_problems(problems: list[str]) -> NoReturn:

@@ -12,6 +12,7 @@ from stayer.choices import POLICY_HELP, kinds_help
 from stayer.cli.common import (
     EXIT_BUDGET,
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     JsonFlag,
     SimLatencyOption,
@@ -196,9 +197,19 @@ def finish(run: Callable[[], Any], json_out: bool, run_id: str) -> NoReturn:
     """Run the coroutine ``run()`` makes; print its result document; exit by its status.
 
     A full disk or a journal database gone mid-run stops the run where its journal says it
-    was: one line saying so, exit 2, and ``stayer resume`` continues it."""
+    was: one line saying so, exit 2, and ``stayer resume`` continues it. Ctrl-C: one line
+    naming the ``stayer resume`` that continues it, exit 130."""
     try:
         doc = run_async(run)
+    except KeyboardInterrupt:
+        # The journal holds every finished step: the run continues where it stopped.
+        stderr().print(
+            f"interrupted: run {run_id} stopped; `stayer resume {run_id}` continues it",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except ConfigError as e:
         bad_input(str(e))
     except Exception as e:
