@@ -314,7 +314,7 @@ def _billed_by_mini_swe_agent(messages: list[Any], trace: Trace, recorded: Recor
     ):
         return []
     kept = sum(Decimal(repr(c)) for c in costs)
-    if abs(kept - recorded.cost_usd) > Decimal("1e-9") * max(1, recorded.cost_usd):
+    if abs(kept - recorded.cost_usd) > Decimal("1e-9") * max(Decimal(1), recorded.cost_usd):
         return []
     return [i not in trace.rejected for i in range(len(trace.turns))]
 
