@@ -595,25 +595,26 @@ def replay_notes(trace: Trace, billed: list[bool]) -> list[str]:
 
 
 def missed_cache_notes(trace: Trace, baseline: dict[str, Any] | None) -> list[str]:
-    """The recorded calls that read far less from the cache than the provider's rules give
-    (a cache miss the rules do not predict: an evicted entry, another server): the part of
-    the replay's error they explain."""
+    """The recorded calls that read less from the cache than the provider's rules give, by
+    a cache block (1,024 tokens) or more: a miss the rules do not predict (an evicted
+    entry, another server, a write not yet visible). The part of the replay's error they
+    explain, and the worst of them."""
     if baseline is None or not trace.calls:
         return []
-    missed, extra = [], Decimal(0)
+    missed: list[tuple[Decimal, int, int, int]] = []
     steps, reads = baseline["step_costs"], baseline["step_cache_read_tokens"]
     for i, (cost, cached) in sorted(trace.calls.items()):
-        if i >= len(steps) or steps[i] == "unknown":
-            continue
-        if reads[i] - cached >= max(1024, reads[i] // 2):
-            missed.append(f"{i + 1} ({cached:,} of {reads[i]:,})")
-            extra += cost - Decimal(steps[i])
+        if i < len(steps) and steps[i] != "unknown" and reads[i] - cached >= 1024:
+            missed.append((cost - Decimal(steps[i]), i + 1, cached, reads[i]))
     if not missed:
         return []
+    extra = sum((m[0] for m in missed), Decimal(0))
+    worst = sorted(missed, reverse=True)[:3]
+    named = ", ".join(f"call {n}: {c:,} of {r:,}" for _, n, c, r in worst)
     return [
-        f"the recording read far less from the provider's cache than its caching rules give on "
-        f"{len(missed)} call(s) (call: recorded of replayed cached tokens: {', '.join(missed)}): "
-        f"those calls cost ${extra:.6f} more than their replay"
+        f"the recording read fewer cached tokens than the provider's caching rules give on "
+        f"{len(missed)} call(s) (recorded of replayed; worst: {named}): those calls cost "
+        f"${extra:.6f} more than their replay"
     ]
 
 
