@@ -154,9 +154,15 @@ def comparison_table(doc: dict[str, Any], console: Console) -> None:
         console.print(f"[yellow]{escape(doc['baseline_error'])}[/]; Δ not shown", highlight=False)
     for note in doc.get("notes", []):
         console.print(f"[bold yellow]note:[/] {escape(note)}", highlight=False)
+    own = (
+        "its Δ is its difference from the recorded cost, of which the notes above explain "
+        "what they can"
+        if doc.get("notes")
+        else "its Δ is the replay's own error against the recorded cost"
+    )
     console.print(
-        "replay: the recording re-simulated under its own model and policy; its Δ is the replay's own error "
-        "against the recorded cost. A what-if's Δ is against that replay.",
+        f"replay: the recording re-simulated under its own model and policy; {own}. "
+        "A what-if's Δ is against that replay.",
         highlight=False,
     )
 
