@@ -497,7 +497,7 @@ def test_help_names_every_choice_a_command_takes(tmp_path):
         assert r.returncode == 0, r.stderr
         return " ".join(r.stdout.split()).replace("- ", "-")  # a name split at its hyphen
 
-    for command in (("run",), ("whatif",)):
+    for command in (("run",), ("whatif",), ("eval",)):
         text = help_of(*command)
         for name in POLICIES:
             make_policy(name)  # taken…
