@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from _stdout import json_only  # bench/: --json prints one document on stdout
+
 ROOT = Path(__file__).resolve().parent.parent
 # ../shared next to the checkout, or next to the folder holding it (a worktree under wt/)
 CORPUS = next(
@@ -225,11 +227,16 @@ def main() -> None:
     ap.add_argument("--ccusage", help="path to ccusage's native binary")
     ap.add_argument("--baseline", help="another stayer checkout to time in the same rounds")
     ap.add_argument("--keep", help="build the trees here and keep them (reused when present)")
-    ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    ap.add_argument(
+        "--json",
+        action="store_true",
+        help="Print one JSON document of the figures on stdout (the tables on stderr).",
+    )
     ap.add_argument(
         "--source", action="store_true", help="do not compile stayer's bytecode before timing"
     )
     args = ap.parse_args()
+    emit = json_only(args.json)
     if not CORPUS.is_dir():
         sys.exit(f"skipped: corpus not found at {CORPUS}")
     binary = find_ccusage(args.ccusage)
@@ -331,8 +338,7 @@ def main() -> None:
         print(f"throughput stayer / ccusage (median wall): {ratio:.2f}x (target >= 1.0x)")
         for name in roots:
             print(f"token totals by kind of {name} equal ccusage's: {same[name]}")
-        if args.json:
-            print(json.dumps(doc))
+        emit(doc)
         shutil.rmtree(caches, ignore_errors=True)
     finally:
         if not args.keep:

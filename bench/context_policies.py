@@ -25,12 +25,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import random
 import sys
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+
+from _stdout import json_only  # bench/: --json prints one document on stdout
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -214,6 +215,7 @@ POLICIES = {
 
 async def run_all(quick: bool, as_json: bool = False) -> int:
     """The comparison table (on stderr with ``as_json``, which prints one JSON document)."""
+    emit = json_only(as_json)
     say = functools.partial(print, file=sys.stderr if as_json else sys.stdout)
     rows: list[dict] = []
     prices = PriceBook()
@@ -278,19 +280,15 @@ async def run_all(quick: bool, as_json: bool = False) -> int:
     )
     say(f"auto with --max-context {LIMIT:,}: highest peak context {max(peaks):,} tokens")
     say("missed: " + ("; ".join(failures) if failures else "none"))
-    if as_json:
-        print(
-            json.dumps(
-                {
-                    "bench": "context_policies",
-                    "rows": rows,
-                    "max_context": LIMIT,
-                    "highest_peak_tokens": max(peaks),
-                    "missed": failures,
-                },
-                indent=2,
-            )
-        )
+    emit(
+        {
+            "bench": "context_policies",
+            "rows": rows,
+            "max_context": LIMIT,
+            "highest_peak_tokens": max(peaks),
+            "missed": failures,
+        }
+    )
     return 1 if failures else 0
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _stdout import json_only  # bench/: --json prints one document on stdout
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -68,6 +69,7 @@ def main() -> None:
     ap.add_argument("--latencies", default="0,0.5", help="simulated seconds per model call")
     ap.add_argument("--json", action="store_true", help="Print one JSON document of the figures.")
     args = ap.parse_args()
+    emit = json_only(args.json)
     say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
     rows = []
     levels = [int(x) for x in args.levels.split(",")]
@@ -104,17 +106,14 @@ def main() -> None:
                     }
                 )
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "bench": "eval",
-                    "tasks": args.tasks,
-                    "cpus": os.cpu_count(),
-                    "loadavg": os.getloadavg(),
-                    "rows": rows,
-                },
-                indent=2,
-            )
+        emit(
+            {
+                "bench": "eval",
+                "tasks": args.tasks,
+                "cpus": os.cpu_count(),
+                "loadavg": os.getloadavg(),
+                "rows": rows,
+            }
         )
 
 

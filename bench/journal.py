@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _stdout import json_only  # bench/: --json prints one document on stdout
+
 ROOT = Path(__file__).resolve().parent.parent
 _VOCAB = [
     "INFO",
@@ -413,6 +415,7 @@ def main() -> None:
     )
     ap.add_argument("--json", action="store_true", help="Print one JSON document of the figures.")
     args = ap.parse_args()
+    emit = json_only(args.json)
     say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
     if args.langgraph_worker:
         langgraph_worker(*args.langgraph_worker)
@@ -470,20 +473,16 @@ def main() -> None:
         if ours["bytes"] is not None:
             say(f"stored/unique text = {ours['bytes'] / raw:.2f} (blobs are zlib-compressed)")
         if args.json:
-            print(
-                json.dumps(
-                    {
-                        "bench": "journal",
-                        "steps": args.steps,
-                        "obs_tokens": args.obs_tokens,
-                        "unique_text_bytes": raw,
-                        "store": "postgres" if args.store else "sqlite",
-                        "stayer": ours,
-                        "langgraph": theirs,
-                    },
-                    indent=2,
-                    default=str,
-                )
+            emit(
+                {
+                    "bench": "journal",
+                    "steps": args.steps,
+                    "obs_tokens": args.obs_tokens,
+                    "unique_text_bytes": raw,
+                    "store": "postgres" if args.store else "sqlite",
+                    "stayer": ours,
+                    "langgraph": theirs,
+                }
             )
     finally:
         shutil.rmtree(where, ignore_errors=True)

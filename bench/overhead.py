@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx  # the HTTP package this anthropic SDK is built on
+from _stdout import json_only  # bench/: --json prints one document on stdout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -338,6 +338,7 @@ def main() -> None:
     )
     ap.add_argument("--json", action="store_true", help="Print one JSON document of the figures.")
     args = ap.parse_args()
+    emit = json_only(args.json)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     prices = PriceBook.load()
     asyncio.run(measure(10_000, 5, 100, prices))  # warm-up: imports, price lookups
@@ -385,7 +386,7 @@ def main() -> None:
     if tracing:
         doc["tracing"] = tracing
     if args.json:
-        print(json.dumps(doc, indent=2))
+        emit(doc)
         return
     print(f"load average {' '.join(f'{x:.2f}' for x in doc['loadavg'])}; ms per step, median (min)")
     print(

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _stdout import json_only  # bench/: --json prints one document on stdout
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from stayer.models import local  # noqa: E402
@@ -82,6 +84,7 @@ def main() -> None:
     ap.add_argument("--base-url", default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    emit = json_only(args.json)
     tasks = [t for t in args.tasks.split(",") if t]
     for t in tasks:
         if not (REPO / "examples" / t).is_dir():
@@ -125,7 +128,7 @@ def main() -> None:
         "tasks": results,
     }
     if args.json:
-        print(json.dumps(doc, indent=2))
+        emit(doc)
         return
     print(
         f"{'task':<14}{'ok':>4}{'steps':>6}{'input':>8}{'cached':>8}{'share':>7}{'out':>6}{'cnt err':>9}{'wall min':>10}{'median':>8}"

@@ -16,7 +16,6 @@ Target (issue 13): re-rendering an existing ``--out`` under 2 s.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -26,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _stdout import json_only  # bench/: --json prints one document on stdout
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -34,6 +35,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10, help="measured rounds")
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     args = ap.parse_args()
+    emit = json_only(args.json)
     with tempfile.TemporaryDirectory(prefix="stayer-bench-report-") as tmp:
         home, out = Path(tmp) / "home", Path(tmp) / "out"
         env = {**os.environ, "STAYER_HOME": str(home)}
@@ -111,7 +113,7 @@ def main() -> None:
         "target_s": {"stayer eval --out (all reused)": 2.0},
     }
     if args.json:
-        print(json.dumps(result, indent=2))
+        emit(result)
         return
     print(
         f"{args.runs} rounds, {trials} trials, load {result['load_1min_before']} → {result['load_1min_after']}"

@@ -33,12 +33,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import random
 import sys
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+
+from _stdout import json_only  # bench/: --json prints one document on stdout
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -191,6 +192,7 @@ async def serve(
 
 
 async def main(quick: bool, as_json: bool = False) -> int:
+    emit = json_only(as_json)
     say = functools.partial(print, file=sys.stderr if as_json else sys.stdout)
     rows: list[dict] = []
     prices = PriceBook.load()
@@ -238,17 +240,14 @@ async def main(quick: bool, as_json: bool = False) -> int:
         f"per workload: {min(ratios):.3f} … {max(ratios):.3f}; met on {sum(r <= TARGET for r in ratios)} of {len(ratios)}"
     )
     if as_json:
-        print(
-            json.dumps(
-                {
-                    "bench": "routing",
-                    "rows": rows,
-                    "totals_usd": {k: str(v) for k, v in totals.items()},
-                    "cache_aware_vs_per_step": float(overall),
-                    "target": float(TARGET),
-                },
-                indent=2,
-            )
+        emit(
+            {
+                "bench": "routing",
+                "rows": rows,
+                "totals_usd": {k: str(v) for k, v in totals.items()},
+                "cache_aware_vs_per_step": float(overall),
+                "target": float(TARGET),
+            }
         )
     return 0
 

@@ -70,6 +70,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _stdout import json_only  # bench/: --json prints one document on stdout
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from stayer.guard.breakers import TreeFingerprint  # noqa: E402
@@ -462,7 +464,11 @@ def main() -> None:
         "--settle", type=float, default=6.0, help="seconds to wait before each bulk operation"
     )
     ap.add_argument("--dir", default=None, help="where to build the workspaces (default: temp)")
-    ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    ap.add_argument(
+        "--json",
+        action="store_true",
+        help="Print one JSON document of the figures on stdout (the tables on stderr).",
+    )
     ap.add_argument(
         "--images", action="store_true", help="also time task image builds and docker exec (root)"
     )
@@ -482,6 +488,7 @@ def main() -> None:
         "--exec-only", action="store_true", help="only the exec overhead (no snapshots, no images)"
     )
     args = ap.parse_args()
+    emit = json_only(args.json)
 
     images = None
     load_before = os.getloadavg()
@@ -500,7 +507,7 @@ def main() -> None:
             print(f"{name:46} {r['min_ms']:9.2f} {r['median_ms']:10.2f} {r['n']:3}")
         if args.json:
             doc = {"journal_snapshot_samples": journal, "files": args.files, "mb": args.mb}
-            print(json.dumps({**doc, "load_before": load_before, "load_after": os.getloadavg()}))
+            emit({**doc, "load_before": load_before, "load_after": os.getloadavg()})
         return
     with tempfile.TemporaryDirectory(prefix="stayer-bench-", dir=args.dir) as tmp:
         base = Path(tmp)
@@ -562,16 +569,14 @@ def main() -> None:
         print(f"load average before {images['loadavg_before']}, after {images['loadavg_after']}")
     if not snaps:
         if args.json:
-            print(
-                json.dumps(
-                    {
-                        "exec": execs,
-                        "images": images,
-                        "runs": args.runs,
-                        "command": args.command,
-                        **load,
-                    }
-                )
+            emit(
+                {
+                    "exec": execs,
+                    "images": images,
+                    "runs": args.runs,
+                    "command": args.command,
+                    **load,
+                }
             )
         return
     print()
@@ -600,20 +605,18 @@ def main() -> None:
         f"for the whole process; {scan:.1f} ms by stat scan without a watch)"
     )
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "exec": execs,
-                    "snapshot_ms": {k: r["median_ms"] for k, r in snaps.items()},
-                    "snapshot_samples": snaps,
-                    "images": images,
-                    "runs": args.runs,
-                    "command": args.command,
-                    "files": args.files,
-                    "mb": args.mb,
-                    **load,
-                }
-            )
+        emit(
+            {
+                "exec": execs,
+                "snapshot_ms": {k: r["median_ms"] for k, r in snaps.items()},
+                "snapshot_samples": snaps,
+                "images": images,
+                "runs": args.runs,
+                "command": args.command,
+                "files": args.files,
+                "mb": args.mb,
+                **load,
+            }
         )
 
 

@@ -34,6 +34,8 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+from _stdout import json_only  # bench/: --json prints one document on stdout
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -193,6 +195,7 @@ def main() -> None:
     ap.add_argument("--only", choices=("throughput", "stragglers", "allocation"))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    emit = json_only(args.json)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     prices = PriceBook.load()
     work = Path(tempfile.mkdtemp(prefix="stayer-bench-scale-"))
@@ -209,7 +212,10 @@ def main() -> None:
                 result[part] = fn(args, prices, home if part == "throughput" else work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(result, indent=2 if not args.json else None))
+    if args.json:
+        emit(result)
+    else:  # its figures, readable: the same document, indented
+        print(json.dumps(result, indent=2), file=sys.stdout)
 
 
 if __name__ == "__main__":

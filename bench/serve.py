@@ -49,6 +49,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from _stdout import json_only  # bench/: --json prints one document on stdout
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -100,6 +102,7 @@ def main() -> None:
     ap.add_argument("--journal-obs-tokens", type=int, default=5000)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    emit = json_only(args.json)
 
     work = Path(tempfile.mkdtemp(prefix="stayer-bench-serve-"))
     tasks = work / "tasks"
@@ -172,7 +175,7 @@ def main() -> None:
                 p.kill()
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
-        print(json.dumps(result, indent=2))
+        emit(result)
     else:
         for k, v in result.items():
             print(f"{k:>24}: {v}")

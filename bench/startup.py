@@ -15,7 +15,6 @@ Targets (issue 13): ``stayer --help`` ≤ 1.5× the floor, ``stayer runs`` ≤ 2
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -24,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _stdout import json_only  # bench/: --json prints one document on stdout
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,6 +104,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=20, help="measured rounds (after 2 warm-up rounds)")
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     args = ap.parse_args()
+    emit = json_only(args.json)
     load = os.getloadavg()[0]
     result = {
         "runs": args.runs,
@@ -114,7 +116,7 @@ def main() -> None:
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if args.json:
-        print(json.dumps(result, indent=2))
+        emit(result)
         return
     print(f"{args.runs} rounds, load {result['load_1min_before']} → {result['load_1min_after']}")
     for name, row in result["commands"].items():

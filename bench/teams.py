@@ -37,6 +37,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from _stdout import json_only  # bench/: --json prints one document on stdout
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -174,6 +176,7 @@ def handoff_of(result: RunResult) -> dict[str, Any] | None:
 
 
 async def main(repeats: int, as_json: bool) -> int:
+    emit = json_only(as_json)
     prices, counter = PriceBook.load(), MessageCounter(TiktokenCounter())
     with tempfile.TemporaryDirectory() as tmp:
         team_file = Path(tmp) / "team.toml"
@@ -218,7 +221,7 @@ async def main(repeats: int, as_json: bool) -> int:
         "rows": rows,
     }
     if as_json:
-        print(json.dumps(doc, indent=2))
+        emit(doc)
         return 0
     print(f"{'variant':14} {'steps':>5} {'cost USD':>10}  {'history':8} by agent")
     for row in rows:

@@ -129,6 +129,8 @@ class Agent:
       the running run's result, complete up to its last finished step (what a caller that
       stops the run from outside, a time limit, reports); ``estimator`` the provider's
       count of the next prompt, learned from its reports (per model).
+    * ``nudge`` gives the text that answers a reply without tool calls (default
+      ``NUDGE``; a replay gives the one its recording sent).
     """
 
     def __init__(
@@ -152,6 +154,7 @@ class Agent:
         probe: WorkspaceProbe | None = None,
         clock: Callable[[], float] = time.time,
         inbox: Callable[[], Sequence[Message]] | None = None,
+        nudge: Callable[[], str] | None = None,
     ) -> None:
         self.model, self.rules, self.service_tier = model, rules_for(model), limits.service_tier
         self.tools = {t.spec.name: t for t in tools}
@@ -162,6 +165,7 @@ class Agent:
         self.on_message = on_message or (lambda m: None)
         self.on_event = on_event or (lambda kind, payload: None)
         self.inbox = inbox or (lambda: ())
+        self.nudge = nudge or (lambda: NUDGE)
         self.policy, self.summarizer = policy or AutoPolicy(), summarizer
         self.router = router or Router(model, prices, service_tier=limits.service_tier)
         self.probe = probe or _tree_probe(tool_context.workspace)
@@ -478,7 +482,7 @@ class Agent:
         self, ctx: Context, calls: tuple[ToolCall, ...], result: RunResult, cut_off: bool = False
     ) -> tuple[list[dict[str, Any]], tuple[ToolCallRecord, ...], bool]:
         if not calls:
-            nudge = Message(role="user", content=NUDGE, kind="nudge")
+            nudge = Message(role="user", content=self.nudge(), kind="nudge")
             ctx.append(nudge)
             self.on_message(nudge)
             return [], (), False

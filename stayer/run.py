@@ -43,7 +43,8 @@ from stayer.journal.codec import message_record
 from stayer.journal.replay import JournaledModel, JournaledProbe, JournaledTool, ReplayingSandbox
 from stayer.messages import Message
 from stayer.models.base import Model
-from stayer.models.registry import make_real_model, split_spec
+from stayer.models.caching import provider_of
+from stayer.models.registry import known_sim_model, make_real_model, split_spec
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
 from stayer.money import Usd
@@ -56,7 +57,7 @@ from stayer.sandbox.bwrap import check_bwrap
 from stayer.settings import RunSettings, check_flags
 from stayer.teams.config import TeamSpec, load_team, team_from
 from stayer.teams.runner import Team, TeamServices
-from stayer.tokens import MessageCounter, TiktokenCounter, counter_for
+from stayer.tokens import Counters, MessageCounter
 from stayer.tools import default_tools
 from stayer.tools.base import Tool, ToolContext
 from stayer.usage import Usage
@@ -127,7 +128,7 @@ def prepare(
         for note in environment.notes:
             _progress(f"note: {note}")
     prices = prices or PriceBook.load()
-    counter = MessageCounter(TiktokenCounter())
+    counters = Counters()  # each model counts with its own tokenizer, simulated or real
     team, team_models = None, {}
     if config.team_file or config.team is not None:
         team = (
@@ -136,16 +137,15 @@ def prepare(
             else team_from(config.team or {}, "team")
         )
         config = dataclasses.replace(config, model=config.model or team.agents[team.entry].model)
-        team_models = team_models_for(team, config, task, counter, prices)
+        team_models = team_models_for(team, config, task, counters, prices)
     elif not config.model:
         raise ConfigError(
             "--model: missing; name a model (e.g. sim:claude-sonnet-4-5), or a team with --team"
         )
-    model = model_for(config.model, config, task, counter, prices)
-    if not isinstance(model, SimModel):  # a real provider: its own tokenizer where we have it
-        counter = MessageCounter(counter_for(model.provider, model.model_id))
+    model = model_for(config.model, config, task, counters, prices)
+    counter = counters.for_model(model.provider, model.model_id)
     routing = prepare_routing(
-        config.config_file, config.model, lambda spec: build_model(spec, config, task, counter)
+        config.config_file, config.model, lambda spec: build_model(spec, config, task, counters)
     )
     if config.max_cost is not None:
         require_prices(prices, model, config.service_tier, routing)
@@ -187,7 +187,7 @@ def prepare(
 
 
 def team_models_for(
-    team: TeamSpec, config: RunConfig, task: Task, counter: MessageCounter, prices: PriceBook
+    team: TeamSpec, config: RunConfig, task: Task, counters: Counters, prices: PriceBook
 ) -> dict[str, Model]:
     """Each agent's model, its own instance (a simulator keeps its own cache); simulated
     agents play ``--sim-policy`` (default ``team``)."""
@@ -195,42 +195,43 @@ def team_models_for(
     models = {}
     for name, agent in team.agents.items():
         try:
-            models[name] = model_for(agent.model, config, task, counter, prices)
+            models[name] = model_for(agent.model, config, task, counters, prices)
         except ConfigError as e:
             raise ConfigError(f"{config.team_file or 'team'}: agents.{name}.model: {e}") from None
     return models
 
 
 def model_for(
-    spec: str, config: RunConfig, task: Task, counter: MessageCounter, prices: PriceBook
+    spec: str, config: RunConfig, task: Task, counters: Counters, prices: PriceBook
 ) -> Model:
     """``build_model``, refusing a ``sim:`` model that no price data knows: it is a typo
     (``sim:claude-sonet-4-5``) far more often than a model, and would be priced "unknown"."""
-    model = build_model(spec, config, task, counter)
-    if spec.startswith("sim:") and not prices.knows(model.model_id, model.provider):
-        close = [f"sim:{m}" for m in prices.closest(model.model_id, model.provider)]
-        hint = (
-            f"did you mean {' or '.join(close)}?"
-            if close
-            else "e.g. sim:claude-sonnet-4-5 or sim:gpt-5"
-        )
-        raise ConfigError(
-            f"--model {spec}: no {model.provider} model of that name in the price data; {hint}"
-        )
+    model = build_model(spec, config, task, counters)
+    if spec.startswith("sim:"):
+        known_sim_model(model.model_id, prices)
     return model
 
 
-def build_model(spec: str, config: RunConfig, task: Task, counter: MessageCounter) -> Model:
-    """The model ``spec`` names: a simulator playing ``--sim-policy``, or a real adapter."""
+def build_model(spec: str, config: RunConfig, task: Task, counters: Counters) -> Model:
+    """The model ``spec`` names: a simulator playing ``--sim-policy``, or a real adapter.
+    A simulator counts with its model's own tokenizer, as a real call is counted."""
     kind, model_id = split_spec(spec)
     if kind == "sim":
         if config.base_url:
             raise ConfigError("--base-url: only meaningful for openai-chat: models")
+        counter = counters.for_model(provider_of(model_id), model_id)
         behaviour = parse_policy(config.sim_policy, solution=task.solution, counter=counter.counter)
         return SimModel(model_id, behaviour, counter, latency_s=config.sim_latency)
     if config.sim_policy:
         raise ConfigError(f"--sim-policy: only meaningful for sim: models, not {spec}")
     return make_real_model(spec, base_url=config.base_url)
+
+
+def stop_detail(reason: str | None, breakers: list[dict[str, Any]]) -> str | None:
+    """Why the run stopped, in the words of the limit or breaker that stopped it (the last
+    trip of the stop reason: the one that began the wrap-up, or that ended the run)."""
+    trip = next((b for b in reversed(breakers) if b.get("reason") == reason), None)
+    return None if trip is None else str(trip.get("detail") or "") or None
 
 
 def run_header(p: PreparedRun) -> dict[str, Any]:
@@ -622,6 +623,7 @@ def result_document(
         },
         "cost_usd": str(cost),
         "stop_reason": result.stop_reason,
+        "stop_detail": stop_detail(result.stop_reason, result.breakers),
         "policy": p.config.policy,
         "peak_context_tokens": result.peak_context_tokens,
         "compactions": sum(1 for e in result.ledger if e.compaction),

@@ -107,10 +107,25 @@ def openai_encoding(model_id: str) -> str | None:
 
 
 def counter_for(provider: str, model_id: str) -> TokenCounter:
-    """The most exact counter we have for a model: its own encoding for OpenAI's models,
-    else ``cl100k_base`` (which ``PromptEstimator`` corrects from the provider's reports)."""
+    """The most exact counter we have for a model, the one mapping for every family and
+    for real and simulated calls alike: its own encoding for OpenAI's models (gpt-5:
+    ``o200k_base``), else ``cl100k_base`` (Anthropic, DeepSeek, Google and local models:
+    no tokenizer of theirs is bundled; ``PromptEstimator`` corrects it from the reports)."""
     name = openai_encoding(model_id) if provider == "openai" else None
     return BpeCounter(name) if name else TiktokenCounter()
+
+
+class Counters:
+    """Each model's ``MessageCounter`` by ``counter_for``, one per encoding: a run's models
+    each count with their own tokenizer, and those that share one share its cache."""
+
+    def __init__(self) -> None:
+        self._by_encoding: dict[str, MessageCounter] = {}
+
+    def for_model(self, provider: str, model_id: str) -> MessageCounter:
+        counter = counter_for(provider, model_id)
+        name = getattr(counter, "encoding_name", type(counter).__name__)
+        return self._by_encoding.setdefault(name, MessageCounter(counter))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,12 @@ replay of the trace under its own model and policy (so the replay's own error is
 sight), and each scenario's difference from that replay. The reasoning tokens each turn
 spent, where the trace records them, are billed in every replay: they are output the
 provider charged for though no text of them is in the trace.
+
+A replay makes every call the trace records. A reply the agent rejected and did not keep
+(mini-swe-agent's format errors) is replayed with its recorded prompt and an empty reply;
+the comparison's ``notes`` say so, say what the trace's own cost leaves out, and name any
+recorded call that could not be replayed. The simulated model counts with its own
+tokenizer (``stayer.tokens.counter_for``).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from stayer.models.caching import provider_of
 from stayer.models.sim import SimModel
 from stayer.pricing import PriceBook
 from stayer.settings import read_text
-from stayer.tokens import MessageCounter, TiktokenCounter
+from stayer.tokens import Counters, MessageCounter, TiktokenCounter
 from stayer.tools import check_args, default_tools
 from stayer.tools.base import ToolContext, ToolResult
 
@@ -71,6 +77,15 @@ class Trace:
     tools: list[ToolSpec] = field(default_factory=list)
     reasoning: list[int] = field(default_factory=list)  # per turn, where recorded
     recorded: Recorded = field(default_factory=Recorded)
+    agent: str = "stayer"  # the agent that wrote the trace, as the notes name it
+    # turn index → the text that answered a reply without tool calls (default: NUDGE)
+    nudges: dict[int, str] = field(default_factory=dict)
+    # turns whose reply the agent rejected and did not keep (replayed as empty replies)
+    rejected: set[int] = field(default_factory=set)
+    # per turn, whether the recorded cost includes that call (empty: all of them)
+    billed: list[bool] = field(default_factory=list)
+    # turn index → (its recorded cost, the cached prompt tokens recorded), where recorded
+    calls: dict[int, tuple[Decimal, int]] = field(default_factory=dict)
 
 
 BASH = ToolSpec(
@@ -104,6 +119,10 @@ def load_trace(ref: str, home: Path | None = None) -> Trace:
     if isinstance(data, dict) and isinstance(data.get("messages"), list):
         trace = _mini_swe_agent(path, _objects(data["messages"], path, "messages"))
         trace.recorded = _recorded_by_swe_agent(data, _mini_swe_agent_model(data))
+        trace.billed = _billed_by_mini_swe_agent(data["messages"], trace, trace.recorded)
+        kept = [i for i in range(len(trace.turns)) if i not in trace.rejected]
+        replies = [m for m in data["messages"] if m.get("role") == "assistant"]
+        trace.calls = {i: c for i, m in zip(kept, replies, strict=False) if (c := _call_of(m))}
         return trace
     if (
         isinstance(data, dict)
@@ -177,6 +196,18 @@ def _swe_agent_model(data: dict) -> str | None:
     return _model_id(model.get("name") if isinstance(model, dict) else None)
 
 
+def _call_of(message: dict) -> tuple[Decimal, int] | None:
+    """The cost and cached prompt tokens an OpenAI-style usage logged with a reply reports."""
+    extra = message.get("extra") or {}
+    usage = (extra.get("response") or {}).get("usage") or {} if isinstance(extra, dict) else {}
+    cost = extra.get("cost") if isinstance(extra, dict) else None
+    details = usage.get("prompt_tokens_details") or {} if isinstance(usage, dict) else {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if not isinstance(cost, int | float) or not isinstance(cached, int):
+        return None
+    return Decimal(repr(cost)), cached
+
+
 def _reasoning_of(message: dict) -> int:
     """The reasoning tokens an OpenAI-style usage logged with a message reports."""
     usage = ((message.get("extra") or {}).get("response") or {}).get("usage") or {}
@@ -185,15 +216,35 @@ def _reasoning_of(message: dict) -> int:
     return value if isinstance(value, int) and value > 0 else 0
 
 
+def _rejected(m: dict) -> bool:
+    """A mini-swe-agent message answering a reply it rejected (a format error)."""
+    extra = m.get("extra")
+    return (
+        m.get("role") == "user"
+        and isinstance(extra, dict)
+        and (extra.get("interrupt_type") == "FormatError")
+    )
+
+
 def _mini_swe_agent(path: Path, messages: list[dict]) -> Trace:
+    """mini-swe-agent 2 keeps no reply it rejects (``FormatError``: no or a bad tool call):
+    its call was made and billed, and only the error message that answered it is kept. A
+    format error that follows no assistant message is such a call: a turn of its own, an
+    empty reply answered by the recorded error text. (mini-swe-agent 1 kept the rejected
+    reply: there the error is the observation of the reply before it.)"""
     system = "\n".join(_text(m.get("content")) for m in messages if m.get("role") == "system")
     rest = [m for m in messages if m.get("role") != "system"]
-    first = next((i for i, m in enumerate(rest) if m.get("role") == "assistant"), len(rest))
+    first = next(
+        (i for i, m in enumerate(rest) if m.get("role") == "assistant" or _rejected(m)), len(rest)
+    )
     instruction = "\n\n".join(_text(m.get("content")) for m in rest[:first])
     turns: list[Message] = []
     reasoning: list[int] = []
     observations: dict[str, str] = {}
+    nudges: dict[int, str] = {}
+    rejected: set[int] = set()
     pending: list[str] = []
+    previous = None
     for n, m in enumerate(rest[first:]):
         role = m.get("role")
         if role == "assistant":
@@ -215,18 +266,57 @@ def _mini_swe_agent(path: Path, messages: list[dict]) -> Trace:
                 calls = [ToolCall(f"t{n}", "bash", "{}")]
             turns.append(Message("assistant", _text(m.get("content")), tuple(calls)))
             pending = [c.id for c in calls]
+        elif _rejected(m) and previous != "assistant":
+            rejected.add(len(turns))
+            nudges[len(turns)] = _text(m.get("content"))
+            turns.append(Message("assistant", "", (), kind="rejected"))
+            reasoning.append(0)
+            pending = []
+        elif role in ("tool", "user") and len(turns) - 1 in rejected and not pending:
+            nudges[len(turns) - 1] += "\n" + _text(m.get("content"))  # after the error text
         elif role in ("tool", "user") and turns:
             # A user message after the calls were answered (a format-error nudge) was part of
             # the prompt too: it goes with the last call's observation.
-            key = str(
-                m.get("tool_call_id") or (pending[0] if pending else turns[-1].tool_calls[-1].id)
-            )
+            last = next(t for t in reversed(turns) if t.tool_calls)
+            key = str(m.get("tool_call_id") or (pending[0] if pending else last.tool_calls[-1].id))
             observations[key] = observations.get(key, "") + _text(m.get("content"))
             if key in pending:
                 pending.remove(key)
-    if not turns:
+        previous = role
+    if not any(t.tool_calls for t in turns):
         raise ConfigError(f"{path}: the trajectory has no assistant turns")
-    return Trace(str(path), system, instruction, turns, observations, [BASH], reasoning)
+    return Trace(
+        str(path),
+        system,
+        instruction,
+        turns,
+        observations,
+        [BASH],
+        reasoning,
+        agent="mini-swe-agent",
+        nudges=nudges,
+        rejected=rejected,
+    )
+
+
+def _billed_by_mini_swe_agent(messages: list[Any], trace: Trace, recorded: Recorded) -> list[bool]:
+    """Which calls the recorded cost counts. mini-swe-agent sums the costs of the replies it
+    kept: when those add up to its ``instance_cost``, a rejected reply's cost is not in it."""
+    costs = [
+        (m.get("extra") or {}).get("cost")
+        for m in messages
+        if m.get("role") == "assistant" and isinstance(m.get("extra") or {}, dict)
+    ]
+    if (
+        not trace.rejected
+        or recorded.cost_usd is None
+        or not all(isinstance(c, int | float) for c in costs)
+    ):
+        return []
+    kept = sum(Decimal(repr(c)) for c in costs)
+    if abs(kept - recorded.cost_usd) > Decimal("1e-9") * max(Decimal(1), recorded.cost_usd):
+        return []
+    return [i not in trace.rejected for i in range(len(trace.turns))]
 
 
 def _swe_agent(path: Path, data: dict) -> Trace:
@@ -274,13 +364,13 @@ def _stayer_run(run_dir: Path) -> Trace:
         if rec.get("kind") == "task":
             instruction = _text(rec.get("content"))
         elif rec.get("role") == "assistant":
+            # Every reply, a text-only one too (the loop answered it with NUDGE): each a call.
             calls_seen += 1
-            if rec.get("tool_calls"):
-                calls = _recorded_calls(rec["tool_calls"], file, n)
-                turns.append(Message("assistant", _text(rec.get("content")), calls))
-                reasoning.append(
-                    reasoning_by_call[calls_seen - 1] if calls_seen <= len(reasoning_by_call) else 0
-                )
+            calls = _recorded_calls(rec.get("tool_calls") or [], file, n)
+            turns.append(Message("assistant", _text(rec.get("content")), calls))
+            reasoning.append(
+                reasoning_by_call[calls_seen - 1] if calls_seen <= len(reasoning_by_call) else 0
+            )
         elif rec.get("role") == "tool":
             observations[str(rec.get("tool_call_id", ""))] = _text(rec.get("content"))
     tools = [t.spec for t in default_tools(TiktokenCounter())]
@@ -323,23 +413,30 @@ def _recorded_calls(value: Any, file: Path, n: int) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
+_COUNTERS = Counters()  # the replays' counters, one per encoding (each caches its counts)
+
+
 class _Script:
-    """The simulated model's behaviour: the trace's own assistant turns, in order, each
-    with the reasoning tokens it was recorded with."""
+    """The simulated model's behaviour: the trace's own assistant turns, in order (one per
+    call, whatever a context policy dropped from the prompt), each with the reasoning
+    tokens it was recorded with; ``nudge`` is the text that answered the last one served."""
 
-    def __init__(self, turns: list[Message], reasoning: list[int]) -> None:
-        self.turns = turns
-        self.reasoning = reasoning
-
-    def _step(self, request: ModelRequest) -> int:
-        return min(sum(1 for m in request.messages if m.role == "assistant"), len(self.turns) - 1)
+    def __init__(self, trace: Trace) -> None:
+        self.turns, self.reasoning, self.nudges = trace.turns, trace.reasoning, trace.nudges
+        self.served = 0
 
     def next_message(self, request: ModelRequest) -> Message:
-        return self.turns[self._step(request)]
+        turn = self.turns[min(self.served, len(self.turns) - 1)]
+        self.served += 1
+        return turn
 
     def reasoning_tokens(self, request: ModelRequest) -> int:
-        step = self._step(request)
-        return self.reasoning[step] if step < len(self.reasoning) else 0
+        return self.reasoning[self.served] if self.served < len(self.reasoning) else 0
+
+    def nudge(self) -> str:
+        from stayer.agent import NUDGE
+
+        return self.nudges.get(self.served - 1, NUDGE)
 
 
 async def replay(
@@ -348,10 +445,11 @@ async def replay(
     policy: ContextPolicy,
     *,
     prices: PriceBook,
-    counter: MessageCounter,
+    counter: MessageCounter | None = None,
     max_context: int | None = None,
 ) -> dict[str, Any]:
-    """Replay ``trace`` through ``policy`` on ``sim:model_id``; the ``whatif --json`` document."""
+    """Replay ``trace`` through ``policy`` on ``sim:model_id``; the ``whatif --json`` document.
+    ``counter``: None for the model's own tokenizer (``counter_for``), as a run counts."""
 
     # The run's own tools in its order (the prompt's prefix), then any other the trace called.
     called = [c for t in trace.turns for c in t.tool_calls]
@@ -363,7 +461,9 @@ async def replay(
         RecordedTool(_replayable(spec, [c for c in called if c.name == name]), outputs)
         for name, spec in specs.items()
     ]
-    model = SimModel(model_id, _Script(trace.turns, trace.reasoning), counter)
+    counter = counter or _COUNTERS.for_model(provider_of(model_id), model_id)
+    script = _Script(trace)
+    model = SimModel(model_id, script, counter)
     agent = Agent(
         model,
         tools,
@@ -373,6 +473,7 @@ async def replay(
         Limits(max_steps=len(trace.turns), max_context=max_context, guard=GuardConfig.off()),
         system_prompt=trace.system,
         policy=policy,
+        nudge=script.nudge,
     )
     result = await agent.run(trace.instruction, run_id="whatif")
     u = result.usage
@@ -392,6 +493,7 @@ async def replay(
         "compactions": sum(1 for e in result.ledger if e.compaction),
         "cache_breaks": sum(1 for e in result.ledger if e.cache_break),
         "step_costs": [e.cost.to_json() for e in result.ledger],
+        "step_cache_read_tokens": [e.usage.cache_read_tokens for e in result.ledger],
     }
 
 
@@ -400,12 +502,13 @@ async def compare(
     scenarios: Sequence[tuple[str | None, str]],
     *,
     prices: PriceBook,
-    counter: MessageCounter,
+    counter: MessageCounter | None = None,
     max_context: int | None = None,
 ) -> dict[str, Any]:
     """What the trace cost, its replay under its own model and policy (the baseline), and
     each ``(model, policy)`` scenario (model None: the recorded one) with its difference
-    from the baseline. The ``whatif --json`` document's comparison part."""
+    from the baseline. The ``whatif --json`` document's comparison part; its ``notes``
+    say what the replay could not reproduce exactly (empty: nothing)."""
 
     recorded = trace.recorded
     baseline: dict[str, Any] | None = None
@@ -438,16 +541,81 @@ async def compare(
             result["cost_usd"], baseline["cost_usd"] if baseline else None
         )
         results.append(result)
+    billed = trace.billed or [True] * len(trace.turns)
+    # The replay's own error: how far re-simulating the recording is from what it cost,
+    # over the calls the recorded cost counts.
+    replayed_cost = baseline["cost_usd"] if baseline else None
+    if baseline and not all(billed) and replayed_cost != "unknown":
+        steps = baseline["step_costs"]
+        if "unknown" in steps:
+            replayed_cost = "unknown"
+        else:
+            replayed_cost = str(sum(Decimal(c) for c, b in zip(steps, billed, strict=False) if b))
     return {
         "recorded": {**recorded.to_json(), "source": trace.source},
         "baseline": baseline,
         "baseline_error": baseline_error,
-        # The replay's own error: how far re-simulating the recording is from what it cost.
-        "replay_error_usd": _difference(
-            baseline["cost_usd"] if baseline else None, recorded.to_json()["cost_usd"]
-        ),
+        "replayed_calls": len(trace.turns),
+        "rejected_calls": len(trace.rejected),
+        "notes": replay_notes(trace, billed) + missed_cache_notes(trace, baseline),
+        "replay_error_usd": _difference(replayed_cost, recorded.to_json()["cost_usd"]),
         "scenarios": results,
     }
+
+
+def replay_notes(trace: Trace, billed: list[bool]) -> list[str]:
+    """What a replay of ``trace`` does not reproduce exactly, one sentence each."""
+    notes = []
+    calls, rejected = len(trace.turns), len(trace.rejected)
+    if rejected:
+        notes.append(
+            f"{rejected} of {calls} calls were replies {trace.agent} rejected (no valid tool "
+            "call) and did not keep: replayed with their recorded prompts and an empty reply "
+            "(their output tokens are not in the trace)"
+        )
+    kept = sum(billed)
+    if kept < calls:
+        notes.append(
+            f"the trace's own cost counts {kept} of its {calls} calls ({trace.agent} does not add "
+            "a rejected reply's cost): the replay's error is over those "
+            f"{kept}; the replay bills all {calls}"
+        )
+    requests = trace.recorded.requests
+    if requests is not None and requests != calls:
+        missing = requests - calls
+        notes.append(
+            f"the trace counts {requests} calls and records {calls}: "
+            + (
+                f"{missing} calls are not in it and were not replayed"
+                if missing > 0
+                else f"{-missing} recorded replies are not counted by it"
+            )
+        )
+    return notes
+
+
+def missed_cache_notes(trace: Trace, baseline: dict[str, Any] | None) -> list[str]:
+    """The recorded calls that read less from the cache than the provider's rules give, by
+    a cache block (1,024 tokens) or more: a miss the rules do not predict (an evicted
+    entry, another server, a write not yet visible). The part of the replay's error they
+    explain, and the worst of them."""
+    if baseline is None or not trace.calls:
+        return []
+    missed: list[tuple[Decimal, int, int, int]] = []
+    steps, reads = baseline["step_costs"], baseline["step_cache_read_tokens"]
+    for i, (cost, cached) in sorted(trace.calls.items()):
+        if i < len(steps) and steps[i] != "unknown" and reads[i] - cached >= 1024:
+            missed.append((cost - Decimal(steps[i]), i + 1, cached, reads[i]))
+    if not missed:
+        return []
+    extra = sum((m[0] for m in missed), Decimal(0))
+    worst = sorted(missed, reverse=True)[:3]
+    named = ", ".join(f"call {n}: {c:,} of {r:,}" for _, n, c, r in worst)
+    return [
+        f"the recording read fewer cached tokens than the provider's caching rules give on "
+        f"{len(missed)} call(s) (recorded of replayed; worst: {named}): those calls cost "
+        f"${extra:.6f} more than their replay"
+    ]
 
 
 def _difference(a: str | None, b: str | None) -> str | None:

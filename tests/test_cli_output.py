@@ -458,3 +458,56 @@ def test_report_follow_tails_a_running_run_from_another_process(tmp_path: Path) 
     assert lines[-1].split("│")[5].strip() == f"total {usd(doc['cost_usd'])}"
     assert tail.stdout.splitlines()[-1].startswith(f"finished: {doc['status']}")
     assert tail.returncode == run.returncode
+
+
+@pytest.mark.parametrize("status", ["running", "interrupted", "cancelled", "error", "corrupt"])
+def test_runs_takes_every_status_it_shows(tmp_path, status):
+    """Before: --status cancelled was refused though the hosted runtime's cancelled runs
+    are listed as cancelled. The choices are the journal's own statuses."""
+    from stayer.journal import open_store
+    from stayer.journal.store import RunRow
+
+    home = tmp_path / "home"
+    store = open_store(home)
+    try:
+        for n, final in enumerate(
+            ("succeeded", "failed", "budget_exhausted", "error", "cancelled")
+        ):
+            row = RunRow(f"r{n}", "t", "sim:gpt-5", final, 1, "0.1", "2026-01-01", "2026-01-01")
+            store.create_run(row, "nobody", 0)
+    finally:
+        store.close()
+    r = stayer("runs", "--status", status, "--json", home=home)
+    assert r.returncode in (0, 2) and "--status" not in r.stderr, r.stderr
+    if status == "cancelled":
+        assert [d["id"] for d in json.loads(r.stdout)["runs"]] == ["r4"]
+    help_text = " ".join(stayer("runs", "--help", home=home, columns=200).stdout.split())
+    assert "cancelled" in help_text
+
+
+def test_help_names_every_choice_a_command_takes(tmp_path):
+    """Before: sandbox exec --help omitted bwrap-persistent and run --help textbook. The
+    choices in help come from the lists the commands check against."""
+    from stayer.context.policies import POLICIES, make_policy
+    from stayer.errors import ConfigError
+    from stayer.sandbox import KINDS, make_sandbox
+
+    def help_of(*command: str) -> str:
+        r = stayer(*command, "--help", home=tmp_path / "home", columns=200)
+        assert r.returncode == 0, r.stderr
+        return " ".join(r.stdout.split()).replace("- ", "-")  # a name split at its hyphen
+
+    for command in (("run",), ("whatif",), ("eval",)):
+        text = help_of(*command)
+        for name in POLICIES:
+            make_policy(name)  # taken…
+            assert f"{name}" in text.split("--policy", 1)[1], (command, name)  # …and named
+    for command in (("run",), ("eval",), ("sandbox", "exec")):
+        text = help_of(*command).split("--sandbox", 1)[1].split(" --", 1)[0]
+        for kind in KINDS:
+            try:
+                make_sandbox(kind, tmp_path)
+                taken = True
+            except ConfigError:
+                taken = command != ("sandbox", "exec")  # a task's image: run and eval build it
+            assert (f"{kind} (" in text) == taken, (command, kind, text)

@@ -219,6 +219,32 @@ def test_crash_mid_model_call_resumes_exactly_and_records_the_lost_call(env):
     assert trajectory == (home / "runs" / base_id / "trajectory.jsonl").read_text().splitlines()
 
 
+def test_the_live_total_of_a_resumed_run_is_its_final_cost(env):
+    """``stayer resume``'s step lines count the call lost at the crash, as the result does
+    (before: the last line's total left it out: $0.176088 against $0.184262)."""
+    import io
+
+    from rich.console import Console
+
+    from stayer.cli.common import usd
+    from stayer.cli.run import step_printer
+
+    k = rid("k")
+    crashed, _ = start(env, k, crash_at=6)
+    assert crashed is None
+    prepared, journal = prepare_resume(k)
+    prepared.model = _model(prepared)
+    out = io.StringIO()
+    printer = step_printer(Console(file=out, width=400), journal.lost)
+    doc = asyncio.run(execute(prepared, on_step=printer, journal=journal))
+    lines = out.getvalue().splitlines()
+    assert any("lost in flight" in line for line in lines)
+    assert f"total {usd(Decimal(doc['cost_usd']))} " in lines[-1]
+    lost = sum(Decimal(e["cost_usd"]) for e in doc["ledger"] if e.get("kind") == "lost_in_flight")
+    assert lost > 0 and f"total {usd(Decimal(doc['cost_usd']) - lost)} " not in lines[-1]
+    assert any(e.get("kind") == "lost_in_flight" for e in doc["ledger"])
+
+
 def test_crash_before_a_step_is_flushed_re_executes_its_tools_not_its_model_call(env):
     base_id = rid("base")
     k = rid("k")

@@ -209,6 +209,41 @@ def test_max_cost_stops_before_overshooting(tmp_path):
 
 
 @needs_bwrap
+def test_a_cost_cap_stop_says_which_worst_case_did_not_fit(tmp_path):
+    """Before: only "stopped: max_cost" at 57 % of the cap, and no field in --json."""
+    import re
+
+    args = [
+        "run",
+        str(EXAMPLES / "sales-report"),
+        "--model",
+        "sim:claude-sonnet-4-5",
+        "--sim-policy",
+        "synthetic:steps=40,obs_tokens=800,out_tokens=100",
+        "--max-cost",
+        "0.05",
+    ]
+    doc = json.loads(stayer(*args, "--json", home=tmp_path / "a").stdout)
+    assert doc["stop_reason"] == "max_cost"
+    m = re.search(
+        r"worst case \(\$([0-9.]+) or more\) does not fit the \$([0-9.]+) left of the \$0.05 "
+        r"cap: ([0-9,]+) prompt tokens × \$([0-9.]+)/M \(the dearest input rate\) \+ "
+        r"([0-9,]+) max_tokens \(the fewest a call is sent with\) × \$([0-9.]+)/M",
+        doc["stop_detail"],
+    )
+    assert m, doc["stop_detail"]
+    worst, left, prompt, in_rate, out, out_rate = m.groups()
+    exact = (
+        int(prompt.replace(",", "")) * Decimal(in_rate)
+        + int(out.replace(",", "")) * Decimal(out_rate)
+    ) / 1_000_000
+    assert Decimal(worst) == round(exact, 6) and Decimal(worst) > Decimal(left)
+    assert in_rate == "3.75" and out_rate == "15"  # Sonnet 4.5: a 5m cache write, output
+    text = stayer(*args, home=tmp_path / "b").stdout
+    assert "stopped: max_cost: the next call's worst case ($" in " ".join(text.split())
+
+
+@needs_bwrap
 def test_tests_that_pass_after_a_limit_was_reached_succeed_and_name_the_limit(tmp_path):
     """The oracle solves hello-file at step 1, where --max-steps 1 stops the agent before it
     submits: the verifier decides, so the run succeeded (exit 0) and stop_reason says why
@@ -425,3 +460,32 @@ def test_per_run_sandbox_limits_apply(tmp_path):
     doc = json.loads(r.stdout)
     log = Path(doc["run_dir"]) / "workspace" / "synthetic.log"
     assert log.stat().st_size <= 2 * 1024 * 1024
+
+
+@needs_bwrap
+def test_ctrl_c_names_the_resume_that_continues_the_run(tmp_path):
+    """Before: exit 130 and nothing said. Ctrl-C once the first step is done."""
+    import signal
+
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env["STAYER_HOME"] = str(home)
+    args = ["--sim-policy", "synthetic:steps=400", "--max-steps", "500", "--sim-latency", "0.2"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", "run", str(EXAMPLES / "hello-file")]
+        + ["--model", "sim:claude-sonnet-4-5", "--run-id", "cc1", *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert p.stderr is not None
+    for line in p.stderr:
+        if line.startswith("step"):
+            break
+    p.send_signal(signal.SIGINT)
+    rest = p.stderr.read()
+    assert p.wait(timeout=120) == 130
+    assert "interrupted: run cc1 stopped; `stayer resume cc1` continues it" in rest
+    assert "Traceback" not in rest

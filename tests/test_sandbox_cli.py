@@ -75,6 +75,16 @@ def test_plain_output_passes_the_streams_through(tmp_path: Path) -> None:
 
 
 @needs_bwrap
+def test_a_timed_out_command_says_the_exit_code_it_exits_with() -> None:
+    """Before: "exit code 137" printed, 124 returned."""
+    p = stayer("--timeout", "1", "sleep 30")
+    assert p.returncode == 124
+    note = " ".join(p.stderr.split())
+    assert "exit code 124 ·" in note and "exit code 137" not in note
+    assert "timed out after 1 s" in note
+
+
+@needs_bwrap
 def test_default_workspace_is_fresh_and_removed(tmp_path: Path) -> None:
     # A private TMPDIR: other tests running beside this one make scratch workspaces too.
     # (tempfile.mkdtemp honours TMPDIR, so the scratch workspace is made in tmp_path.)

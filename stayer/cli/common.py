@@ -26,6 +26,7 @@ from typer._coercion import RuntimeParam, build_runtime_param
 from typer.core import TyperGroup
 from typer.main import get_command, get_command_name
 
+from stayer.choices import kinds_help
 from stayer.errors import ConfigError
 from stayer.money import Usd
 
@@ -272,17 +273,18 @@ def _main(
 
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_BUDGET = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C (128 + SIGINT)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 # Options that several commands take with one meaning and one help text.
-SandboxOption = Annotated[str, typer.Option("--sandbox", help="bwrap (default) or local.")]
+SandboxOption = Annotated[str, typer.Option("--sandbox", help=f"{kinds_help()}. Default: bwrap.")]
 # Over a suite each task may name its own sandbox (task.toml's [environment] sandbox).
 TaskSandboxOption = Annotated[
     str | None,
     typer.Option(
         "--sandbox",
-        help="For every task: bwrap, docker or bwrap-image (each task's Dockerfile built), or local. Default: each task's [environment] sandbox, else bwrap.",
+        help=f"For every task: {kinds_help()}. Default: each task's [environment] sandbox, else bwrap.",
     ),
 ]
 SimPolicyOption = Annotated[
@@ -419,6 +421,8 @@ def step_notes(entry: dict[str, Any]) -> list[str]:
     """What happened at a ledger entry besides the call: a cache break and its reason, a
     compaction, a model switch."""
     notes = []
+    if entry.get("kind") == "lost_in_flight":
+        notes.append("lost in flight at a crash (billed; estimated)")
     brk = entry.get("cache_break")
     if brk:
         detail = f" ({brk['detail']})" if brk.get("detail") else ""

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from stayer.choices import POLICY_HELP
 from stayer.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     JsonFlag,
     SimLatencyOption,
@@ -33,9 +35,6 @@ from stayer.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-# The shell's status for a process stopped by Ctrl-C (128 + SIGINT).
-EXIT_INTERRUPTED = 130
 
 
 def report_problems(problems: list[str]) -> NoReturn:
@@ -85,7 +84,9 @@ def eval_command(
     ],
     policy: Annotated[
         str | None,
-        typer.Option("--policy", help="Context policy (comma-separated to compare several)."),
+        typer.Option(
+            "--policy", help=f"Context policy: {POLICY_HELP}; comma-separated to compare several."
+        ),
     ] = None,
     epochs: Annotated[int, typer.Option("--epochs", help="Trials per task and configuration.")] = 1,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Trials running at once.")] = 4,

@@ -48,4 +48,8 @@ def resume(
             f"{len(journal.log.steps)} step(s) journaled",
         )
     )
-    finish(lambda: traced(prepared, step_printer(err), None, journal), json_out, prepared.run_id)
+    finish(
+        lambda: traced(prepared, step_printer(err, journal.lost), None, journal),
+        json_out,
+        prepared.run_id,
+    )

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from stayer.choices import POLICY_HELP, kinds_help
 from stayer.cli.common import (
     EXIT_BUDGET,
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     JsonFlag,
     SimLatencyOption,
@@ -70,7 +72,7 @@ def run(
         str | None,
         typer.Option(
             "--sandbox",
-            help="bwrap (default: the host's system), docker or bwrap-image (the task's Dockerfile, built with Docker or without), local (unsandboxed, only by name). Default: task.toml's [environment] sandbox, else bwrap.",
+            help=f"{kinds_help()}. Default: task.toml's [environment] sandbox, else bwrap.",
         ),
     ] = None,
     service_tier: Annotated[
@@ -79,9 +81,7 @@ def run(
     ] = None,
     policy: Annotated[
         str,
-        typer.Option(
-            "--policy", help="Context policy: auto | none | mask[:W] | summarize[:TOKENS]."
-        ),
+        typer.Option("--policy", help=f"Context policy: {POLICY_HELP}."),
     ] = "auto",
     max_context: Annotated[
         int | None,
@@ -197,9 +197,19 @@ def finish(run: Callable[[], Any], json_out: bool, run_id: str) -> NoReturn:
     """Run the coroutine ``run()`` makes; print its result document; exit by its status.
 
     A full disk or a journal database gone mid-run stops the run where its journal says it
-    was: one line saying so, exit 2, and ``stayer resume`` continues it."""
+    was: one line saying so, exit 2, and ``stayer resume`` continues it. Ctrl-C: one line
+    naming the ``stayer resume`` that continues it, exit 130."""
     try:
         doc = run_async(run)
+    except KeyboardInterrupt:
+        # The journal holds every finished step: the run continues where it stopped.
+        stderr().print(
+            f"interrupted: run {run_id} stopped; `stayer resume {run_id}` continues it",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except ConfigError as e:
         bad_input(str(e))
     except Exception as e:
@@ -218,16 +228,26 @@ def exit_code(status: str) -> int:
     return {"succeeded": EXIT_OK, "budget_exhausted": EXIT_BUDGET}.get(status, EXIT_FAILED)
 
 
-def step_printer(err: Console) -> Callable[[Any], None]:
-    """One progress line per step on ``err`` (see ``step_line``)."""
+def step_printer(err: Console, lost: Sequence[dict[str, Any]] = ()) -> Callable[[Any], None]:
+    """One progress line per step on ``err`` (see ``step_line``). ``lost``: the journal's
+    ``model_lost`` records, which grow as a resumed run re-issues calls lost at a crash;
+    each gets its line before the step's, so the running total is what the result counts."""
     from rich.markup import escape
 
-    total: list[Decimal | None] = [Decimal(0)]
+    from stayer.journal.session import lost_ledger_entries
 
-    def progress(entry: Any) -> None:
-        d = entry.to_dict()
+    total: list[Decimal | None] = [Decimal(0)]
+    shown = [0]
+
+    def show(d: dict[str, Any]) -> None:
         total[0] = add_cost(total[0], d["cost_usd"])
         err.print(escape(step_line(d, total[0])), highlight=False, soft_wrap=True)
+
+    def progress(entry: Any) -> None:
+        for d in lost_ledger_entries(lost[shown[0] :]):
+            show(d)
+        shown[0] = len(lost)
+        show(entry.to_dict())
 
     return progress
 
@@ -318,6 +338,8 @@ VERIFIER_TAIL_LINES = 15
 def stop_detail(doc: dict[str, Any]) -> str:
     """The reason the run stopped, with the breaker's own words when one stopped it."""
     reason = doc.get("stop_reason") or ""
+    if doc.get("stop_detail"):
+        return f"{reason}: {doc['stop_detail']}"
     hard = [b for b in doc.get("breakers") or () if not b.get("soft")]
     if hard:
         return f"{hard[-1]['reason']}: {hard[-1]['detail']}"

@@ -18,11 +18,13 @@ from stayer.cli.common import (
     usd,
 )
 from stayer.errors import ConfigError
+from stayer.journal.lease import SHOWN_STATUSES
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-STATUSES = ("running", "interrupted", "succeeded", "failed", "budget_exhausted", "error", "corrupt")
+# What a run's row says (``run_status``), and ``corrupt``: a journal that cannot be read.
+STATUSES = (*SHOWN_STATUSES, "corrupt")
 # Dropped first to last when the terminal is too narrow: the id is what people copy, so it
 # is never cut.
 DROPPABLE = ("updated", "steps", "started", "task", "model", "cost (USD)")

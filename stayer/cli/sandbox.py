@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from stayer.choices import HOST_KINDS, kinds_help
 from stayer.cli.common import (
     JsonFlag,
     app,
@@ -84,7 +85,7 @@ def exec_command(
     ] = None,
     sandbox: Annotated[
         str,
-        typer.Option("--sandbox", help="bwrap (default) or local (no isolation, only by name)."),
+        typer.Option("--sandbox", help=f"{kinds_help(HOST_KINDS)}. Default: bwrap."),
     ] = "bwrap",
     json_out: JsonFlag = False,
 ) -> None:
@@ -152,9 +153,13 @@ def exec_command(
         sys.stdout.flush()
         sys.stderr.write(result.stderr)
         sys.stderr.flush()
-        notes = [f"exit code {result.exit_code}", f"{result.duration_s:.3f} s"]
+        # The code this command exits with, as a shell would report it (124 on a timeout).
+        notes = [f"exit code {command_exit_code(result)}", f"{result.duration_s:.3f} s"]
         if result.timed_out:
-            notes.append(f"timed out after {timeout:g} s: killed with everything it started")
+            notes.append(
+                f"timed out after {timeout:g} s: killed with everything it started "
+                f"(its own status: {result.exit_code})"
+            )
         if result.truncated:
             notes.append("output truncated in the middle")
         stderr().print(

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from stayer.choices import POLICY_HELP
 from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json
 from stayer.errors import ConfigError
 
@@ -34,7 +35,7 @@ def whatif(
         str,
         typer.Option(
             "--policy",
-            help="auto | none | mask[:W] | summarize[:TOKENS] | textbook[:TOKENS]; comma-separated to compare several.",
+            help=f"{POLICY_HELP}; comma-separated to compare several.",
         ),
     ] = "auto",
     max_context: Annotated[
@@ -56,24 +57,27 @@ def whatif(
     from stayer.context.policies import make_policy
     from stayer.journal.backends import stayer_home
     from stayer.models.caching import provider_of
+    from stayer.models.registry import known_sim_model
     from stayer.pricing import PriceBook
     from stayer.settings import RunSettings, check_flags
-    from stayer.tokens import MessageCounter, TiktokenCounter
+    from stayer.tokens import Counters
     from stayer.whatif import compare, load_trace
 
     model_id = None if model is None else model.split(":", 1)[1] if ":" in model else model
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     try:
         check_flags(RunSettings, {"max_context": max_context})
+        prices = PriceBook.load()
         if model_id is not None:
-            provider_of(model_id)
+            known_sim_model(model_id, prices)
         if not policies:
             raise ConfigError(f"--policy {policy!r}: name at least one policy")
         for p in policies:
             make_policy(p)
         loaded = load_trace(trace, stayer_home())
-        counter = MessageCounter(TiktokenCounter())
-        if max_context is not None:
+        target = model_id or loaded.recorded.model
+        if max_context is not None and target is not None:
+            counter = Counters().for_model(provider_of(target), target)
             pinned = Context(loaded.system, loaded.tools, loaded.instruction, counter).tokens
             if max_context <= pinned:
                 raise ConfigError(
@@ -83,8 +87,7 @@ def whatif(
             compare(
                 loaded,
                 [(model_id, p) for p in policies],
-                prices=PriceBook.load(),
-                counter=counter,
+                prices=prices,
                 max_context=max_context,
             )
         )
@@ -149,9 +152,17 @@ def comparison_table(doc: dict[str, Any], console: Console) -> None:
     print_table(console, t)
     if baseline is None:
         console.print(f"[yellow]{escape(doc['baseline_error'])}[/]; Δ not shown", highlight=False)
+    for note in doc.get("notes", []):
+        console.print(f"[bold yellow]note:[/] {escape(note)}", highlight=False)
+    own = (
+        "its Δ is its difference from the recorded cost, of which the notes above explain "
+        "what they can"
+        if doc.get("notes")
+        else "its Δ is the replay's own error against the recorded cost"
+    )
     console.print(
-        "replay: the recording re-simulated under its own model and policy; its Δ is the replay's own error "
-        "against the recorded cost. A what-if's Δ is against that replay.",
+        f"replay: the recording re-simulated under its own model and policy; {own}. "
+        "A what-if's Δ is against that replay.",
         highlight=False,
     )
 

@@ -12,9 +12,11 @@ reported. The verdict goes on the ledger entry as ``cache_break``: null, or
   differing bytes);
 * ``compaction`` — the context policy rewrote history before this request;
 * ``ttl_expired`` — the previous request is older than the cache lifetime;
-* ``below_minimum`` — the previous prompt was too short to be cached;
 * ``unknown`` — the prompt was reusable but the provider read less (evicted, routed to
   another machine): seen only in reported reads.
+
+A previous prompt below the provider's cacheable minimum is no break: nothing of it could
+be cached, so nothing was lost (a team's small agents would otherwise flag every step).
 """
 
 from __future__ import annotations
@@ -117,13 +119,10 @@ class CacheForensics:
             else:
                 detail = f"history shortened from {len(prev.messages)} to {len(request.messages)} messages"
             return _break(position, "prefix_edit", detail)
-        # The previous prompt is a prefix of this one: it should have been read in full.
+        # The previous prompt is a prefix of this one: it should have been read in full,
+        # if it was long enough to be cached at all.
         if prev.tokens < rules.min_tokens:
-            return _break(
-                usage.cache_read_tokens,
-                "below_minimum",
-                f"previous prompt {prev.tokens:,} tokens < minimum cacheable {rules.min_tokens:,}",
-            )
+            return None
         expected = cached_length(rules, prev.tokens)
         if usage.cache_read_tokens >= expected:
             return None

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
 
+from stayer.choices import POLICY_FORMS
 from stayer.context.layout import Context
 from stayer.context.retention import Retention, retention_of
 from stayer.errors import Failed
@@ -395,7 +396,7 @@ class TextbookPolicy:
         return _enforce_limit(ctx, view, c, window=1)
 
 
-POLICIES = ("auto", "none", "mask", "summarize", "textbook")
+POLICIES = tuple(form.split("[")[0] for form in POLICY_FORMS)
 
 
 def make_policy(spec: str) -> ContextPolicy:

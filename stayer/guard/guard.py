@@ -268,14 +268,16 @@ class Guard:
             r = self.budget.reserve(q.worst_case(max_tokens))
         if r is None:
             where = (
-                "before the wrap-up reserve"
-                if self.working and self.slice is not None
-                else "in the budget"
+                f"; ${self.slice.available:.6f} more is kept for the wrap-up"
+                if self.working and self.slice is not None and self.slice.available is not None
+                else ""
             )
+            fewest = " (the fewest a call is sent with)"
             return self.unaffordable(
                 "max_cost",
-                f"the next call's worst case (${q.worst_case(MIN_OUTPUT_TOKENS):.6f} or more) does not fit the "
-                f"${available:.6f} left {where} of ${self.budget.cap}",
+                f"the next call's worst case (${q.worst_case(MIN_OUTPUT_TOKENS):.6f} or more) does "
+                f"not fit the ${available:.6f} left of the ${self.budget.cap} cap: "
+                f"{q.explain(MIN_OUTPUT_TOKENS, fewest)}{where}",
             )
         return Held(r, max_tokens)
 

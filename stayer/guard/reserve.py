@@ -34,6 +34,20 @@ class CallQuote:
 
     input_cost: Decimal
     output_rate: Decimal  # USD per output token
+    prompt_tokens: int = 0  # the prompt size held (with its error bound)
+    input_rate: Decimal = Decimal(0)  # USD per prompt token: the dearest the call can incur
+
+    def explain(self, max_tokens: int, why: str = "") -> str:
+        """The parts of the worst case at ``max_tokens``: prompt × dearest input rate +
+        max_tokens × output rate (rates per million tokens); ``why`` follows max_tokens."""
+
+        def per_m(rate: Decimal) -> str:
+            return f"${(rate * MTOK).normalize():f}/M"
+
+        return (
+            f"{self.prompt_tokens:,} prompt tokens × {per_m(self.input_rate)} (the dearest "
+            f"input rate) + {max_tokens:,} max_tokens{why} × {per_m(self.output_rate)}"
+        )
 
     def worst_case(self, max_tokens: int) -> Decimal:
         return self.input_cost + max_tokens * self.output_rate
@@ -63,4 +77,6 @@ def quote(
     write = "cache_write_1h" if cache_ttl == "1h" else "cache_write_5m"
     dearest_input = max(max(r.input, getattr(r, write)) for r in candidates)
     output_rate = max(r.output for r in candidates)
-    return CallQuote(Decimal(counted) * dearest_input / MTOK, output_rate / MTOK)
+    return CallQuote(
+        Decimal(counted) * dearest_input / MTOK, output_rate / MTOK, counted, dearest_input / MTOK
+    )

@@ -13,7 +13,7 @@ import os
 import secrets
 import socket
 
-from stayer.journal.store import RunRow
+from stayer.journal.store import FINAL_STATUSES, RunRow
 
 
 def _start_time(pid: int) -> str | None:
@@ -64,6 +64,10 @@ def owner_is_dead(owner: str) -> bool:
     if now is None:  # no such process, or no /proc to ask
         return True if os.path.isdir("/proc") else not _alive(pid)
     return "?" not in (start, now) and start != now
+
+
+#: Every status ``run_status`` shows (``stayer runs --status`` takes exactly these).
+SHOWN_STATUSES = ("running", "interrupted", *FINAL_STATUSES)
 
 
 def run_status(row: RunRow) -> str:

@@ -58,6 +58,11 @@ class Event:
     damage: str | None = None  # why the stored record cannot be read (data is then empty)
 
 
+#: Every final status a run's row can hold: ``stayer run``'s (``stayer.run.status_of``)
+#: and the hosted runtime's ``cancelled`` (a run cancelled while no process ran it).
+FINAL_STATUSES = ("succeeded", "failed", "budget_exhausted", "error", "cancelled")
+
+
 @dataclass
 class RunRow:
     id: str

@@ -6,8 +6,13 @@ as vLLM, Ollama or DeepSeek), ``local:<id>`` (a server on this machine, such as 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from stayer.errors import ConfigError
 from stayer.models.base import Model
+
+if TYPE_CHECKING:
+    from stayer.pricing import PriceBook
 
 PROVIDERS = ("anthropic", "openai", "openai-chat", "local", "sim")
 
@@ -53,3 +58,22 @@ def make_real_model(spec: str, *, base_url: str | None = None) -> Model:
             )
         return LocalChatModel(model_id, base_url=url)
     raise ConfigError(f"--model {spec}: the simulator is not a real provider")
+
+
+def known_sim_model(model_id: str, prices: PriceBook) -> None:
+    """Refuse ``sim:model_id`` when no price data knows it, with the closest names: it is a
+    typo (``sim:claude-sonet-4-5``) far more often than a model, and would cost "unknown"."""
+    from stayer.models.caching import provider_of
+
+    provider = provider_of(model_id)
+    if prices.knows(model_id, provider):
+        return
+    close = [f"sim:{m}" for m in prices.closest(model_id, provider)]
+    hint = (
+        f"did you mean {' or '.join(close)}?"
+        if close
+        else "e.g. sim:claude-sonnet-4-5 or sim:gpt-5"
+    )
+    raise ConfigError(
+        f"--model sim:{model_id}: no {provider} model of that name in the price data; {hint}"
+    )

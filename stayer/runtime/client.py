@@ -16,7 +16,9 @@ from typing import Any
 
 import httpx
 
-TERMINAL = frozenset({"succeeded", "failed", "budget_exhausted", "cancelled", "error"})
+from stayer.journal.store import FINAL_STATUSES
+
+TERMINAL = frozenset(FINAL_STATUSES)
 
 
 def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:

@@ -24,22 +24,12 @@ from typing import Any
 
 from stayer.errors import ConfigError
 from stayer.journal.sql import SqlStore, record_of, utc_now
-from stayer.journal.store import Event
+from stayer.journal.store import FINAL_STATUSES, Event
 
 QUEUED, RUNNING, PAUSED, CANCELLED, ERROR = "queued", "running", "paused", "cancelled", "error"
 REQUIRES_ACTION = "requires_action"
-TERMINAL = frozenset({"succeeded", "failed", "budget_exhausted", CANCELLED, ERROR})
-STATUSES = (
-    QUEUED,
-    RUNNING,
-    REQUIRES_ACTION,
-    PAUSED,
-    "succeeded",
-    "failed",
-    "budget_exhausted",
-    CANCELLED,
-    ERROR,
-)
+TERMINAL = frozenset(FINAL_STATUSES)
+STATUSES = (QUEUED, RUNNING, REQUIRES_ACTION, PAUSED, *FINAL_STATUSES)
 
 _DDL = [
     """CREATE TABLE IF NOT EXISTS stayer_tenants (

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from stayer.choices import POLICY_HELP
 from stayer.runtime.db import ServiceRun
 
 #: A run's cap; above this, a typo is likelier than a real budget.
@@ -34,7 +35,7 @@ class RunCreate(BaseModel):
     policy: str = Field(
         default="auto",
         max_length=100,
-        description="Context policy: auto | none | mask[:W] | summarize[:TOKENS].",
+        description=f"Context policy: {POLICY_HELP}.",
     )
     sim_policy: str | None = Field(
         default=None, max_length=500, description="For sim: models; replay: is refused."

@@ -12,12 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stayer.choices import HOST_KINDS, IMAGE_KINDS, kinds_help  # noqa: F401 - re-exported
+from stayer.choices import SANDBOX_KINDS as KINDS
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount, Sandbox
-
-KINDS = ("bwrap", "bwrap-persistent", "docker", "bwrap-image", "local")
-# Kinds that run a task's image rather than the host's system: built by stayer.environments.
-IMAGE_KINDS = ("docker", "bwrap-image")
 
 
 def make_sandbox(kind: str, workspace: str | Path, **limits: Any) -> Sandbox:
@@ -45,4 +43,13 @@ def make_sandbox(kind: str, workspace: str | Path, **limits: Any) -> Sandbox:
     raise ConfigError(f"--sandbox: unknown sandbox {kind!r}; choose one of {', '.join(KINDS)}")
 
 
-__all__ = ["IMAGE_KINDS", "KINDS", "ExecResult", "Mount", "Sandbox", "make_sandbox"]
+__all__ = [
+    "HOST_KINDS",
+    "IMAGE_KINDS",
+    "KINDS",
+    "ExecResult",
+    "Mount",
+    "Sandbox",
+    "kinds_help",
+    "make_sandbox",
+]

@@ -34,15 +34,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
+import re
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import (
     NonRecordingSpan,
     SpanContext,
@@ -61,33 +64,123 @@ from stayer.tools.base import Tool, ToolContext, ToolResult
 SUBAGENT = "subagent"  # the tool that runs a child agent (stayer.tools.subagent)
 
 
-def provider(otlp: str | None = None, service_name: str = "stayer") -> TracerProvider:
+# Seconds an export may take, its retries included, unless OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT
+# says otherwise: an unreachable collector must not hold every run up (the SDK's own
+# default is 10 s per batch, with a warning per retry).
+EXPORT_TIMEOUT_S = 2.0
+
+
+def provider(
+    otlp: str | None = None,
+    service_name: str = "stayer",
+    warn: Callable[[str], None] | None = None,
+) -> TracerProvider:
     """A tracer provider exporting in batches over OTLP. The protocol is
     ``OTEL_EXPORTER_OTLP_PROTOCOL`` (``grpc``, or ``http/protobuf``, the default); the
-    endpoint ``--otlp`` or the standard variables."""
+    endpoint ``--otlp`` or the standard variables. Each export takes at most
+    ``EXPORT_TIMEOUT_S``; a failed one is said once, in one line, to ``warn`` (default:
+    stderr), instead of the SDK's log records."""
     protocol = (
         os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
         or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
         or "http/protobuf"
+    )
+    timeout = (
+        None
+        if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT")
+        else EXPORT_TIMEOUT_S
     )
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcExporter,
         )
 
-        exporter: Any = GrpcExporter(endpoint=otlp, insecure=True) if otlp else GrpcExporter()
+        exporter: Any = (
+            GrpcExporter(endpoint=otlp, insecure=True, timeout=timeout)
+            if otlp
+            else GrpcExporter(timeout=timeout)
+        )
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
             OTLPSpanExporter as HttpExporter,
         )
 
         exporter = (
-            HttpExporter(endpoint=otlp.rstrip("/") + "/v1/traces") if otlp else HttpExporter()
+            HttpExporter(endpoint=otlp.rstrip("/") + "/v1/traces", timeout=timeout)
+            if otlp
+            else HttpExporter(timeout=timeout)
         )
+    endpoint = getattr(exporter, "_endpoint", None) or otlp or "the OTLP endpoint"
     name = os.environ.get("OTEL_SERVICE_NAME") or service_name
     tp = TracerProvider(resource=Resource.create({"service.name": name}))
-    tp.add_span_processor(BatchSpanProcessor(exporter))
+    tp.add_span_processor(BatchSpanProcessor(QuietExporter(exporter, str(endpoint), warn)))
     return tp
+
+
+class _Captured(logging.Handler):
+    """Keeps the OTLP exporters' log records (a warning per retry, an error per batch)
+    from the console; the last one's text says why an export failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            self.messages.append(record.getMessage())
+
+
+_CAPTURED = _Captured()
+
+
+def _quiet_otlp_logs() -> None:
+    """The exporters log under ``opentelemetry.exporter.otlp``: captured, not printed."""
+    log = logging.getLogger("opentelemetry.exporter.otlp")
+    if _CAPTURED not in log.handlers:
+        log.addHandler(_CAPTURED)
+        log.propagate = False
+
+
+def _reason(messages: list[str]) -> str:
+    """The gist of an export's log records: ``Connection refused`` out of a urllib3 story,
+    else the first record."""
+    for message in messages:
+        m = re.search(r"\[Errno -?\d+\] ([^'\"()\]]+)", message)
+        if m:
+            return m.group(1).strip()
+    first = messages[0] if messages else "the export failed"
+    return first if len(first) <= 160 else first[:157] + "..."
+
+
+class QuietExporter(SpanExporter):
+    """An OTLP span exporter whose failures are one line, said once per provider: which
+    endpoint, why, and that the run goes on (its spans are dropped, never its work)."""
+
+    def __init__(
+        self, inner: SpanExporter, endpoint: str, warn: Callable[[str], None] | None = None
+    ) -> None:
+        self.inner, self.endpoint, self.warned = inner, endpoint, False
+        self.warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+        _quiet_otlp_logs()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        _CAPTURED.messages = []
+        result = self.inner.export(spans)
+        if result is SpanExportResult.FAILURE and not self.warned:
+            self.warned = True
+            why = _reason(_CAPTURED.messages)
+            self.warn(
+                f"warning: traces not exported to {self.endpoint}: {why}; "
+                "the run goes on without them"
+            )
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
 
 
 def _ids(run_id: str) -> tuple[int, int]:
