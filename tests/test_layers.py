@@ -34,6 +34,7 @@ LAYERS: list[set[str]] = [
         "sqlite_tx",
         "svgplot",
         "tables",
+        "choices",
         "paths",
     },
     {"models"},
