@@ -68,7 +68,7 @@ def gateway(env: dict[str, str], keys: dict[str, str]) -> Iterator[str]:
     sim, sim_url = _serve(["sim", "serve", "--port", "0"], env)
     gw, url = _serve(
         ["gateway", "--port", "0", "--upstream", f"anthropic={sim_url}",
-         "--upstream", f"openai={sim_url}"],
+         "--upstream", f"openai={sim_url}", "--metrics-token", "scrape-me"],
         {**env, "ANTHROPIC_API_KEY": "sk-upstream-secret"},
     )  # fmt: skip
     yield url
@@ -325,3 +325,62 @@ def test_an_upstream_is_an_http_url_without_credentials(env: dict[str, str]) -> 
             capture_output=True, text=True, env=env, timeout=120,
         )  # fmt: skip
         assert done.returncode == 2 and "--upstream" in done.stderr, bad
+
+
+def test_a_cache_break_gets_its_reason_and_its_price(
+    gateway: str, keys: dict[str, str], env: dict[str, str]
+) -> None:
+    client = anthropic.Anthropic(
+        base_url=gateway, api_key=keys["acme"], max_retries=0,
+        default_headers={"x-stayer-session": "s-break"},
+    )  # fmt: skip
+
+    def call(system: str) -> Any:
+        return client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=100,
+            system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+            messages=[{"role": "user", "content": "hello"}],
+        )  # fmt: skip
+
+    own = "Be careful. " * 700  # a prefix no other test has cached
+    first, second = call(own), call(own)
+    edited = call("Be caring. " + own)  # an edit at the head of the prefix
+    ledger = _wait_steps(env, "s-break", 3)["ledger"]
+    assert ledger[0]["cache_break"] is None and ledger[1]["cache_break"] is None
+    br = ledger[2]["cache_break"]
+    assert br["reason"] == "prefix_edit" and "system prompt differs at byte 6" in br["detail"]
+    missed = first.usage.cache_creation_input_tokens  # the whole prefix, written again
+    assert second.usage.cache_read_input_tokens == missed
+    assert edited.usage.cache_read_input_tokens == 0 and br["missed_tokens"] == missed
+    # a write at $3.75/M instead of a read at $0.30/M
+    assert Decimal(br["cost_usd"]) == Decimal(missed) * (Decimal("3.75") - Decimal("0.30")) / 10**6
+    scrape = httpx.get(
+        f"{gateway}/metrics", headers={"authorization": "Bearer scrape-me"}, timeout=30
+    ).text
+    line = next(
+        ln for ln in scrape.splitlines()
+        if ln.startswith('stayer_cache_miss_cost_usd_total{reason="prefix_edit"}')
+    )  # fmt: skip
+    assert float(line.split()[-1]) >= float(br["cost_usd"])
+    assert httpx.get(f"{gateway}/metrics", timeout=30).status_code == 401
+
+
+def test_breakers_stop_a_session_that_loops_or_runs_past_its_steps(
+    gateway: str, keys: dict[str, str], env: dict[str, str]
+) -> None:
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 50,
+            "messages": [{"role": "user", "content": "again"}]}  # fmt: skip
+    loop = {"x-api-key": keys["acme"], "x-stayer-session": "s-loop"}
+    codes = [httpx.post(f"{gateway}/v1/messages", json=body, headers=loop, timeout=30)
+             for _ in range(5)]  # fmt: skip
+    assert [r.status_code for r in codes] == [200, 200, 200, 200, 403]
+    assert "breaker loop" in codes[-1].json()["error"]["message"]
+    ledger = _wait_steps(env, "s-loop", 4)["ledger"]
+    assert [t["reason"] for t in ledger[3]["breakers"]] == ["loop"]
+    capped = {"x-api-key": keys["acme"], "x-stayer-session": "s-steps", "x-stayer-max-steps": "2"}
+    got = [
+        httpx.post(f"{gateway}/v1/messages", headers=capped, timeout=30,
+                   json=dict(body, messages=[{"role": "user", "content": f"n{i}"}])).status_code
+        for i in range(3)
+    ]  # fmt: skip
+    assert got == [200, 200, 403]

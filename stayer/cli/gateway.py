@@ -32,6 +32,23 @@ def gateway(
             max=3600,
         ),
     ] = 600.0,
+    max_tokens_per_minute: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tokens-per-minute",
+            help="Breaker: a session's input + output tokens over the last minute.",
+            min=1,
+            max=10**12,
+        ),
+    ] = None,
+    metrics_token: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-token",
+            envvar="STAYER_METRICS_TOKEN",
+            help="Bearer token of GET /metrics (Prometheus); off without one.",
+        ),
+    ] = None,
 ) -> None:
     """Meter any agent: point its base URL here and authenticate with a stayer tenant key
     (`stayer tenants create`). The provider keys are the gateway's own:
@@ -80,6 +97,8 @@ def gateway(
             tenant_for_key=service.tenant_for_key,
             upstreams=upstreams,
             timeout_s=upstream_timeout,
+            max_tokens_per_minute=max_tokens_per_minute,
+            metrics_token=metrics_token,
             db=db,
         )
 

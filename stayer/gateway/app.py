@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,17 +34,23 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from stayer.errors import ConfigError
-from stayer.gateway.sessions import SessionLedger, SessionRefused, session_id
+from stayer.gateway.breakers import SessionBreakers
+from stayer.gateway.metrics import GatewayMetrics
+from stayer.gateway.sessions import TRIPPED, SessionLedger, SessionRefused, session_id
+from stayer.guard.breakers import GuardConfig
 from stayer.guard.budget import BudgetStore
 from stayer.ledger import LedgerEntry
 from stayer.metering import requests as wire
+from stayer.metering.breaks import SessionForensics
 from stayer.metering.meter import Admission, Meter, Refused
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
-from stayer.settings import MAX_USD
+from stayer.settings import MAX_STEPS, MAX_USD
+from stayer.usage import Usage
 
 MAX_BODY = 32 * 1024 * 1024
 T = TypeVar("T")
+MAX_SESSIONS = 10_000  # sessions whose forensics and breakers a process keeps
 # Request headers never forwarded: the client's credentials, hop-by-hop, ours.
 _DROP = {
     "authorization", "x-api-key", "host", "content-length", "connection", "keep-alive",
@@ -78,9 +86,34 @@ class Gateway:
     # Every database call runs on this one thread: a SQLite connection belongs to the
     # thread that made it, and the budget store's transactions must not interleave.
     db: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "stayer-gw-db"))
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    max_tokens_per_minute: int | None = None
+    metrics_token: str | None = None
+    metrics: GatewayMetrics = field(default_factory=lambda: GatewayMetrics())
+    sessions: OrderedDict[str, _SessionState] = field(default_factory=OrderedDict)
+
+    def state(self, session: str, provider: str, model: str) -> _SessionState:
+        """The session's forensics and breakers in this process (the least recently used
+        of ``MAX_SESSIONS`` are forgotten: a forgotten session's next call has no verdict)."""
+        st = self.sessions.get(session)
+        if st is None:
+            st = self.sessions[session] = _SessionState(
+                SessionForensics(provider, model),
+                SessionBreakers(self.guard, self.max_tokens_per_minute),
+            )
+            while len(self.sessions) > MAX_SESSIONS:
+                self.sessions.popitem(last=False)
+        self.sessions.move_to_end(session)
+        return st
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.db, fn, *args)
+
+
+@dataclass
+class _SessionState:
+    forensics: SessionForensics
+    breakers: SessionBreakers
 
 
 class _Error(Exception):
@@ -114,6 +147,15 @@ def _session(request: Request, tenant: str, key: str) -> str:
         if value:
             return session_id(value)
     return "gw-key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _max_steps(request: Request) -> int | None:
+    raw = request.headers.get("x-stayer-max-steps")
+    if raw is None:
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_STEPS:
+        raise _Error(400, f"x-stayer-max-steps: expected a whole number from 1 to {MAX_STEPS}")
+    return int(raw)
 
 
 def _cap(request: Request) -> Decimal | None:
@@ -185,7 +227,13 @@ def create_app(gw: Gateway) -> Starlette:
                     provider = "openai"
                 session = _session(request, tenant, key)
                 now = _now()
-                await gw.run(gw.ledger.open, tenant, session, parsed.model, now)
+                row = await gw.run(gw.ledger.open, tenant, session, parsed.model, now)
+                state = gw.state(session, provider, parsed.model)
+                why = state.breakers.refusal(row.steps, _max_steps(request))
+                if why is None and row.status == TRIPPED:
+                    why = f"session {session} tripped a breaker: `stayer report {session}`"
+                if why is not None:
+                    raise _Error(403, why)
                 accounts = [f"tenant:{tenant}", f"gateway-session:{session}"]
                 cap = _cap(request)
                 await gw.run(_open_accounts, gw, tenant, session, cap)
@@ -229,7 +277,7 @@ def create_app(gw: Gateway) -> Starlette:
                 content = await _drain(response)
                 await gw.run(gw.meter.release, admission)
                 return Response(content, status_code=response.status_code, headers=back)
-            done = _Call(gw, admission, tenant, session, api, started)
+            done = _Call(gw, admission, tenant, session, api, started, parsed, raw, state)
             if not parsed.stream:
                 content = await _drain(response)
                 try:
@@ -265,6 +313,15 @@ def create_app(gw: Gateway) -> Starlette:
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def metrics(request: Request) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        token = gw.metrics_token
+        given = request.headers.get("authorization", "")
+        if token is None or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return JSONResponse({"error": "metrics need --metrics-token and its bearer"}, 401)
+        return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await startup()
@@ -280,6 +337,7 @@ def create_app(gw: Gateway) -> Starlette:
             Route("/v1/chat/completions", route("chat", wire.parse_chat), methods=["POST"]),
             Route("/v1/responses", route("responses", wire.parse_responses), methods=["POST"]),
             Route("/healthz", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ],
     )
 
@@ -327,6 +385,9 @@ class _Call:
     session: str
     api: wire.Api
     started: float
+    parsed: wire.Parsed
+    body: bytes
+    state: _SessionState
 
     async def pump(self, response: httpx.Response, queue: asyncio.Queue[bytes | None]) -> None:
         """Relay the upstream's bytes as they come and read them; the client going away
@@ -344,20 +405,34 @@ class _Call:
             await self.finish(reader.close())
 
     async def finish(self, reading: Reading) -> None:
-        metered = await self.gw.run(self.gw.meter.settle, self.admission, reading)
-        usage = metered.usage
-        from stayer.usage import Usage
-
+        gw, adm = self.gw, self.admission
+        metered = await gw.run(gw.meter.settle, adm, reading)
+        usage = metered.usage or Usage()
+        model = reading.model or adm.model
+        verdict = None
+        if metered.usage is not None:
+            verdict = self.state.forensics.observe(
+                self.parsed.request, usage, model, adm.provider,
+                reading.service_tier or adm.tier, gw.meter.prices,
+            )  # fmt: skip
         entry = LedgerEntry(
             step=0,
-            model=reading.model or self.admission.model,
-            usage=usage or Usage(),
+            model=model,
+            usage=usage,
             cost=metered.cost,
-            context_tokens=(usage.input_tokens if usage else self.admission.prompt_tokens),
+            context_tokens=usage.input_tokens or adm.prompt_tokens,
             latency_s=time.perf_counter() - self.started,
             tool_calls=[],
-        ).to_dict()
-        entry["charged_usd"] = None if metered.charged is None else str(metered.charged)
-        entry["complete"] = metered.complete
-        entry["max_tokens"] = self.admission.max_tokens
-        await self.gw.run(self.gw.ledger.record, self.tenant, self.session, entry, _now())
+            cache_break=verdict,
+        )
+        trips = self.state.breakers.after(
+            metered.charged, self.body, usage.input_tokens + usage.output_tokens
+        )
+        entry.breakers = [t.to_dict() for t in trips]
+        doc = entry.to_dict()
+        doc["charged_usd"] = None if metered.charged is None else str(metered.charged)
+        doc["complete"] = metered.complete
+        doc["max_tokens"] = adm.max_tokens
+        status = TRIPPED if trips else None
+        await gw.run(gw.ledger.record, self.tenant, self.session, doc, _now(), status)
+        gw.metrics.observe(self.tenant, model, metered.charged, verdict, trips)

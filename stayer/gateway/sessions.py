@@ -21,6 +21,7 @@ from stayer.money import Usd
 
 OWNER = "stayer-gateway"
 STATUS = "open"
+TRIPPED = "tripped"  # a breaker stopped the session: its calls are refused
 _LEASE_S = 100 * 365 * 86400.0  # a session stays open; nothing claims it
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
@@ -57,7 +58,9 @@ class SessionLedger:
             raise SessionRefused(f"session {session!r} is not available to this key")
         return row
 
-    def record(self, tenant: str, session: str, entry: dict[str, Any], now: str) -> int:
+    def record(
+        self, tenant: str, session: str, entry: dict[str, Any], now: str, status: str | None = None
+    ) -> int:
         """Append ``entry`` as the session's next step; returns its step number."""
         with self._lock:
             for _ in range(50):  # a race per try at most: another process took the number
@@ -78,7 +81,7 @@ class SessionLedger:
                         update={
                             "steps": step,
                             "cost_usd": (total + cost).to_json(),
-                            "status": STATUS,
+                            "status": status or (row.status if row else STATUS),
                         },
                     )
                 except Exception:  # noqa: BLE001 - the number was taken: read the tail again
