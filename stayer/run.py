@@ -97,6 +97,9 @@ class PreparedRun:
     routing: RoutingSetup | None = None  # from --config
     team: TeamSpec | None = None  # from --team
     team_models: dict[str, Model] = dataclasses.field(default_factory=dict)  # per agent of the team
+    # The journal lease a new run is created under (a worker's claim): owner id and TTL.
+    lease_owner: str | None = None
+    lease_ttl_s: float | None = None
 
 
 def prepare(
@@ -292,7 +295,10 @@ async def _execute(
     workspace = p.run_dir / "workspace"
     if journal is None:
         assert p.store is not None
-        journal = RunJournal.create(p.store, p.run_id, run_header(p), workspace, p.prices)
+        lease: dict[str, Any] = {"owner": p.lease_owner}
+        if p.lease_ttl_s is not None:
+            lease["ttl_s"] = p.lease_ttl_s
+        journal = RunJournal.create(p.store, p.run_id, run_header(p), workspace, p.prices, **lease)
         make_run_dir(p.run_dir, exist_ok=False)
         task.materialise(workspace, sandbox_kind)
         journal.take_snapshot(0)

@@ -50,8 +50,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(base: Path) -> str:
-    """Start a server with its data in ``base``; returns the URL of its ``postgres`` db."""
+def start(base: Path, port: int | None = None) -> str:
+    """Start a server with its data in ``base`` (on ``port``, default a free one: give the
+    same port to start it again after ``stop``); returns the URL of its ``postgres`` db."""
     bindir = _bindir()
     if bindir is None:
         raise RuntimeError("no PostgreSQL binaries (initdb, pg_ctl) on this machine")
@@ -64,7 +65,7 @@ def start(base: Path) -> str:
                 "running as root and there is no postgres user to run the server as"
             ) from None
         os.chown(base, user.pw_uid, user.pw_gid)
-    data, port = base / "data", _free_port()
+    data, port = base / "data", port or _free_port()
 
     def run(argv):
         return subprocess.run(_as_server_user(argv), capture_output=True, text=True, timeout=120)

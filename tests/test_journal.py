@@ -21,6 +21,7 @@ from stayer.journal.lease import new_owner, owner_is_dead, run_status
 from stayer.journal.snapshot import BlobSnapshots
 from stayer.journal.sql import utc_now
 from stayer.journal.sqlite import SqliteStore
+from stayer.journal.store import StoreUnavailable
 
 pg_url = database_fixture()
 
@@ -95,6 +96,21 @@ def test_a_writer_without_the_lease_is_fenced_off(store):
     with pytest.raises(LeaseLost):
         store.append(run_id, "someone-else", 0, [("a", {})])
     assert store.events(run_id) == []
+
+
+def test_an_append_after_a_write_the_database_lost_is_refused(store):
+    """A write acknowledged without a sync (``sync=False``) is lost if the database server
+    crashes; the writer's next append must not leave a gap in the journal behind it."""
+    owner = new_owner()
+    run_id = new_run(store, owner)
+    store.append(run_id, owner, 0, [("a", {}), ("b", {})])
+    store.append(run_id, owner, 2, [("model_started", {"n": 0})], sync=False)
+    with store._tx() as cur:  # the crash took the unsynced write
+        cur.execute("DELETE FROM stayer_events WHERE run_id = ? AND seq = 2", (run_id,))
+    with pytest.raises(StoreUnavailable, match="lost the journal's last write"):
+        store.append(run_id, owner, 3, [("model_finished", {"n": 0})])
+    assert [e.kind for e in store.events(run_id)] == ["a", "b"]
+    load_log(store, run_id)  # readable: no gap
 
 
 def test_claims_respect_live_leases_and_take_dead_or_expired_ones(store):

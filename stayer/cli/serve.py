@@ -48,6 +48,15 @@ LeaseTtlOption = Annotated[
         max=3600.0,
     ),
 ]
+DrainTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--drain-timeout",
+        help="On SIGTERM, seconds to hand the runs back (at a step boundary) and exit.",
+        min=1.0,
+        max=86400.0,
+    ),
+]
 OtlpOption = Annotated[
     str | None,
     typer.Option(
@@ -93,6 +102,7 @@ def _worker(  # noqa: ANN202 - Worker (imported lazily: the CLI starts fast)
     allow_private_webhooks: bool,
     lease_ttl: float,
     otlp: str | None,
+    drain_timeout: float = 30.0,
 ):
     """The worker of ``stayer worker``, and the one ``stayer serve`` embeds: both take the
     same options for it."""
@@ -104,6 +114,7 @@ def _worker(  # noqa: ANN202 - Worker (imported lazily: the CLI starts fast)
         tasks,
         concurrency=concurrency,
         lease_ttl_s=lease_ttl,
+        drain_timeout_s=drain_timeout,
         sandbox=sandbox,
         webhooks=Webhooks(allow_private=allow_private_webhooks),
         otlp=otlp,
@@ -264,6 +275,7 @@ def serve(
     sandbox: SandboxOption = "bwrap",
     allow_private_webhooks: PrivateWebhooksOption = False,
     lease_ttl: LeaseTtlOption = 30.0,
+    drain_timeout: DrainTimeoutOption = 30.0,
     otlp: OtlpOption = None,
     metrics_token: Annotated[
         str | None,
@@ -294,7 +306,7 @@ def serve(
     tasks = _tasks_dir(tasks_dir)
     try:
         worker = (
-            _worker(tasks, workers, sandbox, allow_private_webhooks, lease_ttl, otlp)
+            _worker(tasks, workers, sandbox, allow_private_webhooks, lease_ttl, otlp, drain_timeout)
             if workers
             else None
         )
@@ -341,12 +353,14 @@ def worker(
     sandbox: SandboxOption = "bwrap",
     allow_private_webhooks: PrivateWebhooksOption = False,
     lease_ttl: LeaseTtlOption = 30.0,
+    drain_timeout: DrainTimeoutOption = 30.0,
     otlp: OtlpOption = None,
     metrics_port: Annotated[
         int | None,
         typer.Option(
             "--metrics-port",
-            help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.",
+            help="Serve this worker's Prometheus metrics (/metrics) and health (/healthz) "
+            "on 127.0.0.1:PORT.",
             min=1,
             max=65535,
         ),
@@ -364,14 +378,19 @@ def worker(
 
     tasks = _tasks_dir(tasks_dir)
     try:
-        w = _worker(tasks, concurrency, sandbox, allow_private_webhooks, lease_ttl, otlp)
+        w = _worker(
+            tasks, concurrency, sandbox, allow_private_webhooks, lease_ttl, otlp, drain_timeout
+        )
     except ConfigError as e:
         bad_input(str(e))
 
     if metrics_port is not None:
-        from prometheus_client import start_http_server
+        from stayer.runtime.worker import serve_health
 
-        start_http_server(metrics_port, addr="127.0.0.1", registry=w.metrics.registry)
+        try:
+            serve_health(w, metrics_port)
+        except OSError as e:
+            bad_input(f"--metrics-port {metrics_port}: {e.strerror or e}")
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -7,19 +7,27 @@ the latest snapshot and replays the journal (``stayer.journal.session``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from stayer.journal import JournalError, RunJournal, Store, open_store, stayer_home
 from stayer.pricing import PriceBook
 from stayer.run import PreparedRun, RunConfig, prepare
 
 
 def prepare_resume(
-    run_id: str, *, store: Store | None = None, prices: PriceBook | None = None
+    run_id: str,
+    *,
+    store: Store | None = None,
+    prices: PriceBook | None = None,
+    owner: str | None = None,
+    ttl_s: float | None = None,
 ) -> tuple[PreparedRun, RunJournal]:
     """The run ``run_id``, prepared and leased, ready for ``execute(p, journal=j)``.
 
     Raises JournalError (a ConfigError) for an unknown run, an unopenable or newer journal,
     or a run another live process holds; ``RunFinished`` (with the result document) for a
     run that already finished. Nothing is written unless the run can be continued.
+    ``owner`` and ``ttl_s``: the lease to run it under (a worker's claim), see ``reopen``.
     """
     home = stayer_home()
     opened = store is None
@@ -38,8 +46,11 @@ def prepare_resume(
             ) from None
         prepared = prepare(config, prices, store=store, resume=True)
         prepared.close_store = opened
+        lease: dict[str, Any] = {"owner": owner}
+        if ttl_s is not None:
+            lease["ttl_s"] = ttl_s
         journal = RunJournal.reopen(
-            store, row, log, prepared.run_dir / "workspace", prepared.prices
+            store, row, log, prepared.run_dir / "workspace", prepared.prices, **lease
         )
     except BaseException:
         if opened:

@@ -29,30 +29,56 @@ _SCHEMA = (
 
 
 class PostgresBudgetStore(BudgetStore):
+    """Connections are borrowed per transaction from the process's pool for the database
+    (``stayer.journal.pgpool``); a database that is away is ``StoreUnavailable``."""
+
     def __init__(self, url: str) -> None:
         try:
             import psycopg
+            import psycopg_pool  # noqa: F401
         except ImportError:
             raise ConfigError(
-                "STAYER_DB: PostgreSQL needs psycopg 3; pip install 'stayer[postgres]'"
+                "STAYER_DB: PostgreSQL needs psycopg 3 and psycopg_pool; "
+                "pip install 'stayer[postgres]'"
             ) from None
+        from stayer.journal import pgpool
+        from stayer.journal.store import StoreUnavailable
+
+        self._url = url
+        self._pool: Any = None
         try:
-            self.conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+            self._pool = pgpool.acquire(url)
             with self.transaction() as rows:
                 for ddl in _SCHEMA:
                     rows.cur.execute(ddl)
+        except StoreUnavailable:
+            self.close_connection()
+            raise
         except psycopg.Error as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ConfigError(f"STAYER_DB: cannot open the budget tables ({first})") from None
+            self.close_connection()
+            error = StoreUnavailable if pgpool.unavailable(e) else ConfigError
+            raise error(
+                f"STAYER_DB: cannot open the budget tables ({pgpool.first_line(e)})"
+            ) from None
 
     @contextmanager
     def transaction(self) -> Iterator[_PgRows]:
-        with self.conn.transaction(), self.conn.cursor() as cur:
+        from stayer.journal.pgpool import borrowed
+
+        with (
+            borrowed(self._pool, "STAYER_DB (budgets)") as conn,
+            conn.transaction(),
+            conn.cursor() as cur,
+        ):
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
             yield _PgRows(cur)
 
     def close_connection(self) -> None:
-        self.conn.close()
+        if self._pool is not None:
+            from stayer.journal import pgpool
+
+            self._pool = None
+            pgpool.release(self._url)
 
 
 class _PgRows(Rows):

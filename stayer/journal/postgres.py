@@ -1,5 +1,6 @@
 """PostgreSQL store (``STAYER_DB=postgresql://…``): runs, events and blobs in one database
-that several processes and machines share.
+that several processes and machines share, through one bounded pool of connections per
+process (``stayer.journal.pgpool``), which outlives the server's restarts.
 
 Blobs live in a table and are inserted in the same transaction as the events that refer to
 them. Leases use the database's clock, so machines with skewed clocks agree on expiry;
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from stayer.journal.snapshot import BlobSnapshots
 from stayer.journal.sql import SqlStore, schema
-from stayer.journal.store import JournalError
+from stayer.journal.store import JournalError, StoreUnavailable
 from stayer.sandbox.snapshot import SnapshotStore
 
 
@@ -79,34 +81,58 @@ class PostgresStore(SqlStore):
         self.location = _redact(url)
         try:
             import psycopg
+            import psycopg_pool  # noqa: F401
         except ImportError:
             raise JournalError(
-                "STAYER_DB: PostgreSQL needs psycopg 3; install it with pip install 'stayer[postgres]'"
+                "STAYER_DB: PostgreSQL needs psycopg 3 and psycopg_pool; install them with "
+                "pip install 'stayer[postgres]'"
             ) from None
-        self._psycopg = psycopg
+        from stayer.journal import pgpool
+
         quiet_duplicate_warnings(logging.getLogger("psycopg"))
+        self._url = url
+        # The connection this thread's open transaction uses: a nested one joins it.
+        self._held = threading.local()
+        self._pool: Any = None
+        cannot = f"STAYER_DB {self.location}: cannot open the journal database"
         try:
-            self.conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
-            with self._tx() as cur:
-                cur.execute("SELECT pg_advisory_xact_lock(?)", (_DDL_LOCK,))
-                for ddl in schema("BYTEA"):
-                    cur.execute(ddl)
-                self._check_version(cur)
+            self._pool = pgpool.acquire(url)
+            self.create_tables(schema("BYTEA"), check_version=True)
+        except StoreUnavailable as e:
+            self.close()
+            raise StoreUnavailable(f"{cannot} ({pgpool.first_line(e.__cause__ or e)})") from None
         except psycopg.Error as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise JournalError(
-                f"STAYER_DB {self.location}: cannot open the journal database ({first})"
-            ) from None
+            self.close()
+            error = StoreUnavailable if pgpool.unavailable(e) else JournalError
+            raise error(f"{cannot} ({pgpool.first_line(e)})") from None
+
+    def _lock_ddl(self, cur: Any) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(?)", (_DDL_LOCK,))
+
+    @contextmanager
+    def _connection(self) -> Iterator[Any]:
+        conn = getattr(self._held, "conn", None)
+        if conn is not None:
+            yield conn
+            return
+        from stayer.journal.pgpool import borrowed
+
+        with borrowed(self._pool, f"STAYER_DB {self.location}") as conn:
+            self._held.conn = conn
+            try:
+                yield conn
+            finally:
+                self._held.conn = None
 
     @contextmanager
     def _tx(self, *, sync: bool = True) -> Iterator[_Cursor]:
-        with self.conn.transaction(), self.conn.cursor() as cur:
+        with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
             if not sync:  # committed for every client at once; flushed to disk shortly after
                 cur.execute("SET LOCAL synchronous_commit TO OFF")
             yield _Cursor(cur)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self.conn.cursor() as cur:
+        with self._connection() as conn, conn.cursor() as cur:
             cur.execute(sql.replace("?", "%s"), tuple(params))
             return list(cur.fetchall())
 
@@ -115,4 +141,8 @@ class PostgresStore(SqlStore):
         return BlobSnapshots(self.put_blobs, self.get_blob)
 
     def close(self) -> None:
-        self.conn.close()
+        if self._pool is not None:
+            from stayer.journal import pgpool
+
+            self._pool = None
+            pgpool.release(self._url)

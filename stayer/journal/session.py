@@ -55,7 +55,7 @@ from stayer.journal.lease import new_owner, owner_is_dead
 from stayer.journal.log import JOURNAL_KINDS, RunLog, load_log
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
-from stayer.journal.store import JournalError, RunRow, Store
+from stayer.journal.store import JournalError, RunHeld, RunRow, Store
 from stayer.ledger import lost_entry
 from stayer.models.base import Model, ModelResponse
 from stayer.money import Usd, usd_sum
@@ -148,9 +148,13 @@ class RunJournal:
         header: dict[str, Any],
         workspace: Path,
         prices: PriceBook,
+        *,
+        owner: str | None = None,
         **kw: Any,
     ) -> RunJournal:
-        owner, now = new_owner(), utc_now()
+        """``owner``: the lease owner id to write under (default: a new one of this
+        process); a worker passes the one its run's claim leased."""
+        owner, now = owner or new_owner(), utc_now()
         ttl_s = kw.get("ttl_s", LEASE_TTL_S)
         row = RunRow(run_id, header["task"], header["model"], "running", 0, "0", now, now, header)
         store.create_run(row, owner, ttl_s)
@@ -191,16 +195,25 @@ class RunJournal:
 
     @classmethod
     def reopen(
-        cls, store: Store, row: RunRow, log: RunLog, workspace: Path, prices: PriceBook, **kw: Any
+        cls,
+        store: Store,
+        row: RunRow,
+        log: RunLog,
+        workspace: Path,
+        prices: PriceBook,
+        *,
+        owner: str | None = None,
+        **kw: Any,
     ) -> RunJournal:
-        """Take the lease of a run :meth:`load` returned, to continue it. JournalError if
-        another live process holds it."""
-        owner = new_owner()
+        """Take the lease of a run :meth:`load` returned, to continue it (as ``owner``, a
+        lease the caller may already hold). RunHeld if another live process holds it."""
+        owner = owner or new_owner()
         holder = store.claim(row.id, owner, kw.get("ttl_s", LEASE_TTL_S), owner_is_dead)
         if holder is not None:
-            raise JournalError(
+            raise RunHeld(
                 f"run {row.id} is being run by another process ({holder}); wait for it to finish, "
-                "or for its lease to expire if that process is gone"
+                "or for its lease to expire if that process is gone",
+                holder,
             )
         journal = cls(store, row.id, owner, log, workspace, prices, started=row.started, **kw)
         if log.torn:

@@ -16,7 +16,15 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stayer.journal.blobs import BlobError, decode, encode
-from stayer.journal.store import SCHEMA_VERSION, Event, JournalError, LeaseLost, Pruned, RunRow
+from stayer.journal.store import (
+    SCHEMA_VERSION,
+    Event,
+    JournalError,
+    LeaseLost,
+    Pruned,
+    RunRow,
+    StoreUnavailable,
+)
 
 if TYPE_CHECKING:
     from stayer.sandbox.snapshot import SnapshotStore
@@ -116,6 +124,25 @@ class SqlStore:
         return sum(len(stored) for _, stored in rows)
 
     # --- schema ------------------------------------------------------------------------
+
+    def _lock_ddl(self, cur: Any) -> None:
+        """Serialise schema creation with every other process opening the database (a
+        SQLite write transaction already locks the whole database)."""
+
+    def create_tables(self, ddl: Iterable[str], *, check_version: bool = False) -> None:
+        """Run ``ddl`` (``CREATE … IF NOT EXISTS``) in one transaction under the schema
+        lock the journal's own tables are created under: processes that open a fresh
+        database at once neither race nor fail."""
+        with self._tx() as cur:
+            self._lock_ddl(cur)
+            for statement in ddl:
+                cur.execute(statement)
+            if check_version:
+                self._check_version(cur)
+
+    def ping(self) -> None:
+        """Raise unless the database answers (``StoreUnavailable`` when it is away)."""
+        self._read("SELECT 1")
 
     def _check_version(self, cur: Any) -> None:
         row = cur.execute("SELECT value FROM stayer_meta WHERE key = 'schema_version'").fetchone()
@@ -218,6 +245,13 @@ class SqlStore:
         ]
         with self._tx(sync=sync) as cur:
             self._fence(cur, run_id, owner, update)
+            if rows and first_seq > 0 and not self._has_event(cur, run_id, first_seq - 1):
+                # A write acknowledged before the database crashed (``sync=False``) and lost
+                # with it: appending after the gap would corrupt the journal.
+                raise StoreUnavailable(
+                    f"run {run_id}: the database lost the journal's last write ({first_seq - 1}) "
+                    "in a crash; the run goes on from what it kept"
+                )
             if blobs:
                 self._store_blobs(cur, blobs)
             if rows:
@@ -225,6 +259,13 @@ class SqlStore:
                     "INSERT INTO stayer_events (run_id, seq, kind, data, at) VALUES (?, ?, ?, ?, ?)",
                     rows,
                 )
+
+    @staticmethod
+    def _has_event(cur: Any, run_id: str, seq: int) -> bool:
+        found = cur.execute(
+            "SELECT 1 FROM stayer_events WHERE run_id = ? AND seq = ?", (run_id, seq)
+        ).fetchone()
+        return found is not None
 
     def events(self, run_id: str) -> list[Event]:
         rows = self._read(

@@ -44,6 +44,19 @@ class JournalCorrupt(JournalError):
         self.run_id, self.seq, self.kind, self.reason = run_id, seq, kind, reason
 
 
+class StoreUnavailable(JournalError):
+    """The database did not answer (restarting, unreachable, out of connections). Nothing
+    was written by the operation that raised it; try again later (the API answers 503)."""
+
+
+class RunHeld(JournalError):
+    """Another live process holds the run's lease; ``holder`` names it."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
 class LeaseLost(JournalError):
     """Another process took over this run (our lease expired while we were stalled). We
     must stop writing: its events and ours would interleave."""

@@ -101,8 +101,7 @@ class Actions:
 
     def __init__(self, store: SqlStore) -> None:
         self.store = store
-        with store._tx() as cur:
-            cur.execute(_DDL)
+        store.create_tables([_DDL])
 
     def _rows(self, where: str, params: tuple[Any, ...]) -> list[Action]:
         rows = self.store._read(f"SELECT {_COLUMNS} FROM stayer_actions {where}", params)

@@ -5,8 +5,10 @@ is 401, and another tenant's run is 404 (the same answer as a run that does not 
 API processes hold no state: they read and write the runtime's tables and read the
 journal, so any number of them can serve one database.
 
-Database connections are per thread (FastAPI runs plain ``def`` endpoints in a thread
-pool; SQLite connections must stay in the thread that opened them).
+Stores are per thread (FastAPI runs plain ``def`` endpoints in a thread pool; SQLite
+connections must stay in the thread that opened them); on PostgreSQL they borrow from one
+bounded pool per process. While the database is away the API answers 503 with
+``Retry-After``, and ``/healthz`` says so.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from stayer.errors import ConfigError
 from stayer.journal import load_log, open_store
 from stayer.journal.sql import SqlStore
+from stayer.journal.store import StoreUnavailable
 from stayer.runtime.actions import Actions
 from stayer.runtime.db import CANCELLED, QUEUED, STATUSES, ServiceDB, ServiceRun
 from stayer.runtime.events import PublicEvent, public_event, status_event
@@ -53,6 +56,8 @@ from stayer.runtime.worker import close_idle_journal, resolve_task, settle_hold
 #: How often an open event stream looks for new journal events. The journal is the one
 #: source of events for every API process, so this bounds the delivery lag.
 POLL_S = 0.05
+#: Seconds a client is told to wait (``Retry-After``) while the database is away.
+RETRY_AFTER_S = 2
 STATIC = Path(__file__).parent / "static"
 # The dashboard loads nothing from elsewhere and may not be framed; no response is sniffed.
 SECURITY_HEADERS = {
@@ -134,9 +139,14 @@ class Databases:
         if db is None:
             store = open_store(self.home)
             assert isinstance(store, SqlStore)
-            db = self._local.db = ServiceDB(store)
-            self._local.actions = Actions(store)
-            self._local.budgets = TenantBudgets(open_budget_store(self.home))
+            try:
+                db, actions = ServiceDB(store), Actions(store)
+                budgets = TenantBudgets(open_budget_store(self.home))
+            except BaseException:
+                store.close()
+                raise
+            self._local.actions, self._local.budgets = actions, budgets
+            self._local.db = db
             with self._lock:
                 self._all.append(store)
         return db
@@ -223,6 +233,14 @@ def create_app(
     async def config_error(_request: Request, exc: ConfigError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
 
+    @app.exception_handler(StoreUnavailable)
+    async def store_unavailable(_request: Request, exc: StoreUnavailable) -> JSONResponse:
+        return JSONResponse(
+            {"detail": str(exc)},
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
     @app.get("/metrics", include_in_schema=False)
     def metrics(authorization: Annotated[str | None, Header()] = None) -> Response:
         """Prometheus text. Every tenant's spend is in it, so it takes its own token
@@ -250,8 +268,17 @@ def create_app(
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", include_in_schema=False)
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    def healthz() -> JSONResponse:
+        """200 while the store answers; 503 (with ``Retry-After``) while it does not."""
+        try:
+            dbs.get().store.ping()
+        except StoreUnavailable as e:
+            return JSONResponse(
+                {"status": "unavailable", "store": str(e)},
+                status_code=503,
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        return JSONResponse({"status": "ok", "store": "ok"})
 
     @app.post("/v1/runs", status_code=201, response_model=RunOut)
     def create_run(body: RunCreate, tenant: Tenant) -> RunOut:

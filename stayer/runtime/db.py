@@ -134,9 +134,7 @@ class ServiceDB:
 
     def __init__(self, store: SqlStore) -> None:
         self.store = store
-        with store._tx() as cur:
-            for ddl in _DDL:
-                cur.execute(ddl)
+        store.create_tables(_DDL)
 
     # --- tenants -------------------------------------------------------------------------
 
@@ -350,31 +348,78 @@ class ServiceDB:
 
     # --- the queue (workers) -------------------------------------------------------------
 
-    def claim_next(self, worker: str, ttl_s: float) -> ServiceRun | None:
-        """Lease the oldest queued run, or a running one whose worker stopped renewing."""
-        now_sql = self.store.NOW
-        run_id = self.store._claim_first(
-            "stayer_service_runs",
-            "status = 'queued' "
-            f"OR (status = 'running' AND (lease_expires IS NULL OR lease_expires <= {now_sql}))",
-            "created_at, id",
-            f"status = 'running', worker = ?, lease_expires = {now_sql} + ?, updated_at = ?",
-            (worker, ttl_s, utc_now()),
-        )
-        return None if run_id is None else self.run(run_id)
+    def claim_next(self, owner: str, ttl_s: float) -> ServiceRun | None:
+        """Lease the oldest queued run, or a running one whose worker stopped renewing (or
+        handed it back), to ``owner``. One lease: in the same transaction the run's journal
+        lease passes to ``owner`` too (from the worker whose lease expired), so the journal
+        reopens it at once, on any host, instead of refusing it as another's."""
+        now = self.store.NOW
+        with self.store._tx() as cur:
+            row = cur.execute(
+                "SELECT id, worker FROM stayer_service_runs WHERE status = 'queued' "
+                f"OR (status = 'running' AND (lease_expires IS NULL OR lease_expires <= {now})) "
+                f"ORDER BY created_at, id LIMIT 1{self.store.LOCK_ROW_SKIP}",
+                (),
+            ).fetchone()
+            if row is None:
+                return None
+            run_id, previous = str(row[0]), row[1]
+            cur.execute(
+                f"UPDATE stayer_service_runs SET status = 'running', worker = ?, "
+                f"lease_expires = {now} + ?, updated_at = ? WHERE id = ?",
+                (owner, ttl_s, utc_now(), run_id),
+            )
+            cur.execute(
+                f"UPDATE stayer_runs SET lease_owner = ?, lease_expires = {now} + ? WHERE id = ? "
+                f"AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires <= {now})",
+                (owner, ttl_s, run_id, previous),
+            )
+        return self.run(run_id)
 
     def renew(self, run_id: str, worker: str, ttl_s: float) -> tuple[bool, bool]:
-        """Extend the lease. Returns (still ours, cancel requested)."""
+        """Extend the lease (the run's and its journal's, one lease). Returns (still ours,
+        cancel requested)."""
         with self.store._tx() as cur:
             cur.execute(
                 f"UPDATE stayer_service_runs SET lease_expires = {self.store.NOW} + ? WHERE id = ? AND worker = ?",
                 (ttl_s, run_id, worker),
             )
             ours = cur.rowcount == 1
+            if ours:
+                cur.execute(
+                    f"UPDATE stayer_runs SET lease_expires = {self.store.NOW} + ? "
+                    "WHERE id = ? AND lease_owner = ?",
+                    (ttl_s, run_id, worker),
+                )
             row = cur.execute(
                 "SELECT cancel_requested FROM stayer_service_runs WHERE id = ?", (run_id,)
             ).fetchone()
         return ours, bool(row and row[0])
+
+    def hand_back(self, run_id: str, worker: str, *, after_journal_lease: bool = False) -> bool:
+        """Give a running run up unfinished (a draining worker, a database that was away):
+        its lease and its journal's are released, so another worker resumes it from its
+        journal at once. ``after_journal_lease``: not before the journal's lease, held by
+        another process, expires. False if ``worker`` no longer held it."""
+        now = self.store.NOW
+        until = (
+            f"(SELECT lease_expires FROM stayer_runs WHERE id = ? AND lease_expires > {now})"
+            if after_journal_lease
+            else "NULL"
+        )
+        with self.store._tx() as cur:
+            cur.execute(
+                f"UPDATE stayer_service_runs SET worker = NULL, lease_expires = {until}, "
+                "updated_at = ? WHERE id = ? AND worker = ? AND status = 'running'",
+                ((run_id,) if after_journal_lease else ()) + (utc_now(), run_id, worker),
+            )
+            ours = cur.rowcount == 1
+            cur.execute(
+                "UPDATE stayer_runs SET lease_owner = NULL, lease_expires = NULL "
+                "WHERE id = ? AND lease_owner = ?",
+                (run_id, worker),
+            )
+            return ours
 
     def update(self, run_id: str, worker: str, *, release: bool = False, **values: Any) -> bool:
         """Write the run's status and totals, only while ``worker`` holds it; ``release``

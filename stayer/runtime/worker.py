@@ -8,6 +8,13 @@ without paying again for its model calls. While a run executes, a heartbeat rene
 lease and reads the cancel flag; a cancelled run stops at its next step, and what it spent
 is on its ledger and its result. Before a run starts, its cap is held in its tenant's
 budget (``tenants``); a run that does not fit waits as ``paused``.
+
+One lease per run: a claim leases the run and its journal to one owner id with one TTL
+(``--lease-ttl``), renewed together, so a run whose worker stalled or died is taken over
+and resumed by any worker on any host. A database that is away is waited out with backoff
+(runs it interrupted are handed back and resumed from their journals). Stopping (SIGTERM)
+drains: no more claims, runs are handed back at their next step boundary, and those still
+inside a step at ``drain_timeout_s`` are cut short there (resumed from their journals).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import asyncio
 import contextlib
 import re
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from decimal import Decimal
@@ -26,6 +34,7 @@ from stayer.errors import BudgetReached, ConfigError, OrderlyStop
 from stayer.journal import JournalError, open_store
 from stayer.journal.lease import new_owner
 from stayer.journal.sql import SqlStore
+from stayer.journal.store import RunHeld, StoreUnavailable
 from stayer.ledger import LedgerEntry, RunResult
 from stayer.money import Usd
 from stayer.pricing import PriceBook
@@ -58,6 +67,24 @@ class RunCancelled(OrderlyStop):
     """Raised at a step boundary of a run whose cancel was requested."""
 
 
+class RunHandedBack(OrderlyStop):
+    """Raised at a step boundary of a run its draining worker gives back."""
+
+
+class Backoff:
+    """Waits that double from ``first`` up to ``most`` seconds, until reset."""
+
+    def __init__(self, first: float = 0.2, most: float = 5.0) -> None:
+        self.first, self.most, self.wait = first, most, first
+
+    def next(self) -> float:
+        wait, self.wait = self.wait, min(self.wait * 2, self.most)
+        return wait
+
+    def reset(self) -> None:
+        self.wait = self.first
+
+
 def resolve_task(tasks_dir: Path, name: str, uploads: Path | None = None) -> Path:
     """The task ``name``: the tenant's upload of that name (in ``uploads``), else the one
     in the server's ``tasks_dir``; never a path outside them."""
@@ -83,6 +110,7 @@ class Worker:
         *,
         concurrency: int = 4,
         lease_ttl_s: float = 30.0,
+        drain_timeout_s: float = 30.0,
         poll_s: float = 0.2,
         sandbox: str = "bwrap",
         webhooks: Webhooks | None = None,
@@ -93,7 +121,11 @@ class Worker:
         self.tasks_dir = Path(tasks_dir)
         self.concurrency = concurrency
         self.lease_ttl_s = lease_ttl_s
+        self.drain_timeout_s = drain_timeout_s
         self.poll_s = poll_s
+        self.draining = False  # stopping: runs are handed back at their next step boundary
+        self.cut_short = False  # the drain's deadline passed: runs are handed back at once
+        self.store_problem: str | None = None  # why the database did not answer last time
         self.sandbox = sandbox
         self.name = new_owner()
         self.webhooks = webhooks or Webhooks()
@@ -125,32 +157,82 @@ class Worker:
 
         return forget
 
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Whether the worker can work (its database answered last time), and a summary."""
+        ok = self.store_problem is None
+        return ok, {
+            "status": "ok" if ok else "unavailable",
+            "store": self.store_problem or "ok",
+            "runs": len(self.running),
+            "slots": self.concurrency,
+            "draining": self.draining,
+        }
+
+    def _store_down(self, e: StoreUnavailable) -> None:
+        if self.store_problem is None:
+            self.log(f"{e}; retrying with backoff")
+        self.store_problem = str(e)
+
+    def _store_up(self) -> None:
+        if self.store_problem is not None:
+            self.log("the database answers again")
+        self.store_problem = None
+
     async def serve(self, stop: asyncio.Event) -> None:
-        """Claim and run until ``stop`` is set; then let the runs in hand finish."""
+        """Claim and run until ``stop`` is set; then drain (see the module's docstring)."""
+        backoff = Backoff()
         try:
             while not stop.is_set():
+                wait = self.poll_s
                 if len(self.running) < self.concurrency:
-                    claimed = self.db.claim_next(self.name, self.lease_ttl_s)
+                    try:
+                        claimed = self.db.claim_next(new_owner(), self.lease_ttl_s)
+                    except StoreUnavailable as e:
+                        self._store_down(e)
+                        claimed, wait = None, backoff.next()
+                    else:
+                        self._store_up()
+                        backoff.reset()
                     if claimed is not None:
                         task = asyncio.create_task(self._guarded(claimed))
                         self.running[claimed.id] = task
                         task.add_done_callback(self._forget(claimed.id))
                         continue
                 with contextlib.suppress(TimeoutError):  # (not wait_for: see teams.bus)
-                    async with asyncio.timeout(self.poll_s):
+                    async with asyncio.timeout(wait):
                         await stop.wait()
-            if self.running:
-                await asyncio.gather(*self.running.values(), return_exceptions=True)
+            await self._drain()
         finally:
             await self.webhooks.aclose()
             if self.tracing is not None:
                 self.tracing.shutdown()
             self.store.close()
 
+    async def _drain(self) -> None:
+        """Hand every run back by ``drain_timeout_s``: at its next step boundary, or, for
+        one still inside a step near the deadline, cut short there (the journal keeps
+        every step done; a call in flight is issued again by the run's next worker)."""
+        self.draining = True
+        if not self.running:
+            return
+        # The last fifth (at most 5 s) is left to the runs cut short to clean up.
+        grace = min(5.0, self.drain_timeout_s / 5)
+        tasks = list(self.running.values())
+        self.log(f"draining: handing {len(tasks)} run(s) back at their next step")
+        _, pending = await asyncio.wait(tasks, timeout=self.drain_timeout_s - grace)
+        if pending:
+            self.log(f"draining: {len(pending)} run(s) still inside a step; cut short")
+            self.cut_short = True
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=grace)
+
     async def _guarded(self, run: ServiceRun) -> None:
         self.metrics.active.inc()
         try:
             await self._run(run)
+        except StoreUnavailable as e:
+            await self._hand_back_later(run, e)
         except Exception as e:  # a bug must not take the worker (and its other runs) down
             self.log(f"run {run.id} failed in the worker: {e}\n{traceback.format_exc()}")
             self._set(
@@ -163,8 +245,42 @@ class Worker:
         finally:
             self.metrics.active.dec()
 
+    def _hand_back(self, run: ServiceRun, why: str, *, after_journal_lease: bool = False) -> None:
+        """Give the run up unfinished; its next worker resumes it from its journal (its
+        budget hold stays with it)."""
+        try:
+            if self.db.hand_back(run.id, self._owner(run), after_journal_lease=after_journal_lease):
+                self.log(f"run {run.id}: handed back ({why})")
+        except StoreUnavailable as e:  # its lease expires instead
+            self._store_down(e)
+
+    async def _hand_back_later(self, run: ServiceRun, e: StoreUnavailable) -> None:
+        """The database went away under the run: hand it back as soon as it answers (by
+        then its lease may have expired, and another worker may hold it: nothing to do)."""
+        self._store_down(e)
+        backoff, give_up = Backoff(), time.monotonic() + self.lease_ttl_s
+        while time.monotonic() < give_up and not self.cut_short:
+            await asyncio.sleep(backoff.next())
+            try:
+                self.db.hand_back(run.id, self._owner(run))
+            except StoreUnavailable as again:
+                self._store_down(again)
+                continue
+            self._store_up()
+            self.log(f"run {run.id}: handed back (the database was away)")
+            return
+
+    @staticmethod
+    def _owner(run: ServiceRun) -> str:
+        """The lease owner id the run was claimed under (its journal writes under it too)."""
+        assert run.worker is not None
+        return run.worker
+
     def _set(self, run: ServiceRun, *, release: bool = False, **values: Any) -> None:
-        if self.db.update(run.id, self.name, release=release, **values) and "status" in values:
+        if (
+            self.db.update(run.id, self._owner(run), release=release, **values)
+            and "status" in values
+        ):
             self._notify(run, values["status"], values.get("stop_reason"))
 
     def _notify(self, run: ServiceRun, status: str, stop_reason: str | None) -> None:
@@ -193,7 +309,7 @@ class Worker:
         account = self.budgets.account(run.tenant)
         if account.cap is None and run.budget_hold is None:
             if cap is not None and run.run_cap is None:
-                self.db.update(run.id, self.name, run_cap=str(cap))
+                self.db.update(run.id, self._owner(run), run_cap=str(cap))
                 run.run_cap = str(cap)
             return cap
         if cap is None:
@@ -207,7 +323,7 @@ class Worker:
         )
         if hold is None:
             return False
-        self.db.update(run.id, self.name, budget_hold=hold, held=str(cap), run_cap=str(cap))
+        self.db.update(run.id, self._owner(run), budget_hold=hold, held=str(cap), run_cap=str(cap))
         run.budget_hold, run.held, run.run_cap = hold, str(cap), str(cap)
         return cap
 
@@ -218,6 +334,7 @@ class Worker:
         if run.cancel_requested:
             self._finish(run, close_idle_journal(self.store, run.id, CANCELLED, "cancelled"))
             return
+        owner = self._owner(run)
         cap = self._hold_budget(run)
         if cap is False:
             self._set(
@@ -243,8 +360,20 @@ class Worker:
                     team=req.get("team"),
                 )
                 prepared, journal = prepare(config, self.prices, store=self.store), None
+                prepared.lease_owner, prepared.lease_ttl_s = owner, self.lease_ttl_s
             else:
-                prepared, journal = prepare_resume(run.id, store=self.store, prices=self.prices)
+                prepared, journal = prepare_resume(
+                    run.id,
+                    store=self.store,
+                    prices=self.prices,
+                    owner=owner,
+                    ttl_s=self.lease_ttl_s,
+                )
+        except StoreUnavailable:
+            raise
+        except RunHeld as e:  # someone else (`stayer resume`?) runs it: wait for its lease
+            self._hand_back(run, f"held by {e.holder}", after_journal_lease=True)
+            return
         except ConfigError as e:  # RunFinished included: its result is taken as it is
             result = getattr(e, "result", None)
             if result is not None:
@@ -270,10 +399,12 @@ class Worker:
                 entry.step if entry.agent == "main" else len(entries)
             )  # a team's steps: all its agents'
             self.db.update(
-                run.id, self.name, steps=steps, cost_usd=cost, usage=_json(totals.usage.to_dict())
+                run.id, owner, steps=steps, cost_usd=cost, usage=_json(totals.usage.to_dict())
             )
             if cancel.is_set():
                 raise RunCancelled
+            if self.draining:
+                raise RunHandedBack
 
         confirm = req.get("confirm_tools") or []
         gate = Gate(self.actions, run.id, confirm) if confirm else None
@@ -297,6 +428,9 @@ class Worker:
             doc = await execution
         except RunCancelled:
             doc = close_idle_journal(self.store, run.id, CANCELLED, "cancelled")
+        except RunHandedBack:
+            self._hand_back(run, "this worker is draining")
+            return
         except RunSuspended as s:
             self._await_decision(run, prepared.model, s)
             return
@@ -311,10 +445,15 @@ class Worker:
             )
             return
         except asyncio.CancelledError:
+            if self.cut_short:
+                self._hand_back(run, "cut short: the drain's deadline")
+                raise
             if not beat.done() or beat.result() != "lost":
                 raise
             self.log(f"run {run.id}: lost its lease to another worker; stopped here")
             return
+        except StoreUnavailable:
+            raise
         except JournalError as e:
             self._set(run, status=ERROR, stop_reason="error", error=str(e), release=True)
             return
@@ -340,9 +479,20 @@ class Worker:
     async def _heartbeat(
         self, run: ServiceRun, cancel: asyncio.Event, execution: asyncio.Task[Any]
     ) -> str:
+        """Renew the run's lease; cancel the run when it is lost (another worker took it,
+        or the database was away for longer than the lease)."""
+        renewed = time.monotonic()
         while True:
             await asyncio.sleep(min(self.lease_ttl_s / 3, 1.0))
-            ours, cancel_requested = self.db.renew(run.id, self.name, self.lease_ttl_s)
+            try:
+                ours, cancel_requested = self.db.renew(run.id, self._owner(run), self.lease_ttl_s)
+            except StoreUnavailable as e:
+                self._store_down(e)
+                if time.monotonic() - renewed < self.lease_ttl_s:
+                    continue
+                ours, cancel_requested = False, False  # expired: another may hold it now
+            else:
+                renewed = time.monotonic()
             if not ours:
                 self.metrics.leases_lost.inc()
                 execution.cancel()
@@ -363,6 +513,45 @@ class Worker:
             usage=_json(doc.get("usage") or {}),
             release=True,
         )
+
+
+def serve_health(worker: Worker, port: int) -> Any:
+    """Serve the worker's ``/metrics`` (Prometheus) and ``/healthz`` (200 while its
+    database answers, else 503) on 127.0.0.1:``port``, from a thread; the server."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            path = self.path.split("?", 1)[0]
+            if path == "/healthz":
+                ok, doc = worker.health()
+                body, kind, status = json.dumps(doc).encode(), "application/json", 200
+                if not ok:
+                    status = 503
+            elif path == "/metrics":
+                body, kind = generate_latest(worker.metrics.registry), CONTENT_TYPE_LATEST
+                status = 200
+            else:
+                body, kind, status = b'{"detail":"not found"}', "application/json", 404
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            if status == 503:
+                self.send_header("Retry-After", "2")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True, name="worker-health").start()
+    return server
 
 
 def settle_hold(budgets: TenantBudgets, run: ServiceRun, doc: dict[str, Any]) -> None:
