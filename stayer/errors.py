@@ -6,6 +6,16 @@ class ConfigError(ValueError):
     flag, and how to fix it."""
 
 
+class JournalError(ConfigError):
+    """A journal that cannot be used as asked: an unknown run, an unopenable database, a
+    newer schema, a run held by another live process. One line, exit 2 in the CLI."""
+
+
+class StoreUnavailable(JournalError):
+    """The database did not answer (restarting, unreachable, out of connections). Nothing
+    was written by the operation that raised it; try again later (the API answers 503)."""
+
+
 class OrderlyStop(BaseException):  # noqa: N818 - a signal, like GeneratorExit
     """Raised through the agent loop by whoever runs it (the runtime) to stop a run at a
     clean point: a person's decision is awaited, or the run was cancelled. The journal

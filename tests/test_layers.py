@@ -35,6 +35,7 @@ LAYERS: list[set[str]] = [
         "svgplot",
         "tables",
         "choices",
+        "pgpool",
         "paths",
     },
     {"models"},

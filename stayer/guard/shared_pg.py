@@ -30,7 +30,7 @@ _SCHEMA = (
 
 class PostgresBudgetStore(BudgetStore):
     """Connections are borrowed per transaction from the process's pool for the database
-    (``stayer.journal.pgpool``); a database that is away is ``StoreUnavailable``."""
+    (``stayer.pgpool``); a database that is away is ``StoreUnavailable``."""
 
     def __init__(self, url: str) -> None:
         try:
@@ -41,8 +41,8 @@ class PostgresBudgetStore(BudgetStore):
                 "STAYER_DB: PostgreSQL needs psycopg 3 and psycopg_pool; "
                 "pip install 'stayer[postgres]'"
             ) from None
-        from stayer.journal import pgpool
-        from stayer.journal.store import StoreUnavailable
+        from stayer import pgpool
+        from stayer.errors import StoreUnavailable
 
         self._url = url
         self._pool: Any = None
@@ -63,7 +63,7 @@ class PostgresBudgetStore(BudgetStore):
 
     @contextmanager
     def transaction(self) -> Iterator[_PgRows]:
-        from stayer.journal.pgpool import borrowed
+        from stayer.pgpool import borrowed
 
         with (
             borrowed(self._pool, "STAYER_DB (budgets)") as conn,
@@ -75,7 +75,7 @@ class PostgresBudgetStore(BudgetStore):
 
     def close_connection(self) -> None:
         if self._pool is not None:
-            from stayer.journal import pgpool
+            from stayer import pgpool
 
             self._pool = None
             pgpool.release(self._url)

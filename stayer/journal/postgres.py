@@ -1,6 +1,6 @@
 """PostgreSQL store (``STAYER_DB=postgresql://…``): runs, events and blobs in one database
 that several processes and machines share, through one bounded pool of connections per
-process (``stayer.journal.pgpool``), which outlives the server's restarts.
+process (``stayer.pgpool``), which outlives the server's restarts.
 
 Blobs live in a table and are inserted in the same transaction as the events that refer to
 them. Leases use the database's clock, so machines with skewed clocks agree on expiry;
@@ -87,7 +87,7 @@ class PostgresStore(SqlStore):
                 "STAYER_DB: PostgreSQL needs psycopg 3 and psycopg_pool; install them with "
                 "pip install 'stayer[postgres]'"
             ) from None
-        from stayer.journal import pgpool
+        from stayer import pgpool
 
         quiet_duplicate_warnings(logging.getLogger("psycopg"))
         self._url = url
@@ -115,7 +115,7 @@ class PostgresStore(SqlStore):
         if conn is not None:
             yield conn
             return
-        from stayer.journal.pgpool import borrowed
+        from stayer.pgpool import borrowed
 
         with borrowed(self._pool, f"STAYER_DB {self.location}") as conn:
             self._held.conn = conn
@@ -142,7 +142,7 @@ class PostgresStore(SqlStore):
 
     def close(self) -> None:
         if self._pool is not None:
-            from stayer.journal import pgpool
+            from stayer import pgpool
 
             self._pool = None
             pgpool.release(self._url)

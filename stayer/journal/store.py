@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from stayer.errors import ConfigError
+from stayer.errors import JournalError as JournalError  # re-exported: it lives at the floor
+from stayer.errors import StoreUnavailable as StoreUnavailable
 
 if TYPE_CHECKING:  # the snapshot code is only needed by runs, not by `stayer runs`
     from stayer.sandbox.snapshot import SnapshotStore
@@ -22,11 +23,6 @@ if TYPE_CHECKING:  # the snapshot code is only needed by runs, not by `stayer ru
 #: Version of the tables and event payloads this code writes. A journal written by a newer
 #: stayer is refused rather than misread.
 SCHEMA_VERSION = 1
-
-
-class JournalError(ConfigError):
-    """A journal that cannot be used as asked: an unknown run, an unopenable database, a
-    newer schema, a run held by another live process. One line, exit 2 in the CLI."""
 
 
 class JournalCorrupt(JournalError):
@@ -42,11 +38,6 @@ class JournalCorrupt(JournalError):
             "nothing was dropped or re-run (restore the store from a backup)"
         )
         self.run_id, self.seq, self.kind, self.reason = run_id, seq, kind, reason
-
-
-class StoreUnavailable(JournalError):
-    """The database did not answer (restarting, unreachable, out of connections). Nothing
-    was written by the operation that raised it; try again later (the API answers 503)."""
 
 
 class RunHeld(JournalError):

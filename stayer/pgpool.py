@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from stayer.journal.store import StoreUnavailable
+from stayer.errors import StoreUnavailable
 
 #: Seconds an operation waits for a connection (the database restarting, or all busy).
 WAIT_S = 5.0
