@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
@@ -31,7 +33,7 @@ from stayer.errors import ConfigError
 from stayer.journal import load_log, open_store
 from stayer.journal.sql import SqlStore
 from stayer.runtime.actions import Actions
-from stayer.runtime.db import CANCELLED, QUEUED, STATUSES, ServiceDB, ServiceRun
+from stayer.runtime.db import CANCELLED, MAX_SEQ, QUEUED, STATUSES, ServiceDB, ServiceRun
 from stayer.runtime.events import PublicEvent, public_event, status_event
 from stayer.runtime.schemas import (
     ActionList,
@@ -218,6 +220,12 @@ def create_app(
     def dashboard() -> FileResponse:
         """The dashboard: a few static files; it signs in with a tenant's API key."""
         return FileResponse(STATIC / "index.html")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer, save that what it echoes of the request is made UTF-8 (the
+        # input of a refused lone surrogate would make the refusal itself a 500).
+        return JSONResponse({"detail": utf8_safe(jsonable_encoder(exc.errors()))}, 422)
 
     @app.exception_handler(ConfigError)
     async def config_error(_request: Request, exc: ConfigError) -> JSONResponse:
@@ -410,7 +418,7 @@ def create_app(
         run_id: str,
         tenant: Tenant,
         request: Request,
-        after: Annotated[int | None, Query(ge=-1)] = None,
+        after: Annotated[int | None, Query(ge=-1, le=MAX_SEQ + 1)] = None,
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> EventSourceResponse:
         """The run's events as Server-Sent Events; resumes after ``Last-Event-ID`` or
@@ -421,9 +429,11 @@ def create_app(
             try:
                 start = int(last_event_id)
             except ValueError:
+                start = -2
+            if not -1 <= start <= MAX_SEQ + 1:
                 raise HTTPException(
-                    422, "Last-Event-ID: expected an event id (an integer)"
-                ) from None
+                    422, f"Last-Event-ID: expected an event id (an integer, -1 to {MAX_SEQ + 1})"
+                )
 
         async def stream() -> AsyncIterator[ServerSentEvent]:
             async for event in follow(dbs, run_id, start):
@@ -439,6 +449,17 @@ def create_app(
         dbs.close()
 
     return app
+
+
+def utf8_safe(value: Any) -> Any:
+    """``value`` with every string in it as UTF-8 can carry it."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {utf8_safe(k): utf8_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [utf8_safe(v) for v in value]
+    return value
 
 
 async def follow(dbs: Databases, run_id: str, after: int) -> AsyncIterator[PublicEvent]:
