@@ -7,19 +7,27 @@ the latest snapshot and replays the journal (``stayer.journal.session``).
 
 from __future__ import annotations
 
+import dataclasses
+
 from stayer.journal import JournalError, RunJournal, Store, open_store, stayer_home
 from stayer.pricing import PriceBook
 from stayer.run import PreparedRun, RunConfig, prepare
 
 
 def prepare_resume(
-    run_id: str, *, store: Store | None = None, prices: PriceBook | None = None
+    run_id: str,
+    *,
+    store: Store | None = None,
+    prices: PriceBook | None = None,
+    task_dir: str | None = None,
 ) -> tuple[PreparedRun, RunJournal]:
     """The run ``run_id``, prepared and leased, ready for ``execute(p, journal=j)``.
 
     Raises JournalError (a ConfigError) for an unknown run, an unopenable or newer journal,
     or a run another live process holds; ``RunFinished`` (with the result document) for a
     run that already finished. Nothing is written unless the run can be continued.
+    ``task_dir``: where the task is on this machine, if not where the journal says (a
+    worker on another host resuming a tenant's upload).
     """
     home = stayer_home()
     opened = store is None
@@ -32,6 +40,8 @@ def prepare_resume(
         row, log = RunJournal.load(store, run_id)
         try:
             config = RunConfig.from_record(row.header["config"])
+            if task_dir is not None:
+                config = dataclasses.replace(config, task_dir=task_dir)
         except (KeyError, TypeError, ValueError) as e:
             raise JournalError(
                 f"run {run_id}: its journal header is not a run configuration ({e})"

@@ -48,7 +48,7 @@ from stayer.runtime.schemas import (
     TaskOut,
 )
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
-from stayer.runtime.uploads import MAX_ARCHIVE_BYTES, unpack_task, uploads_dir
+from stayer.runtime.uploads import MAX_ARCHIVE_BYTES, TaskUploads
 from stayer.runtime.webhooks import Webhooks, url_problem
 from stayer.runtime.worker import close_idle_journal, resolve_task, settle_hold
 
@@ -138,6 +138,7 @@ class Databases:
             assert isinstance(store, SqlStore)
             db = self._local.db = ServiceDB(store)
             self._local.actions = Actions(store)
+            self._local.uploads = TaskUploads(store, self.home)
             self._local.budgets = TenantBudgets(open_budget_store(self.home))
             with self._lock:
                 self._all.append(store)
@@ -146,6 +147,10 @@ class Databases:
     def actions(self) -> Actions:
         self.get()
         return self._local.actions  # type: ignore[no-any-return]
+
+    def uploads(self) -> TaskUploads:
+        self.get()
+        return self._local.uploads  # type: ignore[no-any-return]
 
     def budgets(self) -> TenantBudgets:
         self.get()
@@ -265,9 +270,7 @@ def create_app(
     def create_run(body: RunCreate, tenant: Tenant) -> RunOut:
         from stayer.models.registry import split_spec
 
-        resolve_task(
-            tasks_dir, body.task, uploads_dir(home, tenant)
-        )  # 422 for a task the tenant cannot run
+        resolve_task(tasks_dir, body.task, dbs.uploads(), tenant)  # 422: a task it cannot run
         split_spec(body.model)
         if body.team is not None:
             from stayer.teams.config import team_from
@@ -297,7 +300,7 @@ def create_app(
         """Upload a task (the request body: a tar.gz in the Harbor layout) as ``name``;
         runs of this tenant may then name it."""
         body = await request.body()  # at most MAX_ARCHIVE_BYTES: BodyLimit saw to it
-        path = await run_in_threadpool(unpack_task, body, home, tenant, name)
+        path = await run_in_threadpool(lambda: dbs.uploads().add(tenant, name, body))
         return TaskOut(name=name, files=sum(1 for p in path.rglob("*") if p.is_file()))
 
     @app.get("/v1/runs", response_model=RunList)

@@ -48,7 +48,7 @@ from stayer.runtime.db import (
     ServiceRun,
 )
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
-from stayer.runtime.uploads import uploads_dir
+from stayer.runtime.uploads import TaskUploads
 from stayer.runtime.webhooks import Webhooks
 
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -58,13 +58,18 @@ class RunCancelled(OrderlyStop):
     """Raised at a step boundary of a run whose cancel was requested."""
 
 
-def resolve_task(tasks_dir: Path, name: str, uploads: Path | None = None) -> Path:
-    """The task ``name``: the tenant's upload of that name (in ``uploads``), else the one
-    in the server's ``tasks_dir``; never a path outside them."""
+def resolve_task(
+    tasks_dir: Path, name: str, uploads: TaskUploads | None = None, tenant: str = ""
+) -> Path:
+    """The task ``name``: the tenant's upload of that name (from the store, unpacked on
+    this machine), else the one in the server's ``tasks_dir``; never a path outside it."""
     if not TASK_NAME.fullmatch(name) or name in (".", ".."):
         raise ConfigError(f"task {name!r}: a task name is letters, digits, '.', '_' and '-'")
-    for root in (uploads, tasks_dir):
-        if root is None or not root.is_dir():
+    uploaded = uploads.path(tenant, name) if uploads is not None else None
+    if uploaded is not None:
+        return uploaded
+    for root in (tasks_dir,):
+        if not root.is_dir():
             continue
         base = root.resolve()
         path = (base / name).resolve()
@@ -103,6 +108,7 @@ class Worker:
         self.store: SqlStore = store
         self.db: ServiceDB = ServiceDB(store)
         self.actions: Actions = Actions(store)
+        self.uploads = TaskUploads(store, self.home)
         self.budgets: TenantBudgets = TenantBudgets(open_budget_store(self.home))
         self.prices: PriceBook = PriceBook.load()
         self.running: dict[str, asyncio.Task[None]] = {}
@@ -227,11 +233,11 @@ class Worker:
         self._notify(run, "running", None)
         req = run.request
         try:
+            # Here, whichever machine first ran it: an upload is unpacked from the store.
+            task_dir = str(resolve_task(self.tasks_dir, run.task, self.uploads, run.tenant))
             if self.store.run(run.id) is None:
                 config = RunConfig(
-                    task_dir=str(
-                        resolve_task(self.tasks_dir, run.task, uploads_dir(self.home, run.tenant))
-                    ),
+                    task_dir=task_dir,
                     model=run.model,
                     max_steps=int(req.get("max_steps") or 50),
                     max_cost=cap if isinstance(cap, Decimal) else None,
@@ -244,7 +250,9 @@ class Worker:
                 )
                 prepared, journal = prepare(config, self.prices, store=self.store), None
             else:
-                prepared, journal = prepare_resume(run.id, store=self.store, prices=self.prices)
+                prepared, journal = prepare_resume(
+                    run.id, store=self.store, prices=self.prices, task_dir=task_dir
+                )
         except ConfigError as e:  # RunFinished included: its result is taken as it is
             result = getattr(e, "result", None)
             if result is not None:
