@@ -367,3 +367,16 @@ def test_an_upload_is_run_from_the_store_when_this_machine_has_no_copy(tmp_path:
             assert wait_for(c, run_id, finished)["status"] == "succeeded", api.process.output()
     finally:
         api.process.kill()
+
+
+def test_a_pinned_delivery_keeps_the_urls_host_and_tls_name() -> None:
+    url, headers, extensions = webhooks._pinned("https://hooks.example/in?x=1", "2001:db8::1")
+    assert url == "https://[2001:db8::1]/in?x=1"
+    assert headers == {"Host": "hooks.example"}
+    assert extensions == {"sni_hostname": "hooks.example"}  # the name TLS asks for and checks
+    url, headers, extensions = webhooks._pinned("http://hooks.example:8080/in", "192.0.2.7")
+    assert (url, headers, extensions) == (
+        "http://192.0.2.7:8080/in",
+        {"Host": "hooks.example:8080"},
+        {},
+    )
