@@ -53,6 +53,8 @@ def connect_private(path: Path, **kwargs: Any) -> sqlite3.Connection:
     0600 before SQLite opens it (SQLite gives its ``-wal`` and ``-shm`` files the
     database's mode), and files there already (made by an older stayer) lose group and
     other access."""
+    if str(path) in ("", ":memory:"):
+        return sqlite3.connect(path, **kwargs)  # no file
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     # Only a new file: closing any descriptor of a database drops every POSIX lock this

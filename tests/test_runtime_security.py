@@ -380,3 +380,13 @@ def test_a_pinned_delivery_keeps_the_urls_host_and_tls_name() -> None:
         {"Host": "hooks.example:8080"},
         {},
     )
+
+
+def test_an_in_memory_database_stays_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stayer.guard.shared import SqliteBudgetStore
+
+    monkeypatch.chdir(tmp_path)
+    SqliteBudgetStore(":memory:")
+    assert list(tmp_path.iterdir()) == []
