@@ -250,6 +250,13 @@ FLAGS: list[tuple[list[str], str, st.SearchStrategy[str]]] = [
         bad_ints(1, bounds.MAX_STORAGE_MB),
     ),
     (["sandbox", "exec", "--sandbox", "local"], "--storage-mb", bad_ints(1, bounds.MAX_STORAGE_MB)),
+    # The runtime's processes: a worker with -5 slots never claimed a run (issue 34, S12).
+    (["worker", "--tasks-dir", str(ROOT / "examples")], "--concurrency", bad_ints(1, 1000)),
+    (["worker", "--tasks-dir", str(ROOT / "examples")], "--metrics-port", bad_ints(1, 65535)),
+    (["worker", "--tasks-dir", str(ROOT / "examples")], "--lease-ttl", bad_floats(3600.0)),
+    (["serve", "--tasks-dir", str(ROOT / "examples")], "--workers", bad_ints(0, 1000)),
+    (["serve", "--tasks-dir", str(ROOT / "examples")], "--port", bad_ints(1, 65535)),
+    (["serve", "--tasks-dir", str(ROOT / "examples")], "--default-max-cost", bad_money(100_000)),
 ]
 
 

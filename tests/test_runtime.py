@@ -19,7 +19,7 @@ from pg_server import _fresh_database as fresh_database
 from pg_server import database_fixture
 from service_helpers import Env, copy_tasks, finished, read_events, spawn, start_server, wait_for
 
-from stayer.runtime.webhooks import sign, url_problem
+from stayer.runtime.webhooks import sign, url_problem, verify
 
 pg_url = database_fixture()
 
@@ -273,11 +273,11 @@ def test_tenant_commands_refuse_bad_input(env: Env) -> None:
 
 
 class _Receiver(BaseHTTPRequestHandler):
-    received: list[tuple[bytes, str]] = []
+    received: list[tuple[bytes, dict[str, str]]] = []
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append((body, self.headers.get("X-Stayer-Signature", "")))
+        type(self).received.append((body, dict(self.headers)))
         self.send_response(204)
         self.end_headers()
 
@@ -301,12 +301,15 @@ def test_webhooks_are_signed_with_the_tenants_secret(server) -> None:
     finally:
         receiver.shutdown()
     statuses = []
-    for body, signature in _Receiver.received:
+    for body, headers in _Receiver.received:
+        # Signed with its delivery id and time (issue 34, S8): id.timestamp.body.
+        signed = f"{headers['X-Stayer-Webhook-Id']}.{headers['X-Stayer-Timestamp']}.".encode()
         expected = (
             "sha256="
-            + hmac.new(tenant["webhook_secret"].encode(), body, hashlib.sha256).hexdigest()
+            + hmac.new(tenant["webhook_secret"].encode(), signed + body, hashlib.sha256).hexdigest()
         )
-        assert hmac.compare_digest(signature, expected)
+        assert hmac.compare_digest(headers["X-Stayer-Signature"], expected)
+        assert verify(tenant["webhook_secret"], body, headers)
         doc = json.loads(body)
         assert doc["type"] == "run.status" and doc["run_id"] == run_id
         statuses.append(doc["status"])
@@ -326,7 +329,10 @@ def test_webhook_urls_to_private_addresses_are_refused_unless_allowed() -> None:
     ):
         assert url_problem(url, allow_private=False) is not None, url
     assert url_problem("http://127.0.0.1:9/x", allow_private=True) is None
-    assert sign("s", b"{}") == "sha256=" + hmac.new(b"s", b"{}", hashlib.sha256).hexdigest()
+    assert (
+        sign("s", b"{}", delivery_id="d", timestamp=7)
+        == "sha256=" + hmac.new(b"s", b"d.7.{}", hashlib.sha256).hexdigest()
+    )
 
 
 def _comparable(ledger: list[dict]) -> list[dict]:
@@ -672,9 +678,11 @@ def test_uploaded_tasks_are_checked_unpacked_safely_and_private(server) -> None:
             for e in _task_entries("s")
         ]
         assert c.post("/v1/tasks", params={"name": "suid"}, content=_tgz(setuid)).status_code == 201
-    tenant_dir = next(d for d in uploads.iterdir() if (d / "mine").is_dir())
-    assert sorted(p.name for p in tenant_dir.iterdir()) == ["mine", "suid"]  # nothing half-unpacked
-    assert all(p.stat().st_mode & 0o7000 == 0 for p in (tenant_dir / "suid").rglob("*"))
+    # Unpacked here as uploads/<tenant>/<archive's sha256>/<name> (a cache of the store's).
+    tenant_dir = next(d for d in uploads.iterdir() if list(d.glob("*/mine")))
+    unpacked = sorted(p.name for h in tenant_dir.iterdir() for p in h.iterdir())
+    assert unpacked == ["mine", "suid"]  # nothing half-unpacked
+    assert all(p.stat().st_mode & 0o7000 == 0 for p in next(tenant_dir.glob("*/suid")).rglob("*"))
     assert not (Path("/tmp") / "escape").exists()
     with server.client(bob) as b:
         assert b.post("/v1/runs", json={"task": "mine", "model": SIM}).status_code == 422

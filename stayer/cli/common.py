@@ -136,8 +136,9 @@ class PlainValue(RuntimeParam):
     ``--help``'s too) through a pydantic TypeAdapter, and importing pydantic costs as much
     again as typer and Rich together: ``stayer runs`` would take twice as long for it. A
     string is kept, a flag's bool too, and plain ASCII digits are an int as pydantic reads
-    them; anything else goes to Typer's own reading, so that what is accepted and what is
-    said about the rest stay exactly Typer's."""
+    them when they are within the option's ``min``/``max``; anything else goes to Typer's
+    own reading, so that what is accepted and what is said about the rest stay exactly
+    Typer's."""
 
     typers: Callable[[], RuntimeParam]
 
@@ -145,7 +146,11 @@ class PlainValue(RuntimeParam):
         if type(value) is self.annotation:
             return value  # a string for a string, or a default
         if self.annotation is int and isinstance(value, str) and _PLAIN_INT.fullmatch(value):
-            return int(value)
+            number = int(value)
+            low, high = self.parameter_info.min, self.parameter_info.max
+            if (low is None or number >= low) and (high is None or number <= high):
+                return number
+            # Out of the option's range: Typer says so (or clamps, where it is told to).
         return self.typers()._coerce_value(value, param, ctx)
 
 

@@ -243,6 +243,18 @@ def _cap(text: str | None):  # noqa: ANN202 - Decimal | None
     return cap
 
 
+def _default_cap(text: str) -> Decimal:
+    from stayer.runtime.schemas import MAX_RUN_COST
+
+    cap = parse_decimal(text, "--default-max-cost")
+    if cap is None or not (Decimal(0) < cap <= MAX_RUN_COST):
+        bad_input(
+            f"--default-max-cost {text}: must be above 0 and at most {MAX_RUN_COST:,} USD "
+            "(a run's largest cap)"
+        )
+    return cap
+
+
 def _money(value: object) -> str | None:
     return None if value is None else str(value)
 
@@ -304,6 +316,7 @@ def serve(
     from stayer.runtime.api import create_app
 
     tasks = _tasks_dir(tasks_dir)
+    default_cap = _default_cap(default_max_cost)  # before anything is opened or written
     try:
         worker = (
             _worker(tasks, workers, sandbox, allow_private_webhooks, lease_ttl, otlp, drain_timeout)
@@ -316,7 +329,7 @@ def serve(
             allow_private_webhooks=allow_private_webhooks,
             metrics_token=metrics_token,
             worker_registry=worker.metrics.registry if worker else None,
-            default_max_cost=_cap(default_max_cost) or Decimal(1),
+            default_max_cost=default_cap,
         )
     except ConfigError as e:
         bad_input(str(e))

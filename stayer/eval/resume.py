@@ -7,6 +7,7 @@ the latest snapshot and replays the journal (``stayer.journal.session``).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from stayer.journal import JournalError, RunJournal, Store, open_store, stayer_home
@@ -21,6 +22,7 @@ def prepare_resume(
     prices: PriceBook | None = None,
     owner: str | None = None,
     ttl_s: float | None = None,
+    task_dir: str | None = None,
 ) -> tuple[PreparedRun, RunJournal]:
     """The run ``run_id``, prepared and leased, ready for ``execute(p, journal=j)``.
 
@@ -28,6 +30,8 @@ def prepare_resume(
     or a run another live process holds; ``RunFinished`` (with the result document) for a
     run that already finished. Nothing is written unless the run can be continued.
     ``owner`` and ``ttl_s``: the lease to run it under (a worker's claim), see ``reopen``.
+    ``task_dir``: where the task is on this machine, if not where the journal says (a
+    worker on another host resuming a tenant's upload).
     """
     home = stayer_home()
     opened = store is None
@@ -40,6 +44,8 @@ def prepare_resume(
         row, log = RunJournal.load(store, run_id)
         try:
             config = RunConfig.from_record(row.header["config"])
+            if task_dir is not None:
+                config = dataclasses.replace(config, task_dir=task_dir)
         except (KeyError, TypeError, ValueError) as e:
             raise JournalError(
                 f"run {run_id}: its journal header is not a run configuration ({e})"

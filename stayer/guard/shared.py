@@ -16,7 +16,7 @@ from pathlib import Path
 
 from stayer.errors import ConfigError
 from stayer.guard.budget import ACCOUNT_COLUMNS, Account, BudgetStore, Rows, account_of, account_row
-from stayer.sqlite_tx import immediate
+from stayer.sqlite_tx import connect_private, immediate
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS budget_accounts (
@@ -31,9 +31,8 @@ class SqliteBudgetStore(BudgetStore):
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             # isolation_level=None: we issue BEGIN IMMEDIATE ourselves.
-            self.conn = sqlite3.connect(
+            self.conn = connect_private(
                 self.path, isolation_level=None, timeout=60.0, check_same_thread=False
             )
             self.conn.execute("PRAGMA journal_mode=WAL")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from stayer.journal.blobs import FileBlobStore, encode
 from stayer.journal.sql import SqlStore, schema
 from stayer.journal.store import JournalError
-from stayer.sqlite_tx import immediate
+from stayer.sqlite_tx import connect_private, immediate, private_dir
 
 if TYPE_CHECKING:
     from stayer.sandbox.snapshot import FileSnapshotStore, SnapshotStore
@@ -39,8 +39,9 @@ class SqliteStore(SqlStore):
         self.blobs = FileBlobStore(blobs_dir)
         self._snapshots: FileSnapshotStore | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+            # Private: the runtime's tables (tenants' webhook secrets) are in it.
+            self.conn = connect_private(self.path, isolation_level=None, timeout=30.0)
+            private_dir(Path(blobs_dir))
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=FULL")
             with self._tx() as cur:
@@ -109,6 +110,7 @@ class SqliteStore(SqlStore):
         if self._snapshots is None:
             from stayer.sandbox.snapshot import FileSnapshotStore
 
+            private_dir(self.path.parent / "snapshots")
             self._snapshots = FileSnapshotStore(self.path.parent / "snapshots")
         return self._snapshots
 

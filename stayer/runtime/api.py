@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
@@ -34,7 +36,7 @@ from stayer.journal import load_log, open_store
 from stayer.journal.sql import SqlStore
 from stayer.journal.store import StoreUnavailable
 from stayer.runtime.actions import Actions
-from stayer.runtime.db import CANCELLED, QUEUED, STATUSES, ServiceDB, ServiceRun
+from stayer.runtime.db import CANCELLED, MAX_SEQ, QUEUED, STATUSES, ServiceDB, ServiceRun
 from stayer.runtime.events import PublicEvent, public_event, status_event
 from stayer.runtime.schemas import (
     ActionList,
@@ -49,7 +51,7 @@ from stayer.runtime.schemas import (
     TaskOut,
 )
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
-from stayer.runtime.uploads import MAX_ARCHIVE_BYTES, unpack_task, uploads_dir
+from stayer.runtime.uploads import MAX_ARCHIVE_BYTES, TaskUploads
 from stayer.runtime.webhooks import Webhooks, url_problem
 from stayer.runtime.worker import close_idle_journal, resolve_task, settle_hold
 
@@ -141,11 +143,13 @@ class Databases:
             assert isinstance(store, SqlStore)
             try:
                 db, actions = ServiceDB(store), Actions(store)
+                uploads = TaskUploads(store, self.home)
                 budgets = TenantBudgets(open_budget_store(self.home))
             except BaseException:
                 store.close()
                 raise
             self._local.actions, self._local.budgets = actions, budgets
+            self._local.uploads = uploads
             self._local.db = db
             with self._lock:
                 self._all.append(store)
@@ -154,6 +158,10 @@ class Databases:
     def actions(self) -> Actions:
         self.get()
         return self._local.actions  # type: ignore[no-any-return]
+
+    def uploads(self) -> TaskUploads:
+        self.get()
+        return self._local.uploads  # type: ignore[no-any-return]
 
     def budgets(self) -> TenantBudgets:
         self.get()
@@ -229,6 +237,12 @@ def create_app(
         """The dashboard: a few static files; it signs in with a tenant's API key."""
         return FileResponse(STATIC / "index.html")
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer, save that what it echoes of the request is made UTF-8 (the
+        # input of a refused lone surrogate would make the refusal itself a 500).
+        return JSONResponse({"detail": utf8_safe(jsonable_encoder(exc.errors()))}, 422)
+
     @app.exception_handler(ConfigError)
     async def config_error(_request: Request, exc: ConfigError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
@@ -284,9 +298,7 @@ def create_app(
     def create_run(body: RunCreate, tenant: Tenant) -> RunOut:
         from stayer.models.registry import split_spec
 
-        resolve_task(
-            tasks_dir, body.task, uploads_dir(home, tenant)
-        )  # 422 for a task the tenant cannot run
+        resolve_task(tasks_dir, body.task, dbs.uploads(), tenant)  # 422: a task it cannot run
         split_spec(body.model)
         if body.team is not None:
             from stayer.teams.config import team_from
@@ -316,7 +328,7 @@ def create_app(
         """Upload a task (the request body: a tar.gz in the Harbor layout) as ``name``;
         runs of this tenant may then name it."""
         body = await request.body()  # at most MAX_ARCHIVE_BYTES: BodyLimit saw to it
-        path = await run_in_threadpool(unpack_task, body, home, tenant, name)
+        path = await run_in_threadpool(lambda: dbs.uploads().add(tenant, name, body))
         return TaskOut(name=name, files=sum(1 for p in path.rglob("*") if p.is_file()))
 
     @app.get("/v1/runs", response_model=RunList)
@@ -437,7 +449,7 @@ def create_app(
         run_id: str,
         tenant: Tenant,
         request: Request,
-        after: Annotated[int | None, Query(ge=-1)] = None,
+        after: Annotated[int | None, Query(ge=-1, le=MAX_SEQ + 1)] = None,
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> EventSourceResponse:
         """The run's events as Server-Sent Events; resumes after ``Last-Event-ID`` or
@@ -448,9 +460,11 @@ def create_app(
             try:
                 start = int(last_event_id)
             except ValueError:
+                start = -2
+            if not -1 <= start <= MAX_SEQ + 1:
                 raise HTTPException(
-                    422, "Last-Event-ID: expected an event id (an integer)"
-                ) from None
+                    422, f"Last-Event-ID: expected an event id (an integer, -1 to {MAX_SEQ + 1})"
+                )
 
         async def stream() -> AsyncIterator[ServerSentEvent]:
             async for event in follow(dbs, run_id, start):
@@ -466,6 +480,17 @@ def create_app(
         dbs.close()
 
     return app
+
+
+def utf8_safe(value: Any) -> Any:
+    """``value`` with every string in it as UTF-8 can carry it."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {utf8_safe(k): utf8_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [utf8_safe(v) for v in value]
+    return value
 
 
 async def follow(dbs: Databases, run_id: str, after: int) -> AsyncIterator[PublicEvent]:

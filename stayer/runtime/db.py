@@ -68,9 +68,21 @@ _DDL = [
         created_at TEXT NOT NULL,
         PRIMARY KEY (run_id, n)
     )""",
+    # Tasks tenants uploaded: the archive is a blob of the journal's (stayer.runtime.uploads).
+    """CREATE TABLE IF NOT EXISTS stayer_uploads (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        archive TEXT NOT NULL,
+        files INTEGER NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (tenant, name)
+    )""",
     "CREATE INDEX IF NOT EXISTS stayer_service_runs_queue ON stayer_service_runs (status, created_at)",
     "CREATE INDEX IF NOT EXISTS stayer_service_runs_tenant ON stayer_service_runs (tenant, created_at)",
 ]
+
+#: The largest journal event number (``seq`` is an INTEGER: 32 bits in PostgreSQL).
+MAX_SEQ = 2**31 - 1
 
 _COLUMNS = (
     "id, tenant, task, model, request, status, stop_reason, steps, cost_usd, reward, error, "
@@ -225,11 +237,11 @@ class ServiceDB:
             where.append("status = ?")
             params.append(status)
         if after is not None:
-            where.append(
-                "(created_at < (SELECT created_at FROM stayer_service_runs WHERE id = ?) OR "
-                "(created_at = (SELECT created_at FROM stayer_service_runs WHERE id = ?) AND id < ?))"
-            )
-            params += [after, after, after]
+            # The cursor is one of the tenant's own runs: another's id pages like a made-up
+            # one (nothing), so a cursor cannot tell whether another tenant's run exists.
+            mark = "(SELECT created_at FROM stayer_service_runs WHERE id = ? AND tenant = ?)"
+            where.append(f"(created_at < {mark} OR (created_at = {mark} AND id < ?))")
+            params += [after, tenant, after, tenant, after]
         return self._rows(
             f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT ?",
             (*params, limit),
@@ -452,6 +464,7 @@ class ServiceDB:
 
     def events_after(self, run_id: str, after_seq: int, limit: int = 500) -> list[Event]:
         """Journal events of ``run_id`` numbered above ``after_seq``, oldest first."""
+        after_seq = max(min(after_seq, MAX_SEQ), -1)  # a number both databases can compare
         rows = self.store._read(
             "SELECT seq, kind, data, at FROM stayer_events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
             (run_id, after_seq, limit),

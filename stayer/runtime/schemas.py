@@ -6,7 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stayer.choices import POLICY_HELP
 from stayer.runtime.db import ServiceRun
@@ -15,7 +15,47 @@ from stayer.runtime.db import ServiceRun
 MAX_RUN_COST = Decimal(100_000)
 
 
-class RunCreate(BaseModel):
+def _lone_surrogate(value: Any, where: str) -> str | None:
+    """The path of the first string in ``value`` that UTF-8 cannot encode (JSON's
+    ``"\\ud800"``), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "body"
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            found = _lone_surrogate(k, f"{where}.{k!a}".lstrip(".")) or _lone_surrogate(
+                v, f"{where}.{k}".lstrip(".") if isinstance(k, str) and k.isprintable() else where
+            )
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if found := _lone_surrogate(v, f"{where}[{i}]"):
+                return found
+    return None
+
+
+class ApiIn(BaseModel):
+    """A request body: text in it is Unicode that UTF-8 can carry (a lone surrogate was
+    stored, then made every answer that showed it a 500)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        where = _lone_surrogate(data, "")
+        if where is not None:
+            raise ValueError(f"{where}: not valid Unicode (a lone surrogate)")
+        return data
+
+
+def _shown(text: str) -> str:
+    """``text`` as UTF-8 can carry it (a lone surrogate stored before it was refused)."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+class RunCreate(ApiIn):
     model_config = ConfigDict(extra="forbid")
 
     task: str = Field(
@@ -55,7 +95,7 @@ class RunCreate(BaseModel):
     )
 
 
-class RunPatch(BaseModel):
+class RunPatch(ApiIn):
     model_config = ConfigDict(extra="forbid")
 
     max_cost: Decimal = Field(
@@ -63,7 +103,7 @@ class RunPatch(BaseModel):
     )
 
 
-class Decision(BaseModel):
+class Decision(ApiIn):
     model_config = ConfigDict(extra="forbid")
 
     call_id: str = Field(pattern=r"^act-[0-9]{1,9}$", description="The pending action's call_id.")
@@ -119,7 +159,7 @@ class RunOut(BaseModel):
             error=run.error,
             cancel_requested=run.cancel_requested,
             pending_action=pending_action,
-            metadata=run.request.get("metadata") or {},
+            metadata={_shown(k): _shown(v) for k, v in (run.request.get("metadata") or {}).items()},
             created_at=run.created_at,
             updated_at=run.updated_at,
         )
@@ -132,7 +172,7 @@ class RunList(BaseModel):
     )
 
 
-class MessageIn(BaseModel):
+class MessageIn(ApiIn):
     model_config = ConfigDict(extra="forbid")
 
     content: str = Field(

@@ -1,18 +1,22 @@
-"""Tasks a tenant uploads (``POST /v1/tasks``): a tar.gz in the Harbor layout.
+"""Tasks a tenant uploads (``POST /v1/tasks``): a tar.gz in the Harbor layout, kept in the store.
 
 An archive is untrusted input to the host, so it is unpacked under rules stricter than
-``tar``'s: only regular files and directories (no links of either kind, no devices or
-FIFOs), no absolute names and no ``..``, permission bits reduced to 0o755 / 0o644, at most
-``MAX_MEMBERS`` entries and ``MAX_BYTES`` unpacked, all checked from the headers before a
-byte is written. It is unpacked into a fresh directory beside its destination, checked as
-``stayer tasks check`` checks a task's layout, and renamed into place, so a rejected
-upload leaves nothing. Uploaded tasks live in ``$STAYER_HOME/uploads/<tenant>/<name>`` and
-are the tenant's alone; they cannot turn on the network (``allow_internet``), which only
-the operator's ``--tasks-dir`` may do. An upload is never replaced: runs resume from it.
+``tar``'s: only regular files and directories (no links, devices, FIFOs or sparse files),
+no absolute names and no ``..``, permission bits reduced to 0o755 / 0o644, at most
+``MAX_MEMBERS`` entries, ``MAX_BYTES`` unpacked and ``MAX_EXTENDED_BYTES`` of long-name and
+pax headers (read whole by ``tarfile``: unchecked, a 255 KiB archive took 1.6 GB), all
+checked from the headers before a byte is written. The task.toml of an upload may not turn
+on the network or run outside a sandbox, and every limit it sets is bounded (``LIMITS``).
+
+The archive is a blob in the journal's store and ``stayer_uploads`` names it, so a worker
+on any machine that shares the database runs it: it unpacks it (checked again) into
+``$STAYER_HOME/uploads/<tenant>/<sha256>/<name>``, a cache. Uploads are the tenant's alone
+and never replaced: runs resume from them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import posixpath
@@ -21,15 +25,69 @@ import tarfile
 import tempfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 from stayer.errors import ConfigError
+from stayer.journal.blobs import digest
+from stayer.journal.sql import SqlStore, utc_now
+from stayer.sqlite_tx import private_dir
 
 MAX_MEMBERS = 5_000
 MAX_BYTES = 100 * 1024 * 1024  # unpacked
 MAX_ARCHIVE_BYTES = 20 * 1024 * 1024
+MAX_EXTENDED_BYTES = 1024 * 1024  # GNU long names and pax headers, all of them together
+MAX_EXTENDED_CHAIN = 8  # extended headers in front of one entry
+
+#: What an uploaded task.toml may ask for, at most (the operator's --tasks-dir may ask for
+#: more: up to stayer.settings' bounds). Harbor tasks ask for 2-4 GiB and 10-20 GiB.
+LIMITS: dict[str, tuple[str, float]] = {
+    "agent.timeout_sec": ("agent_timeout_s", 24 * 3600.0),
+    "verifier.timeout_sec": ("verifier_timeout_s", 4 * 3600.0),
+    "environment.memory_mb": ("memory_mb", 16 * 1024),
+    "environment.storage_mb": ("storage_mb", 32 * 1024),
+}
+_EXTENDED = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
+
+
+class _Info(tarfile.TarInfo):
+    """A header whose long-name or pax data is bounded before ``tarfile`` reads it whole."""
+
+    def _proc_member(self, tar: Any) -> Any:  # noqa: ANN401 - tarfile's own hook
+        if self.type in _EXTENDED:
+            tar.extended_bytes += self.size
+            tar.chain += 1
+            if tar.extended_bytes > MAX_EXTENDED_BYTES:
+                raise ConfigError(
+                    f"archive: more than {MAX_EXTENDED_BYTES // 1024} KiB of long-name and "
+                    "pax headers"
+                )
+            if tar.chain > MAX_EXTENDED_CHAIN:
+                raise ConfigError(
+                    f"archive: more than {MAX_EXTENDED_CHAIN} extended headers before one entry"
+                )
+        elif self.type == tarfile.GNUTYPE_SPARSE:
+            raise ConfigError(
+                f"archive: {self.name!r}: only regular files and directories are accepted"
+            )
+        else:
+            tar.chain = 0
+        return super()._proc_member(tar)  # type: ignore[misc]
+
+
+class _Tar(tarfile.TarFile):
+    tarinfo = _Info
+    extended_bytes = 0
+    chain = 0
 
 
 def uploads_dir(home: Path, tenant: str) -> Path:
+    """Where this machine keeps its unpacked copies of the tenant's uploads (a cache)."""
     return Path(home) / "uploads" / tenant
 
 
@@ -42,29 +100,25 @@ def _member_path(name: str) -> tuple[str, ...]:
     return tuple(p for p in norm.split("/") if p not in ("", "."))
 
 
-def unpack_task(archive: bytes, home: Path, tenant: str, name: str) -> Path:
-    """Check and unpack ``archive`` as the tenant's task ``name``; its directory."""
+def unpack_task(archive: bytes, root: Path, name: str) -> Path:
+    """Check and unpack ``archive`` as the task ``root/name`` (which must not exist); its
+    directory. A rejected archive leaves nothing."""
     if len(archive) > MAX_ARCHIVE_BYTES:
         raise ConfigError(f"archive: larger than {MAX_ARCHIVE_BYTES // 2**20} MiB")
-    dest_root = uploads_dir(home, tenant)
-    dest = dest_root / name
-    if dest.exists():
-        raise ConfigError(
-            f"task {name!r}: already uploaded; uploads are never replaced (runs resume from them)"
-        )
+    dest = root / name
     try:
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        with _Tar.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
             members = _checked_members(tar)
-            dest_root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=dest_root))
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
             try:
                 _unpack(tar, members, work)
-                _check_task(work, name)
+                check_task(work, name)
                 os.rename(work, dest)
             except BaseException:
                 shutil.rmtree(work, ignore_errors=True)
                 raise
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+    except (tarfile.TarError, EOFError, zlib.error, OSError, RecursionError) as e:
         raise ConfigError(f"archive: not a readable tar.gz ({type(e).__name__})") from None
     return dest
 
@@ -76,7 +130,7 @@ def _checked_members(tar: tarfile.TarFile) -> list[tuple[tuple[str, ...], tarfil
     for m in tar:
         if len(members) >= MAX_MEMBERS:
             raise ConfigError(f"archive: more than {MAX_MEMBERS} entries")
-        if not (m.isreg() or m.isdir()):
+        if not (m.isreg() or m.isdir()) or m.issparse():
             raise ConfigError(
                 f"archive: {m.name!r}: only regular files and directories are accepted"
             )
@@ -112,7 +166,8 @@ def _unpack(
             shutil.copyfileobj(source, out, 1 << 20)
 
 
-def _check_task(work: Path, name: str) -> None:
+def check_task(work: Path, name: str) -> None:
+    """The task's layout as ``stayer tasks check`` checks it, and what an upload may ask."""
     from stayer.eval.task import load_task
 
     try:
@@ -121,7 +176,88 @@ def _check_task(work: Path, name: str) -> None:
         raise ConfigError(
             str(e).replace(str(work), name)
         ) from None  # no server paths in the answer
+    where = f"{name}/task.toml"
     if task.allow_internet:
         raise ConfigError(
-            f"{name}/task.toml: environment.allow_internet: uploaded tasks run without network"
+            f"{where}: environment.allow_internet: uploaded tasks run without network"
         )
+    if task.sandbox_kind == "local":
+        raise ConfigError(f"{where}: environment.sandbox: uploaded tasks run in a sandbox")
+    for key, (attr, most) in LIMITS.items():
+        value = getattr(task, attr)
+        if value is not None and value > most:
+            raise ConfigError(
+                f"{where}: {key}: {value:g} is above {most:g}, the most an uploaded task "
+                "may ask for"
+            )
+
+
+class TaskUploads:
+    """The tenants' uploads in the store ``store``, unpacked on demand under ``home``."""
+
+    def __init__(self, store: SqlStore, home: Path) -> None:
+        self.store, self.home = store, Path(home)
+
+    def _address(self, tenant: str, name: str) -> str | None:
+        rows = self.store._read(
+            "SELECT archive FROM stayer_uploads WHERE tenant = ? AND name = ?", (tenant, name)
+        )
+        return str(rows[0][0]) if rows else None
+
+    def add(self, tenant: str, name: str, archive: bytes) -> Path:
+        """Check, keep and unpack the tenant's task ``name``; its directory here."""
+        if self._address(tenant, name) is not None:
+            raise ConfigError(
+                f"task {name!r}: already uploaded; uploads are never replaced (runs resume from them)"
+            )
+        address = digest(archive)
+        path = self._unpacked(tenant, name, address, archive)
+        files = sum(1 for p in path.rglob("*") if p.is_file())
+        self.store.put_blobs({address: archive})
+        with self.store._tx() as cur:
+            if cur.execute(
+                f"SELECT 1 FROM stayer_uploads WHERE tenant = ? AND name = ?{self.store.LOCK_ROW}",
+                (tenant, name),
+            ).fetchone():
+                raise ConfigError(
+                    f"task {name!r}: already uploaded; uploads are never replaced (runs resume from them)"
+                )
+            cur.execute(
+                "INSERT INTO stayer_uploads (tenant, name, archive, files, created_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (tenant, name, address, files, utc_now()),
+            )
+        return path
+
+    def names(self, tenant: str) -> list[str]:
+        return [
+            str(n)
+            for (n,) in self.store._read(
+                "SELECT name FROM stayer_uploads WHERE tenant = ? ORDER BY name", (tenant,)
+            )
+        ]
+
+    def path(self, tenant: str, name: str) -> Path | None:
+        """The tenant's upload ``name`` unpacked on this machine (from the store the first
+        time), or None if the tenant has no such upload."""
+        address = self._address(tenant, name)
+        if address is None:
+            return None
+        return self._unpacked(tenant, name, address, None)
+
+    def _unpacked(self, tenant: str, name: str, address: str, archive: bytes | None) -> Path:
+        root = uploads_dir(self.home, tenant) / address
+        if (root / name).is_dir():
+            return root / name
+        if archive is None:
+            archive = self.store.get_blob(address)
+        private_dir(self.home / "uploads")
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            return unpack_task(archive, root, name)
+        except ConfigError:
+            if (root / name).is_dir():  # another process here unpacked it meanwhile
+                return root / name
+            with contextlib.suppress(OSError):
+                root.rmdir()
+            raise

@@ -1,15 +1,20 @@
 """Signed webhooks for run status changes, delivered without ever blocking a worker.
 
-The body is ``{"type": "run.status", "run_id", "status", "stop_reason"}``; the header
-``X-Stayer-Signature: sha256=<hex>`` is the HMAC-SHA256 of the exact body bytes under the
-tenant's webhook secret (shown once by ``stayer tenants create``), so a receiver verifies
-it with ``hmac.compare_digest``. Deliveries are retried with exponential backoff.
+The body is ``{"type": "run.status", "run_id", "status", "stop_reason"}``. Each delivery
+has an id (``X-Stayer-Webhook-Id``, the same on every retry of it) and a time
+(``X-Stayer-Timestamp``, Unix seconds); ``X-Stayer-Signature: sha256=<hex>`` is the
+HMAC-SHA256, under the tenant's webhook secret, of ``<id>.<timestamp>.<body>``. A receiver
+checks it with ``verify`` (or ``hmac.compare_digest``), refuses a timestamp older than a
+few minutes and remembers ids it has seen: a captured delivery cannot be replayed later or
+passed off as another. Deliveries are retried with exponential backoff.
 
 A multi-tenant server must not become a tenant's proxy into its own network: a webhook URL
 must be http(s) and, unless the operator allows it (``stayer serve
 --allow-private-webhooks``), must not resolve to a loopback, private, link-local or
 otherwise non-public address. The check runs when the run is created and again before
-each delivery (the name may have been re-pointed since).
+each delivery (the name may have been re-pointed since), and the delivery connects to the
+address it checked (the Host header and TLS name stay the URL's): a name that resolves
+elsewhere the second time (DNS rebinding) changes nothing.
 """
 
 from __future__ import annotations
@@ -22,40 +27,109 @@ import ipaddress
 import json
 import socket
 import sys
+import time
+import uuid
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 SIGNATURE_HEADER = "X-Stayer-Signature"
+ID_HEADER = "X-Stayer-Webhook-Id"
+TIMESTAMP_HEADER = "X-Stayer-Timestamp"
+#: How old a delivery ``verify`` accepts, in seconds (either way: clocks differ).
+TOLERANCE_S = 300
 
 
-def sign(secret: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def sign(secret: str, body: bytes, *, delivery_id: str, timestamp: int) -> str:
+    message = f"{delivery_id}.{timestamp}.".encode() + body
+    return "sha256=" + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
 
-def url_problem(url: str, *, allow_private: bool) -> str | None:
-    """Why ``url`` may not receive webhooks, or None if it may."""
+def signed_headers(secret: str, body: bytes, *, delivery_id: str, timestamp: int) -> dict[str, str]:
+    """The headers that sign ``body`` as delivery ``delivery_id`` at ``timestamp``."""
+    return {
+        ID_HEADER: delivery_id,
+        TIMESTAMP_HEADER: str(timestamp),
+        SIGNATURE_HEADER: sign(secret, body, delivery_id=delivery_id, timestamp=timestamp),
+    }
+
+
+def verify(
+    secret: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    now: float | None = None,
+    tolerance_s: float = TOLERANCE_S,
+) -> bool:
+    """Whether ``headers`` sign ``body`` under ``secret`` and were made within
+    ``tolerance_s`` of ``now``. (Remembering the ids already seen is the receiver's.)"""
+    lower = {k.lower(): v for k, v in headers.items()}
+    delivery_id = lower.get(ID_HEADER.lower(), "")
+    try:
+        timestamp = int(lower.get(TIMESTAMP_HEADER.lower(), ""))
+    except ValueError:
+        return False
+    now = time.time() if now is None else now
+    if not delivery_id or abs(now - timestamp) > tolerance_s:
+        return False
+    expected = sign(secret, body, delivery_id=delivery_id, timestamp=timestamp)
+    return hmac.compare_digest(lower.get(SIGNATURE_HEADER.lower(), "").encode(), expected.encode())
+
+
+def _allowed(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    return address.is_global
+
+
+def resolve(url: str, *, allow_private: bool) -> tuple[list[str], str | None]:
+    """The addresses ``url``'s host resolves to, all of them allowed; or why not."""
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as e:
-        return f"not a URL ({e})"
+        return [], f"not a URL ({e})"
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must be an http:// or https:// URL with a host"
+        return [], "must be an http:// or https:// URL with a host"
     if parts.username or parts.password:
-        return "must not carry credentials"
-    if allow_private:
-        return None
+        return [], "must not carry credentials"
     try:
-        infos = socket.getaddrinfo(parts.hostname, port or (443 if parts.scheme == "https" else 80))
+        infos = socket.getaddrinfo(
+            parts.hostname,
+            port or (443 if parts.scheme == "https" else 80),
+            type=socket.SOCK_STREAM,
+        )
     except OSError:
-        return f"host {parts.hostname!r} does not resolve"
+        return [], f"host {parts.hostname!r} does not resolve"
+    addresses: list[str] = []
     for info in infos:
-        address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-        if not address.is_global:
-            return f"resolves to a non-public address ({address}); the server does not send webhooks there"
-    return None
+        text = str(info[4][0]).split("%", 1)[0]
+        address = ipaddress.ip_address(text)
+        if not allow_private and not _allowed(address):
+            return [], (
+                f"resolves to a non-public address ({address}); the server does not send "
+                "webhooks there"
+            )
+        if text not in addresses:
+            addresses.append(text)
+    return addresses, None
+
+
+def url_problem(url: str, *, allow_private: bool) -> str | None:
+    """Why ``url`` may not receive webhooks, or None if it may."""
+    return resolve(url, allow_private=allow_private)[1]
+
+
+def _pinned(url: str, address: str) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """``url`` with its host replaced by ``address``, the Host header it had, and the TLS
+    name to ask for and check (httpcore's ``sni_hostname``)."""
+    parts = urlsplit(url)
+    host = f"[{address}]" if ":" in address else address
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    original = parts.netloc.rpartition("@")[2]
+    extensions = {"sni_hostname": parts.hostname} if parts.scheme == "https" else {}
+    return urlunsplit(parts._replace(netloc=netloc)), {"Host": original}, extensions
 
 
 class Webhooks:
@@ -76,25 +150,42 @@ class Webhooks:
         task.add_done_callback(self._tasks.discard)
 
     async def _deliver(self, url: str, secret: str, payload: dict[str, Any]) -> None:
-        problem = await asyncio.to_thread(url_problem, url, allow_private=self.allow_private)
-        if problem is not None:
-            print(
-                f"stayer: webhook for run {payload.get('run_id')} not sent: {problem}",
-                file=sys.stderr,
-            )
-            return
         body = json.dumps(payload, separators=(",", ":")).encode()
-        headers = {"Content-Type": "application/json", SIGNATURE_HEADER: sign(secret, body)}
+        delivery_id = uuid.uuid4().hex
         if self._client is None:
-            # No redirects: a 30x to an internal address would undo the URL check.
-            self._client = httpx.AsyncClient(timeout=10.0, follow_redirects=False)
+            # No redirects: a 30x to an internal address would undo the URL check. No
+            # kept connections: one made for another name at the same address would carry
+            # that name's TLS identity.
+            self._client = httpx.AsyncClient(
+                timeout=10.0,
+                follow_redirects=False,
+                limits=httpx.Limits(max_keepalive_connections=0),
+            )
         for attempt in range(self.attempts):
-            try:
-                response = await self._client.post(url, content=body, headers=headers)
+            addresses, problem = await asyncio.to_thread(
+                resolve, url, allow_private=self.allow_private
+            )
+            if problem is not None:
+                print(
+                    f"stayer: webhook for run {payload.get('run_id')} not sent: {problem}",
+                    file=sys.stderr,
+                )
+                return
+            headers = {
+                "Content-Type": "application/json",
+                **signed_headers(secret, body, delivery_id=delivery_id, timestamp=int(time.time())),
+            }
+            for address in addresses:  # the addresses checked, never a second lookup's
+                target, host, extensions = _pinned(url, address)
+                try:
+                    response = await self._client.post(
+                        target, content=body, headers={**headers, **host}, extensions=extensions
+                    )
+                except httpx.HTTPError:
+                    continue
                 if response.status_code < 500 and response.status_code != 429:
                     return
-            except httpx.HTTPError:
-                pass
+                break
             await asyncio.sleep(self.backoff_s * 2**attempt)
         print(
             f"stayer: webhook for run {payload.get('run_id')} failed after {self.attempts} attempts",

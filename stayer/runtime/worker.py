@@ -57,7 +57,7 @@ from stayer.runtime.db import (
     ServiceRun,
 )
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
-from stayer.runtime.uploads import uploads_dir
+from stayer.runtime.uploads import TaskUploads
 from stayer.runtime.webhooks import Webhooks
 
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -85,13 +85,18 @@ class Backoff:
         self.wait = self.first
 
 
-def resolve_task(tasks_dir: Path, name: str, uploads: Path | None = None) -> Path:
-    """The task ``name``: the tenant's upload of that name (in ``uploads``), else the one
-    in the server's ``tasks_dir``; never a path outside them."""
+def resolve_task(
+    tasks_dir: Path, name: str, uploads: TaskUploads | None = None, tenant: str = ""
+) -> Path:
+    """The task ``name``: the tenant's upload of that name (from the store, unpacked on
+    this machine), else the one in the server's ``tasks_dir``; never a path outside it."""
     if not TASK_NAME.fullmatch(name) or name in (".", ".."):
         raise ConfigError(f"task {name!r}: a task name is letters, digits, '.', '_' and '-'")
-    for root in (uploads, tasks_dir):
-        if root is None or not root.is_dir():
+    uploaded = uploads.path(tenant, name) if uploads is not None else None
+    if uploaded is not None:
+        return uploaded
+    for root in (tasks_dir,):
+        if not root.is_dir():
             continue
         base = root.resolve()
         path = (base / name).resolve()
@@ -135,6 +140,7 @@ class Worker:
         self.store: SqlStore = store
         self.db: ServiceDB = ServiceDB(store)
         self.actions: Actions = Actions(store)
+        self.uploads = TaskUploads(store, self.home)
         self.budgets: TenantBudgets = TenantBudgets(open_budget_store(self.home))
         self.prices: PriceBook = PriceBook.load()
         self.running: dict[str, asyncio.Task[None]] = {}
@@ -344,11 +350,11 @@ class Worker:
         self._notify(run, "running", None)
         req = run.request
         try:
+            # Here, whichever machine first ran it: an upload is unpacked from the store.
+            task_dir = str(resolve_task(self.tasks_dir, run.task, self.uploads, run.tenant))
             if self.store.run(run.id) is None:
                 config = RunConfig(
-                    task_dir=str(
-                        resolve_task(self.tasks_dir, run.task, uploads_dir(self.home, run.tenant))
-                    ),
+                    task_dir=task_dir,
                     model=run.model,
                     max_steps=int(req.get("max_steps") or 50),
                     max_cost=cap if isinstance(cap, Decimal) else None,
@@ -368,6 +374,7 @@ class Worker:
                     prices=self.prices,
                     owner=owner,
                     ttl_s=self.lease_ttl_s,
+                    task_dir=task_dir,
                 )
         except StoreUnavailable:
             raise
