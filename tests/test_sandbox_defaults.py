@@ -1,0 +1,151 @@
+"""What every sandbox gives a command when nothing asks for more (issue 34): its memory
+capped at a share of the host's, an in-memory /tmp never sized past a share of the host's
+memory whatever the task asks, no host path on bwrap's command line."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from docker_helpers import base_root  # noqa: F401 - fixtures
+from sandbox_helpers import needs_bwrap
+
+import stayer.sandbox.bwrap as bwrap_module
+import stayer.sandbox.process as process_module
+from stayer.sandbox.bwrap import BwrapSandbox, check_bwrap
+from stayer.sandbox.process import memory_cgroup_parent
+
+KINDS = ["bwrap", "bwrap-ahead", "bwrap-persistent"]
+HOST_MB = 1024  # the host the tests pretend to run on: a default cap of 512 MiB, /tmp 256
+# Writes into every page of 700 MiB: more than the default share of that host.
+HOG = (
+    "python3 -c 'b = bytearray(700 * 2**20)\n"
+    "for i in range(0, len(b), 4096): b[i] = 1\n"
+    'print("held")\''
+)
+SMALL = 'python3 -c \'b = bytearray(64 * 2**20); b[::4096] = b"x" * len(b[::4096]); print("ok")\''
+
+
+@pytest.fixture
+def small_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(process_module, "host_memory_mb", lambda: HOST_MB)
+    monkeypatch.setattr(bwrap_module, "host_memory_mb", lambda: HOST_MB)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    d = tmp_path / "ws"
+    d.mkdir()
+    return d
+
+
+def box(ws: Path, kind: str, **limits: Any) -> BwrapSandbox:
+    return BwrapSandbox(ws, persistent=kind == "bwrap-persistent", ahead=kind != "bwrap", **limits)
+
+
+def second(sb: BwrapSandbox, *commands: str) -> list[str]:
+    """stdout and stderr of each command, then ``exit N`` where it failed, run after a
+    first one: a sandbox started ahead, or kept, is then the one that runs them."""
+
+    async def go() -> list[str]:
+        assert (await sb.exec("true", timeout=60)).exit_code == 0
+        out = []
+        for c in commands:
+            r = await sb.exec(c, timeout=120)
+            assert not r.timed_out, r
+            out.append(r.stdout + r.stderr + (f"exit {r.exit_code}" if r.exit_code else ""))
+        return out
+
+    return asyncio.run(go())
+
+
+# ----------------------------------------------------------------------------- memory
+@needs_bwrap
+@pytest.mark.parametrize("enforced_by", ["cgroup", "RLIMIT_AS"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_sandboxs_defaults_cap_memory(
+    small_host: None, ws: Path, kind: str, enforced_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if enforced_by == "cgroup" and memory_cgroup_parent() is None:
+        pytest.skip("no memory cgroup can be made here")
+    if enforced_by == "RLIMIT_AS":
+        monkeypatch.setattr(process_module, "memory_cgroup_parent", lambda: None)
+    sb = box(ws, kind)
+    hog, small, limit = second(sb, HOG, SMALL, "ulimit -v")
+    assert not hog.startswith("held") and ("exit 137" in hog or "MemoryError" in hog), hog
+    assert sb.limits.memory_cap_mb == HOST_MB // 2
+    assert small.startswith("ok\n"), small  # what fits runs
+    # The cgroup caps the whole tree and leaves the address space alone; without one,
+    # each process's address space is capped.
+    expected = "unlimited" if enforced_by == "cgroup" else str(HOST_MB // 2 * 1024)
+    assert limit == expected + "\n", limit
+
+
+@needs_bwrap
+def test_an_explicit_memory_limit_replaces_the_default(small_host: None, ws: Path) -> None:
+    sb = box(ws, "bwrap", memory_mb=2048)
+    assert (sb.limits.memory_mb, sb.limits.memory_cap_mb) == (2048, 2048)
+    [held] = second(sb, HOG)
+    assert held.startswith("held\n"), held
+
+
+def test_the_docker_sandbox_caps_memory_and_tmp_by_default(
+    small_host: None, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stayer.sandbox.docker as docker_module
+
+    monkeypatch.setattr(docker_module, "check_docker", lambda: "docker")
+    sb = docker_module.DockerSandbox(ws, image="img", storage_mb=16777216)
+    argv = sb._argv("name", "true", (), "/app", False)
+    at = argv.index("--memory")
+    assert argv[at + 1 : at + 4] == [f"{HOST_MB // 2}m", "--memory-swap", f"{HOST_MB // 2}m"]
+    assert f"/tmp:rw,nosuid,nodev,size={HOST_MB // 4}m,mode=1777" in argv
+    assert argv[-2:] == ["-c", "true"]  # no address-space ulimit unless asked for
+
+
+# ----------------------------------------------------------------------- /tmp (S4, sandbox)
+@needs_bwrap
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tasks_storage_never_sizes_tmp_past_the_hosts_memory(
+    small_host: None, ws: Path, kind: str
+) -> None:
+    """``storage_mb = 16777216`` in task.toml gave a 16 TiB tmpfs: /tmp is memory."""
+    sb = box(ws, kind, storage_mb=16777216)
+    [df] = second(sb, "df -m --output=size /tmp | tail -n1")
+    assert int(df) <= HOST_MB // 4, df
+    [df] = second(box(ws, kind, storage_mb=64), "df -m --output=size /tmp | tail -n1")
+    assert int(df) == 64, df  # a smaller one is as asked
+
+
+# --------------------------------------------------------------------- bwrap's argv (S11)
+@needs_bwrap
+@pytest.mark.parametrize("kind", KINDS)
+def test_pid_1s_command_line_names_no_host_path(ws: Path, kind: str) -> None:
+    [cmdline] = second(box(ws, kind), "tr '\\0' '\\n' < /proc/1/cmdline")
+    assert cmdline.startswith("bwrap\n--args\n"), cmdline
+    for host in {os.path.dirname(check_bwrap()), sys.prefix, str(ws)}:
+        assert host not in cmdline, (host, cmdline)
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_the_image_sandbox_caps_memory_and_names_no_host_path(
+    small_host: None,
+    ws: Path,
+    base_root: Path,  # noqa: F811
+) -> None:
+    sb = BwrapSandbox(ws, root=base_root)
+    hog, small, df, cmdline = second(
+        sb,
+        HOG,
+        SMALL,
+        "df -m --output=size /tmp | tail -n1",
+        "tr '\\0' '\\n' < /proc/1/cmdline",
+    )
+    assert not hog.startswith("held") and small.startswith("ok\n"), (hog, small)
+    assert int(df) <= HOST_MB // 4
+    assert cmdline.startswith("bwrap\n") and sys.prefix not in cmdline, cmdline
