@@ -96,6 +96,7 @@ class PreparedRun:
     routing: RoutingSetup | None = None  # from --config
     team: TeamSpec | None = None  # from --team
     team_models: dict[str, Model] = dataclasses.field(default_factory=dict)  # per agent of the team
+    sandbox_source: str = "default"  # who chose config.sandbox (Task.kind_source)
 
 
 def prepare(
@@ -117,15 +118,28 @@ def prepare(
         )
     policy = make_policy(config.policy)
     task = load_task(config.task_dir)
+    chosen_by = task.kind_source(config.sandbox)
     config = replace(config, sandbox=task.kind(config.sandbox))
-    if config.sandbox in ("bwrap", "bwrap-image"):
-        check_bwrap()  # fails with how-to-fix before anything is written
-    if config.sandbox in IMAGE_KINDS:
-        # Built now (or found in the cache): a Dockerfile that cannot be built is bad
-        # input, reported before anything is written.
-        environment = prepare_environment(config.sandbox, task.path / "environment", log=_progress)
-        for note in environment.notes:
-            _progress(f"note: {note}")
+    try:
+        if config.sandbox in ("bwrap", "bwrap-image"):
+            check_bwrap()  # fails with how-to-fix before anything is written
+        if config.sandbox in IMAGE_KINDS:
+            # Built now (or found in the cache): a Dockerfile that cannot be built is bad
+            # input, reported before anything is written.
+            environment = prepare_environment(
+                config.sandbox, task.path / "environment", log=_progress
+            )
+            for note in environment.notes:
+                _progress(f"note: {note}")
+    except ConfigError as e:
+        if chosen_by != "the task's Dockerfile":
+            raise
+        # Never silently on the host's system: the task said what it needs.
+        why = str(e) if config.sandbox == "docker" else f"no Docker daemon answers; without: {e}"
+        raise ConfigError(
+            f"{task.dockerfile}: the task runs in its image, which cannot be built here "
+            f"({why}); pass --sandbox bwrap to run it on the host's system instead"
+        ) from None
     prices = prices or PriceBook.load()
     counter = MessageCounter(TiktokenCounter())
     team, team_models = None, {}
@@ -183,6 +197,7 @@ def prepare(
         routing,
         team,
         team_models,
+        sandbox_source=chosen_by,
     )
 
 

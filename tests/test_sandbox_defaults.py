@@ -1,24 +1,31 @@
 """What every sandbox gives a command when nothing asks for more (issue 34): its memory
 capped at a share of the host's, an in-memory /tmp never sized past a share of the host's
-memory whatever the task asks, no host path on bwrap's command line."""
+memory whatever the task asks, no host path on bwrap's command line; and a task with a
+Dockerfile runs in its image under a plain ``stayer run``."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_helpers import base_root  # noqa: F401 - fixtures
+from docker_helpers import base_root, needs_slirp  # noqa: F401 - fixtures
 from sandbox_helpers import needs_bwrap
 
 import stayer.sandbox.bwrap as bwrap_module
 import stayer.sandbox.process as process_module
+from stayer.errors import ConfigError
+from stayer.eval.task import load_task
 from stayer.sandbox.bwrap import BwrapSandbox, check_bwrap
 from stayer.sandbox.process import memory_cgroup_parent
 
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = Path(__file__).parent / "fixtures" / "image-task"
+DATAMASH = Path(__file__).parent / "fixtures" / "column-stats"
 KINDS = ["bwrap", "bwrap-ahead", "bwrap-persistent"]
 HOST_MB = 1024  # the host the tests pretend to run on: a default cap of 512 MiB, /tmp 256
 # Writes into every page of 700 MiB: more than the default share of that host.
@@ -129,6 +136,89 @@ def test_pid_1s_command_line_names_no_host_path(ws: Path, kind: str) -> None:
     assert cmdline.startswith("bwrap\n--args\n"), cmdline
     for host in {os.path.dirname(check_bwrap()), sys.prefix, str(ws)}:
         assert host not in cmdline, (host, cmdline)
+
+
+# ------------------------------------------------------------- a task's Dockerfile is built
+def _task_with(tmp_path: Path, dockerfile: str | None, toml: str = "") -> Path:
+    task = tmp_path / "task"
+    (task / "tests").mkdir(parents=True)
+    (task / "environment").mkdir()
+    (task / "instruction.md").write_text("Do it.\n")
+    (task / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    (task / "solution").mkdir()
+    (task / "solution" / "solve.sh").write_text("true\n")
+    (task / "task.toml").write_text(toml)
+    if dockerfile is not None:
+        (task / "environment" / "Dockerfile").write_text(dockerfile)
+    return task
+
+
+def test_a_task_with_a_dockerfile_runs_in_its_image_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stayer.sandbox.docker as docker_module
+
+    def no_daemon() -> str:
+        raise ConfigError("--sandbox docker: no Docker daemon answers")
+
+    monkeypatch.setattr(docker_module, "check_docker", no_daemon)
+    task = load_task(_task_with(tmp_path / "a", "FROM debian:bookworm\n"))
+    assert (task.kind(None), task.kind_source(None)) == ("bwrap-image", "the task's Dockerfile")
+    assert task.kind("bwrap") == "bwrap"  # the run's word first
+    monkeypatch.setattr(docker_module, "check_docker", lambda: "docker")
+    assert task.kind(None) == "docker"  # where a daemon answers
+    told = load_task(
+        _task_with(tmp_path / "b", "FROM debian:bookworm\n", '[environment]\nsandbox = "bwrap"\n')
+    )
+    assert (told.kind(None), told.kind_source(None)) == ("bwrap", "task.toml")
+    plain = load_task(_task_with(tmp_path / "c", None))
+    assert (plain.kind(None), plain.kind_source(None)) == ("bwrap", "default")
+
+
+def _stayer_run(task: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_DB"}
+    env.update(STAYER_HOME=str(home), DOCKER_HOST=f"unix://{home}/no-docker.sock")
+    return subprocess.run(
+        [sys.executable, "-m", "stayer.cli", "run", str(task), "--model", "sim:gpt-5", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=1200,
+    )
+
+
+@needs_bwrap
+def test_a_dockerfile_that_cannot_be_built_here_stops_the_run_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """Never silently on the host's system: no Docker, and no Docker-free base for it."""
+    task = _task_with(tmp_path, "FROM node:20\nRUN npm i -g left-pad\n")
+    r = _stayer_run(task, tmp_path / "home")
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert "Dockerfile" in line and "--sandbox bwrap" in line and "no Docker daemon" in line
+    assert not (tmp_path / "home" / "runs").exists()  # nothing written
+
+
+@pytest.mark.slow
+@needs_bwrap
+@pytest.mark.parametrize("task", [FIXTURE, DATAMASH], ids=["dc", "datamash"])
+def test_a_dockerfile_task_passes_plain_stayer_run_without_docker(
+    tmp_path: Path,
+    base_root: Path,  # noqa: F811
+    task: Path,
+) -> None:
+    """The fixtures' tests need dc or datamash, which only their images install: plain
+    ``stayer run`` (no --sandbox, no task.toml sandbox, no Docker daemon) builds the image
+    without Docker and passes; on the host's system it fails (``command not found``)."""
+    needs_slirp()
+    r = _stayer_run(task, tmp_path / "home")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "sandbox bwrap-image (the task's Dockerfile)" in r.stderr
+    assert "limits: memory" in r.stderr
+    on_host = _stayer_run(task, tmp_path / "home2", "--sandbox", "bwrap")
+    assert on_host.returncode == 1 and "sandbox bwrap (--sandbox)" in on_host.stderr
 
 
 @pytest.mark.slow

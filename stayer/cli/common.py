@@ -275,7 +275,7 @@ TaskSandboxOption = Annotated[
     str | None,
     typer.Option(
         "--sandbox",
-        help="For every task: bwrap, docker or bwrap-image (each task's Dockerfile built), or local. Default: each task's [environment] sandbox, else bwrap.",
+        help="For every task: bwrap, docker or bwrap-image (each task's Dockerfile built), or local. Default: each task's [environment] sandbox, else its image where it has a Dockerfile (docker where a daemon answers, else bwrap-image), else bwrap.",
     ),
 ]
 SimPolicyOption = Annotated[

@@ -70,7 +70,7 @@ def run(
         str | None,
         typer.Option(
             "--sandbox",
-            help="bwrap (default: the host's system), docker or bwrap-image (the task's Dockerfile, built with Docker or without), local (unsandboxed, only by name). Default: task.toml's [environment] sandbox, else bwrap.",
+            help="bwrap (default: the host's system), docker or bwrap-image (the task's Dockerfile, built with Docker or without), local (unsandboxed, only by name). Default: task.toml's [environment] sandbox, else the task's image where it has a Dockerfile (docker where a daemon answers, else bwrap-image), else bwrap.",
         ),
     ] = None,
     service_tier: Annotated[
@@ -170,8 +170,24 @@ def run(
             ("stayer run", "bold"), f" {prepared.task.name} · {who} · run {prepared.run_id}"
         )
     )
+    err.print(Text(sandbox_line(prepared)))
 
     finish(lambda: traced(prepared, step_printer(err), otlp), json_out, prepared.run_id)
+
+
+def sandbox_line(prepared: Any) -> str:
+    """Where the run's commands run and what each may use: the header's next lines."""
+    from stayer.sandbox.bwrap import tmp_size_mb
+    from stayer.sandbox.process import default_memory_mb, memory_enforcement
+
+    kind, source = prepared.config.sandbox, prepared.sandbox_source
+    limits = prepared.task.sandbox_limits(**prepared.config.sandbox_overrides())
+    memory = limits.get("memory_mb") or default_memory_mb()
+    how = "cgroup" if kind == "docker" else memory_enforcement()
+    line = f"limits: memory {memory:,} MiB per command ({how})"
+    if kind == "local":
+        return f"sandbox local, no isolation ({source})\n{line}"
+    return f"sandbox {kind} ({source})\n{line} · /tmp {tmp_size_mb(limits.get('storage_mb')):,} MiB"
 
 
 async def traced(
