@@ -13,9 +13,11 @@ run``, ``resume`` and every eval trial (the limit counts from the start of each 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
+import secrets
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -47,6 +49,7 @@ from stayer.models.registry import make_real_model, split_spec
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
 from stayer.money import Usd
+from stayer.paths import workspaces_root
 from stayer.pricing import PriceBook
 from stayer.routing.setup import RoutingSetup, prepare_routing, require_prices
 from stayer.run_config import RunConfig
@@ -74,6 +77,42 @@ def make_run_dir(run_dir: Path, *, exist_ok: bool) -> None:
             d.mkdir(mode=0o700, exist_ok=True)  # another run may create it at the same time
     run_dir.mkdir(mode=0o700, exist_ok=exist_ok)
     os.chmod(run_dir, 0o700)  # mkdir's mode went through the umask
+
+
+def new_workspace() -> Path:
+    """A fresh, empty directory for a run's workspace, under :func:`workspaces_root`: the
+    sandbox mounts it at /app, and its path (shown in /proc/self/mountinfo) names nothing
+    of the host; the run directory's ``workspace`` links to it (:func:`link_workspace`)."""
+    workspace = workspaces_root() / secrets.token_hex(12)
+    workspace.mkdir(mode=0o700)
+    return workspace
+
+
+def link_workspace(run_dir: Path, workspace: Path) -> None:
+    """``run_dir/workspace``: a link to ``workspace``, for people and tools to find it."""
+    (run_dir / "workspace").symlink_to(workspace, target_is_directory=True)
+
+
+def run_workspace(run_dir: Path) -> Path:
+    """The workspace of the run in ``run_dir`` (made private if missing), for a resume:
+    where its link points (made again if gone: the journal's snapshot restores it), a new
+    one if there is no link, or ``run_dir/workspace`` itself for a run made before
+    workspaces moved out of run directories."""
+    make_run_dir(run_dir, exist_ok=True)
+    link = run_dir / "workspace"
+    if link.is_symlink():
+        target = Path(os.readlink(link))
+        if target.parent == workspaces_root() and target.name.isalnum():
+            with contextlib.suppress(FileExistsError):
+                target.mkdir(mode=0o700)
+            if target.is_dir() and not target.is_symlink():
+                return target
+        link.unlink()  # not one of ours: never followed
+    elif link.is_dir():
+        return link
+    workspace = new_workspace()
+    link_workspace(run_dir, workspace)
+    return workspace
 
 
 def _progress(line: str) -> None:
@@ -303,16 +342,18 @@ async def _execute(
 ) -> dict[str, Any]:
     cfg, task = p.config, p.task
     sandbox_kind = task.kind(cfg.sandbox)  # prepare() resolved it already: the same kind
-    workspace = p.run_dir / "workspace"
     if journal is None:
         assert p.store is not None
+        workspace = new_workspace()
         journal = RunJournal.create(p.store, p.run_id, run_header(p), workspace, p.prices)
         make_run_dir(p.run_dir, exist_ok=False)
+        link_workspace(p.run_dir, workspace)
         task.materialise(workspace, sandbox_kind)
         journal.take_snapshot(0)
     else:
         make_run_dir(p.run_dir, exist_ok=True)
         journal.restore_workspace(lambda ws: task.materialise(ws, sandbox_kind))
+    workspace = journal.workspace
     started = datetime.fromisoformat(journal.started)
     agent_sandbox = ReplayingSandbox(
         task.make_sandbox(

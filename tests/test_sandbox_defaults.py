@@ -6,9 +6,11 @@ Dockerfile runs in its image under a plain ``stayer run``."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +241,83 @@ def test_the_image_sandbox_caps_memory_and_names_no_host_path(
     assert not hog.startswith("held") and small.startswith("ok\n"), (hog, small)
     assert int(df) <= HOST_MB // 4
     assert cmdline.startswith("bwrap\n") and sys.prefix not in cmdline, cmdline
+
+
+# ------------------------------------------------------------ no host path inside (item 3)
+PROBE = (
+    "for f in /proc/self/mountinfo /proc/1/mountinfo /proc/1/cmdline /proc/self/environ "
+    "/proc/1/environ; do tr '\\0' '\\n' < $f; done; env; pwd"
+)
+
+
+def _probe_task(tmp_path: Path, image: bool) -> Path:
+    """A task whose oracle and tests write what they can see of the host to /app."""
+    task = _task_with(tmp_path / f"project-{uuid.uuid4().hex}", None)
+    (task / "solution" / "solve.sh").write_text(f"({PROBE}) > /app/agent-probe.txt 2>&1\n")
+    (task / "tests" / "test.sh").write_text(
+        f"({PROBE}) > /app/verifier-probe.txt 2>&1\necho 1 > /logs/verifier/reward.txt\n"
+    )
+    if image:
+        (task / "environment" / "Dockerfile").write_text(
+            "FROM python:3.11-slim-bookworm\nWORKDIR /app\n"
+        )
+    return task
+
+
+def _no_host_path_inside(tmp_path: Path, kind: str) -> None:
+    task = _probe_task(tmp_path, image=kind == "bwrap-image")
+    launch = tmp_path / f"launch-{uuid.uuid4().hex}"
+    home = tmp_path / f"state-{uuid.uuid4().hex}"
+    launch.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_DB"}
+    env.update(STAYER_HOME=str(home), PWD=str(launch), DOCKER_HOST="unix:///nowhere.sock")
+    r = subprocess.run(
+        [sys.executable, "-m", "stayer.cli", "run", str(task), "--model", "sim:gpt-5"]
+        + ["--sandbox", kind, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=launch,
+        timeout=1200,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_dir = Path(json.loads(r.stdout)["run_dir"])
+    for seen in ("agent-probe.txt", "verifier-probe.txt"):
+        out = (run_dir / "workspace" / seen).read_text()
+        assert " /app " in out and "PWD=/" in out, out  # the probe read what it should
+        for host in (home.name, launch.name, task.parent.name, sys.prefix, str(ROOT)):
+            assert host not in out, (seen, host, out)
+
+
+@needs_bwrap
+@pytest.mark.parametrize("kind", ["bwrap", "bwrap-persistent"])
+def test_no_host_path_is_visible_inside(tmp_path: Path, kind: str) -> None:
+    """The workspace was mounted from $STAYER_HOME/runs/<id>/workspace and the tests from
+    the task's directory: /proc/self/mountinfo showed both."""
+    _no_host_path_inside(tmp_path, kind)
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_no_host_path_is_visible_inside_an_image(
+    tmp_path: Path,
+    base_root: Path,  # noqa: F811
+) -> None:
+    needs_slirp()
+    _no_host_path_inside(tmp_path, "bwrap-image")
+
+
+def test_workspaces_live_under_a_private_neutral_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stayer.paths import workspaces_root
+
+    monkeypatch.delenv("STAYER_WORKSPACES")
+    root = workspaces_root()
+    assert root.name == f"stayer-{os.getuid()}" and str(root.parent) in ("/var/tmp", "/tmp")
+    assert os.stat(root).st_mode & 0o777 == 0o700
+    link = tmp_path / "elsewhere"
+    link.symlink_to(tmp_path)
+    monkeypatch.setenv("STAYER_WORKSPACES", str(link))
+    with pytest.raises(ConfigError, match="STAYER_WORKSPACES"):
+        workspaces_root()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from stayer.journal import JournalError, RunJournal, Store, open_store, stayer_home
 from stayer.pricing import PriceBook
-from stayer.run import PreparedRun, RunConfig, prepare
+from stayer.run import PreparedRun, RunConfig, prepare, run_workspace
 
 
 def prepare_resume(
@@ -39,7 +39,7 @@ def prepare_resume(
         prepared = prepare(config, prices, store=store, resume=True)
         prepared.close_store = opened
         journal = RunJournal.reopen(
-            store, row, log, prepared.run_dir / "workspace", prepared.prices
+            store, row, log, run_workspace(prepared.run_dir), prepared.prices
         )
     except BaseException:
         if opened:
