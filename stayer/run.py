@@ -43,6 +43,7 @@ from stayer.journal import RunJournal, Store, lost_ledger_entries, open_store
 from stayer.journal.backends import stayer_home
 from stayer.journal.codec import message_record
 from stayer.journal.replay import JournaledModel, JournaledProbe, JournaledTool, ReplayingSandbox
+from stayer.journal.snapshot import clear_workspace
 from stayer.messages import Message
 from stayer.models.base import Model
 from stayer.models.registry import make_real_model, split_spec
@@ -113,6 +114,21 @@ def run_workspace(run_dir: Path) -> Path:
     workspace = new_workspace()
     link_workspace(run_dir, workspace)
     return workspace
+
+
+def delete_run_dir(run_dir: Path) -> None:
+    """Remove ``run_dir`` and the workspace its link points to (under
+    :func:`workspaces_root`; a link elsewhere is removed, never followed), everything in
+    them, read-only directories included."""
+    link = run_dir / "workspace"
+    if link.is_symlink():
+        target = Path(os.readlink(link))
+        ours = target.parent == workspaces_root() and target.name.isalnum()
+        if ours and target.is_dir() and not target.is_symlink():
+            clear_workspace(target)
+            target.rmdir()
+    clear_workspace(run_dir)
+    run_dir.rmdir()
 
 
 def _progress(line: str) -> None:

@@ -321,3 +321,25 @@ def test_workspaces_live_under_a_private_neutral_directory(
     monkeypatch.setenv("STAYER_WORKSPACES", str(link))
     with pytest.raises(ConfigError, match="STAYER_WORKSPACES"):
         workspaces_root()
+
+
+def test_deleting_a_run_deletes_its_workspace_and_follows_no_other_link(tmp_path: Path) -> None:
+    """For ``stayer runs prune``: the workspace lives outside the run directory now."""
+    from stayer.run import delete_run_dir, run_workspace
+
+    run_dir = tmp_path / "runs" / "r1"
+    workspace = run_workspace(run_dir)
+    (workspace / "sub").mkdir()
+    (workspace / "sub" / "f").write_text("x")
+    (workspace / "sub").chmod(0o500)  # left read-only by the agent
+    assert (run_dir / "workspace").resolve() == workspace and run_workspace(run_dir) == workspace
+    delete_run_dir(run_dir)
+    assert not run_dir.exists() and not workspace.exists()
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "f").write_text("x")
+    other = tmp_path / "runs" / "r2"
+    other.mkdir(parents=True)
+    (other / "workspace").symlink_to(keep)  # not one of ours: removed, never followed
+    delete_run_dir(other)
+    assert not other.exists() and (keep / "f").read_text() == "x"
