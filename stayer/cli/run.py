@@ -175,12 +175,13 @@ def run(
     finish(lambda: traced(prepared, step_printer(err), otlp), json_out, prepared.run_id)
 
 
-def sandbox_line(prepared: Any) -> str:
-    """Where the run's commands run and what each may use: the header's next lines."""
+def sandbox_line(prepared: Any, source: str | None = None) -> str:
+    """Where the run's commands run and what each may use: the header's next lines;
+    ``source``: who chose the sandbox, when not the run's own flags and task."""
     from stayer.sandbox.bwrap import tmp_size_mb
     from stayer.sandbox.process import default_memory_mb, memory_enforcement
 
-    kind, source = prepared.config.sandbox, prepared.sandbox_source
+    kind, source = prepared.config.sandbox, source or prepared.sandbox_source
     limits = prepared.task.sandbox_limits(**prepared.config.sandbox_overrides())
     memory = limits.get("memory_mb") or default_memory_mb()
     how = "cgroup" if kind == "docker" else memory_enforcement()
