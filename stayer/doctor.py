@@ -104,6 +104,29 @@ def check_user_namespaces() -> Check:
     return Check("user namespaces", True, True, detail)
 
 
+def check_sandbox_limits() -> Check:
+    """What every sandboxed command may use when nothing says otherwise: memory (a share of
+    the host's, and how it is enforced here) and the in-memory /tmp."""
+    from stayer.sandbox.bwrap import TMP_MEMORY_SHARE, tmp_size_mb
+    from stayer.sandbox.process import (
+        DEFAULT_MEMORY_SHARE,
+        default_memory_mb,
+        host_memory_mb,
+        memory_enforcement,
+    )
+
+    host = host_memory_mb()
+    return Check(
+        "sandbox limits",
+        True,
+        True,
+        f"memory {default_memory_mb():,} MiB per command ({DEFAULT_MEMORY_SHARE:.0%} of "
+        f"{host:,} MiB; --memory-mb or task.toml memory_mb to change), by "
+        f"{memory_enforcement()}; /tmp {tmp_size_mb(None):,} MiB, never over "
+        f"{TMP_MEMORY_SHARE:.0%} of memory whatever a task asks",
+    )
+
+
 def check_journal() -> Check:
     """``$STAYER_HOME`` can hold a SQLite journal in WAL mode, or ``STAYER_DB`` answers."""
     from stayer.journal.backends import open_store, stayer_home
@@ -254,6 +277,7 @@ REQUIRED: tuple[Callable[[], Check], ...] = (
     check_journal,
     check_prices,
     check_tokenizer,
+    check_sandbox_limits,
 )
 
 

@@ -13,9 +13,11 @@ run``, ``resume`` and every eval trial (the limit counts from the start of each 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
+import secrets
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -41,6 +43,7 @@ from stayer.journal import RunJournal, Store, lost_ledger_entries, open_store
 from stayer.journal.backends import stayer_home
 from stayer.journal.codec import message_record
 from stayer.journal.replay import JournaledModel, JournaledProbe, JournaledTool, ReplayingSandbox
+from stayer.journal.snapshot import clear_workspace
 from stayer.messages import Message
 from stayer.models.base import Model
 from stayer.models.caching import provider_of
@@ -48,6 +51,7 @@ from stayer.models.registry import known_sim_model, make_real_model, split_spec
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
 from stayer.money import Usd
+from stayer.paths import workspaces_root
 from stayer.pricing import PriceBook
 from stayer.routing.setup import RoutingSetup, prepare_routing, require_prices
 from stayer.run_config import RunConfig
@@ -77,6 +81,57 @@ def make_run_dir(run_dir: Path, *, exist_ok: bool) -> None:
     os.chmod(run_dir, 0o700)  # mkdir's mode went through the umask
 
 
+def new_workspace() -> Path:
+    """A fresh, empty directory for a run's workspace, under :func:`workspaces_root`: the
+    sandbox mounts it at /app, and its path (shown in /proc/self/mountinfo) names nothing
+    of the host; the run directory's ``workspace`` links to it (:func:`link_workspace`)."""
+    workspace = workspaces_root() / secrets.token_hex(12)
+    workspace.mkdir(mode=0o700)
+    return workspace
+
+
+def link_workspace(run_dir: Path, workspace: Path) -> None:
+    """``run_dir/workspace``: a link to ``workspace``, for people and tools to find it."""
+    (run_dir / "workspace").symlink_to(workspace, target_is_directory=True)
+
+
+def run_workspace(run_dir: Path) -> Path:
+    """The workspace of the run in ``run_dir`` (made private if missing), for a resume:
+    where its link points (made again if gone: the journal's snapshot restores it), a new
+    one if there is no link, or ``run_dir/workspace`` itself for a run made before
+    workspaces moved out of run directories."""
+    make_run_dir(run_dir, exist_ok=True)
+    link = run_dir / "workspace"
+    if link.is_symlink():
+        target = Path(os.readlink(link))
+        if target.parent == workspaces_root() and target.name.isalnum():
+            with contextlib.suppress(FileExistsError):
+                target.mkdir(mode=0o700)
+            if target.is_dir() and not target.is_symlink():
+                return target
+        link.unlink()  # not one of ours: never followed
+    elif link.is_dir():
+        return link
+    workspace = new_workspace()
+    link_workspace(run_dir, workspace)
+    return workspace
+
+
+def delete_run_dir(run_dir: Path) -> None:
+    """Remove ``run_dir`` and the workspace its link points to (under
+    :func:`workspaces_root`; a link elsewhere is removed, never followed), everything in
+    them, read-only directories included."""
+    link = run_dir / "workspace"
+    if link.is_symlink():
+        target = Path(os.readlink(link))
+        ours = target.parent == workspaces_root() and target.name.isalnum()
+        if ours and target.is_dir() and not target.is_symlink():
+            clear_workspace(target)
+            target.rmdir()
+    clear_workspace(run_dir)
+    run_dir.rmdir()
+
+
 def _progress(line: str) -> None:
     """Building an image takes minutes: say what is happening (stderr, never stdout)."""
     print(line, file=sys.stderr, flush=True)
@@ -100,6 +155,7 @@ class PreparedRun:
     # The journal lease a new run is created under (a worker's claim): owner id and TTL.
     lease_owner: str | None = None
     lease_ttl_s: float | None = None
+    sandbox_source: str = "default"  # who chose config.sandbox (Task.kind_source)
 
 
 def prepare(
@@ -121,15 +177,28 @@ def prepare(
         )
     policy = make_policy(config.policy)
     task = load_task(config.task_dir)
+    chosen_by = task.kind_source(config.sandbox)
     config = replace(config, sandbox=task.kind(config.sandbox))
-    if config.sandbox in ("bwrap", "bwrap-image"):
-        check_bwrap()  # fails with how-to-fix before anything is written
-    if config.sandbox in IMAGE_KINDS:
-        # Built now (or found in the cache): a Dockerfile that cannot be built is bad
-        # input, reported before anything is written.
-        environment = prepare_environment(config.sandbox, task.path / "environment", log=_progress)
-        for note in environment.notes:
-            _progress(f"note: {note}")
+    try:
+        if config.sandbox in ("bwrap", "bwrap-image"):
+            check_bwrap()  # fails with how-to-fix before anything is written
+        if config.sandbox in IMAGE_KINDS:
+            # Built now (or found in the cache): a Dockerfile that cannot be built is bad
+            # input, reported before anything is written.
+            environment = prepare_environment(
+                config.sandbox, task.path / "environment", log=_progress
+            )
+            for note in environment.notes:
+                _progress(f"note: {note}")
+    except ConfigError as e:
+        if chosen_by != "the task's Dockerfile":
+            raise
+        # Never silently on the host's system: the task said what it needs.
+        why = str(e) if config.sandbox == "docker" else f"no Docker daemon answers; without: {e}"
+        raise ConfigError(
+            f"{task.dockerfile}: the task runs in its image, which cannot be built here "
+            f"({why}); pass --sandbox bwrap to run it on the host's system instead"
+        ) from None
     prices = prices or PriceBook.load()
     counters = Counters()  # each model counts with its own tokenizer, simulated or real
     team, team_models = None, {}
@@ -186,6 +255,7 @@ def prepare(
         routing,
         team,
         team_models,
+        sandbox_source=chosen_by,
     )
 
 
@@ -292,19 +362,21 @@ async def _execute(
 ) -> dict[str, Any]:
     cfg, task = p.config, p.task
     sandbox_kind = task.kind(cfg.sandbox)  # prepare() resolved it already: the same kind
-    workspace = p.run_dir / "workspace"
     if journal is None:
         assert p.store is not None
+        workspace = new_workspace()
         lease: dict[str, Any] = {"owner": p.lease_owner}
         if p.lease_ttl_s is not None:
             lease["ttl_s"] = p.lease_ttl_s
         journal = RunJournal.create(p.store, p.run_id, run_header(p), workspace, p.prices, **lease)
         make_run_dir(p.run_dir, exist_ok=False)
+        link_workspace(p.run_dir, workspace)
         task.materialise(workspace, sandbox_kind)
         journal.take_snapshot(0)
     else:
         make_run_dir(p.run_dir, exist_ok=True)
         journal.restore_workspace(lambda ws: task.materialise(ws, sandbox_kind))
+    workspace = journal.workspace
     started = datetime.fromisoformat(journal.started)
     agent_sandbox = ReplayingSandbox(
         task.make_sandbox(

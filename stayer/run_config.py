@@ -21,7 +21,7 @@ class RunConfig:
     base_url: str | None = None
     sim_policy: str | None = None
     sim_latency: float = 0.0
-    sandbox: str | None = None  # None: the task's [environment] sandbox, else bwrap
+    sandbox: str | None = None  # None: task.toml's, else its image's (Dockerfile), else bwrap
     output_token_budget: int = 4096
     command_timeout: float = 120.0
     service_tier: str | None = None

@@ -180,13 +180,15 @@ def test_prune_deletes_by_selectors_and_only_unreferenced_blobs(made: Path) -> N
             "UPDATE stayer_runs SET updated = ? WHERE id = ?",
             ("2020-01-01T00:00:00+00:00", "old-failed"),
         )
+    workspace = (made / "runs" / "old-failed" / "workspace").resolve()  # kept apart, linked
+    assert workspace.is_dir() and made not in workspace.parents
     dry = stayer("runs", "prune", "--older-than", "30d", "--dry-run", home=made)
     assert dry.returncode == 0 and "would delete old-failed (failed" in dry.stdout
     assert _ids(made) == ["ok-2", "ok-1", "old-failed"] and (made / "runs" / "old-failed").is_dir()
     old = json.loads(stayer("runs", "prune", "--older-than", "30d", "--json", home=made).stdout)
     assert old["deleted"] == ["old-failed"] and old["events"] > 0 and old["blobs"] > 0
     assert old["run_dirs"] == [str(made / "runs" / "old-failed")]
-    assert not (made / "runs" / "old-failed").exists()
+    assert not (made / "runs" / "old-failed").exists() and not workspace.exists()
 
     # Status and --keep: the older of the two succeeded runs; the blobs it shares stay.
     r = stayer("runs", "prune", "--status", "succeeded", "--keep", "1", home=made)

@@ -289,7 +289,7 @@ TaskSandboxOption = Annotated[
     str | None,
     typer.Option(
         "--sandbox",
-        help=f"For every task: {kinds_help()}. Default: each task's [environment] sandbox, else bwrap.",
+        help=f"For every task: {kinds_help()}. Default: each task's [environment] sandbox, else its image where it has a Dockerfile (docker where a daemon answers, else bwrap-image), else bwrap.",
     ),
 ]
 SimPolicyOption = Annotated[

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from stayer.cli.common import EXIT_OK, JsonFlag, app, bad_input, console, emit_json, stderr
-from stayer.cli.run import finish, step_printer, summary_table, traced
+from stayer.cli.run import finish, sandbox_line, step_printer, summary_table, traced
 from stayer.errors import ConfigError
 
 
@@ -48,6 +48,7 @@ def resume(
             f"{len(journal.log.steps)} step(s) journaled",
         )
     )
+    err.print(Text(sandbox_line(prepared, "as the run began")))
     finish(
         lambda: traced(prepared, step_printer(err, journal.lost), None, journal),
         json_out,

@@ -72,7 +72,7 @@ def run(
         str | None,
         typer.Option(
             "--sandbox",
-            help=f"{kinds_help()}. Default: task.toml's [environment] sandbox, else bwrap.",
+            help=f"{kinds_help()}. Default: task.toml's [environment] sandbox, else the task's image where it has a Dockerfile (docker where a daemon answers, else bwrap-image), else bwrap.",
         ),
     ] = None,
     service_tier: Annotated[
@@ -170,8 +170,25 @@ def run(
             ("stayer run", "bold"), f" {prepared.task.name} · {who} · run {prepared.run_id}"
         )
     )
+    err.print(Text(sandbox_line(prepared)))
 
     finish(lambda: traced(prepared, step_printer(err), otlp), json_out, prepared.run_id)
+
+
+def sandbox_line(prepared: Any, source: str | None = None) -> str:
+    """Where the run's commands run and what each may use: the header's next lines;
+    ``source``: who chose the sandbox, when not the run's own flags and task."""
+    from stayer.sandbox.bwrap import tmp_size_mb
+    from stayer.sandbox.process import default_memory_mb, memory_enforcement
+
+    kind, source = prepared.config.sandbox, source or prepared.sandbox_source
+    limits = prepared.task.sandbox_limits(**prepared.config.sandbox_overrides())
+    memory = limits.get("memory_mb") or default_memory_mb()
+    how = "cgroup" if kind == "docker" else memory_enforcement()
+    line = f"limits: memory {memory:,} MiB per command ({how})"
+    if kind == "local":
+        return f"sandbox local, no isolation ({source})\n{line}"
+    return f"sandbox {kind} ({source})\n{line} · /tmp {tmp_size_mb(limits.get('storage_mb')):,} MiB"
 
 
 async def traced(

@@ -217,7 +217,6 @@ def prune(
     \b
     Example:  stayer runs prune --older-than 30d --status failed --keep 20 --dry-run
     """
-    import shutil
     import time
     from datetime import datetime
 
@@ -256,12 +255,14 @@ def prune(
     done = store.delete_runs([r.id for r in chosen], dry_run=dry_run) if store else None
     deleted = [] if done is None else done.runs
     dirs = [home / "runs" / r for r in deleted if (home / "runs" / r).is_dir()]
-    if not dry_run:
+    if not dry_run and dirs:
+        from stayer.run import delete_run_dir  # the run's workspace lives apart, linked
+
         for d in dirs:
             if d.is_symlink():
                 d.unlink()
             else:
-                shutil.rmtree(d)
+                delete_run_dir(d)
     events, blobs = (done.events, done.blobs) if done else (0, [])
     blob_bytes = done.blob_bytes if done else 0
     if json_out:

@@ -137,9 +137,9 @@ def import_tb_command(
 ) -> None:
     """Convert Terminal-Bench tasks (task.yaml, solution.sh, run-tests.sh, tests/) to the Harbor layout.
 
-    The Dockerfile is kept in environment/. With --sandbox the tasks say, in task.toml,
-    that they run in their image, which their first run builds (cached); without it they
-    run on the host's system, where its RUN steps do not happen.
+    The Dockerfile is kept in environment/: the tasks run in their image, which their
+    first run builds (cached; docker where a daemon answers, else bwrap-image). With
+    --sandbox they name that kind in task.toml, checked now.
 
     \b
     Example:  stayer tasks import-tb terminal-bench/tasks suites/tb --sandbox bwrap-image

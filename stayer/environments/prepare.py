@@ -178,6 +178,18 @@ def _build(kind: str, context: Path, log: Callable[[str], None]) -> Environment:
     raise AssertionError(kind)
 
 
+def image_kind() -> str:
+    """The kind that runs a task's image when nothing names one: ``docker`` where a daemon
+    answers, else ``bwrap-image`` (built without Docker), as Harbor always builds it."""
+    from stayer.sandbox.docker import check_docker
+
+    try:
+        check_docker()
+    except ConfigError:
+        return "bwrap-image"
+    return "docker"
+
+
 def sandbox_for(
     kind: str, workspace: str | Path, environment: str | Path | None, **limits: Any
 ) -> Sandbox:
@@ -192,4 +204,4 @@ def sandbox_for(
     return make_sandbox(kind, workspace, **limits)
 
 
-__all__ = ["IMAGE_KINDS", "Environment", "prepare_environment", "sandbox_for"]
+__all__ = ["IMAGE_KINDS", "Environment", "image_kind", "prepare_environment", "sandbox_for"]

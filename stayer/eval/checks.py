@@ -359,7 +359,7 @@ async def check_task(
     margin: float = TIME_MARGIN,
     probes: bool = True,
 ) -> TaskCheck:
-    """Check ``task`` in the sandbox ``sandbox`` (default: the task's own, else bwrap)."""
+    """Check ``task`` in the sandbox ``sandbox`` (default: the task's own, :meth:`Task.kind`)."""
     check = TaskCheck(task.name, task.path)
     sandbox = task.kind(sandbox)
     if unbuildable := await _build_problem(task, sandbox):

@@ -9,12 +9,11 @@
       Dockerfile, sources, …         → environment/ (the files copied into /app; the
                                        Dockerfile kept, for the sandboxes that build it)
 
-The Dockerfile is kept as it is: the sandboxes that run a task's image (``docker``,
-``bwrap-image``: :mod:`stayer.environments`) build it on the task's first run, cached. With
-``sandbox`` the imported tasks say so themselves (``[environment] sandbox`` in task.toml),
-so every run and ``tasks check`` builds and uses the image; without it they run in the
-default bubblewrap sandbox on the host's system, where the Dockerfile's ``RUN`` steps do
-not happen (the import notes it).
+The Dockerfile is kept as it is: a task with one runs in its image, built on its first
+run and cached (``docker`` where a daemon answers, else ``bwrap-image``:
+:mod:`stayer.environments`), unless a run's ``--sandbox`` says otherwise. With ``sandbox``
+the imported tasks name the kind themselves (``[environment] sandbox`` in task.toml), and
+the import checks now that the bubblewrap builder can follow the Dockerfile.
 
 Terminal-Bench ran ``run-tests.sh`` from the container's working directory with
 ``TEST_DIR=/tests`` and scored the run by its pytest output; the generated ``test.sh`` does
@@ -259,10 +258,10 @@ def plan_task(src: Path, dest: Path, sandbox: str | None = None) -> TbTask:
         task.notes.append(
             f"runs in its image ([environment] sandbox = {sandbox}), built on its first run"
         )
-    elif dockerfile.is_file() and "RUN " in dockerfile.read_text(errors="replace"):
+    elif dockerfile.is_file():
         task.notes.append(
-            "the Dockerfile is kept but its RUN steps do not happen in the default sandbox (the host's "
-            "system); --sandbox docker or bwrap-image builds its image"
+            "runs in its image, built on its first run (docker where a daemon answers, else "
+            "bwrap-image); a run's --sandbox bwrap runs it on the host's system instead"
         )
     return task
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from stayer.journal import JournalError, RunJournal, Store, open_store, stayer_home
 from stayer.pricing import PriceBook
-from stayer.run import PreparedRun, RunConfig, prepare
+from stayer.run import PreparedRun, RunConfig, prepare, run_workspace
 
 
 def prepare_resume(
@@ -56,7 +56,7 @@ def prepare_resume(
         if ttl_s is not None:
             lease["ttl_s"] = ttl_s
         journal = RunJournal.reopen(
-            store, row, log, prepared.run_dir / "workspace", prepared.prices, **lease
+            store, row, log, run_workspace(prepared.run_dir), prepared.prices, **lease
         )
     except BaseException:
         if opened:

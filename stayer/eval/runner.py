@@ -78,7 +78,7 @@ class EvalConfig:
     sim_policy: str | None = None
     max_steps: int = 50
     max_cost: Decimal | None = None
-    # None: each task's own ([environment] sandbox, else bwrap), as ``stayer run`` chooses
+    # None: each task's own (Task.kind: task.toml's, its image's, else bwrap), as ``stayer run`` chooses
     sandbox: str | None = None
     sim_latency: float = 0.0
 

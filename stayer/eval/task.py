@@ -4,9 +4,9 @@
       instruction.md        what the agent is asked to do
       task.toml             limits and metadata
       environment/          files copied into the workspace (/app); a Dockerfile there is
-                            built only by the sandboxes that run the task's image
-                            (``docker``, ``bwrap-image``: see stayer.environments); the
-                            default bubblewrap sandbox runs on the host system
+                            built, and the task runs in its image (``docker`` where a
+                            daemon answers, else ``bwrap-image``: see stayer.environments)
+                            unless --sandbox or task.toml names another kind
       solution/solve.sh     reference solution (never visible to the agent)
       tests/test.sh         verifier; writes /logs/verifier/reward.txt (or reward.json)
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stayer.environments.prepare import prepare_environment, sandbox_for
+from stayer.environments.prepare import image_kind, prepare_environment, sandbox_for
 from stayer.errors import ConfigError
 from stayer.sandbox import IMAGE_KINDS, Sandbox
 from stayer.sandbox.hostfs import copy_tree
@@ -54,8 +54,25 @@ class Task:
         return limits
 
     def kind(self, flag: str | None) -> str:
-        """The sandbox kind a run uses: its own flag, else task.toml's, else ``bwrap``."""
-        return flag or self.sandbox_kind or "bwrap"
+        """The sandbox kind a run uses: its own flag, else task.toml's, else the task's image
+        where environment/Dockerfile exists (:func:`image_kind`), else ``bwrap``."""
+        if flag or self.sandbox_kind:
+            return flag or self.sandbox_kind or "bwrap"
+        return image_kind() if self.dockerfile is not None else "bwrap"
+
+    def kind_source(self, flag: str | None) -> str:
+        """Who chose :meth:`kind`, in words for the run's header."""
+        if flag:
+            return "--sandbox"
+        if self.sandbox_kind:
+            return "task.toml"
+        return "the task's Dockerfile" if self.dockerfile is not None else "default"
+
+    @property
+    def dockerfile(self) -> Path | None:
+        """environment/Dockerfile, where the task has one."""
+        path = self.path / "environment" / "Dockerfile"
+        return path if path.is_file() else None
 
     def make_sandbox(self, kind: str, workspace: Path, **limits: Any) -> Sandbox:
         """The sandbox ``kind`` over ``workspace`` for this task: for the kinds that run

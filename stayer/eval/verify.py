@@ -36,7 +36,13 @@ from stayer.errors import ConfigError
 from stayer.eval.evidence import environment_evidence
 from stayer.eval.task import Task
 from stayer.sandbox.base import ExecResult, Mount, Sandbox
-from stayer.sandbox.hostfs import UnsafeFile, open_dir_beneath, open_regular, read_regular
+from stayer.sandbox.hostfs import (
+    UnsafeFile,
+    copy_tree,
+    open_dir_beneath,
+    open_regular,
+    read_regular,
+)
 
 # What a test script's exit status says about the host: bash's "found but not executable"
 # and "command not found".
@@ -196,13 +202,21 @@ def void_unearned(verdict: Verdict, logs: Path) -> None:
 
 
 async def verify(task: Task, sandbox: Sandbox) -> Verdict:
-    with tempfile.TemporaryDirectory(prefix="stayer-verifier-") as logs:
+    with (
+        tempfile.TemporaryDirectory(prefix="stayer-verifier-") as logs,
+        tempfile.TemporaryDirectory(prefix="stayer-tests-") as scratch,
+    ):
+        # A copy, from a path that names nothing of the host: the sandbox shows where a
+        # mount comes from in /proc/self/mountinfo, and the task's lies in the project.
+        tests = os.path.join(scratch, "tests")
+        copy_tree(task.tests_dir, tests)
+        os.chmod(tests, 0o755)
         try:
             result = await sandbox.exec(
                 "bash /tests/test.sh",
                 timeout=task.verifier_timeout_s,
                 mounts=(
-                    Mount(str(task.tests_dir), "/tests", writable=False),
+                    Mount(tests, "/tests", writable=False),
                     Mount(logs, "/logs/verifier", writable=True),
                 ),
             )

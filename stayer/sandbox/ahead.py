@@ -244,6 +244,7 @@ class AheadBwrap:
                     box,
                     ["/bin/bash", "-c", reader],
                     max_processes=box.limits.max_processes,
+                    memory_mb=box.limits.memory_cap_mb,
                     stdio=(theirs["stdin"], theirs["stdout"], theirs["stderr"]),
                     pass_fds=(text, theirs["go"]),
                 )

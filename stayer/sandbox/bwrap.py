@@ -37,9 +37,11 @@ What is hidden even where a system directory would show it:
 
 Limits (see :mod:`stayer.sandbox.process`): the default allows
 :data:`DEFAULT_MAX_PROCESSES` processes, so a fork bomb is contained without any
-configuration; memory and file size are unlimited unless asked for. ``storage_mb`` caps
-both the workspace (polled on disk) and the private ``/tmp`` (a sized tmpfs, which lives
-in memory); without it ``/tmp`` is capped at :data:`DEFAULT_TMP_MB`.
+configuration, and caps the command's memory at a share of the host's
+(:func:`~stayer.sandbox.process.default_memory_mb`); file size is unlimited unless asked
+for. ``storage_mb`` caps both the workspace (polled on disk) and the private ``/tmp`` (a
+sized tmpfs, which lives in memory); without it ``/tmp`` is capped at
+:data:`DEFAULT_TMP_MB`, and never above :data:`TMP_MEMORY_SHARE` of the host's memory.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from stayer.sandbox.process import (
     ProcessLimits,
     ProcessSandbox,
     StartGate,
+    host_memory_mb,
 )
 from stayer.sandbox.seccomp import filter_fd, suid_filter
 from stayer.sandbox.watch import OwnWatch
@@ -85,6 +88,20 @@ SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _BWRAP_OWN_PROCESSES = 2
 # /tmp is a tmpfs, i.e. memory: without a storage limit it still may not take much of it.
 DEFAULT_TMP_MB = 1024
+# ... and whatever the task asks, never more than this share of the host's memory.
+TMP_MEMORY_SHARE = 0.25
+
+
+def tmp_size_mb(storage_mb: int | None) -> int:
+    """The size of a sandbox's in-memory ``/tmp``, MiB: ``storage_mb`` (else
+    :data:`DEFAULT_TMP_MB`), never above :data:`TMP_MEMORY_SHARE` of the host's memory: a
+    task's ``storage_mb`` is the task's word, and an uploaded task is anyone's."""
+    asked = storage_mb if storage_mb is not None else DEFAULT_TMP_MB
+    return max(1, min(asked, int(host_memory_mb() * TMP_MEMORY_SHARE)))
+
+
+# Runs bwrap (its path as $0) with "bwrap" as its argv[0].
+_AS_BWRAP = ["/bin/bash", "-c", 'exec -a bwrap "$0" "$@"']
 # What a sandbox over an image's root makes fresh instead of taking from the image.
 _FRESH_IN_SANDBOX = {"proc", "dev", "sys", "tmp", "app"}
 # Who the command is inside its user namespace: not 0, so that nothing in the sandbox is
@@ -422,7 +439,7 @@ class BwrapSandbox(ProcessSandbox):
         args += cover(proc_secrets())
         args += ["--dev", "/dev"]
         if _supports_tmpfs_size(self.bwrap):
-            args += ["--size", str((self.storage_mb or DEFAULT_TMP_MB) * 2**20)]
+            args += ["--size", str(tmp_size_mb(self.storage_mb) * 2**20)]
         args += ["--tmpfs", "/tmp", "--bind", str(self.workspace), "/app"]
         for m in mounts:
             args += ["--bind" if m.writable else "--ro-bind", str(Path(m.host).resolve()), m.dest]
@@ -434,10 +451,10 @@ class BwrapSandbox(ProcessSandbox):
         from that descriptor: bwrap stays pid 1 of the sandbox, and its command line, which
         the command can read in /proc/1/cmdline, would otherwise show the host paths of the
         workspace, of the hidden directories and of the secrets."""
-        head = (
-            [self.bwrap, "--args", str(args_fd)] if args_fd is not None else [self.bwrap, *options]
-        )
-        return [*head, *program]
+        head = ["--args", str(args_fd)] if args_fd is not None else options
+        # bwrap's argv[0] is shown there too: "bwrap", not where it was found (a bundled
+        # one lies in the virtual environment, under the project's directory).
+        return [*_AS_BWRAP, self.bwrap, *head, *program]
 
     @property
     def limits(self) -> ProcessLimits:
@@ -446,6 +463,7 @@ class BwrapSandbox(ProcessSandbox):
         about the command, so they are added on top."""
         return ProcessLimits(
             memory_mb=self.memory_mb,
+            memory_cap_mb=self.memory_cap_mb,
             max_processes=(
                 self.max_processes + _BWRAP_OWN_PROCESSES
                 if self.max_processes is not None

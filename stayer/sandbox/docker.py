@@ -17,7 +17,8 @@ works the same; ``DOCKER_HOST`` chooses the daemon):
   root (the workspace and writable mounts are handed to that uid before each command,
   never following a link), the caller's own uid otherwise;
 * limits: ``max_processes`` is ``--pids-limit``, ``memory_mb`` both the address space of
-  each process (``ulimit -v`` before the command, as under bwrap) and the container's memory with no swap,
+  each process (``ulimit -v`` before the command, as under bwrap) and the container's memory
+  with no swap (without it the container's memory is still capped at the default share),
   ``max_file_mb`` is ``--ulimit fsize``, ``storage_mb`` caps the workspace (polled on the
   host, as under bwrap) and ``/tmp``, ``cpus`` is ``--cpus``;
 * an environment built from the same allow-list, never the host's.
@@ -47,11 +48,11 @@ from typing import Any, TypeVar
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.bwrap import (
-    DEFAULT_TMP_MB,
     SANDBOX_GID,
     SANDBOX_PATH,
     SANDBOX_UID,
     sandbox_env,
+    tmp_size_mb,
 )
 from stayer.sandbox.process import Launch, ProcessSandbox
 from stayer.sandbox.tree import walk
@@ -141,7 +142,7 @@ class DockerSandbox(ProcessSandbox):
     def _argv(
         self, name: str, command: str, mounts: tuple[Mount, ...], cwd: str, stdin: bool
     ) -> list[str]:
-        tmp_mb = self.storage_mb or DEFAULT_TMP_MB
+        tmp_mb = tmp_size_mb(self.storage_mb)
         argv = [self.docker, "run", "--rm", "--name", name, "--log-driver", "none"]
         if stdin:
             argv.append("--interactive")
@@ -151,8 +152,8 @@ class DockerSandbox(ProcessSandbox):
         argv += ["--tmpfs", f"/tmp:rw,nosuid,nodev,size={tmp_mb}m,mode=1777"]
         if self.max_processes is not None:
             argv += ["--pids-limit", str(self.max_processes)]
-        if self.memory_mb is not None:
-            argv += ["--memory", f"{self.memory_mb}m", "--memory-swap", f"{self.memory_mb}m"]
+        # The whole container's memory, no swap: what was asked, else the default share.
+        argv += ["--memory", f"{self.memory_cap_mb}m", "--memory-swap", f"{self.memory_cap_mb}m"]
         if self.max_file_mb is not None:
             argv += ["--ulimit", f"fsize={self.max_file_mb * 2**20}"]
         if self.cpus is not None:

@@ -132,6 +132,7 @@ def spawn(
     program: list[str],
     *,
     max_processes: int | None,
+    memory_mb: int | None = None,
     stdio: tuple[int, int, int],
     pass_fds: tuple[int, ...] = (),
 ) -> Spawned:
@@ -142,7 +143,7 @@ def spawn(
     cgroup: _PidsCgroup | None = None
     if (parent := pids_cgroup_parent()) is not None:
         try:
-            cgroup = _PidsCgroup.create(parent, max_processes)
+            cgroup = _PidsCgroup.create(parent, max_processes, memory_mb)
         except OSError as e:
             log.warning("could not create pids cgroup under %s: %s", parent, e)
     held = contextlib.ExitStack()
@@ -562,6 +563,7 @@ class KeptBwrap:
                 self.box,
                 program,
                 max_processes=None if own is None else own + _RUNNER_PROCESSES,
+                memory_mb=self.box.limits.memory_cap_mb,  # the kept sandbox's, in all
                 stdio=(subprocess.DEVNULL,) * 3,
                 pass_fds=(runner_end.fileno(),),
             )

@@ -16,7 +16,10 @@ in the argv they build, so everything that is easy to get subtly wrong lives her
   Exit is detected from the exit status, not from the pipes closing, so a straggler that
   keeps a pipe open cannot turn a finished command into a timeout.
 * **Limits.** ``memory_mb`` is ``RLIMIT_AS`` (per process address space, soft = hard, so the
-  child cannot raise it). ``max_file_mb`` is ``RLIMIT_FSIZE``: a write past it fails and the
+  child cannot raise it) and the memory of the command's whole tree; without it the tree
+  is still capped at :func:`default_memory_mb` (a share of the host's memory): by a memory
+  cgroup where one can be made (v2 ``memory.max``, v1 ``memory.limit_in_bytes``, no
+  swap), else by ``RLIMIT_AS``. ``max_file_mb`` is ``RLIMIT_FSIZE``: a write past it fails and the
   writer gets ``SIGXFSZ`` (exit 153, "File size limit exceeded"), so a runaway ``dd`` stops
   at the limit instead of filling the disk. A :class:`StorageLimit` caps what a whole
   directory may grow to: it is measured before the command, polled while it runs (the
@@ -84,6 +87,9 @@ class ProcessLimits:
     """Resource limits for one command; ``None`` means no limit."""
 
     memory_mb: int | None = None  # RLIMIT_AS of every process in the tree
+    # The memory of the whole tree: a memory cgroup where one can be made, else RLIMIT_AS
+    # (when memory_mb does not set it already).
+    memory_cap_mb: int | None = None
     max_processes: int | None = None  # pids cgroup (or RLIMIT_NPROC as a fallback)
     max_file_mb: int | None = None  # RLIMIT_FSIZE: the largest file any process may write
 
@@ -166,9 +172,9 @@ async def _feed_stdin(stream: asyncio.StreamWriter, data: bytes) -> None:
 # pids cgroup
 
 
-def _pids_cgroup_candidate() -> Path | None:
-    """The directory of this process's own cgroup in a hierarchy that has the pids
-    controller (v1 ``pids`` mount or the v2 unified mount), or None."""
+def _pids_cgroup_candidate(controller: str = "pids") -> Path | None:
+    """The directory of this process's own cgroup in a hierarchy that has ``controller``
+    (its v1 mount or the v2 unified mount), or None."""
     try:
         mountinfo = Path("/proc/self/mountinfo").read_text().splitlines()
         own = Path("/proc/self/cgroup").read_text().splitlines()
@@ -182,14 +188,14 @@ def _pids_cgroup_candidate() -> Path | None:
         if len(fields) < 5 or len(rfields) < 3:
             continue
         root, mount_point, fstype, opts = fields[3], fields[4], rfields[0], rfields[2]
-        if fstype == "cgroup" and "pids" in opts.split(","):
+        if fstype == "cgroup" and controller in opts.split(","):
             v1 = (root, mount_point)
         elif fstype == "cgroup2" and v2 is None:
             v2 = (root, mount_point)
     for line in own:
         hier, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
-        if v1 and "pids" in controllers.split(","):
+        if v1 and controller in controllers.split(","):
             root, mount_point = v1
         elif v2 and hier == "0" and controllers == "":
             root, mount_point = v2
@@ -232,6 +238,88 @@ def pids_cgroup_parent() -> Path | None:
             probe.rmdir()
 
 
+@functools.cache
+def memory_cgroup_parent() -> tuple[Path, bool] | None:
+    """Where per-command memory cgroups can be made, probed once by really making one:
+    ``(directory, separate)``. Not ``separate`` (cgroup v2): the command's pids cgroup
+    under :func:`pids_cgroup_parent` takes ``memory.max`` itself; ``separate`` (cgroup v1):
+    the command also joins a cgroup of its own in the memory hierarchy. None where neither
+    can be made (no controller, no permission): memory caps are then ``RLIMIT_AS``."""
+    pids = pids_cgroup_parent()
+    v2 = pids is not None and (pids / "cgroup.controllers").exists()
+    parent = pids if v2 else _pids_cgroup_candidate("memory")
+    if parent is None or (not v2 and (parent / "cgroup.controllers").exists()):
+        return None
+    if not v2:
+        remove_orphans(parent)
+    probe = parent / f"stayer-probe-{_owner_tag()}-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.mkdir()
+    except OSError:
+        return None
+    try:
+        if v2:
+            if not (probe / "memory.max").exists():
+                with contextlib.suppress(OSError):
+                    (parent / "cgroup.subtree_control").write_text("+memory")
+            (probe / "memory.max").write_text(str(64 * 2**20))
+        else:
+            (probe / "memory.limit_in_bytes").write_text(str(64 * 2**20))
+        return parent, not v2
+    except OSError:
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
+
+
+def _read_limit_mb(path: Path) -> int | None:
+    try:
+        value = int(path.read_text().strip())
+    except (OSError, ValueError):  # "max", or nothing there
+        return None
+    return value // 2**20 if 0 < value < 2**62 else None
+
+
+@functools.cache
+def host_memory_mb() -> int:
+    """The memory stayer has here, MiB: the host's (``MemTotal``), or less where stayer's
+    own memory cgroup (a container's limit) says so."""
+    total = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) // 1024
+    if total <= 0:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    own = _pids_cgroup_candidate("memory")
+    if own is not None:
+        for name in ("memory.max", "memory.limit_in_bytes"):
+            limit = _read_limit_mb(own / name)
+            if limit is not None:
+                total = min(total, limit)
+    return max(total, 1)
+
+
+# Each sandboxed command may use this share of :func:`host_memory_mb` unless told otherwise
+# (--memory-mb, task.toml's [environment] memory_mb): a runaway command fails alone, long
+# before the host, or stayer itself, is out of memory.
+DEFAULT_MEMORY_SHARE = 0.5
+_MIN_DEFAULT_MEMORY_MB = 256
+
+
+def default_memory_mb() -> int:
+    """The memory cap of a sandboxed command that sets none, MiB."""
+    return max(_MIN_DEFAULT_MEMORY_MB, int(host_memory_mb() * DEFAULT_MEMORY_SHARE))
+
+
+def memory_enforcement() -> str:
+    """How a command's memory cap is enforced here: ``cgroup v1``, ``cgroup v2`` (the
+    command's whole tree) or ``RLIMIT_AS`` (each process: no memory cgroup can be made)."""
+    found = memory_cgroup_parent()
+    return "RLIMIT_AS" if found is None else f"cgroup v{1 if found[1] else 2}"
+
+
 def _owner_tag() -> str:
     """What a cgroup's name says of the process that made it: its pid, and its pid
     namespace (so that a pid is never read in another namespace's sense)."""
@@ -268,12 +356,18 @@ def remove_orphans(parent: Path) -> None:
 class _PidsCgroup:
     """One cgroup per command: caps the number of tasks, and kills every leftover at the end."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, memory: Path | None = None) -> None:
         self.path = path
+        # Where the memory is capped: ``path`` itself (cgroup v2), a cgroup of the v1
+        # memory hierarchy, or None (then RLIMIT_AS: see _rlimits).
+        self.memory = memory
 
     @classmethod
-    def create(cls, parent: Path, max_processes: int | None) -> _PidsCgroup:
-        """A new cgroup under ``parent``, named after this process (:func:`remove_orphans`)."""
+    def create(
+        cls, parent: Path, max_processes: int | None, memory_mb: int | None = None
+    ) -> _PidsCgroup:
+        """A new cgroup under ``parent``, named after this process (:func:`remove_orphans`),
+        with ``memory_mb`` for the whole tree where a memory cgroup can be made."""
         path = parent / f"stayer-{_owner_tag()}-{uuid.uuid4().hex[:12]}"
         path.mkdir()
         try:
@@ -281,7 +375,13 @@ class _PidsCgroup:
         except OSError:
             path.rmdir()
             raise
-        return cls(path)
+        made = cls(path)
+        if memory_mb is not None and (found := memory_cgroup_parent()) is not None:
+            try:
+                made.memory = _memory_cgroup(path, found, memory_mb)
+            except OSError as e:
+                log.warning("could not cap memory with a cgroup (RLIMIT_AS instead): %s", e)
+        return made
 
     def kill_all(self) -> None:
         kill_file = self.path / "cgroup.kill"  # cgroup v2, Linux >= 5.14
@@ -308,6 +408,22 @@ class _PidsCgroup:
 
     def remove_now(self) -> None:
         """:meth:`remove`, blocking."""
+        self._remove_pids()
+        if self.memory is not None and self.memory != self.path:
+            # Its tasks were the pids cgroup's, all gone by now (their charges may linger).
+            for pause in (0.0, 0.001, 0.01, *[0.05] * 40):
+                time.sleep(pause)
+                try:
+                    self.memory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    continue
+            else:
+                log.warning("could not remove cgroup %s", self.memory)
+
+    def _remove_pids(self) -> None:
         self.kill_all()
         # Killed tasks leave the cgroup asynchronously, most within a millisecond: wait
         # short first, then longer (about 2 s in all).
@@ -323,6 +439,28 @@ class _PidsCgroup:
         log.warning("could not remove cgroup %s", self.path)
 
 
+def _memory_cgroup(path: Path, found: tuple[Path, bool], memory_mb: int) -> Path:
+    """Cap the memory of the tree in the pids cgroup ``path`` at ``memory_mb``, no swap:
+    in ``path`` itself (v2) or in a v1 memory cgroup of the same name, returned."""
+    parent, separate = found
+    limit = str(int(memory_mb) * 2**20)
+    if not separate:
+        (path / "memory.max").write_text(limit)
+        with contextlib.suppress(OSError):  # no swap accounting: nothing to swap to anyway
+            (path / "memory.swap.max").write_text("0")
+        return path
+    memory = parent / path.name
+    memory.mkdir()
+    try:
+        (memory / "memory.limit_in_bytes").write_text(limit)
+        if (memory / "memory.memsw.limit_in_bytes").exists():
+            (memory / "memory.memsw.limit_in_bytes").write_text(limit)
+    except OSError:
+        memory.rmdir()
+        raise
+    return memory
+
+
 _warned_nproc = False
 
 
@@ -330,8 +468,11 @@ def _rlimits(limits: ProcessLimits, cgroup: _PidsCgroup | None) -> list[tuple[in
     """The (``RLIMIT_*``, value) pairs that enforce ``limits``, soft = hard."""
     global _warned_nproc
     out = []
-    if limits.memory_mb is not None:
-        out.append((resource.RLIMIT_AS, int(limits.memory_mb) * 2**20))
+    address_space = limits.memory_mb
+    if address_space is None and (cgroup is None or cgroup.memory is None):
+        address_space = limits.memory_cap_mb  # no cgroup to cap the tree: each process
+    if address_space is not None:
+        out.append((resource.RLIMIT_AS, int(address_space) * 2**20))
     if limits.max_file_mb is not None:
         out.append((resource.RLIMIT_FSIZE, int(limits.max_file_mb) * 2**20))
     if limits.max_processes is not None and cgroup is None:
@@ -366,6 +507,8 @@ def born_in(
     waited forever for the uid map bwrap would have written. Moving a process also waits
     for the kernel (milliseconds on a busy machine): here the shell waits, not the caller."""
     join = [f"echo $$ > '{cgroup.path}/cgroup.procs'"] if cgroup is not None else []
+    if cgroup is not None and cgroup.memory is not None and cgroup.memory != cgroup.path:
+        join.append(f"echo $$ > '{cgroup.memory}/cgroup.procs'")
     ulimits = [
         f"ulimit {_ULIMIT[which][0]} {value // _ULIMIT[which][1]}"  # sets soft and hard
         for which, value in _rlimits(limits, cgroup)
@@ -644,7 +787,7 @@ async def run_process(
     cgroup: _PidsCgroup | None = None
     if (parent := pids_cgroup_parent()) is not None:
         try:
-            cgroup = _PidsCgroup.create(parent, limits.max_processes)
+            cgroup = _PidsCgroup.create(parent, limits.max_processes, limits.memory_cap_mb)
         except OSError as e:
             log.warning("could not create pids cgroup under %s: %s", parent, e)
     # With a gate the rlimits are applied from here (_confine_and_release), else by the shell.
@@ -814,12 +957,16 @@ class ProcessSandbox:
     ) -> None:
         """The limits every backend takes (``None``: unlimited), with the defaults of the
         sandboxes (``local`` has its own); ``shown_as`` is how the command names the
-        workspace in a storage limit's message."""
+        workspace in a storage limit's message. ``memory_mb`` caps each process's address
+        space and the command's whole tree; without it the tree is still capped at
+        :func:`default_memory_mb` (a memory cgroup where one can be made, else
+        ``RLIMIT_AS``)."""
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
             raise ConfigError(f"sandbox: workspace {self.workspace} is not a directory")
         self.allow_net = allow_net
         self.memory_mb = memory_mb
+        self.memory_cap_mb = memory_mb if memory_mb is not None else default_memory_mb()
         self.max_processes = max_processes
         self.max_file_mb = file_size_cap(max_file_mb, storage_mb)
         self.storage_mb = storage_mb
@@ -834,7 +981,10 @@ class ProcessSandbox:
     def limits(self) -> ProcessLimits:
         """The limits of each command, as given."""
         return ProcessLimits(
-            memory_mb=self.memory_mb, max_processes=self.max_processes, max_file_mb=self.max_file_mb
+            memory_mb=self.memory_mb,
+            max_processes=self.max_processes,
+            max_file_mb=self.max_file_mb,
+            memory_cap_mb=self.memory_cap_mb,
         )
 
     def _launch(
