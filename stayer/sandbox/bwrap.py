@@ -10,6 +10,8 @@ What the command sees:
   a private tmpfs at ``/tmp``; fresh ``/proc`` and ``/dev``; everything else (``/``) is
   remounted read-only, so writes outside ``/app`` and ``/tmp`` fail instead of silently
   landing in a throw-away tmpfs.
+* bwrap's own pid 1 out of reach: ``/proc/1`` is an empty directory, and ptrace,
+  ``process_vm_*`` and ``pidfd_open`` on pid 1 fail (:mod:`stayer.sandbox.seccomp`).
 * new user, pid, ipc, uts, cgroup and network namespaces (``--unshare-all``; the network is
   shared only with ``allow_net``), a new session (no TIOCSTI into the caller's terminal),
   and an environment built from an allow-list, never the host's.
@@ -420,6 +422,10 @@ class BwrapSandbox(ProcessSandbox):
         # uid is root's when stayer runs as root: /proc/sys is read-only for everyone.
         args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
         args += cover(proc_secrets())
+        # bwrap, pid 1 of the sandbox, lasts longer than the command and reports its exit
+        # status: /proc/1 (its memory, descriptors) is covered, and the seccomp filter
+        # refuses ptrace, process_vm_* and pidfd_open on pid 1 (SECURITY.md, "pid 1").
+        args += ["--tmpfs", "/proc/1", "--remount-ro", "/proc/1"]
         args += ["--dev", "/dev"]
         if _supports_tmpfs_size(self.bwrap):
             args += ["--size", str((self.storage_mb or DEFAULT_TMP_MB) * 2**20)]
@@ -470,6 +476,11 @@ class BwrapSandbox(ProcessSandbox):
 
                 self._kept_box = AheadBwrap(me)
         return None if self._kept_box.busy else self._kept_box
+
+    async def close(self) -> None:
+        """Kill the sandbox kept or started ahead, if any, and wait until it is gone."""
+        if self._kept_box is not None:
+            await self._kept_box.close()
 
     def next_ready(self, timeout: float | None = None) -> bool:
         """Wait until the sandbox the next command will use, started ahead or kept, has

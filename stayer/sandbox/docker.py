@@ -121,6 +121,7 @@ class DockerSandbox(ProcessSandbox):
         self.image = image
         self.cpus = cpus
         self.env = sandbox_env(env)
+        self._removing: set[asyncio.Future[None]] = set()  # containers being removed
         # As root, the command runs as SANDBOX_UID, which must own what it may write; any
         # other caller's uid already owns it.
         self.user = (
@@ -184,8 +185,17 @@ class DockerSandbox(ProcessSandbox):
         finally:
             # Killing the docker client (timeout, storage limit, cancellation) leaves the
             # container running; removing it kills everything in it. Shielded: a cancelled
-            # caller must not leave it behind.
-            await asyncio.shield(_remove_container(self.docker, name))
+            # caller must not leave it behind; close() waits for it.
+            removal = asyncio.ensure_future(_remove_container(self.docker, name))
+            self._removing.add(removal)
+            removal.add_done_callback(self._removing.discard)
+            await asyncio.shield(removal)
+
+    async def close(self) -> None:
+        """Wait until every container of this sandbox is removed (one whose command was
+        cancelled is removed in the background)."""
+        if self._removing:
+            await asyncio.wait(set(self._removing))
 
 
 _R = TypeVar("_R")

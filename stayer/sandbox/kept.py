@@ -454,6 +454,16 @@ class KeptBwrap:
         finally:
             self.busy = False
 
+    async def close(self) -> None:
+        """Kill the kept sandbox (pid 1 and all) and wait until it is gone; the next
+        command starts a fresh one."""
+        if self._soon is not None:
+            self._soon[0].cancel()
+            self._soon = None
+        self._drop()
+        while self._dead:
+            await self._dead.pop().reap()
+
     def next_ready(self, timeout: float | None = None) -> bool:
         """Whether the kept sandbox is running with the next command's bash started and
         waiting, waiting up to ``timeout`` s for that bash (as
