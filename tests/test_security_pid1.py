@@ -110,9 +110,18 @@ for pid in (1, 1 + 2**32):  # the kernel reads a pid as 32 bits
 own = os.pidfd_open(os.getpid())
 if libc.syscall(438, own, 0, 0) >= 0:
     reached.append("pidfd_getfd")
-for name in ("mem", "fd", "environ", "task", "syscall", "cmdline"):
-    if os.path.exists(f"/proc/1/{name}"):
-        reached.append(f"/proc/1/{name}")
+for path in ("mem", "task/1/mem"):
+    try:
+        os.close(os.open(f"/proc/1/{path}", os.O_RDWR))
+        reached.append(f"/proc/1/{path}")
+    except OSError:
+        pass
+for path in ("fd", "fdinfo", "map_files", "task/1/fd"):
+    try:
+        if os.listdir(f"/proc/1/{path}"):
+            reached.append(f"/proc/1/{path}")
+    except OSError:
+        pass
 print("reached:", reached)
 """
 
@@ -141,7 +150,8 @@ def forging_task(tmp_path: Path, how: str) -> tuple[Path, Path]:
     ws.mkdir()
     (ws / "stats.py").write_text(
         IMPLANT
-        + f"\nprint(implant(bytes.fromhex({REWARD_FORGER.hex()!r}), {how!r}))\n"
+        + "import sys\n"
+        + f"print(implant(bytes.fromhex({REWARD_FORGER.hex()!r}), {how!r}), file=sys.stderr)\n"
         + "def median(xs): return 0\ndef mean(xs): return 0\ndef spread(xs): return 0\n"
     )
     return task, ws
@@ -155,6 +165,23 @@ def test_code_under_test_cannot_forge_its_reward_through_pid_1(tmp_path: Path, h
     task, ws = forging_task(tmp_path, how)
     verdict = run(verify(load_task(task), BwrapSandbox(ws)))
     assert verdict.outcome == "failed" and verdict.reward == 0, verdict.to_dict()
+    out = verdict.to_dict()["output_tail"]
+    assert f"{how}: " in out and "failures: ['odd sorted'," in out, out  # refused; tests ran
+
+
+def test_the_task_still_judges_an_honest_fix(tmp_path: Path) -> None:
+    """What pid 1 keeps covered leaves what a task reads of it (its ancestors' /proc/<pid>/stat,
+    as fix-median's guard does): the reference solution still passes."""
+    task, ws = forging_task(tmp_path, "mem")
+    shutil.copy(task / "environment" / "stats.py", ws / "stats.py")
+    fix = run(
+        BwrapSandbox(ws).exec(
+            "bash /dev/stdin", stdin=(task / "solution" / "solve.sh").read_bytes()
+        )
+    )
+    assert fix.exit_code == 0, fix
+    verdict = run(verify(load_task(task), BwrapSandbox(ws)))
+    assert verdict.outcome == "passed", verdict.to_dict()
 
 
 def takeover_task(tmp_path: Path) -> Path:
