@@ -16,7 +16,8 @@ left the reward channel writable. Code that writes a reward of 1 and then kills 
 reward file (``chmod 444``) or ``/logs/verifier`` so that the script's own write fails, is
 scored as failing, not passing, and not as infrastructure either. What no process the
 script starts can do is write after the script has ended: the sandbox's process namespace
-dies with it before the reward is read. A process left running that rewrites the reward
+dies with it before the reward is read, and its pid 1, which reports the script's exit
+status, is out of their reach (:mod:`stayer.sandbox.seccomp`). A process left running that rewrites the reward
 between the script's own write and its end is not told apart here: a task kills what the
 agent's code left running before it writes its reward (``examples/fix-median``), and the
 ``lingering-writer`` probe of ``stayer tasks check`` finds the tasks that do not.
