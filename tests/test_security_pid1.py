@@ -116,7 +116,7 @@ for path in ("mem", "task/1/mem"):
         reached.append(f"/proc/1/{path}")
     except OSError:
         pass
-for path in ("fd", "fdinfo", "map_files", "task/1/fd"):
+for path in ("fd", "task/1/fd"):
     try:
         if os.listdir(f"/proc/1/{path}"):
             reached.append(f"/proc/1/{path}")

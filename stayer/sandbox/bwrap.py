@@ -285,11 +285,10 @@ def proc_secrets(proc: str = "/proc") -> tuple[tuple[str, bool], ...]:
 # status. What of /proc/1 would let a command write its memory or use its descriptors is
 # covered (the rest, its status and command line, stays readable for ps and the like); the
 # seccomp filter refuses ptrace, process_vm_* and pidfd_open on pid 1 (SECURITY.md).
+# (map_files needs CAP_SYS_ADMIN, fdinfo only describes; each cover is a mount to make.)
 _PID1_HANDLES = (
     ("/proc/1/mem", False),
     ("/proc/1/fd", True),
-    ("/proc/1/fdinfo", True),
-    ("/proc/1/map_files", True),
     ("/proc/1/task", True),  # each thread's mem and fd again
 )
 
