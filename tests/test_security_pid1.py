@@ -18,11 +18,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from docker_helpers import base_root, docker_base, docker_host  # noqa: F401 - fixtures
 from sandbox_helpers import needs_bwrap, run
 
 from stayer.errors import BudgetReached
 from stayer.eval.task import load_task
 from stayer.eval.verify import verify
+from stayer.sandbox.base import Sandbox
 from stayer.sandbox.bwrap import BwrapSandbox
 
 pytestmark = needs_bwrap
@@ -59,31 +61,43 @@ class Regs(ctypes.Structure):
     _fields_ = [(n, ctypes.c_ulonglong) for n in NAMES.split()]
 
 def by_ptrace(code):
-    if libc.ptrace(16, 1, None, None) != 0:  # PTRACE_ATTACH
+    pid = by_pid
+    if libc.ptrace(16, pid, None, None) != 0:  # PTRACE_ATTACH
         return "ptrace: " + os.strerror(ctypes.get_errno())
-    os.waitpid(1, 0x40000000)  # __WALL: stopped
+    os.waitpid(pid, 0x40000000)  # __WALL: stopped
     regs = Regs()
-    libc.ptrace(12, 1, None, ctypes.byref(regs))  # PTRACE_GETREGS
+    libc.ptrace(12, pid, None, ctypes.byref(regs))  # PTRACE_GETREGS
     for i in range(0, len(code), 8):
         word = int.from_bytes(code[i:i + 8].ljust(8, b"\x90"), "little")
-        libc.ptrace(4, 1, ctypes.c_void_p(regs.rip + i), ctypes.c_void_p(word))  # POKETEXT
+        libc.ptrace(4, pid, ctypes.c_void_p(regs.rip + i), ctypes.c_void_p(word))  # POKETEXT
     regs.orig_rax = 2**64 - 1  # no restart of the interrupted wait
-    libc.ptrace(13, 1, None, ctypes.byref(regs))  # PTRACE_SETREGS
-    libc.ptrace(17, 1, None, None)  # PTRACE_DETACH
+    libc.ptrace(13, pid, None, ctypes.byref(regs))  # PTRACE_SETREGS
+    libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
     return "implanted"
 
 def by_mem(code):
     try:
-        pc = int(open("/proc/1/syscall").read().split()[-1], 16)
-        fd = os.open("/proc/1/mem", os.O_RDWR)
+        pc = int(open(f"/proc/{by_pid}/syscall").read().split()[-1], 16)
+        fd = os.open(f"/proc/{by_pid}/mem", os.O_RDWR)
         os.pwrite(fd, code, pc)
         os.close(fd)
     except OSError as e:
         return "mem: " + e.strerror
     return "implanted"
 
-def implant(code, how):
+def implant(code, how, pid=1):
+    global by_pid
+    by_pid = pid
     return (by_ptrace if how == "ptrace" else by_mem)(code)
+
+def test_script():
+    # the nearest ancestor running /tests/test.sh
+    pid = os.getppid()
+    while pid > 1:
+        if b"/tests/test.sh" in open(f"/proc/{pid}/cmdline", "rb").read():
+            return pid
+        pid = int(open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[1])
+    return 1
 """
 
 # Every way to pid 1 that a process of the same uid has: each must fail.
@@ -141,9 +155,9 @@ def test_nothing_in_the_sandbox_reaches_pid_1(ws: Path, kind: str) -> None:
         assert r.stdout == "reached: []\n", r
 
 
-def forging_task(tmp_path: Path, how: str) -> tuple[Path, Path]:
+def forging_task(tmp_path: Path, how: str, target: str = "1") -> tuple[Path, Path]:
     """examples/fix-median, and a workspace whose stats.py is wrong and, once imported by
-    the tests, implants the reward forger in pid 1."""
+    the tests, implants the reward forger in ``target`` (Python: a pid)."""
     task = tmp_path / "fix-median"
     shutil.copytree(ROOT / "examples" / "fix-median", task)
     ws = tmp_path / "ws"
@@ -151,7 +165,7 @@ def forging_task(tmp_path: Path, how: str) -> tuple[Path, Path]:
     (ws / "stats.py").write_text(
         IMPLANT
         + "import sys\n"
-        + f"print(implant(bytes.fromhex({REWARD_FORGER.hex()!r}), {how!r}), file=sys.stderr)\n"
+        + f"print(implant(bytes.fromhex({REWARD_FORGER.hex()!r}), {how!r}, {target}), file=sys.stderr)\n"
         + "def median(xs): return 0\ndef mean(xs): return 0\ndef spread(xs): return 0\n"
     )
     return task, ws
@@ -167,6 +181,28 @@ def test_code_under_test_cannot_forge_its_reward_through_pid_1(tmp_path: Path, h
     assert verdict.outcome == "failed" and verdict.reward == 0, verdict.to_dict()
     out = verdict.to_dict()["output_tail"]
     assert f"{how}: " in out and "failures: ['odd sorted'," in out, out  # refused; tests ran
+
+
+@x86_64
+@pytest.mark.parametrize("how", ["ptrace", "mem"])
+@pytest.mark.parametrize("kind", ["bwrap", pytest.param("docker", marks=pytest.mark.slow)])
+def test_code_under_test_cannot_forge_its_reward_through_the_test_script(
+    tmp_path: Path, how: str, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """The same forger, implanted in the test script's own bash (the code's ancestor, of
+    its uid; in Docker, the container's pid 1): it writes 1 and exits 0 once its last
+    child is gone. Before the test script ran in a bash of its own: ``passed``."""
+    task, ws = forging_task(tmp_path, how, "test_script()")
+    if kind == "docker":
+        from stayer.sandbox.docker import DockerSandbox
+
+        sandbox: Sandbox = DockerSandbox(ws, image=request.getfixturevalue("docker_base"))
+    else:
+        sandbox = BwrapSandbox(ws)
+    verdict = run(verify(load_task(task), sandbox))
+    assert verdict.outcome == "failed" and verdict.reward == 0, verdict.to_dict()
+    out = verdict.to_dict()["output_tail"]
+    assert f"{how}: " in out and "failures: ['odd sorted'," in out, out
 
 
 def test_the_task_still_judges_an_honest_fix(tmp_path: Path) -> None:

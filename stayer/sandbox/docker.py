@@ -149,7 +149,9 @@ class DockerSandbox(ProcessSandbox):
         argv += ["--network", "host" if self.allow_net else "none", "--hostname", "sandbox"]
         argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
         argv += ["--user", f"{self.user[0]}:{self.user[1]}", "--read-only"]
-        argv += ["--tmpfs", f"/tmp:rw,nosuid,nodev,size={tmp_mb}m,mode=1777"]
+        # exec, as bwrap's /tmp (Docker's default is noexec): programs built there run, and
+        # the verifier's test script runs in a bash copied there (stayer.eval.verify).
+        argv += ["--tmpfs", f"/tmp:rw,exec,nosuid,nodev,size={tmp_mb}m,mode=1777"]
         if self.max_processes is not None:
             argv += ["--pids-limit", str(self.max_processes)]
         if self.memory_mb is not None:
