@@ -171,7 +171,10 @@ class AheadBwrap:
             await asyncio.wait({asyncio.wrap_future(starting)})
         for ahead in list(self._live):
             ahead.kill()
-            await asyncio.wrap_future(self._threads.submit(self._reap, ahead))
+            try:
+                await asyncio.wrap_future(self._threads.submit(self._reap, ahead))
+            except RuntimeError:  # its threads are shut down (at exit): in one of asyncio's
+                await asyncio.to_thread(self._reap, ahead)
 
     def next_ready(self, timeout: float | None = None) -> bool:
         """Wait until the next command's sandbox has started (up to ``timeout`` s);
