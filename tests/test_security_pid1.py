@@ -344,3 +344,26 @@ def test_a_run_paused_at_its_cap_leaves_no_sandbox_running(
         assert bwrap_children() == []
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("kind", ["bwrap", "bwrap-persistent"])
+def test_a_probes_sandbox_is_gone_before_its_tests_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """``stayer tasks check`` runs each probe in the agent's sandbox, then the tests: that
+    sandbox (kept, or the next one started ahead) was still running during them."""
+    import stayer.eval.checks as checks
+    from stayer.eval.probes import Probe
+
+    seen: list[list[int]] = []
+
+    async def verify_watched(task, sandbox):  # type: ignore[no-untyped-def]
+        seen.append(bwrap_children())
+        return await verify(task, sandbox)
+
+    monkeypatch.setattr(checks, "verify", verify_watched)
+    task = load_task(takeover_task(tmp_path))
+    probe = Probe("noop", "does nothing", "echo probed\n")
+    verdict = run(checks.run_probe(task, probe, tmp_path / "work", kind))
+    assert seen == [[]], seen
+    assert verdict.outcome == "failed", verdict.to_dict()
