@@ -55,7 +55,7 @@ from stayer.paths import workspaces_root
 from stayer.pricing import PriceBook
 from stayer.routing.setup import RoutingSetup, prepare_routing, require_prices
 from stayer.run_config import RunConfig
-from stayer.sandbox import IMAGE_KINDS
+from stayer.sandbox import IMAGE_KINDS, released
 from stayer.sandbox import KINDS as SANDBOX_KINDS
 from stayer.sandbox.bwrap import check_bwrap
 from stayer.settings import RunSettings, check_flags
@@ -390,8 +390,10 @@ async def _execute(
         output_token_budget=cfg.output_token_budget,
         command_timeout=cfg.command_timeout,
     )
-    # Rewritten from the start on resume: the replay emits every message again.
-    async with journal.leased():
+    # Rewritten from the start on resume: the replay emits every message again. The agent's
+    # sandbox is gone, every process of it, when the loop ends (paused at its cap too), and
+    # so before the verifier's sandbox starts.
+    async with journal.leased(), released(agent_sandbox):
         with (p.run_dir / "trajectory.jsonl").open("w") as trajectory:
 
             def record(m: Message) -> None:

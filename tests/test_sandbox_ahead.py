@@ -9,6 +9,7 @@ import asyncio
 import gc
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -240,12 +241,19 @@ def test_the_whole_sandbox_is_in_its_cgroup_from_birth(ws: Path) -> None:
         )
         return line.rsplit("/", 1)[-1]
 
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        for task in Path(f"/proc/{p}/task").iterdir():
-            todo += [int(c) for c in (task / "children").read_text().split()]
+    def walk() -> list[int]:
+        tree, todo = [], [pid]
+        while todo:
+            p = todo.pop()
+            tree.append(p)
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        return tree
+
+    # Started means released from its gate: pid 1 may not have forked the shell yet.
+    deadline = time.monotonic() + 60
+    while len(tree := walk()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert len(tree) == 3  # bwrap, the sandbox's pid 1, the shell waiting for its command
     assert {cgroup(p) for p in tree} == {cgroup(pid)} and cgroup(pid).startswith("stayer-")
 

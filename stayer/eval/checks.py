@@ -43,7 +43,7 @@ from stayer.eval.spec import unmentioned
 from stayer.eval.suite import scan_suite
 from stayer.eval.task import Task
 from stayer.eval.verify import Verdict, passes, verify
-from stayer.sandbox import IMAGE_KINDS
+from stayer.sandbox import IMAGE_KINDS, released
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.sandbox.hostfs import copy_tree
 
@@ -157,7 +157,8 @@ async def check_leaks(task: Task, workspace: Path, kind: str) -> list[Problem]:
         f'for p in {" ".join(shlex.quote(p) for p in paths)}; do [ -e "$p" ] && echo "VISIBLE $p"; done; '
         "find -L /app -type f -size -4M -print0 2>/dev/null | xargs -0 -r sha256sum 2>/dev/null; true"
     )
-    result = await _agent_sandbox(task, _fresh(task, workspace, kind), kind).exec(probe, timeout=60)
+    async with released(_agent_sandbox(task, _fresh(task, workspace, kind), kind)) as sandbox:
+        result = await sandbox.exec(probe, timeout=60)
     hidden = _hidden_file_digests(task)
     problems = []
     for line in result.stdout.splitlines():
@@ -317,8 +318,9 @@ async def check_oracle(
 
 async def run_probe(task: Task, probe: Probe, workspace: Path, kind: str) -> Verdict:
     """The probe's script in the agent's sandbox, then the verifier over what it left."""
-    sandbox = _agent_sandbox(task, _fresh(task, workspace, kind), kind)
-    await sandbox.exec("bash -s", stdin=probe.script.encode(), timeout=PROBE_TIMEOUT_S)
+    # The agent's sandbox (and what the probe left in it) is gone before the tests start.
+    async with released(_agent_sandbox(task, _fresh(task, workspace, kind), kind)) as sandbox:
+        await sandbox.exec("bash -s", stdin=probe.script.encode(), timeout=PROBE_TIMEOUT_S)
     return await verify(task, task.make_sandbox(kind, workspace, allow_net=task.allow_internet))
 
 

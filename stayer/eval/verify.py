@@ -16,7 +16,9 @@ left the reward channel writable. Code that writes a reward of 1 and then kills 
 reward file (``chmod 444``) or ``/logs/verifier`` so that the script's own write fails, is
 scored as failing, not passing, and not as infrastructure either. What no process the
 script starts can do is write after the script has ended: the sandbox's process namespace
-dies with it before the reward is read. A process left running that rewrites the reward
+dies with it before the reward is read, and its pid 1, which reports the script's exit
+status, is out of their reach (:mod:`stayer.sandbox.seccomp`), as is the script itself
+(:data:`TEST_COMMAND`). A process left running that rewrites the reward
 between the script's own write and its end is not told apart here: a task kills what the
 agent's code left running before it writes its reward (``examples/fix-median``), and the
 ``lingering-writer`` probe of ``stayer tasks check`` finds the tasks that do not.
@@ -108,6 +110,17 @@ def infrastructure_reason(verdict: Verdict, task: Task) -> str | None:
         return verdict.error or "the verifier wrote no reward"
     return None
 
+
+# The test script runs in a bash that the code it runs (of its uid) cannot take over: a
+# copy the sandbox's user may execute but not read, made before anything else runs in the
+# fresh sandbox; the kernel makes a process of an unreadable program non-dumpable (no
+# ptrace, /proc/<pid>/mem or pidfd_getfd on it without CAP_SYS_PTRACE). Where the copy
+# cannot be made or run (no writable, executable /tmp), the image's bash runs it.
+TEST_COMMAND = (
+    "shopt -s execfail; b=/tmp/.stayer-test-bash; "
+    'cp /bin/bash "$b" 2>/dev/null && chmod 0111 "$b" && exec "$b" /tests/test.sh; '
+    "exec bash /tests/test.sh"
+)
 
 # A reward file is a number or a small JSON object; anything larger is not one.
 REWARD_LIMIT = 64 * 1024
@@ -213,7 +226,7 @@ async def verify(task: Task, sandbox: Sandbox) -> Verdict:
         os.chmod(tests, 0o755)
         try:
             result = await sandbox.exec(
-                "bash /tests/test.sh",
+                TEST_COMMAND,
                 timeout=task.verifier_timeout_s,
                 mounts=(
                     Mount(tests, "/tests", writable=False),

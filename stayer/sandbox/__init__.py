@@ -9,6 +9,8 @@ object stores (files, or the journal's blobs)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,19 @@ def make_sandbox(kind: str, workspace: str | Path, **limits: Any) -> Sandbox:
     raise ConfigError(f"--sandbox: unknown sandbox {kind!r}; choose one of {', '.join(KINDS)}")
 
 
+@contextlib.asynccontextmanager
+async def released(sandbox: Sandbox) -> AsyncIterator[Sandbox]:
+    """``sandbox`` for the block; at its end, however it ends, every process of it that
+    outlives a command (kept, started ahead, a container being removed) is killed and
+    waited for (``close()``, where the sandbox has one)."""
+    try:
+        yield sandbox
+    finally:
+        close = getattr(sandbox, "close", None)
+        if close is not None:
+            await close()
+
+
 __all__ = [
     "HOST_KINDS",
     "IMAGE_KINDS",
@@ -52,4 +67,5 @@ __all__ = [
     "Sandbox",
     "kinds_help",
     "make_sandbox",
+    "released",
 ]

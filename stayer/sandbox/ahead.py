@@ -163,6 +163,19 @@ class AheadBwrap:
             self.busy = False
             self._start_next()
 
+    async def close(self) -> None:
+        """Kill the sandbox started ahead, and any not reaped yet, and wait until they are
+        gone; the next command gets a sandbox started for it."""
+        starting, self._next = self._next, None
+        if starting is not None:
+            await asyncio.wait({asyncio.wrap_future(starting)})
+        for ahead in list(self._live):
+            ahead.kill()
+            try:
+                await asyncio.wrap_future(self._threads.submit(self._reap, ahead))
+            except RuntimeError:  # its threads are shut down (at exit): in one of asyncio's
+                await asyncio.to_thread(self._reap, ahead)
+
     def next_ready(self, timeout: float | None = None) -> bool:
         """Wait until the next command's sandbox has started (up to ``timeout`` s);
         whether it has (not if it failed, or none is starting)."""

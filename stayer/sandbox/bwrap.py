@@ -10,6 +10,9 @@ What the command sees:
   a private tmpfs at ``/tmp``; fresh ``/proc`` and ``/dev``; everything else (``/``) is
   remounted read-only, so writes outside ``/app`` and ``/tmp`` fail instead of silently
   landing in a throw-away tmpfs.
+* bwrap's own pid 1 out of reach: its memory, descriptors and threads in ``/proc/1`` are
+  covered, and ptrace, ``process_vm_*`` and ``pidfd_open`` on pid 1 fail
+  (:mod:`stayer.sandbox.seccomp`).
 * new user, pid, ipc, uts, cgroup and network namespaces (``--unshare-all``; the network is
   shared only with ``allow_net``), a new session (no TIOCSTI into the caller's terminal),
   and an environment built from an allow-list, never the host's.
@@ -295,6 +298,18 @@ def proc_secrets(proc: str = "/proc") -> tuple[tuple[str, bool], ...]:
     )
 
 
+# bwrap, pid 1 of the sandbox, outlives the command, runs as its uid and reports its exit
+# status. What of /proc/1 would let a command write its memory or use its descriptors is
+# covered (the rest, its status and command line, stays readable for ps and the like); the
+# seccomp filter refuses ptrace, process_vm_* and pidfd_open on pid 1 (SECURITY.md).
+# (map_files needs CAP_SYS_ADMIN, fdinfo only describes; each cover is a mount to make.)
+_PID1_HANDLES = (
+    ("/proc/1/mem", False),
+    ("/proc/1/fd", True),
+    ("/proc/1/task", True),  # each thread's mem and fd again
+)
+
+
 def cover(secrets: tuple[tuple[str, bool], ...]) -> list[str]:
     """Cover each with an empty read-only directory, or with /dev/null (which, on a nodev
     mount, cannot even be opened)."""
@@ -437,6 +452,7 @@ class BwrapSandbox(ProcessSandbox):
         # uid is root's when stayer runs as root: /proc/sys is read-only for everyone.
         args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
         args += cover(proc_secrets())
+        args += cover(_PID1_HANDLES)
         args += ["--dev", "/dev"]
         if _supports_tmpfs_size(self.bwrap):
             args += ["--size", str(tmp_size_mb(self.storage_mb) * 2**20)]
@@ -488,6 +504,11 @@ class BwrapSandbox(ProcessSandbox):
 
                 self._kept_box = AheadBwrap(me)
         return None if self._kept_box.busy else self._kept_box
+
+    async def close(self) -> None:
+        """Kill the sandbox kept or started ahead, if any, and wait until it is gone."""
+        if self._kept_box is not None:
+            await self._kept_box.close()
 
     def next_ready(self, timeout: float | None = None) -> bool:
         """Wait until the sandbox the next command will use, started ahead or kept, has

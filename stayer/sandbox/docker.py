@@ -122,6 +122,7 @@ class DockerSandbox(ProcessSandbox):
         self.image = image
         self.cpus = cpus
         self.env = sandbox_env(env)
+        self._removing: set[asyncio.Future[None]] = set()  # containers being removed
         # As root, the command runs as SANDBOX_UID, which must own what it may write; any
         # other caller's uid already owns it.
         self.user = (
@@ -149,7 +150,9 @@ class DockerSandbox(ProcessSandbox):
         argv += ["--network", "host" if self.allow_net else "none", "--hostname", "sandbox"]
         argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
         argv += ["--user", f"{self.user[0]}:{self.user[1]}", "--read-only"]
-        argv += ["--tmpfs", f"/tmp:rw,nosuid,nodev,size={tmp_mb}m,mode=1777"]
+        # exec, as bwrap's /tmp (Docker's default is noexec): programs built there run, and
+        # the verifier's test script runs in a bash copied there (stayer.eval.verify).
+        argv += ["--tmpfs", f"/tmp:rw,exec,nosuid,nodev,size={tmp_mb}m,mode=1777"]
         if self.max_processes is not None:
             argv += ["--pids-limit", str(self.max_processes)]
         # The whole container's memory, no swap: what was asked, else the default share.
@@ -185,8 +188,17 @@ class DockerSandbox(ProcessSandbox):
         finally:
             # Killing the docker client (timeout, storage limit, cancellation) leaves the
             # container running; removing it kills everything in it. Shielded: a cancelled
-            # caller must not leave it behind.
-            await asyncio.shield(_remove_container(self.docker, name))
+            # caller must not leave it behind; close() waits for it.
+            removal = asyncio.ensure_future(_remove_container(self.docker, name))
+            self._removing.add(removal)
+            removal.add_done_callback(self._removing.discard)
+            await asyncio.shield(removal)
+
+    async def close(self) -> None:
+        """Wait until every container of this sandbox is removed (one whose command was
+        cancelled is removed in the background)."""
+        if self._removing:
+            await asyncio.wait(set(self._removing))
 
 
 _R = TypeVar("_R")

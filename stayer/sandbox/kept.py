@@ -17,7 +17,8 @@ options, seccomp filter, limits and cgroup of a per-command one
   group and its cgroup) and the next command starts a fresh one;
 * nothing it started outlives it: when it exits, the runner (a child subreaper) kills
   every other process of the sandbox (``kill(-1)`` reaches all but itself and pid 1, and
-  only in the sandbox's pid namespace) and reaps them before it reports the exit status.
+  only in the sandbox's pid namespace; pid 1 is out of every command's reach, see
+  :mod:`stayer.sandbox.seccomp`) and reaps them before it reports the exit status.
 
 **Each command's bash is started ahead.** Starting bash itself (fork, exec, the dynamic
 loader, bash's own set-up) costs about 1 ms, more than a tool call such as ``cat`` or
@@ -454,6 +455,16 @@ class KeptBwrap:
             return await self._run(self._live, cmd)
         finally:
             self.busy = False
+
+    async def close(self) -> None:
+        """Kill the kept sandbox (pid 1 and all) and wait until it is gone; the next
+        command starts a fresh one."""
+        if self._soon is not None:
+            self._soon[0].cancel()
+            self._soon = None
+        self._drop()
+        while self._dead:
+            await self._dead.pop().reap()
 
     def next_ready(self, timeout: float | None = None) -> bool:
         """Whether the kept sandbox is running with the next command's bash started and

@@ -998,6 +998,11 @@ class ProcessSandbox:
         """A sandbox kept running that can take this command now, if the backend has one."""
         return None
 
+    async def close(self) -> None:
+        """Stop every process of this sandbox that outlives a command (a sandbox kept or
+        started ahead, a container being removed) and wait until all are gone. It stays
+        usable: a later command starts what it needs anew."""
+
     async def exec(
         self,
         command: str,
@@ -1044,6 +1049,9 @@ class KeptCommand:
 
 class KeptSandbox(Protocol):
     """A sandbox kept running between commands (see :mod:`stayer.sandbox.kept`): ``run``
-    returns None when it cannot start, and the command then gets a fresh sandbox."""
+    returns None when it cannot start, and the command then gets a fresh sandbox;
+    ``close`` kills it and waits until every process of it is gone."""
 
     async def run(self, cmd: KeptCommand) -> ExecResult | None: ...
+
+    async def close(self) -> None: ...

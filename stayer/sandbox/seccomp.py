@@ -1,4 +1,5 @@
-"""A seccomp filter that keeps setuid and setgid bits from being set inside the sandbox.
+"""A seccomp filter that keeps setuid and setgid bits from being set inside the sandbox,
+and the sandbox's pid 1 out of reach.
 
 The command runs under the caller's host uid (a user namespace maps it to an unprivileged
 uid inside, so that the workspace stays the caller's). It owns the files it creates, and the
@@ -16,6 +17,13 @@ describe (e.g. 32-bit ARM on arm64) is killed: its system call numbers would byp
 
 Supported: x86-64 (with its i386 and x32 ABIs) and arm64. Elsewhere :func:`suid_filter`
 returns None and the bits are not blocked (SECURITY.md says so).
+
+The sandbox's pid 1 (bwrap, which outlives the command and reports its exit status) is
+kept out of reach: ``ptrace``, ``process_vm_readv`` and ``process_vm_writev`` (x32's own
+numbers too) and ``pidfd_open`` fail with ``EPERM`` when their pid is 1 (read as the
+kernel does, the low 32 bits), and ``pidfd_getfd`` and ``open_by_handle_at`` (which opens
+a pidfd from a forged handle) fail whatever their target. ``/proc/1`` is covered by bwrap
+(:mod:`stayer.sandbox.bwrap`): its memory is written by path, which no filter sees.
 
 The kernel's keyrings (``add_key``, ``request_key``, ``keyctl``) fail with ``EPERM`` too,
 as in Docker's default profile: started by root, the command counts as root to the key
@@ -76,11 +84,20 @@ _OPENAT2 = 437
 _FCHMODAT2 = _ModeCall(452, mode=2)
 
 
+# Numbered alike on every ABI: pidfd_open, pidfd_getfd.
+_PIDFD_OPEN = 434
+_PIDFD_GETFD = 438
+
+
 @dataclass(frozen=True, slots=True)
 class _Abi:
     arch: int
     calls: tuple[_ModeCall, ...]
     keys: tuple[int, ...]  # add_key, request_key, keyctl
+    # ptrace, process_vm_readv, process_vm_writev (x32's own numbers too), pidfd_open:
+    # (nr, argument holding the pid), refused when that pid is 1
+    on_pid: tuple[tuple[int, int], ...] = ()
+    refused: tuple[int, ...] = ()  # pidfd_getfd, open_by_handle_at: refused outright
     strip: int = 0  # bits cleared from nr first (x32 shares x86-64's numbers)
 
 
@@ -109,18 +126,32 @@ def _legacy_calls(
     )
 
 
+def _pid_calls(ptrace: int, vm_readv: int, vm_writev: int) -> tuple[tuple[int, int], ...]:
+    return ((ptrace, 1), (vm_readv, 0), (vm_writev, 0))
+
+
 _X86_64 = _Abi(
     _AUDIT_ARCH_X86_64,
     _at_calls(257, 258, 259, 91, 268) + _legacy_calls(2, 85, 83, 133, 90),
     (248, 249, 250),
+    on_pid=_pid_calls(101, 310, 311) + _pid_calls(521, 539, 540) + ((_PIDFD_OPEN, 0),),
+    refused=(_PIDFD_GETFD, 304),
     strip=_X32_SYSCALL_BIT,
 )
 _I386 = _Abi(
     _AUDIT_ARCH_I386,
     _at_calls(295, 296, 297, 94, 306) + _legacy_calls(5, 8, 39, 14, 15),
     (286, 287, 288),
+    on_pid=_pid_calls(26, 347, 348) + ((_PIDFD_OPEN, 0),),
+    refused=(_PIDFD_GETFD, 342),
 )
-_AARCH64 = _Abi(_AUDIT_ARCH_AARCH64, _at_calls(56, 34, 33, 52, 53), (217, 218, 219))
+_AARCH64 = _Abi(
+    _AUDIT_ARCH_AARCH64,
+    _at_calls(56, 34, 33, 52, 53),
+    (217, 218, 219),
+    on_pid=_pid_calls(117, 270, 271) + ((_PIDFD_OPEN, 0),),
+    refused=(_PIDFD_GETFD, 265),
+)
 
 _ABIS = {"x86_64": (_X86_64, _I386), "aarch64": (_AARCH64,)}
 
@@ -165,12 +196,21 @@ def _load_nr(p: _Program, abi: _Abi) -> None:
 def _abi_block(p: _Program, abi: _Abi, name: str) -> None:
     _load_nr(p, abi)
     _deny_keys(p, abi)
+    for nr in abi.refused:
+        p.op(_JEQ_K, nr, jt="deny")
     p.op(_JEQ_K, _OPENAT2, jt=f"{name}.enosys")
     for i, call in enumerate(abi.calls):
         p.op(_JEQ_K, call.nr, jt=f"{name}.{i}")
+    for i, (nr, _) in enumerate(abi.on_pid):
+        p.op(_JEQ_K, nr, jt=f"{name}.pid{i}")
     _ret(p, _RET_ALLOW)
     p.label(f"{name}.enosys")
     _ret(p, _RET_ERRNO | errno.ENOSYS)
+    for i, (_, arg) in enumerate(abi.on_pid):
+        # The kernel reads a pid as a 32-bit pid_t: the low half of the argument.
+        p.label(f"{name}.pid{i}")
+        p.op(_LD_W_ABS, _arg(arg))
+        p.op(_JEQ_K, 1, jt="deny", jf="allow")
     for i, call in enumerate(abi.calls):
         p.label(f"{name}.{i}")
         if call.flags is not None:
