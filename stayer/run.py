@@ -43,6 +43,7 @@ from stayer.journal.codec import message_record
 from stayer.journal.replay import JournaledModel, JournaledProbe, JournaledTool, ReplayingSandbox
 from stayer.messages import Message
 from stayer.models.base import Model
+from stayer.models.caching import provider_of
 from stayer.models.registry import make_real_model, split_spec
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
@@ -204,20 +205,51 @@ def team_models_for(
 def model_for(
     spec: str, config: RunConfig, task: Task, counter: MessageCounter, prices: PriceBook
 ) -> Model:
-    """``build_model``, refusing a ``sim:`` model that no price data knows: it is a typo
-    (``sim:claude-sonet-4-5``) far more often than a model, and would be priced "unknown"."""
-    model = build_model(spec, config, task, counter)
-    if spec.startswith("sim:") and not prices.knows(model.model_id, model.provider):
-        close = [f"sim:{m}" for m in prices.closest(model.model_id, model.provider)]
+    """``build_model``, refusing a ``sim:`` model that no price data knows (``check_model``)."""
+    check_model(spec, prices)
+    return build_model(spec, config, task, counter)
+
+
+def priced_as(spec: str) -> tuple[str, str]:
+    """The (provider, model id) that prices the model ``spec`` (with no ``--base-url``),
+    found without building its adapter, so without the provider's API key."""
+    kind, model_id = split_spec(spec)
+    if kind == "sim":
+        return provider_of(model_id), model_id
+    if kind == "openai-chat":
+        from stayer.models.openai import default_provider  # (the SDK: imported when needed)
+
+        return default_provider(None), model_id
+    return kind, model_id
+
+
+def check_model(
+    spec: str, prices: PriceBook, *, cap: str | None = None, field: str = "--model"
+) -> None:
+    """What a run refuses of its model before it starts, without building the model (the
+    API checks requests with it): a malformed spec; a ``sim:`` model no price data knows
+    (a typo such as ``sim:claude-sonet-4-5`` far more often than a model; it would be
+    priced "unknown"); and, under the cost cap ``cap`` names, a model whose calls cannot be
+    priced (``require_prices``). ConfigError's line starts with ``field`` and the spec."""
+    try:
+        provider, model_id = priced_as(spec)
+    except ConfigError as e:
+        raise ConfigError(f"{field} {str(e).removeprefix('--model ')}") from None
+    if spec.startswith("sim:") and not prices.knows(model_id, provider):
+        close = [f"sim:{m}" for m in prices.closest(model_id, provider)]
         hint = (
             f"did you mean {' or '.join(close)}?"
             if close
             else "e.g. sim:claude-sonnet-4-5 or sim:gpt-5"
         )
         raise ConfigError(
-            f"--model {spec}: no {model.provider} model of that name in the price data; {hint}"
+            f"{field} {spec}: no {provider} model of that name in the price data; {hint}"
         )
-    return model
+    if cap is not None and not prices.knows(model_id, provider):
+        raise ConfigError(
+            f"{field} {spec}: no price data for it, so {cap} cannot be enforced; "
+            "add its prices to stayer-prices.toml or run it without a cap"
+        )
 
 
 def build_model(spec: str, config: RunConfig, task: Task, counter: MessageCounter) -> Model:

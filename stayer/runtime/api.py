@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -29,9 +31,18 @@ from starlette.concurrency import run_in_threadpool
 
 from stayer.errors import ConfigError
 from stayer.journal import load_log, open_store
+from stayer.journal.run_report import journal_ledger
 from stayer.journal.sql import SqlStore
+from stayer.pricing import PriceBook
 from stayer.runtime.actions import Actions
-from stayer.runtime.db import CANCELLED, QUEUED, STATUSES, ServiceDB, ServiceRun
+from stayer.runtime.db import (
+    CANCELLED,
+    QUEUED,
+    STATUSES,
+    IdempotencyClash,
+    ServiceDB,
+    ServiceRun,
+)
 from stayer.runtime.events import PublicEvent, public_event, status_event
 from stayer.runtime.schemas import (
     ActionList,
@@ -192,6 +203,7 @@ def create_app(
     )
     dbs = Databases(home)
     app.state.databases = dbs
+    prices = PriceBook.load()
     webhooks = Webhooks(allow_private=allow_private_webhooks)
 
     def out(run: ServiceRun) -> RunOut:
@@ -254,17 +266,37 @@ def create_app(
         return {"status": "ok"}
 
     @app.post("/v1/runs", status_code=201, response_model=RunOut)
-    def create_run(body: RunCreate, tenant: Tenant) -> RunOut:
-        from stayer.models.registry import split_spec
+    def create_run(
+        body: RunCreate,
+        tenant: Tenant,
+        response: Response,
+        idempotency_key: Annotated[str | None, Header()] = None,
+    ) -> RunOut:
+        """Queue a run. A request carrying an ``Idempotency-Key`` the tenant used before
+        answers with that key's run (200) when its body is the same, 422 when it is not."""
+        from stayer.run import check_model
 
+        key = None if idempotency_key is None else _idempotency_key(idempotency_key)
         resolve_task(
             tasks_dir, body.task, uploads_dir(home, tenant)
         )  # 422 for a task the tenant cannot run
-        split_spec(body.model)
+        account = dbs.budgets().account(tenant)
+        cap = (
+            "max_cost"
+            if body.max_cost is not None
+            else f"tenant {tenant}'s budget"
+            if account.cap is not None
+            else None
+        )
+        # 422 for what `stayer run` refuses before it starts: a model it cannot name or
+        # price, an unpriced one under a cap.
+        check_model(body.model, prices, cap=cap, field="model:")
         if body.team is not None:
             from stayer.teams.config import team_from
 
-            team_from(body.team, "team")  # 422 for a team that cannot run
+            team = team_from(body.team, "team")  # 422 for a team that cannot run
+            for agent, spec in team.agents.items():
+                check_model(spec.model, prices, cap=cap, field=f"team.agents.{agent}.model:")
         if body.sim_policy and body.sim_policy.startswith("replay:"):
             raise ConfigError(
                 "sim_policy: replay:PATH reads a file on the server; not available through the API"
@@ -274,11 +306,37 @@ def create_app(
             if problem is not None:
                 raise ConfigError(f"webhook: {problem}")
         request = body.model_dump(mode="json")
-        if body.max_cost is None and dbs.budgets().account(tenant).cap is not None:
-            # A capped tenant's run without a cap of its own would hold all that is left.
-            request["max_cost"] = str(default_max_cost)
+        digest = hashlib.sha256(
+            json.dumps(request, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+        if body.max_cost is None:
+            # A run without a cap of its own gets what its tenant can afford when it starts,
+            # up to the default cap; a tenant with nothing left to spend is told now.
+            request["max_cost_default"] = str(default_max_cost)
+            if account.cap is not None and account.cap - account.spent <= 0:
+                raise ConfigError(
+                    f"max_cost: tenant {tenant} has spent its whole budget "
+                    f"(${account.spent} of ${account.cap}); nothing is left for a run"
+                )
         run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:12]
-        return out(dbs.get().insert_run(run_id, tenant, body.task, body.model, request))
+        try:
+            run, created = dbs.get().insert_run(
+                run_id,
+                tenant,
+                body.task,
+                body.model,
+                request,
+                idempotency=None if key is None else (key, digest),
+            )
+        except IdempotencyClash as e:
+            raise HTTPException(
+                422,
+                f"Idempotency-Key: already used for run {e.args[0]} with another request body; "
+                "send that request again, or use a new key",
+            ) from None
+        if not created:
+            response.status_code = 200
+        return out(run)
 
     @app.post("/v1/tasks", status_code=201, response_model=TaskOut)
     async def upload_task(
@@ -395,13 +453,9 @@ def create_app(
     def get_ledger(run_id: str, tenant: Tenant) -> Ledger:
         own_run(run_id, tenant)
         log = load_log(dbs.get().store, run_id)
-        entries = [log.steps[s] for s in sorted(log.steps)]
-        entries += [
-            t.steps[s] for t in log.threads.values() for s in sorted(t.steps)
-        ]  # a team's threads
+        # Unfinished: every billed call the journal holds, calls lost in flight included.
+        entries = journal_ledger(log)
         if log.finished is not None:
-            import json
-
             entries = json.loads(log.blobs[log.finished["result"]]).get("ledger", entries)
         return Ledger(run_id=run_id, ledger=entries)
 
@@ -439,6 +493,16 @@ def create_app(
         dbs.close()
 
     return app
+
+
+def _idempotency_key(value: str) -> str:
+    """The ``Idempotency-Key`` header's value, checked (422 otherwise)."""
+    key = value.strip()
+    if not key or len(key) > 255 or not key.isprintable() or not key.isascii():
+        raise HTTPException(
+            422, "Idempotency-Key: 1 to 255 printable ASCII characters (e.g. a UUID)"
+        )
+    return key
 
 
 async def follow(dbs: Databases, run_id: str, after: int) -> AsyncIterator[PublicEvent]:

@@ -25,9 +25,10 @@ from typing import Any
 from stayer.errors import BudgetReached, ConfigError, OrderlyStop
 from stayer.journal import JournalError, open_store
 from stayer.journal.lease import new_owner
+from stayer.journal.run_report import journal_spend
 from stayer.journal.sql import SqlStore
 from stayer.ledger import LedgerEntry, RunResult
-from stayer.money import Usd
+from stayer.money import Usd, usd_sum
 from stayer.pricing import PriceBook
 from stayer.runtime.actions import (
     Actions,
@@ -136,6 +137,7 @@ class Worker:
                         self.running[claimed.id] = task
                         task.add_done_callback(self._forget(claimed.id))
                         continue
+                    self._admit()  # nothing queued: room freed in a tenant's budget?
                 with contextlib.suppress(TimeoutError):  # (not wait_for: see teams.bus)
                     async with asyncio.timeout(self.poll_s):
                         await stop.wait()
@@ -153,19 +155,45 @@ class Worker:
             await self._run(run)
         except Exception as e:  # a bug must not take the worker (and its other runs) down
             self.log(f"run {run.id} failed in the worker: {e}\n{traceback.format_exc()}")
-            self._set(
-                run,
-                status=ERROR,
-                stop_reason="error",
-                error=f"{type(e).__name__}: {e}",
-                release=True,
-            )
+            self._fail(run, f"{type(e).__name__}: {e}")
         finally:
             self.metrics.active.dec()
 
-    def _set(self, run: ServiceRun, *, release: bool = False, **values: Any) -> None:
-        if self.db.update(run.id, self.name, release=release, **values) and "status" in values:
+    def _set(self, run: ServiceRun, *, release: bool = False, **values: Any) -> bool:
+        """Write the run's row while this worker holds it; False if another took it over."""
+        if not self.db.update(run.id, self.name, release=release, **values):
+            return False
+        if "status" in values:
             self._notify(run, values["status"], values.get("stop_reason"))
+        return True
+
+    def _fail(self, run: ServiceRun, error: str) -> None:
+        """The run ends in error; its hold is settled at what its journal says it spent
+        (nothing, for a run that never started). A run another worker took over keeps its
+        hold: that worker settles it."""
+        if self._set(run, status=ERROR, stop_reason="error", error=error, release=True):
+            settle_hold(self.budgets, run, store=self.store)
+            self._admit()
+
+    def _pause(self, run: ServiceRun, paused_on: str) -> None:
+        """The run waits on a budget (``paused_on``: "tenant" or "run") holding only what it
+        has spent: the rest of its cap goes back to its tenant, for other runs to start."""
+        freed = shrink_hold(self.budgets, self.store, run)
+        self._set(
+            run,
+            status=PAUSED,
+            stop_reason="budget_reached",
+            paused_on=paused_on,
+            budget_hold=run.budget_hold,
+            held=run.held,
+            release=True,
+        )
+        if freed:
+            self._admit()
+
+    def _admit(self) -> None:
+        """Queue again the runs paused on their tenant's budget that now fit in it."""
+        admit_paused(self.db, self.budgets)
 
     def _notify(self, run: ServiceRun, status: str, stop_reason: str | None) -> None:
         url = run.request.get("webhook")
@@ -196,8 +224,11 @@ class Worker:
                 self.db.update(run.id, self.name, run_cap=str(cap))
                 run.run_cap = str(cap)
             return cap
-        if cap is None:
+        if cap is None:  # what the tenant can afford, up to the server's default cap
             cap = account.available
+            default = run.request.get("max_cost_default")
+            if cap is not None and default is not None:
+                cap = min(cap, Decimal(default))
         if run.budget_hold is not None and run.held == str(cap):
             return cap
         hold = (
@@ -220,9 +251,7 @@ class Worker:
             return
         cap = self._hold_budget(run)
         if cap is False:
-            self._set(
-                run, status=PAUSED, stop_reason="budget_reached", paused_on="tenant", release=True
-            )
+            self._pause(run, "tenant")
             return
         self._notify(run, "running", None)
         req = run.request
@@ -250,7 +279,7 @@ class Worker:
             if result is not None:
                 self._finish(run, result)
             else:
-                self._set(run, status=ERROR, stop_reason="error", error=str(e), release=True)
+                self._fail(run, str(e))
             return
 
         entries: list[LedgerEntry] = []
@@ -260,18 +289,32 @@ class Worker:
             status=RUNNING
         )  # running sums (unknown stays unknown), for the run's row
 
+        def replayed(entry: LedgerEntry) -> bool:
+            """A step a resumed run replays from its journal: the row has it already."""
+            log = None if journal is None else journal.log
+            if log is not None and entry.agent != "main":
+                log = log.threads.get(entry.agent)
+            return log is not None and entry.step in log.steps
+
         def on_step(entry: LedgerEntry) -> None:
             self.metrics.on_step(entry, entries[-1] if entries else None, self.prices)
             entries.append(entry)
             totals.usage += entry.usage
             totals.add_cost(entry.cost.total)
-            cost = str(Usd(totals.cost_usd))
-            steps = (
-                entry.step if entry.agent == "main" else len(entries)
-            )  # a team's steps: all its agents'
-            self.db.update(
-                run.id, self.name, steps=steps, cost_usd=cost, usage=_json(totals.usage.to_dict())
-            )
+            if not replayed(entry):  # the row never shows less than was already spent
+                # Billed calls count from when the journal knows them: lost in flight too.
+                lost = [] if journal is None else journal.lost
+                cost = Usd(totals.cost_usd) + usd_sum(Usd.parse(x["cost_usd"]) for x in lost)
+                steps = (
+                    entry.step if entry.agent == "main" else len(entries)
+                )  # a team's steps: all its agents'
+                self.db.update(
+                    run.id,
+                    self.name,
+                    steps=steps,
+                    cost_usd=str(cost),
+                    usage=_json(totals.usage.to_dict()),
+                )
             if cancel.is_set():
                 raise RunCancelled
 
@@ -306,9 +349,7 @@ class Worker:
                 run.id,
                 [("suspended", {"status": PAUSED, "reason": "budget_reached", "detail": str(e)})],
             )
-            self._set(
-                run, status=PAUSED, stop_reason="budget_reached", paused_on="run", release=True
-            )
+            self._pause(run, "run")
             return
         except asyncio.CancelledError:
             if not beat.done() or beat.result() != "lost":
@@ -316,7 +357,7 @@ class Worker:
             self.log(f"run {run.id}: lost its lease to another worker; stopped here")
             return
         except JournalError as e:
-            self._set(run, status=ERROR, stop_reason="error", error=str(e), release=True)
+            self._fail(run, str(e))
             return
         finally:
             beat.cancel()
@@ -352,6 +393,7 @@ class Worker:
 
     def _finish(self, run: ServiceRun, doc: dict[str, Any]) -> None:
         settle_hold(self.budgets, run, doc)
+        self._admit()
         self._set(
             run,
             status=doc["status"],
@@ -365,14 +407,67 @@ class Worker:
         )
 
 
-def settle_hold(budgets: TenantBudgets, run: ServiceRun, doc: dict[str, Any]) -> None:
-    """Settle the run's hold on its tenant's budget at what the run spent (its whole cap
-    when a price was unknown: the tenant is never charged less than it may have spent)."""
-    if run.budget_hold is not None:
-        cost = doc.get("cost_usd", "0")
-        budgets.settle(
-            run.budget_hold, Decimal(cost) if cost != "unknown" else Decimal(run.run_cap or 0)
-        )
+def settle_hold(
+    budgets: TenantBudgets,
+    run: ServiceRun,
+    doc: dict[str, Any] | None = None,
+    *,
+    store: SqlStore | None = None,
+) -> None:
+    """Settle the run's hold on its tenant's budget at what the run spent: its result's
+    ``cost_usd`` (``doc``), else what its journal in ``store`` holds (``journal_spend``:
+    nothing for a run that never started). The whole hold when a price is unknown: the
+    tenant is never charged less than it may have spent. Every path on which a run ends
+    (or is given up for good) calls this; settling twice is a no-op."""
+    if run.budget_hold is None:
+        return
+    if doc is not None:
+        spent = Usd.parse(doc.get("cost_usd", "0"))
+    else:
+        assert store is not None
+        spent = journal_spend(store, run.id)
+    held = run.held or run.run_cap
+    if spent.amount is not None:
+        amount = spent.amount
+    else:
+        amount = Decimal(held) if held is not None else Decimal(0)
+    budgets.settle(run.budget_hold, amount)
+
+
+def shrink_hold(budgets: TenantBudgets, store: SqlStore, run: ServiceRun) -> bool:
+    """A waiting run's hold cut down to what its journal says it spent (kept whole when a
+    price is unknown); True if some of it went back to the tenant. ``run`` is updated."""
+    if run.budget_hold is None or run.held is None:
+        return False
+    spent = journal_spend(store, run.id).amount
+    if spent is None or spent >= Decimal(run.held):
+        return False
+    hold = budgets.regrow(run.tenant, run.budget_hold, spent)
+    if hold is None:  # cannot happen (a smaller hold always fits); keep the old one
+        return False
+    run.budget_hold, run.held = hold, str(spent)
+    return True
+
+
+def admit_paused(db: ServiceDB, budgets: TenantBudgets) -> int:
+    """Runs paused on their tenant's budget go back to the queue, oldest first, as far as
+    what each still needs (its cap less what it holds; any amount for a run without a cap
+    of its own) fits in what its tenant has available. The worker takes them from there
+    (and pauses again one that no longer fits). Returns how many were queued."""
+    queued = 0
+    available: dict[str, Decimal | None] = {}
+    for run in db.paused_on_tenant():
+        if run.tenant not in available:
+            available[run.tenant] = budgets.account(run.tenant).available
+        left = available[run.tenant]
+        asked = run.run_cap or run.request.get("max_cost")
+        need = Decimal(asked) - Decimal(run.held or 0) if asked is not None else None
+        if left is not None:
+            if left <= 0 or (need is not None and need > left):
+                continue
+            available[run.tenant] = left - need if need is not None else Decimal(0)
+        queued += db.requeue_run(run.id)
+    return queued
 
 
 def close_idle_journal(
