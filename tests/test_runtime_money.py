@@ -169,6 +169,15 @@ def test_runs_waiting_on_their_tenants_budget_start_as_holds_are_settled(
             assert paused["status"] == "paused", paused
         budget = account(env, tenant)
         assert Decimal(budget["reserved_usd"]) == Decimal(paused["cost_usd"]) < Decimal("0.02")
+        # Cancelled while it waits: what it holds is settled, nothing is left held.
+        with server.client(key) as c:
+            assert c.post(f"/v1/runs/{third}/cancel").json()["status"] == "cancelled"
+        budget = account(env, tenant)
+        assert Decimal(budget["reserved_usd"]) == 0
+        runs = [first, second, third]
+        with server.client(key) as c:
+            spent = sum(Decimal(c.get(f"/v1/runs/{r}").json()["cost_usd"]) for r in runs)
+        assert Decimal(budget["spent_usd"]) == spent
     finally:
         server.process.kill()
 

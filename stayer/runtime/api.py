@@ -393,13 +393,15 @@ def create_app(
         its journal is closed with what it spent), else within one step."""
 
         def cancel() -> tuple[ServiceRun, bool]:
-            run = own_run(run_id, tenant)
+            own_run(run_id, tenant)  # 404 for a run not the tenant's
             db = dbs.get()
             before, after = db.request_cancel(run_id)
             ended_here = after == CANCELLED and before != CANCELLED
             if ended_here:
                 doc = close_idle_journal(db.store, run_id, CANCELLED, "cancelled")
-                settle_hold(dbs.budgets(), run, doc)
+                # Its hold as the row says now: a worker may have paused it (and cut the
+                # hold down) since it was read above; no worker holds it any more.
+                settle_hold(dbs.budgets(), own_run(run_id, tenant), doc)
                 db.record_result(
                     run_id, steps=int(doc.get("steps") or 0), cost_usd=doc.get("cost_usd", "0")
                 )

@@ -7,7 +7,8 @@ same no-overshoot reservation a run makes before each model call); when the run 
 hold is settled at what the run really spent. The run's cap is therefore carved from the
 tenant's: the sum of running caps never exceeds what the tenant has left, and no call of
 any run can push the tenant past its cap. A run that does not fit waits as ``paused``
-(``budget_reached``) until the cap is raised.
+(``budget_reached``) until other runs settle and free room for it, or the cap is raised; a
+waiting run holds only what it has spent.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ shared journal, so a run another worker started is resumed from its journal, exa
 without paying again for its model calls. While a run executes, a heartbeat renews the
 lease and reads the cancel flag; a cancelled run stops at its next step, and what it spent
 is on its ledger and its result. Before a run starts, its cap is held in its tenant's
-budget (``tenants``); a run that does not fit waits as ``paused``.
+budget (``tenants``); a run that does not fit waits as ``paused`` and is queued again
+when it fits (``admit_paused``). Every way a run ends settles its hold (``settle_hold``).
 """
 
 from __future__ import annotations
