@@ -105,6 +105,38 @@ def test_no_hold_is_left_by_a_run_that_could_not_start(env: Env, tasks: Path) ->
         server.process.kill()
 
 
+def test_a_hold_left_open_by_a_process_that_died_is_settled(env: Env, tasks: Path) -> None:
+    from stayer.runtime.db import ServiceDB
+    from stayer.runtime.tenants import TenantBudgets, open_budget_store
+
+    tenant = name()
+    env.tenant(tenant, "--max-cost", "5")
+    store = open_store(env.home, env.db_url or None)
+    budgets = TenantBudgets(open_budget_store(env.home, env.db_url or None))
+    try:
+        db = ServiceDB(store)
+        db.insert_run("r-" + tenant, tenant, "hello-file", SIM, {})
+        # What a process that ended a run (error, or a cancel) and died before settling
+        # its hold leaves behind.
+        hold = budgets.hold(tenant, Decimal(1))
+        db.record_result("r-" + tenant, status="error", budget_hold=hold, held="1", run_cap="1")
+        assert budgets.account(tenant).reserved == 1
+        server = start_server(env, tasks, "--workers", "1")
+        try:
+            deadline = time.monotonic() + HANG_S
+            while budgets.account(tenant).reserved != 0:
+                assert time.monotonic() < deadline, server.process.output()
+                time.sleep(0.05)
+        finally:
+            server.process.kill()
+        assert budgets.account(tenant).spent == 0  # the run never started: it spent nothing
+        run = db.run("r-" + tenant)
+        assert run is not None and run.budget_hold is None
+    finally:
+        store.close()
+        budgets.store.close_connection()  # type: ignore[attr-defined]
+
+
 def test_runs_without_a_cap_get_what_their_tenant_can_afford(env: Env, tasks: Path) -> None:
     server = start_server(env, tasks, "--workers", "2")  # --default-max-cost: $1
     tenant = name()

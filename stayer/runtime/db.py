@@ -382,6 +382,20 @@ class ServiceDB:
             )
             return int(cur.rowcount)
 
+    def unsettled(self) -> list[ServiceRun]:
+        """Ended runs whose tenant-budget hold the row still names (``clear_hold`` not
+        called yet: settled, or left open by a process that died before settling it)."""
+        ended = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
+        return self._rows(f"WHERE budget_hold IS NOT NULL AND status IN ({ended})", ())
+
+    def clear_hold(self, run_id: str, hold_id: int) -> None:
+        """The ended run's hold is settled: the row stops naming it."""
+        with self.store._tx() as cur:
+            cur.execute(
+                "UPDATE stayer_service_runs SET budget_hold = NULL WHERE id = ? AND budget_hold = ?",
+                (run_id, hold_id),
+            )
+
     def requeue_paused(self, tenant: str) -> int:
         """Runs paused on the tenant's budget go back to the queue (its cap was raised)."""
         with self.store._tx() as cur:

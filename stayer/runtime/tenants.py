@@ -93,6 +93,14 @@ class TenantBudgets:
         except _NoRoom:
             return None
 
+    def is_open(self, hold_id: int) -> bool:
+        """Whether the hold is still held (not settled)."""
+        try:
+            with self.store.transaction() as rows:
+                raise _Peek(rows.take(hold_id) is not None)  # rolled back: nothing changes
+        except _Peek as peek:
+            return peek.found
+
     def settle(self, hold_id: int, spent: Decimal) -> None:
         # KeyError: settled already (a worker that died after settling, before recording it).
         with contextlib.suppress(KeyError):
@@ -101,3 +109,8 @@ class TenantBudgets:
 
 class _NoRoom(Exception):
     pass
+
+
+class _Peek(Exception):
+    def __init__(self, found: bool) -> None:
+        self.found = found

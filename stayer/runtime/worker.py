@@ -138,7 +138,10 @@ class Worker:
                         self.running[claimed.id] = task
                         task.add_done_callback(self._forget(claimed.id))
                         continue
-                    self._admit()  # nothing queued: room freed in a tenant's budget?
+                    # Nothing queued: a hold a dead process left open? Room freed in a
+                    # tenant's budget?
+                    settle_ended(self.db, self.budgets)
+                    self._admit()
                 with contextlib.suppress(TimeoutError):  # (not wait_for: see teams.bus)
                     async with asyncio.timeout(self.poll_s):
                         await stop.wait()
@@ -433,6 +436,20 @@ def settle_hold(
     else:
         amount = Decimal(held) if held is not None else Decimal(0)
     budgets.settle(run.budget_hold, amount)
+
+
+def settle_ended(db: ServiceDB, budgets: TenantBudgets) -> int:
+    """Holds of ended runs still open (the process ending the run died before settling
+    it) are settled at what the run's journal holds; every ended run's row then stops
+    naming its hold. Returns how many were settled here."""
+    settled = 0
+    for run in db.unsettled():
+        assert run.budget_hold is not None
+        if budgets.is_open(run.budget_hold):
+            settle_hold(budgets, run, store=db.store)
+            settled += 1
+        db.clear_hold(run.id, run.budget_hold)
+    return settled
 
 
 def shrink_hold(budgets: TenantBudgets, store: SqlStore, run: ServiceRun) -> bool:
