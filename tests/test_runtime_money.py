@@ -282,7 +282,10 @@ def test_a_call_lost_in_flight_counts_while_the_run_is_unfinished(
             assert journal is not None
             held = Decimal(journal.cost_usd)  # what the journal holds: the lost call too
             assert ledger_total(ledger) == held
-            assert Decimal(c.get(f"/v1/runs/{run_id}").json()["cost_usd"]) == held
+            shown = c.get(f"/v1/runs/{run_id}").json()
+            assert Decimal(shown["cost_usd"]) == held
+            for kind in ("input_tokens", "output_tokens"):  # its tokens too
+                assert shown["usage"][kind] == sum(e["usage"][kind] for e in ledger)
             assert Decimal(c.get("/v1/runs").json()["data"][0]["cost_usd"]) == held
             assert abs(_metric_cost(api, tenant) - held) < Decimal("1e-9")
     finally:

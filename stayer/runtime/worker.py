@@ -52,6 +52,7 @@ from stayer.runtime.db import (
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
 from stayer.runtime.uploads import uploads_dir
 from stayer.runtime.webhooks import Webhooks
+from stayer.usage import Usage
 
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -309,6 +310,7 @@ class Worker:
                 # Billed calls count from when the journal knows them: lost in flight too.
                 lost = [] if journal is None else journal.lost
                 cost = Usd(totals.cost_usd) + usd_sum(Usd.parse(x["cost_usd"]) for x in lost)
+                usage = sum((Usage.from_dict(x["usage"]) for x in lost), totals.usage)
                 steps = (
                     entry.step if entry.agent == "main" else len(entries)
                 )  # a team's steps: all its agents'
@@ -317,7 +319,7 @@ class Worker:
                     self.name,
                     steps=steps,
                     cost_usd=str(cost),
-                    usage=_json(totals.usage.to_dict()),
+                    usage=_json(usage.to_dict()),
                 )
             if cancel.is_set():
                 raise RunCancelled
