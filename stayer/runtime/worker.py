@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import re
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from decimal import Decimal
@@ -54,6 +55,8 @@ from stayer.runtime.uploads import uploads_dir
 from stayer.runtime.webhooks import Webhooks
 from stayer.usage import Usage
 
+#: How often an idle worker looks for holds of ended runs left open (``settle_ended``).
+SWEEP_S = 5.0
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -109,6 +112,7 @@ class Worker:
         self.budgets: TenantBudgets = TenantBudgets(open_budget_store(self.home))
         self.prices: PriceBook = PriceBook.load()
         self.running: dict[str, asyncio.Task[None]] = {}
+        self._next_sweep = 0.0  # when to look for holds a dead process left open
         from stayer.telemetry.metrics import WorkerMetrics
 
         self.metrics: WorkerMetrics = WorkerMetrics()
@@ -141,7 +145,9 @@ class Worker:
                         continue
                     # Nothing queued: a hold a dead process left open? Room freed in a
                     # tenant's budget?
-                    settle_ended(self.db, self.budgets)
+                    if time.monotonic() >= self._next_sweep:
+                        self._next_sweep = time.monotonic() + SWEEP_S
+                        settle_ended(self.db, self.budgets)
                     self._admit()
                 with contextlib.suppress(TimeoutError):  # (not wait_for: see teams.bus)
                     async with asyncio.timeout(self.poll_s):
