@@ -295,7 +295,8 @@ def test_a_call_lost_in_flight_counts_while_the_run_is_unfinished(
 
 def test_a_retried_request_with_its_idempotency_key_makes_one_run(env: Env, tasks: Path) -> None:
     api = start_server(env, tasks, "--workers", "0")  # the runs stay queued
-    key, other = env.tenant(name())["api_key"], env.tenant(name())["api_key"]
+    tenant = name()
+    key, other = env.tenant(tenant, "--max-cost", "5")["api_key"], env.tenant(name())["api_key"]
     body = {"task": "hello-file", "model": SIM, "metadata": {"try": "1"}}
     try:
         with api.client(key) as c:
@@ -334,6 +335,11 @@ def test_a_retried_request_with_its_idempotency_key_makes_one_run(env: Env, task
             assert len({r.json()["id"] for r in answers}) == 1
             runs = c.get("/v1/runs").json()["data"]
             assert len(runs) == 2  # k-1's and k-2's
+            # A retry gets its run even where a new request would now be refused.
+            env.cli("tenants", "budget", tenant, "--max-cost", "0")
+            assert c.post("/v1/runs", json=body).status_code == 422
+            late = c.post("/v1/runs", json=body, headers={"Idempotency-Key": "k-1"})
+            assert late.status_code == 200 and late.json()["id"] == first.json()["id"]
         with api.client(other) as c:  # keys are the tenant's own
             mine = c.post("/v1/runs", json=body, headers={"Idempotency-Key": "k-1"})
             assert mine.status_code == 201 and mine.json()["id"] != first.json()["id"]

@@ -277,6 +277,17 @@ def create_app(
         from stayer.run import check_model
 
         key = None if idempotency_key is None else _idempotency_key(idempotency_key)
+        request = body.model_dump(mode="json")
+        digest = hashlib.sha256(
+            json.dumps(request, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+        if key is not None:  # a retry gets its run, whatever changed since (e.g. the budget)
+            first = dbs.get().idempotent(tenant, key)
+            if first is not None:
+                if first[0] != digest:
+                    raise _clash(first[1])
+                response.status_code = 200
+                return out(own_run(first[1], tenant))
         resolve_task(
             tasks_dir, body.task, uploads_dir(home, tenant)
         )  # 422 for a task the tenant cannot run
@@ -305,10 +316,6 @@ def create_app(
             problem = url_problem(body.webhook, allow_private=allow_private_webhooks)
             if problem is not None:
                 raise ConfigError(f"webhook: {problem}")
-        request = body.model_dump(mode="json")
-        digest = hashlib.sha256(
-            json.dumps(request, sort_keys=True, separators=(",", ":")).encode()
-        ).hexdigest()
         if body.max_cost is None:
             # A run without a cap of its own gets what its tenant can afford when it starts,
             # up to the default cap; a tenant with nothing left to spend is told now.
@@ -329,11 +336,7 @@ def create_app(
                 idempotency=None if key is None else (key, digest),
             )
         except IdempotencyClash as e:
-            raise HTTPException(
-                422,
-                f"Idempotency-Key: already used for run {e.args[0]} with another request body; "
-                "send that request again, or use a new key",
-            ) from None
+            raise _clash(e.args[0]) from None
         if not created:
             response.status_code = 200
         return out(run)
@@ -505,6 +508,14 @@ def _idempotency_key(value: str) -> str:
             422, "Idempotency-Key: 1 to 255 printable ASCII characters (e.g. a UUID)"
         )
     return key
+
+
+def _clash(run_id: str) -> HTTPException:
+    return HTTPException(
+        422,
+        f"Idempotency-Key: already used for run {run_id} with another request body; "
+        "send that request again, or use a new key",
+    )
 
 
 async def follow(dbs: Databases, run_id: str, after: int) -> AsyncIterator[PublicEvent]:

@@ -252,6 +252,14 @@ class ServiceDB:
         assert run is not None
         return run, created
 
+    def idempotent(self, tenant: str, key: str) -> tuple[str, str] | None:
+        """The (request digest, run id) of the tenant's Idempotency-Key, if it was used."""
+        rows = self.store._read(
+            "SELECT digest, run_id FROM stayer_idempotency WHERE tenant = ? AND key = ?",
+            (tenant, key),
+        )
+        return (str(rows[0][0]), str(rows[0][1])) if rows else None
+
     def _rows(self, where: str, params: tuple[Any, ...]) -> list[ServiceRun]:
         rows = self.store._read(f"SELECT {_COLUMNS} FROM stayer_service_runs {where}", params)
         return [
