@@ -252,6 +252,37 @@ def check_model(
         )
 
 
+def check_policies(
+    policy: str, sim_policy: str | None, model: str, solution: str | None, *, api: bool = False
+) -> None:
+    """What a run refuses of its context policy and simulator policy before it starts
+    (``make_policy``, ``build_model``'s ``parse_policy``), checked without building the
+    run. ``api``: the ConfigError's line names the request's fields, not the flags."""
+
+    def named(e: ConfigError, flag: str, field: str) -> ConfigError:
+        if not api:
+            return e
+        rest = str(e).removeprefix(flag).lstrip(": ").replace(flag, field)
+        return ConfigError(f"{field}: {rest}")
+
+    try:
+        make_policy(policy)
+    except ConfigError as e:
+        raise named(e, "--policy", "policy") from None
+    if not model.startswith("sim:"):
+        if sim_policy:
+            raise named(
+                ConfigError(f"--sim-policy: only meaningful for sim: models, not {model}"),
+                "--sim-policy",
+                "sim_policy",
+            )
+        return
+    try:
+        parse_policy(sim_policy, solution=solution, counter=TiktokenCounter())
+    except ConfigError as e:
+        raise named(e, "--sim-policy", "sim_policy") from None
+
+
 def build_model(spec: str, config: RunConfig, task: Task, counter: MessageCounter) -> Model:
     """The model ``spec`` names: a simulator playing ``--sim-policy``, or a real adapter."""
     kind, model_id = split_spec(spec)

@@ -81,6 +81,14 @@ def test_no_hold_is_left_by_a_run_that_could_not_start(env: Env, tasks: Path) ->
                     "team.agents.a.model: sim:gpt-55",
                 ),
             ]
+            refused += [
+                ({"model": SIM, "policy": "nope"}, "policy: nope: unknown policy"),
+                ({"model": SIM, "sim_policy": "bogus"}, "sim_policy: bogus: unknown policy"),
+                (
+                    {"model": "anthropic:claude-sonnet-4-5", "sim_policy": "synthetic:steps=2"},
+                    "sim_policy: only meaningful for sim: models",
+                ),
+            ]
             for body, said in refused:
                 r = c.post("/v1/runs", json={"task": "hello-file", **body})
                 assert r.status_code == 422, r.text

@@ -274,7 +274,7 @@ def create_app(
     ) -> RunOut:
         """Queue a run. A request carrying an ``Idempotency-Key`` the tenant used before
         answers with that key's run (200) when its body is the same, 422 when it is not."""
-        from stayer.run import check_model
+        from stayer.run import check_model, check_policies
 
         key = None if idempotency_key is None else _idempotency_key(idempotency_key)
         request = body.model_dump(mode="json")
@@ -288,7 +288,7 @@ def create_app(
                     raise _clash(first[1])
                 response.status_code = 200
                 return out(own_run(first[1], tenant))
-        resolve_task(
+        task_dir = resolve_task(
             tasks_dir, body.task, uploads_dir(home, tenant)
         )  # 422 for a task the tenant cannot run
         account = dbs.budgets().account(tenant)
@@ -312,6 +312,10 @@ def create_app(
             raise ConfigError(
                 "sim_policy: replay:PATH reads a file on the server; not available through the API"
             )
+        if body.team is None:  # (a team's agents play the team policy)
+            solve = task_dir / "solution" / "solve.sh"
+            solution = solve.read_text(errors="replace") if solve.is_file() else None
+            check_policies(body.policy, body.sim_policy, body.model, solution, api=True)
         if body.webhook is not None:
             problem = url_problem(body.webhook, allow_private=allow_private_webhooks)
             if problem is not None:
