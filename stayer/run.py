@@ -61,7 +61,7 @@ from stayer.sandbox.bwrap import check_bwrap
 from stayer.settings import RunSettings, check_flags
 from stayer.teams.config import TeamSpec, load_team, team_from
 from stayer.teams.runner import Team, TeamServices
-from stayer.tokens import Counters, MessageCounter
+from stayer.tokens import Counters, MessageCounter, TiktokenCounter
 from stayer.tools import default_tools
 from stayer.tools.base import Tool, ToolContext
 from stayer.usage import Usage
@@ -277,12 +277,77 @@ def team_models_for(
 def model_for(
     spec: str, config: RunConfig, task: Task, counters: Counters, prices: PriceBook
 ) -> Model:
-    """``build_model``, refusing a ``sim:`` model that no price data knows: it is a typo
-    (``sim:claude-sonet-4-5``) far more often than a model, and would be priced "unknown"."""
-    model = build_model(spec, config, task, counters)
+    """``build_model``, refusing a ``sim:`` model that no price data knows (``check_model``)."""
+    check_model(spec, prices)
+    return build_model(spec, config, task, counters)
+
+
+def priced_as(spec: str) -> tuple[str, str]:
+    """The (provider, model id) that prices the model ``spec`` (with no ``--base-url``),
+    found without building its adapter, so without the provider's API key."""
+    kind, model_id = split_spec(spec)
+    if kind == "sim":
+        return provider_of(model_id), model_id
+    if kind == "openai-chat":
+        from stayer.models.openai import default_provider  # (the SDK: imported when needed)
+
+        return default_provider(None), model_id
+    return kind, model_id
+
+
+def check_model(
+    spec: str, prices: PriceBook, *, cap: str | None = None, field: str = "--model"
+) -> None:
+    """What a run refuses of its model before it starts, without building the model (the
+    API checks requests with it): a malformed spec; a ``sim:`` model no price data knows
+    (a typo such as ``sim:claude-sonet-4-5`` far more often than a model; it would be
+    priced "unknown"); and, under the cost cap ``cap`` names, a model whose calls cannot be
+    priced (``require_prices``). ConfigError's line starts with ``field`` and the spec."""
+    try:
+        provider, model_id = priced_as(spec)
+    except ConfigError as e:
+        raise ConfigError(f"{field} {str(e).removeprefix('--model ')}") from None
     if spec.startswith("sim:"):
-        known_sim_model(model.model_id, prices)
-    return model
+        try:
+            known_sim_model(model_id, prices)
+        except ConfigError as e:
+            raise ConfigError(f"{field} {str(e).removeprefix('--model ')}") from None
+    if cap is not None and not prices.knows(model_id, provider):
+        raise ConfigError(
+            f"{field} {spec}: no price data for it, so {cap} cannot be enforced; "
+            "add its prices to stayer-prices.toml or run it without a cap"
+        )
+
+
+def check_policies(
+    policy: str, sim_policy: str | None, model: str, solution: str | None, *, api: bool = False
+) -> None:
+    """What a run refuses of its context policy and simulator policy before it starts
+    (``make_policy``, ``build_model``'s ``parse_policy``), checked without building the
+    run. ``api``: the ConfigError's line names the request's fields, not the flags."""
+
+    def named(e: ConfigError, flag: str, field: str) -> ConfigError:
+        if not api:
+            return e
+        rest = str(e).removeprefix(flag).lstrip(": ").replace(flag, field)
+        return ConfigError(f"{field}: {rest}")
+
+    try:
+        make_policy(policy)
+    except ConfigError as e:
+        raise named(e, "--policy", "policy") from None
+    if not model.startswith("sim:"):
+        if sim_policy:
+            raise named(
+                ConfigError(f"--sim-policy: only meaningful for sim: models, not {model}"),
+                "--sim-policy",
+                "sim_policy",
+            )
+        return
+    try:
+        parse_policy(sim_policy, solution=solution, counter=TiktokenCounter())
+    except ConfigError as e:
+        raise named(e, "--sim-policy", "sim_policy") from None
 
 
 def build_model(spec: str, config: RunConfig, task: Task, counters: Counters) -> Model:

@@ -742,12 +742,15 @@ def test_request_bodies_are_bounded(server) -> None:
 def test_runs_that_end_in_error_or_at_their_step_limit_say_so(server) -> None:
     key = server.env.tenant(name())["api_key"]
     with server.client(key) as c:
-        # A model name the API accepts (provider:model) that the run cannot use: error.
+        # A model the run cannot use is refused at once (test_runtime_money: its hold);
+        # one it cannot reach (no local model server runs) ends in error.
+        r = c.post("/v1/runs", json={"task": "hello-file", "model": "sim:claude-sonet-4-5"})
+        assert r.status_code == 422 and "claude-sonet-4-5" in r.json()["detail"]
         broken = c.post(
-            "/v1/runs", json={"task": "hello-file", "model": "sim:claude-sonet-4-5"}
+            "/v1/runs", json={"task": "hello-file", "model": "local:no-such-model"}
         ).json()["id"]
         run = wait_for(c, broken, finished)
-        assert run["status"] == "error" and "claude-sonet-4-5" in run["error"] and run["steps"] == 0
+        assert run["status"] == "error" and "no local model" in run["error"] and run["steps"] == 0
         assert [e["data"]["status"] for e in read_events(c, broken)] == ["queued", "error"]
         # The step limit reached with the tests failing: budget_exhausted, stop reason max_steps.
         body = {"task": "hello-file", "model": SIM, "max_steps": 2, "sim_policy": LONG}

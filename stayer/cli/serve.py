@@ -180,8 +180,11 @@ def tenants_budget(
         db = _service_db()
         if not db.tenant_exists(name):
             bad_input(f"tenant {name!r}: no such tenant; `stayer tenants list` shows them")
+        # Counted before the raise: a worker admits the runs that fit as soon as it sees
+        # the room, so some may be queued before requeue_paused gets to them.
+        requeued = sum(1 for r in db.paused_on_tenant() if r.tenant == name)
         account = _budgets().set_cap(name, cap)
-        requeued = db.requeue_paused(name)
+        db.requeue_paused(name)
     except ConfigError as e:
         bad_input(str(e))
     doc = {"tenant": name, **_account_doc(account), "requeued_runs": requeued}

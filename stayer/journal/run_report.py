@@ -18,21 +18,11 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
     """Per-step ledger (``lost_in_flight`` entries included) and totals for ``row``."""
     log = load_log(store, row.id)
     steps = [*log.steps.values(), *(e for t in log.threads.values() for e in t.steps.values())]
-    ledger = sorted(
-        [
-            *steps,
-            *lost_ledger_entries(log.lost),
-            *(lost for t in log.threads.values() for lost in lost_ledger_entries(t.lost)),
-        ],
-        key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
-    )
+    ledger = journal_ledger(log)
     usage = Usage()
-    cost = Usd()
     for e in ledger:
         usage += Usage.from_dict(e["usage"])
-        cost += Usd.parse(e["cost_usd"])
-        if e.get("compaction") and e["compaction"].get("cost_usd"):
-            cost += Decimal(e["compaction"]["cost_usd"])  # a summarising compaction is billed too
+    cost = ledger_cost(ledger)
     lost = [e for e in ledger if e.get("kind") == "lost_in_flight"]
     result = json.loads(log.blobs[log.finished["result"]]) if log.finished else None
     return {
@@ -67,6 +57,38 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
             "blob_bytes": store.blob_bytes(log.blobs),
         },
     }
+
+
+def journal_ledger(log: RunLog) -> list[dict[str, Any]]:
+    """Every billed call the journal holds, finished run or not: each step of each agent
+    (a team's threads too) and each attempt lost in flight (``lost_in_flight``), by step."""
+    steps = [*log.steps.values(), *(e for t in log.threads.values() for e in t.steps.values())]
+    return sorted(
+        [
+            *steps,
+            *lost_ledger_entries(log.lost),
+            *(lost for t in log.threads.values() for lost in lost_ledger_entries(t.lost)),
+        ],
+        key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
+    )
+
+
+def ledger_cost(ledger: list[dict[str, Any]]) -> Usd:
+    """What a ledger adds up to (unknown if any entry's price is)."""
+    cost = Usd()
+    for e in ledger:
+        cost += Usd.parse(e["cost_usd"])
+        if e.get("compaction") and e["compaction"].get("cost_usd"):
+            cost += Decimal(e["compaction"]["cost_usd"])  # a summarising compaction is billed too
+    return cost
+
+
+def journal_spend(store: Store, run_id: str) -> Usd:
+    """What the run has spent as its journal holds it (``journal_ledger``'s total);
+    nothing for a run with no journal (it never started)."""
+    if store.run(run_id) is None:
+        return Usd()
+    return ledger_cost(journal_ledger(load_log(store, run_id)))
 
 
 def _sum_cost(entries: list[dict[str, Any]]) -> str:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -33,10 +35,20 @@ from starlette.concurrency import run_in_threadpool
 
 from stayer.errors import ConfigError
 from stayer.journal import load_log, open_store
+from stayer.journal.run_report import journal_ledger
 from stayer.journal.sql import SqlStore
 from stayer.journal.store import StoreUnavailable
+from stayer.pricing import PriceBook
 from stayer.runtime.actions import Actions
-from stayer.runtime.db import CANCELLED, MAX_SEQ, QUEUED, STATUSES, ServiceDB, ServiceRun
+from stayer.runtime.db import (
+    CANCELLED,
+    MAX_SEQ,
+    QUEUED,
+    STATUSES,
+    IdempotencyClash,
+    ServiceDB,
+    ServiceRun,
+)
 from stayer.runtime.events import PublicEvent, public_event, status_event
 from stayer.runtime.schemas import (
     ActionList,
@@ -210,6 +222,7 @@ def create_app(
     )
     dbs = Databases(home)
     app.state.databases = dbs
+    prices = PriceBook.load()
     webhooks = Webhooks(allow_private=allow_private_webhooks)
 
     def out(run: ServiceRun) -> RunOut:
@@ -295,29 +308,84 @@ def create_app(
         return JSONResponse({"status": "ok", "store": "ok"})
 
     @app.post("/v1/runs", status_code=201, response_model=RunOut)
-    def create_run(body: RunCreate, tenant: Tenant) -> RunOut:
-        from stayer.models.registry import split_spec
+    def create_run(
+        body: RunCreate,
+        tenant: Tenant,
+        response: Response,
+        idempotency_key: Annotated[str | None, Header()] = None,
+    ) -> RunOut:
+        """Queue a run. A request carrying an ``Idempotency-Key`` the tenant used before
+        answers with that key's run (200) when its body is the same, 422 when it is not."""
+        from stayer.run import check_model, check_policies
 
-        resolve_task(tasks_dir, body.task, dbs.uploads(), tenant)  # 422: a task it cannot run
-        split_spec(body.model)
+        key = None if idempotency_key is None else _idempotency_key(idempotency_key)
+        request = body.model_dump(mode="json")
+        digest = hashlib.sha256(
+            json.dumps(request, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+        if key is not None:  # a retry gets its run, whatever changed since (e.g. the budget)
+            first = dbs.get().idempotent(tenant, key)
+            if first is not None:
+                if first[0] != digest:
+                    raise _clash(first[1])
+                response.status_code = 200
+                return out(own_run(first[1], tenant))
+        task_dir = resolve_task(
+            tasks_dir, body.task, dbs.uploads(), tenant
+        )  # 422 for a task the tenant cannot run
+        account = dbs.budgets().account(tenant)
+        cap = (
+            "max_cost"
+            if body.max_cost is not None
+            else f"tenant {tenant}'s budget"
+            if account.cap is not None
+            else None
+        )
+        # 422 for what `stayer run` refuses before it starts: a model it cannot name or
+        # price, an unpriced one under a cap.
+        check_model(body.model, prices, cap=cap, field="model:")
         if body.team is not None:
             from stayer.teams.config import team_from
 
-            team_from(body.team, "team")  # 422 for a team that cannot run
+            team = team_from(body.team, "team")  # 422 for a team that cannot run
+            for agent, spec in team.agents.items():
+                check_model(spec.model, prices, cap=cap, field=f"team.agents.{agent}.model:")
         if body.sim_policy and body.sim_policy.startswith("replay:"):
             raise ConfigError(
                 "sim_policy: replay:PATH reads a file on the server; not available through the API"
             )
+        if body.team is None:  # (a team's agents play the team policy)
+            solve = task_dir / "solution" / "solve.sh"
+            solution = solve.read_text(errors="replace") if solve.is_file() else None
+            check_policies(body.policy, body.sim_policy, body.model, solution, api=True)
         if body.webhook is not None:
             problem = url_problem(body.webhook, allow_private=allow_private_webhooks)
             if problem is not None:
                 raise ConfigError(f"webhook: {problem}")
-        request = body.model_dump(mode="json")
-        if body.max_cost is None and dbs.budgets().account(tenant).cap is not None:
-            # A capped tenant's run without a cap of its own would hold all that is left.
-            request["max_cost"] = str(default_max_cost)
+        if body.max_cost is None:
+            # A run without a cap of its own gets what its tenant can afford when it starts,
+            # up to the default cap; a tenant with nothing left to spend is told now.
+            request["max_cost_default"] = str(default_max_cost)
+            if account.cap is not None and account.cap - account.spent <= 0:
+                raise ConfigError(
+                    f"max_cost: tenant {tenant} has spent its whole budget "
+                    f"(${account.spent} of ${account.cap}); nothing is left for a run"
+                )
         run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:12]
-        return out(dbs.get().insert_run(run_id, tenant, body.task, body.model, request))
+        try:
+            run, created = dbs.get().insert_run(
+                run_id,
+                tenant,
+                body.task,
+                body.model,
+                request,
+                idempotency=None if key is None else (key, digest),
+            )
+        except IdempotencyClash as e:
+            raise _clash(e.args[0]) from None
+        if not created:
+            response.status_code = 200
+        return out(run)
 
     @app.post("/v1/tasks", status_code=201, response_model=TaskOut)
     async def upload_task(
@@ -374,13 +442,15 @@ def create_app(
         its journal is closed with what it spent), else within one step."""
 
         def cancel() -> tuple[ServiceRun, bool]:
-            run = own_run(run_id, tenant)
+            own_run(run_id, tenant)  # 404 for a run not the tenant's
             db = dbs.get()
             before, after = db.request_cancel(run_id)
             ended_here = after == CANCELLED and before != CANCELLED
             if ended_here:
                 doc = close_idle_journal(db.store, run_id, CANCELLED, "cancelled")
-                settle_hold(dbs.budgets(), run, doc)
+                # Its hold as the row says now: a worker may have paused it (and cut the
+                # hold down) since it was read above; no worker holds it any more.
+                settle_hold(dbs.budgets(), own_run(run_id, tenant), doc)
                 db.record_result(
                     run_id, steps=int(doc.get("steps") or 0), cost_usd=doc.get("cost_usd", "0")
                 )
@@ -434,13 +504,9 @@ def create_app(
     def get_ledger(run_id: str, tenant: Tenant) -> Ledger:
         own_run(run_id, tenant)
         log = load_log(dbs.get().store, run_id)
-        entries = [log.steps[s] for s in sorted(log.steps)]
-        entries += [
-            t.steps[s] for t in log.threads.values() for s in sorted(t.steps)
-        ]  # a team's threads
+        # Unfinished: every billed call the journal holds, calls lost in flight included.
+        entries = journal_ledger(log)
         if log.finished is not None:
-            import json
-
             entries = json.loads(log.blobs[log.finished["result"]]).get("ledger", entries)
         return Ledger(run_id=run_id, ledger=entries)
 
@@ -491,6 +557,24 @@ def utf8_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [utf8_safe(v) for v in value]
     return value
+
+
+def _idempotency_key(value: str) -> str:
+    """The ``Idempotency-Key`` header's value, checked (422 otherwise)."""
+    key = value.strip()
+    if not key or len(key) > 255 or not key.isprintable() or not key.isascii():
+        raise HTTPException(
+            422, "Idempotency-Key: 1 to 255 printable ASCII characters (e.g. a UUID)"
+        )
+    return key
+
+
+def _clash(run_id: str) -> HTTPException:
+    return HTTPException(
+        422,
+        f"Idempotency-Key: already used for run {run_id} with another request body; "
+        "send that request again, or use a new key",
+    )
 
 
 async def follow(dbs: Databases, run_id: str, after: int) -> AsyncIterator[PublicEvent]:

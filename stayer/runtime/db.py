@@ -77,8 +77,21 @@ _DDL = [
         created_at TEXT NOT NULL,
         PRIMARY KEY (tenant, name)
     )""",
+    # A tenant's Idempotency-Key: the run its first request created, and that request's
+    # digest (a retry must send the same body).
+    """CREATE TABLE IF NOT EXISTS stayer_idempotency (
+        tenant TEXT NOT NULL,
+        key TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (tenant, key)
+    )""",
     "CREATE INDEX IF NOT EXISTS stayer_service_runs_queue ON stayer_service_runs (status, created_at)",
     "CREATE INDEX IF NOT EXISTS stayer_service_runs_tenant ON stayer_service_runs (tenant, created_at)",
+    # The rows that still name a hold (``unsettled``): few, looked for by every idle worker.
+    "CREATE INDEX IF NOT EXISTS stayer_service_runs_holds ON stayer_service_runs (budget_hold) "
+    "WHERE budget_hold IS NOT NULL",
 ]
 
 #: The largest journal event number (``seq`` is an INTEGER: 32 bits in PostgreSQL).
@@ -105,6 +118,10 @@ _WRITABLE = frozenset(
         "held",
     }
 )
+
+
+class IdempotencyClash(Exception):
+    """An Idempotency-Key sent again with another request; args[0]: the key's run."""
 
 
 def key_hash(api_key: str) -> str:
@@ -189,20 +206,59 @@ class ServiceDB:
     # --- runs ----------------------------------------------------------------------------
 
     def insert_run(
-        self, run_id: str, tenant: str, task: str, model: str, request: dict[str, Any]
-    ) -> ServiceRun:
+        self,
+        run_id: str,
+        tenant: str,
+        task: str,
+        model: str,
+        request: dict[str, Any],
+        idempotency: tuple[str, str] | None = None,
+    ) -> tuple[ServiceRun, bool]:
+        """Queue a run; (the run, True). With ``idempotency`` (the tenant's key, the
+        request's digest), a key the tenant used before gives (that run, False) instead,
+        in the same transaction, so concurrent duplicates create one run; IdempotencyClash
+        when its request had another digest."""
+        created = True
         now = utc_now()
         with self.store._tx() as cur:
-            if cur.execute("SELECT 1 FROM stayer_service_runs WHERE id = ?", (run_id,)).fetchone():
-                raise ConfigError(f"run {run_id}: already exists")
-            cur.execute(
-                "INSERT INTO stayer_service_runs (id, tenant, task, model, request, status, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, tenant, task, model, json.dumps(request), QUEUED, now, now),
-            )
+            if idempotency is not None:
+                key, request_digest = idempotency
+                cur.execute(
+                    "INSERT INTO stayer_idempotency (tenant, key, digest, run_id, created_at) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key) DO NOTHING",
+                    (tenant, key, request_digest, run_id, now),
+                )
+                if cur.rowcount != 1:
+                    # The key of an earlier request, committed with its run (a concurrent
+                    # duplicate waits on the key's row until that request's transaction ends).
+                    first = cur.execute(
+                        "SELECT digest, run_id FROM stayer_idempotency WHERE tenant = ? AND key = ?",
+                        (tenant, key),
+                    ).fetchone()
+                    if first[0] != request_digest:
+                        raise IdempotencyClash(str(first[1]))
+                    run_id, created = str(first[1]), False
+            if created:
+                if cur.execute(
+                    "SELECT 1 FROM stayer_service_runs WHERE id = ?", (run_id,)
+                ).fetchone():
+                    raise ConfigError(f"run {run_id}: already exists")
+                cur.execute(
+                    "INSERT INTO stayer_service_runs (id, tenant, task, model, request, status, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, tenant, task, model, json.dumps(request), QUEUED, now, now),
+                )
         run = self.run(run_id)
         assert run is not None
-        return run
+        return run, created
+
+    def idempotent(self, tenant: str, key: str) -> tuple[str, str] | None:
+        """The (request digest, run id) of the tenant's Idempotency-Key, if it was used."""
+        rows = self.store._read(
+            "SELECT digest, run_id FROM stayer_idempotency WHERE tenant = ? AND key = ?",
+            (tenant, key),
+        )
+        return (str(rows[0][0]), str(rows[0][1])) if rows else None
 
     def _rows(self, where: str, params: tuple[Any, ...]) -> list[ServiceRun]:
         rows = self.store._read(f"SELECT {_COLUMNS} FROM stayer_service_runs {where}", params)
@@ -319,6 +375,37 @@ class ServiceDB:
                 (utc_now(), run_id),
             )
             return cur.rowcount == 1
+
+    def paused_on_tenant(self) -> list[ServiceRun]:
+        """Runs waiting for room in their tenant's budget, oldest first."""
+        return self._rows(
+            "WHERE status = 'paused' AND paused_on = 'tenant' ORDER BY created_at, id", ()
+        )
+
+    def requeue_run(self, run_id: str) -> int:
+        """A run paused on its tenant's budget goes back to the queue (1; 0 if it was not
+        waiting so any more)."""
+        with self.store._tx() as cur:
+            cur.execute(
+                "UPDATE stayer_service_runs SET status = 'queued', stop_reason = NULL, updated_at = ? "
+                "WHERE id = ? AND status = 'paused' AND paused_on = 'tenant'",
+                (utc_now(), run_id),
+            )
+            return int(cur.rowcount)
+
+    def unsettled(self) -> list[ServiceRun]:
+        """Ended runs whose tenant-budget hold the row still names (``clear_hold`` not
+        called yet: settled, or left open by a process that died before settling it)."""
+        ended = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
+        return self._rows(f"WHERE budget_hold IS NOT NULL AND status IN ({ended})", ())
+
+    def clear_hold(self, run_id: str, hold_id: int) -> None:
+        """The ended run's hold is settled: the row stops naming it."""
+        with self.store._tx() as cur:
+            cur.execute(
+                "UPDATE stayer_service_runs SET budget_hold = NULL WHERE id = ? AND budget_hold = ?",
+                (run_id, hold_id),
+            )
 
     def requeue_paused(self, tenant: str) -> int:
         """Runs paused on the tenant's budget go back to the queue (its cap was raised)."""

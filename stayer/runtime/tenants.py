@@ -7,7 +7,8 @@ same no-overshoot reservation a run makes before each model call); when the run 
 hold is settled at what the run really spent. The run's cap is therefore carved from the
 tenant's: the sum of running caps never exceeds what the tenant has left, and no call of
 any run can push the tenant past its cap. A run that does not fit waits as ``paused``
-(``budget_reached``) until the cap is raised.
+(``budget_reached``) until other runs settle and free room for it, or the cap is raised; a
+waiting run holds only what it has spent.
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ class TenantBudgets:
         except _NoRoom:
             return None
 
+    def is_open(self, hold_id: int) -> bool:
+        """Whether the hold is still held (not settled)."""
+        try:
+            with self.store.transaction() as rows:
+                raise _Peek(rows.take(hold_id) is not None)  # rolled back: nothing changes
+        except _Peek as peek:
+            return peek.found
+
     def settle(self, hold_id: int, spent: Decimal) -> None:
         # KeyError: settled already (a worker that died after settling, before recording it).
         with contextlib.suppress(KeyError):
@@ -100,3 +109,8 @@ class TenantBudgets:
 
 class _NoRoom(Exception):
     pass
+
+
+class _Peek(Exception):
+    def __init__(self, found: bool) -> None:
+        self.found = found

@@ -15,6 +15,8 @@ and resumed by any worker on any host. A database that is away is waited out wit
 (runs it interrupted are handed back and resumed from their journals). Stopping (SIGTERM)
 drains: no more claims, runs are handed back at their next step boundary, and those still
 inside a step at ``drain_timeout_s`` are cut short there (resumed from their journals).
+A paused run is queued again when it fits (``admit_paused``); every way a run ends
+settles its hold (``settle_hold``).
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from typing import Any
 from stayer.errors import BudgetReached, ConfigError, OrderlyStop
 from stayer.journal import JournalError, open_store
 from stayer.journal.lease import new_owner
+from stayer.journal.run_report import journal_spend
 from stayer.journal.sql import SqlStore
 from stayer.journal.store import RunHeld, StoreUnavailable
 from stayer.ledger import LedgerEntry, RunResult
-from stayer.money import Usd
+from stayer.money import Usd, usd_sum
 from stayer.pricing import PriceBook
 from stayer.runtime.actions import (
     Actions,
@@ -59,7 +62,10 @@ from stayer.runtime.db import (
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
 from stayer.runtime.uploads import TaskUploads
 from stayer.runtime.webhooks import Webhooks
+from stayer.usage import Usage
 
+#: How often an idle worker looks for holds of ended runs left open (``settle_ended``).
+SWEEP_S = 5.0
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -144,6 +150,7 @@ class Worker:
         self.budgets: TenantBudgets = TenantBudgets(open_budget_store(self.home))
         self.prices: PriceBook = PriceBook.load()
         self.running: dict[str, asyncio.Task[None]] = {}
+        self._next_sweep = 0.0  # when to look for holds a dead process left open
         from stayer.telemetry.metrics import WorkerMetrics
 
         self.metrics: WorkerMetrics = WorkerMetrics()
@@ -204,6 +211,12 @@ class Worker:
                         self.running[claimed.id] = task
                         task.add_done_callback(self._forget(claimed.id))
                         continue
+                    # Nothing queued: a hold a dead process left open? Room freed in a
+                    # tenant's budget?
+                    if time.monotonic() >= self._next_sweep:
+                        self._next_sweep = time.monotonic() + SWEEP_S
+                        settle_ended(self.db, self.budgets)
+                    self._admit()
                 with contextlib.suppress(TimeoutError):  # (not wait_for: see teams.bus)
                     async with asyncio.timeout(wait):
                         await stop.wait()
@@ -241,13 +254,7 @@ class Worker:
             await self._hand_back_later(run, e)
         except Exception as e:  # a bug must not take the worker (and its other runs) down
             self.log(f"run {run.id} failed in the worker: {e}\n{traceback.format_exc()}")
-            self._set(
-                run,
-                status=ERROR,
-                stop_reason="error",
-                error=f"{type(e).__name__}: {e}",
-                release=True,
-            )
+            self._fail(run, f"{type(e).__name__}: {e}")
         finally:
             self.metrics.active.dec()
 
@@ -282,12 +289,41 @@ class Worker:
         assert run.worker is not None
         return run.worker
 
-    def _set(self, run: ServiceRun, *, release: bool = False, **values: Any) -> None:
-        if (
-            self.db.update(run.id, self._owner(run), release=release, **values)
-            and "status" in values
-        ):
+    def _set(self, run: ServiceRun, *, release: bool = False, **values: Any) -> bool:
+        """Write the run's row while this worker holds it; False if another took it over."""
+        if not self.db.update(run.id, self._owner(run), release=release, **values):
+            return False
+        if "status" in values:
             self._notify(run, values["status"], values.get("stop_reason"))
+        return True
+
+    def _fail(self, run: ServiceRun, error: str) -> None:
+        """The run ends in error; its hold is settled at what its journal says it spent
+        (nothing, for a run that never started). A run another worker took over keeps its
+        hold: that worker settles it."""
+        if self._set(run, status=ERROR, stop_reason="error", error=error, release=True):
+            settle_hold(self.budgets, run, store=self.store)
+            self._admit()
+
+    def _pause(self, run: ServiceRun, paused_on: str) -> None:
+        """The run waits on a budget (``paused_on``: "tenant" or "run") holding only what it
+        has spent: the rest of its cap goes back to its tenant, for other runs to start."""
+        freed = shrink_hold(self.budgets, self.store, run)
+        self._set(
+            run,
+            status=PAUSED,
+            stop_reason="budget_reached",
+            paused_on=paused_on,
+            budget_hold=run.budget_hold,
+            held=run.held,
+            release=True,
+        )
+        if freed:
+            self._admit()
+
+    def _admit(self) -> None:
+        """Queue again the runs paused on their tenant's budget that now fit in it."""
+        admit_paused(self.db, self.budgets)
 
     def _notify(self, run: ServiceRun, status: str, stop_reason: str | None) -> None:
         url = run.request.get("webhook")
@@ -318,8 +354,11 @@ class Worker:
                 self.db.update(run.id, self._owner(run), run_cap=str(cap))
                 run.run_cap = str(cap)
             return cap
-        if cap is None:
+        if cap is None:  # what the tenant can afford, up to the server's default cap
             cap = account.available
+            default = run.request.get("max_cost_default")
+            if cap is not None and default is not None:
+                cap = min(cap, Decimal(default))
         if run.budget_hold is not None and run.held == str(cap):
             return cap
         hold = (
@@ -343,9 +382,7 @@ class Worker:
         owner = self._owner(run)
         cap = self._hold_budget(run)
         if cap is False:
-            self._set(
-                run, status=PAUSED, stop_reason="budget_reached", paused_on="tenant", release=True
-            )
+            self._pause(run, "tenant")
             return
         self._notify(run, "running", None)
         req = run.request
@@ -386,7 +423,7 @@ class Worker:
             if result is not None:
                 self._finish(run, result)
             else:
-                self._set(run, status=ERROR, stop_reason="error", error=str(e), release=True)
+                self._fail(run, str(e))
             return
 
         entries: list[LedgerEntry] = []
@@ -396,18 +433,33 @@ class Worker:
             status=RUNNING
         )  # running sums (unknown stays unknown), for the run's row
 
+        def replayed(entry: LedgerEntry) -> bool:
+            """A step a resumed run replays from its journal: the row has it already."""
+            log = None if journal is None else journal.log
+            if log is not None and entry.agent != "main":
+                log = log.threads.get(entry.agent)
+            return log is not None and entry.step in log.steps
+
         def on_step(entry: LedgerEntry) -> None:
             self.metrics.on_step(entry, entries[-1] if entries else None, self.prices)
             entries.append(entry)
             totals.usage += entry.usage
             totals.add_cost(entry.cost.total)
-            cost = str(Usd(totals.cost_usd))
-            steps = (
-                entry.step if entry.agent == "main" else len(entries)
-            )  # a team's steps: all its agents'
-            self.db.update(
-                run.id, owner, steps=steps, cost_usd=cost, usage=_json(totals.usage.to_dict())
-            )
+            if not replayed(entry):  # the row never shows less than was already spent
+                # Billed calls count from when the journal knows them: lost in flight too.
+                lost = [] if journal is None else journal.lost
+                cost = Usd(totals.cost_usd) + usd_sum(Usd.parse(x["cost_usd"]) for x in lost)
+                usage = sum((Usage.from_dict(x["usage"]) for x in lost), totals.usage)
+                steps = (
+                    entry.step if entry.agent == "main" else len(entries)
+                )  # a team's steps: all its agents'
+                self.db.update(
+                    run.id,
+                    owner,
+                    steps=steps,
+                    cost_usd=str(cost),
+                    usage=_json(usage.to_dict()),
+                )
             if cancel.is_set():
                 raise RunCancelled
             if self.draining:
@@ -447,9 +499,7 @@ class Worker:
                 run.id,
                 [("suspended", {"status": PAUSED, "reason": "budget_reached", "detail": str(e)})],
             )
-            self._set(
-                run, status=PAUSED, stop_reason="budget_reached", paused_on="run", release=True
-            )
+            self._pause(run, "run")
             return
         except asyncio.CancelledError:
             if self.cut_short:
@@ -462,7 +512,7 @@ class Worker:
         except StoreUnavailable:
             raise
         except JournalError as e:
-            self._set(run, status=ERROR, stop_reason="error", error=str(e), release=True)
+            self._fail(run, str(e))
             return
         finally:
             beat.cancel()
@@ -509,6 +559,7 @@ class Worker:
 
     def _finish(self, run: ServiceRun, doc: dict[str, Any]) -> None:
         settle_hold(self.budgets, run, doc)
+        self._admit()
         self._set(
             run,
             status=doc["status"],
@@ -561,14 +612,81 @@ def serve_health(worker: Worker, port: int) -> Any:
     return server
 
 
-def settle_hold(budgets: TenantBudgets, run: ServiceRun, doc: dict[str, Any]) -> None:
-    """Settle the run's hold on its tenant's budget at what the run spent (its whole cap
-    when a price was unknown: the tenant is never charged less than it may have spent)."""
-    if run.budget_hold is not None:
-        cost = doc.get("cost_usd", "0")
-        budgets.settle(
-            run.budget_hold, Decimal(cost) if cost != "unknown" else Decimal(run.run_cap or 0)
-        )
+def settle_hold(
+    budgets: TenantBudgets,
+    run: ServiceRun,
+    doc: dict[str, Any] | None = None,
+    *,
+    store: SqlStore | None = None,
+) -> None:
+    """Settle the run's hold on its tenant's budget at what the run spent: its result's
+    ``cost_usd`` (``doc``), else what its journal in ``store`` holds (``journal_spend``:
+    nothing for a run that never started). The whole hold when a price is unknown: the
+    tenant is never charged less than it may have spent. Every path on which a run ends
+    (or is given up for good) calls this; settling twice is a no-op."""
+    if run.budget_hold is None:
+        return
+    if doc is not None:
+        spent = Usd.parse(doc.get("cost_usd", "0"))
+    else:
+        assert store is not None
+        spent = journal_spend(store, run.id)
+    held = run.held or run.run_cap
+    if spent.amount is not None:
+        amount = spent.amount
+    else:
+        amount = Decimal(held) if held is not None else Decimal(0)
+    budgets.settle(run.budget_hold, amount)
+
+
+def settle_ended(db: ServiceDB, budgets: TenantBudgets) -> int:
+    """Holds of ended runs still open (the process ending the run died before settling
+    it) are settled at what the run's journal holds; every ended run's row then stops
+    naming its hold. Returns how many were settled here."""
+    settled = 0
+    for run in db.unsettled():
+        assert run.budget_hold is not None
+        if budgets.is_open(run.budget_hold):
+            settle_hold(budgets, run, store=db.store)
+            settled += 1
+        db.clear_hold(run.id, run.budget_hold)
+    return settled
+
+
+def shrink_hold(budgets: TenantBudgets, store: SqlStore, run: ServiceRun) -> bool:
+    """A waiting run's hold cut down to what its journal says it spent (kept whole when a
+    price is unknown); True if some of it went back to the tenant. ``run`` is updated."""
+    if run.budget_hold is None or run.held is None:
+        return False
+    spent = journal_spend(store, run.id).amount
+    if spent is None or spent >= Decimal(run.held):
+        return False
+    hold = budgets.regrow(run.tenant, run.budget_hold, spent)
+    if hold is None:  # cannot happen (a smaller hold always fits); keep the old one
+        return False
+    run.budget_hold, run.held = hold, str(spent)
+    return True
+
+
+def admit_paused(db: ServiceDB, budgets: TenantBudgets) -> int:
+    """Runs paused on their tenant's budget go back to the queue, oldest first, as far as
+    what each still needs (its cap less what it holds; any amount for a run without a cap
+    of its own) fits in what its tenant has available. The worker takes them from there
+    (and pauses again one that no longer fits). Returns how many were queued."""
+    queued = 0
+    available: dict[str, Decimal | None] = {}
+    for run in db.paused_on_tenant():
+        if run.tenant not in available:
+            available[run.tenant] = budgets.account(run.tenant).available
+        left = available[run.tenant]
+        asked = run.run_cap or run.request.get("max_cost")
+        need = Decimal(asked) - Decimal(run.held or 0) if asked is not None else None
+        if left is not None:
+            if left <= 0 or (need is not None and need > left):
+                continue
+            available[run.tenant] = left - need if need is not None else Decimal(0)
+        queued += db.requeue_run(run.id)
+    return queued
 
 
 def close_idle_journal(
