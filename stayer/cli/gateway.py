@@ -46,6 +46,7 @@ def gateway(
         list[str] | None,
         typer.Option(
             "--failover",
+            metavar="PROVIDER=URL",
             help="anthropic=URL or openai=URL tried, in order, when the upstream before it "
             "answers 5xx/429 or cannot be reached (nothing billed; nothing sent yet).",
         ),
@@ -54,6 +55,7 @@ def gateway(
         list[str] | None,
         typer.Option(
             "--alias",
+            metavar="NAME=MODEL",
             help="NAME=MODEL: a request for model NAME calls (and is priced as) MODEL.",
         ),
     ] = None,
