@@ -16,7 +16,8 @@ def gateway(
         list[str],
         typer.Option(
             "--upstream",
-            help="anthropic=URL or openai=URL (a provider, `stayer sim serve`, llama.cpp, vLLM).",
+            help="anthropic=URL or openai=URL (a provider, `stayer sim serve`, llama.cpp, "
+            "vLLM); given again for one provider, the next upstream tried on failure.",
         ),
     ],
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
@@ -41,6 +42,31 @@ def gateway(
             max=10**12,
         ),
     ] = None,
+    failover: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--failover",
+            metavar="PROVIDER=URL",
+            help="anthropic=URL or openai=URL tried, in order, when the upstream before it "
+            "answers 5xx/429 or cannot be reached (nothing billed; nothing sent yet).",
+        ),
+    ] = None,
+    alias: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--alias",
+            metavar="NAME=MODEL",
+            help="NAME=MODEL: a request for model NAME calls (and is priced as) MODEL.",
+        ),
+    ] = None,
+    auto_cache: Annotated[
+        bool,
+        typer.Option(
+            "--auto-cache",
+            help="Add Anthropic cache breakpoints to requests that carry none (after the "
+            "tools and system prompt, and at the last message); the saving is on the ledger.",
+        ),
+    ] = False,
     metrics_token: Annotated[
         str | None,
         typer.Option(
@@ -72,19 +98,32 @@ def gateway(
     from stayer.runtime.tenants import open_budget_store
 
     upstreams: dict[str, Upstream] = {}
-    for item in upstream:
+    fallbacks: dict[str, list[Upstream]] = {}
+    given = [("--upstream", item) for item in upstream]
+    for flag, item in given + [("--failover", item) for item in failover or []]:
         name, eq, url = item.partition("=")
         parts = urlsplit(url)
         if name not in ("anthropic", "openai") or not eq:
-            bad_input(f"--upstream {item}: expected anthropic=URL or openai=URL")
+            bad_input(f"{flag} {item}: expected anthropic=URL or openai=URL")
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.username:
-            bad_input(f"--upstream {item}: expected an http(s) URL without credentials")
-        if name in upstreams:
-            bad_input(f"--upstream {name}: given twice")
+            bad_input(f"{flag} {item}: expected an http(s) URL without credentials")
         key = os.environ.get(f"STAYER_UPSTREAM_{name.upper()}_KEY") or os.environ.get(
             f"{name.upper()}_API_KEY"
         )
-        upstreams[name] = Upstream(url, key)
+        if name in upstreams:
+            fallbacks.setdefault(name, []).append(Upstream(url, key))
+        elif flag == "--failover":
+            bad_input(f"--failover {item}: no --upstream {name}=URL to fail over from")
+        else:
+            upstreams[name] = Upstream(url, key)
+    aliases: dict[str, str] = {}
+    for item in alias or []:
+        asked, eq, served = (part.strip() for part in item.partition("="))
+        if not asked or not eq or not served:
+            bad_input(f"--alias {item}: expected NAME=MODEL")
+        if asked in aliases:
+            bad_input(f"--alias {asked}: given twice")
+        aliases[asked] = served
 
     def build(db: ThreadPoolExecutor) -> Gateway:  # on the thread that will use the stores
         home = stayer_home()
@@ -96,6 +135,9 @@ def gateway(
             ledger=SessionLedger(store),
             tenant_for_key=service.tenant_for_key,
             upstreams=upstreams,
+            failover=fallbacks,
+            aliases=aliases,
+            auto_cache=auto_cache,
             timeout_s=upstream_timeout,
             max_tokens_per_minute=max_tokens_per_minute,
             metrics_token=metrics_token,
@@ -107,5 +149,8 @@ def gateway(
         gw = db.submit(build, db).result()
     except ConfigError as e:
         bad_input(str(e))
-    ups = ", ".join(f"{n}={u.base_url}" for n, u in upstreams.items())
+    ups = ", ".join(
+        f"{n}={u.base_url}" + "".join(f" (failover {f.base_url})" for f in fallbacks.get(n, ()))
+        for n, u in upstreams.items()
+    )
     serve_app(create_app(gw), host, port, f"gateway · {ups}")

@@ -9,7 +9,10 @@ for byte while its usage is read from it; then it is priced, settled and appende
 session's ledger. A streamed call whose client hangs up is read to its end all the same,
 so what the upstream billed is on the ledger. Sessions come from the client's own signal
 (Claude Code's ``X-Claude-Code-Session-Id``, Codex's ``session-id``), else
-``x-stayer-session``, else the key.
+``x-stayer-session``, else the key. Opt-in rewrites, each on the ledger entry: model
+aliases (priced at the model called), cache breakpoints for an Anthropic request that
+has none (``stayer.metering.savings``, with the cost it would have had without), and
+failover to the provider's next upstream under the same hold (see ``_UNREACHED``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import hmac
 import json
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -42,9 +45,11 @@ from stayer.guard.budget import BudgetStore
 from stayer.ledger import LedgerEntry
 from stayer.metering import requests as wire
 from stayer.metering.breaks import SessionForensics
-from stayer.metering.meter import Admission, Meter, Refused
+from stayer.metering.meter import Admission, Meter, Metered, Refused
+from stayer.metering.savings import add_cache_breakpoints, has_cache_control, without_cache
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
+from stayer.money import Usd
 from stayer.settings import MAX_STEPS, MAX_USD
 from stayer.usage import Usage
 
@@ -91,6 +96,10 @@ class Gateway:
     metrics_token: str | None = None
     metrics: GatewayMetrics = field(default_factory=lambda: GatewayMetrics())
     sessions: OrderedDict[str, _SessionState] = field(default_factory=OrderedDict)
+    # Opt-in savings (``stayer.metering.savings``), each shown on the call's ledger entry.
+    auto_cache: bool = False
+    aliases: Mapping[str, str] = field(default_factory=dict)  # model asked → model called
+    failover: Mapping[str, Sequence[Upstream]] = field(default_factory=dict)  # tried in order
 
     def state(self, session: str, provider: str, model: str) -> _SessionState:
         """The session's forensics and breakers in this process (the least recently used
@@ -214,6 +223,9 @@ def create_app(gw: Gateway) -> Starlette:
                     raise _Error(400, "the body is not JSON") from None
                 if not isinstance(body, dict):
                     raise _Error(400, "the body must be a JSON object")
+                body, notes, cache_marks = _rewrite(gw, api, body)
+                if notes or cache_marks:
+                    raw = json.dumps(body).encode()
                 parsed = parse(body)
                 upstream = gw.upstreams.get("anthropic" if api == "anthropic" else "openai")
                 if upstream is None:
@@ -248,36 +260,38 @@ def create_app(gw: Gateway) -> Starlette:
                 return _error(api, e.status, str(e))
             if admission.max_tokens != parsed.request.max_tokens:
                 raw = json.dumps(_with_max_tokens(api, body, admission.max_tokens)).encode()
-            headers = {
-                k: v
-                for k, v in request.headers.items()
-                if k.lower() not in _DROP and not k.lower().startswith("x-stayer-")
-            }
-            if upstream.api_key:
-                if api == "anthropic":
-                    headers["x-api-key"] = upstream.api_key
-                else:
-                    headers["authorization"] = f"Bearer {upstream.api_key}"
-            headers["content-type"] = "application/json"
-            url = upstream.base_url.rstrip("/") + request.url.path
-            if request.url.query:
-                url += "?" + request.url.query
             assert gw.client is not None
             started = time.perf_counter()
-            try:
-                upstream_request = gw.client.build_request(
-                    "POST", url, headers=headers, content=raw
-                )
-                response = await gw.client.send(upstream_request, stream=True)
-            except httpx.HTTPError as e:
-                await gw.run(gw.meter.release, admission)
-                return _error(api, 502, f"upstream {upstream.base_url}: {type(e).__name__}")
-            back = {k: v for k, v in response.headers.items() if k.lower() in _PASS_BACK}
-            if response.status_code >= 400:  # refused upstream: nothing billed
-                content = await _drain(response)
-                await gw.run(gw.meter.release, admission)
-                return Response(content, status_code=response.status_code, headers=back)
-            done = _Call(gw, admission, tenant, session, api, started, parsed, raw, state)
+            candidates = [upstream, *gw.failover.get(_upstream_name(api), ())]
+            failed: list[dict[str, Any]] = []
+            for n, up in enumerate(candidates):
+                final = n == len(candidates) - 1
+                try:
+                    upstream_request = gw.client.build_request(
+                        "POST", _url(up, request), headers=_headers(request, api, up), content=raw
+                    )
+                    response = await gw.client.send(upstream_request, stream=True)
+                except httpx.HTTPError as e:
+                    if not final and isinstance(e, _UNREACHED):
+                        failed.append(_attempt(up, error=type(e).__name__))
+                        continue
+                    await gw.run(gw.meter.release, admission)
+                    return _error(api, 502, f"upstream {up.base_url}: {type(e).__name__}")
+                back = {k: v for k, v in response.headers.items() if k.lower() in _PASS_BACK}
+                if response.status_code >= 400:  # refused upstream: nothing billed
+                    content = await _drain(response)
+                    if not final and _fails_over(response.status_code):
+                        failed.append(_attempt(up, status=response.status_code))
+                        continue
+                    await gw.run(gw.meter.release, admission)
+                    return Response(content, status_code=response.status_code, headers=back)
+                break
+            if len(candidates) > 1:
+                notes["upstream"] = up.base_url
+                notes["failed_attempts"] = failed
+            done = _Call(
+                gw, admission, tenant, session, api, started, parsed, raw, state, notes, cache_marks
+            )
             if not parsed.stream:
                 content = await _drain(response)
                 try:
@@ -342,6 +356,72 @@ def create_app(gw: Gateway) -> Starlette:
     )
 
 
+# Failures after which the next upstream is tried: nothing was billed. A connection that
+# never opened delivered nothing; Anthropic and OpenAI bill no call they answered with an
+# error status (5xx, 429 overloaded/rate limited). A request delivered whose answer was
+# lost (a read timeout, a dropped connection) may have been billed: it is not retried.
+_UNREACHED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def _fails_over(status: int) -> bool:
+    return status >= 500 or status == 429
+
+
+def _attempt(
+    up: Upstream, *, status: int | None = None, error: str | None = None
+) -> dict[str, Any]:
+    """A failed attempt as its ledger entry lists it: priced 0, nothing was billed."""
+    doc: dict[str, Any] = {"upstream": up.base_url, "cost_usd": "0"}
+    if status is not None:
+        doc["status"] = status
+    if error is not None:
+        doc["error"] = error
+    return doc
+
+
+def _upstream_name(api: wire.Api) -> str:
+    return "anthropic" if api == "anthropic" else "openai"
+
+
+def _headers(request: Request, api: wire.Api, up: Upstream) -> dict[str, str]:
+    headers = {
+        k: v
+        for k, v in request.headers.items()
+        if k.lower() not in _DROP and not k.lower().startswith("x-stayer-")
+    }
+    if up.api_key:
+        if api == "anthropic":
+            headers["x-api-key"] = up.api_key
+        else:
+            headers["authorization"] = f"Bearer {up.api_key}"
+    headers["content-type"] = "application/json"
+    return headers
+
+
+def _url(up: Upstream, request: Request) -> str:
+    url = up.base_url.rstrip("/") + request.url.path
+    if request.url.query:
+        url += "?" + request.url.query
+    return url
+
+
+def _rewrite(
+    gw: Gateway, api: wire.Api, body: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """The body as forwarded: its model aliased, its cache breakpoints added (Anthropic, a
+    body that marks none, with ``--auto-cache``); the ledger's notes; breakpoints added."""
+    notes: dict[str, Any] = {}
+    asked = body.get("model")
+    served = gw.aliases.get(asked) if isinstance(asked, str) else None
+    if served is not None:
+        body = dict(body, model=served)
+        notes["alias"] = {"asked": asked, "served": served}
+    added = 0
+    if gw.auto_cache and api == "anthropic" and not has_cache_control(body):
+        body, added = add_cache_breakpoints(body)
+    return body, notes, added
+
+
 def _open_accounts(gw: Gateway, tenant: str, session: str, cap: Decimal | None) -> None:
     gw.meter.budgets.open(f"tenant:{tenant}", gw.tenant_caps(tenant)) if _missing(
         gw.meter.budgets, f"tenant:{tenant}"
@@ -388,6 +468,8 @@ class _Call:
     parsed: wire.Parsed
     body: bytes
     state: _SessionState
+    notes: dict[str, Any] = field(default_factory=dict)  # alias, upstream, failed attempts
+    cache_marks: int = 0  # breakpoints --auto-cache added
 
     async def pump(self, response: httpx.Response, queue: asyncio.Queue[bytes | None]) -> None:
         """Relay the upstream's bytes as they come and read them; the client going away
@@ -433,6 +515,22 @@ class _Call:
         doc["charged_usd"] = None if metered.charged is None else str(metered.charged)
         doc["complete"] = metered.complete
         doc["max_tokens"] = adm.max_tokens
+        doc.update(self.notes)
+        if self.cache_marks:
+            doc["auto_cache"] = self._auto_cache(metered, reading)
         status = TRIPPED if trips else None
         await gw.run(gw.ledger.record, self.tenant, self.session, doc, _now(), status)
         gw.metrics.observe(self.tenant, model, metered.charged, verdict, trips)
+
+    def _auto_cache(self, metered: Metered, reading: Reading) -> dict[str, Any]:
+        """The breakpoints added, and the call priced as it would have been without them."""
+        paid = metered.cost.total
+        without = None
+        if metered.usage is not None:
+            without = self.gw.meter.cost(self.admission, reading, without_cache(metered.usage))
+        base = None if without is None else without.total
+        return {
+            "breakpoints": self.cache_marks,
+            "cost_without_usd": Usd(base).to_json(),
+            "saved_usd": Usd(None if base is None or paid is None else base - paid).to_json(),
+        }

@@ -120,12 +120,7 @@ class Meter:
     def settle(self, admission: Admission, reading: Reading) -> Metered:
         """Price what the provider reported and charge it in place of the holds."""
         usage = reading.usage
-        tier = reading.service_tier or admission.tier
-        model = reading.model or admission.model
-        if usage is None:
-            cost = Cost.unknown(model, admission.provider, tier)
-        else:
-            cost = self.prices.cost(usage, model, admission.provider, tier)
+        cost = self.cost(admission, reading, usage)
         charged = cost.total if cost.total is not None and reading.complete else None
         if charged is None and admission.worst_case is not None:
             charged = max(admission.worst_case, cost.total or Decimal(0))
@@ -134,6 +129,15 @@ class Meter:
             for hold in admission.holds:
                 self.budgets.settle(hold, charged if charged is not None else Decimal(0))
         return Metered(usage, cost, charged, reading.complete)
+
+    def cost(self, admission: Admission, reading: Reading, usage: Usage | None) -> Cost:
+        """``usage`` priced as this call is: at the model and tier the provider reported,
+        else those admitted (a counterfactual usage is priced alike)."""
+        tier = reading.service_tier or admission.tier
+        model = reading.model or admission.model
+        if usage is None:
+            return Cost.unknown(model, admission.provider, tier)
+        return self.prices.cost(usage, model, admission.provider, tier)
 
     def release(self, admission: Admission) -> None:
         """Give back the holds of a call that was never sent (or was refused upstream
