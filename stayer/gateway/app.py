@@ -20,7 +20,6 @@ import hashlib
 import hmac
 import json
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,19 +33,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from stayer.errors import ConfigError
-from stayer.gateway.breakers import SessionBreakers
 from stayer.gateway.metrics import GatewayMetrics
-from stayer.gateway.sessions import TRIPPED, SessionLedger, SessionRefused, session_id
-from stayer.guard.breakers import GuardConfig
 from stayer.guard.budget import BudgetStore
-from stayer.ledger import LedgerEntry
+from stayer.journal.metered import TRIPPED, SessionLedger, SessionRefused, session_id
 from stayer.metering import requests as wire
-from stayer.metering.breaks import SessionForensics
 from stayer.metering.meter import Admission, Meter, Refused
+from stayer.metering.session import SessionState, SessionStates, settle_call
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
 from stayer.settings import MAX_STEPS, MAX_USD
-from stayer.usage import Usage
 
 MAX_BODY = 32 * 1024 * 1024
 T = TypeVar("T")
@@ -86,34 +81,12 @@ class Gateway:
     # Every database call runs on this one thread: a SQLite connection belongs to the
     # thread that made it, and the budget store's transactions must not interleave.
     db: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "stayer-gw-db"))
-    guard: GuardConfig = field(default_factory=GuardConfig)
-    max_tokens_per_minute: int | None = None
     metrics_token: str | None = None
     metrics: GatewayMetrics = field(default_factory=lambda: GatewayMetrics())
-    sessions: OrderedDict[str, _SessionState] = field(default_factory=OrderedDict)
-
-    def state(self, session: str, provider: str, model: str) -> _SessionState:
-        """The session's forensics and breakers in this process (the least recently used
-        of ``MAX_SESSIONS`` are forgotten: a forgotten session's next call has no verdict)."""
-        st = self.sessions.get(session)
-        if st is None:
-            st = self.sessions[session] = _SessionState(
-                SessionForensics(provider, model),
-                SessionBreakers(self.guard, self.max_tokens_per_minute),
-            )
-            while len(self.sessions) > MAX_SESSIONS:
-                self.sessions.popitem(last=False)
-        self.sessions.move_to_end(session)
-        return st
+    states: SessionStates = field(default_factory=SessionStates)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.db, fn, *args)
-
-
-@dataclass
-class _SessionState:
-    forensics: SessionForensics
-    breakers: SessionBreakers
 
 
 class _Error(Exception):
@@ -228,7 +201,7 @@ def create_app(gw: Gateway) -> Starlette:
                 session = _session(request, tenant, key)
                 now = _now()
                 row = await gw.run(gw.ledger.open, tenant, session, parsed.model, now)
-                state = gw.state(session, provider, parsed.model)
+                state = gw.states.get(session, provider, parsed.model)
                 why = state.breakers.refusal(row.steps, _max_steps(request))
                 if why is None and row.status == TRIPPED:
                     why = f"session {session} tripped a breaker: `stayer report {session}`"
@@ -387,7 +360,7 @@ class _Call:
     started: float
     parsed: wire.Parsed
     body: bytes
-    state: _SessionState
+    state: SessionState
 
     async def pump(self, response: httpx.Response, queue: asyncio.Queue[bytes | None]) -> None:
         """Relay the upstream's bytes as they come and read them; the client going away
@@ -405,34 +378,12 @@ class _Call:
             await self.finish(reader.close())
 
     async def finish(self, reading: Reading) -> None:
-        gw, adm = self.gw, self.admission
-        metered = await gw.run(gw.meter.settle, adm, reading)
-        usage = metered.usage or Usage()
-        model = reading.model or adm.model
-        verdict = None
-        if metered.usage is not None:
-            verdict = self.state.forensics.observe(
-                self.parsed.request, usage, model, adm.provider,
-                reading.service_tier or adm.tier, gw.meter.prices,
-            )  # fmt: skip
-        entry = LedgerEntry(
-            step=0,
-            model=model,
-            usage=usage,
-            cost=metered.cost,
-            context_tokens=usage.input_tokens or adm.prompt_tokens,
-            latency_s=time.perf_counter() - self.started,
-            tool_calls=[],
-            cache_break=verdict,
-        )
-        trips = self.state.breakers.after(
-            metered.charged, self.body, usage.input_tokens + usage.output_tokens
-        )
-        entry.breakers = [t.to_dict() for t in trips]
-        doc = entry.to_dict()
-        doc["charged_usd"] = None if metered.charged is None else str(metered.charged)
-        doc["complete"] = metered.complete
-        doc["max_tokens"] = adm.max_tokens
-        status = TRIPPED if trips else None
-        await gw.run(gw.ledger.record, self.tenant, self.session, doc, _now(), status)
-        gw.metrics.observe(self.tenant, model, metered.charged, verdict, trips)
+        gw = self.gw
+        done = await gw.run(
+            settle_call, gw.meter, self.state, self.admission, self.parsed, self.body, reading,
+            time.perf_counter() - self.started,
+        )  # fmt: skip
+        status = TRIPPED if done.trips else None
+        await gw.run(gw.ledger.record, self.tenant, self.session, done.entry, _now(), status)
+        model = done.entry["model"]
+        gw.metrics.observe(self.tenant, model, done.metered.charged, done.cache_break, done.trips)
