@@ -47,8 +47,8 @@ LAYERS: list[set[str]] = [
     {"config"},  # stayer.toml's schema: the router's sections and the guard's GuardConfig
     {"routing"},
     {"ledger"},  # the journal writes ledger entries, so the ledger sits below it
-    {"metering"},  # a provider call read, priced, reserved and settled: every door's core
     {"journal"},
+    {"metering"},  # a provider call read, priced, held, settled and journaled: every door's core
     {"agent"},
     {"teams", "delegation"},
     {"eval", "audit", "whatif", "run", "run_config", "estimate", "doctor"},

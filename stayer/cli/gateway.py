@@ -90,9 +90,10 @@ def gateway(
     except ImportError as e:
         bad_input(f"stayer gateway needs the serve extra: pip install 'stayer[serve]' ({e})")
     from stayer.errors import ConfigError
-    from stayer.gateway.sessions import SessionLedger
     from stayer.journal.backends import open_store, stayer_home
+    from stayer.journal.metered import SessionLedger
     from stayer.metering.meter import Meter
+    from stayer.metering.session import SessionStates
     from stayer.pricing import PriceBook
     from stayer.runtime.db import ServiceDB
     from stayer.runtime.tenants import open_budget_store
@@ -139,7 +140,7 @@ def gateway(
             aliases=aliases,
             auto_cache=auto_cache,
             timeout_s=upstream_timeout,
-            max_tokens_per_minute=max_tokens_per_minute,
+            states=SessionStates(max_tokens_per_minute=max_tokens_per_minute),
             metrics_token=metrics_token,
             db=db,
         )

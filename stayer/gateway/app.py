@@ -23,7 +23,6 @@ import hashlib
 import hmac
 import json
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,25 +36,20 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from stayer.errors import ConfigError
-from stayer.gateway.breakers import SessionBreakers
 from stayer.gateway.metrics import GatewayMetrics
-from stayer.gateway.sessions import TRIPPED, SessionLedger, SessionRefused, session_id
-from stayer.guard.breakers import GuardConfig
 from stayer.guard.budget import BudgetStore
-from stayer.ledger import LedgerEntry
+from stayer.journal.metered import TRIPPED, SessionLedger, SessionRefused, session_id
 from stayer.metering import requests as wire
-from stayer.metering.breaks import SessionForensics
 from stayer.metering.meter import Admission, Meter, Metered, Refused
 from stayer.metering.savings import add_cache_breakpoints, has_cache_control, without_cache
+from stayer.metering.session import SessionState, SessionStates, settle_call
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
 from stayer.money import Usd
 from stayer.settings import MAX_STEPS, MAX_USD
-from stayer.usage import Usage
 
 MAX_BODY = 32 * 1024 * 1024
 T = TypeVar("T")
-MAX_SESSIONS = 10_000  # sessions whose forensics and breakers a process keeps
 # Request headers never forwarded: the client's credentials, hop-by-hop, ours.
 _DROP = {
     "authorization", "x-api-key", "host", "content-length", "connection", "keep-alive",
@@ -91,38 +85,16 @@ class Gateway:
     # Every database call runs on this one thread: a SQLite connection belongs to the
     # thread that made it, and the budget store's transactions must not interleave.
     db: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "stayer-gw-db"))
-    guard: GuardConfig = field(default_factory=GuardConfig)
-    max_tokens_per_minute: int | None = None
     metrics_token: str | None = None
     metrics: GatewayMetrics = field(default_factory=lambda: GatewayMetrics())
-    sessions: OrderedDict[str, _SessionState] = field(default_factory=OrderedDict)
+    states: SessionStates = field(default_factory=SessionStates)
     # Opt-in savings (``stayer.metering.savings``), each shown on the call's ledger entry.
     auto_cache: bool = False
     aliases: Mapping[str, str] = field(default_factory=dict)  # model asked → model called
     failover: Mapping[str, Sequence[Upstream]] = field(default_factory=dict)  # tried in order
 
-    def state(self, session: str, provider: str, model: str) -> _SessionState:
-        """The session's forensics and breakers in this process (the least recently used
-        of ``MAX_SESSIONS`` are forgotten: a forgotten session's next call has no verdict)."""
-        st = self.sessions.get(session)
-        if st is None:
-            st = self.sessions[session] = _SessionState(
-                SessionForensics(provider, model),
-                SessionBreakers(self.guard, self.max_tokens_per_minute),
-            )
-            while len(self.sessions) > MAX_SESSIONS:
-                self.sessions.popitem(last=False)
-        self.sessions.move_to_end(session)
-        return st
-
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.db, fn, *args)
-
-
-@dataclass
-class _SessionState:
-    forensics: SessionForensics
-    breakers: SessionBreakers
 
 
 class _Error(Exception):
@@ -240,7 +212,7 @@ def create_app(gw: Gateway) -> Starlette:
                 session = _session(request, tenant, key)
                 now = _now()
                 row = await gw.run(gw.ledger.open, tenant, session, parsed.model, now)
-                state = gw.state(session, provider, parsed.model)
+                state = gw.states.get(session, provider, parsed.model)
                 why = state.breakers.refusal(row.steps, _max_steps(request))
                 if why is None and row.status == TRIPPED:
                     why = f"session {session} tripped a breaker: `stayer report {session}`"
@@ -467,7 +439,7 @@ class _Call:
     started: float
     parsed: wire.Parsed
     body: bytes
-    state: _SessionState
+    state: SessionState
     notes: dict[str, Any] = field(default_factory=dict)  # alias, upstream, failed attempts
     cache_marks: int = 0  # breakpoints --auto-cache added
 
@@ -487,40 +459,18 @@ class _Call:
             await self.finish(reader.close())
 
     async def finish(self, reading: Reading) -> None:
-        gw, adm = self.gw, self.admission
-        metered = await gw.run(gw.meter.settle, adm, reading)
-        usage = metered.usage or Usage()
-        model = reading.model or adm.model
-        verdict = None
-        if metered.usage is not None:
-            verdict = self.state.forensics.observe(
-                self.parsed.request, usage, model, adm.provider,
-                reading.service_tier or adm.tier, gw.meter.prices,
-            )  # fmt: skip
-        entry = LedgerEntry(
-            step=0,
-            model=model,
-            usage=usage,
-            cost=metered.cost,
-            context_tokens=usage.input_tokens or adm.prompt_tokens,
-            latency_s=time.perf_counter() - self.started,
-            tool_calls=[],
-            cache_break=verdict,
-        )
-        trips = self.state.breakers.after(
-            metered.charged, self.body, usage.input_tokens + usage.output_tokens
-        )
-        entry.breakers = [t.to_dict() for t in trips]
-        doc = entry.to_dict()
-        doc["charged_usd"] = None if metered.charged is None else str(metered.charged)
-        doc["complete"] = metered.complete
-        doc["max_tokens"] = adm.max_tokens
-        doc.update(self.notes)
+        gw = self.gw
+        done = await gw.run(
+            settle_call, gw.meter, self.state, self.admission, self.parsed, self.body, reading,
+            time.perf_counter() - self.started,
+        )  # fmt: skip
+        done.entry.update(self.notes)
         if self.cache_marks:
-            doc["auto_cache"] = self._auto_cache(metered, reading)
-        status = TRIPPED if trips else None
-        await gw.run(gw.ledger.record, self.tenant, self.session, doc, _now(), status)
-        gw.metrics.observe(self.tenant, model, metered.charged, verdict, trips)
+            done.entry["auto_cache"] = self._auto_cache(done.metered, reading)
+        status = TRIPPED if done.trips else None
+        await gw.run(gw.ledger.record, self.tenant, self.session, done.entry, _now(), status)
+        model = done.entry["model"]
+        gw.metrics.observe(self.tenant, model, done.metered.charged, done.cache_break, done.trips)
 
     def _auto_cache(self, metered: Metered, reading: Reading) -> dict[str, Any]:
         """The breakpoints added, and the call priced as it would have been without them."""

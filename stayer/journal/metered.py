@@ -1,6 +1,7 @@
-"""A gateway session's ledger in the journal: one journal run per session, one ``step``
-event per call, in the ledger entry shape of a run's step, so that ``stayer report ID``,
-``stayer runs`` and the dashboard read a session as they read a run.
+"""A metered session's ledger in the journal (calls through ``stayer gateway`` or a client
+wrapped by ``stayer.meter``): one journal run per session, one ``step`` event per call, in
+the ledger entry shape of a run's step, so that ``stayer report ID``, ``stayer runs`` and
+the dashboard read a session as they read a run.
 
 A session's row has status ``open`` (never ``running``: no worker may claim it) and is
 written by every gateway process under one owner name; an append that loses a race for a
