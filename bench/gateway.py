@@ -176,7 +176,11 @@ class Procs:
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{name} did not start; see {where / 'litellm.log'}")
+                tail = (where / "litellm.log").read_text(errors="replace")[-2000:]
+                raise SystemExit(
+                    f"{name} did not start (LiteLLM proxy 1.110.2 installed as "
+                    f"docs/gateway-bench.md says?):\n{tail}"
+                )
             time.sleep(0.5)
 
     def stop(self) -> None:
