@@ -440,6 +440,9 @@ def main() -> None:
     ap.add_argument(
         "--workdir", default=None, help="where STAYER_HOME and logs go (default: the temp dir)"
     )
+    ap.add_argument(
+        "--postgres", default="", help="stayer's journal in this empty PostgreSQL database"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     args = ap.parse_args()
     rounds, n, tp_rounds, tp_s, turns = (3, 12, 1, 1.0, 3) if args.quick else (8, 25, 3, 3.0, 5)
@@ -447,10 +450,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="stayer-bench-gateway-", dir=args.workdir))
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "STAYER_DB"}
     env |= {"STAYER_HOME": str(work / "home"), "PYTHONPATH": str(ROOT)}
+    if args.postgres:
+        env["STAYER_DB"] = args.postgres
     procs = Procs(work, env)
     book = PriceBook.load()
     result: dict[str, Any] = {
         "sim_latency_s": args.latency,
+        "stayer_journal": "postgresql" if args.postgres else "sqlite",
         "load_before": list(os.getloadavg()),
         "cpus": os.cpu_count(),
     }
