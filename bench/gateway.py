@@ -393,13 +393,13 @@ def cached_turns(s: Setup, turns: int, nonce: str) -> list[tuple[str, Usage]]:
                     reader.feed(chunk)
                     raw += chunk
             reading = reader.close()
-            assert reading.usage is not None, raw[:400]
-            start = raw.split(b"data:", 1)[1].split(b"\n", 1)[0]
-            rid = json.loads(start)["message"]["id"]
+            events = [json.loads(x[5:]) for x in raw.splitlines() if x.startswith(b"data:")]
+            starts = [e["message"]["id"] for e in events if e.get("type") == "message_start"]
+            if not starts or reading.usage is None:
+                raise SystemExit(f"{s.name}: turn {t} streamed no message: {raw[:600]!r}")
+            rid = starts[0]
             text = "".join(
-                json.loads(line[5:])["delta"].get("text", "")
-                for line in raw.splitlines()
-                if line.startswith(b"data:") and b'"content_block_delta"' in line
+                e["delta"].get("text", "") for e in events if e.get("type") == "content_block_delta"
             )
             messages.append({"role": "assistant", "content": text or "ok"})
             out.append((rid, reading.usage))
