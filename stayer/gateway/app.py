@@ -23,7 +23,7 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -92,6 +92,12 @@ class Gateway:
     auto_cache: bool = False
     aliases: Mapping[str, str] = field(default_factory=dict)  # model asked → model called
     failover: Mapping[str, Sequence[Upstream]] = field(default_factory=dict)  # tried in order
+
+    def later(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` after the response, to its end (awaited at shutdown)."""
+        task = asyncio.create_task(work)
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.db, fn, *args)
@@ -270,12 +276,11 @@ def create_app(gw: Gateway) -> Starlette:
                     reading = read_body(api, json.loads(content))
                 except (ValueError, RecursionError):
                     reading = Reading()
-                await done.finish(reading)
+                # answered at once; settled and journaled right after (as a stream is)
+                gw.later(done.finish(reading))
                 return Response(content, status_code=response.status_code, headers=back)
             queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-            task = asyncio.create_task(done.pump(response, queue))
-            gw.pending.add(task)
-            task.add_done_callback(gw.pending.discard)
+            gw.later(done.pump(response, queue))
 
             async def relay() -> AsyncIterator[bytes]:
                 while (chunk := await queue.get()) is not None:
