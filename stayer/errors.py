@@ -6,6 +6,10 @@ class ConfigError(ValueError):
     flag, and how to fix it."""
 
 
+class BudgetExceeded(Exception):  # noqa: N818 - the public name (stayer.BudgetExceeded)
+    """A call that cannot fit its budget: refused before anything was sent or billed."""
+
+
 class JournalError(ConfigError):
     """A journal that cannot be used as asked: an unknown run, an unopenable database, a
     newer schema, a run held by another live process. One line, exit 2 in the CLI."""

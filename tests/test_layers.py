@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     # the vocabulary and its helpers: messages, usage, money, prices, tokens; errors, settings,
     # where the cache lives
     {
-        "stayer",
+        "_version",
         "errors",
         "settings",
         "messages",
@@ -52,8 +52,8 @@ LAYERS: list[set[str]] = [
     {"agent"},
     {"teams", "delegation"},
     {"eval", "audit", "whatif", "run", "run_config", "estimate", "doctor"},
-    {"runtime", "telemetry", "scale", "simserver", "gateway"},
-    {"cli"},
+    {"runtime", "telemetry", "scale", "simserver", "gateway", "sdk"},
+    {"cli", "stayer"},  # the public API (stayer/__init__.py) re-exports from every layer
 ]
 
 #: Imports the layering would allow that DESIGN.md rules out: the agent is observed by

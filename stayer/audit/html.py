@@ -14,7 +14,7 @@ from __future__ import annotations
 import html as _html
 from datetime import UTC, datetime
 
-from stayer import __version__
+from stayer._version import __version__
 from stayer.audit.analysis import SessionReport, iso, money
 from stayer.audit.calls import MAIN_CHAIN
 from stayer.audit.document import WHAT_IF_NOTE, AuditReport, what_if_table

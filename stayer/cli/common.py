@@ -259,7 +259,7 @@ app = StayerApp(
 
 def _print_version(value: bool) -> None:
     if value:
-        from stayer import __version__
+        from stayer._version import __version__
 
         print(f"stayer {__version__}")
         raise typer.Exit()

@@ -149,7 +149,7 @@ def eval_command(
 
     from rich.markup import escape
 
-    from stayer import __version__
+    from stayer._version import __version__
     from stayer.cli.progress import WorkProgress
     from stayer.eval.html_report import render, write_run_pages
     from stayer.eval.runner import (

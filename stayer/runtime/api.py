@@ -213,7 +213,7 @@ def create_app(
     worker_registry: Any = None,
     default_max_cost: Decimal = Decimal(1),
 ) -> FastAPI:
-    from stayer import __version__
+    from stayer._version import __version__
 
     app = FastAPI(
         title="stayer",

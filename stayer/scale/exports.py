@@ -29,7 +29,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from stayer import __version__
+from stayer._version import __version__
 from stayer.eval.runner import write_atomic
 
 FORMATS = ("jsonl", "atif", "verl", "skyrl", "verifiers")

@@ -1,0 +1,223 @@
+"""``stayer.meter`` on the official SDK clients, against ``stayer sim serve`` started as a
+user starts it: the same return types and streams, every call held, priced and on its
+session's ledger, refusals before anything is sent, and a Budget shared by 50 threads and
+by 10 processes that is never overshot (exact Decimal)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+import stayer
+
+SYSTEM = "Be exact. " * 700
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", "sim", "serve", "--port", "0"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert " on http://" in line, line + proc.stderr.read()
+    yield line.split(" on ", 1)[1].split()[0]
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_the_public_api_is_what_the_docs_list() -> None:
+    assert sorted(stayer.__all__) == ["Budget", "BudgetExceeded", "Session", "__version__", "meter"]
+    for name in stayer.__all__:
+        assert getattr(stayer, name) is not None
+
+
+def test_a_metered_anthropic_client_prices_every_call_onto_its_session(
+    sim: str, tmp_path: Path
+) -> None:
+    budget = stayer.Budget("1")
+    session = stayer.Session("py-anthropic", home=tmp_path)
+    raw = anthropic.Anthropic(base_url=sim, api_key="sk-x", max_retries=0)
+    client = stayer.meter(raw, budget=budget, session=session)
+    assert type(client) is type(raw)
+    system = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    first = client.messages.create(
+        model="claude-sonnet-4-5", max_tokens=100, system=system,
+        messages=[{"role": "user", "content": "hi"}],
+    )  # fmt: skip
+    assert isinstance(first, anthropic.types.Message) and first.content[0].text == "echo: hi"
+    with client.messages.stream(
+        model="claude-sonnet-4-5",
+        max_tokens=100,
+        system=system,
+        messages=[{"role": "user", "content": "hi"}],
+    ) as stream:
+        second = stream.get_final_message()
+    ledger = session.ledger
+    assert [e["usage"]["cache_read_tokens"] for e in ledger] == [
+        0,
+        second.usage.cache_read_input_tokens,
+    ]
+    assert all(e["complete"] for e in ledger)
+    assert session.cost == budget.spent > 0 and budget.reserved == 0
+    assert budget.remaining == Decimal(1) - budget.spent
+    report = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "stayer.cli", "report", "py-anthropic", "--json"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "STAYER_HOME": str(tmp_path)},
+        ).stdout
+    )  # fmt: skip
+    assert report["ledger"] == ledger and report == session.report()
+
+
+def test_a_call_that_cannot_fit_raises_before_anything_is_sent(sim: str, tmp_path: Path) -> None:
+    budget = stayer.Budget("0.01")
+    session = stayer.Session(home=tmp_path)
+    client = stayer.meter(
+        anthropic.Anthropic(base_url=sim, api_key="sk-x"), budget=budget, session=session
+    )
+    with pytest.raises(stayer.BudgetExceeded, match="worst case"):
+        client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=1000, system=SYSTEM,
+            messages=[{"role": "user", "content": "hi"}],
+        )  # fmt: skip
+    assert budget.spent == 0 and budget.reserved == 0 and session.ledger == []
+    # a call that fits only with fewer output tokens is sent with fewer
+    small = client.messages.create(
+        model="claude-sonnet-4-5", max_tokens=4000, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert small.content[0].text == "echo: hi"
+    (entry,) = session.ledger
+    assert entry["max_tokens"] < 4000 and budget.spent <= Decimal("0.01")
+    tiny = stayer.Budget("0.0001")  # not even 256 output tokens of gpt-5
+    oa = stayer.meter(openai.OpenAI(base_url=f"{sim}/v1", api_key="sk-x"), budget=tiny)
+    with pytest.raises(stayer.BudgetExceeded):
+        oa.chat.completions.create(
+            model="gpt-5", max_completion_tokens=100_000,
+            messages=[{"role": "user", "content": SYSTEM}],
+        )  # fmt: skip
+
+
+def test_openai_apis_and_async_clients_are_metered_alike(sim: str, tmp_path: Path) -> None:
+    session = stayer.Session("py-openai", home=tmp_path)
+    client = stayer.meter(openai.OpenAI(base_url=f"{sim}/v1", api_key="sk-x"), session=session)
+    chat = client.chat.completions.create(
+        model="gpt-5", messages=[{"role": "user", "content": "a"}]
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="gpt-5", messages=[{"role": "user", "content": "b"}], stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    response = client.responses.create(model="gpt-5", input="c")
+
+    async def both() -> tuple[object, object]:
+        a = stayer.meter(anthropic.AsyncAnthropic(base_url=sim, api_key="sk-x"), session=session)
+        o = stayer.meter(openai.AsyncOpenAI(base_url=f"{sim}/v1", api_key="sk-x"), session=session)
+        m = await a.messages.create(
+            model="claude-sonnet-4-5", max_tokens=50, messages=[{"role": "user", "content": "d"}]
+        )
+        s = await o.responses.create(model="gpt-5", input="e", stream=True)
+        async for _ in s:
+            pass
+        return m, s
+
+    message, _ = asyncio.run(both())
+    assert message.content[0].text == "echo: d"  # type: ignore[attr-defined]
+    ledger = session.ledger
+    assert [e["usage"]["input_tokens"] for e in ledger[:3]] == [
+        chat.usage.prompt_tokens,
+        chunks[-1].usage.prompt_tokens,
+        response.usage.input_tokens,
+    ]
+    assert len(ledger) == 5 and all(e["complete"] for e in ledger)
+
+
+def test_a_stream_left_early_is_read_to_its_end_and_priced(sim: str, tmp_path: Path) -> None:
+    session = stayer.Session(home=tmp_path)
+    client = stayer.meter(anthropic.Anthropic(base_url=sim, api_key="sk-x"), session=session)
+    long = "word " * 400
+    with client.messages.stream(
+        model="claude-sonnet-4-5", max_tokens=2000, messages=[{"role": "user", "content": long}]
+    ) as stream:
+        next(iter(stream))  # one event, then gone
+    (entry,) = session.ledger
+    # message_start said 1 output token; only the end of the stream says the rest
+    assert entry["complete"] and entry["usage"]["output_tokens"] > 1
+
+
+def test_fifty_threads_never_overshoot_one_budget(sim: str, tmp_path: Path) -> None:
+    cap = Decimal("0.02")
+    budget = stayer.Budget(cap, store=tmp_path / "budgets.db", name="team")
+    client = stayer.meter(
+        anthropic.Anthropic(base_url=sim, api_key="sk-x", max_retries=0),
+        budget=budget,
+        session=stayer.Session(home=tmp_path),
+    )
+
+    def call(i: int) -> str:
+        try:
+            client.messages.create(
+                model="claude-sonnet-4-5", max_tokens=300,
+                messages=[{"role": "user", "content": f"call {i} " + "word " * 200}],
+            )  # fmt: skip
+            return "ok"
+        except stayer.BudgetExceeded:
+            return "refused"
+
+    with ThreadPoolExecutor(50) as pool:
+        outcomes = list(pool.map(call, range(100)))
+    assert "ok" in outcomes and "refused" in outcomes
+    assert budget.spent <= cap and budget.reserved == 0
+
+
+_WORKER = textwrap.dedent(
+    """
+    import sys
+    import anthropic, stayer
+    sim, store, home, n = sys.argv[1:5]
+    budget = stayer.Budget("0.02", store=store, name="shared")
+    client = stayer.meter(anthropic.Anthropic(base_url=sim, api_key="sk-x", max_retries=0),
+                          budget=budget, session=stayer.Session(home=home))
+    ok = 0
+    for i in range(int(n)):
+        try:
+            client.messages.create(model="claude-sonnet-4-5", max_tokens=300,
+                                   messages=[{"role": "user", "content": f"p{i} " + "w " * 200}])
+            ok += 1
+        except stayer.BudgetExceeded:
+            pass
+    print(ok)
+    """
+)
+
+
+def test_ten_processes_never_overshoot_one_budget(sim: str, tmp_path: Path) -> None:
+    store = tmp_path / "budgets.db"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, sim, str(store), str(tmp_path / f"h{i}"), "6"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for i in range(10)
+    ]
+    made = sum(int(p.communicate(timeout=300)[0]) for p in procs)
+    assert all(p.returncode == 0 for p in procs)
+    budget = stayer.Budget("0.02", store=store, name="shared")
+    assert 0 < made < 60 and budget.spent <= Decimal("0.02") and budget.reserved == 0
