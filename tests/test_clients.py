@@ -131,6 +131,74 @@ def test_codex_runs_its_exec_command_tool_through_the_responses_api(
     assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
 
 
+@pytest.mark.parametrize("sim", [CODEX_SCRIPT], indirect=True)
+def test_codex_through_the_gateway_matches_its_session_ledger(sim: str, tmp_path: Path) -> None:
+    """Codex's own ``turn.completed`` usage equals the gateway's ledger of its session,
+    token for token; the gateway files it under the ``session-id`` header Codex sends,
+    which is the ``thread_id`` of its ``thread.started`` event."""
+    _needs(CODEX)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env.update(STAYER_HOME=str(tmp_path / "stayer"), COLUMNS="300")
+    env.pop("STAYER_DB", None)
+
+    def stayer(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "stayer.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    key = json.loads(stayer("tenants", "create", "dev", "--max-cost", "5", "--json"))["api_key"]
+    gw = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", "gateway", "--port", "0", "--upstream",
+         f"openai={sim}"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert gw.stderr is not None
+        line = gw.stderr.readline()
+        assert " on http://" in line, line
+        url = line.split(" on ", 1)[1].split()[0]
+        work, home = tmp_path / "work", tmp_path / "home"
+        work.mkdir()
+        home.mkdir()
+        provider = (
+            f'{{name="gw",base_url="{url}/v1",env_key="OPENAI_API_KEY",wire_api="responses"}}'
+        )
+        done = subprocess.run(
+            [str(CODEX), "exec", "--json", "--skip-git-repo-check",
+             "--dangerously-bypass-approvals-and-sandbox",
+             "-c", "model_provider=gw", "-c", f"model_providers.gw={provider}",
+             "-m", "gpt-5", "Write a note."],
+            cwd=work, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+            env={"PATH": os.environ["PATH"], "HOME": str(home), "OPENAI_API_KEY": key},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        events = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
+        assert (work / "note.txt").read_text() == "made-by-codex\n"
+        (thread,) = [e["thread_id"] for e in events if e["type"] == "thread.started"]
+        runs = json.loads(stayer("runs", "--json"))
+        report = json.loads(stayer("report", thread, "--json"))
+    finally:
+        gw.terminate()
+        gw.wait(timeout=60)
+    # one session, named by Codex's own id: not by the key, not one per call
+    assert [r["id"] for r in runs["runs"]] == [thread], runs
+    (usage,) = [e["usage"] for e in events if e["type"] == "turn.completed"]
+    totals = report["totals"]["usage"]
+    assert report["steps"] == 2  # the tool call, then the answer
+    assert totals["input_tokens"] == usage["input_tokens"] > 0
+    assert totals["cache_read_tokens"] == usage["cached_input_tokens"] > 0
+    assert totals["output_tokens"] == usage["output_tokens"] > 0
+    assert totals["reasoning_tokens"] == usage.get("reasoning_output_tokens", 0)
+    # priced as stayer prices gpt-5: $1.25/M uncached input, $0.125/M cached, $10/M output
+    expected = (
+        Decimal(usage["input_tokens"] - usage["cached_input_tokens"]) * Decimal("1.25")
+        + Decimal(usage["cached_input_tokens"]) * Decimal("0.125")
+        + Decimal(usage["output_tokens"]) * 10
+    ) / 1_000_000
+    assert Decimal(report["totals"]["cost_usd"]) == expected
+
+
 @pytest.mark.parametrize("sim", [CLAUDE_SCRIPT], indirect=True)
 def test_claude_code_through_the_gateway_matches_its_session_ledger(
     sim: str, tmp_path: Path
