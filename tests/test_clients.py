@@ -1,10 +1,11 @@
-"""Agents that no one here wrote, run for real against ``stayer sim serve``: Claude Code
-(Anthropic Messages, streaming) and Codex CLI (OpenAI Responses, streaming), each made by a
-``script:`` policy to run a shell command through its own tool and then answer. Claude
-Code's own reported usage and cost must equal stayer's pricing of the same usage.
+"""Agents that no one here wrote, run for real against ``stayer sim serve``, directly and
+through ``stayer gateway``: Claude Code (Anthropic Messages, streaming), Codex CLI (OpenAI
+Responses, streaming), each made by a ``script:`` policy to run a shell command through its
+own tool and then answer, and mini-swe-agent through LiteLLM on examples/hello-file. What
+each reports of its own usage and cost must equal stayer's pricing and the gateway's ledger.
 
-The CLIs come from npm (.ci/run installs the pinned versions into
-``~/.cache/stayer-bench/agents``); without them these tests skip, saying why."""
+The CLIs come from npm, mini-swe-agent and LiteLLM from PyPI (.ci/run installs the pinned
+versions under ``~/.cache/stayer-bench``); without them these tests skip, saying why."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ from stayer.usage import Usage
 AGENTS = Path(os.environ.get("STAYER_AGENTS_DIR", Path.home() / ".cache/stayer-bench/agents"))
 CLAUDE = AGENTS / "node_modules/.bin/claude"
 CODEX = AGENTS / "node_modules/.bin/codex"
+# mini-swe-agent and LiteLLM (PyPI, pinned) in a venv of their own: .ci/run makes it
+MINI = Path(os.environ.get("STAYER_MINI_SWE_AGENT", AGENTS.parent / "mini-swe-agent/venv/bin/mini"))
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _needs(binary: Path) -> None:
@@ -258,3 +262,115 @@ def test_claude_code_through_the_gateway_matches_its_session_ledger(
     assert Decimal(totals["cost_usd"]).quantize(tenth) == Decimal(
         str(result["total_cost_usd"])
     ).quantize(tenth)
+
+
+# mini-swe-agent 2.4.6 answers in one of two ways: its default config (mini.yaml) calls a
+# `bash` tool; mini_textbased.yaml wants a THOUGHT and one ```mswea_bash_command block per
+# turn. Either way `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` alone submits. The first
+# command's output is long enough that the later calls cross the 1,024-token minimum and
+# read the provider's cache: LiteLLM must price cache reads and writes as the gateway does.
+MINI_TOOL_SCRIPT = """
+- tool: bash
+  input: {command: "seq 1 1500"}
+- tool: bash
+  input: {command: "printf 'Hello, world!\\n' > HELLO"}
+- tool: bash
+  input: {command: "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}
+"""
+MINI_TEXT_SCRIPT = """
+- text: "THOUGHT: Let me look around first.\\n\\n```mswea_bash_command\\nseq 1 1500\\n```"
+- text: "THOUGHT: I write the file.\\n\\n```mswea_bash_command\\nprintf 'Hello, world!\\\\n' > HELLO\\n```"
+- text: "THOUGHT: Done.\\n\\n```mswea_bash_command\\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\\n```"
+"""
+
+
+@pytest.mark.parametrize(
+    ("api", "model", "config", "script"),
+    [
+        ("anthropic", "anthropic/claude-sonnet-4-5", ["-c", "mini.yaml"], MINI_TOOL_SCRIPT),
+        (
+            "openai",
+            "openai/gpt-5",
+            ["-c", "mini_textbased.yaml", "--model-class", "litellm_textbased"],
+            MINI_TEXT_SCRIPT,
+        ),
+    ],
+)
+def test_mini_swe_agent_through_litellm_and_the_gateway_solves_hello_file(
+    api: str, model: str, config: list[str], script: str, tmp_path: Path
+) -> None:
+    """mini-swe-agent, through LiteLLM, on examples/hello-file against the gateway: the file
+    is written, and the cost mini-swe-agent records (LiteLLM's price of each response) is
+    the gateway's ledger of the session, call for call."""
+    if not MINI.exists():
+        pytest.skip(f"mini-swe-agent not installed: .ci/run installs it into {MINI.parent.parent}")
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    hello = work / "hello.txt"
+    instruction = (EXAMPLES / "hello-file/instruction.md").read_text()
+    assert "/app/hello.txt" in instruction
+    (tmp_path / "turns.yaml").write_text(script.replace("HELLO", str(hello)))
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env.update(STAYER_HOME=str(tmp_path / "stayer"), COLUMNS="300")
+    env.pop("STAYER_DB", None)
+
+    def stayer(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "stayer.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def serve(*args: str) -> tuple[subprocess.Popen[str], str]:
+        proc = subprocess.Popen([sys.executable, "-m", "stayer.cli", *args, "--port", "0"],
+                                stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert " on http://" in line, line + proc.stderr.read()
+        return proc, line.split(" on ", 1)[1].split()[0]
+
+    key = json.loads(stayer("tenants", "create", "dev", "--max-cost", "5", "--json"))["api_key"]
+    sim, sim_url = serve("sim", "serve", "--policy", f"script:{tmp_path / 'turns.yaml'}")
+    gw, url = serve("gateway", "--upstream", f"{api}={sim_url}")
+    # the session is named by a header LiteLLM sends on every call
+    (tmp_path / "session.yaml").write_text(
+        "model:\n  model_kwargs:\n    extra_headers: {x-stayer-session: mini-hello}\n"
+    )
+    trajectory = tmp_path / "run.traj.json"
+    base = {"anthropic": url, "openai": f"{url}/v1"}[api]
+    try:
+        done = subprocess.run(
+            [str(MINI), "-m", model, *config, "-c", str(tmp_path / "session.yaml"),
+             "-t", instruction.replace("/app/hello.txt", str(hello)),
+             "--yolo", "--exit-immediately", "-o", str(trajectory)],
+            cwd=work, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+            env={"PATH": os.environ["PATH"], "HOME": str(home), "MSWEA_CONFIGURED": "1",
+                 "LITELLM_LOCAL_MODEL_COST_MAP": "True", f"{api.upper()}_API_KEY": key,
+                 f"{api.upper()}_BASE_URL": base},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        report = json.loads(stayer("report", "mini-hello", "--json"))
+    finally:
+        for proc in (gw, sim):
+            proc.terminate()
+            proc.wait(timeout=60)
+    assert hello.read_text() == "Hello, world!\n"
+    traj = json.loads(trajectory.read_text())
+    assert traj["info"]["exit_status"] == "Submitted"
+    assert traj["info"]["model_stats"]["api_calls"] == report["steps"] == 3
+    answers = [m for m in traj["messages"] if m["role"] == "assistant"]
+    ledger = report["ledger"]
+    assert ledger[-1]["usage"]["cache_read_tokens"] > 0  # the last call read the cache
+    for answer, entry in zip(answers, ledger, strict=True):
+        u = answer["extra"]["response"]["usage"]
+        assert entry["usage"]["output_tokens"] == u["completion_tokens"]
+        assert entry["usage"]["cache_read_tokens"] == u["prompt_tokens_details"]["cached_tokens"]
+        # LiteLLM adds its per-token prices as floats: equal to the tenth of a micro-dollar
+        tenth = Decimal("1e-10")
+        assert Decimal(entry["cost_usd"]).quantize(tenth) == Decimal(
+            str(answer["extra"]["cost"])
+        ).quantize(tenth), (entry, u)
+    recorded = Decimal(str(traj["info"]["model_stats"]["instance_cost"]))
+    assert Decimal(report["totals"]["cost_usd"]).quantize(Decimal("1e-10")) == recorded.quantize(
+        Decimal("1e-10")
+    )
