@@ -203,6 +203,58 @@ def test_codex_through_the_gateway_matches_its_session_ledger(sim: str, tmp_path
     assert Decimal(report["totals"]["cost_usd"]) == expected
 
 
+@pytest.mark.parametrize("sim", [CODEX_SCRIPT], indirect=True)
+def test_codex_shows_a_budget_refusal_at_once_and_does_not_retry_it(
+    sim: str, tmp_path: Path
+) -> None:
+    """A call the tenant's cap cannot hold is refused in the Responses API's error shape,
+    with a status Codex shows as it is and does not retry (it retries a 402 five times)."""
+    _needs(CODEX)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env.update(STAYER_HOME=str(tmp_path / "stayer"), COLUMNS="300")
+    env.pop("STAYER_DB", None)
+    made = subprocess.run(
+        [sys.executable, "-m", "stayer.cli", "tenants", "create", "poor", "--max-cost", "0.001",
+         "--json"], env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    key = json.loads(made.stdout)["api_key"]
+    gw = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", "gateway", "--port", "0", "--upstream",
+         f"openai={sim}"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert gw.stderr is not None
+        line = gw.stderr.readline()
+        assert " on http://" in line, line
+        url = line.split(" on ", 1)[1].split()[0]
+        work, home = tmp_path / "work", tmp_path / "home"
+        work.mkdir()
+        home.mkdir()
+        provider = (
+            f'{{name="gw",base_url="{url}/v1",env_key="OPENAI_API_KEY",wire_api="responses"}}'
+        )
+        done = subprocess.run(
+            [str(CODEX), "exec", "--json", "--skip-git-repo-check",
+             "--dangerously-bypass-approvals-and-sandbox",
+             "-c", "model_provider=gw", "-c", f"model_providers.gw={provider}",
+             "-m", "gpt-5", "Write a note."],
+            cwd=work, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+            env={"PATH": os.environ["PATH"], "HOME": str(home), "OPENAI_API_KEY": key},
+        )  # fmt: skip
+    finally:
+        gw.terminate()
+        gw.wait(timeout=60)
+    events = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
+    retries = [
+        e["message"] for e in events if e["type"] == "error" and "Reconnecting" in e["message"]
+    ]
+    assert retries == []
+    (failed,) = [e["error"]["message"] for e in events if e["type"] == "turn.failed"]
+    assert "worst case does not fit" in failed and "tenant:poor" in failed
+    assert done.returncode == 1 and not (work / "note.txt").exists()
+
+
 @pytest.mark.parametrize("sim", [CLAUDE_SCRIPT], indirect=True)
 def test_claude_code_through_the_gateway_matches_its_session_ledger(
     sim: str, tmp_path: Path
