@@ -14,9 +14,11 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,16 @@ CODEX = AGENTS / "node_modules/.bin/codex"
 # mini-swe-agent and LiteLLM (PyPI, pinned) in a venv of their own: .ci/run makes it
 MINI = Path(os.environ.get("STAYER_MINI_SWE_AGENT", AGENTS.parent / "mini-swe-agent/venv/bin/mini"))
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _ledger(stayer: Callable[..., str], session: str, steps: int) -> dict[str, Any]:
+    """``stayer report SESSION --json`` once its ``steps`` calls are on the ledger (a call
+    is journaled after the gateway has answered it: a condition, not a delay)."""
+    deadline = time.monotonic() + 120
+    while (doc := json.loads(stayer("report", session, "--json")))["steps"] < steps:
+        assert time.monotonic() < deadline, (session, doc["steps"], steps)
+        time.sleep(0.2)
+    return doc  # type: ignore[no-any-return]
 
 
 def _needs(binary: Path) -> None:
@@ -181,7 +193,7 @@ def test_codex_through_the_gateway_matches_its_session_ledger(sim: str, tmp_path
         assert (work / "note.txt").read_text() == "made-by-codex\n"
         (thread,) = [e["thread_id"] for e in events if e["type"] == "thread.started"]
         runs = json.loads(stayer("runs", "--json"))
-        report = json.loads(stayer("report", thread, "--json"))
+        report = _ledger(stayer, thread, 2)
     finally:
         gw.terminate()
         gw.wait(timeout=60)
@@ -401,7 +413,7 @@ def test_mini_swe_agent_through_litellm_and_the_gateway_solves_hello_file(
                  f"{api.upper()}_BASE_URL": base},
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        report = json.loads(stayer("report", "mini-hello", "--json"))
+        report = _ledger(stayer, "mini-hello", 3)
     finally:
         for proc in (gw, sim):
             proc.terminate()
