@@ -396,6 +396,47 @@ def test_newer_schema_on_postgres(pg_url, tmp_path):
             c.execute("UPDATE stayer_meta SET value = '1' WHERE key = 'schema_version'")
 
 
+def test_two_clients_creating_one_run_at_once_on_postgres(pg_url, tmp_path):
+    """The second of two clients creating one run id at once gets the JournalError that
+    says so (which a gateway session's opener catches), not a unique-key violation: the
+    other's row is inserted but not committed when this client checks for it."""
+    import psycopg
+
+    store = open_store(tmp_path, pg_url)
+    run_id, now = "r-" + uuid.uuid4().hex[:8], utc_now()
+    got: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            new_run(store, new_owner(), run_id=run_id)
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            got.append(e)
+
+    try:
+        with psycopg.connect(pg_url) as other:  # one transaction, committed below
+            other.execute(
+                "INSERT INTO stayer_runs (id, task, model, status, started, updated, header) "
+                "VALUES (%s, 'task', 'sim:gpt-5', 'running', %s, %s, '{}')",
+                (run_id, now, now),
+            )
+            creator = threading.Thread(target=create)
+            creator.start()
+            with psycopg.connect(pg_url, autocommit=True) as watch:
+                deadline = time.monotonic() + 60
+                while not watch.execute(  # the creator waits on the uncommitted row
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                ).fetchone()[0]:
+                    assert time.monotonic() < deadline and creator.is_alive(), got
+                    time.sleep(0.02)
+            other.commit()
+        creator.join(60)
+    finally:
+        store.close()
+    assert len(got) == 1 and isinstance(got[0], JournalError), got
+    assert "already exists" in str(got[0])
+
+
 def test_lease_owner_ids():
     me = new_owner()
     assert me.split(":")[0] == socket.gethostname() and me.split(":")[1] == str(os.getpid())

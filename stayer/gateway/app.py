@@ -110,6 +110,8 @@ class _Error(Exception):
 
 
 def _error(api: wire.Api, status: int, message: str) -> JSONResponse:
+    if status == 402 and api == "responses":
+        status = 400  # Codex retries a 402 five times; a 400 it shows at once
     body = (
         wire.anthropic_error(status, message)
         if api == "anthropic"

@@ -168,13 +168,12 @@ class SqlStore:
 
     def create_run(self, row: RunRow, owner: str, ttl_s: float) -> None:
         with self._tx() as cur:
-            if cur.execute("SELECT 1 FROM stayer_runs WHERE id = ?", (row.id,)).fetchone():
-                raise JournalError(
-                    f"--run-id {row.id}: a run with this id already exists in {self.location}"
-                )
+            # One statement, so that two processes creating one id at once (PostgreSQL
+            # does not serialise a check and an insert) get this error, not a key violation.
             cur.execute(
                 f"INSERT INTO stayer_runs ({RUN_COLUMNS}, lease_expires) "
-                f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {self.NOW} + ?)",
+                f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {self.NOW} + ?) "
+                "ON CONFLICT (id) DO NOTHING",
                 (
                     row.id,
                     row.task,
@@ -189,6 +188,10 @@ class SqlStore:
                     ttl_s,
                 ),
             )
+            if cur.rowcount != 1:
+                raise JournalError(
+                    f"--run-id {row.id}: a run with this id already exists in {self.location}"
+                )
 
     def _select_runs(self, where: str, params: Sequence[Any]) -> list[RunRow]:
         live = f"CASE WHEN lease_owner IS NOT NULL AND lease_expires > {self.NOW} THEN 1 ELSE 0 END"
