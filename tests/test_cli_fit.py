@@ -262,3 +262,40 @@ def test_images_list_at_80_columns_and_in_a_pipe(tmp_path: Path) -> None:
     shown = check(("images", "list"), env, numbers, words)
     # A layer a line (and its folds), not a paragraph per layer.
     assert len(shown.splitlines()) <= 3 * len(doc["layers"]) + 6, shown
+
+
+def test_run_progress_at_80_columns_and_in_a_pipe(tmp_path: Path) -> None:
+    """The per-step lines of ``stayer run`` (stderr) fit a terminal: the model, which the
+    header names, gives way first; every cost stays whole. A pipe gets whole lines."""
+    from stayer.cli.common import usd
+
+    env = _env(tmp_path / "home")
+    args = ("run", str(EXAMPLES / "fix-median"), "--model", "sim:claude-sonnet-4-5")
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", *args], stdin=subprocess.DEVNULL,
+        stdout=slave, stderr=slave, env={**env, "COLUMNS": "80", "TERM": "xterm"}, cwd=ROOT,
+    )  # fmt: skip
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    assert p.wait(timeout=300) == 0
+    shown = ANSI.sub("", b"".join(chunks).decode()).replace("\r", "")
+    assert_fits(shown)
+    doc = json.loads(in_pipe("report", "--last", "--json", env=env))
+    costs = [e["cost_usd"] for e in doc["ledger"]]
+    assert_whole(shown, [usd(c) for c in costs])  # as the line formats them, whole
+    piped = subprocess.run(
+        [sys.executable, "-m", "stayer.cli", *args], capture_output=True, text=True,
+        env={**env, "COLUMNS": "80"}, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert "sim:claude-sonnet-4-5 │ ctx" in piped.stderr  # a pipe keeps the whole line

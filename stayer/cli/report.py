@@ -187,7 +187,8 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
                 else:
                     continue
                 total = add_cost(total, entry["cost_usd"])
-                out.print(escape(step_line(entry, total)), highlight=False, soft_wrap=True)
+                width = out.width if out.is_terminal else None
+                out.print(escape(step_line(entry, total, width)), highlight=False, soft_wrap=True)
             seen = len(events)
             time.sleep(poll_s)
     except KeyboardInterrupt:

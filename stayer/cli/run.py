@@ -258,7 +258,8 @@ def step_printer(err: Console, lost: Sequence[dict[str, Any]] = ()) -> Callable[
 
     def show(d: dict[str, Any]) -> None:
         total[0] = add_cost(total[0], d["cost_usd"])
-        err.print(escape(step_line(d, total[0])), highlight=False, soft_wrap=True)
+        width = err.width if err.is_terminal else None
+        err.print(escape(step_line(d, total[0], width)), highlight=False, soft_wrap=True)
 
     def progress(entry: Any) -> None:
         for d in lost_ledger_entries(lost[shown[0] :]):
@@ -274,16 +275,27 @@ def add_cost(total: Decimal | None, cost: str) -> Decimal | None:
     return (Usd(total) + Usd.parse(cost)).amount
 
 
-def step_line(d: dict[str, Any], total: Decimal | None) -> str:
+def step_line(d: dict[str, Any], total: Decimal | None, width: int | None = None) -> str:
     """A ledger entry in one line: model, context, cache, cost with the running total,
-    tools, and why the cache broke or the context was compacted."""
+    tools, and why the cache broke or the context was compacted. Within ``width`` (a
+    terminal's) the model (the run's header names it) goes first, then the text at the
+    end is cut; the numbers stay whole. No ``width`` (a pipe): the whole line."""
     tools = ",".join(c["name"] for c in d["tool_calls"]) or "-"
     agent = "" if d.get("agent", "main") == "main" else f"{d['agent']} "
-    line = (
-        f"{agent}step {d['step']:>3} │ {d['model']} │ ctx {d['context_tokens'] or 0:>9,} │ "
-        f"cache {d['cache_hit_ratio'] * 100:5.1f}% │ {usd(d['cost_usd'])} │ total {usd(total)} │ {tools}"
+    head = f"{agent}step {d['step']:>3} │ "
+    numbers = (
+        f"ctx {d['context_tokens'] or 0:>9,} │ cache {d['cache_hit_ratio'] * 100:5.1f}% │ "
+        f"{usd(d['cost_usd'])} │ total {usd(total)}"
     )
-    return line + "".join(f" │ {n}" for n in step_notes(d))
+    text = " │ ".join([tools, *step_notes(d)])
+    line = f"{head}{d['model']} │ {numbers} │ {text}"
+    if width is None or len(line) <= width:
+        return line
+    line = f"{head}{numbers} │ {text}"
+    if len(line) <= width:
+        return line
+    keep = max(width - len(head) - len(numbers) - 4, 1)
+    return f"{head}{numbers} │ {text[: keep - 1]}…" if len(text) > keep else line
 
 
 def summary_table(doc: dict[str, Any], console: Console) -> None:
