@@ -309,7 +309,7 @@ def test_claude_code_through_the_gateway_matches_its_session_ledger(
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         result = json.loads(done.stdout)
         assert (work / "out.txt").read_text() == "made-by-claude\n"
-        report = json.loads(stayer("report", result["session_id"], "--json"))
+        report = _ledger(stayer, result["session_id"], result["num_turns"])
     finally:
         gw.terminate()
         gw.wait(timeout=60)
