@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import httpx  # noqa: E402
+from _stdout import json_only  # noqa: E402  (bench/: --json prints one document)
 
 TERMINAL = {"succeeded", "failed", "budget_exhausted", "cancelled", "error"}
 SIM = "sim:claude-sonnet-4-5"
@@ -465,6 +466,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    emit = json_only(args.json)
     work = Path(tempfile.mkdtemp(prefix="stayer-bench-faults-"))
     os.chmod(work, 0o755)  # the PostgreSQL server's user reaches its directory under it
     bench = Bench(args, work)
@@ -477,7 +479,7 @@ def main() -> None:
         else:
             shutil.rmtree(work, ignore_errors=True)
     if args.json:
-        print(json.dumps(result, indent=2))
+        emit(result)
     else:
         for k, v in result.items():
             print(f"{k:>32}: {v}")

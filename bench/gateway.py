@@ -47,6 +47,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _stdout import json_only  # noqa: E402  (bench/: --json prints one document)
+
 from stayer.metering.usage import StreamReader, read_body  # noqa: E402
 from stayer.pricing import PriceBook  # noqa: E402
 from stayer.usage import Usage  # noqa: E402
@@ -445,6 +447,7 @@ def main() -> None:
     )
     ap.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     args = ap.parse_args()
+    emit = json_only(args.json)
     rounds, n, tp_rounds, tp_s, turns = (3, 12, 1, 1.0, 3) if args.quick else (8, 25, 3, 3.0, 5)
 
     work = Path(tempfile.mkdtemp(prefix="stayer-bench-gateway-", dir=args.workdir))
@@ -549,7 +552,7 @@ def main() -> None:
         procs.stop()
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
-        print(json.dumps(result, indent=2))
+        emit(result)
     else:
         for name, row in result["setups"].items():
             print(name, json.dumps(row))
