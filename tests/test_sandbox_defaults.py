@@ -112,7 +112,7 @@ def test_the_docker_sandbox_caps_memory_and_tmp_by_default(
     argv = sb._argv("name", "true", (), "/app", False)
     at = argv.index("--memory")
     assert argv[at + 1 : at + 4] == [f"{HOST_MB // 2}m", "--memory-swap", f"{HOST_MB // 2}m"]
-    assert f"/tmp:rw,nosuid,nodev,size={HOST_MB // 4}m,mode=1777" in argv
+    assert f"/tmp:rw,exec,nosuid,nodev,size={HOST_MB // 4}m,mode=1777" in argv
     assert argv[-2:] == ["-c", "true"]  # no address-space ulimit unless asked for
 
 
