@@ -940,8 +940,9 @@ def test_postgres_gone_mid_run_is_one_line_then_resumes(tmp_path: Path) -> None:
         assert proc.stderr is not None
         seen = []
         for line in proc.stderr:  # the database goes away once two steps are journaled:
-            seen.append(line)  # after the header, one progress line per step
-            if len(seen) == 3:  # held still while the server stops, so the run cannot finish first
+            seen.append(line)  # after the header's lines, one progress line per step
+            if sum(ln.startswith("step ") for ln in seen) == 2:  # held still while the
+                # server stops, so the run cannot finish first
                 proc.send_signal(signal.SIGSTOP)
                 pg_server.stop(base)
                 proc.send_signal(signal.SIGCONT)

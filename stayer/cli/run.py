@@ -29,7 +29,7 @@ from stayer.cli.common import (
     step_notes,
     usd,
 )
-from stayer.errors import ConfigError
+from stayer.errors import ConfigError, StoreUnavailable
 from stayer.money import Usd
 
 if TYPE_CHECKING:
@@ -227,6 +227,8 @@ def finish(run: Callable[[], Any], json_out: bool, run_id: str) -> NoReturn:
             soft_wrap=True,
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except StoreUnavailable as e:  # the database went away mid-run (a ConfigError too)
+        bad_input(f"run {run_id} stopped: {e}; once fixed, `stayer resume {run_id}` continues it")
     except ConfigError as e:
         bad_input(str(e))
     except Exception as e:
