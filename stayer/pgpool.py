@@ -93,7 +93,10 @@ def first_line(e: BaseException) -> str:
 
 @contextmanager
 def borrowed(pool: Any, where: str) -> Iterator[Any]:
-    """A connection of ``pool`` for one unit of work; a lost database is StoreUnavailable."""
+    """A connection of ``pool`` for one unit of work; a lost database is StoreUnavailable,
+    and so is a pool already given back (a store closed while a run still held it)."""
+    if pool is None:
+        raise StoreUnavailable(f"{where}: this process closed its connections; try again")
     try:
         with pool.connection() as conn:
             yield conn

@@ -320,7 +320,8 @@ class RunJournal:
             raise
         finally:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # the renewals' own failure (a database away) must not replace the body's
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
     def finish(self, result: dict[str, Any]) -> None:

@@ -198,11 +198,12 @@ class Worker:
             while not stop.is_set():
                 wait = self.poll_s
                 if len(self.running) < self.concurrency:
+                    down = False
                     try:
                         claimed = self.db.claim_next(new_owner(), self.lease_ttl_s)
                     except StoreUnavailable as e:
                         self._store_down(e)
-                        claimed, wait = None, backoff.next()
+                        claimed, wait, down = None, backoff.next(), True
                     else:
                         self._store_up()
                         backoff.reset()
@@ -212,11 +213,16 @@ class Worker:
                         task.add_done_callback(self._forget(claimed.id))
                         continue
                     # Nothing queued: a hold a dead process left open? Room freed in a
-                    # tenant's budget?
-                    if time.monotonic() >= self._next_sweep:
-                        self._next_sweep = time.monotonic() + SWEEP_S
-                        settle_ended(self.db, self.budgets)
-                    self._admit()
+                    # tenant's budget? (Not while the database is away: backoff first.)
+                    try:
+                        if not down and time.monotonic() >= self._next_sweep:
+                            self._next_sweep = time.monotonic() + SWEEP_S
+                            settle_ended(self.db, self.budgets)
+                        if not down:
+                            self._admit()
+                    except StoreUnavailable as e:
+                        self._store_down(e)
+                        wait = backoff.next()
                 with contextlib.suppress(TimeoutError):  # (not wait_for: see teams.bus)
                     async with asyncio.timeout(wait):
                         await stop.wait()
