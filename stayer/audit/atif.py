@@ -28,13 +28,13 @@ from stayer.audit.calls import (
     MAIN_CHAIN,
     Call,
     Check,
+    DocumentImporter,
     ImportedSession,
     LogFile,
     SessionRef,
     file_time,
     logged_cost,
     parse_ts,
-    read_document,
 )
 from stayer.audit.codex import UNKNOWN_MODEL
 from stayer.usage import Usage
@@ -111,10 +111,11 @@ def _written(m: _Metrics) -> tuple[int, int]:
     return total - w1h, w1h
 
 
-class AtifImporter:
+class AtifImporter(DocumentImporter):
     """Reads ATIF ``trajectory.json`` documents (see module docstring)."""
 
     source = "atif"
+    decoder = _DECODER
 
     def sniff(self, name: str, head: bytes) -> bool:
         return name.endswith(".json") and b'"ATIF-' in head and b'"schema_version"' in head
@@ -124,14 +125,6 @@ class AtifImporter:
             m = _SESSION_ID.search(f.head)
             sid = m.group(1).decode("utf-8", "replace") if m else f.name.removesuffix(".json")
             yield SessionRef(self.source, sid, "", (f.path,), f.size)
-
-    def read(self, ref: SessionRef) -> ImportedSession:
-        out = ImportedSession(self.source, ref.id, ref.project)
-        for path in ref.paths:
-            doc = read_document(path, out, _DECODER)
-            if doc is not None:
-                self._session(doc, path, out)
-        return out
 
     @staticmethod
     def _session(doc: _Trajectory, path: str, out: ImportedSession) -> None:

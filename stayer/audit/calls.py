@@ -227,6 +227,27 @@ def read_document(path: str, out: ImportedSession, decoder: msgspec.json.Decoder
         return None
 
 
+class DocumentImporter:
+    """An importer of logs that hold one session in one JSON document: ``read`` decodes each
+    of the session's files with ``decoder`` (``read_document``) and hands it to
+    ``_session(doc, path, out)``."""
+
+    source: str
+    decoder: msgspec.json.Decoder[Any]
+
+    def read(self, ref: SessionRef) -> ImportedSession:
+        out = ImportedSession(self.source, ref.id, ref.project)
+        for path in ref.paths:
+            doc = read_document(path, out, self.decoder)
+            if doc is not None:
+                self._session(doc, path, out)
+        return out
+
+    @staticmethod
+    def _session(doc: Any, path: str, out: ImportedSession) -> None:
+        raise NotImplementedError
+
+
 def logged_cost(value: float | None) -> str | None:
     """A cost a log wrote as a JSON number, as a decimal string (the float's shortest
     round-trip digits, never an exponent); None when it wrote none."""

@@ -23,12 +23,12 @@ import msgspec
 from stayer.audit.calls import (
     Call,
     Check,
+    DocumentImporter,
     ImportedSession,
     LogFile,
     SessionRef,
     file_time,
     logged_cost,
-    read_document,
     same_cost,
 )
 from stayer.audit.codex import UNKNOWN_MODEL
@@ -82,10 +82,11 @@ class _Traj(msgspec.Struct):
 _DECODER = msgspec.json.Decoder(_Traj)
 
 
-class MiniSweAgentImporter:
+class MiniSweAgentImporter(DocumentImporter):
     """Reads mini-swe-agent ``.traj.json`` files (see module docstring)."""
 
     source = "mini-swe-agent"
+    decoder = _DECODER
 
     def sniff(self, name: str, head: bytes) -> bool:
         return (
@@ -98,14 +99,6 @@ class MiniSweAgentImporter:
         for f in files:
             stem = f.name.removesuffix(".json").removesuffix(".traj")
             yield SessionRef(self.source, stem, "", (f.path,), f.size)
-
-    def read(self, ref: SessionRef) -> ImportedSession:
-        out = ImportedSession(self.source, ref.id, ref.project)
-        for path in ref.paths:
-            doc = read_document(path, out, _DECODER)
-            if doc is not None:
-                self._session(doc, path, out)
-        return out
 
     @staticmethod
     def _session(doc: _Traj, path: str, out: ImportedSession) -> None:

@@ -23,13 +23,13 @@ import msgspec
 from stayer.audit.calls import (
     Call,
     Check,
+    DocumentImporter,
     ImportedSession,
     LogFile,
     SessionRef,
     file_time,
     logged_cost,
     parse_ts,
-    read_document,
 )
 from stayer.audit.codex import UNKNOWN_MODEL
 from stayer.audit.litellm_usage import LiteLLMUsage
@@ -67,10 +67,11 @@ class _Event(msgspec.Struct):
 _DECODER = msgspec.json.Decoder(list[_Event])
 
 
-class OpenHandsImporter:
+class OpenHandsImporter(DocumentImporter):
     """Reads OpenHands trajectories saved as a list of events (see module docstring)."""
 
     source = "openhands"
+    decoder = _DECODER
 
     def sniff(self, name: str, head: bytes) -> bool:
         return (
@@ -85,14 +86,6 @@ class OpenHandsImporter:
         for f in files:
             project = os.path.basename(os.path.dirname(f.path))
             yield SessionRef(self.source, f.name.removesuffix(".json"), project, (f.path,), f.size)
-
-    def read(self, ref: SessionRef) -> ImportedSession:
-        out = ImportedSession(self.source, ref.id, ref.project)
-        for path in ref.paths:
-            events = read_document(path, out, _DECODER)
-            if events is not None:
-                self._session(events, path, out)
-        return out
 
     @staticmethod
     def _session(events: list[_Event], path: str, out: ImportedSession) -> None:

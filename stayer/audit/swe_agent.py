@@ -20,12 +20,12 @@ import msgspec
 from stayer.audit.calls import (
     Call,
     Check,
+    DocumentImporter,
     ImportedSession,
     LogFile,
     SessionRef,
     file_time,
     logged_cost,
-    read_document,
 )
 from stayer.audit.codex import UNKNOWN_MODEL
 from stayer.usage import Usage
@@ -82,10 +82,11 @@ def _model(raw: msgspec.Raw) -> str | None:
     return (model.name or model.model_name) if model is not None else None
 
 
-class SweAgentImporter:
+class SweAgentImporter(DocumentImporter):
     """Reads SWE-agent ``.traj`` files (see module docstring)."""
 
     source = "swe-agent"
+    decoder = _DECODER
 
     def sniff(self, name: str, head: bytes) -> bool:
         return name.endswith(".traj") and b'"trajectory"' in head
@@ -93,14 +94,6 @@ class SweAgentImporter:
     def group(self, files: Sequence[LogFile]) -> Iterable[SessionRef]:
         for f in files:
             yield SessionRef(self.source, f.name.removesuffix(".traj"), "", (f.path,), f.size)
-
-    def read(self, ref: SessionRef) -> ImportedSession:
-        out = ImportedSession(self.source, ref.id, ref.project)
-        for path in ref.paths:
-            doc = read_document(path, out, _DECODER)
-            if doc is not None:
-                self._session(doc, path, out)
-        return out
 
     @staticmethod
     def _session(doc: _Traj, path: str, out: ImportedSession) -> None:
