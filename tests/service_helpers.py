@@ -7,6 +7,7 @@ hang into a failure; nothing asserts on how long anything took.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -173,3 +175,40 @@ def read_events(
     ) as response:
         assert response.status_code == 200, response.read()
         yield from iter_sse(response.iter_lines())
+
+
+def start_listening(
+    argv: list[str], env: dict[str, str] | None = None, sink: list[str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """``stayer ARGV`` (``sim serve``, ``gateway``) started, and its URL, read from the line
+    it prints on stderr once its socket listens. What it writes after that line is read on
+    (into ``sink``, when given), so a chatty server never blocks on a full pipe."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stayer.cli", *argv],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**(os.environ if env is None else env), "COLUMNS": "300"},
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert " on http://" in line, line + proc.stderr.read()
+    rest = proc.stderr
+
+    def drain() -> None:
+        for later in rest:
+            if sink is not None:
+                sink.append(later)
+
+    threading.Thread(target=drain, daemon=True).start()
+    return proc, line.split(" on ", 1)[1].split()[0]
+
+
+@contextlib.contextmanager
+def listening(argv: list[str], env: dict[str, str] | None = None) -> Iterator[str]:
+    """``start_listening`` for a block: its URL, the process stopped at the end."""
+    proc, url = start_listening(argv, env)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from service_helpers import listening, start_listening
 
 from stayer.pricing import PriceBook
 from stayer.usage import Usage
@@ -52,17 +53,8 @@ def _needs(binary: Path) -> None:
 def sim(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     script = tmp_path / "turns.yaml"
     script.write_text(request.param)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stayer.cli", "sim", "serve", "--port", "0",
-         "--policy", f"script:{script}"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"},
-    )  # fmt: skip
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    assert "stayer sim serve on http://" in line, line + proc.stderr.read()
-    yield line.split(" on ", 1)[1].split()[0]
-    proc.terminate()
-    proc.wait(timeout=30)
+    with listening(["sim", "serve", "--port", "0", "--policy", f"script:{script}"]) as url:
+        yield url
 
 
 CLAUDE_SCRIPT = """
@@ -164,16 +156,8 @@ def test_codex_through_the_gateway_matches_its_session_ledger(sim: str, tmp_path
         return done.stdout
 
     key = json.loads(stayer("tenants", "create", "dev", "--max-cost", "5", "--json"))["api_key"]
-    gw = subprocess.Popen(
-        [sys.executable, "-m", "stayer.cli", "gateway", "--port", "0", "--upstream",
-         f"openai={sim}"],
-        stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    gw, url = start_listening(["gateway", "--port", "0", "--upstream", f"openai={sim}"], env)
     try:
-        assert gw.stderr is not None
-        line = gw.stderr.readline()
-        assert " on http://" in line, line
-        url = line.split(" on ", 1)[1].split()[0]
         work, home = tmp_path / "work", tmp_path / "home"
         work.mkdir()
         home.mkdir()
@@ -285,16 +269,8 @@ def test_claude_code_through_the_gateway_matches_its_session_ledger(
         return done.stdout
 
     key = json.loads(stayer("tenants", "create", "dev", "--max-cost", "5", "--json"))["api_key"]
-    gw = subprocess.Popen(
-        [sys.executable, "-m", "stayer.cli", "gateway", "--port", "0", "--upstream",
-         f"anthropic={sim}"],
-        stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    gw, url = start_listening(["gateway", "--port", "0", "--upstream", f"anthropic={sim}"], env)
     try:
-        assert gw.stderr is not None
-        line = gw.stderr.readline()
-        assert " on http://" in line, line
-        url = line.split(" on ", 1)[1].split()[0]
         work, home = tmp_path / "work", tmp_path / "home"
         work.mkdir()
         home.mkdir()
@@ -386,12 +362,7 @@ def test_mini_swe_agent_through_litellm_and_the_gateway_solves_hello_file(
         return done.stdout
 
     def serve(*args: str) -> tuple[subprocess.Popen[str], str]:
-        proc = subprocess.Popen([sys.executable, "-m", "stayer.cli", *args, "--port", "0"],
-                                stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        assert " on http://" in line, line + proc.stderr.read()
-        return proc, line.split(" on ", 1)[1].split()[0]
+        return start_listening([*args, "--port", "0"], env)
 
     key = json.loads(stayer("tenants", "create", "dev", "--max-cost", "5", "--json"))["api_key"]
     sim, sim_url = serve("sim", "serve", "--policy", f"script:{tmp_path / 'turns.yaml'}")

@@ -21,19 +21,9 @@ import anthropic
 import httpx
 import openai
 import pytest
+from service_helpers import start_listening as _serve
 
 SYSTEM = "Be exact. " * 700
-
-
-def _serve(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stayer.cli", *argv],
-        stderr=subprocess.PIPE, text=True, env={**env, "COLUMNS": "300"},
-    )  # fmt: skip
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    assert " on http://" in line, line + proc.stderr.read()
-    return proc, line.split(" on ", 1)[1].split()[0]
 
 
 def _cli(env: dict[str, str], *args: str) -> str:

@@ -20,20 +20,10 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from service_helpers import start_listening as _serve
 
 SYSTEM = "Be thrifty. " * 700  # a prefix no other test caches
 TOOLS = [{"name": "look", "description": "Look.", "input_schema": {"type": "object"}}]
-
-
-def _serve(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stayer.cli", *argv],
-        stderr=subprocess.PIPE, text=True, env={**env, "COLUMNS": "300"},
-    )  # fmt: skip
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    assert " on http://" in line, line + proc.stderr.read()
-    return proc, line.split(" on ", 1)[1].split()[0]
 
 
 def _cli(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ import anthropic
 import openai
 import pytest
 from pg_server import database_fixture
+from service_helpers import start_listening
 
 pg_url = database_fixture()
 
@@ -61,15 +61,7 @@ LOGS: list[str] = []  # what the servers wrote after their first line (a traceba
 
 
 def _serve(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stayer.cli", *argv, "--port", "0"],
-        stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    assert " on http://" in line, line + proc.stderr.read()
-    threading.Thread(target=lambda: LOGS.extend(proc.stderr or ()), daemon=True).start()
-    return proc, line.split(" on ", 1)[1].split()[0]
+    return start_listening([*argv, "--port", "0"], env, sink=LOGS)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

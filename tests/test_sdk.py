@@ -19,6 +19,7 @@ from pathlib import Path
 import anthropic
 import openai
 import pytest
+from service_helpers import listening
 
 import stayer
 
@@ -27,16 +28,8 @@ SYSTEM = "Be exact. " * 700
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stayer.cli", "sim", "serve", "--port", "0"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"},
-    )  # fmt: skip
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    assert " on http://" in line, line + proc.stderr.read()
-    yield line.split(" on ", 1)[1].split()[0]
-    proc.terminate()
-    proc.wait(timeout=30)
+    with listening(["sim", "serve", "--port", "0"]) as url:
+        yield url
 
 
 def test_the_public_api_is_what_the_docs_list() -> None:

@@ -17,6 +17,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from service_helpers import listening
 
 from stayer.metering import requests
 from stayer.models.sim import SimModel
@@ -60,17 +61,8 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(script: Path) -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stayer.cli", "sim", "serve", "--port", "0",
-         "--policy", f"script:{script}"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
-    assert proc.stderr is not None
-    line = proc.stderr.readline()  # printed once the socket listens
-    assert "stayer sim serve on http://" in line, line + proc.stderr.read()
-    yield line.split(" on ", 1)[1].split()[0]
-    proc.terminate()
-    proc.wait(timeout=30)
+    with listening(["sim", "serve", "--port", "0", "--policy", f"script:{script}"]) as url:
+        yield url
 
 
 def _in_process(
