@@ -85,16 +85,23 @@ def private_dockerd() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def docker_host() -> Iterator[str]:
-    """``DOCKER_HOST`` of a daemon started for this test session (and xdist worker)."""
+def _dockerd() -> Iterator[str]:
+    """A daemon started for this test session (and xdist worker): its ``DOCKER_HOST``."""
     _needs("dockerd", "docker", why="apt install docker.io")
     if os.geteuid() != 0:
         pytest.skip("the tests start their own dockerd, which needs root")
-    with private_dockerd() as host, pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DOCKER_HOST", host)
-        check_docker.cache_clear()  # a docker probed before the daemon was up
+    with private_dockerd() as host:
         yield host
-        check_docker.cache_clear()
+
+
+@pytest.fixture
+def docker_host(_dockerd: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``DOCKER_HOST`` of the session's daemon, set for this test only: a test that asks
+    for no daemon runs as on a machine without one, whatever ran before it."""
+    monkeypatch.setenv("DOCKER_HOST", _dockerd)
+    check_docker.cache_clear()  # a docker probed without the daemon
+    yield _dockerd
+    check_docker.cache_clear()
 
 
 def _mounts_under(path: Path) -> list[str]:
@@ -133,17 +140,29 @@ def needs_slirp() -> None:
 
 
 @pytest.fixture(scope="session")
-def docker_base(docker_host: str, base_root: Path) -> str:
+def _docker_base_image(_dockerd: str, base_root: Path) -> str:
+    """:data:`BASE_IMAGE` imported into the session's daemon, once."""
+    return import_base(base_root, _dockerd)
+
+
+@pytest.fixture
+def docker_base(docker_host: str, _docker_base_image: str) -> str:
     """:data:`BASE_IMAGE` in the session's daemon, imported from :func:`base_root` (on a
-    user's machine it would be pulled from the registry)."""
-    return import_base(base_root)
+    user's machine it would be pulled from the registry); ``DOCKER_HOST`` set for the test."""
+    return _docker_base_image
 
 
-def import_base(base_root: Path) -> str:
-    """Import ``base_root`` into the daemon of ``DOCKER_HOST`` as :data:`BASE_IMAGE`."""
+def import_base(base_root: Path, host: str | None = None) -> str:
+    """Import ``base_root`` as :data:`BASE_IMAGE` into the daemon at ``host`` (default: the
+    one ``DOCKER_HOST`` names)."""
+    env = {**os.environ, "DOCKER_HOST": host} if host else None
     tar = subprocess.Popen(["tar", "-C", str(base_root), "-c", "."], stdout=subprocess.PIPE)
     subprocess.run(
-        ["docker", "import", "-", BASE_IMAGE], stdin=tar.stdout, check=True, capture_output=True
+        ["docker", "import", "-", BASE_IMAGE],
+        stdin=tar.stdout,
+        check=True,
+        capture_output=True,
+        env=env,
     )
     assert tar.stdout is not None
     tar.stdout.close()

@@ -18,7 +18,13 @@ from typing import Any
 
 import pytest
 import yaml
-from docker_helpers import base_root, docker_base, docker_host  # noqa: F401 - fixtures
+from docker_helpers import (  # noqa: F401 - fixtures
+    _docker_base_image,
+    _dockerd,
+    base_root,
+    docker_base,
+    docker_host,
+)
 from pg_server import database_fixture
 
 ROOT = Path(__file__).resolve().parent.parent

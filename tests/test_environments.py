@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 from docker_helpers import (  # noqa: F401 - fixtures
+    _docker_base_image,
+    _dockerd,
     base_root,
     docker_base,
     docker_host,

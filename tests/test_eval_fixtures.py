@@ -83,9 +83,6 @@ def write_fixture_suite(suite: Path, names: list[str] | None = None) -> Path:
 def stayer(*args: str, home: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real command line, with state in ``home``."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    # A user's machine: not the private dockerd another test of this worker left in
-    # DOCKER_HOST (a Dockerfile task would be built there, from a registry out of reach).
-    env.pop("DOCKER_HOST", None)
     env["STAYER_HOME"] = str(home)
     return subprocess.run(
         [sys.executable, "-m", "stayer.cli", *args],

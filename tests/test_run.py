@@ -28,7 +28,6 @@ def stayer(
     *args: str, home: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    full_env.pop("DOCKER_HOST", None)  # not another test's private dockerd: a user's machine
     full_env.update({"STAYER_HOME": str(home)}, **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "stayer.cli", *args],

@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_helpers import base_root, docker_base, docker_host  # noqa: F401 - fixtures
+from docker_helpers import (  # noqa: F401 - fixtures
+    _docker_base_image,
+    _dockerd,
+    base_root,
+    docker_base,
+    docker_host,
+)
 from sandbox_helpers import count_forks, marker, needs_bwrap, procs_with, run, wait_gone
 
 from stayer.sandbox.base import ExecResult, Sandbox

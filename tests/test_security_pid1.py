@@ -18,7 +18,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from docker_helpers import base_root, docker_base, docker_host  # noqa: F401 - fixtures
+from docker_helpers import (  # noqa: F401 - fixtures
+    _docker_base_image,
+    _dockerd,
+    base_root,
+    docker_base,
+    docker_host,
+)
 from sandbox_helpers import needs_bwrap, run
 
 from stayer.errors import BudgetReached
