@@ -374,3 +374,51 @@ def test_breakers_stop_a_session_that_loops_or_runs_past_its_steps(
         for i in range(3)
     ]  # fmt: skip
     assert got == [200, 200, 403]
+
+
+def _stalled_client(url: str) -> socket.socket:
+    """A client that sends its headers and half a body, then nothing: it holds a connection."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b'content-length: 1000\r\n\r\n{"model": "claude'
+    )
+    return sock
+
+
+def test_a_client_that_stalls_mid_body_holds_no_one_else_up(
+    gateway: str, keys: dict[str, str]
+) -> None:
+    stalled = [_stalled_client(gateway) for _ in range(8)]
+    try:
+        ok = httpx.post(
+            f"{gateway}/v1/messages",
+            json={"model": "claude-sonnet-4-5", "max_tokens": 20,
+                  "messages": [{"role": "user", "content": "still here?"}]},
+            headers={"x-api-key": keys["acme"], "x-stayer-session": "s-stall"},
+            timeout=60,
+        )  # fmt: skip
+        assert ok.status_code == 200
+    finally:
+        for s in stalled:
+            s.close()
+
+
+def test_a_session_id_that_is_no_plain_name_is_filed_under_a_digest(
+    gateway: str, keys: dict[str, str], env: dict[str, str]
+) -> None:
+    weird = "../../etc/passwd\u202e"
+    r = httpx.post(
+        f"{gateway}/v1/messages",
+        json={"model": "claude-sonnet-4-5", "max_tokens": 20,
+              "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-api-key": keys["acme"], "x-stayer-session": weird.encode()},
+        timeout=60,
+    )  # fmt: skip
+    assert r.status_code == 200
+    from stayer.journal.metered import session_id
+
+    sid = session_id(weird.encode().decode("latin-1"))
+    assert sid.startswith("gw-") and "/" not in sid
+    assert _wait_steps(env, sid, 1)["steps"] == 1

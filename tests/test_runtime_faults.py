@@ -402,3 +402,34 @@ def test_sigterm_hands_runs_back_at_a_step_boundary_within_the_drain_timeout(
         if rescuer is not None:
             rescuer.kill()
         api.process.kill()
+
+
+def test_a_workers_health_endpoint_serves_two_paths_and_nothing_else() -> None:
+    """The worker's /healthz and /metrics (on 127.0.0.1 only): another path or method gets
+    nothing, a path with a query string is the same path, nothing else is read."""
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from stayer.runtime.worker import serve_health
+
+    state = {"ok": True}
+    fake = SimpleNamespace(
+        health=lambda: (state["ok"], {"status": "ok" if state["ok"] else "unavailable"}),
+        metrics=SimpleNamespace(registry=CollectorRegistry()),
+    )
+    port = free_port()
+    server = serve_health(fake, port)  # type: ignore[arg-type]
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert server.server_address[0] == "127.0.0.1"
+        assert httpx.get(f"{base}/healthz?x=1", timeout=30).json() == {"status": "ok"}
+        state["ok"] = False
+        r = httpx.get(f"{base}/healthz", timeout=30)
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert httpx.get(f"{base}/metrics", timeout=30).status_code == 200
+        for path in ("/", "/../etc/passwd", "/healthz/../metrics/x", "/%00"):
+            assert httpx.get(f"{base}{path}", timeout=30).status_code == 404, path
+        assert httpx.post(f"{base}/healthz", content=b"x" * 100, timeout=30).status_code == 501
+    finally:
+        server.shutdown()

@@ -343,3 +343,24 @@ def test_deleting_a_run_deletes_its_workspace_and_follows_no_other_link(tmp_path
     (other / "workspace").symlink_to(keep)  # not one of ours: removed, never followed
     delete_run_dir(other)
     assert not other.exists() and (keep / "f").read_text() == "x"
+
+
+def test_deleting_a_workspace_follows_no_link_and_opens_no_special_file(tmp_path: Path) -> None:
+    """What the agent left in its workspace (a link to a host file, a FIFO, a link loop) is
+    removed as names: nothing is followed, opened or blocked on."""
+    from stayer.run import delete_run_dir, run_workspace
+
+    host_file = tmp_path / "host-secret"
+    host_file.write_text("keep me")
+    host_dir = tmp_path / "host-dir"
+    host_dir.mkdir()
+    (host_dir / "f").write_text("keep me too")
+    run_dir = tmp_path / "runs" / "r3"
+    workspace = run_workspace(run_dir)
+    (workspace / "to-file").symlink_to(host_file)
+    (workspace / "to-dir").symlink_to(host_dir)
+    (workspace / "loop").symlink_to(workspace / "loop")
+    os.mkfifo(workspace / "fifo")
+    delete_run_dir(run_dir)
+    assert not run_dir.exists() and not workspace.exists()
+    assert host_file.read_text() == "keep me" and (host_dir / "f").read_text() == "keep me too"

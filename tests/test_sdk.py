@@ -214,3 +214,20 @@ def test_ten_processes_never_overshoot_one_budget(sim: str, tmp_path: Path) -> N
     assert all(p.returncode == 0 for p in procs)
     budget = stayer.Budget("0.02", store=store, name="shared")
     assert 0 < made < 60 and budget.spent <= Decimal("0.02") and budget.reserved == 0
+
+
+def test_bad_input_to_the_library_is_refused_in_one_line() -> None:
+    from stayer.errors import ConfigError
+
+    with pytest.raises(TypeError, match="anthropic or openai client"):
+        stayer.meter(object())
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(ConfigError, match="Budget"):
+            stayer.Budget(bad)
+    parent = stayer.Budget("1")
+    with pytest.raises(stayer.BudgetExceeded, match="cannot spare"):
+        parent.child("2")
+    child = parent.child("0.25")
+    assert parent.remaining == Decimal("0.75") and child.remaining == Decimal("0.25")
+    child.close()
+    assert parent.remaining == Decimal(1)

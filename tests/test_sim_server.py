@@ -305,3 +305,28 @@ def test_a_script_drives_stayer_run_in_process_too(tmp_path: Path) -> None:
     )  # fmt: skip
     result = json.loads(done.stdout)
     assert (result["status"], result["reward"], result["steps"]) == ("succeeded", 1.0, 2)
+
+
+def test_a_client_that_stalls_mid_body_holds_no_one_else_up(server: str) -> None:
+    import socket
+
+    host, port = server.removeprefix("http://").split(":")
+    stalled = []
+    for _ in range(8):
+        s = socket.create_connection((host, int(port)))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 500\r\n\r\n{")
+        stalled.append(s)
+    try:
+        ok = httpx.post(
+            f"{server}/v1/chat/completions",
+            json={
+                "model": "gpt-5",
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": TOOLS_O,
+            },
+            timeout=60,
+        )
+        assert ok.status_code == 200, ok.text
+    finally:
+        for s in stalled:
+            s.close()
