@@ -144,6 +144,7 @@ class Session:
         self.store: Store = _db(open_store, root)
         self.ledger_writer = SessionLedger(self.store)
         self.states = SessionStates()
+        self.opened = False
 
     def report(self) -> dict[str, Any]:
         """What ``stayer report ID --json`` prints."""
@@ -187,8 +188,9 @@ class _Core:
 
     def admit(self, parsed: wire.Parsed, provider: str) -> Admission:
         try:
-            row = self.session.ledger_writer.open(TENANT, self.session.id, parsed.model, _now())
-            del row
+            if not self.session.opened:  # its journal row, made once
+                self.session.ledger_writer.open(TENANT, self.session.id, parsed.model, _now())
+                self.session.opened = True
             return self.meter.admit(parsed, provider, [self.budget.name])
         except Refused as e:
             raise _refusal(str(e), self.sdk) from None
@@ -241,14 +243,7 @@ def _metered(request: Any) -> tuple[wire.Api, wire.Parsed, bytes] | None:
 
 
 def _rebuilt(httpx2: Any, request: Any, api: wire.Api, body: bytes, allowed: int) -> Any:
-    doc = json.loads(body)
-    name = {"anthropic": "max_tokens", "responses": "max_output_tokens"}.get(api) or (
-        "max_tokens"
-        if "max_tokens" in doc and "max_completion_tokens" not in doc
-        else "max_completion_tokens"
-    )
-    doc[name] = allowed
-    content = json.dumps(doc).encode()
+    content = json.dumps(wire.with_max_tokens(api, json.loads(body), allowed)).encode()
     headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
     return httpx2.Request(
         request.method, request.url, headers=headers, content=content, extensions=request.extensions

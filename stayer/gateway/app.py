@@ -50,6 +50,7 @@ from stayer.settings import MAX_STEPS, MAX_USD
 
 MAX_BODY = 32 * 1024 * 1024
 T = TypeVar("T")
+MAX_OPENED = 100_000  # sessions whose opened accounts a process remembers
 # Request headers never forwarded: the client's credentials, hop-by-hop, ours.
 _DROP = {
     "authorization", "x-api-key", "host", "content-length", "connection", "keep-alive",
@@ -88,6 +89,8 @@ class Gateway:
     metrics_token: str | None = None
     metrics: GatewayMetrics = field(default_factory=lambda: GatewayMetrics())
     states: SessionStates = field(default_factory=SessionStates)
+    # (tenant, session, cap) whose accounts this process has opened: not looked up again
+    opened: set[tuple[str, str, Decimal | None]] = field(default_factory=set)
     # Opt-in savings (``stayer.metering.savings``), each shown on the call's ledger entry.
     auto_cache: bool = False
     aliases: Mapping[str, str] = field(default_factory=dict)  # model asked → model called
@@ -161,26 +164,12 @@ def _cap(request: Request) -> Decimal | None:
 
 
 async def _read(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise _Error(413, f"request body over {limit} bytes")
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise _Error(413, f"request body over {limit} bytes")
-    return bytes(data)
-
-
-def _with_max_tokens(api: wire.Api, body: dict[str, Any], allowed: int) -> dict[str, Any]:
-    name = {"anthropic": "max_tokens", "responses": "max_output_tokens"}.get(api)
-    if name is None:
-        name = (
-            "max_tokens"
-            if "max_tokens" in body and "max_completion_tokens" not in body
-            else "max_completion_tokens"
+    try:
+        return await wire.read_limited(
+            request.stream(), request.headers.get("content-length"), limit
         )
-    return dict(body, **{name: allowed})
+    except wire.BodyTooLarge as e:
+        raise _Error(413, str(e)) from None
 
 
 def create_app(gw: Gateway) -> Starlette:
@@ -239,7 +228,7 @@ def create_app(gw: Gateway) -> Starlette:
             except _Error as e:
                 return _error(api, e.status, str(e))
             if admission.max_tokens != parsed.request.max_tokens:
-                raw = json.dumps(_with_max_tokens(api, body, admission.max_tokens)).encode()
+                raw = json.dumps(wire.with_max_tokens(api, body, admission.max_tokens)).encode()
             assert gw.client is not None
             started = time.perf_counter()
             candidates = [upstream, *gw.failover.get(_upstream_name(api), ())]
@@ -402,17 +391,21 @@ def _rewrite(
 
 
 def _open_accounts(gw: Gateway, tenant: str, session: str, cap: Decimal | None) -> None:
-    gw.meter.budgets.open(f"tenant:{tenant}", gw.tenant_caps(tenant)) if _missing(
-        gw.meter.budgets, f"tenant:{tenant}"
-    ) else None
+    """The tenant's and the session's budget accounts, opened (once per process: accounts
+    are never closed, and a session's cap never changes once set)."""
+    if (tenant, session, cap) in gw.opened:
+        return
+    budgets = gw.meter.budgets
+    if _missing(budgets, f"tenant:{tenant}"):
+        budgets.open(f"tenant:{tenant}", gw.tenant_caps(tenant))
     name = f"gateway-session:{session}"
-    if _missing(gw.meter.budgets, name):
-        gw.meter.budgets.open(name, cap)
-    elif cap is not None and gw.meter.budgets.account(name).cap != cap:
-        raise _Error(
-            400,
-            f"x-stayer-max-cost: session {session} is capped at ${gw.meter.budgets.account(name).cap} already",
-        )
+    if _missing(budgets, name):
+        budgets.open(name, cap)
+    elif cap is not None and (held := budgets.account(name).cap) != cap:
+        raise _Error(400, f"x-stayer-max-cost: session {session} is capped at ${held} already")
+    if len(gw.opened) > MAX_OPENED:
+        gw.opened.clear()
+    gw.opened.add((tenant, session, cap))
 
 
 def _missing(budgets: BudgetStore, name: str) -> bool:

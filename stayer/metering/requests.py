@@ -10,6 +10,7 @@ simulator server, the gateway and the library alike.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -352,3 +353,34 @@ def parse_responses(body: dict[str, Any]) -> Parsed:
                 )
             )
     return _openai_parsed(body, model, system, tools, messages, max_tokens)
+
+
+def with_max_tokens(api: Api, body: dict[str, Any], allowed: int) -> dict[str, Any]:
+    """``body`` asking for at most ``allowed`` output tokens, in the field its API reads:
+    ``max_tokens`` (Messages), ``max_output_tokens`` (Responses), and for Chat Completions
+    the one the client used (``max_completion_tokens`` when it named neither)."""
+    name = {"anthropic": "max_tokens", "responses": "max_output_tokens"}.get(api)
+    if name is None:
+        name = (
+            "max_tokens"
+            if "max_tokens" in body and "max_completion_tokens" not in body
+            else "max_completion_tokens"
+        )
+    return dict(body, **{name: allowed})
+
+
+class BodyTooLarge(ValueError):
+    """A request body over the limit a server reads (413)."""
+
+
+async def read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
+    """A request body of at most ``limit`` bytes, refused by its declared length before it
+    is read and counted as it streams (a client may declare none, or lie)."""
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise BodyTooLarge(f"request body over {limit} bytes")
+    data = bytearray()
+    async for chunk in chunks:
+        data += chunk
+        if len(data) > limit:
+            raise BodyTooLarge(f"request body over {limit} bytes")
+    return bytes(data)

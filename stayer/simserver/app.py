@@ -39,14 +39,12 @@ class _HttpError(Exception):
 
 
 async def _body(request: Request, limit: int) -> dict[str, Any]:
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise _HttpError(413, f"request body over {limit} bytes")
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise _HttpError(413, f"request body over {limit} bytes")
+    try:
+        data = await wire_in.read_limited(
+            request.stream(), request.headers.get("content-length"), limit
+        )
+    except wire_in.BodyTooLarge as e:
+        raise _HttpError(413, str(e)) from None
     try:
         body = json.loads(data)
     except (ValueError, RecursionError) as e:
