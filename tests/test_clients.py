@@ -44,6 +44,22 @@ def _ledger(stayer: Callable[..., str], session: str, steps: int) -> dict[str, A
     return doc  # type: ignore[no-any-return]
 
 
+def _stayer_home(tmp_path: Path) -> tuple[dict[str, str], Callable[..., str]]:
+    """An environment with a STAYER_HOME of its own (SQLite, no provider key), and
+    ``stayer ARGS`` run in it: its stdout, exit 0 asserted."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env.update(STAYER_HOME=str(tmp_path / "stayer"), COLUMNS="300")
+    env.pop("STAYER_DB", None)
+
+    def stayer(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "stayer.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    return env, stayer
+
+
 def _needs(binary: Path) -> None:
     if not binary.exists() or shutil.which("node") is None:
         pytest.skip(f"{binary.name} not installed: .ci/run installs it with npm into {AGENTS}")
@@ -145,15 +161,7 @@ def test_codex_through_the_gateway_matches_its_session_ledger(sim: str, tmp_path
     token for token; the gateway files it under the ``session-id`` header Codex sends,
     which is the ``thread_id`` of its ``thread.started`` event."""
     _needs(CODEX)
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    env.update(STAYER_HOME=str(tmp_path / "stayer"), COLUMNS="300")
-    env.pop("STAYER_DB", None)
-
-    def stayer(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "stayer.cli", *args], env=env,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+    env, stayer = _stayer_home(tmp_path)
 
     key = json.loads(stayer("tenants", "create", "dev", "--max-cost", "5", "--json"))["api_key"]
     gw, url = start_listening(["gateway", "--port", "0", "--upstream", f"openai={sim}"], env)
@@ -206,24 +214,12 @@ def test_codex_shows_a_budget_refusal_at_once_and_does_not_retry_it(
     """A call the tenant's cap cannot hold is refused in the Responses API's error shape,
     with a status Codex shows as it is and does not retry (it retries a 402 five times)."""
     _needs(CODEX)
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    env.update(STAYER_HOME=str(tmp_path / "stayer"), COLUMNS="300")
-    env.pop("STAYER_DB", None)
-    made = subprocess.run(
-        [sys.executable, "-m", "stayer.cli", "tenants", "create", "poor", "--max-cost", "0.001",
-         "--json"], env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    key = json.loads(made.stdout)["api_key"]
-    gw = subprocess.Popen(
-        [sys.executable, "-m", "stayer.cli", "gateway", "--port", "0", "--upstream",
-         f"openai={sim}"],
-        stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    env, stayer = _stayer_home(tmp_path)
+    key = json.loads(stayer("tenants", "create", "poor", "--max-cost", "0.001", "--json"))[
+        "api_key"
+    ]
+    gw, url = start_listening(["gateway", "--port", "0", "--upstream", f"openai={sim}"], env)
     try:
-        assert gw.stderr is not None
-        line = gw.stderr.readline()
-        assert " on http://" in line, line
-        url = line.split(" on ", 1)[1].split()[0]
         work, home = tmp_path / "work", tmp_path / "home"
         work.mkdir()
         home.mkdir()
@@ -258,15 +254,7 @@ def test_claude_code_through_the_gateway_matches_its_session_ledger(
     """Claude Code's own usage and cost equal the gateway's ledger of its session, token
     for token; the ledger is found by the session id Claude Code sends."""
     _needs(CLAUDE)
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    env.update(STAYER_HOME=str(tmp_path / "stayer"), COLUMNS="300")
-    env.pop("STAYER_DB", None)
-
-    def stayer(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "stayer.cli", *args], env=env,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+    env, stayer = _stayer_home(tmp_path)
 
     key = json.loads(stayer("tenants", "create", "dev", "--max-cost", "5", "--json"))["api_key"]
     gw, url = start_listening(["gateway", "--port", "0", "--upstream", f"anthropic={sim}"], env)
@@ -351,15 +339,7 @@ def test_mini_swe_agent_through_litellm_and_the_gateway_solves_hello_file(
     instruction = (EXAMPLES / "hello-file/instruction.md").read_text()
     assert "/app/hello.txt" in instruction
     (tmp_path / "turns.yaml").write_text(script.replace("HELLO", str(hello)))
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    env.update(STAYER_HOME=str(tmp_path / "stayer"), COLUMNS="300")
-    env.pop("STAYER_DB", None)
-
-    def stayer(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "stayer.cli", *args], env=env,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+    env, stayer = _stayer_home(tmp_path)
 
     def serve(*args: str) -> tuple[subprocess.Popen[str], str]:
         return start_listening([*args, "--port", "0"], env)
