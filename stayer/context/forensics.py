@@ -1,22 +1,14 @@
 """Cache-break forensics: why a request did not read its whole previous prompt from cache.
 
 Each request is compared with the previous one segment by segment (tool schemas, system
-prompt, then each message; messages are compared by identity first, so an unchanged
-history costs one pointer comparison per message) and with the cache reads the provider
-reported. The verdict goes on the ledger entry as ``cache_break``: null, or
-``{position_tokens, reason, detail}`` with reason one of
+prompt, each message; identity first, so an unchanged history costs a pointer comparison
+per message) and with the reads the provider reported. The verdict is the ledger entry's
+``cache_break``: null, or ``{position_tokens, reason, detail}`` with reason
+``model_switch``, ``tools_changed``, ``prefix_edit`` (which message, the first differing
+bytes), ``compaction``, ``ttl_expired`` or ``unknown`` (reusable, yet the provider read
+less). A previous prompt below the provider's cacheable minimum is no break.
 
-* ``model_switch`` — another model: caches are per model;
-* ``tools_changed`` — the tool schemas differ (they lead the prompt);
-* ``prefix_edit`` — the system prompt or an earlier message changed (which, and the first
-  differing bytes);
-* ``compaction`` — the context policy rewrote history before this request;
-* ``ttl_expired`` — the previous request is older than the cache lifetime;
-* ``unknown`` — the prompt was reusable but the provider read less (evicted, routed to
-  another machine): seen only in reported reads.
-
-A previous prompt below the provider's cacheable minimum is no break: nothing of it could
-be cached, so nothing was lost (a team's small agents would otherwise flag every step).
+Each reason explained: ``docs/internals.md#context-forensics``.
 """
 
 from __future__ import annotations

@@ -1,44 +1,16 @@
 """Context policies, and the compaction scheduler that times compaction by the cost equation.
 
-Every policy works the same way: before a request it may *compact*, i.e. rewrite some
-evictable messages (tool output) into one-line stubs naming the file that holds the full
-text. Pinned and keep-class messages are never rewritten (``context.retention``). What
-differs is *when* and *how much*:
+Before a request a policy may *compact*: rewrite evictable messages (tool output) into
+one-line stubs naming the file that holds the full text; pinned and keep-class messages
+are never rewritten. ``none`` never compacts; ``mask`` stubs all but the last W
+observations every step; ``summarize`` stubs and summarises past a high watermark;
+``textbook`` is the published ``ContextBudget`` baseline; ``auto`` (default) is the
+scheduler: it compacts when the evictable excess reaches the economic order quantity
+``D* = sqrt(2·M·a/r)`` (M the one-off miss, a the tokens added per step, r the cache-read
+price) and the expected saving over the remaining steps exceeds M, earlier when the next
+step would cross a long-context tier, and always before ``--max-context``.
 
-* ``none`` — never.
-* ``mask`` — every step, stub all tool output but the last W observations. The stub moves
-  forward each step, so each request re-bills everything after it (a cache miss).
-* ``summarize`` — when the context passes a high watermark, stub all tool output but the
-  last W and put a summary of what was stubbed (files changed, failed commands, decisions,
-  open items) in the first stub; the summary is priced as a call to a summariser.
-* ``auto`` (default) — the scheduler below.
-* ``textbook`` — the published ``ContextBudget``: while over budget, pop the oldest item and
-  insert its summary at the head. Kept as a baseline: it breaks the cache on every step.
-
-The scheduler (``auto``)
------------------------
-A compaction before step t shrinks the context from C to C' (D = C − C' evicted tokens) but
-re-bills everything after the first rewritten message: the suffix C' − p, which would
-have been a cache read at price r, is written (Anthropic: cache-write price) or billed
-uncached (automatic caching). That one-off miss costs
-
-    M = (C' − p) · (w − r)        (+ the summariser call, when summarising)
-
-and every later step reads D fewer tokens, saving D · r per step, more when the smaller
-context drops below a long-context price tier. Evictable output keeps arriving at about
-``a`` tokens per step, so compaction is a restocking problem: compacting every m steps
-costs r·a·m/2 per step in extra reads plus M/m in misses, minimised at the economic
-order quantity
-
-    D* = sqrt(2 · M · a / r)
-
-The scheduler compacts when the evictable excess D reaches D* (in blocks, between a high
-watermark C and a low one C' — the prefix is byte-identical in between), and only if the
-expected saving over the remaining steps exceeds M. It compacts early when the next step
-would cross into a long-context tier that compaction avoids, and always before the context
-would exceed ``--max-context``. The remaining steps are unknown online; the estimate is
-the steps done so far (a run that has lasted t steps is likely to last about t more),
-capped by ``--max-steps``.
+The derivation is in ``docs/internals.md#context-policies``.
 """
 
 from __future__ import annotations

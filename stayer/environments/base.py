@@ -1,23 +1,14 @@
 """Base root filesystems for images built without Docker: Debian made with ``mmdebstrap``.
 
-A Dockerfile's ``FROM`` names an image that only a registry has. Without Docker (and
-without a registry) the common bases are made from the Debian archive instead:
+Without a registry the common bases are made from the Debian archive: ``debian:<release>``
+(minbase), ``python:<version>[-slim][-<release>]`` (that release with its own Python 3,
+pip and venv; a version that differs from the tag's is said in
+:attr:`BaseSystem.approximation`), ``ubuntu:<version>`` (the Debian release of its time,
+always an approximation). Any other base is refused: the task then needs
+``--sandbox docker``. A root filesystem is made once per release and package set and
+kept in :func:`cache_root`; concurrent builders wait on a lock.
 
-* ``debian:<release>`` (``bookworm``, ``12``, ``bookworm-slim``, ``stable``, ``latest``…) is
-  that release, ``minbase`` variant: what the official image holds, give or take a few
-  packages;
-* ``python:<version>-slim[-<release>]`` (and ``python:<version>``) is that Debian release
-  with its own Python 3, ``pip`` and ``venv``, ``python`` pointing at ``python3`` and pip
-  allowed to install system-wide, as in the official image. Debian's Python has Debian's
-  version (3.11 in bookworm, 3.13 in trixie), which is said in :attr:`BaseSystem.approximation`
-  when it differs from the tag's;
-* ``ubuntu:<version>`` is the Debian release of its time (20.04 → bullseye, 22.04 →
-  bookworm, 24.04 and later → trixie), always an approximation: package names mostly agree,
-  versions do not.
-
-Any other base is refused: the task then needs ``--sandbox docker``. A root filesystem is
-made once per release and package set (~3 minutes, ~180 MB) and kept in the cache
-(:func:`cache_root`); concurrent builders wait on a lock instead of making it twice.
+The mapping table and its reasons: ``docs/internals.md#environments-base``.
 """
 
 from __future__ import annotations

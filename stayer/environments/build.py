@@ -1,74 +1,17 @@
 """Build a Dockerfile's image as a plain directory, without Docker: bubblewrap over Debian.
 
-The base comes from :mod:`stayer.environments.base` (mmdebstrap, cached); each step of the
-:class:`~stayer.environments.dockerfile.Plan` then runs in order, in a bubblewrap sandbox
-whose ``/`` is a copy of the previous layer, and the result is cached as the next layer
-under a content hash of everything it depends on (the parent layer's hash, the step, the
-bytes of what a ``COPY`` copies). A layer is a complete root filesystem, made by copying
-its parent (``cp --reflink=auto``: shared extents where the file system has them), so that
-what a step does can never reach a cached layer; the price is disk space per layer
-(:mod:`stayer.environments.layers` records each layer's origin and last use, holds the
-layers a process uses, and prunes the rest: ``stayer images prune``). The context is what
-Docker would send (:mod:`stayer.environments.dockerignore`: its ``.dockerignore``
-applied, no link followed): ``COPY`` sees nothing else, and nothing else counts in a key.
+The base comes from :mod:`stayer.environments.base`; each step of the
+:class:`~stayer.environments.dockerfile.Plan` runs in order in a bubblewrap sandbox whose
+``/`` is a copy of the previous layer, and the result is cached as the next layer under a
+content hash of everything it depends on. ``RUN`` runs as root (uid 0 of a user namespace
+mapped to subordinate ids when stayer is root), with slirp4netns's network unless
+``--network=none``; ``COPY``/``ADD`` read the build context read-only inside the same
+sandbox; ``WORKDIR`` creates the directory. A step is hostile to the host: no host
+loopback, no host file beyond a read-only context, no capability outside its namespace,
+every layer mount ``nosuid``, no link it planted ever followed by the host.
 
-How a step runs, as ``docker build`` runs it:
-
-* ``RUN`` as root, with the network (unless ``--network=none``), the image's ``ENV`` and
-  ``ARG`` values, in its ``WORKDIR``; ``USER`` applies through ``runuser``;
-* ``COPY``/``ADD`` inside the same sandbox with the build context mounted read-only, so the
-  host never writes into a tree a step could have filled with links;
-* ``WORKDIR`` creates the directory.
-
-What a step can reach. A Dockerfile is the task author's, and tasks are imported from
-public benchmarks: a step is treated as hostile to the host.
-
-* Files: the layer (its own copy, read-write), the build context (as root, a copy of
-  it) read-only during a ``COPY``, a fresh ``/proc`` of its own pid namespace with
-  ``/proc/sys`` read-only and the root-only ``/proc`` files covered, bwrap's minimal
-  ``/dev``. No ``/sys`` (mounting one needs ``CAP_SYS_ADMIN``), nothing else of the
-  host's file system.
-* Network: a namespace of its own. A ``RUN`` with the network gets slirp4netns's
-  (:mod:`stayer.environments.buildnet`): the internet and what the host reaches by its
-  other addresses, not the host's loopback (127.0.0.0/8: PostgreSQL, ``stayer serve``)
-  nor the abstract unix sockets of the host's namespace; its resolver is slirp's
-  (10.0.2.3), never the host's file. Without slirp4netns such a step is refused, never
-  given the host's network; ``--network=none`` steps, ``COPY`` and ``WORKDIR`` have none.
-* Processes: new pid, ipc, uts and cgroup namespaces: no host process to see or signal.
-* Privilege: when stayer runs as root, uid 0 of a user namespace of its own whose 65536
-  ids are a subordinate range of the host's (:mod:`stayer.environments.idmap`: root's
-  range in ``/etc/subuid`` and ``/etc/subgid``, else host ids 2,000,000,000 and up), so
-  that apt and dpkg change owners freely while every id they use is an unprivileged one
-  on the host. Its capabilities are the namespace's, and only those package
-  installation needs (those of Docker's default set that concern files and users:
-  ``CHOWN``, ``DAC_OVERRIDE``, ``FOWNER``, ``FSETID``, ``KILL``, ``SETGID``, ``SETUID``;
-  not ``SYS_ADMIN``, ``NET_ADMIN``, ``MKNOD``, ``SETFCAP``, ``DAC_READ_SEARCH``…). The
-  base's files are copied once with their owners shifted into the range (cached beside
-  the base: as much disk again, seconds once), layers are made from that copy, and a ``COPY`` reads a
-  copy of the context given to the namespace (a step may read of the host's files only
-  what any user may). Started by another user, a step runs as uid 0 of a single-id user
-  namespace of its own, where installing packages whose files belong to other users
-  fails.
-
-What root in a step amounts to: the files it makes, chowns to root or marks setuid-root
-belong to the subordinate ids on the host (a setuid-root program it leaves is setuid to
-an unprivileged host uid); the host's root-owned files are to it what they are to any
-other user (owner-only sysctls included, which the kernel checks against uid 0, not
-capabilities); it cannot make device nodes (no ``CAP_MKNOD``); kernel keyrings fail in a
-step anyway (a seccomp filter). Layers still live in directories only their owner may
-enter (:func:`~stayer.environments.base.private_dir` refuses a link, another user's
-directory, or one others could move aside): a setuid program of the subordinate range
-is no business of other local users either. Every mount of a layer (the build's and the
-agent's sandbox) is ``nosuid`` and the agent runs in a user namespace with no new
-privileges; the workspace seeded from the image's ``/app`` gets no setuid bit, device or
-link target. Inside the agent's sandbox the image's files show as ``nobody``'s (their
-owners are not mapped there) and are read with the permissions others have.
-
-What the host does with a layer: copies it (``cp -a``, links copied as links), removes
-it (``rm --one-file-system``), and gives it to bwrap, which makes its mount points in it
-as root while the host's root is its ``/oldroot``; so a step's planted link where a
-mount point goes (``/proc``, ``/dev``, ``/etc``, the context's mount point, the resolver
-file) is refused or left alone, never followed.
+The full threat model (what a step can reach, what root in a step amounts to, what the
+host does with a layer) is in ``docs/internals.md#environments-build``.
 """
 
 from __future__ import annotations

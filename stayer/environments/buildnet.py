@@ -1,22 +1,15 @@
 """The network of a ``RUN`` step: a namespace of its own behind slirp4netns, as Docker's
 bridge gives one to ``docker build``.
 
-The step's bubblewrap sandbox gets a new, empty network namespace, and its command holds
-still until :func:`run_step` has connected it: a shell prelude writes one byte to the
-step's output once bwrap's own setup (its loopback included, which races with any other
-configuration of the namespace) is done, then waits for a line on its input. Meanwhile
-slirp4netns, a user-space TCP/IP stack started here for the namespace of the sandbox's
-pid (from bwrap's ``--info-fd``), makes ``tap0`` there (10.0.2.100/24, gateway 10.0.2.2,
-DNS 10.0.2.3) and relays its connections through ordinary sockets of the host.
-``--disable-host-loopback`` refuses connections to the host's 127.0.0.0/8 through the
-gateway, so services bound to the host's loopback (PostgreSQL, ``stayer serve``) are out
-of reach, and so are the abstract unix sockets of the host's namespace. What the host
-itself can reach by its other addresses (the internet, the local network, the host's own
-non-loopback addresses) the step reaches too, as with Docker's bridge. slirp4netns runs
-sandboxed (``--enable-sandbox``, ``--enable-seccomp``) and is stopped when the step ends.
+The step's sandbox gets an empty network namespace and holds still until
+:func:`run_step` has connected it: slirp4netns (sandboxed, seccomp on) makes ``tap0``
+there (10.0.2.100/24, DNS 10.0.2.3) with ``--disable-host-loopback``, so the host's
+127.0.0.0/8 services and abstract unix sockets are out of reach while what the host
+reaches by other addresses is reachable, as with Docker's bridge. The resolver is
+:data:`RESOLV_CONF` (slirp's forwarder), never the host's file. slirp4netns stops with
+the step.
 
-The step's resolver configuration is :data:`RESOLV_CONF` (slirp4netns's DNS forwarder,
-which asks the host's resolvers), never the host's file.
+The start-up handshake in detail: ``docs/internals.md#environments-buildnet``.
 """
 
 from __future__ import annotations

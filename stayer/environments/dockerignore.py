@@ -1,21 +1,14 @@
 """The build context as Docker sends it: ``.dockerignore`` read and applied, links never
-followed. Both builders use it: Docker's for the content hash of the image (Docker
-itself applies the file to what it sends), the Docker-free one for what ``COPY`` sees and
-for the layer cache's keys.
+followed.
 
-The rules are Docker's documented ones (moby's ``patternmatcher`` and ``ignorefile``):
+Both builders use it: Docker's for the image's content hash, the Docker-free one for
+what ``COPY`` sees and for the layer cache's keys. The rules are Docker's documented ones
+(moby's ``patternmatcher``/``ignorefile``): one pattern a line, ``#`` comments, paths
+cleaned as Go's ``filepath.Clean``, ``filepath.Match`` syntax plus ``**``, a pattern
+excludes a path or any of its parents, ``!`` re-includes, the last matching line decides;
+``.dockerignore`` and ``Dockerfile`` are read when excluded but never sent.
 
-* one pattern a line; a line whose first character is ``#`` is a comment; blank lines
-  are skipped; each line is trimmed, cleaned as Go's ``filepath.Clean`` cleans a path
-  (``./a`` and ``a/`` are ``a``) and a leading ``/`` is dropped;
-* Go's ``filepath.Match`` syntax: ``*`` any run of characters but ``/``, ``?`` one
-  character but ``/``, ``[...]`` a class (``^`` negates it, ``a-z`` ranges), ``\\``
-  escapes the next character; and ``**``, any number of directories (none included);
-* a pattern excludes a path when it matches the path or any of its parent directories;
-  ``!`` makes an exception, re-including what it matches; the last line that matches a
-  path decides;
-* ``.dockerignore`` and ``Dockerfile`` are still read by the builder when excluded, but
-  not sent as part of the context: ``COPY`` cannot see them.
+The rules line by line: ``docs/internals.md#environments-dockerignore``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """Who a build step is when stayer runs as root: uid 0 of a user namespace of its own whose
 ids are a subordinate range of the host's, never the host's root.
 
-The namespace maps its 65536 ids (0…65535: root, the system users packages make,
-``nobody`` 65534) onto the host ids ``start…start+65535``. ``start`` is root's first entry of
-at least 65536 ids in ``/etc/subuid`` (``/etc/subgid`` for groups), where there is one, the
-range an administrator set aside for root's containers; else :data:`DEFAULT_START`
-(2,000,000,000: above systemd's container range, which ends at 1,879,048,191, below the
-ids that tools reading uids as signed numbers get wrong, and far from any real account).
-In it a step is root only for what belongs to the namespace: the files it makes are owned
-by subordinate ids on the host, a setuid-root program it leaves is setuid to an
-unprivileged host uid, and the host's root-owned files, sysctls and root's keyring are
-what they are to any other user. A step's kernel capabilities are those of the
-namespace: nothing outside it (no ``CAP_DAC_OVERRIDE`` over the host's files).
+The namespace maps its 65536 ids onto host ids ``start…start+65535``: root's range in
+``/etc/subuid``/``/etc/subgid`` where there is one, else :data:`DEFAULT_START`
+(2,000,000,000). :func:`popen_in_userns` starts a helper that unshares a user namespace;
+the parent (host root) writes its ``uid_map``/``gid_map``; the helper becomes uid 0 there
+and runs bwrap. :func:`shift_tree` copies the base once per range with every owner shifted
+into it, so layers are the namespace's own.
 
-How: :func:`popen_in_userns` starts a small helper (a fresh, single-threaded Python) that
-unshares a user namespace and waits; the parent, the host's root, writes the namespace's
-``uid_map`` and ``gid_map`` (root may map any host ids for a child namespace; no
-``newuidmap``, no ``/etc/subuid`` entry needed); the helper then becomes uid and gid 0 of
-the namespace, drops supplementary groups and runs bwrap, which builds the step's
-sandbox inside that namespace with the capabilities root has there.
-
-The layers' files must be the namespace's own for a step to use them: the base made by
-mmdebstrap (owned by the host's ids) is copied once per range with every owner shifted
-into it (:func:`shift_tree`, cached beside the base), and layers are made from that.
+Why these ids and what root inside amounts to: ``docs/internals.md#environments-idmap``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """The Docker-free builder's layer cache: what each layer is, when it was last used, and
 pruning the least recently used.
 
-A layer (``<cache>/layers/<key>``) is a whole root filesystem (200–300 MB); the cache
-would grow without bound. Beside each layer the builder keeps ``<key>.json``: its parent
-layer, the Dockerfile and step it was made by, its size, when it was made, when it was
-last used, and the Dockerfiles whose image it is (the last layer of their build). An
-*image* is such a last layer, or any layer no other layer was built on.
+Beside each layer (``<cache>/layers/<key>``, a whole root filesystem) lives
+``<key>.json``: its parent, the Dockerfile and step that made it, size, creation and last
+use, and the Dockerfiles whose image it is. ``fcntl.flock`` locks: ``<key>.build`` while a
+layer is made, ``<key>.lock`` shared for as long as a process uses the layer (never
+removed then), ``layers/prune.lock`` shared by builds and exclusive while a prune removes.
+Removal renames the layer aside and removes it without following links; a cache directory
+that is a link or another user's is refused.
 
-Locks (``fcntl.flock``):
-
-* ``<key>.build``: held exclusively while the layer is made (one build of a layer at a
-  time), removed when released;
-* ``<key>.lock``: shared for as long as the process that built or reused the layer lives
-  (its sandboxes run on it): a layer whose lock another process holds is in use and never
-  removed. Never what a build waits for: a process that uses the layer holds it for its
-  lifetime, so a second build of a layer waited, for as long, on the first's use of it;
-* ``layers/prune.lock``: shared by every build while it runs, exclusive while a prune
-  chooses and removes, so that a build never finds half a layer nor loses one it just
-  made.
-
-Removal renames the layer aside, then removes it with :func:`shutil.rmtree`, which never
-follows a link (a layer is full of absolute ones); a cache directory that is a link or
-another user's is refused.
+Why the locks are split this way: ``docs/internals.md#environments-layers``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Breakers: what stops a run that is going nowhere or costing too much, and why.
 
-Limit breakers (steps, cost, tokens, wall time) have a soft threshold — by default 80 % of
-the limit — at which the run switches to wrap-up (``stayer.guard.guard``) instead of being
-cut off mid-task. Behaviour breakers watch the steps themselves:
-
-* ``tool_errors`` — that many consecutive steps whose every tool call failed;
-* ``loop`` — the same action (tool names and arguments) that many steps in a row;
-* ``no_progress`` — the workspace unchanged over that many steps;
-* ``cost_anomaly`` — a step costing more than X× the rolling median of recent steps
-  (steps whose extra cost was planned — a compaction or a priced model switch — are
-  exempt: their cache miss was chosen, not suffered).
-
-A behaviour trip is first offered to the router (a cascade escalates to a stronger model
-on such failure signals); if nothing handles it, the run wraps up. Every trip becomes a
-``Trip`` that the loop writes to the ledger.
+Limit breakers (steps, cost, tokens, wall time) have a soft threshold (default 80 %) at
+which the run switches to wrap-up instead of being cut off mid-task. Behaviour breakers
+watch the steps: ``tool_errors`` (consecutive steps whose every call failed), ``loop``
+(the same action repeated), ``no_progress`` (the workspace unchanged), ``cost_anomaly``
+(a step dearer than X× the rolling median; planned misses are exempt). A behaviour trip
+is offered to the router first; otherwise the run wraps up. Every trip is a ``Trip`` the
+loop writes to the ledger.
 """
 
 from __future__ import annotations

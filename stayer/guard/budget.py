@@ -1,19 +1,12 @@
 """Cost budgets that are reserved before a call and settled after it, and that nest.
 
-Checking spend after a call lets the call that crosses the cap through; reserving the
-call's worst-case cost first (``stayer.guard.reserve``) means the cap is never overshot.
-
-Budgets form a tree. ``carve`` takes a slice of a budget for a sub-agent or for the
-wrap-up: the slice is held in the parent as one reservation for its whole amount, so
-nothing the parent (or a sibling) does can spend it, and the child can never spend more
-than the slice. ``close`` settles that reservation at what the child really spent (plus
-anything still held), which is how a child's cost rolls up into its parent.
-
+Reserving a call's worst case first (``stayer.guard.reserve``) means the cap is never
+overshot. Budgets form a tree: ``carve`` holds a slice of a budget for a sub-agent or the
+wrap-up as one reservation in the parent; ``close`` settles it at what the child spent.
 Every operation is one atomic transaction on a ``BudgetStore``: ``MemoryBudgetStore``
-(a lock; atomic across the asyncio tasks and threads of one process) or
-``SqliteBudgetStore`` (``stayer.guard.shared``; ``BEGIN IMMEDIATE``, atomic across
-processes sharing the database file). The arithmetic is written once, here, against the
-few row operations a store provides inside a transaction.
+(a lock: tasks and threads of one process) or ``SqliteBudgetStore``
+(``stayer.guard.shared``; ``BEGIN IMMEDIATE``: processes sharing the file). The
+arithmetic is written once, here, against the few row operations a store provides.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """The guard: one object the loop asks before and after every step.
 
-* ``begin_step`` — may this step run? It checks the limits (steps, tokens, wall time) and
-  their soft thresholds, and on the first trip switches the run to wrap-up: the loop then
-  appends the instruction it returns. ``admit`` is the same for the loop: it raises
-  ``stayer.errors.Stopped`` where the run may not go on.
-* ``reserve`` / ``settle`` / ``release`` — the step's worst case is held in the budget
-  before the call (``stayer.guard.reserve``) and replaced by its real cost after. A call
-  the working budget cannot afford starts the wrap-up; one the wrap-up cannot afford ends
-  the run. ``hold_call`` holds a call outside the step's own (a compaction's summary).
-* ``after_step`` — feeds the behaviour breakers; a trip is offered to ``escalate`` (the
-  router's cascade) and otherwise starts the wrap-up.
-* ``final_summary`` — the model's wrap-up summary if it wrote a usable one, else one
-  built from the trajectory.
+* ``begin_step`` / ``admit`` — may this step run (limits and soft thresholds); the first
+  trip switches the run to wrap-up; ``admit`` raises ``stayer.errors.Stopped``.
+* ``reserve`` / ``settle`` / ``release`` — the step's worst case held before the call and
+  replaced by its real cost after; ``hold_call`` for calls outside the step's own.
+* ``after_step`` — feeds the behaviour breakers; a trip goes to ``escalate`` (the
+  router's cascade), else starts the wrap-up.
+* ``final_summary`` — the model's wrap-up summary if usable, else one from the trajectory.
 
-The wrap-up is paid for by a slice carved from the budget at the start (the part above the
-soft threshold), so the work can never eat it. Phases: ``work`` → ``wrap_up`` → stopped.
+The wrap-up is paid for by a slice carved at the start (above the soft threshold), so the
+work can never eat it. Phases: ``work`` → ``wrap_up`` → stopped.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Each provider's documented prompt-caching rules, shared by the simulator (which applies
 them) and the cache-break forensics (which explains a request that missed).
 
-* Anthropic — explicit ``cache_control`` breakpoints (≤ 4). A breakpoint's prefix is
-  written when it is at least the model's minimum cacheable length (1,024 tokens for
-  Sonnet 4.5 / Opus 4.1 and older; 2,048 for Sonnet 4.6 and Haiku 3.x; 4,096 for Opus
-  4.5+ and Haiku 4.5). A read is the longest cached prefix ending at a block boundary
-  within 20 blocks before a breakpoint. Entries live 5 minutes (or 1 hour with
-  ``ttl: "1h"``), refreshed on every hit.
-* OpenAI — automatic for prompts of at least 1,024 tokens; hits count in 128-token
-  increments (1,024, 1,152, …); routed by ``prompt_cache_key``; entries live about 5–10
-  minutes of inactivity (5 modelled).
-* DeepSeek — automatic disk cache in 64-token units.
-* Google Gemini — implicit caching from 1,024 tokens (Flash) / 2,048 (Pro).
-* A local llama.cpp server (``local:``) — each slot keeps the previous prompt's KV cache
-  and reuses its longest common prefix, of any length, until another prompt replaces it.
+* Anthropic — explicit ``cache_control`` breakpoints (≤ 4), a per-model minimum
+  cacheable length (1,024 / 2,048 / 4,096), reads within 20 blocks before a breakpoint,
+  entries of 5 minutes or 1 hour refreshed on every hit.
+* OpenAI — automatic from 1,024 tokens, hits in 128-token increments, ~5 minutes.
+* DeepSeek — automatic, 64-token units. Gemini — implicit from 1,024 / 2,048 tokens.
+* llama.cpp (``local:``) — each slot reuses the longest common prefix of its last prompt.
+
+The per-model table and sources: ``docs/internals.md#models-caching``.
 """
 
 from __future__ import annotations

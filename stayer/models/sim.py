@@ -1,22 +1,15 @@
 """The offline provider simulator: a provider in everything but intelligence.
 
 ``sim:<model-id>`` counts the tokens of the real request, applies that provider's
-documented prompt-caching rules, reports usage in the provider's own field names (so it
-goes through the same normalisation and pricing as a real call), and waits a modelled
-latency. What the model *does* comes from a policy (``stayer.models.sim_policies``).
+documented caching rules (:mod:`stayer.models.caching`), reports usage in the provider's
+own field names and waits a modelled latency; what the model *does* comes from a policy
+(:mod:`stayer.models.sim_policies`). It never generates more than ``max_tokens``: a
+longer reply is cut, billed as exactly ``max_tokens`` and stopped with the provider's own
+"cut off" reason. Caching is modelled at segment boundaries (tool schemas, system, each
+message) with chained fingerprints; a prefix diverging inside a segment diverges at its
+start (never over-reporting a hit).
 
-Like a provider, it never generates more than the request's ``max_tokens``: a longer reply
-is cut there (text first, then tool calls in order, the last one mid-arguments), billed as
-exactly ``max_tokens`` output tokens, and its stop reason is the provider's own "cut off"
-(``STOP_REASONS``), so budgets and the loop meet the same edge as with a real provider.
-
-Caching is modelled at segment boundaries: the request is the sequence
-``[tool schemas, system prompt, message 1, message 2, …]``; each boundary has a
-fingerprint chained over every segment before it, so two requests share a cached prefix
-exactly when their leading segments are identical. A prefix that diverges inside a segment
-is treated as diverging at that segment's start (never over-reporting a hit).
-
-The rules themselves are in ``stayer.models.caching``.
+More: ``docs/internals.md#models-sim``.
 """
 
 from __future__ import annotations

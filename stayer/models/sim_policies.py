@@ -1,21 +1,16 @@
 """What a simulated model does: the ``--sim-policy`` choices.
 
-* ``oracle`` — runs the task's ``solution/solve.sh`` through the bash tool, then submits.
-* ``synthetic:steps=N,obs_tokens=T,out_tokens=U`` — N steps of real bash commands that
-  print about T tokens each and append them to a file in the workspace, each reply about U
-  output tokens long; then submits. A workload with a known shape, for cost experiments.
-  Asked to wrap up (a budget's soft threshold), it submits a DONE / REMAINING / STATE summary.
+* ``oracle`` — runs the task's ``solution/solve.sh`` through bash, then submits.
+* ``synthetic:steps=N,obs_tokens=T,out_tokens=U`` — N steps of real commands of a known
+  shape, for cost experiments; asked to wrap up, it submits a summary.
 * ``replay:PATH`` — the assistant turns of a recorded stayer run, in order.
-* ``script:FILE`` — a YAML list of assistant turns, in order: ``{text: STR}``, or
-  ``{tool: NAME, input: OBJ}`` (a call of the request's own tool of that name), or a list
-  of such calls for one turn. Turn k answers a request holding k - 1 assistant messages;
-  past the end it answers ``Done.``. For clients no one here wrote (``stayer sim serve``).
+* ``script:FILE`` — a YAML list of turns: ``{text: STR}``, ``{tool: NAME, input: OBJ}``
+  (the request's own tool), or a list of such calls; past the end ``Done.``.
 * ``echo`` — a short text answer quoting the last user text.
-* ``team`` — for the agents of a team (``--team``): the entry agent hands the task to the
-  first agent it may talk to and waits for its report, then submits; an agent handed work
-  runs the oracle solution and submits (its summary goes back as its report, a message).
-  Alone (no ``handoff`` tool) it is ``oracle``. One message each way, so the exchange takes
-  the same steps however the threads interleave.
+* ``team`` — the entry agent hands the task to the first peer and waits for its report;
+  an agent handed work runs the oracle; alone it is ``oracle``.
+
+Each policy in detail: ``docs/internals.md#models-sim-policies``.
 """
 
 from __future__ import annotations

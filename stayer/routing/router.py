@@ -1,23 +1,15 @@
 """Which model (and service tier) makes the next call.
 
-The router keeps a *desired* model and the *current* one:
+The router keeps a *desired* model and the *current* one: roles (``planning`` for the
+first steps, then ``execution``; ``summariser`` and ``subagent`` looked up by their
+users), a cascade (cheapest first, one up on a failure signal, one down after
+``relax_after`` good steps) and failover (the next model of ``[failover]`` after a call
+that failed past the adapter's retries). Moving to a dearer model is made at once;
+moving to a cheaper one, with ``cache_aware``, only when it pays back against the prompt
+cache (:mod:`stayer.routing.switch`) within the expected remaining steps.
+``cache_aware=False`` is the usual router, a baseline.
 
-* roles — ``planning`` for the first ``planning_steps`` steps, then ``execution`` (default:
-  the main model); ``summariser`` and ``subagent`` are looked up by the compaction and the
-  ``subagent`` tool;
-* cascade — the execution model is ``cascade[level]``: level 0 (cheapest) to start, one up
-  on a failure signal (``escalate_after_errors`` failed steps in a row, that many failing
-  test runs, a loop / no-progress / tool-error breaker trip), one down after
-  ``relax_after`` good steps;
-* failover — a model whose call failed after the adapter's retries is replaced by the next
-  of its ``[failover]`` list.
-
-Moving to a dearer model (an escalation, a failover, the first call) is a quality
-decision and is made at once. Moving to a cheaper one is a cost decision, so with
-``cache_aware`` it is priced against the prompt cache (``stayer.routing.switch``) and made
-only when it pays back within the expected remaining steps; otherwise the run stays where
-its cache is warm and the decision is revisited next step. ``cache_aware=False`` is the
-usual router, which switches as soon as the desired model changes (a baseline).
+More: ``docs/internals.md#routing``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """What a model switch costs, against the prompt cache.
 
-Caches are per model. Staying on the current model, the next step reads the whole previous
-prompt at the cache-read price; switching, the new model re-reads the context uncached (an
-explicit-cache provider bills it as a cache write) at its own rates and tier — unless it
-still holds a warm prefix of this context from an earlier turn. A router that ignores this
-sees only the per-token prices and switches whenever the other model is cheaper per step.
+Caches are per model: staying, the next step reads the previous prompt at the cache-read
+price; switching, the new model re-reads the context uncached at its own rates (unless it
+holds a warm prefix). ``price_switch`` compares the two futures over the expected horizon
+H — first step plus (H − 1) steady steps on each side, plus, for the switch, p times the
+miss of coming back to the current model later — and switches only when it pays back.
 
-``price_switch`` compares the two futures over the expected horizon:
-
-    stay   = first step on the current model (its warm prefix) + (H − 1) steady steps
-    switch = first step on the candidate (its warm prefix)     + (H − 1) steady steps
-             + p · the miss of coming back to the current model later
-
-A steady step reads everything but the new tokens from cache. The comeback term matters for
-a cascade stepping down: if the stronger model is needed again (probability p), its cache
-may be cold by then — expired (the TTL) or, with explicit breakpoints, out of the
-provider's lookback — and then the whole context is re-billed on it; warm, only the tokens
-added meanwhile are. The switch is made only when ``switch < stay``: it pays back.
+The comeback term and its cases: ``docs/internals.md#routing-switch``.
 """
 
 from __future__ import annotations
