@@ -1,7 +1,7 @@
 """Sandboxes: where the agent's commands run. ``bwrap`` (default on Linux) or ``local``;
 ``docker`` and ``bwrap-image`` run the task's image (:mod:`stayer.environments`);
 ``bwrap`` starts each command's sandbox ahead (:mod:`stayer.sandbox.ahead`);
-``bwrap-persistent`` is ``bwrap`` kept running between commands (:mod:`stayer.sandbox.kept`).
+``bwrap-persistent`` is ``bwrap`` kept running between commands (:mod:`stayer.sandbox.persistent`).
 Every backend runs a command through one exec path (:class:`~stayer.sandbox.process.ProcessSandbox`:
 limits, cgroup, output capture, deadline, storage watch); a backend only says how the
 command starts. Snapshots (:mod:`stayer.sandbox.snapshot`) are one algorithm over two

@@ -82,7 +82,7 @@ from stayer.sandbox.watch import OwnWatch
 
 if TYPE_CHECKING:
     from stayer.sandbox.ahead import AheadBwrap
-    from stayer.sandbox.kept import KeptBwrap
+    from stayer.sandbox.persistent import PersistentBwrap
 
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -356,7 +356,7 @@ class BwrapSandbox(ProcessSandbox):
     same fresh sandbox, without the wait for bubblewrap's set-up.
 
     With ``persistent`` (``--sandbox bwrap-persistent``) the sandbox is started once and
-    kept, and each command runs in it through a runner (:mod:`stayer.sandbox.kept`), in a
+    kept, and each command runs in it through a runner (:mod:`stayer.sandbox.persistent`), in a
     bash the runner started ahead for it: the same isolation and limits, under a
     millisecond per command, but ``/tmp`` and the pid namespace last from one command to
     the next (nothing a command starts outlives it).
@@ -383,7 +383,7 @@ class BwrapSandbox(ProcessSandbox):
             raise ConfigError("sandbox: a persistent sandbox runs over the host's system only")
         self.persistent = persistent
         self.ahead = ahead and self.root is None
-        self._kept_box: KeptBwrap | AheadBwrap | None = None
+        self._kept_box: PersistentBwrap | AheadBwrap | None = None
         if self.root is None:
             self._system = [(d, d) for d in SYSTEM_DIRS]
             real_system_dirs = [
@@ -488,7 +488,7 @@ class BwrapSandbox(ProcessSandbox):
             max_file_mb=self.max_file_mb,
         )
 
-    def _kept(self, mounts: tuple[Mount, ...]) -> KeptBwrap | AheadBwrap | None:
+    def _prepared(self, mounts: tuple[Mount, ...]) -> PersistentBwrap | AheadBwrap | None:
         if not (self.persistent or self.ahead) or mounts:
             return None
         if self._kept_box is None:
@@ -496,9 +496,9 @@ class BwrapSandbox(ProcessSandbox):
             # (its finaliser), not at the next full garbage collection.
             me = weakref.proxy(self)
             if self.persistent:
-                from stayer.sandbox.kept import KeptBwrap
+                from stayer.sandbox.persistent import PersistentBwrap
 
-                self._kept_box = KeptBwrap(me)
+                self._kept_box = PersistentBwrap(me)
             else:
                 from stayer.sandbox.ahead import AheadBwrap
 
