@@ -77,7 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from stayer.guard.breakers import TreeFingerprint  # noqa: E402
 from stayer.sandbox import make_sandbox  # noqa: E402
 from stayer.sandbox.bwrap import BwrapSandbox, host_etc  # noqa: E402
-from stayer.sandbox.snapshot import FileSnapshotStore  # noqa: E402
+from stayer.workspace.snapshot import FileSnapshotStore  # noqa: E402
 
 # The time from the end of a command until the next one's sandbox, started ahead, is ready:
 # what the agent's work between two commands must cover for the next to find it ready.
@@ -267,7 +267,7 @@ _CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
 from pathlib import Path
-from stayer.sandbox.snapshot import FileSnapshotStore
+from stayer.workspace.snapshot import FileSnapshotStore
 store = FileSnapshotStore(sys.argv[1])
 t1 = time.perf_counter()
 if len(sys.argv) > 3:  # a resumed run: back to its last snapshot, then the next one

@@ -340,7 +340,8 @@ def test_etc_secrets_written_after_the_first_probe_are_found(
     secret written since the last answer (dockerd writing /etc/docker/key.json, a file
     made private by chmod, a private directory) is in the next one, whether inotify
     vouches for the tree in between or, where there is none, the tree is walked again."""
-    from stayer.sandbox import bwrap, watch
+    from stayer.sandbox import bwrap
+    from stayer.workspace import watch
 
     if not inotify:
         monkeypatch.setattr(watch, "_libc", lambda: None)
@@ -432,7 +433,7 @@ def test_bwrap_command_line_is_not_readable_inside(ws: Path, monkeypatch) -> Non
 
 
 def test_disk_usage_counts_what_is_allocated_once(tmp_path: Path) -> None:
-    from stayer.sandbox.tree import disk_usage, iter_tree
+    from stayer.workspace.tree import disk_usage, iter_tree
 
     root = tmp_path / "root"
     (root / "sub").mkdir(parents=True)

@@ -78,7 +78,7 @@ from stayer.sandbox.process import (
     host_memory_mb,
 )
 from stayer.sandbox.seccomp import filter_fd, suid_filter
-from stayer.sandbox.watch import OwnWatch
+from stayer.workspace.watch import OwnWatch
 
 if TYPE_CHECKING:
     from stayer.sandbox.ahead import AheadBwrap
@@ -209,7 +209,7 @@ def etc_secrets(etc: str = "/etc") -> tuple[tuple[str, bool], ...]:
 
 class _SecretsProbe:
     """:func:`etc_secrets`, kept per tree while inotify vouches that the tree is unchanged
-    (:class:`~stayer.sandbox.watch.TreeWatch`: a created, renamed or chmod-ed entry in any
+    (:class:`~stayer.workspace.watch.TreeWatch`: a created, renamed or chmod-ed entry in any
     watched directory is a change). Where inotify cannot vouch (not Linux, the watch limit
     reached, events lost) every call walks the tree again."""
 

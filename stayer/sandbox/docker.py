@@ -55,7 +55,7 @@ from stayer.sandbox.bwrap import (
     tmp_size_mb,
 )
 from stayer.sandbox.process import Launch, ProcessSandbox
-from stayer.sandbox.tree import walk
+from stayer.workspace.tree import walk
 
 _FIX = (
     "install Docker (apt install docker.io) or Podman with its Docker-compatible socket, start "

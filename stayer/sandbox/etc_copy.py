@@ -17,7 +17,7 @@ as links, to be resolved inside the sandbox as before.
 
 When: each command takes the newest copy as it starts (:meth:`EtcCopies.current`), and a
 new one is made first when ``/etc`` changed since the last: inotify says so
-(:class:`~stayer.sandbox.watch.TreeWatch`), and where it cannot vouch, a walk comparing
+(:class:`~stayer.workspace.watch.TreeWatch`), and where it cannot vouch, a walk comparing
 every entry's status (what :func:`~stayer.sandbox.bwrap.etc_secrets` costs) does.
 A copy in use (a running command, a kept sandbox) is never changed or removed; older
 copies go when their last command ends, all of a process's when it exits, and those of
@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from stayer.sandbox.watch import OwnWatch, TreeWatch
+from stayer.workspace.watch import OwnWatch, TreeWatch
 
 # What says an entry changed: kind and mode, owner, identity, size and times (the change
 # time moves with a chmod, chown, rename or write).

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
-from stayer.sandbox.tree import disk_usage
+from stayer.workspace.tree import disk_usage
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ stayer will read (``reward.txt -> /etc/shadow``, or a link to a host file holdin
 directory swapped for a link between a check and a use, a FIFO that blocks whoever opens it
 for reading, a device node, a hard link, a file larger than memory or a sparse one larger
 than the disk, a name that is not UTF-8. Every host-side access to such a tree goes through
-here (or through :func:`stayer.sandbox.tree.walk`, which lists it the same way):
+here (or through :func:`stayer.workspace.tree.walk`, which lists it the same way):
 
 * paths are resolved one component at a time from a directory fd, each ``openat`` with
   ``O_NOFOLLOW``: a link anywhere on the path is refused, never followed;
@@ -29,7 +29,7 @@ import stat
 from collections.abc import Collection
 from pathlib import Path
 
-from stayer.sandbox.tree import MAX_DEPTH
+from stayer.workspace.tree import MAX_DEPTH
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -27,14 +27,14 @@ How :class:`FileSnapshotStore` keeps that cheap:
   leave every field unchanged; a file whose ctime is a whole second (a file system that
   keeps seconds only), in the last :data:`_COARSE_RACY_NS`.
 * **Change watch.** Where inotify is available the store also watches every directory it
-  scanned (:mod:`stayer.sandbox.watch`); when no event arrived since the last scan, the
+  scanned (:mod:`stayer.workspace.watch`); when no event arrived since the last scan, the
   snapshot is the previous id without even a stat. Any doubt means a scan, and so does a
   tree with hard-linked files (inotify reports an edit made through another link to the
   other link's directory). The watch sees the writes of this machine only: a workspace on
   a network file system written from elsewhere is not for this store.
 * **Shared watch, for the next process.** The in-process watch dies with its process; a
   resumed run would walk the whole tree again. So each scan also hands the tree over to
-  the store's watch daemon (:mod:`stayer.sandbox.watchd`, started on demand; off with
+  the store's watch daemon (:mod:`stayer.workspace.watchd`, started on demand; off with
   ``shared_watch=False`` or ``STAYER_SHARED_WATCH=0``) and leaves the snapshot id with the
   daemon's token next to the stat cache (``cache/<key>.held``). A new process asks the
   daemon whether that token still holds (no event of any kind since, same daemon, same
@@ -65,7 +65,7 @@ bits; empty ones included), symlinks (the link itself, never its target) and FIF
 opened). Not kept: owners, setuid, setgid and sticky bits (a workspace is written by the
 sandbox, and a setuid file restored on the host is a way in), hard links between workspace
 files (restored as separate copies), sockets and device files, extended attributes,
-directory mtimes. The workspace is read as :mod:`stayer.sandbox.hostfs` reads anything the
+directory mtimes. The workspace is read as :mod:`stayer.workspace.hostfs` reads anything the
 sandbox wrote: walked by directory fd, files opened without following links and only if
 they are regular files. It must not be written to while it is being snapshotted or
 restored.
@@ -87,7 +87,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from stayer.sandbox.hostfs import (
+from stayer.workspace.hostfs import (
     UnsafeFile,
     copy_range,
     data_extents,
@@ -97,9 +97,9 @@ from stayer.sandbox.hostfs import (
     pwrite_all,
     read_at_most,
 )
-from stayer.sandbox.tree import iter_tree, walk
-from stayer.sandbox.watch import TreeWatch
-from stayer.sandbox.watchd import SharedWatch
+from stayer.workspace.tree import iter_tree, walk
+from stayer.workspace.watch import TreeWatch
+from stayer.workspace.watchd import SharedWatch
 
 FORMAT = 1
 # Files at most this big are read into memory whole: one read, hashed, written if new.
@@ -551,7 +551,7 @@ class Snapshots:
         self, ws: Path, state: _WorkspaceState, snapshot_id: str, begun: bool
     ) -> str | None:
         """Leave ``snapshot_id`` on disk with the shared watch's token for the tree that
-        this process's watch vouches for (:mod:`stayer.sandbox.watchd`, the hand-over): the
+        this process's watch vouches for (:mod:`stayer.workspace.watchd`, the hand-over): the
         token counts only if this process's watch, which saw the tree from before each
         directory was listed, still saw nothing after the daemon's reply. Not with
         hard-linked files (their edits are reported elsewhere: the watch forgot the tree)."""
@@ -679,7 +679,7 @@ class Snapshots:
         ``(blob id, size)``; the id of a sparse file's extent map is marked with a leading
         ``s`` (see :meth:`_store_sparse`).
 
-        Opened with :func:`~stayer.sandbox.hostfs.open_regular`: a link or special file put
+        Opened with :func:`~stayer.workspace.hostfs.open_regular`: a link or special file put
         there since it was listed raises :class:`UnsafeFile` and is never read. The blob is
         written from exactly the bytes that were hashed (never re-read), so a file changing
         under the scan cannot leave a blob whose name lies about it; the size returned is

@@ -1,6 +1,6 @@
 """A change watch that outlives the process: "this workspace is unchanged" across processes.
 
-:class:`~stayer.sandbox.watch.TreeWatch` makes an unchanged snapshot free, but only inside
+:class:`~stayer.workspace.watch.TreeWatch` makes an unchanged snapshot free, but only inside
 the process that scanned the tree: a new process (a resumed run, a worker taking over a
 run) would have to walk 10,000 files again to learn that nothing changed. Like git's
 fsmonitor daemon and watchman, this module keeps one small process per snapshot store,
@@ -27,7 +27,7 @@ timeout, reboot) takes its tokens with it and a new one knows none: every check 
 "changed". A daemon that does not answer within a short timeout counts as "changed" too.
 
 How a scanning process hands over to the daemon without a gap (see
-:meth:`stayer.sandbox.snapshot.FileSnapshotStore.snapshot`): it sends *begin*, scans with
+:meth:`stayer.workspace.snapshot.FileSnapshotStore.snapshot`): it sends *begin*, scans with
 its own in-process watch (each directory watched before it is listed), then waits for the
 token and drains its own watch once more. A write after the scan read a directory is seen
 by the process's watch up to that final drain; the daemon's watches were all in place
