@@ -1,50 +1,17 @@
 """The default sandbox: bubblewrap namespaces over the host's read-only system directories.
 
-What the command sees:
-
-* ``/usr``, ``/bin``, ``/lib``, ``/lib64``, ``/sbin``, ``/etc`` of the host, read-only (those
-  that exist; a host symlink such as ``/bin -> usr/bin`` becomes the same symlink). Nothing
-  else of the host: not ``/root``, ``/home``, ``/tmp``, ``/opt``, ``/work``, nor the directory
-  stayer was started from.
-* the workspace read-write at ``/app``; extra :class:`Mount` s at their ``dest``;
-  a private tmpfs at ``/tmp``; fresh ``/proc`` and ``/dev``; everything else (``/``) is
-  remounted read-only, so writes outside ``/app`` and ``/tmp`` fail instead of silently
-  landing in a throw-away tmpfs.
-* bwrap's own pid 1 out of reach: its memory, descriptors and threads in ``/proc/1`` are
-  covered, and ptrace, ``process_vm_*`` and ``pidfd_open`` on pid 1 fail
-  (:mod:`stayer.sandbox.seccomp`).
-* new user, pid, ipc, uts, cgroup and network namespaces (``--unshare-all``; the network is
-  shared only with ``allow_net``), a new session (no TIOCSTI into the caller's terminal),
-  and an environment built from an allow-list, never the host's.
-* the same identity whoever starts stayer, root included: uid :data:`SANDBOX_UID` in its own
-  user namespace (the caller's uid outside, 0 unmapped), no capabilities, no nested user
-  namespaces, ``/proc/sys`` read-only, root-only ``/proc`` files covered, and a seccomp
-  filter that refuses setuid and setgid bits (:mod:`stayer.sandbox.seccomp`). Every
-  writable mount is ``nosuid,nodev`` (bwrap's default for binds). SECURITY.md has the
-  threat model.
-
-Because the command runs as pid 2 under bwrap's pid 1, when bwrap dies every process in the
-sandbox dies with it: killing bwrap's process group on timeout kills the whole tree.
-
-What is hidden even where a system directory would show it:
-
-* ``/etc`` is a copy of the host's (resolvers, users, CA certificates) without what the
-  host keeps from other users (not world-readable: ``/etc/shadow``, ssh host keys,
-  ``/etc/ssl/private``), which is there as an empty stand-in (:mod:`stayer.sandbox.etc_copy`).
-  The command's uid is the host user's, so root-owned secrets would otherwise be readable
-  by a command of a root caller; a copy, unlike covers over the live ``/etc``, also holds
-  when the host replaces or writes a secret while the command runs.
-* the directory stayer was started from, the home directory and ``$STAYER_HOME`` are
-  covered by empty directories when they lie inside a mounted system directory (e.g. a
-  checkout in ``/usr/src``); elsewhere they are not mounted at all.
-
-Limits (see :mod:`stayer.sandbox.process`): the default allows
-:data:`DEFAULT_MAX_PROCESSES` processes, so a fork bomb is contained without any
-configuration, and caps the command's memory at a share of the host's
-(:func:`~stayer.sandbox.process.default_memory_mb`); file size is unlimited unless asked
-for. ``storage_mb`` caps both the workspace (polled on disk) and the private ``/tmp`` (a
-sized tmpfs, which lives in memory); without it ``/tmp`` is capped at
-:data:`DEFAULT_TMP_MB`, and never above :data:`TMP_MEMORY_SHARE` of the host's memory.
+The command sees ``/usr``, ``/bin``, ``/lib``, ``/lib64``, ``/sbin`` of the host read-only,
+a copy of the host's ``/etc`` without what other users may not read
+(:mod:`stayer.sandbox.etc_copy`), the workspace read-write at ``/app``, extra
+:class:`Mount` s, a private sized tmpfs at ``/tmp``, fresh ``/proc`` and ``/dev``; all
+else read-only and nothing else of the host (the directory stayer runs in, home and
+``$STAYER_HOME`` are covered where a system directory holds them). New user, pid, ipc,
+uts, cgroup and network namespaces (the network only with ``allow_net``), a new session,
+an allow-listed environment, uid :data:`SANDBOX_UID` with no capabilities and no nested
+user namespaces, a seccomp filter (:mod:`stayer.sandbox.seccomp`), bwrap's pid 1 out of
+reach. The command is pid 2 under bwrap: killing bwrap kills the tree. Defaults:
+:data:`DEFAULT_MAX_PROCESSES` processes, a share of the host's memory, ``/tmp`` at most
+:data:`DEFAULT_TMP_MB`. docs/sandbox.md has the reasons; SECURITY.md the threat model.
 """
 
 from __future__ import annotations
