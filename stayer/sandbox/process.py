@@ -174,22 +174,7 @@ def pids_cgroup_parent() -> Path | None:
     if parent is None:
         return None
     remove_orphans(parent)
-    probe = parent / f"stayer-probe-{_owner_tag()}-{uuid.uuid4().hex[:8]}"
-    try:
-        probe.mkdir()
-    except OSError:
-        return None
-    try:
-        if not (probe / "pids.max").exists():
-            with contextlib.suppress(OSError):
-                (parent / "cgroup.subtree_control").write_text("+pids")
-        (probe / "pids.max").write_text("16")
-        return parent
-    except OSError:
-        return None
-    finally:
-        with contextlib.suppress(OSError):
-            probe.rmdir()
+    return parent if _takes(parent, "pids", "pids.max", "16") else None
 
 
 @functools.cache
@@ -206,22 +191,27 @@ def memory_cgroup_parent() -> tuple[Path, bool] | None:
         return None
     if not v2:
         remove_orphans(parent)
+    knob = "memory.max" if v2 else "memory.limit_in_bytes"
+    return (parent, not v2) if _takes(parent, "memory", knob, str(64 * 2**20)) else None
+
+
+def _takes(parent: Path, controller: str, knob: str, value: str) -> bool:
+    """Whether a cgroup made under ``parent`` takes ``value`` in its file ``knob``: a probe
+    made and removed, with ``controller`` enabled for the children of ``parent`` first
+    where the probe lacks the file (cgroup v2)."""
     probe = parent / f"stayer-probe-{_owner_tag()}-{uuid.uuid4().hex[:8]}"
     try:
         probe.mkdir()
     except OSError:
-        return None
+        return False
     try:
-        if v2:
-            if not (probe / "memory.max").exists():
-                with contextlib.suppress(OSError):
-                    (parent / "cgroup.subtree_control").write_text("+memory")
-            (probe / "memory.max").write_text(str(64 * 2**20))
-        else:
-            (probe / "memory.limit_in_bytes").write_text(str(64 * 2**20))
-        return parent, not v2
+        if not (probe / knob).exists():
+            with contextlib.suppress(OSError):
+                (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+        (probe / knob).write_text(value)
+        return True
     except OSError:
-        return None
+        return False
     finally:
         with contextlib.suppress(OSError):
             probe.rmdir()
