@@ -470,7 +470,7 @@ class StartGate:
     (bwrap's ``--info-fd``), then waits for a byte on ``child_release`` (``--block-fd``).
     ``report`` and ``release`` are the caller's ends, to close once the child is gone: the
     child must never see ``release`` closed while it may still run, since bwrap reads end
-    of file as a release too. :func:`run_process` closes the child's ends once started.
+    of file as a release too. :func:`start_child` closes the child's ends once started.
     Each end is closed once only (a descriptor number closed twice may by then be another
     thread's)."""
 
