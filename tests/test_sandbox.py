@@ -638,3 +638,19 @@ def test_cgroups_left_by_a_killed_stayer_are_removed_with_what_is_in_them() -> N
         for d in (left, mine):
             if d.exists():
                 process._PidsCgroup(d).remove_now()
+
+
+def test_a_backend_that_cannot_run_here_says_why_and_how_to_fix_it(tmp_path: Path) -> None:
+    from stayer.sandbox.docker import check_docker
+
+    fake = tmp_path / "docker"
+    fake.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(
+        ConfigError,
+        match=r"^--sandbox docker: no Docker daemon answers "
+        r"\(Cannot connect to the Docker daemon\); install Docker",
+    ):
+        check_docker(str(fake))
+    with pytest.raises(ConfigError, match=r"^--sandbox docker: cannot run .*/missing: .*; install"):
+        check_docker(str(tmp_path / "missing"))

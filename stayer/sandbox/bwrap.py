@@ -43,6 +43,7 @@ from stayer.sandbox.process import (
     ProcessSandbox,
     StartGate,
     host_memory_mb,
+    probe,
 )
 from stayer.sandbox.seccomp import filter_fd, suid_filter
 from stayer.workspace.watch import OwnWatch
@@ -109,29 +110,13 @@ def check_bwrap(bwrap: str | None = None) -> str:
             "capabilities valid on the host. Install bubblewrap >= 0.8, run stayer as a "
             "user other than root, or pass --sandbox local explicitly to run without isolation"
         )
-    try:
-        proc = subprocess.run(
-            [
-                path,
-                "--unshare-all",
-                *_identity(path),
-                "--die-with-parent",
-                "--ro-bind",
-                "/",
-                "/",
-                "true",
-            ],
-            capture_output=True,
-            timeout=30,
-            env={"PATH": SANDBOX_PATH},
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ConfigError(f"sandbox: cannot run {path}: {e}; {_FIX}") from e
-    if proc.returncode != 0:
-        why = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise ConfigError(
-            f"sandbox: {path} cannot create namespaces here ({why[-1] if why else proc.returncode}); {_FIX}"
-        )
+    argv = [path, "--unshare-all", *_identity(path), "--die-with-parent"]
+    probe(
+        [*argv, "--ro-bind", "/", "/", "true"],
+        {"PATH": SANDBOX_PATH},
+        failed=(f"sandbox: cannot run {path}", f"sandbox: {path} cannot create namespaces here"),
+        fix=_FIX,
+    )
     return path
 
 

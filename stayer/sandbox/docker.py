@@ -19,7 +19,6 @@ import contextlib
 import functools
 import os
 import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -35,7 +34,7 @@ from stayer.sandbox.bwrap import (
     sandbox_env,
     tmp_size_mb,
 )
-from stayer.sandbox.process import Launch, ProcessSandbox
+from stayer.sandbox.process import Launch, ProcessSandbox, probe
 from stayer.workspace.tree import walk
 
 _FIX = (
@@ -68,20 +67,15 @@ def check_docker(docker: str | None = None) -> str:
     path = docker or shutil.which("docker")
     if path is None:
         raise ConfigError(f"--sandbox docker: the docker command is not on PATH; {_FIX}")
-    try:
-        proc = subprocess.run(
-            [path, "version", "--format", "{{.Server.Version}}"],
-            capture_output=True,
-            timeout=30,
-            env=client_env(),
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ConfigError(f"--sandbox docker: cannot run {path}: {e}; {_FIX}") from e
-    if proc.returncode != 0:
-        why = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise ConfigError(
-            f"--sandbox docker: no Docker daemon answers ({why[-1] if why else proc.returncode}); {_FIX}"
-        )
+    probe(
+        [path, "version", "--format", "{{.Server.Version}}"],
+        client_env(),
+        failed=(
+            f"--sandbox docker: cannot run {path}",
+            "--sandbox docker: no Docker daemon answers",
+        ),
+        fix=_FIX,
+    )
     return path
 
 

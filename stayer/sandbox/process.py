@@ -23,6 +23,7 @@ import os
 import re
 import resource
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -947,6 +948,19 @@ async def run_process(
 
 # --------------------------------------------------------------------------------------
 # what the backends share
+
+
+def probe(argv: list[str], env: dict[str, str], *, failed: tuple[str, str], fix: str) -> None:
+    """Run ``argv``, a check that a backend works here. ConfigError if it cannot run
+    (``failed[0]``: the error) or fails (``failed[1]``: its last line of stderr), with how
+    to ``fix`` it."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=30, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(f"{failed[0]}: {e}; {fix}") from e
+    if proc.returncode != 0:
+        why = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise ConfigError(f"{failed[1]} ({why[-1] if why else proc.returncode}); {fix}")
 
 
 # Enough for parallel builds and test runners, few enough that a fork bomb stays harmless.
