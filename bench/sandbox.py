@@ -77,7 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from stayer.guard.breakers import TreeFingerprint  # noqa: E402
 from stayer.sandbox import make_sandbox  # noqa: E402
 from stayer.sandbox.bwrap import BwrapSandbox, host_etc  # noqa: E402
-from stayer.sandbox.snapshot import FileSnapshotStore  # noqa: E402
+from stayer.workspace.snapshot import FileSnapshotStore  # noqa: E402
 
 # The time from the end of a command until the next one's sandbox, started ahead, is ready:
 # what the agent's work between two commands must cover for the next to find it ready.
@@ -109,8 +109,8 @@ async def _exec_overhead(
     # subprocess.run, once with namespaces and the fewest mounts a sandbox needs, once with
     # exactly the options stayer passes (its mounts: the read-only system, its copy of /etc,
     # the covers over host secrets in /proc), no seccomp filter, limits or capture.
-    bw, kept = boxes["stayer bwrap"], boxes["stayer bwrap-persistent"]
-    assert isinstance(bw, BwrapSandbox) and isinstance(kept, BwrapSandbox)
+    bw, persistent = boxes["stayer bwrap"], boxes["stayer bwrap-persistent"]
+    assert isinstance(bw, BwrapSandbox) and isinstance(persistent, BwrapSandbox)
     floors = {
         "bwrap alone, namespaces": [
             bw.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
@@ -143,9 +143,9 @@ async def _exec_overhead(
                 # that none of its start is charged to the variants timed after it.
                 assert bw.next_ready(timeout=60)
                 times[NEXT_START] = time.perf_counter() - t0 - times[name]
-            elif box is kept:
+            elif box is persistent:
                 # Its next command's bash starts now: waited for, for the same reason.
-                assert kept.next_ready(timeout=60)
+                assert persistent.next_ready(timeout=60)
         if i >= 10:
             for name, t in times.items():
                 samples[name].append(t)
@@ -267,7 +267,7 @@ _CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
 from pathlib import Path
-from stayer.sandbox.snapshot import FileSnapshotStore
+from stayer.workspace.snapshot import FileSnapshotStore
 store = FileSnapshotStore(sys.argv[1])
 t1 = time.perf_counter()
 if len(sys.argv) > 3:  # a resumed run: back to its last snapshot, then the next one
@@ -553,7 +553,7 @@ def main() -> None:
         )
     call = execs["stayer bwrap-persistent"]["p50_ms"]
     print(
-        f"target: a tool call under 1 ms from the kept sandbox; stayer bwrap-persistent: "
+        f"target: a tool call under 1 ms from the persistent sandbox; stayer bwrap-persistent: "
         f"p50 {call:.2f} ms ({'met' if call < 1 else 'NOT met'})"
     )
     if images is not None:

@@ -1,6 +1,6 @@
 """Settings every test process shares.
 
-Snapshot stores start a watch daemon per store directory (``stayer.sandbox.watchd``) that
+Snapshot stores start a watch daemon per store directory (``stayer.workspace.watchd``) that
 lives on for minutes after the store's process ends; a suite making hundreds of stores in
 temporary directories would leave hundreds of them. It is off for the suite (this
 environment variable, inherited by the processes tests start) and on where a test asks

@@ -1,4 +1,4 @@
-"""Snapshot stores with the shared watch's daemon (``stayer.sandbox.watchd``) up for the
+"""Snapshot stores with the shared watch's daemon (``stayer.workspace.watchd``) up for the
 test, and gone after it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from stayer.sandbox.snapshot import FileSnapshotStore
+from stayer.workspace.snapshot import FileSnapshotStore
 
 
 def daemon_pid(root: Path) -> int | None:

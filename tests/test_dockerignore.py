@@ -11,7 +11,7 @@ import pytest
 from stayer.environments import dockerignore
 from stayer.environments.dockerignore import parse, walk
 from stayer.errors import ConfigError
-from stayer.sandbox.hostfs import tree_digest
+from stayer.workspace.hostfs import tree_digest
 
 
 def excluded(text: str, *paths: str) -> list[bool]:

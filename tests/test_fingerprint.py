@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stayer.guard.breakers import TreeFingerprint
-from stayer.sandbox.watch import TreeWatch
+from stayer.workspace.watch import TreeWatch
 
 
 def tree(root: Path, dirs: int = 5, files: int = 4) -> Path:

@@ -39,6 +39,7 @@ LAYERS: list[set[str]] = [
         "paths",
     },
     {"models"},
+    {"workspace"},  # the workspace's files: walk, copy, change watch, snapshots
     {"sandbox"},
     {"environments"},  # task images: built over the sandbox, used by tasks
     {"context"},

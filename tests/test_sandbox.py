@@ -340,7 +340,8 @@ def test_etc_secrets_written_after_the_first_probe_are_found(
     secret written since the last answer (dockerd writing /etc/docker/key.json, a file
     made private by chmod, a private directory) is in the next one, whether inotify
     vouches for the tree in between or, where there is none, the tree is walked again."""
-    from stayer.sandbox import bwrap, watch
+    from stayer.sandbox import bwrap
+    from stayer.workspace import watch
 
     if not inotify:
         monkeypatch.setattr(watch, "_libc", lambda: None)
@@ -432,7 +433,7 @@ def test_bwrap_command_line_is_not_readable_inside(ws: Path, monkeypatch) -> Non
 
 
 def test_disk_usage_counts_what_is_allocated_once(tmp_path: Path) -> None:
-    from stayer.sandbox.tree import disk_usage, iter_tree
+    from stayer.workspace.tree import disk_usage, iter_tree
 
     root = tmp_path / "root"
     (root / "sub").mkdir(parents=True)
@@ -637,3 +638,19 @@ def test_cgroups_left_by_a_killed_stayer_are_removed_with_what_is_in_them() -> N
         for d in (left, mine):
             if d.exists():
                 process._PidsCgroup(d).remove_now()
+
+
+def test_a_backend_that_cannot_run_here_says_why_and_how_to_fix_it(tmp_path: Path) -> None:
+    from stayer.sandbox.docker import check_docker
+
+    fake = tmp_path / "docker"
+    fake.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(
+        ConfigError,
+        match=r"^--sandbox docker: no Docker daemon answers "
+        r"\(Cannot connect to the Docker daemon\); install Docker",
+    ):
+        check_docker(str(fake))
+    with pytest.raises(ConfigError, match=r"^--sandbox docker: cannot run .*/missing: .*; install"):
+        check_docker(str(tmp_path / "missing"))

@@ -37,7 +37,7 @@ from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.sandbox.bwrap import DEFAULT_MAX_PROCESSES, BwrapSandbox
 from stayer.sandbox.docker import DockerSandbox
 from stayer.sandbox.process import pids_cgroup_parent
-from stayer.sandbox.tree import disk_usage
+from stayer.workspace.tree import disk_usage
 
 pytestmark = needs_bwrap
 

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import needs_bwrap
 
-from stayer.sandbox import bwrap, etc_copy, watch
+from stayer.sandbox import bwrap, etc_copy
 from stayer.sandbox.bwrap import BwrapSandbox
 from stayer.sandbox.etc_copy import EtcCopies, copy_public
+from stayer.workspace import watch
 
 
 def _host_etc(root: Path) -> Path:

@@ -379,3 +379,26 @@ def test_a_cancelled_command_started_ahead_leaves_nothing_running(sb: BwrapSandb
     assert wait_gone(mark) == []
     honest(sb)
     assert sb.next_ready(timeout=60)  # a fresh kept sandbox, with a bash ahead again
+
+
+def test_the_runner_is_the_shipped_module_and_its_command_line_shows_no_host_path(
+    sb: BwrapSandbox,
+) -> None:
+    """The runner is stayer/sandbox/runner.py, sent whole over the control socket: the
+    sandbox runs the shipped file's text, and neither its command line nor a mount names
+    where that file (or stayer) lies on the host."""
+    from stayer.sandbox import persistent, runner
+
+    shipped = Path(runner.__file__).resolve()
+    assert persistent.runner_code() == shipped.read_bytes()
+    r = run(
+        sb.exec(
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done; "
+            "cat /proc/self/mountinfo",
+            timeout=60,
+        )
+    )
+    assert r.exit_code == 0, r
+    assert persistent.BOOT in r.stdout  # the runner is running, started as always
+    assert str(shipped.parent.parent.parent) not in r.stdout and "runner.py" not in r.stdout
+    honest(sb)

@@ -31,8 +31,8 @@ from stayer.eval.task import load_task
 from stayer.eval.verify import read_reward
 from stayer.guard.breakers import TreeFingerprint
 from stayer.run import RunConfig, execute, prepare
-from stayer.sandbox.snapshot import FileSnapshotStore
-from stayer.sandbox.tree import iter_tree
+from stayer.workspace.snapshot import FileSnapshotStore
+from stayer.workspace.tree import iter_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 ODD = os.fsdecode(b"x\xff-caf\xe9")  # not UTF-8: what `touch "$(printf 'x\xff')"` makes
@@ -281,7 +281,7 @@ def test_file_snapshots_keep_specials_safe_sparse_and_without_setuid(tmp_path: P
     ws = tmp_path / "ws"
     special_tree(ws)
     code = (
-        "import json; from pathlib import Path; from stayer.sandbox.snapshot import FileSnapshotStore; "
+        "import json; from pathlib import Path; from stayer.workspace.snapshot import FileSnapshotStore; "
         f"s = FileSnapshotStore({str(tmp_path / 'store')!r}); sid = s.snapshot(Path({str(ws)!r})); "
         f"s.restore(sid, Path({str(tmp_path / 'copy')!r})); "
         f"s.restore(sid, Path({str(ws)!r})); print(json.dumps(sid))"  # and in place

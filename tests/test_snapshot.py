@@ -14,9 +14,9 @@ import pytest
 from sandbox_helpers import NO_BWRAP, run
 from snapshot_helpers import daemon_stopped_after, store_with_daemon
 
-import stayer.sandbox.snapshot as snapshot_module
-from stayer.sandbox.snapshot import FileSnapshotStore, SnapshotNotFound, SnapshotStore
-from stayer.sandbox.watch import TreeWatch
+import stayer.workspace.snapshot as snapshot_module
+from stayer.workspace.snapshot import FileSnapshotStore, SnapshotNotFound, SnapshotStore
+from stayer.workspace.watch import TreeWatch
 
 
 def tree(root: Path) -> dict[str, tuple]:
@@ -352,7 +352,7 @@ def test_change_watch_sees_writes_made_inside_the_sandbox(
 def test_without_inotify_the_scan_still_sees_everything(
     ws: Path, tmp_path: Path, monkeypatch
 ) -> None:
-    monkeypatch.setattr("stayer.sandbox.watch._libc", lambda: None)
+    monkeypatch.setattr("stayer.workspace.watch._libc", lambda: None)
     store = FileSnapshotStore(tmp_path / "plain-store")
     assert not store._watch.available
     a = store.snapshot(ws)

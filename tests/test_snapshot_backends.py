@@ -29,10 +29,10 @@ from test_snapshot import (  # noqa: F401
     ws,
 )
 
-import stayer.sandbox.snapshot as snapshot_module
+import stayer.workspace.snapshot as snapshot_module
 from stayer.journal.blobs import digest
 from stayer.journal.snapshot import CHUNK, BlobSnapshots
-from stayer.sandbox.snapshot import FileSnapshotStore, SnapshotNotFound
+from stayer.workspace.snapshot import FileSnapshotStore, SnapshotNotFound
 
 
 class Blobs(dict):

@@ -1,4 +1,4 @@
-"""The shared watch (``stayer.sandbox.watchd``): a snapshot taken by a new process of an
+"""The shared watch (``stayer.workspace.watchd``): a snapshot taken by a new process of an
 unchanged workspace skips the scan, and no write is ever missed — made by a sandboxed
 command, by another process, between the daemon's start and the check, during the
 hand-over, after the daemon died or was stopped, or by a restore."""
@@ -16,10 +16,10 @@ import pytest
 from sandbox_helpers import NO_BWRAP, run
 from snapshot_helpers import daemon_pid, daemon_stopped_after, store_with_daemon
 
-import stayer.sandbox.snapshot as snapshot_module
-from stayer.sandbox import watchd
-from stayer.sandbox.snapshot import FileSnapshotStore
-from stayer.sandbox.watch import TreeWatch
+import stayer.workspace.snapshot as snapshot_module
+from stayer.workspace import watchd
+from stayer.workspace.snapshot import FileSnapshotStore
+from stayer.workspace.watch import TreeWatch
 
 pytestmark = pytest.mark.skipif(
     not (TreeWatch().available and watchd.SharedWatch.supported()), reason="no inotify here"
@@ -90,7 +90,7 @@ def scan_only(root: Path, ws: Path) -> str:
 def new_process_snapshot(root: Path, ws: Path) -> str:
     code = (
         "import sys; from pathlib import Path;"
-        "from stayer.sandbox.snapshot import FileSnapshotStore as S;"
+        "from stayer.workspace.snapshot import FileSnapshotStore as S;"
         "print(S(sys.argv[1], shared_watch=True).snapshot(Path(sys.argv[2])))"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

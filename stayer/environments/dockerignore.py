@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stayer.errors import ConfigError
-from stayer.sandbox.hostfs import content_digest, copy_contents
+from stayer.workspace.hostfs import content_digest, copy_contents
 
 IGNORE_FILE = ".dockerignore"
 # What the builder reads whether or not the context's patterns exclude it.
@@ -216,7 +216,7 @@ class Context:
         return sorted(r for r in self.entries if regex.match(r))
 
     def tree_digest(self, rel: str = ".") -> str:
-        """What :func:`stayer.sandbox.hostfs.tree_digest` is of ``rel`` (a directory),
+        """What :func:`stayer.workspace.hostfs.tree_digest` is of ``rel`` (a directory),
         over the entries sent only: names relative to it and contents of its regular
         files, links left out. Equal to it where nothing is excluded."""
         h = hashlib.sha256()

@@ -29,7 +29,7 @@ from stayer.environments.build import BuildError, BuiltRoot, build_root
 from stayer.errors import ConfigError
 from stayer.paths import cache_root
 from stayer.sandbox import IMAGE_KINDS, Sandbox, make_sandbox
-from stayer.sandbox.hostfs import copy_tree
+from stayer.workspace.hostfs import copy_tree
 
 # The image's own HOME is usually /root, which the command can neither read nor write.
 _FORCED_ENV = {"HOME": "/tmp"}

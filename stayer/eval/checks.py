@@ -45,7 +45,7 @@ from stayer.eval.task import Task
 from stayer.eval.verify import Verdict, passes, verify
 from stayer.sandbox import IMAGE_KINDS, released
 from stayer.sandbox.base import ExecResult, Sandbox
-from stayer.sandbox.hostfs import copy_tree
+from stayer.workspace.hostfs import copy_tree
 
 KINDS = (
     "invalid",

@@ -48,7 +48,7 @@ from stayer.eval.task import Task
 from stayer.eval.verify import passes
 from stayer.journal.backends import open_store, stayer_home
 from stayer.run_config import RunConfig
-from stayer.sandbox.hostfs import tree_digest
+from stayer.workspace.hostfs import tree_digest
 
 if TYPE_CHECKING:
     from stayer.journal import RunJournal

@@ -22,8 +22,8 @@ from typing import Any
 from stayer.environments.prepare import image_kind, prepare_environment, sandbox_for
 from stayer.errors import ConfigError
 from stayer.sandbox import IMAGE_KINDS, Sandbox
-from stayer.sandbox.hostfs import copy_tree
 from stayer.settings import TaskToml, check_file, read_text, read_toml
+from stayer.workspace.hostfs import copy_tree
 
 # Files in environment/ that describe a container image rather than workspace content.
 IMAGE_FILES = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore"}
@@ -91,7 +91,7 @@ class Task:
     def materialise(self, workspace: Path, kind: str = "bwrap") -> None:
         """Lay out a fresh workspace: the environment's files, nothing from tests or solution.
 
-        Copied by :func:`~stayer.sandbox.hostfs.copy_tree`: links as links, never followed
+        Copied by :func:`~stayer.workspace.hostfs.copy_tree`: links as links, never followed
         (a link to ../tests or ../solution must not bring the verifier's files into the
         agent's workspace), sparse files sparse, FIFOs re-created and never opened, no
         sockets, devices or setuid bits, any file name.

@@ -38,7 +38,7 @@ from stayer.errors import ConfigError
 from stayer.eval.evidence import environment_evidence
 from stayer.eval.task import Task
 from stayer.sandbox.base import ExecResult, Mount, Sandbox
-from stayer.sandbox.hostfs import (
+from stayer.workspace.hostfs import (
     UnsafeFile,
     copy_tree,
     open_dir_beneath,
@@ -133,7 +133,7 @@ def read_reward(logs: Path) -> tuple[float | None, dict[str, float], str | None]
     The verifier runs the agent's code, which can write ``logs``: a reward file that is a
     link (to a host file holding ``1``), a hard link, a FIFO, a directory, too large or not
     a finite number is an error here (reward ``None``), never a score, and its content is
-    never echoed. Read through :mod:`stayer.sandbox.hostfs`: no link is followed."""
+    never echoed. Read through :mod:`stayer.workspace.hostfs`: no link is followed."""
     for name in REWARD_NAMES:
         try:
             raw = read_regular(logs, name, limit=REWARD_LIMIT, single_link=True)

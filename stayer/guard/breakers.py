@@ -25,7 +25,6 @@ from typing import Any, Protocol
 
 from pydantic import StrictBool
 
-from stayer.sandbox.watch import TreeWatch
 from stayer.settings import (
     Factor,
     Fraction,
@@ -37,6 +36,7 @@ from stayer.settings import (
     WrapupSteps,
     WrapupTokens,
 )
+from stayer.workspace.watch import TreeWatch
 
 #: Reasons a trip can have. Limits first, then behaviour.
 LIMIT_REASONS = ("max_steps", "max_cost", "max_tokens", "max_wall_time")

@@ -21,7 +21,7 @@ from typing import Any
 from stayer.journal.snapshot import BlobSnapshots
 from stayer.journal.sql import SqlStore, schema
 from stayer.journal.store import JournalError, StoreUnavailable
-from stayer.sandbox.snapshot import SnapshotStore
+from stayer.workspace.snapshot import SnapshotStore
 
 
 class _DuplicateOfRaised(logging.Filter):

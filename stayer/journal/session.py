@@ -60,8 +60,8 @@ from stayer.ledger import lost_entry
 from stayer.models.base import Model, ModelResponse
 from stayer.money import Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.sandbox.snapshot import SnapshotNotFound, SnapshotStore
 from stayer.usage import Usage
+from stayer.workspace.snapshot import SnapshotNotFound, SnapshotStore
 
 #: A lease lives this long without renewal; a running journal renews it every third of it.
 LEASE_TTL_S = 30.0

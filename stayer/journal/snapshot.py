@@ -5,7 +5,7 @@ a local SQLite journal. A run journaled in PostgreSQL may be resumed on another 
 its snapshots must live where its events do: :class:`BlobSnapshots` (same protocol) writes
 into the journal store's blobs.
 
-It is the same snapshot algorithm as the sandbox's (:class:`stayer.sandbox.snapshot.
+It is the same snapshot algorithm as the sandbox's (:class:`stayer.workspace.snapshot.
 Snapshots`: the walk, the stat cache and its racy rule, the manifest, the restore that
 rewrites only what differs, and everything the workspace's safety needs: no link
 followed, only regular files opened, names as bytes, no setuid bit, FIFOs kept and never
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from stayer.journal.blobs import BlobError
-from stayer.sandbox.hostfs import plain_mode, pwrite_all
-from stayer.sandbox.snapshot import SnapshotNotFound, Snapshots
+from stayer.workspace.hostfs import plain_mode, pwrite_all
+from stayer.workspace.snapshot import SnapshotNotFound, Snapshots
 
 CHUNK = 1 << 20
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -41,7 +41,7 @@ _BATCH_BLOBS, _BATCH_BYTES = 64, 8 << 20
 
 
 class _JournalObjects:
-    """The journal store's blobs as :class:`~stayer.sandbox.snapshot.Objects`. A put is
+    """The journal store's blobs as :class:`~stayer.workspace.snapshot.Objects`. A put is
     durable when ``put`` returns (the store's promise), so nothing needs an fsync here."""
 
     max_blob: int | None = CHUNK

@@ -27,7 +27,7 @@ from stayer.journal.store import (
 )
 
 if TYPE_CHECKING:
-    from stayer.sandbox.snapshot import SnapshotStore
+    from stayer.workspace.snapshot import SnapshotStore
 
 RUN_COLUMNS = "id, task, model, status, steps, cost_usd, started, updated, header, lease_owner"
 _UPDATABLE = ("status", "steps", "cost_usd")

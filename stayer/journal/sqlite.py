@@ -24,7 +24,7 @@ from stayer.journal.store import JournalError
 from stayer.sqlite_tx import connect_private, immediate, private_dir
 
 if TYPE_CHECKING:
-    from stayer.sandbox.snapshot import FileSnapshotStore, SnapshotStore
+    from stayer.workspace.snapshot import FileSnapshotStore, SnapshotStore
 
 INLINE_MAX = 128 * 1024
 
@@ -108,7 +108,7 @@ class SqliteStore(SqlStore):
         # journal event names, resume falls back to an older one (or the task's own files)
         # and re-runs the journaled tool calls since, which the journal always has.
         if self._snapshots is None:
-            from stayer.sandbox.snapshot import FileSnapshotStore
+            from stayer.workspace.snapshot import FileSnapshotStore
 
             private_dir(self.path.parent / "snapshots")
             self._snapshots = FileSnapshotStore(self.path.parent / "snapshots")

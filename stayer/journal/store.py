@@ -18,7 +18,7 @@ from stayer.errors import JournalError as JournalError  # re-exported: it lives 
 from stayer.errors import StoreUnavailable as StoreUnavailable
 
 if TYPE_CHECKING:  # the snapshot code is only needed by runs, not by `stayer runs`
-    from stayer.sandbox.snapshot import SnapshotStore
+    from stayer.workspace.snapshot import SnapshotStore
 
 #: Version of the tables and event payloads this code writes. A journal written by a newer
 #: stayer is refused rather than misread.

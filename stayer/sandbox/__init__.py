@@ -1,10 +1,10 @@
 """Sandboxes: where the agent's commands run. ``bwrap`` (default on Linux) or ``local``;
 ``docker`` and ``bwrap-image`` run the task's image (:mod:`stayer.environments`);
 ``bwrap`` starts each command's sandbox ahead (:mod:`stayer.sandbox.ahead`);
-``bwrap-persistent`` is ``bwrap`` kept running between commands (:mod:`stayer.sandbox.kept`).
+``bwrap-persistent`` is ``bwrap`` kept running between commands (:mod:`stayer.sandbox.persistent`).
 Every backend runs a command through one exec path (:class:`~stayer.sandbox.process.ProcessSandbox`:
 limits, cgroup, output capture, deadline, storage watch); a backend only says how the
-command starts. Snapshots (:mod:`stayer.sandbox.snapshot`) are one algorithm over two
+command starts. Snapshots (:mod:`stayer.workspace.snapshot`) are one algorithm over two
 object stores (files, or the journal's blobs)."""
 
 from __future__ import annotations

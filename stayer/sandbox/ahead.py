@@ -1,22 +1,14 @@
 """A fresh bubblewrap sandbox per command, started ahead (``--sandbox bwrap``'s default).
 
-Setting up bubblewrap's namespaces and mounts takes 5–10 ms, several times the command
-itself for most tool calls, and the caller waited for it. Here the sandbox of the next
-command is started as soon as a command ends, exactly as it would be started for it
-(:meth:`~stayer.sandbox.bwrap.BwrapSandbox.started`: options, seccomp filter, pids cgroup,
-rlimits applied before anything runs in it), and holds still in a shell that waits for
-its command (:data:`READER`). The command, when it comes, is written to a memory file
-the shell reads, and the shell ``exec`` s ``/bin/bash -c COMMAND``: the command runs as
-pid 2 under bwrap's pid 1, with the same environment, directory, descriptors and limits
-as in a sandbox started for it, and the sandbox ends with it. Each sandbox takes one
-command; nothing lasts from one to the next.
-
-A sandbox started ahead is used only while the host has not changed under it
-(:meth:`~stayer.sandbox.bwrap.BwrapSandbox.hold_host`: the copy of ``/etc`` it mounts, the
-workspace directory it binds), for a command in ``/app`` without mounts of its own; else,
-while the next one is still starting, or if it died, the command gets a sandbox started
-for it (:meth:`AheadBwrap.run` returns None). The deadline counts from when the command
-is handed over.
+As soon as a command ends, the next command's sandbox is started exactly as it would be
+for it (:meth:`~stayer.sandbox.bwrap.BwrapSandbox.started`: options, seccomp filter,
+pids cgroup, rlimits before anything runs in it) and waits in a shell (:data:`READER`)
+for its command, which it ``exec`` s as ``/bin/bash -c COMMAND``: pid 2 under bwrap's
+pid 1, as in a sandbox started for it. Each sandbox takes one command. One is used only
+while the host has not changed under it (:meth:`~stayer.sandbox.bwrap.BwrapSandbox.
+hold_host`), for a command in ``/app`` without mounts of its own; else the command gets
+a sandbox started for it (:meth:`AheadBwrap.run` returns None). The deadline counts from
+when the command is handed over. docs/sandbox.md says why.
 """
 
 from __future__ import annotations
@@ -28,31 +20,104 @@ import logging
 import os
 import subprocess
 import threading
-import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from stayer.sandbox.base import ExecResult
+from stayer.sandbox.base import ExecResult, Mount
 from stayer.sandbox.janitor import JANITOR
-from stayer.sandbox.kept import Starts, spawn
 from stayer.sandbox.process import (
-    _DRAIN_GRACE_S,
-    KeptCommand,
-    _Capture,
+    Command,
+    Launch,
+    ProcessLimits,
+    StartGate,
     _kill_group,
     _PidsCgroup,
-    captured_result,
+    born_in,
     confine_and_release_now,
-    drain_fd,
-    feed_fd,
     fits_ahead,
-    storage_baseline,
-    storage_verdict,
+    new_cgroup,
+    run_command,
+    shell_code,
     wait_fd,
-    watch_storage,
 )
 
 log = logging.getLogger(__name__)
+
+
+class Starts(Protocol):
+    """What a sandbox started ahead, or a persistent one, needs of its
+    :class:`~stayer.sandbox.bwrap.BwrapSandbox`."""
+
+    env: dict[str, str]
+
+    @property
+    def limits(self) -> ProcessLimits: ...
+
+    def started(
+        self, mounts: tuple[Mount, ...], cwd: str, program: list[str], host: Any = None
+    ) -> contextlib.AbstractContextManager[Launch]: ...
+
+    def hold_host(self) -> contextlib.AbstractContextManager[Any]:
+        """What of the host a sandbox started now shows, held unchanged for it while the
+        block lasts (for ``started``'s ``host``); two compare equal when no difference."""
+        ...
+
+
+@dataclass
+class Spawned:
+    """bwrap started by :func:`spawn`, held at its gate until released."""
+
+    proc: subprocess.Popen[bytes]
+    gate: StartGate
+    cgroup: _PidsCgroup | None
+    view: Any  # the host as the sandbox shows it (Starts.hold_host)
+    held: contextlib.ExitStack  # keeps that view (the /etc copy it mounts): the sandbox's
+    starting: contextlib.ExitStack  # bwrap's own descriptors: until it has started
+
+
+def spawn(
+    box: Starts,
+    program: list[str],
+    *,
+    limits: ProcessLimits,
+    stdio: tuple[int, int, int],
+    pass_fds: tuple[int, ...] = (),
+) -> Spawned:
+    """Start bwrap for ``program`` in a sandbox of ``box`` in ``/app``, in a cgroup of its
+    own from birth with ``limits``'s processes and memory, held at its gate (the caller
+    applies the rlimits and releases it). bwrap's ``--die-with-parent`` is tied to the
+    calling thread: the sandbox lasts as long as that thread does."""
+    cgroup = new_cgroup(limits)
+    held = contextlib.ExitStack()
+    starting = contextlib.ExitStack()
+    try:
+        view = held.enter_context(box.hold_host())
+        how = starting.enter_context(box.started((), "/app", program, view))
+        gate = how.gate
+        assert gate is not None
+        try:
+            proc = subprocess.Popen(
+                born_in(cgroup, how.argv),
+                stdin=stdio[0],
+                stdout=stdio[1],
+                stderr=stdio[2],
+                cwd=how.cwd,
+                env=dict(how.env or {}),
+                start_new_session=True,
+                pass_fds=(*how.pass_fds, *pass_fds),
+            )
+        finally:
+            gate.close_child_ends()
+    except BaseException:
+        starting.close()
+        held.close()
+        if cgroup is not None:
+            cgroup.remove_now()
+        raise
+    return Spawned(proc, gate, cgroup, view, held, starting)
+
 
 # What the sandbox runs until its command comes: one byte on the go pipe (1: the command
 # has stdin on a pipe, 0: it reads /dev/null), then the command from the memory file,
@@ -105,10 +170,6 @@ class _Ahead:
                     os.close(fd)
         self.held.close()
 
-    async def wait_exit(self) -> None:
-        await wait_fd(self.exit_fd, writable=False)
-        self.proc.wait()
-
     def reap(self) -> None:
         """Kill it, wait for it and remove its cgroup (blocking: for a thread)."""
         self.kill()
@@ -116,6 +177,30 @@ class _Ahead:
         self.close()
         if self.cgroup is not None:
             self.cgroup.remove_now()
+
+
+class _HandedOver:
+    """The command running in a sandbox started ahead: it exits with bwrap."""
+
+    note = ""
+
+    def __init__(self, ahead: _Ahead) -> None:
+        self.ahead = ahead
+        self.stdout, self.stderr = ahead.fds.pop("stdout"), ahead.fds.pop("stderr")
+        self.stdin: int | None = ahead.fds.pop("stdin")
+
+    async def wait(self) -> int:
+        await wait_fd(self.ahead.exit_fd)
+        return shell_code(self.ahead.proc.wait())
+
+    def stop(self) -> None:
+        self.ahead.kill()
+
+    def stragglers(self) -> bool:
+        return False
+
+    async def close(self) -> None:
+        pass  # buried by AheadBwrap.run
 
 
 def _close_all(aheads: list[_Ahead], threads: ThreadPoolExecutor, pid: int) -> None:
@@ -149,7 +234,7 @@ class AheadBwrap:
         JANITOR.ready()
         weakref.finalize(self, _close_all, self._live, self._threads, self._pid)
 
-    async def run(self, cmd: KeptCommand) -> ExecResult | None:
+    async def run(self, cmd: Command) -> ExecResult | None:
         """``cmd``'s result, in the sandbox started for it; None when none is ready and fit
         (the caller starts one). Either way the next one starts before this returns."""
         if os.getpid() != self._pid:
@@ -188,7 +273,7 @@ class AheadBwrap:
             return False
         return True
 
-    async def _take(self, cmd: KeptCommand, text: bytes) -> _Ahead | None:
+    async def _take(self, cmd: Command, text: bytes) -> _Ahead | None:
         """The sandbox started for the next command, if it fits ``cmd`` (``text``: its
         command, encoded) and the host is as it shows; None else (one that did not fit the
         host is killed)."""
@@ -215,6 +300,29 @@ class AheadBwrap:
             self._bury(ahead)
             return None
         return ahead
+
+    async def _run(self, ahead: _Ahead, cmd: Command, text: bytes) -> ExecResult | None:
+        """``cmd``'s result in ``ahead``; None if it could not be handed over."""
+        try:
+            return await run_command(
+                functools.partial(self._hand_over, ahead, text, cmd.stdin is not None),
+                timeout=cmd.timeout,
+                stdin=cmd.stdin,
+                max_output_bytes=cmd.max_output_bytes,
+                storage=cmd.storage,
+            )
+        finally:
+            self._bury(ahead)  # killed now if it still runs (cancelled, not handed over)
+
+    async def _hand_over(self, ahead: _Ahead, text: bytes, stdin: bool) -> _HandedOver | None:
+        """The command (``text``) handed to ``ahead``; None if it died since it was taken."""
+        try:
+            os.pwrite(ahead.fds["text"], text + b"\0", 0)
+            os.write(ahead.fds["go"], b"1" if stdin else b"0")
+        except OSError as e:
+            log.warning("a sandbox started ahead died (%s): one started for the command", e)
+            return None
+        return _HandedOver(ahead)
 
     def _start_next(self) -> None:
         if not self._broken and self._next is None:
@@ -256,8 +364,7 @@ class AheadBwrap:
                 sp = spawn(
                     box,
                     ["/bin/bash", "-c", reader],
-                    max_processes=box.limits.max_processes,
-                    memory_mb=box.limits.memory_cap_mb,
+                    limits=box.limits,
                     stdio=(theirs["stdin"], theirs["stdout"], theirs["stderr"]),
                     pass_fds=(text, theirs["go"]),
                 )
@@ -282,69 +389,3 @@ class AheadBwrap:
         finally:
             sp.starting.close()
         return ahead
-
-    async def _run(self, ahead: _Ahead, cmd: KeptCommand, text: bytes) -> ExecResult | None:
-        """``cmd``'s result in ``ahead``; None if it could not be handed over (the sandbox
-        died since it was taken)."""
-        storage = cmd.storage
-        storage_cap = await storage_baseline(storage)
-        out, err = _Capture(cmd.max_output_bytes), _Capture(cmd.max_output_bytes)
-        fds = ahead.fds
-        start = time.monotonic()
-        tasks: list[asyncio.Task[None]] = []
-        storage_used: int | None = None
-        try:
-            try:
-                os.pwrite(fds["text"], text + b"\0", 0)
-                os.write(fds["go"], b"1" if cmd.stdin is not None else b"0")
-            except OSError as e:
-                log.warning("a sandbox started ahead died (%s): one started for the command", e)
-                return None
-            tasks = [
-                asyncio.create_task(drain_fd(fds.pop("stdout"), out)),
-                asyncio.create_task(drain_fd(fds.pop("stderr"), err)),
-            ]
-            stdin_end = [fds.pop("stdin")]
-            if cmd.stdin is not None:
-                tasks.append(asyncio.create_task(feed_fd(stdin_end, cmd.stdin)))
-            else:
-                os.close(stdin_end.pop())
-            exited = asyncio.ensure_future(_exits_in_time(ahead, max(cmd.timeout, 0.001)))
-            if storage is None:
-                timed_out = not await exited
-            else:
-                timed_out, storage_used = await watch_storage(exited, storage.path, storage_cap)
-            exited.cancel()
-            # Its reader of the exit descriptor goes before another is registered (the
-            # event loop keeps one per descriptor, and its removal would take the new one).
-            await asyncio.wait({exited})
-            # Whether it finished or not: nothing it started may outlive the call.
-            ahead.kill()
-            if ahead.proc.returncode is None:
-                await ahead.wait_exit()
-            _done, pending = await asyncio.wait(tasks, timeout=_DRAIN_GRACE_S)
-            if pending:  # a straggler escaped the group and still holds a pipe open
-                log.warning("a process started by %.80r outlived it, holding its output", cmd)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self._bury(ahead)  # killed now if it still runs (cancelled, not handed over)
-        code = ahead.proc.returncode
-        assert code is not None
-        if code < 0:  # killed by a signal: report it the way a shell would
-            code = 128 - code
-        code, stderr_text = await storage_verdict(
-            storage, storage_cap, storage_used, code, err.text()
-        )
-        return captured_result(code, out, err, stderr_text, timed_out=timed_out, start=start)
-
-
-async def _exits_in_time(ahead: _Ahead, timeout: float) -> bool:
-    """Whether bwrap exits within ``timeout`` (it exits with the command)."""
-    try:
-        async with asyncio.timeout(timeout):
-            await ahead.wait_exit()
-        return True
-    except TimeoutError:
-        return False

@@ -1,50 +1,17 @@
 """The default sandbox: bubblewrap namespaces over the host's read-only system directories.
 
-What the command sees:
-
-* ``/usr``, ``/bin``, ``/lib``, ``/lib64``, ``/sbin``, ``/etc`` of the host, read-only (those
-  that exist; a host symlink such as ``/bin -> usr/bin`` becomes the same symlink). Nothing
-  else of the host: not ``/root``, ``/home``, ``/tmp``, ``/opt``, ``/work``, nor the directory
-  stayer was started from.
-* the workspace read-write at ``/app``; extra :class:`Mount` s at their ``dest``;
-  a private tmpfs at ``/tmp``; fresh ``/proc`` and ``/dev``; everything else (``/``) is
-  remounted read-only, so writes outside ``/app`` and ``/tmp`` fail instead of silently
-  landing in a throw-away tmpfs.
-* bwrap's own pid 1 out of reach: its memory, descriptors and threads in ``/proc/1`` are
-  covered, and ptrace, ``process_vm_*`` and ``pidfd_open`` on pid 1 fail
-  (:mod:`stayer.sandbox.seccomp`).
-* new user, pid, ipc, uts, cgroup and network namespaces (``--unshare-all``; the network is
-  shared only with ``allow_net``), a new session (no TIOCSTI into the caller's terminal),
-  and an environment built from an allow-list, never the host's.
-* the same identity whoever starts stayer, root included: uid :data:`SANDBOX_UID` in its own
-  user namespace (the caller's uid outside, 0 unmapped), no capabilities, no nested user
-  namespaces, ``/proc/sys`` read-only, root-only ``/proc`` files covered, and a seccomp
-  filter that refuses setuid and setgid bits (:mod:`stayer.sandbox.seccomp`). Every
-  writable mount is ``nosuid,nodev`` (bwrap's default for binds). SECURITY.md has the
-  threat model.
-
-Because the command runs as pid 2 under bwrap's pid 1, when bwrap dies every process in the
-sandbox dies with it: killing bwrap's process group on timeout kills the whole tree.
-
-What is hidden even where a system directory would show it:
-
-* ``/etc`` is a copy of the host's (resolvers, users, CA certificates) without what the
-  host keeps from other users (not world-readable: ``/etc/shadow``, ssh host keys,
-  ``/etc/ssl/private``), which is there as an empty stand-in (:mod:`stayer.sandbox.etc_copy`).
-  The command's uid is the host user's, so root-owned secrets would otherwise be readable
-  by a command of a root caller; a copy, unlike covers over the live ``/etc``, also holds
-  when the host replaces or writes a secret while the command runs.
-* the directory stayer was started from, the home directory and ``$STAYER_HOME`` are
-  covered by empty directories when they lie inside a mounted system directory (e.g. a
-  checkout in ``/usr/src``); elsewhere they are not mounted at all.
-
-Limits (see :mod:`stayer.sandbox.process`): the default allows
-:data:`DEFAULT_MAX_PROCESSES` processes, so a fork bomb is contained without any
-configuration, and caps the command's memory at a share of the host's
-(:func:`~stayer.sandbox.process.default_memory_mb`); file size is unlimited unless asked
-for. ``storage_mb`` caps both the workspace (polled on disk) and the private ``/tmp`` (a
-sized tmpfs, which lives in memory); without it ``/tmp`` is capped at
-:data:`DEFAULT_TMP_MB`, and never above :data:`TMP_MEMORY_SHARE` of the host's memory.
+The command sees ``/usr``, ``/bin``, ``/lib``, ``/lib64``, ``/sbin`` of the host read-only,
+a copy of the host's ``/etc`` without what other users may not read
+(:mod:`stayer.sandbox.etc_copy`), the workspace read-write at ``/app``, extra
+:class:`Mount` s, a private sized tmpfs at ``/tmp``, fresh ``/proc`` and ``/dev``; all
+else read-only and nothing else of the host (the directory stayer runs in, home and
+``$STAYER_HOME`` are covered where a system directory holds them). New user, pid, ipc,
+uts, cgroup and network namespaces (the network only with ``allow_net``), a new session,
+an allow-listed environment, uid :data:`SANDBOX_UID` with no capabilities and no nested
+user namespaces, a seccomp filter (:mod:`stayer.sandbox.seccomp`), bwrap's pid 1 out of
+reach. The command is pid 2 under bwrap: killing bwrap kills the tree. Defaults:
+:data:`DEFAULT_MAX_PROCESSES` processes, a share of the host's memory, ``/tmp`` at most
+:data:`DEFAULT_TMP_MB`. docs/sandbox.md has the reasons; SECURITY.md the threat model.
 """
 
 from __future__ import annotations
@@ -76,13 +43,14 @@ from stayer.sandbox.process import (
     ProcessSandbox,
     StartGate,
     host_memory_mb,
+    probe,
 )
 from stayer.sandbox.seccomp import filter_fd, suid_filter
-from stayer.sandbox.watch import OwnWatch
+from stayer.workspace.watch import OwnWatch
 
 if TYPE_CHECKING:
     from stayer.sandbox.ahead import AheadBwrap
-    from stayer.sandbox.kept import KeptBwrap
+    from stayer.sandbox.persistent import PersistentBwrap
 
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -142,29 +110,13 @@ def check_bwrap(bwrap: str | None = None) -> str:
             "capabilities valid on the host. Install bubblewrap >= 0.8, run stayer as a "
             "user other than root, or pass --sandbox local explicitly to run without isolation"
         )
-    try:
-        proc = subprocess.run(
-            [
-                path,
-                "--unshare-all",
-                *_identity(path),
-                "--die-with-parent",
-                "--ro-bind",
-                "/",
-                "/",
-                "true",
-            ],
-            capture_output=True,
-            timeout=30,
-            env={"PATH": SANDBOX_PATH},
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ConfigError(f"sandbox: cannot run {path}: {e}; {_FIX}") from e
-    if proc.returncode != 0:
-        why = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise ConfigError(
-            f"sandbox: {path} cannot create namespaces here ({why[-1] if why else proc.returncode}); {_FIX}"
-        )
+    argv = [path, "--unshare-all", *_identity(path), "--die-with-parent"]
+    probe(
+        [*argv, "--ro-bind", "/", "/", "true"],
+        {"PATH": SANDBOX_PATH},
+        failed=(f"sandbox: cannot run {path}", f"sandbox: {path} cannot create namespaces here"),
+        fix=_FIX,
+    )
     return path
 
 
@@ -209,7 +161,7 @@ def etc_secrets(etc: str = "/etc") -> tuple[tuple[str, bool], ...]:
 
 class _SecretsProbe:
     """:func:`etc_secrets`, kept per tree while inotify vouches that the tree is unchanged
-    (:class:`~stayer.sandbox.watch.TreeWatch`: a created, renamed or chmod-ed entry in any
+    (:class:`~stayer.workspace.watch.TreeWatch`: a created, renamed or chmod-ed entry in any
     watched directory is a change). Where inotify cannot vouch (not Linux, the watch limit
     reached, events lost) every call walks the tree again."""
 
@@ -356,7 +308,7 @@ class BwrapSandbox(ProcessSandbox):
     same fresh sandbox, without the wait for bubblewrap's set-up.
 
     With ``persistent`` (``--sandbox bwrap-persistent``) the sandbox is started once and
-    kept, and each command runs in it through a runner (:mod:`stayer.sandbox.kept`), in a
+    kept, and each command runs in it through a runner (:mod:`stayer.sandbox.persistent`), in a
     bash the runner started ahead for it: the same isolation and limits, under a
     millisecond per command, but ``/tmp`` and the pid namespace last from one command to
     the next (nothing a command starts outlives it).
@@ -383,7 +335,7 @@ class BwrapSandbox(ProcessSandbox):
             raise ConfigError("sandbox: a persistent sandbox runs over the host's system only")
         self.persistent = persistent
         self.ahead = ahead and self.root is None
-        self._kept_box: KeptBwrap | AheadBwrap | None = None
+        self._kept_box: PersistentBwrap | AheadBwrap | None = None
         if self.root is None:
             self._system = [(d, d) for d in SYSTEM_DIRS]
             real_system_dirs = [
@@ -488,7 +440,7 @@ class BwrapSandbox(ProcessSandbox):
             max_file_mb=self.max_file_mb,
         )
 
-    def _kept(self, mounts: tuple[Mount, ...]) -> KeptBwrap | AheadBwrap | None:
+    def _prepared(self, mounts: tuple[Mount, ...]) -> PersistentBwrap | AheadBwrap | None:
         if not (self.persistent or self.ahead) or mounts:
             return None
         if self._kept_box is None:
@@ -496,9 +448,9 @@ class BwrapSandbox(ProcessSandbox):
             # (its finaliser), not at the next full garbage collection.
             me = weakref.proxy(self)
             if self.persistent:
-                from stayer.sandbox.kept import KeptBwrap
+                from stayer.sandbox.persistent import PersistentBwrap
 
-                self._kept_box = KeptBwrap(me)
+                self._kept_box = PersistentBwrap(me)
             else:
                 from stayer.sandbox.ahead import AheadBwrap
 

@@ -1,34 +1,15 @@
 """The docker sandbox: each command in a fresh container of the task's image.
 
-The same contract as the bubblewrap sandbox (:mod:`stayer.sandbox.bwrap`), kept by
-Docker's own means, through the ``docker`` command line (Podman's Docker-compatible one
-works the same; ``DOCKER_HOST`` chooses the daemon):
-
-* a fresh container per command (``docker run --rm``): nothing it starts outlives it, and
-  on a timeout, or when the caller is cancelled, the container is removed (``docker rm
-  -f``), which kills every process in it;
-* the workspace read-write at ``/app``, extra :class:`Mount` s at their ``dest``, a private
-  tmpfs at ``/tmp`` sized like the bwrap sandbox's, the image's own filesystem read-only
-  (``--read-only``);
-* no network (``--network none``: its own loopback only) unless ``allow_net``, which gives
-  the host's network as ``bwrap --share-net`` does;
-* no capabilities (``--cap-drop ALL``), ``no-new-privileges``, Docker's seccomp profile, an
-  unprivileged user: uid :data:`~stayer.sandbox.bwrap.SANDBOX_UID` when stayer runs as
-  root (the workspace and writable mounts are handed to that uid before each command,
-  never following a link), the caller's own uid otherwise;
-* limits: ``max_processes`` is ``--pids-limit``, ``memory_mb`` both the address space of
-  each process (``ulimit -v`` before the command, as under bwrap) and the container's memory
-  with no swap (without it the container's memory is still capped at the default share),
-  ``max_file_mb`` is ``--ulimit fsize``, ``storage_mb`` caps the workspace (polled on the
-  host, as under bwrap) and ``/tmp``, ``cpus`` is ``--cpus``;
-* an environment built from the same allow-list, never the host's.
-
-A container that the runtime failed to create (``docker run`` reports ``OCI runtime create
-failed``, the command never started) is tried again, twice at most, within the command's
-timeout. On a busy host runc now and then fails that way (seen as ``exec: "/bin/bash": stat
-/bin/bash: permission denied`` for an image whose ``/bin/bash`` every other container
-reaches, in about 1 of 4 loaded test runs, the retry succeeding); the cause is not known.
-A command that prints the same words itself may be run again: it gains nothing by that.
+The bubblewrap sandbox's contract, kept by Docker's own means through the ``docker``
+command line (Podman's works the same; ``DOCKER_HOST`` chooses the daemon): a fresh
+container per command (``docker run --rm``), removed (``docker rm -f``) on a timeout or
+cancellation; the workspace at ``/app``, a private sized ``/tmp``, the image read-only;
+``--network none`` unless ``allow_net``; no capabilities, ``no-new-privileges``, an
+unprivileged user (uid :data:`~stayer.sandbox.bwrap.SANDBOX_UID` when stayer runs as
+root); ``--pids-limit``, ``--memory`` without swap, ``ulimit -v``, ``--ulimit fsize``,
+``--cpus``; the storage limit polled on the host; the same environment allow-list. A
+container the runtime failed to create (``OCI runtime create failed``) is tried again,
+twice at most, within the command's timeout (docs/sandbox.md says why).
 """
 
 from __future__ import annotations
@@ -38,7 +19,6 @@ import contextlib
 import functools
 import os
 import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -54,8 +34,8 @@ from stayer.sandbox.bwrap import (
     sandbox_env,
     tmp_size_mb,
 )
-from stayer.sandbox.process import Launch, ProcessSandbox
-from stayer.sandbox.tree import walk
+from stayer.sandbox.process import Launch, ProcessSandbox, probe
+from stayer.workspace.tree import walk
 
 _FIX = (
     "install Docker (apt install docker.io) or Podman with its Docker-compatible socket, start "
@@ -87,20 +67,15 @@ def check_docker(docker: str | None = None) -> str:
     path = docker or shutil.which("docker")
     if path is None:
         raise ConfigError(f"--sandbox docker: the docker command is not on PATH; {_FIX}")
-    try:
-        proc = subprocess.run(
-            [path, "version", "--format", "{{.Server.Version}}"],
-            capture_output=True,
-            timeout=30,
-            env=client_env(),
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ConfigError(f"--sandbox docker: cannot run {path}: {e}; {_FIX}") from e
-    if proc.returncode != 0:
-        why = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise ConfigError(
-            f"--sandbox docker: no Docker daemon answers ({why[-1] if why else proc.returncode}); {_FIX}"
-        )
+    probe(
+        [path, "version", "--format", "{{.Server.Version}}"],
+        client_env(),
+        failed=(
+            f"--sandbox docker: cannot run {path}",
+            "--sandbox docker: no Docker daemon answers",
+        ),
+        fix=_FIX,
+    )
     return path
 
 

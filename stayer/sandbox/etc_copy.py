@@ -1,33 +1,15 @@
 """The sandbox's ``/etc``: a copy of what in the host's ``/etc`` other users may read.
 
-The sandbox used to bind the host's ``/etc`` and cover each secret in it (a file or
-directory other users may not read) with an empty one. That holds only while the host
-leaves its secrets where they were when the command started: a file the host replaces by
-rename (``useradd`` rewriting ``/etc/shadow``, a renewed private key) takes the cover's
-mount point away, and the kernel detaches the cover in every mount namespace (Linux 3.18
-on), so the running command reads the new secret; a secret written during a command
-(a daemon's first start writing its key) was never covered at all. The command's uid is
-the caller's, root's when stayer runs as root, so file modes do not stop it.
-
-A copy holds whatever the host does next: it has only what was readable to others when
-it was made, and the host's writes never reach it. Secrets keep their names, as empty
-stand-ins nobody may read (an empty directory, an empty file of mode 000), so the tree
-looks as it did. Special files (FIFOs, sockets, devices) are left out; links are copied
-as links, to be resolved inside the sandbox as before.
-
-When: each command takes the newest copy as it starts (:meth:`EtcCopies.current`), and a
-new one is made first when ``/etc`` changed since the last: inotify says so
-(:class:`~stayer.sandbox.watch.TreeWatch`), and where it cannot vouch, a walk comparing
-every entry's status (what :func:`~stayer.sandbox.bwrap.etc_secrets` costs) does.
-A copy in use (a running command, a kept sandbox) is never changed or removed; older
-copies go when their last command ends, all of a process's when it exits, and those of
-a process that died are removed by the next process that makes one.
-
-Where: ``/dev/shm/stayer-etc-<uid>/<pid>-<random>/`` (in ``/tmp`` where there is no
-``/dev/shm``, or it is full), in a directory only the caller may enter. Not under the home
-directory or the cache: a bind mount's source path shows in the sandbox's
-``/proc/self/mountinfo``, and this one says nothing of the user or the task. Should that
-directory be another user's (or a link), each process makes a fresh private one beside it.
+A copy holds whatever the host does next (covers over the live ``/etc`` did not: a
+secret replaced by rename, or written during a command, showed through). Secrets keep
+their names as empty stand-ins nobody may read; special files are left out; links stay
+links. Each command takes the newest copy as it starts (:meth:`EtcCopies.current`); a new
+one is made first when ``/etc`` changed (inotify, :class:`~stayer.workspace.watch.
+TreeWatch`, else a walk comparing every entry's status). A copy in use is never changed;
+older ones go when their last command ends, a process's all at its exit, a dead
+process's at the next one's start. They live in ``/dev/shm/stayer-etc-<uid>/`` (else
+``/tmp``), in a directory only the caller may enter, a path that says nothing of the
+user or the task (it shows in the sandbox's mountinfo). docs/sandbox.md has the story.
 """
 
 from __future__ import annotations
@@ -44,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from stayer.sandbox.watch import OwnWatch, TreeWatch
+from stayer.workspace.watch import OwnWatch, TreeWatch
 
 # What says an entry changed: kind and mode, owner, identity, size and times (the change
 # time moves with a chmod, chown, rename or write).

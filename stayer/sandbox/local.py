@@ -1,21 +1,13 @@
 """No isolation at all: ``/bin/bash -c`` on the host, in the workspace directory.
 
-Only for ``--sandbox local``, chosen by name, e.g. where bubblewrap cannot run (macOS, a
-container without user namespaces) and the user accepts that the agent's commands can read
-and write anything the user can, including the network.
-
-It does not pretend to be a sandbox. The workspace is *not* at ``/app``: the only place
-``/app`` is translated is ``cwd`` (``/app/sub`` → ``<workspace>/sub``), and ``$APP`` holds
-the workspace path. Commands the model writes with literal ``/app/...`` paths will fail; the
-file tools avoid that by addressing files relative to the working directory. ``mounts``
-cannot be provided without namespaces, so asking for them is an error rather than a silent
-no-op. Limits, the timeout and output capture behave as under bwrap (same code), except that
-without a writable pids cgroup (i.e. not root and no delegation) a process that detaches
-into its own session (``setsid``, daemons) can outlive the call.
-
-The environment is a short allow-list taken from the host (``PATH``, ``HOME``, ``USER``,
-``LANG``), not all of it, so that API keys in the caller's environment do not end up in a
-transcript through a stray ``env``.
+Only for ``--sandbox local``, chosen by name (e.g. no bubblewrap: macOS, a container
+without user namespaces), where the user accepts that the agent's commands can read and
+write anything the user can, the network included. The workspace is *not* at ``/app``:
+only ``cwd`` is translated (``/app/sub`` → ``<workspace>/sub``) and ``$APP`` holds the
+workspace path; ``mounts`` are an error. Limits, the timeout and output capture are the
+same code as under bwrap, but without a pids cgroup a process that leaves its session
+can outlive the call. The environment is a short allow-list of the host's (``PATH``,
+``HOME``, ``USER``, ``LANG``...), so API keys do not reach a transcript through ``env``.
 """
 
 from __future__ import annotations

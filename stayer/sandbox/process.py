@@ -1,43 +1,15 @@
-"""Run one child process with a deadline, bounded output capture and resource limits.
+"""Run one command with a deadline, bounded output capture and resource limits.
 
-Both sandbox backends (``bwrap`` and ``local``) start a process the same way and differ only
-in the argv they build, so everything that is easy to get subtly wrong lives here once:
-
-* **Output.** stdout and stderr are drained concurrently until EOF, whatever their size, so a
-  chatty child never blocks on a full pipe. Each stream keeps at most ``max_output_bytes``:
-  the first half and the last half, with a marker saying how many bytes were dropped in
-  between. Memory is therefore bounded by the cap, not by what the child prints.
-* **Deadline.** The child starts in its own session (so its own process group). On timeout,
-  on cancellation of the caller, and also after a normal exit, the whole group is killed, so
-  ``sleep 1000 &`` does not outlive the call. Where a ``pids`` cgroup can be created (root,
-  or a delegated cgroup), every command gets one and all its members are killed at the
-  end, which also catches processes that left the group with ``setsid``. Under bwrap the
-  pid namespace guarantees all this anyway; for the local backend this is what does it.
-  Exit is detected from the exit status, not from the pipes closing, so a straggler that
-  keeps a pipe open cannot turn a finished command into a timeout.
-* **Limits.** ``memory_mb`` is ``RLIMIT_AS`` (per process address space, soft = hard, so the
-  child cannot raise it) and the memory of the command's whole tree; without it the tree
-  is still capped at :func:`default_memory_mb` (a share of the host's memory): by a memory
-  cgroup where one can be made (v2 ``memory.max``, v1 ``memory.limit_in_bytes``, no
-  swap), else by ``RLIMIT_AS``. ``max_file_mb`` is ``RLIMIT_FSIZE``: a write past it fails and the
-  writer gets ``SIGXFSZ`` (exit 153, "File size limit exceeded"), so a runaway ``dd`` stops
-  at the limit instead of filling the disk. A :class:`StorageLimit` caps what a whole
-  directory may grow to: it is measured before the command, polled while it runs (the
-  command is killed as soon as the tree is over the limit) and checked once more at the end;
-  as polling cannot stop a write mid-flight, the overshoot is bounded by write speed times
-  the poll interval, which is why a file-size limit no larger than it is set alongside.
-  ``max_processes`` uses a ``pids`` cgroup when one can be created, because
-  ``RLIMIT_NPROC`` is not enforced for root and, for other users, counts *all* of that
-  user's processes on the host. Without a usable cgroup it falls back to ``RLIMIT_NPROC``
-  and, when running as root, logs once that the limit is not enforced.
-  Limits are applied by a tiny shell prelude (:func:`born_in`) that joins the cgroup,
-  calls ``ulimit`` and ``exec``\\ s the real argv: no ``preexec_fn``, which is unsafe in a
-  process that has threads (asyncio's executor, tokenizers). A child that can hold still
-  before it starts the command (bwrap's ``--info-fd`` and ``--block-fd``: a
-  :class:`StartGate`) is only put into the cgroup by the prelude, from birth; it reports
-  the pid that will start the command, that pid is given the rlimits from here
-  (``prlimit``), and only then is the child released — so nothing of the command ever
-  runs outside its limits.
+:func:`run_command` is the one exec path: each sandbox kind (a command started for
+itself: cold bwrap, docker, local; a bwrap sandbox started ahead; the persistent one)
+only starts its command and hands back a :class:`Running` (our ends of its pipes, how to
+wait for it and stop it); :func:`run_command` owns the deadline, the capture of stdout
+and stderr (each kept to ``max_output_bytes``: its head and tail), stdin, the storage
+watch, killing everything the command started and the result. Limits: ``RLIMIT_AS``,
+``RLIMIT_FSIZE``, a pids cgroup per command (with the memory of its whole tree where a
+memory cgroup can be made), applied from birth by :func:`born_in` or, for a child that
+waits at a :class:`StartGate`, from here before it is released. docs/sandbox.md has
+the reasons behind each.
 """
 
 from __future__ import annotations
@@ -45,21 +17,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import re
 import resource
 import signal
+import subprocess
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from stayer.errors import ConfigError
 from stayer.sandbox.base import ExecResult, Mount
-from stayer.sandbox.tree import disk_usage
+from stayer.workspace.tree import disk_usage
 
 log = logging.getLogger(__name__)
 
@@ -153,25 +127,6 @@ class _Capture:
         )
 
 
-async def _drain(stream: asyncio.StreamReader, capture: _Capture) -> None:
-    while chunk := await stream.read(_CHUNK):
-        capture.feed(chunk)
-
-
-async def _feed_stdin(stream: asyncio.StreamWriter, data: bytes) -> None:
-    # The child may exit (or close stdin) without reading everything: that is its business.
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        stream.write(data)
-        await stream.drain()
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        stream.close()
-        await stream.wait_closed()
-
-
-# --------------------------------------------------------------------------------------
-# pids cgroup
-
-
 def _pids_cgroup_candidate(controller: str = "pids") -> Path | None:
     """The directory of this process's own cgroup in a hierarchy that has ``controller``
     (its v1 mount or the v2 unified mount), or None."""
@@ -220,22 +175,7 @@ def pids_cgroup_parent() -> Path | None:
     if parent is None:
         return None
     remove_orphans(parent)
-    probe = parent / f"stayer-probe-{_owner_tag()}-{uuid.uuid4().hex[:8]}"
-    try:
-        probe.mkdir()
-    except OSError:
-        return None
-    try:
-        if not (probe / "pids.max").exists():
-            with contextlib.suppress(OSError):
-                (parent / "cgroup.subtree_control").write_text("+pids")
-        (probe / "pids.max").write_text("16")
-        return parent
-    except OSError:
-        return None
-    finally:
-        with contextlib.suppress(OSError):
-            probe.rmdir()
+    return parent if _takes(parent, "pids", "pids.max", "16") else None
 
 
 @functools.cache
@@ -252,22 +192,27 @@ def memory_cgroup_parent() -> tuple[Path, bool] | None:
         return None
     if not v2:
         remove_orphans(parent)
+    knob = "memory.max" if v2 else "memory.limit_in_bytes"
+    return (parent, not v2) if _takes(parent, "memory", knob, str(64 * 2**20)) else None
+
+
+def _takes(parent: Path, controller: str, knob: str, value: str) -> bool:
+    """Whether a cgroup made under ``parent`` takes ``value`` in its file ``knob``: a probe
+    made and removed, with ``controller`` enabled for the children of ``parent`` first
+    where the probe lacks the file (cgroup v2)."""
     probe = parent / f"stayer-probe-{_owner_tag()}-{uuid.uuid4().hex[:8]}"
     try:
         probe.mkdir()
     except OSError:
-        return None
+        return False
     try:
-        if v2:
-            if not (probe / "memory.max").exists():
-                with contextlib.suppress(OSError):
-                    (parent / "cgroup.subtree_control").write_text("+memory")
-            (probe / "memory.max").write_text(str(64 * 2**20))
-        else:
-            (probe / "memory.limit_in_bytes").write_text(str(64 * 2**20))
-        return parent, not v2
+        if not (probe / knob).exists():
+            with contextlib.suppress(OSError):
+                (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+        (probe / knob).write_text(value)
+        return True
     except OSError:
-        return None
+        return False
     finally:
         with contextlib.suppress(OSError):
             probe.rmdir()
@@ -526,7 +471,7 @@ class StartGate:
     (bwrap's ``--info-fd``), then waits for a byte on ``child_release`` (``--block-fd``).
     ``report`` and ``release`` are the caller's ends, to close once the child is gone: the
     child must never see ``release`` closed while it may still run, since bwrap reads end
-    of file as a release too. :func:`run_process` closes the child's ends once started.
+    of file as a release too. :func:`start_child` closes the child's ends once started.
     Each end is closed once only (a descriptor number closed twice may by then be another
     thread's)."""
 
@@ -556,21 +501,7 @@ def _set_once(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def _read_to_eof(fd: int) -> bytes:
-    os.set_blocking(fd, False)
-    chunks: list[bytes] = []
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except BlockingIOError:
-            await wait_fd(fd, writable=False)
-            continue
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
-async def wait_fd(fd: int, writable: bool) -> None:
+async def wait_fd(fd: int, writable: bool = False) -> None:
     """Until ``fd`` is readable (or ``writable``), in the running event loop."""
     loop = asyncio.get_running_loop()
     ready = loop.create_future()
@@ -584,25 +515,24 @@ async def wait_fd(fd: int, writable: bool) -> None:
         remove(fd)
 
 
-async def drain_fd(fd: int, capture: _Capture) -> None:
-    """Read ``fd`` (a pipe of ours) to its end into ``capture``."""
+async def read_fd(fd: int, sink: Callable[[bytes], object]) -> None:
+    """Read ``fd`` (a pipe of ours) to its end, each chunk into ``sink``."""
     os.set_blocking(fd, False)
     while True:
         try:
             chunk = os.read(fd, _CHUNK)
         except BlockingIOError:
-            await wait_fd(fd, writable=False)
+            await wait_fd(fd)
             continue
         if not chunk:
             return
-        capture.feed(chunk)
+        sink(chunk)
 
 
-async def feed_fd(ours: list[int], data: bytes) -> None:
-    """Write ``data`` to the command's stdin (the write end, ``ours[0]``), then close it
-    and take it off ``ours``: it is the last write end, and the command reads to its end.
+async def feed_fd(ours: list[int], fd: int, data: bytes) -> None:
+    """Write ``data`` to the command's stdin (``fd``, our write end), then close it and
+    take it off ``ours``: it is the last write end, and the command reads to its end.
     The command may exit, or close stdin, without reading it all: that is its business."""
-    fd = ours[0]
     os.set_blocking(fd, False)
     view = memoryview(data)
     try:
@@ -623,8 +553,10 @@ async def _confine_and_release(
     """Apply the rlimits of ``limits`` to the gated child (in ``cgroup`` since birth:
     :func:`born_in`), then release it. False when that could not be done (the child died,
     or reported nothing usable): the caller kills it, never releases it."""
+    report: list[bytes] = []
     try:
-        _confine_inner(gate, await _read_to_eof(gate.report), limits, cgroup)
+        await read_fd(gate.report, report.append)
+        _confine_inner(gate, b"".join(report), limits, cgroup)
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("could not apply limits to a sandboxed command: %s", e)
         return False
@@ -649,52 +581,19 @@ def _confine_inner(
     gate: StartGate, report: bytes, limits: ProcessLimits, cgroup: _PidsCgroup | None
 ) -> None:
     """The rlimits on the child that bwrap's ``report`` names, then released."""
-    import json
-
     inner = int(json.loads(report)["child-pid"])
     for which, value in _rlimits(limits, cgroup):
         resource.prlimit(inner, which, (value, value))
     os.write(gate.release, b"x")
 
 
-class _ChildProtocol(asyncio.subprocess.SubprocessStreamProtocol):
-    """asyncio's protocol for a child with pipes, plus ``exited``: done when the child
-    itself has exited. Not ``proc.wait()``: that also waits for the child's pipes to close,
-    which never happens while a background grandchild holds them, so a finished command
-    would look like a timeout. Told by the child watcher the moment the status is in; no
-    polling (which cost a command up to a poll interval: 5 ms on the shortest)."""
-
-    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(limit=limit, loop=loop)
-        self.exited: asyncio.Future[None] = loop.create_future()
-
-    def process_exited(self) -> None:
-        super().process_exited()
-        _set_once(self.exited)
-
-
-async def _wait_exit(exited: asyncio.Future[None], timeout: float | None) -> bool:
-    """Wait until the child has exited (``exited``, see :class:`_ChildProtocol`); False if
-    ``timeout`` passed first."""
-    done, _ = await asyncio.wait({exited}, timeout=timeout)
-    return bool(done)
-
-
-async def _wait_exit_watching(
-    exited: asyncio.Future[None], timeout: float, path: Path, cap_bytes: int
-) -> tuple[bool, int | None]:
-    """Like :func:`_wait_exit`, while polling the size of ``path``. Returns ``(timed_out,
-    bytes used)``, the latter only if the tree grew past ``cap_bytes`` (the caller then
-    kills the command as it would on a timeout)."""
-    return await watch_storage(asyncio.ensure_future(_wait_exit(exited, timeout)), path, cap_bytes)
-
-
 async def watch_storage(
     exited: asyncio.Future[bool], path: Path, cap_bytes: int
 ) -> tuple[bool, int | None]:
     """Poll the size of ``path`` until ``exited`` (True: the command exited in time) is
-    done; ``(timed_out, bytes used)`` as :func:`_wait_exit_watching` says. ``exited`` is
-    cancelled if it is still running when this returns."""
+    done: ``(timed_out, bytes used)``, the latter only if the tree grew past ``cap_bytes``
+    (the caller then kills the command as on a timeout). ``exited`` is cancelled if it is
+    still running when this returns."""
     try:
         while True:
             t0 = time.monotonic()
@@ -759,163 +658,128 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-async def run_process(
-    argv: Sequence[str],
-    *,
-    timeout: float,
-    stdin: bytes | None = None,
-    cwd: str | None = None,
-    env: Mapping[str, str] | None = None,
-    max_output_bytes: int = 1_000_000,
-    limits: ProcessLimits = ProcessLimits(),  # noqa: B008  (frozen dataclass: safe as a default)
-    storage: StorageLimit | None = None,
-    pass_fds: Sequence[int] = (),
-    gate: StartGate | None = None,
-) -> ExecResult:
-    """Run ``argv`` to completion or until ``timeout`` seconds, then kill its process group.
-
-    With a ``gate`` (whose child ends must be among ``pass_fds``) the limits are applied
-    from here while the child waits at the gate (see the module docstring); without one, by
-    a shell prelude.
-
-    Never raises for the child's behaviour (non-zero exit, signals, timeouts); raises
-    ``OSError`` only when the process cannot be started at all.
-    """
-    storage_cap = await storage_baseline(storage)
-    # A cgroup is used whenever one can be made, limit or not: killing its members at the
-    # end is the one way to also catch processes that left the process group (setsid).
-    cgroup: _PidsCgroup | None = None
-    if (parent := pids_cgroup_parent()) is not None:
-        try:
-            cgroup = _PidsCgroup.create(parent, limits.max_processes, limits.memory_cap_mb)
-        except OSError as e:
-            log.warning("could not create pids cgroup under %s: %s", parent, e)
-    # With a gate the rlimits are applied from here (_confine_and_release), else by the shell.
-    argv = born_in(cgroup, list(argv), limits if gate is None else ProcessLimits())
-
-    out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
-    start = time.monotonic()
-    # The caller's cancellation while asyncio starts the process and connects its pipes:
-    # the start is let finish, and then all of the process group is killed below. Left to
-    # asyncio, the cancellation kills the direct child only (bwrap's outer process) and
-    # waits for its pipes to close, which the sandbox's own process, a grandchild waiting
-    # at the gate, holds open: the caller hung for good (seen when a trial's time limit
-    # fired as its first command started).
-    cancelled: asyncio.CancelledError | None = None
-    try:
-        loop = asyncio.get_running_loop()
-        spawn = asyncio.ensure_future(
-            loop.subprocess_exec(
-                lambda: _ChildProtocol(_CHUNK, loop),
-                *argv,
-                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=cwd,
-                env=dict(env) if env is not None else None,
-                start_new_session=True,  # own session and process group: kill the whole tree
-                pass_fds=tuple(pass_fds),
-            )
-        )
-        try:
-            transport, protocol = await asyncio.shield(spawn)
-        except asyncio.CancelledError as e:
-            cancelled = e
-            transport, protocol = await spawn
-        # What asyncio.create_subprocess_exec makes, with the protocol that says "exited".
-        proc = asyncio.subprocess.Process(transport, protocol, loop)
-    except BaseException:
-        if gate is not None:
-            gate.close_child_ends()
-        if cgroup is not None:
-            await cgroup.remove()
-        raise
-    if gate is not None:
-        gate.close_child_ends()  # so that the report reads to its end even if the child dies
-    if cancelled is not None:  # cancelled as it started: killed whole before propagating
-        _kill_group(proc.pid)
-        if cgroup is not None:
-            await cgroup.remove()
-        await _wait_exit(protocol.exited, None)
-        transport.close()  # its pipes, which nothing reads now
-        raise cancelled
-
-    assert proc.stdout is not None and proc.stderr is not None
-    tasks = [
-        asyncio.create_task(_drain(proc.stdout, out)),
-        asyncio.create_task(_drain(proc.stderr, err)),
-    ]
-    if stdin is not None:
-        assert proc.stdin is not None
-        tasks.append(asyncio.create_task(_feed_stdin(proc.stdin, stdin)))
-
-    timed_out = False
-    storage_used: int | None = None  # set when the storage limit was exceeded
-    try:
-        opened: bool | None = True  # None: the time ran out before the gate opened
-        if gate is not None:
-            # Not asyncio.wait_for: on Python 3.11 it returns the gate's result instead of
-            # the caller's cancellation when both come together (a run's time limit
-            # firing as the gate opens), and the command would run on past the limit.
-            try:
-                async with asyncio.timeout(max(timeout, 0.001)):
-                    opened = await _confine_and_release(gate, limits, cgroup)
-            except TimeoutError:
-                opened = None
-            timed_out = opened is None
-        if not opened:
-            pass  # killed just below, at the gate: the command never started
-        elif storage is None:
-            timed_out = not await _wait_exit(protocol.exited, max(timeout, 0.001))
-        else:
-            timed_out, storage_used = await _wait_exit_watching(
-                protocol.exited, max(timeout, 0.001), storage.path, storage_cap
-            )
-        # Whether it finished or not: nothing it started may outlive the call.
-        _kill_group(proc.pid)
-        if cgroup is not None:
-            cgroup.kill_all()
-        await _wait_exit(protocol.exited, None)
-        _done, pending = await asyncio.wait(tasks, timeout=_DRAIN_GRACE_S)
-        if pending:  # a straggler escaped the group and still holds a pipe open
-            log.warning("a process started by %.80r outlived it, holding its output", argv[-1])
-            for task in pending:
-                task.cancel()
-            transport.close()  # release our ends of the pipes
-        await asyncio.gather(*tasks, return_exceptions=True)
-    finally:
-        if proc.returncode is None:  # the caller was cancelled: kill before propagating
-            _kill_group(proc.pid)
-        for task in tasks:
-            task.cancel()
-        if cgroup is not None:
-            await cgroup.remove()
-
-    code = proc.returncode
-    assert code is not None
-    if code < 0:  # killed by a signal: report it the way a shell would
-        code = 128 - code
-    code, stderr_text = await storage_verdict(storage, storage_cap, storage_used, code, err.text())
-    return captured_result(code, out, err, stderr_text, timed_out=timed_out, start=start)
-
-
-def captured_result(
-    code: int, out: _Capture, err: _Capture, stderr_text: str, *, timed_out: bool, start: float
-) -> ExecResult:
-    """A command's result from what was captured of it (``stderr_text``: its stderr with any
-    note of ours), since ``start`` (``time.monotonic()``)."""
-    return ExecResult(
-        exit_code=code,
-        stdout=out.text(),
-        stderr=stderr_text,
-        timed_out=timed_out,
-        truncated=bool(out.dropped or err.dropped),
-        duration_s=time.monotonic() - start,
-    )
+def shell_code(returncode: int) -> int:
+    """A process's exit status as a shell reports it: 128 + N when signal N killed it."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 # --------------------------------------------------------------------------------------
-# the exec path the backends share
+# the one exec path
+
+
+class Running(Protocol):
+    """A command that a sandbox kind has started: our ends of its pipes (``stdin`` only
+    when it reads a pipe; :func:`run_command` closes them) and how to wait for it and
+    stop it. Each kind only starts its command; :func:`run_command` does the rest."""
+
+    stdout: int
+    stderr: int
+    stdin: int | None
+    note: str  # for its stderr: why it ended, where the kind knows more than its status
+
+    async def wait(self) -> int:
+        """Its exit code once it is over, as a shell reports it."""
+        ...
+
+    def stop(self) -> None:
+        """Kill what is left of it: nothing it started may outlive it. Called whether it
+        ended or not, perhaps twice."""
+
+    def stragglers(self) -> bool:
+        """Its output stayed open after it ended: kill what may hold it; whether to wait
+        for that output once more."""
+        ...
+
+    async def close(self) -> None:
+        """Let go of what it holds, once it is stopped."""
+
+
+async def run_command(
+    start: Callable[[], Awaitable[Running | None]],
+    *,
+    timeout: float,
+    stdin: bytes | None,
+    max_output_bytes: int,
+    storage: StorageLimit | None,
+) -> ExecResult | None:
+    """Start a command (``start()``; None: it could not, nothing was started) and own it
+    from there: its deadline, the bounded capture of its output, its stdin, the storage
+    watch, killing all of it and its result. Never raises for the command's behaviour; a
+    cancellation of the caller kills the command before it propagates."""
+    cap = await storage_baseline(storage)
+    out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
+    began = time.monotonic()
+    running = await start()
+    if running is None:
+        return None
+    ours = [running.stdout, running.stderr]
+    tasks = [
+        asyncio.create_task(read_fd(running.stdout, out.feed)),
+        asyncio.create_task(read_fd(running.stderr, err.feed)),
+    ]
+    if running.stdin is not None:
+        ours.append(running.stdin)
+        if stdin is not None:
+            tasks.append(asyncio.create_task(feed_fd(ours, running.stdin, stdin)))
+        else:
+            ours.remove(running.stdin)
+            os.close(running.stdin)
+    waiting = asyncio.ensure_future(running.wait())
+    used: int | None = None  # set when the storage limit was exceeded
+    over = False
+    try:
+        in_time = asyncio.ensure_future(_done_within(waiting, max(timeout, 0.001)))
+        if storage is None:
+            timed_out = not await in_time
+        else:
+            timed_out, used = await watch_storage(in_time, storage.path, cap)
+        running.stop()  # whether it finished or not: nothing it started may outlive it
+        code = await waiting
+        _done, pending = await asyncio.wait(tasks, timeout=_DRAIN_GRACE_S)
+        if pending and running.stragglers():
+            _done, pending = await asyncio.wait(pending, timeout=_DRAIN_GRACE_S)
+        if pending:  # a straggler escaped the group and still holds a pipe open
+            log.warning("a process a command started outlived it, holding its output")
+        over = True
+    finally:
+        if not over:  # cancelled, or broken: killed before it propagates
+            running.stop()
+        for task in (*tasks, waiting):
+            task.cancel()
+        await asyncio.gather(*tasks, waiting, return_exceptions=True)
+        for fd in ours:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        await running.close()
+    code, stderr = await storage_verdict(storage, cap, used, code, err.text() + running.note)
+    return ExecResult(
+        exit_code=code,
+        stdout=out.text(),
+        stderr=stderr,
+        timed_out=timed_out,
+        truncated=bool(out.dropped or err.dropped),
+        duration_s=time.monotonic() - began,
+    )
+
+
+async def _done_within(future: asyncio.Future[int], timeout: float) -> bool:
+    done, _ = await asyncio.wait({future}, timeout=timeout)
+    return bool(done)
+
+
+# --------------------------------------------------------------------------------------
+# a command started for itself: cold bwrap, docker, local
+
+
+class _ChildProtocol(asyncio.SubprocessProtocol):
+    """``exited``: done when the child itself has exited, told by the child watcher (not
+    when its pipes close: a background grandchild may hold them)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        _set_once(self.exited)
 
 
 @dataclass(slots=True)
@@ -932,16 +796,182 @@ class Launch:
     gate: StartGate | None = None
 
 
+def new_cgroup(limits: ProcessLimits) -> _PidsCgroup | None:
+    """A pids cgroup for one command (or sandbox) wherever one can be made, limit or not:
+    killing its members is the one way to also catch what left the process group."""
+    if (parent := pids_cgroup_parent()) is None:
+        return None
+    try:
+        return _PidsCgroup.create(parent, limits.max_processes, limits.memory_cap_mb)
+    except OSError as e:
+        log.warning("could not create pids cgroup under %s: %s", parent, e)
+        return None
+
+
+class _Child:
+    """A command started for itself, in its own session and cgroup (:func:`start_child`)."""
+
+    note = ""
+
+    def __init__(
+        self,
+        transport: asyncio.SubprocessTransport,
+        protocol: _ChildProtocol,
+        launch: Launch,
+        cgroup: _PidsCgroup | None,
+        ours: list[int],
+    ) -> None:
+        self.transport, self.protocol, self.launch, self.cgroup = (
+            transport,
+            protocol,
+            launch,
+            cgroup,
+        )
+        self.pid = transport.get_pid()
+        self.stdin = ours[0] if len(ours) == 3 else None
+        self.stdout, self.stderr = ours[-2:]
+
+    async def wait(self) -> int:
+        gate = self.launch.gate
+        if gate is not None and not await _confine_and_release(
+            gate, self.launch.limits, self.cgroup
+        ):
+            self.stop()  # killed at the gate: the command never started
+        await asyncio.wait({self.protocol.exited})
+        code = self.transport.get_returncode()
+        assert code is not None
+        return shell_code(code)
+
+    def stop(self) -> None:
+        _kill_group(self.pid)
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+
+    def stragglers(self) -> bool:
+        return False
+
+    async def close(self) -> None:
+        if self.cgroup is not None:
+            await self.cgroup.remove()
+        self.transport.close()
+
+
+async def start_child(launch: Launch, stdin: bool) -> _Child:
+    """Start ``launch`` in its own session (so its own process group) and, where one can
+    be made, a cgroup of its own from birth (:func:`born_in`), with pipes of ours for its
+    output (and stdin, if ``stdin``). A gated child gets its limits when it waits; any
+    other, from a shell prelude. Raises ``OSError`` only when it cannot start at all."""
+    cgroup = new_cgroup(launch.limits)
+    argv = born_in(cgroup, launch.argv, launch.limits if launch.gate is None else ProcessLimits())
+    ours: list[int] = []
+    theirs: list[int] = []
+    # The caller's cancellation while asyncio starts the process: the start is let finish,
+    # and then all of the process group is killed. Left to asyncio, the cancellation kills
+    # the direct child only (bwrap's outer process), and the sandbox's own process, a
+    # grandchild waiting at the gate, lived on (seen as a trial's time limit fired).
+    cancelled: asyncio.CancelledError | None = None
+    try:
+        for _ in range(3 if stdin else 2):
+            r, w = os.pipe()
+            ours.append(r)
+            theirs.append(w)
+        if stdin:  # the first pipe is the command's stdin: it reads, we write
+            ours[0], theirs[0] = theirs[0], ours[0]
+        loop = asyncio.get_running_loop()
+        spawn = asyncio.ensure_future(
+            loop.subprocess_exec(
+                lambda: _ChildProtocol(loop),
+                *argv,
+                stdin=theirs[0] if stdin else asyncio.subprocess.DEVNULL,
+                stdout=theirs[-2],
+                stderr=theirs[-1],
+                cwd=launch.cwd,
+                env=dict(launch.env) if launch.env is not None else None,
+                start_new_session=True,  # own session and process group: kill the whole tree
+                pass_fds=tuple(launch.pass_fds),
+            )
+        )
+        try:
+            transport, protocol = await asyncio.shield(spawn)
+        except asyncio.CancelledError as e:
+            cancelled = e
+            transport, protocol = await spawn
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        if cgroup is not None:
+            await cgroup.remove()
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+        if launch.gate is not None:  # so that the report reads to its end if the child dies
+            launch.gate.close_child_ends()
+    child = _Child(transport, protocol, launch, cgroup, ours)
+    if cancelled is not None:  # cancelled as it started: killed whole before propagating
+        child.stop()
+        await asyncio.wait({protocol.exited})
+        for fd in ours:
+            os.close(fd)
+        await child.close()
+        raise cancelled
+    return child
+
+
+async def run_process(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    stdin: bytes | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    max_output_bytes: int = 1_000_000,
+    limits: ProcessLimits = ProcessLimits(),  # noqa: B008  (frozen dataclass: safe as a default)
+    storage: StorageLimit | None = None,
+    pass_fds: Sequence[int] = (),
+    gate: StartGate | None = None,
+) -> ExecResult:
+    """Run ``argv`` to completion or until ``timeout`` seconds (:func:`run_command`). With
+    a ``gate`` (whose child ends must be among ``pass_fds``) the limits are applied from
+    here while the child waits at the gate; without one, by a shell prelude."""
+    launch = Launch(list(argv), cwd, env, limits, pass_fds, gate)
+    result = await run_command(
+        functools.partial(start_child, launch, stdin is not None),
+        timeout=timeout,
+        stdin=stdin,
+        max_output_bytes=max_output_bytes,
+        storage=storage,
+    )
+    assert result is not None  # start_child starts it, or raises
+    return result
+
+
+# --------------------------------------------------------------------------------------
+# what the backends share
+
+
+def probe(argv: list[str], env: dict[str, str], *, failed: tuple[str, str], fix: str) -> None:
+    """Run ``argv``, a check that a backend works here. ConfigError if it cannot run
+    (``failed[0]``: the error) or fails (``failed[1]``: its last line of stderr), with how
+    to ``fix`` it."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=30, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(f"{failed[0]}: {e}; {fix}") from e
+    if proc.returncode != 0:
+        why = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise ConfigError(f"{failed[1]} ({why[-1] if why else proc.returncode}); {fix}")
+
+
 # Enough for parallel builds and test runners, few enough that a fork bomb stays harmless.
 DEFAULT_MAX_PROCESSES = 1024
 
 
 class ProcessSandbox:
     """What the ``bwrap``, ``docker`` and ``local`` backends share: the workspace and the
-    limits every backend takes, and :meth:`exec`, the one exec path. A backend says only how
-    a command starts (:meth:`_launch`, around which it may set up and clean up), and may run
-    it in a sandbox it keeps (:meth:`_kept`); the deadline, output capture, storage limit
-    and killing of the tree are :func:`run_process`'s for all of them."""
+    limits every backend takes, and :meth:`exec`. A backend says only how a command starts
+    (:meth:`_launch`, around which it may set up and clean up), and may run it in a sandbox
+    prepared for it (:meth:`_prepared`); :func:`run_command` does the rest for all."""
 
     def __init__(
         self,
@@ -994,8 +1024,8 @@ class ProcessSandbox:
         the backend answers it without starting anything."""
         raise NotImplementedError
 
-    def _kept(self, mounts: tuple[Mount, ...]) -> KeptSandbox | None:
-        """A sandbox kept running that can take this command now, if the backend has one."""
+    def _prepared(self, mounts: tuple[Mount, ...]) -> Prepared | None:
+        """A sandbox prepared ahead that can take this command now, if the backend has one."""
         return None
 
     async def close(self) -> None:
@@ -1012,9 +1042,9 @@ class ProcessSandbox:
         mounts: tuple[Mount, ...] = (),
         cwd: str = "/app",
     ) -> ExecResult:
-        if (kept := self._kept(mounts)) is not None and (
-            result := await kept.run(
-                KeptCommand(command, timeout, stdin, cwd, self.max_output_bytes, self.storage)
+        if (prepared := self._prepared(mounts)) is not None and (
+            result := await prepared.run(
+                Command(command, timeout, stdin, cwd, self.max_output_bytes, self.storage)
             )
         ) is not None:
             return result
@@ -1036,8 +1066,8 @@ class ProcessSandbox:
 
 
 @dataclass(frozen=True)
-class KeptCommand:
-    """A command for a sandbox kept running, with the caps a sandbox of its own would set."""
+class Command:
+    """A command for a prepared sandbox, with the caps a sandbox of its own would set."""
 
     command: str
     timeout: float
@@ -1047,11 +1077,12 @@ class KeptCommand:
     storage: StorageLimit | None
 
 
-class KeptSandbox(Protocol):
-    """A sandbox kept running between commands (see :mod:`stayer.sandbox.kept`): ``run``
-    returns None when it cannot start, and the command then gets a fresh sandbox;
+class Prepared(Protocol):
+    """A sandbox prepared before its command comes: started ahead
+    (:mod:`stayer.sandbox.ahead`) or persistent (:mod:`stayer.sandbox.persistent`). ``run``
+    returns None when it cannot take the command, which then gets a sandbox started for it;
     ``close`` kills it and waits until every process of it is gone."""
 
-    async def run(self, cmd: KeptCommand) -> ExecResult | None: ...
+    async def run(self, cmd: Command) -> ExecResult | None: ...
 
     async def close(self) -> None: ...

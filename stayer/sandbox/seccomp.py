@@ -1,35 +1,15 @@
 """A seccomp filter that keeps setuid and setgid bits from being set inside the sandbox,
 and the sandbox's pid 1 out of reach.
 
-The command runs under the caller's host uid (a user namespace maps it to an unprivileged
-uid inside, so that the workspace stays the caller's). It owns the files it creates, and the
-owner of a file may set its setuid bit without any capability: a ``chmod 4755`` in ``/app``
-would leave a setuid binary of the caller (root, when stayer runs as root) in the host's
-run directory. The mounts are ``nosuid``, which protects only the sandbox itself.
-
-So every system call that can set a mode — ``chmod``, ``fchmod``, ``fchmodat``,
-``fchmodat2``, and the creating ones ``open``/``openat``/``creat`` (with ``O_CREAT`` or
-``O_TMPFILE``), ``mkdir``/``mkdirat``, ``mknod``/``mknodat`` — fails with ``EPERM`` when the
-mode carries ``S_ISUID`` or ``S_ISGID`` (what systemd's ``RestrictSUIDSGID=`` does).
-``openat2`` takes its mode in a structure a filter cannot read, so it fails with ``ENOSYS``,
-which makes libraries fall back to ``openat``. A process of an ABI the filter does not
-describe (e.g. 32-bit ARM on arm64) is killed: its system call numbers would bypass it.
-
-Supported: x86-64 (with its i386 and x32 ABIs) and arm64. Elsewhere :func:`suid_filter`
-returns None and the bits are not blocked (SECURITY.md says so).
-
-The sandbox's pid 1 (bwrap, which outlives the command and reports its exit status) is
-kept out of reach: ``ptrace``, ``process_vm_readv`` and ``process_vm_writev`` (x32's own
-numbers too) and ``pidfd_open`` fail with ``EPERM`` when their pid is 1 (read as the
-kernel does, the low 32 bits), and ``pidfd_getfd`` and ``open_by_handle_at`` (which opens
-a pidfd from a forged handle) fail whatever their target. ``/proc/1`` is covered by bwrap
-(:mod:`stayer.sandbox.bwrap`): its memory is written by path, which no filter sees.
-
-The kernel's keyrings (``add_key``, ``request_key``, ``keyctl``) fail with ``EPERM`` too,
-as in Docker's default profile: started by root, the command counts as root to the key
-accounting, and root's user keyring (kerberos tickets, file system keys) is every uid 0
-process's. :func:`keyring_filter` is that part alone, for image build steps (which must set
-setuid bits: dpkg installs setuid programs).
+Every system call that can set a mode (``chmod`` and kin, ``open``/``openat``/``creat``
+with ``O_CREAT`` or ``O_TMPFILE``, ``mkdir``, ``mknod``) fails with ``EPERM`` when the mode
+has ``S_ISUID`` or ``S_ISGID``; ``openat2`` fails with ``ENOSYS``; a process of an ABI the
+filter does not describe is killed. ``ptrace``, ``process_vm_readv``/``writev`` and
+``pidfd_open`` on pid 1 fail, as do ``pidfd_getfd`` and ``open_by_handle_at`` on any
+target, and the kernel keyrings (``add_key``, ``request_key``, ``keyctl``);
+:func:`keyring_filter` is that part alone, for image build steps. Supported: x86-64
+(with i386 and x32) and arm64; elsewhere :func:`suid_filter` returns None. docs/sandbox.md
+and SECURITY.md say why each is needed.
 """
 
 from __future__ import annotations

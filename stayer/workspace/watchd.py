@@ -1,52 +1,15 @@
 """A change watch that outlives the process: "this workspace is unchanged" across processes.
 
-:class:`~stayer.sandbox.watch.TreeWatch` makes an unchanged snapshot free, but only inside
-the process that scanned the tree: a new process (a resumed run, a worker taking over a
-run) would have to walk 10,000 files again to learn that nothing changed. Like git's
-fsmonitor daemon and watchman, this module keeps one small process per snapshot store,
-started on demand, that holds an inotify watch on every directory of each workspace it
-was asked about, and answers one question: *has anything changed under this workspace
-since token T?*
-
-The protocol (:class:`SharedWatch` is the client's side):
-
-* **begin** (sent by a scanning process *before* it scans): the daemon puts a watch on
-  every directory of the workspace (each added before the directory is listed), then
-  replies with a fresh random token, or with "can't" (watch limit, a tree too deep, the
-  workspace not a directory). If the workspace saw no event since the current token was
-  issued, that token is kept (nothing to re-walk).
-* **check T**: the daemon reads every event the kernel queued (fsnotify queues an event
-  before the write that caused it returns, so every write completed before the check is
-  counted), then answers "unchanged" only if T is its current token for the workspace,
-  no event of any kind arrived since T was issued (a queue overflow counts as every
-  workspace changed), and the workspace root is still the same inode.
-
-Any event drops the workspace's watches and token: a token can only go stale, never come
-back. A token lives only in the daemon's memory, so a daemon that dies (killed, idle
-timeout, reboot) takes its tokens with it and a new one knows none: every check answers
-"changed". A daemon that does not answer within a short timeout counts as "changed" too.
-
-How a scanning process hands over to the daemon without a gap (see
-:meth:`stayer.sandbox.snapshot.FileSnapshotStore.snapshot`): it sends *begin*, scans with
-its own in-process watch (each directory watched before it is listed), then waits for the
-token and drains its own watch once more. A write after the scan read a directory is seen
-by the process's watch up to that final drain; the daemon's watches were all in place
-before its reply, that is before the drain. If the process's watch saw anything, or the
-tree has hard-linked files (an edit through a link outside is reported in the other
-directory), the token is not kept.
-
-Security: the daemon reads only directory listings of a tree the sandbox writes, walking
-by directory fd with ``O_NOFOLLOW`` and watching each directory through its fd
-(``/proc/self/fd/N``), never by path: a link planted in the tree is never followed. Its
-socket lives in the store's directory, which the sandbox cannot reach, and the client
-checks the peer's uid. What it cannot see is what inotify cannot see: writes made from
-another machine (a network file system), through a shared ``mmap`` (which do not update
-``mtime`` either, so a stat scan would miss them as well), and file systems mounted over
-a directory of the workspace after it was watched.
-
-The daemon is ``python -I -S watchd.py STORE_WATCH_DIR`` (standard library only, so it
-starts in milliseconds); one per store directory (an ``flock`` decides), it exits when
-idle for :data:`IDLE_S` seconds or when its socket is removed.
+One small daemon per snapshot store (``python -I -S watchd.py STORE_WATCH_DIR``, started on
+demand, one per directory by ``flock``, gone when idle for :data:`IDLE_S` s or when its
+socket is removed) holds an inotify watch on every directory of each workspace asked
+about. **begin** (before a scan): watch every directory, reply with a token (or
+"can't"). **check T**: "unchanged" only if T is the workspace's current token, no event
+of any kind came since (an overflow counts as every workspace changed) and the root is
+the same inode. Any event drops the token; a dead or silent daemon means "changed".
+:class:`SharedWatch` is the client. It walks by directory fd, never following a link;
+its socket lives in the store's directory, and the client checks the peer's uid.
+docs/workspace.md has the hand-over without a gap and what inotify cannot see.
 """
 
 from __future__ import annotations

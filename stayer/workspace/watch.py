@@ -1,21 +1,12 @@
 """Knowing that a tree did not change without looking at it: inotify, where there is one.
 
-A snapshot before every tool step must be nearly free when the step changed nothing, but
-even a stat-only scan of a 10,000-file workspace costs tens of milliseconds. The kernel can
-say instead: :class:`TreeWatch` holds an inotify watch on every directory of a tree and
-reports which trees saw any change since they were last cleared. It only ever answers
-"maybe changed" (which costs a scan) or "certainly unchanged"; anything it cannot vouch for
-(no inotify on this system, the per-user watch limit reached, the event queue overflowed)
-counts as changed, so correctness never depends on it.
-
-It can also say *where*: :meth:`TreeWatch.changed_directories` names the directories that
-saw an event, so that a caller keeping per-directory state (the workspace fingerprint)
-re-reads only those.
-
-inotify reports changes made through any path to the same inode, so writes made inside the
-sandbox through its bind mount at ``/app`` are seen. Writes through a shared ``mmap`` are
-not reported by inotify, but they do not update ``mtime`` either, so the stat scan this
-replaces would not notice them any better.
+:class:`TreeWatch` holds an inotify watch on every directory of a tree and answers only
+"maybe changed" or "certainly unchanged" (:meth:`TreeWatch.unchanged`); whatever it cannot
+vouch for (no inotify, the watch limit, a lost event) counts as changed, so correctness
+never depends on it. :meth:`TreeWatch.changed_directories` names where events came, for
+callers that keep per-directory state. Writes inside the sandbox through its bind mount
+are seen (same inodes); writes through a shared ``mmap`` are not, nor do they change
+``mtime``. :class:`OwnWatch` is a process's own watch, renewed after ``fork``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """The host's access to trees the sandbox could write: never through a link, never into a
 special file, never more than asked for.
 
-The workspace (``/app``), the verifier's ``/logs/verifier`` and everything snapshotted or
-copied out of them hold whatever code in the sandbox left there: a symlink planted where
-stayer will read (``reward.txt -> /etc/shadow``, or a link to a host file holding ``1``), a
-directory swapped for a link between a check and a use, a FIFO that blocks whoever opens it
-for reading, a device node, a hard link, a file larger than memory or a sparse one larger
-than the disk, a name that is not UTF-8. Every host-side access to such a tree goes through
-here (or through :func:`stayer.sandbox.tree.walk`, which lists it the same way):
-
-* paths are resolved one component at a time from a directory fd, each ``openat`` with
-  ``O_NOFOLLOW``: a link anywhere on the path is refused, never followed;
-* files are opened with ``O_NONBLOCK`` (opening a FIFO does not wait for a writer) and
-  ``fstat``-ed before anything is read: only regular files are ever read;
-* reads are capped; copies keep sparse files sparse (``SEEK_DATA``/``SEEK_HOLE``);
-* copies carry permission bits only (:func:`plain_mode`): no setuid, setgid or sticky bit
-  and no device file reaches the host side; sockets are skipped, FIFOs re-created (never
-  opened).
+Every host-side access to the workspace, ``/logs/verifier`` and what is snapshotted or
+copied out of them goes through here (or :func:`stayer.workspace.tree.walk`): paths are
+resolved one component at a time from a directory fd with ``O_NOFOLLOW``; files are
+opened ``O_NONBLOCK`` and ``fstat``-ed first, and only regular files are read; reads are
+capped; copies keep sparse files sparse and carry permission bits only
+(:func:`plain_mode`): no setuid, setgid, sticky bit or device file reaches the host;
+sockets are skipped, FIFOs re-created. docs/workspace.md lists the attacks this stops.
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ import stat
 from collections.abc import Collection
 from pathlib import Path
 
-from stayer.sandbox.tree import MAX_DEPTH
+from stayer.workspace.tree import MAX_DEPTH
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

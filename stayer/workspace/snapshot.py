@@ -1,74 +1,16 @@
 """Workspace snapshots cheap enough to take before every tool step.
 
-The journal takes one before each step so that a resumed or rolled-back run finds the
-workspace exactly as it was; the evaluation runner restores one to give every trial a fresh
-copy. Both need two operations and nothing else::
-
-    store = FileSnapshotStore(root)
-    snapshot_id = store.snapshot(workspace)   # str, stable: same tree -> same id
-    store.restore(snapshot_id, workspace)     # workspace becomes exactly that tree
-
-How :class:`FileSnapshotStore` keeps that cheap:
-
-* **Content-addressed.** Every regular file is stored once as a blob named by the SHA-256
-  of its bytes; a snapshot is a manifest (``snapshots/<id>.json``) listing each path with
-  its type, mode, mtime and blob, and its id is the SHA-256 of that manifest. Unchanged
-  files cost nothing to store again, and an unchanged tree yields the same id without
-  writing anything. A blob is a file of its own (``objects/ab/cdef…``) when a snapshot adds
-  a few; when it adds many small ones (a first snapshot) they go into one pack file
-  (``packs/<name>.pack`` plus its ``.idx``), because creating a file costs more than
-  writing 10 KB, and a first snapshot of 10,000 files would otherwise create 10,000 more.
-* **Stat cache.** Hashing 100 MB on every step would be the whole budget, so each
-  workspace has a cache of ``path -> (size, mtime_ns, inode, ctime_ns, blob)``: a file whose
-  stat still matches is not read at all. ``ctime`` cannot be set by a program (unlike
-  ``mtime``) and the inode changes when a file is replaced, so an edit is always noticed.
-  As in git's "racily clean" rule, a file changed in the last :data:`_RACY_NS` before the
-  scan is not cached: a later edit within the same file-system clock tick could otherwise
-  leave every field unchanged; a file whose ctime is a whole second (a file system that
-  keeps seconds only), in the last :data:`_COARSE_RACY_NS`.
-* **Change watch.** Where inotify is available the store also watches every directory it
-  scanned (:mod:`stayer.sandbox.watch`); when no event arrived since the last scan, the
-  snapshot is the previous id without even a stat. Any doubt means a scan, and so does a
-  tree with hard-linked files (inotify reports an edit made through another link to the
-  other link's directory). The watch sees the writes of this machine only: a workspace on
-  a network file system written from elsewhere is not for this store.
-* **Shared watch, for the next process.** The in-process watch dies with its process; a
-  resumed run would walk the whole tree again. So each scan also hands the tree over to
-  the store's watch daemon (:mod:`stayer.sandbox.watchd`, started on demand; off with
-  ``shared_watch=False`` or ``STAYER_SHARED_WATCH=0``) and leaves the snapshot id with the
-  daemon's token next to the stat cache (``cache/<key>.held``). A new process asks the
-  daemon whether that token still holds (no event of any kind since, same daemon, same
-  root) and, if so, returns the id without a stat; anything else (no daemon, a dead or
-  silent one, hard links, a restore since) means a scan. The stat cache and that file are
-  :mod:`marshal`, not JSON: 10,000 records load in milliseconds.
-* **Restore rewrites only what differs**, and nothing at all (not even a walk) when a
-  watch vouches that the workspace is still the snapshot's tree: a resumed run whose
-  workspace nothing touched since its last snapshot starts at once. Restoring into the
-  workspace the snapshot came from (the journal's rollback) compares the tree with the
-  manifest and touches only changed, added and deleted paths; restoring into an empty
-  directory copies every blob, large ones with ``copy_file_range`` so that file systems
-  with reflinks (XFS, btrfs) share the data instead of copying it.
-
-One algorithm, two object backends: all of the above is :class:`Snapshots`, over an
-:class:`Objects` backend. :class:`FileSnapshotStore` is it over files (loose blobs, packs,
-``snapshots/<id>.json``); the journal's :class:`~stayer.journal.snapshot.BlobSnapshots`
-is it over the journal store's blobs (Postgres: a run may resume on another machine),
-where a blob is at most 1 MiB, so bigger files are extent maps of 1 MiB pieces. The same
-tree of small files has the same id in both.
-
-Blobs are never hard-linked into a workspace: a command that edits a file in place would
-then edit the stored snapshot too.
-
-What a snapshot holds: regular files (content, permission bits, mtime; a sparse file as its
-data extents, so it stays sparse and its holes are never read), directories (permission
-bits; empty ones included), symlinks (the link itself, never its target) and FIFOs (never
-opened). Not kept: owners, setuid, setgid and sticky bits (a workspace is written by the
-sandbox, and a setuid file restored on the host is a way in), hard links between workspace
-files (restored as separate copies), sockets and device files, extended attributes,
-directory mtimes. The workspace is read as :mod:`stayer.sandbox.hostfs` reads anything the
-sandbox wrote: walked by directory fd, files opened without following links and only if
-they are regular files. It must not be written to while it is being snapshotted or
-restored.
+``store.snapshot(workspace)`` returns a stable id (the same tree, the same id);
+``store.restore(id, workspace)`` makes the workspace exactly that tree, rewriting only
+what differs. One algorithm (:class:`Snapshots`) over an :class:`Objects` backend: files
+(:class:`FileSnapshotStore`: content-addressed blobs, packs, manifests) or the journal's
+blobs (:class:`~stayer.journal.snapshot.BlobSnapshots`). An unchanged tree costs no read:
+a stat cache, an inotify watch (:mod:`stayer.workspace.watch`) and, for the next
+process, the store's watch daemon (:mod:`stayer.workspace.watchd`). Kept: regular files
+(content, permission bits, mtime, holes), directories, symlinks (never followed), FIFOs.
+Not kept: owners, setuid/setgid/sticky bits, hard links, sockets, devices, xattrs. The
+tree is read as :mod:`stayer.workspace.hostfs` reads it, and must not be written while
+a snapshot or restore runs. docs/workspace.md has the reasons and measurements.
 """
 
 from __future__ import annotations
@@ -87,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from stayer.sandbox.hostfs import (
+from stayer.workspace.hostfs import (
     UnsafeFile,
     copy_range,
     data_extents,
@@ -97,9 +39,9 @@ from stayer.sandbox.hostfs import (
     pwrite_all,
     read_at_most,
 )
-from stayer.sandbox.tree import iter_tree, walk
-from stayer.sandbox.watch import TreeWatch
-from stayer.sandbox.watchd import SharedWatch
+from stayer.workspace.tree import iter_tree, walk
+from stayer.workspace.watch import TreeWatch
+from stayer.workspace.watchd import SharedWatch
 
 FORMAT = 1
 # Files at most this big are read into memory whole: one read, hashed, written if new.
@@ -551,7 +493,7 @@ class Snapshots:
         self, ws: Path, state: _WorkspaceState, snapshot_id: str, begun: bool
     ) -> str | None:
         """Leave ``snapshot_id`` on disk with the shared watch's token for the tree that
-        this process's watch vouches for (:mod:`stayer.sandbox.watchd`, the hand-over): the
+        this process's watch vouches for (:mod:`stayer.workspace.watchd`, the hand-over): the
         token counts only if this process's watch, which saw the tree from before each
         directory was listed, still saw nothing after the daemon's reply. Not with
         hard-linked files (their edits are reported elsewhere: the watch forgot the tree)."""
@@ -679,7 +621,7 @@ class Snapshots:
         ``(blob id, size)``; the id of a sparse file's extent map is marked with a leading
         ``s`` (see :meth:`_store_sparse`).
 
-        Opened with :func:`~stayer.sandbox.hostfs.open_regular`: a link or special file put
+        Opened with :func:`~stayer.workspace.hostfs.open_regular`: a link or special file put
         there since it was listed raises :class:`UnsafeFile` and is never read. The blob is
         written from exactly the bytes that were hashed (never re-read), so a file changing
         under the scan cannot leave a blob whose name lies about it; the size returned is
