@@ -1,7 +1,7 @@
 """``stayer.run_task``: what ``stayer run`` does, from code. It takes the command's flags
 as keyword arguments (same names, same bounds: bad input raises ``ConfigError`` before
 anything is written) and returns its ``--json`` document wrapped in a typed
-:class:`RunOutcome` (the raw document stays at ``.document``). State lives in
+``RunOutcome`` (the raw document stays at ``.document``). State lives in
 ``$STAYER_HOME`` as for the command, so ``stayer report RUN_ID`` and ``stayer resume
 RUN_ID`` work on a run made here. (``stayer.eval`` lives in ``stayer.eval.engine``.)
 """

@@ -5,7 +5,7 @@ prices, held against the budget and on the session's ledger.
 
 * Before the request is sent (``log_pre_api_call``, which sees the exact provider body):
   its worst case is held; when only fewer output tokens fit, the body's max-tokens field is
-  lowered in place; when nothing fits, :class:`BudgetRefused` is raised. LiteLLM logs and
+  lowered in place; when nothing fits, ``BudgetRefused`` is raised. LiteLLM logs and
   swallows every ``Exception`` a callback raises, so it is a ``BaseException`` (like
   ``KeyboardInterrupt``), with the ``stayer.BudgetExceeded`` at ``.error``.
 * A streamed chat call is sent with ``stream_options.include_usage`` so that the provider,
