@@ -8,6 +8,7 @@ import atexit
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable
 from decimal import Decimal
 
 import stayer
@@ -35,3 +36,13 @@ def check(session: stayer.Session, budget: stayer.Budget) -> None:
     print(f"session {session.id}: {len(ledger)} calls, cost ${budget.spent}")
     assert ledger and all(e["complete"] for e in ledger), ledger
     assert cost == budget.spent == Decimal(session.report()["totals"]["cost_usd"]) > 0
+
+
+async def refused(run: Awaitable[object]) -> None:
+    """Check that ``run`` stops with ``BudgetExceeded`` (nothing sent) and say so."""
+    try:
+        await run
+    except stayer.BudgetExceeded as e:
+        print(f"refused: {e}")
+    else:
+        raise AssertionError("a run over its budget was sent")

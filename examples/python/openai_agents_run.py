@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import openai
-from _sim import check, sim_url
+from _sim import check, refused, sim_url
 from agents import Agent, Runner, set_tracing_disabled
 
 import stayer
@@ -28,12 +28,7 @@ async def main() -> None:
     usage = result.context_wrapper.usage  # what the SDK counted, call by call
     assert usage.input_tokens == sum(e["usage"]["input_tokens"] for e in session.ledger)
     tiny = stayer.Budget("0.000001")  # cannot hold even one call: refused before sending
-    try:
-        await Runner.run(agent, "again", run_config=run_config(client, budget=tiny))
-    except stayer.BudgetExceeded as e:
-        print(f"refused: {e}")
-    else:
-        raise AssertionError("a run over its budget was sent")
+    await refused(Runner.run(agent, "again", run_config=run_config(client, budget=tiny)))
     assert tiny.spent == 0
 
 

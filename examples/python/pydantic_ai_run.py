@@ -10,7 +10,7 @@ import asyncio
 
 import anthropic
 import openai
-from _sim import check, sim_url
+from _sim import check, refused, sim_url
 from pydantic_ai import Agent
 
 import stayer
@@ -47,12 +47,7 @@ async def main() -> None:
         client=anthropic.AsyncAnthropic(base_url=url, api_key="sk-sim"),
         budget=tiny,
     )
-    try:
-        await agent.run("again", model=capped)
-    except stayer.BudgetExceeded as e:
-        print(f"refused: {e}")
-    else:
-        raise AssertionError("a run over its budget was sent")
+    await refused(agent.run("again", model=capped))
     assert tiny.spent == 0
 
 
