@@ -9,7 +9,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from test_eval_fixtures import EXAMPLES, needs_bwrap, stayer
+from test_eval_fixtures import EXAMPLES, needs_bwrap, stayer, write_task
 
 import stayer as lib
 
@@ -76,3 +76,18 @@ def test_bad_input_raises_before_anything_is_written(
     with pytest.raises(lib.ConfigError, match="nowhere"):
         lib.eval(tmp_path / "nowhere", models=[SIM], out=tmp_path / "out")
     assert not home.exists() and not (tmp_path / "out").exists()
+
+
+def test_a_directory_of_no_task_beside_the_tasks_is_not_a_task(tmp_path: Path) -> None:
+    from stayer.eval.suite import scan_suite
+
+    write_task(tmp_path, "good")
+    (tmp_path / "python").mkdir()  # as examples/python sits beside the example tasks
+    (tmp_path / "python" / "example.py").write_text("print('hi')\n")
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "task.toml").write_text("")  # a task, broken: still reported
+    suite = scan_suite(tmp_path)
+    assert [t.name for t in suite.tasks] == ["good"]
+    assert [i.path.name for i in suite.invalid] == ["half"]
+    examples = scan_suite(EXAMPLES)
+    assert examples.invalid == [] and len(examples.tasks) == 4
