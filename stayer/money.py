@@ -76,3 +76,23 @@ def usd_sum(amounts: Iterable[Usd | Decimal | None]) -> Usd:
     for a in amounts:
         total += a
     return total
+
+
+def usd_argument(value: Decimal | str | int | float | None, what: str) -> Decimal | None:
+    """An amount handed to the Python API (``max_cost=``): exact, finite; None stays None.
+    A float goes through its shortest text (``0.1`` is 0.1, not 0.1000000000000000055…)."""
+    from decimal import InvalidOperation
+
+    from stayer.errors import ConfigError
+
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected an amount of USD, got {value!r}")
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        raise ConfigError(f"{what}: expected an amount of USD, got {value!r}") from None
+    if not amount.is_finite():
+        raise ConfigError(f"{what} {value!r}: not a finite number")
+    return amount

@@ -3,9 +3,9 @@ goes through stayer's metering core on its way out (the gateway's, not a copy).
 
 The client is the SDK's own, copied with an HTTP transport that wraps the one it had: a
 call to the Messages, Chat Completions or Responses API is read, its worst case held in
-its :class:`Budget` (or refused with :class:`BudgetExceeded` before anything is sent, or
+its ``Budget`` (or refused with ``BudgetExceeded`` before anything is sent, or
 given a smaller ``max_tokens``), sent, read back as it streams to the caller, priced,
-settled, explained (cache breaks) and appended to its :class:`Session`'s ledger in the
+settled, explained (cache breaks) and appended to its ``Session``'s ledger in the
 journal, which ``stayer report ID`` shows. Other requests pass through untouched. A stream
 the caller stops reading early is read to its end when closed, so what the provider billed
 is priced. Store work (budgets, journal) runs on one thread per process.
@@ -410,7 +410,7 @@ def meter(
     ``AsyncOpenAI``) copied so that each of its calls is held against ``budget`` (an
     uncapped one by default), priced, checked for cache breaks and recorded in
     ``session`` (a new one by default; a name opens or continues that session). A call
-    that cannot fit raises :class:`BudgetExceeded` before anything is sent. The copy
+    that cannot fit raises ``BudgetExceeded`` before anything is sent. The copy
     behaves as the client does otherwise: same return types, streams, errors."""
     module = type(client).__module__.split(".")[0]
     if module not in ("anthropic", "openai") or not hasattr(client, "copy"):

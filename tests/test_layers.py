@@ -53,7 +53,8 @@ LAYERS: list[set[str]] = [
     {"agent"},
     {"teams", "delegation"},
     {"eval", "audit", "whatif", "run", "run_config", "estimate", "doctor"},
-    {"runtime", "telemetry", "scale", "simserver", "gateway", "sdk"},
+    {"runtime", "telemetry", "scale", "simserver", "gateway", "sdk", "library"},
+    {"integrations"},  # agent frameworks metered through the library door (sdk)
     {"cli", "stayer"},  # the public API (stayer/__init__.py) re-exports from every layer
 ]
 

@@ -1,7 +1,8 @@
 """``stayer.meter`` on the official SDK clients, against ``stayer sim serve`` started as a
 user starts it: the same return types and streams, every call held, priced and on its
 session's ledger, refusals before anything is sent, and a Budget shared by 50 threads and
-by 10 processes that is never overshot (exact Decimal)."""
+by 10 processes that is never overshot (exact Decimal), in a SQLite file and in PostgreSQL
+(``STAYER_TEST_PG``, else a server started here; skipped, saying why, where none can be)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
@@ -19,11 +21,18 @@ from pathlib import Path
 import anthropic
 import openai
 import pytest
+from pg_server import database_fixture
 from service_helpers import listening
 
 import stayer
 
 SYSTEM = "Be exact. " * 700
+#: The public names the README's "Use it from Python" and the API reference document.
+DOCUMENTED = [
+    "Agent", "Budget", "BudgetExceeded", "ConfigError", "EvalOutcome", "RunOutcome",
+    "Session", "__version__", "eval", "meter", "run_task",
+]  # fmt: skip
+pg_url = database_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +41,16 @@ def sim() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a shared budget lives: a SQLite file, or the module's PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "budgets.db")
+    return str(request.getfixturevalue("pg_url"))
+
+
 def test_the_public_api_is_what_the_docs_list() -> None:
-    assert sorted(stayer.__all__) == ["Budget", "BudgetExceeded", "Session", "__version__", "meter"]
+    assert sorted(stayer.__all__) == sorted(DOCUMENTED)
     for name in stayer.__all__:
         assert getattr(stayer, name) is not None
 
@@ -154,13 +171,14 @@ def test_a_stream_left_early_is_read_to_its_end_and_priced(sim: str, tmp_path: P
     assert entry["complete"] and entry["usage"]["output_tokens"] > 1
 
 
-def test_fifty_threads_never_overshoot_one_budget(sim: str, tmp_path: Path) -> None:
+def test_fifty_threads_never_overshoot_one_budget(sim: str, store: str, tmp_path: Path) -> None:
     cap = Decimal("0.02")
-    budget = stayer.Budget(cap, store=tmp_path / "budgets.db", name="team")
+    budget = stayer.Budget(cap, store=store, name=f"team-{uuid.uuid4().hex[:8]}")
+    session = stayer.Session(home=tmp_path)
     client = stayer.meter(
         anthropic.Anthropic(base_url=sim, api_key="sk-x", max_retries=0),
         budget=budget,
-        session=stayer.Session(home=tmp_path),
+        session=session,
     )
 
     def call(i: int) -> str:
@@ -177,16 +195,18 @@ def test_fifty_threads_never_overshoot_one_budget(sim: str, tmp_path: Path) -> N
         outcomes = list(pool.map(call, range(100)))
     assert "ok" in outcomes and "refused" in outcomes
     assert budget.spent <= cap and budget.reserved == 0
+    assert len(session.ledger) == outcomes.count("ok") and session.cost == budget.spent
 
 
 _WORKER = textwrap.dedent(
     """
     import sys
     import anthropic, stayer
-    sim, store, home, n = sys.argv[1:5]
-    budget = stayer.Budget("0.02", store=store, name="shared")
+    sim, store, name, home, n = sys.argv[1:6]
+    budget = stayer.Budget("0.02", store=store, name=name)
+    session = stayer.Session(home=home)
     client = stayer.meter(anthropic.Anthropic(base_url=sim, api_key="sk-x", max_retries=0),
-                          budget=budget, session=stayer.Session(home=home))
+                          budget=budget, session=session)
     ok = 0
     for i in range(int(n)):
         try:
@@ -195,25 +215,27 @@ _WORKER = textwrap.dedent(
             ok += 1
         except stayer.BudgetExceeded:
             pass
-    print(ok)
+    print(ok, session.cost if ok else 0)
     """
 )
 
 
-def test_ten_processes_never_overshoot_one_budget(sim: str, tmp_path: Path) -> None:
-    store = tmp_path / "budgets.db"
+def test_ten_processes_never_overshoot_one_budget(sim: str, store: str, tmp_path: Path) -> None:
+    name = f"shared-{uuid.uuid4().hex[:8]}"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _WORKER, sim, str(store), str(tmp_path / f"h{i}"), "6"],
+            [sys.executable, "-c", _WORKER, sim, store, name, str(tmp_path / f"h{i}"), "6"],
             stdout=subprocess.PIPE,
             text=True,
         )  # fmt: skip
         for i in range(10)
     ]
-    made = sum(int(p.communicate(timeout=300)[0]) for p in procs)
+    printed = [p.communicate(timeout=300)[0].split() for p in procs]
     assert all(p.returncode == 0 for p in procs)
-    budget = stayer.Budget("0.02", store=store, name="shared")
+    made = sum(int(ok) for ok, _ in printed)
+    budget = stayer.Budget("0.02", store=store, name=name)
     assert 0 < made < 60 and budget.spent <= Decimal("0.02") and budget.reserved == 0
+    assert sum(Decimal(cost) for _, cost in printed) == budget.spent  # exact, to the digit
 
 
 def test_bad_input_to_the_library_is_refused_in_one_line() -> None:

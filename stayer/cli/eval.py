@@ -143,38 +143,27 @@ def eval_command(
     \b
     Example:  stayer eval examples --model sim:claude-sonnet-4-5,sim:gpt-5 --epochs 3 --out eval-out
     """
-    import json
     import time
-    from datetime import UTC, datetime
 
     from rich.markup import escape
 
-    from stayer._version import __version__
     from stayer.cli.progress import WorkProgress
-    from stayer.eval.html_report import render, write_run_pages
-    from stayer.eval.runner import (
-        INFRASTRUCTURE,
-        EvalConfig,
-        TrialStore,
-        infra_reason,
-        plan_trials,
-        run_trials,
-        write_atomic,
-    )
+    from stayer.eval import engine
+    from stayer.eval.runner import INFRASTRUCTURE, TrialStore, infra_reason, plan_trials, run_trials
     from stayer.eval.suite import ProblemsError, load_suite
-    from stayer.eval.summary import succeeded, summarise
-    from stayer.settings import EvalSettings, RunSettings, check_flags
+    from stayer.eval.summary import succeeded
 
-    models = _split(model)
-    if not models:
-        bad_input("--model: give at least one model, e.g. --model sim:claude-sonnet-4-5")
-    if len(set(models)) != len(models):
-        bad_input(f"--model {model}: a model is listed twice")
     try:
-        check_flags(EvalSettings, {"epochs": epochs, "concurrency": concurrency})
-        cap = parse_decimal(max_cost, "--max-cost")
-        check_flags(
-            RunSettings, {"max_steps": max_steps, "max_cost": cap, "sim_latency": sim_latency}
+        configs = engine.configurations(
+            _split(model),
+            _split(policy),
+            epochs=epochs,
+            concurrency=concurrency,
+            max_steps=max_steps,
+            max_cost=parse_decimal(max_cost, "--max-cost"),
+            sim_policy=sim_policy,
+            sim_latency=sim_latency,
+            sandbox=sandbox,
         )
     except ConfigError as e:
         bad_input(str(e))
@@ -182,12 +171,6 @@ def eval_command(
     if out_dir is not None:
         check_writable_dir(out_dir, "--out")
     err = stderr()
-    policies: list[str | None] = list(_split(policy)) or [None]
-    configs = [
-        EvalConfig(m, p, sim_policy, max_steps, cap, sandbox, sim_latency)
-        for m in models
-        for p in policies
-    ]
     try:
         tasks = load_suite(suite)
     except ProblemsError as e:
@@ -198,7 +181,7 @@ def eval_command(
     store = TrialStore(out_dir) if out_dir else None
     # Only what is still to run is checked: re-rendering a finished --out checks nothing
     # again, and imports neither the agent nor the price data.
-    pending = {(t.task.path, t.config) for t in trials if store is None or store.load(t) is None}
+    pending = engine.pending(trials, store)
     prices = _runnable(tasks, configs, pending) if pending else None
     to_check = [t for t in tasks if any(path == t.path for path, _ in pending)]
     preflight_found = (
@@ -266,36 +249,28 @@ def eval_command(
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
-    doc: dict[str, Any] = {
-        "suite": str(Path(suite).resolve()),
+    settings = {
+        "models": model,
+        "policies": policy or "auto",
         "epochs": epochs,
-        "trials_total": len(records),
-        "trials_reused": counts["reused"],
-        "preflight": preflight_found,
-        "stayer_version": __version__,
-        "settings": {
-            "models": model,
-            "policies": policy or "auto",
-            "epochs": epochs,
-            "concurrency": concurrency,
-            "max_steps": max_steps,
-            "max_cost": max_cost,
-            "sandbox": sandbox,
-            "sim_policy": sim_policy,
-            "ray": ray,
-        },
-        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-        "wall_s": round(time.monotonic() - progress.started, 3),
-        **summarise(records, configs, epochs),
+        "concurrency": concurrency,
+        "max_steps": max_steps,
+        "max_cost": max_cost,
+        "sandbox": sandbox,
+        "sim_policy": sim_policy,
+        "ray": ray,
     }
-    if out_dir is not None:
-        doc["out"] = str(out_dir.resolve())
-        write_atomic(out_dir / "eval.json", json.dumps(doc, indent=2))
-        write_run_pages(out_dir, records, write_atomic)
-        write_atomic(
-            out_dir / "report.html", render(doc, records, f"stayer eval · {Path(suite).name}")
-        )
-        doc["report"] = str((out_dir / "report.html").resolve())
+    doc = engine.document(
+        suite,
+        records,
+        configs,
+        epochs=epochs,
+        reused=counts["reused"],
+        preflight=preflight_found,
+        settings=settings,
+        wall_s=time.monotonic() - progress.started,
+        out_dir=out_dir,
+    )
     if json_out:
         emit_json(doc)
     _summary_table(doc, console(stderr=json_out))
@@ -306,27 +281,15 @@ def eval_command(
 def _runnable(tasks: list[Any], configs: list[Any], pending: set[tuple[Path, Any]]) -> Any:
     """The price book, once every task × configuration with trials to run is known to be
     runnable (model, prices, sandbox, limits); else all that is wrong, exit 2."""
-    import uuid
-
-    from stayer.pricing import PriceBook
-    from stayer.run import prepare
+    from stayer.eval.engine import runnable_prices
+    from stayer.eval.suite import ProblemsError
 
     try:
-        prices = PriceBook.load()
+        return runnable_prices(tasks, configs, pending)
+    except ProblemsError as e:
+        report_problems(e.problems)
     except ConfigError as e:
         bad_input(str(e))
-    problems = []
-    for task in tasks:
-        for config in configs:
-            if (task.path, config) not in pending:
-                continue
-            try:
-                prepare(config.run_config(task, f"eval-validate-{uuid.uuid4().hex}"), prices)
-            except ConfigError as e:
-                problems.append(f"{task.path.name} · {config.label}: {e}")
-    if problems:
-        report_problems(sorted(set(problems)))
-    return prices
 
 
 def _ray_executor(address: str) -> Any:
@@ -349,11 +312,9 @@ def _preflight(
 ) -> list[dict[str, Any]]:
     """The cheap checks on every task (``eval.checks.preflight``): refuse, exit 2, naming each
     task and its problem; with ``force``, warn and return them for the document."""
-    import asyncio
-
     from rich.markup import escape
 
-    from stayer.eval.checks import preflight
+    from stayer.eval.engine import preflight_all, preflight_lines
 
     err = stderr()
     if sandbox == "local":
@@ -363,21 +324,8 @@ def _preflight(
         )
         return []
 
-    async def check_all() -> list[list[Any]]:
-        gate = asyncio.Semaphore(concurrency)
-
-        async def one(task: Any) -> list[Any]:
-            async with gate:
-                return await preflight(task, sandbox=sandbox)
-
-        return list(await asyncio.gather(*(one(t) for t in tasks)))
-
-    found = [
-        {"task": task.name, "problems": [{"kind": p.kind, "detail": p.detail} for p in problems]}
-        for task, problems in zip(tasks, asyncio.run(check_all()), strict=True)
-        if problems
-    ]
-    lines = [f"{f['task']}: {p['kind']}: {p['detail']}" for f in found for p in f["problems"]]
+    found = preflight_all(tasks, sandbox, concurrency)
+    lines = preflight_lines(found)
     if lines and not force:
         report_problems([f"preflight: {line} (--force runs it anyway)" for line in lines])
     for line in lines:

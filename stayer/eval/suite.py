@@ -56,8 +56,12 @@ def scan_suite(path: str | Path) -> Suite:
     if is_task_dir(root):
         candidates = [root]
     else:
+        # A directory with none of a task's files is not a task (examples/python beside the
+        # example tasks); one with some of them is, and is reported when it does not load.
         candidates = sorted(
-            d for d in root.iterdir() if d.is_dir() and not d.name.startswith((".", "_"))
+            d
+            for d in root.iterdir()
+            if d.is_dir() and not d.name.startswith((".", "_")) and is_task_dir(d)
         )
     if not candidates:
         raise ConfigError(
