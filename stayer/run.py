@@ -44,6 +44,8 @@ from stayer.journal.backends import stayer_home
 from stayer.journal.codec import message_record
 from stayer.journal.replay import JournaledModel, JournaledProbe, JournaledTool, ReplayingSandbox
 from stayer.journal.snapshot import clear_workspace
+from stayer.mcp.config import McpServer, run_servers
+from stayer.mcp.tools import McpTools, reserved_names
 from stayer.messages import Message
 from stayer.models.base import Model
 from stayer.models.caching import provider_of
@@ -156,6 +158,7 @@ class PreparedRun:
     lease_owner: str | None = None
     lease_ttl_s: float | None = None
     sandbox_source: str = "default"  # who chose config.sandbox (Task.kind_source)
+    mcp_servers: dict[str, McpServer] = dataclasses.field(default_factory=dict)
 
 
 def prepare(
@@ -219,6 +222,13 @@ def prepare(
     routing = prepare_routing(
         config.config_file, config.model, lambda spec: build_model(spec, config, task, counters)
     )
+    mcp_servers = run_servers(
+        task.mcp_servers,
+        str(task.path / "task.toml"),
+        routing.config.mcp.servers if routing else {},
+        config.config_file,
+        config.mcp_servers,
+    )
     if config.max_cost is not None:
         require_prices(prices, model, config.service_tier, routing)
         for m in team_models.values():
@@ -256,6 +266,7 @@ def prepare(
         team,
         team_models,
         sandbox_source=chosen_by,
+        mcp_servers=mcp_servers,
     )
 
 
@@ -391,6 +402,8 @@ def run_header(p: PreparedRun) -> dict[str, Any]:
         "task_path": str(p.task.path),
         "model": p.config.model,
         "config": config,
+        # Where each MCP server runs: "sandbox", "host" (trust = "host") or "remote" (HTTP).
+        "mcp_servers": {name: s.where for name, s in sorted(p.mcp_servers.items())},
     }
 
 
@@ -458,7 +471,13 @@ async def _execute(
     # Rewritten from the start on resume: the replay emits every message again. The agent's
     # sandbox is gone, every process of it, when the loop ends (paused at its cap too), and
     # so before the verifier's sandbox starts.
-    async with journal.leased(), released(agent_sandbox):
+    async with (
+        journal.leased(),
+        released(agent_sandbox),
+        McpTools(
+            p.mcp_servers, agent_sandbox, p.counter.counter, reserved_names(p.counter.counter)
+        ) as mcp,
+    ):
         with (p.run_dir / "trajectory.jsonl").open("w") as trajectory:
 
             def record(m: Message) -> None:
@@ -496,7 +515,7 @@ async def _execute(
             router = (
                 routing.router(model, wrap_model, p.prices, cfg.service_tier) if routing else None
             )
-            tools = wrap_tools(default_tools(p.counter.counter))
+            tools = wrap_tools([*default_tools(p.counter.counter), *mcp.tools])
             guard_config = routing.guard if routing else GuardConfig()
             budget = Budget(cfg.max_cost, top_up=controls.top_up(journal))
             limits = Limits(

@@ -186,9 +186,22 @@ def sandbox_line(prepared: Any, source: str | None = None) -> str:
     memory = limits.get("memory_mb") or default_memory_mb()
     how = "cgroup" if kind == "docker" else memory_enforcement()
     line = f"limits: memory {memory:,} MiB per command ({how})"
+    servers = getattr(prepared, "mcp_servers", {})
+    # Where each MCP server runs; on the host only with trust = "host".
+    mcp = "".join(f"\nmcp {n}: {_WHERE[s.where]}" for n, s in sorted(servers.items()))
     if kind == "local":
-        return f"sandbox local, no isolation ({source})\n{line}"
-    return f"sandbox {kind} ({source})\n{line} · /tmp {tmp_size_mb(limits.get('storage_mb')):,} MiB"
+        return f"sandbox local, no isolation ({source})\n{line}{mcp}"
+    return (
+        f"sandbox {kind} ({source})\n{line} · /tmp {tmp_size_mb(limits.get('storage_mb')):,} MiB"
+        + mcp
+    )
+
+
+_WHERE = {
+    "sandbox": "stdio, in the run's sandbox",
+    "host": 'stdio, on the host (trust = "host")',
+    "remote": "streamable HTTP",
+}
 
 
 async def traced(

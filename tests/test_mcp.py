@@ -1,0 +1,387 @@
+"""MCP servers' tools: real servers no one here wrote (``mcp-server-time`` from PyPI,
+``@modelcontextprotocol/server-everything`` from npm, installed by ``.ci/run`` under
+``~/.cache/stayer-bench/mcp-servers``; skipped, saying why, without them) over stdio and
+streamable HTTP, and ``tests/mcp_servers/tiny.py`` for what must be forced: a crash
+mid-call, a hang, garbage, names that collide, a sandboxed server probing the host."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stayer.errors import ConfigError
+from stayer.mcp.config import parse_servers, run_servers
+from stayer.mcp.tools import McpRefused, McpTools, reserved_names
+from stayer.tokens import counter_for
+from stayer.tools.base import ToolContext
+from tests.service_helpers import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "tests" / "mcp_servers" / "tiny.py"
+CACHE = Path(os.environ.get("STAYER_MCP_SERVERS", Path.home() / ".cache/stayer-bench/mcp-servers"))
+TIME_SERVER = CACHE / "venv" / "bin" / "mcp-server-time"
+EVERYTHING = CACHE / "node_modules" / ".bin" / "mcp-server-everything"
+COUNTER = counter_for("anthropic", "claude-sonnet-4-5")
+
+needs_time = pytest.mark.skipif(
+    not TIME_SERVER.exists(), reason=f"mcp-server-time not installed in {CACHE} (.ci/run)"
+)
+needs_everything = pytest.mark.skipif(
+    not EVERYTHING.exists() or shutil.which("node") is None,
+    reason=f"@modelcontextprotocol/server-everything or node not installed ({CACHE}, .ci/run)",
+)
+
+
+def servers(**named: dict) -> dict:
+    return parse_servers({"servers": named}, "stayer.toml")
+
+
+def ctx(workspace: Path, sandbox=None, timeout: float = 20.0) -> ToolContext:
+    return ToolContext(
+        sandbox=sandbox, workspace=str(workspace), command_timeout=timeout, output_token_budget=200
+    )
+
+
+def bwrap(workspace: Path):
+    from stayer.sandbox.bwrap import BwrapSandbox, check_bwrap
+
+    try:
+        check_bwrap()
+    except ConfigError as e:
+        pytest.skip(f"bwrap unusable here: {e}")
+    return BwrapSandbox(workspace)
+
+
+async def connected(named: dict, sandbox=None):
+    tools = McpTools(named, sandbox, COUNTER, reserved_names(COUNTER))
+    await tools.__aenter__()
+    return tools
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ({"servers": {"a": {}}}, "give either command"),
+        ({"servers": {"a": {"command": ["x"], "url": "http://h/"}}}, "give either command"),
+        ({"servers": {"a__b": {"command": ["x"]}}}, "server name 'a__b'"),
+        (
+            {"servers": {"a": {"command": ["x"], "trusted": "host"}}},
+            "unknown key 'mcp.servers.a.trusted'",
+        ),
+        ({"servers": {"a": {"command": ["x"], "trust": "root"}}}, "mcp.servers.a.trust"),
+        ({"servers": {"a": {"url": "ftp://h/"}}}, "http:// or https://"),
+        ({"servers": {"a": {"url": "http://h/", "env": {"K": "v"}}}}, "env and trust"),
+        ({"server": {}}, "unknown key 'mcp.server'"),
+    ],
+)
+def test_bad_config_is_one_line_naming_file_and_key(data: dict, said: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_servers(data, "stayer.toml")
+    assert str(e.value).startswith("stayer.toml: ") and said in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_server_named_twice_is_refused() -> None:
+    one = servers(t={"command": ["x"]})
+    with pytest.raises(ConfigError, match="also named in task.toml"):
+        run_servers(one, "task.toml", one, "stayer.toml", None)
+    both = run_servers(one, "task.toml", {}, None, {"u": {"url": "https://example.org/mcp"}})
+    assert sorted(both) == ["t", "u"] and both["u"].where == "remote"
+
+
+def test_bad_task_toml_mcp_exits_2_writing_nothing(tmp_path: Path) -> None:
+    task = tmp_path / "task"
+    (task / "tests").mkdir(parents=True)
+    (task / "instruction.md").write_text("x\n")
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\n")
+    (task / "task.toml").write_text('[mcp.servers.t]\ncommand = ["x"]\nurl = "http://h/"\n')
+    home = tmp_path / "home"
+    env = {**os.environ, "STAYER_HOME": str(home)}
+    r = subprocess.run(
+        [sys.executable, "-m", "stayer.cli", "run", str(task), "--model", "sim:claude-sonnet-4-5"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "task.toml: mcp.servers.t" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (home / "runs").exists()
+
+
+# --- real servers --------------------------------------------------------------------------
+
+
+@needs_time
+def test_mcp_server_time_over_stdio_on_the_host(tmp_path: Path) -> None:
+    async def go() -> tuple[list[str], str, bool]:
+        mcp = await connected(servers(time={"command": [str(TIME_SERVER)], "trust": "host"}))
+        try:
+            tools = {t.spec.name: t for t in mcp.tools}
+            out = await tools["time__get_current_time"]({"timezone": "Europe/Paris"}, ctx(tmp_path))
+            return list(tools), out.output, out.is_error
+        finally:
+            await mcp.close()
+
+    names, output, is_error = asyncio.run(go())
+    assert names == ["time__convert_time", "time__get_current_time"]
+    assert not is_error and json.loads(output)["timezone"] == "Europe/Paris"
+
+
+@needs_everything
+def test_server_everything_over_stdio_and_streamable_http(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "PORT": str(port)}
+    http = subprocess.Popen(
+        [str(EVERYTHING), "streamableHttp"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline and http.poll() is None, "server did not listen"
+            time.sleep(0.2)
+
+        async def go() -> dict[str, tuple[list[str], str]]:
+            seen = {}
+            for name, server in (
+                ("stdio", {"command": [str(EVERYTHING), "stdio"], "trust": "host"}),
+                ("web", {"url": f"http://127.0.0.1:{port}/mcp"}),
+            ):
+                mcp = await connected(servers(**{name: server}))
+                try:
+                    tools = {t.spec.name: t for t in mcp.tools}
+                    out = await tools[f"{name}__echo"]({"message": "hi there"}, ctx(tmp_path))
+                    assert not out.is_error, out.output
+                    seen[name] = (sorted(tools), out.output)
+                finally:
+                    await mcp.close()
+            return seen
+
+        seen = asyncio.run(go())
+    finally:
+        os.killpg(http.pid, 9)
+        http.wait()
+    for name, (names, output) in seen.items():
+        assert f"{name}__echo" in names and len(names) >= 5
+        assert "hi there" in output
+    assert [n.split("__", 1)[1] for n in seen["stdio"][0]] == [
+        n.split("__", 1)[1] for n in seen["web"][0]
+    ]
+
+
+# --- forced behaviours, in the sandbox ---------------------------------------------------------
+
+
+def test_crash_hang_and_garbage_are_tool_errors_not_a_hung_run(tmp_path: Path) -> None:
+    shutil.copy(TINY, tmp_path / "tiny.py")
+    sandbox = bwrap(tmp_path)
+
+    async def go() -> list[tuple[str, bool, str, float]]:
+        mcp = await connected(servers(t={"command": ["python3", "tiny.py"]}), sandbox)
+        tools = {t.spec.name: t for t in mcp.tools}
+        seen = []
+        try:
+            for name, args, timeout in (
+                ("t__echo", {"text": "hi"}, 60.0),
+                ("t__big", {"n": 20000}, 60.0),
+                ("t__slow", {"seconds": 3600}, 2.0),
+                ("t__echo", {"text": "after the hang"}, 3600.0),
+                ("t__garbage", {}, 3600.0),
+                ("t__crash", {}, 3600.0),
+                ("t__echo", {"text": "after the crash"}, 3600.0),
+            ):
+                t0 = time.monotonic()
+                out = await tools[name](args, ctx(tmp_path, sandbox, timeout))
+                seen.append((name, out.is_error, out.output, time.monotonic() - t0))
+        finally:
+            await mcp.close()
+            await sandbox.close()
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(go(), 600))
+    echo, big, slow, after_hang, garbage, crash, after_crash = seen
+    assert echo[:3] == ("t__echo", False, "hi")
+    assert not big[1] and len(big[2]) < 2000 and "x" * 50 in big[2]  # cut to the budget
+    assert slow[1] and "no answer to slow within 2 s" in slow[2]
+    assert garbage[1] and "not JSON-RPC" in garbage[2]
+    assert crash[1] and "exited during crash" in crash[2]
+    # started again after each: the server works for the next call
+    assert after_hang[1:3] == (False, "after the hang")
+    assert after_crash[1:3] == (False, "after the crash")
+    # none waited for its time limit (an hour)
+    assert max(garbage[3], crash[3], after_crash[3]) < 600
+
+
+def test_a_sandboxed_server_cannot_reach_the_host(tmp_path: Path) -> None:
+    shutil.copy(TINY, tmp_path / "tiny.py")
+    sandbox = bwrap(tmp_path)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+
+    async def reach(trust: str) -> str:
+        command = ["python3", "tiny.py" if trust == "sandbox" else str(TINY)]
+        mcp = await connected(servers(t={"command": command, "trust": trust}), sandbox)
+        try:
+            tools = {t.spec.name: t for t in mcp.tools}
+            out = await tools["t__reach"]({"host": "127.0.0.1", "port": port}, ctx(tmp_path))
+            return out.output
+        finally:
+            await mcp.close()
+
+    try:
+        inside = asyncio.run(reach("sandbox"))
+        on_host = asyncio.run(reach("host"))
+    finally:
+        listener.close()
+        asyncio.run(sandbox.close())
+    assert on_host == "connected"  # the probe works: the host's port was listening
+    assert inside.startswith("refused"), inside
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--name-of=slow=echo"], "tool 't__echo' is listed twice"),
+        (["--name-of=echo=bash;rm -rf"], "a tool name must be letters"),
+        (["--name-of=echo=" + "e" * 62], "over 64"),
+    ],
+)
+def test_colliding_or_malformed_tool_names_are_refused(args: list[str], said: str) -> None:
+    async def go() -> None:
+        await connected(servers(t={"command": [sys.executable, str(TINY), *args], "trust": "host"}))
+
+    with pytest.raises(McpRefused, match=said.replace("*", r"\*")):
+        asyncio.run(go())
+
+
+def test_a_tool_named_like_stayers_own_is_refused() -> None:
+    from stayer.mcp.tools import McpTool, refuse_collisions
+
+    class Conn:
+        name = "t"
+
+    from stayer.mcp.client import ServerTool
+
+    tool = McpTool(Conn(), ServerTool("echo", "d", {}), COUNTER)  # type: ignore[arg-type]
+    with pytest.raises(McpRefused, match="collides with stayer's own"):
+        refuse_collisions([tool], {"t__echo"})
+    assert "bash" in reserved_names(COUNTER) and "tool_search" in reserved_names(COUNTER)
+
+
+def test_stayer_run_calls_a_sandboxed_servers_tool(tmp_path: Path) -> None:
+    task = tmp_path / "task"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    shutil.copy(TINY, task / "environment" / "tiny.py")
+    (task / "instruction.md").write_text("Echo hello.\n")
+    (task / "task.toml").write_text('[mcp.servers.t]\ncommand = ["python3", "tiny.py"]\n')
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    script = tmp_path / "script.yaml"
+    script.write_text(
+        "- tool: t__echo\n  input: {text: hello from the script}\n"
+        "- tool: submit\n  input: {summary: done}\n"
+    )
+    home = tmp_path / "home"
+    env = {**os.environ, "STAYER_HOME": str(home), "COLUMNS": "80"}
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stayer.cli",
+            "run",
+            str(task),
+            "--model",
+            "sim:claude-sonnet-4-5",
+            "--sim-policy",
+            f"script:{script}",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    if "bwrap" in r.stderr and r.returncode == 2:
+        pytest.skip(f"bwrap unusable here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "succeeded"
+    assert doc["ledger"][0]["tool_calls"][0]["name"] == "t__echo"
+    assert not doc["ledger"][0]["tool_calls"][0]["is_error"]
+    assert "mcp t: stdio, in the run's sandbox" in r.stderr
+    trajectory = (home / "runs" / doc["run_id"] / "trajectory.jsonl").read_text()
+    assert '"content": "hello from the script"' in trajectory
+
+
+def test_doctor_has_an_mcp_line_that_is_true() -> None:
+    from stayer.doctor import check_extras
+
+    line = {c.name: c for c in check_extras()}["extra [mcp]"]
+    assert line.ok and "MCP servers' tools" in line.detail
+
+
+def test_tools_list_counts_every_tool_and_fits_80_columns(tmp_path: Path) -> None:
+    task = tmp_path / "task"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    shutil.copy(TINY, task / "environment" / "tiny.py")
+    (task / "instruction.md").write_text("x\n")
+    (task / "task.toml").write_text('[mcp.servers.t]\ncommand = ["python3", "tiny.py"]\n')
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\n")
+    config = tmp_path / "stayer.toml"
+    config.write_text(
+        f'[mcp.servers.h]\ncommand = ["{sys.executable}", "{TINY}", "--name-of=echo=say"]\n'
+        'trust = "host"\n'
+    )
+    env = {**os.environ, "STAYER_HOME": str(tmp_path / "home"), "COLUMNS": "80"}
+    base = [sys.executable, "-m", "stayer.cli", "tools", "list", "--task", str(task)]
+    r = subprocess.run(
+        [*base, "--config", str(config), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    if r.returncode == 2 and "bwrap" in r.stderr:
+        pytest.skip(f"bwrap unusable here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    by_name = {t["name"]: t for t in doc["tools"]}
+    assert by_name["bash"]["source"] == "stayer" and by_name["t__echo"]["source"] == "t"
+    assert by_name["h__say"]["source"] == "h" and "h__echo" not in by_name
+    assert doc["servers"] == {"h": "host", "t": "sandbox"}
+    assert all(t["tokens"] > 0 for t in doc["tools"])
+    assert sum(t["tokens"] for t in doc["tools"]) * 0.8 < doc["total_tokens"]
+    text = subprocess.run(base, capture_output=True, text=True, env=env, timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert max(len(line) for line in text.stdout.splitlines()) <= 80
+    assert "t__echo" in text.stdout and "h__say" not in text.stdout  # no --config: no h
+    bad = subprocess.run(
+        [*base, "--config", str(tmp_path / "missing.toml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
