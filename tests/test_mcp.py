@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -385,3 +386,57 @@ def test_tools_list_counts_every_tool_and_fits_80_columns(tmp_path: Path) -> Non
         timeout=120,
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+# --- the runtime: a run's own servers ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("server", "said"),
+    [
+        ({"url": "http://127.0.0.1:9/mcp"}, "mcp_servers.x.url: resolves to a non-public"),
+        ({"url": "http://169.254.169.254/mcp"}, "mcp_servers.x.url: resolves to a non-public"),
+        ({"url": "http://[::1]:9/mcp"}, "mcp_servers.x.url: resolves to a non-public"),
+        ({"url": "http://10.0.0.1/mcp"}, "mcp_servers.x.url: resolves to a non-public"),
+        ({"command": ["sh"], "trust": "host"}, "mcp_servers.x.trust"),
+        ({"command": ["sh"], "url": "https://93.184.216.34/"}, "give either command"),
+    ],
+)
+def test_the_api_refuses_private_urls_and_host_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: dict, said: str
+) -> None:
+    client, _ = _api(tmp_path, monkeypatch)
+    r = client.post(
+        "/v1/runs",
+        json={"task": "hello-file", "model": "sim:claude-sonnet-4-5", "mcp_servers": {"x": server}},
+    )
+    assert r.status_code == 422, r.text
+    assert said in r.text
+
+
+def test_the_api_keeps_a_runs_public_and_sandboxed_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, db = _api(tmp_path, monkeypatch)
+    servers = {"web": {"url": "https://93.184.216.34/mcp"}, "box": {"command": ["python3", "s.py"]}}
+    r = client.post(
+        "/v1/runs",
+        json={"task": "hello-file", "model": "sim:claude-sonnet-4-5", "mcp_servers": servers},
+    )
+    assert r.status_code == 201, r.text
+    assert db.run(r.json()["id"]).request["mcp_servers"] == servers
+
+
+def _api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    pytest.importorskip("fastapi")
+    from service_helpers import copy_tasks
+    from starlette.testclient import TestClient
+
+    from stayer.runtime.api import create_app
+
+    monkeypatch.delenv("STAYER_DB", raising=False)
+    app = create_app(tmp_path / "home", copy_tasks(tmp_path / "tasks", "hello-file"))
+    db = app.state.databases.get()
+    key = db.create_tenant("acme")
+    client = TestClient(app, headers={"Authorization": f"Bearer {key}"})
+    return client, db

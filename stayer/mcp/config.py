@@ -10,6 +10,7 @@ hold ``__``). Any other key is an error naming the file and the key.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -121,4 +122,23 @@ def run_servers(
                     "name each server once"
                 )
             servers[name], where[name] = server, source
+    return servers
+
+
+def check_api_servers(
+    inline: dict[str, Any], url_problem: Callable[[str], str | None]
+) -> dict[str, McpServer]:
+    """A runtime run's ``mcp_servers``: what ``stayer.toml`` allows, less a process on the
+    server's host (``trust = "host"``) and a URL to a non-public address (``url_problem``:
+    the webhooks' rule). ConfigError naming the field."""
+    servers = parse_servers({"servers": inline}, "mcp_servers")
+    for name, server in servers.items():
+        if server.trust == "host":
+            raise ConfigError(
+                f"mcp_servers.{name}.trust: 'host' is not available through the API; a "
+                "stdio server runs in the run's sandbox"
+            )
+        if server.url is not None and (problem := url_problem(server.url)) is not None:
+            problem = problem.replace("the server does not send webhooks there", "refused")
+            raise ConfigError(f"mcp_servers.{name}.url: {problem}")
     return servers

@@ -407,6 +407,7 @@ class Worker:
                     sandbox=self.sandbox,
                     policy=req.get("policy") or "auto",
                     team=req.get("team"),
+                    mcp_servers=req.get("mcp_servers"),
                 )
                 prepared, journal = prepare(config, self.prices, store=self.store), None
                 prepared.lease_owner, prepared.lease_ttl_s = owner, self.lease_ttl_s
