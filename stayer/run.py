@@ -549,6 +549,7 @@ async def _execute(
                     router=router,
                     inbox=controls.inbox.reader(journal) if controls.inbox else None,
                     budget=budget,
+                    tool_updates=mcp.wrapped(wrap_tools) if mcp.tools else None,
                 )
                 if routing and router and routing.subagents:
                     children = ChildAgents(

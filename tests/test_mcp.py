@@ -25,6 +25,7 @@ from stayer.mcp.tools import McpRefused, McpTools, reserved_names
 from stayer.tokens import counter_for
 from stayer.tools.base import ToolContext
 from tests.service_helpers import free_port
+from tests.test_cli_output import stayer
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "mcp_servers" / "tiny.py"
@@ -32,6 +33,8 @@ CACHE = Path(os.environ.get("STAYER_MCP_SERVERS", Path.home() / ".cache/stayer-b
 TIME_SERVER = CACHE / "venv" / "bin" / "mcp-server-time"
 EVERYTHING = CACHE / "node_modules" / ".bin" / "mcp-server-everything"
 COUNTER = counter_for("anthropic", "claude-sonnet-4-5")
+SIM = "sim:claude-sonnet-4-5"
+TINY_TOML = '[mcp.servers.t]\ncommand = ["python3", "tiny.py"]\n'
 
 needs_time = pytest.mark.skipif(
     not TIME_SERVER.exists(), reason=f"mcp-server-time not installed in {CACHE} (.ci/run)"
@@ -60,6 +63,35 @@ def bwrap(workspace: Path):
     except ConfigError as e:
         pytest.skip(f"bwrap unusable here: {e}")
     return BwrapSandbox(workspace)
+
+
+def make_task(root: Path, toml: str, reward: bool = True) -> Path:
+    """A task whose environment holds tiny.py and whose task.toml is ``toml``."""
+    task = root / "task"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    shutil.copy(TINY, task / "environment" / "tiny.py")
+    (task / "instruction.md").write_text("Use the tools.\n")
+    (task / "task.toml").write_text(toml)
+    test = "echo 1 > /logs/verifier/reward.txt\n" if reward else ""
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\n" + test)
+    return task
+
+
+def run_script(root: Path, task: Path, script: str) -> subprocess.CompletedProcess:
+    """``stayer run TASK --sim-policy script:…`` with ``script`` (YAML), ``--json``."""
+    (root / "script.yaml").write_text(script)
+    return stayer(
+        "run",
+        str(task),
+        "--model",
+        SIM,
+        "--sim-policy",
+        f"script:{root / 'script.yaml'}",
+        "--json",
+        home=root / "home",
+        columns=80,
+    )
 
 
 async def connected(named: dict, sandbox=None):
@@ -103,23 +135,11 @@ def test_a_server_named_twice_is_refused() -> None:
 
 
 def test_bad_task_toml_mcp_exits_2_writing_nothing(tmp_path: Path) -> None:
-    task = tmp_path / "task"
-    (task / "tests").mkdir(parents=True)
-    (task / "instruction.md").write_text("x\n")
-    (task / "tests" / "test.sh").write_text("#!/bin/bash\n")
-    (task / "task.toml").write_text('[mcp.servers.t]\ncommand = ["x"]\nurl = "http://h/"\n')
-    home = tmp_path / "home"
-    env = {**os.environ, "STAYER_HOME": str(home)}
-    r = subprocess.run(
-        [sys.executable, "-m", "stayer.cli", "run", str(task), "--model", "sim:claude-sonnet-4-5"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    task = make_task(tmp_path, '[mcp.servers.t]\ncommand = ["x"]\nurl = "http://h/"\n')
+    r = stayer("run", str(task), "--model", SIM, home=tmp_path / "home")
     assert r.returncode == 2, r.stderr
     assert "task.toml: mcp.servers.t" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert not (home / "runs").exists()
+    assert not (tmp_path / "home" / "runs").exists()
 
 
 # --- real servers --------------------------------------------------------------------------
@@ -291,47 +311,21 @@ def test_a_tool_named_like_stayers_own_is_refused() -> None:
 
 
 def test_stayer_run_calls_a_sandboxed_servers_tool(tmp_path: Path) -> None:
-    task = tmp_path / "task"
-    (task / "environment").mkdir(parents=True)
-    (task / "tests").mkdir()
-    shutil.copy(TINY, task / "environment" / "tiny.py")
-    (task / "instruction.md").write_text("Echo hello.\n")
-    (task / "task.toml").write_text('[mcp.servers.t]\ncommand = ["python3", "tiny.py"]\n')
-    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
-    script = tmp_path / "script.yaml"
-    script.write_text(
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    task = make_task(tmp_path, TINY_TOML)
+    r = run_script(
+        tmp_path,
+        task,
         "- tool: t__echo\n  input: {text: hello from the script}\n"
-        "- tool: submit\n  input: {summary: done}\n"
+        "- tool: submit\n  input: {summary: done}\n",
     )
-    home = tmp_path / "home"
-    env = {**os.environ, "STAYER_HOME": str(home), "COLUMNS": "80"}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stayer.cli",
-            "run",
-            str(task),
-            "--model",
-            "sim:claude-sonnet-4-5",
-            "--sim-policy",
-            f"script:{script}",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    if "bwrap" in r.stderr and r.returncode == 2:
-        pytest.skip(f"bwrap unusable here: {r.stderr.strip()}")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["status"] == "succeeded"
     assert doc["ledger"][0]["tool_calls"][0]["name"] == "t__echo"
     assert not doc["ledger"][0]["tool_calls"][0]["is_error"]
     assert "mcp t: stdio, in the run's sandbox" in r.stderr
-    trajectory = (home / "runs" / doc["run_id"] / "trajectory.jsonl").read_text()
+    trajectory = (tmp_path / "home" / "runs" / doc["run_id"] / "trajectory.jsonl").read_text()
     assert '"content": "hello from the script"' in trajectory
 
 
@@ -343,29 +337,16 @@ def test_doctor_has_an_mcp_line_that_is_true() -> None:
 
 
 def test_tools_list_counts_every_tool_and_fits_80_columns(tmp_path: Path) -> None:
-    task = tmp_path / "task"
-    (task / "environment").mkdir(parents=True)
-    (task / "tests").mkdir()
-    shutil.copy(TINY, task / "environment" / "tiny.py")
-    (task / "instruction.md").write_text("x\n")
-    (task / "task.toml").write_text('[mcp.servers.t]\ncommand = ["python3", "tiny.py"]\n')
-    (task / "tests" / "test.sh").write_text("#!/bin/bash\n")
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    task = make_task(tmp_path, TINY_TOML)
     config = tmp_path / "stayer.toml"
     config.write_text(
         f'[mcp.servers.h]\ncommand = ["{sys.executable}", "{TINY}", "--name-of=echo=say"]\n'
         'trust = "host"\n'
     )
-    env = {**os.environ, "STAYER_HOME": str(tmp_path / "home"), "COLUMNS": "80"}
-    base = [sys.executable, "-m", "stayer.cli", "tools", "list", "--task", str(task)]
-    r = subprocess.run(
-        [*base, "--config", str(config), "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    if r.returncode == 2 and "bwrap" in r.stderr:
-        pytest.skip(f"bwrap unusable here: {r.stderr.strip()}")
+    home = tmp_path / "home"
+    base = ("tools", "list", "--task", str(task))
+    r = stayer(*base, "--config", str(config), "--json", home=home, columns=80)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     by_name = {t["name"]: t for t in doc["tools"]}
@@ -374,17 +355,11 @@ def test_tools_list_counts_every_tool_and_fits_80_columns(tmp_path: Path) -> Non
     assert doc["servers"] == {"h": "host", "t": "sandbox"}
     assert all(t["tokens"] > 0 for t in doc["tools"])
     assert sum(t["tokens"] for t in doc["tools"]) * 0.8 < doc["total_tokens"]
-    text = subprocess.run(base, capture_output=True, text=True, env=env, timeout=300)
+    text = stayer(*base, home=home, columns=80)
     assert text.returncode == 0, text.stderr
     assert max(len(line) for line in text.stdout.splitlines()) <= 80
     assert "t__echo" in text.stdout and "h__say" not in text.stdout  # no --config: no h
-    bad = subprocess.run(
-        [*base, "--config", str(tmp_path / "missing.toml")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    bad = stayer(*base, "--config", str(tmp_path / "missing.toml"), home=home)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
@@ -440,3 +415,40 @@ def _api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
     key = db.create_tenant("acme")
     client = TestClient(app, headers={"Authorization": f"Bearer {key}"})
     return client, db
+
+
+# --- a tool list that changes mid-run ------------------------------------------------------------
+
+
+def test_a_list_change_keeps_the_prefix_until_a_call_needs_it(tmp_path: Path) -> None:
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    r = run_script(
+        tmp_path,
+        make_task(tmp_path, TINY_TOML),
+        "- tool: t__change\n"  # the server says its list changed
+        "- tool: bash\n  input: {command: 'true'}\n"  # not the server's: the prefix stays
+        "- tool: t__echo\n  input: {text: one}\n"  # the changed server's: taken now
+        "- tool: t__added\n"  # offered from here on
+        "- tool: submit\n  input: {summary: done}\n",
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    ledger = doc["ledger"]
+    assert doc["status"] == "succeeded", doc
+    reasons = [(e.get("cache_break") or {}).get("reason") for e in ledger]
+    assert reasons[1] is None and reasons[2] is None  # the change did not rewrite the prefix
+    assert reasons[3] == "tools_changed"  # taken when the call needed it, priced as a break
+    assert ledger[3]["tool_calls"][0]["name"] == "t__added"
+    assert not ledger[3]["tool_calls"][0]["is_error"]
+    trajectory = (tmp_path / "home" / "runs" / doc["run_id"] / "trajectory.jsonl").read_text()
+    assert '"content": "added was called"' in trajectory
+
+
+def test_a_server_that_cannot_start_stops_the_run_saying_why(tmp_path: Path) -> None:
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    task = make_task(tmp_path, '[mcp.servers.t]\ncommand = ["no-such-server"]\n')
+    r = stayer("run", str(task), "--model", SIM, "--sim-policy", "echo", home=tmp_path / "home")
+    assert r.returncode == 2, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "mcp server t could not start" in last and "no-such-server: not found" in last
+    assert "stayer resume" in last

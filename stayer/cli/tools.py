@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json, sub_app
+from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json, stderr, sub_app
 from stayer.errors import ConfigError
 
 tools_app = sub_app("The tools an agent sees: stayer's own and its MCP servers'.")
@@ -46,10 +46,15 @@ def list_command(
     \b
     Example:  stayer tools list --task examples/hello-file --config stayer.toml
     """
+    from stayer.mcp.client import McpStartError
+
     try:
         found = asyncio.run(gather(task, config_file, model))
     except ConfigError as e:
         bad_input(str(e))
+    except McpStartError as e:
+        stderr().print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     if json_out:
         emit_json(found)
         return

@@ -32,6 +32,11 @@ class McpCallError(Exception):
     """A call that got no answer: the server died, hung, or sent garbage."""
 
 
+class McpStartError(OSError):
+    """A server that could not start: the run stops, and ``stayer resume`` continues it
+    once the server is fixed (as after any other failure of the machine)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServerTool:
     """A tool as its server lists it. The hints are MCP's annotations (None: not said)."""
@@ -59,6 +64,7 @@ class Connection:
         self._broken = asyncio.Event()  # set on garbage: the call in flight fails now
         self._owner: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
+        self._said: list[str] = []  # a sandboxed server's last stderr, when it exited
 
     # --- life ---------------------------------------------------------------------------
 
@@ -69,12 +75,13 @@ class Connection:
                 await self._ready.wait()
         except TimeoutError:
             await self.close()
-            raise McpCallError(
+            raise McpStartError(
                 f"mcp server {self.name}: no tool list within {self.server.startup_timeout_s:g} s"
             ) from None
         if self._session is None:
             await self.close()
-            raise McpCallError(f"mcp server {self.name}: could not start: {self.why()}")
+            why = self.why().removeprefix("MCPError: Connection closed").strip()
+            raise McpStartError(f"mcp server {self.name} could not start {why}".strip())
         return self.tools
 
     async def close(self) -> None:
@@ -94,6 +101,7 @@ class Connection:
         """Stop what is left of the server and start it again (McpCallError if it cannot)."""
         await self.close()
         self._session, self._error, self._owner, self.garbage = None, None, None, None
+        self._said.clear()
         self._ready, self._closing = asyncio.Event(), asyncio.Event()
         await self.start()
 
@@ -101,9 +109,10 @@ class Connection:
         e = self._error
         while isinstance(e, BaseExceptionGroup) and e.exceptions:
             e = e.exceptions[0]
+        said = f" (its stderr: {self._said[-1]})" if self._said and self._said[-1] else ""
         if e is None:
-            return "it exited" if self._owner is not None and self._owner.done() else "unknown"
-        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            return "it exited" + said
+        return (f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) + said
 
     @property
     def alive(self) -> bool:
@@ -209,7 +218,7 @@ class Connection:
             from stayer.mcp.pipes import sandboxed_stdio
 
             assert s.command is not None and self.sandbox is not None
-            async with sandboxed_stdio(self.sandbox, s.command, s.env) as streams:
+            async with sandboxed_stdio(self.sandbox, s.command, s.env, self._said) as streams:
                 yield streams
 
     # --- calls --------------------------------------------------------------------------
@@ -220,7 +229,10 @@ class Connection:
         """The ``CallToolResult`` of ``tool``; McpCallError when there is none. A server
         that exited, hung or sent garbage before is started again first."""
         if not self.alive:
-            await self.restart()
+            try:
+                await self.restart()
+            except McpStartError as e:
+                raise McpCallError(str(e)) from None
         coro = (
             self._session.call_tool(tool, args, meta=meta)
             if meta

@@ -35,8 +35,10 @@ def server_script(argv: Sequence[str], env: Mapping[str, str]) -> str:
 
 @contextlib.asynccontextmanager
 async def sandboxed_stdio(
-    sandbox: Sandbox, argv: Sequence[str], env: Mapping[str, str]
+    sandbox: Sandbox, argv: Sequence[str], env: Mapping[str, str], said: list[str] | None = None
 ) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's (read, write) streams to ``argv`` in ``sandbox``; at the end of its
+    output, the tail of its stderr is appended to ``said``."""
     import anyio
     from mcp.shared.message import SessionMessage
 
@@ -71,8 +73,8 @@ async def sandboxed_stdio(
             with contextlib.suppress(BaseException):
                 fds.extend(await opened)
             res = run.result()
-            said = err.read_text(errors="replace").strip()[-500:] or res.stdout.strip()[-500:]
-            raise OSError(f"exited with code {res.exit_code} before it started: {said}")
+            text = err.read_text(errors="replace").strip()[-500:] or res.stdout.strip()[-500:]
+            raise OSError(f"exited with code {res.exit_code} before it started: {text}")
         fds.extend(opened.result())
         write_fd, read_fd = fds
         read_send, read_recv = anyio.create_memory_object_stream[Any](0)
@@ -93,6 +95,8 @@ async def sandboxed_stdio(
                             await read_send.send(e)
                             return
                         if not line:
+                            if said is not None:
+                                said.append(err.read_text(errors="replace").strip()[-300:])
                             return
                         if line.strip():
                             await read_send.send(_parse(line, SessionMessage))

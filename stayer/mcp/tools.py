@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -45,8 +45,7 @@ def reserved_names(counter: TokenCounter) -> set[str]:
 
 
 class McpRefused(ConfigError):
-    """A server whose tools cannot be offered (a name that collides or is malformed), or
-    that did not start."""
+    """A server whose tools cannot be offered: a name that collides or is malformed."""
 
 
 def canonical(value: Any) -> Any:
@@ -130,9 +129,9 @@ class McpTools:
             results = await asyncio.gather(
                 *(c.start() for c in self.connections), return_exceptions=True
             )
-            for c, r in zip(self.connections, results, strict=True):
+            for r in results:
                 if isinstance(r, BaseException):
-                    raise McpRefused(f"mcp server {c.name}: {r}") from None
+                    raise r
             self.tools = refuse_collisions(
                 [McpTool(c, t, self.counter) for c in self.connections for t in c.tools],
                 self.reserved,
@@ -153,6 +152,64 @@ class McpTools:
     async def close(self) -> None:
         with contextlib.suppress(BaseException):
             await asyncio.gather(*(c.close() for c in self.connections))
+
+    # --- tool lists that change mid-run (the agent's ToolUpdates) --------------------------
+
+    @property
+    def pending(self) -> bool:
+        return any(c.list_changed for c in self.connections)
+
+    def needs(self, name: str) -> bool:
+        """A call of a changed server's tool: its schema may be stale, take the new list."""
+        server = name.split(SEPARATOR, 1)[0] if SEPARATOR in name else None
+        return any(c.list_changed and c.name == server for c in self.connections)
+
+    async def take(self) -> tuple[list[McpTool], set[str]]:
+        """The changed servers' new tools, and the names of their old ones. A server whose
+        list cannot be read, or whose new list is refused, keeps its old tools."""
+        fresh: list[McpTool] = []
+        replaced: set[str] = set()
+        for c in self.connections:
+            if not c.list_changed:
+                continue
+            old = [t for t in self.tools if t.source == c.name]
+            others = {t.spec.name for t in self.tools if t.source != c.name}
+            try:
+                listed = await c.relist()
+                new = refuse_collisions(
+                    [McpTool(c, t, self.counter) for t in listed], self.reserved | others
+                )
+            except (McpCallError, McpRefused):
+                c.list_changed = False
+                continue
+            c.tools = listed
+            replaced |= {t.spec.name for t in old}
+            fresh += new
+            self.tools = sorted(
+                [t for t in self.tools if t.source != c.name] + new, key=lambda t: t.spec.name
+            )
+        return fresh, replaced
+
+    def wrapped(self, wrap: Callable[[list[Any]], list[Any]]) -> _Wrapped:
+        """This, as the agent's ``tool_updates``, with new tools wrapped as the run wraps
+        its tools (journaled)."""
+        return _Wrapped(self, wrap)
+
+
+class _Wrapped:
+    def __init__(self, inner: McpTools, wrap: Callable[[list[Any]], list[Any]]) -> None:
+        self.inner, self.wrap = inner, wrap
+
+    @property
+    def pending(self) -> bool:
+        return self.inner.pending
+
+    def needs(self, name: str) -> bool:
+        return self.inner.needs(name)
+
+    async def take(self) -> tuple[list[Any], set[str]]:
+        tools, replaced = await self.inner.take()
+        return self.wrap(list(tools)), replaced
 
 
 def refuse_collisions(tools: list[McpTool], reserved: set[str]) -> list[McpTool]:

@@ -76,6 +76,7 @@ def call(name, args):
     if name == "change":
         changed = True
         TOOLS["added"] = ("A tool added mid-run.", {}, {})
+        TOOLS["echo"] = ("Echo the text back (second version).", *TOOLS["echo"][1:])
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         return "changed"
     if name == "added":
