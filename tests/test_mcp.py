@@ -452,3 +452,65 @@ def test_a_server_that_cannot_start_stops_the_run_saying_why(tmp_path: Path) -> 
     last = r.stderr.strip().splitlines()[-1]
     assert "mcp server t could not start" in last and "no-such-server: not found" in last
     assert "stayer resume" in last
+
+
+def test_stayer_serve_runs_call_a_runs_own_servers(tmp_path: Path) -> None:
+    """A run of `stayer serve` with mcp_servers: a stdio server in the run's sandbox and,
+    where installed, server-everything over streamable HTTP (loopback: the server was
+    started with --allow-private-webhooks, as the test servers are)."""
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    pytest.importorskip("fastapi")
+    from service_helpers import Env, start_server, wait_for
+
+    tasks = tmp_path / "tasks"
+    make_task(tasks, "")
+    servers: dict[str, dict[str, Any]] = {"t": {"command": ["python3", "tiny.py"]}}
+    script = "- tool: t__echo\n  input: {text: from serve}\n"
+    http = None
+    if EVERYTHING.exists() and shutil.which("node"):
+        port = free_port()
+        http = subprocess.Popen(
+            [str(EVERYTHING), "streamableHttp"],
+            env={**os.environ, "PORT": str(port)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        servers["web"] = {"url": f"http://127.0.0.1:{port}/mcp"}
+        script += "- tool: web__echo\n  input: {message: over http}\n"
+    script += "- tool: submit\n  input: {summary: done}\n"
+    (tmp_path / "script.yaml").write_text(script)
+    env = Env(tmp_path / "home")
+    server = start_server(env, tasks)
+    try:
+        key = env.tenant("acme")["api_key"]
+        with server.client(key) as client:
+            if http is not None:  # listening before the run starts
+                deadline = time.monotonic() + 60
+                while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+            r = client.post(
+                "/v1/runs",
+                json={
+                    "task": "task",
+                    "model": SIM,
+                    "sim_policy": f"script:{tmp_path / 'script.yaml'}",
+                    "mcp_servers": servers,
+                },
+            )
+            assert r.status_code == 201, r.text
+            run = wait_for(
+                client, r.json()["id"], lambda x: x["status"] not in ("queued", "running")
+            )
+        assert run["status"] == "succeeded", (run, server.process.output())
+        home_runs = list((tmp_path / "home" / "runs").glob("*/trajectory.jsonl"))
+        trajectory = home_runs[0].read_text()
+        assert '"content": "from serve"' in trajectory
+        if http is not None:
+            assert "over http" in trajectory
+    finally:
+        server.process.kill()
+        if http is not None:
+            os.killpg(http.pid, 9)
+            http.wait()
