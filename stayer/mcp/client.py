@@ -119,9 +119,9 @@ class Connection:
         return self._owner is not None and not self._owner.done() and self._session is not None
 
     async def _own(self) -> None:
-        from mcp import ClientSession
-
         try:
+            from mcp import ClientSession
+
             gone = asyncio.Event()
             async with (
                 self._transport() as (read, write),

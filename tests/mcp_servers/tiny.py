@@ -27,6 +27,19 @@ for arg in sys.argv[1:]:
     if arg.startswith("--name-of="):
         old, new = arg.removeprefix("--name-of=").split("=", 1)
         renamed[old] = new
+    if arg.startswith("--many="):  # N more tools with schemas of a usual size (a bench)
+        for n in range(int(arg.removeprefix("--many="))):
+            TOOLS[f"op_{n:03d}"] = (
+                f"Operation {n}: look up, filter and summarise records of kind {n} in the "
+                "service's store; returns a JSON list of matching records with their ids.",
+                {
+                    "query": {"type": "string", "description": "Words that must match."},
+                    "limit": {"type": "integer", "description": "At most this many records."},
+                    "since": {"type": "string", "description": "ISO date; older are skipped."},
+                    "fields": {"type": "array", "items": {"type": "string"}},
+                },
+                {"readOnlyHint": True},
+            )
 changed = False
 
 
@@ -81,6 +94,8 @@ def call(name, args):
         return "changed"
     if name == "added":
         return "added was called"
+    if name.startswith("op_"):
+        return "[]"
     raise KeyError(name)
 
 
