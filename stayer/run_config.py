@@ -31,6 +31,7 @@ class RunConfig:
     team_file: str | None = None  # team.toml: a team of agents instead of one (stayer.teams)
     team: dict[str, Any] | None = None  # or the same inline (the runtime's ``team`` field)
     mcp_servers: dict[str, Any] | None = None  # [mcp.servers] inline (the runtime's field)
+    mcp_tools: str = "auto"  # eager | lazy | auto (stayer.mcp.lazy)
     # Per-run sandbox limits; None keeps the task's (task.toml [environment]).
     memory_mb: int | None = None
     storage_mb: int | None = None

@@ -78,20 +78,16 @@ def make_task(root: Path, toml: str, reward: bool = True) -> Path:
     return task
 
 
-def run_script(root: Path, task: Path, script: str) -> subprocess.CompletedProcess:
-    """``stayer run TASK --sim-policy script:…`` with ``script`` (YAML), ``--json``."""
+def run_script(
+    root: Path, task: Path, script: str, mode: str = "auto"
+) -> subprocess.CompletedProcess:
+    """``stayer run TASK --sim-policy script:… --mcp-tools MODE --json`` with ``script``."""
     (root / "script.yaml").write_text(script)
+    policy = f"script:{root / 'script.yaml'}"
     return stayer(
-        "run",
-        str(task),
-        "--model",
-        SIM,
-        "--sim-policy",
-        f"script:{root / 'script.yaml'}",
-        "--json",
-        home=root / "home",
-        columns=80,
-    )
+        "run", str(task), "--model", SIM, "--sim-policy", policy, "--mcp-tools", mode, "--json",
+        home=root / "home", columns=80,
+    )  # fmt: skip
 
 
 async def connected(named: dict, sandbox=None):
@@ -514,3 +510,58 @@ def test_stayer_serve_runs_call_a_runs_own_servers(tmp_path: Path) -> None:
         if http is not None:
             os.killpg(http.pid, 9)
             http.wait()
+
+
+# --- lazy tools ------------------------------------------------------------------------------
+
+
+def _lazy_run(tmp_path: Path, name: str, toml: str, mode: str) -> dict[str, Any]:
+    root = tmp_path / name
+    root.mkdir()
+    r = run_script(
+        root,
+        make_task(root, toml),
+        "- tool: t__echo\n  input: {text: hello lazy}\n- tool: submit\n  input: {summary: done}\n",
+        mode,
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    trajectory = (root / "home" / "runs" / doc["run_id"] / "trajectory.jsonl").read_text()
+    assert '"content": "hello lazy"' in trajectory  # the call went through, either way
+    return doc
+
+
+def test_lazy_tools_search_then_call_with_a_smaller_prefix(tmp_path: Path) -> None:
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    many = '[mcp.servers.t]\ncommand = ["python3", "tiny.py", "--many=100"]\n'
+    eager = _lazy_run(tmp_path, "eager", many, "eager")
+    lazy = _lazy_run(tmp_path, "lazy", many, "lazy")
+    auto = _lazy_run(tmp_path, "auto", many, "auto")
+    few = _lazy_run(tmp_path, "few", TINY_TOML, "auto")
+    assert eager["mcp_tools"] == "eager" and lazy["mcp_tools"] == "lazy"
+    calls = [c["name"] for e in lazy["ledger"] for c in e["tool_calls"]]
+    assert calls == ["tool_search", "tool_search", "submit"]  # search, then call
+    first = {d: doc["ledger"][0]["usage"]["input_tokens"] for d, doc in (("e", eager), ("l", lazy))}
+    assert first["l"] < 0.3 * first["e"], first
+    # auto: lazy where 107 schemas sit in every prompt, eager for a 7-tool server
+    assert auto["mcp_tools"] == "lazy" and few["mcp_tools"] == "eager"
+    assert float(auto["cost_usd"]) < float(eager["cost_usd"])
+
+
+def test_auto_picks_by_the_cost_equation() -> None:
+    from decimal import Decimal
+
+    from stayer.mcp.lazy import choose
+
+    assert choose("auto", {"eager": Decimal(1), "lazy": Decimal(2)}) == "eager"
+    assert choose("auto", {"eager": Decimal(2), "lazy": Decimal(1)}) == "lazy"
+    assert choose("auto", None) == "eager"  # unpriced: nothing to weigh
+    assert choose("lazy", {"eager": Decimal(1), "lazy": Decimal(2)}) == "lazy"
+
+
+def test_a_bad_mcp_tools_value_exits_2(tmp_path: Path) -> None:
+    r = stayer("run", str(make_task(tmp_path, TINY_TOML)), "--model", SIM, "--mcp-tools",
+               "sometimes", home=tmp_path / "home")  # fmt: skip
+    assert (
+        r.returncode == 2 and "--mcp-tools sometimes: choose one of eager, lazy, auto" in r.stderr
+    )

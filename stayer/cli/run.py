@@ -87,6 +87,13 @@ def run(
         int | None,
         typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded."),
     ] = None,
+    mcp_tools: Annotated[
+        str,
+        typer.Option(
+            "--mcp-tools",
+            help="MCP schemas: eager (all in the prompt), lazy (tool_search), auto (cheaper).",
+        ),
+    ] = "auto",
     config_file: Annotated[
         str | None,
         typer.Option(
@@ -152,6 +159,7 @@ def run(
         service_tier=service_tier,
         policy=policy,
         max_context=max_context,
+        mcp_tools=mcp_tools,
         config_file=config_file,
         team_file=team,
         command_timeout=command_timeout,
