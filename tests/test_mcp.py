@@ -396,6 +396,7 @@ def test_the_api_keeps_a_runs_public_and_sandboxed_servers(
     )
     assert r.status_code == 201, r.text
     assert db.run(r.json()["id"]).request["mcp_servers"] == servers
+    assert db.run(r.json()["id"]).request["mcp_tools"] == "auto"
 
 
 def _api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:

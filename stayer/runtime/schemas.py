@@ -96,6 +96,10 @@ class RunCreate(ApiIn):
         "{command, env} (stdio, in the run's sandbox) or {url, headers} (streamable HTTP, "
         "public addresses only, as webhooks). trust = host is refused (docs/mcp.md).",
     )
+    mcp_tools: Literal["eager", "lazy", "auto"] = Field(
+        default="auto",
+        description="MCP schemas in the prompt (eager), behind tool_search (lazy), or the cheaper.",
+    )
     confirm_tools: list[Literal["bash", "read_file", "write_file", "edit_file", "memory"]] = Field(
         default_factory=list,
         description="Tools whose every call waits for a person's approval (requires_action).",
