@@ -355,6 +355,11 @@ def test_tools_list_counts_every_tool_and_fits_80_columns(tmp_path: Path) -> Non
     assert text.returncode == 0, text.stderr
     assert max(len(line) for line in text.stdout.splitlines()) <= 80
     assert "t__echo" in text.stdout and "h__say" not in text.stdout  # no --config: no h
+    assert doc["mcp_tools"] == "eager" and all(t["in_prompt"] for t in doc["tools"])
+    lazy = json.loads(stayer(*base, "--mcp-tools", "lazy", "--json", home=home).stdout)
+    shown = {t["name"] for t in lazy["tools"] if t["in_prompt"]}
+    assert "tool_search" in shown and "t__echo" not in shown and "bash" in shown
+    assert lazy["mcp_tools"] == "lazy" and lazy["total_tokens"] < doc["total_tokens"]
     bad = stayer(*base, "--config", str(tmp_path / "missing.toml"), home=home)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 

@@ -39,6 +39,10 @@ def list_command(
             f"models.main, else {DEFAULT_MODEL}).",
         ),
     ] = None,
+    mcp_tools: Annotated[
+        str,
+        typer.Option("--mcp-tools", help="eager, lazy or auto, as for stayer run (50 steps)."),
+    ] = "auto",
     json_out: JsonFlag = False,
 ) -> None:
     """Each tool: name, source (stayer or the server), schema tokens; and the total.
@@ -47,9 +51,12 @@ def list_command(
     Example:  stayer tools list --task examples/hello-file --config stayer.toml
     """
     from stayer.mcp.client import McpStartError
+    from stayer.mcp.lazy import MODES
 
+    if mcp_tools not in MODES:
+        bad_input(f"--mcp-tools {mcp_tools}: choose one of {', '.join(MODES)}")
     try:
-        found = asyncio.run(gather(task, config_file, model))
+        found = asyncio.run(gather(task, config_file, model, mcp_tools))
     except ConfigError as e:
         bad_input(str(e))
     except McpStartError as e:
@@ -60,25 +67,39 @@ def list_command(
         return
     from stayer.tables import Col, FitTable, print_table, say
 
-    table = FitTable(Col("tool", whole=True), Col("source"), Col("tokens", number=True), box=None)
+    table = FitTable(
+        Col("tool", whole=True),
+        Col("source"),
+        Col("tokens", number=True),
+        Col("in prompt", drop=1),
+        box=None,
+    )
     for t in found["tools"]:
-        table.add_row(t["name"], t["source"], f"{t['tokens']:,}")
+        table.add_row(
+            t["name"], t["source"], f"{t['tokens']:,}", "yes" if t["in_prompt"] else "on search"
+        )
     out = console()
     print_table(out, table)
     say(
-        out,
-        f"{len(found['tools'])} tools, {found['total_tokens']:,} tokens of schemas in every "
-        f"prompt ({found['model']})",
+        out, f"{len(found['tools'])} tools, {found['total_tokens']:,} schema tokens in every prompt"
     )
+    mode = f"; --mcp-tools {mcp_tools}: {found['mcp_tools']}" if found["servers"] else ""
+    say(out, f"counted for {found['model']}{mode}")
 
 
-async def gather(task_dir: str | None, config_file: str | None, spec: str | None) -> dict[str, Any]:
-    """The ``--json`` document: the model counted for, each tool, the total."""
+async def gather(
+    task_dir: str | None, config_file: str | None, spec: str | None, mode: str = "auto"
+) -> dict[str, Any]:
+    """The ``--json`` document: the model counted for, each tool (``in_prompt``: its
+    schema is in every prompt; else loaded by ``tool_search``), the prompt's total, and
+    the MCP mode ``mode`` comes to (``auto``: the cheaper over 50 steps)."""
     from stayer.config import load_config
     from stayer.eval.task import load_task
     from stayer.mcp.config import run_servers
+    from stayer.mcp.lazy import ToolSearch, choose, costs
     from stayer.mcp.tools import McpTools, reserved_names
-    from stayer.run import priced_as
+    from stayer.pricing import PriceBook
+    from stayer.run import pinned_tokens, priced_as
     from stayer.tokens import Counters, canonical_tools
     from stayer.tools import default_tools
 
@@ -102,8 +123,19 @@ async def gather(task_dir: str | None, config_file: str | None, spec: str | None
         async with McpTools(
             servers, sandbox, counter.counter, reserved_names(counter.counter)
         ) as mcp:
-            tools = [(t, "stayer") for t in default_tools(counter.counter)]
-            tools += [(t, t.source) for t in mcp.tools]
+            tools: list[tuple[Any, str, bool]] = [
+                (t, "stayer", True) for t in default_tools(counter.counter)
+            ]
+            priced = None
+            if mcp.tools:
+                pinned = pinned_tokens(task.instruction if task else "", counter)
+                rates = PriceBook.load().rates(model_id, provider, None, pinned)
+                if rates is not None:
+                    priced = costs(mcp.tools, counter.counter, rates, 50, pinned)
+                mode = choose(mode, priced)
+                if mode == "lazy":
+                    tools.append((ToolSearch(mcp.tools), "stayer", True))
+            tools += [(t, t.source, mode == "eager") for t in mcp.tools]
     finally:
         if sandbox is not None:
             await sandbox.close()
@@ -113,16 +145,18 @@ async def gather(task_dir: str | None, config_file: str | None, spec: str | None
             "name": t.spec.name,
             "source": source,
             "tokens": counter.text(canonical_tools([t.spec])),
+            "in_prompt": shown,
         }
-        for t, source in sorted(tools, key=lambda pair: pair[0].spec.name)
+        for t, source, shown in sorted(tools, key=lambda row: row[0].spec.name)
     ]
+    prompt = sorted((t.spec for t, _, shown in tools if shown), key=lambda s: s.name)
     return {
         "model": spec,
         "servers": {n: s.where for n, s in sorted(servers.items())},
+        "mcp_tools": mode if servers else None,
+        "mcp_costs_usd": None if priced is None else {k: str(v) for k, v in priced.items()},
         "tools": rows,
-        "total_tokens": counter.text(
-            canonical_tools(sorted((t.spec for t, _ in tools), key=lambda s: s.name))
-        ),
+        "total_tokens": counter.text(canonical_tools(prompt)),
     }
 
 
