@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from stayer.context.compactor import Compactor
 from stayer.context.forensics import CacheForensics
@@ -65,6 +65,20 @@ CUT_OFF_ANSWER = ToolResult(
     "send the call again with shorter text or arguments (split a long file into several writes)",
     is_error=True,
 )
+
+
+class ToolUpdates(Protocol):
+    """Tools whose source changed them mid-run (an MCP server's ``list_changed``): the
+    new list is ``take``n (``(tools, names they replace)``) at the next compaction, or at
+    once when a call ``needs`` it (a tool of a changed source), priced as the cache break
+    it is (``cache_break.reason = tools_changed`` on the next ledger entry)."""
+
+    @property
+    def pending(self) -> bool: ...
+
+    def needs(self, name: str) -> bool: ...
+
+    async def take(self) -> tuple[list[Tool], set[str]]: ...
 
 
 @dataclass(frozen=True)
@@ -155,6 +169,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
         inbox: Callable[[], Sequence[Message]] | None = None,
         nudge: Callable[[], str] | None = None,
+        tool_updates: ToolUpdates | None = None,
     ) -> None:
         self.model, self.rules, self.service_tier = model, rules_for(model), limits.service_tier
         self.tools = {t.spec.name: t for t in tools}
@@ -174,6 +189,7 @@ class Agent:
         self.run_id = ""
         self._children: list[RunResult] = []
         self.estimator = PromptEstimator()
+        self.tool_updates = tool_updates
 
     def add_tool(self, tool: Tool) -> None:
         """Before ``run``: the tool schemas are part of the cached prefix from the start."""
@@ -317,6 +333,8 @@ class Agent:
             )
             raise _StepAgain
         record = await s.compactor.apply(s.ctx, compaction, step)
+        if (changed := await self._take_tools(s.ctx, "compaction")) is not None:
+            record["tools_changed"] = changed
         cost = Decimal(record["cost_usd"])
         s.guard.budget.settle(held, cost)
         s.result.add_cost(
@@ -458,6 +476,27 @@ class Agent:
         )
         return _StepAgain()
 
+    async def _take_tools(self, ctx: Context, when: str) -> dict[str, Any] | None:
+        """Take the changed tool lists now, if any: the context's schemas are replaced
+        (a cache break, priced on the next call); what changed, for the ledger."""
+        updates = self.tool_updates
+        if updates is None or not updates.pending:
+            return None
+        tools, replaced = await updates.take()
+        before = set(self.tools)
+        for name in replaced:
+            self.tools.pop(name, None)
+        for tool in tools:
+            self.tools[tool.spec.name] = tool
+        ctx.replace_tools(t.spec for t in self.tools.values())
+        changed = {
+            "when": when,
+            "added": sorted(set(self.tools) - before),
+            "removed": sorted(before - set(self.tools)),
+        }
+        self.on_event("tools_changed", {"agent": self.path, **changed})
+        return changed
+
     def _trips(self, guard: Guard) -> list[dict[str, Any]]:
         """Breaker trips since the last step, journaled as events and kept on the ledger."""
         trips = [{"agent": self.path, **t.to_dict()} for t in guard.take_trips()]
@@ -490,6 +529,8 @@ class Agent:
         observed: list[ToolCallRecord] = []
         submitted = False
         for call in calls:
+            if not cut_off and self.tool_updates and self.tool_updates.needs(call.name):
+                await self._take_tools(ctx, "call")
             out = CUT_OFF_ANSWER if cut_off else await run_tool(self.tools, call, self.tool_context)
             message = Message(
                 role="tool",

@@ -33,6 +33,9 @@ Example::
     budget_fraction = 0.25               # default slice when the model names no budget
     max_depth = 1
 
+    [mcp.servers.time]                   # MCP servers' tools (stayer.mcp.config)
+    command = ["uvx", "mcp-server-time"] # stdio, in the run's sandbox unless trust = "host"
+
     [guard]                              # breakers (stayer.guard.breakers.GuardConfig)
     max_tokens = 2000000
     max_wall_s = 3600
@@ -52,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from stayer.errors import ConfigError
 from stayer.guard.breakers import GuardConfig
+from stayer.mcp.config import McpSection
 from stayer.settings import (
     Fraction,
     Seconds,
@@ -106,6 +110,7 @@ class StayerConfig(_Section):
     failover: dict[str, list[str]] = Field(default_factory=dict)
     subagents: SubagentsSection | None = None
     guard: GuardConfig = GuardConfig()
+    mcp: McpSection = McpSection()
 
     @field_validator("guard", mode="before")
     @classmethod

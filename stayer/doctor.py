@@ -252,6 +252,7 @@ EXTRAS = {
     "postgres": ("psycopg", "the journal in PostgreSQL (STAYER_DB)"),
     "ray": ("ray", "evaluations on a Ray cluster"),
     "otel": ("opentelemetry.sdk", "OpenTelemetry spans"),
+    "mcp": ("mcp", "MCP servers' tools ([mcp.servers] in stayer.toml or task.toml)"),
 }
 
 

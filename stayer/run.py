@@ -44,6 +44,12 @@ from stayer.journal.backends import stayer_home
 from stayer.journal.codec import message_record
 from stayer.journal.replay import JournaledModel, JournaledProbe, JournaledTool, ReplayingSandbox
 from stayer.journal.snapshot import clear_workspace
+from stayer.mcp.config import McpServer, run_servers
+from stayer.mcp.lazy import MODES as MCP_MODES
+from stayer.mcp.lazy import ToolSearch
+from stayer.mcp.lazy import choose as choose_mcp_mode
+from stayer.mcp.lazy import costs as mcp_costs
+from stayer.mcp.tools import McpTools, reserved_names
 from stayer.messages import Message
 from stayer.models.base import Model
 from stayer.models.caching import provider_of
@@ -156,6 +162,7 @@ class PreparedRun:
     lease_owner: str | None = None
     lease_ttl_s: float | None = None
     sandbox_source: str = "default"  # who chose config.sandbox (Task.kind_source)
+    mcp_servers: dict[str, McpServer] = dataclasses.field(default_factory=dict)
 
 
 def prepare(
@@ -176,6 +183,8 @@ def prepare(
             f"--sandbox {config.sandbox}: unknown sandbox; choose one of {', '.join(SANDBOX_KINDS)}"
         )
     policy = make_policy(config.policy)
+    if config.mcp_tools not in MCP_MODES:
+        raise ConfigError(f"--mcp-tools {config.mcp_tools}: choose one of {', '.join(MCP_MODES)}")
     task = load_task(config.task_dir)
     chosen_by = task.kind_source(config.sandbox)
     config = replace(config, sandbox=task.kind(config.sandbox))
@@ -219,6 +228,13 @@ def prepare(
     routing = prepare_routing(
         config.config_file, config.model, lambda spec: build_model(spec, config, task, counters)
     )
+    mcp_servers = run_servers(
+        task.mcp_servers,
+        str(task.path / "task.toml"),
+        routing.config.mcp.servers if routing else {},
+        config.config_file,
+        config.mcp_servers,
+    )
     if config.max_cost is not None:
         require_prices(prices, model, config.service_tier, routing)
         for m in team_models.values():
@@ -256,6 +272,7 @@ def prepare(
         team,
         team_models,
         sandbox_source=chosen_by,
+        mcp_servers=mcp_servers,
     )
 
 
@@ -391,7 +408,25 @@ def run_header(p: PreparedRun) -> dict[str, Any]:
         "task_path": str(p.task.path),
         "model": p.config.model,
         "config": config,
+        # Where each MCP server runs: "sandbox", "host" (trust = "host") or "remote" (HTTP).
+        "mcp_servers": {name: s.where for name, s in sorted(p.mcp_servers.items())},
     }
+
+
+def mcp_offer(p: PreparedRun, mcp: McpTools) -> tuple[str, list[Tool]]:
+    """``--mcp-tools``, ``auto`` decided (``stayer.mcp.lazy.choose``), and the tools it
+    puts in the prompt: every MCP tool (eager) or one ``tool_search`` (lazy)."""
+    if not mcp.tools:
+        return "eager", []
+    pinned = pinned_tokens(p.task.instruction, p.counter)
+    rates = p.prices.rates(p.model.model_id, p.model.provider, p.config.service_tier, pinned)
+    priced = (
+        None
+        if rates is None
+        else mcp_costs(mcp.tools, p.counter.counter, rates, p.config.max_steps, pinned)
+    )
+    mode = choose_mcp_mode(p.config.mcp_tools, priced)
+    return mode, list(mcp.tools) if mode == "eager" else [ToolSearch(mcp.tools)]
 
 
 def pinned_tokens(instruction: str, counter: MessageCounter) -> int:
@@ -458,7 +493,13 @@ async def _execute(
     # Rewritten from the start on resume: the replay emits every message again. The agent's
     # sandbox is gone, every process of it, when the loop ends (paused at its cap too), and
     # so before the verifier's sandbox starts.
-    async with journal.leased(), released(agent_sandbox):
+    async with (
+        journal.leased(),
+        released(agent_sandbox),
+        McpTools(
+            p.mcp_servers, agent_sandbox, p.counter.counter, reserved_names(p.counter.counter)
+        ) as mcp,
+    ):
         with (p.run_dir / "trajectory.jsonl").open("w") as trajectory:
 
             def record(m: Message) -> None:
@@ -496,7 +537,10 @@ async def _execute(
             router = (
                 routing.router(model, wrap_model, p.prices, cfg.service_tier) if routing else None
             )
-            tools = wrap_tools(default_tools(p.counter.counter))
+            mcp_mode, offered = mcp_offer(p, mcp)
+            if mcp.tools:
+                on_event("mcp_tools", {"mode": mcp_mode, "tools": len(mcp.tools)})
+            tools = wrap_tools([*default_tools(p.counter.counter), *offered])
             guard_config = routing.guard if routing else GuardConfig()
             budget = Budget(cfg.max_cost, top_up=controls.top_up(journal))
             limits = Limits(
@@ -530,6 +574,7 @@ async def _execute(
                     router=router,
                     inbox=controls.inbox.reader(journal) if controls.inbox else None,
                     budget=budget,
+                    tool_updates=mcp.wrapped(wrap_tools) if mcp_mode == "eager" else None,
                 )
                 if routing and router and routing.subagents:
                     children = ChildAgents(
@@ -557,6 +602,8 @@ async def _execute(
     verdict = await verify(task, verifier_sandbox)
     extra = lost_ledger_entries(journal.lost) + cut_short
     doc = result_document(p, result, verdict, started, extra)
+    if p.mcp_servers:
+        doc["mcp_tools"] = mcp_mode
     journal.finish(doc)
     write_result(p.run_dir, doc)
     return doc

@@ -30,6 +30,8 @@ class RunConfig:
     config_file: str | None = None  # stayer.toml: routing, sub-agents, breakers
     team_file: str | None = None  # team.toml: a team of agents instead of one (stayer.teams)
     team: dict[str, Any] | None = None  # or the same inline (the runtime's ``team`` field)
+    mcp_servers: dict[str, Any] | None = None  # [mcp.servers] inline (the runtime's field)
+    mcp_tools: str = "auto"  # eager | lazy | auto (stayer.mcp.lazy)
     # Per-run sandbox limits; None keeps the task's (task.toml [environment]).
     memory_mb: int | None = None
     storage_mb: int | None = None

@@ -44,6 +44,7 @@ LAYERS: list[set[str]] = [
     {"environments"},  # task images: built over the sandbox, used by tasks
     {"context"},
     {"tools"},
+    {"mcp"},  # MCP servers' tools: a client over the sandbox, as tools; [mcp] for config
     {"guard"},
     {"config"},  # stayer.toml's schema: the router's sections and the guard's GuardConfig
     {"routing"},

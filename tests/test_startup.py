@@ -60,7 +60,7 @@ def test_stayer_help_builds_no_command(monkeypatch: pytest.MonkeyPatch) -> None:
     assert top.exit_code == 0 and "runs " in top.output and "sandbox " in top.output
     assert group.commands.built == {}  # type: ignore[attr-defined]
     assert list(group.commands)[:2] == ["audit", "doctor"]  # commands first, then groups
-    assert list(group.commands)[-4:] == ["sandbox", "tenants", "sim", "tasks"]
+    assert list(group.commands)[-5:] == ["sandbox", "tenants", "sim", "tasks", "tools"]
 
 
 # What PlainValue reads must be what Typer's own (pydantic) reading gives, value for value.

@@ -18,6 +18,7 @@ from stayer.cli import (  # noqa: F401  (registers the commands)
     serve,
     sim,
     tasks,
+    tools,
     whatif,
 )
 from stayer.cli.common import app

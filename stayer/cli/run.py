@@ -87,6 +87,13 @@ def run(
         int | None,
         typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded."),
     ] = None,
+    mcp_tools: Annotated[
+        str,
+        typer.Option(
+            "--mcp-tools",
+            help="MCP schemas: eager (all in the prompt), lazy (tool_search), auto (cheaper).",
+        ),
+    ] = "auto",
     config_file: Annotated[
         str | None,
         typer.Option(
@@ -152,6 +159,7 @@ def run(
         service_tier=service_tier,
         policy=policy,
         max_context=max_context,
+        mcp_tools=mcp_tools,
         config_file=config_file,
         team_file=team,
         command_timeout=command_timeout,
@@ -186,9 +194,22 @@ def sandbox_line(prepared: Any, source: str | None = None) -> str:
     memory = limits.get("memory_mb") or default_memory_mb()
     how = "cgroup" if kind == "docker" else memory_enforcement()
     line = f"limits: memory {memory:,} MiB per command ({how})"
+    servers = getattr(prepared, "mcp_servers", {})
+    # Where each MCP server runs; on the host only with trust = "host".
+    mcp = "".join(f"\nmcp {n}: {_WHERE[s.where]}" for n, s in sorted(servers.items()))
     if kind == "local":
-        return f"sandbox local, no isolation ({source})\n{line}"
-    return f"sandbox {kind} ({source})\n{line} · /tmp {tmp_size_mb(limits.get('storage_mb')):,} MiB"
+        return f"sandbox local, no isolation ({source})\n{line}{mcp}"
+    return (
+        f"sandbox {kind} ({source})\n{line} · /tmp {tmp_size_mb(limits.get('storage_mb')):,} MiB"
+        + mcp
+    )
+
+
+_WHERE = {
+    "sandbox": "stdio, in the run's sandbox",
+    "host": 'stdio, on the host (trust = "host")',
+    "remote": "streamable HTTP",
+}
 
 
 async def traced(

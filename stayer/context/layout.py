@@ -58,6 +58,16 @@ class Context:
             self.messages[i], self.sizes[i] = m, n
         return first
 
+    def replace_tools(self, tools: Iterable[ToolSpec]) -> None:
+        """New tool schemas (an MCP server's list changed): the whole prompt is a cache
+        miss on the next request, so the agent does this only at a compaction or when a
+        call needs it (``Agent``'s ``tool_updates``)."""
+        old = self.prefix_tokens
+        self.tools = sorted(tools, key=lambda t: t.name)
+        self.tools_text = canonical_tools(self.tools)
+        self.prefix_tokens = self.counter.text(self.system) + self.counter.text(self.tools_text)
+        self.tokens += self.prefix_tokens - old
+
     def insert(self, index: int, m: Message) -> None:
         if index < self.prefix_messages:
             raise ValueError("the pinned prefix is never rewritten")

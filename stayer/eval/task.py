@@ -21,6 +21,7 @@ from typing import Any
 
 from stayer.environments.prepare import image_kind, prepare_environment, sandbox_for
 from stayer.errors import ConfigError
+from stayer.mcp.config import McpServer, parse_servers
 from stayer.sandbox import IMAGE_KINDS, Sandbox
 from stayer.settings import TaskToml, check_file, read_text, read_toml
 from stayer.workspace.hostfs import copy_tree
@@ -41,6 +42,7 @@ class Task:
     storage_mb: int | None = None  # what /app (and /tmp) may hold; see stayer.sandbox
     sandbox_kind: str | None = None  # [environment] sandbox: where it runs unless told
     metadata: dict[str, Any] = field(default_factory=dict)
+    mcp_servers: dict[str, McpServer] = field(default_factory=dict)  # task.toml [mcp.servers]
 
     def sandbox_limits(self, **overrides: Any) -> dict[str, Any]:
         """The limits of the agent's sandbox for this task: task.toml's, then ``overrides``
@@ -147,4 +149,5 @@ def load_task(path: str | Path) -> Task:
         storage_mb=settings.environment.storage_mb,
         sandbox_kind=settings.environment.sandbox,
         metadata=dict(settings.metadata),
+        mcp_servers=parse_servers(config.get("mcp"), str(toml_file)),
     )

@@ -214,6 +214,9 @@ class ScriptTurn:
     calls: tuple[tuple[str, str], ...] = ()  # (tool name, JSON arguments)
 
 
+_SEARCH = "toolu_sim_search_"  # the ids of the searches a script's policy adds
+
+
 class ScriptError(ConfigError):
     """A script's turn that this request cannot be answered with (a tool it does not offer)."""
 
@@ -239,11 +242,43 @@ class ScriptPolicy:
         )
 
     def next_message(self, request: ModelRequest) -> Message:
-        step = _step(request)
+        searched = [
+            m
+            for m in request.messages
+            if m.role == "assistant" and m.tool_calls and m.tool_calls[0].id.startswith(_SEARCH)
+        ]
+        step = _step(request) - len(searched)
         if step > len(self.turns):
             return Message(role="assistant", content="Done.")
         turn = self.turns[step - 1]
         offered = {t.name for t in request.tools}
+        hidden = [n for n, _ in turn.calls if n not in offered]
+        if hidden and "tool_search" in offered:
+            # Lazy MCP tools: search for the tools first (a turn of its own), then call
+            # them through tool_search, as a model that reads its description would.
+            last = next((m for m in reversed(request.messages) if m.role == "assistant"), None)
+            if (
+                last is None
+                or not last.tool_calls
+                or not last.tool_calls[0].id.startswith(f"{_SEARCH}{step}_")
+            ):
+                return Message(
+                    role="assistant",
+                    content="",
+                    tool_calls=tuple(
+                        ToolCall(f"{_SEARCH}{step}_{k}", "tool_search", json.dumps({"query": n}))
+                        for k, n in enumerate(hidden)
+                    ),
+                )
+            turn = ScriptTurn(
+                turn.text,
+                tuple(
+                    (n, a)
+                    if n in offered
+                    else ("tool_search", json.dumps({"call": n, "arguments": json.loads(a)}))
+                    for n, a in turn.calls
+                ),
+            )
         for name, _ in turn.calls:
             if name not in offered:
                 raise ScriptError(

@@ -38,6 +38,7 @@ from stayer.journal import load_log, open_store
 from stayer.journal.run_report import journal_ledger
 from stayer.journal.sql import SqlStore
 from stayer.journal.store import StoreUnavailable
+from stayer.mcp.config import check_api_servers
 from stayer.pricing import PriceBook
 from stayer.runtime.actions import Actions
 from stayer.runtime.db import (
@@ -362,6 +363,11 @@ def create_app(
             problem = url_problem(body.webhook, allow_private=allow_private_webhooks)
             if problem is not None:
                 raise ConfigError(f"webhook: {problem}")
+        if body.mcp_servers:
+            check_api_servers(
+                body.mcp_servers,
+                lambda url: url_problem(url, allow_private=allow_private_webhooks),
+            )
         if body.max_cost is None:
             # A run without a cap of its own gets what its tenant can afford when it starts,
             # up to the default cap; a tenant with nothing left to spend is told now.

@@ -89,6 +89,17 @@ class RunCreate(ApiIn):
         default=None,
         description="A team of agents instead of one: team.toml's contents as an object (docs/teams.md).",
     )
+    mcp_servers: dict[str, dict[str, Any]] | None = Field(
+        default=None,
+        max_length=20,
+        description="MCP servers of this run, as [mcp.servers] in stayer.toml: NAME → "
+        "{command, env} (stdio, in the run's sandbox) or {url, headers} (streamable HTTP, "
+        "public addresses only, as webhooks). trust = host is refused (docs/mcp.md).",
+    )
+    mcp_tools: Literal["eager", "lazy", "auto"] = Field(
+        default="auto",
+        description="MCP schemas in the prompt (eager), behind tool_search (lazy), or the cheaper.",
+    )
     confirm_tools: list[Literal["bash", "read_file", "write_file", "edit_file", "memory"]] = Field(
         default_factory=list,
         description="Tools whose every call waits for a person's approval (requires_action).",

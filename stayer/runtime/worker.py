@@ -407,6 +407,8 @@ class Worker:
                     sandbox=self.sandbox,
                     policy=req.get("policy") or "auto",
                     team=req.get("team"),
+                    mcp_servers=req.get("mcp_servers"),
+                    mcp_tools=req.get("mcp_tools") or "auto",
                 )
                 prepared, journal = prepare(config, self.prices, store=self.store), None
                 prepared.lease_owner, prepared.lease_ttl_s = owner, self.lease_ttl_s

@@ -1,0 +1,127 @@
+"""Lazy MCP tools (``--mcp-tools lazy``): the prompt's prefix carries one ``tool_search``
+tool, whose description lists every MCP tool's name with a one-line description, instead
+of every schema. ``tool_search {"query": …}`` answers with the full schemas of the best
+matches (a tool result: appended at the tail, the cached prefix intact);
+``tool_search {"call": NAME, "arguments": {…}}`` calls one, checked against its schema.
+``auto`` (the default) picks by :func:`choose`: the eager schemas' cost over the run's
+expected steps against the catalogue's and the searches' (docs/mcp.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+from stayer.mcp.tools import McpTool
+from stayer.messages import ToolSpec
+from stayer.pricing import Rates
+from stayer.tokens import TokenCounter, canonical_tools
+from stayer.tools.base import ToolContext, ToolResult
+
+MODES = ("eager", "lazy", "auto")
+MATCHES = 5  # schemas a search loads
+# What ``auto`` assumes of a lazy run: searches made, and tools each loads.
+SEARCHES, LOADED_PER_SEARCH, SEARCH_OUTPUT_TOKENS = 2, 3, 60
+
+
+def one_line(text: str, limit: int = 24) -> str:
+    line = " ".join(text.split())
+    cut = line.split(". ")[0]
+    return cut if len(cut) <= limit else cut[: limit - 1] + "…"
+
+
+class ToolSearch:
+    def __init__(self, tools: Sequence[McpTool]) -> None:
+        self.by_name = {t.spec.name: t for t in tools}
+        catalogue = "\n".join(
+            f"[{server}] "
+            + "; ".join(
+                f"{t.tool.name}: {one_line(t.spec.description)}"
+                for t in tools
+                if t.source == server
+            )
+            for server in dict.fromkeys(t.source for t in tools)
+        )
+        self.spec = ToolSpec(
+            name="tool_search",
+            description=(
+                'Tools of MCP servers, loaded on demand. First search: {"query": words} '
+                f"returns the full schemas of up to {MATCHES} matching tools. Then call one: "
+                '{"call": NAME, "arguments": {...}} with arguments that fit its schema. '
+                "Available, by [server] (a tool's NAME is SERVER__tool):\n" + catalogue
+            ),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "Words to match."},
+                    "call": {"type": "string", "description": "A tool's name, to call it."},
+                    "arguments": {"type": "object", "description": "The call's arguments."},
+                },
+                "additionalProperties": False,
+            },
+        )
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        from stayer.tools import check_args
+
+        if "call" in args:
+            tool = self.by_name.get(args["call"])
+            if tool is None:
+                return ToolResult(
+                    f"tool_search: no tool {args['call']!r}; search for one first", is_error=True
+                )
+            arguments = args.get("arguments") or {}
+            problem = check_args(tool.spec.parameters, arguments)
+            if problem is not None:
+                return ToolResult(f"{tool.spec.name}: {problem}", is_error=True)
+            return await tool(arguments, ctx)
+        query = str(args.get("query") or "").lower().split()
+        if not query:
+            return ToolResult("tool_search: give a query or a call", is_error=True)
+        found = sorted(
+            self.by_name.values(),
+            key=lambda t: (-_score(t, query), t.spec.name),
+        )
+        found = [t for t in found if _score(t, query) > 0][:MATCHES]
+        if not found:
+            return ToolResult(f"tool_search: nothing matches {' '.join(query)!r}")
+        return ToolResult(canonical_tools(t.spec for t in found))
+
+
+def _score(tool: McpTool, words: list[str]) -> int:
+    text = f"{tool.spec.name} {tool.spec.description}".lower()
+    return sum(text.count(w) for w in words) + 3 * sum(w in tool.spec.name.lower() for w in words)
+
+
+def costs(
+    tools: Sequence[McpTool], counter: TokenCounter, rates: Rates, steps: int, context: int
+) -> dict[str, Decimal]:
+    """The expected USD cost of the MCP part of a run of ``steps`` steps, eager and lazy:
+    eager pays every schema's tokens on every step (written once, then read from cache);
+    lazy pays the catalogue likewise, plus ``SEARCHES`` search calls, each an extra step
+    re-reading a prompt of ``context`` tokens, writing a few output tokens and loading
+    ``LOADED_PER_SEARCH`` schemas that stay in the context for the rest of the run."""
+    m = Decimal(1_000_000)
+    schemas = counter.count(canonical_tools(t.spec for t in tools))
+    catalogue = counter.count(canonical_tools([ToolSearch(tools).spec]))
+    per_tool = Decimal(schemas) / max(len(tools), 1)
+
+    def held(tokens: Decimal, n: int) -> Decimal:  # written once, read on the n - 1 after
+        return tokens * (rates.cache_write_5m + (n - 1) * rates.cache_read) / m
+
+    eager = held(Decimal(schemas), steps)
+    search = (Decimal(context) * rates.cache_read + SEARCH_OUTPUT_TOKENS * rates.output) / m
+    loaded = held(per_tool * LOADED_PER_SEARCH, max(steps // 2, 1))
+    lazy = held(Decimal(catalogue), steps) + SEARCHES * (search + loaded)
+    return {"eager": eager, "lazy": lazy}
+
+
+def choose(mode: str, priced: dict[str, Decimal] | None) -> str:
+    """``eager`` or ``lazy``: ``mode`` itself, or for ``auto`` the cheaper by ``costs``
+    (eager where they cannot be priced)."""
+    if mode != "auto":
+        return mode
+    if priced is None:
+        return "eager"
+    return "lazy" if priced["lazy"] < priced["eager"] else "eager"

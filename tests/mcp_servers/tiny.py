@@ -1,0 +1,133 @@
+"""A small MCP server (stdio, standard library only, so that it runs in a sandbox) whose
+tools force what real servers do rarely: a slow call, a crash mid-call, garbage on stdout,
+a tool list that changes, a big result, a probe of the network. ``--name-of TOOL=NAME``
+renames a tool (to test refused names)."""
+
+import json
+import os
+import socket
+import sys
+import time
+
+TOOLS = {
+    "echo": ("Echo the text back.", {"text": {"type": "string"}}, {"readOnlyHint": True}),
+    "slow": ("Sleep for seconds.", {"seconds": {"type": "number"}}, {}),
+    "crash": ("Exit in the middle of the call.", {}, {}),
+    "garbage": ("Answer with a line that is not JSON-RPC.", {}, {}),
+    "big": ("Answer with n characters.", {"n": {"type": "integer"}}, {}),
+    "reach": (
+        "Try a TCP connection to host:port.",
+        {"host": {"type": "string"}, "port": {"type": "integer"}},
+        {"destructiveHint": False, "idempotentHint": True},
+    ),
+    "change": ("Add the tool `added` and say that the list changed.", {}, {}),
+}
+renamed = {}
+for arg in sys.argv[1:]:
+    if arg.startswith("--name-of="):
+        old, new = arg.removeprefix("--name-of=").split("=", 1)
+        renamed[old] = new
+    if arg.startswith("--many="):  # N more tools with schemas of a usual size (a bench)
+        for n in range(int(arg.removeprefix("--many="))):
+            TOOLS[f"op_{n:03d}"] = (
+                f"Operation {n}: look up, filter and summarise records of kind {n} in the "
+                "service's store; returns a JSON list of matching records with their ids.",
+                {
+                    "query": {"type": "string", "description": "Words that must match."},
+                    "limit": {"type": "integer", "description": "At most this many records."},
+                    "since": {"type": "string", "description": "ISO date; older are skipped."},
+                    "fields": {"type": "array", "items": {"type": "string"}},
+                },
+                {"readOnlyHint": True},
+            )
+changed = False
+
+
+def send(msg):
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+def listing():
+    tools = []
+    for name, (desc, props, hints) in TOOLS.items():
+        if name == "added" and not changed:
+            continue
+        tool = {
+            "name": renamed.get(name, name),
+            "description": desc,
+            "inputSchema": {"type": "object", "properties": props},
+        }
+        if hints:
+            tool["annotations"] = hints
+        tools.append(tool)
+    return tools
+
+
+def call(name, args):
+    global changed
+    name = {v: k for k, v in renamed.items()}.get(name, name)
+    if name == "echo":
+        return args.get("text", "")
+    if name == "slow":
+        time.sleep(float(args.get("seconds", 1)))
+        return "slept"
+    if name == "crash":
+        os._exit(3)
+    if name == "garbage":
+        sys.stdout.write("this is not JSON-RPC\n")
+        sys.stdout.flush()
+        return None
+    if name == "big":
+        return "x" * int(args.get("n", 10))
+    if name == "reach":
+        try:
+            socket.create_connection((args["host"], int(args["port"])), timeout=3).close()
+            return "connected"
+        except OSError as e:
+            return f"refused: {e}"
+    if name == "change":
+        changed = True
+        TOOLS["added"] = ("A tool added mid-run.", {}, {})
+        TOOLS["echo"] = ("Echo the text back (second version).", *TOOLS["echo"][1:])
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        return "changed"
+    if name == "added":
+        return "added was called"
+    if name.startswith("op_"):
+        return "[]"
+    raise KeyError(name)
+
+
+for line in sys.stdin:
+    if not line.strip():
+        continue
+    req = json.loads(line)
+    rid, method = req.get("id"), req.get("method")
+    if rid is None:
+        continue  # a notification
+    if method == "initialize":
+        result = {
+            "protocolVersion": req["params"].get("protocolVersion", "2025-06-18"),
+            "capabilities": {"tools": {"listChanged": True}},
+            "serverInfo": {"name": "tiny", "version": "1"},
+        }
+    elif method == "tools/list":
+        result = {"tools": listing()}
+    elif method == "tools/call":
+        try:
+            text = call(req["params"]["name"], req["params"].get("arguments") or {})
+        except KeyError as e:
+            send(
+                {"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": f"no tool {e}"}}
+            )
+            continue
+        if text is None:
+            continue
+        result = {"content": [{"type": "text", "text": text}], "isError": False}
+    elif method == "ping":
+        result = {}
+    else:
+        send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": method}})
+        continue
+    send({"jsonrpc": "2.0", "id": rid, "result": result})

@@ -1,0 +1,573 @@
+"""MCP servers' tools: real servers no one here wrote (``mcp-server-time`` from PyPI,
+``@modelcontextprotocol/server-everything`` from npm, installed by ``.ci/run`` under
+``~/.cache/stayer-bench/mcp-servers``; skipped, saying why, without them) over stdio and
+streamable HTTP, and ``tests/mcp_servers/tiny.py`` for what must be forced: a crash
+mid-call, a hang, garbage, names that collide, a sandboxed server probing the host."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stayer.errors import ConfigError
+from stayer.mcp.config import parse_servers, run_servers
+from stayer.mcp.tools import McpRefused, McpTools, reserved_names
+from stayer.tokens import counter_for
+from stayer.tools.base import ToolContext
+from tests.service_helpers import free_port
+from tests.test_cli_output import stayer
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "tests" / "mcp_servers" / "tiny.py"
+CACHE = Path(os.environ.get("STAYER_MCP_SERVERS", Path.home() / ".cache/stayer-bench/mcp-servers"))
+TIME_SERVER = CACHE / "venv" / "bin" / "mcp-server-time"
+EVERYTHING = CACHE / "node_modules" / ".bin" / "mcp-server-everything"
+COUNTER = counter_for("anthropic", "claude-sonnet-4-5")
+SIM = "sim:claude-sonnet-4-5"
+TINY_TOML = '[mcp.servers.t]\ncommand = ["python3", "tiny.py"]\n'
+
+needs_time = pytest.mark.skipif(
+    not TIME_SERVER.exists(), reason=f"mcp-server-time not installed in {CACHE} (.ci/run)"
+)
+needs_everything = pytest.mark.skipif(
+    not EVERYTHING.exists() or shutil.which("node") is None,
+    reason=f"@modelcontextprotocol/server-everything or node not installed ({CACHE}, .ci/run)",
+)
+
+
+def servers(**named: dict) -> dict:
+    return parse_servers({"servers": named}, "stayer.toml")
+
+
+def ctx(workspace: Path, sandbox=None, timeout: float = 20.0) -> ToolContext:
+    return ToolContext(
+        sandbox=sandbox, workspace=str(workspace), command_timeout=timeout, output_token_budget=200
+    )
+
+
+def bwrap(workspace: Path):
+    from stayer.sandbox.bwrap import BwrapSandbox, check_bwrap
+
+    try:
+        check_bwrap()
+    except ConfigError as e:
+        pytest.skip(f"bwrap unusable here: {e}")
+    return BwrapSandbox(workspace)
+
+
+def make_task(root: Path, toml: str, reward: bool = True) -> Path:
+    """A task whose environment holds tiny.py and whose task.toml is ``toml``."""
+    task = root / "task"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    shutil.copy(TINY, task / "environment" / "tiny.py")
+    (task / "instruction.md").write_text("Use the tools.\n")
+    (task / "task.toml").write_text(toml)
+    test = "echo 1 > /logs/verifier/reward.txt\n" if reward else ""
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\n" + test)
+    return task
+
+
+def run_script(
+    root: Path, task: Path, script: str, mode: str = "auto"
+) -> subprocess.CompletedProcess:
+    """``stayer run TASK --sim-policy script:… --mcp-tools MODE --json`` with ``script``."""
+    (root / "script.yaml").write_text(script)
+    policy = f"script:{root / 'script.yaml'}"
+    return stayer(
+        "run", str(task), "--model", SIM, "--sim-policy", policy, "--mcp-tools", mode, "--json",
+        home=root / "home", columns=80,
+    )  # fmt: skip
+
+
+async def connected(named: dict, sandbox=None):
+    tools = McpTools(named, sandbox, COUNTER, reserved_names(COUNTER))
+    await tools.__aenter__()
+    return tools
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ({"servers": {"a": {}}}, "give either command"),
+        ({"servers": {"a": {"command": ["x"], "url": "http://h/"}}}, "give either command"),
+        ({"servers": {"a__b": {"command": ["x"]}}}, "server name 'a__b'"),
+        (
+            {"servers": {"a": {"command": ["x"], "trusted": "host"}}},
+            "unknown key 'mcp.servers.a.trusted'",
+        ),
+        ({"servers": {"a": {"command": ["x"], "trust": "root"}}}, "mcp.servers.a.trust"),
+        ({"servers": {"a": {"url": "ftp://h/"}}}, "http:// or https://"),
+        ({"servers": {"a": {"url": "http://h/", "env": {"K": "v"}}}}, "env and trust"),
+        ({"server": {}}, "unknown key 'mcp.server'"),
+    ],
+)
+def test_bad_config_is_one_line_naming_file_and_key(data: dict, said: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_servers(data, "stayer.toml")
+    assert str(e.value).startswith("stayer.toml: ") and said in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_server_named_twice_is_refused() -> None:
+    one = servers(t={"command": ["x"]})
+    with pytest.raises(ConfigError, match="also named in task.toml"):
+        run_servers(one, "task.toml", one, "stayer.toml", None)
+    both = run_servers(one, "task.toml", {}, None, {"u": {"url": "https://example.org/mcp"}})
+    assert sorted(both) == ["t", "u"] and both["u"].where == "remote"
+
+
+def test_bad_task_toml_mcp_exits_2_writing_nothing(tmp_path: Path) -> None:
+    task = make_task(tmp_path, '[mcp.servers.t]\ncommand = ["x"]\nurl = "http://h/"\n')
+    r = stayer("run", str(task), "--model", SIM, home=tmp_path / "home")
+    assert r.returncode == 2, r.stderr
+    assert "task.toml: mcp.servers.t" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "home" / "runs").exists()
+
+
+# --- real servers --------------------------------------------------------------------------
+
+
+@needs_time
+def test_mcp_server_time_over_stdio_on_the_host(tmp_path: Path) -> None:
+    async def go() -> tuple[list[str], str, bool]:
+        mcp = await connected(servers(time={"command": [str(TIME_SERVER)], "trust": "host"}))
+        try:
+            tools = {t.spec.name: t for t in mcp.tools}
+            out = await tools["time__get_current_time"]({"timezone": "Europe/Paris"}, ctx(tmp_path))
+            return list(tools), out.output, out.is_error
+        finally:
+            await mcp.close()
+
+    names, output, is_error = asyncio.run(go())
+    assert names == ["time__convert_time", "time__get_current_time"]
+    assert not is_error and json.loads(output)["timezone"] == "Europe/Paris"
+
+
+@needs_everything
+def test_server_everything_over_stdio_and_streamable_http(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "PORT": str(port)}
+    http = subprocess.Popen(
+        [str(EVERYTHING), "streamableHttp"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline and http.poll() is None, "server did not listen"
+            time.sleep(0.2)
+
+        async def go() -> dict[str, tuple[list[str], str]]:
+            seen = {}
+            for name, server in (
+                ("stdio", {"command": [str(EVERYTHING), "stdio"], "trust": "host"}),
+                ("web", {"url": f"http://127.0.0.1:{port}/mcp"}),
+            ):
+                mcp = await connected(servers(**{name: server}))
+                try:
+                    tools = {t.spec.name: t for t in mcp.tools}
+                    out = await tools[f"{name}__echo"]({"message": "hi there"}, ctx(tmp_path))
+                    assert not out.is_error, out.output
+                    seen[name] = (sorted(tools), out.output)
+                finally:
+                    await mcp.close()
+            return seen
+
+        seen = asyncio.run(go())
+    finally:
+        os.killpg(http.pid, 9)
+        http.wait()
+    for name, (names, output) in seen.items():
+        assert f"{name}__echo" in names and len(names) >= 5
+        assert "hi there" in output
+    assert [n.split("__", 1)[1] for n in seen["stdio"][0]] == [
+        n.split("__", 1)[1] for n in seen["web"][0]
+    ]
+
+
+# --- forced behaviours, in the sandbox ---------------------------------------------------------
+
+
+def test_crash_hang_and_garbage_are_tool_errors_not_a_hung_run(tmp_path: Path) -> None:
+    shutil.copy(TINY, tmp_path / "tiny.py")
+    sandbox = bwrap(tmp_path)
+
+    async def go() -> list[tuple[str, bool, str, float]]:
+        mcp = await connected(servers(t={"command": ["python3", "tiny.py"]}), sandbox)
+        tools = {t.spec.name: t for t in mcp.tools}
+        seen = []
+        try:
+            for name, args, timeout in (
+                ("t__echo", {"text": "hi"}, 60.0),
+                ("t__big", {"n": 20000}, 60.0),
+                ("t__slow", {"seconds": 3600}, 2.0),
+                ("t__echo", {"text": "after the hang"}, 3600.0),
+                ("t__garbage", {}, 3600.0),
+                ("t__crash", {}, 3600.0),
+                ("t__echo", {"text": "after the crash"}, 3600.0),
+            ):
+                t0 = time.monotonic()
+                out = await tools[name](args, ctx(tmp_path, sandbox, timeout))
+                seen.append((name, out.is_error, out.output, time.monotonic() - t0))
+        finally:
+            await mcp.close()
+            await sandbox.close()
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(go(), 600))
+    echo, big, slow, after_hang, garbage, crash, after_crash = seen
+    assert echo[:3] == ("t__echo", False, "hi")
+    assert not big[1] and len(big[2]) < 2000 and "x" * 50 in big[2]  # cut to the budget
+    assert slow[1] and "no answer to slow within 2 s" in slow[2]
+    assert garbage[1] and "not JSON-RPC" in garbage[2]
+    assert crash[1] and "exited during crash" in crash[2]
+    # started again after each: the server works for the next call
+    assert after_hang[1:3] == (False, "after the hang")
+    assert after_crash[1:3] == (False, "after the crash")
+    # none waited for its time limit (an hour)
+    assert max(garbage[3], crash[3], after_crash[3]) < 600
+
+
+def test_a_sandboxed_server_cannot_reach_the_host(tmp_path: Path) -> None:
+    shutil.copy(TINY, tmp_path / "tiny.py")
+    sandbox = bwrap(tmp_path)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+
+    async def reach(trust: str) -> str:
+        command = ["python3", "tiny.py" if trust == "sandbox" else str(TINY)]
+        mcp = await connected(servers(t={"command": command, "trust": trust}), sandbox)
+        try:
+            tools = {t.spec.name: t for t in mcp.tools}
+            out = await tools["t__reach"]({"host": "127.0.0.1", "port": port}, ctx(tmp_path))
+            return out.output
+        finally:
+            await mcp.close()
+
+    try:
+        inside = asyncio.run(reach("sandbox"))
+        on_host = asyncio.run(reach("host"))
+    finally:
+        listener.close()
+        asyncio.run(sandbox.close())
+    assert on_host == "connected"  # the probe works: the host's port was listening
+    assert inside.startswith("refused"), inside
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--name-of=slow=echo"], "tool 't__echo' is listed twice"),
+        (["--name-of=echo=bash;rm -rf"], "a tool name must be letters"),
+        (["--name-of=echo=" + "e" * 62], "over 64"),
+    ],
+)
+def test_colliding_or_malformed_tool_names_are_refused(args: list[str], said: str) -> None:
+    async def go() -> None:
+        await connected(servers(t={"command": [sys.executable, str(TINY), *args], "trust": "host"}))
+
+    with pytest.raises(McpRefused, match=said.replace("*", r"\*")):
+        asyncio.run(go())
+
+
+def test_a_tool_named_like_stayers_own_is_refused() -> None:
+    from stayer.mcp.tools import McpTool, refuse_collisions
+
+    class Conn:
+        name = "t"
+
+    from stayer.mcp.client import ServerTool
+
+    tool = McpTool(Conn(), ServerTool("echo", "d", {}), COUNTER)  # type: ignore[arg-type]
+    with pytest.raises(McpRefused, match="collides with stayer's own"):
+        refuse_collisions([tool], {"t__echo"})
+    assert "bash" in reserved_names(COUNTER) and "tool_search" in reserved_names(COUNTER)
+
+
+def test_stayer_run_calls_a_sandboxed_servers_tool(tmp_path: Path) -> None:
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    task = make_task(tmp_path, TINY_TOML)
+    r = run_script(
+        tmp_path,
+        task,
+        "- tool: t__echo\n  input: {text: hello from the script}\n"
+        "- tool: submit\n  input: {summary: done}\n",
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "succeeded"
+    assert doc["ledger"][0]["tool_calls"][0]["name"] == "t__echo"
+    assert not doc["ledger"][0]["tool_calls"][0]["is_error"]
+    assert "mcp t: stdio, in the run's sandbox" in r.stderr
+    trajectory = (tmp_path / "home" / "runs" / doc["run_id"] / "trajectory.jsonl").read_text()
+    assert '"content": "hello from the script"' in trajectory
+
+
+def test_doctor_has_an_mcp_line_that_is_true() -> None:
+    from stayer.doctor import check_extras
+
+    line = {c.name: c for c in check_extras()}["extra [mcp]"]
+    assert line.ok and "MCP servers' tools" in line.detail
+
+
+def test_tools_list_counts_every_tool_and_fits_80_columns(tmp_path: Path) -> None:
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    task = make_task(tmp_path, TINY_TOML)
+    config = tmp_path / "stayer.toml"
+    config.write_text(
+        f'[mcp.servers.h]\ncommand = ["{sys.executable}", "{TINY}", "--name-of=echo=say"]\n'
+        'trust = "host"\n'
+    )
+    home = tmp_path / "home"
+    base = ("tools", "list", "--task", str(task))
+    r = stayer(*base, "--config", str(config), "--json", home=home, columns=80)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    by_name = {t["name"]: t for t in doc["tools"]}
+    assert by_name["bash"]["source"] == "stayer" and by_name["t__echo"]["source"] == "t"
+    assert by_name["h__say"]["source"] == "h" and "h__echo" not in by_name
+    assert doc["servers"] == {"h": "host", "t": "sandbox"}
+    assert all(t["tokens"] > 0 for t in doc["tools"])
+    assert sum(t["tokens"] for t in doc["tools"]) * 0.8 < doc["total_tokens"]
+    text = stayer(*base, home=home, columns=80)
+    assert text.returncode == 0, text.stderr
+    assert max(len(line) for line in text.stdout.splitlines()) <= 80
+    assert "t__echo" in text.stdout and "h__say" not in text.stdout  # no --config: no h
+    assert doc["mcp_tools"] == "eager" and all(t["in_prompt"] for t in doc["tools"])
+    lazy = json.loads(stayer(*base, "--mcp-tools", "lazy", "--json", home=home).stdout)
+    shown = {t["name"] for t in lazy["tools"] if t["in_prompt"]}
+    assert "tool_search" in shown and "t__echo" not in shown and "bash" in shown
+    assert lazy["mcp_tools"] == "lazy" and lazy["total_tokens"] < doc["total_tokens"]
+    bad = stayer(*base, "--config", str(tmp_path / "missing.toml"), home=home)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+# --- the runtime: a run's own servers ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("server", "said"),
+    [
+        ({"url": "http://127.0.0.1:9/mcp"}, "mcp_servers.x.url: resolves to a non-public"),
+        ({"url": "http://169.254.169.254/mcp"}, "mcp_servers.x.url: resolves to a non-public"),
+        ({"url": "http://[::1]:9/mcp"}, "mcp_servers.x.url: resolves to a non-public"),
+        ({"url": "http://10.0.0.1/mcp"}, "mcp_servers.x.url: resolves to a non-public"),
+        ({"command": ["sh"], "trust": "host"}, "mcp_servers.x.trust"),
+        ({"command": ["sh"], "url": "https://93.184.216.34/"}, "give either command"),
+    ],
+)
+def test_the_api_refuses_private_urls_and_host_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: dict, said: str
+) -> None:
+    client, _ = _api(tmp_path, monkeypatch)
+    r = client.post(
+        "/v1/runs",
+        json={"task": "hello-file", "model": "sim:claude-sonnet-4-5", "mcp_servers": {"x": server}},
+    )
+    assert r.status_code == 422, r.text
+    assert said in r.text
+
+
+def test_the_api_keeps_a_runs_public_and_sandboxed_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, db = _api(tmp_path, monkeypatch)
+    servers = {"web": {"url": "https://93.184.216.34/mcp"}, "box": {"command": ["python3", "s.py"]}}
+    r = client.post(
+        "/v1/runs",
+        json={"task": "hello-file", "model": "sim:claude-sonnet-4-5", "mcp_servers": servers},
+    )
+    assert r.status_code == 201, r.text
+    assert db.run(r.json()["id"]).request["mcp_servers"] == servers
+    assert db.run(r.json()["id"]).request["mcp_tools"] == "auto"
+
+
+def _api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    pytest.importorskip("fastapi")
+    from service_helpers import copy_tasks
+    from starlette.testclient import TestClient
+
+    from stayer.runtime.api import create_app
+
+    monkeypatch.delenv("STAYER_DB", raising=False)
+    app = create_app(tmp_path / "home", copy_tasks(tmp_path / "tasks", "hello-file"))
+    db = app.state.databases.get()
+    key = db.create_tenant("acme")
+    client = TestClient(app, headers={"Authorization": f"Bearer {key}"})
+    return client, db
+
+
+# --- a tool list that changes mid-run ------------------------------------------------------------
+
+
+def test_a_list_change_keeps_the_prefix_until_a_call_needs_it(tmp_path: Path) -> None:
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    r = run_script(
+        tmp_path,
+        make_task(tmp_path, TINY_TOML),
+        "- tool: t__change\n"  # the server says its list changed
+        "- tool: bash\n  input: {command: 'true'}\n"  # not the server's: the prefix stays
+        "- tool: t__echo\n  input: {text: one}\n"  # the changed server's: taken now
+        "- tool: t__added\n"  # offered from here on
+        "- tool: submit\n  input: {summary: done}\n",
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    ledger = doc["ledger"]
+    assert doc["status"] == "succeeded", doc
+    reasons = [(e.get("cache_break") or {}).get("reason") for e in ledger]
+    assert reasons[1] is None and reasons[2] is None  # the change did not rewrite the prefix
+    assert reasons[3] == "tools_changed"  # taken when the call needed it, priced as a break
+    assert ledger[3]["tool_calls"][0]["name"] == "t__added"
+    assert not ledger[3]["tool_calls"][0]["is_error"]
+    trajectory = (tmp_path / "home" / "runs" / doc["run_id"] / "trajectory.jsonl").read_text()
+    assert '"content": "added was called"' in trajectory
+
+
+def test_a_server_that_cannot_start_stops_the_run_saying_why(tmp_path: Path) -> None:
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    task = make_task(tmp_path, '[mcp.servers.t]\ncommand = ["no-such-server"]\n')
+    r = stayer("run", str(task), "--model", SIM, "--sim-policy", "echo", home=tmp_path / "home")
+    assert r.returncode == 2, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "mcp server t could not start" in last and "no-such-server: not found" in last
+    assert "stayer resume" in last
+
+
+def test_stayer_serve_runs_call_a_runs_own_servers(tmp_path: Path) -> None:
+    """A run of `stayer serve` with mcp_servers: a stdio server in the run's sandbox and,
+    where installed, server-everything over streamable HTTP (loopback: the server was
+    started with --allow-private-webhooks, as the test servers are)."""
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    pytest.importorskip("fastapi")
+    from service_helpers import Env, start_server, wait_for
+
+    tasks = tmp_path / "tasks"
+    make_task(tasks, "")
+    servers: dict[str, dict[str, Any]] = {"t": {"command": ["python3", "tiny.py"]}}
+    script = "- tool: t__echo\n  input: {text: from serve}\n"
+    http = None
+    if EVERYTHING.exists() and shutil.which("node"):
+        port = free_port()
+        http = subprocess.Popen(
+            [str(EVERYTHING), "streamableHttp"],
+            env={**os.environ, "PORT": str(port)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        servers["web"] = {"url": f"http://127.0.0.1:{port}/mcp"}
+        script += "- tool: web__echo\n  input: {message: over http}\n"
+    script += "- tool: submit\n  input: {summary: done}\n"
+    (tmp_path / "script.yaml").write_text(script)
+    env = Env(tmp_path / "home")
+    server = start_server(env, tasks)
+    try:
+        key = env.tenant("acme")["api_key"]
+        with server.client(key) as client:
+            if http is not None:  # listening before the run starts
+                deadline = time.monotonic() + 60
+                while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+            r = client.post(
+                "/v1/runs",
+                json={
+                    "task": "task",
+                    "model": SIM,
+                    "sim_policy": f"script:{tmp_path / 'script.yaml'}",
+                    "mcp_servers": servers,
+                },
+            )
+            assert r.status_code == 201, r.text
+            run = wait_for(
+                client, r.json()["id"], lambda x: x["status"] not in ("queued", "running")
+            )
+        assert run["status"] == "succeeded", (run, server.process.output())
+        home_runs = list((tmp_path / "home" / "runs").glob("*/trajectory.jsonl"))
+        trajectory = home_runs[0].read_text()
+        assert '"content": "from serve"' in trajectory
+        if http is not None:
+            assert "over http" in trajectory
+    finally:
+        server.process.kill()
+        if http is not None:
+            os.killpg(http.pid, 9)
+            http.wait()
+
+
+# --- lazy tools ------------------------------------------------------------------------------
+
+
+def _lazy_run(tmp_path: Path, name: str, toml: str, mode: str) -> dict[str, Any]:
+    root = tmp_path / name
+    root.mkdir()
+    r = run_script(
+        root,
+        make_task(root, toml),
+        "- tool: t__echo\n  input: {text: hello lazy}\n- tool: submit\n  input: {summary: done}\n",
+        mode,
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    trajectory = (root / "home" / "runs" / doc["run_id"] / "trajectory.jsonl").read_text()
+    assert '"content": "hello lazy"' in trajectory  # the call went through, either way
+    return doc
+
+
+def test_lazy_tools_search_then_call_with_a_smaller_prefix(tmp_path: Path) -> None:
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    many = '[mcp.servers.t]\ncommand = ["python3", "tiny.py", "--many=100"]\n'
+    eager = _lazy_run(tmp_path, "eager", many, "eager")
+    lazy = _lazy_run(tmp_path, "lazy", many, "lazy")
+    auto = _lazy_run(tmp_path, "auto", many, "auto")
+    few = _lazy_run(tmp_path, "few", TINY_TOML, "auto")
+    assert eager["mcp_tools"] == "eager" and lazy["mcp_tools"] == "lazy"
+    calls = [c["name"] for e in lazy["ledger"] for c in e["tool_calls"]]
+    assert calls == ["tool_search", "tool_search", "submit"]  # search, then call
+    first = {d: doc["ledger"][0]["usage"]["input_tokens"] for d, doc in (("e", eager), ("l", lazy))}
+    assert first["l"] < 0.3 * first["e"], first
+    # auto: lazy where 107 schemas sit in every prompt, eager for a 7-tool server
+    assert auto["mcp_tools"] == "lazy" and few["mcp_tools"] == "eager"
+    assert float(auto["cost_usd"]) < float(eager["cost_usd"])
+
+
+def test_auto_picks_by_the_cost_equation() -> None:
+    from decimal import Decimal
+
+    from stayer.mcp.lazy import choose
+
+    assert choose("auto", {"eager": Decimal(1), "lazy": Decimal(2)}) == "eager"
+    assert choose("auto", {"eager": Decimal(2), "lazy": Decimal(1)}) == "lazy"
+    assert choose("auto", None) == "eager"  # unpriced: nothing to weigh
+    assert choose("lazy", {"eager": Decimal(1), "lazy": Decimal(2)}) == "lazy"
+
+
+def test_a_bad_mcp_tools_value_exits_2(tmp_path: Path) -> None:
+    r = stayer("run", str(make_task(tmp_path, TINY_TOML)), "--model", SIM, "--mcp-tools",
+               "sometimes", home=tmp_path / "home")  # fmt: skip
+    assert (
+        r.returncode == 2 and "--mcp-tools sometimes: choose one of eager, lazy, auto" in r.stderr
+    )
