@@ -24,6 +24,7 @@ import pytest
 from service_helpers import start_listening as _serve
 
 SYSTEM = "Be exact. " * 700
+SECRETS: dict[str, str] = {}  # the tenants' webhook secrets
 
 
 def _cli(env: dict[str, str], *args: str) -> str:
@@ -46,10 +47,13 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def keys(env: dict[str, str]) -> dict[str, str]:
     made = {}
-    for name, cap in (("acme", "50"), ("other", "50"), ("poor", "0.01")):
-        made[name] = json.loads(_cli(env, "tenants", "create", name, "--max-cost", cap, "--json"))[
-            "api_key"
-        ]
+    for name, cap in (("acme", "50"), ("other", "50"), ("poor", "0.01"), ("hooked", "50")):
+        doc = json.loads(_cli(env, "tenants", "create", name, "--max-cost", cap, "--json"))
+        made[name] = doc["api_key"]
+        SECRETS[name] = doc["webhook_secret"]
+    made["defaulted"] = json.loads(
+        _cli(env, "tenants", "create", "defaulted", "--session-max-cost", "0.05", "--json")
+    )["api_key"]
     return made
 
 
@@ -166,14 +170,14 @@ def test_a_call_over_the_budget_is_refused_in_the_providers_shape(
     assert small.content[0].text == "echo: hi"
 
 
-def test_100_concurrent_calls_never_overshoot_a_session_cap(
-    gateway: str, keys: dict[str, str], env: dict[str, str]
-) -> None:
-    cap = Decimal("0.05")
-    client = anthropic.Anthropic(
-        base_url=gateway, api_key=keys["acme"], max_retries=0,
-        default_headers={"x-stayer-session": "s-capped", "x-stayer-max-cost": str(cap)},
-    )  # fmt: skip
+def _in_session(url: str, key: str, session: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=url, api_key=key, max_retries=0, default_headers={"x-stayer-session": session}
+    )
+
+
+def _capped_calls(client: anthropic.Anthropic, n: int) -> list[str]:
+    """``n`` concurrent calls, each "ok" or "refused" (a 402 over a budget); some of each."""
 
     def call(i: int) -> str:
         try:
@@ -183,12 +187,25 @@ def test_100_concurrent_calls_never_overshoot_a_session_cap(
             )  # fmt: skip
             return "ok"
         except anthropic.APIStatusError as e:
-            assert e.status_code == 402, e
+            assert e.status_code == 402 and "budget" in e.message, e
             return "refused"
 
     with ThreadPoolExecutor(32) as pool:
-        outcomes = list(pool.map(call, range(100)))
+        outcomes = list(pool.map(call, range(n)))
     assert "ok" in outcomes and "refused" in outcomes
+    return outcomes
+
+
+def test_100_concurrent_calls_never_overshoot_a_session_cap(
+    gateway: str, keys: dict[str, str], env: dict[str, str]
+) -> None:
+    cap = Decimal("0.05")
+    client = anthropic.Anthropic(
+        base_url=gateway, api_key=keys["acme"], max_retries=0,
+        default_headers={"x-stayer-session": "s-capped", "x-stayer-max-cost": str(cap)},
+    )  # fmt: skip
+
+    outcomes = _capped_calls(client, 100)
     doc = _wait_steps(env, "s-capped", outcomes.count("ok"))
     spent = sum(Decimal(e["cost_usd"]) for e in doc["ledger"])
     assert doc["steps"] == outcomes.count("ok")
@@ -353,6 +370,22 @@ def test_a_cache_break_gets_its_reason_and_its_price(
     )  # fmt: skip
     assert float(line.split()[-1]) >= float(br["cost_usd"])
     assert httpx.get(f"{gateway}/metrics", timeout=30).status_code == 401
+
+
+def test_a_tenants_default_session_cap_holds_a_session_that_names_none(
+    gateway: str, keys: dict[str, str], env: dict[str, str]
+) -> None:
+    client = _in_session(gateway, keys["defaulted"], "s-defaulted")
+    outcomes = _capped_calls(client, 40)
+    doc = _wait_steps(env, "s-defaulted", outcomes.count("ok"))
+    spent = sum(Decimal(e["cost_usd"]) for e in doc["ledger"])
+    assert spent <= Decimal("0.05"), spent
+    (t,) = [
+        t
+        for t in json.loads(_cli(env, "tenants", "list", "--json"))["tenants"]
+        if t["tenant"] == "defaulted"
+    ]
+    assert t["session_max_cost"] == "0.05" and t["max_cost"] is None  # the tenant is uncapped
 
 
 def test_breakers_stop_a_session_that_loops_or_runs_past_its_steps(

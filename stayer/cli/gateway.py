@@ -134,7 +134,7 @@ def gateway(
         return Gateway(
             meter=Meter(PriceBook.load(), open_budget_store(home)),
             ledger=SessionLedger(store),
-            tenant_for_key=service.tenant_for_key,
+            key_info=service.gateway_key,
             upstreams=upstreams,
             failover=fallbacks,
             aliases=aliases,

@@ -2,17 +2,14 @@
 metered on its way through.
 
 A client authenticates with a stayer tenant key (``x-api-key`` or ``Authorization:
-Bearer``); the upstream gets the gateway's own provider key and never the client's.
-Each call is read (``stayer.metering.requests``), admitted against the tenant's budget
-and its session's (``x-stayer-max-cost``), forwarded, and its response passed back byte
-for byte while its usage is read from it; then it is priced, settled and appended to its
-session's ledger. A streamed call whose client hangs up is read to its end all the same,
-so what the upstream billed is on the ledger. Sessions come from the client's own signal
-(Claude Code's ``X-Claude-Code-Session-Id``, Codex's ``session-id``), else
-``x-stayer-session``, else the key. Opt-in rewrites, each on the ledger entry: model
-aliases (priced at the model called), cache breakpoints for an Anthropic request that
-has none (``stayer.metering.savings``, with the cost it would have had without), and
-failover to the provider's next upstream under the same hold (see ``_UNREACHED``).
+Bearer``); the upstream gets the gateway's own provider key, never the client's. A call
+is read (``stayer.metering.requests``), held in its tenant's, key's and session's budgets
+(``x-stayer-max-cost``, else the tenant's default) in one transaction, forwarded, and
+passed back byte for byte while its usage is read; then it is settled, put on its
+session's ledger. A streamed call whose client hangs up is read to its end. Sessions: Claude Code's
+``X-Claude-Code-Session-Id``, Codex's ``session-id``, ``x-stayer-session``, else the key.
+Opt-in rewrites, each on the ledger entry: aliases, cache breakpoints
+(``stayer.metering.savings``), failover under the same hold (see ``_UNREACHED``).
 """
 
 from __future__ import annotations
@@ -37,20 +34,20 @@ from starlette.routing import Route
 
 from stayer.errors import ConfigError
 from stayer.gateway.metrics import GatewayMetrics
-from stayer.guard.budget import BudgetStore
 from stayer.journal.metered import TRIPPED, SessionLedger, SessionRefused, session_id
 from stayer.metering import requests as wire
-from stayer.metering.meter import Admission, Meter, Metered, Refused
+from stayer.metering.meter import Admission, CapClash, Meter, Metered, Opening, Refused
 from stayer.metering.savings import add_cache_breakpoints, has_cache_control, without_cache
 from stayer.metering.session import SessionState, SessionStates, settle_call
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
 from stayer.money import Usd
+from stayer.runtime.db import GatewayKey
+from stayer.runtime.tenants import account_name, key_account_name
 from stayer.settings import MAX_STEPS, MAX_USD
 
 MAX_BODY = 32 * 1024 * 1024
 T = TypeVar("T")
-MAX_OPENED = 100_000  # sessions whose opened accounts a process remembers
 # Request headers never forwarded: the client's credentials, hop-by-hop, ours.
 _DROP = {
     "authorization", "x-api-key", "host", "content-length", "connection", "keep-alive",
@@ -76,9 +73,8 @@ class Upstream:
 class Gateway:
     meter: Meter
     ledger: SessionLedger
-    tenant_for_key: Callable[[str], str | None]
+    key_info: Callable[[str], GatewayKey | None]  # ServiceDB.gateway_key
     upstreams: Mapping[str, Upstream]  # "anthropic", "openai"
-    tenant_caps: Callable[[str], Decimal | None] = lambda tenant: None
     timeout_s: float = 600.0
     max_body: int = MAX_BODY
     client: httpx.AsyncClient | None = None
@@ -89,8 +85,6 @@ class Gateway:
     metrics_token: str | None = None
     metrics: GatewayMetrics = field(default_factory=lambda: GatewayMetrics())
     states: SessionStates = field(default_factory=SessionStates)
-    # (tenant, session, cap) whose accounts this process has opened: not looked up again
-    opened: set[tuple[str, str, Decimal | None]] = field(default_factory=set)
     # Opt-in savings (``stayer.metering.savings``), each shown on the call's ledger entry.
     auto_cache: bool = False
     aliases: Mapping[str, str] = field(default_factory=dict)  # model asked → model called
@@ -180,11 +174,12 @@ def create_app(gw: Gateway) -> Starlette:
             admission: Admission | None = None
             try:
                 key = _key(request)
-                tenant = await gw.run(gw.tenant_for_key, key) if key else None
-                if key is None or tenant is None:
+                who = await gw.run(gw.key_info, key) if key else None
+                if key is None or who is None:
                     raise _Error(
                         401, "missing or invalid stayer key (x-api-key or Authorization: Bearer)"
                     )
+                tenant = who.tenant
                 raw = await _read(request, gw.max_body)
                 try:
                     body = json.loads(raw)
@@ -215,10 +210,14 @@ def create_app(gw: Gateway) -> Starlette:
                     why = f"session {session} tripped a breaker: `stayer report {session}`"
                 if why is not None:
                     raise _Error(403, why)
-                accounts = [f"tenant:{tenant}", f"gateway-session:{session}"]
-                cap = _cap(request)
-                await gw.run(_open_accounts, gw, tenant, session, cap)
-                admission = await gw.run(gw.meter.admit, parsed, provider, accounts)
+                accounts = _accounts(who, session, _cap(request))
+                admission = await gw.run(gw.meter.admit, parsed, provider, list(accounts), accounts)
+            except CapClash as e:
+                return _error(
+                    api,
+                    400,
+                    f"x-stayer-max-cost: session {session} is capped at ${e.args[1]} already",
+                )
             except wire.WireError as e:
                 return _error(api, 400, str(e))
             except SessionRefused as e:
@@ -259,7 +258,7 @@ def create_app(gw: Gateway) -> Starlette:
                 notes["upstream"] = up.base_url
                 notes["failed_attempts"] = failed
             done = _Call(
-                gw, admission, tenant, session, api, started, parsed, raw, state, notes, cache_marks
+                gw, admission, who, session, api, started, parsed, raw, state, notes, cache_marks
             )
             if not parsed.stream:
                 content = await _drain(response)
@@ -390,30 +389,18 @@ def _rewrite(
     return body, notes, added
 
 
-def _open_accounts(gw: Gateway, tenant: str, session: str, cap: Decimal | None) -> None:
-    """The tenant's and the session's budget accounts, opened (once per process: accounts
-    are never closed, and a session's cap never changes once set)."""
-    if (tenant, session, cap) in gw.opened:
-        return
-    budgets = gw.meter.budgets
-    if _missing(budgets, f"tenant:{tenant}"):
-        budgets.open(f"tenant:{tenant}", gw.tenant_caps(tenant))
-    name = f"gateway-session:{session}"
-    if _missing(budgets, name):
-        budgets.open(name, cap)
-    elif cap is not None and (held := budgets.account(name).cap) != cap:
-        raise _Error(400, f"x-stayer-max-cost: session {session} is capped at ${held} already")
-    if len(gw.opened) > MAX_OPENED:
-        gw.opened.clear()
-    gw.opened.add((tenant, session, cap))
-
-
-def _missing(budgets: BudgetStore, name: str) -> bool:
-    try:
-        budgets.account(name)
-    except KeyError:
-        return True
-    return False
+def _accounts(who: GatewayKey, session: str, cap: Decimal | None) -> dict[str, Opening]:
+    """The accounts a call is held in (the tenant's, its key's, its session's), and how
+    each is opened by the first call that finds it missing: the session with the call's
+    ``x-stayer-max-cost`` (which must then match) or else the tenant's default."""
+    by_header = cap is not None
+    return {
+        account_name(who.tenant): Opening(None),
+        key_account_name(who.key_hash): Opening(None),
+        f"gateway-session:{session}": Opening(
+            cap if by_header else who.session_max_cost, by_header
+        ),
+    }
 
 
 async def _drain(response: httpx.Response) -> bytes:
@@ -433,7 +420,7 @@ def _now() -> str:
 class _Call:
     gw: Gateway
     admission: Admission
-    tenant: str
+    who: GatewayKey
     session: str
     api: wire.Api
     started: float
@@ -468,9 +455,10 @@ class _Call:
         if self.cache_marks:
             done.entry["auto_cache"] = self._auto_cache(done.metered, reading)
         status = TRIPPED if done.trips else None
-        await gw.run(gw.ledger.record, self.tenant, self.session, done.entry, _now(), status)
+        tenant = self.who.tenant
+        await gw.run(gw.ledger.record, tenant, self.session, done.entry, _now(), status)
         model = done.entry["model"]
-        gw.metrics.observe(self.tenant, model, done.metered.charged, done.cache_break, done.trips)
+        gw.metrics.observe(tenant, model, done.metered.charged, done.cache_break, done.trips)
 
     def _auto_cache(self, metered: Metered, reading: Reading) -> dict[str, Any]:
         """The breakpoints added, and the call priced as it would have been without them."""
