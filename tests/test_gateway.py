@@ -62,7 +62,8 @@ def gateway(env: dict[str, str], keys: dict[str, str]) -> Iterator[str]:
     sim, sim_url = _serve(["sim", "serve", "--port", "0"], env)
     gw, url = _serve(
         ["gateway", "--port", "0", "--upstream", f"anthropic={sim_url}",
-         "--upstream", f"openai={sim_url}", "--metrics-token", "scrape-me"],
+         "--upstream", f"openai={sim_url}", "--metrics-token", "scrape-me",
+         "--allow-private-webhooks"],
         {**env, "ANTHROPIC_API_KEY": "sk-upstream-secret"},
     )  # fmt: skip
     yield url
@@ -370,6 +371,61 @@ def test_a_cache_break_gets_its_reason_and_its_price(
     )  # fmt: skip
     assert float(line.split()[-1]) >= float(br["cost_usd"])
     assert httpx.get(f"{gateway}/metrics", timeout=30).status_code == 401
+
+
+class _Receiver:
+    """A local webhook receiver: every POST's headers and body."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        got = self.got = []  # type: list[tuple[dict[str, str], bytes]]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                body = self.rfile.read(int(self.headers["content-length"]))
+                got.append((dict(self.headers.items()), body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_cache_miss_sends_the_tenant_a_signed_webhook_with_its_reason_and_price(
+    gateway: str, keys: dict[str, str], env: dict[str, str]
+) -> None:
+    from stayer.runtime.webhooks import verify
+
+    receiver = _Receiver()
+    done = json.loads(_cli(env, "tenants", "webhook", "hooked", receiver.url, "--json"))
+    assert done == {"tenant": "hooked", "webhook": receiver.url}
+    client = _in_session(gateway, keys["hooked"], "s-hooked")
+    own = "Be hooked. " * 700
+    for system in (own, own, "Be caught. " + own):
+        client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=100,
+            system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+            messages=[{"role": "user", "content": "hello"}],
+        )  # fmt: skip
+    ledger = _wait_steps(env, "s-hooked", 3)["ledger"]
+    deadline = time.monotonic() + 60
+    while not receiver.got:  # delivered after the ledger entry is written
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    receiver.server.shutdown()
+    ((headers, body),) = receiver.got  # one miss, one webhook: the hits send none
+    assert verify(SECRETS["hooked"], body, headers)
+    doc = json.loads(body)
+    br = ledger[2]["cache_break"]
+    assert doc["type"] == "gateway.cache_miss" and doc["session"] == "s-hooked"
+    assert doc["step"] == 3 and doc["reason"] == br["reason"] == "prefix_edit"
+    assert Decimal(doc["miss_cost_usd"]) == Decimal(br["cost_usd"]) > 0
+    assert doc["cache_break"] == br
 
 
 def test_a_tenants_default_session_cap_holds_a_session_that_names_none(

@@ -232,6 +232,38 @@ def tenants_budget(
         )
 
 
+@tenants_app.command("webhook")
+def tenants_webhook(
+    name: Annotated[str, typer.Argument(help="Tenant name.")],
+    url: Annotated[str, typer.Argument(help="http(s) URL, or 'none' to stop sending.")],
+    json_out: JsonFlag = False,
+) -> None:
+    """Where `stayer gateway` sends the tenant's cache-miss webhooks (signed with its
+    webhook secret, like the runs' status webhooks).
+
+    Example: stayer tenants webhook acme https://hooks.example.com/stayer"""
+    from stayer.runtime.webhooks import resolve
+
+    target = None if url.lower() == "none" else url
+    if target is not None:
+        _, problem = resolve(target, allow_private=True)
+        if problem is not None:
+            bad_input(f"webhook {url}: {problem}")
+    try:
+        db = _service_db()
+        if not db.tenant_exists(name):
+            bad_input(f"tenant {name!r}: no such tenant; `stayer tenants list` shows them")
+        db.set_gateway_settings(name, webhook=target)
+    except ConfigError as e:
+        bad_input(str(e))
+    if json_out:
+        emit_json({"tenant": name, "webhook": target})
+    else:
+        from rich.markup import escape
+
+        console().print(f"tenant {escape(name)}: cache-miss webhook {escape(target or 'off')}")
+
+
 @tenants_app.command("list")
 def tenants_list(json_out: JsonFlag = False) -> None:
     """The tenants, with their budgets: cap, spent, held by running runs, available.

@@ -6,7 +6,8 @@ Bearer``); the upstream gets the gateway's own provider key, never the client's.
 is read (``stayer.metering.requests``), held in its tenant's, key's and session's budgets
 (``x-stayer-max-cost``, else the tenant's default) in one transaction, forwarded, and
 passed back byte for byte while its usage is read; then it is settled, put on its
-session's ledger. A streamed call whose client hangs up is read to its end. Sessions: Claude Code's
+session's ledger and, when its cache missed, sent to the tenant's webhook. A streamed call
+whose client hangs up is read to its end. Sessions: Claude Code's
 ``X-Claude-Code-Session-Id``, Codex's ``session-id``, ``x-stayer-session``, else the key.
 Opt-in rewrites, each on the ledger entry: aliases, cache breakpoints
 (``stayer.metering.savings``), failover under the same hold (see ``_UNREACHED``).
@@ -44,6 +45,7 @@ from stayer.models.caching import provider_of
 from stayer.money import Usd
 from stayer.runtime.db import GatewayKey
 from stayer.runtime.tenants import account_name, key_account_name
+from stayer.runtime.webhooks import Webhooks
 from stayer.settings import MAX_STEPS, MAX_USD
 
 MAX_BODY = 32 * 1024 * 1024
@@ -85,6 +87,7 @@ class Gateway:
     metrics_token: str | None = None
     metrics: GatewayMetrics = field(default_factory=lambda: GatewayMetrics())
     states: SessionStates = field(default_factory=SessionStates)
+    webhooks: Webhooks = field(default_factory=lambda: Webhooks())  # the tenants' cache misses
     # Opt-in savings (``stayer.metering.savings``), each shown on the call's ledger entry.
     auto_cache: bool = False
     aliases: Mapping[str, str] = field(default_factory=dict)  # model asked → model called
@@ -288,6 +291,7 @@ def create_app(gw: Gateway) -> Starlette:
     async def shutdown() -> None:
         if gw.pending:
             await asyncio.gather(*gw.pending, return_exceptions=True)
+        await gw.webhooks.aclose()
         if gw.client is not None:
             await gw.client.aclose()
 
@@ -456,9 +460,24 @@ class _Call:
             done.entry["auto_cache"] = self._auto_cache(done.metered, reading)
         status = TRIPPED if done.trips else None
         tenant = self.who.tenant
-        await gw.run(gw.ledger.record, tenant, self.session, done.entry, _now(), status)
+        step = await gw.run(gw.ledger.record, tenant, self.session, done.entry, _now(), status)
         model = done.entry["model"]
         gw.metrics.observe(tenant, model, done.metered.charged, done.cache_break, done.trips)
+        if done.cache_break is not None and self.who.webhook:
+            gw.webhooks.send(
+                self.who.webhook,
+                self.who.webhook_secret,
+                {
+                    "type": "gateway.cache_miss",
+                    "run_id": self.session,
+                    "session": self.session,
+                    "step": step,
+                    "model": model,
+                    "reason": done.cache_break.get("reason"),
+                    "miss_cost_usd": done.cache_break.get("cost_usd"),
+                    "cache_break": done.cache_break,
+                },
+            )
 
     def _auto_cache(self, metered: Metered, reading: Reading) -> dict[str, Any]:
         """The breakpoints added, and the call priced as it would have been without them."""
