@@ -62,6 +62,8 @@ _PASS_BACK = (
     "x-request-id",
     "anthropic-ratelimit-requests-remaining",
 )
+KEY_TTL_S = 1.0  # how long a key's settings (default session cap, webhook) are reused
+MAX_KNOWN = 10_000
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-stayer-session")
 
 
@@ -88,6 +90,7 @@ class Gateway:
     metrics: GatewayMetrics = field(default_factory=lambda: GatewayMetrics())
     states: SessionStates = field(default_factory=SessionStates)
     webhooks: Webhooks = field(default_factory=lambda: Webhooks())  # the tenants' cache misses
+    known: dict[str, tuple[float, GatewayKey]] = field(default_factory=dict)  # see who()
     # Opt-in savings (``stayer.metering.savings``), each shown on the call's ledger entry.
     auto_cache: bool = False
     aliases: Mapping[str, str] = field(default_factory=dict)  # model asked → model called
@@ -98,6 +101,20 @@ class Gateway:
         task = asyncio.create_task(work)
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
+
+    async def who(self, key: str) -> GatewayKey | None:
+        """The key's tenant and settings, looked up at most once per ``KEY_TTL_S`` (a key
+        that is not known is looked up every time: a new tenant's works at once)."""
+        now = time.monotonic()
+        hit = self.known.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        found = await self.run(self.key_info, key)
+        if found is not None:
+            if len(self.known) >= MAX_KNOWN:
+                self.known.clear()
+            self.known[key] = (now + KEY_TTL_S, found)
+        return found
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.db, fn, *args)
@@ -174,10 +191,9 @@ def create_app(gw: Gateway) -> Starlette:
         api: wire.Api, parse: Callable[[dict[str, Any]], wire.Parsed]
     ) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
-            admission: Admission | None = None
             try:
                 key = _key(request)
-                who = await gw.run(gw.key_info, key) if key else None
+                who = await gw.who(key) if key else None
                 if key is None or who is None:
                     raise _Error(
                         401, "missing or invalid stayer key (x-api-key or Authorization: Bearer)"
@@ -205,16 +221,10 @@ def create_app(gw: Gateway) -> Starlette:
                 except ConfigError:
                     provider = "openai"
                 session = _session(request, tenant, key)
-                now = _now()
-                row = await gw.run(gw.ledger.open, tenant, session, parsed.model, now)
-                state = gw.states.get(session, provider, parsed.model)
-                why = state.breakers.refusal(row.steps, _max_steps(request))
-                if why is None and row.status == TRIPPED:
-                    why = f"session {session} tripped a breaker: `stayer report {session}`"
-                if why is not None:
-                    raise _Error(403, why)
-                accounts = _accounts(who, session, _cap(request))
-                admission = await gw.run(gw.meter.admit, parsed, provider, list(accounts), accounts)
+                steps, cap = _max_steps(request), _cap(request)
+                state, admission = await gw.run(
+                    _admit, gw, who, session, parsed, provider, steps, cap
+                )
             except CapClash as e:
                 return _error(
                     api,
@@ -391,6 +401,28 @@ def _rewrite(
     if gw.auto_cache and api == "anthropic" and not has_cache_control(body):
         body, added = add_cache_breakpoints(body)
     return body, notes, added
+
+
+def _admit(
+    gw: Gateway,
+    who: GatewayKey,
+    session: str,
+    parsed: wire.Parsed,
+    provider: str,
+    max_steps: int | None,
+    cap: Decimal | None,
+) -> tuple[SessionState, Admission]:
+    """On the database thread, in one hop: the session opened (or refused: another
+    tenant's, a breaker tripped) and the call held in its accounts."""
+    row = gw.ledger.open(who.tenant, session, parsed.model, _now())
+    state = gw.states.get(session, provider, parsed.model)
+    why = state.breakers.refusal(row.steps, max_steps)
+    if why is None and row.status == TRIPPED:
+        why = f"session {session} tripped a breaker: `stayer report {session}`"
+    if why is not None:
+        raise _Error(403, why)
+    accounts = _accounts(who, session, cap)
+    return state, gw.meter.admit(parsed, provider, list(accounts), accounts)
 
 
 def _accounts(who: GatewayKey, session: str, cap: Decimal | None) -> dict[str, Opening]:
