@@ -163,6 +163,10 @@ def test_a_call_over_the_budget_is_refused_in_the_providers_shape(
         )  # fmt: skip
     assert e.value.status_code == 402
     assert e.value.body["type"] == "error" and "worst case" in e.value.body["error"]["message"]  # type: ignore[index]
+    scrape = httpx.get(
+        f"{gateway}/metrics", headers={"authorization": "Bearer scrape-me"}, timeout=30
+    ).text
+    assert 'stayer_gateway_refused_total{reason="budget"}' in scrape
     # a call that fits gets fewer max_tokens instead
     small = client.messages.create(
         model="claude-sonnet-4-5", max_tokens=100_000, timeout=60,

@@ -234,10 +234,14 @@ def create_app(gw: Gateway) -> Starlette:
             except wire.WireError as e:
                 return _error(api, 400, str(e))
             except SessionRefused as e:
+                gw.metrics.refused.labels("session").inc()
                 return _error(api, 403, str(e))
             except Refused as e:
+                gw.metrics.refused.labels("budget").inc()
                 return _error(api, 402, str(e))
             except _Error as e:
+                if e.status in _REFUSALS:
+                    gw.metrics.refused.labels(_REFUSALS[e.status]).inc()
                 return _error(api, e.status, str(e))
             if admission.max_tokens != parsed.request.max_tokens:
                 raw = json.dumps(wire.with_max_tokens(api, body, admission.max_tokens)).encode()
@@ -342,6 +346,9 @@ def create_app(gw: Gateway) -> Starlette:
 # error status (5xx, 429 overloaded/rate limited). A request delivered whose answer was
 # lost (a read timeout, a dropped connection) may have been billed: it is not retried.
 _UNREACHED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+_REFUSALS = {401: "key", 403: "breaker"}  # stayer_gateway_refused_total's reasons, by status
 
 
 def _fails_over(status: int) -> bool:
