@@ -24,6 +24,7 @@ import pytest
 from service_helpers import start_listening as _serve
 
 SYSTEM = "Be exact. " * 700
+SECRETS: dict[str, str] = {}  # the tenants' webhook secrets
 
 
 def _cli(env: dict[str, str], *args: str) -> str:
@@ -46,10 +47,13 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def keys(env: dict[str, str]) -> dict[str, str]:
     made = {}
-    for name, cap in (("acme", "50"), ("other", "50"), ("poor", "0.01")):
-        made[name] = json.loads(_cli(env, "tenants", "create", name, "--max-cost", cap, "--json"))[
-            "api_key"
-        ]
+    for name, cap in (("acme", "50"), ("other", "50"), ("poor", "0.01"), ("hooked", "50")):
+        doc = json.loads(_cli(env, "tenants", "create", name, "--max-cost", cap, "--json"))
+        made[name] = doc["api_key"]
+        SECRETS[name] = doc["webhook_secret"]
+    made["defaulted"] = json.loads(
+        _cli(env, "tenants", "create", "defaulted", "--session-max-cost", "0.05", "--json")
+    )["api_key"]
     return made
 
 
@@ -58,7 +62,8 @@ def gateway(env: dict[str, str], keys: dict[str, str]) -> Iterator[str]:
     sim, sim_url = _serve(["sim", "serve", "--port", "0"], env)
     gw, url = _serve(
         ["gateway", "--port", "0", "--upstream", f"anthropic={sim_url}",
-         "--upstream", f"openai={sim_url}", "--metrics-token", "scrape-me"],
+         "--upstream", f"openai={sim_url}", "--metrics-token", "scrape-me",
+         "--allow-private-webhooks"],
         {**env, "ANTHROPIC_API_KEY": "sk-upstream-secret"},
     )  # fmt: skip
     yield url
@@ -158,12 +163,42 @@ def test_a_call_over_the_budget_is_refused_in_the_providers_shape(
         )  # fmt: skip
     assert e.value.status_code == 402
     assert e.value.body["type"] == "error" and "worst case" in e.value.body["error"]["message"]  # type: ignore[index]
+    scrape = httpx.get(
+        f"{gateway}/metrics", headers={"authorization": "Bearer scrape-me"}, timeout=30
+    ).text
+    assert 'stayer_gateway_refused_total{reason="budget"}' in scrape
     # a call that fits gets fewer max_tokens instead
     small = client.messages.create(
         model="claude-sonnet-4-5", max_tokens=100_000, timeout=60,
         messages=[{"role": "user", "content": "hi"}],
     )  # fmt: skip
     assert small.content[0].text == "echo: hi"
+
+
+def _in_session(url: str, key: str, session: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=url, api_key=key, max_retries=0, default_headers={"x-stayer-session": session}
+    )
+
+
+def _capped_calls(client: anthropic.Anthropic, n: int) -> list[str]:
+    """``n`` concurrent calls, each "ok" or "refused" (a 402 over a budget); some of each."""
+
+    def call(i: int) -> str:
+        try:
+            client.messages.create(
+                model="claude-sonnet-4-5", max_tokens=300,
+                messages=[{"role": "user", "content": f"call {i} " + "word " * 400}],
+            )  # fmt: skip
+            return "ok"
+        except anthropic.APIStatusError as e:
+            assert e.status_code == 402 and "budget" in e.message, e
+            return "refused"
+
+    with ThreadPoolExecutor(32) as pool:
+        outcomes = list(pool.map(call, range(n)))
+    assert "ok" in outcomes and "refused" in outcomes
+    return outcomes
 
 
 def test_100_concurrent_calls_never_overshoot_a_session_cap(
@@ -175,20 +210,7 @@ def test_100_concurrent_calls_never_overshoot_a_session_cap(
         default_headers={"x-stayer-session": "s-capped", "x-stayer-max-cost": str(cap)},
     )  # fmt: skip
 
-    def call(i: int) -> str:
-        try:
-            client.messages.create(
-                model="claude-sonnet-4-5", max_tokens=300,
-                messages=[{"role": "user", "content": f"call {i} " + "word " * 400}],
-            )  # fmt: skip
-            return "ok"
-        except anthropic.APIStatusError as e:
-            assert e.status_code == 402, e
-            return "refused"
-
-    with ThreadPoolExecutor(32) as pool:
-        outcomes = list(pool.map(call, range(100)))
-    assert "ok" in outcomes and "refused" in outcomes
+    outcomes = _capped_calls(client, 100)
     doc = _wait_steps(env, "s-capped", outcomes.count("ok"))
     spent = sum(Decimal(e["cost_usd"]) for e in doc["ledger"])
     assert doc["steps"] == outcomes.count("ok")
@@ -353,6 +375,77 @@ def test_a_cache_break_gets_its_reason_and_its_price(
     )  # fmt: skip
     assert float(line.split()[-1]) >= float(br["cost_usd"])
     assert httpx.get(f"{gateway}/metrics", timeout=30).status_code == 401
+
+
+class _Receiver:
+    """A local webhook receiver: every POST's headers and body."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        got = self.got = []  # type: list[tuple[dict[str, str], bytes]]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                body = self.rfile.read(int(self.headers["content-length"]))
+                got.append((dict(self.headers.items()), body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_cache_miss_sends_the_tenant_a_signed_webhook_with_its_reason_and_price(
+    gateway: str, keys: dict[str, str], env: dict[str, str]
+) -> None:
+    from stayer.runtime.webhooks import verify
+
+    receiver = _Receiver()
+    done = json.loads(_cli(env, "tenants", "webhook", "hooked", receiver.url, "--json"))
+    assert done == {"tenant": "hooked", "webhook": receiver.url}
+    client = _in_session(gateway, keys["hooked"], "s-hooked")
+    own = "Be hooked. " * 700
+    for system in (own, own, "Be caught. " + own):
+        client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=100,
+            system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+            messages=[{"role": "user", "content": "hello"}],
+        )  # fmt: skip
+    ledger = _wait_steps(env, "s-hooked", 3)["ledger"]
+    deadline = time.monotonic() + 60
+    while not receiver.got:  # delivered after the ledger entry is written
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    receiver.server.shutdown()
+    ((headers, body),) = receiver.got  # one miss, one webhook: the hits send none
+    assert verify(SECRETS["hooked"], body, headers)
+    doc = json.loads(body)
+    br = ledger[2]["cache_break"]
+    assert doc["type"] == "gateway.cache_miss" and doc["session"] == "s-hooked"
+    assert doc["step"] == 3 and doc["reason"] == br["reason"] == "prefix_edit"
+    assert Decimal(doc["miss_cost_usd"]) == Decimal(br["cost_usd"]) > 0
+    assert doc["cache_break"] == br
+
+
+def test_a_tenants_default_session_cap_holds_a_session_that_names_none(
+    gateway: str, keys: dict[str, str], env: dict[str, str]
+) -> None:
+    client = _in_session(gateway, keys["defaulted"], "s-defaulted")
+    outcomes = _capped_calls(client, 40)
+    doc = _wait_steps(env, "s-defaulted", outcomes.count("ok"))
+    spent = sum(Decimal(e["cost_usd"]) for e in doc["ledger"])
+    assert spent <= Decimal("0.05"), spent
+    (t,) = [
+        t
+        for t in json.loads(_cli(env, "tenants", "list", "--json"))["tenants"]
+        if t["tenant"] == "defaulted"
+    ]
+    assert t["session_max_cost"] == "0.05" and t["max_cost"] is None  # the tenant is uncapped
 
 
 def test_breakers_stop_a_session_that_loops_or_runs_past_its_steps(

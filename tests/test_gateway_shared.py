@@ -1,7 +1,7 @@
 """Two ``stayer gateway`` processes sharing one store (PostgreSQL through ``STAYER_DB``, or
 SQLite in one ``STAYER_HOME``) in front of one ``stayer sim serve``: 100 concurrent calls
 split across both, by the official SDKs over both wire APIs, streamed and not, never
-overshoot a session's cap (``x-stayer-max-cost``) nor a tenant's, in exact Decimal; no
+overshoot a session's cap (``x-stayer-max-cost``), a key's nor a tenant's, in exact Decimal; no
 hold is left behind, every refusal is a 402 in the provider's own error shape, and every
 call that was let through is on its session's ledger."""
 
@@ -73,8 +73,12 @@ def cluster(
     if request.param == "postgresql":
         env["STAYER_DB"] = request.getfixturevalue("pg_url")
     c = Cluster(env, [], {})
-    for name, cap in (("wide", "50"), ("tight", "0.1")):
-        made = json.loads(c.cli("tenants", "create", name, "--max-cost", cap, "--json"))
+    for name, caps in (
+        ("wide", ["--max-cost", "50"]),
+        ("tight", ["--max-cost", "0.1"]),
+        ("keyed", ["--max-cost", "50", "--key-max-cost", "0.1"]),
+    ):
+        made = json.loads(c.cli("tenants", "create", name, *caps, "--json"))
         c.keys[name] = made["api_key"]
     procs = []
     try:
@@ -154,6 +158,24 @@ def test_two_gateways_never_overshoot_a_session_cap(cluster: Cluster) -> None:
     assert spent <= cap, spent
     assert all(e["complete"] for e in ledger)
     assert Decimal(cluster.tenant("wide")["reserved_usd"]) == 0  # every hold settled
+
+
+def test_two_gateways_never_overshoot_a_key_cap(cluster: Cluster) -> None:
+    """100 calls over 100 sessions of one key, whose tenant has room: the key's cap binds."""
+    keyed = cluster.tenant("keyed")
+    cap = Decimal(keyed["key_max_cost"])
+    assert cap == Decimal("0.1") and Decimal(keyed["max_cost"]) == 50
+    outcomes = _run(
+        _caller(cluster, cluster.keys["keyed"], lambda i: {"x-stayer-session": f"keyed-{i}"})
+    )
+    with ThreadPoolExecutor(8) as pool:
+        ledgers = list(pool.map(lambda i: cluster.ledger(f"keyed-{i}", 1),
+                                [i for i, o in enumerate(outcomes) if o == "ok"]))  # fmt: skip
+    spent = sum(Decimal(e["cost_usd"]) for ledger in ledgers for e in ledger)
+    assert spent <= cap, spent
+    keyed = cluster.tenant("keyed")
+    assert Decimal(keyed["key_reserved_usd"]) == 0 and Decimal(keyed["reserved_usd"]) == 0
+    assert Decimal(keyed["key_spent_usd"]) == spent == Decimal(keyed["spent_usd"])
 
 
 def test_two_gateways_never_overshoot_a_tenant_cap(cluster: Cluster) -> None:

@@ -67,6 +67,13 @@ def gateway(
             "tools and system prompt, and at the last message); the saving is on the ledger.",
         ),
     ] = False,
+    allow_private_webhooks: Annotated[
+        bool,
+        typer.Option(
+            "--allow-private-webhooks",
+            help="Let the tenants' cache-miss webhooks target loopback and private addresses.",
+        ),
+    ] = False,
     metrics_token: Annotated[
         str | None,
         typer.Option(
@@ -97,6 +104,7 @@ def gateway(
     from stayer.pricing import PriceBook
     from stayer.runtime.db import ServiceDB
     from stayer.runtime.tenants import open_budget_store
+    from stayer.runtime.webhooks import Webhooks
 
     upstreams: dict[str, Upstream] = {}
     fallbacks: dict[str, list[Upstream]] = {}
@@ -134,7 +142,7 @@ def gateway(
         return Gateway(
             meter=Meter(PriceBook.load(), open_budget_store(home)),
             ledger=SessionLedger(store),
-            tenant_for_key=service.tenant_for_key,
+            key_info=service.gateway_key,
             upstreams=upstreams,
             failover=fallbacks,
             aliases=aliases,
@@ -142,6 +150,7 @@ def gateway(
             timeout_s=upstream_timeout,
             states=SessionStates(max_tokens_per_minute=max_tokens_per_minute),
             metrics_token=metrics_token,
+            webhooks=Webhooks(allow_private=allow_private_webhooks),
             db=db,
         )
 

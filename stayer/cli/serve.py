@@ -121,12 +121,32 @@ def _worker(  # noqa: ANN202 - Worker (imported lazily: the CLI starts fast)
     )
 
 
+KeyMaxCostOption = Annotated[
+    str | None,
+    typer.Option(
+        "--key-max-cost",
+        help="Budget in USD of the tenant's key over its `stayer gateway` calls "
+        "('none' for unlimited).",
+    ),
+]
+SessionMaxCostOption = Annotated[
+    str | None,
+    typer.Option(
+        "--session-max-cost",
+        help="Default cap in USD of each `stayer gateway` session of the tenant that sends "
+        "no x-stayer-max-cost ('none' for unlimited).",
+    ),
+]
+
+
 @tenants_app.command("create")
 def tenants_create(
     name: Annotated[str, typer.Argument(help="Tenant name: letters, digits, '.', '_', '-'.")],
     max_cost: Annotated[
         str | None, typer.Option("--max-cost", help="The tenant's budget in USD over all its runs.")
     ] = None,
+    key_max_cost: KeyMaxCostOption = None,
+    session_max_cost: SessionMaxCostOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Add a tenant; prints its API key (shown once: only its hash is stored).
@@ -137,11 +157,14 @@ def tenants_create(
     if not re.fullmatch(TENANT_NAME, name):
         bad_input(f"tenant {name!r}: use letters, digits, '.', '_' and '-' (at most 64)")
     cap = _cap(max_cost)
+    key_cap = _cap(key_max_cost, "--key-max-cost")
+    session_cap = _session_cap(session_max_cost)
     try:
         db = _service_db()
         key = db.create_tenant(name)
         account = _budgets().set_cap(name, cap)
         secret = db.webhook_secret(name)
+        gateway = _set_gateway_caps(db, name, key_max_cost, key_cap, session_max_cost, session_cap)
     except ConfigError as e:
         bad_input(str(e))
     doc = {
@@ -149,6 +172,7 @@ def tenants_create(
         "api_key": key,
         "webhook_secret": secret,
         "max_cost": _money(account.cap),
+        **gateway,
     }
     if json_out:
         emit_json(doc)
@@ -168,14 +192,21 @@ def tenants_create(
 def tenants_budget(
     name: Annotated[str, typer.Argument(help="Tenant name.")],
     max_cost: Annotated[
-        str, typer.Option("--max-cost", help="New budget in USD ('none' for unlimited).")
-    ],
+        str | None, typer.Option("--max-cost", help="New budget in USD ('none' for unlimited).")
+    ] = None,
+    key_max_cost: KeyMaxCostOption = None,
+    session_max_cost: SessionMaxCostOption = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Set a tenant's budget; runs paused on it are queued again.
+    """Set a tenant's budget; runs paused on it are queued again. The key's budget and
+    the default session cap apply to `stayer gateway` calls.
 
-    Example: stayer tenants budget acme --max-cost 80"""
-    cap = None if max_cost.lower() in ("none", "unlimited") else _cap(max_cost)
+    Example: stayer tenants budget acme --max-cost 80 --key-max-cost 20"""
+    if max_cost is None and key_max_cost is None and session_max_cost is None:
+        bad_input("stayer tenants budget: give --max-cost, --key-max-cost or --session-max-cost")
+    cap = _cap_or_none(max_cost, "--max-cost")
+    key_cap = _cap_or_none(key_max_cost, "--key-max-cost")
+    session_cap = _session_cap(session_max_cost)
     try:
         db = _service_db()
         if not db.tenant_exists(name):
@@ -183,11 +214,13 @@ def tenants_budget(
         # Counted before the raise: a worker admits the runs that fit as soon as it sees
         # the room, so some may be queued before requeue_paused gets to them.
         requeued = sum(1 for r in db.paused_on_tenant() if r.tenant == name)
-        account = _budgets().set_cap(name, cap)
+        budgets = _budgets()
+        account = budgets.set_cap(name, cap) if max_cost is not None else budgets.account(name)
         db.requeue_paused(name)
+        gateway = _set_gateway_caps(db, name, key_max_cost, key_cap, session_max_cost, session_cap)
     except ConfigError as e:
         bad_input(str(e))
-    doc = {"tenant": name, **_account_doc(account), "requeued_runs": requeued}
+    doc = {"tenant": name, **_account_doc(account), "requeued_runs": requeued, **gateway}
     if json_out:
         emit_json(doc)
     else:
@@ -199,6 +232,38 @@ def tenants_budget(
         )
 
 
+@tenants_app.command("webhook")
+def tenants_webhook(
+    name: Annotated[str, typer.Argument(help="Tenant name.")],
+    url: Annotated[str, typer.Argument(help="http(s) URL, or 'none' to stop sending.")],
+    json_out: JsonFlag = False,
+) -> None:
+    """Where `stayer gateway` sends the tenant's cache-miss webhooks (signed with its
+    webhook secret, like the runs' status webhooks).
+
+    Example: stayer tenants webhook acme https://hooks.example.com/stayer"""
+    from stayer.runtime.webhooks import resolve
+
+    target = None if url.lower() == "none" else url
+    if target is not None:
+        _, problem = resolve(target, allow_private=True)
+        if problem is not None:
+            bad_input(f"webhook {url}: {problem}")
+    try:
+        db = _service_db()
+        if not db.tenant_exists(name):
+            bad_input(f"tenant {name!r}: no such tenant; `stayer tenants list` shows them")
+        db.set_gateway_settings(name, webhook=target)
+    except ConfigError as e:
+        bad_input(str(e))
+    if json_out:
+        emit_json({"tenant": name, "webhook": target})
+    else:
+        from rich.markup import escape
+
+        console().print(f"tenant {escape(name)}: cache-miss webhook {escape(target or 'off')}")
+
+
 @tenants_app.command("list")
 def tenants_list(json_out: JsonFlag = False) -> None:
     """The tenants, with their budgets: cap, spent, held by running runs, available.
@@ -207,7 +272,12 @@ def tenants_list(json_out: JsonFlag = False) -> None:
     try:
         db, budgets = _service_db(), _budgets()
         rows = [
-            {"tenant": n, "created_at": c, **_account_doc(budgets.account(n))}
+            {
+                "tenant": n,
+                "created_at": c,
+                **_account_doc(budgets.account(n)),
+                **_gateway_doc(db, budgets, n),
+            }
             for n, c in db.tenants()
         ]
     except ConfigError as e:
@@ -237,13 +307,59 @@ def tenants_list(json_out: JsonFlag = False) -> None:
     print_table(console(), t)
 
 
-def _cap(text: str | None):  # noqa: ANN202 - Decimal | None
+def _cap(text: str | None, flag: str = "--max-cost"):  # noqa: ANN202 - Decimal | None
     from decimal import Decimal
 
-    cap = parse_decimal(text, "--max-cost")
+    cap = parse_decimal(text, flag)
     if cap is not None and not (Decimal(0) <= cap <= Decimal(10) ** 9):
-        bad_input(f"--max-cost {text}: must be between 0 and 1,000,000,000 USD")
+        bad_input(f"{flag} {text}: must be between 0 and 1,000,000,000 USD")
     return cap
+
+
+def _cap_or_none(text: str | None, flag: str) -> Decimal | None:
+    return None if text is None or text.lower() in ("none", "unlimited") else _cap(text, flag)
+
+
+def _session_cap(text: str | None) -> Decimal | None:
+    from stayer.settings import MAX_USD
+
+    cap = _cap_or_none(text, "--session-max-cost")
+    if cap is not None and not (Decimal(0) < cap <= MAX_USD):
+        bad_input(f"--session-max-cost {text}: must be above 0 and at most {MAX_USD} USD")
+    return cap
+
+
+def _set_gateway_caps(
+    db,  # noqa: ANN001 - ServiceDB
+    name: str,
+    key_text: str | None,
+    key_cap: Decimal | None,
+    session_text: str | None,
+    session_cap: Decimal | None,
+) -> dict[str, str | None]:
+    """Set the caps given (text None: unchanged); the tenant's gateway caps as they are."""
+    budgets = _budgets()
+    digest = db.tenant_key_hash(name)
+    key = (
+        budgets.set_key_cap(name, digest, key_cap)
+        if key_text is not None
+        else budgets.key_account(digest)
+    )
+    if session_text is not None:
+        db.set_gateway_settings(name, session_max_cost=session_cap)
+    return _gateway_doc(db, budgets, name, key)
+
+
+def _gateway_doc(db, budgets, name: str, key=None) -> dict[str, str | None]:  # noqa: ANN001
+    """The tenant's caps over its `stayer gateway` calls: its key's budget, its sessions'
+    default cap."""
+    key = key or budgets.key_account(db.tenant_key_hash(name))
+    return {
+        "key_max_cost": _money(key.cap),
+        "key_spent_usd": str(key.spent),
+        "key_reserved_usd": str(key.reserved),
+        "session_max_cost": _money(db.gateway_settings(name)[0]),
+    }
 
 
 def _default_cap(text: str) -> Decimal:

@@ -2,17 +2,15 @@
 metered on its way through.
 
 A client authenticates with a stayer tenant key (``x-api-key`` or ``Authorization:
-Bearer``); the upstream gets the gateway's own provider key and never the client's.
-Each call is read (``stayer.metering.requests``), admitted against the tenant's budget
-and its session's (``x-stayer-max-cost``), forwarded, and its response passed back byte
-for byte while its usage is read from it; then it is priced, settled and appended to its
-session's ledger. A streamed call whose client hangs up is read to its end all the same,
-so what the upstream billed is on the ledger. Sessions come from the client's own signal
-(Claude Code's ``X-Claude-Code-Session-Id``, Codex's ``session-id``), else
-``x-stayer-session``, else the key. Opt-in rewrites, each on the ledger entry: model
-aliases (priced at the model called), cache breakpoints for an Anthropic request that
-has none (``stayer.metering.savings``, with the cost it would have had without), and
-failover to the provider's next upstream under the same hold (see ``_UNREACHED``).
+Bearer``); the upstream gets the gateway's own provider key, never the client's. A call
+is read (``stayer.metering.requests``), held in its tenant's, key's and session's budgets
+(``x-stayer-max-cost``, else the tenant's default) in one transaction, forwarded, and
+passed back byte for byte while its usage is read; then it is settled, put on its
+session's ledger and, when its cache missed, sent to the tenant's webhook. A streamed call
+whose client hangs up is read to its end. Sessions: Claude Code's
+``X-Claude-Code-Session-Id``, Codex's ``session-id``, ``x-stayer-session``, else the key.
+Opt-in rewrites, each on the ledger entry: aliases, cache breakpoints
+(``stayer.metering.savings``), failover under the same hold (see ``_UNREACHED``).
 """
 
 from __future__ import annotations
@@ -37,20 +35,21 @@ from starlette.routing import Route
 
 from stayer.errors import ConfigError
 from stayer.gateway.metrics import GatewayMetrics
-from stayer.guard.budget import BudgetStore
 from stayer.journal.metered import TRIPPED, SessionLedger, SessionRefused, session_id
 from stayer.metering import requests as wire
-from stayer.metering.meter import Admission, Meter, Metered, Refused
+from stayer.metering.meter import Admission, CapClash, Meter, Metered, Opening, Refused
 from stayer.metering.savings import add_cache_breakpoints, has_cache_control, without_cache
 from stayer.metering.session import SessionState, SessionStates, settle_call
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
 from stayer.money import Usd
+from stayer.runtime.db import GatewayKey
+from stayer.runtime.tenants import account_name, key_account_name
+from stayer.runtime.webhooks import Webhooks
 from stayer.settings import MAX_STEPS, MAX_USD
 
 MAX_BODY = 32 * 1024 * 1024
 T = TypeVar("T")
-MAX_OPENED = 100_000  # sessions whose opened accounts a process remembers
 # Request headers never forwarded: the client's credentials, hop-by-hop, ours.
 _DROP = {
     "authorization", "x-api-key", "host", "content-length", "connection", "keep-alive",
@@ -63,6 +62,8 @@ _PASS_BACK = (
     "x-request-id",
     "anthropic-ratelimit-requests-remaining",
 )
+KEY_TTL_S = 1.0  # how long a key's settings (default session cap, webhook) are reused
+MAX_KNOWN = 10_000
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-stayer-session")
 
 
@@ -76,9 +77,8 @@ class Upstream:
 class Gateway:
     meter: Meter
     ledger: SessionLedger
-    tenant_for_key: Callable[[str], str | None]
+    key_info: Callable[[str], GatewayKey | None]  # ServiceDB.gateway_key
     upstreams: Mapping[str, Upstream]  # "anthropic", "openai"
-    tenant_caps: Callable[[str], Decimal | None] = lambda tenant: None
     timeout_s: float = 600.0
     max_body: int = MAX_BODY
     client: httpx.AsyncClient | None = None
@@ -89,8 +89,8 @@ class Gateway:
     metrics_token: str | None = None
     metrics: GatewayMetrics = field(default_factory=lambda: GatewayMetrics())
     states: SessionStates = field(default_factory=SessionStates)
-    # (tenant, session, cap) whose accounts this process has opened: not looked up again
-    opened: set[tuple[str, str, Decimal | None]] = field(default_factory=set)
+    webhooks: Webhooks = field(default_factory=lambda: Webhooks())  # the tenants' cache misses
+    known: dict[str, tuple[float, GatewayKey]] = field(default_factory=dict)  # see who()
     # Opt-in savings (``stayer.metering.savings``), each shown on the call's ledger entry.
     auto_cache: bool = False
     aliases: Mapping[str, str] = field(default_factory=dict)  # model asked → model called
@@ -101,6 +101,20 @@ class Gateway:
         task = asyncio.create_task(work)
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
+
+    async def who(self, key: str) -> GatewayKey | None:
+        """The key's tenant and settings, looked up at most once per ``KEY_TTL_S`` (a key
+        that is not known is looked up every time: a new tenant's works at once)."""
+        now = time.monotonic()
+        hit = self.known.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        found = await self.run(self.key_info, key)
+        if found is not None:
+            if len(self.known) >= MAX_KNOWN:
+                self.known.clear()
+            self.known[key] = (now + KEY_TTL_S, found)
+        return found
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.db, fn, *args)
@@ -177,14 +191,14 @@ def create_app(gw: Gateway) -> Starlette:
         api: wire.Api, parse: Callable[[dict[str, Any]], wire.Parsed]
     ) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
-            admission: Admission | None = None
             try:
                 key = _key(request)
-                tenant = await gw.run(gw.tenant_for_key, key) if key else None
-                if key is None or tenant is None:
+                who = await gw.who(key) if key else None
+                if key is None or who is None:
                     raise _Error(
                         401, "missing or invalid stayer key (x-api-key or Authorization: Bearer)"
                     )
+                tenant = who.tenant
                 raw = await _read(request, gw.max_body)
                 try:
                     body = json.loads(raw)
@@ -207,25 +221,27 @@ def create_app(gw: Gateway) -> Starlette:
                 except ConfigError:
                     provider = "openai"
                 session = _session(request, tenant, key)
-                now = _now()
-                row = await gw.run(gw.ledger.open, tenant, session, parsed.model, now)
-                state = gw.states.get(session, provider, parsed.model)
-                why = state.breakers.refusal(row.steps, _max_steps(request))
-                if why is None and row.status == TRIPPED:
-                    why = f"session {session} tripped a breaker: `stayer report {session}`"
-                if why is not None:
-                    raise _Error(403, why)
-                accounts = [f"tenant:{tenant}", f"gateway-session:{session}"]
-                cap = _cap(request)
-                await gw.run(_open_accounts, gw, tenant, session, cap)
-                admission = await gw.run(gw.meter.admit, parsed, provider, accounts)
+                steps, cap = _max_steps(request), _cap(request)
+                state, admission = await gw.run(
+                    _admit, gw, who, session, parsed, provider, steps, cap
+                )
+            except CapClash as e:
+                return _error(
+                    api,
+                    400,
+                    f"x-stayer-max-cost: session {session} is capped at ${e.args[1]} already",
+                )
             except wire.WireError as e:
                 return _error(api, 400, str(e))
             except SessionRefused as e:
+                gw.metrics.refused.labels("session").inc()
                 return _error(api, 403, str(e))
             except Refused as e:
+                gw.metrics.refused.labels("budget").inc()
                 return _error(api, 402, str(e))
             except _Error as e:
+                if e.status in _REFUSALS:
+                    gw.metrics.refused.labels(_REFUSALS[e.status]).inc()
                 return _error(api, e.status, str(e))
             if admission.max_tokens != parsed.request.max_tokens:
                 raw = json.dumps(wire.with_max_tokens(api, body, admission.max_tokens)).encode()
@@ -259,7 +275,7 @@ def create_app(gw: Gateway) -> Starlette:
                 notes["upstream"] = up.base_url
                 notes["failed_attempts"] = failed
             done = _Call(
-                gw, admission, tenant, session, api, started, parsed, raw, state, notes, cache_marks
+                gw, admission, who, session, api, started, parsed, raw, state, notes, cache_marks
             )
             if not parsed.stream:
                 content = await _drain(response)
@@ -289,6 +305,7 @@ def create_app(gw: Gateway) -> Starlette:
     async def shutdown() -> None:
         if gw.pending:
             await asyncio.gather(*gw.pending, return_exceptions=True)
+        await gw.webhooks.aclose()
         if gw.client is not None:
             await gw.client.aclose()
 
@@ -329,6 +346,9 @@ def create_app(gw: Gateway) -> Starlette:
 # error status (5xx, 429 overloaded/rate limited). A request delivered whose answer was
 # lost (a read timeout, a dropped connection) may have been billed: it is not retried.
 _UNREACHED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+_REFUSALS = {401: "key", 403: "breaker"}  # stayer_gateway_refused_total's reasons, by status
 
 
 def _fails_over(status: int) -> bool:
@@ -390,30 +410,40 @@ def _rewrite(
     return body, notes, added
 
 
-def _open_accounts(gw: Gateway, tenant: str, session: str, cap: Decimal | None) -> None:
-    """The tenant's and the session's budget accounts, opened (once per process: accounts
-    are never closed, and a session's cap never changes once set)."""
-    if (tenant, session, cap) in gw.opened:
-        return
-    budgets = gw.meter.budgets
-    if _missing(budgets, f"tenant:{tenant}"):
-        budgets.open(f"tenant:{tenant}", gw.tenant_caps(tenant))
-    name = f"gateway-session:{session}"
-    if _missing(budgets, name):
-        budgets.open(name, cap)
-    elif cap is not None and (held := budgets.account(name).cap) != cap:
-        raise _Error(400, f"x-stayer-max-cost: session {session} is capped at ${held} already")
-    if len(gw.opened) > MAX_OPENED:
-        gw.opened.clear()
-    gw.opened.add((tenant, session, cap))
+def _admit(
+    gw: Gateway,
+    who: GatewayKey,
+    session: str,
+    parsed: wire.Parsed,
+    provider: str,
+    max_steps: int | None,
+    cap: Decimal | None,
+) -> tuple[SessionState, Admission]:
+    """On the database thread, in one hop: the session opened (or refused: another
+    tenant's, a breaker tripped) and the call held in its accounts."""
+    row = gw.ledger.open(who.tenant, session, parsed.model, _now())
+    state = gw.states.get(session, provider, parsed.model)
+    why = state.breakers.refusal(row.steps, max_steps)
+    if why is None and row.status == TRIPPED:
+        why = f"session {session} tripped a breaker: `stayer report {session}`"
+    if why is not None:
+        raise _Error(403, why)
+    accounts = _accounts(who, session, cap)
+    return state, gw.meter.admit(parsed, provider, list(accounts), accounts)
 
 
-def _missing(budgets: BudgetStore, name: str) -> bool:
-    try:
-        budgets.account(name)
-    except KeyError:
-        return True
-    return False
+def _accounts(who: GatewayKey, session: str, cap: Decimal | None) -> dict[str, Opening]:
+    """The accounts a call is held in (the tenant's, its key's, its session's), and how
+    each is opened by the first call that finds it missing: the session with the call's
+    ``x-stayer-max-cost`` (which must then match) or else the tenant's default."""
+    by_header = cap is not None
+    return {
+        account_name(who.tenant): Opening(None),
+        key_account_name(who.key_hash): Opening(None),
+        f"gateway-session:{session}": Opening(
+            cap if by_header else who.session_max_cost, by_header
+        ),
+    }
 
 
 async def _drain(response: httpx.Response) -> bytes:
@@ -433,7 +463,7 @@ def _now() -> str:
 class _Call:
     gw: Gateway
     admission: Admission
-    tenant: str
+    who: GatewayKey
     session: str
     api: wire.Api
     started: float
@@ -468,9 +498,25 @@ class _Call:
         if self.cache_marks:
             done.entry["auto_cache"] = self._auto_cache(done.metered, reading)
         status = TRIPPED if done.trips else None
-        await gw.run(gw.ledger.record, self.tenant, self.session, done.entry, _now(), status)
+        tenant = self.who.tenant
+        step = await gw.run(gw.ledger.record, tenant, self.session, done.entry, _now(), status)
         model = done.entry["model"]
-        gw.metrics.observe(self.tenant, model, done.metered.charged, done.cache_break, done.trips)
+        gw.metrics.observe(tenant, model, done.metered.charged, done.cache_break, done.trips)
+        if done.cache_break is not None and self.who.webhook:
+            gw.webhooks.send(
+                self.who.webhook,
+                self.who.webhook_secret,
+                {
+                    "type": "gateway.cache_miss",
+                    "run_id": self.session,
+                    "session": self.session,
+                    "step": step,
+                    "model": model,
+                    "reason": done.cache_break.get("reason"),
+                    "miss_cost_usd": done.cache_break.get("cost_usd"),
+                    "cache_break": done.cache_break,
+                },
+            )
 
     def _auto_cache(self, metered: Metered, reading: Reading) -> dict[str, Any]:
         """The breakpoints added, and the call priced as it would have been without them."""

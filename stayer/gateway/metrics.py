@@ -1,6 +1,7 @@
 """The gateway's Prometheus metrics (``/metrics``), in its own registry: calls and their
 cost by tenant and model, cache breaks and what they cost over a hit
-(``stayer_cache_miss_cost_usd_total``) by reason, refusals and breaker trips by reason."""
+(``stayer_cache_miss_cost_usd_total``) by reason, refusals (``key``, ``session``,
+``budget``, ``breaker``) and breaker trips by reason."""
 
 from __future__ import annotations
 
@@ -9,34 +10,25 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+_COUNTERS = (  # name, help, labels: in the order GatewayMetrics unpacks them
+    ("stayer_gateway_calls", "Calls metered by the gateway", ("tenant", "model")),
+    ("stayer_gateway_cost_usd", "What the gateway's calls were charged", ("tenant", "model")),
+    ("stayer_cache_breaks", "Calls that missed the cache, by reason", ("reason",)),
+    (
+        "stayer_cache_miss_cost_usd",
+        "What cache misses cost over a hit, by the forensics' reason",
+        ("reason",),
+    ),
+    ("stayer_gateway_refused", "Calls refused before the upstream, by reason", ("reason",)),
+    ("stayer_gateway_breaker_trips", "Sessions stopped by a breaker", ("reason",)),
+)
+
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry or CollectorRegistry()
-        self.calls = Counter(
-            "stayer_gateway_calls", "Calls metered by the gateway", ["tenant", "model"], registry=r
-        )
-        self.cost = Counter(
-            "stayer_gateway_cost_usd",
-            "What the gateway's calls were charged",
-            ["tenant", "model"],
-            registry=r,
-        )
-        self.breaks = Counter(
-            "stayer_cache_breaks", "Calls that missed the cache, by reason", ["reason"], registry=r
-        )
-        self.miss_cost = Counter(
-            "stayer_cache_miss_cost_usd",
-            "What cache misses cost over a hit, by the forensics' reason",
-            ["reason"],
-            registry=r,
-        )
-        self.refused = Counter(
-            "stayer_gateway_refused", "Calls refused before the upstream, by reason", ["reason"],
-            registry=r,
-        )  # fmt: skip
-        self.trips = Counter(
-            "stayer_gateway_breaker_trips", "Sessions stopped by a breaker", ["reason"], registry=r
+        (self.calls, self.cost, self.breaks, self.miss_cost, self.refused, self.trips) = (
+            Counter(name, doc, labels, registry=r) for name, doc, labels in _COUNTERS
         )
 
     def observe(

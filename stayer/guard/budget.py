@@ -127,35 +127,14 @@ class BudgetStore(ABC):
 
     def reserve(self, name: str, amount: Decimal) -> int | None:
         """Hold ``amount``; None (and nothing held) when that would exceed the cap."""
-        if amount < 0:
-            raise ValueError(f"a reservation cannot be negative ({amount})")
         with self.transaction() as rows:
-            a = _open_account(rows, name)
-            if a.cap is not None and a.spent + a.reserved + amount > a.cap:
-                return None
-            rows.put(replace(a, reserved=a.reserved + amount))
-            return rows.hold(name, amount)
+            return reserve_in(rows, _open_account(rows, name), amount)
 
     def settle(self, hold_id: int, actual: Decimal) -> Decimal:
         """Replace a reservation by what was really spent; returns any overrun (> 0 only
         if the worst-case estimate was wrong — the spend happened, so it is recorded)."""
         with self.transaction() as rows:
-            held = rows.take(hold_id)
-            if held is None:
-                raise KeyError(f"reservation {hold_id} is already settled")
-            name, amount = held
-            a = rows.get(name)
-            assert a is not None
-            overrun = max(actual - amount, ZERO)
-            rows.put(
-                replace(
-                    a,
-                    reserved=a.reserved - amount,
-                    spent=a.spent + actual,
-                    overrun=a.overrun + overrun,
-                )
-            )
-            return overrun
+            return settle_in(rows, hold_id, actual)
 
     def carve(self, parent: str, child: str, amount: Decimal | None) -> bool:
         """Create budget ``child`` funded by ``amount`` held in ``parent`` (None: unlimited,
@@ -189,6 +168,34 @@ class BudgetStore(ABC):
             a = replace(a, closed=True)
             rows.put(a)
             return a
+
+
+def reserve_in(rows: Rows, a: Account, amount: Decimal) -> int | None:
+    """Inside a transaction: hold ``amount`` in ``a`` (as read in it); None when that
+    would exceed the cap."""
+    if amount < 0:
+        raise ValueError(f"a reservation cannot be negative ({amount})")
+    if a.cap is not None and a.spent + a.reserved + amount > a.cap:
+        return None
+    rows.put(replace(a, reserved=a.reserved + amount))
+    return rows.hold(a.name, amount)
+
+
+def settle_in(rows: Rows, hold_id: int, actual: Decimal) -> Decimal:
+    """Inside a transaction: replace a reservation by what was spent; the overrun."""
+    held = rows.take(hold_id)
+    if held is None:
+        raise KeyError(f"reservation {hold_id} is already settled")
+    name, amount = held
+    a = rows.get(name)
+    assert a is not None
+    overrun = max(actual - amount, ZERO)
+    rows.put(
+        replace(
+            a, reserved=a.reserved - amount, spent=a.spent + actual, overrun=a.overrun + overrun
+        )
+    )
+    return overrun
 
 
 def _open_account(rows: Rows, name: str) -> Account:

@@ -72,8 +72,7 @@ class SessionLedger:
                 row = self.store.run(session)
                 total = Usd.parse(row.cost_usd) if row else Usd(Decimal(0))
                 cost = Usd.parse(entry["cost_usd"])
-                try:
-                    self.store.renew(session, OWNER, _LEASE_S)
+                try:  # the lease, taken for a century at open, is never renewed
                     self.store.append(
                         session,
                         OWNER,

@@ -13,12 +13,12 @@ money the provider may have billed is never lost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 from stayer.errors import ConfigError
-from stayer.guard.budget import BudgetStore
+from stayer.guard.budget import Account, BudgetStore, Rows, reserve_in, settle_in
 from stayer.guard.reserve import MIN_OUTPUT_TOKENS, CallQuote, quote
 from stayer.metering.requests import Parsed
 from stayer.metering.usage import Reading
@@ -82,39 +82,45 @@ class Meter:
             parsed.request.cache_ttl,
         )
 
-    def admit(self, parsed: Parsed, provider: str, accounts: Sequence[str]) -> Admission:
-        """Hold the call's worst case in each of ``accounts``, or raise :class:`Refused`."""
+    def admit(
+        self,
+        parsed: Parsed,
+        provider: str,
+        accounts: Sequence[str],
+        opening: Mapping[str, Opening] | None = None,
+    ) -> Admission:
+        """Hold the call's worst case in each of ``accounts``, or raise :class:`Refused`:
+        one transaction, so that a refusal holds nothing and a call costs one commit. An
+        account not open yet is opened as ``opening`` says (else ConfigError)."""
         tokens = self.prompt_tokens(parsed, provider)
         q = self.quote(parsed, provider, tokens)
         wanted = parsed.request.max_tokens
-        capped = [
-            (name, a.available) for name in accounts if (a := self._account(name)).cap is not None
-        ]
         base = Admission(parsed.model, provider, parsed.request.service_tier, tokens, wanted, None)
-        if q is None:
-            if capped:
+        with self.budgets.transaction() as rows:
+            held = [_opened(rows, name, (opening or {}).get(name)) for name in accounts]
+            capped = [(a.name, a.available) for a in held if a.cap is not None]
+            if q is None:
+                if capped:
+                    raise Refused(
+                        f"model {parsed.model!r} ({provider}) has no price data, so no call of "
+                        f"it can be held under the cap of {capped[0][0]}"
+                    )
+                return base
+            available = min((v for _, v in capped if v is not None), default=None)
+            allowed = q.affordable_output(available, wanted)
+            if allowed < min(wanted, MIN_OUTPUT_TOKENS):
                 raise Refused(
-                    f"model {parsed.model!r} ({provider}) has no price data, so no call of it "
-                    f"can be held under the cap of {capped[0][0]}"
+                    f"budget: this call's worst case does not fit what is left "
+                    f"(${available} in {min(capped, key=lambda c: c[1] or 0)[0]}): about "
+                    f"{tokens:,} prompt tokens cost up to ${q.input_cost:.6f} before any "
+                    f"output, and {min(wanted, MIN_OUTPUT_TOKENS):,} output tokens up to "
+                    f"${q.output_rate * min(wanted, MIN_OUTPUT_TOKENS):.6f}"
                 )
-            return base
-        available = min((v for _, v in capped if v is not None), default=None)
-        allowed = q.affordable_output(available, wanted)
-        if allowed < min(wanted, MIN_OUTPUT_TOKENS):
-            raise Refused(
-                f"budget: this call's worst case does not fit what is left "
-                f"(${available} in {min(capped, key=lambda c: c[1] or 0)[0]}): about "
-                f"{tokens:,} prompt tokens cost up to ${q.input_cost:.6f} before any output, "
-                f"and {min(wanted, MIN_OUTPUT_TOKENS):,} output tokens up to "
-                f"${q.output_rate * min(wanted, MIN_OUTPUT_TOKENS):.6f}"
-            )
-        base.max_tokens, base.worst_case = allowed, q.worst_case(allowed)
-        for name in accounts:
-            hold = self.budgets.reserve(name, base.worst_case)
-            if hold is None:  # another call took what was left since we looked
-                self._release(base)
-                raise Refused(f"budget: {name} cannot hold ${base.worst_case} for this call now")
-            base.holds.append(hold)
+            base.max_tokens, base.worst_case = allowed, q.worst_case(allowed)
+            for a in held:
+                hold = reserve_in(rows, a, base.worst_case)
+                assert hold is not None  # it fits: read in this transaction
+                base.holds.append(hold)
         return base
 
     def settle(self, admission: Admission, reading: Reading) -> Metered:
@@ -124,10 +130,7 @@ class Meter:
         charged = cost.total if cost.total is not None and reading.complete else None
         if charged is None and admission.worst_case is not None:
             charged = max(admission.worst_case, cost.total or Decimal(0))
-        if not admission.settled:
-            admission.settled = True
-            for hold in admission.holds:
-                self.budgets.settle(hold, charged if charged is not None else Decimal(0))
+        self._settle(admission, charged if charged is not None else Decimal(0))
         return Metered(usage, cost, charged, reading.complete)
 
     def cost(self, admission: Admission, reading: Reading, usage: Usage | None) -> Cost:
@@ -142,17 +145,41 @@ class Meter:
     def release(self, admission: Admission) -> None:
         """Give back the holds of a call that was never sent (or was refused upstream
         before anything was billed)."""
-        if not admission.settled:
-            admission.settled = True
-            self._release(admission)
+        self._settle(admission, Decimal(0))
 
-    def _release(self, admission: Admission) -> None:
-        for hold in admission.holds:
-            self.budgets.settle(hold, Decimal(0))
-        admission.holds.clear()
+    def _settle(self, admission: Admission, actual: Decimal) -> None:
+        """Every hold of ``admission`` replaced by ``actual``, in one transaction, once."""
+        if admission.settled:
+            return
+        admission.settled = True
+        if admission.holds:
+            with self.budgets.transaction() as rows:
+                for hold in admission.holds:
+                    settle_in(rows, hold, actual)
 
-    def _account(self, name: str):  # noqa: ANN202 - guard.budget.Account
-        try:
-            return self.budgets.account(name)
-        except KeyError:
-            raise ConfigError(f"budget {name!r} is not open") from None
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """How an account is opened by the call that finds it missing: with ``cap``; with
+    ``strict``, an account open already with another cap refuses the call."""
+
+    cap: Decimal | None
+    strict: bool = False
+
+
+class CapClash(Exception):
+    """A strict opening met the account open with another cap (``args``: name, cap)."""
+
+
+def _opened(rows: Rows, name: str, opening: Opening | None) -> Account:
+    a = rows.get(name)
+    if a is None:
+        if opening is None:
+            raise ConfigError(f"budget {name!r} is not open")
+        a = Account(name, opening.cap)
+        rows.put(a)
+    elif opening is not None and opening.strict and a.cap != opening.cap:
+        raise CapClash(name, a.cap)
+    if a.closed:
+        raise Refused(f"budget: {name} is closed")
+    return a

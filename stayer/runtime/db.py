@@ -20,6 +20,7 @@ import hashlib
 import json
 import secrets
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from stayer.errors import ConfigError
@@ -86,6 +87,13 @@ _DDL = [
         run_id TEXT NOT NULL,
         created_at TEXT NOT NULL,
         PRIMARY KEY (tenant, key)
+    )""",
+    # A tenant's settings for ``stayer gateway``: its sessions' default cap (USD) and
+    # where its cache-miss webhooks go.
+    """CREATE TABLE IF NOT EXISTS stayer_gateway_tenants (
+        tenant TEXT PRIMARY KEY,
+        session_max_cost TEXT,
+        webhook TEXT
     )""",
     "CREATE INDEX IF NOT EXISTS stayer_service_runs_queue ON stayer_service_runs (status, created_at)",
     "CREATE INDEX IF NOT EXISTS stayer_service_runs_tenant ON stayer_service_runs (tenant, created_at)",
@@ -158,6 +166,20 @@ class ServiceRun:
         return self.status in TERMINAL
 
 
+@dataclass(frozen=True)
+class GatewayKey:
+    """What ``stayer gateway`` needs to know of a key, read in one query."""
+
+    tenant: str
+    key_hash: str
+    webhook_secret: str
+    session_max_cost: Decimal | None  # the tenant's default cap of a session
+    webhook: str | None  # where the tenant's cache-miss webhooks go
+
+
+_UNCHANGED: Any = object()
+
+
 class ServiceDB:
     """The runtime's rows in the journal's database ``store``."""
 
@@ -186,6 +208,50 @@ class ServiceDB:
             "SELECT name FROM stayer_tenants WHERE key_hash = ?", (key_hash(api_key),)
         )
         return str(rows[0][0]) if rows else None
+
+    def gateway_key(self, api_key: str) -> GatewayKey | None:
+        rows = self.store._read(
+            "SELECT t.name, t.key_hash, t.webhook_secret, g.session_max_cost, g.webhook "
+            "FROM stayer_tenants t LEFT JOIN stayer_gateway_tenants g ON g.tenant = t.name "
+            "WHERE t.key_hash = ?",
+            (key_hash(api_key),),
+        )
+        if not rows:
+            return None
+        name, digest, secret, cap, webhook = rows[0]
+        cap = None if cap is None else Decimal(cap)
+        return GatewayKey(str(name), str(digest), str(secret), cap, webhook)
+
+    def tenant_key_hash(self, name: str) -> str | None:
+        rows = self.store._read("SELECT key_hash FROM stayer_tenants WHERE name = ?", (name,))
+        return str(rows[0][0]) if rows else None
+
+    def gateway_settings(self, name: str) -> tuple[Decimal | None, str | None]:
+        """The tenant's (default session cap, cache-miss webhook) for ``stayer gateway``."""
+        rows = self.store._read(
+            "SELECT session_max_cost, webhook FROM stayer_gateway_tenants WHERE tenant = ?",
+            (name,),
+        )
+        if not rows:
+            return None, None
+        cap, webhook = rows[0]
+        return (None if cap is None else Decimal(cap)), webhook
+
+    def set_gateway_settings(
+        self, name: str, *, session_max_cost: Any = _UNCHANGED, webhook: Any = _UNCHANGED
+    ) -> tuple[Decimal | None, str | None]:
+        """Change what is given (None: unset); returns the settings as they are now."""
+        cap, url = self.gateway_settings(name)
+        cap = cap if session_max_cost is _UNCHANGED else session_max_cost
+        url = url if webhook is _UNCHANGED else webhook
+        with self.store._tx() as cur:
+            cur.execute(
+                "INSERT INTO stayer_gateway_tenants (tenant, session_max_cost, webhook) "
+                "VALUES (?, ?, ?) ON CONFLICT (tenant) DO UPDATE SET "
+                "session_max_cost = excluded.session_max_cost, webhook = excluded.webhook",
+                (name, None if cap is None else str(cap), url),
+            )
+        return cap, url
 
     def tenant_exists(self, name: str) -> bool:
         return bool(self.store._read("SELECT 1 FROM stayer_tenants WHERE name = ?", (name,)))

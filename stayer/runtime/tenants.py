@@ -27,6 +27,11 @@ def account_name(tenant: str) -> str:
     return f"tenant:{tenant}"
 
 
+def key_account_name(key_hash: str) -> str:
+    """A gateway key's budget account, named by the key's SHA-256 (never the key)."""
+    return f"key:{key_hash[:32]}"
+
+
 def open_budget_store(home: Path, url: str | None = None) -> BudgetStore:
     """The budget store beside the journal that ``STAYER_DB`` (or ``url``) names."""
     url = os.environ.get("STAYER_DB") if url is None else url
@@ -46,7 +51,18 @@ class TenantBudgets:
     def set_cap(self, tenant: str, cap: Decimal | None) -> Account:
         """Create or change the tenant's cap (None: unlimited, still accounted). Lowering
         it below what is spent and held is refused: that money is already committed."""
-        name = account_name(tenant)
+        return self._set(account_name(tenant), cap, f"--max-cost {cap}", f"tenant {tenant!r}")
+
+    def set_key_cap(self, tenant: str, key_hash: str, cap: Decimal | None) -> Account:
+        """The same for the tenant's key: what calls through ``stayer gateway`` with it
+        may spend (the tenant's cap still holds over them)."""
+        name = key_account_name(key_hash)
+        return self._set(name, cap, f"--key-max-cost {cap}", f"tenant {tenant!r}'s key")
+
+    def key_account(self, key_hash: str) -> Account:
+        return self._account(key_account_name(key_hash))
+
+    def _set(self, name: str, cap: Decimal | None, flag: str, who: str) -> Account:
         with self.store.transaction() as rows:
             a = rows.get(name)
             if a is None:
@@ -54,7 +70,7 @@ class TenantBudgets:
             else:
                 if cap is not None and cap < a.spent + a.reserved:
                     raise ConfigError(
-                        f"--max-cost {cap}: below what tenant {tenant!r} has spent and holds "
+                        f"{flag}: below what {who} has spent and holds "
                         f"(${a.spent + a.reserved}); give at least that"
                     )
                 a = replace(a, cap=cap)
@@ -62,7 +78,9 @@ class TenantBudgets:
             return a
 
     def account(self, tenant: str) -> Account:
-        name = account_name(tenant)
+        return self._account(account_name(tenant))
+
+    def _account(self, name: str) -> Account:
         with self.store.transaction() as rows:
             a = rows.get(name)
             if a is None:
