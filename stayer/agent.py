@@ -41,6 +41,7 @@ from stayer.ledger import LedgerEntry, RunResult
 from stayer.models.base import Message, Model, ModelError, ModelResponse, ToolCall, lost_attempts
 from stayer.pricing import Cost, PriceBook, Rates
 from stayer.routing.router import Route, Router, RouteView, rules_for
+from stayer.settings import RunSettings
 from stayer.tokens import MessageCounter, PromptEstimate, PromptEstimator
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext, ToolResult
@@ -69,7 +70,7 @@ CUT_OFF_ANSWER = ToolResult(
 
 @dataclass(frozen=True)
 class Limits:
-    max_steps: int = 50
+    max_steps: int = RunSettings.max_steps
     max_cost: Decimal | None = None
     max_output_tokens: int = 8192  # per model call
     service_tier: str | None = None

@@ -54,11 +54,10 @@ from stayer.money import Usd
 from stayer.paths import workspaces_root
 from stayer.pricing import PriceBook
 from stayer.routing.setup import RoutingSetup, prepare_routing, require_prices
-from stayer.run_config import RunConfig
 from stayer.sandbox import IMAGE_KINDS, released
 from stayer.sandbox import KINDS as SANDBOX_KINDS
 from stayer.sandbox.bwrap import check_bwrap
-from stayer.settings import RunSettings, check_flags
+from stayer.settings import RunFlags, RunSettings, check_flags
 from stayer.teams.config import TeamSpec, load_team, team_from
 from stayer.teams.runner import Team, TeamServices
 from stayer.tokens import Counters, MessageCounter, TiktokenCounter
@@ -139,7 +138,7 @@ def _progress(line: str) -> None:
 
 @dataclass
 class PreparedRun:
-    config: RunConfig
+    config: RunSettings
     task: Task
     model: Model
     counter: MessageCounter
@@ -159,7 +158,7 @@ class PreparedRun:
 
 
 def prepare(
-    config: RunConfig,
+    config: RunSettings,
     prices: PriceBook | None = None,
     *,
     store: Store | None = None,
@@ -170,7 +169,7 @@ def prepare(
     ``store`` is the journal to use (default: ``open_store``, opened last, once everything
     else is valid); callers running many runs at once should share one. ``resume`` prepares
     an existing run, for ``execute(..., journal=RunJournal.reopen(…))``."""
-    check_flags(RunSettings, {k: getattr(config, k) for k in RunSettings.model_fields})
+    check_flags(RunFlags, {k: getattr(config, k) for k in RunFlags.model_fields})
     if config.sandbox is not None and config.sandbox not in SANDBOX_KINDS:
         raise ConfigError(
             f"--sandbox {config.sandbox}: unknown sandbox; choose one of {', '.join(SANDBOX_KINDS)}"
@@ -260,7 +259,7 @@ def prepare(
 
 
 def team_models_for(
-    team: TeamSpec, config: RunConfig, task: Task, counters: Counters, prices: PriceBook
+    team: TeamSpec, config: RunSettings, task: Task, counters: Counters, prices: PriceBook
 ) -> dict[str, Model]:
     """Each agent's model, its own instance (a simulator keeps its own cache); simulated
     agents play ``--sim-policy`` (default ``team``)."""
@@ -275,7 +274,7 @@ def team_models_for(
 
 
 def model_for(
-    spec: str, config: RunConfig, task: Task, counters: Counters, prices: PriceBook
+    spec: str, config: RunSettings, task: Task, counters: Counters, prices: PriceBook
 ) -> Model:
     """``build_model``, refusing a ``sim:`` model that no price data knows (``check_model``)."""
     check_model(spec, prices)
@@ -350,7 +349,7 @@ def check_policies(
         raise named(e, "--sim-policy", "sim_policy") from None
 
 
-def build_model(spec: str, config: RunConfig, task: Task, counters: Counters) -> Model:
+def build_model(spec: str, config: RunSettings, task: Task, counters: Counters) -> Model:
     """The model ``spec`` names: a simulator playing ``--sim-policy``, or a real adapter.
     A simulator counts with its model's own tokenizer, as a real call is counted."""
     kind, model_id = split_spec(spec)

@@ -38,7 +38,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from stayer.agent import Agent, Limits, RunResult
-from stayer.config import parse_config
 from stayer.context.policies import make_policy
 from stayer.context.summarizer import ModelSummarizer
 from stayer.delegation import ChildAgents, ChildSettings
@@ -62,6 +61,7 @@ from stayer.models.sim import SimModel
 from stayer.models.sim_policies import filler
 from stayer.pricing import PriceBook
 from stayer.routing.setup import RoutingSetup, require_prices
+from stayer.settings import parse_config
 from stayer.tokens import MessageCounter, TiktokenCounter
 from stayer.tools.base import ToolContext, ToolResult
 from stayer.tools.submit import SubmitTool

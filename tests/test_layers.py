@@ -44,14 +44,13 @@ LAYERS: list[set[str]] = [
     {"context"},
     {"tools"},
     {"guard"},
-    {"config"},  # stayer.toml's schema: the router's sections and the guard's GuardConfig
     {"routing"},
     {"ledger"},  # the journal writes ledger entries, so the ledger sits below it
     {"journal"},
     {"metering"},  # a provider call read, priced, held, settled and journaled: every door's core
     {"agent"},
     {"teams", "delegation"},
-    {"eval", "audit", "whatif", "run", "run_config", "estimate", "doctor"},
+    {"eval", "audit", "whatif", "run", "estimate", "doctor"},
     {"runtime", "telemetry", "scale", "simserver", "gateway", "sdk"},
     {"cli", "stayer"},  # the public API (stayer/__init__.py) re-exports from every layer
 ]

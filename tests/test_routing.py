@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from stayer.agent import Agent, Limits
-from stayer.config import load_config, parse_config
 from stayer.errors import ConfigError
 from stayer.guard.breakers import GuardConfig, StepRecord, ToolCallRecord
 from stayer.models.scripted import COUNTER, ScriptedModel, bash, call, failing
@@ -22,6 +21,7 @@ from stayer.pricing import PriceBook
 from stayer.routing.router import Router, RouteView
 from stayer.routing.tiers import TierPolicy
 from stayer.sandbox.local import LocalSandbox
+from stayer.settings import load_config, parse_config
 from stayer.tools import default_tools
 from stayer.tools.base import ToolContext
 

@@ -336,14 +336,14 @@ def test_a_call_lost_in_flight_gets_its_own_span_when_the_resumed_run_issues_it_
 
     from stayer.eval.resume import prepare_resume
     from stayer.models.sim import SimModel
-    from stayer.run import RunConfig, execute, prepare
+    from stayer.run import RunSettings, execute, prepare
     from stayer.telemetry.tracing import execute_traced
 
     monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("STAYER_DB", raising=False)
     task = make_task(tmp_path)
     prepared = prepare(
-        RunConfig(
+        RunSettings(
             str(task),
             "sim:claude-sonnet-4-5",
             max_steps=30,

@@ -258,10 +258,10 @@ def test_a_simulated_model_counts_with_the_tokenizer_a_real_call_would(
     family. Before the fix every ``sim:`` model counted with cl100k_base."""
     from stayer.models.caching import provider_of
     from stayer.models.sim import SimModel
-    from stayer.run import RunConfig, prepare
+    from stayer.run import RunSettings, prepare
 
     monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))
-    p = prepare(RunConfig(str(REPO / "examples" / "hello-file"), spec, sandbox="local"))
+    p = prepare(RunSettings(str(REPO / "examples" / "hello-file"), spec, sandbox="local"))
     assert isinstance(p.model, SimModel)
     model_id = spec.removeprefix("sim:")
     real = counter_for(provider_of(model_id), model_id)

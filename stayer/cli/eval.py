@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from stayer.choices import POLICY_HELP
+from stayer.choices import DEFAULT_MAX_STEPS, DEFAULT_POLICY, POLICY_HELP
 from stayer.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -99,7 +99,7 @@ def eval_command(
     ] = None,
     max_steps: Annotated[
         int, typer.Option("--max-steps", help="Model calls at most per trial.")
-    ] = 50,
+    ] = DEFAULT_MAX_STEPS,
     max_cost: Annotated[
         str | None, typer.Option("--max-cost", help="Hard cap in USD per trial.")
     ] = None,
@@ -163,7 +163,7 @@ def eval_command(
     )
     from stayer.eval.suite import ProblemsError, load_suite
     from stayer.eval.summary import succeeded, summarise
-    from stayer.settings import EvalSettings, RunSettings, check_flags
+    from stayer.settings import EvalSettings, RunFlags, check_flags
 
     models = _split(model)
     if not models:
@@ -173,9 +173,7 @@ def eval_command(
     try:
         check_flags(EvalSettings, {"epochs": epochs, "concurrency": concurrency})
         cap = parse_decimal(max_cost, "--max-cost")
-        check_flags(
-            RunSettings, {"max_steps": max_steps, "max_cost": cap, "sim_latency": sim_latency}
-        )
+        check_flags(RunFlags, {"max_steps": max_steps, "max_cost": cap, "sim_latency": sim_latency})
     except ConfigError as e:
         bad_input(str(e))
     out_dir = Path(out) if out else None
@@ -275,7 +273,7 @@ def eval_command(
         "stayer_version": __version__,
         "settings": {
             "models": model,
-            "policies": policy or "auto",
+            "policies": policy or DEFAULT_POLICY,
             "epochs": epochs,
             "concurrency": concurrency,
             "max_steps": max_steps,

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from stayer.choices import POLICY_HELP, kinds_help
+from stayer.choices import (
+    DEFAULT_COMMAND_TIMEOUT_S,
+    DEFAULT_MAX_STEPS,
+    DEFAULT_POLICY,
+    POLICY_HELP,
+    kinds_help,
+)
 from stayer.cli.common import (
     EXIT_BUDGET,
     EXIT_FAILED,
@@ -47,7 +53,9 @@ def run(
             help="PROVIDER:MODEL, e.g. sim:claude-sonnet-4-5 (with --team: the entry agent's).",
         ),
     ] = None,
-    max_steps: Annotated[int, typer.Option("--max-steps", help="Model calls at most.")] = 50,
+    max_steps: Annotated[
+        int, typer.Option("--max-steps", help="Model calls at most.")
+    ] = DEFAULT_MAX_STEPS,
     max_cost: Annotated[
         str | None, typer.Option("--max-cost", help="Hard cap in USD; never overshot.")
     ] = None,
@@ -82,7 +90,7 @@ def run(
     policy: Annotated[
         str,
         typer.Option("--policy", help=f"Context policy: {POLICY_HELP}."),
-    ] = "auto",
+    ] = DEFAULT_POLICY,
     max_context: Annotated[
         int | None,
         typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded."),
@@ -107,7 +115,7 @@ def run(
             "--command-timeout",
             help="Seconds each sandboxed command may run (the whole process tree is killed).",
         ),
-    ] = 120.0,
+    ] = DEFAULT_COMMAND_TIMEOUT_S,
     memory_mb: Annotated[
         int | None,
         typer.Option("--memory-mb", help="Memory per sandboxed process (default: task.toml's)."),
@@ -137,9 +145,9 @@ def run(
     """
     from rich.text import Text
 
-    from stayer.run import RunConfig, prepare
+    from stayer.run import RunSettings, prepare
 
-    config = RunConfig(
+    config = RunSettings(
         task_dir=task,
         model=model or "",
         max_steps=max_steps,

@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from stayer.eval.task import Task
 from stayer.eval.verify import passes
 from stayer.journal.backends import open_store, stayer_home
-from stayer.run_config import RunConfig
 from stayer.sandbox.hostfs import tree_digest
+from stayer.settings import RunSettings
 
 if TYPE_CHECKING:
     from stayer.journal import RunJournal
@@ -76,7 +76,7 @@ class EvalConfig:
     model: str
     policy: str | None = None  # context policy; None: the run's default
     sim_policy: str | None = None
-    max_steps: int = 50
+    max_steps: int = RunSettings.max_steps
     max_cost: Decimal | None = None
     # None: each task's own (Task.kind: task.toml's, its image's, else bwrap), as ``stayer run`` chooses
     sandbox: str | None = None
@@ -84,7 +84,7 @@ class EvalConfig:
 
     @property
     def policy_name(self) -> str:
-        return self.policy or RunConfig.policy
+        return self.policy or RunSettings.policy
 
     @property
     def label(self) -> str:
@@ -108,11 +108,11 @@ class EvalConfig:
         digest = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
         return f"{_slug(self.model)}-{_slug(self.policy_name, 24)}-{digest[:8]}"
 
-    def run_config(self, task: Task, run_id: str) -> RunConfig:
+    def run_config(self, task: Task, run_id: str) -> RunSettings:
         extra: dict[str, Any] = {}
         if self.policy is not None:
             extra["policy"] = self.policy
-        return RunConfig(
+        return RunSettings(
             task_dir=str(task.path),
             model=self.model,
             max_steps=self.max_steps,

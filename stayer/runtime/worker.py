@@ -380,7 +380,7 @@ class Worker:
 
     async def _run(self, run: ServiceRun) -> None:
         from stayer.eval.resume import prepare_resume
-        from stayer.run import Controls, Inbox, RunConfig, execute, prepare
+        from stayer.run import Controls, Inbox, RunSettings, execute, prepare
 
         if run.cancel_requested:
             self._finish(run, close_idle_journal(self.store, run.id, CANCELLED, "cancelled"))
@@ -396,16 +396,16 @@ class Worker:
             # Here, whichever machine first ran it: an upload is unpacked from the store.
             task_dir = str(resolve_task(self.tasks_dir, run.task, self.uploads, run.tenant))
             if self.store.run(run.id) is None:
-                config = RunConfig(
+                config = RunSettings(
                     task_dir=task_dir,
                     model=run.model,
-                    max_steps=int(req.get("max_steps") or 50),
+                    max_steps=int(req.get("max_steps") or RunSettings.max_steps),
                     max_cost=cap if isinstance(cap, Decimal) else None,
                     run_id=run.id,
                     sim_policy=req.get("sim_policy"),
                     sim_latency=float(req.get("sim_latency") or 0.0),
                     sandbox=self.sandbox,
-                    policy=req.get("policy") or "auto",
+                    policy=req.get("policy") or RunSettings.policy,
                     team=req.get("team"),
                 )
                 prepared, journal = prepare(config, self.prices, store=self.store), None
