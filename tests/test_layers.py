@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {
         "_version",
         "errors",
+        "events",
         "settings",
         "messages",
         "usage",
@@ -50,7 +51,7 @@ LAYERS: list[set[str]] = [
     {"metering"},  # a provider call read, priced, held, settled and journaled: every door's core
     {"agent"},
     {"teams", "delegation"},
-    {"eval", "audit", "whatif", "run", "estimate", "doctor"},
+    {"eval", "audit", "whatif", "prepare", "run", "estimate", "doctor"},
     {"runtime", "telemetry", "scale", "simserver", "gateway", "sdk"},
     {"cli", "stayer"},  # the public API (stayer/__init__.py) re-exports from every layer
 ]

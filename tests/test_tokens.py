@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tiktoken
 
-from stayer.agent import Agent, Limits
+from stayer.agent import Agent, AgentSettings, Limits
 from stayer.guard.breakers import GuardConfig
 from stayer.guard.budget import Budget
 from stayer.guard.reserve import quote
@@ -206,7 +206,10 @@ def _run_capped(model: ScriptedModel, cap: Decimal) -> tuple[Budget, object]:
     budget = Budget(cap)
     limits = Limits(max_steps=40, max_output_tokens=2048, guard=GuardConfig.off())
     agent = Agent(
-        model, [], prices, ToolContext(sandbox=None, workspace=""), COUNTER, limits, budget=budget
+        model,
+        [],
+        ToolContext(sandbox=None, workspace=""),
+        AgentSettings(prices, COUNTER, limits, budget=budget),
     )  # type: ignore[arg-type]
     result = asyncio.run(agent.run("Do the task. " + "context " * 3000, "run-1"))
     return budget, result

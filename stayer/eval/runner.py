@@ -51,9 +51,10 @@ from stayer.sandbox.hostfs import tree_digest
 from stayer.settings import RunSettings
 
 if TYPE_CHECKING:
+    from stayer.agent import Observer
     from stayer.journal import RunJournal
     from stayer.pricing import PriceBook
-    from stayer.run import Controls, PreparedRun, RunObserver
+    from stayer.run import Controls, PreparedRun
 
 #: Runs a prepared run (continuing ``journal`` when there is one) to its result document.
 RunExecutor = Callable[["PreparedRun", "RunJournal | None", "Controls"], Awaitable[dict[str, Any]]]
@@ -200,7 +201,7 @@ async def run_trial(
     run_id: str | None = None,
     on_started: Callable[[str], None] | None = None,
     execute_run: RunExecutor | None = None,
-    observers: Sequence[RunObserver] = (),
+    observers: Sequence[Observer] = (),
 ) -> dict[str, Any]:
     """Run one trial to a record; never raises for a failure of the trial itself.
 
@@ -208,7 +209,7 @@ async def run_trial(
     is continued through its journal, or, if it had finished, its result is taken as it is.
     ``on_started(run_id)`` is called once the run's id is fixed, before the run starts.
     ``execute_run`` runs the prepared run (default: ``stayer.run.execute``; the CLI passes
-    a traced one). ``observers`` watch the run (``stayer.run.RunObserver``)."""
+    a traced one). ``observers`` watch the run (``stayer.agent.Observer``)."""
     started = time.monotonic()
     run_id = run_id or trial.new_run_id()
     resumed = False
@@ -263,7 +264,7 @@ async def _run_or_resume(
     run_id: str,
     on_started: Callable[[str], None] | None,
     execute_run: RunExecutor | None = None,
-    observers: Sequence[RunObserver] = (),
+    observers: Sequence[Observer] = (),
 ) -> tuple[dict[str, Any], bool]:
     """The result document of run ``run_id``: run from the start if the journal has no such
     run, else continued from its journal (or its result, if it had finished). Whether it

@@ -55,6 +55,8 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
+from stayer.agent import Observer
+from stayer.events import Event, SubagentStarted, event_record
 from stayer.guard.breakers import ToolCallRecord
 from stayer.ledger import LedgerEntry
 from stayer.models.base import Model, ModelError, ModelRequest, ModelResponse
@@ -202,8 +204,8 @@ def _usage_attributes(response: ModelResponse) -> dict[str, Any]:
     }
 
 
-class RunTracer:
-    """A ``RunObserver`` that turns one run into spans (see the module docstring)."""
+class RunTracer(Observer):
+    """An ``Observer`` that turns one run into spans (see the module docstring)."""
 
     def __init__(
         self, tp: TracerProvider, prices: PriceBook, run_id: str, agent: str = "stayer"
@@ -282,7 +284,7 @@ class RunTracer:
         span.set_attribute("stayer.cost_usd", str(doc.get("cost_usd")))
         span.set_attribute("stayer.steps", int(doc.get("steps") or 0))
 
-    # --- RunObserver ---------------------------------------------------------------------
+    # --- Observer ------------------------------------------------------------------------
 
     def model(self, inner: Model) -> Model:
         return _TracedModel(inner, self)
@@ -345,9 +347,10 @@ class RunTracer:
         span.set_status(Status(StatusCode.ERROR, "lost in flight at a crash"))
         span.end(end_time=start)
 
-    def on_event(self, kind: str, payload: dict[str, Any]) -> None:
-        if kind == "subagent_started" and self._children:  # the child's path names its span
-            path = str(payload.get("agent", SUBAGENT))
+    def on_event(self, event: Event) -> None:
+        kind, payload = event_record(event)
+        if isinstance(event, SubagentStarted) and self._children:  # its path names its span
+            path = event.agent
             self._children[-1].update_name(f"invoke_agent {path}")
             self._children[-1].set_attributes({"gen_ai.agent.name": path, "stayer.agent": path})
         span = trace.get_current_span(self._context) if self._context is not None else None
