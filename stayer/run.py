@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
+
+import msgspec
 
 from stayer.agent import Agent, AgentSettings, Hooks, LedgerEntry, Limits, Observer, RunResult
 from stayer.context.summarizer import ModelSummarizer
@@ -63,8 +65,8 @@ async def execute(
     *,
     journal: RunJournal | None = None,
     controls: Controls | None = None,
-) -> dict[str, Any]:
-    """Run the agent on the task, verify, and return the ``--json`` result document.
+) -> RunReport:
+    """Run the agent on the task, verify, and return its ``RunReport``.
 
     With ``journal`` (``RunJournal.reopen``), continue that run instead: the workspace comes
     back from its latest snapshot and the loop replays the journal up to where it stopped.
@@ -82,7 +84,7 @@ async def _execute(
     on_step: Callable[[LedgerEntry], None] | None,
     journal: RunJournal | None,
     controls: Controls,
-) -> dict[str, Any]:
+) -> RunReport:
     journal = _journal(p) if journal is None else _reopened(p, journal)
     started = datetime.fromisoformat(journal.started)
     kind = p.task.kind(p.config.sandbox)  # prepare() resolved it already: the same kind
@@ -102,10 +104,11 @@ async def _execute(
         p.task, p.task.make_sandbox(kind, journal.workspace, allow_net=p.task.allow_internet)
     )
     extra = lost_ledger_entries(journal.lost) + cut_short
-    doc = result_document(p, result, verdict, started, extra)
+    report = result_document(p, result, verdict, started, extra)
+    doc = report.to_json()  # the one JSON form, for the journal and result.json
     journal.finish(doc)
     write_result(p.run_dir, doc)
-    return doc
+    return report
 
 
 def _journal(p: PreparedRun) -> RunJournal:
@@ -378,14 +381,90 @@ def status_of(result: RunResult, verdict: Verdict | None) -> str:
     return "failed"
 
 
+class TokenTotals(msgspec.Struct, kw_only=True):
+    """A run's tokens, every call of every agent (``usage`` of the result)."""
+
+    input_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_5m_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+class RunReport(msgspec.Struct, kw_only=True, eq=False):
+    """A finished run: what ``execute`` returns, ``result.json`` holds and ``stayer run
+    --json`` prints (``to_json``: the fields in this order; ``rewards`` and ``verifier`` only
+    when the verifier ran). Read its attributes; ``report["key"]`` reads the JSON form, for
+    callers that held the document. ``read`` takes a stored document back."""
+
+    run_id: str = ""
+    task: str = ""
+    task_path: str = ""
+    model: str = ""
+    status: str = "error"
+    reward: float | None = None
+    steps: int = 0
+    usage: TokenTotals = msgspec.field(default_factory=TokenTotals)
+    cost_usd: str = "0"
+    stop_reason: str | None = None
+    stop_detail: str | None = None
+    policy: str = ""
+    peak_context_tokens: int = 0
+    compactions: int = 0
+    summary: str | None = None
+    breakers: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    agents: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    error: str | None = None
+    ledger: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    started: str = ""
+    finished: str = ""
+    run_dir: str = ""
+    tokenizer: str | None = None
+    rewards: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    verifier: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document (``result.json``, ``--json``, the journal's result)."""
+        doc: dict[str, Any] = msgspec.to_builtins(self)
+        return doc
+
+    @classmethod
+    def read(cls, doc: dict[str, Any]) -> RunReport:
+        return msgspec.convert(doc, cls, strict=False)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_json()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_json())
+
+    def keys(self) -> Any:
+        return self.to_json().keys()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_json()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_json().get(key, default)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, dict):
+            return self.to_json() == other
+        return isinstance(other, RunReport) and self.to_json() == other.to_json()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def result_document(
     p: PreparedRun,
     result: RunResult,
     verdict: Verdict | None,
     started: datetime,
     lost: Sequence[dict[str, Any]] = (),
-) -> dict[str, Any]:
-    """The ``--json`` document. ``lost`` are ledger entries the loop did not make:
+) -> RunReport:
+    """The run's report. ``lost`` are ledger entries the loop did not make:
     ``lost_in_flight`` (model calls in flight at a crash) and ``cut_short`` (the step a time
     limit stopped): billed, so they count in the ledger, the usage and the cost."""
     u = result.usage
@@ -397,46 +476,42 @@ def result_document(
         [e.to_dict() for e in result.ledger] + list(lost),
         key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
     )
-    reward = verdict.reward if verdict else None
-    doc: dict[str, Any] = {
-        "run_id": p.run_id,
-        "task": p.task.name,
-        "task_path": str(p.task.path),
-        "model": p.config.model,
-        "status": status_of(result, verdict),
-        "reward": reward,
-        "steps": result.steps,
-        "usage": {
-            "input_tokens": u.input_tokens,
-            "cache_read_tokens": u.cache_read_tokens,
-            "cache_write_tokens": u.cache_write_tokens,
-            "cache_write_5m_tokens": u.cache_write_5m_tokens,
-            "cache_write_1h_tokens": u.cache_write_1h_tokens,
-            "output_tokens": u.output_tokens,
-            "reasoning_tokens": u.reasoning_tokens,
-        },
-        "cost_usd": str(cost),
-        "stop_reason": result.stop_reason,
-        "stop_detail": stop_detail(result.stop_reason, result.breakers),
-        "policy": p.config.policy,
-        "peak_context_tokens": result.peak_context_tokens,
-        "compactions": sum(1 for e in result.ledger if e.compaction),
-        "summary": result.summary,
-        "breakers": result.breakers,
-        "agents": per_agent(ledger),
-        "error": result.error or (verdict.infrastructure if verdict else None),
-        "ledger": ledger,
-        "started": started.isoformat(),
-        "finished": datetime.now(UTC).isoformat(),
-        "run_dir": str(p.run_dir),
-        "tokenizer": p.counter.counter.encoding_name
-        if hasattr(p.counter.counter, "encoding_name")
-        else None,
-    }
-    if verdict is not None:
-        doc["rewards"] = verdict.rewards
-        doc["verifier"] = verdict.to_dict()
-    return doc
+    counter = p.counter.counter
+    return RunReport(
+        run_id=p.run_id,
+        task=p.task.name,
+        task_path=str(p.task.path),
+        model=p.config.model,
+        status=status_of(result, verdict),
+        reward=verdict.reward if verdict else None,
+        steps=result.steps,
+        usage=TokenTotals(
+            input_tokens=u.input_tokens,
+            cache_read_tokens=u.cache_read_tokens,
+            cache_write_tokens=u.cache_write_tokens,
+            cache_write_5m_tokens=u.cache_write_5m_tokens,
+            cache_write_1h_tokens=u.cache_write_1h_tokens,
+            output_tokens=u.output_tokens,
+            reasoning_tokens=u.reasoning_tokens,
+        ),
+        cost_usd=str(cost),
+        stop_reason=result.stop_reason,
+        stop_detail=stop_detail(result.stop_reason, result.breakers),
+        policy=p.config.policy,
+        peak_context_tokens=result.peak_context_tokens,
+        compactions=sum(1 for e in result.ledger if e.compaction),
+        summary=result.summary,
+        breakers=result.breakers,
+        agents=per_agent(ledger),
+        error=result.error or (verdict.infrastructure if verdict else None),
+        ledger=ledger,
+        started=started.isoformat(),
+        finished=datetime.now(UTC).isoformat(),
+        run_dir=str(p.run_dir),
+        tokenizer=getattr(counter, "encoding_name", None),
+        rewards=verdict.rewards if verdict is not None else msgspec.UNSET,
+        verifier=verdict.to_dict() if verdict is not None else msgspec.UNSET,
+    )
 
 
 def stop_detail(reason: str | None, breakers: list[dict[str, Any]]) -> str | None:

@@ -36,6 +36,8 @@ from stayer.errors import ConfigError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from stayer.run import RunReport
+
 
 def report_problems(problems: list[str]) -> NoReturn:
     """Bad input with several problems: one line each on stderr, exit 2."""
@@ -62,7 +64,7 @@ def _tracing(otlp: str | None) -> Iterator[Any]:
 
     tp = provider(otlp, service_name="stayer-eval")
 
-    async def traced(prepared: Any, journal: Any, controls: Any) -> dict[str, Any]:
+    async def traced(prepared: Any, journal: Any, controls: Any) -> RunReport:
         return await execute_traced(prepared, None, tp, journal=journal, controls=controls)
 
     try:

@@ -54,10 +54,10 @@ if TYPE_CHECKING:
     from stayer.agent import Observer
     from stayer.journal import RunJournal
     from stayer.pricing import PriceBook
-    from stayer.run import Controls, PreparedRun
+    from stayer.run import Controls, PreparedRun, RunReport
 
 #: Runs a prepared run (continuing ``journal`` when there is one) to its result document.
-RunExecutor = Callable[["PreparedRun", "RunJournal | None", "Controls"], Awaitable[dict[str, Any]]]
+RunExecutor = Callable[["PreparedRun", "RunJournal | None", "Controls"], Awaitable["RunReport"]]
 
 # The agent (``stayer.run``) is imported when a trial runs: an evaluation whose trials are
 # all done only re-renders its report, and that needs neither it nor the price data.
@@ -293,8 +293,10 @@ async def _run_or_resume(
     prepared.close_store = True  # execute closes it
     controls = Controls(observers=list(observers))
     if execute_run is not None:
-        return await execute_run(prepared, journal, controls), journal is not None
-    return await execute(prepared, journal=journal, controls=controls), journal is not None
+        report = await execute_run(prepared, journal, controls)
+    else:
+        report = await execute(prepared, journal=journal, controls=controls)
+    return report.to_json(), journal is not None  # the trial's record keeps the JSON form
 
 
 def _spent(run_id: str) -> dict[str, Any]:

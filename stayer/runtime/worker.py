@@ -490,7 +490,7 @@ class Worker:
         execution = asyncio.create_task(running)
         beat = asyncio.create_task(self._heartbeat(run, cancel, execution))
         try:
-            doc = await execution
+            doc = (await execution).to_json()  # what the service stores and sends
         except RunCancelled:
             doc = close_idle_journal(self.store, run.id, CANCELLED, "cancelled")
         except RunHandedBack:

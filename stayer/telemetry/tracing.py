@@ -40,7 +40,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -62,6 +62,9 @@ from stayer.ledger import LedgerEntry
 from stayer.models.base import Model, ModelError, ModelRequest, ModelResponse
 from stayer.pricing import PriceBook
 from stayer.tools.base import Tool, ToolContext, ToolResult
+
+if TYPE_CHECKING:
+    from stayer.run import RunReport
 
 SUBAGENT = "subagent"  # the tool that runs a child agent (stayer.tools.subagent)
 
@@ -276,13 +279,13 @@ class RunTracer(Observer):
             self._children.pop()
             span.end()
 
-    def finish(self, doc: dict[str, Any]) -> None:
+    def finish(self, report: RunReport) -> None:
         """The run's result on its agent span (call inside ``run_span``)."""
         span = trace.get_current_span(self._context)
-        span.set_attribute("stayer.status", doc.get("status", ""))
-        span.set_attribute("stayer.stop_reason", doc.get("stop_reason") or "")
-        span.set_attribute("stayer.cost_usd", str(doc.get("cost_usd")))
-        span.set_attribute("stayer.steps", int(doc.get("steps") or 0))
+        span.set_attribute("stayer.status", report.status)
+        span.set_attribute("stayer.stop_reason", report.stop_reason or "")
+        span.set_attribute("stayer.cost_usd", report.cost_usd)
+        span.set_attribute("stayer.steps", report.steps)
 
     # --- Observer ------------------------------------------------------------------------
 
@@ -514,7 +517,7 @@ class _TracedTool:
 
 async def execute_traced(
     prepared: Any, on_step: Any, tp: TracerProvider, *, journal: Any = None, controls: Any = None
-) -> dict[str, Any]:
+) -> RunReport:
     """``stayer.run.execute`` inside the run's ``invoke_agent`` span."""
     from stayer.run import Controls, execute
 
@@ -522,6 +525,6 @@ async def execute_traced(
     tracer = RunTracer(tp, prepared.prices, prepared.run_id)
     controls.observers = [*controls.observers, tracer]
     with tracer.run_span(prepared.task.name, prepared.config.model):
-        doc = await execute(prepared, on_step, journal=journal, controls=controls)
-        tracer.finish(doc)
-    return doc
+        report = await execute(prepared, on_step, journal=journal, controls=controls)
+        tracer.finish(report)
+    return report
