@@ -2,19 +2,15 @@
 
 Each agent of ``team.toml`` is a thread: a full ``Agent`` with its own context, model,
 tools, journal stream (``ThreadJournal``) and a budget carved from the run's (its
-``budget_share`` of the cap, held for its whole run, so no thread can spend another's and
-the cap is never overshot however they interleave). The entry agent starts with the task;
-any other starts when it first receives a message (a ``handoff``'s brief), and the sender
-of that message is its delegator: when it finishes — by ``submit``, or wrapping up because
-its share ran out — its summary is messaged back to the delegator. The run ends when the
-entry agent does; threads still working then stop at the end of their step (a wait for a
-message returns at once), so every call billed is a step on the ledger.
+``budget_share``, held for its whole run: the cap is never overshot). The entry agent
+starts with the task; any other starts at its first message, and reports its summary back
+to that message's sender when it finishes. The run ends when the entry agent does; the
+others stop at the end of their step, so every call billed is a step on the ledger.
 
-Messages are appended to the receiver's context at its next step (or returned by
-``wait_for_message``), never inserted before its cached prefix. What a thread reads from
-the others goes through its journal (``observe``), so a resumed thread reads the same
-messages at the same steps. Tools that touch the workspace hold one lock, so a workspace
-snapshot never catches a command half done.
+Messages are appended at the receiver's next step, never before its cached prefix; what a
+thread reads from the others goes through its journal, so a resume reads the same. Tools
+that touch the workspace hold one lock. The run's observers see every thread
+(``TeamServices.observers``). More: docs/teams.md.
 """
 
 from __future__ import annotations
