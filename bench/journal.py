@@ -111,7 +111,7 @@ def measure_stayer(data: list[dict], where: Path, store_url: str = "") -> dict:
     import asyncio
     import uuid
 
-    from stayer.agent import Agent, Limits
+    from stayer.agent import Agent, AgentSettings, Limits
     from stayer.context.policies import make_policy
     from stayer.guard.breakers import TreeFingerprint
     from stayer.journal import (
@@ -124,6 +124,7 @@ def measure_stayer(data: list[dict], where: Path, store_url: str = "") -> dict:
     )
     from stayer.models.base import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec
     from stayer.pricing import PriceBook
+    from stayer.run import Journaling
     from stayer.sandbox.base import ExecResult
     from stayer.tokens import MessageCounter, TiktokenCounter
     from stayer.tools.base import ToolContext, ToolResult
@@ -190,7 +191,7 @@ def measure_stayer(data: list[dict], where: Path, store_url: str = "") -> dict:
         workspace.mkdir(parents=True)
         (workspace / "README.md").write_text("bench workspace\n")
         model, tools, sandbox = ScriptedModel(), [ScriptedTool(), SubmitTool()], NoSandbox()
-        journal = on_step = on_event = probe = None
+        journal = probe = None
         if journaled:
             store = open_store(home, store_url)
             assert store is not None
@@ -202,23 +203,20 @@ def measure_stayer(data: list[dict], where: Path, store_url: str = "") -> dict:
                 JournaledModel(model, journal),
                 [JournaledTool(t, journal) for t in tools],
             )
-            sandbox, on_step, on_event = (
-                ReplayingSandbox(sandbox, journal),
-                journal.on_step,
-                journal.on_event,
-            )
+            sandbox = ReplayingSandbox(sandbox, journal)
             probe = JournaledProbe(TreeFingerprint(workspace), journal)
         agent = Agent(
             model,
             tools,
-            prices,
             ToolContext(sandbox=sandbox, workspace=str(workspace)),
-            counter,  # type: ignore[arg-type]
-            Limits(max_steps=2 * steps),
-            on_step=on_step,
-            on_event=on_event,
-            policy=make_policy("none"),
-            probe=probe,
+            AgentSettings(
+                prices,
+                counter,  # type: ignore[arg-type]
+                Limits(max_steps=2 * steps),
+                policy=make_policy("none"),
+                probe=probe,
+            ),
+            [] if journal is None else [Journaling(journal)],
         )
         t0 = time.perf_counter()
         result = await agent.run("Benchmark task.", "bench")

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import anthropic  # noqa: E402
 
-from stayer.agent import Agent, Limits  # noqa: E402
+from stayer.agent import Agent, AgentSettings, Hooks, Limits  # noqa: E402
 from stayer.context.policies import make_policy  # noqa: E402
 from stayer.guard.breakers import GuardConfig, TreeFingerprint  # noqa: E402
 from stayer.models.anthropic import AnthropicModel  # noqa: E402
@@ -245,17 +245,18 @@ async def measure(
         agent = Agent(
             model,
             tools,
-            prices,
-            ToolContext(sandbox=None, workspace=str(workspace)),  # type: ignore[arg-type]
-            counter,
-            # Every step a working step (no wrap-up), so that every step fingerprints.
-            Limits(
-                max_steps=steps,
-                max_cost=Decimal("1000000"),
-                guard=GuardConfig(soft_fraction=1.0, wrapup_steps=0),
+            ToolContext(sandbox=None, workspace=str(workspace)),
+            AgentSettings(
+                prices,
+                counter,
+                Limits(
+                    max_steps=steps,
+                    max_cost=Decimal("1000000"),
+                    guard=GuardConfig(soft_fraction=1.0, wrapup_steps=0),
+                ),
+                policy=make_policy("none"),
+                probe=probe,
             ),
-            policy=make_policy("none"),
-            probe=probe,
         )
         rows: list[tuple[float, float, float, int, float]] = []
         last = [time.perf_counter(), 0.0, 0.0, 0.0]
@@ -283,7 +284,7 @@ async def measure(
             last[:] = [now, inside, request, probe.seconds]
             cpu[0] = cpu_now
 
-        agent.on_step = on_step
+        agent.observers.append(Hooks(step=on_step))
         if tracer is not None:
             with tracer.run_span("bench", "claude-sonnet-4-5"):
                 result = await agent.run("Benchmark task.", "bench", history=history)

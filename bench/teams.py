@@ -42,7 +42,7 @@ from _stdout import json_only  # bench/: --json prints one document on stdout
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stayer.agent import Agent, Limits  # noqa: E402
+from stayer.agent import Agent, AgentSettings, Limits  # noqa: E402
 from stayer.context.policies import make_policy  # noqa: E402
 from stayer.guard.budget import Budget  # noqa: E402
 from stayer.ledger import RunResult  # noqa: E402
@@ -141,11 +141,8 @@ async def run(
         agent = Agent(
             model,
             [Observe(), SubmitTool()],
-            prices,
             ctx,
-            counter,
-            Limits(max_steps=60),
-            policy=make_policy("none"),
+            AgentSettings(prices, counter, Limits(max_steps=60), policy=make_policy("none")),
         )
         result = await agent.run("Explore, then do the work.", "single")
     else:

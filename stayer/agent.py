@@ -27,6 +27,7 @@ from stayer.context.layout import Context
 from stayer.context.policies import AutoPolicy, ContextPolicy, StepView
 from stayer.context.summarizer import ModelSummarizer
 from stayer.errors import Failed, RunEnded, Stopped, Submitted
+from stayer.events import Breaker, Event, Failover, Said, ToolsChanged
 from stayer.guard.breakers import (
     GuardConfig,
     StepRecord,
@@ -41,6 +42,7 @@ from stayer.ledger import LedgerEntry, RunResult
 from stayer.models.base import Message, Model, ModelError, ModelResponse, ToolCall, lost_attempts
 from stayer.pricing import Cost, PriceBook, Rates
 from stayer.routing.router import Route, Router, RouteView, rules_for
+from stayer.settings import RunSettings
 from stayer.tokens import MessageCounter, PromptEstimate, PromptEstimator
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext, ToolResult
@@ -83,7 +85,7 @@ class ToolUpdates(Protocol):
 
 @dataclass(frozen=True)
 class Limits:
-    max_steps: int = 50
+    max_steps: int = RunSettings.max_steps
     max_cost: Decimal | None = None
     max_output_tokens: int = 8192  # per model call
     service_tier: str | None = None
@@ -127,69 +129,127 @@ class Call:
     cache_break: dict[str, Any] | None
 
 
-class Agent:
-    """The loop over one model and its tools. Besides what the constructor's names say:
+class Observer:
+    """Watches a run from outside the loop: the journal, telemetry, the CLI's step line,
+    the runtime. ``model`` and ``tools`` wrap what the run is built with (inside the
+    journal: live calls only, never replayed ones); the loop calls ``on_step`` with each
+    finished step's ledger entry, ``on_message`` with each message of the context and
+    ``on_event`` with each ``Event``, observers in their order. Override what you need."""
 
-    * ``on_event`` receives structured events for the journal and observers (compaction,
-      breaker, failover, message, …), each with the data needed to rebuild the context
-      exactly on resume; ``inbox`` gives what people said to the agent since the last step.
+    def model(self, inner: Model) -> Model:
+        return inner
+
+    def tools(self, tools: list[Tool]) -> list[Tool]:
+        return tools
+
+    def on_step(self, entry: LedgerEntry) -> None:
+        pass
+
+    def on_message(self, message: Message) -> None:
+        pass
+
+    def on_event(self, event: Event) -> None:
+        pass
+
+
+@dataclass
+class Hooks(Observer):
+    """An observer made of plain functions; any left out does nothing."""
+
+    step: Callable[[LedgerEntry], None] | None = None
+    message: Callable[[Message], None] | None = None
+    event: Callable[[Event], None] | None = None
+
+    def on_step(self, entry: LedgerEntry) -> None:
+        if self.step is not None:
+            self.step(entry)
+
+    def on_message(self, message: Message) -> None:
+        if self.message is not None:
+            self.message(message)
+
+    def on_event(self, event: Event) -> None:
+        if self.event is not None:
+            self.event(event)
+
+
+@dataclass
+class AgentSettings:
+    """What the loop runs with besides its model, tools and sandbox:
+
     * ``summarizer`` writes summaries for summarising policies with a real model; None
       keeps the policy's local digest (the simulator, what-if replays).
-    * ``router`` picks the model of each call (by default always ``model``); ``budget`` is
-      None for a fresh one of ``limits.max_cost``, or a slice carved for a sub-agent.
+    * ``router`` picks the model of each call (by default always the agent's); ``budget``
+      is None for a fresh one of ``limits.max_cost``, or a slice carved for a sub-agent.
     * ``clock``: every reading of the time goes through it, so that a journal can record it
       and a resumed run decides (TTLs, wall-time breakers, routing) as the original did.
-    * ``guard`` is the running run's (sub-agents carve their budget from it); ``result``
-      the running run's result, complete up to its last finished step (what a caller that
-      stops the run from outside, a time limit, reports); ``estimator`` the provider's
-      count of the next prompt, learned from its reports (per model).
-    * ``nudge`` gives the text that answers a reply without tool calls (default
-      ``NUDGE``; a replay gives the one its recording sent).
+    * ``inbox`` gives what people said to the agent since the last step; ``nudge`` the
+      text that answers a reply without tool calls (a replay gives its recording's).
+    * ``tool_updates``: tools whose source changes them mid-run (MCP servers).
     """
+
+    prices: PriceBook
+    counter: MessageCounter
+    limits: Limits = Limits()
+    system_prompt: str = SYSTEM_PROMPT
+    policy: ContextPolicy | None = None
+    summarizer: ModelSummarizer | None = None
+    router: Router | None = None
+    budget: Budget | None = None
+    path: str = "main"
+    probe: WorkspaceProbe | None = None
+    clock: Callable[[], float] = time.time
+    inbox: Callable[[], Sequence[Message]] | None = None
+    nudge: Callable[[], str] | None = None
+    tool_updates: ToolUpdates | None = None
+
+
+class Agent:
+    """The loop over one model, its tools and the sandbox they act in (``tool_context``),
+    watched by ``observers``. ``guard`` is the running run's (sub-agents carve their budget
+    from it); ``result`` the running run's result, complete up to its last finished step
+    (what a caller that stops the run from outside, a time limit, reports); ``estimator``
+    the provider's count of the next prompt, learned from its reports (per model)."""
 
     def __init__(
         self,
         model: Model,
         tools: Sequence[Tool],
-        prices: PriceBook,
         tool_context: ToolContext,
-        counter: MessageCounter,
-        limits: Limits = Limits(),
-        *,
-        system_prompt: str = SYSTEM_PROMPT,
-        on_step: Callable[[LedgerEntry], None] | None = None,
-        on_message: Callable[[Message], None] | None = None,
-        on_event: Callable[[str, dict[str, Any]], None] | None = None,
-        policy: ContextPolicy | None = None,
-        summarizer: ModelSummarizer | None = None,
-        router: Router | None = None,
-        budget: Budget | None = None,
-        path: str = "main",
-        probe: WorkspaceProbe | None = None,
-        clock: Callable[[], float] = time.time,
-        inbox: Callable[[], Sequence[Message]] | None = None,
-        nudge: Callable[[], str] | None = None,
-        tool_updates: ToolUpdates | None = None,
+        settings: AgentSettings,
+        observers: Sequence[Observer] = (),
     ) -> None:
+        s, limits = settings, settings.limits
         self.model, self.rules, self.service_tier = model, rules_for(model), limits.service_tier
         self.tools = {t.spec.name: t for t in tools}
-        self.prices, self.tool_context, self.counter = prices, tool_context, counter
-        self.limits = limits
-        self.system_prompt, self.path, self.budget, self.clock = system_prompt, path, budget, clock
-        self.on_step = on_step or (lambda e: None)
-        self.on_message = on_message or (lambda m: None)
-        self.on_event = on_event or (lambda kind, payload: None)
-        self.inbox = inbox or (lambda: ())
-        self.nudge = nudge or (lambda: NUDGE)
-        self.policy, self.summarizer = policy or AutoPolicy(), summarizer
-        self.router = router or Router(model, prices, service_tier=limits.service_tier)
-        self.probe = probe or _tree_probe(tool_context.workspace)
+        self.settings, self.prices, self.counter = s, s.prices, s.counter
+        self.tool_context, self.limits, self.observers = tool_context, limits, list(observers)
+        self.system_prompt, self.path, self.budget, self.clock = (
+            s.system_prompt,
+            s.path,
+            s.budget,
+            s.clock,
+        )
+        self.inbox = s.inbox or (lambda: ())
+        self.nudge = s.nudge or (lambda: NUDGE)
+        self.policy, self.summarizer = s.policy or AutoPolicy(), s.summarizer
+        self.router = s.router or Router(model, s.prices, service_tier=limits.service_tier)
+        self.probe = s.probe or _tree_probe(tool_context.workspace)
         self.guard: Guard | None = None
         self.result: RunResult | None = None
         self.run_id = ""
         self._children: list[RunResult] = []
         self.estimator = PromptEstimator()
-        self.tool_updates = tool_updates
+        self.tool_updates = s.tool_updates
+
+    def emit(self, event: Event) -> None:
+        """``event`` to every observer, in order."""
+        for o in self.observers:
+            o.on_event(event)
+
+    def _said(self, message: Message) -> None:
+        for o in self.observers:
+            o.on_message(message)
 
     def add_tool(self, tool: Tool) -> None:
         """Before ``run``: the tool schemas are part of the cached prefix from the start."""
@@ -240,7 +300,7 @@ class Agent:
         for m in history:
             ctx.append(m)
         for m in ctx.messages:
-            self.on_message(m)
+            self._said(m)
         self.run_id = run_id
         guard = self.guard = Guard(
             self.budget or Budget(self.limits.max_cost),
@@ -258,7 +318,7 @@ class Agent:
             self.summarizer,
             self.tool_context.sandbox,
             self.tool_context.command_timeout,
-            self.on_event,
+            self.emit,
             self.path,
         )
         self.result = RunResult(status="running")
@@ -275,7 +335,7 @@ class Agent:
         s.steps, s.last_output = step, call.response.usage.output_tokens
         reply = call.response.message
         s.ctx.append(reply)
-        self.on_message(reply)
+        self._said(reply)
         tool_calls, observed, submitted = await self._act(
             s.ctx, reply.tool_calls, s.result, call.response.cut_off
         )
@@ -303,13 +363,11 @@ class Agent:
         instruction = s.guard.admit(step)
         if instruction is not None:  # the wrap-up has begun
             s.ctx.append(instruction)
-            self.on_message(instruction)
+            self._said(instruction)
         for said in self.inbox():
             s.ctx.append(said)
-            self.on_message(said)
-            self.on_event(
-                "message", {"agent": self.path, "role": said.role, "content": said.content}
-            )
+            self._said(said)
+            self.emit(Said(agent=self.path, role=said.role, content=said.content))
 
     async def _compact(self, s: RunState, step: int) -> dict[str, Any] | None:
         """The context policy's compaction for this step, if any, funded and carried out;
@@ -413,7 +471,8 @@ class Agent:
         result.add_cost(call.cost.total)
         result.peak_context_tokens = max(result.peak_context_tokens, call.context_tokens)
         result.ledger.append(entry)
-        self.on_step(entry)
+        for o in self.observers:
+            o.on_step(entry)
         for child in self._children:
             result.adopt(child)
         self._children.clear()
@@ -465,14 +524,10 @@ class Agent:
         replacement = self.router.failover(self.model)
         if replacement is None:
             return Failed("model_error", str(error))
-        self.on_event(
-            "failover",
-            {
-                "agent": self.path,
-                "from": self.model.spec,
-                "to": replacement.spec,
-                "error": str(error),
-            },
+        self.emit(
+            Failover(
+                agent=self.path, from_model=self.model.spec, to=replacement.spec, error=str(error)
+            )
         )
         return _StepAgain()
 
@@ -489,19 +544,15 @@ class Agent:
         for tool in tools:
             self.tools[tool.spec.name] = tool
         ctx.replace_tools(t.spec for t in self.tools.values())
-        changed = {
-            "when": when,
-            "added": sorted(set(self.tools) - before),
-            "removed": sorted(before - set(self.tools)),
-        }
-        self.on_event("tools_changed", {"agent": self.path, **changed})
-        return changed
+        added, removed = sorted(set(self.tools) - before), sorted(before - set(self.tools))
+        self.emit(ToolsChanged(agent=self.path, when=when, added=added, removed=removed))
+        return {"when": when, "added": added, "removed": removed}
 
     def _trips(self, guard: Guard) -> list[dict[str, Any]]:
         """Breaker trips since the last step, journaled as events and kept on the ledger."""
         trips = [{"agent": self.path, **t.to_dict()} for t in guard.take_trips()]
         for t in trips:
-            self.on_event("breaker", t)
+            self.emit(Breaker(**t))
         return trips
 
     def _finish(self, s: RunState) -> None:
@@ -523,7 +574,7 @@ class Agent:
         if not calls:
             nudge = Message(role="user", content=self.nudge(), kind="nudge")
             ctx.append(nudge)
-            self.on_message(nudge)
+            self._said(nudge)
             return [], (), False
         records: list[dict[str, Any]] = []
         observed: list[ToolCallRecord] = []
@@ -540,7 +591,7 @@ class Agent:
                 kind="error" if out.is_error else out.kind,
             )
             ctx.append(message)
-            self.on_message(message)
+            self._said(message)
             seen = ToolCallRecord.of(call.name, call.arguments, out.is_error, out.output)
             observed.append(seen)
             records.append(

@@ -5,6 +5,8 @@ start-up): names and words only.
 * ``SANDBOX_KINDS``: every ``--sandbox``; ``IMAGE_KINDS`` run a task's image (built by
   ``stayer.environments``); ``HOST_KINDS`` run over a bare directory (``sandbox exec``).
 * ``POLICY_FORMS``: every context policy (``--policy``), with its parameter.
+* ``DEFAULT_*``: the run defaults the commands' help prints; ``stayer.settings.RunSettings``
+  (pydantic, too heavy for start-up) takes them from here.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ KIND_HELP = {
 
 POLICY_FORMS = ("auto", "none", "mask[:W]", "summarize[:TOKENS]", "textbook[:TOKENS]")
 POLICY_HELP = " | ".join(POLICY_FORMS)
+
+DEFAULT_MAX_STEPS = 50  # model calls of one run
+DEFAULT_COMMAND_TIMEOUT_S = 120.0  # seconds per sandboxed command
+DEFAULT_POLICY = "auto"  # the context policy
+DEFAULT_MCP_TOOLS = "auto"  # how MCP tools are offered (stayer.mcp.lazy.MODES)
 
 
 def kinds_help(kinds: tuple[str, ...] = SANDBOX_KINDS) -> str:

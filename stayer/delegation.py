@@ -15,14 +15,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import TYPE_CHECKING
 
+from stayer.agent import Agent, AgentSettings, Observer
+from stayer.events import Event, SubagentFinished, SubagentStarted
 from stayer.models.base import Model
 from stayer.tools.base import Tool
 from stayer.tools.subagent import DelegationRefused, SubagentTool, Subtask, SubtaskOutcome
 
-if TYPE_CHECKING:
-    from stayer.agent import Agent
+
+class _Events(Observer):
+    """A child's observer: its events go to the parent's observers."""
+
+    def __init__(self, parent: Agent) -> None:
+        self.parent = parent
+
+    def on_event(self, event: Event) -> None:
+        self.parent.emit(event)
 
 
 @dataclass(frozen=True)
@@ -54,8 +62,6 @@ class ChildAgents:
         return SubagentTool(self)
 
     async def delegate(self, subtask: Subtask) -> SubtaskOutcome:
-        from stayer.agent import Agent
-
         parent = self.parent
         guard = parent.guard
         if guard is None or not guard.working:
@@ -78,14 +84,10 @@ class ChildAgents:
         steps = min(subtask.max_steps or self.settings.max_steps, self.settings.max_steps)
         # A fresh copy of a dataclass policy (its state is the child's own), else none.
         policy = replace(parent.policy) if hasattr(parent.policy, "__dataclass_fields__") else None  # type: ignore[type-var]
-        child = Agent(
-            self.model,
-            self.tools(),
+        settings = AgentSettings(
             parent.prices,
-            parent.tool_context,
             parent.counter,
             replace(parent.limits, max_steps=steps, max_cost=amount),
-            on_event=parent.on_event,
             policy=policy,
             summarizer=parent.summarizer,  # compacts as its parent does (a model-written summary is billed)
             budget=budget,
@@ -93,19 +95,20 @@ class ChildAgents:
             probe=parent.probe,  # the parent's probe and clock are the journaled ones
             clock=parent.clock,
         )
+        # The child's events are the parent's; its steps and messages are its own.
+        child = Agent(self.model, self.tools(), parent.tool_context, settings, [_Events(parent)])
         if self.depth < self.settings.max_depth:
             child.add_tool(
                 ChildAgents(child, self.model, self.tools, self.settings, self.depth + 1).tool()
             )
-        parent.on_event(
-            "subagent_started",
-            {
-                "agent": path,
-                "parent": parent.path,
-                "task": subtask.task,
-                "budget_usd": None if amount is None else str(amount),
-                "max_steps": steps,
-            },
+        parent.emit(
+            SubagentStarted(
+                agent=path,
+                parent=parent.path,
+                task=subtask.task,
+                budget_usd=None if amount is None else str(amount),
+                max_steps=steps,
+            )
         )
         try:
             result = await child.run(subtask.task, f"{parent.run_id}/{path}")
@@ -113,14 +116,13 @@ class ChildAgents:
             budget.close()
         parent.child_finished(result)
         cost = result.cost_usd
-        parent.on_event(
-            "subagent_finished",
-            {
-                "agent": path,
-                "status": result.status,
-                "steps": result.steps,
-                "cost_usd": None if cost is None else str(cost),
-            },
+        parent.emit(
+            SubagentFinished(
+                agent=path,
+                status=result.status,
+                steps=result.steps,
+                cost_usd=None if cost is None else str(cost),
+            )
         )
         return SubtaskOutcome(
             path, result.status, result.steps, cost, result.summary or "(no summary)"

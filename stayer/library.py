@@ -13,10 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stayer.money import usd_argument
-from stayer.run_config import RunConfig
+from stayer.settings import RunSettings
+
+if TYPE_CHECKING:
+    from stayer.run import RunReport
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class RunOutcome:
         return Session(self.run_id, home=stayer_home()).report()
 
 
-async def _execute_run(config: RunConfig, on_step: Callable[[Any], None] | None) -> dict[str, Any]:
+async def _execute_run(config: RunSettings, on_step: Callable[[Any], None] | None) -> RunReport:
     """The one call into the run's entry point (``stayer.run``): prepare, then execute."""
     from stayer.run import execute, prepare
 
@@ -75,19 +78,19 @@ def run_task(
     task_dir: str | Path,
     *,
     model: str | None = None,
-    max_steps: int = 50,
+    max_steps: int = RunSettings.max_steps,
     max_cost: Decimal | str | int | float | None = None,
     run_id: str | None = None,
     base_url: str | None = None,
     sim_policy: str | None = None,
-    sim_latency: float = 0.0,
+    sim_latency: float = RunSettings.sim_latency,
     sandbox: str | None = None,
     service_tier: str | None = None,
-    policy: str = "auto",
+    policy: str = RunSettings.policy,
     max_context: int | None = None,
     config: str | Path | None = None,
     team: str | Path | None = None,
-    command_timeout: float = 120.0,
+    command_timeout: float = RunSettings.command_timeout,
     memory_mb: int | None = None,
     storage_mb: int | None = None,
     max_processes: int | None = None,
@@ -97,7 +100,7 @@ def run_task(
     return it: ``stayer run TASK --model MODEL …``. ``config``/``team`` are ``--config``
     and ``--team`` files; ``on_step`` receives each step's ledger entry as it is made.
     Not from inside a running event loop (it runs one)."""
-    run_config = RunConfig(
+    settings = RunSettings(
         task_dir=str(task_dir),
         model=model or "",
         max_steps=max_steps,
@@ -117,4 +120,5 @@ def run_task(
         storage_mb=storage_mb,
         max_processes=max_processes,
     )
-    return RunOutcome.from_document(asyncio.run(_execute_run(run_config, on_step)))
+    report = asyncio.run(_execute_run(settings, on_step))
+    return RunOutcome.from_document(report.to_json())

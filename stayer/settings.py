@@ -1,36 +1,14 @@
-"""Every number and name a user hands stayer, with its bounds: one pydantic model per concern.
+"""Every setting a user hands stayer, its bounds and its default, in one module.
 
-The same value means the same thing, and has the same limits, wherever it is written: a
-``stayer`` flag, a task's ``task.toml`` or a ``stayer.toml``. A value outside its bounds is
-bad input (exit 2) with a one-line error naming the flag, or the file and the key, before
-anything is written. The bounds are wide enough for any real run and narrow enough that a
-typo cannot become a week-long loop, a zero-byte memory cap or a number too large for
-Decimal arithmetic:
+* Bounded types (``Seconds``, ``Steps``, ``Usd``, …): the same value has the same limits
+  wherever it is written, a flag, ``task.toml`` or ``stayer.toml`` (docs/settings.md).
+* ``RunSettings``: what one run was asked to do, every run default written once; the CLI,
+  task files, ``stayer.toml``, the API and eval build it. ``RunFlags`` checks its numbers.
+* The pydantic groups of other commands, ``task.toml`` (``TaskToml``) and ``stayer.toml``
+  (``StayerConfig``, ``GuardConfig``): a value out of bounds or an unknown key is a
+  ``ConfigError`` of one line naming the flag, or the file and the key (exit 2).
 
-=====================  ==========================================  =========================
-value                  where                                       bounds
-=====================  ==========================================  =========================
-seconds                ``--timeout``, ``--command-timeout``,       > 0, ≤ 7 days
-                       ``[agent]``/``[verifier] timeout_sec``,
-                       ``[guard] max_wall_s``, ``latency_target_s``
-simulated latency      ``--sim-latency``                           ≥ 0, ≤ 1 hour
-memory, MiB            ``--memory``, ``--memory-mb``,              whole, 16 … 1 TiB
-                       ``[environment] memory_mb``                 (below 16 no shell starts)
-storage / file, MiB    ``--storage-mb``, ``--max-file-mb``,        whole, 1 … 16 TiB
-                       ``[environment] storage_mb``
-processes              ``--max-processes``                         whole, 1 … 65,536
-steps                  ``--max-steps``, ``estimate --steps``       whole, 1 … 100,000
-wrap-up steps          ``[guard] wrapup_steps``                    whole, 0 (none) … 100
-tokens                 ``--max-context``, ``--new-tokens``, …      whole, ≤ 100 M
-money, USD             ``--max-cost``                              > 0, ≤ 1,000,000
-price, USD per MTok    ``estimate --price-*``                      ≥ 0, ≤ 1,000,000
-epochs, concurrency    ``eval``, ``tasks check``, ``audit --jobs`` whole, ≤ 10,000 / 1,024
-run id                 ``--run-id``                                letters, digits, ``-_.``,
-                                                                   ≤ 128, not starting ``.``
-=====================  ==========================================  =========================
-
-NaN and infinities are refused everywhere, and so are booleans and strings where a number
-belongs (TOML's ``true`` is not 1).
+NaN, infinities, and booleans or strings where a number belongs are refused everywhere.
 """
 
 from __future__ import annotations
@@ -38,6 +16,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -50,8 +29,16 @@ from pydantic import (
     Field,
     StrictBool,
     ValidationError,
+    field_validator,
+    model_validator,
 )
 
+from stayer.choices import (
+    DEFAULT_COMMAND_TIMEOUT_S,
+    DEFAULT_MAX_STEPS,
+    DEFAULT_MCP_TOOLS,
+    DEFAULT_POLICY,
+)
 from stayer.errors import ConfigError
 
 MAX_SECONDS = 7 * 24 * 3600.0
@@ -97,6 +84,7 @@ Concurrency = Annotated[int, _Num, Field(ge=1, le=MAX_CONCURRENCY)]
 Reruns = Annotated[int, _Num, Field(ge=0, le=100)]
 WrapupSteps = Annotated[int, _Num, Field(ge=0, le=100)]  # zero: no wrap-up
 WrapupTokens = Annotated[int, _Num, Field(ge=256, le=1_000_000)]
+MCP_SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
@@ -119,18 +107,70 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class RunSettings(Settings):
-    """``stayer run`` and each trial of ``stayer eval``: the numbers of one run."""
+@dataclass(frozen=True)
+class RunSettings:
+    """What one run was asked to do (``stayer run``, the API, an eval trial), as the journal
+    keeps it: every run default, written here once."""
 
-    max_steps: Steps = 50
-    max_cost: Usd | None = None
-    sim_latency: Latency = 0.0
-    command_timeout: Seconds = 120.0
-    max_context: Tokens | None = None
-    memory_mb: MemoryMb | None = None
-    storage_mb: StorageMb | None = None
-    max_processes: Processes | None = None
-    run_id: RunId | None = None
+    task_dir: str
+    model: str
+    max_steps: int = DEFAULT_MAX_STEPS
+    max_cost: Decimal | None = None
+    run_id: str | None = None
+    base_url: str | None = None
+    sim_policy: str | None = None
+    sim_latency: float = 0.0
+    sandbox: str | None = None  # None: task.toml's, else its image's (Dockerfile), else bwrap
+    output_token_budget: int = 4096
+    command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S
+    service_tier: str | None = None
+    policy: str = DEFAULT_POLICY
+    max_context: int | None = None
+    config_file: str | None = None  # stayer.toml: routing, sub-agents, breakers
+    team_file: str | None = None  # team.toml: a team of agents instead of one (stayer.teams)
+    team: dict[str, Any] | None = None  # or the same inline (the runtime's ``team`` field)
+    mcp_servers: dict[str, Any] | None = None  # [mcp.servers] inline (the runtime's field)
+    mcp_tools: str = DEFAULT_MCP_TOOLS  # eager | lazy | auto (stayer.mcp.lazy)
+    # Per-run sandbox limits; None keeps the task's (task.toml [environment]).
+    memory_mb: int | None = None
+    storage_mb: int | None = None
+    max_processes: int | None = None
+
+    def sandbox_overrides(self) -> dict[str, Any]:
+        return {
+            "memory_mb": self.memory_mb,
+            "storage_mb": self.storage_mb,
+            "max_processes": self.max_processes,
+        }
+
+    def to_record(self) -> dict[str, Any]:
+        """JSON-ready, for the journal (a resume rebuilds the run from it)."""
+        d = asdict(self)
+        d["max_cost"] = None if self.max_cost is None else str(self.max_cost)
+        return d
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> RunSettings:
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        if kw.get("max_cost") is not None:
+            kw["max_cost"] = Decimal(kw["max_cost"])
+        return cls(**kw)
+
+
+class RunFlags(Settings):
+    """The bounded numbers of ``RunSettings``, checked as user input (flags, API fields);
+    defaults are ``RunSettings``'s."""
+
+    max_steps: Steps = RunSettings.max_steps
+    max_cost: Usd | None = RunSettings.max_cost
+    sim_latency: Latency = RunSettings.sim_latency
+    command_timeout: Seconds = RunSettings.command_timeout
+    max_context: Tokens | None = RunSettings.max_context
+    memory_mb: MemoryMb | None = RunSettings.memory_mb
+    storage_mb: StorageMb | None = RunSettings.storage_mb
+    max_processes: Processes | None = RunSettings.max_processes
+    run_id: RunId | None = RunSettings.run_id
 
 
 class SandboxSettings(Settings):
@@ -211,6 +251,206 @@ class TerminalBenchTimeouts(_TaskSection):
 
     max_agent_timeout_sec: Seconds = 360.0
     max_test_timeout_sec: Seconds = 60.0
+
+
+# --- stayer.toml: the guard's breakers, the router's sections ----
+
+
+class GuardConfig(Settings):
+    """Breaker settings, with their bounds: the ``[guard]`` section of stayer.toml is this
+    model. 0 or None turns a breaker off."""
+
+    max_tokens: Tokens | None = None  # input + output tokens over the run
+    max_wall_s: Seconds | None = None
+    max_tool_errors: StepCount = 5
+    loop_repeats: StepCount = 4
+    no_change_steps: StepCount = 20
+    anomaly_factor: Factor = 10.0
+    anomaly_window: Steps = 5
+    soft_fraction: Fraction = 0.8
+    wrapup_steps: WrapupSteps = 2  # 0: no wrap-up; a limit stops the run where it is
+    wrapup_output_tokens: WrapupTokens = 1024
+    # A call the cap cannot afford pauses the run (``BudgetReached``) instead of wrapping
+    # it up: the runtime's runs wait for a raised cap and resume from the journal. Set by
+    # the runtime, never by a file.
+    pause_at_cap: StrictBool = False
+
+    @classmethod
+    def off(cls) -> GuardConfig:
+        """Only the hard limits: for replaying recorded actions (what-if), which no breaker
+        or wrap-up instruction could change."""
+        return cls(
+            max_tool_errors=0,
+            loop_repeats=0,
+            no_change_steps=0,
+            anomaly_factor=0,
+            soft_fraction=1.0,
+            wrapup_steps=0,
+        )
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class ModelsSection(_Section):
+    main: str | None = None
+    planning: str | None = None
+    planning_steps: StepCount = 3
+    execution: str | None = None
+    summariser: str | None = None
+    subagent: str | None = None
+
+
+class CascadeSection(_Section):
+    models: list[str] = Field(min_length=1)
+    escalate_after_errors: StepCount = 2
+    escalate_on_loop: bool = True
+    escalate_after_failing_tests: StepCount = 2
+    relax_after: StepCount = 5
+
+
+class RoutingSection(_Section):
+    cache_aware: bool = True
+
+
+class TiersSection(_Section):
+    latency_target_s: Seconds | None = None
+    batch: bool = False
+
+
+class SubagentsSection(_Section):
+    max_steps: Steps = 20
+    budget_fraction: Fraction = 0.25
+    max_depth: int = Field(1, ge=1, le=8)
+
+
+class McpServer(BaseModel):
+    """One ``[mcp.servers.NAME]`` (``stayer.mcp.config``): stdio or streamable HTTP."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    command: list[str] | None = Field(None, min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    trust: Literal["sandbox", "host"] = "sandbox"
+    startup_timeout_s: float = Field(30.0, gt=0, le=600)
+    call_timeout_s: float | None = Field(None, gt=0, le=86_400)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give either command (stdio) or url (streamable HTTP)")
+        if self.url is not None and (self.env or self.trust != "sandbox"):
+            raise ValueError("env and trust are for stdio servers (command), not url")
+        if self.command is not None and self.headers:
+            raise ValueError("headers are for HTTP servers (url), not command")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError("url must be http:// or https://")
+        return self
+
+    @property
+    def transport(self) -> str:
+        return "stdio" if self.command is not None else "http"
+
+    @property
+    def where(self) -> str:
+        """Where it runs: ``sandbox``, ``host`` or ``remote`` (HTTP)."""
+        return "remote" if self.url is not None else self.trust
+
+
+class McpSection(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    servers: dict[str, McpServer] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _names(self) -> McpSection:
+        for name in self.servers:
+            if not MCP_SERVER_NAME.match(name) or name.endswith("_"):
+                raise ValueError(
+                    f"server name {name!r}: use letters, digits, '-' and single '_' "
+                    "(its tools are named NAME__tool)"
+                )
+        return self
+
+
+class StayerConfig(_Section):
+    models: ModelsSection = ModelsSection()
+    cascade: CascadeSection | None = None
+    routing: RoutingSection = RoutingSection()
+    tiers: TiersSection = TiersSection()
+    failover: dict[str, list[str]] = Field(default_factory=dict)
+    subagents: SubagentsSection | None = None
+    guard: GuardConfig = GuardConfig()
+    mcp: McpSection = McpSection()
+
+    @field_validator("guard", mode="before")
+    @classmethod
+    def _no_runtime_keys(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "pause_at_cap" in value:
+            raise ValueError("pause_at_cap is the runtime's to set, not a file's")
+        return value
+
+    def model_specs(self) -> list[str]:
+        """Every model the file names (each must be buildable and, under a cap, priced)."""
+        return list(self.model_roles())
+
+    def model_roles(self) -> dict[str, list[str]]:
+        """Every model the file names → where it names it (``models.subagent``,
+        ``cascade.models``, ``failover."<primary>"``), in the file's order; for errors."""
+        roles: dict[str, list[str]] = {}
+
+        def add(spec: str | None, where: str) -> None:
+            if spec:
+                roles.setdefault(spec, []).append(where)
+
+        for role in ("main", "planning", "execution", "summariser", "subagent"):
+            add(getattr(self.models, role), f"models.{role}")
+        for spec in self.cascade.models if self.cascade else []:
+            add(spec, "cascade.models")
+        for primary, fallbacks in self.failover.items():
+            add(primary, "failover")
+            for spec in fallbacks:
+                add(spec, f'failover."{primary}"')
+        return {spec: list(dict.fromkeys(where)) for spec, where in roles.items()}
+
+
+def load_config(path: str | Path) -> StayerConfig:
+    """Parse and validate ``path``; ConfigError (one line, naming the file and key) if bad."""
+    p = Path(path)
+    return parse_config(read_toml(p, "--config "), str(p))
+
+
+def parse_config(data: dict[str, Any], source: str) -> StayerConfig:
+    try:
+        return StayerConfig.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(part) for part in err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise ConfigError(f"{source}: unknown key {key!r}; {_allowed(err['loc'])}") from None
+        raise ConfigError(describe(e, source)) from None
+
+
+def _allowed(loc: tuple[Any, ...]) -> str:
+    """The keys allowed where an unknown one was found, to make the fix obvious."""
+    model: type[BaseModel] = StayerConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        candidates = [
+            a
+            for a in getattr(annotation, "__args__", (annotation,))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
+        if not candidates:
+            return "check the spelling"
+        model = candidates[0]
+    where = "at the top level" if len(loc) == 1 else f"in section {'.'.join(map(str, loc[:-1]))!r}"
+    allowed = [name for name in model.model_fields if name != "pause_at_cap"]
+    return f"allowed {where}: {', '.join(allowed)}"
 
 
 # --- checking -------------------------------------------------------------------------------

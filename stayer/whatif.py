@@ -34,7 +34,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from stayer.agent import SYSTEM_PROMPT, Agent, Limits
+from stayer.agent import SYSTEM_PROMPT, Agent, AgentSettings, Limits
 from stayer.context.policies import ContextPolicy, make_policy
 from stayer.errors import ConfigError
 from stayer.guard.breakers import GuardConfig
@@ -467,13 +467,15 @@ async def replay(
     agent = Agent(
         model,
         tools,
-        prices,
         ToolContext(sandbox=None, workspace=""),  # type: ignore[arg-type]
-        counter,
-        Limits(max_steps=len(trace.turns), max_context=max_context, guard=GuardConfig.off()),
-        system_prompt=trace.system,
-        policy=policy,
-        nudge=script.nudge,
+        AgentSettings(
+            prices,
+            counter,
+            Limits(max_steps=len(trace.turns), max_context=max_context, guard=GuardConfig.off()),
+            system_prompt=trace.system,
+            policy=policy,
+            nudge=script.nudge,
+        ),
     )
     result = await agent.run(trace.instruction, run_id="whatif")
     u = result.usage

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from decimal import Decimal
 
-from stayer.agent import Agent, Limits
+from stayer.agent import Agent, AgentSettings, Limits
 from stayer.context.layout import Context
 from stayer.models.base import Message, ModelError, ToolCall, ToolSpec
 from stayer.models.scripted import ScriptedModel
@@ -31,7 +31,10 @@ def run(model: ScriptedModel, tmp_path, **limits) -> tuple:
     counter = TiktokenCounter()
     ctx = ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path))
     agent = Agent(
-        model, default_tools(counter), PriceBook(), ctx, MessageCounter(counter), Limits(**limits)
+        model,
+        default_tools(counter),
+        ctx,
+        AgentSettings(PriceBook(), MessageCounter(counter), Limits(**limits)),
     )
     return asyncio.run(agent.run("Do the task.", "run-1")), agent
 

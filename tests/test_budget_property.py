@@ -37,8 +37,7 @@ from http_fake import FakeServer, Recorded, Reply
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from stayer.agent import Agent, Limits, RunResult
-from stayer.config import parse_config
+from stayer.agent import Agent, AgentSettings, Limits, RunResult
 from stayer.context.policies import make_policy
 from stayer.context.summarizer import ModelSummarizer
 from stayer.delegation import ChildAgents, ChildSettings
@@ -62,6 +61,7 @@ from stayer.models.sim import SimModel
 from stayer.models.sim_policies import filler
 from stayer.pricing import PriceBook
 from stayer.routing.setup import RoutingSetup, require_prices
+from stayer.settings import parse_config
 from stayer.tokens import MessageCounter, TiktokenCounter
 from stayer.tools.base import ToolContext, ToolResult
 from stayer.tools.submit import SubmitTool
@@ -241,14 +241,16 @@ async def run_agent(
     agent = Agent(
         main,
         [Observe(), SubmitTool()],
-        PRICES,
         ToolContext(None, ""),
-        counter,
-        limits,  # type: ignore[arg-type]
-        policy=make_policy(policy),
-        summarizer=ModelSummarizer(summariser, PRICES),
-        router=router,
-        budget=budget,
+        AgentSettings(
+            PRICES,
+            counter,
+            limits,
+            policy=make_policy(policy),
+            summarizer=ModelSummarizer(summariser, PRICES),
+            router=router,
+            budget=budget,
+        ),
     )
     child_model = router.role("subagent") if router and setup and setup.subagents else subagent
     if child_model is not None:
@@ -724,11 +726,13 @@ def test_a_reply_cut_off_at_max_tokens_is_billed_max_tokens_and_its_call_is_not_
                 agent = Agent(
                     provider,
                     [tool, SubmitTool()],
-                    PRICES,
                     ToolContext(None, ""),
-                    counter,  # type: ignore[arg-type]
-                    Limits(max_steps=10, max_output_tokens=300),
-                    policy=make_policy("none"),
+                    AgentSettings(
+                        PRICES,
+                        counter,
+                        Limits(max_steps=10, max_output_tokens=300),
+                        policy=make_policy("none"),
+                    ),
                 )
                 return await agent.run("Do the task.", "run-1")
             finally:
@@ -838,10 +842,8 @@ def test_the_loop_never_sends_a_call_it_cannot_price_under_a_cap():
         Agent(
             model,
             [Observe(), SubmitTool()],
-            PRICES,
             ToolContext(None, ""),
-            counter,  # type: ignore[arg-type]
-            Limits(5, None, 1_024, "scale"),
+            AgentSettings(PRICES, counter, Limits(5, None, 1_024, "scale")),
         ).run("Do the task.", "run-2")
     )
     assert billing.calls > 0 and billing.unpriced and result.cost_usd is None

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stayer.agent import Agent, Limits
+from stayer.agent import Agent, AgentSettings, Limits
 from stayer.context.forensics import CacheForensics
 from stayer.context.layout import Context
 from stayer.context.policies import (
@@ -280,7 +280,10 @@ def test_ledger_carries_cache_breaks_and_compactions():
 
     outputs = iter([t.observations[c.id] for turn in t.turns for c in turn.tool_calls])
     agent = Agent(
-        model, [RecordedTool(BASH, outputs)], PRICES, _no_sandbox(), COUNTER, Limits(max_steps=30)
+        model,
+        [RecordedTool(BASH, outputs)],
+        _no_sandbox(),
+        AgentSettings(PRICES, COUNTER, Limits(max_steps=30)),
     )
     result = asyncio.run(agent.run("Solve it.", "r"))
     compacted = [e for e in result.ledger if e.compaction]
@@ -350,11 +353,8 @@ def test_memory_notes_survive_compaction(tmp_path):
     agent = Agent(
         SimModel("claude-sonnet-4-5", _Turns(turns), COUNTER),
         default_tools(counter),
-        PRICES,
         ctx,
-        COUNTER,
-        Limits(max_steps=len(turns)),
-        policy=MaskPolicy(window=1),
+        AgentSettings(PRICES, COUNTER, Limits(max_steps=len(turns)), policy=MaskPolicy(window=1)),
     )
     seen: list[ModelRequest] = []
     original = agent.model.complete
@@ -414,12 +414,14 @@ def test_summarize_with_a_real_model_asks_it_for_the_summary(tmp_path):
     agent = Agent(
         SimModel("claude-sonnet-4-5", _Turns(turns), COUNTER),
         [RecordedTool(BASH, outputs)],
-        PRICES,
         ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path)),
-        COUNTER,
-        Limits(max_steps=6),
-        policy=SummarizePolicy(high_watermark=1_500, window=1),
-        summarizer=ModelSummarizer(writer, PRICES),
+        AgentSettings(
+            PRICES,
+            COUNTER,
+            Limits(max_steps=6),
+            policy=SummarizePolicy(high_watermark=1_500, window=1),
+            summarizer=ModelSummarizer(writer, PRICES),
+        ),
     )
     result = asyncio.run(agent.run("task", "r"))
     compactions = [e.compaction for e in result.ledger if e.compaction]

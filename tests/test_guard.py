@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stayer.agent import Agent, Limits
+from stayer.agent import Agent, AgentSettings, Limits
 from stayer.delegation import ChildAgents, ChildSettings
 from stayer.guard.attribution import per_agent
 from stayer.guard.breakers import GuardConfig, StepRecord, ToolCallRecord
@@ -37,7 +37,7 @@ def agent(model, workspace: Path | None, limits: Limits, prices=PRICES, **kw) ->
         sandbox=LocalSandbox(workspace) if workspace else None, workspace=str(workspace or "")
     )  # type: ignore[arg-type]
     tools = default_tools(COUNTER.counter) if workspace else []
-    return Agent(model, tools, prices, ctx, COUNTER, limits, **kw)
+    return Agent(model, tools, ctx, AgentSettings(prices, COUNTER, limits, **kw))
 
 
 def run(a: Agent, task: str = "Do the task.") -> object:

@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {
         "_version",
         "errors",
+        "events",
         "settings",
         "messages",
         "usage",
@@ -46,14 +47,13 @@ LAYERS: list[set[str]] = [
     {"tools"},
     {"mcp"},  # MCP servers' tools: a client over the sandbox, as tools; [mcp] for config
     {"guard"},
-    {"config"},  # stayer.toml's schema: the router's sections and the guard's GuardConfig
     {"routing"},
     {"ledger"},  # the journal writes ledger entries, so the ledger sits below it
     {"journal"},
     {"metering"},  # a provider call read, priced, held, settled and journaled: every door's core
     {"agent"},
     {"teams", "delegation"},
-    {"eval", "audit", "whatif", "run", "run_config", "estimate", "doctor"},
+    {"eval", "audit", "whatif", "prepare", "run", "estimate", "doctor"},
     {"runtime", "telemetry", "scale", "simserver", "gateway", "sdk", "library"},
     {"integrations"},  # agent frameworks metered through the library door (sdk)
     {"cli", "stayer"},  # the public API (stayer/__init__.py) re-exports from every layer

@@ -39,7 +39,7 @@ from stayer.models.base import Message, ModelRequest, ModelResponse, ToolCall, T
 from stayer.models.sim import SimModel
 from stayer.models.sim_policies import filler
 from stayer.pricing import PriceBook
-from stayer.run import RunConfig, execute, prepare
+from stayer.run import RunSettings, execute, prepare
 from stayer.sandbox.locate import locate_bwrap
 from stayer.tools.base import ToolContext, ToolResult
 from stayer.usage import Usage
@@ -133,7 +133,7 @@ def _model(prepared, crash_at=None) -> ProviderCalls:
 def start(task: Path, run_id: str, crash_at=None, crash_on_step=None):
     """Run ``run_id`` from the start; returns (doc or None if it crashed, provider)."""
     prepared = prepare(
-        RunConfig(
+        RunSettings(
             str(task),
             "sim:claude-sonnet-4-5",
             max_steps=30,
@@ -610,7 +610,7 @@ def test_a_lost_call_is_held_and_charged_against_the_cap(env, monkeypatch):
     monkeypatch.setattr(Guard, "reserve", spy)
     cap = Decimal("0.08")
     k = rid("cap")
-    config = RunConfig(
+    config = RunSettings(
         str(env),
         "sim:claude-sonnet-4-5",
         max_steps=30,

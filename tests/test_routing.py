@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from stayer.agent import Agent, Limits
-from stayer.config import load_config, parse_config
+from stayer.agent import Agent, AgentSettings, Hooks, Limits
 from stayer.errors import ConfigError
+from stayer.events import event_record
 from stayer.guard.breakers import GuardConfig, StepRecord, ToolCallRecord
 from stayer.models.scripted import COUNTER, ScriptedModel, bash, call, failing
 from stayer.pricing import PriceBook
 from stayer.routing.router import Router, RouteView
 from stayer.routing.tiers import TierPolicy
 from stayer.sandbox.local import LocalSandbox
+from stayer.settings import load_config, parse_config
 from stayer.tools import default_tools
 from stayer.tools.base import ToolContext
 
@@ -275,12 +276,9 @@ def test_failover_to_another_provider_after_retries_fail(tmp_path):
     agent = Agent(
         primary,
         default_tools(COUNTER.counter),
-        PRICES,
         ctx,
-        COUNTER,
-        Limits(max_steps=5),
-        router=router,
-        on_event=lambda k, p: events.append((k, p)),
+        AgentSettings(PRICES, COUNTER, Limits(max_steps=5), router=router),
+        [Hooks(event=lambda e: events.append(event_record(e)))],
     )
     result = asyncio.run(agent.run("task", "run-1"))
     assert result.status == "submitted" and {e.model for e in result.ledger} == {backup.spec}
@@ -307,11 +305,10 @@ def test_loop_breaker_escalates_the_cascade_before_wrapping_up(tmp_path):
     agent = Agent(
         cheap,
         default_tools(COUNTER.counter),
-        PRICES,
         ctx,
-        COUNTER,
-        Limits(max_steps=20, guard=GuardConfig(loop_repeats=3)),
-        router=router,
+        AgentSettings(
+            PRICES, COUNTER, Limits(max_steps=20, guard=GuardConfig(loop_repeats=3)), router=router
+        ),
     )
     result = asyncio.run(agent.run("task", "run-1"))
     assert result.status == "submitted"

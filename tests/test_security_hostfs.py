@@ -30,7 +30,7 @@ from stayer.eval.resume import prepare_resume
 from stayer.eval.task import load_task
 from stayer.eval.verify import read_reward
 from stayer.guard.breakers import TreeFingerprint
-from stayer.run import RunConfig, execute, prepare
+from stayer.run import RunSettings, execute, prepare
 from stayer.workspace.snapshot import FileSnapshotStore
 from stayer.workspace.tree import iter_tree
 
@@ -408,7 +408,7 @@ def test_a_run_with_odd_names_fifos_sockets_sparse_and_setuid_files_finishes_and
         "cp /bin/true suid && chmod 4755 suid && echo ok\n"
     )
     run_id = f"odd-{uuid.uuid4().hex[:8]}"
-    prepared = prepare(RunConfig(str(task), "sim:claude-sonnet-4-5", run_id=run_id))
+    prepared = prepare(RunSettings(str(task), "sim:claude-sonnet-4-5", run_id=run_id))
     prepared.model = CrashAt(prepared.model, at=2)
     with pytest.raises(Killed):
         asyncio.run(execute(prepared))

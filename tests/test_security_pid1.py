@@ -294,7 +294,7 @@ def test_the_agents_sandbox_is_gone_before_the_verifier_starts(
     """S2, end to end: the agent's sandbox (with whatever it left in it) was alive while
     the verifier ran; an implant there rewrote /app, and a reward of 0 became 1."""
     import stayer.run as run_module
-    from stayer.run import RunConfig, execute, prepare
+    from stayer.run import RunSettings, execute, prepare
 
     seen: list[list[int]] = []
 
@@ -305,7 +305,7 @@ def test_the_agents_sandbox_is_gone_before_the_verifier_starts(
     monkeypatch.setattr(run_module, "verify", verify_watched)
     task = takeover_task(tmp_path)
     prepared = prepare(
-        RunConfig(str(task), "sim:claude-sonnet-4-5", run_id=uuid.uuid4().hex[:8], sandbox=kind)
+        RunSettings(str(task), "sim:claude-sonnet-4-5", run_id=uuid.uuid4().hex[:8], sandbox=kind)
     )
     doc = asyncio.run(execute(prepared))
     assert seen == [[]], seen  # nothing of the agent's sandbox is left when the tests start
@@ -335,12 +335,12 @@ def test_a_run_paused_at_its_cap_leaves_no_sandbox_running(
 ) -> None:
     """The waiting sandbox of a paused run stayed alive until the garbage collector freed
     it (up to 3 at once, for about a minute)."""
-    from stayer.run import RunConfig, execute, prepare
+    from stayer.run import RunSettings, execute, prepare
 
     task = takeover_task(tmp_path)
     (task / "solution" / "solve.sh").write_text("echo one command\n")
     prepared = prepare(
-        RunConfig(str(task), "sim:claude-sonnet-4-5", run_id=uuid.uuid4().hex[:8], sandbox=kind)
+        RunSettings(str(task), "sim:claude-sonnet-4-5", run_id=uuid.uuid4().hex[:8], sandbox=kind)
     )
     prepared.model = PauseAt(prepared.model, at=2)
     gc.disable()  # as between two collections: only what the run itself released is gone

@@ -21,12 +21,12 @@ from typer.testing import CliRunner
 
 from stayer.cli import app
 from stayer.eval.runner import EvalConfig
-from stayer.run import RunConfig
 from stayer.settings import (
     CheckSettings,
     EstimateSettings,
     EvalSettings,
     ListSettings,
+    RunFlags,
     RunSettings,
     SandboxSettings,
 )
@@ -36,11 +36,11 @@ from stayer.settings import (
 ESTIMATE_BASE = ["--steps", "1", "--new-tokens", "1", "--output-tokens", "1"]
 PRICES = ["--price-miss", "1", "--price-hit", "1", "--price-out", "1"]
 CASES: list[tuple[str, type[BaseModel], set[str] | None, list[str]]] = [
-    ("run", RunSettings, None, ["no-such-task", "--model", "sim:claude-sonnet-4-5"]),
+    ("run", RunFlags, None, ["no-such-task", "--model", "sim:claude-sonnet-4-5"]),
     ("eval", EvalSettings, None, ["no-such-suite", "--model", "sim:claude-sonnet-4-5"]),
     (
         "eval",
-        RunSettings,
+        RunFlags,
         {"max_steps", "max_cost", "sim_latency"},
         ["no-such-suite", "--model", "sim:claude-sonnet-4-5"],
     ),
@@ -49,7 +49,7 @@ CASES: list[tuple[str, type[BaseModel], set[str] | None, list[str]]] = [
     ("tasks check", CheckSettings, None, ["no-such-suite"]),
     ("runs", ListSettings, {"limit"}, []),
     ("audit", ListSettings, {"jobs"}, ["no-such-log"]),
-    ("whatif", RunSettings, {"max_context"}, ["no-such-trace"]),
+    ("whatif", RunFlags, {"max_context"}, ["no-such-trace"]),
 ]
 
 
@@ -129,11 +129,11 @@ def test_the_command_enforces_the_models_bounds(
 
 
 def test_run_and_eval_configurations_default_as_the_settings_do() -> None:
-    run = RunSettings()
-    for f in dataclasses.fields(RunConfig):
-        if f.name in RunSettings.model_fields:
-            assert f.default == getattr(run, f.name), f"RunConfig.{f.name}"
+    run = RunFlags()
+    for f in dataclasses.fields(RunSettings):
+        if f.name in RunFlags.model_fields:
+            assert f.default == getattr(run, f.name), f"RunSettings.{f.name}"
     for f in dataclasses.fields(EvalConfig):
-        if f.name in RunSettings.model_fields:
+        if f.name in RunFlags.model_fields:
             assert f.default == getattr(run, f.name), f"EvalConfig.{f.name}"
-    assert EvalConfig("m").policy_name == RunConfig.policy
+    assert EvalConfig("m").policy_name == RunSettings.policy

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 from decimal import Decimal
 
-from stayer.agent import Agent, Limits
+from stayer.agent import Agent, AgentSettings, Hooks, Limits
 from stayer.delegation import ChildAgents, ChildSettings
+from stayer.events import event_record
 from stayer.guard.attribution import per_agent
 from stayer.guard.budget import Budget
 from stayer.models.scripted import COUNTER, Prices, ScriptedModel, bash, call, rates, text
@@ -29,7 +30,10 @@ def parent_with_children(
 ):
     ctx = ToolContext(sandbox=LocalSandbox(tmp_path), workspace=str(tmp_path))
     parent = Agent(
-        parent_model, default_tools(COUNTER.counter), PRICES, ctx, COUNTER, limits, budget=budget
+        parent_model,
+        default_tools(COUNTER.counter),
+        ctx,
+        AgentSettings(PRICES, COUNTER, limits, budget=budget),
     )
     children = ChildAgents(parent, child_model, lambda: default_tools(COUNTER.counter), settings)
     parent.add_tool(children.tool())
@@ -148,7 +152,7 @@ def test_default_share_and_depth_limit(tmp_path):
         Budget(D("1")),
         ChildSettings(budget_fraction=0.1),
     )
-    parent2.on_event = lambda kind, payload: events.append((kind, payload))
+    parent2.observers.append(Hooks(event=lambda e: events.append(event_record(e))))
     result = asyncio.run(parent2.run("Parent task", "run-2"))
     started = next(p for k, p in events if k == "subagent_started")
     # A tenth of what the parent could delegate: its budget less the wrap-up reserve (20 %)

@@ -22,8 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stayer.agent import Limits
+from stayer.agent import Hooks, Limits
 from stayer.context.policies import make_policy
+from stayer.events import event_record
 from stayer.guard.budget import Budget
 from stayer.journal import open_store
 from stayer.journal.log import load_log
@@ -422,7 +423,7 @@ def test_a_thread_out_of_share_reports_its_wrap_up_to_its_delegator(tmp_path):
         models=built,  # type: ignore[arg-type]
         tools=lambda: [Observe(), SubmitTool()],
         policy=lambda: make_policy("none"),
-        on_event=lambda kind, payload: seen.append((kind, payload)),
+        observers=[Hooks(event=lambda e: seen.append(event_record(e)))],
     )
     result = asyncio.run(Team(spec, services).run("work", "share"))
     report = next(p for k, p in seen if k == "message.sent" and p["kind"] == "report")
@@ -584,7 +585,6 @@ def scripted_team(
         models={n: SimModel("gpt-5", s, counter) for n, s in scripts.items()},  # type: ignore[arg-type]
         tools=lambda: [Observe(), SubmitTool()],
         policy=lambda: make_policy("none"),
-        on_message=lambda m: None,
     )
     team = Team(spec, services)
     for name, thread in team.threads.items():

@@ -244,7 +244,7 @@ def _memory_tracer(prices: Any, run_id: str) -> tuple[Any, Any]:
 def test_a_sub_agent_is_an_agent_span_nested_under_its_parents_tool_span(tmp_path: Path) -> None:
     import asyncio
 
-    from stayer.agent import Agent, Limits
+    from stayer.agent import Agent, AgentSettings, Limits
     from stayer.delegation import ChildAgents, ChildSettings
     from stayer.guard.budget import Budget
     from stayer.models.scripted import COUNTER, Prices, ScriptedModel, bash, call, rates
@@ -271,13 +271,9 @@ def test_a_sub_agent_is_an_agent_span_nested_under_its_parents_tool_span(tmp_pat
     parent = Agent(
         tracer.model(parent_model),
         tracer.tools(default_tools(COUNTER.counter)),
-        prices,
         ctx,
-        COUNTER,
-        Limits(max_steps=10),
-        budget=Budget(Decimal("1")),
-        on_step=tracer.on_step,
-        on_event=tracer.on_event,
+        AgentSettings(prices, COUNTER, Limits(max_steps=10), budget=Budget(Decimal("1"))),
+        [tracer],
     )
     children = ChildAgents(
         parent,
@@ -336,14 +332,14 @@ def test_a_call_lost_in_flight_gets_its_own_span_when_the_resumed_run_issues_it_
 
     from stayer.eval.resume import prepare_resume
     from stayer.models.sim import SimModel
-    from stayer.run import RunConfig, execute, prepare
+    from stayer.run import RunSettings, execute, prepare
     from stayer.telemetry.tracing import execute_traced
 
     monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("STAYER_DB", raising=False)
     task = make_task(tmp_path)
     prepared = prepare(
-        RunConfig(
+        RunSettings(
             str(task),
             "sim:claude-sonnet-4-5",
             max_steps=30,

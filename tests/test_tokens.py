@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tiktoken
 
-from stayer.agent import Agent, Limits
+from stayer.agent import Agent, AgentSettings, Limits
 from stayer.guard.breakers import GuardConfig
 from stayer.guard.budget import Budget
 from stayer.guard.reserve import quote
@@ -206,7 +206,10 @@ def _run_capped(model: ScriptedModel, cap: Decimal) -> tuple[Budget, object]:
     budget = Budget(cap)
     limits = Limits(max_steps=40, max_output_tokens=2048, guard=GuardConfig.off())
     agent = Agent(
-        model, [], prices, ToolContext(sandbox=None, workspace=""), COUNTER, limits, budget=budget
+        model,
+        [],
+        ToolContext(sandbox=None, workspace=""),
+        AgentSettings(prices, COUNTER, limits, budget=budget),
     )  # type: ignore[arg-type]
     result = asyncio.run(agent.run("Do the task. " + "context " * 3000, "run-1"))
     return budget, result
@@ -258,10 +261,10 @@ def test_a_simulated_model_counts_with_the_tokenizer_a_real_call_would(
     family. Before the fix every ``sim:`` model counted with cl100k_base."""
     from stayer.models.caching import provider_of
     from stayer.models.sim import SimModel
-    from stayer.run import RunConfig, prepare
+    from stayer.run import RunSettings, prepare
 
     monkeypatch.setenv("STAYER_HOME", str(tmp_path / "home"))
-    p = prepare(RunConfig(str(REPO / "examples" / "hello-file"), spec, sandbox="local"))
+    p = prepare(RunSettings(str(REPO / "examples" / "hello-file"), spec, sandbox="local"))
     assert isinstance(p.model, SimModel)
     model_id = spec.removeprefix("sim:")
     real = counter_for(provider_of(model_id), model_id)

@@ -33,7 +33,7 @@ from stayer.audit.calls import MAIN_CHAIN, SessionRef, open_log
 from stayer.errors import ConfigError
 from stayer.messages import Message, ToolCall
 from stayer.pricing import PriceBook
-from stayer.settings import MAX_TOKENS, RunSettings, check_flags
+from stayer.settings import MAX_TOKENS, RunFlags, check_flags
 
 #: Sessions replayed per scenario (the costliest): a replay tokenises the whole session.
 MAX_SESSIONS = 3
@@ -85,7 +85,7 @@ def parse_scenario(spec: str) -> Scenario:
     if "max_context" in parts:
         try:
             max_context = int(parts["max_context"])
-            check_flags(RunSettings, {"max_context": max_context})
+            check_flags(RunFlags, {"max_context": max_context})
         except ValueError:  # ConfigError included
             raise ConfigError(
                 f"--what-if {spec!r}: max_context must be a whole number of tokens, 1 to {MAX_TOKENS:,}"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from stayer.choices import POLICY_HELP
+from stayer.choices import DEFAULT_MAX_STEPS, DEFAULT_POLICY, POLICY_HELP
 from stayer.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -35,6 +35,8 @@ from stayer.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from stayer.run import RunReport
 
 
 def report_problems(problems: list[str]) -> NoReturn:
@@ -62,7 +64,7 @@ def _tracing(otlp: str | None) -> Iterator[Any]:
 
     tp = provider(otlp, service_name="stayer-eval")
 
-    async def traced(prepared: Any, journal: Any, controls: Any) -> dict[str, Any]:
+    async def traced(prepared: Any, journal: Any, controls: Any) -> RunReport:
         return await execute_traced(prepared, None, tp, journal=journal, controls=controls)
 
     try:
@@ -99,7 +101,7 @@ def eval_command(
     ] = None,
     max_steps: Annotated[
         int, typer.Option("--max-steps", help="Model calls at most per trial.")
-    ] = 50,
+    ] = DEFAULT_MAX_STEPS,
     max_cost: Annotated[
         str | None, typer.Option("--max-cost", help="Hard cap in USD per trial.")
     ] = None,
@@ -251,7 +253,7 @@ def eval_command(
 
     settings = {
         "models": model,
-        "policies": policy or "auto",
+        "policies": policy or DEFAULT_POLICY,
         "epochs": epochs,
         "concurrency": concurrency,
         "max_steps": max_steps,

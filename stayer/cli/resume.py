@@ -27,6 +27,7 @@ def resume(
 
     from stayer.eval.resume import prepare_resume
     from stayer.journal import RunFinished
+    from stayer.run import RunReport
 
     err = stderr()
     try:
@@ -37,7 +38,7 @@ def resume(
         if json_out:
             emit_json(e.result)
         else:
-            summary_table(e.result, console())
+            summary_table(RunReport.read(e.result), console())
         raise typer.Exit(EXIT_OK) from None
     except ConfigError as e:
         bad_input(str(e))

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from stayer.choices import DEFAULT_MAX_STEPS
 from stayer.cli.common import (
     EXIT_BUDGET,
     EXIT_FAILED,
@@ -87,7 +88,7 @@ def rollouts_command(
     concurrency: Annotated[int, typer.Option("--concurrency", help="Samples running at once.")] = 4,
     max_steps: Annotated[
         int, typer.Option("--max-steps", help="Model calls at most per sample.")
-    ] = 50,
+    ] = DEFAULT_MAX_STEPS,
     sim_policy: SimPolicyOption = None,
     sandbox: TaskSandboxOption = None,
     checks: Annotated[

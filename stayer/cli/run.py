@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from stayer.choices import POLICY_HELP, kinds_help
+from stayer.choices import (
+    DEFAULT_COMMAND_TIMEOUT_S,
+    DEFAULT_MAX_STEPS,
+    DEFAULT_MCP_TOOLS,
+    DEFAULT_POLICY,
+    POLICY_HELP,
+    kinds_help,
+)
 from stayer.cli.common import (
     EXIT_BUDGET,
     EXIT_FAILED,
@@ -35,6 +42,8 @@ from stayer.money import Usd
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from stayer.run import RunReport
+
 
 @app.command()
 def run(
@@ -47,7 +56,9 @@ def run(
             help="PROVIDER:MODEL, e.g. sim:claude-sonnet-4-5 (with --team: the entry agent's).",
         ),
     ] = None,
-    max_steps: Annotated[int, typer.Option("--max-steps", help="Model calls at most.")] = 50,
+    max_steps: Annotated[
+        int, typer.Option("--max-steps", help="Model calls at most.")
+    ] = DEFAULT_MAX_STEPS,
     max_cost: Annotated[
         str | None, typer.Option("--max-cost", help="Hard cap in USD; never overshot.")
     ] = None,
@@ -82,7 +93,7 @@ def run(
     policy: Annotated[
         str,
         typer.Option("--policy", help=f"Context policy: {POLICY_HELP}."),
-    ] = "auto",
+    ] = DEFAULT_POLICY,
     max_context: Annotated[
         int | None,
         typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded."),
@@ -93,7 +104,7 @@ def run(
             "--mcp-tools",
             help="MCP schemas: eager (all in the prompt), lazy (tool_search), auto (cheaper).",
         ),
-    ] = "auto",
+    ] = DEFAULT_MCP_TOOLS,
     config_file: Annotated[
         str | None,
         typer.Option(
@@ -114,7 +125,7 @@ def run(
             "--command-timeout",
             help="Seconds each sandboxed command may run (the whole process tree is killed).",
         ),
-    ] = 120.0,
+    ] = DEFAULT_COMMAND_TIMEOUT_S,
     memory_mb: Annotated[
         int | None,
         typer.Option("--memory-mb", help="Memory per sandboxed process (default: task.toml's)."),
@@ -144,9 +155,9 @@ def run(
     """
     from rich.text import Text
 
-    from stayer.run import RunConfig, prepare
+    from stayer.run import RunSettings, prepare
 
-    config = RunConfig(
+    config = RunSettings(
         task_dir=task,
         model=model or "",
         max_steps=max_steps,
@@ -214,7 +225,7 @@ _WHERE = {
 
 async def traced(
     prepared: Any, on_step: Callable[[Any], None], otlp: str | None, journal: Any = None
-) -> dict[str, Any]:
+) -> RunReport:
     """Execute the run, inside an OpenTelemetry trace when one is configured (``--otlp`` or
     the OTLP environment); without one, OpenTelemetry is not even imported."""
     from stayer.run import execute
@@ -238,7 +249,7 @@ def finish(run: Callable[[], Any], json_out: bool, run_id: str) -> NoReturn:
     was: one line saying so, exit 2, and ``stayer resume`` continues it. Ctrl-C: one line
     naming the ``stayer resume`` that continues it, exit 130."""
     try:
-        doc = run_async(run)
+        report: RunReport = run_async(run)
     except KeyboardInterrupt:
         # The journal holds every finished step: the run continues where it stopped.
         stderr().print(
@@ -259,9 +270,9 @@ def finish(run: Callable[[], Any], json_out: bool, run_id: str) -> NoReturn:
             f"run {run_id} stopped: {environment_error(e)}; once fixed, `stayer resume {run_id}` continues it"
         )
     if json_out:
-        emit_json(doc)
-    summary_table(doc, console(stderr=json_out))
-    raise typer.Exit(exit_code(doc["status"]))
+        emit_json(report.to_json())
+    summary_table(report, console(stderr=json_out))
+    raise typer.Exit(exit_code(report.status))
 
 
 def exit_code(status: str) -> int:
@@ -321,34 +332,34 @@ def step_line(d: dict[str, Any], total: Decimal | None, width: int | None = None
     return f"{head}{numbers} │ {text[: keep - 1]}…" if len(text) > keep else line
 
 
-def summary_table(doc: dict[str, Any], console: Console) -> None:
+def summary_table(doc: RunReport, console: Console) -> None:
     """The result: a table of figures, then why the run stopped, the wrap-up summary, the
     verifier's output when it failed, and what to do next."""
     from stayer.tables import Col, FitTable, print_table, say
 
-    say(console, (f"run {doc['run_id']}", "bold"), f" · {doc['task']} · {doc['model']}")
+    say(console, (f"run {doc.run_id}", "bold"), f" · {doc.task} · {doc.model}")
     t = FitTable(Col("", whole=True), Col(""), show_header=False)
-    u = doc["usage"]
+    u = doc.usage
     rows = [
-        ("status", doc["status"]),
-        ("stop reason", dash(doc.get("stop_reason"))),
-        ("reward", dash(doc["reward"])),
-        ("steps", str(doc["steps"])),
-        ("input tokens", f"{u['input_tokens']:,}"),
-        ("  cache read", f"{u['cache_read_tokens']:,}"),
-        ("  cache write", f"{u['cache_write_tokens']:,}"),
-        ("output tokens", f"{u['output_tokens']:,} (reasoning {u['reasoning_tokens']:,})"),
-        ("cost (USD)", usd(doc["cost_usd"])),
+        ("status", doc.status),
+        ("stop reason", dash(doc.stop_reason)),
+        ("reward", dash(doc.reward)),
+        ("steps", str(doc.steps)),
+        ("input tokens", f"{u.input_tokens:,}"),
+        ("  cache read", f"{u.cache_read_tokens:,}"),
+        ("  cache write", f"{u.cache_write_tokens:,}"),
+        ("output tokens", f"{u.output_tokens:,} (reasoning {u.reasoning_tokens:,})"),
+        ("cost (USD)", usd(doc.cost_usd)),
     ]
-    if doc.get("compactions"):
-        rows.append(("compactions", str(doc["compactions"])))
+    if doc.compactions:
+        rows.append(("compactions", str(doc.compactions)))
     for k, v in rows:
         t.add_row(k, str(v))
     print_table(console, t)
     explain(doc, console)
 
 
-def explain(doc: dict[str, Any], console: Console) -> None:
+def explain(doc: RunReport, console: Console) -> None:
     """Why the run ended as it did, and the next step, in words."""
     from rich.markup import escape
 
@@ -362,18 +373,18 @@ def explain(doc: dict[str, Any], console: Console) -> None:
     stop = stop_detail(doc)
     if stop:
         say("stopped", stop)
-    if doc.get("error"):
-        say("error", doc["error"])
-    summary = (doc.get("summary") or "").strip()
-    if summary and doc["status"] != "succeeded":
-        say("wrap-up summary" if doc["status"] == "budget_exhausted" else "summary")
+    if doc.error:
+        say("error", doc.error)
+    summary = (doc.summary or "").strip()
+    if summary and doc.status != "succeeded":
+        say("wrap-up summary" if doc.status == "budget_exhausted" else "summary")
         for line in summary.splitlines():
             console.print(f"  {escape(line)}", highlight=False, soft_wrap=not console.is_terminal)
-    verifier = doc.get("verifier") or {}
+    verifier = doc.verifier or {}
     if verifier.get("voided"):
         say("reward", verifier["voided"])
     tail = (verifier.get("output_tail") or "").strip()
-    if doc["status"] != "succeeded" and tail:
+    if doc.status != "succeeded" and tail:
         lines = tail.splitlines()[-VERIFIER_TAIL_LINES:]
         say(
             "verifier output",
@@ -387,12 +398,12 @@ def explain(doc: dict[str, Any], console: Console) -> None:
 VERIFIER_TAIL_LINES = 15
 
 
-def stop_detail(doc: dict[str, Any]) -> str:
+def stop_detail(doc: RunReport) -> str:
     """The reason the run stopped, with the breaker's own words when one stopped it."""
-    reason = doc.get("stop_reason") or ""
-    if doc.get("stop_detail"):
-        return f"{reason}: {doc['stop_detail']}"
-    hard = [b for b in doc.get("breakers") or () if not b.get("soft")]
+    reason = doc.stop_reason or ""
+    if doc.stop_detail:
+        return f"{reason}: {doc.stop_detail}"
+    hard = [b for b in doc.breakers if not b.get("soft")]
     if hard:
         return f"{hard[-1]['reason']}: {hard[-1]['detail']}"
     return STOP_WORDS.get(reason, reason)
@@ -401,32 +412,32 @@ def stop_detail(doc: dict[str, Any]) -> str:
 STOP_WORDS = {"submit": "the agent submitted its work (then the verifier ran)"}
 
 
-def next_step(doc: dict[str, Any]) -> str:
-    run_id, status, reason = doc["run_id"], doc["status"], doc.get("stop_reason") or ""
+def next_step(doc: RunReport) -> str:
+    run_id, status, reason = doc.run_id, doc.status, doc.stop_reason or ""
     if status == "succeeded":
         return f"`stayer report {run_id}` shows the cost of every step"
     if status == "budget_exhausted":
         if reason == "max_cost":
             need = next_call_cost(doc)
-            spent = Decimal(doc["cost_usd"]) if doc["cost_usd"] != "unknown" else Decimal(0)
+            spent = Decimal(doc.cost_usd) if doc.cost_usd != "unknown" else Decimal(0)
             floor = f" to ≥ {usd(round_up(spent + need))}" if need is not None else ""
             return f"raise --max-cost{floor} (each further step costs about as much again)"
         if reason == "max_steps":
-            return f"raise --max-steps above {doc['steps']}, or read the wrap-up summary above"
+            return f"raise --max-steps above {doc.steps}, or read the wrap-up summary above"
         return f"read the wrap-up summary above; `stayer report {run_id}` shows every step"
     if status == "error":
         return f"`stayer doctor` checks this machine; `stayer resume {run_id}` retries from the journal"
     return (
         f"read the verifier output above; `stayer report {run_id}` shows every step; "
-        f"`stayer tasks check {doc.get('task_path') or doc['task']}` checks the task itself"
+        f"`stayer tasks check {doc.task_path or doc.task}` checks the task itself"
     )
 
 
-def next_call_cost(doc: dict[str, Any]) -> Decimal | None:
+def next_call_cost(doc: RunReport) -> Decimal | None:
     """What the call that did not fit needed, from the max_cost breaker's words."""
     import re
 
-    for b in reversed(doc.get("breakers") or ()):
+    for b in reversed(doc.breakers):
         m = re.search(r"worst case \(\$([0-9.]+)", b.get("detail", ""))
         if b.get("reason") == "max_cost" and m:
             return Decimal(m.group(1))

@@ -93,15 +93,14 @@ async def gather(
     """The ``--json`` document: the model counted for, each tool (``in_prompt``: its
     schema is in every prompt; else loaded by ``tool_search``), the prompt's total, and
     the MCP mode ``mode`` comes to (``auto``: the cheaper over 50 steps)."""
-    from stayer.config import load_config
     from stayer.eval.task import load_task
     from stayer.mcp.config import run_servers
     from stayer.mcp.lazy import ToolSearch, choose, costs
     from stayer.mcp.tools import McpTools, reserved_names
+    from stayer.prepare import pinned_tokens, priced_as, run_tools
     from stayer.pricing import PriceBook
-    from stayer.run import pinned_tokens, priced_as
+    from stayer.settings import load_config
     from stayer.tokens import Counters, canonical_tools
-    from stayer.tools import default_tools
 
     config = load_config(config_file) if config_file else None
     task = load_task(task_dir) if task_dir else None
@@ -123,9 +122,7 @@ async def gather(
         async with McpTools(
             servers, sandbox, counter.counter, reserved_names(counter.counter)
         ) as mcp:
-            tools: list[tuple[Any, str, bool]] = [
-                (t, "stayer", True) for t in default_tools(counter.counter)
-            ]
+            tools: list[tuple[Any, str, bool]] = [(t, "stayer", True) for t in run_tools(counter)]
             priced = None
             if mcp.tools:
                 pinned = pinned_tokens(task.instruction if task else "", counter)

@@ -59,14 +59,14 @@ def whatif(
     from stayer.models.caching import provider_of
     from stayer.models.registry import known_sim_model
     from stayer.pricing import PriceBook
-    from stayer.settings import RunSettings, check_flags
+    from stayer.settings import RunFlags, check_flags
     from stayer.tokens import Counters
     from stayer.whatif import compare, load_trace
 
     model_id = None if model is None else model.split(":", 1)[1] if ":" in model else model
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     try:
-        check_flags(RunSettings, {"max_context": max_context})
+        check_flags(RunFlags, {"max_context": max_context})
         prices = PriceBook.load()
         if model_id is not None:
             known_sim_model(model_id, prices)

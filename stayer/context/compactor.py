@@ -16,6 +16,8 @@ from typing import Any
 from stayer.context.layout import Context
 from stayer.context.policies import Compaction, policy_cost
 from stayer.context.summarizer import ModelSummarizer
+from stayer.events import Compaction as CompactionEvent
+from stayer.events import Event, SummaryFailed
 from stayer.models.base import Message, ModelError
 from stayer.pricing import PriceBook, Rates
 from stayer.sandbox.base import Sandbox
@@ -34,7 +36,7 @@ ARCHIVE_SCRIPT = (
 
 class Compactor:
     """Executes planned compactions for one agent. ``rates_at`` prices a call on the
-    agent's current model; ``on_event`` receives ``compaction`` and ``summary_failed``."""
+    agent's current model; ``emit`` receives ``Compaction`` and ``SummaryFailed``."""
 
     def __init__(
         self,
@@ -44,7 +46,7 @@ class Compactor:
         summarizer: ModelSummarizer | None,
         sandbox: Sandbox | None,
         command_timeout: float,
-        on_event: Callable[[str, dict[str, Any]], None],
+        emit: Callable[[Event], None],
         path: str = "main",
     ) -> None:
         self.rates_at = rates_at
@@ -53,7 +55,7 @@ class Compactor:
         self.summarizer = summarizer
         self.sandbox = sandbox
         self.command_timeout = command_timeout
-        self.on_event = on_event
+        self.emit = emit
         self.path = path
 
     def worst_case(self, ctx: Context, c: Compaction) -> tuple[RatesAt, int, int]:
@@ -81,7 +83,7 @@ class Compactor:
         if self.summarizer is not None and c.summary_input_tokens:
             cost = await self._summarize(ctx, c, cost)
         first = c.apply(ctx)
-        self.on_event("compaction", {"step": step, **c.to_event(), "cost_usd": str(cost)})
+        self.emit(CompactionEvent(step=step, **c.to_event(), cost_usd=str(cost)))
         return {
             "reason": c.reason,
             "first_index": first,
@@ -101,9 +103,8 @@ class Compactor:
                 _span(ctx, c), c.changes[first]
             )
         except ModelError as e:
-            self.on_event(
-                "summary_failed",
-                {"agent": self.path, "model": self.summarizer.model.spec, "error": str(e)},
+            self.emit(
+                SummaryFailed(agent=self.path, model=self.summarizer.model.spec, error=str(e))
             )
             return Decimal(0)
         return cost.total if cost.total is not None else planned

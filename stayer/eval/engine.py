@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stayer._version import __version__
+from stayer.choices import DEFAULT_MAX_STEPS, DEFAULT_POLICY
 from stayer.errors import ConfigError
 from stayer.eval.runner import EvalConfig, Trial, TrialStore, write_atomic
 from stayer.eval.suite import ProblemsError
@@ -42,7 +43,7 @@ def configurations(
     sandbox: str | None,
 ) -> list[EvalConfig]:
     """Every model × policy, once the flags are within their bounds."""
-    from stayer.settings import EvalSettings, RunSettings, check_flags
+    from stayer.settings import EvalSettings, RunFlags, check_flags
 
     if not models:
         raise ConfigError("--model: give at least one model, e.g. --model sim:claude-sonnet-4-5")
@@ -50,7 +51,7 @@ def configurations(
         raise ConfigError(f"--model {','.join(models)}: a model is listed twice")
     check_flags(EvalSettings, {"epochs": epochs, "concurrency": concurrency})
     check_flags(
-        RunSettings, {"max_steps": max_steps, "max_cost": max_cost, "sim_latency": sim_latency}
+        RunFlags, {"max_steps": max_steps, "max_cost": max_cost, "sim_latency": sim_latency}
     )
     chosen: list[str | None] = list(policies) or [None]
     return [
@@ -190,7 +191,7 @@ def evaluate(
     epochs: int = 1,
     concurrency: int = 4,
     out: str | Path | None = None,
-    max_steps: int = 50,
+    max_steps: int = DEFAULT_MAX_STEPS,
     max_cost: Decimal | str | int | float | None = None,
     sim_policy: str | None = None,
     sim_latency: float = 0.0,
@@ -243,7 +244,7 @@ def evaluate(
     )
     settings = {
         "models": ",".join(models),
-        "policies": ",".join(policies) or "auto",
+        "policies": ",".join(policies) or DEFAULT_POLICY,
         "epochs": epochs,
         "concurrency": concurrency,
         "max_steps": max_steps,

@@ -12,7 +12,7 @@ from typing import Any
 
 from stayer.journal import JournalError, RunJournal, Store, open_store, stayer_home
 from stayer.pricing import PriceBook
-from stayer.run import PreparedRun, RunConfig, prepare, run_workspace
+from stayer.run import PreparedRun, RunSettings, prepare, run_workspace
 
 
 def prepare_resume(
@@ -43,7 +43,7 @@ def prepare_resume(
     try:
         row, log = RunJournal.load(store, run_id)
         try:
-            config = RunConfig.from_record(row.header["config"])
+            config = RunSettings.from_record(row.header["config"])
             if task_dir is not None:
                 config = dataclasses.replace(config, task_dir=task_dir)
         except (KeyError, TypeError, ValueError) as e:

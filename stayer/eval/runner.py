@@ -47,16 +47,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 from stayer.eval.task import Task
 from stayer.eval.verify import passes
 from stayer.journal.backends import open_store, stayer_home
-from stayer.run_config import RunConfig
+from stayer.settings import RunSettings
 from stayer.workspace.hostfs import tree_digest
 
 if TYPE_CHECKING:
+    from stayer.agent import Observer
     from stayer.journal import RunJournal
     from stayer.pricing import PriceBook
-    from stayer.run import Controls, PreparedRun, RunObserver
+    from stayer.run import Controls, PreparedRun, RunReport
 
 #: Runs a prepared run (continuing ``journal`` when there is one) to its result document.
-RunExecutor = Callable[["PreparedRun", "RunJournal | None", "Controls"], Awaitable[dict[str, Any]]]
+RunExecutor = Callable[["PreparedRun", "RunJournal | None", "Controls"], Awaitable["RunReport"]]
 
 # The agent (``stayer.run``) is imported when a trial runs: an evaluation whose trials are
 # all done only re-renders its report, and that needs neither it nor the price data.
@@ -76,7 +77,7 @@ class EvalConfig:
     model: str
     policy: str | None = None  # context policy; None: the run's default
     sim_policy: str | None = None
-    max_steps: int = 50
+    max_steps: int = RunSettings.max_steps
     max_cost: Decimal | None = None
     # None: each task's own (Task.kind: task.toml's, its image's, else bwrap), as ``stayer run`` chooses
     sandbox: str | None = None
@@ -84,7 +85,7 @@ class EvalConfig:
 
     @property
     def policy_name(self) -> str:
-        return self.policy or RunConfig.policy
+        return self.policy or RunSettings.policy
 
     @property
     def label(self) -> str:
@@ -108,11 +109,11 @@ class EvalConfig:
         digest = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
         return f"{_slug(self.model)}-{_slug(self.policy_name, 24)}-{digest[:8]}"
 
-    def run_config(self, task: Task, run_id: str) -> RunConfig:
+    def run_config(self, task: Task, run_id: str) -> RunSettings:
         extra: dict[str, Any] = {}
         if self.policy is not None:
             extra["policy"] = self.policy
-        return RunConfig(
+        return RunSettings(
             task_dir=str(task.path),
             model=self.model,
             max_steps=self.max_steps,
@@ -200,7 +201,7 @@ async def run_trial(
     run_id: str | None = None,
     on_started: Callable[[str], None] | None = None,
     execute_run: RunExecutor | None = None,
-    observers: Sequence[RunObserver] = (),
+    observers: Sequence[Observer] = (),
 ) -> dict[str, Any]:
     """Run one trial to a record; never raises for a failure of the trial itself.
 
@@ -208,7 +209,7 @@ async def run_trial(
     is continued through its journal, or, if it had finished, its result is taken as it is.
     ``on_started(run_id)`` is called once the run's id is fixed, before the run starts.
     ``execute_run`` runs the prepared run (default: ``stayer.run.execute``; the CLI passes
-    a traced one). ``observers`` watch the run (``stayer.run.RunObserver``)."""
+    a traced one). ``observers`` watch the run (``stayer.agent.Observer``)."""
     started = time.monotonic()
     run_id = run_id or trial.new_run_id()
     resumed = False
@@ -263,7 +264,7 @@ async def _run_or_resume(
     run_id: str,
     on_started: Callable[[str], None] | None,
     execute_run: RunExecutor | None = None,
-    observers: Sequence[RunObserver] = (),
+    observers: Sequence[Observer] = (),
 ) -> tuple[dict[str, Any], bool]:
     """The result document of run ``run_id``: run from the start if the journal has no such
     run, else continued from its journal (or its result, if it had finished). Whether it
@@ -292,8 +293,10 @@ async def _run_or_resume(
     prepared.close_store = True  # execute closes it
     controls = Controls(observers=list(observers))
     if execute_run is not None:
-        return await execute_run(prepared, journal, controls), journal is not None
-    return await execute(prepared, journal=journal, controls=controls), journal is not None
+        report = await execute_run(prepared, journal, controls)
+    else:
+        report = await execute(prepared, journal=journal, controls=controls)
+    return report.to_json(), journal is not None  # the trial's record keeps the JSON form
 
 
 def _spent(run_id: str) -> dict[str, Any]:

@@ -23,57 +23,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import StrictBool
-
-from stayer.settings import (
-    Factor,
-    Fraction,
-    Seconds,
-    Settings,
-    StepCount,
-    Steps,
-    Tokens,
-    WrapupSteps,
-    WrapupTokens,
-)
+from stayer.settings import GuardConfig as GuardConfig  # its home until 36: re-exported
 from stayer.workspace.watch import TreeWatch
 
 #: Reasons a trip can have. Limits first, then behaviour.
 LIMIT_REASONS = ("max_steps", "max_cost", "max_tokens", "max_wall_time")
 BEHAVIOUR_REASONS = ("tool_errors", "loop", "no_progress", "cost_anomaly")
-
-
-class GuardConfig(Settings):
-    """Breaker settings, with their bounds: the ``[guard]`` section of stayer.toml is this
-    model (``stayer.config``). 0 or None turns a breaker off."""
-
-    max_tokens: Tokens | None = None  # input + output tokens over the run
-    max_wall_s: Seconds | None = None
-    max_tool_errors: StepCount = 5
-    loop_repeats: StepCount = 4
-    no_change_steps: StepCount = 20
-    anomaly_factor: Factor = 10.0
-    anomaly_window: Steps = 5
-    soft_fraction: Fraction = 0.8
-    wrapup_steps: WrapupSteps = 2  # 0: no wrap-up; a limit stops the run where it is
-    wrapup_output_tokens: WrapupTokens = 1024
-    # A call the cap cannot afford pauses the run (``BudgetReached``) instead of wrapping
-    # it up: the runtime's runs wait for a raised cap and resume from the journal. Set by
-    # the runtime, never by a file.
-    pause_at_cap: StrictBool = False
-
-    @classmethod
-    def off(cls) -> GuardConfig:
-        """Only the hard limits: for replaying recorded actions (what-if), which no breaker
-        or wrap-up instruction could change."""
-        return cls(
-            max_tool_errors=0,
-            loop_repeats=0,
-            no_change_steps=0,
-            anomaly_factor=0,
-            soft_fraction=1.0,
-            wrapup_steps=0,
-        )
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from stayer.guard.budget import Budget, Reservation
 from stayer.guard.reserve import MIN_OUTPUT_TOKENS, RatesAt, margin_tokens, quote
 from stayer.guard.wrapup import instruction, summary_from_trajectory, usable
 from stayer.messages import Message
+from stayer.settings import RunSettings
 
 # Behaviour trips a stronger model may fix; the others (cost anomaly) are not its doing.
 ESCALATABLE = frozenset({"tool_errors", "loop", "no_progress"})
@@ -52,7 +53,7 @@ class Gate:
 class Guard:
     budget: Budget
     config: GuardConfig = field(default_factory=GuardConfig)
-    max_steps: int = 50
+    max_steps: int = RunSettings.max_steps
     max_output_tokens: int = 8192
     probe: WorkspaceProbe | None = None
     escalate: Callable[[Trip], bool] = lambda trip: False

@@ -9,66 +9,17 @@ hold ``__``). Any other key is an error naming the file and the key.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ValidationError
 
 from stayer.errors import ConfigError
-from stayer.settings import describe
+from stayer.settings import McpSection, McpServer, describe
 
-SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$")
 SEPARATOR = "__"
 
-
-class McpServer(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    command: list[str] | None = Field(None, min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
-    url: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
-    trust: Literal["sandbox", "host"] = "sandbox"
-    startup_timeout_s: float = Field(30.0, gt=0, le=600)
-    call_timeout_s: float | None = Field(None, gt=0, le=86_400)
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpServer:
-        if (self.command is None) == (self.url is None):
-            raise ValueError("give either command (stdio) or url (streamable HTTP)")
-        if self.url is not None and (self.env or self.trust != "sandbox"):
-            raise ValueError("env and trust are for stdio servers (command), not url")
-        if self.command is not None and self.headers:
-            raise ValueError("headers are for HTTP servers (url), not command")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError("url must be http:// or https://")
-        return self
-
-    @property
-    def transport(self) -> str:
-        return "stdio" if self.command is not None else "http"
-
-    @property
-    def where(self) -> str:
-        """Where it runs: ``sandbox``, ``host`` or ``remote`` (HTTP)."""
-        return "remote" if self.url is not None else self.trust
-
-
-class McpSection(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    servers: dict[str, McpServer] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _names(self) -> McpSection:
-        for name in self.servers:
-            if not SERVER_NAME.match(name) or name.endswith("_"):
-                raise ValueError(
-                    f"server name {name!r}: use letters, digits, '-' and single '_' "
-                    "(its tools are named NAME__tool)"
-                )
-        return self
+__all__ = ["SEPARATOR", "McpSection", "McpServer", "parse_servers", "run_servers"]
 
 
 def parse_servers(data: Any, source: str) -> dict[str, McpServer]:

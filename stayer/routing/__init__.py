@@ -2,7 +2,7 @@
 on failure signals, latency-targeted tiers, failover — and switches priced against the
 prompt cache (``switch``). Configured in ``stayer.toml`` (``config``)."""
 
-from stayer.config import StayerConfig, load_config
 from stayer.routing.router import Route, Router, RouteView
+from stayer.settings import StayerConfig, load_config
 
 __all__ = ["Route", "RouteView", "Router", "StayerConfig", "load_config"]

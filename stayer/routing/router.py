@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stayer.config import StayerConfig
 from stayer.context.policies import remaining_steps
 from stayer.guard.breakers import StepRecord, Trip
 from stayer.models.base import Model
@@ -27,6 +26,7 @@ from stayer.models.caching import CacheRules, cache_rules
 from stayer.pricing import PriceBook, Rates
 from stayer.routing.switch import Outlook, Priced, SwitchQuote, price_switch
 from stayer.routing.tiers import TierPolicy
+from stayer.settings import StayerConfig
 
 TRIPS_TO_ESCALATE = frozenset({"loop", "no_progress", "tool_errors"})
 TEST_COMMAND = re.compile(

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stayer.config import StayerConfig, SubagentsSection, load_config
 from stayer.errors import ConfigError
 from stayer.guard.breakers import GuardConfig
 from stayer.models.base import Model
 from stayer.pricing import PriceBook
 from stayer.routing.router import Router
+from stayer.settings import StayerConfig, SubagentsSection, load_config
 
 
 @dataclass

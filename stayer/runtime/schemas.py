@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stayer.choices import POLICY_HELP
 from stayer.runtime.db import ServiceRun
+from stayer.settings import RunSettings
 
 #: A run's cap; above this, a typo is likelier than a real budget.
 MAX_RUN_COST = Decimal(100_000)
@@ -71,9 +72,9 @@ class RunCreate(ApiIn):
         le=MAX_RUN_COST,
         description="Hard cap in USD, carved from the tenant's budget.",
     )
-    max_steps: int = Field(default=50, ge=1, le=10_000)
+    max_steps: int = Field(default=RunSettings.max_steps, ge=1, le=10_000)
     policy: str = Field(
-        default="auto",
+        default=RunSettings.policy,
         max_length=100,
         description=f"Context policy: {POLICY_HELP}.",
     )

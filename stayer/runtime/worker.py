@@ -380,7 +380,7 @@ class Worker:
 
     async def _run(self, run: ServiceRun) -> None:
         from stayer.eval.resume import prepare_resume
-        from stayer.run import Controls, Inbox, RunConfig, execute, prepare
+        from stayer.run import Controls, Inbox, RunSettings, execute, prepare
 
         if run.cancel_requested:
             self._finish(run, close_idle_journal(self.store, run.id, CANCELLED, "cancelled"))
@@ -396,19 +396,19 @@ class Worker:
             # Here, whichever machine first ran it: an upload is unpacked from the store.
             task_dir = str(resolve_task(self.tasks_dir, run.task, self.uploads, run.tenant))
             if self.store.run(run.id) is None:
-                config = RunConfig(
+                config = RunSettings(
                     task_dir=task_dir,
                     model=run.model,
-                    max_steps=int(req.get("max_steps") or 50),
+                    max_steps=int(req.get("max_steps") or RunSettings.max_steps),
                     max_cost=cap if isinstance(cap, Decimal) else None,
                     run_id=run.id,
                     sim_policy=req.get("sim_policy"),
                     sim_latency=float(req.get("sim_latency") or 0.0),
                     sandbox=self.sandbox,
-                    policy=req.get("policy") or "auto",
+                    policy=req.get("policy") or RunSettings.policy,
                     team=req.get("team"),
                     mcp_servers=req.get("mcp_servers"),
-                    mcp_tools=req.get("mcp_tools") or "auto",
+                    mcp_tools=req.get("mcp_tools") or RunSettings.mcp_tools,
                 )
                 prepared, journal = prepare(config, self.prices, store=self.store), None
                 prepared.lease_owner, prepared.lease_ttl_s = owner, self.lease_ttl_s
@@ -492,7 +492,7 @@ class Worker:
         execution = asyncio.create_task(running)
         beat = asyncio.create_task(self._heartbeat(run, cancel, execution))
         try:
-            doc = await execution
+            doc = (await execution).to_json()  # what the service stores and sends
         except RunCancelled:
             doc = close_idle_journal(self.store, run.id, CANCELLED, "cancelled")
         except RunHandedBack:

@@ -1,7 +1,7 @@
 """Each step of a run as a trainer needs it: the token ids the model saw and produced, the
 messages new to the step, and its exact cost by kind of token.
 
-``StepRecorder`` is a ``RunObserver`` (``stayer.run.Controls.observers``): it wraps the run's
+``StepRecorder`` is an ``Observer`` (``stayer.run.Controls.observers``): it wraps the run's
 model inside the journal, so it sees live calls only. A step that a resumed run replayed
 from its journal has no record here; ``complete`` says whether every step was seen.
 """
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
 
+from stayer.agent import Observer
 from stayer.journal.codec import message_record
 from stayer.ledger import LedgerEntry
 from stayer.models.base import Message, Model, ModelRequest, ModelResponse
 from stayer.pricing import PriceBook
-from stayer.tools.base import Tool
 
 
 @runtime_checkable
@@ -50,7 +50,7 @@ class _RecordingModel:
         return response
 
 
-class StepRecorder:
+class StepRecorder(Observer):
     """Records the main agent's steps (``steps``, one dict each, in order)."""
 
     def __init__(self, prices: PriceBook) -> None:
@@ -61,12 +61,6 @@ class StepRecorder:
 
     def model(self, inner: Model) -> Model:
         return _RecordingModel(inner, self._calls)  # type: ignore[return-value]
-
-    def tools(self, tools: list[Tool]) -> list[Tool]:
-        return tools
-
-    def on_event(self, kind: str, payload: dict[str, Any]) -> None:
-        pass
 
     def on_step(self, entry: LedgerEntry) -> None:
         calls = list(self._calls)

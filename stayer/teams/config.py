@@ -1,21 +1,9 @@
 """``team.toml``: who is on the team, what each may use and spend, and who may talk to whom.
 
-    entry = "coordinator"                 # the agent that gets the task
-
-    [agents.coordinator]
-    model = "sim:claude-sonnet-4-5"       # any --model spec
-    system_prompt = "..."                 # optional; default: stayer's, plus the roster
-    tools = ["bash", "read_file"]         # optional subset of the built-in tools
-    budget_share = 0.3                    # of the run's --max-cost, carved for this agent
-    max_steps = 20
-    talks_to = ["worker"]                 # send_message / handoff targets
-
-    [handoff]
-    relevance = 0.3                       # share of a handoff's history the receiver needs
-    rediscovery_steps = 5                 # extra steps to find it again without the history
-    expected_steps = 10                   # the receiver's steps, for pricing a handoff
-
-Validated whole before anything runs: one line naming the file and field, exit 2.
+Sections: ``entry`` (the agent that gets the task); ``[agents.NAME]`` with ``model``,
+``system_prompt``, ``tools``, ``budget_share``, ``max_steps``, ``talks_to``; ``[handoff]``
+with ``relevance``, ``rediscovery_steps``, ``expected_steps`` (docs/teams.md shows the
+file). Validated whole before anything runs: one line naming the file and field, exit 2.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Pricing a handoff: what passing history costs the receiver, against what lacking it does.
 
-Passed history is read cold by the receiver once (a cache write, or uncached input where
-the provider caches on its own) and then from its cache at every later step: its cost
-grows with the receiver's steps. History not passed costs too: the part the receiver
-needs (``relevance`` of it) must be found again, read fresh once and then carried, and
-finding it takes ``rediscovery_steps`` extra steps, each a call over what the receiver
-then holds (read from the cache) plus its reply. A summary covers what is needed up to
-its own size, and saves that share of the extra steps.
+Over the receiver's expected steps S, at its model's rates::
 
     cost(option) = passed × (first + read·(S−1))
                  + missing × (input + read·(S−1))
                  + extra_steps(option) × ((brief + needed) × read + STEP_OUTPUT_TOKENS × output)
 
-over the receiver's expected steps S, at the receiver's model's rates. A short-lived
-receiver is better off with the history (no time to find it again); a long-lived one
-carries every passed token at every step, so the brief wins. The cheapest option is
-chosen, and the quote is kept on the ledger like a route switch.
+The cheapest option is chosen, and the quote is kept on the ledger like a route switch.
+Why the formula has this shape: docs/teams.md, "Priced handoffs".
 """
 
 from __future__ import annotations

@@ -2,19 +2,15 @@
 
 Each agent of ``team.toml`` is a thread: a full ``Agent`` with its own context, model,
 tools, journal stream (``ThreadJournal``) and a budget carved from the run's (its
-``budget_share`` of the cap, held for its whole run, so no thread can spend another's and
-the cap is never overshot however they interleave). The entry agent starts with the task;
-any other starts when it first receives a message (a ``handoff``'s brief), and the sender
-of that message is its delegator: when it finishes — by ``submit``, or wrapping up because
-its share ran out — its summary is messaged back to the delegator. The run ends when the
-entry agent does; threads still working then stop at the end of their step (a wait for a
-message returns at once), so every call billed is a step on the ledger.
+``budget_share``, held for its whole run: the cap is never overshot). The entry agent
+starts with the task; any other starts at its first message, and reports its summary back
+to that message's sender when it finishes. The run ends when the entry agent does; the
+others stop at the end of their step, so every call billed is a step on the ledger.
 
-Messages are appended to the receiver's context at its next step (or returned by
-``wait_for_message``), never inserted before its cached prefix. What a thread reads from
-the others goes through its journal (``observe``), so a resumed thread reads the same
-messages at the same steps. Tools that touch the workspace hold one lock, so a workspace
-snapshot never catches a command half done.
+Messages are appended at the receiver's next step, never before its cached prefix; what a
+thread reads from the others goes through its journal, so a resume reads the same. Tools
+that touch the workspace hold one lock. The run's observers see every thread
+(``TeamServices.observers``). More: docs/teams.md.
 """
 
 from __future__ import annotations
@@ -26,9 +22,13 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
-from stayer.agent import SYSTEM_PROMPT, Agent, Limits
+import msgspec
+
+from stayer.agent import SYSTEM_PROMPT, Agent, AgentSettings, Limits, Observer
 from stayer.context.policies import ContextPolicy
 from stayer.errors import Stopped
+from stayer.events import Compaction as CompactionEvent
+from stayer.events import Event, Handoff, MessageReceived, MessageSent, event_record
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.guard.budget import Budget
 from stayer.journal.replay import JournaledModel, JournaledTool, ReplayingSandbox
@@ -73,13 +73,9 @@ class TeamServices:
     policy: Callable[[], ContextPolicy]
     journal: RunJournal | None = None
     probe: Callable[[RunJournal | None], WorkspaceProbe | None] = lambda j: None
-    observe_model: Callable[[Model], Model] = lambda m: m  # the run's observers, inside the journal
-    observe_tools: Callable[[list[Tool]], list[Tool]] = lambda ts: ts
-    on_step: Callable[[LedgerEntry], None] = lambda e: None  # after the thread's journal
-    on_message: Callable[[Message], None] = lambda m: None
-    on_event: Callable[[str, dict[str, Any]], None] = lambda k, p: (
-        None
-    )  # observers (not the journal)
+    # The run's observers (not the journal): they wrap each thread's model and tools
+    # inside its journal, and see its steps (after its journal), messages and events.
+    observers: Sequence[Observer] = ()
 
 
 class Team:
@@ -154,7 +150,7 @@ class Team:
         message = TeamMessage(f"{sender.name}#{sender.sent}", sender.name, to, content, kind)
         self.bus.post(message)
         tokens = self.s.counter.counter.count(content)
-        sender.event("message.sent", {**message.to_dict(), "tokens": tokens})
+        sender.event(MessageSent(agent=sender.name, **message.to_dict(), tokens=tokens))
         target = self.threads[to]
         if target.task is None and not self.bus.finished(to) and self._starts(target, message):
             target.start(message)
@@ -233,6 +229,22 @@ class Team:
         journal.snapshot_step = step
 
 
+class _ThreadHooks(Observer):
+    """What a thread's agent reports goes through its thread (journal, then observers)."""
+
+    def __init__(self, thread: Thread) -> None:
+        self.thread = thread
+
+    def on_step(self, entry: LedgerEntry) -> None:
+        self.thread._on_step(entry)
+
+    def on_message(self, message: Message) -> None:
+        self.thread._on_message(message)
+
+    def on_event(self, event: Event) -> None:
+        self.thread.event(event)
+
+
 class Thread:
     """One agent of the team: its context, journal stream, budget and mailbox."""
 
@@ -260,7 +272,7 @@ class Thread:
     def start(self, first: TeamMessage) -> None:
         self.delegator = first.sender
         self.seen.add(first.id)
-        self.event("message.received", self._receipt(first))
+        self.event(self._receipt(first))
         heading = "Handoff" if first.kind == "handoff" else "Message"
         self.task = asyncio.create_task(
             self.run(f"{heading} from {first.sender}:\n{first.content}")
@@ -276,29 +288,32 @@ class Thread:
                 f"team agent {self.name}: the budget cannot spare its share ${amount}"
             )
         journal = self.journal
-        model = s.observe_model(s.models[self.name])
+        model = s.models[self.name]
+        for o in s.observers:
+            model = o.model(model)
         context = (
             replace(s.tool_context, sandbox=ReplayingSandbox(s.tool_context.sandbox, journal))
             if journal
             else s.tool_context
         )
-        self.agent = Agent(
-            JournaledModel(model, journal) if journal else model,
-            self._tools(),
+        settings = AgentSettings(
             s.prices,
-            context,
             s.counter,
             replace(s.limits, max_steps=self.spec.max_steps, max_cost=amount),
             system_prompt=self._system_prompt(),
-            on_step=self._on_step,
-            on_message=self._on_message,
-            on_event=self.event,
             policy=s.policy(),
             budget=budget,
             path=self.name,
             probe=s.probe(journal),
             clock=journal.clock if journal else time.time,
             inbox=self._inbox,
+        )
+        self.agent = Agent(
+            JournaledModel(model, journal) if journal else model,
+            self._tools(),
+            context,
+            settings,
+            [_ThreadHooks(self)],
         )
         try:
             result = await self.agent.run(instruction, f"{self.team.run_id}/{self.name}")
@@ -328,7 +343,9 @@ class Thread:
             for t in s.tools()
             if t.spec.name not in BUILTIN_TOOLS or t.spec.name in self.spec.tools
         ]
-        tools = s.observe_tools(chosen)
+        tools = chosen
+        for o in s.observers:
+            tools = o.tools(tools)
         tools = [JournaledTool(t, journal) for t in tools] if journal else tools
         tools = [
             Locked(t, self.team.workspace_lock) if t.spec.name in WORKSPACE_TOOLS else t
@@ -347,22 +364,28 @@ class Thread:
 
     # --- hooks ------------------------------------------------------------------------
 
-    def event(self, kind: str, payload: dict[str, Any]) -> None:
-        payload = {"agent": self.name, **payload}
+    def event(self, event: Event) -> None:
+        """``event`` into the thread's journal, then to the run's observers. Every event of
+        a thread names its agent (a compaction's too)."""
+        if isinstance(event, CompactionEvent) and event.agent is None:
+            event = msgspec.structs.replace(event, agent=self.name)
         if self.journal is not None:
-            self.journal.on_event(kind, payload)
-        self.team.s.on_event(kind, payload)
+            self.journal.on_event(*event_record(event))
+        for o in self.team.s.observers:
+            o.on_event(event)
 
     def _on_step(self, entry: LedgerEntry) -> None:
         if self.quote is not None:  # on the ledger like a route switch
             entry.route, self.quote = {**(entry.route or {}), "handoff": self.quote}, None
         if self.journal is not None:
             self.journal.on_step(entry)
-        self.team.s.on_step(entry)
+        for o in self.team.s.observers:
+            o.on_step(entry)
 
     def _on_message(self, m: Message) -> None:
         self.transcript.append(m)
-        self.team.s.on_message(m)
+        for o in self.team.s.observers:
+            o.on_message(m)
 
     def _observe(self, compute: Callable[[], Any]) -> Any:
         return self.journal.read_outside(compute) if self.journal else compute()
@@ -382,11 +405,11 @@ class Thread:
         for r in records:
             m = TeamMessage.from_dict(r)
             self.seen.add(m.id)
-            self.event("message.received", self._receipt(m))
+            self.event(self._receipt(m))
             out.append(m)
         return out
 
-    def _receipt(self, m: TeamMessage) -> dict[str, Any]:
+    def _receipt(self, m: TeamMessage) -> MessageReceived:
         """What reading ``m`` costs this agent: its tokens read cold once, on its model."""
         s = self.team.s
         tokens = s.counter.message(Message("user", self._text(m)))
@@ -402,11 +425,12 @@ class Thread:
             if first is None
             else (first * tokens / Decimal(1_000_000)).quantize(Decimal("1e-9"))
         )
-        return {
+        return MessageReceived(
+            agent=self.name,
             **m.to_dict(),
-            "tokens": tokens,
-            "read_cost_usd": "unknown" if cost is None else str(cost),
-        }
+            tokens=tokens,
+            read_cost_usd="unknown" if cost is None else str(cost),
+        )
 
     @staticmethod
     def _text(m: TeamMessage) -> str:
@@ -465,7 +489,7 @@ class Thread:
         )
         passed = history or quote.chosen
         self.quote = {**quote.to_dict(), "to": to, "asked": history, "passed": passed}
-        self.event("handoff", self.quote)
+        self.event(Handoff(agent=self.name, **self.quote))
         body = {
             "none": brief,
             "summary": f"{brief}\n\nWhat {self.name} did so far (summary):\n{summary}",

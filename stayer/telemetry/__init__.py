@@ -7,7 +7,7 @@
 * ``metrics`` — Prometheus metrics of the runtime (``prometheus-client``): cost and tokens
   by kind, runs by status, tenants' budgets, step latency and cost.
 
-Nothing below this package imports it: it observes runs through ``stayer.run.RunObserver``.
+Nothing below this package imports it: it observes runs through ``stayer.agent.Observer``.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -55,11 +55,16 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
+from stayer.agent import Observer
+from stayer.events import Event, SubagentStarted, event_record
 from stayer.guard.breakers import ToolCallRecord
 from stayer.ledger import LedgerEntry
 from stayer.models.base import Model, ModelError, ModelRequest, ModelResponse
 from stayer.pricing import PriceBook
 from stayer.tools.base import Tool, ToolContext, ToolResult
+
+if TYPE_CHECKING:
+    from stayer.run import RunReport
 
 SUBAGENT = "subagent"  # the tool that runs a child agent (stayer.tools.subagent)
 
@@ -202,8 +207,8 @@ def _usage_attributes(response: ModelResponse) -> dict[str, Any]:
     }
 
 
-class RunTracer:
-    """A ``RunObserver`` that turns one run into spans (see the module docstring)."""
+class RunTracer(Observer):
+    """An ``Observer`` that turns one run into spans (see the module docstring)."""
 
     def __init__(
         self, tp: TracerProvider, prices: PriceBook, run_id: str, agent: str = "stayer"
@@ -274,15 +279,15 @@ class RunTracer:
             self._children.pop()
             span.end()
 
-    def finish(self, doc: dict[str, Any]) -> None:
+    def finish(self, report: RunReport) -> None:
         """The run's result on its agent span (call inside ``run_span``)."""
         span = trace.get_current_span(self._context)
-        span.set_attribute("stayer.status", doc.get("status", ""))
-        span.set_attribute("stayer.stop_reason", doc.get("stop_reason") or "")
-        span.set_attribute("stayer.cost_usd", str(doc.get("cost_usd")))
-        span.set_attribute("stayer.steps", int(doc.get("steps") or 0))
+        span.set_attribute("stayer.status", report.status)
+        span.set_attribute("stayer.stop_reason", report.stop_reason or "")
+        span.set_attribute("stayer.cost_usd", report.cost_usd)
+        span.set_attribute("stayer.steps", report.steps)
 
-    # --- RunObserver ---------------------------------------------------------------------
+    # --- Observer ------------------------------------------------------------------------
 
     def model(self, inner: Model) -> Model:
         return _TracedModel(inner, self)
@@ -345,9 +350,10 @@ class RunTracer:
         span.set_status(Status(StatusCode.ERROR, "lost in flight at a crash"))
         span.end(end_time=start)
 
-    def on_event(self, kind: str, payload: dict[str, Any]) -> None:
-        if kind == "subagent_started" and self._children:  # the child's path names its span
-            path = str(payload.get("agent", SUBAGENT))
+    def on_event(self, event: Event) -> None:
+        kind, payload = event_record(event)
+        if isinstance(event, SubagentStarted) and self._children:  # its path names its span
+            path = event.agent
             self._children[-1].update_name(f"invoke_agent {path}")
             self._children[-1].set_attributes({"gen_ai.agent.name": path, "stayer.agent": path})
         span = trace.get_current_span(self._context) if self._context is not None else None
@@ -511,7 +517,7 @@ class _TracedTool:
 
 async def execute_traced(
     prepared: Any, on_step: Any, tp: TracerProvider, *, journal: Any = None, controls: Any = None
-) -> dict[str, Any]:
+) -> RunReport:
     """``stayer.run.execute`` inside the run's ``invoke_agent`` span."""
     from stayer.run import Controls, execute
 
@@ -519,6 +525,6 @@ async def execute_traced(
     tracer = RunTracer(tp, prepared.prices, prepared.run_id)
     controls.observers = [*controls.observers, tracer]
     with tracer.run_span(prepared.task.name, prepared.config.model):
-        doc = await execute(prepared, on_step, journal=journal, controls=controls)
-        tracer.finish(doc)
-    return doc
+        report = await execute(prepared, on_step, journal=journal, controls=controls)
+        tracer.finish(report)
+    return report
