@@ -5,8 +5,9 @@ The client is the SDK's own, copied with an HTTP transport that wraps the one it
 call to the Messages, Chat Completions or Responses API is read, its worst case held in
 its ``Budget`` (or refused with ``BudgetExceeded`` before anything is sent, or
 given a smaller ``max_tokens``), sent, read back as it streams to the caller, priced,
-settled, explained (cache breaks) and appended to its ``Session``'s ledger in the
-journal, which ``stayer report ID`` shows. Other requests pass through untouched. A stream
+settled, explained (cache breaks), appended to its ``Session``'s ledger in the journal
+(which ``stayer report ID`` shows) and recorded as a run's step is: a ``chat {model}``
+OpenTelemetry span and the step metrics of Prometheus. Other requests pass through. A stream
 the caller stops reading early is read to its end when closed, so what the provider billed
 is priced. Store work (budgets, journal) runs on one thread per process.
 """
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx2
 
@@ -35,6 +38,13 @@ from stayer.metering.session import SessionStates, settle_call
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
 from stayer.pricing import PriceBook
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+    from prometheus_client import CollectorRegistry
+
+    from stayer.ledger import LedgerEntry
+    from stayer.telemetry.metrics import WorkerMetrics
 
 T = TypeVar("T")
 TENANT = "python"  # the tenant a library session's journal row is filed under
@@ -145,6 +155,7 @@ class Session:
         self.ledger_writer = SessionLedger(self.store)
         self.states = SessionStates()
         self.opened = False
+        self.last_step: LedgerEntry | None = None  # what the cache could serve the next call
 
     def report(self) -> dict[str, Any]:
         """What ``stayer report ID --json`` prints."""
@@ -171,12 +182,72 @@ class Session:
         return [e["cache_break"] for e in self.ledger if e.get("cache_break")]
 
 
+_TELEMETRY_LOCK = threading.Lock()
+_OTLP: list[TracerProvider] = []  # the process's OTLP exporter, made once when configured
+_METRICS: dict[int, WorkerMetrics] = {}  # the step metrics of each registry, made once
+
+
+def _tracer_provider(given: TracerProvider | None) -> TracerProvider | None:
+    """Where spans go: ``given``; else OTLP when configured (``OTEL_EXPORTER_OTLP_*``);
+    else OpenTelemetry's global provider when the program uses OpenTelemetry; else none."""
+    from stayer.telemetry import tracing_configured
+
+    if given is not None:
+        return given
+    if tracing_configured():
+        with _TELEMETRY_LOCK:
+            if not _OTLP:
+                from stayer.telemetry.tracing import provider
+
+                _OTLP.append(provider())
+            return _OTLP[0]
+    if "opentelemetry.trace" in sys.modules:
+        from opentelemetry import trace
+
+        return trace.get_tracer_provider()
+    return None
+
+
+def _step_metrics(given: WorkerMetrics | CollectorRegistry | None) -> WorkerMetrics:
+    """The step metrics in ``given`` (a registry), else in prometheus_client's default."""
+    from prometheus_client import REGISTRY
+
+    from stayer.telemetry.metrics import WorkerMetrics
+
+    if isinstance(given, WorkerMetrics):
+        return given
+    registry = REGISTRY if given is None else given
+    with _TELEMETRY_LOCK:
+        found = _METRICS.get(id(registry))
+        if found is None:
+            found = _METRICS[id(registry)] = WorkerMetrics(registry)
+        return found
+
+
+def _context(core: _Core) -> Any:
+    """The caller's OpenTelemetry context, which the call's span goes under."""
+    if core.tracer_provider is None:
+        return None
+    from opentelemetry import context
+
+    return context.get_current()
+
+
 class _Core:
     """What one metered client shares between its calls."""
 
-    def __init__(self, budget: Budget, session: Session, sdk: str, prices: PriceBook) -> None:
+    def __init__(
+        self,
+        budget: Budget,
+        session: Session,
+        sdk: str,
+        prices: PriceBook,
+        tracer_provider: TracerProvider | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         self.budget, self.session, self.sdk = budget, session, sdk
         self.meter = Meter(prices, budget.store)
+        self.tracer_provider, self.metrics = tracer_provider, metrics
 
     def provider(self, api: wire.Api, model: str) -> str:
         if api == "anthropic":
@@ -196,11 +267,35 @@ class _Core:
             raise _refusal(str(e), self.sdk) from None
 
     def finish(
-        self, admission: Admission, parsed: wire.Parsed, body: bytes, reading: Reading, took: float
+        self,
+        admission: Admission,
+        parsed: wire.Parsed,
+        body: bytes,
+        reading: Reading,
+        took: float,
+        context: Any = None,
     ) -> None:
         state = self.session.states.get(self.session.id, admission.provider, admission.model)
         done = settle_call(self.meter, state, admission, parsed, body, reading, took)
-        self.session.ledger_writer.record(TENANT, self.session.id, done.entry, _now())
+        number = self.session.ledger_writer.record(TENANT, self.session.id, done.entry, _now())
+        if done.step is None:
+            return
+        if self.metrics is not None:
+            self.metrics.on_step(done.step, self.session.last_step, self.meter.prices)
+        self.session.last_step = done.step
+        if self.tracer_provider is not None:
+            from stayer.telemetry.tracing import record_call
+
+            end = time.time_ns()
+            record_call(
+                self.tracer_provider, done.step, provider=admission.provider,
+                request_model=parsed.model, start_ns=end - int(took * 1e9), end_ns=end,
+                context=context,
+                attributes={
+                    "stayer.step": number, "stayer.session": self.session.id,
+                    "gen_ai.request.max_tokens": admission.max_tokens,
+                },
+            )  # fmt: skip
 
 
 def _now() -> str:
@@ -261,6 +356,7 @@ class _SyncTransport(httpx2.BaseTransport):
         api, parsed, body = found
         provider = self.core.provider(api, parsed.model)
         admission = _db(self.core.admit, parsed, provider)
+        context = _context(self.core)
         if admission.max_tokens != parsed.request.max_tokens:
             request = _rebuilt(httpx2, request, api, body, admission.max_tokens)
         request.headers["accept-encoding"] = "identity"  # the usage is read as it passes
@@ -275,7 +371,8 @@ class _SyncTransport(httpx2.BaseTransport):
             return response
 
         def finish(reading: Reading) -> None:
-            _db(self.core.finish, admission, parsed, body, reading, time.perf_counter() - started)
+            took = time.perf_counter() - started
+            _db(self.core.finish, admission, parsed, body, reading, took, context)
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             stream = _SyncStream(response, StreamReader(api), finish)
@@ -335,6 +432,7 @@ class _AsyncTransport(httpx2.AsyncBaseTransport):
         api, parsed, body = found
         provider = self.core.provider(api, parsed.model)
         admission = await _adb(self.core.admit, parsed, provider)
+        context = _context(self.core)
         if admission.max_tokens != parsed.request.max_tokens:
             request = _rebuilt(httpx2, request, api, body, admission.max_tokens)
         request.headers["accept-encoding"] = "identity"
@@ -350,7 +448,7 @@ class _AsyncTransport(httpx2.AsyncBaseTransport):
 
         async def finish(reading: Reading) -> None:
             took = time.perf_counter() - started
-            await _adb(self.core.finish, admission, parsed, body, reading, took)
+            await _adb(self.core.finish, admission, parsed, body, reading, took, context)
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             stream = _AsyncStream(response, StreamReader(api), finish)
@@ -405,13 +503,22 @@ def meter(
     budget: Budget | None = None,
     session: Session | str | None = None,
     prices: PriceBook | None = None,
+    tracer_provider: TracerProvider | None = None,
+    metrics: CollectorRegistry | WorkerMetrics | None = None,
 ) -> T:
     """``client`` (``anthropic.Anthropic``/``AsyncAnthropic``, ``openai.OpenAI``/
     ``AsyncOpenAI``) copied so that each of its calls is held against ``budget`` (an
     uncapped one by default), priced, checked for cache breaks and recorded in
     ``session`` (a new one by default; a name opens or continues that session). A call
     that cannot fit raises ``BudgetExceeded`` before anything is sent. The copy
-    behaves as the client does otherwise: same return types, streams, errors."""
+    behaves as the client does otherwise: same return types, streams, errors.
+
+    Each call is also recorded as a run's step is: a ``chat {model}`` span, under the
+    caller's current span, to ``tracer_provider`` (default: OTLP when
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, else OpenTelemetry's global provider when the
+    program imported OpenTelemetry, else none), and the step metrics
+    (``stayer_step_cost_usd``, ``stayer_step_latency_seconds``, ``stayer_cache_breaks_total``,
+    ...) in ``metrics`` (a ``prometheus_client`` registry; default: its global one)."""
     module = type(client).__module__.split(".")[0]
     if module not in ("anthropic", "openai") or not hasattr(client, "copy"):
         raise TypeError(
@@ -426,6 +533,8 @@ def meter(
         session if isinstance(session, Session) else Session(session),
         module,
         prices or PriceBook.load(),
+        _tracer_provider(tracer_provider),
+        _step_metrics(metrics),
     )
     if isinstance(inner_client, httpx2.AsyncClient):
         http: Any = httpx2.AsyncClient(
