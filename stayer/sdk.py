@@ -73,6 +73,14 @@ def _usd(value: Decimal | str | int | float | None, what: str) -> Decimal | None
     return amount
 
 
+def _steps(value: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"Budget(max_steps): expected a whole number ≥ 0, got {value!r}")
+    return value
+
+
 def _open_store(store: str | Path | None) -> BudgetStore:
     if store is None:
         return MemoryBudgetStore()
@@ -88,40 +96,73 @@ def _open_store(store: str | Path | None) -> BudgetStore:
 
 class Budget:
     """A dollar budget that calls are held against before they are sent and charged what
-    they cost after: it is never overshot, across threads and tasks, and across processes
-    that name it in one ``store`` (a SQLite file or a ``postgresql://`` URL; by default it
+    they cost after, and a cap on the number of calls (``max_steps``), each held before it
+    is sent: neither is ever overshot, across threads and tasks, and across processes that
+    name it in one ``store`` (a SQLite file or a ``postgresql://`` URL; by default it
     lives in this process). ``child`` carves a budget out of it."""
 
     def __init__(
         self,
         max_cost: Decimal | str | int | float | None = None,
         *,
+        max_steps: int | None = None,
         name: str | None = None,
         store: str | Path | None = None,
         _parent: Budget | None = None,
     ) -> None:
         self.name = name or f"budget:{uuid.uuid4().hex[:12]}"
         self.max_cost = _usd(max_cost, "Budget(max_cost)")
+        self.max_steps = _steps(max_steps)
+        self.steps_name = f"{self.name}#steps"  # its calls, counted in the same store
+        cap = None if self.max_steps is None else Decimal(self.max_steps)
         if _parent is None:
             self.store: BudgetStore = _db(_open_store, store)
             _db(self.store.open, self.name, self.max_cost)
-        else:
-            self.store = _parent.store
-            if not _db(self.store.carve, _parent.name, self.name, self.max_cost):
-                raise BudgetExceeded(
-                    f"budget {_parent.name}: cannot spare ${self.max_cost} for {self.name} "
-                    f"(${_parent.remaining} left)"
-                )
+            _db(self.store.open, self.steps_name, cap)
+            return
+        self.store = _parent.store
+        if cap is None and _parent.max_steps is not None:
+            raise ConfigError(
+                f"Budget.child(max_steps): {_parent.name} caps its steps; give the child a share"
+            )
+        if not _db(self.store.carve, _parent.name, self.name, self.max_cost):
+            raise BudgetExceeded(
+                f"budget {_parent.name}: cannot spare ${self.max_cost} for {self.name} "
+                f"(${_parent.remaining} left)"
+            )
+        if not _db(self.store.carve, _parent.steps_name, self.steps_name, cap):
+            _db(self.store.close, self.name)
+            raise BudgetExceeded(
+                f"budget {_parent.name}: cannot spare {self.max_steps} steps for {self.name} "
+                f"({_parent.remaining_steps} left)"
+            )
 
     def child(
-        self, max_cost: Decimal | str | int | float | None, *, name: str | None = None
+        self,
+        max_cost: Decimal | str | int | float | None,
+        *,
+        max_steps: int | None = None,
+        name: str | None = None,
     ) -> Budget:
-        """A budget of ``max_cost`` held in this one until it is closed."""
-        return Budget(max_cost, name=name, _parent=self)
+        """A budget of ``max_cost`` (and ``max_steps`` calls) held in this one until it is
+        closed."""
+        return Budget(max_cost, max_steps=max_steps, name=name, _parent=self)
 
     def close(self) -> None:
         """A child's unspent part goes back to its parent."""
         _db(self.store.close, self.name)
+        _db(self.store.close, self.steps_name)
+
+    @property
+    def steps(self) -> int:
+        """The calls made (sent and settled) against this budget."""
+        return int(_db(self.store.account, self.steps_name).spent)
+
+    @property
+    def remaining_steps(self) -> int | None:
+        """The calls that may still be held: ``max_steps`` less those made and in flight."""
+        available = _db(self.store.account, self.steps_name).available
+        return None if available is None else int(available)
 
     @property
     def spent(self) -> Decimal:
@@ -138,7 +179,10 @@ class Budget:
         return None if available is None else Decimal(available)
 
     def __repr__(self) -> str:
-        return f"Budget({self.name!r}, max_cost={self.max_cost}, spent={self.spent})"
+        return (
+            f"Budget({self.name!r}, max_cost={self.max_cost}, max_steps={self.max_steps}, "
+            f"spent={self.spent})"
+        )
 
 
 class Session:
@@ -257,14 +301,30 @@ class _Core:
         except ConfigError:
             return "openai"
 
-    def admit(self, parsed: wire.Parsed, provider: str) -> Admission:
+    def admit(self, parsed: wire.Parsed, provider: str) -> tuple[Admission, int]:
+        """The call's step and worst case held, or ``BudgetExceeded``."""
+        budget = self.budget
         try:
             if not self.session.opened:  # its journal row, made once
                 self.session.ledger_writer.open(TENANT, self.session.id, parsed.model, _now())
                 self.session.opened = True
-            return self.meter.admit(parsed, provider, [self.budget.name])
+            step = budget.store.reserve(budget.steps_name, Decimal(1))
+            if step is None:
+                raise Refused(
+                    f"budget {budget.name}: its {budget.max_steps} steps (max_steps) are used"
+                )
+            try:
+                return self.meter.admit(parsed, provider, [budget.name]), step
+            except BaseException:
+                budget.store.settle(step, Decimal(0))
+                raise
         except Refused as e:
             raise _refusal(str(e), self.sdk) from None
+
+    def release(self, admission: Admission, step: int) -> None:
+        """A call not made (an error, or refused upstream): its holds and step given back."""
+        self.meter.release(admission)
+        self.budget.store.settle(step, Decimal(0))
 
     def finish(
         self,
@@ -273,10 +333,12 @@ class _Core:
         body: bytes,
         reading: Reading,
         took: float,
+        step: int,
         context: Any = None,
     ) -> None:
         state = self.session.states.get(self.session.id, admission.provider, admission.model)
         done = settle_call(self.meter, state, admission, parsed, body, reading, took)
+        self.budget.store.settle(step, Decimal(1))
         number = self.session.ledger_writer.record(TENANT, self.session.id, done.entry, _now())
         if done.step is None:
             return
@@ -355,7 +417,7 @@ class _SyncTransport(httpx2.BaseTransport):
             return self.inner.handle_request(request)
         api, parsed, body = found
         provider = self.core.provider(api, parsed.model)
-        admission = _db(self.core.admit, parsed, provider)
+        admission, step = _db(self.core.admit, parsed, provider)
         context = _context(self.core)
         if admission.max_tokens != parsed.request.max_tokens:
             request = _rebuilt(httpx2, request, api, body, admission.max_tokens)
@@ -364,15 +426,15 @@ class _SyncTransport(httpx2.BaseTransport):
         try:
             response = self.inner.handle_request(request)
         except BaseException:
-            _db(self.core.meter.release, admission)
+            _db(self.core.release, admission, step)
             raise
         if response.status_code >= 400:
-            _db(self.core.meter.release, admission)
+            _db(self.core.release, admission, step)
             return response
 
         def finish(reading: Reading) -> None:
             took = time.perf_counter() - started
-            _db(self.core.finish, admission, parsed, body, reading, took, context)
+            _db(self.core.finish, admission, parsed, body, reading, took, step, context)
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             stream = _SyncStream(response, StreamReader(api), finish)
@@ -431,7 +493,7 @@ class _AsyncTransport(httpx2.AsyncBaseTransport):
             return await self.inner.handle_async_request(request)
         api, parsed, body = found
         provider = self.core.provider(api, parsed.model)
-        admission = await _adb(self.core.admit, parsed, provider)
+        admission, step = await _adb(self.core.admit, parsed, provider)
         context = _context(self.core)
         if admission.max_tokens != parsed.request.max_tokens:
             request = _rebuilt(httpx2, request, api, body, admission.max_tokens)
@@ -440,15 +502,15 @@ class _AsyncTransport(httpx2.AsyncBaseTransport):
         try:
             response = await self.inner.handle_async_request(request)
         except BaseException:
-            await _adb(self.core.meter.release, admission)
+            await _adb(self.core.release, admission, step)
             raise
         if response.status_code >= 400:
-            await _adb(self.core.meter.release, admission)
+            await _adb(self.core.release, admission, step)
             return response
 
         async def finish(reading: Reading) -> None:
             took = time.perf_counter() - started
-            await _adb(self.core.finish, admission, parsed, body, reading, took, context)
+            await _adb(self.core.finish, admission, parsed, body, reading, took, step, context)
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             stream = _AsyncStream(response, StreamReader(api), finish)
