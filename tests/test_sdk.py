@@ -220,11 +220,13 @@ _WORKER = textwrap.dedent(
 )
 
 
-def test_ten_processes_never_overshoot_one_budget(sim: str, store: str, tmp_path: Path) -> None:
-    name = f"shared-{uuid.uuid4().hex[:8]}"
+def _in_ten_processes(
+    worker: str, sim: str, store: str, name: str, tmp_path: Path, calls: int
+) -> list[list[str]]:
+    """``worker`` run by 10 processes at once on one budget; what each printed, split."""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _WORKER, sim, store, name, str(tmp_path / f"h{i}"), "6"],
+            [sys.executable, "-c", worker, sim, store, name, str(tmp_path / f"h{i}"), str(calls)],
             stdout=subprocess.PIPE,
             text=True,
         )  # fmt: skip
@@ -232,6 +234,12 @@ def test_ten_processes_never_overshoot_one_budget(sim: str, store: str, tmp_path
     ]
     printed = [p.communicate(timeout=300)[0].split() for p in procs]
     assert all(p.returncode == 0 for p in procs)
+    return printed
+
+
+def test_ten_processes_never_overshoot_one_budget(sim: str, store: str, tmp_path: Path) -> None:
+    name = f"shared-{uuid.uuid4().hex[:8]}"
+    printed = _in_ten_processes(_WORKER, sim, store, name, tmp_path, 6)
     made = sum(int(ok) for ok, _ in printed)
     budget = stayer.Budget("0.02", store=store, name=name)
     assert 0 < made < 60 and budget.spent <= Decimal("0.02") and budget.reserved == 0
@@ -288,16 +296,7 @@ _STEPS_WORKER = textwrap.dedent(
 
 def test_ten_processes_never_exceed_max_steps(sim: str, store: str, tmp_path: Path) -> None:
     name = f"steps-{uuid.uuid4().hex[:8]}"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _STEPS_WORKER, sim, store, name, str(tmp_path / f"h{i}"), "3"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for i in range(10)
-    ]
-    printed = [p.communicate(timeout=300)[0].split() for p in procs]
-    assert all(p.returncode == 0 for p in procs)
+    printed = _in_ten_processes(_STEPS_WORKER, sim, store, name, tmp_path, 3)
     budget = stayer.Budget("5", max_steps=13, store=store, name=name)
     assert sum(int(ok) for ok, _ in printed) == 13 == budget.steps
     assert sum(Decimal(cost) for _, cost in printed) == budget.spent and budget.reserved == 0
