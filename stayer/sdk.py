@@ -5,8 +5,9 @@ The client is the SDK's own, copied with an HTTP transport that wraps the one it
 call to the Messages, Chat Completions or Responses API is read, its worst case held in
 its ``Budget`` (or refused with ``BudgetExceeded`` before anything is sent, or
 given a smaller ``max_tokens``), sent, read back as it streams to the caller, priced,
-settled, explained (cache breaks) and appended to its ``Session``'s ledger in the
-journal, which ``stayer report ID`` shows. Other requests pass through untouched. A stream
+settled, explained (cache breaks), appended to its ``Session``'s ledger in the journal
+(which ``stayer report ID`` shows) and recorded as a run's step is: a ``chat {model}``
+OpenTelemetry span and the step metrics of Prometheus. Other requests pass through. A stream
 the caller stops reading early is read to its end when closed, so what the provider billed
 is priced. Store work (budgets, journal) runs on one thread per process.
 """
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx2
 
@@ -35,6 +38,13 @@ from stayer.metering.session import SessionStates, settle_call
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
 from stayer.pricing import PriceBook
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+    from prometheus_client import CollectorRegistry
+
+    from stayer.ledger import LedgerEntry
+    from stayer.telemetry.metrics import WorkerMetrics
 
 T = TypeVar("T")
 TENANT = "python"  # the tenant a library session's journal row is filed under
@@ -63,6 +73,14 @@ def _usd(value: Decimal | str | int | float | None, what: str) -> Decimal | None
     return amount
 
 
+def _steps(value: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"Budget(max_steps): expected a whole number ≥ 0, got {value!r}")
+    return value
+
+
 def _open_store(store: str | Path | None) -> BudgetStore:
     if store is None:
         return MemoryBudgetStore()
@@ -78,40 +96,73 @@ def _open_store(store: str | Path | None) -> BudgetStore:
 
 class Budget:
     """A dollar budget that calls are held against before they are sent and charged what
-    they cost after: it is never overshot, across threads and tasks, and across processes
-    that name it in one ``store`` (a SQLite file or a ``postgresql://`` URL; by default it
+    they cost after, and a cap on the number of calls (``max_steps``), each held before it
+    is sent: neither is ever overshot, across threads and tasks, and across processes that
+    name it in one ``store`` (a SQLite file or a ``postgresql://`` URL; by default it
     lives in this process). ``child`` carves a budget out of it."""
 
     def __init__(
         self,
         max_cost: Decimal | str | int | float | None = None,
         *,
+        max_steps: int | None = None,
         name: str | None = None,
         store: str | Path | None = None,
         _parent: Budget | None = None,
     ) -> None:
         self.name = name or f"budget:{uuid.uuid4().hex[:12]}"
         self.max_cost = _usd(max_cost, "Budget(max_cost)")
+        self.max_steps = _steps(max_steps)
+        self.steps_name = f"{self.name}#steps"  # its calls, counted in the same store
+        cap = None if self.max_steps is None else Decimal(self.max_steps)
         if _parent is None:
             self.store: BudgetStore = _db(_open_store, store)
             _db(self.store.open, self.name, self.max_cost)
-        else:
-            self.store = _parent.store
-            if not _db(self.store.carve, _parent.name, self.name, self.max_cost):
-                raise BudgetExceeded(
-                    f"budget {_parent.name}: cannot spare ${self.max_cost} for {self.name} "
-                    f"(${_parent.remaining} left)"
-                )
+            _db(self.store.open, self.steps_name, cap)
+            return
+        self.store = _parent.store
+        if cap is None and _parent.max_steps is not None:
+            raise ConfigError(
+                f"Budget.child(max_steps): {_parent.name} caps its steps; give the child a share"
+            )
+        if not _db(self.store.carve, _parent.name, self.name, self.max_cost):
+            raise BudgetExceeded(
+                f"budget {_parent.name}: cannot spare ${self.max_cost} for {self.name} "
+                f"(${_parent.remaining} left)"
+            )
+        if not _db(self.store.carve, _parent.steps_name, self.steps_name, cap):
+            _db(self.store.close, self.name)
+            raise BudgetExceeded(
+                f"budget {_parent.name}: cannot spare {self.max_steps} steps for {self.name} "
+                f"({_parent.remaining_steps} left)"
+            )
 
     def child(
-        self, max_cost: Decimal | str | int | float | None, *, name: str | None = None
+        self,
+        max_cost: Decimal | str | int | float | None,
+        *,
+        max_steps: int | None = None,
+        name: str | None = None,
     ) -> Budget:
-        """A budget of ``max_cost`` held in this one until it is closed."""
-        return Budget(max_cost, name=name, _parent=self)
+        """A budget of ``max_cost`` (and ``max_steps`` calls) held in this one until it is
+        closed."""
+        return Budget(max_cost, max_steps=max_steps, name=name, _parent=self)
 
     def close(self) -> None:
         """A child's unspent part goes back to its parent."""
         _db(self.store.close, self.name)
+        _db(self.store.close, self.steps_name)
+
+    @property
+    def steps(self) -> int:
+        """The calls made (sent and settled) against this budget."""
+        return int(_db(self.store.account, self.steps_name).spent)
+
+    @property
+    def remaining_steps(self) -> int | None:
+        """The calls that may still be held: ``max_steps`` less those made and in flight."""
+        available = _db(self.store.account, self.steps_name).available
+        return None if available is None else int(available)
 
     @property
     def spent(self) -> Decimal:
@@ -128,7 +179,10 @@ class Budget:
         return None if available is None else Decimal(available)
 
     def __repr__(self) -> str:
-        return f"Budget({self.name!r}, max_cost={self.max_cost}, spent={self.spent})"
+        return (
+            f"Budget({self.name!r}, max_cost={self.max_cost}, max_steps={self.max_steps}, "
+            f"spent={self.spent})"
+        )
 
 
 class Session:
@@ -145,6 +199,7 @@ class Session:
         self.ledger_writer = SessionLedger(self.store)
         self.states = SessionStates()
         self.opened = False
+        self.last_step: LedgerEntry | None = None  # what the cache could serve the next call
 
     def report(self) -> dict[str, Any]:
         """What ``stayer report ID --json`` prints."""
@@ -171,12 +226,72 @@ class Session:
         return [e["cache_break"] for e in self.ledger if e.get("cache_break")]
 
 
+_TELEMETRY_LOCK = threading.Lock()
+_OTLP: list[TracerProvider] = []  # the process's OTLP exporter, made once when configured
+_METRICS: dict[int, WorkerMetrics] = {}  # the step metrics of each registry, made once
+
+
+def _tracer_provider(given: TracerProvider | None) -> TracerProvider | None:
+    """Where spans go: ``given``; else OTLP when configured (``OTEL_EXPORTER_OTLP_*``);
+    else OpenTelemetry's global provider when the program uses OpenTelemetry; else none."""
+    from stayer.telemetry import tracing_configured
+
+    if given is not None:
+        return given
+    if tracing_configured():
+        with _TELEMETRY_LOCK:
+            if not _OTLP:
+                from stayer.telemetry.tracing import provider
+
+                _OTLP.append(provider())
+            return _OTLP[0]
+    if "opentelemetry.trace" in sys.modules:
+        from opentelemetry import trace
+
+        return trace.get_tracer_provider()
+    return None
+
+
+def _step_metrics(given: WorkerMetrics | CollectorRegistry | None) -> WorkerMetrics:
+    """The step metrics in ``given`` (a registry), else in prometheus_client's default."""
+    from prometheus_client import REGISTRY
+
+    from stayer.telemetry.metrics import WorkerMetrics
+
+    if isinstance(given, WorkerMetrics):
+        return given
+    registry = REGISTRY if given is None else given
+    with _TELEMETRY_LOCK:
+        found = _METRICS.get(id(registry))
+        if found is None:
+            found = _METRICS[id(registry)] = WorkerMetrics(registry)
+        return found
+
+
+def _context(core: _Core) -> Any:
+    """The caller's OpenTelemetry context, which the call's span goes under."""
+    if core.tracer_provider is None:
+        return None
+    from opentelemetry import context
+
+    return context.get_current()
+
+
 class _Core:
     """What one metered client shares between its calls."""
 
-    def __init__(self, budget: Budget, session: Session, sdk: str, prices: PriceBook) -> None:
+    def __init__(
+        self,
+        budget: Budget,
+        session: Session,
+        sdk: str,
+        prices: PriceBook,
+        tracer_provider: TracerProvider | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         self.budget, self.session, self.sdk = budget, session, sdk
         self.meter = Meter(prices, budget.store)
+        self.tracer_provider, self.metrics = tracer_provider, metrics
 
     def provider(self, api: wire.Api, model: str) -> str:
         if api == "anthropic":
@@ -186,21 +301,63 @@ class _Core:
         except ConfigError:
             return "openai"
 
-    def admit(self, parsed: wire.Parsed, provider: str) -> Admission:
+    def admit(self, parsed: wire.Parsed, provider: str) -> tuple[Admission, int]:
+        """The call's step and worst case held, or ``BudgetExceeded``."""
+        budget = self.budget
         try:
             if not self.session.opened:  # its journal row, made once
                 self.session.ledger_writer.open(TENANT, self.session.id, parsed.model, _now())
                 self.session.opened = True
-            return self.meter.admit(parsed, provider, [self.budget.name])
+            step = budget.store.reserve(budget.steps_name, Decimal(1))
+            if step is None:
+                raise Refused(
+                    f"budget {budget.name}: its {budget.max_steps} steps (max_steps) are used"
+                )
+            try:
+                return self.meter.admit(parsed, provider, [budget.name]), step
+            except BaseException:
+                budget.store.settle(step, Decimal(0))
+                raise
         except Refused as e:
             raise _refusal(str(e), self.sdk) from None
 
+    def release(self, admission: Admission, step: int) -> None:
+        """A call not made (an error, or refused upstream): its holds and step given back."""
+        self.meter.release(admission)
+        self.budget.store.settle(step, Decimal(0))
+
     def finish(
-        self, admission: Admission, parsed: wire.Parsed, body: bytes, reading: Reading, took: float
+        self,
+        admission: Admission,
+        parsed: wire.Parsed,
+        body: bytes,
+        reading: Reading,
+        took: float,
+        step: int,
+        context: Any = None,
     ) -> None:
         state = self.session.states.get(self.session.id, admission.provider, admission.model)
         done = settle_call(self.meter, state, admission, parsed, body, reading, took)
-        self.session.ledger_writer.record(TENANT, self.session.id, done.entry, _now())
+        self.budget.store.settle(step, Decimal(1))
+        number = self.session.ledger_writer.record(TENANT, self.session.id, done.entry, _now())
+        if done.step is None:
+            return
+        if self.metrics is not None:
+            self.metrics.on_step(done.step, self.session.last_step, self.meter.prices)
+        self.session.last_step = done.step
+        if self.tracer_provider is not None:
+            from stayer.telemetry.tracing import record_call
+
+            end = time.time_ns()
+            record_call(
+                self.tracer_provider, done.step, provider=admission.provider,
+                request_model=parsed.model, start_ns=end - int(took * 1e9), end_ns=end,
+                context=context,
+                attributes={
+                    "stayer.step": number, "stayer.session": self.session.id,
+                    "gen_ai.request.max_tokens": admission.max_tokens,
+                },
+            )  # fmt: skip
 
 
 def _now() -> str:
@@ -260,7 +417,8 @@ class _SyncTransport(httpx2.BaseTransport):
             return self.inner.handle_request(request)
         api, parsed, body = found
         provider = self.core.provider(api, parsed.model)
-        admission = _db(self.core.admit, parsed, provider)
+        admission, step = _db(self.core.admit, parsed, provider)
+        context = _context(self.core)
         if admission.max_tokens != parsed.request.max_tokens:
             request = _rebuilt(httpx2, request, api, body, admission.max_tokens)
         request.headers["accept-encoding"] = "identity"  # the usage is read as it passes
@@ -268,14 +426,15 @@ class _SyncTransport(httpx2.BaseTransport):
         try:
             response = self.inner.handle_request(request)
         except BaseException:
-            _db(self.core.meter.release, admission)
+            _db(self.core.release, admission, step)
             raise
         if response.status_code >= 400:
-            _db(self.core.meter.release, admission)
+            _db(self.core.release, admission, step)
             return response
 
         def finish(reading: Reading) -> None:
-            _db(self.core.finish, admission, parsed, body, reading, time.perf_counter() - started)
+            took = time.perf_counter() - started
+            _db(self.core.finish, admission, parsed, body, reading, took, step, context)
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             stream = _SyncStream(response, StreamReader(api), finish)
@@ -334,7 +493,8 @@ class _AsyncTransport(httpx2.AsyncBaseTransport):
             return await self.inner.handle_async_request(request)
         api, parsed, body = found
         provider = self.core.provider(api, parsed.model)
-        admission = await _adb(self.core.admit, parsed, provider)
+        admission, step = await _adb(self.core.admit, parsed, provider)
+        context = _context(self.core)
         if admission.max_tokens != parsed.request.max_tokens:
             request = _rebuilt(httpx2, request, api, body, admission.max_tokens)
         request.headers["accept-encoding"] = "identity"
@@ -342,15 +502,15 @@ class _AsyncTransport(httpx2.AsyncBaseTransport):
         try:
             response = await self.inner.handle_async_request(request)
         except BaseException:
-            await _adb(self.core.meter.release, admission)
+            await _adb(self.core.release, admission, step)
             raise
         if response.status_code >= 400:
-            await _adb(self.core.meter.release, admission)
+            await _adb(self.core.release, admission, step)
             return response
 
         async def finish(reading: Reading) -> None:
             took = time.perf_counter() - started
-            await _adb(self.core.finish, admission, parsed, body, reading, took)
+            await _adb(self.core.finish, admission, parsed, body, reading, took, step, context)
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             stream = _AsyncStream(response, StreamReader(api), finish)
@@ -405,13 +565,22 @@ def meter(
     budget: Budget | None = None,
     session: Session | str | None = None,
     prices: PriceBook | None = None,
+    tracer_provider: TracerProvider | None = None,
+    metrics: CollectorRegistry | WorkerMetrics | None = None,
 ) -> T:
     """``client`` (``anthropic.Anthropic``/``AsyncAnthropic``, ``openai.OpenAI``/
     ``AsyncOpenAI``) copied so that each of its calls is held against ``budget`` (an
     uncapped one by default), priced, checked for cache breaks and recorded in
     ``session`` (a new one by default; a name opens or continues that session). A call
     that cannot fit raises ``BudgetExceeded`` before anything is sent. The copy
-    behaves as the client does otherwise: same return types, streams, errors."""
+    behaves as the client does otherwise: same return types, streams, errors.
+
+    Each call is also recorded as a run's step is: a ``chat {model}`` span, under the
+    caller's current span, to ``tracer_provider`` (default: OTLP when
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, else OpenTelemetry's global provider when the
+    program imported OpenTelemetry, else none), and the step metrics
+    (``stayer_step_cost_usd``, ``stayer_step_latency_seconds``, ``stayer_cache_breaks_total``,
+    ...) in ``metrics`` (a ``prometheus_client`` registry; default: its global one)."""
     module = type(client).__module__.split(".")[0]
     if module not in ("anthropic", "openai") or not hasattr(client, "copy"):
         raise TypeError(
@@ -426,6 +595,8 @@ def meter(
         session if isinstance(session, Session) else Session(session),
         module,
         prices or PriceBook.load(),
+        _tracer_provider(tracer_provider),
+        _step_metrics(metrics),
     )
     if isinstance(inner_client, httpx2.AsyncClient):
         http: Any = httpx2.AsyncClient(

@@ -220,11 +220,13 @@ _WORKER = textwrap.dedent(
 )
 
 
-def test_ten_processes_never_overshoot_one_budget(sim: str, store: str, tmp_path: Path) -> None:
-    name = f"shared-{uuid.uuid4().hex[:8]}"
+def _in_ten_processes(
+    worker: str, sim: str, store: str, name: str, tmp_path: Path, calls: int
+) -> list[list[str]]:
+    """``worker`` run by 10 processes at once on one budget; what each printed, split."""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _WORKER, sim, store, name, str(tmp_path / f"h{i}"), "6"],
+            [sys.executable, "-c", worker, sim, store, name, str(tmp_path / f"h{i}"), str(calls)],
             stdout=subprocess.PIPE,
             text=True,
         )  # fmt: skip
@@ -232,10 +234,91 @@ def test_ten_processes_never_overshoot_one_budget(sim: str, store: str, tmp_path
     ]
     printed = [p.communicate(timeout=300)[0].split() for p in procs]
     assert all(p.returncode == 0 for p in procs)
+    return printed
+
+
+def test_ten_processes_never_overshoot_one_budget(sim: str, store: str, tmp_path: Path) -> None:
+    name = f"shared-{uuid.uuid4().hex[:8]}"
+    printed = _in_ten_processes(_WORKER, sim, store, name, tmp_path, 6)
     made = sum(int(ok) for ok, _ in printed)
     budget = stayer.Budget("0.02", store=store, name=name)
     assert 0 < made < 60 and budget.spent <= Decimal("0.02") and budget.reserved == 0
     assert sum(Decimal(cost) for _, cost in printed) == budget.spent  # exact, to the digit
+
+
+def _ask(client: anthropic.Anthropic, i: int) -> str:
+    try:
+        client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=50,
+            messages=[{"role": "user", "content": f"step {i}"}],
+        )  # fmt: skip
+        return "ok"
+    except stayer.BudgetExceeded:
+        return "refused"
+
+
+def test_fifty_threads_never_exceed_max_steps(sim: str, store: str, tmp_path: Path) -> None:
+    budget = stayer.Budget("5", max_steps=7, store=store, name=f"s-{uuid.uuid4().hex[:8]}")
+    session = stayer.Session(home=tmp_path)
+    client = stayer.meter(
+        anthropic.Anthropic(base_url=sim, api_key="sk-x", max_retries=0),
+        budget=budget, session=session,
+    )  # fmt: skip
+    with ThreadPoolExecutor(50) as pool:
+        outcomes = list(pool.map(lambda i: _ask(client, i), range(60)))
+    assert outcomes.count("ok") == 7 and budget.steps == 7 and budget.remaining_steps == 0
+    assert len(session.ledger) == 7 and session.cost == budget.spent
+    assert isinstance(budget.spent, Decimal) and budget.remaining == Decimal(5) - budget.spent
+    assert budget.reserved == 0
+
+
+_STEPS_WORKER = textwrap.dedent(
+    """
+    import sys
+    import anthropic, stayer
+    sim, store, name, home, n = sys.argv[1:6]
+    budget = stayer.Budget("5", max_steps=13, store=store, name=name)
+    session = stayer.Session(home=home)
+    client = stayer.meter(anthropic.Anthropic(base_url=sim, api_key="sk-x", max_retries=0),
+                          budget=budget, session=session)
+    ok = 0
+    for i in range(int(n)):
+        try:
+            client.messages.create(model="claude-sonnet-4-5", max_tokens=50,
+                                   messages=[{"role": "user", "content": f"p{i}"}])
+            ok += 1
+        except stayer.BudgetExceeded as e:
+            assert "max_steps" in str(e), e
+    print(ok, session.cost if ok else 0)
+    """
+)
+
+
+def test_ten_processes_never_exceed_max_steps(sim: str, store: str, tmp_path: Path) -> None:
+    name = f"steps-{uuid.uuid4().hex[:8]}"
+    printed = _in_ten_processes(_STEPS_WORKER, sim, store, name, tmp_path, 3)
+    budget = stayer.Budget("5", max_steps=13, store=store, name=name)
+    assert sum(int(ok) for ok, _ in printed) == 13 == budget.steps
+    assert sum(Decimal(cost) for _, cost in printed) == budget.spent and budget.reserved == 0
+
+
+def test_steps_are_carved_and_given_back_like_dollars(sim: str, tmp_path: Path) -> None:
+    parent = stayer.Budget("1", max_steps=5)
+    with pytest.raises(stayer.BudgetExceeded, match="cannot spare 6 steps"):
+        parent.child("0.1", max_steps=6)
+    assert parent.remaining == Decimal(1)  # the dollars of a refused child came back
+    with pytest.raises(stayer.ConfigError, match="max_steps"):
+        parent.child("0.1")
+    child = parent.child("0.5", max_steps=2)
+    assert parent.remaining_steps == 3 and child.remaining_steps == 2
+    client = stayer.meter(
+        anthropic.Anthropic(base_url=sim, api_key="sk-x", max_retries=0),
+        budget=child, session=stayer.Session(home=tmp_path),
+    )  # fmt: skip
+    assert [_ask(client, i) for i in range(3)] == ["ok", "ok", "refused"]
+    child.close()
+    assert parent.steps == 2 and parent.remaining_steps == 3
+    assert parent.spent == child.spent > 0
 
 
 def test_bad_input_to_the_library_is_refused_in_one_line() -> None:
@@ -246,6 +329,9 @@ def test_bad_input_to_the_library_is_refused_in_one_line() -> None:
     for bad in ("-1", "nan", "inf"):
         with pytest.raises(ConfigError, match="Budget"):
             stayer.Budget(bad)
+    for steps in (-1, 1.5, True, "3"):
+        with pytest.raises(ConfigError, match="max_steps"):
+            stayer.Budget(max_steps=steps)  # type: ignore[arg-type]
     parent = stayer.Budget("1")
     with pytest.raises(stayer.BudgetExceeded, match="cannot spare"):
         parent.child("2")

@@ -10,7 +10,8 @@ prices, held against the budget and on the session's ledger.
   ``KeyboardInterrupt``), with the ``stayer.BudgetExceeded`` at ``.error``.
 * A streamed chat call is sent with ``stream_options.include_usage`` so that the provider,
   not LiteLLM's estimate, counts it. After the call: priced from the provider's raw
-  response (a stream: the usage LiteLLM assembled from its chunks), settled, journaled.
+  response (a stream: the usage LiteLLM assembled from its chunks), settled, journaled,
+  and recorded as ``stayer.meter`` records a call (a span, the step metrics).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from stayer.metering import requests as wire
 from stayer.metering.meter import Admission
 from stayer.metering.usage import Reading, read_body
 from stayer.pricing import PriceBook
-from stayer.sdk import Budget, Session, _Core, _db
+from stayer.sdk import Budget, Session, _Core, _db, _step_metrics, _tracer_provider
 from stayer.usage import Usage
 
 
@@ -81,20 +82,31 @@ def _callback_base() -> type:
 
 
 class _Call:
-    def __init__(self, admission: Admission, parsed: wire.Parsed, api: wire.Api, body: bytes):
-        self.admission, self.parsed, self.api, self.body = admission, parsed, api, body
+    def __init__(
+        self, admission: Admission, step: int, parsed: wire.Parsed, api: wire.Api, body: bytes
+    ):
+        self.admission, self.step, self.parsed, self.api, self.body = (
+            admission, step, parsed, api, body,
+        )  # fmt: skip
         self.started = time.perf_counter()
 
 
 def callback(
-    *, budget: Budget | None = None, session: Session | str | None = None
+    *,
+    budget: Budget | None = None,
+    session: Session | str | None = None,
+    tracer_provider: Any = None,
+    metrics: Any = None,
 ) -> Any:  # a litellm CustomLogger
-    """The callback, to put in ``litellm.callbacks`` yourself (``install`` does)."""
+    """The callback, to put in ``litellm.callbacks`` yourself (``install`` does);
+    ``tracer_provider`` and ``metrics`` as ``stayer.meter`` takes them."""
     core = _Core(
         budget or Budget(),
         session if isinstance(session, Session) else Session(session),
         "litellm",
         PriceBook.load(),
+        _tracer_provider(tracer_provider),
+        _step_metrics(metrics),
     )
     calls: dict[str, _Call] = {}
     done = threading.Condition()
@@ -111,7 +123,7 @@ def callback(
             return
         try:
             if not ok:
-                _db(core.meter.release, call.admission)
+                _db(core.release, call.admission, call.step)
                 return
             if streamed is not None:
                 usage = _stream_usage(call.api, getattr(streamed, "usage", None))
@@ -122,7 +134,7 @@ def callback(
                 except (ValueError, TypeError, RecursionError):
                     reading = Reading()
             took = time.perf_counter() - call.started
-            _db(core.finish, call.admission, call.parsed, call.body, reading, took)
+            _db(core.finish, call.admission, call.parsed, call.body, reading, took, call.step)
         finally:
             with done:
                 done.notify_all()
@@ -148,7 +160,7 @@ def callback(
             except wire.WireError:
                 return  # the provider refuses it, unbilled
             try:
-                admission = _db(core.admit, parsed, core.provider(api, parsed.model))
+                admission, step = _db(core.admit, parsed, core.provider(api, parsed.model))
             except BudgetExceeded as e:
                 raise BudgetRefused(e) from None
             if admission.max_tokens != parsed.request.max_tokens:
@@ -156,7 +168,7 @@ def callback(
                 body.clear()
                 body.update(lowered)
             with done:
-                calls[str(call_id)] = _Call(admission, parsed, api, json.dumps(body).encode())
+                calls[str(call_id)] = _Call(admission, step, parsed, api, json.dumps(body).encode())
 
         def log_success_event(
             self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
@@ -187,11 +199,19 @@ def callback(
     return StayerCallback()
 
 
-def install(*, budget: Budget | None = None, session: Session | str | None = None) -> Any:
+def install(
+    *,
+    budget: Budget | None = None,
+    session: Session | str | None = None,
+    tracer_provider: Any = None,
+    metrics: Any = None,
+) -> Any:
     """``callback(…)`` appended to ``litellm.callbacks``; returns it (``.flush()``,
     ``.session``, ``.budget``)."""
     import litellm
 
-    handler = callback(budget=budget, session=session)
+    handler = callback(
+        budget=budget, session=session, tracer_provider=tracer_provider, metrics=metrics
+    )
     litellm.callbacks.append(handler)
     return handler

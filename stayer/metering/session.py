@@ -57,6 +57,7 @@ class Settled:
     metered: Metered
     cache_break: dict[str, Any] | None
     trips: list[Trip]
+    step: LedgerEntry | None = None  # the entry as a run's step has it (telemetry reads it)
 
 
 def settle_call(
@@ -83,7 +84,7 @@ def settle_call(
             meter.prices,
         )
     trips = state.breakers.after(metered.charged, body, usage.input_tokens + usage.output_tokens)
-    entry = LedgerEntry(
+    step = LedgerEntry(
         step=0,
         model=model,
         usage=usage,
@@ -93,8 +94,9 @@ def settle_call(
         tool_calls=[],
         cache_break=verdict,
         breakers=[t.to_dict() for t in trips],
-    ).to_dict()
+    )
+    entry = step.to_dict()
     entry["charged_usd"] = None if metered.charged is None else str(metered.charged)
     entry["complete"] = metered.complete
     entry["max_tokens"] = admission.max_tokens
-    return Settled(entry, metered, verdict, trips)
+    return Settled(entry, metered, verdict, trips, step)

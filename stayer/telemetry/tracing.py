@@ -62,6 +62,7 @@ from stayer.ledger import LedgerEntry
 from stayer.models.base import Model, ModelError, ModelRequest, ModelResponse
 from stayer.pricing import PriceBook
 from stayer.tools.base import Tool, ToolContext, ToolResult
+from stayer.usage import Usage
 
 if TYPE_CHECKING:
     from stayer.run import RunReport
@@ -195,7 +196,11 @@ def _ids(run_id: str) -> tuple[int, int]:
 
 
 def _usage_attributes(response: ModelResponse) -> dict[str, Any]:
-    u = response.usage
+    return usage_attributes(response.usage)
+
+
+def usage_attributes(u: Usage) -> dict[str, Any]:
+    """A call's usage as the GenAI conventions' attributes (and stayer's own)."""
     return {
         "gen_ai.usage.input_tokens": u.input_tokens,
         "gen_ai.usage.output_tokens": u.output_tokens,
@@ -299,26 +304,7 @@ class RunTracer(Observer):
         if self._open is None:
             return  # a replayed step: its call has its span from the run that made it
         span, _, inner, response = self._open
-        attributes: dict[str, Any] = {
-            "stayer.step": entry.step,
-            "stayer.agent": entry.agent,
-            "stayer.context_tokens": entry.context_tokens,
-        }
-        if entry.cache_break:
-            b = entry.cache_break
-            attributes["stayer.cache_break.reason"] = str(b.get("reason", ""))
-            attributes["stayer.cache_break.detail"] = str(b.get("detail", ""))
-            if b.get("position_tokens") is not None:
-                attributes["stayer.cache_break.position_tokens"] = int(b["position_tokens"])
-        if entry.compaction:
-            c = entry.compaction
-            attributes["stayer.compaction.tokens_before"] = int(c.get("tokens_before", 0))
-            attributes["stayer.compaction.tokens_after"] = int(c.get("tokens_after", 0))
-            attributes["stayer.compaction.cost_usd"] = str(c.get("cost_usd"))
-        if entry.breakers:
-            attributes["stayer.breakers"] = [b.get("reason", "") for b in entry.breakers]
-        if entry.route:
-            attributes["stayer.route"] = json.dumps(entry.route, default=str)
+        attributes = step_attributes(entry)
         lost = _lost_attempts(response)
         if lost:
             attributes["stayer.lost_in_flight.attempts"] = lost
@@ -419,6 +405,65 @@ class RunTracer(Observer):
             attributes["stayer.service_tier"] = response.service_tier
         span.set_attributes(attributes)
         self._open = (span, time.time_ns(), inner, response)
+
+
+def step_attributes(entry: LedgerEntry) -> dict[str, Any]:
+    """What a step's ledger entry adds to its model-call span: the step, cache break,
+    compaction, breaker trips, route."""
+    attributes: dict[str, Any] = {
+        "stayer.step": entry.step,
+        "stayer.agent": entry.agent,
+        "stayer.context_tokens": entry.context_tokens,
+    }
+    if entry.cache_break:
+        b = entry.cache_break
+        attributes["stayer.cache_break.reason"] = str(b.get("reason", ""))
+        attributes["stayer.cache_break.detail"] = str(b.get("detail", ""))
+        if b.get("position_tokens") is not None:
+            attributes["stayer.cache_break.position_tokens"] = int(b["position_tokens"])
+    if entry.compaction:
+        c = entry.compaction
+        attributes["stayer.compaction.tokens_before"] = int(c.get("tokens_before", 0))
+        attributes["stayer.compaction.tokens_after"] = int(c.get("tokens_after", 0))
+        attributes["stayer.compaction.cost_usd"] = str(c.get("cost_usd"))
+    if entry.breakers:
+        attributes["stayer.breakers"] = [b.get("reason", "") for b in entry.breakers]
+    if entry.route:
+        attributes["stayer.route"] = json.dumps(entry.route, default=str)
+    return attributes
+
+
+def record_call(
+    tp: Any,
+    entry: LedgerEntry,
+    *,
+    provider: str,
+    request_model: str,
+    start_ns: int,
+    end_ns: int,
+    context: Any = None,
+    attributes: dict[str, Any] | None = None,
+) -> None:
+    """A model call made outside a run (a client metered by ``stayer.meter``), as a run's
+    step would have its ``chat {model}`` span: the same usage, cost and step attributes,
+    under ``context`` (the caller's span when it was sent)."""
+    span = tp.get_tracer("stayer").start_span(
+        f"chat {request_model}",
+        context=context,
+        kind=SpanKind.CLIENT,
+        start_time=start_ns,
+        attributes={
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": provider,
+            "gen_ai.request.model": request_model,
+            "gen_ai.response.model": entry.model,
+            **usage_attributes(entry.usage),
+            **step_attributes(entry),
+            **(attributes or {}),
+        },
+    )
+    _cost_attributes(span, entry.cost.total)
+    span.end(end_time=end_ns)
 
 
 def _lost_attempts(response: ModelResponse) -> int:
