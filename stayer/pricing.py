@@ -146,17 +146,38 @@ class Rates:
         return d
 
 
-@dataclass(frozen=True)
 class Cost:
-    """The price of one call (or a sum). ``total is None`` means unknown — never 0."""
+    """The price of one call (or a sum). ``total is None`` means unknown — never 0. (A plain
+    class: in a ledger entry's JSON a cost is its total's text, ``to_json``; one read back
+    from JSON knows only its total.)"""
 
-    total: Decimal | None
-    input: Decimal | None
-    output: Decimal | None
-    model_ref: str
-    provider: str | None = None
-    tier: str | None = None
-    long_context: bool = False  # priced at a long-context (>threshold) tier
+    __slots__ = ("total", "input", "output", "model_ref", "provider", "tier", "long_context")
+
+    def __init__(
+        self,
+        total: Decimal | None,
+        input: Decimal | None,
+        output: Decimal | None,
+        model_ref: str,
+        provider: str | None = None,
+        tier: str | None = None,
+        long_context: bool = False,  # priced at a long-context (>threshold) tier
+    ) -> None:
+        self.total, self.input, self.output = total, input, output
+        self.model_ref, self.provider, self.tier = model_ref, provider, tier
+        self.long_context = long_context
+
+    def _key(self) -> tuple[object, ...]:
+        return tuple(getattr(self, n) for n in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Cost) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "Cost(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
     @property
     def known(self) -> bool:

@@ -53,6 +53,7 @@ from stayer.models.sim_policies import parse_policy
 from stayer.money import Usd
 from stayer.paths import workspaces_root
 from stayer.pricing import PriceBook
+from stayer.records import to_json
 from stayer.routing.setup import RoutingSetup, prepare_routing, require_prices
 from stayer.run_config import RunConfig
 from stayer.sandbox import IMAGE_KINDS, released
@@ -745,7 +746,7 @@ def result_document(
         u += Usage.from_dict(entry["usage"])
         cost += Usd.parse(entry["cost_usd"])
     ledger = sorted(
-        [e.to_dict() for e in result.ledger] + list(lost),
+        [to_json(e) for e in result.ledger] + list(lost),
         key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
     )
     reward = verdict.reward if verdict else None

@@ -37,6 +37,7 @@ LAYERS: list[set[str]] = [
         "choices",
         "pgpool",
         "paths",
+        "records",
     },
     {"models"},
     {"sandbox"},

@@ -35,7 +35,6 @@ import builtins
 import heapq
 import time
 from collections.abc import Iterable
-from dataclasses import fields
 from decimal import Decimal
 from functools import cache
 from typing import Any
@@ -48,7 +47,7 @@ from stayer.errors import ConfigError
 from stayer.models.caching import CacheRules, cache_rules, cached_length, provider_of
 from stayer.money import MTOK, UNKNOWN, amount_json
 from stayer.pricing import Rates
-from stayer.usage import Usage
+from stayer.usage import KINDS, Usage
 
 MIN_LOST_TOKENS = 1024
 COSTLIEST = 5
@@ -59,14 +58,11 @@ _FALLBACK_RULES = CacheRules("automatic", 1024)
 money = amount_json
 
 
-_KINDS = tuple(f.name for f in fields(Usage))
-
-
 def usage_json(u: Usage | Tally) -> dict[str, int]:
     """``Usage.to_dict()`` plus the uncached remainder, of a usage or a tally's tokens (built
     directly: ``asdict`` deep-copies, and a report over thousands of sessions makes tens of
     thousands of these)."""
-    d = {k: getattr(u, k) for k in _KINDS}
+    d = {k: getattr(u, k) for k in KINDS}
     written = u.cache_write_5m_tokens + u.cache_write_1h_tokens
     d["cache_write_tokens"] = written
     d["uncached_input_tokens"] = u.input_tokens - u.cache_read_tokens - written

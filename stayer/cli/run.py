@@ -254,6 +254,7 @@ def step_printer(err: Console, lost: Sequence[dict[str, Any]] = ()) -> Callable[
     from rich.markup import escape
 
     from stayer.journal.session import lost_ledger_entries
+    from stayer.records import to_json
 
     total: list[Decimal | None] = [Decimal(0)]
     shown = [0]
@@ -267,7 +268,7 @@ def step_printer(err: Console, lost: Sequence[dict[str, Any]] = ()) -> Callable[
         for d in lost_ledger_entries(lost[shown[0] :]):
             show(d)
         shown[0] = len(lost)
-        show(entry.to_dict())
+        show(to_json(entry))
 
     return progress
 

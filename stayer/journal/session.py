@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from stayer.errors import OrderlyStop
 from stayer.journal.blobs import BlobError, digest
 from stayer.journal.codec import canonical
@@ -56,10 +58,11 @@ from stayer.journal.log import JOURNAL_KINDS, RunLog, load_log
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
 from stayer.journal.store import JournalError, RunHeld, RunRow, Store
-from stayer.ledger import lost_entry
+from stayer.ledger import LedgerEntry, ToolCallEntry, lost_entry
 from stayer.models.base import Model, ModelResponse
 from stayer.money import Usd, usd_sum
-from stayer.pricing import PriceBook
+from stayer.pricing import Cost, PriceBook
+from stayer.records import Record, from_json, to_json
 from stayer.sandbox.snapshot import SnapshotNotFound, SnapshotStore
 from stayer.usage import Usage
 
@@ -401,7 +404,7 @@ class RunJournal:
         if entry.step not in self.log.steps:
             self.record(
                 "step",
-                {"step": entry.step, "entry": entry.to_dict()},
+                {"step": entry.step, "entry": to_json(entry)},
                 update={"steps": entry.step, "cost_usd": self.cost_text()},
             )
         if entry.step > self.snapshot_step:
@@ -428,24 +431,22 @@ class RunJournal:
             ).total
         first_model, first = self._unstepped[0]
         calls = [
-            {"id": c.id, "name": c.name, "is_error": True, "exit_code": None}
+            ToolCallEntry(id=c.id, name=c.name, is_error=True, exit_code=None)
             for c in first.message.tool_calls
         ]
-        entry = {
-            "agent": self.agent,
-            "step": step,
-            "kind": "cut_short",
-            "model": first_model.spec,
-            "model_calls": len(self._unstepped),
-            "usage": usage.to_dict(),
-            "cost_usd": str(cost),
-            "cache_hit_ratio": round(usage.cache_hit_ratio, 4),
-            "context_tokens": None,
-            "latency_s": round(sum(r.latency_s for _, r in self._unstepped), 4),
-            "tool_calls": calls,
-            "tool_errors": len(calls),
-            "cache_break": None,
-        }
+        entry = LedgerEntry(
+            agent=self.agent,
+            step=step,
+            kind="cut_short",
+            model=first_model.spec,
+            model_calls=len(self._unstepped),
+            usage=usage,
+            cost=Cost(cost.amount, None, None, first_model.spec),
+            cache_hit_ratio=round(usage.cache_hit_ratio, 4),
+            latency_s=round(sum(r.latency_s for _, r in self._unstepped), 4),
+            tool_calls=calls,
+            tool_errors=len(calls),
+        ).to_dict()
         self._unstepped.clear()
         self.steps_done = step
         self.steps_cost += cost
@@ -485,13 +486,25 @@ class RunJournal:
         return str(self.steps_cost + usd_sum(Usd.parse(lost["cost_usd"]) for lost in self.lost))
 
 
+class LostCall(Record, kw_only=True):
+    """A ``model_lost`` record: a call attempt in flight at a crash, billed by the provider,
+    its usage and cost estimated as the re-issued call's."""
+
+    agent: str = "main"  # a team's thread whose call it was
+    n: int = 0  # the call's index in its journal
+    attempt: int = 0
+    step: int
+    model: str
+    usage: Usage
+    cost: Cost = msgspec.field(name="cost_usd")
+    estimated: bool = True
+
+    def entry(self) -> LedgerEntry:
+        """The attempt as a ledger entry (``kind: lost_in_flight``)."""
+        return lost_entry(self.step, self.model, self.usage, Usd(self.cost.total), self.agent)
+
+
 def lost_ledger_entries(lost: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``model_lost`` records as ledger entries (``kind: lost_in_flight``), each with the
     agent (a team's thread) whose call it was."""
-    return [
-        {
-            "agent": rec.get("agent", "main"),
-            **lost_entry(rec["step"], rec["model"], Usage.from_dict(rec["usage"]), rec["cost_usd"]),
-        }
-        for rec in lost
-    ]
+    return [to_json(from_json(rec, LostCall).entry()) for rec in lost]

@@ -59,6 +59,7 @@ from stayer.guard.breakers import ToolCallRecord
 from stayer.ledger import LedgerEntry
 from stayer.models.base import Model, ModelError, ModelRequest, ModelResponse
 from stayer.pricing import PriceBook
+from stayer.records import to_json
 from stayer.tools.base import Tool, ToolContext, ToolResult
 
 SUBAGENT = "subagent"  # the tool that runs a child agent (stayer.tools.subagent)
@@ -301,19 +302,18 @@ class RunTracer:
         }
         if entry.cache_break:
             b = entry.cache_break
-            attributes["stayer.cache_break.reason"] = str(b.get("reason", ""))
-            attributes["stayer.cache_break.detail"] = str(b.get("detail", ""))
-            if b.get("position_tokens") is not None:
-                attributes["stayer.cache_break.position_tokens"] = int(b["position_tokens"])
+            attributes["stayer.cache_break.reason"] = b.reason
+            attributes["stayer.cache_break.detail"] = b.detail
+            attributes["stayer.cache_break.position_tokens"] = b.position_tokens
         if entry.compaction:
             c = entry.compaction
-            attributes["stayer.compaction.tokens_before"] = int(c.get("tokens_before", 0))
-            attributes["stayer.compaction.tokens_after"] = int(c.get("tokens_after", 0))
-            attributes["stayer.compaction.cost_usd"] = str(c.get("cost_usd"))
-        if entry.breakers:
-            attributes["stayer.breakers"] = [b.get("reason", "") for b in entry.breakers]
+            attributes["stayer.compaction.tokens_before"] = c.tokens_before
+            attributes["stayer.compaction.tokens_after"] = c.tokens_after
+            attributes["stayer.compaction.cost_usd"] = str(c.cost)
+        if entry.trips:
+            attributes["stayer.breakers"] = [t.reason for t in entry.trips]
         if entry.route:
-            attributes["stayer.route"] = json.dumps(entry.route, default=str)
+            attributes["stayer.route"] = json.dumps(to_json(entry.route))
         lost = _lost_attempts(response)
         if lost:
             attributes["stayer.lost_in_flight.attempts"] = lost
