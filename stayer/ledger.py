@@ -2,8 +2,8 @@
 the journal stores, reports total and ``--json`` prints; its JSON field names are a
 contract, and ``stayer.records`` alone turns it into JSON and back.
 
-``LedgerEntry.made`` is a step the loop (or the gateway) made; ``lost_entry`` an attempt
-lost in flight at a crash (billed by the provider, its reply never seen); a ``cut_short``
+``LedgerEntry.made`` is a step the loop (or the gateway) made; ``LostCall.entry`` an
+attempt lost in flight at a crash (billed by the provider, its reply never seen); a ``cut_short``
 entry the step a time limit stopped. All share the one record, so totals and reports treat
 them alike. A field a kind never has is ``UNSET`` and absent from its JSON, so an entry
 read back (an older journal's too) is written out with exactly the fields it had.
@@ -76,7 +76,8 @@ class LedgerEntry(Record, kw_only=True):
     model: str
     model_calls: int | UnsetType = UNSET  # cut_short: the calls answered in the step
     usage: Usage
-    # In JSON the total's text (or "unknown"); read back, a cost knows only its total.
+    # In JSON the total's text (or "unknown"); read back, a cost knows only its total
+    # and the entry's model.
     cost: Cost = msgspec.field(name="cost_usd")
     estimated: bool | UnsetType = UNSET  # lost_in_flight: usage and cost estimated
     cache_hit_ratio: float = 0.0
@@ -94,6 +95,10 @@ class LedgerEntry(Record, kw_only=True):
     charged_usd: Usd | None | UnsetType = UNSET
     complete: bool | UnsetType = UNSET
     max_tokens: int | None | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        if not self.cost.model_ref:  # read back from JSON: the cost's model is the entry's
+            self.cost = Cost(self.cost.total, None, None, self.model)
 
     @classmethod
     def made(
@@ -148,19 +153,31 @@ class LedgerEntry(Record, kw_only=True):
         return self.kind == "lost_in_flight"
 
 
-def lost_entry(step: int, model: str, usage: Usage, cost: Usd, agent: str = "main") -> LedgerEntry:
-    """The ledger entry (``kind: lost_in_flight``) of a call attempt lost at a crash, whose
-    usage and cost are estimated as the re-issued call's."""
-    return LedgerEntry(
-        agent=agent,
-        step=step,
-        kind="lost_in_flight",
-        model=model,
-        usage=usage,
-        cost=Cost(cost.amount, None, None, model),
-        estimated=True,
-        cache_hit_ratio=round(usage.cache_hit_ratio, 4),
-    )
+class LostCall(Record, kw_only=True):
+    """A ``model_lost`` record: a call attempt in flight at a crash, billed by the provider,
+    its reply never seen; its usage and cost estimated as the re-issued call's."""
+
+    agent: str = "main"  # a team's thread whose call it was
+    n: int = 0  # the call's index in its journal
+    attempt: int = 0
+    step: int
+    model: str
+    usage: Usage
+    cost: Cost = msgspec.field(name="cost_usd")
+    estimated: bool = True
+
+    def entry(self) -> LedgerEntry:
+        """The attempt as a ledger entry (``kind: lost_in_flight``)."""
+        return LedgerEntry(
+            agent=self.agent,
+            step=self.step,
+            kind="lost_in_flight",
+            model=self.model,
+            usage=self.usage,
+            cost=self.cost,
+            estimated=True,
+            cache_hit_ratio=round(self.usage.cache_hit_ratio, 4),
+        )
 
 
 def ledger_order(entry: LedgerEntry) -> tuple[int, bool]:

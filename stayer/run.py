@@ -44,6 +44,7 @@ from stayer.journal.backends import stayer_home
 from stayer.journal.codec import message_record
 from stayer.journal.replay import JournaledModel, JournaledProbe, JournaledTool, ReplayingSandbox
 from stayer.journal.snapshot import clear_workspace
+from stayer.ledger import ledger_order
 from stayer.messages import Message
 from stayer.models.base import Model
 from stayer.models.caching import provider_of
@@ -65,7 +66,6 @@ from stayer.teams.runner import Team, TeamServices
 from stayer.tokens import Counters, MessageCounter, TiktokenCounter
 from stayer.tools import default_tools
 from stayer.tools.base import Tool, ToolContext
-from stayer.usage import Usage
 
 
 def make_run_dir(run_dir: Path, *, exist_ok: bool) -> None:
@@ -543,7 +543,7 @@ async def _execute(
             # The task's time limit for the agent, enforced here for `stayer run`, `resume`
             # and every eval trial alike: at the limit the loop is cancelled wherever it
             # is, which kills the command in flight and its sandbox.
-            cut_short: list[dict[str, Any]] = []
+            cut_short: list[LedgerEntry] = []
             limit = asyncio.timeout(task.agent_timeout_s)
             try:
                 async with limit:
@@ -680,7 +680,7 @@ class Inbox:
 
 def timed_out(
     agent: Agent | Team, journal: RunJournal, limit_s: float
-) -> tuple[RunResult, list[dict[str, Any]]]:
+) -> tuple[RunResult, list[LedgerEntry]]:
     """The result of a run stopped by the task's agent time limit: its finished steps, and
     the steps the stop cut short (their model calls were billed; a team's threads journal
     their own calls, so each thread stopped in mid-step has one), as ``budget_exhausted``
@@ -735,7 +735,7 @@ def result_document(
     result: RunResult,
     verdict: Verdict | None,
     started: datetime,
-    lost: Sequence[dict[str, Any]] = (),
+    lost: Sequence[LedgerEntry] = (),
 ) -> dict[str, Any]:
     """The ``--json`` document. ``lost`` are ledger entries the loop did not make:
     ``lost_in_flight`` (model calls in flight at a crash) and ``cut_short`` (the step a time
@@ -743,12 +743,9 @@ def result_document(
     u = result.usage
     cost = Usd(result.cost_usd)
     for entry in lost:
-        u += Usage.from_dict(entry["usage"])
-        cost += Usd.parse(entry["cost_usd"])
-    ledger = sorted(
-        [to_json(e) for e in result.ledger] + list(lost),
-        key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
-    )
+        u += entry.usage
+        cost += entry.cost.total
+    ledger = to_json(sorted([*result.ledger, *lost], key=ledger_order))
     reward = verdict.reward if verdict else None
     doc: dict[str, Any] = {
         "run_id": p.run_id,

@@ -9,8 +9,7 @@ import msgspec
 import pytest
 
 from stayer.context.forensics import CacheBreak
-from stayer.ledger import LedgerEntry, ToolCallEntry, lost_entry
-from stayer.money import Usd
+from stayer.ledger import LedgerEntry, LostCall, ToolCallEntry
 from stayer.pricing import Cost
 from stayer.records import decode, encode, from_json, to_json
 from stayer.tokens import PromptEstimate
@@ -69,7 +68,8 @@ def test_a_step_made_is_the_documented_json():
 
 
 def test_a_lost_attempt_has_only_its_kinds_fields():
-    entry = lost_entry(3, "m", Usage(10), Usd(None), agent="main")
+    lost = LostCall(n=4, step=3, model="m", usage=Usage(10), cost=Cost(None, None, None, "m"))
+    entry = lost.entry()
     assert to_json(entry) == {
         "agent": "main",
         "step": 3,

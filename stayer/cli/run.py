@@ -35,6 +35,8 @@ from stayer.money import Usd
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from stayer.ledger import LostCall
+
 
 @app.command()
 def run(
@@ -247,7 +249,7 @@ def exit_code(status: str) -> int:
     return {"succeeded": EXIT_OK, "budget_exhausted": EXIT_BUDGET}.get(status, EXIT_FAILED)
 
 
-def step_printer(err: Console, lost: Sequence[dict[str, Any]] = ()) -> Callable[[Any], None]:
+def step_printer(err: Console, lost: Sequence[LostCall] = ()) -> Callable[[Any], None]:
     """One progress line per step on ``err`` (see ``step_line``). ``lost``: the journal's
     ``model_lost`` records, which grow as a resumed run re-issues calls lost at a crash;
     each gets its line before the step's, so the running total is what the result counts."""
@@ -266,7 +268,7 @@ def step_printer(err: Console, lost: Sequence[dict[str, Any]] = ()) -> Callable[
 
     def progress(entry: Any) -> None:
         for d in lost_ledger_entries(lost[shown[0] :]):
-            show(d)
+            show(to_json(d))
         shown[0] = len(lost)
         show(to_json(entry))
 

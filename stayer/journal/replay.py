@@ -17,11 +17,12 @@ from typing import Any, Protocol, runtime_checkable
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.journal.blobs import digest
 from stayer.journal.codec import canonical, message_from_record, message_record
-from stayer.journal.session import LostCall, RunJournal
+from stayer.journal.session import RunJournal
 from stayer.journal.store import JournalError
+from stayer.ledger import LostCall
 from stayer.messages import ToolCall
 from stayer.models.base import Model, ModelError, ModelRequest, ModelResponse
-from stayer.records import to_json
+from stayer.records import from_json, to_json
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext, ToolResult
@@ -156,9 +157,9 @@ class JournaledModel:
             usage=reissued.usage,
             cost=cost,
         )
-        lost = to_json(call)
-        journal.lost.append(lost)
-        journal.record("model_lost", lost)
+        record = to_json(call)
+        journal.lost.append(from_json(record, LostCall))  # as a reload will read it
+        journal.record("model_lost", record)
         journal.warn(
             f"run {journal.run_id}: model call {n + 1} was in flight at the crash; issued again, and the lost "
             f"attempt is in the ledger as lost_in_flight (estimated ${cost.to_json()})"
