@@ -11,49 +11,7 @@ maintained community price data; stayer adds only what it lacks:
 * user overrides: models genai-prices does not know (fine-tunes, self-hosted
   endpoints), negotiated prices, or tier multipliers.
 
-Pricing rules, all as genai-prices does them:
-
-* ``Usage.input_tokens`` is the whole prompt including cache reads and writes; the
-  uncached remainder is billed at the input rate, reads at the cache-read rate, 5 m
-  writes at the (5 m) cache-write rate and 1 h writes at the 1 h rate. A model with no
-  cache-read price bills reads as input; no cache-write price bills writes as input
-  (OpenAI-style free writes); no 1 h price bills 1 h writes at the 5 m rate.
-* Long-context tiers are cliffs: when the prompt (``input_tokens``) exceeds a tier's
-  threshold (e.g. 200K for claude-sonnet-4-5 or gemini-2.5-pro), *every* token of the
-  request — input, cache and output — is billed at that tier's rates.
-* Reasoning tokens are part of ``output_tokens`` and are billed once, as output.
-* Prices in force at ``at`` (default: now) are used — genai-prices dates its prices and
-  models time-of-day discounts (e.g. DeepSeek off-peak).
-
-Service tiers (``service_tier`` argument): ``None``, ``"default"``, ``"standard"``,
-``"auto"``, ``"standard_only"`` and ``"on_demand"`` mean standard pricing. Any other tier
-is resolved in this order: a user ``[tiers]`` multiplier; the genai-prices price variant
-(``service_tier=…`` for OpenAI/Google flex and priority, ``speed=fast`` for Anthropic
-fast mode, ``processing=batch`` for ``"batch"``); the built-in multiplier table. If none
-applies, the cost is unknown (``Cost.total is None``) — a tier with no known price is
-not guessed.
-
-Override file format (``PriceBook(overrides=path)``, or ``PriceBook.load()`` which reads
-``$STAYER_PRICES`` or ``./stayer-prices.toml``). Prices are USD per million tokens,
-written as strings (or TOML numbers) and read as exact ``Decimal``::
-
-    # a model genai-prices does not know, or your negotiated price for one it does
-    [models."my-finetune"]
-    provider = "openai"            # optional; the provider id tier multipliers key on
-    input = "2.00"                 # required: uncached input
-    output = "8.00"                # required
-    cache_read = "0.20"            # optional, default = input
-    cache_write_5m = "2.50"        # optional, default = input
-    cache_write_1h = "4.00"        # optional, default = cache_write_5m
-
-    # a multiplier on every rate for that provider and tier
-    [tiers.anthropic.fast]
-    multiplier = "6"
-    models = ["claude-opus-4-6"]   # optional model-id prefixes; default: all models
-
-Model names match case-insensitively, exactly. Override models have no long-context
-tiers. Any other key, a missing required key, a negative or non-numeric price, or
-malformed TOML raises ``stayer.errors.ConfigError`` naming the file and the field.
+Details and rationale: docs/notes.md, ``stayer/pricing.py``.
 """
 
 from __future__ import annotations

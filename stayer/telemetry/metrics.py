@@ -12,8 +12,7 @@ Two sources, so that every figure has one owner:
   ``serve``) observes steps as they happen: step latency and cost histograms, cache breaks
   by reason (from the forensics), compactions' savings, leases lost.
 
-Token kinds: ``input_uncached``, ``cache_read``, ``cache_write``, ``output``,
-``reasoning`` (part of ``output``, as in the ledger: do not add the two).
+Details and rationale: docs/notes.md, ``stayer/telemetry/metrics.py``.
 """
 
 from __future__ import annotations

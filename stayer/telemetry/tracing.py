@@ -1,32 +1,6 @@
 """OpenTelemetry GenAI traces of runs, with the exact cost of every model call.
 
-Spans follow the GenAI semantic conventions:
-
-* ``invoke_agent {agent}`` — one per execution of a run (a resumed run adds one to the same
-  trace: the trace id is derived from the run id);
-* ``chat {model}`` (kind CLIENT) — one per live model call: ``gen_ai.operation.name``,
-  ``gen_ai.provider.name``, ``gen_ai.request.model``, ``gen_ai.response.model``,
-  ``gen_ai.response.finish_reasons``, ``gen_ai.usage.input_tokens`` (cached tokens
-  included), ``gen_ai.usage.output_tokens`` (reasoning included),
-  ``gen_ai.usage.cache_read.input_tokens`` and the cache write under both names in use
-  (``cache_creation`` and ``cache_write``). Cost follows the open proposal for the
-  conventions (semantic-conventions-genai PR #443): ``gen_ai.usage.cost.amount``,
-  ``.currency``, ``.source`` (``local``: priced by stayer), on model-call spans only, so
-  that summing over spans never counts a run twice. stayer's own attributes are under
-  ``stayer.*``: the step, cache-break reason and position, compaction before/after tokens
-  and cost, breaker trips, route switches;
-* ``execute_tool {name}`` — one per live tool call: exit code, error, output bytes,
-  sandbox time;
-* ``invoke_agent {path}`` — a sub-agent's run (``main/sub-1``), nested under its parent's
-  ``execute_tool subagent`` span; the sub-agent's calls and tools nest under it.
-
-Replayed calls of a resumed run emit nothing (the observer sits inside the journal), so
-the trace holds each paid call once. A call lost in flight at a crash had its span die
-with its process; when the resumed run issues that call again, the lost attempt gets a
-``chat`` span of its own (``stayer.lost_in_flight``: true, zero duration, the estimated
-usage and cost the ledger records for it as ``lost_in_flight``), so that the model-call
-spans still add up to the run's cost. Spans still in the batch queue when a process is
-killed are lost with it: a trace across a kill is complete only from the resume on.
+Details and rationale: docs/notes.md, ``stayer/telemetry/tracing.py``.
 """
 
 from __future__ import annotations
