@@ -21,8 +21,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
-from stayer.context.compactor import Compactor
-from stayer.context.forensics import CacheForensics
+from stayer.context.compactor import Compacted, Compactor, ToolsTaken
+from stayer.context.forensics import CacheBreak, CacheForensics
 from stayer.context.layout import Context
 from stayer.context.policies import AutoPolicy, ContextPolicy, StepView
 from stayer.context.summarizer import ModelSummarizer
@@ -38,7 +38,7 @@ from stayer.guard.breakers import (
 from stayer.guard.budget import Budget
 from stayer.guard.guard import Guard
 from stayer.guard.reserve import MIN_OUTPUT_TOKENS, TOKEN_MARGIN  # noqa: F401  (re-exported)
-from stayer.ledger import LedgerEntry, RunResult
+from stayer.ledger import BreakerTrip, LedgerEntry, RunResult, ToolCallEntry
 from stayer.models.base import Message, Model, ModelError, ModelResponse, ToolCall, lost_attempts
 from stayer.pricing import Cost, PriceBook, Rates
 from stayer.routing.router import Route, Router, RouteView, rules_for
@@ -126,7 +126,7 @@ class Call:
     cost: Cost
     context_tokens: int  # the prompt as we counted it
     estimate: PromptEstimate  # what the budget expected the provider to count
-    cache_break: dict[str, Any] | None
+    cache_break: CacheBreak | None
 
 
 class Observer:
@@ -369,7 +369,7 @@ class Agent:
             self._said(said)
             self.emit(Said(agent=self.path, role=said.role, content=said.content))
 
-    async def _compact(self, s: RunState, step: int) -> dict[str, Any] | None:
+    async def _compact(self, s: RunState, step: int) -> Compacted | None:
         """The context policy's compaction for this step, if any, funded and carried out;
         its record for the ledger. A policy that cannot fit ``--max-context`` ends the run
         (``ContextOverflow``); a summary call the budget cannot hold starts the wrap-up."""
@@ -392,8 +392,8 @@ class Agent:
             raise _StepAgain
         record = await s.compactor.apply(s.ctx, compaction, step)
         if (changed := await self._take_tools(s.ctx, "compaction")) is not None:
-            record["tools_changed"] = changed
-        cost = Decimal(record["cost_usd"])
+            record.tools_changed = changed
+        cost = record.spent
         s.guard.budget.settle(held, cost)
         s.result.add_cost(
             cost
@@ -401,7 +401,7 @@ class Agent:
         s.compactions += 1
         return record
 
-    async def _call(self, s: RunState, now: float, compaction: dict[str, Any] | None) -> Call:
+    async def _call(self, s: RunState, now: float, compaction: Compacted | None) -> Call:
         """Hold the call's worst case, make it, and settle its real cost. A call the budget
         cannot hold starts the step again (the guard has begun the wrap-up or stopped); a
         model that failed past its retries is replaced by another provider's, if one is
@@ -436,7 +436,7 @@ class Agent:
             self.model.spec,
             self.rules,
             now,
-            compaction_at=compaction["first_index"] if compaction else None,
+            compaction_at=compaction.first_index if compaction else None,
         )
         return Call(response, cost, context_tokens, estimate, cache_break)
 
@@ -444,13 +444,13 @@ class Agent:
         self,
         s: RunState,
         call: Call,
-        tool_calls: list[dict[str, Any]],
-        compaction: dict[str, Any] | None,
+        tool_calls: list[ToolCallEntry],
+        compaction: Compacted | None,
         route: Route,
     ) -> None:
         """The step's ledger entry, into the result and out to ``on_step``; then the
         sub-agents that finished during the step, rolled into the result."""
-        entry = LedgerEntry(
+        entry = LedgerEntry.made(
             step=s.steps,
             model=self.model.spec,
             usage=call.response.usage,
@@ -461,8 +461,8 @@ class Agent:
             cache_break=call.cache_break,
             compaction=compaction,
             agent=self.path,
-            breakers=self._trips(s.guard),
-            route=route.to_dict() if route.switched or route.quote else None,
+            breakers=[BreakerTrip(**t) for t in self._trips(s.guard)],
+            route=route.record() if route.switched or route.quote else None,
             prompt_estimate=call.estimate,
         )
         result = s.result
@@ -531,7 +531,7 @@ class Agent:
         )
         return _StepAgain()
 
-    async def _take_tools(self, ctx: Context, when: str) -> dict[str, Any] | None:
+    async def _take_tools(self, ctx: Context, when: str) -> ToolsTaken | None:
         """Take the changed tool lists now, if any: the context's schemas are replaced
         (a cache break, priced on the next call); what changed, for the ledger."""
         updates = self.tool_updates
@@ -546,7 +546,7 @@ class Agent:
         ctx.replace_tools(t.spec for t in self.tools.values())
         added, removed = sorted(set(self.tools) - before), sorted(before - set(self.tools))
         self.emit(ToolsChanged(agent=self.path, when=when, added=added, removed=removed))
-        return {"when": when, "added": added, "removed": removed}
+        return ToolsTaken(when=when, added=added, removed=removed)
 
     def _trips(self, guard: Guard) -> list[dict[str, Any]]:
         """Breaker trips since the last step, journaled as events and kept on the ledger."""
@@ -561,7 +561,7 @@ class Agent:
         result.stop_reason = result.stop_reason or guard.stop_reason
         left = self._trips(guard)
         if left and result.ledger:
-            result.ledger[-1].breakers.extend(left)
+            result.ledger[-1].trips.extend(BreakerTrip(**t) for t in left)
         result.breakers = [{"agent": self.path, **t.to_dict()} for t in guard.trips]
         if result.status == "budget_exhausted":
             result.summary = guard.final_summary(
@@ -570,13 +570,13 @@ class Agent:
 
     async def _act(
         self, ctx: Context, calls: tuple[ToolCall, ...], result: RunResult, cut_off: bool = False
-    ) -> tuple[list[dict[str, Any]], tuple[ToolCallRecord, ...], bool]:
+    ) -> tuple[list[ToolCallEntry], tuple[ToolCallRecord, ...], bool]:
         if not calls:
             nudge = Message(role="user", content=self.nudge(), kind="nudge")
             ctx.append(nudge)
             self._said(nudge)
             return [], (), False
-        records: list[dict[str, Any]] = []
+        records: list[ToolCallEntry] = []
         observed: list[ToolCallRecord] = []
         submitted = False
         for call in calls:
@@ -595,12 +595,9 @@ class Agent:
             seen = ToolCallRecord.of(call.name, call.arguments, out.is_error, out.output)
             observed.append(seen)
             records.append(
-                {
-                    "id": call.id,
-                    "name": call.name,
-                    "is_error": out.is_error,
-                    "exit_code": seen.exit_code,
-                }
+                ToolCallEntry(
+                    id=call.id, name=call.name, is_error=out.is_error, exit_code=seen.exit_code
+                )
             )
             if out.submitted:
                 submitted = True

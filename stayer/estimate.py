@@ -9,27 +9,7 @@ Convention. It reproduces the published example exactly: 30 steps, 20,000 new in
 tokens and 2,000 output tokens per step, prices miss = 10, hit = 1, out = 50 per million,
 giving 17.7 with caching and 96.0 without.
 
-* ``new_tokens`` is everything appended to the context per step: tool results, new
-  instructions, and the previous reply as it is sent back. Output is therefore not added
-  to the context a second time. At step t (1-based) the context is ``C_t = t * new``.
-* With ideal prefix caching, the prefix already sent, ``(t-1) * new``, is a cache hit at
-  ``rates.cache_read``. The ``new`` tokens are written to the cache at
-  ``rates.cache_write_5m`` (or ``cache_write_1h`` with ``cache_ttl="1h"``). With
-  ``rates_from_flags(price_write=None)`` the write price equals the miss price, so there
-  is no write premium.
-* Without caching, the whole ``C_t`` is billed at ``rates.input`` every step.
-* Output: ``output_tokens`` at ``rates.output`` every step, in both cases.
-
-Check against the example (tokens × price per million):
-
-* With cache: hits Σ_{t=1..30} 20000(t-1) = 8.7M × 1 = 8.7; new tokens 30 × 20000 = 0.6M
-  × 10 = 6.0; output 30 × 2000 = 0.06M × 50 = 3.0. Total 17.7.
-* Without cache: Σ_{t=1..30} 20000 t = 9.3M × 10 = 93.0, plus output 3.0. Total 96.0.
-
-If C_t also counted the previous outputs, ``(t-1)(new+out) + new``, the example would give
-18.57 and 104.7, not the published 17.7 and 96.0. ``rates`` may be a function of the
-context size, so that a model's long-context tier applies to the steps past its threshold
-(``stayer estimate --model``).
+Details and rationale: docs/notes.md, ``stayer/estimate.py``.
 """
 
 from __future__ import annotations

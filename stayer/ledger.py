@@ -1,87 +1,188 @@
-"""The ledger: one entry per model call of a run, and the run's result. These are the one
-shape of a step that the journal stores, reports total and ``--json`` prints; their JSON
-field names are a contract.
+"""The ledger: one entry per model call of a run. An entry is the one shape of a step that
+the journal stores, reports total and ``--json`` prints; its JSON field names are a
+contract, and ``stayer.records`` alone turns it into JSON and back.
 
-``LedgerEntry`` is a step the loop made; ``lost_entry`` is an attempt lost in flight at a
-crash (billed by the provider, its reply never seen), shaped alike so that totals and
-reports treat both the same way.
+``LedgerEntry.made`` is a step the loop (or the gateway) made; ``LostCall.entry`` an
+attempt lost in flight at a crash (billed by the provider, its reply never seen); a ``cut_short``
+entry the step a time limit stopped. All share the one record, so totals and reports treat
+them alike. A field a kind never has is ``UNSET`` and absent from its JSON, so an entry
+read back (an older journal's too) is written out with exactly the fields it had.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
-from stayer.guard.breakers import ToolCallRecord
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from stayer.context.compactor import Compacted
+from stayer.context.forensics import CacheBreak
+from stayer.guard.breakers import ToolCallRecord, Trip
 from stayer.money import Usd
 from stayer.pricing import Cost
+from stayer.records import Record, to_json
+from stayer.routing.router import RouteRecord
 from stayer.tokens import PromptEstimate
 from stayer.usage import Usage
 
 
-@dataclass
-class LedgerEntry:
+class ToolCallEntry(Record):
+    """One tool call of a step: which, and whether it failed."""
+
+    id: str
+    name: str
+    is_error: bool
+    # A command's exit status, when the tool ran one (absent from older journals).
+    exit_code: int | None | UnsetType = UNSET
+
+    @property
+    def failed(self) -> bool:
+        """Failed as the breakers count it: an error, or a command that exited non-zero."""
+        code = self.exit_code if isinstance(self.exit_code, int) else None
+        return ToolCallRecord(self.name, "", self.is_error, code).failed
+
+
+class BreakerTrip(Record, kw_only=True):
+    """A breaker trip decided at a step, with the agent whose guard decided it."""
+
+    agent: str | UnsetType = UNSET
+    reason: str
+    detail: str
+    step: int
+    action: str
+    soft: bool
+
+    @classmethod
+    def of(cls, trip: Trip, agent: str | UnsetType = UNSET) -> BreakerTrip:
+        return cls(agent=agent, **asdict(trip))
+
+
+class PromptBound(Record):
+    """What the budget expected the provider to count for the prompt (``tokens``) and the
+    bound it reserved for (``upper``); the usage's input_tokens is what it did count."""
+
+    tokens: int
+    upper: int
+
+
+class LedgerEntry(Record, kw_only=True):
+    agent: str = "main"  # the agent's path in the tree: main, main/sub-1, ...
+    step: int
+    kind: str | UnsetType = UNSET  # lost_in_flight, cut_short; absent for a step made
+    model: str
+    model_calls: int | UnsetType = UNSET  # cut_short: the calls answered in the step
+    usage: Usage
+    # In JSON the total's text (or "unknown"); read back, a cost knows only its total
+    # and the entry's model.
+    cost: Cost = msgspec.field(name="cost_usd")
+    estimated: bool | UnsetType = UNSET  # lost_in_flight: usage and cost estimated
+    cache_hit_ratio: float = 0.0
+    context_tokens: int | None = None
+    latency_s: float | None = None
+    tool_calls: list[ToolCallEntry] = msgspec.field(default_factory=list)
+    tool_errors: int = 0
+    cache_break: CacheBreak | None = None
+    compaction: Compacted | None | UnsetType = UNSET
+    breakers: list[BreakerTrip] | UnsetType = UNSET
+    route: RouteRecord | None | UnsetType = UNSET  # a model switch, or one weighed and declined
+    prompt_estimate: PromptBound | None | UnsetType = UNSET
+    # A gateway's call: what was charged against the cap, whether the reply was read
+    # whole, and the output bound the call was sent with.
+    charged_usd: Usd | None | UnsetType = UNSET
+    complete: bool | UnsetType = UNSET
+    max_tokens: int | None | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        if not self.cost.model_ref:  # read back from JSON: the cost's model is the entry's
+            self.cost = Cost(self.cost.total, None, None, self.model)
+
+    @classmethod
+    def made(
+        cls,
+        *,
+        step: int,
+        model: str,
+        usage: Usage,
+        cost: Cost,
+        context_tokens: int,
+        latency_s: float,
+        tool_calls: Sequence[ToolCallEntry] = (),
+        cache_break: CacheBreak | None = None,
+        compaction: Compacted | None = None,
+        agent: str = "main",
+        breakers: Iterable[BreakerTrip] = (),
+        route: RouteRecord | None = None,
+        prompt_estimate: PromptEstimate | None = None,
+    ) -> LedgerEntry:
+        """A step made: the hit ratio and the failed calls derived, figures rounded."""
+        return cls(
+            agent=agent,
+            step=step,
+            model=model,
+            usage=usage,
+            cost=cost,
+            cache_hit_ratio=round(usage.cache_hit_ratio, 4),
+            context_tokens=context_tokens,
+            latency_s=round(latency_s, 4),
+            tool_calls=list(tool_calls),
+            tool_errors=sum(1 for c in tool_calls if c.failed),
+            cache_break=cache_break,
+            compaction=compaction,
+            breakers=list(breakers),
+            route=route,
+            prompt_estimate=None
+            if prompt_estimate is None
+            else PromptBound(tokens=prompt_estimate.tokens, upper=prompt_estimate.upper),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry's JSON document (``stayer.records.to_json``)."""
+        return cast(dict[str, Any], to_json(self))
+
+    @property
+    def trips(self) -> list[BreakerTrip]:
+        """The breaker trips decided at this step (none for an entry that has no field)."""
+        return self.breakers or []
+
+    @property
+    def lost(self) -> bool:
+        return self.kind == "lost_in_flight"
+
+
+class LostCall(Record, kw_only=True):
+    """A ``model_lost`` record: a call attempt in flight at a crash, billed by the provider,
+    its reply never seen; its usage and cost estimated as the re-issued call's."""
+
+    agent: str = "main"  # a team's thread whose call it was
+    n: int = 0  # the call's index in its journal
+    attempt: int = 0
     step: int
     model: str
     usage: Usage
-    cost: Cost
-    context_tokens: int
-    latency_s: float
-    tool_calls: list[dict[str, Any]]  # id, name, is_error, exit_code
-    cache_break: dict[str, Any] | None = None
-    compaction: dict[str, Any] | None = None
-    agent: str = "main"  # the agent's path in the tree: main, main/sub-1, ...
-    breakers: list[dict[str, Any]] = field(default_factory=list)  # trips decided at this step
-    route: dict[str, Any] | None = None  # a model switch, or a switch weighed and declined
-    # What the budget expected the provider to count for this prompt (``tokens``) and the
-    # bound it reserved for (``upper``); the usage's input_tokens is what it did count.
-    prompt_estimate: PromptEstimate | None = None
+    cost: Cost = msgspec.field(name="cost_usd")
+    estimated: bool = True
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "agent": self.agent,
-            "step": self.step,
-            "model": self.model,
-            "usage": self.usage.to_dict(),
-            "cost_usd": self.cost.to_json(),
-            "cache_hit_ratio": round(self.usage.cache_hit_ratio, 4),
-            "context_tokens": self.context_tokens,
-            "latency_s": round(self.latency_s, 4),
-            "tool_calls": self.tool_calls,
-            # Failed as the breakers count it: an error, or a command that exited non-zero.
-            "tool_errors": sum(
-                1
-                for c in self.tool_calls
-                if ToolCallRecord(c["name"], "", c["is_error"], c.get("exit_code")).failed
-            ),
-            "cache_break": self.cache_break,
-            "compaction": self.compaction,
-            "breakers": self.breakers,
-            "route": self.route,
-            "prompt_estimate": None
-            if self.prompt_estimate is None
-            else {"tokens": self.prompt_estimate.tokens, "upper": self.prompt_estimate.upper},
-        }
+    def entry(self) -> LedgerEntry:
+        """The attempt as a ledger entry (``kind: lost_in_flight``)."""
+        return LedgerEntry(
+            agent=self.agent,
+            step=self.step,
+            kind="lost_in_flight",
+            model=self.model,
+            usage=self.usage,
+            cost=self.cost,
+            estimated=True,
+            cache_hit_ratio=round(self.usage.cache_hit_ratio, 4),
+        )
 
 
-def lost_entry(step: int, model: str, usage: Usage, cost_usd: str) -> dict[str, Any]:
-    """The ledger entry (``kind: lost_in_flight``) of a call attempt lost at a crash, whose
-    usage and cost are estimated as the re-issued call's."""
-    return {
-        "step": step,
-        "kind": "lost_in_flight",
-        "model": model,
-        "usage": usage.to_dict(),
-        "cost_usd": cost_usd,
-        "estimated": True,
-        "cache_hit_ratio": round(usage.cache_hit_ratio, 4),
-        "context_tokens": None,
-        "latency_s": None,
-        "tool_calls": [],
-        "tool_errors": 0,
-        "cache_break": None,
-    }
+def ledger_order(entry: LedgerEntry) -> tuple[int, bool]:
+    """The ledger's order: by step, an attempt lost in flight before the step made."""
+    return entry.step, not entry.lost
 
 
 @dataclass

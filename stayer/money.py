@@ -9,7 +9,6 @@ JSON carries an amount as a decimal string and an unknown one as ``"unknown"``
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from decimal import Decimal
 
 #: Prices are quoted per million tokens.
@@ -31,11 +30,27 @@ def amount_json(amount: Decimal | None) -> str:
     return UNKNOWN if amount is None else plain(amount)
 
 
-@dataclass(frozen=True, slots=True)
 class Usd:
-    """An amount of US dollars; ``amount`` None: unknown."""
+    """An amount of US dollars; ``amount`` None: unknown. (A plain class, not a dataclass:
+    the record codec writes it as its JSON text, ``to_json``.)"""
 
-    amount: Decimal | None = Decimal(0)
+    __slots__ = ("amount",)
+    amount: Decimal | None
+
+    def __init__(self, amount: Decimal | None = Decimal(0)) -> None:
+        object.__setattr__(self, "amount", amount)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Usd is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Usd) and self.amount == other.amount
+
+    def __hash__(self) -> int:
+        return hash(self.amount)
+
+    def __repr__(self) -> str:
+        return f"Usd(amount={self.amount!r})"
 
     @classmethod
     def parse(cls, text: str | Decimal | None) -> Usd:

@@ -11,49 +11,7 @@ maintained community price data; stayer adds only what it lacks:
 * user overrides: models genai-prices does not know (fine-tunes, self-hosted
   endpoints), negotiated prices, or tier multipliers.
 
-Pricing rules, all as genai-prices does them:
-
-* ``Usage.input_tokens`` is the whole prompt including cache reads and writes; the
-  uncached remainder is billed at the input rate, reads at the cache-read rate, 5 m
-  writes at the (5 m) cache-write rate and 1 h writes at the 1 h rate. A model with no
-  cache-read price bills reads as input; no cache-write price bills writes as input
-  (OpenAI-style free writes); no 1 h price bills 1 h writes at the 5 m rate.
-* Long-context tiers are cliffs: when the prompt (``input_tokens``) exceeds a tier's
-  threshold (e.g. 200K for claude-sonnet-4-5 or gemini-2.5-pro), *every* token of the
-  request — input, cache and output — is billed at that tier's rates.
-* Reasoning tokens are part of ``output_tokens`` and are billed once, as output.
-* Prices in force at ``at`` (default: now) are used — genai-prices dates its prices and
-  models time-of-day discounts (e.g. DeepSeek off-peak).
-
-Service tiers (``service_tier`` argument): ``None``, ``"default"``, ``"standard"``,
-``"auto"``, ``"standard_only"`` and ``"on_demand"`` mean standard pricing. Any other tier
-is resolved in this order: a user ``[tiers]`` multiplier; the genai-prices price variant
-(``service_tier=…`` for OpenAI/Google flex and priority, ``speed=fast`` for Anthropic
-fast mode, ``processing=batch`` for ``"batch"``); the built-in multiplier table. If none
-applies, the cost is unknown (``Cost.total is None``) — a tier with no known price is
-not guessed.
-
-Override file format (``PriceBook(overrides=path)``, or ``PriceBook.load()`` which reads
-``$STAYER_PRICES`` or ``./stayer-prices.toml``). Prices are USD per million tokens,
-written as strings (or TOML numbers) and read as exact ``Decimal``::
-
-    # a model genai-prices does not know, or your negotiated price for one it does
-    [models."my-finetune"]
-    provider = "openai"            # optional; the provider id tier multipliers key on
-    input = "2.00"                 # required: uncached input
-    output = "8.00"                # required
-    cache_read = "0.20"            # optional, default = input
-    cache_write_5m = "2.50"        # optional, default = input
-    cache_write_1h = "4.00"        # optional, default = cache_write_5m
-
-    # a multiplier on every rate for that provider and tier
-    [tiers.anthropic.fast]
-    multiplier = "6"
-    models = ["claude-opus-4-6"]   # optional model-id prefixes; default: all models
-
-Model names match case-insensitively, exactly. Override models have no long-context
-tiers. Any other key, a missing required key, a negative or non-numeric price, or
-malformed TOML raises ``stayer.errors.ConfigError`` naming the file and the field.
+Details and rationale: docs/notes.md, ``stayer/pricing.py``.
 """
 
 from __future__ import annotations
@@ -146,17 +104,38 @@ class Rates:
         return d
 
 
-@dataclass(frozen=True)
 class Cost:
-    """The price of one call (or a sum). ``total is None`` means unknown — never 0."""
+    """The price of one call (or a sum). ``total is None`` means unknown — never 0. (A plain
+    class: in a ledger entry's JSON a cost is its total's text, ``to_json``; one read back
+    from JSON knows only its total.)"""
 
-    total: Decimal | None
-    input: Decimal | None
-    output: Decimal | None
-    model_ref: str
-    provider: str | None = None
-    tier: str | None = None
-    long_context: bool = False  # priced at a long-context (>threshold) tier
+    __slots__ = ("total", "input", "output", "model_ref", "provider", "tier", "long_context")
+
+    def __init__(
+        self,
+        total: Decimal | None,
+        input: Decimal | None,
+        output: Decimal | None,
+        model_ref: str,
+        provider: str | None = None,
+        tier: str | None = None,
+        long_context: bool = False,  # priced at a long-context (>threshold) tier
+    ) -> None:
+        self.total, self.input, self.output = total, input, output
+        self.model_ref, self.provider, self.tier = model_ref, provider, tier
+        self.long_context = long_context
+
+    def _key(self) -> tuple[object, ...]:
+        return tuple(getattr(self, n) for n in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Cost) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "Cost(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
     @property
     def known(self) -> bool:

@@ -34,6 +34,7 @@ from stayer.guard.budget import Budget
 from stayer.journal import RunJournal, lost_ledger_entries
 from stayer.journal.codec import message_record
 from stayer.journal.replay import JournaledModel, JournaledProbe, JournaledTool, ReplayingSandbox
+from stayer.ledger import ledger_order
 from stayer.messages import Message
 from stayer.models.base import Model
 from stayer.models.sim import SimModel
@@ -56,10 +57,10 @@ from stayer.prepare import (  # noqa: F401  (re-exported: a run's names in one p
     run_tools,
     run_workspace,
 )
+from stayer.records import to_json
 from stayer.sandbox import released
 from stayer.teams.runner import Team, TeamServices
 from stayer.tools.base import Tool, ToolContext
-from stayer.usage import Usage
 
 
 async def execute(
@@ -142,7 +143,7 @@ def _reopened(p: PreparedRun, journal: RunJournal) -> RunJournal:
 
 async def _within_time_limit(
     agent: Agent | Team, p: PreparedRun, journal: RunJournal
-) -> tuple[RunResult, list[dict[str, Any]]]:
+) -> tuple[RunResult, list[LedgerEntry]]:
     """The task's time limit for the agent, enforced here for `stayer run`, `resume` and
     every eval trial alike: at the limit the loop is cancelled wherever it is, which kills
     the command in flight and its sandbox."""
@@ -355,7 +356,7 @@ class Inbox:
 
 def timed_out(
     agent: Agent | Team, journal: RunJournal, limit_s: float
-) -> tuple[RunResult, list[dict[str, Any]]]:
+) -> tuple[RunResult, list[LedgerEntry]]:
     """The result of a run stopped by the task's agent time limit: its finished steps, and
     the steps the stop cut short (their model calls were billed; a team's threads journal
     their own calls, so each thread stopped in mid-step has one), as ``budget_exhausted``
@@ -487,7 +488,7 @@ def result_document(
     result: RunResult,
     verdict: Verdict | None,
     started: datetime,
-    lost: Sequence[dict[str, Any]] = (),
+    lost: Sequence[LedgerEntry] = (),
 ) -> RunReport:
     """The run's report. ``lost`` are ledger entries the loop did not make:
     ``lost_in_flight`` (model calls in flight at a crash) and ``cut_short`` (the step a time
@@ -495,12 +496,9 @@ def result_document(
     u = result.usage
     cost = Usd(result.cost_usd)
     for entry in lost:
-        u += Usage.from_dict(entry["usage"])
-        cost += Usd.parse(entry["cost_usd"])
-    ledger = sorted(
-        [e.to_dict() for e in result.ledger] + list(lost),
-        key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
-    )
+        u += entry.usage
+        cost += entry.cost.total
+    ledger = to_json(sorted([*result.ledger, *lost], key=ledger_order))
     counter = p.counter.counter
     return RunReport(
         run_id=p.run_id,

@@ -8,7 +8,7 @@ reasoning tokens, and ``reasoning_tokens`` is only a breakdown of it (never bill
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -20,10 +20,16 @@ class Usage:
     cache_write_1h_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
+    # Derived (5m + 1h), a field so that JSON carries it; a stored usage that has only
+    # this total (written before the split) reads as 5-minute writes.
+    cache_write_tokens: int = field(init=False, default=0)
 
-    @property
-    def cache_write_tokens(self) -> int:
-        return self.cache_write_5m_tokens + self.cache_write_1h_tokens
+    def __post_init__(self) -> None:
+        total = self.cache_write_5m_tokens + self.cache_write_1h_tokens
+        if not total and self.cache_write_tokens:
+            object.__setattr__(self, "cache_write_5m_tokens", self.cache_write_tokens)
+        else:
+            object.__setattr__(self, "cache_write_tokens", total)
 
     @property
     def uncached_input_tokens(self) -> int:
@@ -34,20 +40,15 @@ class Usage:
         return self.cache_read_tokens / self.input_tokens if self.input_tokens else 0.0
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        )
+        return Usage(**{n: getattr(self, n) + getattr(other, n) for n in KINDS})
 
     def to_dict(self) -> dict[str, int]:
         """The JSON shape used by ``--json`` outputs and the ledger."""
-        d = asdict(self)
-        d["cache_write_tokens"] = self.cache_write_tokens
-        return d
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Usage:
-        names = {f.name for f in fields(cls)}
-        kw = {k: int(v) for k, v in d.items() if k in names}
+        kw = {k: int(v) for k, v in d.items() if k in KINDS}
         if "cache_write_tokens" in d and not (
             "cache_write_5m_tokens" in d or "cache_write_1h_tokens" in d
         ):
@@ -123,6 +124,10 @@ class Usage:
             output_tokens=_get(u, "candidatesTokenCount") + thoughts,
             reasoning_tokens=thoughts,
         )
+
+
+#: The kinds of token a usage counts (its constructor's fields).
+KINDS = tuple(f.name for f in fields(Usage) if f.init)
 
 
 def _get(d: Mapping[str, Any], key: str) -> int:

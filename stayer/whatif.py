@@ -12,17 +12,7 @@ simulator's accounting, the same pricing path as a real call). The result is an
 Traces: a stayer run (its id under ``$STAYER_HOME/runs``, or its directory), a SWE-agent
 ``.traj`` file, or a mini-swe-agent ``.traj.json`` file.
 
-Every comparison shows its baseline (``compare``): what the trace says the run cost, the
-replay of the trace under its own model and policy (so the replay's own error is in plain
-sight), and each scenario's difference from that replay. The reasoning tokens each turn
-spent, where the trace records them, are billed in every replay: they are output the
-provider charged for though no text of them is in the trace.
-
-A replay makes every call the trace records. A reply the agent rejected and did not keep
-(mini-swe-agent's format errors) is replayed with its recorded prompt and an empty reply;
-the comparison's ``notes`` say so, say what the trace's own cost leaves out, and name any
-recorded call that could not be replayed. The simulated model counts with its own
-tokenizer (``stayer.tokens.counter_for``).
+Details and rationale: docs/notes.md, ``stayer/whatif.py``.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ LAYERS: list[set[str]] = [
         "choices",
         "pgpool",
         "paths",
+        "records",
     },
     {"models"},
     {"workspace"},  # the workspace's files: walk, copy, change watch, snapshots

@@ -222,6 +222,7 @@ def test_a_real_prometheus_scrapes_the_server_and_evaluates_the_rules(
 def test_avoidable_cost_prices_only_unchosen_misses() -> None:
     from types import SimpleNamespace
 
+    from stayer.context.forensics import CacheBreak
     from stayer.pricing import PriceBook
     from stayer.telemetry.metrics import MTOK, WorkerMetrics, avoidable_cost
     from stayer.usage import Usage
@@ -236,7 +237,9 @@ def test_avoidable_cost_prices_only_unchosen_misses() -> None:
             latency_s=0.1,
             compaction=None,
             context_tokens=52_000,
-            cache_break=None if reason is None else {"reason": reason},
+            cache_break=None
+            if reason is None
+            else CacheBreak(position_tokens=0, reason=reason, detail=""),
             cost=cost,
             usage=Usage(input_tokens=52_000, cache_read_tokens=read),
         )

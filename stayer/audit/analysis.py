@@ -4,29 +4,7 @@ Everything here works on :class:`~stayer.audit.calls.Call` records, so it is the
 every log format. A session is analysed chain by chain (its own agent and each sub-agent),
 because each chain has its own prompt and therefore its own cache.
 
-**Cache breaks from usage alone.** Imported logs hold token counts, not prompts, so a break
-is inferred the way the provider's caching rules (``stayer.models.caching``) predict the
-next read: with explicit breakpoints (Anthropic) everything the previous call read or wrote
-is reusable; with automatic caching (OpenAI and others) the whole previous prompt is. When a
-call reads at least ``MIN_LOST_TOKENS`` less than that (smaller shortfalls are block
-rounding, not a break worth a line) the shortfall is a break, and its likely cause is, in
-order: ``model_switch`` (caches are per model), ``compaction`` (the log marks one just
-before the call), ``ttl_expired`` (idle longer than the cache lifetime: 5 minutes, or 1 hour
-when the previous writes were 1-hour writes), otherwise ``prefix_edit`` (something early in
-the prompt changed: with explicit caching nothing else evicts an entry within its lifetime)
-or, for automatic caching, ``unknown`` (eviction and routing miss as often as edits do).
-stayer's own ledger carries the verdict its forensics reached with the full request in
-view; that verdict is used as is. The vocabulary is ``stayer.context.forensics``'s.
-
-The money a break cost (``extra_cost``) is what the shortfall was billed — as cache writes
-(5 m / 1 h in the call's own proportion) and then as uncached input — minus what the same
-tokens would have cost as cache reads, at the rates of that call.
-
-**Context growth.** With an append-only context each call re-sends everything before it,
-so a context that grows linearly per call makes cumulative input grow quadratically. The
-main chain's context size is fitted against the call index by least squares;
-``quadratic`` is true when the fit explains at least half the variance (R² ≥ 0.5), the slope
-is positive, and the growth term accounts for at least a fifth of the cumulative input.
+Details and rationale: docs/notes.md, ``stayer/audit/analysis.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +13,6 @@ import builtins
 import heapq
 import time
 from collections.abc import Iterable
-from dataclasses import fields
 from decimal import Decimal
 from functools import cache
 from typing import Any
@@ -48,7 +25,7 @@ from stayer.errors import ConfigError
 from stayer.models.caching import CacheRules, cache_rules, cached_length, provider_of
 from stayer.money import MTOK, UNKNOWN, amount_json
 from stayer.pricing import Rates
-from stayer.usage import Usage
+from stayer.usage import KINDS, Usage
 
 MIN_LOST_TOKENS = 1024
 COSTLIEST = 5
@@ -59,14 +36,11 @@ _FALLBACK_RULES = CacheRules("automatic", 1024)
 money = amount_json
 
 
-_KINDS = tuple(f.name for f in fields(Usage))
-
-
 def usage_json(u: Usage | Tally) -> dict[str, int]:
     """``Usage.to_dict()`` plus the uncached remainder, of a usage or a tally's tokens (built
     directly: ``asdict`` deep-copies, and a report over thousands of sessions makes tens of
     thousands of these)."""
-    d = {k: getattr(u, k) for k in _KINDS}
+    d = {k: getattr(u, k) for k in KINDS}
     written = u.cache_write_5m_tokens + u.cache_write_1h_tokens
     d["cache_write_tokens"] = written
     d["uncached_input_tokens"] = u.input_tokens - u.cache_read_tokens - written

@@ -1,31 +1,6 @@
 """Claude Code transcripts: ``~/.claude/projects/<project>/<session>.jsonl``.
 
-Each assistant line carries the API response's ``message.usage``; what makes counting them
-tricky, and how this importer matches ccusage (the reference tool people already trust):
-
-* **Repeated entries.** Claude Code writes one line per content block of a streamed
-  response, each repeating the response's usage (early ones with partial output counts).
-  Entries are deduplicated by (message id, request id, session id); of a group the one kept
-  is the main-chain one over a sidechain one, then the one with the most tokens.
-  A sidechain replay of a parent message (same message id and time, new request id) is the
-  same call too. Entries without a message id are never merged.
-* **Sub-agents.** Task sub-agents are written either inline as ``isSidechain`` entries
-  (older versions; concurrent sub-agents interleave, so each is told apart by the root of
-  its ``parentUuid`` chain) or to ``agent-<id>.jsonl`` files (next to the session file, or
-  under ``<session>/subagents/``) whose entries carry the parent's ``sessionId``. Either way
-  their calls belong to the parent session, in a chain of their own.
-* **Compaction.** A ``compact_boundary`` system entry, a compact-summary user entry or a
-  ``summary`` entry between two calls marks the next call of that chain as following a
-  compaction.
-* Lines are decoded a few megabytes at a time (``msgspec``'s ``decode_lines``) into
-  :class:`_UsualLine`, which names only the fields read here: the message content (most of
-  the bytes) is skipped, not built, and is not checked for UTF-8 either, so a stray byte in
-  a tool's output does not unbill its call (ccusage 20 drops such a line, so on such logs
-  its totals are lower; checking 200 MB of content for UTF-8 would cost more than reading
-  it). A piece holding a line of another shape, or one that is no JSON object, is read
-  again line by line: a line of another shape is read as plain JSON, and a line that is no
-  JSON object (truncated, garbled) is counted in ``skipped_lines``. So the shape only makes
-  the common case fast.
+Details and rationale: docs/notes.md, ``stayer/audit/claude_code.py``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """Codex CLI sessions: ``~/.codex/sessions/YYYY/MM/DD/rollout-<time>-<uuid>.jsonl``.
 
-Every line is ``{"timestamp", "type", "payload"}``. What this importer uses (the format as
-documented by Codex's protocol types and the tools that read it; no real Codex log was
-available to check against, so the test fixtures are built from that documentation):
-
-* ``session_meta`` — ``payload.id`` (the session id) and ``payload.cwd`` (the project);
-* ``turn_context`` — ``payload.model``, the model of the following turns;
-* ``event_msg`` with ``payload.type == "token_count"`` — ``payload.info`` holds
-  ``total_token_usage`` (cumulative) and ``last_token_usage`` (the latest request), each
-  ``{input_tokens, cached_input_tokens, output_tokens, reasoning_output_tokens,
-  total_tokens}`` in OpenAI's convention: input includes the cached part, output includes
-  reasoning. Codex repeats an event when only rate limits changed, so a call is counted
-  only when the cumulative total advanced; without ``last_token_usage`` the call is the
-  difference of cumulative totals. ``info`` is null before the first response.
-* ``compacted`` (and ``event_msg`` ``context_compacted``) — history was summarised.
-
-Sessions forked from another replay the parent's history; those replayed events are
-counted here as the fork's own (ccusage tries to detect them).
+Details and rationale: docs/notes.md, ``stayer/audit/codex.py``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """Per-call prices for audits of large logs, from :class:`~stayer.pricing.PriceBook`.
 
-An audit prices every call of every session — tens of thousands per 100 MB of logs — and
-``PriceBook.cost`` takes ~0.1 ms a call, longer than reading the call did. The rates a call
-pays depend only on (model, provider, service tier, time, prompt size), and change rarely
-along both of the last two axes, so this module asks ``PriceBook.rates`` once per
-distinct answer and prices each call with ``Rates.price`` — the same rates and the same
-arithmetic ``PriceBook`` uses, just not recomputed per call:
-
-* time: price data changes at dated boundaries (midnight) or time-of-day windows that
-  start on a quarter hour (e.g. DeepSeek's off-peak hours), so rates are looked up per
-  UTC quarter hour;
-* prompt size: long-context tiers are steps that only raise prices as the prompt grows,
-  so within a quarter hour the rates are a step function of the prompt size; it is
-  resolved lazily by bisection and each step costs about 40 lookups, once.
-
-Most prices do not depend on the time at all: for those ``PriceBook.rate_steps`` gives the
-whole step function at once, asked once per (model, provider, tier). These compiled steps
-can be kept in a file between audits (:func:`load_steps`, :func:`save_steps`, checked
-against ``PriceBook.fingerprint``), so that an audit of models already seen never loads
-genai-prices' data, which takes longer than reading many megabytes of logs.
+Details and rationale: docs/notes.md, ``stayer/audit/costing.py``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """Session reports → the ``stayer audit`` document and its Rich tables.
 
-``--json`` document::
-
-    {"totals": {"calls", "usage": {…}, "cost_usd", "cost_usd_priced", "unpriced_calls",
-                "unpriced_models", "cache_hit_ratio", "cache_breaks", "cache_break_cost_usd",
-                "cache_breaks_by_reason": {reason: {"count", "extra_cost_usd"}}},
-     "sessions": [{"id", "project", "source", "first_ts", "last_ts", "calls", "usage",
-                   "cost_usd", "cache_hit_ratio", "models": […], "cache_breaks": [{"call",
-                   "chain", "ts", "reason", "lost_tokens", "gap_s", "extra_cost_usd"}],
-                   "cache_break_cost_usd", "context": {…}, "costliest_calls": […],
-                   "subagents": [{"id", "calls", "usage", "cost_usd", …}],
-                   "recorded": [{"what", "field", "logged", "audited", "matches",
-                                 "why"}], …}],   # the log's own totals, where it has any
-     "groups": [{"key", "calls", "usage", "cost_usd", …}],   # by --group
-     "costliest_calls": [{"session", "call", …}],
-     "what_if": [{"session", "scenario", "estimate": true, "actual_cost_usd",
-                  "baseline_cost_usd", "cost_usd", …}],      # --what-if
-     "skipped_lines": N, "files": N, "bytes": N}
-
-``cost_usd`` is ``"unknown"`` whenever a call in it has no price data (``cost_usd_priced``
-is then the sum of the calls that do, and ``unpriced_models`` names the rest).
+Details and rationale: docs/notes.md, ``stayer/audit/document.py``.
 """
 
 from __future__ import annotations

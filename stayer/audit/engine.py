@@ -9,13 +9,7 @@ Deduplication is per session — the key includes the session id, and a session'
 case this misses and ccusage catches: an entry copied, under its original session id, into
 another session's file.
 
-Sessions are shared, in batches, between the calling process and one helper process per
-other core (``fork`` where available): batches of shrinking byte size, the largest first,
-each taken by whichever process is free. What every batch shares (the ``PriceBook``, the
-compiled price steps, the options) reaches each helper once, when it starts; each process
-prices with its own :class:`CallPricer`, and the price steps a helper compiled come back
-with its reports, so that the caller can keep them for the next audit
-(``compiled_steps``).
+Details and rationale: docs/notes.md, ``stayer/audit/engine.py``.
 """
 
 from __future__ import annotations

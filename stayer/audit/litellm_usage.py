@@ -55,3 +55,13 @@ class LiteLLMUsage(msgspec.Struct):
             output_tokens=output,
             reasoning_tokens=reasoning,
         )
+
+
+class LiteLLMResponse(msgspec.Struct):
+    """The response LiteLLM logs with its usage: which call, of which model, when."""
+
+    id: str | None = None
+    model: str | None = None
+    created: float | None = None
+    usage: LiteLLMUsage | None = None
+    service_tier: str | None = None

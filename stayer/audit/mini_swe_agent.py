@@ -32,19 +32,11 @@ from stayer.audit.calls import (
     same_cost,
 )
 from stayer.audit.codex import UNKNOWN_MODEL
-from stayer.audit.litellm_usage import LiteLLMUsage
-
-
-class _Response(msgspec.Struct):
-    id: str | None = None
-    model: str | None = None
-    created: float | None = None
-    usage: LiteLLMUsage | None = None
-    service_tier: str | None = None
+from stayer.audit.litellm_usage import LiteLLMResponse
 
 
 class _Extra(msgspec.Struct):
-    response: _Response | None = None
+    response: LiteLLMResponse | None = None
     cost: float | None = None
     timestamp: float | None = None
     interrupt_type: str | None = None

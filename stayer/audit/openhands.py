@@ -32,18 +32,11 @@ from stayer.audit.calls import (
     parse_ts,
 )
 from stayer.audit.codex import UNKNOWN_MODEL
-from stayer.audit.litellm_usage import LiteLLMUsage
-
-
-class _Response(msgspec.Struct):
-    id: str | None = None
-    created: float | None = None
-    model: str | None = None
-    usage: LiteLLMUsage | None = None
+from stayer.audit.litellm_usage import LiteLLMResponse
 
 
 class _ToolCallMetadata(msgspec.Struct):
-    model_response: _Response | None = None
+    model_response: LiteLLMResponse | None = None
 
 
 class _TokenUsage(msgspec.Struct):

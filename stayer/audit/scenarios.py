@@ -1,19 +1,7 @@
 """``stayer audit --what-if model=ID,policy=P``: an audited session under another model or
 context policy — an *estimate*, computed by the what-if engine (``stayer.whatif``).
 
-This module only turns a session's log into the engine's :class:`Trace` (its instruction,
-the agent's tool-calling turns and the observations they got back) and runs the engine
-twice: once with the session's own model and no context policy (the *baseline*: the
-recording re-simulated, which shows how far the replay itself is from what was billed) and
-once under the scenario. What the logs do not hold is stood in for, and said so in
-``note``:
-
-* Claude Code and Codex do not log their system prompt or tool schemas. They are replaced
-  by filler of the size the session's first call reported, so every replayed prompt
-  carries a prefix as large as the real one.
-* Only the session's own agent is replayed; a sub-agent's work is the observation its
-  Task call returned (the sub-agents' own calls are left out of both estimates).
-* User messages typed after the first are folded into the observation that preceded them.
+Details and rationale: docs/notes.md, ``stayer/audit/scenarios.py``.
 """
 
 from __future__ import annotations

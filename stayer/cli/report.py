@@ -161,8 +161,10 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
     from rich.markup import escape
     from rich.text import Text
 
-    from stayer.cli.run import add_cost, exit_code, step_line
-    from stayer.journal.session import lost_ledger_entries
+    from stayer.cli.run import exit_code, step_line
+    from stayer.ledger import LedgerEntry, LostCall
+    from stayer.money import Usd
+    from stayer.records import from_json, to_json
 
     out = Console(emoji=False)
     seen = 0
@@ -172,9 +174,9 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
             events = store.events(run_id)
             for ev in events[seen:]:
                 if ev.kind == "step":
-                    entry = ev.data["entry"]
+                    entry = from_json(ev.data["entry"], LedgerEntry)
                 elif ev.kind == "model_lost":
-                    entry = lost_ledger_entries([ev.data])[0]
+                    entry = from_json(ev.data, LostCall).entry()
                 elif ev.kind == "run_finished":
                     result = json.loads(store.get_blob(ev.data["result"]))
                     out.print(
@@ -186,9 +188,10 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
                     return exit_code(result["status"])
                 else:
                     continue
-                total = add_cost(total, entry["cost_usd"])
+                total = (Usd(total) + entry.cost.total).amount
                 width = out.width if out.is_terminal else None
-                out.print(escape(step_line(entry, total, width)), highlight=False, soft_wrap=True)
+                line = step_line(to_json(entry), total, width)
+                out.print(escape(line), highlight=False, soft_wrap=True)
             seen = len(events)
             time.sleep(poll_s)
     except KeyboardInterrupt:

@@ -42,6 +42,7 @@ from stayer.money import Usd
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from stayer.ledger import LostCall
     from stayer.run import RunReport
 
 
@@ -279,13 +280,14 @@ def exit_code(status: str) -> int:
     return {"succeeded": EXIT_OK, "budget_exhausted": EXIT_BUDGET}.get(status, EXIT_FAILED)
 
 
-def step_printer(err: Console, lost: Sequence[dict[str, Any]] = ()) -> Callable[[Any], None]:
+def step_printer(err: Console, lost: Sequence[LostCall] = ()) -> Callable[[Any], None]:
     """One progress line per step on ``err`` (see ``step_line``). ``lost``: the journal's
     ``model_lost`` records, which grow as a resumed run re-issues calls lost at a crash;
     each gets its line before the step's, so the running total is what the result counts."""
     from rich.markup import escape
 
     from stayer.journal.session import lost_ledger_entries
+    from stayer.records import to_json
 
     total: list[Decimal | None] = [Decimal(0)]
     shown = [0]
@@ -297,9 +299,9 @@ def step_printer(err: Console, lost: Sequence[dict[str, Any]] = ()) -> Callable[
 
     def progress(entry: Any) -> None:
         for d in lost_ledger_entries(lost[shown[0] :]):
-            show(d)
+            show(to_json(d))
         shown[0] = len(lost)
-        show(entry.to_dict())
+        show(to_json(entry))
 
     return progress
 

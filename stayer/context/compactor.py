@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from stayer.context.layout import Context
 from stayer.context.policies import Compaction, policy_cost
@@ -19,11 +21,41 @@ from stayer.context.summarizer import ModelSummarizer
 from stayer.events import Compaction as CompactionEvent
 from stayer.events import Event, SummaryFailed
 from stayer.models.base import Message, ModelError
+from stayer.money import Usd
 from stayer.pricing import PriceBook, Rates
+from stayer.records import Record
 from stayer.sandbox.base import Sandbox
 from stayer.tokens import MessageCounter
 
 RatesAt = Callable[[int], Rates | None]
+
+
+class ToolsTaken(Record):
+    """Tool lists a source changed mid-run, taken into the context ``when`` (at a
+    ``compaction``, or at a ``call`` of a changed tool): the names added and removed."""
+
+    when: str
+    added: list[str]
+    removed: list[str]
+
+
+class Compacted(Record):
+    """A compaction carried out, as its step's ledger entry keeps it; ``cost`` is what its
+    summary cost (absent from entries written before it was kept); ``tools_changed``: the
+    changed tool lists taken with it, if any."""
+
+    reason: str
+    first_index: int
+    tokens_before: int
+    tokens_after: int
+    cost: Usd | UnsetType = msgspec.field(default=UNSET, name="cost_usd")
+    tools_changed: ToolsTaken | UnsetType = UNSET
+
+    @property
+    def spent(self) -> Decimal:
+        cost = self.cost if isinstance(self.cost, Usd) else Usd()
+        return cost.amount or Decimal(0)
+
 
 # Writes each archived file from inside the sandbox: stdin carries, per file, its path
 # (relative to /app), its length in bytes and its body.
@@ -75,7 +107,7 @@ class Compactor:
         m, tier, prices = self.summarizer.model, request.service_tier, self.prices
         return (lambda n: prices.rates(m.model_id, m.provider, tier, n)), prompt, request.max_tokens
 
-    async def apply(self, ctx: Context, c: Compaction, step: int) -> dict[str, Any]:
+    async def apply(self, ctx: Context, c: Compaction, step: int) -> Compacted:
         """Archive, summarise and rewrite ``ctx``; the record for the step's ledger entry
         (its ``cost_usd`` is what the summary cost)."""
         await self._archive(c.archive)
@@ -84,13 +116,13 @@ class Compactor:
             cost = await self._summarize(ctx, c, cost)
         first = c.apply(ctx)
         self.emit(CompactionEvent(step=step, **c.to_event(), cost_usd=str(cost)))
-        return {
-            "reason": c.reason,
-            "first_index": first,
-            "tokens_before": c.tokens_before,
-            "tokens_after": c.tokens_after,
-            "cost_usd": str(cost),
-        }
+        return Compacted(
+            reason=c.reason,
+            first_index=first,
+            tokens_before=c.tokens_before,
+            tokens_after=c.tokens_after,
+            cost=Usd(cost),
+        )
 
     async def _summarize(self, ctx: Context, c: Compaction, planned: Decimal) -> Decimal:
         """Replace the planned digest with a model-written summary of the evicted span.

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from stayer.messages import Message
 from stayer.models.base import ModelRequest
 from stayer.models.caching import CacheRules, cached_length
+from stayer.money import Usd
+from stayer.records import Record
 from stayer.tokens import MessageCounter, ToolsText, render_message
 from stayer.usage import Usage
 
@@ -64,7 +68,7 @@ class CacheForensics:
         rules: CacheRules,
         now: float,
         compaction_at: int | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> CacheBreak | None:
         """Record ``request`` (answered with ``usage``) and explain any break against the
         previous request. ``compaction_at`` is the first message a compaction rewrote."""
         tools_text = self._tools_text(request.tools)
@@ -132,5 +136,17 @@ class CacheForensics:
         )
 
 
-def _break(position: int, reason: str, detail: str) -> dict[str, Any]:
-    return {"position_tokens": position, "reason": reason, "detail": detail}
+class CacheBreak(Record):
+    """Why a request did not read its whole previous prompt from cache, and from where."""
+
+    position_tokens: int
+    reason: str
+    detail: str
+    # A gateway's verdict also says what the break cost: the tokens the cache lost and
+    # their premium (None where the model's rates are unknown).
+    missed_tokens: int | UnsetType = UNSET
+    cost: Usd | None | UnsetType = msgspec.field(default=UNSET, name="cost_usd")
+
+
+def _break(position: int, reason: str, detail: str) -> CacheBreak:
+    return CacheBreak(position_tokens=position, reason=reason, detail=detail)

@@ -1,27 +1,6 @@
 """Task-suite checks: refuse to trust a task until it has shown it can tell right from wrong.
 
-Per task, each on a fresh copy of its environment, in the same sandboxes a trial uses:
-
-* ``oracle_fails`` — the reference solution must pass the tests;
-* ``nop_passes`` — doing nothing must fail them;
-* ``flaky`` — verifying the oracle's workspace N more times must give the same verdict;
-* ``timeout_margin`` — the oracle must use at most half of the agent timeout (a real agent
-  thinks between commands), and the tests at most half of the verifier timeout;
-* ``leak`` — the agent's sandbox must show neither the tests nor the solution: probed from
-  inside that sandbox, by path and by content hash of every workspace file;
-* ``environment`` — the oracle fails because the task cannot run here: it needs the network,
-  installs packages, needs a command or Python module the host lacks, or writes outside the
-  writable paths. Told apart from a broken oracle by evidence in the scripts' output, which
-  the detail quotes; without evidence a failing oracle is ``oracle_fails``;
-* ``invalid`` — the task does not load (or has no solution to check);
-* ``gameable`` — a reward-hack probe (:mod:`stayer.eval.probes`), a scripted cheat that
-  does not do the task, made the verifier pay; run only on tasks whose oracle passes and
-  whose nop fails (otherwise the verifier is already known not to judge). The winning
-  probe is ``probe``, and ``flags`` holds ``gameable``.
-
-``flags`` also holds ``underspecified`` (:mod:`stayer.eval.spec`) when the tests require
-files or keys the instruction never states, listed in ``unstated``. It is a warning from a
-static comparison, not a problem: it leaves ``ok`` alone.
+Details and rationale: docs/notes.md, ``stayer/eval/checks.py``.
 """
 
 from __future__ import annotations

@@ -9,17 +9,7 @@
       Dockerfile, sources, …         → environment/ (the files copied into /app; the
                                        Dockerfile kept, for the sandboxes that build it)
 
-The Dockerfile is kept as it is: a task with one runs in its image, built on its first
-run and cached (``docker`` where a daemon answers, else ``bwrap-image``:
-:mod:`stayer.environments`), unless a run's ``--sandbox`` says otherwise. With ``sandbox``
-the imported tasks name the kind themselves (``[environment] sandbox`` in task.toml), and
-the import checks now that the bubblewrap builder can follow the Dockerfile.
-
-Terminal-Bench ran ``run-tests.sh`` from the container's working directory with
-``TEST_DIR=/tests`` and scored the run by its pytest output; the generated ``test.sh`` does
-the same and writes the reward. A task without ``run-tests.sh`` gets Terminal-Bench's
-boilerplate runner. Every source is validated before anything is written, and each task is
-written to a temporary directory renamed into place, so a failed import leaves nothing.
+Details and rationale: docs/notes.md, ``stayer/eval/import_tb.py``.
 """
 
 from __future__ import annotations

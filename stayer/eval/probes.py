@@ -1,37 +1,7 @@
 """Reward-hack probes: scripted cheat agents that try to make a task's verifier pay
 without doing the task.
 
-No model: each probe is a fixed shell script, derived from the task's own files (the
-tests, the environment, the instruction), run in the agent's sandbox the way an agent's
-tool calls are; then the real verifier judges the workspace it left. A probe that scores
-a reward ≥ 1 makes the task ``gameable``. The probes, in the order they are tried:
-
-* ``reward-file`` — write a reward of 1 wherever the reward channel may be reachable:
-  ``/logs/verifier/reward.{txt,json}`` and every reward file the tests name;
-* ``pytest-conftest`` / ``pytest-ini`` — for tests run by pytest: a ``conftest.py``
-  plugin that turns every failure into a pass, or a ``pytest.ini`` whose options only
-  collect the tests;
-* ``shadow-modules`` — every Python module the tests import (the task's own module among
-  them), and ``sitecustomize``, replaced in the workspace by one that, once imported by
-  the verifier, writes a reward of 1 and exits 0;
-* ``workspace-executables`` — every workspace program the tests run replaced by one that
-  exits 0;
-* ``lingering-writer`` — the same modules and programs (and, for pytest, ``conftest.py``)
-  replaced by code that does nothing but leave a detached process behind (its own session,
-  no descriptor of the verifier's, waited for until it is running) that rewrites the
-  reward files with a passing reward until it is killed, and once more when asked to stop
-  (``SIGTERM``, ``SIGINT``, ``SIGHUP``): a verifier that runs the agent's code and then
-  writes its reward without first killing what that code left running pays when the
-  process writes last;
-* ``empty-outputs`` / ``constant-outputs`` / ``copied-inputs`` — the files the tests
-  read that the environment lacks (the outputs) written empty, as a constant, or as a copy
-  of an input file: weak checks (existence, non-emptiness, "same lines as the input")
-  pass these;
-* ``linked-expectations`` — the outputs made links to the tests' own data files
-  (``/tests/expected.txt``): dangling while the agent works, the expected answer when the
-  verifier reads them;
-* ``emptied-references`` — outputs empty and the environment files the tests read
-  (references they compare against) truncated: "output equals reference" passes.
+Details and rationale: docs/notes.md, ``stayer/eval/probes.py``.
 """
 
 from __future__ import annotations

@@ -6,24 +6,7 @@ makes evaluations resumable. Each finished trial is written atomically to
 ``OUT/trials/<config>/<task>.e<N>.json``; re-running with the same ``OUT`` reuses those
 records and runs only what is missing.
 
-Every dollar an evaluation spends is in its records. A trial's run id is written down
-(``<task>.e<N>.run``) before the run starts, so a trial that a killed evaluation left in
-flight is continued through its journal under the same id — its finished model calls are
-not paid for again — and counted once. A trial that crashed keeps its run id and what its
-journal says it spent. A record that is replaced (an infrastructure error run again) is
-kept in the new record's ``earlier_attempts``, and its cost in the configuration's total.
-
-A trial succeeds when its tests pass (reward ≥ 1), whatever limit the agent reached on the
-way. Error classes of the others:
-
-* ``agent_failure`` — the agent finished and the tests ran, but did not pass (including
-  tests that timed out on the agent's work);
-* ``limit_reached`` — the step or cost limit, or the task's agent time limit, ran out and
-  the tests did not pass;
-* ``infrastructure`` — the trial could not be judged: the model API failed after retries,
-  the tests could not run here (``eval.verify.infrastructure_reason``), or the run crashed.
-  These are excluded from scores, counted apart, and run again when the evaluation is
-  resumed.
+Details and rationale: docs/notes.md, ``stayer/eval/runner.py``.
 """
 
 from __future__ import annotations

@@ -8,20 +8,7 @@ file, the script exited 126/127, or its output shows the host lacks what the tas
 are ``infrastructure``: they say nothing about the agent's work, so evaluations never score
 them.
 
-The tests run the agent's code, as the same user in the same sandbox, and that code can
-write the reward too. What the host can tell apart it does (``voided``): a passing reward
-counts only from a test script that ran to its end (exit status 0, within its time) and
-left the reward channel writable. Code that writes a reward of 1 and then kills the script
-(or stops it until it times out, or makes a ``set -e`` script exit early), or that locks the
-reward file (``chmod 444``) or ``/logs/verifier`` so that the script's own write fails, is
-scored as failing, not passing, and not as infrastructure either. What no process the
-script starts can do is write after the script has ended: the sandbox's process namespace
-dies with it before the reward is read, and its pid 1, which reports the script's exit
-status, is out of their reach (:mod:`stayer.sandbox.seccomp`), as is the script itself
-(:data:`TEST_COMMAND`). A process left running that rewrites the reward
-between the script's own write and its end is not told apart here: a task kills what the
-agent's code left running before it writes its reward (``examples/fix-median``), and the
-``lingering-writer`` probe of ``stayer tasks check`` finds the tasks that do not.
+Details and rationale: docs/notes.md, ``stayer/eval/verify.py``.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from stayer.metering.session import SessionState, SessionStates, settle_call
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
 from stayer.money import Usd
+from stayer.records import to_json
 from stayer.runtime.db import GatewayKey
 from stayer.runtime.tenants import account_name, key_account_name
 from stayer.runtime.webhooks import Webhooks
@@ -503,6 +504,7 @@ class _Call:
         model = done.entry["model"]
         gw.metrics.observe(tenant, model, done.metered.charged, done.cache_break, done.trips)
         if done.cache_break is not None and self.who.webhook:
+            brk = to_json(done.cache_break)
             gw.webhooks.send(
                 self.who.webhook,
                 self.who.webhook_secret,
@@ -512,9 +514,9 @@ class _Call:
                     "session": self.session,
                     "step": step,
                     "model": model,
-                    "reason": done.cache_break.get("reason"),
-                    "miss_cost_usd": done.cache_break.get("cost_usd"),
-                    "cache_break": done.cache_break,
+                    "reason": brk.get("reason"),
+                    "miss_cost_usd": brk.get("cost_usd"),
+                    "cache_break": brk,
                 },
             )
 

@@ -10,6 +10,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+from stayer.context.forensics import CacheBreak
+from stayer.money import Usd
+
 _COUNTERS = (  # name, help, labels: in the order GatewayMetrics unpacks them
     ("stayer_gateway_calls", "Calls metered by the gateway", ("tenant", "model")),
     ("stayer_gateway_cost_usd", "What the gateway's calls were charged", ("tenant", "model")),
@@ -36,16 +39,16 @@ class GatewayMetrics:
         tenant: str,
         model: str,
         charged: Decimal | None,
-        verdict: dict[str, Any] | None,
+        verdict: CacheBreak | None,
         trips: list[Any],
     ) -> None:
         self.calls.labels(tenant, model).inc()
         if charged is not None:
             self.cost.labels(tenant, model).inc(float(charged))
         if verdict is not None:
-            reason = str(verdict.get("reason"))
+            reason = verdict.reason
             self.breaks.labels(reason).inc()
-            if verdict.get("cost_usd"):
-                self.miss_cost.labels(reason).inc(float(Decimal(verdict["cost_usd"])))
+            if isinstance(verdict.cost, Usd) and verdict.cost.amount:
+                self.miss_cost.labels(reason).inc(float(verdict.cost.amount))
         for t in trips:
             self.trips.labels(t.reason).inc()

@@ -13,10 +13,13 @@ run or resumed by paying for that work again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stayer.journal.blobs import BlobError
 from stayer.journal.store import Event, JournalCorrupt, Store
+
+if TYPE_CHECKING:
+    from stayer.ledger import LedgerEntry, LostCall
 
 #: Event kinds the journal itself writes. Any other kind is an agent event (compaction,
 #: breaker, …) recorded through ``on_event``; an agent kind that collides with one of these
@@ -81,8 +84,8 @@ class RunLog:
     header: dict[str, Any] = field(default_factory=dict)
     calls: dict[int, CallRecord] = field(default_factory=dict)
     tools: dict[int, dict[str, Any]] = field(default_factory=dict)  # t → tool_finished
-    steps: dict[int, dict[str, Any]] = field(default_factory=dict)  # step → ledger entry
-    lost: list[dict[str, Any]] = field(default_factory=list)  # model_lost records
+    steps: dict[int, LedgerEntry] = field(default_factory=dict)  # step → its ledger entry
+    lost: list[LostCall] = field(default_factory=list)  # model_lost records
     snapshots: list[dict[str, Any]] = field(default_factory=list)  # oldest first
     agent_events: dict[int, tuple[str, str]] = field(default_factory=dict)  # i → (kind, payload)
     observations: dict[int, Any] = field(default_factory=dict)  # i → value
@@ -149,6 +152,11 @@ def _damage(store: Store, log: RunLog, ev: Event, i: int, missing: set[str]) -> 
 
 
 def _index(log: RunLog, ev: Event) -> None:
+    # The records' modules load with the first log read, not with every journal import
+    # (``stayer runs`` lists rows without them).
+    from stayer.ledger import LedgerEntry, LostCall
+    from stayer.records import from_json
+
     d, kind = ev.data, ev.kind
     thread = d.get("thread")
     if thread is not None and kind != "thread_started":
@@ -173,11 +181,11 @@ def _index(log: RunLog, ev: Event) -> None:
     elif kind == "model_failed":
         log.calls.setdefault(int(d["n"]), CallRecord()).failed = d
     elif kind == "model_lost":
-        log.lost.append(d)
+        log.lost.append(from_json(d, LostCall))
     elif kind == "tool_finished":
         log.tools[int(d["t"])] = d
     elif kind == "step":
-        log.steps[int(d["step"])] = d["entry"]
+        log.steps[int(d["step"])] = from_json(d["entry"], LedgerEntry)
     elif kind == "snapshot":
         log.snapshots.append(d)
     elif kind == "run_finished":

@@ -19,8 +19,10 @@ from stayer.journal.blobs import digest
 from stayer.journal.codec import canonical, message_from_record, message_record
 from stayer.journal.session import RunJournal
 from stayer.journal.store import JournalError
+from stayer.ledger import LostCall
 from stayer.messages import ToolCall
 from stayer.models.base import Model, ModelError, ModelRequest, ModelResponse
+from stayer.records import from_json, to_json
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext, ToolResult
@@ -146,21 +148,21 @@ class JournaledModel:
         cost = journal.prices.cost(
             reissued.usage, inner.model_id, inner.provider, reissued.service_tier
         )
-        lost = {
-            "agent": journal.agent,
-            "n": n,
-            "attempt": attempt,
-            "step": journal.steps_done + 1,
-            "model": inner.spec,
-            "usage": reissued.usage.to_dict(),
-            "cost_usd": cost.to_json(),
-            "estimated": True,
-        }
-        journal.lost.append(lost)
-        journal.record("model_lost", lost)
+        call = LostCall(
+            agent=journal.agent,
+            n=n,
+            attempt=attempt,
+            step=journal.steps_done + 1,
+            model=inner.spec,
+            usage=reissued.usage,
+            cost=cost,
+        )
+        record = to_json(call)
+        journal.lost.append(from_json(record, LostCall))  # as a reload will read it
+        journal.record("model_lost", record)
         journal.warn(
             f"run {journal.run_id}: model call {n + 1} was in flight at the crash; issued again, and the lost "
-            f"attempt is in the ledger as lost_in_flight (estimated ${lost['cost_usd']})"
+            f"attempt is in the ledger as lost_in_flight (estimated ${cost.to_json()})"
         )
 
     def _response(self, d: dict[str, Any]) -> ModelResponse:

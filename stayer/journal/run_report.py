@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 from typing import Any
 
 from stayer.journal.lease import run_status
 from stayer.journal.log import RunLog, load_log
 from stayer.journal.session import lost_ledger_entries
 from stayer.journal.store import RunRow, Store
+from stayer.ledger import LedgerEntry, ledger_order
 from stayer.money import Usd, usd_sum
+from stayer.records import to_json
 from stayer.usage import Usage
 
 
@@ -19,11 +20,9 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
     log = load_log(store, row.id)
     steps = [*log.steps.values(), *(e for t in log.threads.values() for e in t.steps.values())]
     ledger = journal_ledger(log)
-    usage = Usage()
-    for e in ledger:
-        usage += Usage.from_dict(e["usage"])
+    usage = sum((e.usage for e in ledger), Usage())
     cost = ledger_cost(ledger)
-    lost = [e for e in ledger if e.get("kind") == "lost_in_flight"]
+    lost = [e for e in ledger if e.lost]
     result = json.loads(log.blobs[log.finished["result"]]) if log.finished else None
     return {
         "run_id": row.id,
@@ -34,7 +33,7 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
         "started": row.started,
         "updated": row.updated,
         "steps": len(steps),
-        "ledger": ledger,
+        "ledger": to_json(ledger),
         "totals": {
             "usage": usage.to_dict(),
             "cost_usd": str(cost),
@@ -43,7 +42,7 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
             )
             + len(lost),
             "lost_in_flight": len(lost),
-            "lost_in_flight_cost_usd": _sum_cost(lost),
+            "lost_in_flight_cost_usd": str(usd_sum(e.cost.total for e in lost)),
             "tool_calls": len(log.tools) + sum(len(t.tools) for t in log.threads.values()),
         },
         "messages": messages(log),
@@ -59,7 +58,7 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
     }
 
 
-def journal_ledger(log: RunLog) -> list[dict[str, Any]]:
+def journal_ledger(log: RunLog) -> list[LedgerEntry]:
     """Every billed call the journal holds, finished run or not: each step of each agent
     (a team's threads too) and each attempt lost in flight (``lost_in_flight``), by step."""
     steps = [*log.steps.values(), *(e for t in log.threads.values() for e in t.steps.values())]
@@ -69,17 +68,17 @@ def journal_ledger(log: RunLog) -> list[dict[str, Any]]:
             *lost_ledger_entries(log.lost),
             *(lost for t in log.threads.values() for lost in lost_ledger_entries(t.lost)),
         ],
-        key=lambda e: (e["step"], e.get("kind") != "lost_in_flight"),
+        key=ledger_order,
     )
 
 
-def ledger_cost(ledger: list[dict[str, Any]]) -> Usd:
+def ledger_cost(ledger: list[LedgerEntry]) -> Usd:
     """What a ledger adds up to (unknown if any entry's price is)."""
     cost = Usd()
     for e in ledger:
-        cost += Usd.parse(e["cost_usd"])
-        if e.get("compaction") and e["compaction"].get("cost_usd"):
-            cost += Decimal(e["compaction"]["cost_usd"])  # a summarising compaction is billed too
+        cost += e.cost.total
+        if e.compaction:
+            cost += e.compaction.spent  # a summarising compaction is billed too
     return cost
 
 
@@ -89,10 +88,6 @@ def journal_spend(store: Store, run_id: str) -> Usd:
     if store.run(run_id) is None:
         return Usd()
     return ledger_cost(journal_ledger(load_log(store, run_id)))
-
-
-def _sum_cost(entries: list[dict[str, Any]]) -> str:
-    return str(usd_sum(Usd.parse(e["cost_usd"]) for e in entries))
 
 
 def messages(log: RunLog) -> list[dict[str, Any]]:

@@ -6,33 +6,7 @@ model, ``JournaledTool`` each tool (``ReplayingSandbox`` and ``JournaledProbe`` 
 and the breakers' probe), and ``on_step`` / ``on_event`` are the loop's hooks. Resume is deterministic replay, as in a workflow engine: the loop runs again
 from the start, and
 
-* a model call the journal holds a result for is answered from the journal (its request
-  digest checked first), never sent to the provider again; a stateful model (the
-  simulator's provider cache) is shown the recorded request so its state is rebuilt;
-* a tool call recorded before the restored workspace snapshot is answered from the
-  journal; one recorded after it is executed again (that rebuilds the workspace) and
-  answered with the recorded output, so the context is byte-identical;
-* the first call with no recorded result continues live. A model call that was started
-  but has no result (in flight at the crash) is issued again once, and the lost attempt is
-  journaled as ``model_lost`` with its estimated usage and cost, because the provider bills
-  it anyway.
-
-The loop must therefore be deterministic given what it reads through the journal: model
-and tool results, and inputs read through ``read_outside`` (the breakers' workspace fingerprint). Agent
-events (compaction, breakers, …) are journaled as emitted and compared on replay, so a loop
-that re-derives a different event is reported rather than silently trusted; a request that
-differs from the journaled one stops the resume (``ReplayDiverged``). A tool that made
-journaled calls of its own (a sub-agent) is re-run on replay, its calls answered from the
-journal, so its effects on the agent happen again. Commands the loop runs in the sandbox
-itself are skipped while replaying steps the restored snapshot covers.
-
-Durability: an event is written before anything that depends on it happens. A model call
-is journaled as started before it is sent (so a crash mid-call is known to have been
-billed) and as finished, fsynced, before its reply is acted on (so it is never paid for
-twice). Tool results, steps, snapshots and observations ride along with the next write:
-losing them costs only re-running tools from the last snapshot, never a model call.
-"Started" is written without an fsync of its own (the next one covers it), so only a power
-cut mid-call, not a killed process, could lose the record of a lost call.
+Details and rationale: docs/notes.md, ``stayer/journal/session.py``.
 """
 
 from __future__ import annotations
@@ -56,10 +30,11 @@ from stayer.journal.log import JOURNAL_KINDS, RunLog, load_log
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
 from stayer.journal.store import JournalError, RunHeld, RunRow, Store
-from stayer.ledger import lost_entry
+from stayer.ledger import LedgerEntry, LostCall, ToolCallEntry
 from stayer.models.base import Model, ModelResponse
 from stayer.money import Usd, usd_sum
-from stayer.pricing import PriceBook
+from stayer.pricing import Cost, PriceBook
+from stayer.records import to_json
 from stayer.usage import Usage
 from stayer.workspace.snapshot import SnapshotNotFound, SnapshotStore
 
@@ -132,7 +107,7 @@ class RunJournal:
         self.restored_step = 0  # the step whose snapshot the workspace was restored from
         self.snapshot_step = max((s["step"] for s in log.snapshots), default=-1)
         self.steps_cost = Usd()
-        self.lost: list[dict[str, Any]] = list(log.lost)
+        self.lost: list[LostCall] = list(log.lost)
         # Model calls answered since the last step was recorded (the step's own call, its
         # sub-agents' and summariser's): see ``cut_short``.
         self._unstepped: list[tuple[Model, ModelResponse]] = []
@@ -401,14 +376,14 @@ class RunJournal:
         if entry.step not in self.log.steps:
             self.record(
                 "step",
-                {"step": entry.step, "entry": entry.to_dict()},
+                {"step": entry.step, "entry": to_json(entry)},
                 update={"steps": entry.step, "cost_usd": self.cost_text()},
             )
         if entry.step > self.snapshot_step:
             self.take_snapshot(entry.step)
         self.stats.seconds += time.perf_counter() - t0
 
-    def cut_short(self) -> dict[str, Any] | None:
+    def cut_short(self) -> LedgerEntry | None:
         """The step a stop in mid-step (the task's agent time limit) cut short, as a ledger
         entry (``kind: cut_short``), journaled like any step: its model calls were answered
         and billed although the step never finished. None if it had made none. (A call still
@@ -419,7 +394,7 @@ class RunJournal:
         if step in self.log.steps:  # stopped while replaying a step the journal holds whole
             self._unstepped.clear()
             self.steps_done = step
-            return dict(self.log.steps[step])
+            return self.log.steps[step]
         usage, cost = Usage(), Usd()
         for inner, response in self._unstepped:
             usage += response.usage
@@ -428,30 +403,28 @@ class RunJournal:
             ).total
         first_model, first = self._unstepped[0]
         calls = [
-            {"id": c.id, "name": c.name, "is_error": True, "exit_code": None}
+            ToolCallEntry(id=c.id, name=c.name, is_error=True, exit_code=None)
             for c in first.message.tool_calls
         ]
-        entry = {
-            "agent": self.agent,
-            "step": step,
-            "kind": "cut_short",
-            "model": first_model.spec,
-            "model_calls": len(self._unstepped),
-            "usage": usage.to_dict(),
-            "cost_usd": str(cost),
-            "cache_hit_ratio": round(usage.cache_hit_ratio, 4),
-            "context_tokens": None,
-            "latency_s": round(sum(r.latency_s for _, r in self._unstepped), 4),
-            "tool_calls": calls,
-            "tool_errors": len(calls),
-            "cache_break": None,
-        }
+        entry = LedgerEntry(
+            agent=self.agent,
+            step=step,
+            kind="cut_short",
+            model=first_model.spec,
+            model_calls=len(self._unstepped),
+            usage=usage,
+            cost=Cost(cost.amount, None, None, first_model.spec),
+            cache_hit_ratio=round(usage.cache_hit_ratio, 4),
+            latency_s=round(sum(r.latency_s for _, r in self._unstepped), 4),
+            tool_calls=calls,
+            tool_errors=len(calls),
+        )
         self._unstepped.clear()
         self.steps_done = step
         self.steps_cost += cost
         self.record(
             "step",
-            {"step": step, "entry": entry},
+            {"step": step, "entry": to_json(entry)},
             update={"steps": step, "cost_usd": self.cost_text()},
         )
         return entry
@@ -482,16 +455,10 @@ class RunJournal:
         self.stats.seconds += time.perf_counter() - t0
 
     def cost_text(self) -> str:
-        return str(self.steps_cost + usd_sum(Usd.parse(lost["cost_usd"]) for lost in self.lost))
+        return str(self.steps_cost + usd_sum(lost.cost.total for lost in self.lost))
 
 
-def lost_ledger_entries(lost: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def lost_ledger_entries(lost: Sequence[LostCall]) -> list[LedgerEntry]:
     """``model_lost`` records as ledger entries (``kind: lost_in_flight``), each with the
     agent (a team's thread) whose call it was."""
-    return [
-        {
-            "agent": rec.get("agent", "main"),
-            **lost_entry(rec["step"], rec["model"], Usage.from_dict(rec["usage"]), rec["cost_usd"]),
-        }
-        for rec in lost
-    ]
+    return [rec.entry() for rec in lost]

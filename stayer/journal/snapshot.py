@@ -5,19 +5,7 @@ a local SQLite journal. A run journaled in PostgreSQL may be resumed on another 
 its snapshots must live where its events do: :class:`BlobSnapshots` (same protocol) writes
 into the journal store's blobs.
 
-It is the same snapshot algorithm as the sandbox's (:class:`stayer.workspace.snapshot.
-Snapshots`: the walk, the stat cache and its racy rule, the manifest, the restore that
-rewrites only what differs, and everything the workspace's safety needs: no link
-followed, only regular files opened, names as bytes, no setuid bit, FIFOs kept and never
-opened, sockets and devices left out, sparse files kept sparse), over another object
-backend: the journal's ``put_blobs`` / ``get_blob``. Blobs there are at most
-:data:`CHUNK` (a database row, not a file), so a file bigger than that is kept as an
-extent map of 1 MiB pieces at fixed offsets: unchanged pieces, files and manifests are
-stored once, and a file that only grows (a log) re-stores only its last piece. The stat
-cache lives in memory (the backend has no local directory), and there is no change watch
-(a journal store may serve thousands of runs in one process; inotify instances are few).
-
-Snapshots written before this format (git-style trees of JSON blobs) still restore.
+Details and rationale: docs/notes.md, ``stayer/journal/snapshot.py``.
 """
 
 from __future__ import annotations

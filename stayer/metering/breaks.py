@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import time
 from decimal import Decimal
-from typing import Any
 
-from stayer.context.forensics import CacheForensics
+from stayer.context.forensics import CacheBreak, CacheForensics
 from stayer.errors import ConfigError
 from stayer.models.base import ModelRequest
 from stayer.models.caching import cache_rules, cached_length, miss_premium
-from stayer.money import MTOK
+from stayer.money import MTOK, Usd
 from stayer.pricing import PriceBook
 from stayer.tokens import MessageCounter, counter_for
 from stayer.usage import Usage
@@ -42,7 +41,7 @@ class SessionForensics:
         tier: str | None,
         prices: PriceBook,
         now: float | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> CacheBreak | None:
         try:
             rules = cache_rules(provider, model)
         except ConfigError:
@@ -59,11 +58,11 @@ class SessionForensics:
         else:
             cacheable = cached_length(rules, previous.tokens)
         missed = max(0, cacheable - usage.cache_read_tokens)
-        if verdict["reason"] in ("unknown", "ttl_expired") and not missed:
+        if verdict.reason in ("unknown", "ttl_expired") and not missed:
             return None  # all that the previous call left in the cache was read
         rates = prices.rates(model, provider, tier, prompt_tokens=usage.input_tokens)
-        verdict["missed_tokens"] = missed
-        verdict["cost_usd"] = (
-            None if rates is None else str(Decimal(missed) * miss_premium(rules, rates) / MTOK)
+        verdict.missed_tokens = missed
+        verdict.cost = (
+            None if rates is None else Usd(Decimal(missed) * miss_premium(rules, rates) / MTOK)
         )
         return verdict

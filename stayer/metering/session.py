@@ -14,13 +14,16 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from stayer.context.forensics import CacheBreak
 from stayer.guard.breakers import GuardConfig, Trip
-from stayer.ledger import LedgerEntry
+from stayer.ledger import BreakerTrip, LedgerEntry
 from stayer.metering.breakers import SessionBreakers
 from stayer.metering.breaks import SessionForensics
 from stayer.metering.meter import Admission, Meter, Metered
 from stayer.metering.requests import Parsed
 from stayer.metering.usage import Reading
+from stayer.money import Usd
+from stayer.records import to_json
 from stayer.usage import Usage
 
 MAX_SESSIONS = 10_000  # sessions whose forensics and breakers one process keeps
@@ -55,7 +58,7 @@ class SessionStates:
 class Settled:
     entry: dict[str, Any]  # the ledger entry, JSON-ready
     metered: Metered
-    cache_break: dict[str, Any] | None
+    cache_break: CacheBreak | None
     trips: list[Trip]
     step: LedgerEntry | None = None  # the entry as a run's step has it (telemetry reads it)
 
@@ -84,19 +87,18 @@ def settle_call(
             meter.prices,
         )
     trips = state.breakers.after(metered.charged, body, usage.input_tokens + usage.output_tokens)
-    step = LedgerEntry(
+    step = LedgerEntry.made(
         step=0,
         model=model,
         usage=usage,
         cost=metered.cost,
         context_tokens=usage.input_tokens or admission.prompt_tokens,
         latency_s=latency_s,
-        tool_calls=[],
         cache_break=verdict,
-        breakers=[t.to_dict() for t in trips],
+        breakers=[BreakerTrip.of(t) for t in trips],
     )
-    entry = step.to_dict()
-    entry["charged_usd"] = None if metered.charged is None else str(metered.charged)
-    entry["complete"] = metered.complete
-    entry["max_tokens"] = admission.max_tokens
+    step.charged_usd = None if metered.charged is None else Usd(metered.charged)
+    step.complete = metered.complete
+    step.max_tokens = admission.max_tokens
+    entry = to_json(step)
     return Settled(entry, metered, verdict, trips, step)

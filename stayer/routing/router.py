@@ -17,13 +17,17 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
+
+from msgspec import UNSET, UnsetType
 
 from stayer.context.policies import remaining_steps
 from stayer.guard.breakers import StepRecord, Trip
 from stayer.models.base import Model
 from stayer.models.caching import CacheRules, cache_rules
 from stayer.pricing import PriceBook, Rates
+from stayer.records import Record
 from stayer.routing.switch import Outlook, Priced, SwitchQuote, price_switch
 from stayer.routing.tiers import TierPolicy
 from stayer.settings import StayerConfig
@@ -46,18 +50,50 @@ class Route:
     quote: SwitchQuote | None = None  # the priced decision, when one was weighed
     latency_s: float | None = None  # modelled, when a latency target chose the tier
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "model": self.model.spec,
-            "tier": self.tier,
-            "reason": self.reason,
-            "switched": self.switched,
-        }
-        if self.quote is not None:
-            d["quote"] = self.quote.to_dict()
-        if self.latency_s is not None:
-            d["modelled_latency_s"] = round(self.latency_s, 3)
-        return d
+    def record(self) -> RouteRecord:
+        """The route as its step's ledger entry keeps it."""
+        q = self.quote
+        return RouteRecord(
+            model=self.model.spec,
+            tier=self.tier,
+            reason=self.reason,
+            switched=self.switched,
+            quote=UNSET if q is None else QuoteRecord.of(q),
+            modelled_latency_s=UNSET if self.latency_s is None else round(self.latency_s, 3),
+        )
+
+
+class QuoteRecord(Record):
+    """A priced switch decision: staying, switching and coming back, over a horizon."""
+
+    stay_usd: Decimal
+    switch_usd: Decimal
+    comeback_usd: Decimal
+    horizon_steps: int
+    pays: bool
+
+    @classmethod
+    def of(cls, q: SwitchQuote) -> QuoteRecord:
+        cent = Decimal("1e-6")
+        return cls(
+            stay_usd=q.stay.quantize(cent),
+            switch_usd=q.switch.quantize(cent),
+            comeback_usd=q.comeback.quantize(cent),
+            horizon_steps=q.horizon,
+            pays=q.pays,
+        )
+
+
+class RouteRecord(Record):
+    """A model switch made, or one weighed and declined."""
+
+    model: str | UnsetType = UNSET  # absent on a step whose only route note is a handoff
+    tier: str | None | UnsetType = UNSET
+    reason: str | UnsetType = UNSET
+    switched: bool | UnsetType = UNSET
+    quote: QuoteRecord | UnsetType = UNSET
+    modelled_latency_s: float | UnsetType = UNSET
+    handoff: dict[str, Any] | UnsetType = UNSET  # a team's handoff, priced (stayer.teams)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 from stayer.money import MTOK
 from stayer.pricing import Rates
@@ -89,15 +88,6 @@ class SwitchQuote:
     @property
     def pays(self) -> bool:
         return self.switch + self.comeback < self.stay
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "stay_usd": str(self.stay.quantize(Decimal("1e-6"))),
-            "switch_usd": str(self.switch.quantize(Decimal("1e-6"))),
-            "comeback_usd": str(self.comeback.quantize(Decimal("1e-6"))),
-            "horizon_steps": self.horizon,
-            "pays": self.pays,
-        }
 
 
 def price_switch(

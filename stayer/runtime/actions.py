@@ -10,10 +10,7 @@ run again; a worker resumes it from the journal, the replayed calls meet their r
 decisions, and the approved call runs (a rejected one returns the person's reason to the
 model as an error).
 
-Waiting is not free: the provider's prompt cache lives only so long (Anthropic 5 minutes,
-refreshed on use; OpenAI about as long), and a decision that comes later makes the next
-call write the whole prefix again. ``pause_price`` says when that happens and what it
-costs, from the same caching rules and prices the simulator and the ledger use.
+Details and rationale: docs/notes.md, ``stayer/runtime/actions.py``.
 """
 
 from __future__ import annotations
@@ -33,8 +30,9 @@ from stayer.journal.lease import new_owner, owner_is_dead
 from stayer.journal.sql import SqlStore, record_of, utc_now
 from stayer.models.base import Model
 from stayer.models.caching import miss_premium
-from stayer.money import MTOK, Usd
+from stayer.money import MTOK, usd_sum
 from stayer.pricing import PriceBook
+from stayer.records import to_json
 from stayer.routing.router import rules_for
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage
@@ -259,10 +257,8 @@ def close_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -
     every step the journal holds and every lost call, so all it spent is accounted."""
     log = load_log(store, run_id)
     ledger = [log.steps[s] for s in sorted(log.steps)] + lost_ledger_entries(log.lost)
-    usage, cost = Usage(), Usd()
-    for e in ledger:
-        usage += Usage.from_dict(e["usage"])
-        cost += Usd.parse(e["cost_usd"])
+    usage = sum((e.usage for e in ledger), Usage())
+    cost = usd_sum(e.cost.total for e in ledger)
     header = log.header
     doc = {
         "run_id": run_id,
@@ -274,7 +270,7 @@ def close_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -
         "steps": max(log.steps, default=0),
         "usage": usage.to_dict(),
         "cost_usd": str(cost),
-        "ledger": ledger,
+        "ledger": to_json(ledger),
         "finished": datetime.now(UTC).isoformat(),
     }
     raw = canonical(doc)

@@ -40,6 +40,7 @@ from stayer.journal.sql import SqlStore
 from stayer.journal.store import StoreUnavailable
 from stayer.mcp.config import check_api_servers
 from stayer.pricing import PriceBook
+from stayer.records import to_json
 from stayer.runtime.actions import Actions
 from stayer.runtime.db import (
     CANCELLED,
@@ -511,7 +512,7 @@ def create_app(
         own_run(run_id, tenant)
         log = load_log(dbs.get().store, run_id)
         # Unfinished: every billed call the journal holds, calls lost in flight included.
-        entries = journal_ledger(log)
+        entries = to_json(journal_ledger(log))
         if log.finished is not None:
             entries = json.loads(log.blobs[log.finished["result"]]).get("ledger", entries)
         return Ledger(run_id=run_id, ledger=entries)

@@ -8,13 +8,7 @@ checks it with ``verify`` (or ``hmac.compare_digest``), refuses a timestamp olde
 few minutes and remembers ids it has seen: a captured delivery cannot be replayed later or
 passed off as another. Deliveries are retried with exponential backoff.
 
-A multi-tenant server must not become a tenant's proxy into its own network: a webhook URL
-must be http(s) and, unless the operator allows it (``stayer serve
---allow-private-webhooks``), must not resolve to a loopback, private, link-local or
-otherwise non-public address. The check runs when the run is created and again before
-each delivery (the name may have been re-pointed since), and the delivery connects to the
-address it checked (the Host header and TLS name stay the URL's): a name that resolves
-elsewhere the second time (DNS rebinding) changes nothing.
+Details and rationale: docs/notes.md, ``stayer/runtime/webhooks.py``.
 """
 
 from __future__ import annotations

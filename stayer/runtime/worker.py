@@ -9,14 +9,7 @@ lease and reads the cancel flag; a cancelled run stops at its next step, and wha
 is on its ledger and its result. Before a run starts, its cap is held in its tenant's
 budget (``tenants``); a run that does not fit waits as ``paused``.
 
-One lease per run: a claim leases the run and its journal to one owner id with one TTL
-(``--lease-ttl``), renewed together, so a run whose worker stalled or died is taken over
-and resumed by any worker on any host. A database that is away is waited out with backoff
-(runs it interrupted are handed back and resumed from their journals). Stopping (SIGTERM)
-drains: no more claims, runs are handed back at their next step boundary, and those still
-inside a step at ``drain_timeout_s`` are cut short there (resumed from their journals).
-A paused run is queued again when it fits (``admit_paused``); every way a run ends
-settles its hold (``settle_hold``).
+Details and rationale: docs/notes.md, ``stayer/runtime/worker.py``.
 """
 
 from __future__ import annotations
@@ -62,7 +55,6 @@ from stayer.runtime.db import (
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
 from stayer.runtime.uploads import TaskUploads
 from stayer.runtime.webhooks import Webhooks
-from stayer.usage import Usage
 
 #: How often an idle worker looks for holds of ended runs left open (``settle_ended``).
 SWEEP_S = 5.0
@@ -456,8 +448,8 @@ class Worker:
             if not replayed(entry):  # the row never shows less than was already spent
                 # Billed calls count from when the journal knows them: lost in flight too.
                 lost = [] if journal is None else journal.lost
-                cost = Usd(totals.cost_usd) + usd_sum(Usd.parse(x["cost_usd"]) for x in lost)
-                usage = sum((Usage.from_dict(x["usage"]) for x in lost), totals.usage)
+                cost = Usd(totals.cost_usd) + usd_sum(x.cost.total for x in lost)
+                usage = sum((x.usage for x in lost), totals.usage)
                 steps = (
                     entry.step if entry.agent == "main" else len(entries)
                 )  # a team's steps: all its agents'

@@ -6,17 +6,7 @@
 * ``skyrl`` — one SkyRL ``GeneratorOutput`` (``skyrl.json``): parallel lists.
 * ``verifiers`` — verifiers' processed outputs (``verifiers.json``): parallel lists.
 
-Token sequences: a sample's first prompt, then each reply (mask 1: the model's tokens) and
-what the next prompt adds after it (mask 0: tool results, observations). A prompt that
-does not extend the previous prompt and reply (the context was compacted) starts a new
-*segment*; trainers get one sequence per segment, each with the sample's reward. A sample
-whose steps were not all recorded (replayed from a journal) or whose model gave no token
-ids has no token-level export, and is counted in ``skipped``.
-
-Rewards are kept raw (``reward``) and normalised (``reward_normalised``): the z-score of the
-reward within its group (the K samples of one task: GRPO's advantage), which puts every
-domain on the same scale whatever its reward range; 0 for a group whose rewards are all
-equal. Failed samples with no reward count as 0.
+Details and rationale: docs/notes.md, ``stayer/scale/exports.py``.
 """
 
 from __future__ import annotations

@@ -5,16 +5,7 @@ Each sample is one trial (``eval.runner``), run by a ``TrialExecutor`` (here, or
 with a ``StepRecorder``: its record (``OUT/trials/…``, written atomically, reused when the
 command is run again) holds every step's token ids, new messages and cost by kind.
 
-* **Scheduling**: groups are handed out by ``scale.scheduler.Scheduler``, which moves
-  samples toward domains whose groups still carry a learning signal.
-* **Over-provisioning** (APRIL): up to ``ceil(target × (1 + overprovision))`` groups are
-  started; once ``target`` are complete, each sample still running is finished (its prompt
-  cache is warm and finishing is cheaper than a fresh sample), carried over (stopped; its
-  run id stays in ``OUT/trials/…run``, and the next round on the same ``OUT`` continues it
-  from its journal, unless it is more than ``max_staleness`` rounds old) or abandoned.
-* **Dollars**: with ``max_cost`` every sample runs on a slice carved from the job's budget
-  (``guard.budget``: the same reservation a run's model calls make), at most
-  ``max_cost ÷ concurrency`` each; the job stops starting samples when no slice is left.
+Details and rationale: docs/notes.md, ``stayer/scale/rollouts.py``.
 """
 
 from __future__ import annotations

@@ -12,11 +12,7 @@ group all of whose samples pass, or all fail, gives GRPO-style training zero adv
 never below ``min_share``, and 1 while a domain has none finished. Trials of flagged
 tasks (``tasks check``: flaky, nop_passes, gameable) count with their ``weight`` (< 1).
 
-Stragglers (``straggler_action``), APRIL-style: once the target is reached, a trial still
-running is worth finishing only if its expected remaining cost is below a fresh trial's;
-it is finished now while its prompt cache is warm, else carried over (its journal keeps
-it, the next round resumes it) if the cold-cache premium still leaves it cheaper than a
-fresh trial, else abandoned (its dollars so far are sunk either way).
+Details and rationale: docs/notes.md, ``stayer/scale/scheduler.py``.
 """
 
 from __future__ import annotations

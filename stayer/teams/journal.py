@@ -14,6 +14,7 @@ from typing import Any
 
 from stayer.journal.log import RunLog
 from stayer.journal.session import RunJournal
+from stayer.records import to_json
 
 
 class ThreadJournal(RunJournal):
@@ -56,6 +57,6 @@ class ThreadJournal(RunJournal):
         self.steps_cost += entry.cost.total  # ``Usd``: an unpriced step makes it unknown
         if entry.step not in self.log.steps:
             self.record(
-                "step", {"step": entry.step, "entry": entry.to_dict()}, update=self.row_update()
+                "step", {"step": entry.step, "entry": to_json(entry)}, update=self.row_update()
             )
         self.snapshot()

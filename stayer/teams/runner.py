@@ -37,6 +37,7 @@ from stayer.ledger import LedgerEntry, RunResult
 from stayer.models.base import Message, Model
 from stayer.money import usd_sum
 from stayer.pricing import PriceBook
+from stayer.routing.router import RouteRecord
 from stayer.teams.bus import MessageBus, TeamMessage
 from stayer.teams.config import BUILTIN_TOOLS, TeamSpec, shares
 from stayer.teams.handoff import HandoffSizes, price_handoff
@@ -376,7 +377,8 @@ class Thread:
 
     def _on_step(self, entry: LedgerEntry) -> None:
         if self.quote is not None:  # on the ledger like a route switch
-            entry.route, self.quote = {**(entry.route or {}), "handoff": self.quote}, None
+            route = entry.route or RouteRecord()
+            entry.route, self.quote = msgspec.structs.replace(route, handoff=self.quote), None
         if self.journal is not None:
             self.journal.on_step(entry)
         for o in self.team.s.observers:

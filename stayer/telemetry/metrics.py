@@ -12,8 +12,7 @@ Two sources, so that every figure has one owner:
   ``serve``) observes steps as they happen: step latency and cost histograms, cache breaks
   by reason (from the forensics), compactions' savings, leases lost.
 
-Token kinds: ``input_uncached``, ``cache_read``, ``cache_write``, ``output``,
-``reasoning`` (part of ``output``, as in the ledger: do not add the two).
+Details and rationale: docs/notes.md, ``stayer/telemetry/metrics.py``.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from stayer.ledger import LedgerEntry
 from stayer.money import MTOK
 
 TOKEN_KINDS = ("input_uncached", "cache_read", "cache_write", "output", "reasoning")
@@ -224,38 +224,34 @@ class WorkerMetrics:
             "stayer_worker_runs_active", "Runs this worker is executing", registry=r
         )
 
-    def on_step(self, entry: Any, previous: Any = None, prices: Any = None) -> None:
+    def on_step(
+        self, entry: LedgerEntry, previous: LedgerEntry | None = None, prices: Any = None
+    ) -> None:
         """A ledger entry (``agent.LedgerEntry``) of a step just made; ``previous`` is the
         same run's step before it (what the cache could have served)."""
         model = entry.model
         extra = avoidable_cost(entry, previous, prices) if prices is not None else None
-        if extra:
-            self.avoidable.labels(str(entry.cache_break.get("reason"))).inc(float(extra))
-        self.step_latency.labels(model).observe(entry.latency_s)
+        if extra and entry.cache_break:
+            self.avoidable.labels(entry.cache_break.reason).inc(float(extra))
+        if entry.latency_s is not None:
+            self.step_latency.labels(model).observe(entry.latency_s)
         if entry.cost.total is not None:
             self.step_cost.labels(model).observe(float(entry.cost.total))
         if entry.cache_break:
-            self.cache_breaks.labels(str(entry.cache_break.get("reason", "unknown"))).inc()
+            self.cache_breaks.labels(entry.cache_break.reason).inc()
         if entry.compaction:
-            saved = int(entry.compaction.get("tokens_before", 0)) - int(
-                entry.compaction.get("tokens_after", 0)
-            )
+            saved = entry.compaction.tokens_before - entry.compaction.tokens_after
             self.compaction_saved.inc(max(saved, 0))
 
 
-def avoidable_cost(entry: Any, previous: Any, prices: Any) -> Decimal | None:
+def avoidable_cost(entry: LedgerEntry, previous: LedgerEntry | None, prices: Any) -> Decimal | None:
     """What a step's unchosen cache miss cost above reading what the cache could have
     served (the previous prompt, less what was read), from the forensics' verdict and the
     same prices as the ledger. None when the miss was chosen or cannot be priced."""
     from stayer.models.caching import cache_rules, miss_premium
 
     br = entry.cache_break
-    if (
-        not br
-        or br.get("reason") not in AVOIDABLE
-        or previous is None
-        or not previous.context_tokens
-    ):
+    if not br or br.reason not in AVOIDABLE or previous is None or not previous.context_tokens:
         return None
     missed = max(0, previous.context_tokens - entry.usage.cache_read_tokens)
     c = entry.cost

@@ -1,32 +1,6 @@
 """OpenTelemetry GenAI traces of runs, with the exact cost of every model call.
 
-Spans follow the GenAI semantic conventions:
-
-* ``invoke_agent {agent}`` — one per execution of a run (a resumed run adds one to the same
-  trace: the trace id is derived from the run id);
-* ``chat {model}`` (kind CLIENT) — one per live model call: ``gen_ai.operation.name``,
-  ``gen_ai.provider.name``, ``gen_ai.request.model``, ``gen_ai.response.model``,
-  ``gen_ai.response.finish_reasons``, ``gen_ai.usage.input_tokens`` (cached tokens
-  included), ``gen_ai.usage.output_tokens`` (reasoning included),
-  ``gen_ai.usage.cache_read.input_tokens`` and the cache write under both names in use
-  (``cache_creation`` and ``cache_write``). Cost follows the open proposal for the
-  conventions (semantic-conventions-genai PR #443): ``gen_ai.usage.cost.amount``,
-  ``.currency``, ``.source`` (``local``: priced by stayer), on model-call spans only, so
-  that summing over spans never counts a run twice. stayer's own attributes are under
-  ``stayer.*``: the step, cache-break reason and position, compaction before/after tokens
-  and cost, breaker trips, route switches;
-* ``execute_tool {name}`` — one per live tool call: exit code, error, output bytes,
-  sandbox time;
-* ``invoke_agent {path}`` — a sub-agent's run (``main/sub-1``), nested under its parent's
-  ``execute_tool subagent`` span; the sub-agent's calls and tools nest under it.
-
-Replayed calls of a resumed run emit nothing (the observer sits inside the journal), so
-the trace holds each paid call once. A call lost in flight at a crash had its span die
-with its process; when the resumed run issues that call again, the lost attempt gets a
-``chat`` span of its own (``stayer.lost_in_flight``: true, zero duration, the estimated
-usage and cost the ledger records for it as ``lost_in_flight``), so that the model-call
-spans still add up to the run's cost. Spans still in the batch queue when a process is
-killed are lost with it: a trace across a kill is complete only from the resume on.
+Details and rationale: docs/notes.md, ``stayer/telemetry/tracing.py``.
 """
 
 from __future__ import annotations
@@ -61,6 +35,7 @@ from stayer.guard.breakers import ToolCallRecord
 from stayer.ledger import LedgerEntry
 from stayer.models.base import Model, ModelError, ModelRequest, ModelResponse
 from stayer.pricing import PriceBook
+from stayer.records import to_json
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage
 
@@ -417,19 +392,18 @@ def step_attributes(entry: LedgerEntry) -> dict[str, Any]:
     }
     if entry.cache_break:
         b = entry.cache_break
-        attributes["stayer.cache_break.reason"] = str(b.get("reason", ""))
-        attributes["stayer.cache_break.detail"] = str(b.get("detail", ""))
-        if b.get("position_tokens") is not None:
-            attributes["stayer.cache_break.position_tokens"] = int(b["position_tokens"])
+        attributes["stayer.cache_break.reason"] = b.reason
+        attributes["stayer.cache_break.detail"] = b.detail
+        attributes["stayer.cache_break.position_tokens"] = b.position_tokens
     if entry.compaction:
         c = entry.compaction
-        attributes["stayer.compaction.tokens_before"] = int(c.get("tokens_before", 0))
-        attributes["stayer.compaction.tokens_after"] = int(c.get("tokens_after", 0))
-        attributes["stayer.compaction.cost_usd"] = str(c.get("cost_usd"))
-    if entry.breakers:
-        attributes["stayer.breakers"] = [b.get("reason", "") for b in entry.breakers]
+        attributes["stayer.compaction.tokens_before"] = c.tokens_before
+        attributes["stayer.compaction.tokens_after"] = c.tokens_after
+        attributes["stayer.compaction.cost_usd"] = str(c.cost)
+    if entry.trips:
+        attributes["stayer.breakers"] = [t.reason for t in entry.trips]
     if entry.route:
-        attributes["stayer.route"] = json.dumps(entry.route, default=str)
+        attributes["stayer.route"] = json.dumps(to_json(entry.route))
     return attributes
 
 

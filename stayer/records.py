@@ -1,0 +1,83 @@
+"""The record family and its one JSON codec.
+
+Records that cross a layer or leave the process (the ledger entry and its parts, the
+audit's and the journal's records) are msgspec Structs deriving from ``Record``. JSON is
+made from them and read back into them only here: ``to_json`` gives the builtins of a JSON
+document, ``encode`` its bytes; ``from_json`` and ``decode`` check a document against a
+record type. Amounts (``Usd``, a ``Cost``'s total) are written as decimal strings or ``"unknown"``; a stored
+document written before a field existed still reads (new fields have defaults).
+"""
+
+from __future__ import annotations
+
+import functools
+from decimal import Decimal
+from typing import Any, TypeVar
+
+import msgspec
+
+from stayer.money import Usd
+from stayer.pricing import Cost
+
+T = TypeVar("T")
+
+
+class Record(msgspec.Struct):
+    """A record of the family: typed attributes inside, JSON only through this module. (A
+    record with defaulted fields before required ones says ``kw_only=True`` itself: msgspec
+    does not inherit it.)
+
+    ``record[name]`` reads a field as its JSON document has it (by its JSON name, as JSON
+    builtins; ``KeyError`` where the document has no such field): for readers written
+    against the documents (the tests' assertions); stayer's own code reads attributes."""
+
+    def __getitem__(self, key: str) -> Any:
+        names = _json_names(type(self))
+        if key not in names:
+            raise KeyError(key)
+        value = getattr(self, names[key])
+        if value is msgspec.UNSET:
+            raise KeyError(key)
+        return to_json(value)
+
+
+@functools.cache
+def _json_names(cls: type[msgspec.Struct]) -> dict[str, str]:
+    return {f.encode_name: f.name for f in msgspec.structs.fields(cls)}
+
+
+def _enc_hook(o: Any) -> Any:
+    if isinstance(o, Usd | Cost):
+        return o.to_json()
+    raise NotImplementedError(f"cannot encode a {type(o).__name__}")
+
+
+def _dec_hook(t: type, o: Any) -> Any:
+    if t is Usd and (o is None or isinstance(o, str | int | float | Decimal)):
+        return Usd.parse(o if not isinstance(o, int | float) else Decimal(str(o)))
+    if t is Cost and (o is None or isinstance(o, str | int | float | Decimal)):
+        return Cost(_dec_hook(Usd, o).amount, None, None, "")
+    raise NotImplementedError(f"cannot decode a {t.__name__}")
+
+
+_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+
+def to_json(value: Any) -> Any:
+    """``value`` (records, Usd, containers of them) as JSON builtins."""
+    return msgspec.to_builtins(value, enc_hook=_enc_hook)
+
+
+def encode(value: Any) -> bytes:
+    """``value`` as JSON bytes."""
+    return _encoder.encode(value)
+
+
+def from_json(value: Any, type_: type[T]) -> T:
+    """JSON builtins as a ``type_``; a wrong shape raises ``msgspec.ValidationError``."""
+    return msgspec.convert(value, type_, strict=False, dec_hook=_dec_hook)
+
+
+def decode(data: bytes | str, type_: type[T]) -> T:
+    """JSON bytes as a ``type_``."""
+    return msgspec.json.decode(data, type=type_, strict=False, dec_hook=_dec_hook)
