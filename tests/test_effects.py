@@ -219,3 +219,12 @@ def test_restorable_and_read_only_tools_keep_their_replay(store, tmp_path):
     crash(journal)
     call(JournaledTool(charge, resume(store, tmp_path, journal.run_id)), 1, ctx)
     assert len(charge.sent) == 2 and effect_log(store).of_run(journal.run_id) == []
+
+
+def test_pruning_a_run_deletes_its_effect_rows(store, tmp_path):
+    journal, ctx = start(store, tmp_path)
+    call(JournaledTool(Charge(), journal), 1, ctx)
+    journal.finish({"status": "failed", "steps": 1, "cost_usd": "0"})
+    assert len(effect_log(store).of_run(journal.run_id)) == 1
+    assert store.delete_runs([journal.run_id]).runs == [journal.run_id]
+    assert effect_log(store).of_run(journal.run_id) == []

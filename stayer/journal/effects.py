@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,23 +32,6 @@ from stayer.tools.effects import CallRef
 
 if TYPE_CHECKING:
     from stayer.journal.session import RunJournal
-
-DDL = [
-    """CREATE TABLE IF NOT EXISTS stayer_effects (
-        run_id TEXT NOT NULL,
-        key TEXT NOT NULL,
-        tool TEXT NOT NULL,
-        args_hash TEXT NOT NULL,
-        effects TEXT NOT NULL,
-        state TEXT NOT NULL,
-        sends INTEGER NOT NULL DEFAULT 1,
-        output TEXT,
-        result TEXT,
-        sent_at TEXT NOT NULL,
-        done_at TEXT,
-        PRIMARY KEY (run_id, key)
-    )""",
-]
 
 #: Where a call stands: ``sent`` (intent committed, no result yet), ``done`` (its result
 #: is in), ``unknown`` (the result was lost and the call could not be sent again).
@@ -85,11 +67,11 @@ class Effect:
 
 
 class EffectLog:
-    """The ``stayer_effects`` rows of one journal store (SQLite or PostgreSQL)."""
+    """The ``stayer_effects`` rows of one journal store (SQLite or PostgreSQL; the table
+    is created with the journal's, ``stayer.journal.sql.schema``)."""
 
     def __init__(self, store: SqlStore) -> None:
         self.store = store
-        store.create_tables(DDL)
 
     def get(self, run_id: str, key: str) -> Effect | None:
         rows = self.store._read(
@@ -130,17 +112,11 @@ class EffectLog:
             )
 
 
-_logs: weakref.WeakKeyDictionary[SqlStore, EffectLog] = weakref.WeakKeyDictionary()
-
-
 def effect_log(store: Any) -> EffectLog:
-    """The effect log of a journal store (its table created once per store object)."""
+    """The effect log of a journal store."""
     if not isinstance(store, SqlStore):
         raise TypeError(f"{type(store).__name__}: side-effecting tools need a SQL journal store")
-    log = _logs.get(store)
-    if log is None:
-        log = _logs[store] = EffectLog(store)
-    return log
+    return EffectLog(store)
 
 
 def args_hash(args: dict[str, Any]) -> str:
