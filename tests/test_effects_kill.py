@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 from pg_server import database_fixture
 
+from stayer.journal import open_store
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "effects"
 DRIVER, COUNTER = FIXTURES / "driver.py", FIXTURES / "counter.py"
@@ -214,6 +216,9 @@ def property_run(
 ) -> Counter:
     home = tmp_path / "home"
     home.mkdir()
+    # Created before the runs start together: two processes creating one SQLite database
+    # at once can find it locked (a race of its own, not this test's subject).
+    open_store(home, db).close()
     task = make_task(tmp_path)
     runs = len(todo)
     chains = [Chain(tmp_path, f"e{n}", task, home, db) for n in range(runs)]
