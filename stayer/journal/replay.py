@@ -25,7 +25,7 @@ from stayer.models.base import Model, ModelError, ModelRequest, ModelResponse
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext, ToolResult
-from stayer.tools.effects import effects_of, side_effecting
+from stayer.tools.effects import call_spec, effects_of, side_effecting
 from stayer.usage import Usage
 
 # Everything a tool result says besides its text (is_error, submitted, kind, …), journaled
@@ -195,7 +195,8 @@ class JournaledTool:
         t, journal.t = journal.t, journal.t + 1
         before = journal.cursors()
         rec = journal.log.tools.get(t)
-        effects = effects_of(tool.spec, ctx.sandbox)
+        runs = call_spec(tool, args)  # the tool's spec, or that of the tool it runs
+        effects = effects_of(runs, ctx.sandbox)
         once = side_effecting(effects)
         if rec is not None:
             recorded = ToolResult(
@@ -224,7 +225,7 @@ class JournaledTool:
         journal.stats.seconds += time.perf_counter() - t0
         if once:  # sent at most once, whatever crashes (stayer.journal.effects)
             result = await call_once(
-                journal, tool.spec.name, effects, args, ctx, t, lambda c: _invoke(tool, args, c)
+                journal, runs.name, effects, args, ctx, t, lambda c: _invoke(tool, args, c)
             )
         else:
             result = await _invoke(tool, args, ctx)

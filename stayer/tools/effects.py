@@ -2,7 +2,8 @@
 
 * ``ToolSpec.effects`` (``stayer.messages.Effects``) declares it per tool; :func:`effects_of`
   resolves it for one call (``sandboxed``: ``restorable`` in a sandbox without the network,
-  ``destructive`` with it); :func:`from_mcp_annotations` maps an MCP tool's hints.
+  ``destructive`` with it); :func:`from_mcp_annotations` maps an MCP tool's hints;
+  :func:`call_spec` is the spec one call runs under (``tool_search`` running an MCP tool).
 * :func:`side_effecting`: the calls the journal records before and after sending, so that a
   resumed run never repeats one silently (``stayer.journal.effects``).
 * :class:`CallRef` (``ToolContext.call``): which call of which run and step a tool is
@@ -59,6 +60,19 @@ def from_mcp_annotations(
     if idempotent:
         return "idempotent"
     return "additive" if destructive is False else "destructive"
+
+
+def call_spec(tool: Any, args: dict[str, Any]) -> ToolSpec:
+    """The spec of what calling ``tool`` with ``args`` runs: a tool that runs another one
+    says which by ``spec_for(args)`` (looked for through wrappers' ``inner``); any other
+    tool runs under its own spec."""
+    inner = tool
+    while inner is not None:
+        spec_for = getattr(inner, "spec_for", None)
+        if spec_for is not None:
+            return spec_for(args)  # type: ignore[no-any-return]
+        inner = getattr(inner, "inner", None)
+    return tool.spec  # type: ignore[no-any-return]
 
 
 def effects_of(spec: ToolSpec, sandbox: Any) -> Effects:
