@@ -110,25 +110,7 @@ class Chain:
         """Run (or resume) until the counter stops at ``label``/``phase``, then kill -9
         the run and the stopped counter."""
         (self.where / "plan").write_text(f"{label} {phase}\n")
-        reached = self.where / "reached"
-        proc = self.start(*self.command(first))
-        deadline = time.monotonic() + 300
-        try:
-            while not reached.exists():
-                if proc.poll() is not None:
-                    _, err = proc.communicate()
-                    raise AssertionError(f"{self.name}: ended before {label} {phase}: {err}")
-                assert time.monotonic() < deadline, f"{self.name}: {label} {phase} not reached"
-                time.sleep(0.02)
-        finally:
-            proc.kill()  # SIGKILL
-            proc.wait()
-        pid, at, where = reached.read_text().split()
-        assert (at, where) == (label, phase)
-        # The stopped counter holds the run's output pipes open: killed before reading them.
-        os.kill(int(pid), signal.SIGKILL)
-        proc.communicate()
-        reached.unlink()
+        kill_when_reached(self.start(*self.command(first)), self.where, label, phase, self.name)
 
     def finish(self) -> dict:
         (self.where / "plan").unlink(missing_ok=True)
@@ -145,14 +127,44 @@ class Chain:
 
     def unknown(self) -> set[str]:
         """Labels whose tool result told the agent the outcome is unknown."""
-        trajectory = self.home / "runs" / self.name / "trajectory.jsonl"
-        ids = {f"c{i + 1}": label for i, (label, _) in enumerate(CALLS)}
-        out = set()
-        for line in trajectory.read_text().splitlines():
-            rec = json.loads(line)
-            if rec["role"] == "tool" and UNKNOWN in rec["content"]:
-                out.add(ids[rec["tool_call_id"]])
-        return out
+        return unknown_labels(self.home / "runs" / self.name / "trajectory.jsonl", CALLS)
+
+
+def unknown_labels(trajectory: Path, calls: list[tuple[str, str]]) -> set[str]:
+    """Labels of ``calls`` (call ``c1`` first) whose tool result in ``trajectory`` told
+    the agent the outcome is unknown."""
+    ids = {f"c{i + 1}": label for i, (label, _) in enumerate(calls)}
+    out = set()
+    for line in trajectory.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["role"] == "tool" and UNKNOWN in rec["content"]:
+            out.add(ids[rec["tool_call_id"]])
+    return out
+
+
+def kill_when_reached(
+    proc: subprocess.Popen, where: Path, label: str, phase: str, name: str = "run"
+) -> None:
+    """Wait until the side effect stops at ``label``/``phase`` (it says so in
+    ``where/reached``), then kill -9 ``proc`` and the stopped process."""
+    reached = where / "reached"
+    deadline = time.monotonic() + 300
+    try:
+        while not reached.exists():
+            if proc.poll() is not None:
+                _, err = proc.communicate()
+                raise AssertionError(f"{name}: ended before {label} {phase}: {err}")
+            assert time.monotonic() < deadline, f"{name}: {label} {phase} not reached"
+            time.sleep(0.02)
+    finally:
+        proc.kill()  # SIGKILL
+        proc.wait()
+    pid, at, stopped = reached.read_text().split()
+    assert (at, stopped) == (label, phase)
+    # The stopped process holds the run's output pipes open: killed before reading them.
+    os.kill(int(pid), signal.SIGKILL)
+    proc.communicate()
+    reached.unlink()
 
 
 def plans(runs: int, seed: int) -> list[list[tuple[int, str]]]:

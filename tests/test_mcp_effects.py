@@ -1,5 +1,5 @@
 """An MCP server's side effects under kill -9 (issue 39): a real server process
-(tests/mcp_servers/counting.py) counts calls in a file outside the workspace; its
+(tests/mcp_servers/tiny.py --count-dir) counts calls in a file outside the workspace; its
 annotations say ``count_idem`` is idempotent and ``count_once`` is not. ``stayer run`` is
 killed with SIGKILL while the server is inside a call (at a point the server signals, not
 after a delay), and resumed with ``stayer resume``: every call is counted exactly once, or
@@ -14,24 +14,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from pg_server import database_fixture
+from test_effects_kill import kill_when_reached, unknown_labels
 
 ROOT = Path(__file__).resolve().parent.parent
-COUNTING = ROOT / "tests" / "mcp_servers" / "counting.py"
+TINY = ROOT / "tests" / "mcp_servers" / "tiny.py"
 #: (label, tool) of the run's calls, two per step.
 CALLS = [("L1", "count_idem"), ("L2", "count_once"), ("L3", "count_once"), ("L4", "count_idem")]
 #: Where each run is killed, in call order: the idempotent call after counting, the other
 #: one after counting, then before.
 KILLS = [("L1", "after"), ("L2", "after"), ("L3", "before")]
-UNKNOWN = "the outcome of this call is unknown"
 
 pg_url = database_fixture()
 
@@ -65,7 +63,7 @@ class Run:
         shutil.copytree(ROOT / "examples" / "hello-file", task)
         toml = task / "task.toml"
         text = toml.read_text().replace("timeout_sec = 60.0", "timeout_sec = 3600.0")
-        server = [sys.executable, str(COUNTING), str(self.where)]
+        server = [sys.executable, str(TINY), f"--count-dir={self.where}"]
         toml.write_text(
             text + '\n[environment]\nsandbox = "local"\n\n[mcp.servers.t]\n'
             f'command = {json.dumps(server)}\ntrust = "host"\n'
@@ -92,24 +90,7 @@ class Run:
         """Run (or resume) until the server stops in the call ``label`` at ``phase``,
         then SIGKILL the run and the server."""
         (self.where / "plan").write_text(f"{label} {phase}\n")
-        reached = self.where / "reached"
-        proc = self.start(first)
-        deadline = time.monotonic() + 300
-        try:
-            while not reached.exists():
-                if proc.poll() is not None:
-                    _, err = proc.communicate()
-                    raise AssertionError(f"ended before {label} {phase}: {err}")
-                assert time.monotonic() < deadline, f"{label} {phase} not reached"
-                time.sleep(0.02)
-        finally:
-            proc.kill()  # SIGKILL, the server's call in progress
-            proc.wait()
-        pid, at, where = reached.read_text().split()
-        assert (at, where) == (label, phase)
-        os.kill(int(pid), signal.SIGKILL)  # the orphaned server holds the run's stderr
-        proc.communicate()
-        reached.unlink()
+        kill_when_reached(self.start(first), self.where, label, phase)
 
     def finish(self) -> dict:
         (self.where / "plan").unlink()
@@ -125,14 +106,7 @@ class Run:
         return [(a, b) for a, b in (line.split() for line in text.splitlines())]
 
     def unknown(self) -> set[str]:
-        trajectory = self.home / "runs" / "r1" / "trajectory.jsonl"
-        ids = {f"c{i + 1}": label for i, (label, _) in enumerate(CALLS)}
-        out = set()
-        for line in trajectory.read_text().splitlines():
-            rec = json.loads(line)
-            if rec["role"] == "tool" and UNKNOWN in rec["content"]:
-                out.add(ids[rec["tool_call_id"]])
-        return out
+        return unknown_labels(self.home / "runs" / "r1" / "trajectory.jsonl", CALLS)
 
 
 @pytest.mark.parametrize(
