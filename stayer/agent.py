@@ -14,6 +14,7 @@ planned (a call the budget cannot hold, a failover) starts over at the guard ins
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from stayer.settings import RunSettings
 from stayer.tokens import MessageCounter, PromptEstimate, PromptEstimator
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext, ToolResult
+from stayer.tools.effects import CallRef
 
 SYSTEM_PROMPT = """\
 You are an autonomous software agent working in a Linux sandbox without network access.
@@ -337,7 +339,7 @@ class Agent:
         s.ctx.append(reply)
         self._said(reply)
         tool_calls, observed, submitted = await self._act(
-            s.ctx, reply.tool_calls, s.result, call.response.cut_off
+            s.ctx, reply.tool_calls, s.result, call.response.cut_off, step
         )
         planned_miss = compaction is not None or route.switched
         record = StepRecord(
@@ -569,7 +571,12 @@ class Agent:
             )
 
     async def _act(
-        self, ctx: Context, calls: tuple[ToolCall, ...], result: RunResult, cut_off: bool = False
+        self,
+        ctx: Context,
+        calls: tuple[ToolCall, ...],
+        result: RunResult,
+        cut_off: bool = False,
+        step: int = 0,
     ) -> tuple[list[ToolCallEntry], tuple[ToolCallRecord, ...], bool]:
         if not calls:
             nudge = Message(role="user", content=self.nudge(), kind="nudge")
@@ -579,10 +586,15 @@ class Agent:
         records: list[ToolCallEntry] = []
         observed: list[ToolCallRecord] = []
         submitted = False
-        for call in calls:
+        for index, call in enumerate(calls):
             if not cut_off and self.tool_updates and self.tool_updates.needs(call.name):
                 await self._take_tools(ctx, "call")
-            out = CUT_OFF_ANSWER if cut_off else await run_tool(self.tools, call, self.tool_context)
+            # The one place a model's tool call is executed. The context names the call
+            # (run, agent, step, id): its idempotency key, and how the journal knows a
+            # side-effecting call again on resume (stayer.tools.effects).
+            ref = CallRef(self.run_id, self.path, step, call.id, index)
+            call_ctx = dataclasses.replace(self.tool_context, call=ref)
+            out = CUT_OFF_ANSWER if cut_off else await run_tool(self.tools, call, call_ctx)
             message = Message(
                 role="tool",
                 content=out.output,

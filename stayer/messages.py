@@ -12,6 +12,13 @@ from typing import Any, Literal
 
 Role = Literal["user", "assistant", "tool"]
 
+#: What a tool's calls do to the world outside the run's workspace (``stayer.tools.effects``):
+#: nothing (``read_only``); only the workspace, which resume restores (``restorable``); run
+#: commands in the sandbox, restorable unless it has the network (``sandboxed``); or change
+#: the world, safely repeatable with one idempotency key (``idempotent``) or not
+#: (``additive``, ``destructive``).
+Effects = Literal["read_only", "restorable", "sandboxed", "idempotent", "additive", "destructive"]
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
@@ -37,6 +44,7 @@ class ToolSpec:
     name: str
     description: str
     parameters: dict[str, Any]  # JSON schema of the arguments object
+    effects: Effects = "restorable"  # not part of the schema the model sees
 
 
 def tool_outcomes(results: Sequence[Message], history: Sequence[Message]) -> Iterator[str]:

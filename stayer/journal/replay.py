@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.journal.blobs import digest
 from stayer.journal.codec import canonical, message_from_record, message_record
+from stayer.journal.effects import call_once
 from stayer.journal.session import RunJournal
 from stayer.journal.store import JournalError
 from stayer.ledger import LostCall
@@ -26,6 +27,7 @@ from stayer.records import from_json, to_json
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext, ToolResult
+from stayer.tools.effects import call_spec, effects_of, side_effecting
 from stayer.usage import Usage
 
 # Everything a tool result says besides its text (is_error, submitted, kind, …), journaled
@@ -181,7 +183,9 @@ class JournaledModel:
 class JournaledTool:
     """A tool, journaled: a call recorded before the restored workspace snapshot is
     answered from the journal; one recorded after it is executed again (to rebuild the
-    workspace) and answered with the recorded output, so the context is byte-identical."""
+    workspace) and answered with the recorded output, so the context is byte-identical.
+    A side-effecting call (``stayer.tools.effects``) is never executed again once recorded,
+    and goes through ``stayer.journal.effects.call_once`` when it is not."""
 
     def __init__(self, inner: Tool, journal: RunJournal) -> None:
         self.inner = inner
@@ -193,6 +197,9 @@ class JournaledTool:
         t, journal.t = journal.t, journal.t + 1
         before = journal.cursors()
         rec = journal.log.tools.get(t)
+        runs = call_spec(tool, args)  # the tool's spec, or that of the tool it runs
+        effects = effects_of(runs, ctx.sandbox)
+        once = side_effecting(effects)
         if rec is not None:
             recorded = ToolResult(
                 journal.log.blob_text(rec["output"]),
@@ -201,8 +208,9 @@ class JournaledTool:
             # A tool that made journaled calls of its own (a sub-agent) is run again even
             # before the snapshot: its calls replay from the journal, and whatever it does
             # to the agent (adopting the sub-agent's ledger) happens again. A plain tool is
-            # run again only after the snapshot, to redo its effect on the workspace.
-            if rec.get("nested") or t >= journal.restored_tools_done:
+            # run again only after the snapshot, to redo its effect on the workspace; a
+            # side-effecting one never (its effect is outside the workspace).
+            if rec.get("nested") or (t >= journal.restored_tools_done and not once):
                 live = await _invoke(tool, args, ctx)
                 if live != recorded:
                     output = digest(live.output.encode())
@@ -217,7 +225,12 @@ class JournaledTool:
         t0 = time.perf_counter()
         journal.record("tool_started", {"t": t, "name": tool.spec.name})
         journal.stats.seconds += time.perf_counter() - t0
-        result = await _invoke(tool, args, ctx)
+        if once:  # sent at most once, whatever crashes (stayer.journal.effects)
+            result = await call_once(
+                journal, runs.name, effects, args, ctx, t, lambda c: _invoke(tool, args, c)
+            )
+        else:
+            result = await _invoke(tool, args, ctx)
         t1 = time.perf_counter()
         raw = result.output.encode()
         address = digest(raw)

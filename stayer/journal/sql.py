@@ -73,6 +73,21 @@ def schema(blob_type: str) -> list[str]:
             PRIMARY KEY (run_id, seq)
         )""",
         f"CREATE TABLE IF NOT EXISTS stayer_blobs (hash TEXT PRIMARY KEY, data {blob_type} NOT NULL)",
+        # Side-effecting tool calls, keyed by idempotency key (stayer.journal.effects).
+        """CREATE TABLE IF NOT EXISTS stayer_effects (
+            run_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            args_hash TEXT NOT NULL,
+            effects TEXT NOT NULL,
+            state TEXT NOT NULL,
+            sends INTEGER NOT NULL DEFAULT 1,
+            output TEXT,
+            result TEXT,
+            sent_at TEXT NOT NULL,
+            done_at TEXT,
+            PRIMARY KEY (run_id, key)
+        )""",
     ]
     return ddl
 
@@ -328,6 +343,7 @@ class SqlStore:
             if not dry_run:
                 for run_id in done.runs:
                     cur.execute("DELETE FROM stayer_events WHERE run_id = ?", (run_id,))
+                    cur.execute("DELETE FROM stayer_effects WHERE run_id = ?", (run_id,))
                     cur.execute("DELETE FROM stayer_runs WHERE id = ?", (run_id,))
                 self._drop_blobs(cur, done.blobs)
         return done

@@ -2,7 +2,8 @@
 tool, whose description lists every MCP tool's name with a one-line description, instead
 of every schema. ``tool_search {"query": …}`` answers with the full schemas of the best
 matches (a tool result: appended at the tail, the cached prefix intact);
-``tool_search {"call": NAME, "arguments": {…}}`` calls one, checked against its schema.
+``tool_search {"call": NAME, "arguments": {…}}`` calls one, checked against its schema;
+such a call is journaled with that tool's effects (``spec_for``), a search as read-only.
 ``auto`` (the default) picks by :func:`choose`: the eager schemas' cost over the run's
 expected steps against the catalogue's and the searches' (docs/mcp.md).
 """
@@ -60,7 +61,13 @@ class ToolSearch:
                 },
                 "additionalProperties": False,
             },
+            effects="read_only",
         )
+
+    def spec_for(self, args: dict[str, Any]) -> ToolSpec:
+        """The spec of what a call with ``args`` runs: the MCP tool it calls, or the search."""
+        tool = self.by_name.get(args["call"]) if "call" in args else None
+        return tool.spec if tool is not None else self.spec
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         from stayer.tools import check_args

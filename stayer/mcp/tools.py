@@ -28,6 +28,7 @@ from stayer.messages import ToolSpec
 from stayer.sandbox.base import Sandbox
 from stayer.tokens import TokenCounter, truncate_middle
 from stayer.tools.base import ToolContext, ToolResult
+from stayer.tools.effects import META_KEY, from_mcp_annotations
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_NAME = 64  # what Anthropic's and OpenAI's APIs accept
@@ -67,6 +68,9 @@ class McpTool:
             name=f"{connection.name}{SEPARATOR}{tool.name}",
             description=tool.description.strip() or f"{tool.name} (MCP server {connection.name})",
             parameters=canonical(schema),
+            effects=from_mcp_annotations(
+                tool.read_only_hint, tool.destructive_hint, tool.idempotent_hint
+            ),
         )
         self.read_only_hint = tool.read_only_hint
         self.destructive_hint = tool.destructive_hint
@@ -75,8 +79,9 @@ class McpTool:
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         timeout = self.connection.server.call_timeout_s or ctx.command_timeout
+        meta = {META_KEY: ctx.call.idempotency_key} if ctx.call is not None else None
         try:
-            result = await self.connection.call(self.tool.name, args, timeout)
+            result = await self.connection.call(self.tool.name, args, timeout, meta)
         except McpCallError as e:
             return ToolResult(str(e), is_error=True)
         text = render(result)

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from stayer.messages import ToolSpec
 from stayer.sandbox.base import Sandbox
+from stayer.tools.effects import CallRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,8 @@ class ToolContext:
     workspace: str  # host path of the directory mounted at /app
     output_token_budget: int = 4096  # tool output beyond this is cut (head + tail)
     command_timeout: float = 120.0
+    # The call being executed (its idempotency key): set per call by the agent loop.
+    call: CallRef | None = None
 
 
 class Tool(Protocol):

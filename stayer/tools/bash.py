@@ -49,6 +49,7 @@ class BashTool:
                 "required": ["command"],
                 "additionalProperties": False,
             },
+            effects="sandboxed",  # restorable unless the sandbox has the network
         )
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:

@@ -1,13 +1,20 @@
 """A small MCP server (stdio, standard library only, so that it runs in a sandbox) whose
 tools force what real servers do rarely: a slow call, a crash mid-call, garbage on stdout,
 a tool list that changes, a big result, a probe of the network. ``--name-of TOOL=NAME``
-renames a tool (to test refused names)."""
+renames a tool (to test refused names). ``--count-dir=DIR`` adds two tools with a side
+effect outside the workspace (tests/test_mcp_effects.py): ``count_once`` (not idempotent)
+and ``count_idem`` (idempotent: a call whose ``_meta`` idempotency key was counted before
+is not counted again) append ``LABEL KEY`` to DIR/counter; every call is logged to
+DIR/received. Where DIR/plan says ``LABEL before`` or ``LABEL after``, a call stops there
+(before or after counting), says so in DIR/reached (pid, label, phase) and waits to be
+killed."""
 
 import json
 import os
 import socket
 import sys
 import time
+from pathlib import Path
 
 TOOLS = {
     "echo": ("Echo the text back.", {"text": {"type": "string"}}, {"readOnlyHint": True}),
@@ -22,8 +29,23 @@ TOOLS = {
     ),
     "change": ("Add the tool `added` and say that the list changed.", {}, {}),
 }
+META_KEY = "io.stayer/idempotency-key"
 renamed = {}
+count_dir = None
 for arg in sys.argv[1:]:
+    if arg.startswith("--count-dir="):
+        count_dir = Path(arg.removeprefix("--count-dir="))
+        props = {"label": {"type": "string"}}
+        TOOLS["count_once"] = (
+            "Count one call under a label.",
+            props,
+            {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False},
+        )
+        TOOLS["count_idem"] = (
+            "Count a label once per idempotency key.",
+            props,
+            {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": True},
+        )
     if arg.startswith("--name-of="):
         old, new = arg.removeprefix("--name-of=").split("=", 1)
         renamed[old] = new
@@ -64,9 +86,41 @@ def listing():
     return tools
 
 
-def call(name, args):
+def append(name, line):
+    with open(count_dir / name, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def stop_here(label, phase):
+    plan_file = count_dir / "plan"
+    if (plan_file.read_text().split() if plan_file.exists() else []) == [label, phase]:
+        (count_dir / "reached.tmp").write_text(f"{os.getpid()} {label} {phase}\n")
+        os.rename(count_dir / "reached.tmp", count_dir / "reached")
+        while True:
+            time.sleep(3600)
+
+
+def count(name, label, key):
+    append("received", f"{label} {key}")
+    stop_here(label, "before")
+    counter = count_dir / "counter"
+    seen = counter.read_text().split() if counter.exists() else []
+    if name == "count_idem" and key != "-" and key in seen:
+        said = f"{label}: already counted under {key}"
+    else:
+        append("counter", f"{label} {key}")
+        said = f"{label}: counted"
+    stop_here(label, "after")
+    return said
+
+
+def call(name, args, meta=None):
     global changed
     name = {v: k for k, v in renamed.items()}.get(name, name)
+    if name in ("count_once", "count_idem"):
+        return count(name, args["label"], (meta or {}).get(META_KEY, "-"))
     if name == "echo":
         return args.get("text", "")
     if name == "slow":
@@ -116,7 +170,8 @@ for line in sys.stdin:
         result = {"tools": listing()}
     elif method == "tools/call":
         try:
-            text = call(req["params"]["name"], req["params"].get("arguments") or {})
+            params = req["params"]
+            text = call(params["name"], params.get("arguments") or {}, params.get("_meta"))
         except KeyError as e:
             send(
                 {"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": f"no tool {e}"}}
