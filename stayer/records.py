@@ -40,6 +40,14 @@ class Record(msgspec.Struct):
             raise KeyError(key)
         return to_json(value)
 
+    def __eq__(self, other: object) -> bool:
+        # A record equals the JSON document it encodes to, as well as a record of its kind.
+        if isinstance(other, dict):
+            return to_json(self) == other
+        if type(other) is not type(self):
+            return NotImplemented
+        return msgspec.structs.astuple(self) == msgspec.structs.astuple(other)  # type: ignore[arg-type]
+
 
 @functools.cache
 def _json_names(cls: type[msgspec.Struct]) -> dict[str, str]:
