@@ -67,6 +67,7 @@ class PromptBound(Record):
 
     tokens: int
     upper: int
+    exact: bool | UnsetType = UNSET  # True where the provider counted the prompt itself
 
 
 class LedgerEntry(Record, kw_only=True):
@@ -136,7 +137,11 @@ class LedgerEntry(Record, kw_only=True):
             route=route,
             prompt_estimate=None
             if prompt_estimate is None
-            else PromptBound(tokens=prompt_estimate.tokens, upper=prompt_estimate.upper),
+            else PromptBound(
+                tokens=prompt_estimate.tokens,
+                upper=prompt_estimate.upper,
+                exact=True if prompt_estimate.exact else UNSET,
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
