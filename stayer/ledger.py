@@ -61,13 +61,47 @@ class BreakerTrip(Record, kw_only=True):
         return cls(agent=agent, **asdict(trip))
 
 
-class PromptBound(Record):
+class PromptBound(Record, dict=True):
     """What the budget expected the provider to count for the prompt (``tokens``) and the
-    bound it reserved for (``upper``); the usage's input_tokens is what it did count."""
+    bound it reserved for (``upper``); the usage's input_tokens is what it did count.
+    ``exact``: the provider counted it itself (kept in memory, not in the JSON)."""
 
     tokens: int
     upper: int
-    exact: bool | UnsetType = UNSET  # True where the provider counted the prompt itself
+
+    @classmethod
+    def of(cls, estimate: PromptEstimate) -> PromptBound:
+        bound = cls(tokens=estimate.tokens, upper=estimate.upper)
+        bound.__dict__["exact"] = estimate.exact
+        return bound
+
+    @property
+    def exact(self) -> bool:
+        return bool(self.__dict__.get("exact", False))
+
+
+class ModelAlias(Record):
+    """A gateway call whose model was an alias: the model asked for and the one served."""
+
+    asked: str
+    served: str
+
+
+class FailedAttempt(Record):
+    """An upstream a gateway call failed over from: nothing billed there."""
+
+    upstream: str
+    cost: Usd = msgspec.field(name="cost_usd")
+    status: int | UnsetType = UNSET
+    error: str | UnsetType = UNSET
+
+
+class AutoCache(Record):
+    """The cache breakpoints ``--auto-cache`` added, and the call priced without them."""
+
+    breakpoints: int
+    cost_without: Usd = msgspec.field(name="cost_without_usd")
+    saved: Usd = msgspec.field(name="saved_usd")
 
 
 class LedgerEntry(Record, kw_only=True):
@@ -96,6 +130,12 @@ class LedgerEntry(Record, kw_only=True):
     charged_usd: Usd | None | UnsetType = UNSET
     complete: bool | UnsetType = UNSET
     max_tokens: int | None | UnsetType = UNSET
+    # A gateway's savings: an alias served, the upstream that answered after a failover
+    # (and the attempts before it), the breakpoints --auto-cache added.
+    alias: ModelAlias | UnsetType = UNSET
+    upstream: str | UnsetType = UNSET
+    failed_attempts: list[FailedAttempt] | UnsetType = UNSET
+    auto_cache: AutoCache | UnsetType = UNSET
 
     def __post_init__(self) -> None:
         if not self.cost.model_ref:  # read back from JSON: the cost's model is the entry's
@@ -135,13 +175,7 @@ class LedgerEntry(Record, kw_only=True):
             compaction=compaction,
             breakers=list(breakers),
             route=route,
-            prompt_estimate=None
-            if prompt_estimate is None
-            else PromptBound(
-                tokens=prompt_estimate.tokens,
-                upper=prompt_estimate.upper,
-                exact=True if prompt_estimate.exact else UNSET,
-            ),
+            prompt_estimate=None if prompt_estimate is None else PromptBound.of(prompt_estimate),
         )
 
     def to_dict(self) -> dict[str, Any]:
