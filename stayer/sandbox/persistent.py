@@ -88,9 +88,16 @@ class _Slot:
         self.pid, self.answered = _reply(data, "ahead", self.seq, "pid"), True
 
     def close(self) -> None:
-        for fd in (self.out, self.err):
+        """Close our ends, unless a command took them (:meth:`take`)."""
+        for fd in self.take():
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def take(self) -> tuple[int, ...]:
+        """Our ends, now the caller's to close (none if already taken)."""
+        fds = (self.out, self.err) if self.out >= 0 else ()
+        self.out = self.err = -1
+        return fds
 
 
 class _Live:
@@ -430,23 +437,16 @@ class PersistentBwrap:
             if not _fits_ahead(cmd):
                 slot.close()
                 slot = None
-        handed = False
-
-        async def hand_over() -> _InRunner | None:
-            nonlocal handed
-            handed = True
-            return self._hand_over(live, cmd, slot)
-
         try:
             result = await run_command(
-                hand_over,
+                functools.partial(self._hand_over, live, cmd, slot),
                 timeout=cmd.timeout,
                 stdin=cmd.stdin,
                 max_output_bytes=cmd.max_output_bytes,
                 storage=cmd.storage,
             )
         except BaseException as e:
-            if slot is not None and not handed:
+            if slot is not None:  # not handed over: its pipes are still ours
                 slot.close()
             if isinstance(e, (OSError, ValueError)):  # the socket broke, or pipes: no pipes
                 log.warning("persistent sandbox: %s; the next command starts a fresh one", e)
@@ -459,7 +459,7 @@ class PersistentBwrap:
             self._soon = (handle, live)
         return result
 
-    def _hand_over(self, live: _Live, cmd: Command, slot: _Slot | None) -> _InRunner | None:
+    async def _hand_over(self, live: _Live, cmd: Command, slot: _Slot | None) -> _InRunner | None:
         """``cmd`` sent to the runner: to run in ``slot``'s bash, or in one started for it
         on pipes made here. None when it could not be sent: too long for one message
         (about 200 KiB, where bash -c refuses 128 KiB anyway: a fresh sandbox says what it
@@ -470,7 +470,7 @@ class PersistentBwrap:
         theirs: list[int] = []  # the command's: stdin, stdout, stderr
         try:
             if slot is not None:
-                ours += [slot.out, slot.err]
+                ours += slot.take()
                 live.sock.send(json.dumps({**request, "go": 1}).encode())
             else:
                 if cmd.stdin is not None:
