@@ -718,12 +718,11 @@ async def run_command(
         asyncio.create_task(read_fd(running.stderr, err.feed)),
     ]
     if running.stdin is not None:
-        ours.append(running.stdin)
-        if stdin is not None:
-            tasks.append(asyncio.create_task(feed_fd(ours, running.stdin, stdin)))
-        else:
-            ours.remove(running.stdin)
+        if stdin is None:  # a pipe with nothing to read: at its end for the command
             os.close(running.stdin)
+        else:
+            ours.append(running.stdin)
+            tasks.append(asyncio.create_task(feed_fd(ours, running.stdin, stdin)))
     waiting = asyncio.ensure_future(running.wait())
     used: int | None = None  # set when the storage limit was exceeded
     over = False
