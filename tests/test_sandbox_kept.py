@@ -402,3 +402,30 @@ def test_the_runner_is_the_shipped_module_and_its_command_line_shows_no_host_pat
     assert persistent.BOOT in r.stdout  # the runner is running, started as always
     assert str(shipped.parent.parent.parent) not in r.stdout and "runner.py" not in r.stdout
     honest(sb)
+
+
+# What the runner (and the line that boots it) imports, as modules a command could plant in
+# /app, the directory a fresh runner starts in; site's hooks too.
+_RUNNER_IMPORTS = (
+    "socket json ctypes contextlib fcntl resource signal time typing collections "
+    "__future__ sitecustomize usercustomize"
+)
+
+
+def test_modules_planted_where_the_runner_starts_are_never_imported(
+    sb: BwrapSandbox, ws: Path
+) -> None:
+    """A command plants a module under the name of each one the runner imports in /app,
+    then kills the runner: the next command's runner starts in /app, and imports only the
+    system's own modules (``python3 -I -S``: no current directory on its path)."""
+    plant = (
+        f"for m in {_RUNNER_IMPORTS}; do "
+        "echo \"open('/app/IMPORTED-$m', 'w')\" > /app/$m.py; done; kill -9 $PPID"
+    )
+    r = run(sb.exec(plant, timeout=30))
+    assert r.exit_code == 137 and "runner stopped" in r.stderr, r
+    assert (ws / "socket.py").exists()  # planted where the next runner starts
+    r = run(sb.exec("echo $PPID; ls /app | grep -c IMPORTED", timeout=60))
+    assert r.stdout == "2\n0\n", r  # a new runner started it; nothing planted ran
+    honest(sb)
+    assert not list(ws.glob("IMPORTED-*"))
