@@ -78,6 +78,20 @@ def test_bad_input_raises_before_anything_is_written(
     assert not home.exists() and not (tmp_path / "out").exists()
 
 
+def test_eval_refuses_an_out_it_cannot_write_before_any_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As ``stayer eval --out FILE`` does (exit 2): refused up front, not after a trial ran
+    # and its record could not be kept.
+    home = tmp_path / "home"
+    monkeypatch.setenv("STAYER_HOME", str(home))
+    taken = tmp_path / "taken"
+    taken.write_text("mine\n")
+    with pytest.raises(lib.ConfigError, match=f"^out {taken}: exists and is not a directory"):
+        lib.eval(HELLO, models=[SIM], out=taken)
+    assert taken.read_text() == "mine\n" and not home.exists()
+
+
 def test_a_directory_of_no_task_beside_the_tasks_is_not_a_task(tmp_path: Path) -> None:
     from stayer.eval.suite import scan_suite
 

@@ -25,6 +25,7 @@ from stayer.eval.runner import EvalConfig, Trial, TrialStore, write_atomic
 from stayer.eval.suite import ProblemsError
 from stayer.eval.task import Task
 from stayer.money import usd_argument
+from stayer.paths import check_writable_dir
 
 if TYPE_CHECKING:
     from stayer.pricing import PriceBook
@@ -219,6 +220,8 @@ def evaluate(
         sandbox=sandbox,
     )
     out_dir = None if out is None else Path(out)
+    if out_dir is not None:
+        check_writable_dir(out_dir, "out")
     tasks = load_suite(suite)
     trials = plan_trials(tasks, configs, epochs)
     store = TrialStore(out_dir) if out_dir else None
