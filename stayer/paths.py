@@ -51,3 +51,17 @@ def workspaces_root() -> Path:
     if stat.S_IMODE(st.st_mode) & 0o077:
         os.chmod(root, 0o700)
     return root
+
+
+def check_writable_dir(path: Path, name: str) -> None:
+    """A directory a command will write into at its end (``--out``): ``ConfigError`` naming
+    ``name`` when it cannot be, so that no work is done whose results could not be kept."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{name} {path}: exists and is not a directory")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"{name} {path}: cannot write there ({existing} is read-only or not a directory)"
+        )

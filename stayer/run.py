@@ -31,9 +31,15 @@ from stayer.events import Event, McpOffered, event_record
 from stayer.guard.attribution import per_agent
 from stayer.guard.breakers import GuardConfig, TreeFingerprint
 from stayer.guard.budget import Budget
-from stayer.journal import RunJournal, lost_ledger_entries
+from stayer.journal import (
+    JournaledModel,
+    JournaledProbe,
+    JournaledTool,
+    ReplayingSandbox,
+    RunJournal,
+    lost_ledger_entries,
+)
 from stayer.journal.codec import message_record
-from stayer.journal.replay import JournaledModel, JournaledProbe, JournaledTool, ReplayingSandbox
 from stayer.ledger import ledger_order
 from stayer.messages import Message
 from stayer.models.base import Model

@@ -13,7 +13,9 @@ NaN, infinities, and booleans or strings where a number belongs are refused ever
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -502,11 +504,22 @@ def _shown(value: Any) -> str:
 
 
 def read_text(path: Path, what: str) -> str:
-    """A small text file stayer reads as configuration: UTF-8 or a ConfigError naming it."""
+    """A small text file stayer reads as configuration: UTF-8 or a ConfigError naming it.
+    Only a regular file is read: a device may never end, a FIFO waits for a writer (opened
+    non-blocking, so that neither is waited on)."""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ConfigError(f"{what}{path}: cannot read it ({e.strerror or e})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{what}{path}: not a regular file")
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read()
+    except OSError as e:
+        raise ConfigError(f"{what}{path}: cannot read it ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -78,6 +78,43 @@ def test_bad_input_raises_before_anything_is_written(
     assert not home.exists() and not (tmp_path / "out").exists()
 
 
+def test_eval_refuses_an_out_it_cannot_write_before_any_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As ``stayer eval --out FILE`` does (exit 2): refused up front, not after a trial ran
+    # and its record could not be kept.
+    home = tmp_path / "home"
+    monkeypatch.setenv("STAYER_HOME", str(home))
+    taken = tmp_path / "taken"
+    taken.write_text("mine\n")
+    with pytest.raises(lib.ConfigError, match=f"^out {taken}: exists and is not a directory"):
+        lib.eval(HELLO, models=[SIM], out=taken)
+    assert taken.read_text() == "mine\n" and not home.exists()
+
+
+def test_a_task_or_config_that_is_no_file_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("STAYER_HOME", str(home))
+    (tmp_path / "file").write_text("x\n")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "to-file").symlink_to(tmp_path / "file")
+    for name in ("file", "dangling", "to-file", "nowhere"):
+        task = tmp_path / name
+        with pytest.raises(lib.ConfigError, match=f"^{task}: not a task directory"):
+            lib.run_task(task, model=SIM)
+        with pytest.raises(lib.ConfigError, match=f"^{task}: not a directory"):
+            lib.eval(task, models=[SIM], out=tmp_path / "out")
+    # A device or a FIFO as the configuration: refused, never read (/dev/zero has no end,
+    # a FIFO waits for a writer).
+    with pytest.raises(lib.ConfigError, match="^--config /dev/null: not a regular file"):
+        lib.run_task(HELLO, model=SIM, config="/dev/null")
+    with pytest.raises(lib.ConfigError, match=f"^--config {tmp_path}: not a regular file"):
+        lib.run_task(HELLO, model=SIM, config=tmp_path)
+    assert not home.exists() and not (tmp_path / "out").exists()
+
+
 def test_a_directory_of_no_task_beside_the_tasks_is_not_a_task(tmp_path: Path) -> None:
     from stayer.eval.suite import scan_suite
 

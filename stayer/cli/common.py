@@ -8,7 +8,6 @@ failed, 2 bad input (one line naming the file, field or flag), 3 budget exhauste
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import sys
 from collections.abc import Callable, Coroutine, Iterator, Mapping
@@ -363,15 +362,14 @@ def bad_input(message: str) -> NoReturn:
 
 
 def check_writable_dir(path: Path, flag: str) -> None:
-    """A directory a command will write into at its end (``--out``): refused up front when it
-    cannot be, so that no work is done whose results could not be kept."""
-    if path.exists() and not path.is_dir():
-        bad_input(f"{flag} {path}: exists and is not a directory")
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        bad_input(f"{flag} {path}: cannot write there ({existing} is read-only or not a directory)")
+    """``stayer.paths.check_writable_dir``: bad input (exit 2) when ``path`` cannot be
+    written."""
+    from stayer.paths import check_writable_dir as check
+
+    try:
+        check(path, flag)
+    except ConfigError as e:
+        bad_input(str(e))
 
 
 def is_store_error(e: BaseException) -> bool:

@@ -151,8 +151,8 @@ def eval_command(
 
     from stayer.cli.progress import WorkProgress
     from stayer.eval import engine
-    from stayer.eval.runner import INFRASTRUCTURE, TrialStore, infra_reason, plan_trials, run_trials
-    from stayer.eval.suite import ProblemsError, load_suite
+    from stayer.eval.runner import INFRASTRUCTURE, infra_reason, run_trials
+    from stayer.eval.suite import ProblemsError
     from stayer.eval.summary import succeeded
 
     try:
@@ -174,18 +174,13 @@ def eval_command(
         check_writable_dir(out_dir, "--out")
     err = stderr()
     try:
-        tasks = load_suite(suite)
+        planned = engine.plan(suite, configs, epochs, out_dir)
     except ProblemsError as e:
         report_problems(e.problems)
     except ConfigError as e:
         bad_input(str(e))
-    trials = plan_trials(tasks, configs, epochs)
-    store = TrialStore(out_dir) if out_dir else None
-    # Only what is still to run is checked: re-rendering a finished --out checks nothing
-    # again, and imports neither the agent nor the price data.
-    pending = engine.pending(trials, store)
-    prices = _runnable(tasks, configs, pending) if pending else None
-    to_check = [t for t in tasks if any(path == t.path for path, _ in pending)]
+    tasks, trials = planned.tasks, planned.trials
+    to_check = planned.to_check
     preflight_found = (
         _preflight(to_check, sandbox, concurrency, force) if preflight and to_check else []
     )
@@ -231,8 +226,8 @@ def eval_command(
                 lambda: run_trials(
                     trials,
                     concurrency=concurrency,
-                    prices=prices,
-                    store=store,
+                    prices=planned.prices,
+                    store=planned.store,
                     on_done=on_done,
                     execute_run=execute_run,
                     executor=executor,
@@ -278,20 +273,6 @@ def eval_command(
     _summary_table(doc, console(stderr=json_out))
     _infra_summary(doc, console(stderr=json_out), out if out_dir is not None else None)
     raise typer.Exit(EXIT_FAILED if counts["infra"] else EXIT_OK)
-
-
-def _runnable(tasks: list[Any], configs: list[Any], pending: set[tuple[Path, Any]]) -> Any:
-    """The price book, once every task × configuration with trials to run is known to be
-    runnable (model, prices, sandbox, limits); else all that is wrong, exit 2."""
-    from stayer.eval.engine import runnable_prices
-    from stayer.eval.suite import ProblemsError
-
-    try:
-        return runnable_prices(tasks, configs, pending)
-    except ProblemsError as e:
-        report_problems(e.problems)
-    except ConfigError as e:
-        bad_input(str(e))
 
 
 def _ray_executor(address: str) -> Any:

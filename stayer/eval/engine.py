@@ -25,6 +25,7 @@ from stayer.eval.runner import EvalConfig, Trial, TrialStore, write_atomic
 from stayer.eval.suite import ProblemsError
 from stayer.eval.task import Task
 from stayer.money import usd_argument
+from stayer.paths import check_writable_dir
 
 if TYPE_CHECKING:
     from stayer.pricing import PriceBook
@@ -61,9 +62,35 @@ def configurations(
     ]
 
 
-def pending(trials: Sequence[Trial], store: TrialStore | None) -> set[tuple[Path, EvalConfig]]:
-    """The task × configuration pairs with a trial still to run (not in ``store``)."""
-    return {(t.task.path, t.config) for t in trials if store is None or store.load(t) is None}
+@dataclass(frozen=True)
+class Plan:
+    """A suite's trials, and of its tasks those with a trial still to run (``to_check``),
+    priced with ``prices`` (None when nothing is left to run)."""
+
+    tasks: list[Task]
+    trials: list[Trial]
+    store: TrialStore | None
+    prices: PriceBook | None
+    to_check: list[Task]
+
+
+def plan(
+    suite: str | Path, configs: Sequence[EvalConfig], epochs: int, out_dir: Path | None
+) -> Plan:
+    """The trials of ``suite`` × ``configs`` × ``epochs``; those not kept in ``out_dir``
+    already are checked runnable (``runnable_prices``). Only what is still to run is
+    checked: re-rendering a finished ``--out`` checks nothing again, and imports neither
+    the agent nor the price data. Bad input: ``ConfigError`` or ``ProblemsError``."""
+    from stayer.eval.runner import plan_trials
+    from stayer.eval.suite import load_suite
+
+    tasks = load_suite(suite)
+    trials = plan_trials(tasks, configs, epochs)
+    store = TrialStore(out_dir) if out_dir else None
+    todo = {(t.task.path, t.config) for t in trials if store is None or store.load(t) is None}
+    prices = runnable_prices(tasks, configs, todo) if todo else None
+    to_check = [t for t in tasks if any(path == t.path for path, _ in todo)]
+    return Plan(tasks, trials, store, prices, to_check)
 
 
 def runnable_prices(
@@ -203,8 +230,7 @@ def evaluate(
     each: ``stayer eval SUITE --model M1,M2 …``. With ``out``, trials are kept there with
     ``eval.json`` and ``report.html``, and a second call reuses the finished ones. A task
     failing the preflight raises ``ConfigError`` unless ``force``."""
-    from stayer.eval.runner import plan_trials, run_trials
-    from stayer.eval.suite import load_suite
+    from stayer.eval.runner import run_trials
 
     started = time.monotonic()
     configs = configurations(
@@ -219,15 +245,12 @@ def evaluate(
         sandbox=sandbox,
     )
     out_dir = None if out is None else Path(out)
-    tasks = load_suite(suite)
-    trials = plan_trials(tasks, configs, epochs)
-    store = TrialStore(out_dir) if out_dir else None
-    todo = pending(trials, store)
-    prices = runnable_prices(tasks, configs, todo) if todo else None
+    if out_dir is not None:
+        check_writable_dir(out_dir, "out")
+    planned = plan(suite, configs, epochs, out_dir)
     found: list[dict[str, Any]] = []
-    to_check = [t for t in tasks if any(path == t.path for path, _ in todo)]
-    if preflight and to_check and sandbox != "local":
-        found = preflight_all(to_check, sandbox, concurrency)
+    if preflight and planned.to_check and sandbox != "local":
+        found = preflight_all(planned.to_check, sandbox, concurrency)
         lines = preflight_lines(found)
         if lines and not force:
             raise ProblemsError(
@@ -240,7 +263,13 @@ def evaluate(
         reused += was_reused
 
     records = asyncio.run(
-        run_trials(trials, concurrency=concurrency, prices=prices, store=store, on_done=on_done)
+        run_trials(
+            planned.trials,
+            concurrency=concurrency,
+            prices=planned.prices,
+            store=planned.store,
+            on_done=on_done,
+        )
     )
     settings = {
         "models": ",".join(models),
