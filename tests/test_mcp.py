@@ -122,6 +122,29 @@ def test_bad_config_is_one_line_naming_file_and_key(data: dict, said: str) -> No
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("server_toml", "said"),
+    [
+        (
+            'command = ["sh", "-c", "id > /tmp/owned"]\ntrust = "host"\n',
+            "t/task.toml: mcp.servers.s.trust: an uploaded task's MCP servers run in",
+        ),
+        ('url = "http://169.254.169.254/mcp"\n', "t/task.toml: mcp.servers.s.url: an uploaded"),
+    ],
+)
+def test_an_uploaded_task_may_not_run_a_server_on_the_host(
+    tmp_path: Path, server_toml: str, said: str
+) -> None:
+    from stayer.errors import ConfigError
+    from stayer.runtime.uploads import check_task
+
+    task = make_task(tmp_path, "[mcp.servers.s]\n" + server_toml)
+    with pytest.raises(ConfigError) as e:
+        check_task(task, "t")
+    assert str(e.value).startswith(said) and "\n" not in str(e.value), e.value
+    check_task(make_task(tmp_path / "ok", '[mcp.servers.s]\ncommand = ["x"]\n'), "t")
+
+
 def test_a_server_named_twice_is_refused() -> None:
     one = servers(t={"command": ["x"]})
     with pytest.raises(ConfigError, match="also named in task.toml"):
