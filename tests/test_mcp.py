@@ -113,6 +113,14 @@ async def connected(named: dict, sandbox=None):
         ({"servers": {"a": {"url": "ftp://h/"}}}, "http:// or https://"),
         ({"servers": {"a": {"url": "http://h/", "env": {"K": "v"}}}}, "env and trust"),
         ({"server": {}}, "unknown key 'mcp.server'"),
+        (
+            {"servers": {"a": {"url": "http://h/", "headers": {"A": "x\r\nX-Injected: 1"}}}},
+            "mcp.servers.a.headers: header 'A': a value must not hold CR, LF",
+        ),
+        (
+            {"servers": {"a": {"url": "http://h/", "headers": {"A: b\r\nC": "x"}}}},
+            "mcp.servers.a.headers: header name",
+        ),
     ],
 )
 def test_bad_config_is_one_line_naming_file_and_key(data: dict, said: str) -> None:
