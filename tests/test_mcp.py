@@ -602,3 +602,21 @@ def test_a_bad_mcp_tools_value_exits_2(tmp_path: Path) -> None:
     assert (
         r.returncode == 2 and "--mcp-tools sometimes: choose one of eager, lazy, auto" in r.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ("not [toml", "malformed TOML"),
+        ('[mcp.servers.t]\ncommand = ["x"]\nbogus = 1\n', "unknown key 'mcp.servers.t.bogus'"),
+        ("[mcp]\nservers = 3\n", "mcp.servers:"),
+        ('[mcp.servers.t]\nurl = "http://h/"\nheaders = {A = "x\\r\\ny"}\n', "headers"),
+    ],
+)
+def test_tools_list_bad_config_is_one_line_exit_2(tmp_path: Path, config: str, said: str) -> None:
+    path = tmp_path / "stayer.toml"
+    path.write_text(config)
+    r = stayer("tools", "list", "--config", str(path), home=tmp_path / "home")
+    assert r.returncode == 2, r.stderr
+    assert said in r.stderr and "stayer.toml" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert r.stdout == ""
