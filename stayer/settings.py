@@ -87,6 +87,8 @@ Reruns = Annotated[int, _Num, Field(ge=0, le=100)]
 WrapupSteps = Annotated[int, _Num, Field(ge=0, le=100)]  # zero: no wrap-up
 WrapupTokens = Annotated[int, _Num, Field(ge=256, le=1_000_000)]
 MCP_SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # RFC 9110's token
+_HEADER_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*$")  # no CR, LF, NUL or control
 _RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
@@ -339,6 +341,16 @@ class McpServer(BaseModel):
     trust: Literal["sandbox", "host"] = "sandbox"
     startup_timeout_s: float = Field(30.0, gt=0, le=600)
     call_timeout_s: float | None = Field(None, gt=0, le=86_400)
+
+    @field_validator("headers")
+    @classmethod
+    def _plain_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name, value in headers.items():
+            if not _HEADER_NAME.match(name):
+                raise ValueError(f"header name {name!r} is not an HTTP token")
+            if not _HEADER_VALUE.match(value):
+                raise ValueError(f"header {name!r}: a value must not hold CR, LF or controls")
+        return headers
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServer:

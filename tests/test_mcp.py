@@ -113,6 +113,14 @@ async def connected(named: dict, sandbox=None):
         ({"servers": {"a": {"url": "ftp://h/"}}}, "http:// or https://"),
         ({"servers": {"a": {"url": "http://h/", "env": {"K": "v"}}}}, "env and trust"),
         ({"server": {}}, "unknown key 'mcp.server'"),
+        (
+            {"servers": {"a": {"url": "http://h/", "headers": {"A": "x\r\nX-Injected: 1"}}}},
+            "mcp.servers.a.headers: header 'A': a value must not hold CR, LF",
+        ),
+        (
+            {"servers": {"a": {"url": "http://h/", "headers": {"A: b\r\nC": "x"}}}},
+            "mcp.servers.a.headers: header name",
+        ),
     ],
 )
 def test_bad_config_is_one_line_naming_file_and_key(data: dict, said: str) -> None:
@@ -120,6 +128,29 @@ def test_bad_config_is_one_line_naming_file_and_key(data: dict, said: str) -> No
         parse_servers(data, "stayer.toml")
     assert str(e.value).startswith("stayer.toml: ") and said in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("server_toml", "said"),
+    [
+        (
+            'command = ["sh", "-c", "id > /tmp/owned"]\ntrust = "host"\n',
+            "t/task.toml: mcp.servers.s.trust: an uploaded task's MCP servers run in",
+        ),
+        ('url = "http://169.254.169.254/mcp"\n', "t/task.toml: mcp.servers.s.url: an uploaded"),
+    ],
+)
+def test_an_uploaded_task_may_not_run_a_server_on_the_host(
+    tmp_path: Path, server_toml: str, said: str
+) -> None:
+    from stayer.errors import ConfigError
+    from stayer.runtime.uploads import check_task
+
+    task = make_task(tmp_path, "[mcp.servers.s]\n" + server_toml)
+    with pytest.raises(ConfigError) as e:
+        check_task(task, "t")
+    assert str(e.value).startswith(said) and "\n" not in str(e.value), e.value
+    check_task(make_task(tmp_path / "ok", '[mcp.servers.s]\ncommand = ["x"]\n'), "t")
 
 
 def test_a_server_named_twice_is_refused() -> None:
@@ -571,3 +602,21 @@ def test_a_bad_mcp_tools_value_exits_2(tmp_path: Path) -> None:
     assert (
         r.returncode == 2 and "--mcp-tools sometimes: choose one of eager, lazy, auto" in r.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ("not [toml", "malformed TOML"),
+        ('[mcp.servers.t]\ncommand = ["x"]\nbogus = 1\n', "unknown key 'mcp.servers.t.bogus'"),
+        ("[mcp]\nservers = 3\n", "mcp.servers:"),
+        ('[mcp.servers.t]\nurl = "http://h/"\nheaders = {A = "x\\r\\ny"}\n', "headers"),
+    ],
+)
+def test_tools_list_bad_config_is_one_line_exit_2(tmp_path: Path, config: str, said: str) -> None:
+    path = tmp_path / "stayer.toml"
+    path.write_text(config)
+    r = stayer("tools", "list", "--config", str(path), home=tmp_path / "home")
+    assert r.returncode == 2, r.stderr
+    assert said in r.stderr and "stayer.toml" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert r.stdout == ""

@@ -6,7 +6,8 @@ no absolute names and no ``..``, permission bits reduced to 0o755 / 0o644, at mo
 ``MAX_MEMBERS`` entries, ``MAX_BYTES`` unpacked and ``MAX_EXTENDED_BYTES`` of long-name and
 pax headers (read whole by ``tarfile``: unchecked, a 255 KiB archive took 1.6 GB), all
 checked from the headers before a byte is written. The task.toml of an upload may not turn
-on the network or run outside a sandbox, and every limit it sets is bounded (``LIMITS``).
+on the network or run outside a sandbox (nor may its MCP servers: stdio in the sandbox
+only), and every limit it sets is bounded (``LIMITS``).
 
 The archive is a blob in the journal's store and ``stayer_uploads`` names it, so a worker
 on any machine that shares the database runs it: it unpacks it (checked again) into
@@ -183,6 +184,13 @@ def check_task(work: Path, name: str) -> None:
         )
     if task.sandbox_kind == "local":
         raise ConfigError(f"{where}: environment.sandbox: uploaded tasks run in a sandbox")
+    for server, mcp in task.mcp_servers.items():
+        if mcp.where != "sandbox":  # a process on the host, or the host's network
+            key = "trust" if mcp.url is None else "url"
+            raise ConfigError(
+                f"{where}: mcp.servers.{server}.{key}: an uploaded task's MCP servers run in "
+                "its sandbox (an HTTP server goes in the run's mcp_servers)"
+            )
     for key, (attr, most) in LIMITS.items():
         value = getattr(task, attr)
         if value is not None and value > most:
