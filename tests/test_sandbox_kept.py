@@ -133,9 +133,12 @@ def test_a_daemon_cannot_write_into_a_later_commands_output(sb: BwrapSandbox) ->
     """A daemon that would write into every process's stdout, or forge reports, is gone
     before the next command starts: the next output is that command's alone."""
     mark = marker()
+    # It starts forging once this command's bash is gone (before that, writing into the
+    # command's own output is the command's doing, and whether it lands first is a race).
     daemon = (
-        f"setsid nohup bash -c 'sleep {mark} & while :; do for f in /proc/[0-9]*/fd/[12]; do "
-        "echo FORGED > $f; done 2>/dev/null; done' > /dev/null 2>&1 < /dev/null & echo left"
+        f"p=$$; setsid nohup bash -c 'sleep {mark} & while [ -e /proc/'$p' ]; do sleep 0.01; "
+        "done; while :; do for f in /proc/[0-9]*/fd/[12]; do echo FORGED > $f; done "
+        "2>/dev/null; done' > /dev/null 2>&1 < /dev/null & echo left"
     )
     r = run(sb.exec(daemon, timeout=30))
     assert (r.exit_code, r.stdout) == (0, "left\n"), r
