@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -267,6 +268,50 @@ def test_keys_sessions_and_bodies_are_checked(gateway: str, keys: dict[str, str]
     for cap in ("nan", "-1", "1e100", "abc"):
         r = httpx.post(url, json=body, headers=dict(mine, **{"x-stayer-max-cost": cap}), timeout=30)
         assert r.status_code == 400, cap
+
+
+def test_a_key_deleted_from_the_database_is_refused_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A known key's settings are reused for a while (an hour here); whether the key is
+    still valid is read on every call all the same (there is no revoke command yet: its
+    row is deleted as a revocation would)."""
+    from starlette.testclient import TestClient
+
+    from stayer.gateway import app as gateway_app
+    from stayer.guard.budget import MemoryBudgetStore
+    from stayer.journal.backends import open_store
+    from stayer.journal.metered import SessionLedger
+    from stayer.metering.meter import Meter
+    from stayer.pricing import PriceBook
+    from stayer.runtime.db import ServiceDB, key_hash
+
+    monkeypatch.setattr(gateway_app, "KEY_TTL_S", 3600.0)
+    db = ThreadPoolExecutor(1)  # a SQLite connection is its thread's: all on this one
+    store = db.submit(open_store, tmp_path, "").result()
+    assert store is not None
+    service = db.submit(ServiceDB, store).result()
+    key = db.submit(service.create_tenant, "revoked").result()
+    gw = gateway_app.Gateway(
+        db=db,
+        meter=Meter(PriceBook.load(), MemoryBudgetStore()),
+        ledger=SessionLedger(store),
+        key_info=service.gateway_key,
+        upstreams={"anthropic": gateway_app.Upstream("http://127.0.0.1:1")},  # unreachable
+    )
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "a"}]}  # fmt: skip
+    with TestClient(gateway_app.create_app(gw)) as client:
+        first = client.post("/v1/messages", json=body, headers={"x-api-key": key})
+        assert first.status_code not in (401, 403), first.text  # known: past the key check
+        db.submit(_delete_tenant, store, key_hash(key)).result()
+        r = client.post("/v1/messages", json=body, headers={"x-api-key": key})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+def _delete_tenant(store: Any, digest: str) -> None:
+    with store._tx() as cur:
+        cur.execute("DELETE FROM stayer_tenants WHERE key_hash = ?", (digest,))
 
 
 class _Recorder:

@@ -63,7 +63,8 @@ _PASS_BACK = (
     "x-request-id",
     "anthropic-ratelimit-requests-remaining",
 )
-KEY_TTL_S = 1.0  # how long a key's settings (default session cap, webhook) are reused
+KEY_TTL_S = 1.0  # how long a known key skips the lookup before its body is read
+BAD_KEY = "missing or invalid stayer key (x-api-key or Authorization: Bearer)"
 MAX_KNOWN = 10_000
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-stayer-session")
 
@@ -104,8 +105,10 @@ class Gateway:
         task.add_done_callback(self.pending.discard)
 
     async def who(self, key: str) -> GatewayKey | None:
-        """The key's tenant and settings, looked up at most once per ``KEY_TTL_S`` (a key
-        that is not known is looked up every time: a new tenant's works at once)."""
+        """The key's tenant, looked up at most once per ``KEY_TTL_S`` (a key that is not
+        known is looked up every time: a new tenant's works at once). Only a first check,
+        before the body is read: ``_admit`` reads the key again, in the trip that holds
+        the call, so a revoked key or a changed setting counts at once."""
         now = time.monotonic()
         hit = self.known.get(key)
         if hit is not None and hit[0] > now:
@@ -194,12 +197,10 @@ def create_app(gw: Gateway) -> Starlette:
         async def endpoint(request: Request) -> Response:
             try:
                 key = _key(request)
-                who = await gw.who(key) if key else None
-                if key is None or who is None:
-                    raise _Error(
-                        401, "missing or invalid stayer key (x-api-key or Authorization: Bearer)"
-                    )
-                tenant = who.tenant
+                known = await gw.who(key) if key else None
+                if key is None or known is None:
+                    raise _Error(401, BAD_KEY)
+                tenant = known.tenant
                 raw = await _read(request, gw.max_body)
                 try:
                     body = json.loads(raw)
@@ -223,8 +224,8 @@ def create_app(gw: Gateway) -> Starlette:
                     provider = "openai"
                 session = _session(request, tenant, key)
                 steps, cap = _max_steps(request), _cap(request)
-                state, admission = await gw.run(
-                    _admit, gw, who, session, parsed, provider, steps, cap
+                who, state, admission = await gw.run(
+                    _admit, gw, key, session, parsed, provider, steps, cap
                 )
             except CapClash as e:
                 return _error(
@@ -413,15 +414,20 @@ def _rewrite(
 
 def _admit(
     gw: Gateway,
-    who: GatewayKey,
+    key: str,
     session: str,
     parsed: wire.Parsed,
     provider: str,
     max_steps: int | None,
     cap: Decimal | None,
-) -> tuple[SessionState, Admission]:
-    """On the database thread, in one hop: the session opened (or refused: another
-    tenant's, a breaker tripped) and the call held in its accounts."""
+) -> tuple[GatewayKey, SessionState, Admission]:
+    """On the database thread, in one hop: the key read again (one revoked since
+    ``who`` cached it is refused, and its settings are the latest), the session opened
+    (or refused: another tenant's, a breaker tripped) and the call held in its accounts."""
+    who = gw.key_info(key)
+    if who is None:
+        gw.known.pop(key, None)
+        raise _Error(401, BAD_KEY)
     row = gw.ledger.open(who.tenant, session, parsed.model, _now())
     state = gw.states.get(session, provider, parsed.model)
     why = state.breakers.refusal(row.steps, max_steps)
@@ -430,7 +436,7 @@ def _admit(
     if why is not None:
         raise _Error(403, why)
     accounts = _accounts(who, session, cap)
-    return state, gw.meter.admit(parsed, provider, list(accounts), accounts)
+    return who, state, gw.meter.admit(parsed, provider, list(accounts), accounts)
 
 
 def _accounts(who: GatewayKey, session: str, cap: Decimal | None) -> dict[str, Opening]:
