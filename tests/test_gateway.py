@@ -270,6 +270,45 @@ def test_keys_sessions_and_bodies_are_checked(gateway: str, keys: dict[str, str]
         assert r.status_code == 400, cap
 
 
+def _refused(env: dict[str, str], *args: str) -> str:
+    """``stayer ARGS`` (in-process) refused: exit 2 and a one-line error; its stderr."""
+    from typer.testing import CliRunner
+
+    from stayer.cli import app
+
+    done = CliRunner().invoke(app, args, env={"STAYER_HOME": env["STAYER_HOME"], "STAYER_DB": None})
+    assert done.exit_code == 2, (args, done.stdout, done.stderr)
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    return done.stderr
+
+
+def test_a_tenants_gateway_settings_refuse_bad_values_and_write_nothing(
+    env: dict[str, str], keys: dict[str, str]
+) -> None:
+    before = _cli(env, "tenants", "list", "--json")
+    for flag in ("--key-max-cost", "--session-max-cost"):
+        for value in ("-1", "nan", "inf", "1e100", "abc", ""):
+            assert flag in _refused(env, "tenants", "budget", "acme", flag, value)
+            assert flag in _refused(env, "tenants", "create", "fresh", flag, value)
+    assert "--session-max-cost" in _refused(
+        env, "tenants", "budget", "acme", "--session-max-cost", "0"
+    )
+    for url in (
+        "ftp://127.0.0.1/x",
+        "file:///etc/passwd",
+        "javascript:alert(1)",
+        "http://user:pw@127.0.0.1/",
+        "http://127.0.0.1/a\r\nX-Evil: 1",
+        "http://127.0.0.1/a\nb",
+        "http://127.0.0.1/a b",
+        "http://127.0.0.1/hook",  # private: refused without --allow-private-webhooks
+        "http://169.254.169.254/latest",
+    ):
+        assert "webhook" in _refused(env, "tenants", "webhook", "acme", url), url
+    _refused(env, "tenants", "webhook", "nosuch", "http://127.0.0.1/", "--allow-private-webhooks")
+    assert _cli(env, "tenants", "list", "--json") == before
+
+
 def test_a_key_deleted_from_the_database_is_refused_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -451,7 +490,11 @@ def test_a_cache_miss_sends_the_tenant_a_signed_webhook_with_its_reason_and_pric
     from stayer.runtime.webhooks import verify
 
     receiver = _Receiver()
-    done = json.loads(_cli(env, "tenants", "webhook", "hooked", receiver.url, "--json"))
+    done = json.loads(
+        _cli(
+            env, "tenants", "webhook", "hooked", receiver.url, "--allow-private-webhooks", "--json"
+        )
+    )
     assert done == {"tenant": "hooked", "webhook": receiver.url}
     client = _in_session(gateway, keys["hooked"], "s-hooked")
     own = "Be hooked. " * 700
