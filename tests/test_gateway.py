@@ -259,13 +259,16 @@ def test_keys_sessions_and_bodies_are_checked(gateway: str, keys: dict[str, str]
     theirs = dict(mine, **{"x-api-key": keys["other"]})
     stolen = httpx.post(url, json=body, headers=theirs, timeout=30)
     assert stolen.status_code == 403  # another tenant cannot spend or read into it
+    recapped = httpx.post(url, json=body, headers=dict(theirs, **{"x-stayer-max-cost": "0.0001"}),
+                          timeout=30)  # fmt: skip
+    assert recapped.status_code == 403  # nor set its cap
     for raw in (b"{", b"[1]", b"[" * 100_000):
         r = httpx.post(url, content=raw, headers={"x-api-key": keys["acme"]}, timeout=30)
         assert r.status_code == 400 and r.json()["type"] == "error"
     huge = b'{"model": "claude-sonnet-4-5", "pad": "' + b"x" * (33 << 20) + b'"}'
     r = httpx.post(url, content=huge, headers={"x-api-key": keys["acme"]}, timeout=60)
     assert r.status_code == 413 and r.json()["type"] == "error"
-    for cap in ("nan", "-1", "1e100", "abc"):
+    for cap in ("nan", "-1", "1e100", "abc", "0", "inf", "sNaN", "", "1e999999999"):
         r = httpx.post(url, json=body, headers=dict(mine, **{"x-stayer-max-cost": cap}), timeout=30)
         assert r.status_code == 400, cap
 
@@ -312,9 +315,9 @@ def test_a_tenants_gateway_settings_refuse_bad_values_and_write_nothing(
 def test_a_key_deleted_from_the_database_is_refused_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A known key's settings are reused for a while (an hour here); whether the key is
-    still valid is read on every call all the same (there is no revoke command yet: its
-    row is deleted as a revocation would)."""
+    """A known key is cached for a while (an hour here); a lowered cap and whether the
+    key is still valid count on the next call all the same (there is no revoke command
+    yet: its row is deleted as a revocation would)."""
     from starlette.testclient import TestClient
 
     from stayer.gateway import app as gateway_app
@@ -324,6 +327,7 @@ def test_a_key_deleted_from_the_database_is_refused_at_once(
     from stayer.metering.meter import Meter
     from stayer.pricing import PriceBook
     from stayer.runtime.db import ServiceDB, key_hash
+    from stayer.runtime.tenants import TenantBudgets
 
     monkeypatch.setattr(gateway_app, "KEY_TTL_S", 3600.0)
     db = ThreadPoolExecutor(1)  # a SQLite connection is its thread's: all on this one
@@ -343,6 +347,11 @@ def test_a_key_deleted_from_the_database_is_refused_at_once(
     with TestClient(gateway_app.create_app(gw)) as client:
         first = client.post("/v1/messages", json=body, headers={"x-api-key": key})
         assert first.status_code not in (401, 403), first.text  # known: past the key check
+        digest = key_hash(key)
+        TenantBudgets(gw.meter.budgets).set_key_cap("revoked", digest, Decimal(0))
+        capped = client.post("/v1/messages", json=body, headers={"x-api-key": key})
+        assert capped.status_code == 402  # a lowered cap counts at once
+        TenantBudgets(gw.meter.budgets).set_key_cap("revoked", digest, None)
         db.submit(_delete_tenant, store, key_hash(key)).result()
         r = client.post("/v1/messages", json=body, headers={"x-api-key": key})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"

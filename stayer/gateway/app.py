@@ -43,7 +43,6 @@ from stayer.metering.session import SessionState, SessionStates, settle_call
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
 from stayer.money import Usd
-from stayer.records import to_json
 from stayer.runtime.db import GatewayKey
 from stayer.runtime.tenants import account_name, key_account_name
 from stayer.runtime.webhooks import Webhooks
@@ -510,7 +509,7 @@ class _Call:
         model = done.entry["model"]
         gw.metrics.observe(tenant, model, done.metered.charged, done.cache_break, done.trips)
         if done.cache_break is not None and self.who.webhook:
-            brk = to_json(done.cache_break)
+            brk = done.entry["cache_break"]  # the CacheBreak as the ledger has it
             gw.webhooks.send(
                 self.who.webhook,
                 self.who.webhook_secret,
