@@ -301,30 +301,19 @@ class _Core:
         except ConfigError:
             return "openai"
 
-    def admit(self, parsed: wire.Parsed, provider: str) -> tuple[Admission, int]:
-        """The call's step and worst case held, or ``BudgetExceeded``."""
+    def admit(self, parsed: wire.Parsed, provider: str) -> Admission:
+        """The call's step and worst case held (one transaction), or ``BudgetExceeded``."""
         budget = self.budget
         try:
             if not self.session.opened:  # its journal row, made once
                 self.session.ledger_writer.open(TENANT, self.session.id, parsed.model, _now())
                 self.session.opened = True
-            step = budget.store.reserve(budget.steps_name, Decimal(1))
-            if step is None:
-                raise Refused(
-                    f"budget {budget.name}: its {budget.max_steps} steps (max_steps) are used"
-                )
-            try:
-                return self.meter.admit(parsed, provider, [budget.name]), step
-            except BaseException:
-                budget.store.settle(step, Decimal(0))
-                raise
+            full = f"budget {budget.name}: its {budget.max_steps} steps (max_steps) are used"
+            return self.meter.admit(
+                parsed, provider, [budget.name], None, {budget.steps_name: full}
+            )
         except Refused as e:
             raise _refusal(str(e), self.sdk) from None
-
-    def release(self, admission: Admission, step: int) -> None:
-        """A call not made (an error, or refused upstream): its holds and step given back."""
-        self.meter.release(admission)
-        self.budget.store.settle(step, Decimal(0))
 
     def finish(
         self,
@@ -333,12 +322,10 @@ class _Core:
         body: bytes,
         reading: Reading,
         took: float,
-        step: int,
         context: Any = None,
     ) -> None:
         state = self.session.states.get(self.session.id, admission.provider, admission.model)
         done = settle_call(self.meter, state, admission, parsed, body, reading, took)
-        self.budget.store.settle(step, Decimal(1))
         number = self.session.ledger_writer.record(TENANT, self.session.id, done.entry, _now())
         if done.step is None:
             return
@@ -417,7 +404,7 @@ class _SyncTransport(httpx2.BaseTransport):
             return self.inner.handle_request(request)
         api, parsed, body = found
         provider = self.core.provider(api, parsed.model)
-        admission, step = _db(self.core.admit, parsed, provider)
+        admission = _db(self.core.admit, parsed, provider)
         context = _context(self.core)
         if admission.max_tokens != parsed.request.max_tokens:
             request = _rebuilt(httpx2, request, api, body, admission.max_tokens)
@@ -426,15 +413,15 @@ class _SyncTransport(httpx2.BaseTransport):
         try:
             response = self.inner.handle_request(request)
         except BaseException:
-            _db(self.core.release, admission, step)
+            _db(self.core.meter.release, admission)
             raise
         if response.status_code >= 400:
-            _db(self.core.release, admission, step)
+            _db(self.core.meter.release, admission)
             return response
 
         def finish(reading: Reading) -> None:
             took = time.perf_counter() - started
-            _db(self.core.finish, admission, parsed, body, reading, took, step, context)
+            _db(self.core.finish, admission, parsed, body, reading, took, context)
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             stream = _SyncStream(response, StreamReader(api), finish)
@@ -493,7 +480,7 @@ class _AsyncTransport(httpx2.AsyncBaseTransport):
             return await self.inner.handle_async_request(request)
         api, parsed, body = found
         provider = self.core.provider(api, parsed.model)
-        admission, step = await _adb(self.core.admit, parsed, provider)
+        admission = await _adb(self.core.admit, parsed, provider)
         context = _context(self.core)
         if admission.max_tokens != parsed.request.max_tokens:
             request = _rebuilt(httpx2, request, api, body, admission.max_tokens)
@@ -502,15 +489,15 @@ class _AsyncTransport(httpx2.AsyncBaseTransport):
         try:
             response = await self.inner.handle_async_request(request)
         except BaseException:
-            await _adb(self.core.release, admission, step)
+            await _adb(self.core.meter.release, admission)
             raise
         if response.status_code >= 400:
-            await _adb(self.core.release, admission, step)
+            await _adb(self.core.meter.release, admission)
             return response
 
         async def finish(reading: Reading) -> None:
             took = time.perf_counter() - started
-            await _adb(self.core.finish, admission, parsed, body, reading, took, step, context)
+            await _adb(self.core.finish, admission, parsed, body, reading, took, context)
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             stream = _AsyncStream(response, StreamReader(api), finish)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -258,15 +259,107 @@ def test_keys_sessions_and_bodies_are_checked(gateway: str, keys: dict[str, str]
     theirs = dict(mine, **{"x-api-key": keys["other"]})
     stolen = httpx.post(url, json=body, headers=theirs, timeout=30)
     assert stolen.status_code == 403  # another tenant cannot spend or read into it
+    recapped = httpx.post(url, json=body, headers=dict(theirs, **{"x-stayer-max-cost": "0.0001"}),
+                          timeout=30)  # fmt: skip
+    assert recapped.status_code == 403  # nor set its cap
     for raw in (b"{", b"[1]", b"[" * 100_000):
         r = httpx.post(url, content=raw, headers={"x-api-key": keys["acme"]}, timeout=30)
         assert r.status_code == 400 and r.json()["type"] == "error"
     huge = b'{"model": "claude-sonnet-4-5", "pad": "' + b"x" * (33 << 20) + b'"}'
     r = httpx.post(url, content=huge, headers={"x-api-key": keys["acme"]}, timeout=60)
     assert r.status_code == 413 and r.json()["type"] == "error"
-    for cap in ("nan", "-1", "1e100", "abc"):
+    for cap in ("nan", "-1", "1e100", "abc", "0", "inf", "sNaN", "", "1e999999999"):
         r = httpx.post(url, json=body, headers=dict(mine, **{"x-stayer-max-cost": cap}), timeout=30)
         assert r.status_code == 400, cap
+
+
+def _refused(env: dict[str, str], *args: str) -> str:
+    """``stayer ARGS`` (in-process) refused: exit 2 and a one-line error; its stderr."""
+    from typer.testing import CliRunner
+
+    from stayer.cli import app
+
+    done = CliRunner().invoke(app, args, env={"STAYER_HOME": env["STAYER_HOME"], "STAYER_DB": None})
+    assert done.exit_code == 2, (args, done.stdout, done.stderr)
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    return done.stderr
+
+
+def test_a_tenants_gateway_settings_refuse_bad_values_and_write_nothing(
+    env: dict[str, str], keys: dict[str, str]
+) -> None:
+    before = _cli(env, "tenants", "list", "--json")
+    for flag in ("--key-max-cost", "--session-max-cost"):
+        for value in ("-1", "nan", "inf", "1e100", "abc", ""):
+            assert flag in _refused(env, "tenants", "budget", "acme", flag, value)
+            assert flag in _refused(env, "tenants", "create", "fresh", flag, value)
+    assert "--session-max-cost" in _refused(
+        env, "tenants", "budget", "acme", "--session-max-cost", "0"
+    )
+    for url in (
+        "ftp://127.0.0.1/x",
+        "file:///etc/passwd",
+        "javascript:alert(1)",
+        "http://user:pw@127.0.0.1/",
+        "http://127.0.0.1/a\r\nX-Evil: 1",
+        "http://127.0.0.1/a\nb",
+        "http://127.0.0.1/a b",
+        "http://127.0.0.1/hook",  # private: refused without --allow-private-webhooks
+        "http://169.254.169.254/latest",
+    ):
+        assert "webhook" in _refused(env, "tenants", "webhook", "acme", url), url
+    _refused(env, "tenants", "webhook", "nosuch", "http://127.0.0.1/", "--allow-private-webhooks")
+    assert _cli(env, "tenants", "list", "--json") == before
+
+
+def test_a_key_deleted_from_the_database_is_refused_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A known key is cached for a while (an hour here); a lowered cap and whether the
+    key is still valid count on the next call all the same (there is no revoke command
+    yet: its row is deleted as a revocation would)."""
+    from starlette.testclient import TestClient
+
+    from stayer.gateway import app as gateway_app
+    from stayer.guard.budget import MemoryBudgetStore
+    from stayer.journal.backends import open_store
+    from stayer.journal.metered import SessionLedger
+    from stayer.metering.meter import Meter
+    from stayer.pricing import PriceBook
+    from stayer.runtime.db import ServiceDB, key_hash
+    from stayer.runtime.tenants import TenantBudgets
+
+    monkeypatch.setattr(gateway_app, "KEY_TTL_S", 3600.0)
+    db = ThreadPoolExecutor(1)  # a SQLite connection is its thread's: all on this one
+    store = db.submit(open_store, tmp_path, "").result()
+    assert store is not None
+    service = db.submit(ServiceDB, store).result()
+    key = db.submit(service.create_tenant, "revoked").result()
+    gw = gateway_app.Gateway(
+        db=db,
+        meter=Meter(PriceBook.load(), MemoryBudgetStore()),
+        ledger=SessionLedger(store),
+        key_info=service.gateway_key,
+        upstreams={"anthropic": gateway_app.Upstream("http://127.0.0.1:1")},  # unreachable
+    )
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "a"}]}  # fmt: skip
+    with TestClient(gateway_app.create_app(gw)) as client:
+        first = client.post("/v1/messages", json=body, headers={"x-api-key": key})
+        assert first.status_code not in (401, 403), first.text  # known: past the key check
+        digest = key_hash(key)
+        TenantBudgets(gw.meter.budgets).set_key_cap("revoked", digest, Decimal(0))
+        capped = client.post("/v1/messages", json=body, headers={"x-api-key": key})
+        assert capped.status_code == 402  # a lowered cap counts at once
+        TenantBudgets(gw.meter.budgets).set_key_cap("revoked", digest, None)
+        db.submit(_delete_tenant, store, key_hash(key)).result()
+        r = client.post("/v1/messages", json=body, headers={"x-api-key": key})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+def _delete_tenant(store: Any, digest: str) -> None:
+    with store._tx() as cur:
+        cur.execute("DELETE FROM stayer_tenants WHERE key_hash = ?", (digest,))
 
 
 class _Recorder:
@@ -406,7 +499,11 @@ def test_a_cache_miss_sends_the_tenant_a_signed_webhook_with_its_reason_and_pric
     from stayer.runtime.webhooks import verify
 
     receiver = _Receiver()
-    done = json.loads(_cli(env, "tenants", "webhook", "hooked", receiver.url, "--json"))
+    done = json.loads(
+        _cli(
+            env, "tenants", "webhook", "hooked", receiver.url, "--allow-private-webhooks", "--json"
+        )
+    )
     assert done == {"tenant": "hooked", "webhook": receiver.url}
     client = _in_session(gateway, keys["hooked"], "s-hooked")
     own = "Be hooked. " * 700

@@ -198,26 +198,30 @@ def test_fifty_threads_never_overshoot_one_budget(sim: str, store: str, tmp_path
     assert len(session.ledger) == outcomes.count("ok") and session.cost == budget.spent
 
 
-_WORKER = textwrap.dedent(
-    """
-    import sys
-    import anthropic, stayer
-    sim, store, name, home, n = sys.argv[1:6]
-    budget = stayer.Budget("0.02", store=store, name=name)
-    session = stayer.Session(home=home)
-    client = stayer.meter(anthropic.Anthropic(base_url=sim, api_key="sk-x", max_retries=0),
-                          budget=budget, session=session)
-    ok = 0
-    for i in range(int(n)):
-        try:
-            client.messages.create(model="claude-sonnet-4-5", max_tokens=300,
-                                   messages=[{"role": "user", "content": f"p{i} " + "w " * 200}])
-            ok += 1
-        except stayer.BudgetExceeded:
-            pass
-    print(ok, session.cost if ok else 0)
-    """
-)
+def _worker(budget: str, max_tokens: int, pad: int, refusal: str = "") -> str:
+    """A process's script: up to n calls metered under the shared ``Budget(BUDGET, ...)``,
+    each refusal naming ``refusal``; prints the calls made and their cost."""
+    return textwrap.dedent(
+        f"""
+        import sys
+        import anthropic, stayer
+        sim, store, name, home, n = sys.argv[1:6]
+        budget = stayer.Budget({budget}, store=store, name=name)
+        session = stayer.Session(home=home)
+        client = stayer.meter(anthropic.Anthropic(base_url=sim, api_key="sk-x", max_retries=0),
+                              budget=budget, session=session)
+        ok = 0
+        for i in range(int(n)):
+            try:
+                client.messages.create(model="claude-sonnet-4-5", max_tokens={max_tokens},
+                                       messages=[{{"role": "user",
+                                                   "content": f"p{{i}} " + "w " * {pad}}}])
+                ok += 1
+            except stayer.BudgetExceeded as e:
+                assert {refusal!r} in str(e), e
+        print(ok, session.cost if ok else 0)
+        """
+    )
 
 
 def _in_ten_processes(
@@ -239,7 +243,7 @@ def _in_ten_processes(
 
 def test_ten_processes_never_overshoot_one_budget(sim: str, store: str, tmp_path: Path) -> None:
     name = f"shared-{uuid.uuid4().hex[:8]}"
-    printed = _in_ten_processes(_WORKER, sim, store, name, tmp_path, 6)
+    printed = _in_ten_processes(_worker('"0.02"', 300, 200), sim, store, name, tmp_path, 6)
     made = sum(int(ok) for ok, _ in printed)
     budget = stayer.Budget("0.02", store=store, name=name)
     assert 0 < made < 60 and budget.spent <= Decimal("0.02") and budget.reserved == 0
@@ -272,31 +276,11 @@ def test_fifty_threads_never_exceed_max_steps(sim: str, store: str, tmp_path: Pa
     assert budget.reserved == 0
 
 
-_STEPS_WORKER = textwrap.dedent(
-    """
-    import sys
-    import anthropic, stayer
-    sim, store, name, home, n = sys.argv[1:6]
-    budget = stayer.Budget("5", max_steps=13, store=store, name=name)
-    session = stayer.Session(home=home)
-    client = stayer.meter(anthropic.Anthropic(base_url=sim, api_key="sk-x", max_retries=0),
-                          budget=budget, session=session)
-    ok = 0
-    for i in range(int(n)):
-        try:
-            client.messages.create(model="claude-sonnet-4-5", max_tokens=50,
-                                   messages=[{"role": "user", "content": f"p{i}"}])
-            ok += 1
-        except stayer.BudgetExceeded as e:
-            assert "max_steps" in str(e), e
-    print(ok, session.cost if ok else 0)
-    """
-)
-
-
 def test_ten_processes_never_exceed_max_steps(sim: str, store: str, tmp_path: Path) -> None:
     name = f"steps-{uuid.uuid4().hex[:8]}"
-    printed = _in_ten_processes(_STEPS_WORKER, sim, store, name, tmp_path, 3)
+    printed = _in_ten_processes(
+        _worker('"5", max_steps=13', 50, 0, "max_steps"), sim, store, name, tmp_path, 3
+    )
     budget = stayer.Budget("5", max_steps=13, store=store, name=name)
     assert sum(int(ok) for ok, _ in printed) == 13 == budget.steps
     assert sum(Decimal(cost) for _, cost in printed) == budget.spent and budget.reserved == 0

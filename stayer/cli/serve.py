@@ -236,19 +236,21 @@ def tenants_budget(
 def tenants_webhook(
     name: Annotated[str, typer.Argument(help="Tenant name.")],
     url: Annotated[str, typer.Argument(help="http(s) URL, or 'none' to stop sending.")],
+    allow_private_webhooks: PrivateWebhooksOption = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Where `stayer gateway` sends the tenant's cache-miss webhooks (signed with its
-    webhook secret, like the runs' status webhooks).
+    webhook secret, like the runs' status webhooks). A loopback or private address is
+    refused without --allow-private-webhooks (which the gateway needs too).
 
     Example: stayer tenants webhook acme https://hooks.example.com/stayer"""
     from stayer.runtime.webhooks import resolve
 
     target = None if url.lower() == "none" else url
     if target is not None:
-        _, problem = resolve(target, allow_private=True)
+        _, problem = resolve(target, allow_private=allow_private_webhooks)
         if problem is not None:
-            bad_input(f"webhook {url}: {problem}")
+            bad_input(f"webhook {url!r}: {problem}")
     try:
         db = _service_db()
         if not db.tenant_exists(name):

@@ -43,7 +43,6 @@ from stayer.metering.session import SessionState, SessionStates, settle_call
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
 from stayer.money import Usd
-from stayer.records import to_json
 from stayer.runtime.db import GatewayKey
 from stayer.runtime.tenants import account_name, key_account_name
 from stayer.runtime.webhooks import Webhooks
@@ -63,7 +62,8 @@ _PASS_BACK = (
     "x-request-id",
     "anthropic-ratelimit-requests-remaining",
 )
-KEY_TTL_S = 1.0  # how long a key's settings (default session cap, webhook) are reused
+KEY_TTL_S = 1.0  # how long a known key skips the lookup before its body is read
+BAD_KEY = "missing or invalid stayer key (x-api-key or Authorization: Bearer)"
 MAX_KNOWN = 10_000
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-stayer-session")
 
@@ -104,8 +104,10 @@ class Gateway:
         task.add_done_callback(self.pending.discard)
 
     async def who(self, key: str) -> GatewayKey | None:
-        """The key's tenant and settings, looked up at most once per ``KEY_TTL_S`` (a key
-        that is not known is looked up every time: a new tenant's works at once)."""
+        """The key's tenant, looked up at most once per ``KEY_TTL_S`` (a key that is not
+        known is looked up every time: a new tenant's works at once). Only a first check,
+        before the body is read: ``_admit`` reads the key again, in the trip that holds
+        the call, so a revoked key or a changed setting counts at once."""
         now = time.monotonic()
         hit = self.known.get(key)
         if hit is not None and hit[0] > now:
@@ -194,12 +196,10 @@ def create_app(gw: Gateway) -> Starlette:
         async def endpoint(request: Request) -> Response:
             try:
                 key = _key(request)
-                who = await gw.who(key) if key else None
-                if key is None or who is None:
-                    raise _Error(
-                        401, "missing or invalid stayer key (x-api-key or Authorization: Bearer)"
-                    )
-                tenant = who.tenant
+                known = await gw.who(key) if key else None
+                if key is None or known is None:
+                    raise _Error(401, BAD_KEY)
+                tenant = known.tenant
                 raw = await _read(request, gw.max_body)
                 try:
                     body = json.loads(raw)
@@ -223,8 +223,8 @@ def create_app(gw: Gateway) -> Starlette:
                     provider = "openai"
                 session = _session(request, tenant, key)
                 steps, cap = _max_steps(request), _cap(request)
-                state, admission = await gw.run(
-                    _admit, gw, who, session, parsed, provider, steps, cap
+                who, state, admission = await gw.run(
+                    _admit, gw, key, session, parsed, provider, steps, cap
                 )
             except CapClash as e:
                 return _error(
@@ -413,15 +413,20 @@ def _rewrite(
 
 def _admit(
     gw: Gateway,
-    who: GatewayKey,
+    key: str,
     session: str,
     parsed: wire.Parsed,
     provider: str,
     max_steps: int | None,
     cap: Decimal | None,
-) -> tuple[SessionState, Admission]:
-    """On the database thread, in one hop: the session opened (or refused: another
-    tenant's, a breaker tripped) and the call held in its accounts."""
+) -> tuple[GatewayKey, SessionState, Admission]:
+    """On the database thread, in one hop: the key read again (one revoked since
+    ``who`` cached it is refused, and its settings are the latest), the session opened
+    (or refused: another tenant's, a breaker tripped) and the call held in its accounts."""
+    who = gw.key_info(key)
+    if who is None:
+        gw.known.pop(key, None)
+        raise _Error(401, BAD_KEY)
     row = gw.ledger.open(who.tenant, session, parsed.model, _now())
     state = gw.states.get(session, provider, parsed.model)
     why = state.breakers.refusal(row.steps, max_steps)
@@ -430,7 +435,7 @@ def _admit(
     if why is not None:
         raise _Error(403, why)
     accounts = _accounts(who, session, cap)
-    return state, gw.meter.admit(parsed, provider, list(accounts), accounts)
+    return who, state, gw.meter.admit(parsed, provider, list(accounts), accounts)
 
 
 def _accounts(who: GatewayKey, session: str, cap: Decimal | None) -> dict[str, Opening]:
@@ -504,7 +509,7 @@ class _Call:
         model = done.entry["model"]
         gw.metrics.observe(tenant, model, done.metered.charged, done.cache_break, done.trips)
         if done.cache_break is not None and self.who.webhook:
-            brk = to_json(done.cache_break)
+            brk = done.entry["cache_break"]  # the CacheBreak as the ledger has it
             gw.webhooks.send(
                 self.who.webhook,
                 self.who.webhook_secret,

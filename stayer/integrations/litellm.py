@@ -82,12 +82,8 @@ def _callback_base() -> type:
 
 
 class _Call:
-    def __init__(
-        self, admission: Admission, step: int, parsed: wire.Parsed, api: wire.Api, body: bytes
-    ):
-        self.admission, self.step, self.parsed, self.api, self.body = (
-            admission, step, parsed, api, body,
-        )  # fmt: skip
+    def __init__(self, admission: Admission, parsed: wire.Parsed, api: wire.Api, body: bytes):
+        self.admission, self.parsed, self.api, self.body = admission, parsed, api, body
         self.started = time.perf_counter()
 
 
@@ -123,7 +119,7 @@ def callback(
             return
         try:
             if not ok:
-                _db(core.release, call.admission, call.step)
+                _db(core.meter.release, call.admission)
                 return
             if streamed is not None:
                 usage = _stream_usage(call.api, getattr(streamed, "usage", None))
@@ -134,7 +130,7 @@ def callback(
                 except (ValueError, TypeError, RecursionError):
                     reading = Reading()
             took = time.perf_counter() - call.started
-            _db(core.finish, call.admission, call.parsed, call.body, reading, took, call.step)
+            _db(core.finish, call.admission, call.parsed, call.body, reading, took)
         finally:
             with done:
                 done.notify_all()
@@ -160,7 +156,7 @@ def callback(
             except wire.WireError:
                 return  # the provider refuses it, unbilled
             try:
-                admission, step = _db(core.admit, parsed, core.provider(api, parsed.model))
+                admission = _db(core.admit, parsed, core.provider(api, parsed.model))
             except BudgetExceeded as e:
                 raise BudgetRefused(e) from None
             if admission.max_tokens != parsed.request.max_tokens:
@@ -168,7 +164,7 @@ def callback(
                 body.clear()
                 body.update(lowered)
             with done:
-                calls[str(call_id)] = _Call(admission, step, parsed, api, json.dumps(body).encode())
+                calls[str(call_id)] = _Call(admission, parsed, api, json.dumps(body).encode())
 
         def log_success_event(
             self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any

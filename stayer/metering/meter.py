@@ -42,6 +42,7 @@ class Admission:
     max_tokens: int
     worst_case: Decimal | None  # None: unpriced, and uncapped
     holds: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)  # one call held in each of ``counted``
     settled: bool = False
 
 
@@ -88,8 +89,10 @@ class Meter:
         provider: str,
         accounts: Sequence[str],
         opening: Mapping[str, Opening] | None = None,
+        counted: Mapping[str, str] | None = None,
     ) -> Admission:
-        """Hold the call's worst case in each of ``accounts``, or raise :class:`Refused`:
+        """Hold the call's worst case in each of ``accounts``, and one call in each of
+        ``counted`` (account → why it is refused when full), or raise :class:`Refused`:
         one transaction, so that a refusal holds nothing and a call costs one commit. An
         account not open yet is opened as ``opening`` says (else ConfigError)."""
         tokens = self.prompt_tokens(parsed, provider)
@@ -98,6 +101,10 @@ class Meter:
         base = Admission(parsed.model, provider, parsed.request.service_tier, tokens, wanted, None)
         with self.budgets.transaction() as rows:
             held = [_opened(rows, name, (opening or {}).get(name)) for name in accounts]
+            calls = [_opened(rows, name, None) for name in counted or ()]
+            for a in calls:
+                if a.available is not None and a.available < 1:
+                    raise Refused((counted or {})[a.name])
             capped = [(a.name, a.available) for a in held if a.cap is not None]
             if q is None:
                 if capped:
@@ -105,6 +112,7 @@ class Meter:
                         f"model {parsed.model!r} ({provider}) has no price data, so no call of "
                         f"it can be held under the cap of {capped[0][0]}"
                     )
+                base.counts = [_held(rows, a, ONE) for a in calls]
                 return base
             available = min((v for _, v in capped if v is not None), default=None)
             allowed = q.affordable_output(available, wanted)
@@ -117,10 +125,8 @@ class Meter:
                     f"${q.output_rate * min(wanted, MIN_OUTPUT_TOKENS):.6f}"
                 )
             base.max_tokens, base.worst_case = allowed, q.worst_case(allowed)
-            for a in held:
-                hold = reserve_in(rows, a, base.worst_case)
-                assert hold is not None  # it fits: read in this transaction
-                base.holds.append(hold)
+            base.holds = [_held(rows, a, base.worst_case) for a in held]
+            base.counts = [_held(rows, a, ONE) for a in calls]
         return base
 
     def settle(self, admission: Admission, reading: Reading) -> Metered:
@@ -130,7 +136,7 @@ class Meter:
         charged = cost.total if cost.total is not None and reading.complete else None
         if charged is None and admission.worst_case is not None:
             charged = max(admission.worst_case, cost.total or Decimal(0))
-        self._settle(admission, charged if charged is not None else Decimal(0))
+        self._settle(admission, charged if charged is not None else Decimal(0), ONE)
         return Metered(usage, cost, charged, reading.complete)
 
     def cost(self, admission: Admission, reading: Reading, usage: Usage | None) -> Cost:
@@ -145,17 +151,29 @@ class Meter:
     def release(self, admission: Admission) -> None:
         """Give back the holds of a call that was never sent (or was refused upstream
         before anything was billed)."""
-        self._settle(admission, Decimal(0))
+        self._settle(admission, Decimal(0), Decimal(0))
 
-    def _settle(self, admission: Admission, actual: Decimal) -> None:
-        """Every hold of ``admission`` replaced by ``actual``, in one transaction, once."""
+    def _settle(self, admission: Admission, actual: Decimal, calls: Decimal) -> None:
+        """Every hold of ``admission`` replaced by ``actual`` (its counts by ``calls``), in
+        one transaction, once."""
         if admission.settled:
             return
         admission.settled = True
-        if admission.holds:
+        if admission.holds or admission.counts:
             with self.budgets.transaction() as rows:
                 for hold in admission.holds:
                     settle_in(rows, hold, actual)
+                for hold in admission.counts:
+                    settle_in(rows, hold, calls)
+
+
+ONE = Decimal(1)
+
+
+def _held(rows: Rows, a: Account, amount: Decimal) -> int:
+    hold = reserve_in(rows, a, amount)
+    assert hold is not None  # it fits: read in this transaction
+    return hold
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,8 @@ def _allowed(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
 
 def resolve(url: str, *, allow_private: bool) -> tuple[list[str], str | None]:
     """The addresses ``url``'s host resolves to, all of them allowed; or why not."""
+    if any(c <= " " or c == "\x7f" for c in url):  # urlsplit drops CR, LF and tabs unsaid
+        return [], "must not contain spaces or control characters"
     try:
         parts = urlsplit(url)
         port = parts.port
