@@ -228,3 +228,57 @@ def test_pruning_a_run_deletes_its_effect_rows(store, tmp_path):
     assert len(effect_log(store).of_run(journal.run_id)) == 1
     assert store.delete_runs([journal.run_id]).runs == [journal.run_id]
     assert effect_log(store).of_run(journal.run_id) == []
+
+
+class Echo(Charge):
+    """A side-effecting tool whose result is whatever text it was given."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__("additive")
+        self.text = text
+
+    async def __call__(self, args: dict, ctx: ToolContext) -> ToolResult:
+        await super().__call__(args, ctx)
+        return ToolResult(self.text, is_error=True)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["nul\x00byte", "x" * 3_000_000 + "é"],
+    ids=["nul", "huge"],
+)
+def test_an_odd_result_is_kept_as_the_tool_gave_it(store, tmp_path, text):
+    """A result the call's effect log must not lose: a NUL (which PostgreSQL's text
+    refuses), megabytes. Fed back on resume exactly."""
+    journal, ctx = start(store, tmp_path)
+    echo = Echo(text)
+    first = call(JournaledTool(echo, journal), 1, ctx)
+    assert first.output == text
+    crash(journal)  # its tool_finished is lost: only the effect log has the result
+    again = call(JournaledTool(echo, resume(store, tmp_path, journal.run_id)), 1, ctx)
+    assert again == first and len(echo.sent) == 1
+
+
+def test_another_runs_rows_never_answer_a_resumed_run(store, tmp_path):
+    """Two runs of one store (the runtime's tenants share it), one with an odd id, whose
+    calls carry the same key: each run's resume reads its own rows only."""
+    first, ctx = start(store, tmp_path)
+    ws = tmp_path / "ws"
+    odd = "r-'; DROP TABLE stayer_effects; --\u00e9 /..\\%_"
+    second = RunJournal.create(store, odd, {"task": "t", "model": "m"}, ws, PriceBook.load())
+    second.take_snapshot(0)
+    charge = Charge("additive")
+    assert call(JournaledTool(charge, first), 1, ctx).output == "charged 1"
+    crash(first)
+    charge.die = True
+    with pytest.raises(SystemExit):
+        call(JournaledTool(charge, second), 1, ctx)  # the same CallRef, hence key
+    crash(second)
+    charge.die = False
+
+    assert call(JournaledTool(charge, resume(store, tmp_path, odd)), 1, ctx).is_error
+    fed = call(JournaledTool(charge, resume(store, tmp_path, first.run_id)), 1, ctx)
+    assert fed.output == "charged 1" and len(charge.sent) == 2
+    states = {r.run_id: r.state for r in effect_log(store).of_run(odd)}
+    assert states == {odd: "unknown"}
+    assert [r.state for r in effect_log(store).of_run(first.run_id)] == ["done"]

@@ -54,7 +54,7 @@ class Effect:
     effects: str
     state: str
     sends: int
-    output: str | None
+    output: bytes | None  # the ToolResult's text, UTF-8
     result: str | None  # the ToolResult's other fields, JSON
     sent_at: str
     done_at: str | None
@@ -62,7 +62,8 @@ class Effect:
     def tool_result(self) -> ToolResult:
         fields = json.loads(self.result or "{}")
         return ToolResult(
-            self.output or "", **{k: fields[k] for k in _RESULT_FIELDS if k in fields}
+            bytes(self.output or b"").decode(),
+            **{k: fields[k] for k in _RESULT_FIELDS if k in fields},
         )
 
 
@@ -108,7 +109,7 @@ class EffectLog:
             cur.execute(
                 "UPDATE stayer_effects SET state = ?, output = ?, result = ?, done_at = ? "
                 "WHERE run_id = ? AND key = ? AND state = 'sent'",
-                (state, result.output, fields, utc_now(), run_id, key),
+                (state, result.output.encode(), fields, utc_now(), run_id, key),
             )
 
 
