@@ -37,9 +37,6 @@ if TYPE_CHECKING:
 #: is in), ``unknown`` (the result was lost and the call could not be sent again).
 STATES = ("sent", "done", "unknown")
 
-# Everything a tool result says besides its text, kept so that a fed-back result is equal
-# to the one the agent saw.
-_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(ToolResult) if f.name != "output")
 _COLUMNS = "run_id, key, tool, args_hash, effects, state, sends, output, result, sent_at, done_at"
 
 
@@ -60,11 +57,7 @@ class Effect:
     done_at: str | None
 
     def tool_result(self) -> ToolResult:
-        fields = json.loads(self.result or "{}")
-        return ToolResult(
-            bytes(self.output or b"").decode(),
-            **{k: fields[k] for k in _RESULT_FIELDS if k in fields},
-        )
+        return ToolResult.of(bytes(self.output or b"").decode(), json.loads(self.result or "{}"))
 
 
 class EffectLog:
@@ -104,7 +97,7 @@ class EffectLog:
     def settle(self, run_id: str, key: str, state: str, result: ToolResult) -> None:
         """Commit the call's result (``done``) or that it is ``unknown``. Not fenced: what
         a call did is true whoever holds the run now; a row already settled is kept."""
-        fields = json.dumps({k: getattr(result, k) for k in _RESULT_FIELDS})
+        fields = json.dumps(result.fields())
         with self.store._tx() as cur:
             cur.execute(
                 "UPDATE stayer_effects SET state = ?, output = ?, result = ?, done_at = ? "
