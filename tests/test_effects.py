@@ -5,6 +5,7 @@ process on SQLite and PostgreSQL. The kill -9 property test is test_effects_kill
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ import pytest
 from pg_server import database_fixture
 
 from stayer.journal import LeaseLost, RunJournal, open_store
+from stayer.journal.codec import canonical
 from stayer.journal.effects import effect_log
 from stayer.journal.replay import JournaledTool
 from stayer.messages import Effects, ToolSpec
@@ -282,3 +284,20 @@ def test_another_runs_rows_never_answer_a_resumed_run(store, tmp_path):
     states = {r.run_id: r.state for r in effect_log(store).of_run(odd)}
     assert states == {odd: "unknown"}
     assert [r.state for r in effect_log(store).of_run(first.run_id)] == ["done"]
+
+
+def test_arguments_that_are_not_utf8_are_keyed_not_fatal(store, tmp_path):
+    """A model's arguments may decode to a lone surrogate (``"\\ud800"`` in its JSON): the
+    call is still keyed, sent once and fed back on resume, like any other."""
+    journal, ctx = start(store, tmp_path)
+    charge = Charge("additive")
+    tool = JournaledTool(charge, journal)
+    ref = CallRef("r", "main", 1, "c1")
+    args = {"n": 1, "note": "lone \ud800 surrogate"}
+    assert json.loads(canonical(args)) == args  # the journal's codec keeps it
+    first = asyncio.run(tool(args, ToolContext(ctx.sandbox, ctx.workspace, call=ref)))
+    assert first.output == "charged 1"
+    crash(journal)
+    tool = JournaledTool(charge, resume(store, tmp_path, journal.run_id))
+    again = asyncio.run(tool(args, ToolContext(ctx.sandbox, ctx.workspace, call=ref)))
+    assert again == first and len(charge.sent) == 1
