@@ -246,19 +246,24 @@ class Echo(Charge):
 
 @pytest.mark.parametrize(
     "text",
-    ["nul\x00byte", "x" * 3_000_000 + "é"],
-    ids=["nul", "huge"],
+    ["nul\x00byte", "lone \ud800 surrogate", "x" * 3_000_000 + "é"],
+    ids=["nul", "surrogate", "huge"],
 )
 def test_an_odd_result_is_kept_as_the_tool_gave_it(store, tmp_path, text):
     """A result the call's effect log must not lose: a NUL (which PostgreSQL's text
-    refuses), megabytes. Fed back on resume exactly."""
+    refuses), a lone surrogate (from a tool's JSON; not UTF-8), megabytes. Fed back on
+    resume exactly, from the effect log and from the event journal."""
     journal, ctx = start(store, tmp_path)
     echo = Echo(text)
-    first = call(JournaledTool(echo, journal), 1, ctx)
-    assert first.output == text
-    crash(journal)  # its tool_finished is lost: only the effect log has the result
-    again = call(JournaledTool(echo, resume(store, tmp_path, journal.run_id)), 1, ctx)
-    assert again == first and len(echo.sent) == 1
+    tool = JournaledTool(echo, journal)
+    first = call(tool, 1, ctx)
+    journal.flush()
+    second = call(tool, 2, ctx)
+    assert first.output == second.output == text
+    crash(journal)  # call 2's tool_finished is lost: only the effect log has its result
+    tool = JournaledTool(echo, resume(store, tmp_path, journal.run_id))
+    assert [call(tool, 1, ctx), call(tool, 2, ctx)] == [first, second]
+    assert len(echo.sent) == 2
 
 
 def test_another_runs_rows_never_answer_a_resumed_run(store, tmp_path):

@@ -57,7 +57,9 @@ class Effect:
     done_at: str | None
 
     def tool_result(self) -> ToolResult:
-        return ToolResult.of(bytes(self.output or b"").decode(), json.loads(self.result or "{}"))
+        return ToolResult.of(
+            ToolResult.text(bytes(self.output or b"")), json.loads(self.result or "{}")
+        )
 
 
 class EffectLog:
@@ -102,7 +104,7 @@ class EffectLog:
             cur.execute(
                 "UPDATE stayer_effects SET state = ?, output = ?, result = ?, done_at = ? "
                 "WHERE run_id = ? AND key = ? AND state = 'sent'",
-                (state, result.output.encode(), fields, utc_now(), run_id, key),
+                (state, result.raw(), fields, utc_now(), run_id, key),
             )
 
 

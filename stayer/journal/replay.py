@@ -196,7 +196,7 @@ class JournaledTool:
         effects = effects_of(runs, ctx.sandbox)
         once = side_effecting(effects)
         if rec is not None:
-            recorded = ToolResult.of(journal.log.blob_text(rec["output"]), rec)
+            recorded = ToolResult.of(ToolResult.text(journal.log.blobs[rec["output"]]), rec)
             # A tool that made journaled calls of its own (a sub-agent) is run again even
             # before the snapshot: its calls replay from the journal, and whatever it does
             # to the agent (adopting the sub-agent's ledger) happens again. A plain tool is
@@ -205,7 +205,7 @@ class JournaledTool:
             if rec.get("nested") or (t >= journal.restored_tools_done and not once):
                 live = await _invoke(tool, args, ctx)
                 if live != recorded:
-                    output = digest(live.output.encode())
+                    output = digest(live.raw())
                     journal.record(
                         "tool_diverged", {"t": t, "name": tool.spec.name, "output": output}
                     )
@@ -224,7 +224,7 @@ class JournaledTool:
         else:
             result = await _invoke(tool, args, ctx)
         t1 = time.perf_counter()
-        raw = result.output.encode()
+        raw = result.raw()
         address = digest(raw)
         journal.record(
             "tool_finished",

@@ -21,6 +21,15 @@ class ToolResult:
     # evictable tool output; "note" and "result" are kept verbatim through compactions.
     kind: str = "observation"
 
+    def raw(self) -> bytes:
+        """The text as journals store it: UTF-8, a lone surrogate (a tool's JSON may decode
+        to one) kept as is; ``text`` reads it back."""
+        return self.output.encode("utf-8", "surrogatepass")
+
+    @staticmethod
+    def text(raw: bytes) -> str:
+        return raw.decode("utf-8", "surrogatepass")
+
     def fields(self) -> dict[str, Any]:
         """Everything the result says besides its text (is_error, submitted, kind, ...): what
         a journal keeps beside the output, so that the result read back is equal to it."""
