@@ -326,9 +326,7 @@ class _Core:
     ) -> None:
         state = self.session.states.get(self.session.id, admission.provider, admission.model)
         done = settle_call(self.meter, state, admission, parsed, body, reading, took)
-        number = self.session.ledger_writer.record(TENANT, self.session.id, done.entry, _now())
-        if done.step is None:
-            return
+        number = self.session.ledger_writer.record(TENANT, self.session.id, done.step, _now())
         if self.metrics is not None:
             self.metrics.on_step(done.step, self.session.last_step, self.meter.prices)
         self.session.last_step = done.step

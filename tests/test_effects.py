@@ -5,6 +5,7 @@ process on SQLite and PostgreSQL. The kill -9 property test is test_effects_kill
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ import pytest
 from pg_server import database_fixture
 
 from stayer.journal import LeaseLost, RunJournal, open_store
+from stayer.journal.codec import canonical
 from stayer.journal.effects import effect_log
 from stayer.journal.replay import JournaledTool
 from stayer.messages import Effects, ToolSpec
@@ -228,3 +230,79 @@ def test_pruning_a_run_deletes_its_effect_rows(store, tmp_path):
     assert len(effect_log(store).of_run(journal.run_id)) == 1
     assert store.delete_runs([journal.run_id]).runs == [journal.run_id]
     assert effect_log(store).of_run(journal.run_id) == []
+
+
+class Echo(Charge):
+    """A side-effecting tool whose result is whatever text it was given."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__("additive")
+        self.text = text
+
+    async def __call__(self, args: dict, ctx: ToolContext) -> ToolResult:
+        await super().__call__(args, ctx)
+        return ToolResult(self.text, is_error=True)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["nul\x00byte", "lone \ud800 surrogate", "x" * 3_000_000 + "é"],
+    ids=["nul", "surrogate", "huge"],
+)
+def test_an_odd_result_is_kept_as_the_tool_gave_it(store, tmp_path, text):
+    """A result the call's effect log must not lose: a NUL (which PostgreSQL's text
+    refuses), a lone surrogate (from a tool's JSON; not UTF-8), megabytes. Fed back on
+    resume exactly, from the effect log and from the event journal."""
+    journal, ctx = start(store, tmp_path)
+    echo = Echo(text)
+    tool = JournaledTool(echo, journal)
+    first = call(tool, 1, ctx)
+    journal.flush()
+    second = call(tool, 2, ctx)
+    assert first.output == second.output == text
+    crash(journal)  # call 2's tool_finished is lost: only the effect log has its result
+    tool = JournaledTool(echo, resume(store, tmp_path, journal.run_id))
+    assert [call(tool, 1, ctx), call(tool, 2, ctx)] == [first, second]
+    assert len(echo.sent) == 2
+
+
+def test_another_runs_rows_never_answer_a_resumed_run(store, tmp_path):
+    """Two runs of one store (the runtime's tenants share it), one with an odd id, whose
+    calls carry the same key: each run's resume reads its own rows only."""
+    first, ctx = start(store, tmp_path)
+    ws = tmp_path / "ws"
+    odd = "r-'; DROP TABLE stayer_effects; --\u00e9 /..\\%_"
+    second = RunJournal.create(store, odd, {"task": "t", "model": "m"}, ws, PriceBook.load())
+    second.take_snapshot(0)
+    charge = Charge("additive")
+    assert call(JournaledTool(charge, first), 1, ctx).output == "charged 1"
+    crash(first)
+    charge.die = True
+    with pytest.raises(SystemExit):
+        call(JournaledTool(charge, second), 1, ctx)  # the same CallRef, hence key
+    crash(second)
+    charge.die = False
+
+    assert call(JournaledTool(charge, resume(store, tmp_path, odd)), 1, ctx).is_error
+    fed = call(JournaledTool(charge, resume(store, tmp_path, first.run_id)), 1, ctx)
+    assert fed.output == "charged 1" and len(charge.sent) == 2
+    states = {r.run_id: r.state for r in effect_log(store).of_run(odd)}
+    assert states == {odd: "unknown"}
+    assert [r.state for r in effect_log(store).of_run(first.run_id)] == ["done"]
+
+
+def test_arguments_that_are_not_utf8_are_keyed_not_fatal(store, tmp_path):
+    """A model's arguments may decode to a lone surrogate (``"\\ud800"`` in its JSON): the
+    call is still keyed, sent once and fed back on resume, like any other."""
+    journal, ctx = start(store, tmp_path)
+    charge = Charge("additive")
+    tool = JournaledTool(charge, journal)
+    ref = CallRef("r", "main", 1, "c1")
+    args = {"n": 1, "note": "lone \ud800 surrogate"}
+    assert json.loads(canonical(args)) == args  # the journal's codec keeps it
+    first = asyncio.run(tool(args, ToolContext(ctx.sandbox, ctx.workspace, call=ref)))
+    assert first.output == "charged 1"
+    crash(journal)
+    tool = JournaledTool(charge, resume(store, tmp_path, journal.run_id))
+    again = asyncio.run(tool(args, ToolContext(ctx.sandbox, ctx.workspace, call=ref)))
+    assert again == first and len(charge.sent) == 1

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -233,7 +234,9 @@ def property_run(
     open_store(home, db).close()
     task = make_task(tmp_path)
     runs = len(todo)
-    chains = [Chain(tmp_path, f"e{n}", task, home, db) for n in range(runs)]
+    # Run ids of this call only: the module's tests share one PostgreSQL database.
+    tag = uuid.uuid4().hex[:8]
+    chains = [Chain(tmp_path, f"e{n}-{tag}", task, home, db) for n in range(runs)]
     with ThreadPoolExecutor(workers) as pool:
         outcomes = list(pool.map(run_chain, chains, todo))
     total: Counter = Counter()

@@ -87,18 +87,24 @@ def test_a_lost_attempt_has_only_its_kinds_fields():
     }
 
 
+# What a step of an older journal says besides its step, tool calls and compaction.
+OLD_STEP = {
+    "model": "m",
+    "usage": {"input_tokens": 5, "output_tokens": 1},
+    "cost_usd": "0.5",
+    "cache_hit_ratio": 0.0,
+    "context_tokens": 5,
+    "latency_s": 0.1,
+}
+
+
 @pytest.mark.parametrize(
     "doc",
     [
         # written before breakers, routes and prompt estimates were kept
         {
             "step": 1,
-            "model": "m",
-            "usage": {"input_tokens": 5, "output_tokens": 1},
-            "cost_usd": "0.5",
-            "cache_hit_ratio": 0.0,
-            "context_tokens": 5,
-            "latency_s": 0.1,
+            **OLD_STEP,
             "tool_calls": [{"id": "x", "name": "bash", "is_error": True}],
             "tool_errors": 1,
             "cache_break": None,
@@ -106,12 +112,7 @@ def test_a_lost_attempt_has_only_its_kinds_fields():
         },
         {  # a compaction that took an MCP server's changed tool list with it
             "step": 3,
-            "model": "m",
-            "usage": {"input_tokens": 5, "output_tokens": 1},
-            "cost_usd": "0.5",
-            "cache_hit_ratio": 0.0,
-            "context_tokens": 5,
-            "latency_s": 0.1,
+            **OLD_STEP,
             "tool_calls": [],
             "tool_errors": 0,
             "cache_break": None,

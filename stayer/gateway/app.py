@@ -28,6 +28,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, TypeVar
 
 import httpx
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -36,6 +37,7 @@ from starlette.routing import Route
 from stayer.errors import ConfigError
 from stayer.gateway.metrics import GatewayMetrics
 from stayer.journal.metered import TRIPPED, SessionLedger, SessionRefused, session_id
+from stayer.ledger import AutoCache, FailedAttempt, ModelAlias
 from stayer.metering import requests as wire
 from stayer.metering.meter import Admission, CapClash, Meter, Metered, Opening, Refused
 from stayer.metering.savings import add_cache_breakpoints, has_cache_control, without_cache
@@ -43,6 +45,7 @@ from stayer.metering.session import SessionState, SessionStates, settle_call
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
 from stayer.money import Usd
+from stayer.records import to_json
 from stayer.runtime.db import GatewayKey
 from stayer.runtime.tenants import account_name, key_account_name
 from stayer.runtime.webhooks import Webhooks
@@ -249,7 +252,7 @@ def create_app(gw: Gateway) -> Starlette:
             assert gw.client is not None
             started = time.perf_counter()
             candidates = [upstream, *gw.failover.get(_upstream_name(api), ())]
-            failed: list[dict[str, Any]] = []
+            failed: list[FailedAttempt] = []
             for n, up in enumerate(candidates):
                 final = n == len(candidates) - 1
                 try:
@@ -356,16 +359,14 @@ def _fails_over(status: int) -> bool:
     return status >= 500 or status == 429
 
 
-def _attempt(
-    up: Upstream, *, status: int | None = None, error: str | None = None
-) -> dict[str, Any]:
+def _attempt(up: Upstream, *, status: int | None = None, error: str | None = None) -> FailedAttempt:
     """A failed attempt as its ledger entry lists it: priced 0, nothing was billed."""
-    doc: dict[str, Any] = {"upstream": up.base_url, "cost_usd": "0"}
-    if status is not None:
-        doc["status"] = status
-    if error is not None:
-        doc["error"] = error
-    return doc
+    return FailedAttempt(
+        upstream=up.base_url,
+        cost=Usd(Decimal(0)),
+        status=msgspec.UNSET if status is None else status,
+        error=msgspec.UNSET if error is None else error,
+    )
 
 
 def _upstream_name(api: wire.Api) -> str:
@@ -402,9 +403,9 @@ def _rewrite(
     notes: dict[str, Any] = {}
     asked = body.get("model")
     served = gw.aliases.get(asked) if isinstance(asked, str) else None
-    if served is not None:
+    if isinstance(asked, str) and served is not None:
         body = dict(body, model=served)
-        notes["alias"] = {"asked": asked, "served": served}
+        notes["alias"] = ModelAlias(asked, served)
     added = 0
     if gw.auto_cache and api == "anthropic" and not has_cache_control(body):
         body, added = add_cache_breakpoints(body)
@@ -476,7 +477,8 @@ class _Call:
     parsed: wire.Parsed
     body: bytes
     state: SessionState
-    notes: dict[str, Any] = field(default_factory=dict)  # alias, upstream, failed attempts
+    # The entry's alias, upstream and failed_attempts, where the call had them.
+    notes: dict[str, Any] = field(default_factory=dict)
     cache_marks: int = 0  # breakpoints --auto-cache added
 
     async def pump(self, response: httpx.Response, queue: asyncio.Queue[bytes | None]) -> None:
@@ -500,16 +502,16 @@ class _Call:
             settle_call, gw.meter, self.state, self.admission, self.parsed, self.body, reading,
             time.perf_counter() - self.started,
         )  # fmt: skip
-        done.entry.update(self.notes)
+        entry = msgspec.structs.replace(done.step, **self.notes)
         if self.cache_marks:
-            done.entry["auto_cache"] = self._auto_cache(done.metered, reading)
+            entry.auto_cache = self._auto_cache(done.metered, reading)
         status = TRIPPED if done.trips else None
         tenant = self.who.tenant
-        step = await gw.run(gw.ledger.record, tenant, self.session, done.entry, _now(), status)
-        model = done.entry["model"]
+        step = await gw.run(gw.ledger.record, tenant, self.session, entry, _now(), status)
+        model = entry.model
         gw.metrics.observe(tenant, model, done.metered.charged, done.cache_break, done.trips)
         if done.cache_break is not None and self.who.webhook:
-            brk = done.entry["cache_break"]  # the CacheBreak as the ledger has it
+            brk = to_json(done.cache_break)  # the CacheBreak as the ledger has it
             gw.webhooks.send(
                 self.who.webhook,
                 self.who.webhook_secret,
@@ -525,15 +527,12 @@ class _Call:
                 },
             )
 
-    def _auto_cache(self, metered: Metered, reading: Reading) -> dict[str, Any]:
+    def _auto_cache(self, metered: Metered, reading: Reading) -> AutoCache:
         """The breakpoints added, and the call priced as it would have been without them."""
         paid = metered.cost.total
         without = None
         if metered.usage is not None:
             without = self.gw.meter.cost(self.admission, reading, without_cache(metered.usage))
         base = None if without is None else without.total
-        return {
-            "breakpoints": self.cache_marks,
-            "cost_without_usd": Usd(base).to_json(),
-            "saved_usd": Usd(None if base is None or paid is None else base - paid).to_json(),
-        }
+        saved = None if base is None or paid is None else base - paid
+        return AutoCache(breakpoints=self.cache_marks, cost_without=Usd(base), saved=Usd(saved))

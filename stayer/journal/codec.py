@@ -58,7 +58,12 @@ def _default(o: Any) -> Any:
 
 def canonical(value: Any) -> bytes:
     """Deterministic JSON bytes (sorted keys, no whitespace): equal values, equal bytes, so
-    equal blob addresses."""
-    return json.dumps(
+    equal blob addresses. A value holding a lone surrogate (a model's ``"\\ud800"``), which
+    UTF-8 cannot carry, is written with every non-ASCII character escaped instead."""
+    text = json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_default
-    ).encode()
+    )
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_default).encode()

@@ -37,9 +37,6 @@ if TYPE_CHECKING:
 #: is in), ``unknown`` (the result was lost and the call could not be sent again).
 STATES = ("sent", "done", "unknown")
 
-# Everything a tool result says besides its text, kept so that a fed-back result is equal
-# to the one the agent saw.
-_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(ToolResult) if f.name != "output")
 _COLUMNS = "run_id, key, tool, args_hash, effects, state, sends, output, result, sent_at, done_at"
 
 
@@ -54,15 +51,14 @@ class Effect:
     effects: str
     state: str
     sends: int
-    output: str | None
+    output: bytes | None  # the ToolResult's text, UTF-8
     result: str | None  # the ToolResult's other fields, JSON
     sent_at: str
     done_at: str | None
 
     def tool_result(self) -> ToolResult:
-        fields = json.loads(self.result or "{}")
-        return ToolResult(
-            self.output or "", **{k: fields[k] for k in _RESULT_FIELDS if k in fields}
+        return ToolResult.of(
+            ToolResult.text(bytes(self.output or b"")), json.loads(self.result or "{}")
         )
 
 
@@ -103,12 +99,12 @@ class EffectLog:
     def settle(self, run_id: str, key: str, state: str, result: ToolResult) -> None:
         """Commit the call's result (``done``) or that it is ``unknown``. Not fenced: what
         a call did is true whoever holds the run now; a row already settled is kept."""
-        fields = json.dumps({k: getattr(result, k) for k in _RESULT_FIELDS})
+        fields = json.dumps(result.fields())
         with self.store._tx() as cur:
             cur.execute(
                 "UPDATE stayer_effects SET state = ?, output = ?, result = ?, done_at = ? "
                 "WHERE run_id = ? AND key = ? AND state = 'sent'",
-                (state, result.output, fields, utc_now(), run_id, key),
+                (state, result.raw(), fields, utc_now(), run_id, key),
             )
 
 

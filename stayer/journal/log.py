@@ -99,9 +99,6 @@ class RunLog:
     def next_seq(self) -> int:
         return len(self.events)
 
-    def blob_text(self, address: str) -> str:
-        return self.blobs[address].decode()
-
 
 def load_log(store: Store, run_id: str) -> RunLog:
     """The run's journal up to any torn tail; JournalCorrupt if it is damaged before its

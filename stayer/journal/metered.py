@@ -15,10 +15,11 @@ import hashlib
 import re
 import threading
 from decimal import Decimal
-from typing import Any
 
 from stayer.journal.store import JournalError, RunRow, Store
+from stayer.ledger import LedgerEntry
 from stayer.money import Usd
+from stayer.records import to_json
 
 OWNER = "stayer-gateway"
 STATUS = "open"
@@ -60,7 +61,7 @@ class SessionLedger:
         return row
 
     def record(
-        self, tenant: str, session: str, entry: dict[str, Any], now: str, status: str | None = None
+        self, tenant: str, session: str, entry: LedgerEntry, now: str, status: str | None = None
     ) -> int:
         """Append ``entry`` as the session's next step; returns its step number."""
         with self._lock:
@@ -71,13 +72,13 @@ class SessionLedger:
                 step = seq + 1
                 row = self.store.run(session)
                 total = Usd.parse(row.cost_usd) if row else Usd(Decimal(0))
-                cost = Usd.parse(entry["cost_usd"])
+                cost = Usd(entry.cost.total)
                 try:  # the lease, taken for a century at open, is never renewed
                     self.store.append(
                         session,
                         OWNER,
                         seq,
-                        [("step", {"step": step, "entry": dict(entry, step=step)})],
+                        [("step", {"step": step, "entry": {**to_json(entry), "step": step}})],
                         update={
                             "steps": step,
                             "cost_usd": (total + cost).to_json(),

@@ -9,7 +9,6 @@ loop makes the calls.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from typing import Any, Protocol, runtime_checkable
@@ -29,10 +28,6 @@ from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.tools.effects import call_spec, effects_of, side_effecting
 from stayer.usage import Usage
-
-# Everything a tool result says besides its text (is_error, submitted, kind, …), journaled
-# as is so that the replayed result is the same object.
-_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(ToolResult) if f.name != "output")
 
 
 @runtime_checkable
@@ -201,10 +196,7 @@ class JournaledTool:
         effects = effects_of(runs, ctx.sandbox)
         once = side_effecting(effects)
         if rec is not None:
-            recorded = ToolResult(
-                journal.log.blob_text(rec["output"]),
-                **{k: rec[k] for k in _RESULT_FIELDS if k in rec},
-            )
+            recorded = ToolResult.of(ToolResult.text(journal.log.blobs[rec["output"]]), rec)
             # A tool that made journaled calls of its own (a sub-agent) is run again even
             # before the snapshot: its calls replay from the journal, and whatever it does
             # to the agent (adopting the sub-agent's ledger) happens again. A plain tool is
@@ -213,7 +205,7 @@ class JournaledTool:
             if rec.get("nested") or (t >= journal.restored_tools_done and not once):
                 live = await _invoke(tool, args, ctx)
                 if live != recorded:
-                    output = digest(live.output.encode())
+                    output = digest(live.raw())
                     journal.record(
                         "tool_diverged", {"t": t, "name": tool.spec.name, "output": output}
                     )
@@ -232,9 +224,8 @@ class JournaledTool:
         else:
             result = await _invoke(tool, args, ctx)
         t1 = time.perf_counter()
-        raw = result.output.encode()
+        raw = result.raw()
         address = digest(raw)
-        fields = {k: getattr(result, k) for k in _RESULT_FIELDS}
         journal.record(
             "tool_finished",
             {
@@ -242,7 +233,7 @@ class JournaledTool:
                 "name": tool.spec.name,
                 "output": address,
                 "nested": journal.cursors() != before,
-                **fields,
+                **result.fields(),
             },
             {address: raw},
         )

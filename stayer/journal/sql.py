@@ -74,7 +74,8 @@ def schema(blob_type: str) -> list[str]:
         )""",
         f"CREATE TABLE IF NOT EXISTS stayer_blobs (hash TEXT PRIMARY KEY, data {blob_type} NOT NULL)",
         # Side-effecting tool calls, keyed by idempotency key (stayer.journal.effects).
-        """CREATE TABLE IF NOT EXISTS stayer_effects (
+        # The output is bytes (UTF-8): PostgreSQL's text cannot hold a NUL a tool gave.
+        f"""CREATE TABLE IF NOT EXISTS stayer_effects (
             run_id TEXT NOT NULL,
             key TEXT NOT NULL,
             tool TEXT NOT NULL,
@@ -82,7 +83,7 @@ def schema(blob_type: str) -> list[str]:
             effects TEXT NOT NULL,
             state TEXT NOT NULL,
             sends INTEGER NOT NULL DEFAULT 1,
-            output TEXT,
+            output {blob_type},
             result TEXT,
             sent_at TEXT NOT NULL,
             done_at TEXT,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
 from stayer.context.forensics import CacheBreak
 from stayer.guard.breakers import GuardConfig, Trip
@@ -23,7 +22,6 @@ from stayer.metering.meter import Admission, Meter, Metered
 from stayer.metering.requests import Parsed
 from stayer.metering.usage import Reading
 from stayer.money import Usd
-from stayer.records import to_json
 from stayer.usage import Usage
 
 MAX_SESSIONS = 10_000  # sessions whose forensics and breakers one process keeps
@@ -56,11 +54,10 @@ class SessionStates:
 
 @dataclass
 class Settled:
-    entry: dict[str, Any]  # the ledger entry, JSON-ready
+    step: LedgerEntry  # the call's ledger entry, as a run's step has it
     metered: Metered
     cache_break: CacheBreak | None
     trips: list[Trip]
-    step: LedgerEntry | None = None  # the entry as a run's step has it (telemetry reads it)
 
 
 def settle_call(
@@ -100,5 +97,4 @@ def settle_call(
     step.charged_usd = None if metered.charged is None else Usd(metered.charged)
     step.complete = metered.complete
     step.max_tokens = admission.max_tokens
-    entry = to_json(step)
-    return Settled(entry, metered, verdict, trips, step)
+    return Settled(step, metered, verdict, trips)

@@ -511,10 +511,9 @@ def create_app(
     def get_ledger(run_id: str, tenant: Tenant) -> Ledger:
         own_run(run_id, tenant)
         log = load_log(dbs.get().store, run_id)
+        result = json.loads(log.blobs[log.finished["result"]]) if log.finished is not None else {}
         # Unfinished: every billed call the journal holds, calls lost in flight included.
-        entries = to_json(journal_ledger(log))
-        if log.finished is not None:
-            entries = json.loads(log.blobs[log.finished["result"]]).get("ledger", entries)
+        entries = result["ledger"] if "ledger" in result else to_json(journal_ledger(log))
         return Ledger(run_id=run_id, ledger=entries)
 
     @app.get("/v1/runs/{run_id}/events", response_class=EventSourceResponse)

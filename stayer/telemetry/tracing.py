@@ -522,7 +522,7 @@ class _TracedTool:
         code = ToolCallRecord.of(name, "", result.is_error, result.output).exit_code
         done: dict[str, Any] = {
             "stayer.tool.is_error": result.is_error,
-            "stayer.tool.output_bytes": len(result.output.encode()),
+            "stayer.tool.output_bytes": len(result.raw()),
             "stayer.tool.seconds": round(time.perf_counter() - t0, 6),
         }
         if code is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,6 +20,28 @@ class ToolResult:
     # Retention hint for the context policy (``context.retention``): "observation" is
     # evictable tool output; "note" and "result" are kept verbatim through compactions.
     kind: str = "observation"
+
+    def raw(self) -> bytes:
+        """The text as journals store it: UTF-8, a lone surrogate (a tool's JSON may decode
+        to one) kept as is; ``text`` reads it back."""
+        return self.output.encode("utf-8", "surrogatepass")
+
+    @staticmethod
+    def text(raw: bytes) -> str:
+        return raw.decode("utf-8", "surrogatepass")
+
+    def fields(self) -> dict[str, Any]:
+        """Everything the result says besides its text (is_error, submitted, kind, ...): what
+        a journal keeps beside the output, so that the result read back is equal to it."""
+        return {k: getattr(self, k) for k in _RESULT_FIELDS}
+
+    @classmethod
+    def of(cls, output: str, kept: Mapping[str, Any]) -> ToolResult:
+        """The result of ``output`` and the ``fields()`` kept (those ``kept`` has)."""
+        return cls(output, **{k: kept[k] for k in _RESULT_FIELDS if k in kept})
+
+
+_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(ToolResult) if f.name != "output")
 
 
 @dataclass(slots=True)
