@@ -6,6 +6,10 @@ tenants' budgets, in every API thread and worker slot) borrows connections from 
 each for one transaction. A connection the server dropped (a restart) is checked and
 replaced when next borrowed, so a process outlives its database's restarts. An operation
 that finds no usable connection raises ``StoreUnavailable`` (the API answers 503).
+
+A transaction whose process stops between two statements (SIGSTOP, a frozen VM) is ended
+by the server after ``idle_transaction_limit`` seconds (a worker's lease TTL), so its row
+locks never outlive its leases: another worker can take its runs over.
 """
 
 from __future__ import annotations
@@ -24,6 +28,19 @@ WAIT_S = 5.0
 
 _pools: dict[str, tuple[Any, int]] = {}
 _lock = threading.Lock()
+_idle_transaction_s = 30.0
+
+
+def limit_idle_transactions(seconds: float) -> None:
+    """End (server side) a transaction left idle ``seconds``, in the connections of pools
+    opened from now on: a worker calls it with its lease TTL before opening its stores."""
+    global _idle_transaction_s
+    _idle_transaction_s = seconds
+
+
+def _configure(conn: Any) -> None:
+    ms = max(1, round(_idle_transaction_s * 1000))
+    conn.execute(f"SET idle_in_transaction_session_timeout = {ms}")
 
 
 def pool_size() -> int:
@@ -57,6 +74,7 @@ def acquire(url: str) -> Any:
                 min_size=1,
                 max_size=pool_size(),
                 kwargs={"autocommit": True, "connect_timeout": 10},
+                configure=_configure,
                 check=ConnectionPool.check_connection,
                 timeout=WAIT_S,
                 open=True,

@@ -25,6 +25,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from stayer import pgpool
 from stayer.errors import BudgetReached, ConfigError, OrderlyStop
 from stayer.journal import JournalError, open_store
 from stayer.journal.lease import new_owner
@@ -133,6 +134,7 @@ class Worker:
         self.name = new_owner()
         self.webhooks = webhooks or Webhooks()
         self.log = log or (lambda msg: print(f"stayer worker: {msg}", file=sys.stderr))
+        pgpool.limit_idle_transactions(lease_ttl_s)  # a stalled worker's locks go with its leases
         store = open_store(self.home)
         assert isinstance(store, SqlStore)
         self.store: SqlStore = store
