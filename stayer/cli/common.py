@@ -319,6 +319,19 @@ SimPolicyOption = Annotated[
 SimLatencyOption = Annotated[
     float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
 ]
+# The servers' address (``stayer serve``, ``gateway``, ``sim serve``) and /metrics token.
+HostOption = Annotated[str, typer.Option("--host", help="Address to listen on.")]
+FreePortOption = Annotated[
+    int, typer.Option("--port", help="Port to listen on (0: a free one).", min=0, max=65535)
+]
+MetricsTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics-token",
+        envvar="STAYER_METRICS_TOKEN",
+        help="Bearer token of GET /metrics (Prometheus); off without one.",
+    ),
+]
 
 
 def ray_option(help: str) -> Any:
