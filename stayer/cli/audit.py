@@ -6,13 +6,10 @@ import gc
 import os
 import sys
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from typer import _click  # Typer's own click; no public alias
-from typer._coercion import build_runtime_param
 from typer.core import TyperCommand
 
 from stayer.cli.common import (
@@ -23,6 +20,7 @@ from stayer.cli.common import (
     console,
     emit_json,
     parse_since,
+    plain_reading,
     stderr,
 )
 from stayer.errors import ConfigError
@@ -34,7 +32,7 @@ class _PlainList(PlainValue):
     through pydantic, whose import alone costs a tenth of a second; it gives ``Path(text)``
     for each, as here. Anything else goes to Typer's own reading."""
 
-    def _coerce_value(self, value: Any, param: Any, ctx: _click.Context) -> Any:
+    def _coerce_value(self, value: Any, param: Any, ctx: typer.Context) -> Any:
         kind = self.annotation
         if kind is Path and type(value) is str:
             return Path(value)
@@ -54,11 +52,7 @@ class _AuditCommand(TyperCommand):
         for param in self.params:
             descriptor = getattr(param, "type_descriptor", None)
             if descriptor is not None and descriptor.annotation in (Path, list[Path], list[str]):
-                param._runtime_param = _PlainList(  # type: ignore[attr-defined]
-                    descriptor.parameter_info,
-                    descriptor.annotation,
-                    typers=partial(build_runtime_param, descriptor),
-                )
+                plain_reading(param, _PlainList)
 
 
 @app.command(cls=_AuditCommand)

@@ -13,17 +13,12 @@ import sys
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from typer import _click  # Typer's own click; no public alias
-from typer import exceptions as typer_errors
-from typer._click import exceptions as click_errors
-from typer._coercion import RuntimeParam, build_runtime_param
-from typer.core import TyperGroup
-from typer.main import get_command, get_command_name
+from typer.core import TyperCommand, TyperGroup
+from typer.main import get_command
 
 from stayer.choices import kinds_help
 from stayer.errors import ConfigError
@@ -52,15 +47,15 @@ class StayerGroup(TyperGroup):
             return super().main(*args, **kwargs)
         try:
             code = super().main(*args, **kwargs)
-        except click_errors.NoArgsIsHelpError as e:
-            e.show()  # the help text, not an error
-            sys.exit(EXIT_BAD_INPUT)
-        except click_errors.ClickException as e:
+        except typer.TyperException as e:  # Typer's usage errors (click's) are these
             ctx = getattr(e, "ctx", None)  # usage errors carry the command they are about
+            if ctx is not None and e.format_message() == ctx.get_help():
+                typer.echo(e.format_message(), err=True, color=ctx.color)  # no arguments
+                sys.exit(EXIT_BAD_INPUT)
             where = f" (see `{ctx.command_path} --help`)" if ctx else ""
             error_line(e.format_message() + where)
             sys.exit(EXIT_BAD_INPUT)
-        except typer_errors.Abort:
+        except typer.Abort:
             error_line("aborted")
             sys.exit(EXIT_FAILED)
         except ConfigError as e:  # bad input found past a command's own checks
@@ -79,11 +74,11 @@ class StayerGroup(TyperGroup):
         self.commands = LazyCommands(app.deferred)  # type: ignore[assignment]
         read_plainly(self)
 
-    def parse_args(self, ctx: _click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         read_plainly(self)  # Typer adds --install/--show-completion after __init__
         return super().parse_args(ctx, args)
 
-    def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
         # The listing in ``stayer --help`` from each command's help text, without building it.
         commands: LazyCommands = self.commands  # type: ignore[assignment]
         names = list(commands)
@@ -92,16 +87,20 @@ class StayerGroup(TyperGroup):
             formatter.write_dl([(name, commands.short_help(name, limit)) for name in names])
 
 
-class LazyCommands(Mapping[str, _click.Command]):
+# A click command as Typer builds it (TyperCommand or TyperGroup; Typer names no base).
+Command = Any
+
+
+class LazyCommands(Mapping[str, Command]):
     """The root group's commands by name, each turned into a click command only when it is
     looked up. Typer builds a command by reading its signature and type hints, a few
     milliseconds each; ``stayer runs`` or ``stayer --help`` needs at most one of twenty."""
 
     def __init__(self, holders: dict[str, typer.Typer]) -> None:
         self.holders = holders  # name → a Typer app holding just that command or group
-        self.built: dict[str, _click.Command] = {}
+        self.built: dict[str, Command] = {}
 
-    def __getitem__(self, name: str) -> _click.Command:
+    def __getitem__(self, name: str) -> Command:
         if name not in self.built:
             group = get_command(self.holders[name])
             self.built[name] = read_plainly(group.commands[name])  # type: ignore[attr-defined]
@@ -124,13 +123,33 @@ class LazyCommands(Mapping[str, _click.Command]):
             sub = holder.registered_groups[0].typer_instance
             assert sub is not None
             short, text = None, str(sub.info.help)
-        if short:
-            return inspect.cleandoc(short)
-        return _click.utils.make_default_short_help(inspect.cleandoc(text), limit)
+        # A command of just that help (no parameters: cheap) says it as click would.
+        listed = TyperCommand(name, help=inspect.cleandoc(text), short_help=short)
+        return listed.get_short_help_str(limit)
+
+
+def plain_reading(param: Any, reading: Callable[..., Any]) -> None:
+    """Have ``param`` read by ``reading(parameter_info, annotation, typers=…)`` (a
+    ``PlainValue``) instead of by Typer. The one place that reaches into Typer: its
+    parameters keep their reading in ``_runtime_param``, built by ``typer._coercion``, and
+    Typer has no public hook for it. Where a Typer has neither, ``param`` is left to Typer:
+    what is read and said stays the same, only pydantic is imported to read it."""
+    try:
+        from typer._coercion import build_runtime_param
+    except ImportError:
+        return
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is None or getattr(param, "_runtime_param", 0) is not None:
+        return
+    param._runtime_param = reading(
+        descriptor.parameter_info,
+        descriptor.annotation,
+        typers=lambda: build_runtime_param(descriptor),
+    )
 
 
 @dataclass(frozen=True)
-class PlainValue(RuntimeParam):
+class PlainValue:
     """How a ``str``, ``int`` or ``bool`` option is read. Typer reads every value (an absent
     ``--help``'s too) through a pydantic TypeAdapter, and importing pydantic costs as much
     again as typer and Rich together: ``stayer runs`` would take twice as long for it. A
@@ -139,9 +158,20 @@ class PlainValue(RuntimeParam):
     own reading, so that what is accepted and what is said about the rest stay exactly
     Typer's."""
 
-    typers: Callable[[], RuntimeParam]
+    parameter_info: Any
+    annotation: Any
+    typers: Callable[[], Any]  # Typer's own reading of this parameter, built when needed
 
-    def _coerce_value(self, value: Any, param: Any, ctx: _click.Context) -> Any:
+    def coerce(self, value: Any, param: Any, ctx: typer.Context) -> Any:
+        # As Typer's own reading begins: nothing given, and a list given as one string.
+        many = param.multiple or param.nargs == -1
+        if value is None:
+            return () if many else None
+        if many and isinstance(value, str):
+            raise typer.BadParameter("Value must be an iterable.", ctx=ctx, param=param)
+        return self._coerce_value(value, param, ctx)
+
+    def _coerce_value(self, value: Any, param: Any, ctx: typer.Context) -> Any:
         if type(value) is self.annotation:
             return value  # a string for a string, or a default
         if self.annotation is int and isinstance(value, str) and _PLAIN_INT.fullmatch(value):
@@ -156,26 +186,17 @@ class PlainValue(RuntimeParam):
 _PLAIN_INT = re.compile(r"[+-]?[0-9]{1,18}")  # no spaces, underscores or other digits: Typer's
 
 
-def read_plainly(command: _click.Command) -> _click.Command:
+def read_plainly(command: Command) -> Command:
     """``command`` (and a group's commands) with its ``str``, ``int`` and ``bool`` options
     read by ``PlainValue``. Typers that read values otherwise (no ``type_descriptor``) are
     left be."""
     # click makes the help option when it is first asked for, with the context's names.
     names = HELP_SETTINGS["context_settings"]["help_option_names"]
-    help_option = command.get_help_option(_click.Context(command, help_option_names=names))
+    help_option = command.get_help_option(typer.Context(command, help_option_names=names))
     for param in [*command.params, *filter(None, [help_option])]:
         descriptor = getattr(param, "type_descriptor", None)
-        if (
-            descriptor is None
-            or descriptor.annotation not in (str, int, bool)
-            or getattr(param, "_runtime_param", 0) is not None
-        ):
-            continue
-        param._runtime_param = PlainValue(  # type: ignore[attr-defined]
-            descriptor.parameter_info,
-            descriptor.annotation,
-            typers=partial(build_runtime_param, descriptor),
-        )
+        if descriptor is not None and descriptor.annotation in (str, int, bool):
+            plain_reading(param, PlainValue)
     if not isinstance(command, StayerGroup):  # its commands are read plainly when built
         for sub in getattr(command, "commands", {}).values():
             read_plainly(sub)
@@ -194,7 +215,8 @@ class StayerApp(typer.Typer):
         def register(f: Callable[..., Any]) -> Callable[..., Any]:
             holder = _holder()
             holder.command(name, **kwargs)(f)
-            self._defer(name or get_command_name(f.__name__), holder, before_groups=True)
+            # Typer's name for a command: the function's, lower case, ``_`` as ``-``.
+            self._defer(name or f.__name__.lower().replace("_", "-"), holder, before_groups=True)
             return f
 
         return register
@@ -296,6 +318,19 @@ SimPolicyOption = Annotated[
 ]
 SimLatencyOption = Annotated[
     float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
+]
+# The servers' address (``stayer serve``, ``gateway``, ``sim serve``) and /metrics token.
+HostOption = Annotated[str, typer.Option("--host", help="Address to listen on.")]
+FreePortOption = Annotated[
+    int, typer.Option("--port", help="Port to listen on (0: a free one).", min=0, max=65535)
+]
+MetricsTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics-token",
+        envvar="STAYER_METRICS_TOKEN",
+        help="Bearer token of GET /metrics (Prometheus); off without one.",
+    ),
 ]
 
 

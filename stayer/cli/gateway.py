@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from stayer.cli.common import app, bad_input, serve_app
+from stayer.cli.common import (
+    FreePortOption,
+    HostOption,
+    MetricsTokenOption,
+    app,
+    bad_input,
+    serve_app,
+)
 
 
 @app.command()
@@ -20,10 +27,8 @@ def gateway(
             "vLLM); given again for one provider, the next upstream tried on failure.",
         ),
     ],
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option("--port", help="Port to listen on (0: a free one).", min=0, max=65535)
-    ] = 8088,
+    host: HostOption = "127.0.0.1",
+    port: FreePortOption = 8088,
     upstream_timeout: Annotated[
         float,
         typer.Option(
@@ -74,14 +79,7 @@ def gateway(
             help="Let the tenants' cache-miss webhooks target loopback and private addresses.",
         ),
     ] = False,
-    metrics_token: Annotated[
-        str | None,
-        typer.Option(
-            "--metrics-token",
-            envvar="STAYER_METRICS_TOKEN",
-            help="Bearer token of GET /metrics (Prometheus); off without one.",
-        ),
-    ] = None,
+    metrics_token: MetricsTokenOption = None,
 ) -> None:
     """Meter any agent: point its base URL here and authenticate with a stayer tenant key
     (`stayer tenants create`). The provider keys are the gateway's own:

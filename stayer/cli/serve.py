@@ -9,7 +9,9 @@ from typing import Annotated
 import typer
 
 from stayer.cli.common import (
+    HostOption,
     JsonFlag,
+    MetricsTokenOption,
     SandboxOption,
     app,
     bad_input,
@@ -391,7 +393,7 @@ def _account_doc(a) -> dict[str, str | None]:  # noqa: ANN001 - guard.budget.Acc
 
 @app.command()
 def serve(
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    host: HostOption = "127.0.0.1",
     port: Annotated[
         int, typer.Option("--port", help="Port to listen on.", min=1, max=65535)
     ] = 8080,
@@ -410,14 +412,7 @@ def serve(
     lease_ttl: LeaseTtlOption = 30.0,
     drain_timeout: DrainTimeoutOption = 30.0,
     otlp: OtlpOption = None,
-    metrics_token: Annotated[
-        str | None,
-        typer.Option(
-            "--metrics-token",
-            envvar="STAYER_METRICS_TOKEN",
-            help="Bearer token of GET /metrics (Prometheus); off without one.",
-        ),
-    ] = None,
+    metrics_token: MetricsTokenOption = None,
     default_max_cost: Annotated[
         str,
         typer.Option(

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from stayer.cli.common import app, bad_input, serve_app, sub_app
+from stayer.cli.common import FreePortOption, HostOption, app, bad_input, serve_app, sub_app
 from stayer.errors import ConfigError
 
 sim_app = sub_app("The offline provider simulator, as a server on the providers' wire APIs.")
@@ -16,10 +16,8 @@ app.add_typer(sim_app, name="sim")
 
 @sim_app.command("serve")
 def serve(
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option("--port", help="Port to listen on (0: a free one).", min=0, max=65535)
-    ] = 8090,
+    host: HostOption = "127.0.0.1",
+    port: FreePortOption = 8090,
     policy: Annotated[
         str,
         typer.Option(

@@ -18,7 +18,7 @@ import re
 import stat
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,13 +40,7 @@ class Trip:
     soft: bool = False  # a soft threshold, not the limit itself
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "detail": self.detail,
-            "step": self.step,
-            "action": self.action,
-            "soft": self.soft,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

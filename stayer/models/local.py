@@ -29,7 +29,7 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -366,13 +366,7 @@ class ServerState:
         return f"http://127.0.0.1:{self.port}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "port": self.port,
-            "model": self.model,
-            "started": self.started,
-            "base_url": self.base_url,
-        }
+        return asdict(self) | {"base_url": self.base_url}
 
 
 def _free_port() -> int:

@@ -434,13 +434,7 @@ class ServiceDB:
 
     def resume_after_decision(self, run_id: str) -> bool:
         """A run that waited for a person goes back to the queue."""
-        with self.store._tx() as cur:
-            cur.execute(
-                "UPDATE stayer_service_runs SET status = 'queued', stop_reason = NULL, updated_at = ? "
-                "WHERE id = ? AND status = 'requires_action'",
-                (utc_now(), run_id),
-            )
-            return cur.rowcount == 1
+        return self._requeue("id = ? AND status = 'requires_action'", run_id) == 1
 
     def paused_on_tenant(self) -> list[ServiceRun]:
         """Runs waiting for room in their tenant's budget, oldest first."""
@@ -451,13 +445,7 @@ class ServiceDB:
     def requeue_run(self, run_id: str) -> int:
         """A run paused on its tenant's budget goes back to the queue (1; 0 if it was not
         waiting so any more)."""
-        with self.store._tx() as cur:
-            cur.execute(
-                "UPDATE stayer_service_runs SET status = 'queued', stop_reason = NULL, updated_at = ? "
-                "WHERE id = ? AND status = 'paused' AND paused_on = 'tenant'",
-                (utc_now(), run_id),
-            )
-            return int(cur.rowcount)
+        return self._requeue("id = ? AND status = 'paused' AND paused_on = 'tenant'", run_id)
 
     def unsettled(self) -> list[ServiceRun]:
         """Ended runs whose tenant-budget hold the row still names (``clear_hold`` not
@@ -475,11 +463,15 @@ class ServiceDB:
 
     def requeue_paused(self, tenant: str) -> int:
         """Runs paused on the tenant's budget go back to the queue (its cap was raised)."""
+        return self._requeue("tenant = ? AND status = 'paused' AND paused_on = 'tenant'", tenant)
+
+    def _requeue(self, where: str, key: str) -> int:
+        """The runs that match ``where`` (one ``?``: ``key``) back to the queue; how many."""
         with self.store._tx() as cur:
             cur.execute(
                 "UPDATE stayer_service_runs SET status = 'queued', stop_reason = NULL, updated_at = ? "
-                "WHERE tenant = ? AND status = 'paused' AND paused_on = 'tenant'",
-                (utc_now(), tenant),
+                f"WHERE {where}",
+                (utc_now(), key),
             )
             return int(cur.rowcount)
 

@@ -35,84 +35,84 @@ def _peers(peers: list[str]) -> dict[str, Any]:
     return {"type": "string", "enum": sorted(peers), "description": "An agent of your team."}
 
 
-class SendMessageTool:
+class _TeamTool:
+    """A tool that asks the team through ``thread``: its spec from the class's name,
+    description and parameters (its ``peer`` one of ``peers``), and a refusal as a tool
+    error naming the tool."""
+
+    name = ""
+    description = ""
+    peer = "to"  # the parameter naming the other agent
+    properties: dict[str, Any] = {}
+    required: tuple[str, ...] = ()
+
     def __init__(self, thread: Messaging, peers: list[str]) -> None:
         self.thread = thread
-        self.spec = ToolSpec(
-            name="send_message",
-            description=(
-                "Send a message to another agent of your team. It does not wait: the receiver "
-                "reads it at its next step. Use wait_for_message to wait for an answer."
-            ),
-            parameters={
-                "type": "object",
-                "properties": {"to": _peers(peers), "content": {"type": "string"}},
-                "required": ["to", "content"],
-                "additionalProperties": False,
-            },
-        )
+        parameters: dict[str, Any] = {
+            "type": "object",
+            "properties": {self.peer: _peers(peers)} | self.properties,
+        }
+        if self.required:
+            parameters["required"] = list(self.required)
+        parameters["additionalProperties"] = False
+        self.spec = ToolSpec(name=self.name, description=self.description, parameters=parameters)
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            return ToolResult(
-                await self.thread.send(str(args["to"]), str(args["content"])), kind="result"
-            )
+            return ToolResult(await self.ask(args), kind="result")
         except MessagingRefused as e:
-            return ToolResult(f"send_message: {e}", is_error=True)
+            return ToolResult(f"{self.name}: {e}", is_error=True)
+
+    async def ask(self, args: dict[str, Any]) -> str:
+        raise NotImplementedError
 
 
-class WaitForMessageTool:
-    def __init__(self, thread: Messaging, peers: list[str]) -> None:
-        self.thread = thread
-        self.spec = ToolSpec(
-            name="wait_for_message",
-            description=(
-                "Wait until a message arrives (from one agent, if `from` is given) or the timeout "
-                "passes; returns the messages. Returns at once when that agent has finished."
-            ),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "from": _peers(peers),
-                    "timeout": {
-                        "type": "number",
-                        "minimum": 0,
-                        "description": f"Seconds, at most {MAX_WAIT_S:g}.",
-                    },
-                },
-                "additionalProperties": False,
-            },
-        )
+class SendMessageTool(_TeamTool):
+    name = "send_message"
+    description = (
+        "Send a message to another agent of your team. It does not wait: the receiver "
+        "reads it at its next step. Use wait_for_message to wait for an answer."
+    )
+    properties = {"content": {"type": "string"}}
+    required = ("to", "content")
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def ask(self, args: dict[str, Any]) -> str:
+        return await self.thread.send(str(args["to"]), str(args["content"]))
+
+
+class WaitForMessageTool(_TeamTool):
+    name = "wait_for_message"
+    description = (
+        "Wait until a message arrives (from one agent, if `from` is given) or the timeout "
+        "passes; returns the messages. Returns at once when that agent has finished."
+    )
+
+    peer = "from"  # the one it waits for
+    properties = {
+        "timeout": {
+            "type": "number",
+            "minimum": 0,
+            "description": f"Seconds, at most {MAX_WAIT_S:g}.",
+        }
+    }
+
+    async def ask(self, args: dict[str, Any]) -> str:
         timeout = min(float(args.get("timeout", 600)), MAX_WAIT_S)
-        try:
-            return ToolResult(await self.thread.wait(args.get("from"), timeout), kind="result")
-        except MessagingRefused as e:
-            return ToolResult(f"wait_for_message: {e}", is_error=True)
+        return await self.thread.wait(args.get("from"), timeout)
 
 
-class HandoffTool:
-    def __init__(self, thread: Messaging, peers: list[str]) -> None:
-        self.thread = thread
-        self.spec = ToolSpec(
-            name="handoff",
-            description=(
-                "Hand work to another agent of your team: it starts (or continues) with your brief "
-                "and reports back to you when it finishes. `history` passes your conversation so "
-                "far: none, a summary, or in full; leave it out to let the cheapest be chosen."
-            ),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "to": _peers(peers),
-                    "brief": {"type": "string", "description": "What to do, completely."},
-                    "history": {"type": "string", "enum": list(HISTORY_CHOICES)},
-                },
-                "required": ["to", "brief"],
-                "additionalProperties": False,
-            },
-        )
+class HandoffTool(_TeamTool):
+    name = "handoff"
+    description = (
+        "Hand work to another agent of your team: it starts (or continues) with your brief "
+        "and reports back to you when it finishes. `history` passes your conversation so "
+        "far: none, a summary, or in full; leave it out to let the cheapest be chosen."
+    )
+    properties = {
+        "brief": {"type": "string", "description": "What to do, completely."},
+        "history": {"type": "string", "enum": list(HISTORY_CHOICES)},
+    }
+    required = ("to", "brief")
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         history = args.get("history")
@@ -120,10 +120,8 @@ class HandoffTool:
             return ToolResult(
                 f"handoff: history must be one of {', '.join(HISTORY_CHOICES)}", is_error=True
             )
-        try:
-            return ToolResult(
-                await self.thread.handoff(str(args["to"]), str(args["brief"]), history),
-                kind="result",
-            )
-        except MessagingRefused as e:
-            return ToolResult(f"handoff: {e}", is_error=True)
+        return await super().__call__(args, ctx)
+
+    async def ask(self, args: dict[str, Any]) -> str:
+        to, brief = str(args["to"]), str(args["brief"])
+        return await self.thread.handoff(to, brief, args.get("history"))

@@ -271,8 +271,7 @@ def _copy_dir(src_fd: int, dst_fd: int, skip: Collection[str], depth: int) -> No
                 try:
                     _copy_dir(sub_src, sub_dst, (), depth + 1)
                     # Last: a read-only directory must be filled before it becomes one.
-                    os.fchmod(sub_dst, plain_mode(mode))
-                    os.utime(sub_dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+                    _copy_mode_and_times(sub_dst, st)
                 finally:
                     os.close(sub_dst)
             finally:
@@ -288,8 +287,7 @@ def _copy_dir(src_fd: int, dst_fd: int, skip: Collection[str], depth: int) -> No
                 out = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=dst_fd)
                 try:
                     copy_contents(fd, out, src_st)
-                    os.fchmod(out, plain_mode(src_st.st_mode))
-                    os.utime(out, ns=(src_st.st_atime_ns, src_st.st_mtime_ns))
+                    _copy_mode_and_times(out, src_st)
                 finally:
                     os.close(out)
             finally:
@@ -298,6 +296,12 @@ def _copy_dir(src_fd: int, dst_fd: int, skip: Collection[str], depth: int) -> No
             _clear(name, dst_fd)
             os.mkfifo(name, plain_mode(mode), dir_fd=dst_fd)
         # sockets and device files are not copied (module doc)
+
+
+def _copy_mode_and_times(fd: int, st: os.stat_result) -> None:
+    """Give the copy at ``fd`` the original's permissions (``plain_mode``) and times."""
+    os.fchmod(fd, plain_mode(st.st_mode))
+    os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def _make_dir(name: str, dst_fd: int) -> None:

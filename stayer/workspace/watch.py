@@ -12,18 +12,20 @@ are seen (same inodes); writes through a shared ``mmap`` are not, nor do they ch
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
-import struct
-import sys
 
-_IN_NONBLOCK = os.O_NONBLOCK
-_IN_CLOEXEC = os.O_CLOEXEC
+from stayer.workspace.watchd import (
+    IN_CLOEXEC,
+    IN_NONBLOCK,
+    IN_Q_OVERFLOW,
+    inotify_events,
+    inotify_libc,
+)
+
 _IN_MODIFY, _IN_ATTRIB = 0x2, 0x4
 _IN_MOVED_FROM, _IN_MOVED_TO, _IN_CREATE, _IN_DELETE = 0x40, 0x80, 0x100, 0x200
 _IN_DELETE_SELF, _IN_MOVE_SELF = 0x400, 0x800
-_IN_Q_OVERFLOW = 0x4000
 _IN_ONLYDIR, _IN_DONT_FOLLOW = 0x01000000, 0x02000000
 _MASK = (
     _IN_MODIFY
@@ -37,18 +39,10 @@ _MASK = (
     | _IN_ONLYDIR
     | _IN_DONT_FOLLOW
 )
-_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 
 
-def _libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.inotify_init1  # noqa: B018  (probe: musl and glibc both have it)
-    except (OSError, AttributeError):
-        return None
-    return libc
+# A module name of its own, so that tests can take inotify away.
+_libc = inotify_libc
 
 
 class TreeWatch:
@@ -58,7 +52,7 @@ class TreeWatch:
         self._libc = _libc()
         self._fd = -1
         if self._libc is not None:
-            self._fd = self._libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+            self._fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         self._key_of_wd: dict[int, str] = {}
         self._dir_of_wd: dict[int, str] = {}
         self._changed: set[str] = set()
@@ -148,11 +142,8 @@ class TreeWatch:
                     self._fd = -1
                     return
                 continue
-            offset = 0
-            while offset < len(buf):
-                wd, mask, _cookie, length = _EVENT.unpack_from(buf, offset)
-                offset += _EVENT.size + length
-                if mask & _IN_Q_OVERFLOW:  # events were lost: any tree may have changed
+            for wd, mask in inotify_events(buf):
+                if mask & IN_Q_OVERFLOW:  # events were lost: any tree may have changed
                     self._changed.update(self._vouched)
                     self._lost.update(self._vouched)
                 elif (key := self._key_of_wd.get(wd)) is not None:

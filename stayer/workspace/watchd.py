@@ -26,6 +26,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 # Seconds without a request after which the daemon exits.
 IDLE_S = 600.0
@@ -38,7 +39,7 @@ _SPAWN_EVERY_S = 5.0
 SOCKET_NAME = "watchd.sock"
 _LOCK_NAME = "watchd.lock"
 
-_IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
+IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 _MASK = (
     0x2  # IN_MODIFY
     | 0x4  # IN_ATTRIB
@@ -51,12 +52,13 @@ _MASK = (
     | 0x800  # IN_MOVE_SELF
     | 0x01000000  # IN_ONLYDIR (no IN_DONT_FOLLOW: /proc/self/fd/N must be followed)
 )
-_IN_Q_OVERFLOW = 0x4000
+IN_Q_OVERFLOW = 0x4000
 _EVENT = struct.Struct("iIII")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _libc() -> ctypes.CDLL | None:
+def inotify_libc() -> ctypes.CDLL | None:
+    """The C library, where it has inotify (Linux: musl and glibc both do)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -65,6 +67,15 @@ def _libc() -> ctypes.CDLL | None:
     except (OSError, AttributeError):
         return None
     return libc
+
+
+def inotify_events(buf: bytes) -> Iterator[tuple[int, int]]:
+    """The watch descriptor and mask of each inotify event in ``buf`` (one read)."""
+    offset = 0
+    while offset < len(buf):
+        wd, mask, _cookie, length = _EVENT.unpack_from(buf, offset)
+        offset += _EVENT.size + length
+        yield wd, mask
 
 
 def _peer_is_us(sock: socket.socket) -> bool:
@@ -106,7 +117,7 @@ class SharedWatch:
 
     @staticmethod
     def supported() -> bool:
-        return _libc() is not None and os.path.isdir("/proc/self/fd")
+        return inotify_libc() is not None and os.path.isdir("/proc/self/fd")
 
     def check(self, workspace: str, token: str) -> bool:
         """True only if the daemon vouches that nothing under ``workspace`` changed since
@@ -245,7 +256,7 @@ class _Daemon:
         self.libc = libc
         self.listener = listener
         self.sock_ino = sock_ino
-        self.fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        self.fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if self.fd < 0:
             raise OSError(ctypes.get_errno(), "inotify_init1")
         self.trees: dict[str, _Tree] = {}
@@ -276,11 +287,8 @@ class _Daemon:
                 return
             except InterruptedError:
                 continue
-            offset = 0
-            while offset < len(buf):
-                wd, mask, _cookie, length = _EVENT.unpack_from(buf, offset)
-                offset += _EVENT.size + length
-                if mask & _IN_Q_OVERFLOW:  # events were lost: every tree may have changed
+            for wd, mask in inotify_events(buf):
+                if mask & IN_Q_OVERFLOW:  # events were lost: every tree may have changed
                     for tree in list(self.trees.values()):
                         self.dirty(tree)
                 else:
@@ -414,7 +422,7 @@ def _root_id(path: str) -> tuple[int, int] | None:
 
 
 def main(watch_dir: str) -> int:
-    libc = _libc()
+    libc = inotify_libc()
     if libc is None:
         return 1
     if os.fork():  # the starter exits at once (its parent reaps it); the daemon goes on
