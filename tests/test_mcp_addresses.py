@@ -225,3 +225,41 @@ def test_a_local_server_is_called_where_private_addresses_are_allowed(
     refused = _prepared(tmp_path, {"web": {"url": url}})
     said = _call(refused, "web__echo", {"text": "hi"}, tmp_path)
     assert said.startswith("start error: mcp server web: url resolves to a non-public"), said
+
+
+def test_the_pinned_transport_keeps_the_names_host_and_tls_name() -> None:
+    """What goes to the wire: the checked address dialled, the URL's Host header and TLS
+    name (https), the first address that accepts kept; another host refused unsent."""
+    httpx2 = pytest.importorskip("httpx2")
+    from stayer.mcp.client import _Pinned
+
+    sent: list[Any] = []
+
+    class Wire(httpx2.AsyncBaseTransport):
+        async def handle_async_request(self, request: Any) -> Any:
+            sent.append(request)
+            if request.url.host == "2001:db8::1":
+                raise httpx2.ConnectError("refused", request=request)
+            return httpx2.Response(200, request=request)
+
+    async def go() -> str:
+        transport = _Pinned(f"https://{NAME}:8443/mcp", ["2001:db8::1", "192.0.2.7"])
+        transport.inner = Wire()
+        async with httpx2.AsyncClient(transport=transport) as client:  # type: ignore[arg-type]
+            for _ in range(2):
+                await client.post(f"https://{NAME}:8443/mcp", content=b"{}")
+            try:
+                await client.get("https://127.0.0.1:8443/mcp")
+            except httpx2.ConnectError as e:
+                return str(e)
+        return "sent"
+
+    refused = asyncio.run(go())
+    assert [str(r.url) for r in sent] == [
+        "https://[2001:db8::1]:8443/mcp",
+        "https://192.0.2.7:8443/mcp",
+        "https://192.0.2.7:8443/mcp",  # the one that accepted, from then on
+    ]
+    assert all(r.headers["Host"] == f"{NAME}:8443" for r in sent)
+    assert all(r.extensions["sni_hostname"] == NAME for r in sent)
+    assert refused.startswith("refused: 127.0.0.1 is not the server's host")
