@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import json
+import os
 import shutil
 import socket
 import subprocess
@@ -25,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from stayer import addresses
@@ -153,6 +156,60 @@ def test_a_name_rebound_after_the_check_does_not_reach_a_local_listener(
     assert said.startswith("start error: mcp server web: url resolves to a non-public address")
     assert "(127.0.0.1)" in said
     assert given == [PUBLIC, "127.0.0.1"]  # the connection asked once
+
+
+def test_a_worker_connects_only_where_the_api_checked(tmp_path: Path) -> None:
+    """End to end: `stayer serve` without --allow-private-webhooks, in which the name
+    resolves to a public address for the API's check and to 127.0.0.1 for the worker
+    (tests/fixtures/rebind): the run stops saying why, and the listener gets nothing."""
+    pytest.importorskip("fastapi")
+    from service_helpers import Env, copy_tasks, spawn, wait_for
+
+    local = _listen("127.0.0.1")
+    port = local.server_port
+
+    class Rebinding(Env):
+        def vars(self) -> dict[str, str]:
+            env = super().vars()
+            env["PYTHONPATH"] += os.pathsep + str(ROOT / "tests" / "fixtures" / "rebind")
+            env["STAYER_TEST_REBIND"] = f"{NAME} {port} {PUBLIC} 127.0.0.1"
+            return env
+
+    env = Rebinding(tmp_path / "home")
+    api = free_port()
+    tasks = copy_tasks(tmp_path / "tasks", "hello-file")
+    args = ["serve", "--port", str(api), "--tasks-dir", str(tasks), "--sandbox", "local"]
+    server = spawn(env, args, tmp_path / "serve.log")
+    try:
+        key = env.tenant("acme")["api_key"]
+        deadline = time.monotonic() + 120
+        while socket.socket().connect_ex(("127.0.0.1", api)) != 0:
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
+            time.sleep(0.2)
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{api}",
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60.0,
+        ) as client:
+            servers = {"web": {"url": f"http://{NAME}:{port}/mcp"}}
+            r = client.post(
+                "/v1/runs",
+                json={
+                    "task": "hello-file",
+                    "model": "sim:claude-sonnet-4-5",
+                    "mcp_servers": servers,
+                },
+            )
+            assert r.status_code == 201, r.text  # the check saw the public address
+            run = wait_for(
+                client, r.json()["id"], lambda x: x["status"] not in ("queued", "running")
+            )
+    finally:
+        server.kill()
+        local.shutdown()
+    assert local.got == [], server.output()  # type: ignore[attr-defined]
+    assert run["status"] != "succeeded", run
+    assert "non-public address (127.0.0.1)" in json.dumps(run) + server.output(), run
 
 
 @pytest.mark.parametrize("same_name", [True, False])
