@@ -101,10 +101,10 @@ def call(tool, n: int, ctx: ToolContext, step: int = 1):  # noqa: ANN001, ANN201
     return asyncio.run(tool({"n": n}, ToolContext(ctx.sandbox, ctx.workspace, call=ref)))
 
 
-def start(store, tmp_path: Path) -> tuple[RunJournal, ToolContext]:  # noqa: ANN001
+def start(store, tmp_path: Path, run_id: str = "") -> tuple[RunJournal, ToolContext]:  # noqa: ANN001
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
-    run_id = f"r-{uuid.uuid4().hex[:8]}"  # PostgreSQL: one database for the module
+    run_id = run_id or f"r-{uuid.uuid4().hex[:8]}"  # PostgreSQL: one database for the module
     journal = RunJournal.create(store, run_id, {"task": "t", "model": "m"}, ws, PriceBook.load())
     journal.take_snapshot(0)
     return journal, ToolContext(sandbox=None, workspace=str(ws))  # type: ignore[arg-type]
@@ -233,6 +233,36 @@ def test_an_unknown_outcome_is_a_journal_record_written_once(store, tmp_path):
     public = [public_event(journal.run_id, e, store.get_blob) for e in store.events(journal.run_id)]
     [event] = [p for p in public if p is not None and p.type == "outcome_unknown"]
     assert {k: v for k, v in event.data.items() if k not in ("run_id", "at")} == records[0]
+
+
+def test_the_runtimes_ledger_lists_the_unknown_outcomes(tmp_path, monkeypatch):
+    """``GET /v1/runs/{id}/ledger`` of a run (unfinished) whose call's outcome is unknown."""
+    pytest.importorskip("fastapi")
+    from service_helpers import copy_tasks
+    from starlette.testclient import TestClient
+
+    from stayer.runtime.api import create_app
+
+    monkeypatch.delenv("STAYER_DB", raising=False)
+    app = create_app(tmp_path / "home", copy_tasks(tmp_path / "tasks", "hello-file"))
+    db = app.state.databases.get()
+    client = TestClient(app, headers={"Authorization": f"Bearer {db.create_tenant('acme')}"})
+    run = client.post("/v1/runs", json={"task": "hello-file", "model": "sim:claude-sonnet-4-5"})
+    run_id = run.json()["id"]
+    assert client.get(f"/v1/runs/{run_id}/ledger").json()["outcome_unknown"] == []
+    journal, ctx = start(db.store, tmp_path, run_id)  # the run, as a worker journals it
+    charge = Charge("destructive")
+    charge.die = True
+    with pytest.raises(SystemExit):
+        call(JournaledTool(charge, journal), 1, ctx)
+    crash(journal)
+    again = resume(db.store, tmp_path, run_id)
+    again.warn = lambda line: None
+    assert call(JournaledTool(charge, again), 1, ctx).outcome == "unknown"
+    again.flush()
+    [shown] = client.get(f"/v1/runs/{run_id}/ledger").json()["outcome_unknown"]
+    assert (shown["tool"], shown["call_id"]) == ("charge", "c1")
+    assert shown["idempotency_key"] == charge.sent[0][1]
 
 
 def test_a_worker_that_lost_the_run_sends_nothing(store, tmp_path):
