@@ -7,7 +7,9 @@ its result, or raises :class:`McpCallError` when the server dies, sends a line t
 JSON-RPC, or does not answer in time. A ``notifications/tools/list_changed`` sets
 ``list_changed`` (what to do with it is the caller's). A stdio server in a sandbox is
 started through the sandbox's own ``exec`` (:mod:`stayer.mcp.pipes`); on the host with the
-SDK's ``stdio_client``; an HTTP server with ``streamable_http_client``.
+SDK's ``stdio_client``; an HTTP server with ``streamable_http_client``, whose HTTP client
+dials only the addresses its host resolved to when it connected, each checked unless
+``allow_private`` (``stayer.addresses``; docs/mcp.md).
 """
 
 from __future__ import annotations
