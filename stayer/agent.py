@@ -608,7 +608,11 @@ class Agent:
             observed.append(seen)
             records.append(
                 ToolCallEntry(
-                    id=call.id, name=call.name, is_error=out.is_error, exit_code=seen.exit_code
+                    id=call.id,
+                    name=call.name,
+                    is_error=out.is_error,
+                    exit_code=seen.exit_code,
+                    **({"outcome": out.outcome} if out.outcome else {}),
                 )
             )
             if out.submitted:

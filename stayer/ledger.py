@@ -4,7 +4,8 @@ contract, and ``stayer.records`` alone turns it into JSON and back.
 
 ``LedgerEntry.made`` is a step the loop (or the gateway) made; ``LostCall.entry`` an
 attempt lost in flight at a crash (billed by the provider, its reply never seen); a ``cut_short``
-entry the step a time limit stopped. All share the one record, so totals and reports treat
+entry the step a time limit stopped. An ``OutcomeUnknown`` is a tool call of a step whose
+outcome was lost at a crash (its ``ToolCallEntry`` says ``outcome: unknown``). All share the one record, so totals and reports treat
 them alike. A field a kind never has is ``UNSET`` and absent from its JSON, so an entry
 read back (an older journal's too) is written out with exactly the fields it had.
 """
@@ -38,6 +39,9 @@ class ToolCallEntry(Record):
     is_error: bool
     # A command's exit status, when the tool ran one (absent from older journals).
     exit_code: int | None | UnsetType = UNSET
+    # "unknown": a side-effecting call whose result was lost at a crash and that was not
+    # sent again (``OutcomeUnknown``); absent otherwise.
+    outcome: str | UnsetType = UNSET
 
     @property
     def failed(self) -> bool:
@@ -217,6 +221,19 @@ class LostCall(Record, kw_only=True):
             estimated=True,
             cache_hit_ratio=round(self.usage.cache_hit_ratio, 4),
         )
+
+
+class OutcomeUnknown(Record, kw_only=True):
+    """An ``outcome_unknown`` record: a side-effecting, non-idempotent tool call that was
+    in flight at a crash, its result lost; it was not sent again, and the agent was told to
+    check what it did (``stayer.journal.effects``). Written to the journal once per call."""
+
+    agent: str = "main"
+    step: int
+    tool: str
+    call_id: str
+    idempotency_key: str
+    sent_at: str  # when its intent was committed (UTC, ISO 8601)
 
 
 def ledger_order(entry: LedgerEntry) -> tuple[int, bool]:

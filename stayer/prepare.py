@@ -65,7 +65,9 @@ def run_mcp(p: PreparedRun, sandbox: Sandbox) -> McpTools:
     """The run's MCP servers (``[mcp]``, ``mcp_servers``), connected by ``async with``;
     a stdio server runs in ``sandbox`` unless trusted to run on the host."""
     counter = p.counter.counter
-    return McpTools(p.mcp_servers, sandbox, counter, reserved_names(counter))
+    return McpTools(
+        p.mcp_servers, sandbox, counter, reserved_names(counter), public_only=p.mcp_public_only
+    )
 
 
 def mcp_offer(p: PreparedRun, mcp: McpTools) -> tuple[str, list[Tool]]:
@@ -174,6 +176,9 @@ class PreparedRun:
     lease_ttl_s: float | None = None
     sandbox_source: str = "default"  # who chose config.sandbox (Task.kind_source)
     mcp_servers: dict[str, McpServer] = dataclasses.field(default_factory=dict)
+    # The servers whose URL must resolve to public addresses at each connection: the
+    # run's own (``mcp_servers``) unless ``config.allow_private_mcp``.
+    mcp_public_only: frozenset[str] = frozenset()
 
     def new_policy(self) -> ContextPolicy:
         """A fresh context policy of the run's kind (a team's agents each have their own)."""
@@ -288,6 +293,7 @@ def prepare(
         team_models,
         sandbox_source=chosen_by,
         mcp_servers=mcp_servers,
+        mcp_public_only=frozenset(() if config.allow_private_mcp else (config.mcp_servers or {})),
     )
 
 

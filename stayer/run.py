@@ -118,6 +118,8 @@ async def _execute(
     report = result_document(p, result, verdict, started, extra)
     if p.mcp_servers:
         report.mcp_tools = wiring.mcp_mode
+    if journal.unknown:
+        report.outcome_unknown = to_json(journal.unknown)
     doc = report.to_json()  # the one JSON form, for the journal and result.json
     journal.finish(doc)
     write_result(p.run_dir, doc)
@@ -456,6 +458,9 @@ class RunReport(msgspec.Struct, kw_only=True, eq=False):
     rewards: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     verifier: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     mcp_tools: str | msgspec.UnsetType = msgspec.UNSET  # with MCP servers: eager or lazy
+    # Side-effecting calls whose outcome a crash lost (``stayer.ledger.OutcomeUnknown``):
+    # only when there were any.
+    outcome_unknown: list[dict[str, Any]] | msgspec.UnsetType = msgspec.UNSET
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (``result.json``, ``--json``, the journal's result)."""

@@ -135,6 +135,9 @@ class RunSettings:
     team: dict[str, Any] | None = None  # or the same inline (the runtime's ``team`` field)
     mcp_servers: dict[str, Any] | None = None  # [mcp.servers] inline (the runtime's field)
     mcp_tools: str = DEFAULT_MCP_TOOLS  # eager | lazy | auto (stayer.mcp.lazy)
+    # The run's own mcp_servers may reach non-public addresses (the runtime's
+    # --allow-private-webhooks); servers from task.toml and stayer.toml always may.
+    allow_private_mcp: bool = False
     # Per-run sandbox limits; None keeps the task's (task.toml [environment]).
     memory_mb: int | None = None
     storage_mb: int | None = None

@@ -13,12 +13,14 @@ from types import SimpleNamespace
 import pytest
 from pg_server import database_fixture
 
-from stayer.journal import LeaseLost, RunJournal, open_store
+from stayer.journal import LeaseLost, RunJournal, load_log, open_store
 from stayer.journal.codec import canonical
 from stayer.journal.effects import effect_log
 from stayer.journal.replay import JournaledTool
+from stayer.journal.run_report import run_report
 from stayer.messages import Effects, ToolSpec
 from stayer.pricing import PriceBook
+from stayer.runtime.events import public_event
 from stayer.tools.base import ToolContext, ToolResult
 from stayer.tools.bash import BashTool
 from stayer.tools.effects import CallRef, effects_of, from_mcp_annotations, side_effecting
@@ -99,10 +101,10 @@ def call(tool, n: int, ctx: ToolContext, step: int = 1):  # noqa: ANN001, ANN201
     return asyncio.run(tool({"n": n}, ToolContext(ctx.sandbox, ctx.workspace, call=ref)))
 
 
-def start(store, tmp_path: Path) -> tuple[RunJournal, ToolContext]:  # noqa: ANN001
+def start(store, tmp_path: Path, run_id: str = "") -> tuple[RunJournal, ToolContext]:  # noqa: ANN001
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
-    run_id = f"r-{uuid.uuid4().hex[:8]}"  # PostgreSQL: one database for the module
+    run_id = run_id or f"r-{uuid.uuid4().hex[:8]}"  # PostgreSQL: one database for the module
     journal = RunJournal.create(store, run_id, {"task": "t", "model": "m"}, ws, PriceBook.load())
     journal.take_snapshot(0)
     return journal, ToolContext(sandbox=None, workspace=str(ws))  # type: ignore[arg-type]
@@ -186,6 +188,81 @@ def test_a_lost_result_of_another_call_is_unknown_never_repeated(store, tmp_path
     assert len(charge.sent) == 2
     states = {r.key: r.state for r in effect_log(store).of_run(journal.run_id)}
     assert sorted(states.values()) == ["done", "unknown"]
+
+
+def test_an_unknown_outcome_is_a_journal_record_written_once(store, tmp_path):
+    """The run itself says it: one ``outcome_unknown`` record (tool, call id, key), even
+    when the resume that decided it crashed before writing it (the effect log's row said
+    ``unknown`` already) and the run is resumed twice more."""
+    journal, ctx = start(store, tmp_path)
+    charge = Charge("additive")
+    charge.die = True
+    with pytest.raises(SystemExit):
+        call(JournaledTool(charge, journal), 1, ctx, step=3)
+    crash(journal)
+    charge.die = False
+    key = charge.sent[0][1]
+    # Decided unknown, then the process died before its events were written.
+    deciding = resume(store, tmp_path, journal.run_id)
+    deciding.warn = lambda line: None
+    first = call(JournaledTool(charge, deciding), 1, ctx, step=3)
+    assert first.outcome == "unknown"
+    crash(deciding)
+    assert load_log(store, journal.run_id).unknown == []
+    for _ in range(2):  # answered from the effect log, then from the event journal
+        again = resume(store, tmp_path, journal.run_id)
+        assert call(JournaledTool(charge, again), 1, ctx, step=3) == first
+        again.flush()
+        crash(again)
+    records = [e.data for e in store.events(journal.run_id) if e.kind == "outcome_unknown"]
+    assert records == [
+        {
+            "agent": "main",
+            "step": 3,
+            "tool": "charge",
+            "call_id": "c1",
+            "idempotency_key": key,
+            "sent_at": effect_log(store).get(journal.run_id, key).sent_at,
+        }
+    ]
+    assert load_log(store, journal.run_id).unknown == records
+    assert len(charge.sent) == 1
+    # As `stayer report` and the runtime's event stream show it.
+    report = run_report(store, store.run(journal.run_id))
+    assert report["totals"]["outcome_unknown"] == 1 and report["outcome_unknown"] == records
+    public = [public_event(journal.run_id, e, store.get_blob) for e in store.events(journal.run_id)]
+    [event] = [p for p in public if p is not None and p.type == "outcome_unknown"]
+    assert {k: v for k, v in event.data.items() if k not in ("run_id", "at")} == records[0]
+
+
+def test_the_runtimes_ledger_lists_the_unknown_outcomes(tmp_path, monkeypatch):
+    """``GET /v1/runs/{id}/ledger`` of a run (unfinished) whose call's outcome is unknown."""
+    pytest.importorskip("fastapi")
+    from service_helpers import copy_tasks
+    from starlette.testclient import TestClient
+
+    from stayer.runtime.api import create_app
+
+    monkeypatch.delenv("STAYER_DB", raising=False)
+    app = create_app(tmp_path / "home", copy_tasks(tmp_path / "tasks", "hello-file"))
+    db = app.state.databases.get()
+    client = TestClient(app, headers={"Authorization": f"Bearer {db.create_tenant('acme')}"})
+    run = client.post("/v1/runs", json={"task": "hello-file", "model": "sim:claude-sonnet-4-5"})
+    run_id = run.json()["id"]
+    assert client.get(f"/v1/runs/{run_id}/ledger").json()["outcome_unknown"] == []
+    journal, ctx = start(db.store, tmp_path, run_id)  # the run, as a worker journals it
+    charge = Charge("destructive")
+    charge.die = True
+    with pytest.raises(SystemExit):
+        call(JournaledTool(charge, journal), 1, ctx)
+    crash(journal)
+    again = resume(db.store, tmp_path, run_id)
+    again.warn = lambda line: None
+    assert call(JournaledTool(charge, again), 1, ctx).outcome == "unknown"
+    again.flush()
+    [shown] = client.get(f"/v1/runs/{run_id}/ledger").json()["outcome_unknown"]
+    assert (shown["tool"], shown["call_id"]) == ("charge", "c1")
+    assert shown["idempotency_key"] == charge.sent[0][1]
 
 
 def test_a_worker_that_lost_the_run_sends_nothing(store, tmp_path):

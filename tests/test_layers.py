@@ -39,6 +39,7 @@ LAYERS: list[set[str]] = [
         "pgpool",
         "paths",
         "records",
+        "addresses",
     },
     {"models"},
     {"workspace"},  # the workspace's files: walk, copy, change watch, snapshots

@@ -23,6 +23,8 @@ import pytest
 from pg_server import database_fixture
 from test_effects_kill import kill_when_reached, unknown_labels
 
+from stayer.journal import open_store
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "mcp_servers" / "tiny.py"
 #: (label, tool) of the run's calls, two per step.
@@ -134,3 +136,26 @@ def test_a_killed_mcp_call_is_sent_once_or_reported_unknown(mode, backend, tmp_p
     keys = [k for ks in received.values() for k in ks]
     assert all(k.startswith("stayer-") for k in keys), received
     assert len(set(received["L1"])) == 1 and len(set(keys)) == len(CALLS), received
+    # The run says it too: one outcome_unknown record per such call, in its journal, its
+    # result, its ledger's tool calls and `stayer report`.
+    store = open_store(run.home, db)
+    try:
+        records = [e.data for e in store.events("r1") if e.kind == "outcome_unknown"]
+    finally:
+        store.close()
+    assert sorted((r["call_id"], r["tool"], r["idempotency_key"]) for r in records) == [
+        ("c2", "t__count_once", received["L2"][0]),
+        ("c3", "t__count_once", received["L3"][0]),
+    ]
+    assert doc["outcome_unknown"] == records
+    in_ledger = {
+        (e["step"], c["id"]) for e in doc["ledger"] for c in e["tool_calls"]
+        if c.get("outcome") == "unknown"
+    }  # fmt: skip
+    assert in_ledger == {(r["step"], r["call_id"]) for r in records}
+    shown = subprocess.run(
+        [sys.executable, "-m", "stayer.cli", "report", "r1", "--json"],
+        env=run.env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    report = json.loads(shown.stdout)
+    assert report["totals"]["outcome_unknown"] == 2 and report["outcome_unknown"] == records

@@ -145,14 +145,16 @@ def report(
     say(
         console,
         f"{tot['model_calls']} model calls ({tot['lost_in_flight']} lost in flight, "
-        f"{usd(tot['lost_in_flight_cost_usd'])}) · {j['events']} events · "
+        f"{usd(tot['lost_in_flight_cost_usd'])}) · "
+        + (f"{tot['outcome_unknown']} outcome(s) unknown · " if tot["outcome_unknown"] else "")
+        + f"{j['events']} events · "
         f"{j['resumes']} resume(s) · {j['blob_bytes']:,} blob bytes · {j['store']}",
     )
 
 
 def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
-    """Tail the run's journal: a line per step (and per call lost in flight) as it is
-    written, then the final status; the exit code follows it (as ``stayer run``'s)."""
+    """Tail the run's journal: a line per step (and per call lost in flight, and per tool
+    call whose outcome is unknown) as it is written, then the final status; the exit code follows it (as ``stayer run``'s)."""
     import json
     import time
     from decimal import Decimal
@@ -162,7 +164,7 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
     from rich.text import Text
 
     from stayer.cli.run import exit_code, step_line
-    from stayer.ledger import LedgerEntry, LostCall
+    from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown
     from stayer.money import Usd
     from stayer.records import from_json, to_json
 
@@ -177,6 +179,13 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
                     entry = from_json(ev.data["entry"], LedgerEntry)
                 elif ev.kind == "model_lost":
                     entry = from_json(ev.data, LostCall).entry()
+                elif ev.kind == "outcome_unknown":
+                    u = from_json(ev.data, OutcomeUnknown)
+                    line = (
+                        f"step {u.step}: {u.tool} call {u.call_id}: outcome unknown, not sent again"
+                    )
+                    out.print(escape(line), highlight=False, soft_wrap=True)
+                    continue
                 elif ev.kind == "run_finished":
                     result = json.loads(store.get_blob(ev.data["result"]))
                     out.print(

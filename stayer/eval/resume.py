@@ -23,6 +23,7 @@ def prepare_resume(
     owner: str | None = None,
     ttl_s: float | None = None,
     task_dir: str | None = None,
+    allow_private_mcp: bool | None = None,
 ) -> tuple[PreparedRun, RunJournal]:
     """The run ``run_id``, prepared and leased, ready for ``execute(p, journal=j)``.
 
@@ -31,7 +32,9 @@ def prepare_resume(
     run that already finished. Nothing is written unless the run can be continued.
     ``owner`` and ``ttl_s``: the lease to run it under (a worker's claim), see ``reopen``.
     ``task_dir``: where the task is on this machine, if not where the journal says (a
-    worker on another host resuming a tenant's upload).
+    worker on another host resuming a tenant's upload). ``allow_private_mcp``: whether
+    the run's own MCP servers may be on non-public addresses, if not as when it started
+    (the rule of the worker that takes it over).
     """
     home = stayer_home()
     opened = store is None
@@ -46,6 +49,8 @@ def prepare_resume(
             config = RunSettings.from_record(row.header["config"])
             if task_dir is not None:
                 config = dataclasses.replace(config, task_dir=task_dir)
+            if allow_private_mcp is not None:
+                config = dataclasses.replace(config, allow_private_mcp=allow_private_mcp)
         except (KeyError, TypeError, ValueError) as e:
             raise JournalError(
                 f"run {run_id}: its journal header is not a run configuration ({e})"

@@ -8,7 +8,8 @@ a side-effecting call that the event journal holds no result for:
 * a row with a result (``done`` or ``unknown``): that result, the call is not sent again;
 * a row with only the intent (``sent``: the process died with the call in flight): sent
   again with the same key if the tool is ``idempotent``; otherwise not sent, and the agent
-  gets a tool error saying the outcome is unknown and must be checked (kept as the result);
+  gets a tool error saying the outcome is unknown and must be checked (kept as the result),
+  and the journal an ``outcome_unknown`` record (``stayer.ledger.OutcomeUnknown``, once);
 * no row: the intent is committed (fenced by the run's lease: a worker that lost the run
   sends nothing), the call is sent, and its result committed before the agent sees it.
 
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from stayer.journal.codec import canonical
 from stayer.journal.sql import SqlStore, utc_now
+from stayer.ledger import OutcomeUnknown
 from stayer.messages import Effects
 from stayer.tools.base import ToolContext, ToolResult
 from stayer.tools.effects import CallRef
@@ -126,6 +128,18 @@ def unknown_outcome(tool: str, key: str, sent_at: str) -> ToolResult:
         "idempotent, so it was not sent again: check whether it took effect before calling "
         "it again.",
         is_error=True,
+        outcome="unknown",
+    )
+
+
+def _record(ref: CallRef, tool: str, key: str, sent_at: str) -> OutcomeUnknown:
+    return OutcomeUnknown(
+        agent=ref.agent,
+        step=ref.step,
+        tool=tool,
+        call_id=ref.call_id,
+        idempotency_key=key,
+        sent_at=sent_at,
     )
 
 
@@ -147,9 +161,12 @@ async def call_once(
     key, digest = ref.idempotency_key, args_hash(args)
     row = log.get(journal.run_id, key)
     if row is not None and row.state != "sent":
+        if row.state == "unknown":  # its record, if a crash came between the two commits
+            journal.outcome_unknown(_record(ref, name, key, row.sent_at))
         return row.tool_result()  # the recorded result: never sent again
     if row is not None and (effects != "idempotent" or row.args_hash != digest):
         lost = unknown_outcome(name, key, row.sent_at)
+        journal.outcome_unknown(_record(ref, name, key, row.sent_at))
         log.settle(journal.run_id, key, "unknown", lost)
         journal.warn(
             f"run {journal.run_id}: {name} call #{t + 1} was in flight at the crash and is not "

@@ -19,7 +19,7 @@ from stayer.journal.blobs import BlobError
 from stayer.journal.store import Event, JournalCorrupt, Store
 
 if TYPE_CHECKING:
-    from stayer.ledger import LedgerEntry, LostCall
+    from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown
 
 #: Event kinds the journal itself writes. Any other kind is an agent event (compaction,
 #: breaker, …) recorded through ``on_event``; an agent kind that collides with one of these
@@ -33,6 +33,7 @@ JOURNAL_KINDS = frozenset(
         "model_finished",
         "model_failed",
         "model_lost",
+        "outcome_unknown",
         "tool_started",
         "tool_finished",
         "tool_diverged",
@@ -86,6 +87,7 @@ class RunLog:
     tools: dict[int, dict[str, Any]] = field(default_factory=dict)  # t → tool_finished
     steps: dict[int, LedgerEntry] = field(default_factory=dict)  # step → its ledger entry
     lost: list[LostCall] = field(default_factory=list)  # model_lost records
+    unknown: list[OutcomeUnknown] = field(default_factory=list)  # outcome_unknown records
     snapshots: list[dict[str, Any]] = field(default_factory=list)  # oldest first
     agent_events: dict[int, tuple[str, str]] = field(default_factory=dict)  # i → (kind, payload)
     observations: dict[int, Any] = field(default_factory=dict)  # i → value
@@ -151,7 +153,7 @@ def _damage(store: Store, log: RunLog, ev: Event, i: int, missing: set[str]) -> 
 def _index(log: RunLog, ev: Event) -> None:
     # The records' modules load with the first log read, not with every journal import
     # (``stayer runs`` lists rows without them).
-    from stayer.ledger import LedgerEntry, LostCall
+    from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown
     from stayer.records import from_json
 
     d, kind = ev.data, ev.kind
@@ -179,6 +181,8 @@ def _index(log: RunLog, ev: Event) -> None:
         log.calls.setdefault(int(d["n"]), CallRecord()).failed = d
     elif kind == "model_lost":
         log.lost.append(from_json(d, LostCall))
+    elif kind == "outcome_unknown":
+        log.unknown.append(from_json(d, OutcomeUnknown))
     elif kind == "tool_finished":
         log.tools[int(d["t"])] = d
     elif kind == "step":

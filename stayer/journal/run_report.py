@@ -9,20 +9,22 @@ from stayer.journal.lease import run_status
 from stayer.journal.log import RunLog, load_log
 from stayer.journal.session import lost_ledger_entries
 from stayer.journal.store import RunRow, Store
-from stayer.ledger import LedgerEntry, ledger_order
+from stayer.ledger import LedgerEntry, OutcomeUnknown, ledger_order
 from stayer.money import Usd, usd_sum
 from stayer.records import to_json
 from stayer.usage import Usage
 
 
 def run_report(store: Store, row: RunRow) -> dict[str, Any]:
-    """Per-step ledger (``lost_in_flight`` entries included) and totals for ``row``."""
+    """Per-step ledger (``lost_in_flight`` entries included) and totals for ``row``, and
+    the calls whose outcome a crash lost (``outcome_unknown``)."""
     log = load_log(store, row.id)
     steps = [*log.steps.values(), *(e for t in log.threads.values() for e in t.steps.values())]
     ledger = journal_ledger(log)
     usage = sum((e.usage for e in ledger), Usage())
     cost = ledger_cost(ledger)
     lost = [e for e in ledger if e.lost]
+    unknown = journal_unknown(log)
     result = json.loads(log.blobs[log.finished["result"]]) if log.finished else None
     return {
         "run_id": row.id,
@@ -44,7 +46,9 @@ def run_report(store: Store, row: RunRow) -> dict[str, Any]:
             "lost_in_flight": len(lost),
             "lost_in_flight_cost_usd": str(usd_sum(e.cost.total for e in lost)),
             "tool_calls": len(log.tools) + sum(len(t.tools) for t in log.threads.values()),
+            "outcome_unknown": len(unknown),
         },
+        "outcome_unknown": to_json(unknown),
         "messages": messages(log),
         "journal": {
             "store": store.location,
@@ -70,6 +74,12 @@ def journal_ledger(log: RunLog) -> list[LedgerEntry]:
         ],
         key=ledger_order,
     )
+
+
+def journal_unknown(log: RunLog) -> list[OutcomeUnknown]:
+    """The run's ``outcome_unknown`` records (a team's threads' too), by step."""
+    found = [*log.unknown, *(u for t in log.threads.values() for u in t.unknown)]
+    return sorted(found, key=lambda u: u.step)
 
 
 def ledger_cost(ledger: list[LedgerEntry]) -> Usd:

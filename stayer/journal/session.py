@@ -30,7 +30,7 @@ from stayer.journal.log import JOURNAL_KINDS, RunLog, load_log
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
 from stayer.journal.store import JournalError, RunHeld, RunRow, Store
-from stayer.ledger import LedgerEntry, LostCall, ToolCallEntry
+from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown, ToolCallEntry
 from stayer.models.base import Model, ModelResponse
 from stayer.money import Usd, usd_sum
 from stayer.pricing import Cost, PriceBook
@@ -108,6 +108,12 @@ class RunJournal:
         self.snapshot_step = max((s["step"] for s in log.snapshots), default=-1)
         self.steps_cost = Usd()
         self.lost: list[LostCall] = list(log.lost)
+        # The run's outcome_unknown records, a team's threads' too (one per call: see
+        # ``outcome_unknown``).
+        self.unknown: list[OutcomeUnknown] = [
+            *log.unknown,
+            *(u for thread in log.threads.values() for u in thread.unknown),
+        ]
         # Model calls answered since the last step was recorded (the step's own call, its
         # sub-agents' and summariser's): see ``cut_short``.
         self._unstepped: list[tuple[Model, ModelResponse]] = []
@@ -453,6 +459,14 @@ class RunJournal:
                 f"run {self.run_id}: replay emitted a different {kind!r} event than the journal holds (#{i})"
             )
         self.stats.seconds += time.perf_counter() - t0
+
+    def outcome_unknown(self, rec: OutcomeUnknown) -> None:
+        """Journal that a call's outcome is unknown: once per call (its idempotency key),
+        however many resumes decide it again."""
+        if any(u.idempotency_key == rec.idempotency_key for u in self.unknown):
+            return
+        self.unknown.append(rec)
+        self.record("outcome_unknown", to_json(rec))
 
     def cost_text(self) -> str:
         return str(self.steps_cost + usd_sum(lost.cost.total for lost in self.lost))

@@ -7,7 +7,9 @@ its result, or raises :class:`McpCallError` when the server dies, sends a line t
 JSON-RPC, or does not answer in time. A ``notifications/tools/list_changed`` sets
 ``list_changed`` (what to do with it is the caller's). A stdio server in a sandbox is
 started through the sandbox's own ``exec`` (:mod:`stayer.mcp.pipes`); on the host with the
-SDK's ``stdio_client``; an HTTP server with ``streamable_http_client``.
+SDK's ``stdio_client``; an HTTP server with ``streamable_http_client``, whose HTTP client
+dials only the addresses its host resolved to when it connected, each checked unless
+``allow_private`` (``stayer.addresses``; docs/mcp.md).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+from urllib.parse import urlsplit
 
+from stayer.addresses import resolve
 from stayer.mcp.config import McpServer
 from stayer.sandbox.base import Sandbox
 
@@ -30,6 +34,10 @@ logging.getLogger("mcp.client.stdio").setLevel(logging.CRITICAL)
 
 class McpCallError(Exception):
     """A call that got no answer: the server died, hung, or sent garbage."""
+
+
+class AddressRefused(OSError):
+    """An HTTP server's URL that resolves (now) to an address it may not reach."""
 
 
 class McpStartError(OSError):
@@ -51,10 +59,21 @@ class ServerTool:
 
 
 class Connection:
-    def __init__(self, name: str, server: McpServer, sandbox: Sandbox | None = None) -> None:
+    """``allow_private``: an HTTP server may be on a non-public address (it is checked
+    at each connection, on the one lookup the connection then uses)."""
+
+    def __init__(
+        self,
+        name: str,
+        server: McpServer,
+        sandbox: Sandbox | None = None,
+        *,
+        allow_private: bool = True,
+    ) -> None:
         if server.where == "sandbox" and sandbox is None:
             raise ValueError(f"mcp server {name}: runs in the sandbox, and none was given")
         self.name, self.server, self.sandbox = name, server, sandbox
+        self.allow_private = allow_private
         self.tools: list[ServerTool] = []
         self.list_changed = False
         self.garbage: str | None = None  # the last thing it sent that was not JSON-RPC
@@ -80,6 +99,8 @@ class Connection:
             ) from None
         if self._session is None:
             await self.close()
+            if isinstance(self._error, AddressRefused):
+                raise McpStartError(str(self._error))
             why = self.why().removeprefix("MCPError: Connection closed").strip()
             raise McpStartError(f"mcp server {self.name} could not start {why}".strip())
         return self.tools
@@ -197,10 +218,9 @@ class Connection:
         s = self.server
         if s.url is not None:
             from mcp.client.streamable_http import streamable_http_client
-            from mcp.shared._httpx_utils import create_mcp_http_client
 
             async with (
-                create_mcp_http_client(headers=dict(s.headers)) as http,
+                await self._pinned_client(s.url) as http,
                 streamable_http_client(s.url, http_client=http) as streams,
             ):
                 yield streams[0], streams[1]
@@ -220,6 +240,26 @@ class Connection:
             assert s.command is not None and self.sandbox is not None
             async with sandboxed_stdio(self.sandbox, s.command, s.env, self._said) as streams:
                 yield streams
+
+    async def _pinned_client(self, url: str) -> Any:
+        """The SDK's HTTP client for ``url``, connecting only to the addresses its host
+        resolves to now, each checked (``stayer.addresses``): never looked up again."""
+        import httpx2
+        from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+        addresses, problem = await asyncio.to_thread(resolve, url, allow_private=self.allow_private)
+        if problem is not None:
+            raise AddressRefused(f"mcp server {self.name}: url {problem}")
+        # What the SDK's ``create_mcp_http_client`` makes (its timeouts, redirects left to
+        # the SDK, which follows them within the origin only), over a transport that dials
+        # the checked addresses; no proxy from the environment.
+        return httpx2.AsyncClient(
+            headers=dict(self.server.headers),
+            timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+            follow_redirects=False,
+            trust_env=False,
+            transport=cast(httpx2.AsyncBaseTransport, _Pinned(url, addresses)),
+        )
 
     # --- calls --------------------------------------------------------------------------
 
@@ -280,6 +320,60 @@ class Connection:
         raise McpCallError(
             f"mcp server {self.name} {why}; it was stopped, and the next call starts it again"
         )
+
+
+class _Pinned:  # an httpx2.AsyncBaseTransport (httpx2 is imported only when one is used)
+    """An httpx2 transport that sends every request for the server's host to the
+    addresses checked when it connected (the first that accepts, then that one only),
+    with the URL's Host header and TLS name, and refuses a request for any other host
+    (a redirect elsewhere): DNS is not asked again, so it cannot answer otherwise."""
+
+    def __init__(self, url: str, addresses: list[str]) -> None:
+        import httpx2
+
+        self.host = (urlsplit(url).hostname or "").lower()
+        self.addresses = list(addresses)
+        self.inner = httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: Any) -> Any:
+        import httpx2
+
+        if request.url.host.lower() != self.host:
+            raise httpx2.ConnectError(
+                f"refused: {request.url.host} is not the server's host ({self.host}), "
+                "whose addresses were checked",
+                request=request,
+            )
+        failed: Exception | None = None
+        for address in list(self.addresses):
+            # TLS asks for and checks the URL's name, not the address dialled.
+            extensions = {"sni_hostname": self.host} if request.url.scheme == "https" else {}
+            pinned_request = httpx2.Request(
+                request.method,
+                request.url.copy_with(host=address),
+                headers=request.headers,  # Host: the URL's, as the request was built
+                stream=request.stream,
+                extensions={**request.extensions, **extensions},
+            )
+            try:
+                response = await self.inner.handle_async_request(pinned_request)
+            except httpx2.ConnectError as e:
+                failed = e
+                continue
+            self.addresses = [address]  # one server: every request of the session there
+            return response
+        assert failed is not None
+        raise failed
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> _Pinned:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.inner.__aexit__(*exc)
 
 
 class _Watched:

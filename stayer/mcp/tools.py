@@ -123,8 +123,15 @@ class McpTools:
         sandbox: Sandbox | None,
         counter: TokenCounter,
         reserved: Iterable[str] = (),
+        public_only: Iterable[str] = (),
     ) -> None:
-        self.connections = [Connection(n, s, sandbox) for n, s in sorted(servers.items())]
+        """``public_only``: the servers whose URL must resolve to public addresses when
+        they connect (a runtime run's own ``mcp_servers``, unless private ones are allowed)."""
+        public = set(public_only)
+        self.connections = [
+            Connection(n, s, sandbox, allow_private=n not in public)
+            for n, s in sorted(servers.items())
+        ]
         self.counter = counter
         self.reserved = set(reserved)
         self.tools: list[McpTool] = []

@@ -27,6 +27,7 @@ from stayer.journal import load_log, lost_ledger_entries
 from stayer.journal.blobs import digest
 from stayer.journal.codec import canonical
 from stayer.journal.lease import new_owner, owner_is_dead
+from stayer.journal.run_report import journal_unknown
 from stayer.journal.sql import SqlStore, record_of, utc_now
 from stayer.models.base import Model
 from stayer.models.caching import miss_premium
@@ -273,6 +274,8 @@ def close_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -
         "ledger": to_json(ledger),
         "finished": datetime.now(UTC).isoformat(),
     }
+    if unknown := journal_unknown(log):  # as ``stayer.run.RunReport`` has them
+        doc["outcome_unknown"] = to_json(unknown)
     raw = canonical(doc)
     address = digest(raw)
     note_in_journal(

@@ -35,7 +35,7 @@ from starlette.concurrency import run_in_threadpool
 
 from stayer.errors import ConfigError
 from stayer.journal import load_log, open_store
-from stayer.journal.run_report import journal_ledger
+from stayer.journal.run_report import journal_ledger, journal_unknown
 from stayer.journal.sql import SqlStore
 from stayer.journal.store import StoreUnavailable
 from stayer.mcp.config import check_api_servers
@@ -514,7 +514,7 @@ def create_app(
         result = json.loads(log.blobs[log.finished["result"]]) if log.finished is not None else {}
         # Unfinished: every billed call the journal holds, calls lost in flight included.
         entries = result["ledger"] if "ledger" in result else to_json(journal_ledger(log))
-        return Ledger(run_id=run_id, ledger=entries)
+        return Ledger(run_id=run_id, ledger=entries, outcome_unknown=to_json(journal_unknown(log)))
 
     @app.get("/v1/runs/{run_id}/events", response_class=EventSourceResponse)
     async def run_events(

@@ -10,8 +10,10 @@ lease bookkeeping) are skipped; ids stay increasing across the gaps.
 Public types: ``run.status`` (``queued``, ``running``, ``requires_action`` and the final
 status with its stop reason), ``requires_action`` (the call awaiting a person, with what
 waiting costs), ``message`` (what the model said, with its tool calls), ``tool.call`` and
-``tool.result``, ``step`` (the ledger entry: usage, cost, cache, context), ``compaction``,
-``breaker``, ``failover`` and any other event the agent emits, under its own name.
+``tool.result``, ``step`` (the ledger entry: usage, cost, cache, context),
+``outcome_unknown`` (a side-effecting call whose result a crash lost, not sent again:
+``stayer.ledger.OutcomeUnknown``), ``compaction``, ``breaker``, ``failover`` and any other
+event the agent emits, under its own name.
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ def _public(run_id: str, ev: Event, blob: Callable[[str], bytes]) -> PublicEvent
         return status_event(event_id, run_id, d["status"], d.get("reason", d["status"]))
     if kind == "model_lost":
         return PublicEvent(event_id, "step", {"run_id": run_id, "kind": "lost_in_flight", **d})
+    if kind == "outcome_unknown":
+        return PublicEvent(event_id, "outcome_unknown", {"run_id": run_id, **d})
     if kind in JOURNAL_KINDS:
         return None
     payload = json.loads(blob(d["payload"]))

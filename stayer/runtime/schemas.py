@@ -211,3 +211,5 @@ class ActionList(BaseModel):
 class Ledger(BaseModel):
     run_id: str
     ledger: list[dict[str, Any]]
+    # Side-effecting calls whose outcome a crash lost (``stayer.ledger.OutcomeUnknown``).
+    outcome_unknown: list[dict[str, Any]] = []

@@ -17,17 +17,17 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
-import ipaddress
 import json
-import socket
 import sys
 import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+
+from stayer import addresses as _addresses
+from stayer.addresses import Address, is_public
 
 SIGNATURE_HEADER = "X-Stayer-Signature"
 ID_HEADER = "X-Stayer-Webhook-Id"
@@ -73,43 +73,18 @@ def verify(
     return hmac.compare_digest(lower.get(SIGNATURE_HEADER.lower(), "").encode(), expected.encode())
 
 
-def _allowed(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    return address.is_global
+def _allowed(address: Address) -> bool:
+    return is_public(address)
 
 
 def resolve(url: str, *, allow_private: bool) -> tuple[list[str], str | None]:
     """The addresses ``url``'s host resolves to, all of them allowed; or why not."""
-    if any(c <= " " or c == "\x7f" for c in url):  # urlsplit drops CR, LF and tabs unsaid
-        return [], "must not contain spaces or control characters"
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as e:
-        return [], f"not a URL ({e})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return [], "must be an http:// or https:// URL with a host"
-    if parts.username or parts.password:
-        return [], "must not carry credentials"
-    try:
-        infos = socket.getaddrinfo(
-            parts.hostname,
-            port or (443 if parts.scheme == "https" else 80),
-            type=socket.SOCK_STREAM,
-        )
-    except OSError:
-        return [], f"host {parts.hostname!r} does not resolve"
-    addresses: list[str] = []
-    for info in infos:
-        text = str(info[4][0]).split("%", 1)[0]
-        address = ipaddress.ip_address(text)
-        if not allow_private and not _allowed(address):
-            return [], (
-                f"resolves to a non-public address ({address}); the server does not send "
-                "webhooks there"
-            )
-        if text not in addresses:
-            addresses.append(text)
-    return addresses, None
+    return _addresses.resolve(
+        url,
+        allow_private=allow_private,
+        allowed=_allowed,
+        refused="the server does not send webhooks there",
+    )
 
 
 def url_problem(url: str, *, allow_private: bool) -> str | None:
@@ -117,15 +92,7 @@ def url_problem(url: str, *, allow_private: bool) -> str | None:
     return resolve(url, allow_private=allow_private)[1]
 
 
-def _pinned(url: str, address: str) -> tuple[str, dict[str, str], dict[str, Any]]:
-    """``url`` with its host replaced by ``address``, the Host header it had, and the TLS
-    name to ask for and check (httpcore's ``sni_hostname``)."""
-    parts = urlsplit(url)
-    host = f"[{address}]" if ":" in address else address
-    netloc = host if parts.port is None else f"{host}:{parts.port}"
-    original = parts.netloc.rpartition("@")[2]
-    extensions = {"sni_hostname": parts.hostname} if parts.scheme == "https" else {}
-    return urlunsplit(parts._replace(netloc=netloc)), {"Host": original}, extensions
+_pinned = _addresses.pinned
 
 
 class Webhooks:

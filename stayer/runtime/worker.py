@@ -403,6 +403,7 @@ class Worker:
                     team=req.get("team"),
                     mcp_servers=req.get("mcp_servers"),
                     mcp_tools=req.get("mcp_tools") or RunSettings.mcp_tools,
+                    allow_private_mcp=self.webhooks.allow_private,
                 )
                 prepared, journal = prepare(config, self.prices, store=self.store), None
                 prepared.lease_owner, prepared.lease_ttl_s = owner, self.lease_ttl_s
@@ -414,6 +415,7 @@ class Worker:
                     owner=owner,
                     ttl_s=self.lease_ttl_s,
                     task_dir=task_dir,
+                    allow_private_mcp=self.webhooks.allow_private,  # this worker's rule
                 )
         except StoreUnavailable:
             raise

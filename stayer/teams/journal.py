@@ -45,6 +45,7 @@ class ThreadJournal(RunJournal):
         self.name = self.agent = name
         self.tags = {"thread": name}
         self.lost = run.lost  # one list for the run: its ledger's lost_in_flight entries
+        self.unknown = run.unknown  # and its outcome_unknown records
         self.row_update = row_update  # the run's row after this step: the team's totals
         self.snapshot = snapshot  # the team's workspace snapshot, when it can take one
 

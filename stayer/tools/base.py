@@ -20,6 +20,9 @@ class ToolResult:
     # Retention hint for the context policy (``context.retention``): "observation" is
     # evictable tool output; "note" and "result" are kept verbatim through compactions.
     kind: str = "observation"
+    # "unknown": a side-effecting call whose result was lost at a crash, not sent again
+    # (``stayer.journal.effects``); None otherwise.
+    outcome: str | None = None
 
     def raw(self) -> bytes:
         """The text as journals store it: UTF-8, a lone surrogate (a tool's JSON may decode
@@ -32,8 +35,9 @@ class ToolResult:
 
     def fields(self) -> dict[str, Any]:
         """Everything the result says besides its text (is_error, submitted, kind, ...): what
-        a journal keeps beside the output, so that the result read back is equal to it."""
-        return {k: getattr(self, k) for k in _RESULT_FIELDS}
+        a journal keeps beside the output, so that the result read back is equal to it.
+        A field that is None is left out (as records written before it existed have it)."""
+        return {k: v for k in _RESULT_FIELDS if (v := getattr(self, k)) is not None}
 
     @classmethod
     def of(cls, output: str, kept: Mapping[str, Any]) -> ToolResult:
