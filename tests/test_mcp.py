@@ -670,6 +670,17 @@ def test_lazy_tools_search_then_call_with_a_smaller_prefix(tmp_path: Path) -> No
     assert float(auto["cost_usd"]) < float(eager["cost_usd"])
 
 
+def test_the_catalogue_cuts_descriptions_at_a_words_end() -> None:
+    from stayer.mcp.lazy import one_line
+
+    said = "Operation 7: look up, filter and summarise records. More text."
+    assert one_line(said) == "Operation 7: look up…"  # not "… look up, f…"
+    assert one_line("Echo the text back.") == "Echo the text back."
+    assert one_line("Short. Then more") == "Short"  # the first sentence
+    assert one_line("x" * 40) == "x" * 23 + "…"  # one long word: cut inside it
+    assert all(len(one_line(said, n)) <= n for n in range(2, 60))
+
+
 def test_auto_picks_by_the_cost_equation() -> None:
     from decimal import Decimal
 

@@ -27,9 +27,14 @@ SEARCHES, LOADED_PER_SEARCH, SEARCH_OUTPUT_TOKENS = 2, 3, 60
 
 
 def one_line(text: str, limit: int = 24) -> str:
+    """``text``'s first sentence on one line, at most ``limit`` characters: a longer one is
+    cut at the end of a word, marked "…" (half a word costs tokens and says nothing)."""
     line = " ".join(text.split())
     cut = line.split(". ")[0]
-    return cut if len(cut) <= limit else cut[: limit - 1] + "…"
+    if len(cut) <= limit:
+        return cut
+    at = cut.rfind(" ", 0, limit)
+    return (cut[:at].rstrip(",;:") if at > 0 else cut[: limit - 1]) + "…"
 
 
 class ToolSearch:
