@@ -73,16 +73,17 @@ CUT_OFF_ANSWER = ToolResult(
 
 class ToolUpdates(Protocol):
     """Tools whose source changed them mid-run (an MCP server's ``list_changed``): the
-    new list is ``take``n (``(tools, names they replace)``) at the next compaction, or at
-    once when a call ``needs`` it (a tool of a changed source), priced as the cache break
-    it is (``cache_break.reason = tools_changed`` on the next ledger entry)."""
+    new list is ``take``n (``(tools, names they replace, what changed)``) at the next
+    compaction, or at once when a call (its name and JSON arguments) ``needs`` it, priced
+    as the cache break it is (``cache_break.reason = tools_changed`` on the next ledger
+    entry, which then says what changed in ``tools_changed``)."""
 
     @property
     def pending(self) -> bool: ...
 
-    def needs(self, name: str) -> bool: ...
+    async def needs(self, name: str, arguments: str) -> bool: ...
 
-    async def take(self) -> tuple[list[Tool], set[str]]: ...
+    async def take(self, when: str) -> tuple[list[Tool], set[str], ToolsTaken]: ...
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,7 @@ class Agent:
         self._children: list[RunResult] = []
         self.estimator = PromptEstimator()
         self.tool_updates = s.tool_updates
+        self._taken: ToolsTaken | None = None  # taken for a call: on the next entry's break
 
     def emit(self, event: Event) -> None:
         """``event`` to every observer, in order."""
@@ -334,6 +336,7 @@ class Agent:
         route = self._route(s.ctx, step, s.compactions, now)
         compaction = await self._compact(s, step)
         call = await self._call(s, now, compaction)
+        taken, self._taken = self._taken, None
         s.steps, s.last_output = step, call.response.usage.output_tokens
         reply = call.response.message
         s.ctx.append(reply)
@@ -350,7 +353,7 @@ class Agent:
             record, call.response.usage.input_tokens + call.response.usage.output_tokens
         )
         self.router.record_step(record)
-        self._record(s, call, tool_calls, compaction, route)
+        self._record(s, call, tool_calls, compaction, route, taken)
         if wrapping_up and not tool_calls and reply.content.strip():
             s.result.summary = reply.content.strip()  # a summary given as text
         if submitted and not wrapping_up:
@@ -449,9 +452,11 @@ class Agent:
         tool_calls: list[ToolCallEntry],
         compaction: Compacted | None,
         route: Route,
+        taken: ToolsTaken | None = None,
     ) -> None:
         """The step's ledger entry, into the result and out to ``on_step``; then the
-        sub-agents that finished during the step, rolled into the result."""
+        sub-agents that finished during the step, rolled into the result. ``taken``: tools
+        taken for a call of the step before (this step's call paid for it)."""
         entry = LedgerEntry.made(
             step=s.steps,
             model=self.model.spec,
@@ -467,6 +472,8 @@ class Agent:
             route=route.record() if route.switched or route.quote else None,
             prompt_estimate=call.estimate,
         )
+        if taken is not None:
+            entry.tools_changed = taken
         result = s.result
         result.steps = s.steps
         result.usage += call.response.usage
@@ -539,16 +546,22 @@ class Agent:
         updates = self.tool_updates
         if updates is None or not updates.pending:
             return None
-        tools, replaced = await updates.take()
-        before = set(self.tools)
+        tools, replaced, taken = await updates.take(when)
         for name in replaced:
             self.tools.pop(name, None)
         for tool in tools:
             self.tools[tool.spec.name] = tool
         ctx.replace_tools(t.spec for t in self.tools.values())
-        added, removed = sorted(set(self.tools) - before), sorted(before - set(self.tools))
-        self.emit(ToolsChanged(agent=self.path, when=when, added=added, removed=removed))
-        return ToolsTaken(when=when, added=added, removed=removed)
+        self.emit(
+            ToolsChanged(
+                agent=self.path,
+                when=when,
+                added=taken.added,
+                removed=taken.removed,
+                changed=taken.changed or [],
+            )
+        )
+        return taken
 
     def _trips(self, guard: Guard) -> list[dict[str, Any]]:
         """Breaker trips since the last step, journaled as events and kept on the ledger."""
@@ -587,8 +600,14 @@ class Agent:
         observed: list[ToolCallRecord] = []
         submitted = False
         for index, call in enumerate(calls):
-            if not cut_off and self.tool_updates and self.tool_updates.needs(call.name):
-                await self._take_tools(ctx, "call")
+            updates = self.tool_updates
+            if (
+                not cut_off
+                and updates
+                and updates.pending
+                and await updates.needs(call.name, call.arguments)
+            ):
+                self._taken = await self._take_tools(ctx, "call") or self._taken
             # The one place a model's tool call is executed. The context names the call
             # (run, agent, step, id): its idempotency key, and how the journal knows a
             # side-effecting call again on resume (stayer.tools.effects).

@@ -1,6 +1,7 @@
 """Child agents for the ``subagent`` tool: the parent–child tree and its money.
 
-A child is a full ``Agent`` with a fresh context, its own tools, its model (the router's
+A child is a full ``Agent`` with a fresh context, its own tools (the run's MCP tools too,
+through a view of its own: ``mcp``), its model (the router's
 ``subagent`` role) and a budget *carved* from the parent's working budget: the slice is
 held in the parent for the child's whole run, so neither can overspend the other, and
 when the child ends its real spend is settled into the parent (the roll-up). Its ledger
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
-from stayer.agent import Agent, AgentSettings, Observer
+from stayer.agent import Agent, AgentSettings, Observer, ToolUpdates
 from stayer.events import Event, SubagentFinished, SubagentStarted
 from stayer.models.base import Model
 from stayer.tools.base import Tool
@@ -50,12 +51,14 @@ class ChildAgents:
         tools: Callable[[], list[Tool]],
         settings: ChildSettings = ChildSettings(),
         depth: int = 1,
+        mcp: Callable[[], tuple[list[Tool], ToolUpdates] | None] = lambda: None,
     ) -> None:
         self.parent = parent
         self.model = model
         self.tools = tools
         self.settings = settings
         self.depth = depth
+        self.mcp = mcp  # each child's MCP tools and its view of their changes (the run's)
         self.spawned = 0
 
     def tool(self) -> SubagentTool:
@@ -84,6 +87,8 @@ class ChildAgents:
         steps = min(subtask.max_steps or self.settings.max_steps, self.settings.max_steps)
         # A fresh copy of a dataclass policy (its state is the child's own), else none.
         policy = replace(parent.policy) if hasattr(parent.policy, "__dataclass_fields__") else None  # type: ignore[type-var]
+        mcp = self.mcp()
+        tools, updates = self.tools() + (mcp[0] if mcp else []), mcp[1] if mcp else None
         settings = AgentSettings(
             parent.prices,
             parent.counter,
@@ -94,12 +99,15 @@ class ChildAgents:
             path=path,
             probe=parent.probe,  # the parent's probe and clock are the journaled ones
             clock=parent.clock,
+            tool_updates=updates,
         )
         # The child's events are the parent's; its steps and messages are its own.
-        child = Agent(self.model, self.tools(), parent.tool_context, settings, [_Events(parent)])
+        child = Agent(self.model, tools, parent.tool_context, settings, [_Events(parent)])
         if self.depth < self.settings.max_depth:
             child.add_tool(
-                ChildAgents(child, self.model, self.tools, self.settings, self.depth + 1).tool()
+                ChildAgents(
+                    child, self.model, self.tools, self.settings, self.depth + 1, self.mcp
+                ).tool()
             )
         parent.emit(
             SubagentStarted(

@@ -127,6 +127,7 @@ class ToolsChanged(Event, frozen=True, kw_only=True, tag="tools_changed"):
     when: str
     added: list[str]
     removed: list[str]
+    changed: list[str] = msgspec.field(default_factory=list)
 
 
 AnyEvent = (

@@ -20,7 +20,7 @@ from typing import Any, cast
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from stayer.context.compactor import Compacted
+from stayer.context.compactor import Compacted, ToolsTaken
 from stayer.context.forensics import CacheBreak
 from stayer.guard.breakers import ToolCallRecord, Trip
 from stayer.money import Usd
@@ -126,6 +126,8 @@ class LedgerEntry(Record, kw_only=True):
     tool_errors: int = 0
     cache_break: CacheBreak | None = None
     compaction: Compacted | None | UnsetType = UNSET
+    # Tool lists taken at a call of the step before (a compaction's are in its record).
+    tools_changed: ToolsTaken | UnsetType = UNSET
     breakers: list[BreakerTrip] | UnsetType = UNSET
     route: RouteRecord | None | UnsetType = UNSET  # a model switch, or one weighed and declined
     prompt_estimate: PromptBound | None | UnsetType = UNSET

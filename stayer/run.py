@@ -41,6 +41,7 @@ from stayer.journal import (
 )
 from stayer.journal.codec import message_record
 from stayer.ledger import ledger_order
+from stayer.mcp.views import McpView
 from stayer.messages import Message
 from stayer.models.base import Model
 from stayer.models.sim import SimModel
@@ -199,7 +200,7 @@ class Wiring:
     journal: RunJournal
     controls: Controls
     local: list[Observer]
-    mcp: McpTools | None = None  # the run's MCP servers' tools (a single agent's)
+    mcp: McpTools | None = None  # the run's MCP servers' tools (every agent's)
     mcp_mode: str = "eager"  # how they are offered (--mcp-tools, auto decided)
 
     @property
@@ -219,17 +220,23 @@ class Wiring:
     def tools(self) -> list[Tool]:
         return self.wrap(run_tools(self.p.counter))
 
-    def offer_mcp(self) -> list[Tool]:
-        """The MCP tools the agent's prompt holds (``mcp_offer``), told to the journal and
-        the observers."""
+    def child_mcp(self) -> tuple[list[Tool], McpView] | None:
+        """A sub-agent's MCP tools and its view of them (the run's servers, its mode)."""
         if self.mcp is None:
-            return []
-        self.mcp_mode, offered = mcp_offer(self.p, self.mcp)
+            return None
+        view = McpView(self.mcp, self.mcp_mode, self.wrap)
+        return self.wrap(view.offered()), view
+
+    def offer_mcp(self) -> None:
+        """How the MCP tools are offered (``mcp_offer``: ``mcp_mode``), told to the journal
+        and the observers. Every agent of the run sees them so (``McpTools.view``)."""
+        if self.mcp is None:
+            return
+        self.mcp_mode, _ = mcp_offer(self.p, self.mcp)
         if self.mcp.tools:
             event = McpOffered(mode=self.mcp_mode, tools=len(self.mcp.tools))
             for o in [Journaling(self.journal), *self.observers]:
                 o.on_event(event)
-        return offered
 
     def agent(self, sandbox: ReplayingSandbox) -> Agent | Team:
         p, cfg, controls = self.p, self.p.config, self.controls
@@ -248,14 +255,15 @@ class Wiring:
             guard=guard.model_copy(update={"pause_at_cap": controls.pause_at_cap}),
         )
         budget = Budget(cfg.max_cost, top_up=controls.top_up(self.journal))
-        offered = self.offer_mcp()
+        self.offer_mcp()
         if p.team is not None:
             return self.team(tool_ctx, limits, budget)
+        view = McpView(self.mcp, self.mcp_mode, self.wrap) if self.mcp is not None else None
         model = self.model(p.model)  # every call journaled, the summariser's included
         router = (
             p.routing.router(model, self.model, p.prices, cfg.service_tier) if p.routing else None
         )
-        tools = self.wrap([*run_tools(p.counter), *offered])
+        tools = self.wrap([*run_tools(p.counter), *(view.offered() if view else [])])
         settings = AgentSettings(
             p.prices,
             p.counter,
@@ -270,9 +278,7 @@ class Wiring:
             router=router,
             inbox=controls.inbox.reader(self.journal) if controls.inbox else None,
             budget=budget,
-            tool_updates=self.mcp.wrapped(self.wrap)
-            if self.mcp is not None and self.mcp_mode == "eager"
-            else None,
+            tool_updates=view,
         )
         gated = controls.gate(tools) if controls.gate else tools
         agent = Agent(model, gated, tool_ctx, settings, [Journaling(self.journal), *self.observers])
@@ -282,6 +288,7 @@ class Wiring:
                 router.role("subagent"),
                 self.tools,
                 ChildSettings(**p.routing.subagents.model_dump()),
+                mcp=self.child_mcp,
             )
             agent.add_tool(self.wrap([children.tool()])[0])
         return agent
@@ -306,6 +313,8 @@ class Wiring:
                 JournaledProbe(TreeFingerprint(workspace), j) if j is not None else None
             ),
             observers=self.observers,
+            mcp=self.mcp,
+            mcp_mode=self.mcp_mode,
         )
         return Team(p.team, services)
 

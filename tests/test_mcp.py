@@ -22,6 +22,7 @@ import pytest
 from stayer.errors import ConfigError
 from stayer.mcp.config import parse_servers, run_servers
 from stayer.mcp.tools import McpRefused, McpTools, reserved_names
+from stayer.mcp.views import McpView
 from stayer.tokens import counter_for
 from stayer.tools.base import ToolContext
 from tests.service_helpers import free_port
@@ -79,14 +80,14 @@ def make_task(root: Path, toml: str, reward: bool = True) -> Path:
 
 
 def run_script(
-    root: Path, task: Path, script: str, mode: str = "auto"
+    root: Path, task: Path, script: str, mode: str = "auto", *more: str
 ) -> subprocess.CompletedProcess:
-    """``stayer run TASK --sim-policy script:… --mcp-tools MODE --json`` with ``script``."""
+    """``stayer run TASK --sim-policy script:… --mcp-tools MODE --json MORE`` with ``script``."""
     (root / "script.yaml").write_text(script)
     policy = f"script:{root / 'script.yaml'}"
     return stayer(
         "run", str(task), "--model", SIM, "--sim-policy", policy, "--mcp-tools", mode, "--json",
-        home=root / "home", columns=80,
+        *more, home=root / "home", columns=80,
     )  # fmt: skip
 
 
@@ -477,6 +478,90 @@ def test_a_list_change_keeps_the_prefix_until_a_call_needs_it(tmp_path: Path) ->
     assert '"content": "added was called"' in trajectory
 
 
+def test_lazy_takes_a_list_change_only_when_a_search_or_call_needs_it(tmp_path: Path) -> None:
+    """Under lazy tools the catalogue in ``tool_search``'s description is the prefix: a
+    change is taken (a priced ``tools_changed`` break, the ledger saying what changed)
+    when the agent searches for a new tool, not for an unchanged one; a removed tool
+    called is a tool error."""
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    toml = '[mcp.servers.t]\ncommand = ["python3", "tiny.py", "--drop-on-change=slow"]\n'
+    r = run_script(
+        tmp_path,
+        make_task(tmp_path, toml),
+        "- tool: t__change\n"  # steps 1-2 (search, call): the list changes
+        "- tool: bash\n  input: {command: 'true'}\n"  # 3
+        "- tool: t__big\n  input: {n: 3}\n"  # 4-5: unchanged: answered, prefix kept
+        "- tool: t__slow\n  input: {seconds: 0}\n"  # 6-7: removed: a tool error
+        "- tool: t__added\n"  # 8-9: new: taken at the search, priced at step 9
+        "- tool: submit\n  input: {summary: done}\n",
+        "lazy",
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    ledger = doc["ledger"]
+    assert doc["status"] == "succeeded" and doc["mcp_tools"] == "lazy", doc
+    reasons = [(e.get("cache_break") or {}).get("reason") for e in ledger]
+    assert reasons == [None] * 8 + ["tools_changed", None], reasons
+    assert ledger[8]["tools_changed"] == {
+        "when": "call",
+        "added": ["t__added"],
+        "removed": ["t__slow"],
+        "changed": ["t__echo"],
+    }
+    calls = [e["tool_calls"][0] for e in ledger]
+    assert [c["name"] for c in calls] == ["tool_search"] * 2 + ["bash"] + ["tool_search"] * 6 + [
+        "submit"
+    ]
+    assert [c["is_error"] for c in calls] == [False] * 6 + [True] + [False] * 3
+    trajectory = (tmp_path / "home" / "runs" / doc["run_id"] / "trajectory.jsonl").read_text()
+    assert "'t__slow' was removed by its server" in trajectory
+    assert '"content": "added was called"' in trajectory
+
+
+def test_lazy_views_take_a_change_each_for_its_own_agent(tmp_path: Path) -> None:
+    """Two agents' views of one server (a team's threads): each takes the change itself,
+    a search for an unchanged tool needs nothing, and a compaction's take rewrites the
+    catalogue with what changed."""
+
+    async def go() -> None:
+        mcp = await connected(
+            servers(
+                t={"command": [sys.executable, str(TINY), "--drop-on-change=slow"], "trust": "host"}
+            )
+        )
+        try:
+            one, two = McpView(mcp, "lazy", list), McpView(mcp, "lazy", list)
+            (search,) = one.offered()
+            assert "added: A tool" not in search.spec.description
+            await mcp.tools[[t.spec.name for t in mcp.tools].index("t__change")]({}, ctx(tmp_path))
+            for _ in range(100):  # the notification comes with the call's answer
+                if one.pending:
+                    break
+                await asyncio.sleep(0.05)
+            assert one.pending and two.pending
+            assert not await one.needs("tool_search", '{"query": "t__big"}')
+            assert not await one.needs("tool_search", '{"call": "t__slow"}')  # removed
+            assert not await one.needs("bash", "{}")
+            assert await one.needs("tool_search", '{"call": "t__added"}')
+            assert await one.needs("tool_search", '{"query": "echo"}')  # changed
+            out = await search({"call": "t__slow", "arguments": {}}, ctx(tmp_path))
+            assert out.is_error and "removed by its server" in out.output
+            tools, replaced, taken = await one.take("compaction")
+            assert replaced == {"tool_search"} and "added: A tool" in tools[0].spec.description
+            assert (taken.added, taken.removed, taken.changed) == (
+                ["t__added"],
+                ["t__slow"],
+                ["t__echo"],
+            )
+            assert not one.pending and two.pending  # the other agent has yet to take it
+            _, _, again = await two.take("call")
+            assert again.added == ["t__added"]
+        finally:
+            await mcp.close()
+
+    asyncio.run(go())
+
+
 def test_a_server_that_cannot_start_stops_the_run_saying_why(tmp_path: Path) -> None:
     bwrap(tmp_path)  # skips where bwrap cannot run
     task = make_task(tmp_path, '[mcp.servers.t]\ncommand = ["no-such-server"]\n')
@@ -585,6 +670,17 @@ def test_lazy_tools_search_then_call_with_a_smaller_prefix(tmp_path: Path) -> No
     assert float(auto["cost_usd"]) < float(eager["cost_usd"])
 
 
+def test_the_catalogue_cuts_descriptions_at_a_words_end() -> None:
+    from stayer.mcp.lazy import one_line
+
+    said = "Operation 7: look up, filter and summarise records. More text."
+    assert one_line(said) == "Operation 7: look up…"  # not "… look up, f…"
+    assert one_line("Echo the text back.") == "Echo the text back."
+    assert one_line("Short. Then more") == "Short"  # the first sentence
+    assert one_line("x" * 40) == "x" * 23 + "…"  # one long word: cut inside it
+    assert all(len(one_line(said, n)) <= n for n in range(2, 60))
+
+
 def test_auto_picks_by_the_cost_equation() -> None:
     from decimal import Decimal
 
@@ -620,3 +716,78 @@ def test_tools_list_bad_config_is_one_line_exit_2(tmp_path: Path, config: str, s
     assert r.returncode == 2, r.stderr
     assert said in r.stderr and "stayer.toml" in r.stderr and len(r.stderr.splitlines()) == 1
     assert r.stdout == ""
+
+
+# --- every agent of a run: a team's threads ------------------------------------------------------
+
+TEAM_TOML = """entry = "lead"
+[agents.lead]
+model = "sim:claude-sonnet-4-5"
+talks_to = ["w"]
+[agents.w]
+model = "sim:claude-sonnet-4-5"
+talks_to = ["lead"]
+"""
+
+
+def _succeeded(r: subprocess.CompletedProcess, mode: str) -> dict[str, Any]:
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "succeeded" and doc["mcp_tools"] == mode, doc
+    return doc
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_a_teams_threads_call_the_runs_servers(tmp_path: Path, mode: str) -> None:
+    """Both threads play the script: each calls the server's tool (the worker's sends to
+    itself are refused, a tool error), so the worker, started by the lead's message, must
+    see the run's MCP tools as the lead does, offered the same way."""
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    (tmp_path / "team.toml").write_text(TEAM_TOML)
+    doc = _succeeded(
+        run_script(
+            tmp_path,
+            make_task(tmp_path, TINY_TOML),
+            "- tool: t__echo\n  input: {text: hello team}\n"
+            "- tool: send_message\n  input: {to: w, content: go}\n"
+            "- tool: wait_for_message\n  input: {from: w, timeout: 120}\n"
+            "- tool: submit\n  input: {summary: done}\n",
+            mode,
+            *("--team", str(tmp_path / "team.toml")),
+        ),
+        mode,
+    )
+    for agent in ("lead", "w"):
+        calls = [c for e in doc["ledger"] if e["agent"] == agent for c in e["tool_calls"]]
+        mcp = [c for c in calls if c["name"] in ("t__echo", "tool_search")]
+        assert len(mcp) == (1 if mode == "eager" else 2), (agent, calls)  # lazy: search, call
+        assert not any(c["is_error"] for c in mcp), (agent, calls)
+    trajectory = (tmp_path / "home" / "runs" / doc["run_id"] / "trajectory.jsonl").read_text()
+    assert trajectory.count('"content": "hello team"') == 2  # one call per thread
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_a_sub_agent_calls_the_runs_servers(tmp_path: Path, mode: str) -> None:
+    """The `subagent` tool's child plays the same script: its first step(s) call the
+    server's tool, then its step limit ends it (no wrap-up), and the parent submits."""
+    bwrap(tmp_path)  # skips where bwrap cannot run
+    steps = 1 if mode == "eager" else 2  # lazy: a search, then the call
+    (tmp_path / "stayer.toml").write_text(
+        '[models]\nsubagent = "sim:claude-sonnet-4-5"\n\n'
+        f"[subagents]\nmax_steps = {steps}\n\n[guard]\nwrapup_steps = 0\n"
+    )
+    doc = _succeeded(
+        run_script(
+            tmp_path,
+            make_task(tmp_path, TINY_TOML),
+            "- tool: t__echo\n  input: {text: hello child}\n"
+            "- tool: subagent\n  input: {task: Echo hello.}\n"
+            "- tool: submit\n  input: {summary: done}\n",
+            mode,
+            *("--config", str(tmp_path / "stayer.toml")),
+        ),
+        mode,
+    )
+    child = [c for e in doc["ledger"] if e["agent"] == "main/sub-1" for c in e["tool_calls"]]
+    assert [c["name"] for c in child] == (["t__echo"] if mode == "eager" else ["tool_search"] * 2)
+    assert not any(c["is_error"] for c in child), child

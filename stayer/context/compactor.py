@@ -32,11 +32,12 @@ RatesAt = Callable[[int], Rates | None]
 
 class ToolsTaken(Record):
     """Tool lists a source changed mid-run, taken into the context ``when`` (at a
-    ``compaction``, or at a ``call`` of a changed tool): the names added and removed."""
+    ``compaction``, or at a ``call`` of a changed tool): the names added, removed and changed."""
 
     when: str
     added: list[str]
     removed: list[str]
+    changed: list[str] | UnsetType = UNSET  # same name, new schema (absent: not said)
 
 
 class Compacted(Record):

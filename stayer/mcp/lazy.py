@@ -10,7 +10,7 @@ expected steps against the catalogue's and the searches' (docs/mcp.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -27,14 +27,26 @@ SEARCHES, LOADED_PER_SEARCH, SEARCH_OUTPUT_TOKENS = 2, 3, 60
 
 
 def one_line(text: str, limit: int = 24) -> str:
+    """``text``'s first sentence on one line, at most ``limit`` characters: a longer one is
+    cut at the end of a word, marked "…" (half a word costs tokens and says nothing)."""
     line = " ".join(text.split())
     cut = line.split(". ")[0]
-    return cut if len(cut) <= limit else cut[: limit - 1] + "…"
+    if len(cut) <= limit:
+        return cut
+    at = cut.rfind(" ", 0, limit)
+    return (cut[:at].rstrip(",;:") if at > 0 else cut[: limit - 1]) + "…"
 
 
 class ToolSearch:
-    def __init__(self, tools: Sequence[McpTool]) -> None:
-        self.by_name = {t.spec.name: t for t in tools}
+    """``tools``: the catalogue its description lists (part of the prompt's prefix);
+    ``live``: the servers' newest tools, which searches and calls are answered from
+    (the catalogue's where not given)."""
+
+    def __init__(
+        self, tools: Sequence[McpTool], live: Callable[[], Mapping[str, McpTool]] | None = None
+    ) -> None:
+        self.listed = {t.spec.name: t for t in tools}
+        self.live = live or (lambda: self.listed)
         catalogue = "\n".join(
             f"[{server}] "
             + "; ".join(
@@ -64,6 +76,10 @@ class ToolSearch:
             effects="read_only",
         )
 
+    @property
+    def by_name(self) -> Mapping[str, McpTool]:
+        return self.live()
+
     def spec_for(self, args: dict[str, Any]) -> ToolSpec:
         """The spec of what a call with ``args`` runs: the MCP tool it calls, or the search."""
         tool = self.by_name.get(args["call"]) if "call" in args else None
@@ -74,6 +90,10 @@ class ToolSearch:
 
         if "call" in args:
             tool = self.by_name.get(args["call"])
+            if tool is None and args["call"] in self.listed:
+                return ToolResult(
+                    f"tool_search: {args['call']!r} was removed by its server", is_error=True
+                )
             if tool is None:
                 return ToolResult(
                     f"tool_search: no tool {args['call']!r}; search for one first", is_error=True
@@ -86,14 +106,18 @@ class ToolSearch:
         query = str(args.get("query") or "").lower().split()
         if not query:
             return ToolResult("tool_search: give a query or a call", is_error=True)
-        found = sorted(
-            self.by_name.values(),
-            key=lambda t: (-_score(t, query), t.spec.name),
-        )
-        found = [t for t in found if _score(t, query) > 0][:MATCHES]
+        found = matches(self.by_name.values(), args)
         if not found:
             return ToolResult(f"tool_search: nothing matches {' '.join(query)!r}")
         return ToolResult(canonical_tools(t.spec for t in found))
+
+
+def matches(tools: Iterable[McpTool], args: Mapping[str, Any]) -> list[McpTool]:
+    """The tools a search with ``args`` answers with: the best ``MATCHES``, best first."""
+    query = str(args.get("query") or "").lower().split()
+    scored = [(_score(t, query), t) for t in tools]
+    found = sorted((p for p in scored if p[0] > 0), key=lambda p: (-p[0], p[1].spec.name))
+    return [t for _, t in found[:MATCHES]]
 
 
 def _score(tool: McpTool, words: list[str]) -> int:

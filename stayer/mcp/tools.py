@@ -7,8 +7,9 @@ prefix is byte-stable whatever order a server sends). A tool whose name is not
 own tools or another tool is refused: the run does not start (:class:`McpRefused`). A call
 is a tool result under the same output budget and timeout as ``bash`` (``call_timeout_s``
 overrides the latter per server); a server that died, hung or sent garbage is an error
-result, never an exception. The MCP annotations are on each tool as ``read_only_hint``,
-``destructive_hint``, ``idempotent_hint`` and ``open_world_hint`` (None: not said).
+result, never an exception; calls of one server go one at a time (its agents share it).
+The MCP annotations are on each tool as ``read_only_hint``, ``destructive_hint``,
+``idempotent_hint`` and ``open_world_hint`` (None: not said).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -59,8 +60,15 @@ def canonical(value: Any) -> Any:
 
 
 class McpTool:
-    def __init__(self, connection: Connection, tool: ServerTool, counter: TokenCounter) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        tool: ServerTool,
+        counter: TokenCounter,
+        lock: asyncio.Lock | None = None,
+    ) -> None:
         self.connection, self.tool, self.counter = connection, tool, counter
+        self.lock = lock or asyncio.Lock()  # one call at a time per server (McpTools)
         self.source = connection.name
         schema = dict(tool.input_schema)
         schema.setdefault("type", "object")
@@ -81,7 +89,8 @@ class McpTool:
         timeout = self.connection.server.call_timeout_s or ctx.command_timeout
         meta = {META_KEY: ctx.call.idempotency_key} if ctx.call is not None else None
         try:
-            result = await self.connection.call(self.tool.name, args, timeout, meta)
+            async with self.lock:
+                result = await self.connection.call(self.tool.name, args, timeout, meta)
         except McpCallError as e:
             return ToolResult(str(e), is_error=True)
         text = render(result)
@@ -115,7 +124,11 @@ def render(result: Any) -> str:
 
 
 class McpTools:
-    """``async with McpTools(servers, sandbox, counter, reserved) as mcp: mcp.tools``."""
+    """``async with McpTools(servers, sandbox, counter, reserved) as mcp: mcp.tools``.
+
+    One connection per server for the whole run, shared by every agent of it (a team's
+    threads, sub-agents): each agent sees the tools through its own view
+    (:class:`stayer.mcp.views.McpView`)."""
 
     def __init__(
         self,
@@ -135,6 +148,11 @@ class McpTools:
         self.counter = counter
         self.reserved = set(reserved)
         self.tools: list[McpTool] = []
+        # Per server: calls one at a time (agents share the connection), and how many
+        # new lists were taken (each view compares with what it has).
+        self.locks = {c.name: asyncio.Lock() for c in self.connections}
+        self.versions = {c.name: 0 for c in self.connections}
+        self._refreshing = asyncio.Lock()
 
     async def __aenter__(self) -> McpTools:
         try:
@@ -145,8 +163,7 @@ class McpTools:
                 if isinstance(r, BaseException):
                     raise r
             self.tools = refuse_collisions(
-                [McpTool(c, t, self.counter) for c in self.connections for t in c.tools],
-                self.reserved,
+                [self._tool(c, t) for c in self.connections for t in c.tools], self.reserved
             )
         except BaseException:
             await self.close()
@@ -165,63 +182,34 @@ class McpTools:
         with contextlib.suppress(BaseException):
             await asyncio.gather(*(c.close() for c in self.connections))
 
-    # --- tool lists that change mid-run (the agent's ToolUpdates) --------------------------
+    def _tool(self, c: Connection, t: ServerTool) -> McpTool:
+        return McpTool(c, t, self.counter, self.locks[c.name])
 
-    @property
-    def pending(self) -> bool:
-        return any(c.list_changed for c in self.connections)
+    # --- tool lists that change mid-run ---------------------------------------------------
 
-    def needs(self, name: str) -> bool:
-        """A call of a changed server's tool: its schema may be stale, take the new list."""
-        server = name.split(SEPARATOR, 1)[0] if SEPARATOR in name else None
-        return any(c.list_changed and c.name == server for c in self.connections)
-
-    async def take(self) -> tuple[list[McpTool], set[str]]:
-        """The changed servers' new tools, and the names of their old ones. A server whose
-        list cannot be read, or whose new list is refused, keeps its old tools."""
-        fresh: list[McpTool] = []
-        replaced: set[str] = set()
-        for c in self.connections:
-            if not c.list_changed:
-                continue
-            old = [t for t in self.tools if t.source == c.name]
-            others = {t.spec.name for t in self.tools if t.source != c.name}
-            try:
-                listed = await c.relist()
-                new = refuse_collisions(
-                    [McpTool(c, t, self.counter) for t in listed], self.reserved | others
+    async def refresh(self) -> None:
+        """Read the changed servers' new lists into ``tools`` (each such server's version
+        moves on). A server whose list cannot be read, or whose new list is refused, keeps
+        its old tools."""
+        async with self._refreshing:
+            for c in self.connections:
+                if not c.list_changed:
+                    continue
+                others = {t.spec.name for t in self.tools if t.source != c.name}
+                try:
+                    async with self.locks[c.name]:
+                        listed = await c.relist()
+                    new = refuse_collisions(
+                        [self._tool(c, t) for t in listed], self.reserved | others
+                    )
+                except (McpCallError, McpRefused):
+                    c.list_changed = False
+                    continue
+                c.tools = listed
+                self.versions[c.name] += 1
+                self.tools = sorted(
+                    [t for t in self.tools if t.source != c.name] + new, key=lambda t: t.spec.name
                 )
-            except (McpCallError, McpRefused):
-                c.list_changed = False
-                continue
-            c.tools = listed
-            replaced |= {t.spec.name for t in old}
-            fresh += new
-            self.tools = sorted(
-                [t for t in self.tools if t.source != c.name] + new, key=lambda t: t.spec.name
-            )
-        return fresh, replaced
-
-    def wrapped(self, wrap: Callable[[list[Any]], list[Any]]) -> _Wrapped:
-        """This, as the agent's ``tool_updates``, with new tools wrapped as the run wraps
-        its tools (journaled)."""
-        return _Wrapped(self, wrap)
-
-
-class _Wrapped:
-    def __init__(self, inner: McpTools, wrap: Callable[[list[Any]], list[Any]]) -> None:
-        self.inner, self.wrap = inner, wrap
-
-    @property
-    def pending(self) -> bool:
-        return self.inner.pending
-
-    def needs(self, name: str) -> bool:
-        return self.inner.needs(name)
-
-    async def take(self) -> tuple[list[Any], set[str]]:
-        tools, replaced = await self.inner.take()
-        return self.wrap(list(tools)), replaced
 
 
 def refuse_collisions(tools: list[McpTool], reserved: set[str]) -> list[McpTool]:

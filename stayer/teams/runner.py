@@ -1,8 +1,9 @@
 """A team run: one thread per agent, all in one workspace, under one budget.
 
 Each agent of ``team.toml`` is a thread: a full ``Agent`` with its own context, model,
-tools, journal stream (``ThreadJournal``) and a budget carved from the run's (its
-``budget_share``, held for its whole run: the cap is never overshot). The entry agent
+tools (the run's MCP servers' too, through a view of its own), journal stream
+(``ThreadJournal``) and a budget carved from the run's (its ``budget_share``, held for
+its whole run: the cap is never overshot). The entry agent
 starts with the task; any other starts at its first message, and reports its summary back
 to that message's sender when it finishes. The run ends when the entry agent does; the
 others stop at the end of their step, so every call billed is a step on the ledger.
@@ -34,6 +35,9 @@ from stayer.guard.budget import Budget
 from stayer.journal.replay import JournaledModel, JournaledTool, ReplayingSandbox
 from stayer.journal.session import RunJournal
 from stayer.ledger import LedgerEntry, RunResult
+from stayer.mcp.config import SEPARATOR
+from stayer.mcp.tools import McpTools
+from stayer.mcp.views import McpView
 from stayer.models.base import Message, Model
 from stayer.money import usd_sum
 from stayer.pricing import PriceBook
@@ -77,6 +81,9 @@ class TeamServices:
     # The run's observers (not the journal): they wrap each thread's model and tools
     # inside its journal, and see its steps (after its journal), messages and events.
     observers: Sequence[Observer] = ()
+    # The run's MCP servers, shared by every thread; each has its own view, offered so.
+    mcp: McpTools | None = None
+    mcp_mode: str = "eager"
 
 
 class Team:
@@ -297,6 +304,7 @@ class Thread:
             if journal
             else s.tool_context
         )
+        view = McpView(s.mcp, s.mcp_mode, self._wrap) if s.mcp is not None else None
         settings = AgentSettings(
             s.prices,
             s.counter,
@@ -308,10 +316,11 @@ class Thread:
             probe=s.probe(journal),
             clock=journal.clock if journal else time.time,
             inbox=self._inbox,
+            tool_updates=view,
         )
         self.agent = Agent(
             JournaledModel(model, journal) if journal else model,
-            self._tools(),
+            self._tools(view.offered() if view else []),
             context,
             settings,
             [_ThreadHooks(self)],
@@ -336,22 +345,15 @@ class Thread:
         )
         return (self.spec.system_prompt or SYSTEM_PROMPT) + roster
 
-    def _tools(self) -> list[Tool]:
-        s, journal = self.team.s, self.journal
+    def _tools(self, mcp: list[Tool]) -> list[Tool]:
+        s = self.team.s
         # ``tools`` chooses among the built-in ones; whatever else the run gives is kept.
         chosen = [
             t
             for t in s.tools()
             if t.spec.name not in BUILTIN_TOOLS or t.spec.name in self.spec.tools
         ]
-        tools = chosen
-        for o in s.observers:
-            tools = o.tools(tools)
-        tools = [JournaledTool(t, journal) for t in tools] if journal else tools
-        tools = [
-            Locked(t, self.team.workspace_lock) if t.spec.name in WORKSPACE_TOOLS else t
-            for t in tools
-        ]
+        tools = self._wrap([*chosen, *mcp])
         if self.spec.talks_to:
             # Not journaled: they are run again on replay (sends are deduplicated by id,
             # and what they read comes back from the journal), so the bus is rebuilt.
@@ -362,6 +364,19 @@ class Thread:
                 HandoffTool(self, peers),
             ]
         return tools
+
+    def _wrap(self, tools: list[Tool]) -> list[Tool]:
+        """Tools as the thread runs them: observed, journaled, and those that may touch
+        the workspace under the team's lock (a stdio MCP server's may: it runs in /app)."""
+        s, journal = self.team.s, self.journal
+        for o in s.observers:
+            tools = o.tools(tools)
+        tools = [JournaledTool(t, journal) for t in tools] if journal else tools
+        local = {c.name for c in s.mcp.connections if c.server.url is None} if s.mcp else set()
+        return [
+            Locked(t, self.team.workspace_lock) if _touches_workspace(t.spec.name, local) else t
+            for t in tools
+        ]
 
     # --- hooks ------------------------------------------------------------------------
 
@@ -499,6 +514,16 @@ class Thread:
         }[passed]
         m = self.team.post(self, receiver.name, body, "handoff")
         return f"handed off to {to} as {m.id} (history: {passed}); it reports back to you when it finishes"
+
+
+def _touches_workspace(name: str, local_servers: set[str]) -> bool:
+    """Whether a tool of that name may write the workspace: stayer's own that do, and the
+    tools of an MCP server that runs on this machine (``tool_search`` may call one)."""
+    if name in WORKSPACE_TOOLS:
+        return True
+    if name == "tool_search":
+        return bool(local_servers)
+    return SEPARATOR in name and name.split(SEPARATOR, 1)[0] in local_servers
 
 
 class Locked:

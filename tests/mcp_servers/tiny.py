@@ -1,7 +1,8 @@
 """A small MCP server (stdio, standard library only, so that it runs in a sandbox) whose
 tools force what real servers do rarely: a slow call, a crash mid-call, garbage on stdout,
 a tool list that changes, a big result, a probe of the network. ``--name-of TOOL=NAME``
-renames a tool (to test refused names). ``--count-dir=DIR`` adds two tools with a side
+renames a tool (to test refused names); ``--drop-on-change=TOOL`` makes the change remove
+TOOL as well. ``--count-dir=DIR`` adds two tools with a side
 effect outside the workspace (tests/test_mcp_effects.py): ``count_once`` (not idempotent)
 and ``count_idem`` (idempotent: a call whose ``_meta`` idempotency key was counted before
 is not counted again) append ``LABEL KEY`` to DIR/counter; every call is logged to
@@ -32,6 +33,7 @@ TOOLS = {
 META_KEY = "io.stayer/idempotency-key"
 renamed = {}
 count_dir = None
+dropped = None
 for arg in sys.argv[1:]:
     if arg.startswith("--count-dir="):
         count_dir = Path(arg.removeprefix("--count-dir="))
@@ -49,6 +51,8 @@ for arg in sys.argv[1:]:
     if arg.startswith("--name-of="):
         old, new = arg.removeprefix("--name-of=").split("=", 1)
         renamed[old] = new
+    if arg.startswith("--drop-on-change="):  # the change also removes this tool
+        dropped = arg.removeprefix("--drop-on-change=")
     if arg.startswith("--many="):  # N more tools with schemas of a usual size (a bench)
         for n in range(int(arg.removeprefix("--many="))):
             TOOLS[f"op_{n:03d}"] = (
@@ -119,6 +123,8 @@ def count(name, label, key):
 def call(name, args, meta=None):
     global changed
     name = {v: k for k, v in renamed.items()}.get(name, name)
+    if changed and name == dropped:
+        raise KeyError(name)
     if name in ("count_once", "count_idem"):
         return count(name, args["label"], (meta or {}).get(META_KEY, "-"))
     if name == "echo":
@@ -144,6 +150,7 @@ def call(name, args, meta=None):
         changed = True
         TOOLS["added"] = ("A tool added mid-run.", {}, {})
         TOOLS["echo"] = ("Echo the text back (second version).", *TOOLS["echo"][1:])
+        TOOLS.pop(dropped, None)
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         return "changed"
     if name == "added":
