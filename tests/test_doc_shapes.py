@@ -11,11 +11,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from test_eval_fixtures import EXAMPLES, needs_bwrap, stayer
 from test_eval_stats import A, B, record
 
 from stayer.eval.runner import INFRASTRUCTURE
 from stayer.eval.summary import summarise
+from stayer.records import to_json
 from stayer.scale.exports import export
 
 SHAPES = Path(__file__).resolve().parent / "fixtures" / "shapes"
@@ -43,6 +45,8 @@ VOLATILE = {
 def normal(value: Any, tmp: str, key: str = "") -> Any:
     """``value`` with what changes from run to run replaced by its type's name; lists of
     numbers by their length."""
+    if isinstance(value, msgspec.Struct):
+        return normal(to_json(value), tmp, key)
     if isinstance(value, dict):
         return {k: normal(v, tmp, k) for k, v in value.items()}
     if isinstance(value, list):

@@ -17,7 +17,17 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from stayer.money import Usd
+from stayer.eval.records import (
+    ConfigSummary,
+    EvalDocument,
+    EvalSummary,
+    ParetoPoint,
+    TaskResults,
+    TrialRecord,
+    as_trials,
+)
+from stayer.money import Usd, usd_sum
+from stayer.records import to_json
 from stayer.svgplot import Point, Series, line_chart, points_chart, strip_chart
 
 STYLE = """
@@ -68,29 +78,25 @@ def page(title: str, body: Sequence[str]) -> str:
     )
 
 
-def total_cost(records: Sequence[dict[str, Any]]) -> str:
-    total = Decimal(0)
-    for r in records:
-        if r.get("cost_usd") in (None, "unknown"):
-            return "unknown"
-        total += Decimal(r["cost_usd"])
-    return str(total)
+def total_cost(records: Sequence[TrialRecord]) -> str:
+    return str(usd_sum(r.cost for r in records))
 
 
-def header(doc: dict[str, Any], records: Sequence[dict[str, Any]]) -> str:
-    settings = doc.get("settings") or {}
+def header(doc: EvalDocument | EvalSummary, records: Sequence[TrialRecord]) -> str:
+    full = doc if isinstance(doc, EvalDocument) else None
+    settings = to_json(full.settings) if full else {}
     rows = [
-        ("date", doc.get("finished", "—")),
-        ("stayer", doc.get("stayer_version", "—")),
-        ("suite", doc.get("suite", "—")),
+        ("date", full.finished if full else "—"),
+        ("stayer", full.stayer_version if full else "—"),
+        ("suite", full.suite if full else "—"),
         (
             "trials",
-            f"{doc.get('trials_total', len(records))} ({doc.get('trials_reused', 0)} reused from an earlier run)",
+            f"{full.trials_total if full else len(records)} ({full.trials_reused if full else 0} reused from an earlier run)",
         ),
         ("total cost", usd(total_cost(records))),
         (
             "wall time",
-            f"{fmt(doc.get('wall_s'), 1)} s (trials together: {sum(r.get('wall_s') or 0 for r in records):,.1f} s)",
+            f"{fmt(full.wall_s if full else None, 1)} s (trials together: {sum(r.wall_s or 0 for r in records):,.1f} s)",
         ),
         *((k.replace("_", " "), fmt(v)) for k, v in settings.items()),
     ]
@@ -98,19 +104,23 @@ def header(doc: dict[str, Any], records: Sequence[dict[str, Any]]) -> str:
     return f"<dl class=header>{items}</dl>"
 
 
-def pareto_plot(configs: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]]) -> str:
+def _known(amount: str | None) -> float | None:
+    """A money string as a float to plot; None where there is none or it is unknown."""
+    known = Usd.parse(amount).amount
+    return None if known is None else float(known)
+
+
+def pareto_plot(configs: Sequence[ConfigSummary], front: Sequence[ParetoPoint]) -> str:
     points = [
-        Point(
-            float(Decimal(c["mean_cost_usd"])),
-            c["success_rate"],
-            c["label"],
-            c["ci_low"],
-            c["ci_high"],
-        )
+        Point(cost, c.success_rate, c.label, c.ci_low, c.ci_high)
         for c in configs
-        if c["mean_cost_usd"] not in ("unknown", None) and c["success_rate"] is not None
+        if (cost := _known(c.mean_cost_usd)) is not None and c.success_rate is not None
     ]
-    frontier = [(float(Decimal(p["mean_cost_usd"])), p["success_rate"]) for p in front]
+    frontier = [
+        (cost, p.success_rate)
+        for p in front
+        if (cost := _known(p.mean_cost_usd)) is not None and p.success_rate is not None
+    ]
     return points_chart(
         points,
         front=frontier,
@@ -121,36 +131,34 @@ def pareto_plot(configs: Sequence[dict[str, Any]], front: Sequence[dict[str, Any
     )
 
 
-def outcome_grid(tasks: Sequence[dict[str, Any]], configs: Sequence[dict[str, Any]]) -> str:
+def outcome_grid(tasks: Sequence[TaskResults], configs: Sequence[ConfigSummary]) -> str:
     """Tasks × configurations as a table coloured by success: labels are plain text."""
     head = (
-        "<tr><th>task</th>"
-        + "".join(f"<th>{html.escape(c['label'])}</th>" for c in configs)
-        + "</tr>"
+        "<tr><th>task</th>" + "".join(f"<th>{html.escape(c.label)}</th>" for c in configs) + "</tr>"
     )
     rows = []
     for t in tasks:
         cells = []
         for c in configs:
-            r = t["results"][c["id"]]
-            rate = r["successes"] / r["trials"] if r["trials"] else None
-            text = f"{r['successes']}/{r['trials']}" + (
-                f" (+{r['infra_errors']} infra)" if r["infra_errors"] else ""
+            r = t.results[c.id]
+            rate = r.successes / r.trials if r.trials else None
+            text = f"{r.successes}/{r.trials}" + (
+                f" (+{r.infra_errors} infra)" if r.infra_errors else ""
             )
             color = "#eee" if rate is None else f"hsl({round(120 * rate)},60%,80%)"
             cells.append(f"<td class=grid style='background:{color}'>{html.escape(text)}</td>")
-        rows.append(f"<tr><td>{html.escape(t['task'])}</td>{''.join(cells)}</tr>")
+        rows.append(f"<tr><td>{html.escape(t.task)}</td>{''.join(cells)}</tr>")
     return f"<table>{head}{''.join(rows)}</table><p class=note>solved / judged trials per task</p>"
 
 
-def cost_distribution(configs: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]) -> str:
+def cost_distribution(configs: Sequence[ConfigSummary], records: Sequence[TrialRecord]) -> str:
     groups = [
         (
-            c["label"],
+            c.label,
             [
-                float(Decimal(r["cost_usd"]))
+                float(r.cost.amount)
                 for r in records
-                if r["config_key"] == c["id"] and r["cost_usd"] != "unknown"
+                if r.config_key == c.id and r.cost.amount is not None
             ],
         )
         for c in configs
@@ -158,17 +166,21 @@ def cost_distribution(configs: Sequence[dict[str, Any]], records: Sequence[dict[
     return strip_chart(groups, title="cost per trial (bar: mean)", xlabel="cost per trial (USD)")
 
 
-def run_link(record: dict[str, Any]) -> Any:
-    run_id = record.get("run_id")
+def run_link(record: TrialRecord) -> Any:
+    run_id = record.run_id
     if not run_id:
         return None
     return ("html", f"<a href='runs/{html.escape(run_id)}.html'>{html.escape(run_id)}</a>")
 
 
 def render(
-    doc: dict[str, Any], records: Sequence[dict[str, Any]], title: str = "stayer eval"
+    doc: EvalDocument | EvalSummary,
+    records: Sequence[TrialRecord | dict[str, Any]],
+    title: str = "stayer eval",
 ) -> str:
-    configs = doc["configs"]
+    """The page of ``doc`` and its trials' records (or their JSON documents)."""
+    records = as_trials(records)
+    configs = doc.configs
     parts = [f"<h1>{html.escape(title)}</h1>", header(doc, records), "<h2>Configurations</h2>"]
     parts.append(
         table(
@@ -185,35 +197,35 @@ def render(
             ],
             [
                 [
-                    c["label"],
-                    c["trials"],
-                    c["successes"],
-                    c["success_rate"],
-                    f"{fmt(c['ci_low'])} – {fmt(c['ci_high'])}",
-                    usd(c["mean_cost_usd"]),
-                    usd(c["cost_per_success_usd"]),
-                    c["mean_tokens"],
-                    c["infra_errors"],
+                    c.label,
+                    c.trials,
+                    c.successes,
+                    c.success_rate,
+                    f"{fmt(c.ci_low)} – {fmt(c.ci_high)}",
+                    usd(c.mean_cost_usd),
+                    usd(c.cost_per_success_usd),
+                    c.mean_tokens,
+                    c.infra_errors,
                 ]
                 for c in configs
             ],
         )
     )
-    ks = sorted({k for c in configs for k in c["pass_at_k"]}, key=int)
+    ks = sorted({k for c in configs for k in c.pass_at_k}, key=int)
     parts.append(
         table(
             ["configuration", *[f"pass@{k}" for k in ks], *[f"pass^{k}" for k in ks]],
             [
                 [
-                    c["label"],
-                    *[c["pass_at_k"].get(k) for k in ks],
-                    *[c["pass_hat_k"].get(k) for k in ks],
+                    c.label,
+                    *[c.pass_at_k.get(k) for k in ks],
+                    *[c.pass_hat_k.get(k) for k in ks],
                 ]
                 for c in configs
             ],
         )
     )
-    if doc["comparisons"]:
+    if doc.comparisons:
         parts.append("<h2>Paired comparisons</h2>")
         parts.append(
             table(
@@ -231,29 +243,27 @@ def render(
                 ],
                 [
                     [
-                        x["a"]["label"],
-                        x["b"]["label"],
-                        x["pairs"],
-                        x["a_only"],
-                        x["b_only"],
-                        x["success_diff"],
-                        x["test"],
-                        x["p_value"],
-                        x["verdict"],
-                        usd(x["cost_diff_usd"]),
+                        x.a.label,
+                        x.b.label,
+                        x.pairs,
+                        x.a_only,
+                        x.b_only,
+                        x.success_diff,
+                        x.test,
+                        x.p_value,
+                        x.verdict,
+                        usd(x.cost_diff_usd),
                     ]
-                    for x in doc["comparisons"]
+                    for x in doc.comparisons
                 ],
             )
         )
-    parts.append("<h2>Cost vs success</h2>" + pareto_plot(configs, doc["pareto"]))
-    parts.append("<h2>Outcomes per task</h2>" + outcome_grid(doc["tasks"], configs))
+    parts.append("<h2>Cost vs success</h2>" + pareto_plot(configs, doc.pareto))
+    parts.append("<h2>Outcomes per task</h2>" + outcome_grid(doc.tasks, configs))
     parts.append("<h2>Cost per trial</h2>" + cost_distribution(configs, records))
     parts.append("<h2>Trials</h2>")
-    labels = {c["id"]: c["label"] for c in configs}
-    ordered = sorted(
-        records, key=lambda r: (r["task"], labels.get(r["config_key"], ""), r["epoch"])
-    )
+    labels = {c.id: c.label for c in configs}
+    ordered = sorted(records, key=lambda r: (r.task, labels.get(r.config_key, ""), r.epoch))
     parts.append(
         table(
             [
@@ -270,16 +280,16 @@ def render(
             ],
             [
                 [
-                    r["task"],
-                    labels.get(r["config_key"], r["config_key"]),
-                    r["epoch"],
-                    r["status"],
-                    r.get("reward"),
-                    r.get("steps"),
-                    usd(r.get("cost_usd")),
-                    r.get("wall_s"),
+                    r.task,
+                    labels.get(r.config_key, r.config_key),
+                    r.epoch,
+                    r.status,
+                    r.reward,
+                    r.steps,
+                    usd(r.cost_usd),
+                    r.wall_s,
                     run_link(r),
-                    r.get("error") or r.get("stop_reason"),
+                    r.error or (r.stop_reason if isinstance(r.stop_reason, str) else None),
                 ]
                 for r in ordered
             ],
@@ -448,15 +458,15 @@ def call_text(arguments: str) -> str:
     return json.dumps(args, indent=1, ensure_ascii=False)
 
 
-def write_run_pages(out: Path, records: Sequence[dict[str, Any]], write: Any) -> int:
+def write_run_pages(out: Path, records: Sequence[TrialRecord], write: Any) -> int:
     """``out/runs/ID.html`` for every trial whose run left a result; the number written."""
     written = 0
     for r in records:
-        if not r.get("run_id") or not r.get("run_dir"):
+        if not r.run_id or not isinstance(r.run_dir, str) or not r.run_dir:
             continue
-        found = read_run(Path(r["run_dir"]))
+        found = read_run(Path(r.run_dir))
         if found is None:
             continue
-        write(out / "runs" / f"{r['run_id']}.html", run_page(*found))
+        write(out / "runs" / f"{r.run_id}.html", run_page(*found))
         written += 1
     return written
