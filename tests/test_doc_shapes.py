@@ -1,7 +1,8 @@
 """The JSON that ``stayer eval`` and ``stayer rollouts`` print and write keeps its shape: the
 field names, their order and every value that does not depend on the clock, the machine or a
 random id, compared with a snapshot taken before the documents became records
-(tests/fixtures/shapes/). ``STAYER_WRITE_SHAPES=1`` writes the snapshots again."""
+(tests/fixtures/shapes/); so do ``stayer whatif --json`` and the audit's ``what_if``.
+``STAYER_WRITE_SHAPES=1`` writes the snapshots again."""
 
 from __future__ import annotations
 
@@ -127,3 +128,33 @@ def test_rollouts_json_and_exports_keep_their_shape(tmp_path):
     s = stayer("rollouts", "stats", str(out), "--json", home=home)
     assert s.returncode == 0, s.stderr
     check("rollouts-stats", json.loads(s.stdout), tmp_path)
+
+
+def test_whatif_json_keeps_its_shape(tmp_path):
+    from test_whatif import mini_swe_agent_trace, whatif_json
+
+    trace = mini_swe_agent_trace(tmp_path / "t.traj.json", 300)
+    doc = whatif_json(str(trace), "--policy", "none,auto", home=tmp_path / "home")
+    check("whatif-stdout", doc, tmp_path)
+
+
+def test_audit_what_if_json_keeps_its_shape(tmp_path):
+    from test_audit import assistant, user, write_jsonl
+    from test_audit import stayer as audit
+
+    s = "s-shape"
+    lines: list[dict[str, Any]] = [{**user(s, 0), "message": {"role": "user", "content": "Fix"}}]
+    for i in range(3):
+        call = f"toolu_{i}"
+        line = assistant(
+            s, 10 + 20 * i, f"msg_{i}", read=12_000 if i else 0, write=900 if i else 12_000, out=100
+        )
+        line["message"]["content"] = [
+            {"type": "tool_use", "id": call, "name": "Bash", "input": {"command": f"cat f{i}"}}
+        ]
+        result = [{"type": "tool_result", "tool_use_id": call, "content": "x = 1\n" * 200}]
+        lines += [line, {**user(s, 20 + 20 * i), "message": {"role": "user", "content": result}}]
+    write_jsonl(tmp_path / "projects" / "p" / f"{s}.jsonl", lines)
+    args = (str(tmp_path / "projects"), "--what-if", "policy=none", "--what-if", "model=gpt-5")
+    doc = json.loads(audit(*args, "--json", cwd=tmp_path).stdout)
+    check("audit-what-if", doc["what_if"], tmp_path)
