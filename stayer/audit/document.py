@@ -37,8 +37,8 @@ class WhatIfEstimate(Record, kw_only=True):
 
     session: str
     estimate: bool = True
-    actual_cost_usd: str | None
-    actual_main_chain_cost_usd: str | None
+    actual_cost_usd: str
+    actual_main_chain_cost_usd: str
     scenario: Scenario
     baseline_cost_usd: str | UnsetType = UNSET
     error: str | UnsetType = UNSET
@@ -186,8 +186,12 @@ def what_if_table(what_if: list[WhatIfEstimate]) -> tuple[tuple[str, ...], list[
             w.scenario.policy,
             w.actual_main_chain_cost_usd,
             w.actual_cost_usd,
-            w.get("baseline_cost_usd", ""),
-            w.get("cost_usd", w.get("error", "")),
+            w.baseline_cost_usd if isinstance(w.baseline_cost_usd, str) else "",
+            w.cost_usd
+            if isinstance(w.cost_usd, str)
+            else w.error
+            if isinstance(w.error, str)
+            else "",
         ]
         for w in what_if
     ]

@@ -17,6 +17,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from stayer.eval.records import (
     ConfigSummary,
     EvalDocument,
@@ -27,7 +29,7 @@ from stayer.eval.records import (
     as_trials,
 )
 from stayer.money import Usd, usd_sum
-from stayer.records import to_json
+from stayer.records import Record, decode, to_json
 from stayer.svgplot import Point, Series, line_chart, points_chart, strip_chart
 
 STYLE = """
@@ -301,18 +303,79 @@ def render(
 # --- one run ---------------------------------------------------------------------------------
 
 
-def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+class _ToolCall(Record):
+    name: str = "?"
+    arguments: str = ""
+
+
+class _CacheBreak(Record, kw_only=True):
+    reason: str = ""
+    detail: str | None = None
+
+
+class _Compaction(Record, kw_only=True):
+    tokens_before: int = 0
+    tokens_after: int = 0
+    reason: str = ""
+
+
+class _Step(Record, kw_only=True):
+    """What a run page shows of a ledger entry (its JSON, as ``result.json`` holds it)."""
+
+    kind: str | None = None
+    step: int = 0
+    model: str | None = None
+    context_tokens: int | None = None
+    cache_hit_ratio: float = 0.0
+    cost_usd: str = "unknown"
+    tool_calls: list[_ToolCall] = msgspec.field(default_factory=list)
+    tool_errors: int = 0
+    cache_break: _CacheBreak | None = None
+    compaction: _Compaction | None = None
+
+
+class _Verifier(Record, kw_only=True):
+    output_tail: str | None = None
+
+
+class RunResult(Record, kw_only=True):
+    """What a run page shows of a run's ``result.json`` (read without ``stayer.run``: a
+    re-rendered evaluation loads neither the agent nor the price data)."""
+
+    run_id: str = ""
+    task: str | None = None
+    model: str | None = None
+    status: str | None = None
+    reward: float | None = None
+    steps: int | None = None
+    cost_usd: str | None = None
+    stop_reason: str | None = None
+    started: str | None = None
+    finished: str | None = None
+    summary: str | None = None
+    verifier: _Verifier | None = None
+    ledger: list[_Step] = msgspec.field(default_factory=list)
+
+
+class TranscriptMessage(Record, kw_only=True):
+    role: str = "?"
+    content: str | None = None
+    tool_calls: list[_ToolCall] = msgspec.field(default_factory=list)
+    kind: str | None = None
+
+
+def read_run(run_dir: Path) -> tuple[RunResult, list[TranscriptMessage]] | None:
     """A run's result document and transcript, or None if it left no result."""
     try:
-        result = json.loads((run_dir / "result.json").read_text())
-    except (OSError, ValueError):
+        result = decode((run_dir / "result.json").read_bytes(), RunResult)
+    except (OSError, ValueError):  # msgspec's errors are ValueErrors
         return None
     transcript = []
     try:
-        for line in (run_dir / "trajectory.jsonl").read_text().splitlines():
+        for line in (run_dir / "trajectory.jsonl").read_bytes().splitlines():
             if line.strip():
                 try:
-                    transcript.append(json.loads(line))
+                    transcript.append(decode(line, TranscriptMessage))
                 except ValueError:
                     break  # a torn last line
     except OSError:
@@ -320,43 +383,43 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | Non
     return result, transcript
 
 
-def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> str:
+def run_page(result: RunResult, transcript: Sequence[TranscriptMessage]) -> str:
     """One run: summary, per-step plots, the ledger with cache breaks and compactions, and
     the transcript."""
-    ledger = [e for e in result.get("ledger", []) if e.get("kind") != "lost_in_flight"]
-    title = f"run {result['run_id']}"
+    ledger = [e for e in result.ledger if e.kind != "lost_in_flight"]
+    title = f"run {result.run_id}"
     parts = [
         "<p><a href='../report.html'>← evaluation report</a></p>",
         f"<h1>{html.escape(title)}</h1>",
     ]
     facts = [
-        ("task", result.get("task")),
-        ("model", result.get("model")),
-        ("status", result.get("status")),
-        ("reward", result.get("reward")),
-        ("steps", result.get("steps")),
-        ("cost", usd(result.get("cost_usd"))),
-        ("stop reason", result.get("stop_reason")),
-        ("started", result.get("started")),
-        ("finished", result.get("finished")),
+        ("task", result.task),
+        ("model", result.model),
+        ("status", result.status),
+        ("reward", result.reward),
+        ("steps", result.steps),
+        ("cost", usd(result.cost_usd)),
+        ("stop reason", result.stop_reason),
+        ("started", result.started),
+        ("finished", result.finished),
     ]
     parts.append(
         "<dl class=header>"
         + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(fmt(v))}</dd>" for k, v in facts)
         + "</dl>"
     )
-    if result.get("summary"):
-        parts.append(f"<h2>Summary</h2><pre>{html.escape(result['summary'])}</pre>")
-    tail = (result.get("verifier") or {}).get("output_tail")
-    if tail and result.get("status") != "succeeded":
+    if result.summary:
+        parts.append(f"<h2>Summary</h2><pre>{html.escape(result.summary)}</pre>")
+    tail = result.verifier.output_tail if result.verifier else None
+    if tail and result.status != "succeeded":
         parts.append(f"<h2>Verifier output</h2><pre>{html.escape(tail)}</pre>")
     if ledger:
-        steps = [e["step"] for e in ledger]
+        steps = [e.step for e in ledger]
         running, costs = Decimal(0), []
         for e in ledger:
-            running += Decimal(0) if e["cost_usd"] == "unknown" else Decimal(e["cost_usd"])
-            costs.append((e["step"], float(running)))
-        breaks = [e["step"] for e in ledger if e.get("cache_break")]
+            running += Usd.parse(e.cost_usd).amount or Decimal(0)
+            costs.append((e.step, float(running)))
+        breaks = [e.step for e in ledger if e.cache_break]
         parts.append("<h2>Per step</h2><div class=plots>")
         parts.append(
             line_chart(
@@ -370,9 +433,9 @@ def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> st
                     Series(
                         "context",
                         [
-                            (e["step"], e["context_tokens"])
+                            (e.step, e.context_tokens)
                             for e in ledger
-                            if e.get("context_tokens") is not None
+                            if e.context_tokens is not None
                         ],
                     )
                 ],
@@ -386,7 +449,7 @@ def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> st
                 [
                     Series(
                         "hit ratio",
-                        list(zip(steps, [e["cache_hit_ratio"] for e in ledger], strict=True)),
+                        list(zip(steps, [e.cache_hit_ratio for e in ledger], strict=True)),
                         dots=True,
                     )
                 ],
@@ -411,19 +474,19 @@ def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> st
                 ],
                 [
                     [
-                        e["step"],
-                        e.get("model"),
-                        f"{e['context_tokens']:,}" if e.get("context_tokens") is not None else None,
-                        f"{e['cache_hit_ratio'] * 100:.1f}",
-                        usd(e["cost_usd"]),
-                        ", ".join(c["name"] for c in e.get("tool_calls", [])) or "—",
-                        e.get("tool_errors", 0),
-                        f"{e['cache_break']['reason']}: {e['cache_break'].get('detail') or ''}"
-                        if e.get("cache_break")
+                        e.step,
+                        e.model,
+                        f"{e.context_tokens:,}" if e.context_tokens is not None else None,
+                        f"{e.cache_hit_ratio * 100:.1f}",
+                        usd(e.cost_usd),
+                        ", ".join(c.name for c in e.tool_calls) or "—",
+                        e.tool_errors,
+                        f"{e.cache_break.reason}: {e.cache_break.detail or ''}"
+                        if e.cache_break
                         else None,
                         (
-                            f"{e['compaction']['tokens_before']:,} → {e['compaction']['tokens_after']:,} ({e['compaction']['reason']})"
-                            if e.get("compaction")
+                            f"{e.compaction.tokens_before:,} → {e.compaction.tokens_after:,} ({e.compaction.reason})"
+                            if e.compaction
                             else None
                         ),
                     ]
@@ -434,15 +497,14 @@ def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> st
     if transcript:
         parts.append("<h2>Transcript</h2>")
         for m in transcript:
-            role = m.get("role", "?")
             calls = "".join(
-                f"<pre>→ {html.escape(c.get('name', '?'))} {html.escape(call_text(c.get('arguments', '')))}</pre>"
-                for c in m.get("tool_calls", [])
+                f"<pre>→ {html.escape(c.name)} {html.escape(call_text(c.arguments))}</pre>"
+                for c in m.tool_calls
             )
-            kind = f" · {html.escape(m['kind'])}" if m.get("kind") else ""
+            kind = f" · {html.escape(m.kind)}" if m.kind else ""
             parts.append(
-                f"<div class='msg {html.escape(role)}'><b>{html.escape(role)}</b>{kind}"
-                f"<pre>{html.escape(m.get('content') or '')}</pre>{calls}</div>"
+                f"<div class='msg {html.escape(m.role)}'><b>{html.escape(m.role)}</b>{kind}"
+                f"<pre>{html.escape(m.content or '')}</pre>{calls}</div>"
             )
     return page(title, parts)
 
