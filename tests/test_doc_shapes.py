@@ -158,3 +158,21 @@ def test_audit_what_if_json_keeps_its_shape(tmp_path):
     args = (str(tmp_path / "projects"), "--what-if", "policy=none", "--what-if", "model=gpt-5")
     doc = json.loads(audit(*args, "--json", cwd=tmp_path).stdout)
     check("audit-what-if", doc["what_if"], tmp_path)
+
+
+@needs_bwrap
+def test_tasks_check_and_import_tb_json_keep_their_shape(tmp_path):
+    from test_eval_fixtures import write_fixture_suite
+    from test_tasks_check import write_tb_task
+
+    home = tmp_path / "home"
+    suite = write_fixture_suite(tmp_path / "suite", ["good", "nop-passes", "invalid"])
+    r = stayer("tasks", "check", str(suite), "--json", home=home)
+    doc = json.loads(r.stdout)
+    for t in doc["tasks"]:
+        t["oracle_s"] = t["verify_s"] = "<seconds>"
+    check("tasks-check", doc, tmp_path)
+    src = write_tb_task(tmp_path / "tb" / "greet")
+    r = stayer("tasks", "import-tb", str(src), str(tmp_path / "tbsuite"), "--json", home=home)
+    assert r.returncode == 0, r.stderr
+    check("tasks-import-tb", json.loads(r.stdout), tmp_path)
