@@ -11,13 +11,13 @@ document written before a field existed still reads (new fields have defaults).
 from __future__ import annotations
 
 import functools
+import sys
 from decimal import Decimal
 from typing import Any, TypeVar
 
 import msgspec
 
 from stayer.money import Usd
-from stayer.pricing import Cost
 
 T = TypeVar("T")
 
@@ -54,8 +54,13 @@ def _json_names(cls: type[msgspec.Struct]) -> dict[str, str]:
     return {f.encode_name: f.name for f in msgspec.structs.fields(cls)}
 
 
+# stayer.pricing (and its price data) is loaded only where a Cost exists: a record that
+# holds none (an eval's trial, re-rendered without running anything) does not load it.
+
+
 def _enc_hook(o: Any) -> Any:
-    if isinstance(o, Usd | Cost):
+    pricing = sys.modules.get("stayer.pricing")
+    if isinstance(o, Usd) or (pricing is not None and isinstance(o, pricing.Cost)):
         return o.to_json()
     raise NotImplementedError(f"cannot encode a {type(o).__name__}")
 
@@ -63,8 +68,13 @@ def _enc_hook(o: Any) -> Any:
 def _dec_hook(t: type, o: Any) -> Any:
     if t is Usd and (o is None or isinstance(o, str | int | float | Decimal)):
         return Usd.parse(o if not isinstance(o, int | float) else Decimal(str(o)))
-    if t is Cost and (o is None or isinstance(o, str | int | float | Decimal)):
-        return Cost(_dec_hook(Usd, o).amount, None, None, "")
+    pricing = sys.modules.get("stayer.pricing")  # a record declaring a Cost imported it
+    if (
+        pricing is not None
+        and t is pricing.Cost
+        and (o is None or isinstance(o, str | int | float | Decimal))
+    ):
+        return pricing.Cost(_dec_hook(Usd, o).amount, None, None, "")
     raise NotImplementedError(f"cannot decode a {t.__name__}")
 
 

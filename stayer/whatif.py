@@ -24,6 +24,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from msgspec import UNSET, UnsetType
+
 from stayer.agent import SYSTEM_PROMPT, Agent, AgentSettings, Limits
 from stayer.context.policies import ContextPolicy, make_policy
 from stayer.errors import ConfigError
@@ -33,6 +35,7 @@ from stayer.models.base import ModelRequest
 from stayer.models.caching import provider_of
 from stayer.models.sim import SimModel
 from stayer.pricing import PriceBook
+from stayer.records import Record
 from stayer.settings import read_text
 from stayer.tokens import Counters, MessageCounter, TiktokenCounter
 from stayer.tools import check_args, default_tools
@@ -48,13 +51,62 @@ class Recorded:
     policy: str = "none"  # other agents keep the whole history
     requests: int | None = None  # model calls the run made, where the trace counts them
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "cost_usd": None if self.cost_usd is None else str(self.cost_usd),
-            "model": self.model,
-            "policy": self.policy,
-            "requests": self.requests,
-        }
+    @property
+    def cost_text(self) -> str | None:
+        return None if self.cost_usd is None else str(self.cost_usd)
+
+    def record(self, source: str) -> RecordedRun:
+        return RecordedRun(
+            cost_usd=self.cost_text,
+            model=self.model,
+            policy=self.policy,
+            requests=self.requests,
+            source=source,
+        )
+
+
+class RecordedRun(Record, kw_only=True):
+    """``recorded`` of the ``whatif --json`` document: what the trace says it cost."""
+
+    cost_usd: str | None
+    model: str | None
+    policy: str
+    requests: int | None
+    source: str
+
+
+class Replay(Record, kw_only=True):
+    """One replay of a trace (``replay``); ``delta_usd``: a scenario's difference from
+    the baseline replay."""
+
+    estimate: bool = True
+    trace: str
+    model: str
+    policy: str
+    max_context: int | None
+    cost_usd: str
+    usage: dict[str, int]
+    cache_hit_ratio: float
+    peak_context_tokens: int
+    requests: int
+    compactions: int
+    cache_breaks: int
+    step_costs: list[str]
+    step_cache_read_tokens: list[int]
+    delta_usd: str | None | UnsetType = UNSET
+
+
+class WhatIf(Record, kw_only=True):
+    """The comparison part of the ``whatif --json`` document (``compare``)."""
+
+    recorded: RecordedRun
+    baseline: Replay | None
+    baseline_error: str | None
+    replayed_calls: int
+    rejected_calls: int
+    notes: list[str]
+    replay_error_usd: str | None
+    scenarios: list[Replay]
 
 
 @dataclass
@@ -437,7 +489,7 @@ async def replay(
     prices: PriceBook,
     counter: MessageCounter | None = None,
     max_context: int | None = None,
-) -> dict[str, Any]:
+) -> Replay:
     """Replay ``trace`` through ``policy`` on ``sim:model_id``; the ``whatif --json`` document.
     ``counter``: None for the model's own tokenizer (``counter_for``), as a run counts."""
 
@@ -471,22 +523,21 @@ async def replay(
     u = result.usage
     if result.status == "error":
         raise ConfigError(result.error or "replay failed")
-    return {
-        "estimate": True,
-        "trace": trace.source,
-        "model": f"sim:{model_id}",
-        "policy": policy.name,
-        "max_context": max_context,
-        "cost_usd": "unknown" if result.cost_usd is None else str(result.cost_usd),
-        "usage": u.to_dict(),
-        "cache_hit_ratio": round(u.cache_hit_ratio, 4),
-        "peak_context_tokens": result.peak_context_tokens,
-        "requests": result.steps,
-        "compactions": sum(1 for e in result.ledger if e.compaction),
-        "cache_breaks": sum(1 for e in result.ledger if e.cache_break),
-        "step_costs": [e.cost.to_json() for e in result.ledger],
-        "step_cache_read_tokens": [e.usage.cache_read_tokens for e in result.ledger],
-    }
+    return Replay(
+        trace=trace.source,
+        model=f"sim:{model_id}",
+        policy=policy.name,
+        max_context=max_context,
+        cost_usd="unknown" if result.cost_usd is None else str(result.cost_usd),
+        usage=u.to_dict(),
+        cache_hit_ratio=round(u.cache_hit_ratio, 4),
+        peak_context_tokens=result.peak_context_tokens,
+        requests=result.steps,
+        compactions=sum(1 for e in result.ledger if e.compaction),
+        cache_breaks=sum(1 for e in result.ledger if e.cache_break),
+        step_costs=[e.cost.to_json() for e in result.ledger],
+        step_cache_read_tokens=[e.usage.cache_read_tokens for e in result.ledger],
+    )
 
 
 async def compare(
@@ -496,14 +547,14 @@ async def compare(
     prices: PriceBook,
     counter: MessageCounter | None = None,
     max_context: int | None = None,
-) -> dict[str, Any]:
+) -> WhatIf:
     """What the trace cost, its replay under its own model and policy (the baseline), and
     each ``(model, policy)`` scenario (model None: the recorded one) with its difference
     from the baseline. The ``whatif --json`` document's comparison part; its ``notes``
     say what the replay could not reproduce exactly (empty: nothing)."""
 
     recorded = trace.recorded
-    baseline: dict[str, Any] | None = None
+    baseline: Replay | None = None
     baseline_error = None
     try:
         if recorded.model is None:
@@ -529,30 +580,28 @@ async def compare(
             counter=counter,
             max_context=max_context,
         )
-        result["delta_usd"] = _difference(
-            result["cost_usd"], baseline["cost_usd"] if baseline else None
-        )
+        result.delta_usd = _difference(result.cost_usd, baseline.cost_usd if baseline else None)
         results.append(result)
     billed = trace.billed or [True] * len(trace.turns)
     # The replay's own error: how far re-simulating the recording is from what it cost,
     # over the calls the recorded cost counts.
-    replayed_cost = baseline["cost_usd"] if baseline else None
+    replayed_cost = baseline.cost_usd if baseline else None
     if baseline and not all(billed) and replayed_cost != "unknown":
-        steps = baseline["step_costs"]
+        steps = baseline.step_costs
         if "unknown" in steps:
             replayed_cost = "unknown"
         else:
             replayed_cost = str(sum(Decimal(c) for c, b in zip(steps, billed, strict=False) if b))
-    return {
-        "recorded": {**recorded.to_json(), "source": trace.source},
-        "baseline": baseline,
-        "baseline_error": baseline_error,
-        "replayed_calls": len(trace.turns),
-        "rejected_calls": len(trace.rejected),
-        "notes": replay_notes(trace, billed) + missed_cache_notes(trace, baseline),
-        "replay_error_usd": _difference(replayed_cost, recorded.to_json()["cost_usd"]),
-        "scenarios": results,
-    }
+    return WhatIf(
+        recorded=recorded.record(trace.source),
+        baseline=baseline,
+        baseline_error=baseline_error,
+        replayed_calls=len(trace.turns),
+        rejected_calls=len(trace.rejected),
+        notes=replay_notes(trace, billed) + missed_cache_notes(trace, baseline),
+        replay_error_usd=_difference(replayed_cost, recorded.cost_text),
+        scenarios=results,
+    )
 
 
 def replay_notes(trace: Trace, billed: list[bool]) -> list[str]:
@@ -586,7 +635,7 @@ def replay_notes(trace: Trace, billed: list[bool]) -> list[str]:
     return notes
 
 
-def missed_cache_notes(trace: Trace, baseline: dict[str, Any] | None) -> list[str]:
+def missed_cache_notes(trace: Trace, baseline: Replay | None) -> list[str]:
     """The recorded calls that read less from the cache than the provider's rules give, by
     a cache block (1,024 tokens) or more: a miss the rules do not predict (an evicted
     entry, another server, a write not yet visible). The part of the replay's error they
@@ -594,7 +643,7 @@ def missed_cache_notes(trace: Trace, baseline: dict[str, Any] | None) -> list[st
     if baseline is None or not trace.calls:
         return []
     missed: list[tuple[Decimal, int, int, int]] = []
-    steps, reads = baseline["step_costs"], baseline["step_cache_read_tokens"]
+    steps, reads = baseline.step_costs, baseline.step_cache_read_tokens
     for i, (cost, cached) in sorted(trace.calls.items()):
         if i < len(steps) and steps[i] != "unknown" and reads[i] - cached >= 1024:
             missed.append((cost - Decimal(steps[i]), i + 1, cached, reads[i]))

@@ -25,6 +25,7 @@ from stayer.errors import ConfigError
 from stayer.models.caching import CacheRules, cache_rules, cached_length, provider_of
 from stayer.money import MTOK, UNKNOWN, amount_json
 from stayer.pricing import Rates
+from stayer.records import Record, to_json
 from stayer.usage import KINDS, Usage
 
 MIN_LOST_TOKENS = 1024
@@ -239,7 +240,7 @@ class Series(msgspec.Struct):
     hit_ratio: list[float] = msgspec.field(default_factory=list)
 
 
-class Reference(msgspec.Struct):
+class Reference(Record):
     """A total the log records of itself, next to the audit's count of the same."""
 
     what: str  # calls, input_tokens, cache_read_tokens, cache_write_tokens, output_tokens, cost_usd
@@ -248,16 +249,6 @@ class Reference(msgspec.Struct):
     audited: int | str
     matches: bool
     why: str  # why they differ ("" when they match)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "what": self.what,
-            "field": self.field,
-            "logged": self.logged,
-            "audited": self.audited,
-            "matches": self.matches,
-            "why": self.why,
-        }
 
 
 class SessionReport(msgspec.Struct):
@@ -318,7 +309,7 @@ class SessionReport(msgspec.Struct):
             if chain != MAIN_CHAIN
         ]
         doc["skipped_lines"] = self.skipped_lines
-        doc["recorded"] = [c.to_json() for c in self.recorded]
+        doc["recorded"] = to_json(self.recorded)
         return doc
 
 

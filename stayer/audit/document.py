@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 import orjson
+from msgspec import UNSET, UnsetType
 
 from stayer.audit.analysis import Reference, SessionReport, Tally, money
+from stayer.records import Record, to_json
 
 if TYPE_CHECKING:  # rich is imported by the tables only: ``audit --json`` never loads it
     from rich.console import Console
@@ -23,11 +25,49 @@ GROUPS = ("session", "day", "model")
 _TOP = 10
 
 
+class Scenario(Record):
+    model: str | None  # None: the session's own model
+    policy: str = "none"
+    max_context: int | None = None
+
+
+class WhatIfEstimate(Record, kw_only=True):
+    """An entry of the audit document's ``what_if``: a session replayed under a scenario
+    (``error``: why it was not), beside what it cost."""
+
+    session: str
+    estimate: bool = True
+    actual_cost_usd: str
+    actual_main_chain_cost_usd: str
+    scenario: Scenario
+    baseline_cost_usd: str | UnsetType = UNSET
+    error: str | UnsetType = UNSET
+    model: str | UnsetType = UNSET
+    policy: str | UnsetType = UNSET
+    cost_usd: str | UnsetType = UNSET
+    requests: int | UnsetType = UNSET
+    cache_hit_ratio: float | UnsetType = UNSET
+    peak_context_tokens: int | UnsetType = UNSET
+    compactions: int | UnsetType = UNSET
+    note: str | UnsetType = UNSET
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field as its JSON document has it, or ``default`` (for readers written against
+        the documents)."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key, UNSET) is not UNSET
+
+
 class AuditReport(msgspec.Struct):
     sessions: list[SessionReport] = msgspec.field(default_factory=list)  # those with calls
     group: str = "session"
     skipped_lines: int = 0  # in every file read, sessions without calls included
-    what_if: list[dict[str, Any]] = msgspec.field(
+    what_if: list[WhatIfEstimate] = msgspec.field(
         default_factory=list
     )  # estimates (stayer.audit.scenarios)
 
@@ -74,7 +114,7 @@ class AuditReport(msgspec.Struct):
             "group": self.group,
             "groups": [{"key": k, **t.to_json()} for k, t in self.groups()],
             "costliest_calls": [{"session": s.id, **c.to_json()} for s, c in costliest],
-            "what_if": self.what_if,
+            "what_if": to_json(self.what_if),
             "skipped_lines": self.skipped_lines,
             "files": sum(s.files for s in self.sessions),
             "bytes": sum(s.bytes for s in self.sessions),
@@ -128,7 +168,7 @@ WHAT_IF_NOTE = (
 )
 
 
-def what_if_table(what_if: list[dict[str, Any]]) -> tuple[tuple[str, ...], list[list[str]]]:
+def what_if_table(what_if: list[WhatIfEstimate]) -> tuple[tuple[str, ...], list[list[str]]]:
     """Header and rows of the what-if estimates, for the terminal and the HTML report alike."""
     header = (
         "session",
@@ -141,13 +181,17 @@ def what_if_table(what_if: list[dict[str, Any]]) -> tuple[tuple[str, ...], list[
     )
     rows = [
         [
-            w["session"],
-            w["scenario"]["model"] or "(own)",
-            w["scenario"]["policy"],
-            w["actual_main_chain_cost_usd"],
-            w["actual_cost_usd"],
-            w.get("baseline_cost_usd", ""),
-            w.get("cost_usd", w.get("error", "")),
+            w.session,
+            w.scenario.model or "(own)",
+            w.scenario.policy,
+            w.actual_main_chain_cost_usd,
+            w.actual_cost_usd,
+            w.baseline_cost_usd if isinstance(w.baseline_cost_usd, str) else "",
+            w.cost_usd
+            if isinstance(w.cost_usd, str)
+            else w.error
+            if isinstance(w.error, str)
+            else "",
         ]
         for w in what_if
     ]
@@ -291,13 +335,13 @@ def render(report: AuditReport, console: Console, limit: int = 30) -> None:
         header, rows = what_if_table(report.what_if)
         # A replay's error is said under the table: its column holds numbers.
         for r, w in zip(rows, report.what_if, strict=True):
-            if "error" in w:
+            if isinstance(w.error, str):
                 r[-1] = "not replayed"
         columns = _cols(header, ("model", "policy"), {"session total": 2, "actual, main chain": 1})
         print_table(console, _table("What-if (estimates, USD)", columns, rows))
         for w in report.what_if:
-            if "error" in w:
-                say(console, f"not replayed: {w['error']}")
+            if isinstance(w.error, str):
+                say(console, f"not replayed: {w.error}")
         say(console, WHAT_IF_NOTE)
     quadratic = [s for s in report.sessions if s.context and s.context.quadratic]
     if quadratic:

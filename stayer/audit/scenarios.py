@@ -7,10 +7,10 @@ Details and rationale: docs/notes.md, ``stayer/audit/scenarios.py``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import orjson
 
 from stayer.audit.analysis import SessionReport, money
 from stayer.audit.calls import MAIN_CHAIN, SessionRef, open_log
+from stayer.audit.document import Scenario, WhatIfEstimate
 from stayer.errors import ConfigError
 from stayer.messages import Message, ToolCall
 from stayer.pricing import PriceBook
@@ -26,16 +27,6 @@ from stayer.settings import MAX_TOKENS, RunFlags, check_flags
 #: Sessions replayed per scenario (the costliest): a replay tokenises the whole session.
 MAX_SESSIONS = 3
 _FILLER = " pad"  # one token per repetition in the tokenizers stayer counts with
-
-
-@dataclass(frozen=True)
-class Scenario:
-    model: str | None  # None: the session's own model
-    policy: str = "none"
-    max_context: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "policy": self.policy, "max_context": self.max_context}
 
 
 def parse_scenario(spec: str) -> Scenario:
@@ -252,20 +243,27 @@ def run_what_ifs(
     refs: dict[tuple[str, str], SessionRef],
     scenarios: list[Scenario],
     book: PriceBook,
-) -> list[dict[str, Any]]:
+) -> list[WhatIfEstimate]:
     """The ``what_if`` entries of the audit document, for the costliest sessions."""
     from stayer.context.policies import make_policy
     from stayer.tokens import MessageCounter, TiktokenCounter
     from stayer.whatif import replay
 
     counter = MessageCounter(TiktokenCounter())
-    out: list[dict[str, Any]] = []
+    out: list[WhatIfEstimate] = []
     ranked = sorted(reports, key=lambda r: r.total.cost_units, reverse=True)[:MAX_SESSIONS]
     for report in ranked:
         ref = refs.get((report.source, report.ref_id))
-        base = {"session": report.id, "estimate": True, "actual_cost_usd": money(report.total.cost)}
         main_tally = report.by_chain.get(MAIN_CHAIN)
-        base["actual_main_chain_cost_usd"] = money(main_tally.cost if main_tally else None)
+        actual = money(report.total.cost)
+        main = money(main_tally.cost if main_tally else None)
+        entry = functools.partial(
+            WhatIfEstimate,
+            session=report.id,
+            actual_cost_usd=actual,
+            actual_main_chain_cost_usd=main,
+        )
+
         try:
             if ref is None:
                 raise ConfigError(f"session {report.id}: its files are not known")
@@ -277,11 +275,9 @@ def run_what_ifs(
                 replay(trace, own, make_policy("none"), prices=book)  # its own tokenizer
             )
         except (ConfigError, ValueError, OSError) as e:
-            for s in scenarios:
-                out.append({**base, "scenario": s.to_json(), "error": str(e)})
+            out += [entry(scenario=s, error=str(e)) for s in scenarios]
             continue
         for s in scenarios:
-            entry = {**base, "scenario": s.to_json(), "baseline_cost_usd": baseline["cost_usd"]}
             try:
                 result = asyncio.run(
                     replay(
@@ -293,18 +289,20 @@ def run_what_ifs(
                     )
                 )
             except (ConfigError, ValueError) as e:
-                out.append({**entry, "error": str(e)})
+                out.append(entry(scenario=s, baseline_cost_usd=baseline.cost_usd, error=str(e)))
                 continue
-            entry.update(
-                {
-                    "model": result["model"],
-                    "policy": result["policy"],
-                    "cost_usd": result["cost_usd"],
-                    "requests": result["requests"],
-                    "cache_hit_ratio": result["cache_hit_ratio"],
-                    "peak_context_tokens": result["peak_context_tokens"],
-                    "compactions": result["compactions"],
-                    "note": (
+            out.append(
+                entry(
+                    scenario=s,
+                    baseline_cost_usd=baseline.cost_usd,
+                    model=result.model,
+                    policy=result.policy,
+                    cost_usd=result.cost_usd,
+                    requests=result.requests,
+                    cache_hit_ratio=result.cache_hit_ratio,
+                    peak_context_tokens=result.peak_context_tokens,
+                    compactions=result.compactions,
+                    note=(
                         "estimate: the recorded actions replayed through the what-if engine; "
                         "baseline_cost_usd is the same replay with the session's own model and no "
                         "policy, so compare cost_usd with it, not with actual_cost_usd"
@@ -315,7 +313,6 @@ def run_what_ifs(
                             "stood in by filler of the first call's size; sub-agent calls not replayed"
                         )
                     ),
-                }
+                )
             )
-            out.append(entry)
     return out

@@ -36,6 +36,7 @@ from stayer.errors import ConfigError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from stayer.eval.records import EvalDocument, InfraTrial, PreflightFinding, TrialRecord
     from stayer.run import RunReport
 
 
@@ -151,9 +152,11 @@ def eval_command(
 
     from stayer.cli.progress import WorkProgress
     from stayer.eval import engine
+    from stayer.eval.records import EvalSettings
     from stayer.eval.runner import INFRASTRUCTURE, infra_reason, run_trials
     from stayer.eval.suite import ProblemsError
     from stayer.eval.summary import succeeded
+    from stayer.records import to_json
 
     try:
         configs = engine.configurations(
@@ -190,12 +193,12 @@ def eval_command(
     counts = {"ok": 0, "fail": 0, "infra": 0, "reused": 0}
     progress = WorkProgress(err, "eval", len(trials))
 
-    def on_done(trial: Any, record: dict[str, Any], reused: bool) -> None:
+    def on_done(trial: Any, record: TrialRecord, reused: bool) -> None:
         key = (
             "ok"
             if succeeded(record)
             else "infra"
-            if record["error_class"] == INFRASTRUCTURE
+            if record.error_class == INFRASTRUCTURE
             else "fail"
         )
         counts[key] += 1
@@ -208,7 +211,7 @@ def eval_command(
                 soft_wrap=True,
             )
         progress.advance(
-            record.get("cost_usd"),
+            record.cost_usd,
             f"✓ {counts['ok']}  ✗ {counts['fail']}  infra {counts['infra']}  reused {counts['reused']}",
             reused,
         )
@@ -246,17 +249,17 @@ def eval_command(
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
-    settings = {
-        "models": model,
-        "policies": policy or DEFAULT_POLICY,
-        "epochs": epochs,
-        "concurrency": concurrency,
-        "max_steps": max_steps,
-        "max_cost": max_cost,
-        "sandbox": sandbox,
-        "sim_policy": sim_policy,
-        "ray": ray,
-    }
+    settings = EvalSettings(
+        models=model,
+        policies=policy or DEFAULT_POLICY,
+        epochs=epochs,
+        concurrency=concurrency,
+        max_steps=max_steps,
+        max_cost=max_cost,
+        sandbox=sandbox,
+        sim_policy=sim_policy,
+        ray=ray,
+    )
     doc = engine.document(
         suite,
         records,
@@ -269,7 +272,7 @@ def eval_command(
         out_dir=out_dir,
     )
     if json_out:
-        emit_json(doc)
+        emit_json(to_json(doc))
     _summary_table(doc, console(stderr=json_out))
     _infra_summary(doc, console(stderr=json_out), out if out_dir is not None else None)
     raise typer.Exit(EXIT_FAILED if counts["infra"] else EXIT_OK)
@@ -292,7 +295,7 @@ def _ray_executor(address: str) -> Any:
 
 def _preflight(
     tasks: list[Any], sandbox: str | None, concurrency: int, force: bool
-) -> list[dict[str, Any]]:
+) -> list[PreflightFinding]:
     """The cheap checks on every task (``eval.checks.preflight``): refuse, exit 2, naming each
     task and its problem; with ``force``, warn and return them for the document."""
     from rich.markup import escape
@@ -316,22 +319,22 @@ def _preflight(
     return found
 
 
-def _trial_name(record: dict[str, Any], label: str) -> str:
-    return f"{record['task']} · {label} · epoch {record['epoch']}"
+def _trial_name(record: TrialRecord | InfraTrial, label: str) -> str:
+    return f"{record.task} · {label} · epoch {record.epoch}"
 
 
-def _infra_summary(doc: dict[str, Any], console: Console, out: str | None) -> None:
+def _infra_summary(doc: EvalDocument, console: Console, out: str | None) -> None:
     """The trials that could not be judged, each with its reason, and what to do next."""
-    if not doc["infra_trials"]:
+    if not doc.infra_trials:
         return
     from stayer.tables import say
 
-    labels = {c["id"]: c["label"] for c in doc["configs"]}
-    n = len(doc["infra_trials"])
+    labels = {c.id: c.label for c in doc.configs}
+    n = len(doc.infra_trials)
     say(console, f"{n} trial{'s' * (n != 1)} could not be judged (not scored):")
-    for t in doc["infra_trials"]:
-        name = _trial_name(t, labels.get(t["config_key"], t["config_key"]))
-        say(console, f"  {name}: {t['reason']}")
+    for t in doc.infra_trials:
+        name = _trial_name(t, labels.get(t.config_key, t.config_key))
+        say(console, f"  {name}: {t.reason}")
     again = (
         f"rerun with the same --out {out} to run only these again"
         if out is not None
@@ -340,7 +343,7 @@ def _infra_summary(doc: dict[str, Any], console: Console, out: str | None) -> No
     say(console, f"next: fix the cause above, then {again}")
 
 
-def _summary_table(doc: dict[str, Any], console: Console) -> None:
+def _summary_table(doc: EvalDocument, console: Console) -> None:
     from stayer.tables import Col, FitTable, print_table, say
 
     def f(v: Any) -> str:
@@ -356,22 +359,22 @@ def _summary_table(doc: dict[str, Any], console: Console) -> None:
         Col("infra", number=True, drop=1),
         title="stayer eval",
     )
-    for c in doc["configs"]:
-        k = max(c["pass_hat_k"], key=int)
+    for c in doc.configs:
+        k = max(c.pass_hat_k, key=int)
         t.add_row(
-            c["label"],
-            f"{c['successes']}/{c['trials']} = {f(c['success_rate'])}",
-            f"{f(c['ci_low'])}–{f(c['ci_high'])}",
-            f"^{k} {f(c['pass_hat_k'][k])}",
-            usd(c["mean_cost_usd"]),
-            usd(c["cost_per_success_usd"]),
-            str(c["infra_errors"]),
+            c.label,
+            f"{c.successes}/{c.trials} = {f(c.success_rate)}",
+            f"{f(c.ci_low)}–{f(c.ci_high)}",
+            f"^{k} {f(c.pass_hat_k[k])}",
+            usd(c.mean_cost_usd),
+            usd(c.cost_per_success_usd),
+            str(c.infra_errors),
         )
     print_table(console, t)
-    for x in doc["comparisons"]:
+    for x in doc.comparisons:
         say(
             console,
-            f"{x['b']['label']} vs {x['a']['label']}: Δ success {f(x['success_diff'])}, {x['verdict']}",
+            f"{x.b.label} vs {x.a.label}: Δ success {f(x.success_diff)}, {x.verdict}",
         )
-    if doc.get("report"):
-        say(console, f"report: {doc['report']}")
+    if isinstance(doc.report, str):
+        say(console, f"report: {doc.report}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -28,6 +28,9 @@ from stayer.cli.common import (
     usd,
 )
 from stayer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stayer.scale.records import Sample
 
 #: ``tasks check`` findings that keep a task out of rollouts (its reward says nothing about
 #: the agent), and those that only lower its share.
@@ -164,6 +167,7 @@ def _collect(
     from stayer.eval.runner import EvalConfig, LocalTrials, write_atomic
     from stayer.eval.suite import ProblemsError, load_suite
     from stayer.pricing import PriceBook
+    from stayer.records import to_json
     from stayer.run import prepare
     from stayer.scale.exports import FORMATS, export
     from stayer.scale.rollouts import RolloutSpec, collect, domain_of, rollout_trial
@@ -232,9 +236,9 @@ def _collect(
         executor = RayTrials(rollout_trial)
     spec = RolloutSpec(config, n, target, overprovision, cap, max_staleness, concurrency)
 
-    def on_done(record: dict[str, Any]) -> None:
+    def on_done(record: Sample) -> None:
         err.print(
-            f"{escape(record['key'])}: {escape(str(record['status']))} reward {record.get('reward')} {usd(record.get('cost_usd'))}",
+            f"{escape(record.key)}: {escape(str(record.status))} reward {record.reward} {usd(record.cost_usd)}",
             highlight=False,
             soft_wrap=True,
         )
@@ -250,20 +254,21 @@ def _collect(
             on_done=on_done,
         )
     )
-    doc["excluded"] = excluded
-    write_atomic(out_dir / "rounds" / f"round-{doc['round']}.json", json.dumps(doc, indent=2))
-    doc["export"] = export(_records(out_dir), out_dir, fmt)
+    doc.excluded = excluded
+    round_file = out_dir / "rounds" / f"round-{doc.round}.json"
+    write_atomic(round_file, json.dumps(to_json(doc), indent=2))
+    doc.export = written = export(_records(out_dir), out_dir, fmt)
     if json_out:
-        emit_json(doc)
+        emit_json(to_json(doc))
     console(stderr=json_out).print(
         Text(
-            f"round {doc['round']}: {doc['groups_complete']}/{doc['target_groups']} groups, {doc['samples']} samples, "
-            f"${doc['cost_usd']} (abandoned ${doc['abandoned_cost_usd']}); {doc['export']['format']} → {doc['export']['path']}"
+            f"round {doc.round}: {doc.groups_complete}/{doc.target_groups} groups, {doc.samples} samples, "
+            f"${doc.cost_usd} (abandoned ${doc.abandoned_cost_usd}); {written.format} → {written.path}"
         )
     )
-    if doc["groups_complete"] >= target:
+    if doc.groups_complete >= target:
         raise typer.Exit(EXIT_OK)
-    raise typer.Exit(EXIT_BUDGET if doc["stop_reason"] == "max_cost" else EXIT_FAILED)
+    raise typer.Exit(EXIT_BUDGET if doc.stop_reason == "max_cost" else EXIT_FAILED)
 
 
 def _flags(path: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -286,14 +291,18 @@ def _flags(path: str) -> tuple[dict[str, str], dict[str, str]]:
     return excluded, down
 
 
-def _records(out: Path) -> list[dict[str, Any]]:
+def _records(out: Path) -> list[Sample]:
+    """The samples kept in ``out`` (records without steps or a group are not samples)."""
+    from stayer.records import decode
+    from stayer.scale.records import Sample
+
     records = []
     for path in sorted((out / "trials").rglob("*.json")):
         try:
-            r = json.loads(path.read_text())
-        except (OSError, ValueError):
+            r = decode(path.read_bytes(), Sample)
+        except (OSError, ValueError):  # msgspec's errors are ValueErrors
             continue
-        if isinstance(r, dict) and "trace" in r and "group" in r:
+        if isinstance(r.trace, list) and isinstance(r.group, str):
             records.append(r)
     return records
 
@@ -307,57 +316,47 @@ def _stats(out: Path, json_out: bool) -> None:
     from rich.text import Text
 
     from stayer.eval.verify import passes
+    from stayer.records import decode, to_json
     from stayer.scale.exports import raw_reward
+    from stayer.scale.records import DomainStats, RolloutStats, RoundStats
     from stayer.scale.scheduler import learning_signal
 
     if not (out / "trials").is_dir():
         bad_input(f"{out}: no rollouts here (no trials/ directory)")
     records = _records(out)
-    domains: dict[str, list[dict[str, Any]]] = {}
+    domains: dict[str, list[Sample]] = {}
     for r in records:
-        domains.setdefault(r["domain"], []).append(r)
-    rows: list[dict[str, Any]] = []
+        domains.setdefault(r.domain_name, []).append(r)
+    rows: list[DomainStats] = []
     for d, rs in sorted(domains.items()):
         rewards = [raw_reward(r) for r in rs]
         groups: dict[str, list[bool]] = {}
         for r in rs:
-            groups.setdefault(r["group"], []).append(passes(r.get("reward")))
-        costs = [Decimal(r["cost_usd"]) for r in rs if r.get("cost_usd") not in (None, "unknown")]
+            groups.setdefault(r.group_name, []).append(passes(r.reward))
+        costs = [c for r in rs if (c := r.cost.amount) is not None]
         rows.append(
-            {
-                "domain": d,
-                "samples": len(rs),
-                "groups": len(groups),
-                "groups_with_signal": sum(learning_signal(sum(o), len(o)) for o in groups.values()),
-                "success_rate": sum(passes(r.get("reward")) for r in rs) / len(rs),
-                "reward_mean": statistics.fmean(rewards),
-                "reward_sd": statistics.pstdev(rewards),
-                "reward_min": min(rewards),
-                "reward_max": max(rewards),
-                "cost_per_sample_usd": str(sum(costs, Decimal(0)) / len(costs)) if costs else None,
-            }
+            DomainStats(
+                domain=d,
+                samples=len(rs),
+                groups=len(groups),
+                groups_with_signal=sum(learning_signal(sum(o), len(o)) for o in groups.values()),
+                success_rate=sum(passes(r.reward) for r in rs) / len(rs),
+                reward_mean=statistics.fmean(rewards),
+                reward_sd=statistics.pstdev(rewards),
+                reward_min=min(rewards),
+                reward_max=max(rewards),
+                cost_per_sample_usd=str(sum(costs, Decimal(0)) / len(costs)) if costs else None,
+            )
         )
-    rounds = []
-    for path in sorted(
-        (out / "rounds").glob("round-*.json"), key=lambda p: int(p.stem.split("-")[1])
-    ):
-        doc = json.loads(path.read_text())
-        rounds.append(
-            {
-                k: doc.get(k)
-                for k in (
-                    "round",
-                    "groups_complete",
-                    "samples",
-                    "cost_usd",
-                    "abandoned_cost_usd",
-                    "allocation_history",
-                )
-            }
+    rounds = [
+        decode(path.read_bytes(), RoundStats)
+        for path in sorted(
+            (out / "rounds").glob("round-*.json"), key=lambda p: int(p.stem.split("-")[1])
         )
-    doc = {"out": str(out.resolve()), "samples": len(records), "domains": rows, "rounds": rounds}
+    ]
+    doc = RolloutStats(out=str(out.resolve()), samples=len(records), domains=rows, rounds=rounds)
     if json_out:
-        emit_json(doc)
+        emit_json(to_json(doc))
     from stayer.tables import Col, FitTable, print_table
 
     t = FitTable(
@@ -372,19 +371,18 @@ def _stats(out: Path, json_out: bool) -> None:
     )
     for row in rows:
         t.add_row(
-            row["domain"],
-            str(row["samples"]),
-            str(row["groups"]),
-            str(row["groups_with_signal"]),
-            f"{row['success_rate']:.3f}",
-            f"{row['reward_mean']:.3f} ± {row['reward_sd']:.3f}",
-            usd(row["cost_per_sample_usd"]),
+            row.domain,
+            str(row.samples),
+            str(row.groups),
+            str(row.groups_with_signal),
+            f"{row.success_rate:.3f}",
+            f"{row.reward_mean:.3f} ± {row.reward_sd:.3f}",
+            usd(row.cost_per_sample_usd),
         )
     print_table(console(stderr=json_out), t)
     for rd in rounds:
-        last = (rd.get("allocation_history") or [{}])[-1].get("allocation", {})
+        history = rd.allocation_history or []
+        last = history[-1].allocation if history else {}
         shares = ", ".join(f"{d} {s:.2f}" for d, s in sorted(last.items()))
-        console(stderr=json_out).print(
-            Text(f"round {rd['round']}: allocation at its end: {shares}")
-        )
+        console(stderr=json_out).print(Text(f"round {rd.round}: allocation at its end: {shares}"))
     raise typer.Exit(EXIT_OK)

@@ -57,7 +57,8 @@ def check(
     from rich.markup import escape
     from rich.text import Text
 
-    from stayer.eval.checks import TaskCheck, check_suite
+    from stayer.eval.checks import SuiteCheck, TaskCheck, check_suite
+    from stayer.records import to_json
     from stayer.sandbox.bwrap import check_bwrap
     from stayer.settings import CheckSettings, check_flags
 
@@ -82,13 +83,10 @@ def check(
     except ConfigError as e:
         bad_input(str(e))
     if json_out:
-        emit_json(
-            {
-                "suite": suite,
-                "ok": all(c.ok for c in checks),
-                "tasks": [c.to_dict() for c in checks],
-            }
+        checked = SuiteCheck(
+            suite=suite, ok=all(c.ok for c in checks), tasks=[c.report() for c in checks]
         )
+        emit_json(to_json(checked))
     from stayer.tables import Col, FitTable, print_table
 
     table = FitTable(
@@ -146,8 +144,9 @@ def import_tb_command(
     """
     from rich.text import Text
 
-    from stayer.eval.import_tb import import_tb
+    from stayer.eval.import_tb import Imported, import_tb
     from stayer.eval.suite import ProblemsError
+    from stayer.records import to_json
 
     try:
         imported = import_tb(src, dest, sandbox=sandbox)
@@ -156,7 +155,7 @@ def import_tb_command(
     except ConfigError as e:
         bad_input(str(e))
     if json_out:
-        emit_json({"imported": [t.to_dict() for t in imported]})
+        emit_json(to_json(Imported(imported=[t.report() for t in imported])))
     out = console(stderr=json_out)
     for t in imported:
         out.print(Text(f"imported {t.source} → {t.dest}"))

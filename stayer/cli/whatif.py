@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,6 +13,8 @@ from stayer.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from stayer.whatif import Replay, WhatIf
 
 
 @app.command()
@@ -59,6 +61,7 @@ def whatif(
     from stayer.models.caching import provider_of
     from stayer.models.registry import known_sim_model
     from stayer.pricing import PriceBook
+    from stayer.records import to_json
     from stayer.settings import RunFlags, check_flags
     from stayer.tokens import Counters
     from stayer.whatif import compare, load_trace
@@ -93,21 +96,20 @@ def whatif(
         )
     except ConfigError as e:
         bad_input(str(e))
-    # The first scenario's figures stay at the top level, where earlier versions put them.
-    doc = {**compared["scenarios"][0], **compared}
     if json_out:
-        emit_json(doc)
+        # The first scenario's figures stay at the top level, where earlier versions put them.
+        emit_json({**to_json(compared.scenarios[0]), **to_json(compared)})
         return
-    comparison_table(doc, console())
+    comparison_table(compared, console())
 
 
-def comparison_table(doc: dict[str, Any], console: Console) -> None:
+def comparison_table(doc: WhatIf, console: Console) -> None:
     """Recorded, the baseline replay, and every scenario, in one table."""
     from rich.markup import escape
 
     from stayer.tables import Col, FitTable, print_table
 
-    recorded, baseline = doc["recorded"], doc["baseline"]
+    recorded, baseline = doc.recorded, doc.baseline
     t = FitTable(
         Col(""),
         Col("model"),
@@ -118,46 +120,48 @@ def comparison_table(doc: dict[str, Any], console: Console) -> None:
         Col("cache hit", number=True, drop=3),
         Col("peak ctx", number=True, drop=4),
         Col("compactions", number=True, drop=5),
-        title=f"what-if (estimate): {escape(recorded['source'])}",
+        title=f"what-if (estimate): {escape(recorded.source)}",
     )
 
-    def row(label: str, r: dict[str, Any], delta: str | None) -> None:
+    def row(label: str, r: Replay, delta: str | None) -> None:
         t.add_row(
             label,
-            r["model"],
-            r["policy"],
-            _money(r["cost_usd"]),
+            r.model,
+            r.policy,
+            _money(r.cost_usd),
             _money(delta, signed=True),
-            str(r["requests"]),
-            f"{r['cache_hit_ratio']:.1%}",
-            f"{r['peak_context_tokens']:,}",
-            str(r["compactions"]),
+            str(r.requests),
+            f"{r.cache_hit_ratio:.1%}",
+            f"{r.peak_context_tokens:,}",
+            str(r.compactions),
         )
 
     t.add_row(
         "recorded",
-        recorded["model"] or "?",
-        recorded["policy"],
-        _money(recorded["cost_usd"]),
+        recorded.model or "?",
+        recorded.policy,
+        _money(recorded.cost_usd),
         "",
-        "?" if recorded["requests"] is None else str(recorded["requests"]),
+        "?" if recorded.requests is None else str(recorded.requests),
         "",
         "",
         "",
     )
     if baseline is not None:
-        row("replay", baseline, doc["replay_error_usd"])
-    for r in doc["scenarios"]:
-        row("what-if", r, r["delta_usd"])
+        row("replay", baseline, doc.replay_error_usd)
+    for r in doc.scenarios:
+        row("what-if", r, r.delta_usd if isinstance(r.delta_usd, str) else None)
     print_table(console, t)
     if baseline is None:
-        console.print(f"[yellow]{escape(doc['baseline_error'])}[/]; Δ not shown", highlight=False)
-    for note in doc.get("notes", []):
+        console.print(
+            f"[yellow]{escape(doc.baseline_error or '')}[/]; Δ not shown", highlight=False
+        )
+    for note in doc.notes:
         console.print(f"[bold yellow]note:[/] {escape(note)}", highlight=False)
     own = (
         "its Δ is its difference from the recorded cost, of which the notes above explain "
         "what they can"
-        if doc.get("notes")
+        if doc.notes
         else "its Δ is the replay's own error against the recorded cost"
     )
     console.print(

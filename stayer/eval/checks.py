@@ -12,7 +12,6 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from stayer.environments.prepare import prepare_environment
 from stayer.errors import ConfigError
@@ -22,6 +21,7 @@ from stayer.eval.spec import unmentioned
 from stayer.eval.suite import scan_suite
 from stayer.eval.task import Task
 from stayer.eval.verify import Verdict, passes, verify
+from stayer.records import Record
 from stayer.sandbox import IMAGE_KINDS, released
 from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.workspace.hostfs import copy_tree
@@ -67,20 +67,50 @@ class TaskCheck:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "path": str(self.path),
-            "ok": self.ok,
-            "problems": [{"kind": p.kind, "detail": p.detail} for p in self.problems],
-            "oracle_s": self.oracle_s,
-            "verify_s": self.verify_s,
-            "rewards": self.rewards,
-            "flags": self.flags,
-            "probe": self.probe,
-            "probes_run": self.probes_run,
-            "unstated": self.unstated,
-        }
+    def report(self) -> CheckReport:
+        """The task's entry of ``stayer tasks check --json``."""
+        return CheckReport(
+            name=self.name,
+            path=str(self.path),
+            ok=self.ok,
+            problems=[ProblemReport(kind=p.kind, detail=p.detail) for p in self.problems],
+            oracle_s=self.oracle_s,
+            verify_s=self.verify_s,
+            rewards=self.rewards,
+            flags=self.flags,
+            probe=self.probe,
+            probes_run=self.probes_run,
+            unstated=self.unstated,
+        )
+
+
+class ProblemReport(Record, kw_only=True):
+    kind: str
+    detail: str
+
+
+class CheckReport(Record, kw_only=True):
+    """A task's entry of ``stayer tasks check --json``."""
+
+    name: str
+    path: str
+    ok: bool
+    problems: list[ProblemReport]
+    oracle_s: float | None
+    verify_s: float | None
+    rewards: list[float | None]
+    flags: list[str]
+    probe: str | None
+    probes_run: list[str]
+    unstated: list[str]
+
+
+class SuiteCheck(Record, kw_only=True):
+    """``stayer tasks check --json``."""
+
+    suite: str
+    ok: bool
+    tasks: list[CheckReport]
 
 
 def _agent_sandbox(task: Task, workspace: Path, kind: str) -> Sandbox:

@@ -21,11 +21,23 @@ from typing import TYPE_CHECKING, Any
 from stayer._version import __version__
 from stayer.choices import DEFAULT_MAX_STEPS, DEFAULT_POLICY
 from stayer.errors import ConfigError
+from stayer.eval.records import (
+    Comparison,
+    ConfigSummary,
+    EvalDocument,
+    EvalSettings,
+    InfraTrial,
+    ParetoPoint,
+    PreflightFinding,
+    Problem,
+    TrialRecord,
+)
 from stayer.eval.runner import EvalConfig, Trial, TrialStore, write_atomic
 from stayer.eval.suite import ProblemsError
 from stayer.eval.task import Task
 from stayer.money import usd_argument
 from stayer.paths import check_writable_dir
+from stayer.records import to_json
 
 if TYPE_CHECKING:
     from stayer.pricing import PriceBook
@@ -118,7 +130,7 @@ def runnable_prices(
 
 def preflight_all(
     tasks: Sequence[Task], sandbox: str | None, concurrency: int
-) -> list[dict[str, Any]]:
+) -> list[PreflightFinding]:
     """``eval.checks.preflight`` on every task: those with problems, as the document
     lists them."""
     from stayer.eval.checks import preflight
@@ -133,53 +145,60 @@ def preflight_all(
         return list(await asyncio.gather(*(one(t) for t in tasks)))
 
     return [
-        {"task": task.name, "problems": [{"kind": p.kind, "detail": p.detail} for p in problems]}
+        PreflightFinding(
+            task=task.name, problems=[Problem(kind=p.kind, detail=p.detail) for p in problems]
+        )
         for task, problems in zip(tasks, asyncio.run(check_all()), strict=True)
         if problems
     ]
 
 
-def preflight_lines(found: Sequence[dict[str, Any]]) -> list[str]:
-    return [f"{f['task']}: {p['kind']}: {p['detail']}" for f in found for p in f["problems"]]
+def preflight_lines(found: Sequence[PreflightFinding]) -> list[str]:
+    return [f"{f.task}: {p.kind}: {p.detail}" for f in found for p in f.problems]
 
 
 def document(
     suite: str | Path,
-    records: list[dict[str, Any]],
+    records: list[TrialRecord],
     configs: Sequence[EvalConfig],
     *,
     epochs: int,
     reused: int,
-    preflight: list[dict[str, Any]],
-    settings: dict[str, Any],
+    preflight: list[PreflightFinding],
+    settings: EvalSettings,
     wall_s: float,
     out_dir: Path | None,
-) -> dict[str, Any]:
+) -> EvalDocument:
     """The ``--json`` document; with ``out_dir``, also written there with ``report.html``
     and a page per run."""
     from stayer.eval.html_report import render, write_run_pages
     from stayer.eval.summary import summarise
 
-    doc: dict[str, Any] = {
-        "suite": str(Path(suite).resolve()),
-        "epochs": epochs,
-        "trials_total": len(records),
-        "trials_reused": reused,
-        "preflight": preflight,
-        "stayer_version": __version__,
-        "settings": settings,
-        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-        "wall_s": round(wall_s, 3),
-        **summarise(records, configs, epochs),
-    }
+    summary = summarise(records, configs, epochs)
+    doc = EvalDocument(
+        suite=str(Path(suite).resolve()),
+        epochs=epochs,
+        trials_total=len(records),
+        trials_reused=reused,
+        preflight=preflight,
+        stayer_version=__version__,
+        settings=settings,
+        finished=datetime.now(UTC).isoformat(timespec="seconds"),
+        wall_s=round(wall_s, 3),
+        configs=summary.configs,
+        comparisons=summary.comparisons,
+        pareto=summary.pareto,
+        tasks=summary.tasks,
+        infra_trials=summary.infra_trials,
+    )
     if out_dir is not None:
-        doc["out"] = str(out_dir.resolve())
-        write_atomic(out_dir / "eval.json", json.dumps(doc, indent=2))
+        doc.out = str(out_dir.resolve())
+        write_atomic(out_dir / "eval.json", json.dumps(to_json(doc), indent=2))
         write_run_pages(out_dir, records, write_atomic)
         write_atomic(
             out_dir / "report.html", render(doc, records, f"stayer eval · {Path(suite).name}")
         )
-        doc["report"] = str((out_dir / "report.html").resolve())
+        doc.report = str((out_dir / "report.html").resolve())
     return doc
 
 
@@ -191,22 +210,22 @@ class EvalOutcome:
 
     suite: str
     trials_total: int
-    configs: list[dict[str, Any]]
-    comparisons: list[dict[str, Any]]
-    pareto: list[dict[str, Any]]
-    infra_trials: list[dict[str, Any]]
-    document: dict[str, Any]
+    configs: list[ConfigSummary]
+    comparisons: list[Comparison]
+    pareto: list[ParetoPoint]
+    infra_trials: list[InfraTrial]
+    document: dict[str, Any]  # as JSON: the API's boundary, as ``RunOutcome.document``
 
     @classmethod
-    def from_document(cls, doc: dict[str, Any]) -> EvalOutcome:
+    def from_document(cls, doc: EvalDocument) -> EvalOutcome:
         return cls(
-            suite=doc["suite"],
-            trials_total=doc["trials_total"],
-            configs=list(doc["configs"]),
-            comparisons=list(doc.get("comparisons", [])),
-            pareto=list(doc.get("pareto", [])),
-            infra_trials=list(doc["infra_trials"]),
-            document=doc,
+            suite=doc.suite,
+            trials_total=doc.trials_total,
+            configs=list(doc.configs),
+            comparisons=list(doc.comparisons),
+            pareto=list(doc.pareto),
+            infra_trials=list(doc.infra_trials),
+            document=to_json(doc),
         )
 
 
@@ -248,7 +267,7 @@ def evaluate(
     if out_dir is not None:
         check_writable_dir(out_dir, "out")
     planned = plan(suite, configs, epochs, out_dir)
-    found: list[dict[str, Any]] = []
+    found: list[PreflightFinding] = []
     if preflight and planned.to_check and sandbox != "local":
         found = preflight_all(planned.to_check, sandbox, concurrency)
         lines = preflight_lines(found)
@@ -258,7 +277,7 @@ def evaluate(
             )
     reused = 0
 
-    def on_done(trial: Any, record: dict[str, Any], was_reused: bool) -> None:
+    def on_done(trial: Any, record: TrialRecord, was_reused: bool) -> None:
         nonlocal reused
         reused += was_reused
 
@@ -271,17 +290,17 @@ def evaluate(
             on_done=on_done,
         )
     )
-    settings = {
-        "models": ",".join(models),
-        "policies": ",".join(policies) or DEFAULT_POLICY,
-        "epochs": epochs,
-        "concurrency": concurrency,
-        "max_steps": max_steps,
-        "max_cost": None if max_cost is None else str(max_cost),
-        "sandbox": sandbox,
-        "sim_policy": sim_policy,
-        "ray": None,
-    }
+    settings = EvalSettings(
+        models=",".join(models),
+        policies=",".join(policies) or DEFAULT_POLICY,
+        epochs=epochs,
+        concurrency=concurrency,
+        max_steps=max_steps,
+        max_cost=None if max_cost is None else str(max_cost),
+        sandbox=sandbox,
+        sim_policy=sim_policy,
+        ray=None,
+    )
     doc = document(
         suite,
         records,

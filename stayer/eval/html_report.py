@@ -17,7 +17,19 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from stayer.money import Usd
+import msgspec
+
+from stayer.eval.records import (
+    ConfigSummary,
+    EvalDocument,
+    EvalSummary,
+    ParetoPoint,
+    TaskResults,
+    TrialRecord,
+    as_trials,
+)
+from stayer.money import Usd, usd_sum
+from stayer.records import Record, decode, to_json
 from stayer.svgplot import Point, Series, line_chart, points_chart, strip_chart
 
 STYLE = """
@@ -68,29 +80,25 @@ def page(title: str, body: Sequence[str]) -> str:
     )
 
 
-def total_cost(records: Sequence[dict[str, Any]]) -> str:
-    total = Decimal(0)
-    for r in records:
-        if r.get("cost_usd") in (None, "unknown"):
-            return "unknown"
-        total += Decimal(r["cost_usd"])
-    return str(total)
+def total_cost(records: Sequence[TrialRecord]) -> str:
+    return str(usd_sum(r.cost for r in records))
 
 
-def header(doc: dict[str, Any], records: Sequence[dict[str, Any]]) -> str:
-    settings = doc.get("settings") or {}
+def header(doc: EvalDocument | EvalSummary, records: Sequence[TrialRecord]) -> str:
+    full = doc if isinstance(doc, EvalDocument) else None
+    settings = to_json(full.settings) if full else {}
     rows = [
-        ("date", doc.get("finished", "—")),
-        ("stayer", doc.get("stayer_version", "—")),
-        ("suite", doc.get("suite", "—")),
+        ("date", full.finished if full else "—"),
+        ("stayer", full.stayer_version if full else "—"),
+        ("suite", full.suite if full else "—"),
         (
             "trials",
-            f"{doc.get('trials_total', len(records))} ({doc.get('trials_reused', 0)} reused from an earlier run)",
+            f"{full.trials_total if full else len(records)} ({full.trials_reused if full else 0} reused from an earlier run)",
         ),
         ("total cost", usd(total_cost(records))),
         (
             "wall time",
-            f"{fmt(doc.get('wall_s'), 1)} s (trials together: {sum(r.get('wall_s') or 0 for r in records):,.1f} s)",
+            f"{fmt(full.wall_s if full else None, 1)} s (trials together: {sum(r.wall_s or 0 for r in records):,.1f} s)",
         ),
         *((k.replace("_", " "), fmt(v)) for k, v in settings.items()),
     ]
@@ -98,19 +106,23 @@ def header(doc: dict[str, Any], records: Sequence[dict[str, Any]]) -> str:
     return f"<dl class=header>{items}</dl>"
 
 
-def pareto_plot(configs: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]]) -> str:
+def _known(amount: str | None) -> float | None:
+    """A money string as a float to plot; None where there is none or it is unknown."""
+    known = Usd.parse(amount).amount
+    return None if known is None else float(known)
+
+
+def pareto_plot(configs: Sequence[ConfigSummary], front: Sequence[ParetoPoint]) -> str:
     points = [
-        Point(
-            float(Decimal(c["mean_cost_usd"])),
-            c["success_rate"],
-            c["label"],
-            c["ci_low"],
-            c["ci_high"],
-        )
+        Point(cost, c.success_rate, c.label, c.ci_low, c.ci_high)
         for c in configs
-        if c["mean_cost_usd"] not in ("unknown", None) and c["success_rate"] is not None
+        if (cost := _known(c.mean_cost_usd)) is not None and c.success_rate is not None
     ]
-    frontier = [(float(Decimal(p["mean_cost_usd"])), p["success_rate"]) for p in front]
+    frontier = [
+        (cost, p.success_rate)
+        for p in front
+        if (cost := _known(p.mean_cost_usd)) is not None and p.success_rate is not None
+    ]
     return points_chart(
         points,
         front=frontier,
@@ -121,36 +133,34 @@ def pareto_plot(configs: Sequence[dict[str, Any]], front: Sequence[dict[str, Any
     )
 
 
-def outcome_grid(tasks: Sequence[dict[str, Any]], configs: Sequence[dict[str, Any]]) -> str:
+def outcome_grid(tasks: Sequence[TaskResults], configs: Sequence[ConfigSummary]) -> str:
     """Tasks × configurations as a table coloured by success: labels are plain text."""
     head = (
-        "<tr><th>task</th>"
-        + "".join(f"<th>{html.escape(c['label'])}</th>" for c in configs)
-        + "</tr>"
+        "<tr><th>task</th>" + "".join(f"<th>{html.escape(c.label)}</th>" for c in configs) + "</tr>"
     )
     rows = []
     for t in tasks:
         cells = []
         for c in configs:
-            r = t["results"][c["id"]]
-            rate = r["successes"] / r["trials"] if r["trials"] else None
-            text = f"{r['successes']}/{r['trials']}" + (
-                f" (+{r['infra_errors']} infra)" if r["infra_errors"] else ""
+            r = t.results[c.id]
+            rate = r.successes / r.trials if r.trials else None
+            text = f"{r.successes}/{r.trials}" + (
+                f" (+{r.infra_errors} infra)" if r.infra_errors else ""
             )
             color = "#eee" if rate is None else f"hsl({round(120 * rate)},60%,80%)"
             cells.append(f"<td class=grid style='background:{color}'>{html.escape(text)}</td>")
-        rows.append(f"<tr><td>{html.escape(t['task'])}</td>{''.join(cells)}</tr>")
+        rows.append(f"<tr><td>{html.escape(t.task)}</td>{''.join(cells)}</tr>")
     return f"<table>{head}{''.join(rows)}</table><p class=note>solved / judged trials per task</p>"
 
 
-def cost_distribution(configs: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]) -> str:
+def cost_distribution(configs: Sequence[ConfigSummary], records: Sequence[TrialRecord]) -> str:
     groups = [
         (
-            c["label"],
+            c.label,
             [
-                float(Decimal(r["cost_usd"]))
+                float(r.cost.amount)
                 for r in records
-                if r["config_key"] == c["id"] and r["cost_usd"] != "unknown"
+                if r.config_key == c.id and r.cost.amount is not None
             ],
         )
         for c in configs
@@ -158,17 +168,21 @@ def cost_distribution(configs: Sequence[dict[str, Any]], records: Sequence[dict[
     return strip_chart(groups, title="cost per trial (bar: mean)", xlabel="cost per trial (USD)")
 
 
-def run_link(record: dict[str, Any]) -> Any:
-    run_id = record.get("run_id")
+def run_link(record: TrialRecord) -> Any:
+    run_id = record.run_id
     if not run_id:
         return None
     return ("html", f"<a href='runs/{html.escape(run_id)}.html'>{html.escape(run_id)}</a>")
 
 
 def render(
-    doc: dict[str, Any], records: Sequence[dict[str, Any]], title: str = "stayer eval"
+    doc: EvalDocument | EvalSummary,
+    records: Sequence[TrialRecord | dict[str, Any]],
+    title: str = "stayer eval",
 ) -> str:
-    configs = doc["configs"]
+    """The page of ``doc`` and its trials' records (or their JSON documents)."""
+    records = as_trials(records)
+    configs = doc.configs
     parts = [f"<h1>{html.escape(title)}</h1>", header(doc, records), "<h2>Configurations</h2>"]
     parts.append(
         table(
@@ -185,35 +199,35 @@ def render(
             ],
             [
                 [
-                    c["label"],
-                    c["trials"],
-                    c["successes"],
-                    c["success_rate"],
-                    f"{fmt(c['ci_low'])} – {fmt(c['ci_high'])}",
-                    usd(c["mean_cost_usd"]),
-                    usd(c["cost_per_success_usd"]),
-                    c["mean_tokens"],
-                    c["infra_errors"],
+                    c.label,
+                    c.trials,
+                    c.successes,
+                    c.success_rate,
+                    f"{fmt(c.ci_low)} – {fmt(c.ci_high)}",
+                    usd(c.mean_cost_usd),
+                    usd(c.cost_per_success_usd),
+                    c.mean_tokens,
+                    c.infra_errors,
                 ]
                 for c in configs
             ],
         )
     )
-    ks = sorted({k for c in configs for k in c["pass_at_k"]}, key=int)
+    ks = sorted({k for c in configs for k in c.pass_at_k}, key=int)
     parts.append(
         table(
             ["configuration", *[f"pass@{k}" for k in ks], *[f"pass^{k}" for k in ks]],
             [
                 [
-                    c["label"],
-                    *[c["pass_at_k"].get(k) for k in ks],
-                    *[c["pass_hat_k"].get(k) for k in ks],
+                    c.label,
+                    *[c.pass_at_k.get(k) for k in ks],
+                    *[c.pass_hat_k.get(k) for k in ks],
                 ]
                 for c in configs
             ],
         )
     )
-    if doc["comparisons"]:
+    if doc.comparisons:
         parts.append("<h2>Paired comparisons</h2>")
         parts.append(
             table(
@@ -231,29 +245,27 @@ def render(
                 ],
                 [
                     [
-                        x["a"]["label"],
-                        x["b"]["label"],
-                        x["pairs"],
-                        x["a_only"],
-                        x["b_only"],
-                        x["success_diff"],
-                        x["test"],
-                        x["p_value"],
-                        x["verdict"],
-                        usd(x["cost_diff_usd"]),
+                        x.a.label,
+                        x.b.label,
+                        x.pairs,
+                        x.a_only,
+                        x.b_only,
+                        x.success_diff,
+                        x.test,
+                        x.p_value,
+                        x.verdict,
+                        usd(x.cost_diff_usd),
                     ]
-                    for x in doc["comparisons"]
+                    for x in doc.comparisons
                 ],
             )
         )
-    parts.append("<h2>Cost vs success</h2>" + pareto_plot(configs, doc["pareto"]))
-    parts.append("<h2>Outcomes per task</h2>" + outcome_grid(doc["tasks"], configs))
+    parts.append("<h2>Cost vs success</h2>" + pareto_plot(configs, doc.pareto))
+    parts.append("<h2>Outcomes per task</h2>" + outcome_grid(doc.tasks, configs))
     parts.append("<h2>Cost per trial</h2>" + cost_distribution(configs, records))
     parts.append("<h2>Trials</h2>")
-    labels = {c["id"]: c["label"] for c in configs}
-    ordered = sorted(
-        records, key=lambda r: (r["task"], labels.get(r["config_key"], ""), r["epoch"])
-    )
+    labels = {c.id: c.label for c in configs}
+    ordered = sorted(records, key=lambda r: (r.task, labels.get(r.config_key, ""), r.epoch))
     parts.append(
         table(
             [
@@ -270,16 +282,16 @@ def render(
             ],
             [
                 [
-                    r["task"],
-                    labels.get(r["config_key"], r["config_key"]),
-                    r["epoch"],
-                    r["status"],
-                    r.get("reward"),
-                    r.get("steps"),
-                    usd(r.get("cost_usd")),
-                    r.get("wall_s"),
+                    r.task,
+                    labels.get(r.config_key, r.config_key),
+                    r.epoch,
+                    r.status,
+                    r.reward,
+                    r.steps,
+                    usd(r.cost_usd),
+                    r.wall_s,
                     run_link(r),
-                    r.get("error") or r.get("stop_reason"),
+                    r.error or (r.stop_reason if isinstance(r.stop_reason, str) else None),
                 ]
                 for r in ordered
             ],
@@ -291,18 +303,79 @@ def render(
 # --- one run ---------------------------------------------------------------------------------
 
 
-def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+class _ToolCall(Record):
+    name: str = "?"
+    arguments: str = ""
+
+
+class _CacheBreak(Record, kw_only=True):
+    reason: str = ""
+    detail: str | None = None
+
+
+class _Compaction(Record, kw_only=True):
+    tokens_before: int = 0
+    tokens_after: int = 0
+    reason: str = ""
+
+
+class _Step(Record, kw_only=True):
+    """What a run page shows of a ledger entry (its JSON, as ``result.json`` holds it)."""
+
+    kind: str | None = None
+    step: int = 0
+    model: str | None = None
+    context_tokens: int | None = None
+    cache_hit_ratio: float = 0.0
+    cost_usd: str = "unknown"
+    tool_calls: list[_ToolCall] = msgspec.field(default_factory=list)
+    tool_errors: int = 0
+    cache_break: _CacheBreak | None = None
+    compaction: _Compaction | None = None
+
+
+class _Verifier(Record, kw_only=True):
+    output_tail: str | None = None
+
+
+class RunResult(Record, kw_only=True):
+    """What a run page shows of a run's ``result.json`` (read without ``stayer.run``: a
+    re-rendered evaluation loads neither the agent nor the price data)."""
+
+    run_id: str = ""
+    task: str | None = None
+    model: str | None = None
+    status: str | None = None
+    reward: float | None = None
+    steps: int | None = None
+    cost_usd: str | None = None
+    stop_reason: str | None = None
+    started: str | None = None
+    finished: str | None = None
+    summary: str | None = None
+    verifier: _Verifier | None = None
+    ledger: list[_Step] = msgspec.field(default_factory=list)
+
+
+class TranscriptMessage(Record, kw_only=True):
+    role: str = "?"
+    content: str | None = None
+    tool_calls: list[_ToolCall] = msgspec.field(default_factory=list)
+    kind: str | None = None
+
+
+def read_run(run_dir: Path) -> tuple[RunResult, list[TranscriptMessage]] | None:
     """A run's result document and transcript, or None if it left no result."""
     try:
-        result = json.loads((run_dir / "result.json").read_text())
-    except (OSError, ValueError):
+        result = decode((run_dir / "result.json").read_bytes(), RunResult)
+    except (OSError, ValueError):  # msgspec's errors are ValueErrors
         return None
     transcript = []
     try:
-        for line in (run_dir / "trajectory.jsonl").read_text().splitlines():
+        for line in (run_dir / "trajectory.jsonl").read_bytes().splitlines():
             if line.strip():
                 try:
-                    transcript.append(json.loads(line))
+                    transcript.append(decode(line, TranscriptMessage))
                 except ValueError:
                     break  # a torn last line
     except OSError:
@@ -310,43 +383,43 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | Non
     return result, transcript
 
 
-def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> str:
+def run_page(result: RunResult, transcript: Sequence[TranscriptMessage]) -> str:
     """One run: summary, per-step plots, the ledger with cache breaks and compactions, and
     the transcript."""
-    ledger = [e for e in result.get("ledger", []) if e.get("kind") != "lost_in_flight"]
-    title = f"run {result['run_id']}"
+    ledger = [e for e in result.ledger if e.kind != "lost_in_flight"]
+    title = f"run {result.run_id}"
     parts = [
         "<p><a href='../report.html'>← evaluation report</a></p>",
         f"<h1>{html.escape(title)}</h1>",
     ]
     facts = [
-        ("task", result.get("task")),
-        ("model", result.get("model")),
-        ("status", result.get("status")),
-        ("reward", result.get("reward")),
-        ("steps", result.get("steps")),
-        ("cost", usd(result.get("cost_usd"))),
-        ("stop reason", result.get("stop_reason")),
-        ("started", result.get("started")),
-        ("finished", result.get("finished")),
+        ("task", result.task),
+        ("model", result.model),
+        ("status", result.status),
+        ("reward", result.reward),
+        ("steps", result.steps),
+        ("cost", usd(result.cost_usd)),
+        ("stop reason", result.stop_reason),
+        ("started", result.started),
+        ("finished", result.finished),
     ]
     parts.append(
         "<dl class=header>"
         + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(fmt(v))}</dd>" for k, v in facts)
         + "</dl>"
     )
-    if result.get("summary"):
-        parts.append(f"<h2>Summary</h2><pre>{html.escape(result['summary'])}</pre>")
-    tail = (result.get("verifier") or {}).get("output_tail")
-    if tail and result.get("status") != "succeeded":
+    if result.summary:
+        parts.append(f"<h2>Summary</h2><pre>{html.escape(result.summary)}</pre>")
+    tail = result.verifier.output_tail if result.verifier else None
+    if tail and result.status != "succeeded":
         parts.append(f"<h2>Verifier output</h2><pre>{html.escape(tail)}</pre>")
     if ledger:
-        steps = [e["step"] for e in ledger]
+        steps = [e.step for e in ledger]
         running, costs = Decimal(0), []
         for e in ledger:
-            running += Decimal(0) if e["cost_usd"] == "unknown" else Decimal(e["cost_usd"])
-            costs.append((e["step"], float(running)))
-        breaks = [e["step"] for e in ledger if e.get("cache_break")]
+            running += Usd.parse(e.cost_usd).amount or Decimal(0)
+            costs.append((e.step, float(running)))
+        breaks = [e.step for e in ledger if e.cache_break]
         parts.append("<h2>Per step</h2><div class=plots>")
         parts.append(
             line_chart(
@@ -360,9 +433,9 @@ def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> st
                     Series(
                         "context",
                         [
-                            (e["step"], e["context_tokens"])
+                            (e.step, e.context_tokens)
                             for e in ledger
-                            if e.get("context_tokens") is not None
+                            if e.context_tokens is not None
                         ],
                     )
                 ],
@@ -376,7 +449,7 @@ def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> st
                 [
                     Series(
                         "hit ratio",
-                        list(zip(steps, [e["cache_hit_ratio"] for e in ledger], strict=True)),
+                        list(zip(steps, [e.cache_hit_ratio for e in ledger], strict=True)),
                         dots=True,
                     )
                 ],
@@ -401,19 +474,19 @@ def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> st
                 ],
                 [
                     [
-                        e["step"],
-                        e.get("model"),
-                        f"{e['context_tokens']:,}" if e.get("context_tokens") is not None else None,
-                        f"{e['cache_hit_ratio'] * 100:.1f}",
-                        usd(e["cost_usd"]),
-                        ", ".join(c["name"] for c in e.get("tool_calls", [])) or "—",
-                        e.get("tool_errors", 0),
-                        f"{e['cache_break']['reason']}: {e['cache_break'].get('detail') or ''}"
-                        if e.get("cache_break")
+                        e.step,
+                        e.model,
+                        f"{e.context_tokens:,}" if e.context_tokens is not None else None,
+                        f"{e.cache_hit_ratio * 100:.1f}",
+                        usd(e.cost_usd),
+                        ", ".join(c.name for c in e.tool_calls) or "—",
+                        e.tool_errors,
+                        f"{e.cache_break.reason}: {e.cache_break.detail or ''}"
+                        if e.cache_break
                         else None,
                         (
-                            f"{e['compaction']['tokens_before']:,} → {e['compaction']['tokens_after']:,} ({e['compaction']['reason']})"
-                            if e.get("compaction")
+                            f"{e.compaction.tokens_before:,} → {e.compaction.tokens_after:,} ({e.compaction.reason})"
+                            if e.compaction
                             else None
                         ),
                     ]
@@ -424,15 +497,14 @@ def run_page(result: dict[str, Any], transcript: Sequence[dict[str, Any]]) -> st
     if transcript:
         parts.append("<h2>Transcript</h2>")
         for m in transcript:
-            role = m.get("role", "?")
             calls = "".join(
-                f"<pre>→ {html.escape(c.get('name', '?'))} {html.escape(call_text(c.get('arguments', '')))}</pre>"
-                for c in m.get("tool_calls", [])
+                f"<pre>→ {html.escape(c.name)} {html.escape(call_text(c.arguments))}</pre>"
+                for c in m.tool_calls
             )
-            kind = f" · {html.escape(m['kind'])}" if m.get("kind") else ""
+            kind = f" · {html.escape(m.kind)}" if m.kind else ""
             parts.append(
-                f"<div class='msg {html.escape(role)}'><b>{html.escape(role)}</b>{kind}"
-                f"<pre>{html.escape(m.get('content') or '')}</pre>{calls}</div>"
+                f"<div class='msg {html.escape(m.role)}'><b>{html.escape(m.role)}</b>{kind}"
+                f"<pre>{html.escape(m.content or '')}</pre>{calls}</div>"
             )
     return page(title, parts)
 
@@ -448,15 +520,15 @@ def call_text(arguments: str) -> str:
     return json.dumps(args, indent=1, ensure_ascii=False)
 
 
-def write_run_pages(out: Path, records: Sequence[dict[str, Any]], write: Any) -> int:
+def write_run_pages(out: Path, records: Sequence[TrialRecord], write: Any) -> int:
     """``out/runs/ID.html`` for every trial whose run left a result; the number written."""
     written = 0
     for r in records:
-        if not r.get("run_id") or not r.get("run_dir"):
+        if not r.run_id or not isinstance(r.run_dir, str) or not r.run_dir:
             continue
-        found = read_run(Path(r["run_dir"]))
+        found = read_run(Path(r.run_dir))
         if found is None:
             continue
-        write(out / "runs" / f"{r['run_id']}.html", run_page(*found))
+        write(out / "runs" / f"{r.run_id}.html", run_page(*found))
         written += 1
     return written

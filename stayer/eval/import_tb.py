@@ -25,6 +25,7 @@ import yaml
 from stayer.environments.dockerfile import parse_dockerfile
 from stayer.errors import ConfigError
 from stayer.eval.suite import ProblemsError
+from stayer.records import Record
 from stayer.sandbox import IMAGE_KINDS
 from stayer.settings import TerminalBenchTimeouts, check_file, read_text
 
@@ -86,13 +87,24 @@ class TbTask:
     sandbox: str | None = None  # [environment] sandbox: a kind that builds the image
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.dest.name,
-            "source": str(self.source),
-            "dest": str(self.dest),
-            "notes": self.notes,
-        }
+    def report(self) -> ImportReport:
+        """The task's entry of ``stayer tasks import-tb --json``."""
+        return ImportReport(
+            name=self.dest.name, source=str(self.source), dest=str(self.dest), notes=self.notes
+        )
+
+
+class ImportReport(Record, kw_only=True):
+    name: str
+    source: str
+    dest: str
+    notes: list[str]
+
+
+class Imported(Record, kw_only=True):
+    """``stayer tasks import-tb --json``."""
+
+    imported: list[ImportReport]
 
 
 def _toml_value(v: Any) -> str:

@@ -27,9 +27,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from stayer.eval.records import ConfigSettings, EarlierAttempt, TrialRecord
 from stayer.eval.task import Task
 from stayer.eval.verify import passes
 from stayer.journal.backends import open_store, stayer_home
+from stayer.records import decode, to_json
 from stayer.settings import RunSettings
 from stayer.workspace.hostfs import tree_digest
 
@@ -74,22 +76,23 @@ class EvalConfig:
     def label(self) -> str:
         return self.model if self.policy is None else f"{self.model} · {self.policy}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "policy": self.policy_name,
-            "sim_policy": self.sim_policy,
-            "max_steps": self.max_steps,
-            "max_cost": None if self.max_cost is None else str(self.max_cost),
-            "sandbox": self.sandbox,
-            "sim_latency": self.sim_latency,
-        }
+    def settings(self) -> ConfigSettings:
+        return ConfigSettings(
+            model=self.model,
+            policy=self.policy_name,
+            sim_policy=self.sim_policy,
+            max_steps=self.max_steps,
+            max_cost=None if self.max_cost is None else str(self.max_cost),
+            sandbox=self.sandbox,
+            sim_latency=self.sim_latency,
+        )
 
     @property
     def key(self) -> str:
         """Directory name of this configuration's trials: readable, plus a hash of every
         setting, so that changing any of them never reuses another setting's results."""
-        digest = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+        settings = json.dumps(to_json(self.settings()), sort_keys=True)
+        digest = hashlib.sha256(settings.encode()).hexdigest()
         return f"{_slug(self.model)}-{_slug(self.policy_name, 24)}-{digest[:8]}"
 
     def run_config(self, task: Task, run_id: str) -> RunSettings:
@@ -141,40 +144,40 @@ def plan_trials(tasks: Sequence[Task], configs: Sequence[EvalConfig], epochs: in
     ]
 
 
-def error_class(doc: dict[str, Any]) -> str | None:
+def error_class(report: RunReport) -> str | None:
     """None for a trial whose tests passed; else why it did not succeed (module docstring)."""
-    if passes(doc.get("reward")):
+    if passes(report.reward):
         return None
-    verifier = doc.get("verifier") or {}
-    if doc["status"] == "error" or verifier.get("outcome") == "infrastructure":
+    verifier = report.verifier if isinstance(report.verifier, dict) else {}
+    if report.status == "error" or verifier.get("outcome") == "infrastructure":
         return INFRASTRUCTURE  # the model call failed after retries, or the tests could not run
-    if doc["status"] == "budget_exhausted":
+    if report.status == "budget_exhausted":
         return LIMIT_REACHED
-    if doc.get("reward") is None and not verifier.get("timed_out"):
+    if report.reward is None and not verifier.get("timed_out"):
         return INFRASTRUCTURE  # no judgement (a record from before outcomes were classified)
     return AGENT_FAILURE
 
 
-def infra_reason(record: dict[str, Any]) -> str:
+def infra_reason(record: TrialRecord) -> str:
     """Why a trial of the infrastructure class could not be judged, as its record says:
     the run's error, or the verifier's reason the tests could not run here."""
-    return str(record.get("error") or "no reason was recorded")
+    return str(record.error or "no reason was recorded")
 
 
-def _record(trial: Trial, **fields: Any) -> dict[str, Any]:
-    return {
-        "key": trial.key,
-        "task": trial.task.name,
-        "task_path": str(trial.task.path),
-        "task_digest": trial.digest,
-        "model": trial.config.model,
-        "policy": trial.config.policy_name,
-        "config_key": trial.config.key,
-        "config": trial.config.to_dict(),
-        "epoch": trial.epoch,
+def _record(trial: Trial, **fields: Any) -> TrialRecord:
+    return TrialRecord(
+        key=trial.key,
+        task=trial.task.name,
+        task_path=str(trial.task.path),
+        task_digest=trial.digest,
+        model=trial.config.model,
+        policy=trial.config.policy_name,
+        config_key=trial.config.key,
+        config=trial.config.settings(),
+        epoch=trial.epoch,
         **fields,
-        "finished": datetime.now(UTC).isoformat(),
-    }
+        finished=datetime.now(UTC).isoformat(),
+    )
 
 
 async def run_trial(
@@ -185,7 +188,7 @@ async def run_trial(
     on_started: Callable[[str], None] | None = None,
     execute_run: RunExecutor | None = None,
     observers: Sequence[Observer] = (),
-) -> dict[str, Any]:
+) -> TrialRecord:
     """Run one trial to a record; never raises for a failure of the trial itself.
 
     ``run_id`` names the run of an earlier attempt that a killed evaluation left behind: it
@@ -197,39 +200,40 @@ async def run_trial(
     run_id = run_id or trial.new_run_id()
     resumed = False
     try:
-        doc, resumed = await _run_or_resume(
+        report, resumed = await _run_or_resume(
             trial, prices, run_id, on_started, execute_run, observers
         )
     except Exception as e:  # a trial that cannot run is recorded, not fatal to the evaluation
         return crashed_record(trial, run_id, e, time.monotonic() - started)
-    usage = doc["usage"]
+    verifier = report.verifier if isinstance(report.verifier, dict) else {}
     return _record(
         trial,
-        status=doc["status"],
-        error_class=error_class(doc),
-        reward=doc["reward"],
-        steps=doc["steps"],
-        usage=usage,
-        tokens=usage["input_tokens"] + usage["output_tokens"],
-        cost_usd=doc["cost_usd"],
+        status=report.status,
+        error_class=error_class(report),
+        reward=report.reward,
+        steps=report.steps,
+        usage=to_json(report.usage),
+        tokens=report.usage.input_tokens + report.usage.output_tokens,
+        cost_usd=report.cost_usd,
         wall_s=round(time.monotonic() - started, 3),
-        run_id=doc["run_id"],
-        run_dir=doc["run_dir"],
+        run_id=report.run_id,
+        run_dir=report.run_dir,
         resumed=resumed,
-        stop_reason=doc.get("stop_reason"),
-        verifier_outcome=(doc.get("verifier") or {}).get("outcome"),
-        error=doc.get("error") or (doc.get("verifier") or {}).get("error"),
+        stop_reason=report.stop_reason,
+        verifier_outcome=verifier.get("outcome"),
+        error=report.error or verifier.get("error"),
     )
 
 
-def crashed_record(
-    trial: Trial, run_id: str, error: BaseException, wall_s: float
-) -> dict[str, Any]:
+def crashed_record(trial: Trial, run_id: str, error: BaseException, wall_s: float) -> TrialRecord:
     """The record of a trial whose run crashed: an infrastructure error, with what its
     journal says it spent."""
+    steps, cost, ran = _spent(run_id)
     return _record(
         trial,
-        **_spent(run_id),
+        steps=steps,
+        cost_usd=cost,
+        run_id=ran,
         reward=None,
         usage={},
         tokens=0,
@@ -248,13 +252,13 @@ async def _run_or_resume(
     on_started: Callable[[str], None] | None,
     execute_run: RunExecutor | None = None,
     observers: Sequence[Observer] = (),
-) -> tuple[dict[str, Any], bool]:
-    """The result document of run ``run_id``: run from the start if the journal has no such
+) -> tuple[RunReport, bool]:
+    """The result of run ``run_id``: run from the start if the journal has no such
     run, else continued from its journal (or its result, if it had finished). Whether it
     was continued comes second."""
     from stayer.eval.resume import prepare_resume
     from stayer.journal import RunFinished
-    from stayer.run import Controls, execute, prepare
+    from stayer.run import Controls, RunReport, execute, prepare
 
     store = open_store(stayer_home())
     assert store is not None
@@ -269,7 +273,7 @@ async def _run_or_resume(
                 prepared, journal = prepare_resume(run_id, store=store, prices=prices)
             except RunFinished as e:
                 store.close()
-                return e.result, True
+                return RunReport.read(e.result), True
     except BaseException:
         store.close()
         raise
@@ -279,25 +283,25 @@ async def _run_or_resume(
         report = await execute_run(prepared, journal, controls)
     else:
         report = await execute(prepared, journal=journal, controls=controls)
-    return report.to_json(), journal is not None  # the trial's record keeps the JSON form
+    return report, journal is not None
 
 
-def _spent(run_id: str) -> dict[str, Any]:
+def _spent(run_id: str) -> tuple[int, str, str | None]:
     """What the journal says run ``run_id`` spent (a trial that crashed still paid for its
-    calls); nothing if it never started."""
+    calls): steps, cost and the run id; nothing if it never started."""
     try:
         store = open_store(stayer_home(), create=False)
     except Exception:  # the journal itself is the problem: the error says so
         store = None
     if store is None:
-        return {"steps": 0, "cost_usd": "0", "run_id": None}
+        return 0, "0", None
     try:
         row = store.run(run_id)
     finally:
         store.close()
     if row is None:
-        return {"steps": 0, "cost_usd": "0", "run_id": None}
-    return {"steps": row.steps, "cost_usd": row.cost_usd, "run_id": run_id}
+        return 0, "0", None
+    return row.steps, row.cost_usd, run_id
 
 
 class TrialStore:
@@ -305,9 +309,10 @@ class TrialStore:
     killed evaluation never leaves a half-written record and resumes where it stopped; and
     the run id of each trial in progress (``<key>.run``), so that its run is continued."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, record_type: type[TrialRecord] = TrialRecord) -> None:
         self.out = out
         self.dir = out / "trials"
+        self.record_type = record_type  # what its files are read back as
 
     def path(self, trial: Trial) -> Path:
         return self.dir / f"{trial.key}.json"
@@ -315,36 +320,32 @@ class TrialStore:
     def run_path(self, trial: Trial) -> Path:
         return self.dir / f"{trial.key}.run"
 
-    def _read(self, trial: Trial) -> dict[str, Any] | None:
+    def _read(self, trial: Trial) -> TrialRecord | None:
         try:
-            record = json.loads(self.path(trial).read_text())
-        except (OSError, ValueError):
+            return decode(self.path(trial).read_bytes(), self.record_type)
+        except (OSError, ValueError):  # msgspec's DecodeError is a ValueError
             return None
-        return record if isinstance(record, dict) else None
 
-    def load(self, trial: Trial) -> dict[str, Any] | None:
+    def load(self, trial: Trial) -> TrialRecord | None:
         """The finished record of ``trial``, or None if it must (re)run: missing, unreadable,
         another task content, or an infrastructure error (which is worth retrying)."""
         record = self._read(trial)
         if (
             record is None
-            or record.get("task_digest") != trial.digest
-            or record.get("error_class") == INFRASTRUCTURE
+            or record.task_digest != trial.digest
+            or record.error_class == INFRASTRUCTURE
         ):
             return None
         return record
 
-    def earlier_attempts(self, trial: Trial) -> list[dict[str, Any]]:
+    def earlier_attempts(self, trial: Trial) -> list[EarlierAttempt]:
         """The attempts that the trial's next record replaces (a record that ``load``
         rejected, and those it replaced): their money was spent all the same."""
         record = self._read(trial)
         if record is None:
             return []
-        this = {
-            k: record.get(k)
-            for k in ("run_id", "status", "error_class", "cost_usd", "error", "finished")
-        }
-        return [*record.get("earlier_attempts", []), this]
+        earlier = record.earlier_attempts if isinstance(record.earlier_attempts, list) else []
+        return [*earlier, record.attempt()]
 
     def run_in_progress(self, trial: Trial) -> str | None:
         """The run id of the trial's run that a killed evaluation left unrecorded, if any."""
@@ -353,14 +354,14 @@ class TrialStore:
         except OSError:
             return None
         record = self._read(trial)
-        return run_id if run_id and (record is None or record.get("run_id") != run_id) else None
+        return run_id if run_id and (record is None or record.run_id != run_id) else None
 
     def started(self, trial: Trial, run_id: str) -> None:
         write_atomic(self.run_path(trial), run_id + "\n")
 
-    def save(self, record: dict[str, Any]) -> None:
-        path = self.dir / f"{record['key']}.json"
-        write_atomic(path, json.dumps(record, indent=2))
+    def save(self, record: TrialRecord) -> None:
+        path = self.dir / f"{record.key}.json"
+        write_atomic(path, json.dumps(to_json(record), indent=2))
         path.with_suffix(".run").unlink(missing_ok=True)
 
 
@@ -372,7 +373,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 #: A function that runs one trial to its record, as ``run_trial`` (whose signature it has).
-TrialFunction = Callable[..., Awaitable[dict[str, Any]]]
+TrialFunction = Callable[..., Awaitable[TrialRecord]]
 
 
 class TrialExecutor(Protocol):
@@ -386,7 +387,7 @@ class TrialExecutor(Protocol):
         prices: PriceBook,
         run_id: str | None,
         on_started: Callable[[str], None] | None,
-    ) -> dict[str, Any]: ...
+    ) -> TrialRecord: ...
 
 
 class LocalTrials:
@@ -402,7 +403,7 @@ class LocalTrials:
         prices: PriceBook,
         run_id: str | None,
         on_started: Callable[[str], None] | None,
-    ) -> dict[str, Any]:
+    ) -> TrialRecord:
         return await self.trial_fn(trial, prices, run_id=run_id, on_started=on_started)
 
 
@@ -413,10 +414,10 @@ async def run_trials(
     prices: PriceBook | None,
     store: TrialStore | None = None,
     on_start: Callable[[Trial], None] | None = None,
-    on_done: Callable[[Trial, dict[str, Any], bool], None] | None = None,
+    on_done: Callable[[Trial, TrialRecord, bool], None] | None = None,
     execute_run: RunExecutor | None = None,
     executor: TrialExecutor | None = None,
-) -> list[dict[str, Any]]:
+) -> list[TrialRecord]:
     """Run (or reuse) every trial, at most ``concurrency`` at a time; records in trial order.
     ``execute_run``: see ``run_trial`` (the CLI's traces each trial's run).
 
@@ -431,7 +432,7 @@ async def run_trials(
     )
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(trial: Trial) -> dict[str, Any]:
+    async def one(trial: Trial) -> TrialRecord:
         if store is not None and (record := store.load(trial)) is not None:
             if on_done:
                 on_done(trial, record, True)
@@ -451,7 +452,7 @@ async def run_trials(
                     lambda rid: store.started(trial, rid),
                 )
                 if earlier:
-                    record["earlier_attempts"] = earlier
+                    record.earlier_attempts = earlier
                 store.save(record)
         if on_done:
             on_done(trial, record, False)

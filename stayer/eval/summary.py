@@ -24,8 +24,23 @@ from itertools import combinations
 from typing import Any
 
 from stayer.eval import stats
+from stayer.eval.records import (
+    Bootstrap,
+    Cell,
+    Comparison,
+    ConfigRef,
+    ConfigSummary,
+    EarlierAttempt,
+    EvalSummary,
+    InfraTrial,
+    ParetoPoint,
+    TaskResults,
+    TrialRecord,
+    as_trials,
+)
 from stayer.eval.runner import ERROR_CLASSES, INFRASTRUCTURE, EvalConfig, infra_reason
 from stayer.eval.verify import passes
+from stayer.money import UNKNOWN
 
 _MONEY_PLACES = Decimal("1e-10")
 
@@ -37,90 +52,94 @@ def money(amount: Decimal | None) -> str | None:
     return format(amount.quantize(_MONEY_PLACES).normalize(), "f")
 
 
-def _scored(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if r["error_class"] != INFRASTRUCTURE]
+def _scored(records: Sequence[TrialRecord]) -> list[TrialRecord]:
+    return [r for r in records if r.error_class != INFRASTRUCTURE]
 
 
-def succeeded(record: dict[str, Any]) -> bool:
+def succeeded(record: TrialRecord) -> bool:
     """Scored by the verifier's reward, never by why the agent stopped."""
-    return record["error_class"] != INFRASTRUCTURE and passes(record.get("reward"))
+    return record.error_class != INFRASTRUCTURE and passes(record.reward)
 
 
-def _costs(records: Sequence[dict[str, Any]]) -> list[Decimal] | None:
+def _costs(records: Sequence[TrialRecord | EarlierAttempt]) -> list[Decimal] | None:
     """Every record's cost, or None if any is unknown."""
-    if any(r["cost_usd"] == "unknown" for r in records):
-        return None
-    return [Decimal(r["cost_usd"]) for r in records]
+    costs = [r.cost.amount for r in records]
+    return None if any(c is None for c in costs) else [c for c in costs if c is not None]
 
 
-def _total_spent(records: Sequence[dict[str, Any]]) -> Decimal | None:
+def _total_spent(records: Sequence[TrialRecord]) -> Decimal | None:
     """What the configuration's trials cost, attempts that were run again included; None
     if any amount is unknown."""
-    attempts = [*records, *(a for r in records for a in r.get("earlier_attempts", ()))]
-    costs = _costs(attempts)
+    costs = _costs([a for r in records for a in r.attempts()])
     return None if costs is None else sum(costs, Decimal(0))
 
 
+def _ref(config: EvalConfig) -> ConfigRef:
+    return ConfigRef(
+        id=config.key, label=config.label, model=config.model, policy=config.policy_name
+    )
+
+
 def config_summary(
-    config: EvalConfig, records: Sequence[dict[str, Any]], epochs: int
-) -> dict[str, Any]:
+    config: EvalConfig, records: Sequence[TrialRecord], epochs: int
+) -> ConfigSummary:
     scored = _scored(records)
     n = len(scored)
     successes = sum(1 for r in scored if succeeded(r))
     low, high = stats.wilson_interval(successes, n) if n else (None, None)
     per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for r in scored:
-        per_task[r["task"]][0] += 1
-        per_task[r["task"]][1] += int(succeeded(r))
+        per_task[r.task][0] += 1
+        per_task[r.task][1] += int(succeeded(r))
     counts = [(t, c) for t, c in per_task.values()]
     costs = _costs(scored)
     spent = _total_spent(records)
-    tokens = [r["tokens"] for r in scored]
-    classes = {c: sum(1 for r in records if r["error_class"] == c) for c in ERROR_CLASSES}
+    tokens = [r.tokens for r in scored]
+    classes = {c: sum(1 for r in records if r.error_class == c) for c in ERROR_CLASSES}
     total = sum(costs, Decimal(0)) if costs is not None else None
-    return {
-        "id": config.key,
-        "label": config.label,
-        "model": config.model,
-        "policy": config.policy_name,
-        "settings": config.to_dict(),
-        "trials": n,
-        "successes": successes,
-        "success_rate": successes / n if n else None,
-        "ci_low": low,
-        "ci_high": high,
-        "pass_at_k": {
+    return ConfigSummary(
+        id=config.key,
+        label=config.label,
+        model=config.model,
+        policy=config.policy_name,
+        settings=config.settings(),
+        trials=n,
+        successes=successes,
+        success_rate=successes / n if n else None,
+        ci_low=low,
+        ci_high=high,
+        pass_at_k={
             str(k): stats.mean_over_tasks(counts, k, stats.pass_at_k) for k in range(1, epochs + 1)
         },
-        "pass_hat_k": {
+        pass_hat_k={
             str(k): stats.mean_over_tasks(counts, k, stats.pass_hat_k) for k in range(1, epochs + 1)
         },
-        "mean_tokens": sum(tokens) / n if n else None,
-        "median_tokens": stats.median(tokens),
-        "mean_cost_usd": "unknown" if costs is None else money(stats.decimal_mean(costs)),
-        "median_cost_usd": "unknown" if costs is None else money(stats.decimal_median(costs)),
-        "total_cost_usd": "unknown" if spent is None else money(spent),
-        "cost_per_success_usd": (
-            "unknown" if total is None else money(total / successes) if successes else None
+        mean_tokens=sum(tokens) / n if n else None,
+        median_tokens=stats.median(tokens),
+        mean_cost_usd=UNKNOWN if costs is None else money(stats.decimal_mean(costs)),
+        median_cost_usd=UNKNOWN if costs is None else money(stats.decimal_median(costs)),
+        total_cost_usd=UNKNOWN if spent is None else money(spent),
+        cost_per_success_usd=(
+            UNKNOWN if total is None else money(total / successes) if successes else None
         ),
-        "mean_steps": sum(r["steps"] for r in scored) / n if n else None,
-        "mean_wall_s": sum(r["wall_s"] for r in scored) / n if n else None,
-        "infra_errors": classes[INFRASTRUCTURE],
-        "error_classes": classes,
-        "tasks": len(per_task),
-    }
+        mean_steps=sum(r.steps for r in scored) / n if n else None,
+        mean_wall_s=sum(r.wall_s for r in scored) / n if n else None,
+        infra_errors=classes[INFRASTRUCTURE],
+        error_classes=classes,
+        tasks=len(per_task),
+    )
 
 
 def compare(
     a: EvalConfig,
     b: EvalConfig,
-    records_a: Sequence[dict[str, Any]],
-    records_b: Sequence[dict[str, Any]],
-) -> dict[str, Any]:
+    records_a: Sequence[TrialRecord],
+    records_b: Sequence[TrialRecord],
+) -> Comparison:
     """Paired comparison of B against A on the (task, epoch) units both judged; see
     ``stats`` for why McNemar decides with one epoch and the task bootstrap with more."""
-    by_unit_a = {(r["task"], r["epoch"]): r for r in _scored(records_a)}
-    by_unit_b = {(r["task"], r["epoch"]): r for r in _scored(records_b)}
+    by_unit_a = {(r.task, r.epoch): r for r in _scored(records_a)}
+    by_unit_b = {(r.task, r.epoch): r for r in _scored(records_b)}
     units = sorted(by_unit_a.keys() & by_unit_b.keys())
     success_diffs: dict[str, list[float]] = defaultdict(list)
     cost_diffs: dict[str, list[float]] = defaultdict(list)
@@ -132,8 +151,9 @@ def compare(
         only_a += sa and not sb
         only_b += sb and not sa
         success_diffs[unit[0]].append(float(sb) - float(sa))
-        if paired_cost is not None and "unknown" not in (ra["cost_usd"], rb["cost_usd"]):
-            d = Decimal(rb["cost_usd"]) - Decimal(ra["cost_usd"])
+        ca, cb = ra.cost.amount, rb.cost.amount
+        if paired_cost is not None and ca is not None and cb is not None:
+            d = cb - ca
             paired_cost.append(d)
             cost_diffs[unit[0]].append(float(d))
         else:
@@ -149,96 +169,87 @@ def compare(
     significant = p < stats.ALPHA
     cost_boot = stats.paired_bootstrap(list(cost_diffs.values())) if paired_cost else None
     diff = sum(sum(d) for d in success_diffs.values()) / len(units) if units else None
-    return {
-        "a": {"id": a.key, "label": a.label, "model": a.model, "policy": a.policy_name},
-        "b": {"id": b.key, "label": b.label, "model": b.model, "policy": b.policy_name},
-        "pairs": len(units),
-        "tasks": len(success_diffs),
-        "a_only": only_a,
-        "b_only": only_b,
-        "success_diff": diff,  # B − A, in success rate
-        "test": test,
-        "p_value": p,
-        "significant": significant,
-        "verdict": (
+    return Comparison(
+        a=_ref(a),
+        b=_ref(b),
+        pairs=len(units),
+        tasks=len(success_diffs),
+        a_only=only_a,
+        b_only=only_b,
+        success_diff=diff,
+        test=test,
+        p_value=p,
+        significant=significant,
+        verdict=(
             f"{'significant' if significant else 'not significant'} at {stats.ALPHA:g} "
             f"({test}, p = {p:.3g})"
         ),
-        "mcnemar_p": mcnemar_p,
-        "bootstrap": None
+        mcnemar_p=mcnemar_p,
+        bootstrap=None
         if boot is None
-        else {
-            "diff": boot.diff,
-            "ci_low": boot.ci_low,
-            "ci_high": boot.ci_high,
-            "p_value": boot.p_value,
-        },
-        "cost_diff_usd": "unknown"
-        if paired_cost is None
-        else money(stats.decimal_mean(paired_cost)),
-        "cost_diff_ci_usd": None
+        else Bootstrap(
+            diff=boot.diff, ci_low=boot.ci_low, ci_high=boot.ci_high, p_value=boot.p_value
+        ),
+        cost_diff_usd=UNKNOWN if paired_cost is None else money(stats.decimal_mean(paired_cost)),
+        cost_diff_ci_usd=None
         if cost_boot is None
         else [money(Decimal(repr(cost_boot.ci_low))), money(Decimal(repr(cost_boot.ci_high)))],
-    }
+    )
 
 
-def pareto(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def pareto(summaries: Sequence[ConfigSummary]) -> list[ParetoPoint]:
     """Configurations on the cost–success frontier (mean cost per trial vs success rate)."""
     priced = [
-        s
+        (Decimal(s.mean_cost_usd), s.success_rate, s)
         for s in summaries
-        if s["mean_cost_usd"] not in ("unknown", None) and s["success_rate"] is not None
+        if s.mean_cost_usd not in (UNKNOWN, None) and s.success_rate is not None
     ]
-    front = stats.pareto_front([(Decimal(s["mean_cost_usd"]), s["success_rate"]) for s in priced])
+    front = stats.pareto_front([(cost, rate) for cost, rate, _ in priced])
     return [
-        {
-            k: priced[i][k]
-            for k in (
-                "id",
-                "label",
-                "model",
-                "policy",
-                "mean_cost_usd",
-                "success_rate",
-                "cost_per_success_usd",
-            )
-        }
-        for i in front
+        ParetoPoint(
+            id=s.id,
+            label=s.label,
+            model=s.model,
+            policy=s.policy,
+            mean_cost_usd=s.mean_cost_usd,
+            success_rate=s.success_rate,
+            cost_per_success_usd=s.cost_per_success_usd,
+        )
+        for s in (priced[i][2] for i in front)
     ]
 
 
 def summarise(
-    records: Sequence[dict[str, Any]], configs: Sequence[EvalConfig], epochs: int
-) -> dict[str, Any]:
-    by_config = {c.key: [r for r in records if r["config_key"] == c.key] for c in configs}
+    records: Sequence[TrialRecord | dict[str, Any]], configs: Sequence[EvalConfig], epochs: int
+) -> EvalSummary:
+    """The document's scores from the trials' records (or their JSON documents)."""
+    trials = as_trials(records)
+    by_config = {c.key: [r for r in trials if r.config_key == c.key] for c in configs}
     summaries = [config_summary(c, by_config[c.key], epochs) for c in configs]
-    grid: dict[str, dict[str, dict[str, int]]] = defaultdict(
-        lambda: {c.key: {"successes": 0, "trials": 0, "infra_errors": 0} for c in configs}
-    )
-    for r in records:
-        cell = grid[r["task"]][r["config_key"]]
-        if r["error_class"] == INFRASTRUCTURE:
-            cell["infra_errors"] += 1
+    grid: dict[str, dict[str, Cell]] = defaultdict(lambda: {c.key: Cell() for c in configs})
+    for r in trials:
+        cell = grid[r.task][r.config_key]
+        if r.error_class == INFRASTRUCTURE:
+            cell.infra_errors += 1
         else:
-            cell["trials"] += 1
-            cell["successes"] += int(succeeded(r))
-    return {
-        "configs": summaries,
-        "comparisons": [
+            cell.trials += 1
+            cell.successes += int(succeeded(r))
+    return EvalSummary(
+        configs=summaries,
+        comparisons=[
             compare(a, b, by_config[a.key], by_config[b.key]) for a, b in combinations(configs, 2)
         ],
-        "pareto": pareto(summaries),
-        "tasks": [{"task": t, "results": grid[t]} for t in sorted(grid)],
-        # What could not be judged, and why: the table only counts these.
-        "infra_trials": [
-            {
-                "task": r["task"],
-                "config_key": r["config_key"],
-                "epoch": r["epoch"],
-                "run_id": r.get("run_id"),
-                "reason": infra_reason(r),
-            }
-            for r in records
-            if r["error_class"] == INFRASTRUCTURE
+        pareto=pareto(summaries),
+        tasks=[TaskResults(task=t, results=grid[t]) for t in sorted(grid)],
+        infra_trials=[
+            InfraTrial(
+                task=r.task,
+                config_key=r.config_key,
+                epoch=r.epoch,
+                run_id=r.run_id,
+                reason=infra_reason(r),
+            )
+            for r in trials
+            if r.error_class == INFRASTRUCTURE
         ],
-    }
+    )

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stayer.errors import ConfigError
+from stayer.eval.records import TrialRecord
 from stayer.eval.runner import Trial, TrialFunction, crashed_record, run_trial
 from stayer.journal.backends import stayer_home
 from stayer.pricing import PriceBook
@@ -76,7 +77,7 @@ class _TrialWorker:
 
     async def run(
         self, trial_fn: TrialFunction, trial: Trial, prices: PriceBook, run_id: str
-    ) -> dict[str, Any]:
+    ) -> TrialRecord:
         return await trial_fn(trial, prices, run_id=run_id)
 
 
@@ -121,7 +122,7 @@ class RayTrials:
         prices: PriceBook,
         run_id: str | None,
         on_started: Callable[[str], None] | None,
-    ) -> dict[str, Any]:
+    ) -> TrialRecord:
         started = time.monotonic()
         run_id = run_id or trial.new_run_id()
         if on_started is not None:

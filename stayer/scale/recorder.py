@@ -17,6 +17,8 @@ from stayer.journal.codec import message_record
 from stayer.ledger import LedgerEntry
 from stayer.models.base import Message, Model, ModelRequest, ModelResponse
 from stayer.pricing import PriceBook
+from stayer.records import from_json
+from stayer.scale.records import ToolDefinition, TraceMessage, TraceStep
 
 
 @runtime_checkable
@@ -51,11 +53,11 @@ class _RecordingModel:
 
 
 class StepRecorder(Observer):
-    """Records the main agent's steps (``steps``, one dict each, in order)."""
+    """Records the main agent's steps (``steps``, in order)."""
 
     def __init__(self, prices: PriceBook) -> None:
         self.prices = prices
-        self.steps: list[dict[str, Any]] = []
+        self.steps: list[TraceStep] = []
         self._calls: list[_Call] = []
         self._context: list[Message] = []  # the last prompt's messages and its reply
 
@@ -74,9 +76,9 @@ class StepRecorder(Observer):
 
     def complete(self, steps: int) -> bool:
         """Whether every one of the run's ``steps`` main-agent steps was recorded."""
-        return [s["step"] for s in self.steps] == list(range(1, steps + 1))
+        return [s.step for s in self.steps] == list(range(1, steps + 1))
 
-    def _step(self, entry: LedgerEntry, call: _Call, auxiliary_calls: int) -> dict[str, Any]:
+    def _step(self, entry: LedgerEntry, call: _Call, auxiliary_calls: int) -> TraceStep:
         messages = call.request.messages
         # Messages the previous prompt (and its reply) already held are not new; after a
         # compaction the prefix differs, and the messages kept are copied context.
@@ -88,36 +90,33 @@ class StepRecorder(Observer):
         reset = bool(self._context) and kept < len(self._context)
         seen = set(self._context)
         new = [
-            {**message_record(m), "copied": reset and m in seen}
+            from_json({**message_record(m), "copied": reset and m in seen}, TraceMessage)
             for m in (messages if reset else messages[kept:])
         ]
         first = not self._context and not self.steps
         self._context = [*messages, call.response.message]
         prompt_ids, completion_ids = call.ids if call.ids is not None else (None, None)
-        head: dict[str, Any] = {}
+        step = TraceStep(
+            step=entry.step,
+            model=entry.model,
+            context_reset=reset,
+            messages=new,
+            reply=from_json(message_record(call.response.message), TraceMessage),
+            stop_reason=call.response.stop_reason,
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            usage=entry.usage.to_dict(),
+            cost_usd=entry.cost.to_json(),
+            cost_parts=self._cost_parts(entry),
+            auxiliary_calls=auxiliary_calls,
+        )
         if first:  # the prefix every prompt starts with
-            head = {
-                "system": call.request.system,
-                "tools": [
-                    {"name": t.name, "description": t.description, "parameters": t.parameters}
-                    for t in call.request.tools
-                ],
-            }
-        return {
-            **head,
-            "step": entry.step,
-            "model": entry.model,
-            "context_reset": reset,
-            "messages": new,  # the prompt's messages that were not in the previous one
-            "reply": message_record(call.response.message),
-            "stop_reason": call.response.stop_reason,
-            "prompt_ids": prompt_ids,
-            "completion_ids": completion_ids,
-            "usage": entry.usage.to_dict(),
-            "cost_usd": entry.cost.to_json(),
-            "cost_parts": self._cost_parts(entry),
-            "auxiliary_calls": auxiliary_calls,
-        }
+            step.system = call.request.system
+            step.tools = [
+                ToolDefinition(t.name, t.description, dict(t.parameters))
+                for t in call.request.tools
+            ]
+        return step
 
     def _cost_parts(self, entry: LedgerEntry) -> dict[str, str] | None:
         """The step's cost by kind of token (cache read, cache write, uncached input,

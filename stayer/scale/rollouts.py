@@ -14,12 +14,14 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import cast
+
+import msgspec
 
 from stayer.eval.runner import (
     EvalConfig,
@@ -36,8 +38,17 @@ from stayer.eval.verify import passes
 from stayer.guard.budget import MemoryBudgetStore
 from stayer.journal import open_store
 from stayer.journal.backends import stayer_home
+from stayer.money import Usd
 from stayer.pricing import PriceBook
+from stayer.records import decode, to_json
 from stayer.scale.recorder import StepRecorder
+from stayer.scale.records import (
+    Abandoned,
+    Carried,
+    RolloutStateDoc,
+    RoundSummary,
+    Sample,
+)
 from stayer.scale.scheduler import Job, Scheduler, StragglerAction, straggler_action
 
 ZERO = Decimal(0)
@@ -53,16 +64,18 @@ async def rollout_trial(
     *,
     run_id: str | None = None,
     on_started: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """``run_trial`` with a ``StepRecorder``: the record gains ``trace`` (one dict per step)
-    and ``trace_complete`` (False when steps were replayed from a journal, unseen)."""
+) -> Sample:
+    """``run_trial`` with a ``StepRecorder``: the record gains ``trace`` (one per step) and
+    ``trace_complete`` (False when steps were replayed from a journal, unseen)."""
     recorder = StepRecorder(prices)
     record = await run_trial(
         trial, prices, run_id=run_id, on_started=on_started, observers=[recorder]
     )
-    record["trace"] = recorder.steps
-    record["trace_complete"] = recorder.complete(int(record.get("steps") or 0))
-    return record
+    return Sample(
+        **msgspec.structs.asdict(record),
+        trace=recorder.steps,
+        trace_complete=recorder.complete(record.steps),
+    )
 
 
 @dataclass(frozen=True)
@@ -93,23 +106,16 @@ class RolloutState:
     def __init__(self, out: Path) -> None:
         self.path = out / "rollouts-state.json"
         try:
-            doc = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            doc = {}
-        self.round = int(doc.get("round", 0)) + 1
-        self.carried: dict[str, dict[str, Any]] = dict(
-            doc.get("carried", {})
-        )  # key -> round, domain, g
-        self.abandoned: list[dict[str, Any]] = list(doc.get("abandoned", []))
+            doc = decode(self.path.read_bytes(), RolloutStateDoc)
+        except (OSError, ValueError):  # msgspec's errors are ValueErrors
+            doc = RolloutStateDoc()
+        self.round = doc.round + 1
+        self.carried: dict[str, Carried] = dict(doc.carried)  # key -> round, domain, g
+        self.abandoned: list[Abandoned] = list(doc.abandoned)
 
     def save(self) -> None:
-        write_atomic(
-            self.path,
-            json.dumps(
-                {"round": self.round, "carried": self.carried, "abandoned": self.abandoned},
-                indent=2,
-            ),
-        )
+        doc = RolloutStateDoc(round=self.round, carried=self.carried, abandoned=self.abandoned)
+        write_atomic(self.path, json.dumps(to_json(doc), indent=2))
 
 
 async def collect(
@@ -120,17 +126,17 @@ async def collect(
     *,
     executor: TrialExecutor | None = None,
     down_weighted: Mapping[str, str] | None = None,
-    on_done: Callable[[dict[str, Any]], None] | None = None,
+    on_done: Callable[[Sample], None] | None = None,
     config_of: Callable[[Task, int], EvalConfig] | None = None,
     stragglers: StragglerPolicy = straggler_action,
-) -> dict[str, Any]:
+) -> RoundSummary:
     """Run one round of rollouts into ``out``; returns the round's summary document.
     ``down_weighted``: task name → why (``tasks check``), scheduled at weight 0.25.
     ``config_of(task, epoch)``: a sample's settings where they differ (default
     ``spec.config``); ``stragglers``: the decision for samples still running at the target."""
     executor = executor or LocalTrials(rollout_trial)
     down_weighted = down_weighted or {}
-    store = TrialStore(out)
+    store = TrialStore(out, Sample)
     state = RolloutState(out)
     scheduler = Scheduler(min_share=spec.min_share)
     budget = MemoryBudgetStore()
@@ -167,23 +173,24 @@ async def collect(
     # samples are reused; the carried one continues from its journal).
     carried_keys = sorted(state.carried)
     for domain, g in sorted(
-        {(c["domain"], c["g"]) for c in state.carried.values() if c["domain"] in domains}
+        {(c.domain, c.g) for c in state.carried.values() if c.domain in domains}
     ):
         scheduler.add(group_job(domain, g, priority=1))
     gate = asyncio.Semaphore(spec.concurrency)
-    running: dict[str, tuple[asyncio.Task[dict[str, Any]], Trial]] = {}
-    records: dict[str, dict[str, Any]] = {}
+    running: dict[str, tuple[asyncio.Task[Sample | None], Trial]] = {}
+    records: dict[str, Sample] = {}
     groups_done: list[str] = []
     sample_group: dict[str, tuple[str, int]] = {}  # sample key -> its group's domain and number
     groups_launched = 0
     abandoned_usd = ZERO
     stop_reason = "target"
 
-    async def sample(trial: Trial, run_id: str | None, job: Job) -> dict[str, Any]:
+    async def sample(trial: Trial, run_id: str | None, job: Job) -> Sample | None:
+        """The trial's sample; None when the job's cap cannot fund its slice."""
         hold = budget.reserve("job", slice_cap) if slice_cap is not None else None
         if slice_cap is not None and hold is None:
-            return {"key": trial.key, "unfunded": True}
-        record: dict[str, Any] = {}
+            return None
+        record: Sample | None = None
         try:
             # The run's own cap is its slice: it never spends beyond what was reserved.
             t = (
@@ -191,19 +198,19 @@ async def collect(
                 if slice_cap is not None
                 else trial
             )
-            record = await executor.run(t, prices, run_id, lambda rid: store.started(trial, rid))
-            record["key"] = trial.key  # the slice is a budget, not a setting: one key
-            record.update(domain=job.domain, group=job.key, weight=job.weight, round=state.round)
+            ran = await executor.run(t, prices, run_id, lambda rid: store.started(trial, rid))
+            record = ran if isinstance(ran, Sample) else Sample(**msgspec.structs.asdict(ran))
+            record.key = trial.key  # the slice is a budget, not a setting: one key
+            record.domain, record.group = job.domain, job.key
+            record.weight, record.round = job.weight, state.round
             store.save(record)
             return record
         finally:
             if hold is not None:
                 assert slice_cap is not None  # only a slice is ever held
                 # What it spent; a sample stopped midway, what its journal says it spent.
-                cost = record.get("cost_usd")
-                spent = (
-                    Decimal(cost) if cost not in (None, "unknown") else _spent_so_far(store, trial)
-                )
+                cost = record.cost.amount if record is not None else None
+                spent = cost if cost is not None else _spent_so_far(store, trial)
                 budget.settle(hold, slice_cap if spent is None else spent)  # unknown: all it held
 
     async def group(job: Job) -> None:
@@ -214,8 +221,9 @@ async def collect(
 
         async def one(trial: Trial) -> None:
             nonlocal cost
-            reused = store.load(trial)
-            if reused is not None and "trace" in reused:
+            reused = cast("Sample | None", store.load(trial))
+            record: Sample | None
+            if reused is not None and isinstance(reused.trace, list):
                 record = reused
             else:
                 async with gate:
@@ -225,15 +233,11 @@ async def collect(
                         record = await task
                     finally:
                         running.pop(trial.key, None)
-            if record.get("unfunded"):
+            if record is None:  # unfunded
                 return
             records[trial.key] = record
-            outcomes.append(passes(record.get("reward")))
-            cost += (
-                Decimal(record.get("cost_usd") or 0)
-                if record.get("cost_usd") not in (None, "unknown")
-                else ZERO
-            )
+            outcomes.append(passes(record.reward))
+            cost += record.cost.amount or ZERO
             if on_done:
                 on_done(record)
 
@@ -268,14 +272,7 @@ async def collect(
             t.result()
     target_s = time.monotonic() - started_at
     at_target = len(groups_done)
-    cost_at_target = sum(
-        (
-            Decimal(r["cost_usd"])
-            for r in records.values()
-            if r.get("cost_usd") not in (None, "unknown")
-        ),
-        ZERO,
-    )
+    cost_at_target = _known_total(records.values())
 
     # Stragglers: finish, carry over or abandon each sample still running.
     decisions = await _stragglers(store, running, records, spec, state, prices, stragglers)
@@ -290,51 +287,45 @@ async def collect(
         # billed by the provider but not journaled).
         spent = _spent_so_far(store, trial) or ZERO
         abandoned_usd += spent
-        gone = {
-            "key": key,
-            "run_id": store.run_in_progress(trial),
-            "round": state.round,
-            "cost_usd": str(spent),
-        }
+        gone = Abandoned(
+            key=key, run_id=store.run_in_progress(trial), round=state.round, cost_usd=str(spent)
+        )
         state.abandoned.append(gone)
         store.run_path(trial).unlink(missing_ok=True)  # never continued
         state.carried.pop(key, None)
     for key in decisions["carry"]:
         domain, g = sample_group[key]
-        state.carried.setdefault(key, {"round": state.round, "domain": domain, "g": g})
+        state.carried.setdefault(key, Carried(state.round, domain, g))
     if tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
     for key in list(state.carried):
         if key in records:
             state.carried.pop(key)
     state.save()
-    spent = sum(
-        (
-            Decimal(r["cost_usd"])
-            for r in records.values()
-            if r.get("cost_usd") not in (None, "unknown")
-        ),
-        ZERO,
+    return RoundSummary(
+        round=state.round,
+        target_groups=spec.target,
+        groups_complete=len(groups_done),
+        groups_at_target=at_target,
+        groups_launched=groups_launched,
+        samples=len(records),
+        stop_reason=stop_reason,
+        seconds_to_target=round(target_s, 3),
+        wall_s=round(time.monotonic() - started_at, 3),
+        cost_usd=str(_known_total(records.values())),
+        cost_at_target_usd=str(cost_at_target),
+        abandoned_cost_usd=str(abandoned_usd),
+        stragglers={k: sorted(v) for k, v in decisions.items()},
+        carried_in=sorted(carried_keys),
+        down_weighted=dict(down_weighted),
+        allocation_history=scheduler.history,
+        finished=datetime.now(UTC).isoformat(timespec="seconds"),
     )
-    return {
-        "round": state.round,
-        "target_groups": spec.target,
-        "groups_complete": len(groups_done),
-        "groups_at_target": at_target,  # complete when the target was reached (or the job stopped)
-        "groups_launched": groups_launched,
-        "samples": len(records),
-        "stop_reason": stop_reason,
-        "seconds_to_target": round(target_s, 3),
-        "wall_s": round(time.monotonic() - started_at, 3),
-        "cost_usd": str(spent),
-        "cost_at_target_usd": str(cost_at_target),
-        "abandoned_cost_usd": str(abandoned_usd),
-        "stragglers": {k: sorted(v) for k, v in decisions.items()},
-        "carried_in": sorted(carried_keys),
-        "down_weighted": dict(down_weighted),
-        "allocation_history": scheduler.history,
-        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+
+
+def _known_total(records: Iterable[Sample]) -> Decimal:
+    """What the samples whose cost is known cost together (a Decimal's own text in JSON)."""
+    return sum((c for r in records if (c := r.cost.amount) is not None), ZERO)
 
 
 def _spent_so_far(store: TrialStore, trial: Trial) -> Decimal | None:
@@ -350,13 +341,13 @@ def _spent_so_far(store: TrialStore, trial: Trial) -> Decimal | None:
         journal.close()
     if row is None:
         return ZERO
-    return None if row.cost_usd == "unknown" else Decimal(row.cost_usd)
+    return Usd.parse(row.cost_usd).amount
 
 
 async def _stragglers(
     store: TrialStore,
-    running: Mapping[str, tuple[asyncio.Task[dict[str, Any]], Trial]],
-    records: Mapping[str, dict[str, Any]],
+    running: Mapping[str, tuple[asyncio.Task[Sample | None], Trial]],
+    records: Mapping[str, Sample],
     spec: RolloutSpec,
     state: RolloutState,
     prices: PriceBook,
@@ -364,11 +355,7 @@ async def _stragglers(
 ) -> dict[str, list[str]]:
     """The action for each sample still running, by ``scheduler.straggler_action``, from
     what its journal says: spent so far, the age of its last step, its context size."""
-    finished_costs = [
-        Decimal(r["cost_usd"])
-        for r in records.values()
-        if r.get("cost_usd") not in (None, "unknown")
-    ]
+    finished_costs = [c for r in records.values() if (c := r.cost.amount) is not None]
     decisions: dict[str, list[str]] = {"finish": [], "carry": [], "abandon": []}
     if not running:
         return decisions
@@ -383,7 +370,7 @@ async def _stragglers(
                 and row_id is not None
                 and (row := journal.run(row_id)) is not None
             ):
-                spent = Decimal(row.cost_usd) if row.cost_usd != "unknown" else ZERO
+                spent = Usd.parse(row.cost_usd).amount or ZERO
                 steps = [e for e in journal.events(row_id) if e.kind == "step"]
                 if steps:
                     age = (now - datetime.fromisoformat(steps[-1].at)).total_seconds()
@@ -399,7 +386,7 @@ async def _stragglers(
                 finished_costs,
                 cache_warm=age < CACHE_TTL_S,
                 cold_premium=premium,
-                staleness=state.round - state.carried.get(key, {}).get("round", state.round),
+                staleness=state.round - carried.round if (carried := state.carried.get(key)) else 0,
                 max_staleness=spec.max_staleness,
             )
             decisions[action].append(key)

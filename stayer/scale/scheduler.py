@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
 
+from stayer.scale.records import AllocationSnapshot
+
 ZERO = Decimal(0)
 
 
@@ -59,7 +61,7 @@ class Scheduler:
         self.launched: dict[str, float] = defaultdict(float)  # by domain, weighted
         self._signal: dict[str, list[bool]] = defaultdict(list)  # by domain: each finished job's
         self.domains: set[str] = set()
-        self.history: list[dict[str, Any]] = []  # allocation snapshots, one per finished job
+        self.history: list[AllocationSnapshot] = []  # one per finished job
 
     def add(self, job: Job) -> None:
         job.seq = next(self._seq)
@@ -104,7 +106,7 @@ class Scheduler:
         if outcomes:
             self._signal[job.domain].append(learning_signal(sum(outcomes), len(outcomes)))
             done = sum(len(v) for v in self._signal.values())
-            self.history.append({"finished": done, "allocation": self.allocation()})
+            self.history.append(AllocationSnapshot(done, self.allocation()))
 
 
 StragglerAction = Literal["finish", "carry", "abandon"]
