@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from genai_prices import Usage as GPUsage
 from genai_prices import calc_price
+from test_cli_output import ctrl_c_as_at_a_terminal
 
 from stayer.sandbox.locate import locate_bwrap
 
@@ -483,6 +484,7 @@ def test_ctrl_c_names_the_resume_that_continues_the_run(tmp_path):
         text=True,
         env=env,
         cwd=tmp_path,
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )
     assert p.stderr is not None
     for line in p.stderr:
