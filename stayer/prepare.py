@@ -16,6 +16,7 @@ import os
 import secrets
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,10 +33,10 @@ from stayer.journal.backends import stayer_home
 from stayer.journal.snapshot import clear_workspace
 from stayer.mcp.config import McpServer, run_servers
 from stayer.mcp.lazy import MODES as MCP_MODES
-from stayer.mcp.lazy import ToolSearch
 from stayer.mcp.lazy import choose as choose_mcp_mode
 from stayer.mcp.lazy import costs as mcp_costs
 from stayer.mcp.tools import McpTools, reserved_names
+from stayer.mcp.views import McpView
 from stayer.models.base import Model
 from stayer.models.caching import provider_of
 from stayer.models.registry import known_sim_model, make_real_model, split_spec
@@ -70,11 +71,11 @@ def run_mcp(p: PreparedRun, sandbox: Sandbox) -> McpTools:
     )
 
 
-def mcp_offer(p: PreparedRun, mcp: McpTools) -> tuple[str, list[Tool]]:
-    """``--mcp-tools``, ``auto`` decided (``stayer.mcp.lazy.choose``), and the tools it
-    puts in the prompt: every MCP tool (eager) or one ``tool_search`` (lazy)."""
+def mcp_offer(p: PreparedRun, mcp: McpTools) -> str:
+    """``--mcp-tools``, ``auto`` decided (``stayer.mcp.lazy.choose``): ``eager`` puts every
+    MCP tool in the prompt, ``lazy`` one ``tool_search``."""
     if not mcp.tools:
-        return "eager", []
+        return "eager"
     pinned = pinned_tokens(p.task.instruction, p.counter)
     rates = p.prices.rates(p.model.model_id, p.model.provider, p.config.service_tier, pinned)
     priced = (
@@ -82,8 +83,13 @@ def mcp_offer(p: PreparedRun, mcp: McpTools) -> tuple[str, list[Tool]]:
         if rates is None
         else mcp_costs(mcp.tools, p.counter.counter, rates, p.config.max_steps, pinned)
     )
-    mode = choose_mcp_mode(p.config.mcp_tools, priced)
-    return mode, list(mcp.tools) if mode == "eager" else [ToolSearch(mcp.tools)]
+    return choose_mcp_mode(p.config.mcp_tools, priced)
+
+
+def mcp_view(mcp: McpTools, mode: str, wrap: Callable[[list[Any]], list[Any]]) -> McpView:
+    """One agent's tools of the run's MCP servers, offered as ``mode`` says, each passed
+    through ``wrap`` (the agent's journal): every agent of a run has its own view."""
+    return McpView(mcp, mode, wrap)
 
 
 def make_run_dir(run_dir: Path, *, exist_ok: bool) -> None:

@@ -23,7 +23,16 @@ from typing import IO, Any
 
 import msgspec
 
-from stayer.agent import Agent, AgentSettings, Hooks, LedgerEntry, Limits, Observer, RunResult
+from stayer.agent import (
+    Agent,
+    AgentSettings,
+    Hooks,
+    LedgerEntry,
+    Limits,
+    Observer,
+    RunResult,
+    ToolUpdates,
+)
 from stayer.context.summarizer import ModelSummarizer
 from stayer.delegation import ChildAgents, ChildSettings
 from stayer.eval.verify import Verdict, passes, verify
@@ -41,7 +50,6 @@ from stayer.journal import (
 )
 from stayer.journal.codec import message_record
 from stayer.ledger import ledger_order
-from stayer.mcp.views import McpView
 from stayer.messages import Message
 from stayer.models.base import Model
 from stayer.models.sim import SimModel
@@ -57,6 +65,7 @@ from stayer.prepare import (  # noqa: F401  (re-exported: a run's names in one p
     link_workspace,
     make_run_dir,
     mcp_offer,
+    mcp_view,
     new_workspace,
     prepare,
     run_header,
@@ -220,19 +229,19 @@ class Wiring:
     def tools(self) -> list[Tool]:
         return self.wrap(run_tools(self.p.counter))
 
-    def child_mcp(self) -> tuple[list[Tool], McpView] | None:
+    def child_mcp(self) -> tuple[list[Tool], ToolUpdates] | None:
         """A sub-agent's MCP tools and its view of them (the run's servers, its mode)."""
         if self.mcp is None:
             return None
-        view = McpView(self.mcp, self.mcp_mode, self.wrap)
+        view = mcp_view(self.mcp, self.mcp_mode, self.wrap)
         return self.wrap(view.offered()), view
 
     def offer_mcp(self) -> None:
         """How the MCP tools are offered (``mcp_offer``: ``mcp_mode``), told to the journal
-        and the observers. Every agent of the run sees them so (``McpTools.view``)."""
+        and the observers. Every agent of the run sees them so (``mcp_view``)."""
         if self.mcp is None:
             return
-        self.mcp_mode, _ = mcp_offer(self.p, self.mcp)
+        self.mcp_mode = mcp_offer(self.p, self.mcp)
         if self.mcp.tools:
             event = McpOffered(mode=self.mcp_mode, tools=len(self.mcp.tools))
             for o in [Journaling(self.journal), *self.observers]:
@@ -258,7 +267,7 @@ class Wiring:
         self.offer_mcp()
         if p.team is not None:
             return self.team(tool_ctx, limits, budget)
-        view = McpView(self.mcp, self.mcp_mode, self.wrap) if self.mcp is not None else None
+        view = mcp_view(self.mcp, self.mcp_mode, self.wrap) if self.mcp is not None else None
         model = self.model(p.model)  # every call journaled, the summariser's included
         router = (
             p.routing.router(model, self.model, p.prices, cfg.service_tier) if p.routing else None

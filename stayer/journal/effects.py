@@ -1,5 +1,6 @@
 """Side effects that happen once: a side-effecting tool call's intent is committed before
-it is sent and its result after, in the table ``stayer_effects`` beside the journal.
+it is sent and its result after, in the table ``stayer_effects`` beside the journal, both
+synchronously (fsync on SQLite, a synchronous commit on PostgreSQL).
 
 Rows are keyed by run and idempotency key (``stayer.tools.effects.CallRef``), which every
 resume and every worker derives alike. :func:`call_once` is what ``JournaledTool`` runs for
@@ -12,8 +13,6 @@ a side-effecting call that the event journal holds no result for:
   and the journal an ``outcome_unknown`` record (``stayer.ledger.OutcomeUnknown``, once);
 * no row: the intent is committed (fenced by the run's lease: a worker that lost the run
   sends nothing), the call is sent, and its result committed before the agent sees it.
-
-Both commits are synchronous (fsync on SQLite, a synchronous commit on PostgreSQL).
 """
 
 from __future__ import annotations

@@ -9,11 +9,10 @@ lease bookkeeping) are skipped; ids stay increasing across the gaps.
 
 Public types: ``run.status`` (``queued``, ``running``, ``requires_action`` and the final
 status with its stop reason), ``requires_action`` (the call awaiting a person, with what
-waiting costs), ``message`` (what the model said, with its tool calls), ``tool.call`` and
-``tool.result``, ``step`` (the ledger entry: usage, cost, cache, context),
-``outcome_unknown`` (a side-effecting call whose result a crash lost, not sent again:
-``stayer.ledger.OutcomeUnknown``), ``compaction``, ``breaker``, ``failover`` and any other
-event the agent emits, under its own name.
+waiting costs), ``message`` (the model's text and tool calls), ``tool.call``, ``tool.result``,
+``step`` (the ledger entry), ``outcome_unknown`` (a side-effecting call whose result a crash
+lost, not sent again: ``stayer.ledger.OutcomeUnknown``), ``compaction``, ``breaker``,
+``failover`` and any other event the agent emits, under its own name.
 """
 
 from __future__ import annotations
