@@ -1,11 +1,13 @@
 """A stdio MCP server of a ``--sandbox docker`` run: started in the task's image (one long
 command of the docker sandbox, its FIFOs bind-mounted at /run/stayer-mcp), its tool called
-by the agent. Slow: a Docker daemon of the tests' own and an image built from the Debian
-base (tests/docker_helpers.py); skipped, saying why, where Docker cannot run."""
+by the agent, the host's network out of its reach. Slow: a Docker daemon of the tests' own
+and an image built from the Debian base (tests/docker_helpers.py); skipped, saying why,
+where Docker cannot run."""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -43,13 +45,19 @@ def test_stayer_run_calls_a_stdio_server_in_the_docker_sandbox(
         f"- tool: t__read\n  input: {{path: {path}}}\n"
         for path in ("/etc/stayer-mark", "/etc/hostname")
     )
+    listener = socket.socket()  # a port of the host's, which the server must not reach
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    script += f"- tool: t__reach\n  input: {{host: 127.0.0.1, port: {port}}}\n"
     script += "- tool: submit\n  input: {summary: done}\n"
-    r = run_script(tmp_path, task, script, "auto", "--sandbox", "docker")
+    with listener:
+        r = run_script(tmp_path, task, script, "auto", "--sandbox", "docker")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["status"] == "succeeded", r.stderr
     calls = [c for step in doc["ledger"] for c in step["tool_calls"]]
-    assert [c["name"] for c in calls][:2] == ["t__read"] * 2
+    assert [c["name"] for c in calls][:3] == ["t__read", "t__read", "t__reach"]
     assert not any(c["is_error"] for c in calls), calls
     run_dir = tmp_path / "home" / "runs" / doc["run_id"]
     text = (run_dir / "trajectory.jsonl").read_text()
@@ -64,3 +72,4 @@ def test_stayer_run_calls_a_stdio_server_in_the_docker_sandbox(
     assert "mcp t: stdio, in the run's sandbox" in r.stderr and "docker" in r.stderr
     assert '"content": "sandbox\\n"' in text, text[-3000:]
     assert "unreadable" not in text, text[-3000:]
+    assert '"content": "refused: ' in text and "connected" not in text, text[-3000:]
