@@ -2,7 +2,8 @@
 tools force what real servers do rarely: a slow call, a crash mid-call, garbage on stdout,
 a tool list that changes, a big result, a probe of the network. ``--name-of TOOL=NAME``
 renames a tool (to test refused names); ``--drop-on-change=TOOL`` makes the change remove
-TOOL as well. ``--count-dir=DIR`` adds two tools with a side
+TOOL as well. ``--read`` adds ``read``, which answers with the text of a file (where the
+server runs: tests/test_mcp_docker.py). ``--count-dir=DIR`` adds two tools with a side
 effect outside the workspace (tests/test_mcp_effects.py): ``count_once`` (not idempotent)
 and ``count_idem`` (idempotent: a call whose ``_meta`` idempotency key was counted before
 is not counted again) append ``LABEL KEY`` to DIR/counter; every call is logged to
@@ -47,6 +48,12 @@ for arg in sys.argv[1:]:
             "Count a label once per idempotency key.",
             props,
             {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": True},
+        )
+    if arg == "--read":
+        TOOLS["read"] = (
+            "The text of a file.",
+            {"path": {"type": "string"}},
+            {"readOnlyHint": True},
         )
     if arg.startswith("--name-of="):
         old, new = arg.removeprefix("--name-of=").split("=", 1)
@@ -138,6 +145,11 @@ def call(name, args, meta=None):
         sys.stdout.write("this is not JSON-RPC\n")
         sys.stdout.flush()
         return None
+    if name == "read":
+        try:
+            return Path(args["path"]).read_text()
+        except OSError as e:
+            return f"unreadable: {e}"
     if name == "big":
         return "x" * int(args.get("n", 10))
     if name == "reach":
