@@ -28,6 +28,7 @@ from pg_server import database_fixture
 from service_helpers import Env, copy_tasks, finished, spawn, start_server, wait_for
 from starlette.testclient import TestClient
 
+from stayer import addresses
 from stayer.errors import ConfigError
 from stayer.runtime import webhooks
 from stayer.runtime.uploads import unpack_task
@@ -370,11 +371,11 @@ def test_an_upload_is_run_from_the_store_when_this_machine_has_no_copy(tmp_path:
 
 
 def test_a_pinned_delivery_keeps_the_urls_host_and_tls_name() -> None:
-    url, headers, extensions = webhooks._pinned("https://hooks.example/in?x=1", "2001:db8::1")
+    url, headers, extensions = addresses.pinned("https://hooks.example/in?x=1", "2001:db8::1")
     assert url == "https://[2001:db8::1]/in?x=1"
     assert headers == {"Host": "hooks.example"}
     assert extensions == {"sni_hostname": "hooks.example"}  # the name TLS asks for and checks
-    url, headers, extensions = webhooks._pinned("http://hooks.example:8080/in", "192.0.2.7")
+    url, headers, extensions = addresses.pinned("http://hooks.example:8080/in", "192.0.2.7")
     assert (url, headers, extensions) == (
         "http://192.0.2.7:8080/in",
         {"Host": "hooks.example:8080"},

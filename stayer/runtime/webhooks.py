@@ -92,9 +92,6 @@ def url_problem(url: str, *, allow_private: bool) -> str | None:
     return resolve(url, allow_private=allow_private)[1]
 
 
-_pinned = _addresses.pinned
-
-
 class Webhooks:
     """Fire-and-forget delivery: each ``send`` is a background task with its own retries."""
 
@@ -139,7 +136,7 @@ class Webhooks:
                 **signed_headers(secret, body, delivery_id=delivery_id, timestamp=int(time.time())),
             }
             for address in addresses:  # the addresses checked, never a second lookup's
-                target, host, extensions = _pinned(url, address)
+                target, host, extensions = _addresses.pinned(url, address)
                 try:
                     response = await self._client.post(
                         target, content=body, headers={**headers, **host}, extensions=extensions
