@@ -9,6 +9,7 @@ import statistics
 from decimal import Decimal
 from pathlib import Path
 
+import msgspec
 import pytest
 from test_eval_fixtures import EXAMPLES, needs_bwrap, stayer
 
@@ -236,7 +237,7 @@ def test_compacted_context_is_marked_copied_and_starts_a_new_sequence(tmp_path, 
     assert all(len(s["prompt_ids"]) == s["usage"]["input_tokens"] for s in trace)
     segs = segments(trace)
     assert segs is not None and [seg["steps"][0] for seg in segs] == [1, *resets]
-    rec.update(key="k", group="g", domain="d")
+    rec = msgspec.structs.replace(rec, key="k", group="g", domain="d")
     doc = atif(rec, 0.0)
     check_atif(doc)
     copied = [s for s in doc["steps"] if s.get("is_copied_context")]

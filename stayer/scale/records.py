@@ -89,12 +89,6 @@ class Sample(TrialRecord, kw_only=True):
     def domain_name(self) -> str:
         return self.domain if isinstance(self.domain, str) else ""
 
-    def update(self, **fields: Any) -> None:
-        """Set fields from their JSON values (for callers written against the documents)."""
-        changed = from_json({**msgspec.to_builtins(self), **fields}, type(self))
-        for name in fields:
-            setattr(self, name, getattr(changed, name))
-
 
 def as_samples(records: Iterable[Sample | dict[str, Any]]) -> list[Sample]:
     """Samples handed over as records or as their JSON documents."""
