@@ -17,6 +17,7 @@ from stayer.environments.prepare import prepare_environment
 from stayer.errors import ConfigError
 from stayer.eval.evidence import environment_evidence
 from stayer.eval.probes import Probe, plan_probes, read_facts
+from stayer.eval.records import Problem
 from stayer.eval.spec import unmentioned
 from stayer.eval.suite import scan_suite
 from stayer.eval.task import Task
@@ -40,12 +41,6 @@ PROBE_TIMEOUT_S = 60.0  # a probe's script only writes a few files
 TIME_MARGIN = 0.5  # share of a timeout the oracle (or the tests) may use
 # Files this small (an empty __init__.py, "1\n") match by accident, not by leaking.
 _MIN_LEAK_BYTES = 16
-
-
-@dataclass(frozen=True)
-class Problem:
-    kind: str
-    detail: str
 
 
 @dataclass
@@ -73,7 +68,7 @@ class TaskCheck:
             name=self.name,
             path=str(self.path),
             ok=self.ok,
-            problems=[ProblemReport(kind=p.kind, detail=p.detail) for p in self.problems],
+            problems=list(self.problems),
             oracle_s=self.oracle_s,
             verify_s=self.verify_s,
             rewards=self.rewards,
@@ -84,18 +79,13 @@ class TaskCheck:
         )
 
 
-class ProblemReport(Record, kw_only=True):
-    kind: str
-    detail: str
-
-
 class CheckReport(Record, kw_only=True):
     """A task's entry of ``stayer tasks check --json``."""
 
     name: str
     path: str
     ok: bool
-    problems: list[ProblemReport]
+    problems: list[Problem]
     oracle_s: float | None
     verify_s: float | None
     rewards: list[float | None]

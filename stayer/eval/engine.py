@@ -29,7 +29,6 @@ from stayer.eval.records import (
     InfraTrial,
     ParetoPoint,
     PreflightFinding,
-    Problem,
     TrialRecord,
 )
 from stayer.eval.runner import EvalConfig, Trial, TrialStore, write_atomic
@@ -145,9 +144,7 @@ def preflight_all(
         return list(await asyncio.gather(*(one(t) for t in tasks)))
 
     return [
-        PreflightFinding(
-            task=task.name, problems=[Problem(kind=p.kind, detail=p.detail) for p in problems]
-        )
+        PreflightFinding(task=task.name, problems=list(problems))
         for task, problems in zip(tasks, asyncio.run(check_all()), strict=True)
         if problems
     ]

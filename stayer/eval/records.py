@@ -191,7 +191,9 @@ class InfraTrial(Record, kw_only=True):
     reason: str
 
 
-class Problem(Record, kw_only=True):
+class Problem(Record):
+    """What is wrong with a task (``stayer tasks check``, an evaluation's preflight)."""
+
     kind: str
     detail: str
 
