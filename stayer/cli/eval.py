@@ -152,7 +152,7 @@ def eval_command(
 
     from stayer.cli.progress import WorkProgress
     from stayer.eval import engine
-    from stayer.eval.records import EvalSettings
+    from stayer.eval.records import EvalFlags
     from stayer.eval.runner import INFRASTRUCTURE, infra_reason, run_trials
     from stayer.eval.suite import ProblemsError
     from stayer.eval.summary import succeeded
@@ -249,7 +249,7 @@ def eval_command(
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
-    settings = EvalSettings(
+    settings = EvalFlags(
         models=model,
         policies=policy or DEFAULT_POLICY,
         epochs=epochs,

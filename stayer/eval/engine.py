@@ -25,7 +25,7 @@ from stayer.eval.records import (
     Comparison,
     ConfigSummary,
     EvalDocument,
-    EvalSettings,
+    EvalFlags,
     InfraTrial,
     ParetoPoint,
     PreflightFinding,
@@ -162,7 +162,7 @@ def document(
     epochs: int,
     reused: int,
     preflight: list[PreflightFinding],
-    settings: EvalSettings,
+    settings: EvalFlags,
     wall_s: float,
     out_dir: Path | None,
 ) -> EvalDocument:
@@ -287,7 +287,7 @@ def evaluate(
             on_done=on_done,
         )
     )
-    settings = EvalSettings(
+    settings = EvalFlags(
         models=",".join(models),
         policies=",".join(policies) or DEFAULT_POLICY,
         epochs=epochs,

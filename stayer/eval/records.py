@@ -211,7 +211,7 @@ class EvalSummary(Record, kw_only=True):
     infra_trials: list[InfraTrial]  # what could not be judged, and why
 
 
-class EvalSettings(Record, kw_only=True):
+class EvalFlags(Record, kw_only=True):
     """The flags an evaluation ran with, as the command line gave them."""
 
     models: str
@@ -234,7 +234,7 @@ class EvalDocument(Record, kw_only=True):
     trials_reused: int
     preflight: list[PreflightFinding]
     stayer_version: str
-    settings: EvalSettings
+    settings: EvalFlags
     finished: str
     wall_s: float
     configs: list[ConfigSummary]
