@@ -19,13 +19,15 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
+import orjson
 import pytest
 
-from stayer.audit.analysis import analyse, context_growth
+from stayer.audit.analysis import SessionDoc, analyse, context_growth, doc_json
 from stayer.audit.calls import Call, ImportedSession, SessionRef
 from stayer.audit.claude_code import ClaudeCodeImporter
 from stayer.audit.costing import CallPricer, CompiledSteps, usd
-from stayer.audit.document import build
+from stayer.audit.document import AuditDoc, build
 from stayer.audit.engine import _REPORTS_IN, _REPORTS_OUT, analyse_all, default_paths, discover
 from stayer.pricing import MTOK, PriceBook, Rates
 from stayer.usage import Usage
@@ -1464,3 +1466,36 @@ def test_sessions_encoded_in_the_workers_give_the_same_document(
     assert printed[0] == printed[1]
     doc = json.loads(printed[1])
     assert len(doc["sessions"]) == 3 and doc["sessions"][0]["subagents"][0]["id"] == "a\u00e9\n"
+
+
+class _WholeDoc(AuditDoc, kw_only=True):
+    """The document with no session encoded ahead by a worker."""
+
+    sessions: list[SessionDoc]
+
+
+def test_the_json_document_is_the_audit_records_and_nothing_else(tmp_path: Path) -> None:
+    """``stayer audit --json`` is written from the audit's document records
+    (``AuditDoc`` and its parts) only: read back into them and written again it is the
+    same bytes, so no key is made beside them; their attributes hold its values."""
+    project = tmp_path / "projects" / "p"
+    write_jsonl(
+        project / "s.jsonl",
+        [
+            assistant("s", 0, "msg_a", write=5000),
+            assistant("s", 10, "msg_b", read=5000, out=7),
+            assistant("s", 4000, "msg_c", write=9000, model=HAIKU),
+            assistant("s", 20, "msg_d", sidechain=True, agent="helper"),
+        ],
+    )
+    report = build(analyse_all(discover([tmp_path]).refs, BOOK, jobs=1), "model")
+    doc = report.to_json()
+    back = msgspec.convert(doc, _WholeDoc)
+    assert orjson.dumps(doc_json(back)) == orjson.dumps(doc)
+    session = back.sessions[0]
+    assert back.totals.calls == session.calls == doc["totals"]["calls"] == 4
+    assert back.totals.cost == doc["totals"]["cost_usd"] == session.cost
+    assert [s.label for s in session.subagents] == ["helper"]
+    assert [g.label for g in back.groups] == sorted([HAIKU, SONNET])
+    assert back.totals.cache_breaks == len(session.cache_breaks) >= 1
+    assert back.costliest_calls[0].session == "s" and back.costliest_calls[0].cost

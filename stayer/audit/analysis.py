@@ -15,9 +15,11 @@ import time
 from collections.abc import Iterable
 from decimal import Decimal
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+import orjson
+from msgspec import UNSET, UnsetType
 
 from stayer.audit.calls import MAIN_CHAIN, Call, Check, ImportedSession, same_cost
 from stayer.audit.costing import PER_CURRENCY, CallPricer, Units, usd
@@ -25,8 +27,8 @@ from stayer.errors import ConfigError
 from stayer.models.caching import CacheRules, cache_rules, cached_length, provider_of
 from stayer.money import MTOK, UNKNOWN, amount_json
 from stayer.pricing import Rates
-from stayer.records import Record, to_json
-from stayer.usage import KINDS, Usage
+from stayer.records import Record
+from stayer.usage import Usage
 
 MIN_LOST_TOKENS = 1024
 COSTLIEST = 5
@@ -37,36 +39,80 @@ _FALLBACK_RULES = CacheRules("automatic", 1024)
 money = amount_json
 
 
-def usage_json(u: Usage | Tally) -> dict[str, int]:
-    """``Usage.to_dict()`` plus the uncached remainder, of a usage or a tally's tokens (built
-    directly: ``asdict`` deep-copies, and a report over thousands of sessions makes tens of
-    thousands of these)."""
-    d = {k: getattr(u, k) for k in KINDS}
-    written = u.cache_write_5m_tokens + u.cache_write_1h_tokens
-    d["cache_write_tokens"] = written
-    d["uncached_input_tokens"] = u.input_tokens - u.cache_read_tokens - written
-    return d
-
-
 def iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
+def doc_json(doc: Record) -> Any:
+    """The JSON builtins of the audit document or a part of it: the one place they are
+    made. A session encoded ahead (an ``orjson.Fragment``) stays as it is."""
+    return msgspec.to_builtins(doc, builtin_types=(orjson.Fragment,))
+
+
 # The report and its parts are msgspec Structs: workers send thousands of them back to the
 # caller as MessagePack (stayer.audit.engine), and a Struct class is made in a tenth of a
-# dataclass's time, at every start of the command.
+# dataclass's time, at every start of the command. Each has a record of the document
+# (``…Doc``, made by its ``doc()``), which ``doc_json`` turns into JSON.
 
 
-class Tally(msgspec.Struct):
-    """Calls, tokens by kind and money of a set of calls; unpriced calls are kept apart."""
+class Tokens(Record):
+    """Tokens by kind (those of ``stayer.usage.Usage``)."""
 
-    calls: int = 0
     input_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_5m_tokens: int = 0
     cache_write_1h_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
+
+
+class UsageDoc(Tokens, kw_only=True):
+    """Tokens in the document: by kind, cache writes of both lifetimes, and the uncached
+    remainder of the input."""
+
+    cache_write_tokens: int
+    uncached_input_tokens: int
+
+
+class TallyDoc(Record, kw_only=True):
+    """A tally in the document. What it is a tally of (a model, a group, a sub-agent, a
+    session and its head) comes first there, so it is declared here, left out (UNSET) where
+    the tally stands alone; each subclass names ``label``."""
+
+    label: str | UnsetType = UNSET
+    project: str | UnsetType = UNSET
+    source: str | UnsetType = UNSET
+    first_ts: str | UnsetType = UNSET
+    last_ts: str | UnsetType = UNSET
+    approximate_ts: bool | UnsetType = UNSET
+    calls: int
+    usage: UsageDoc
+    cost: str = msgspec.field(name="cost_usd")  # "unknown" when any call is unpriced
+    cost_priced: str = msgspec.field(name="cost_usd_priced")
+    unpriced_calls: int
+    unpriced_models: list[str]
+    cache_hit_ratio: float
+
+
+class ModelTallyDoc(TallyDoc, kw_only=True):
+    label: str = msgspec.field(name="model")
+
+
+class GroupDoc(TallyDoc, kw_only=True):
+    label: str = msgspec.field(name="key")
+
+
+class SubagentDoc(TallyDoc, kw_only=True):
+    label: str = msgspec.field(name="id")
+
+
+D = TypeVar("D", bound=TallyDoc)
+
+
+class Tally(Tokens):
+    """Calls, tokens by kind and money of a set of calls; unpriced calls are kept apart."""
+
+    calls: int = 0
     cost_units: Units = 0  # of the priced calls (stayer.audit.costing.UNIT_EXPONENT)
     unpriced_calls: int = 0
     unpriced_models: set[str] = msgspec.field(default_factory=set)
@@ -123,17 +169,54 @@ class Tally(msgspec.Struct):
     def cache_hit_ratio(self) -> float:
         return round(self.cache_read_tokens / self.input_tokens, 4) if self.input_tokens else 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def doc(self, kind: type[D], **of: Any) -> D:
+        """The tally as a ``kind`` of the document, of what ``of`` names (its fields)."""
+        written = self.cache_write_5m_tokens + self.cache_write_1h_tokens
         priced = money(self.cost_priced)  # (once: it is also the total when all are priced)
-        return {
-            "calls": self.calls,
-            "usage": usage_json(self),
-            "cost_usd": UNKNOWN if self.unpriced_calls else priced,
-            "cost_usd_priced": priced,
-            "unpriced_calls": self.unpriced_calls,
-            "unpriced_models": sorted(self.unpriced_models),
-            "cache_hit_ratio": self.cache_hit_ratio,
-        }
+        return kind(
+            **of,
+            calls=self.calls,
+            usage=UsageDoc(
+                input_tokens=self.input_tokens,
+                cache_read_tokens=self.cache_read_tokens,
+                cache_write_5m_tokens=self.cache_write_5m_tokens,
+                cache_write_1h_tokens=self.cache_write_1h_tokens,
+                output_tokens=self.output_tokens,
+                reasoning_tokens=self.reasoning_tokens,
+                cache_write_tokens=written,
+                uncached_input_tokens=self.input_tokens - self.cache_read_tokens - written,
+            ),
+            cost=UNKNOWN if self.unpriced_calls else priced,
+            cost_priced=priced,
+            unpriced_calls=self.unpriced_calls,
+            unpriced_models=sorted(self.unpriced_models),
+            cache_hit_ratio=self.cache_hit_ratio,
+        )
+
+
+class CallDoc(Record, kw_only=True):
+    """A call in the document; ``session`` where the list spans sessions."""
+
+    session: str | UnsetType = UNSET
+    call: int
+    chain: str  # "main" for the session's own agent
+    ts: str
+
+
+class CacheBreakDoc(CallDoc, kw_only=True):
+    reason: str
+    lost_tokens: int
+    gap_s: float | None
+    extra_cost: str = msgspec.field(name="extra_cost_usd")
+
+
+class CallCostDoc(CallDoc, kw_only=True):
+    model: str
+    context_tokens: int
+    cost: str = msgspec.field(name="cost_usd")
+
+
+C = TypeVar("C", bound=CallDoc)
 
 
 class CallAt(msgspec.Struct):
@@ -143,8 +226,8 @@ class CallAt(msgspec.Struct):
     chain: str
     ts: float
 
-    def where_json(self) -> dict[str, Any]:
-        return {"call": self.call, "chain": self.chain or "main", "ts": iso(self.ts)}
+    def _doc(self, kind: type[C], **rest: Any) -> C:
+        return kind(call=self.call, chain=self.chain or "main", ts=iso(self.ts), **rest)
 
 
 class CacheBreak(CallAt):
@@ -153,14 +236,14 @@ class CacheBreak(CallAt):
     gap_s: float | None
     extra_cost: Decimal | None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **self.where_json(),
-            "reason": self.reason,
-            "lost_tokens": self.lost_tokens,
-            "gap_s": None if self.gap_s is None else round(self.gap_s, 1),
-            "extra_cost_usd": money(self.extra_cost),
-        }
+    def doc(self) -> CacheBreakDoc:
+        return self._doc(
+            CacheBreakDoc,
+            reason=self.reason,
+            lost_tokens=self.lost_tokens,
+            gap_s=None if self.gap_s is None else round(self.gap_s, 1),
+            extra_cost=money(self.extra_cost),
+        )
 
 
 class CallCost(CallAt):
@@ -168,38 +251,29 @@ class CallCost(CallAt):
     context_tokens: int
     cost: Decimal
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **self.where_json(),
-            "model": self.model,
-            "context_tokens": self.context_tokens,
-            "cost_usd": money(self.cost),
-        }
+    def doc(self, session: str | UnsetType = UNSET) -> CallCostDoc:
+        return self._doc(
+            CallCostDoc,
+            session=session,
+            model=self.model,
+            context_tokens=self.context_tokens,
+            cost=money(self.cost),
+        )
 
 
-class ContextGrowth(msgspec.Struct):
+class ContextGrowth(Record):
+    """How a session's prompt grew, call by call (rounded as the document has it)."""
+
     calls: int
     first_tokens: int
     last_tokens: int
     peak_tokens: int
-    growth_per_call: float  # fitted slope, tokens per call
+    # fitted slope, tokens per call
+    growth_per_call: float = msgspec.field(name="growth_per_call_tokens")
     fit_r2: float
     cumulative_input_tokens: int
     growth_share: float  # share of cumulative input due to the growth term
     quadratic: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "calls": self.calls,
-            "first_tokens": self.first_tokens,
-            "last_tokens": self.last_tokens,
-            "peak_tokens": self.peak_tokens,
-            "growth_per_call_tokens": round(self.growth_per_call, 1),
-            "fit_r2": round(self.fit_r2, 4),
-            "cumulative_input_tokens": self.cumulative_input_tokens,
-            "growth_share": round(self.growth_share, 4),
-            "quadratic": self.quadratic,
-        }
 
 
 def context_growth(contexts: list[int]) -> ContextGrowth | None:
@@ -222,10 +296,10 @@ def context_growth(contexts: list[int]) -> ContextGrowth | None:
         first_tokens=contexts[0],
         last_tokens=contexts[-1],
         peak_tokens=max(contexts),
-        growth_per_call=slope,
-        fit_r2=r2,
+        growth_per_call=round(slope, 1),
+        fit_r2=round(r2, 4),
         cumulative_input_tokens=total,
-        growth_share=min(share, 1.0),
+        growth_share=round(min(share, 1.0), 4),
         quadratic=n >= 3 and slope > 0 and r2 >= 0.5 and share >= 0.2,
     )
 
@@ -275,7 +349,7 @@ class SessionReport(msgspec.Struct):
         default_factory=dict
     )  # its own agent's calls per model
     # ``to_json()`` encoded ahead where the report was analysed (a worker process: see
-    # ``stayer.audit.engine``), as it stands in the audit document (``AuditReport.to_json``):
+    # ``stayer.audit.engine``), as it stands in the audit document (``AuditReport.doc``):
     # bytes cross from a worker far faster than the objects they encode.
     json_fragment: builtins.bytes | None = None  # (``bytes`` here is the field above)
     # The log's own totals (formats that record them: SWE-agent, mini-swe-agent, ATIF, …)
@@ -288,29 +362,51 @@ class SessionReport(msgspec.Struct):
         known = [c for c in costs if c is not None]
         return sum(known, Decimal(0)) if len(known) == len(costs) else None
 
+    def doc(self) -> SessionDoc:
+        return self.total.doc(
+            SessionDoc,
+            label=self.id,
+            project=self.project,
+            source=self.source,
+            first_ts=iso(self.first_ts),
+            last_ts=iso(self.last_ts),
+            approximate_ts=self.approximate_ts,
+            models=[t.doc(ModelTallyDoc, label=m) for m, t in sorted(self.by_model.items())],
+            cache_breaks=[b.doc() for b in self.cache_breaks],
+            cache_break_cost=money(self.break_cost),
+            context=self.context,
+            costliest_calls=[c.doc() for c in self.costliest],
+            subagents=[
+                t.doc(SubagentDoc, label=chain)
+                for chain, t in sorted(self.by_chain.items())
+                if chain != MAIN_CHAIN
+            ],
+            skipped_lines=self.skipped_lines,
+            recorded=self.recorded,
+        )
+
     def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "id": self.id,
-            "project": self.project,
-            "source": self.source,
-            "first_ts": iso(self.first_ts),
-            "last_ts": iso(self.last_ts),
-            "approximate_ts": self.approximate_ts,
-        }
-        doc.update(self.total.to_json())
-        doc["models"] = [{"model": m, **t.to_json()} for m, t in sorted(self.by_model.items())]
-        doc["cache_breaks"] = [b.to_json() for b in self.cache_breaks]
-        doc["cache_break_cost_usd"] = money(self.break_cost)
-        doc["context"] = self.context.to_json() if self.context else None
-        doc["costliest_calls"] = [c.to_json() for c in self.costliest]
-        doc["subagents"] = [
-            {"id": chain, **t.to_json()}
-            for chain, t in sorted(self.by_chain.items())
-            if chain != MAIN_CHAIN
-        ]
-        doc["skipped_lines"] = self.skipped_lines
-        doc["recorded"] = to_json(self.recorded)
-        return doc
+        """The session's entry of the audit document, as JSON builtins."""
+        return doc_json(self.doc())
+
+
+class SessionDoc(TallyDoc, kw_only=True):
+    """A session in the audit document."""
+
+    label: str = msgspec.field(name="id")
+    project: str
+    source: str
+    first_ts: str
+    last_ts: str
+    approximate_ts: bool
+    models: list[ModelTallyDoc]
+    cache_breaks: list[CacheBreakDoc]
+    cache_break_cost: str = msgspec.field(name="cache_break_cost_usd")
+    context: ContextGrowth | None
+    costliest_calls: list[CallCostDoc]
+    subagents: list[SubagentDoc]
+    skipped_lines: int
+    recorded: list[Reference]
 
 
 @cache

@@ -18,7 +18,6 @@ prompt tokens are fewer than reads plus writes.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -27,13 +26,10 @@ import msgspec
 from stayer.audit.calls import (
     MAIN_CHAIN,
     Call,
-    Check,
     DocumentImporter,
     ImportedSession,
     LogFile,
-    SessionRef,
     file_time,
-    logged_cost,
     parse_ts,
 )
 from stayer.audit.codex import UNKNOWN_MODEL
@@ -120,11 +116,9 @@ class AtifImporter(DocumentImporter):
     def sniff(self, name: str, head: bytes) -> bool:
         return name.endswith(".json") and b'"ATIF-' in head and b'"schema_version"' in head
 
-    def group(self, files: Sequence[LogFile]) -> Iterable[SessionRef]:
-        for f in files:
-            m = _SESSION_ID.search(f.head)
-            sid = m.group(1).decode("utf-8", "replace") if m else f.name.removesuffix(".json")
-            yield SessionRef(self.source, sid, "", (f.path,), f.size)
+    def _name(self, f: LogFile) -> tuple[str, str]:
+        m = _SESSION_ID.search(f.head)
+        return (m.group(1).decode("utf-8", "replace") if m else f.name.removesuffix(".json")), ""
 
     @staticmethod
     def _session(doc: _Trajectory, path: str, out: ImportedSession) -> None:
@@ -206,17 +200,13 @@ class AtifImporter(DocumentImporter):
                 stepped[3],
             ),
         ):
-            if value is None:
-                continue
             reasons = [summed] if repeats and value == over_steps else []
             if what == "input_tokens" and left_out:
                 reasons.append(
                     f"its prompt tokens leave out cache writes ({left_out:,} over the calls)"
                 )
-            out.recorded.append(Check(what, base + field, value, "; ".join(reasons)))
-        logged = logged_cost(final.total_cost_usd)
-        if logged is not None:
-            why = ""
-            if costed and out.calls and repeats:
-                why = f"{summed}; the calls' own cost_usd sum to {cost}"
-            out.recorded.append(Check("cost_usd", base + "total_cost_usd", logged, why))
+            out.check(what, base + field, value, "; ".join(reasons))
+        why = ""
+        if costed and out.calls and repeats:
+            why = f"{summed}; the calls' own cost_usd sum to {cost}"
+        out.check_cost(base + "total_cost_usd", final.total_cost_usd, why)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from decimal import Decimal
 from functools import cache
@@ -71,6 +71,17 @@ class ImportedSession(msgspec.Struct):
     files: int = 0
     bytes: int = 0
     recorded: list[Check] = msgspec.field(default_factory=list)  # the log's own totals
+
+    def check(self, what: str, field: str, value: int | None, why: str = "") -> None:
+        """A total the log records of itself at ``field`` (None: it records none)."""
+        if value is not None:
+            self.recorded.append(Check(what, field, value, why))
+
+    def check_cost(self, field: str, value: float | None, why: str = "") -> None:
+        """The cost the log records of itself at ``field``, a JSON number (None: none)."""
+        cost = logged_cost(value)
+        if cost is not None:
+            self.recorded.append(Check("cost_usd", field, cost, why))
 
 
 class SessionRef(msgspec.Struct, frozen=True):
@@ -133,6 +144,26 @@ def open_log(
         return None
     fd, st = opened
     return os.fdopen(fd, "rb", buffering=buffering), st
+
+
+def open_session_log(
+    path: str, out: ImportedSession, buffering: int = -1
+) -> tuple[BinaryIO, os.stat_result] | None:
+    """``open_log`` of one of a session's files, counted in ``out.files``; None, counted as
+    a skipped line, when it cannot be opened."""
+    out.files += 1
+    opened = open_log(path, buffering)
+    if opened is None:
+        out.skipped_lines += 1
+    return opened
+
+
+def open_logs(ref: SessionRef, out: ImportedSession) -> Iterator[BinaryIO]:
+    """Each of a session's files that opens (``open_session_log``)."""
+    for path in ref.paths:
+        opened = open_session_log(path, out)
+        if opened is not None:
+            yield opened[0]
 
 
 def open_log_fd(path: str | os.PathLike[str]) -> tuple[int, os.stat_result] | None:
@@ -208,10 +239,8 @@ def read_document(path: str, out: ImportedSession, decoder: msgspec.json.Decoder
     """A whole-file JSON log (one document, not lines) decoded by ``decoder``, its bytes and
     files counted in ``out``; None, counted as one skipped line, when it cannot be opened or
     is not that document."""
-    out.files += 1
-    opened = open_log(path)
+    opened = open_session_log(path, out)
     if opened is None:
-        out.skipped_lines += 1
         return None
     try:
         with opened[0] as f:
@@ -228,12 +257,20 @@ def read_document(path: str, out: ImportedSession, decoder: msgspec.json.Decoder
 
 
 class DocumentImporter:
-    """An importer of logs that hold one session in one JSON document: ``read`` decodes each
-    of the session's files with ``decoder`` (``read_document``) and hands it to
+    """An importer of logs that hold one session in one JSON document: each file is a
+    session, named by ``_name(file)`` (its id and project); ``read`` decodes each of the
+    session's files with ``decoder`` (``read_document``) and hands it to
     ``_session(doc, path, out)``."""
 
     source: str
     decoder: msgspec.json.Decoder[Any]
+
+    def group(self, files: Sequence[LogFile]) -> Iterable[SessionRef]:
+        for f in files:
+            yield SessionRef(self.source, *self._name(f), (f.path,), f.size)
+
+    def _name(self, f: LogFile) -> tuple[str, str]:
+        raise NotImplementedError
 
     def read(self, ref: SessionRef) -> ImportedSession:
         out = ImportedSession(self.source, ref.id, ref.project)

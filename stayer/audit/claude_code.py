@@ -20,6 +20,7 @@ from stayer.audit.calls import (
     SessionRef,
     json_object,
     open_log,
+    open_session_log,
     parse_ts,
 )
 from stayer.usage import Usage
@@ -228,7 +229,6 @@ class ClaudeCodeImporter:
         out = ImportedSession(self.source, ref.id, ref.project)
         dedup = _Dedup()
         for path in ref.paths:
-            out.files += 1
             out.bytes += self._read_file(path, ref, dedup, out)
         calls = out.calls
         for e in dedup.kept:
@@ -265,9 +265,8 @@ class ClaudeCodeImporter:
         chain = name.removeprefix("agent-") if agent_file else None
         lines = _FileLines(ref.id, chain, dedup, out)
         size = 0
-        opened = open_log(path, buffering=0)
+        opened = open_session_log(path, out, buffering=0)
         if opened is None:
-            out.skipped_lines += 1
             return 0
         f, st = opened
         with f:

@@ -16,7 +16,7 @@ from stayer.audit.calls import (
     LogFile,
     SessionRef,
     json_object,
-    open_log,
+    open_logs,
     parse_ts,
     well_framed,
 )
@@ -60,13 +60,8 @@ class CodexImporter:
 
     def read(self, ref: SessionRef) -> ImportedSession:
         out = ImportedSession(self.source, ref.id, ref.project)
-        for path in ref.paths:
-            out.files += 1
-            opened = open_log(path)
-            if opened is None:
-                out.skipped_lines += 1
-                continue
-            with opened[0] as f:
+        for f in open_logs(ref, out):
+            with f:
                 self._read(f, out)
         return out
 

@@ -13,8 +13,18 @@ import msgspec
 import orjson
 from msgspec import UNSET, UnsetType
 
-from stayer.audit.analysis import Reference, SessionReport, Tally, money
-from stayer.records import Record, to_json
+from stayer.audit.analysis import (
+    CallCostDoc,
+    GroupDoc,
+    Reference,
+    SessionDoc,
+    SessionReport,
+    Tally,
+    TallyDoc,
+    doc_json,
+    money,
+)
+from stayer.records import Record
 
 if TYPE_CHECKING:  # rich is imported by the tables only: ``audit --json`` never loads it
     from rich.console import Console
@@ -87,38 +97,70 @@ class AuditReport(msgspec.Struct):
                 merged.setdefault(key, Tally()).merge(t)
         return sorted(merged.items())
 
-    def to_json(self) -> dict[str, Any]:
+    def doc(self) -> AuditDoc:
+        """The audit document (sessions encoded ahead by the workers stay as they are)."""
         total = self.total
         breaks = [b for s in self.sessions for b in s.cache_breaks]
-        break_costs = [b.extra_cost for b in breaks]
-        totals = total.to_json()
-        totals["cache_breaks"] = len(breaks)
-        totals["cache_break_cost_usd"] = _sum(break_costs)
         reasons: dict[str, list[Decimal | None]] = {}
         for b in breaks:
             reasons.setdefault(b.reason, []).append(b.extra_cost)
-        totals["cache_breaks_by_reason"] = {
-            r: {"count": len(c), "extra_cost_usd": _sum(c)} for r, c in sorted(reasons.items())
-        }
         costliest = sorted(
             ((s, c) for s in self.sessions for c in s.costliest),
             key=lambda sc: sc[1].cost,
             reverse=True,
         )[:_TOP]
-        return {
-            "totals": totals,
-            "sessions": [
-                s.to_json() if s.json_fragment is None else orjson.Fragment(s.json_fragment)
+        return AuditDoc(
+            totals=total.doc(
+                TotalsDoc,
+                cache_breaks=len(breaks),
+                cache_break_cost=_sum([b.extra_cost for b in breaks]),
+                cache_breaks_by_reason={
+                    r: BreakReasonDoc(len(c), _sum(c)) for r, c in sorted(reasons.items())
+                },
+            ),
+            sessions=[
+                s.doc() if s.json_fragment is None else orjson.Fragment(s.json_fragment)
                 for s in self.sessions
             ],
-            "group": self.group,
-            "groups": [{"key": k, **t.to_json()} for k, t in self.groups()],
-            "costliest_calls": [{"session": s.id, **c.to_json()} for s, c in costliest],
-            "what_if": to_json(self.what_if),
-            "skipped_lines": self.skipped_lines,
-            "files": sum(s.files for s in self.sessions),
-            "bytes": sum(s.bytes for s in self.sessions),
-        }
+            group=self.group,
+            groups=[t.doc(GroupDoc, label=k) for k, t in self.groups()],
+            costliest_calls=[c.doc(session=s.id) for s, c in costliest],
+            what_if=self.what_if,
+            skipped_lines=self.skipped_lines,
+            files=sum(s.files for s in self.sessions),
+            bytes=sum(s.bytes for s in self.sessions),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``stayer audit --json`` document, as JSON builtins."""
+        return doc_json(self.doc())
+
+
+class BreakReasonDoc(Record):
+    count: int
+    extra_cost: str = msgspec.field(name="extra_cost_usd")
+
+
+class TotalsDoc(TallyDoc, kw_only=True):
+    """The document's totals: every session's calls and cache breaks."""
+
+    cache_breaks: int
+    cache_break_cost: str = msgspec.field(name="cache_break_cost_usd")
+    cache_breaks_by_reason: dict[str, BreakReasonDoc]
+
+
+class AuditDoc(Record, kw_only=True):
+    """The ``stayer audit --json`` document."""
+
+    totals: TotalsDoc
+    sessions: list[SessionDoc | orjson.Fragment]
+    group: str
+    groups: list[GroupDoc]
+    costliest_calls: list[CallCostDoc]
+    what_if: list[WhatIfEstimate]
+    skipped_lines: int
+    files: int
+    bytes: int
 
 
 #: How the ``stayer audit --json`` document is written (``stayer.cli.common.emit_json``).

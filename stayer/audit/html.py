@@ -88,9 +88,9 @@ def _row(cells: list[str], tag: str = "td") -> str:
 
 def write_html(report: AuditReport) -> str:
     """The whole report as one HTML document (no external resources)."""
-    doc = report.to_json()
-    t = doc["totals"]
-    u = t["usage"]
+    doc = report.doc()
+    t = doc.totals
+    u = t.usage
     out = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'><title>stayer audit</title>",
         f"<style>{_CSS}</style></head><body><h1>stayer audit</h1>",
@@ -102,16 +102,16 @@ def write_html(report: AuditReport) -> str:
                 ("stayer", __version__),
                 (
                     "sessions",
-                    f"{len(report.sessions):,} ({doc['files']:,} files, {doc['bytes']:,} bytes)",
+                    f"{len(report.sessions):,} ({doc.files:,} files, {doc.bytes:,} bytes)",
                 ),
-                ("calls", f"{t['calls']:,}"),
-                ("total cost", f"{t['cost_usd']} USD"),
-                ("cache hit ratio", f"{t['cache_hit_ratio']:.1%}"),
+                ("calls", f"{t.calls:,}"),
+                ("total cost", f"{t.cost} USD"),
+                ("cache hit ratio", f"{t.cache_hit_ratio:.1%}"),
                 (
                     "cache breaks",
-                    f"{t['cache_breaks']:,}, costing {t['cache_break_cost_usd']} USD extra",
+                    f"{t.cache_breaks:,}, costing {t.cache_break_cost} USD extra",
                 ),
-                ("unreadable lines", f"{doc['skipped_lines']:,} skipped"),
+                ("unreadable lines", f"{doc.skipped_lines:,} skipped"),
             )
         )
         + "</dl>",
@@ -121,34 +121,31 @@ def write_html(report: AuditReport) -> str:
             _row(
                 [
                     label,
-                    f"{u[key]:,}",
-                    f"{u[key] / u['input_tokens']:.1%}"
-                    if u["input_tokens"] and key != "output_tokens"
-                    else "",
+                    f"{n:,}",
+                    f"{n / u.input_tokens:.1%}" if u.input_tokens and of_input else "",
                 ]
             )
-            for label, key in (
-                ("input, all", "input_tokens"),
-                ("\u2003uncached", "uncached_input_tokens"),
-                ("\u2003cache reads", "cache_read_tokens"),
-                ("\u2003cache writes", "cache_write_tokens"),
-                ("output", "output_tokens"),
-                ("\u2003of which reasoning", "reasoning_tokens"),
+            for label, n, of_input in (
+                ("input, all", u.input_tokens, True),
+                ("\u2003uncached", u.uncached_input_tokens, True),
+                ("\u2003cache reads", u.cache_read_tokens, True),
+                ("\u2003cache writes", u.cache_write_tokens, True),
+                ("output", u.output_tokens, False),
+                ("\u2003of which reasoning", u.reasoning_tokens, True),
             )
         ),
         "</table>",
     ]
-    if t["cache_breaks_by_reason"]:
+    if t.cache_breaks_by_reason:
         out.append(
             "<h2>Cache breaks by reason</h2><table>"
             + _row(["reason", "count", "extra cost (USD)"], "th")
         )
         out.extend(
-            _row([r, str(v["count"]), v["extra_cost_usd"]])
-            for r, v in t["cache_breaks_by_reason"].items()
+            _row([r, str(v.count), v.extra_cost]) for r, v in t.cache_breaks_by_reason.items()
         )
         out.append("</table>")
-    if doc["costliest_calls"]:
+    if doc.costliest_calls:
         out.append(
             "<h2>Costliest calls</h2><table>"
             + _row(["session", "call", "when", "model", "context", "cost (USD)"], "th")
@@ -156,15 +153,15 @@ def write_html(report: AuditReport) -> str:
         out.extend(
             _row(
                 [
-                    c["session"],
-                    str(c["call"]),
-                    c["ts"] or "",
-                    c["model"],
-                    f"{c['context_tokens']:,}",
-                    c["cost_usd"],
+                    c.session or "",
+                    str(c.call),
+                    c.ts,
+                    c.model,
+                    f"{c.context_tokens:,}",
+                    c.cost,
                 ]
             )
-            for c in doc["costliest_calls"]
+            for c in doc.costliest_calls
         )
         out.append("</table>")
     out += [
@@ -236,16 +233,16 @@ def write_html(report: AuditReport) -> str:
                 )
             )
             for b in s.cache_breaks:
-                j = b.to_json()
+                j = b.doc()
                 out.append(
                     _row(
                         [
-                            str(j["call"]),
-                            j["chain"],
-                            j["reason"],
-                            f"{j['lost_tokens']:,}",
-                            "" if j["gap_s"] is None else f"{j['gap_s']:,.0f}",
-                            j["extra_cost_usd"],
+                            str(j.call),
+                            j.chain,
+                            j.reason,
+                            f"{j.lost_tokens:,}",
+                            "" if j.gap_s is None else f"{j.gap_s:,.0f}",
+                            j.extra_cost,
                         ]
                     )
                 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
+from stayer.audit.calls import ImportedSession
 from stayer.usage import Usage
 
 
@@ -65,3 +66,26 @@ class LiteLLMResponse(msgspec.Struct):
     created: float | None = None
     usage: LiteLLMUsage | None = None
     service_tier: str | None = None
+
+
+class Responses:
+    """The responses of one session's log, each a call once: by its id (one without an id
+    every time it stands)."""
+
+    def __init__(self, out: ImportedSession) -> None:
+        self.out = out
+        self.seen: set[str] = set()
+
+    def usage(self, response: LiteLLMResponse | None) -> Usage | None:
+        """The usage of ``response`` where it is a call not seen before; None where it is
+        none, a repeat, or has counts that do not add up (then counted as a skipped line)."""
+        if response is None or response.usage is None:
+            return None
+        if response.id:
+            if response.id in self.seen:
+                return None
+            self.seen.add(response.id)
+        usage = response.usage.to_usage()
+        if usage is None:
+            self.out.skipped_lines += 1
+        return usage

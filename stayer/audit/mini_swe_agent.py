@@ -15,24 +15,20 @@ says how many and why. Files without usage per message (format 1.0) have no call
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
 from decimal import Decimal
 
 import msgspec
 
 from stayer.audit.calls import (
     Call,
-    Check,
     DocumentImporter,
     ImportedSession,
     LogFile,
-    SessionRef,
     file_time,
-    logged_cost,
     same_cost,
 )
 from stayer.audit.codex import UNKNOWN_MODEL
-from stayer.audit.litellm_usage import LiteLLMResponse
+from stayer.audit.litellm_usage import LiteLLMResponse, Responses
 
 
 class _Extra(msgspec.Struct):
@@ -87,10 +83,8 @@ class MiniSweAgentImporter(DocumentImporter):
             or (name.endswith(".json") and b'"mini-swe-agent' in head)
         )
 
-    def group(self, files: Sequence[LogFile]) -> Iterable[SessionRef]:
-        for f in files:
-            stem = f.name.removesuffix(".json").removesuffix(".traj")
-            yield SessionRef(self.source, stem, "", (f.path,), f.size)
+    def _name(self, f: LogFile) -> tuple[str, str]:
+        return f.name.removesuffix(".json").removesuffix(".traj"), ""
 
     @staticmethod
     def _session(doc: _Traj, path: str, out: ImportedSession) -> None:
@@ -98,7 +92,7 @@ class MiniSweAgentImporter(DocumentImporter):
             out.id = out.project = doc.instance_id
         info = doc.info or _Info()
         configured = info.config.model.model_name if info.config and info.config.model else None
-        seen: set[str] = set()
+        responses = Responses(out)
         rejected: Counter[str] = Counter()
         kept_cost = Decimal(0)
         costs_known = True
@@ -110,16 +104,10 @@ class MiniSweAgentImporter(DocumentImporter):
             if m.role == "user" and extra.interrupt_type:
                 rejected[extra.interrupt_type] += 1
             response = extra.response
-            if m.role != "assistant" or response is None or response.usage is None:
-                continue
-            if response.id:
-                if response.id in seen:
-                    continue
-                seen.add(response.id)
-            usage = response.usage.to_usage()
+            usage = responses.usage(response) if m.role == "assistant" else None
             if usage is None:
-                out.skipped_lines += 1
                 continue
+            assert response is not None
             if extra.cost is None:
                 costs_known = False
             else:
@@ -147,10 +135,14 @@ class MiniSweAgentImporter(DocumentImporter):
                     f"{missing} calls whose reply the agent rejected ({kinds}) left no usage "
                     "in the log (the replies are not kept)"
                 )
-            out.recorded.append(Check("calls", base + "api_calls", stats.api_calls, why))
-        cost = logged_cost(stats.instance_cost)
-        if cost is not None:
-            why = ""
-            if costs_known and out.calls and not same_cost(kept_cost, Decimal(cost)):
-                why = f"the logged costs of the kept calls sum to {kept_cost}"
-            out.recorded.append(Check("cost_usd", base + "instance_cost", cost, why))
+            out.check("calls", base + "api_calls", stats.api_calls, why)
+        logged = stats.instance_cost
+        why = ""
+        if (
+            logged is not None
+            and costs_known
+            and out.calls
+            and not same_cost(kept_cost, Decimal(repr(float(logged))))
+        ):
+            why = f"the logged costs of the kept calls sum to {kept_cost}"
+        out.check_cost(base + "instance_cost", logged, why)

@@ -16,23 +16,19 @@ responses' usage is the whole record.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
 
 import msgspec
 
 from stayer.audit.calls import (
     Call,
-    Check,
     DocumentImporter,
     ImportedSession,
     LogFile,
-    SessionRef,
     file_time,
-    logged_cost,
     parse_ts,
 )
 from stayer.audit.codex import UNKNOWN_MODEL
-from stayer.audit.litellm_usage import LiteLLMResponse
+from stayer.audit.litellm_usage import LiteLLMResponse, Responses
 
 
 class _ToolCallMetadata(msgspec.Struct):
@@ -75,14 +71,12 @@ class OpenHandsImporter(DocumentImporter):
             and (b'"action"' in head or b'"observation"' in head or b'"timestamp"' in head)
         )
 
-    def group(self, files: Sequence[LogFile]) -> Iterable[SessionRef]:
-        for f in files:
-            project = os.path.basename(os.path.dirname(f.path))
-            yield SessionRef(self.source, f.name.removesuffix(".json"), project, (f.path,), f.size)
+    def _name(self, f: LogFile) -> tuple[str, str]:
+        return f.name.removesuffix(".json"), os.path.basename(os.path.dirname(f.path))
 
     @staticmethod
     def _session(events: list[_Event], path: str, out: ImportedSession) -> None:
-        seen: set[str] = set()
+        responses = Responses(out)
         metrics: _Metrics | None = None
         fallback = file_time(path)
         for e in events:
@@ -90,16 +84,10 @@ class OpenHandsImporter(DocumentImporter):
                 metrics = e.llm_metrics
             meta = e.tool_call_metadata
             response = meta.model_response if meta is not None else None
-            if response is None or response.usage is None:
-                continue
-            if response.id:
-                if response.id in seen:
-                    continue
-                seen.add(response.id)
-            usage = response.usage.to_usage()
+            usage = responses.usage(response)
             if usage is None:
-                out.skipped_lines += 1
                 continue
+            assert response is not None
             ts = response.created or parse_ts(e.timestamp)
             out.calls.append(
                 Call(
@@ -120,10 +108,5 @@ class OpenHandsImporter(DocumentImporter):
                 ("cache_write_tokens", "cache_write_tokens", tokens.cache_write_tokens),
                 ("output_tokens", "completion_tokens", tokens.completion_tokens),
             ):
-                if value is not None:
-                    out.recorded.append(
-                        Check(what, base + "accumulated_token_usage." + field, value)
-                    )
-        cost = logged_cost(metrics.accumulated_cost)
-        if cost is not None:
-            out.recorded.append(Check("cost_usd", base + "accumulated_cost", cost))
+                out.check(what, base + "accumulated_token_usage." + field, value)
+        out.check_cost(base + "accumulated_cost", metrics.accumulated_cost)

@@ -16,7 +16,14 @@ from typing import Any
 
 import orjson
 
-from stayer.audit.calls import Call, ImportedSession, LogFile, SessionRef, open_log, parse_ts
+from stayer.audit.calls import (
+    Call,
+    ImportedSession,
+    LogFile,
+    SessionRef,
+    open_logs,
+    parse_ts,
+)
 from stayer.usage import Usage
 
 
@@ -35,14 +42,9 @@ class StayerRunImporter:
 
     def read(self, ref: SessionRef) -> ImportedSession:
         out = ImportedSession(self.source, ref.id, ref.project)
-        for path in ref.paths:
-            out.files += 1
-            opened = open_log(path)
-            if opened is None:
-                out.skipped_lines += 1
-                continue
+        for f in open_logs(ref, out):
             try:
-                with opened[0] as f:
+                with f:
                     raw = f.read()
                 doc = orjson.loads(raw)
             except (OSError, orjson.JSONDecodeError):

@@ -13,19 +13,15 @@ cache split, so cached tokens are priced as uncached.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
 
 import msgspec
 
 from stayer.audit.calls import (
     Call,
-    Check,
     DocumentImporter,
     ImportedSession,
     LogFile,
-    SessionRef,
     file_time,
-    logged_cost,
 )
 from stayer.audit.codex import UNKNOWN_MODEL
 from stayer.usage import Usage
@@ -91,9 +87,8 @@ class SweAgentImporter(DocumentImporter):
     def sniff(self, name: str, head: bytes) -> bool:
         return name.endswith(".traj") and b'"trajectory"' in head
 
-    def group(self, files: Sequence[LogFile]) -> Iterable[SessionRef]:
-        for f in files:
-            yield SessionRef(self.source, f.name.removesuffix(".traj"), "", (f.path,), f.size)
+    def _name(self, f: LogFile) -> tuple[str, str]:
+        return f.name.removesuffix(".traj"), ""
 
     @staticmethod
     def _session(doc: _Traj, path: str, out: ImportedSession) -> None:
@@ -116,16 +111,12 @@ class SweAgentImporter(DocumentImporter):
             )
         )
         base = "info.model_stats."
-        out.recorded += [
-            Check("calls", base + "api_calls", stats.api_calls),
-            Check("input_tokens", base + "tokens_sent", sent),
-            Check("output_tokens", base + "tokens_received", received),
-        ]
-        cost = logged_cost(stats.instance_cost)
-        if cost is not None:
-            why = (
-                ""
-                if model
-                else f"the log names no model ({os.path.basename(path)} has no replay_config)"
-            )
-            out.recorded.append(Check("cost_usd", base + "instance_cost", cost, why))
+        out.check("calls", base + "api_calls", stats.api_calls)
+        out.check("input_tokens", base + "tokens_sent", sent)
+        out.check("output_tokens", base + "tokens_received", received)
+        why = (
+            ""
+            if model
+            else f"the log names no model ({os.path.basename(path)} has no replay_config)"
+        )
+        out.check_cost(base + "instance_cost", stats.instance_cost, why)
