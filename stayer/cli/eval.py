@@ -16,9 +16,6 @@ from stayer.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     JsonFlag,
-    SimLatencyOption,
-    SimPolicyOption,
-    TaskSandboxOption,
     app,
     bad_input,
     check_writable_dir,
@@ -26,10 +23,19 @@ from stayer.cli.common import (
     emit_json,
     error_line,
     parse_decimal,
-    ray_option,
     run_async,
     stderr,
     usd,
+)
+from stayer.cli.options import (
+    MaxStepsOption,
+    OtlpOption,
+    RunMaxCostOption,
+    RunsAtOnceOption,
+    SimLatencyOption,
+    SimPolicyOption,
+    TaskSandboxOption,
+    ray_option,
 )
 from stayer.errors import ConfigError
 
@@ -92,7 +98,7 @@ def eval_command(
         ),
     ] = None,
     epochs: Annotated[int, typer.Option("--epochs", help="Trials per task and configuration.")] = 1,
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Trials running at once.")] = 4,
+    concurrency: RunsAtOnceOption = 4,
     out: Annotated[
         str | None,
         typer.Option(
@@ -100,12 +106,8 @@ def eval_command(
             help="Directory for trial records, eval.json and report.html; re-running resumes.",
         ),
     ] = None,
-    max_steps: Annotated[
-        int, typer.Option("--max-steps", help="Model calls at most per trial.")
-    ] = DEFAULT_MAX_STEPS,
-    max_cost: Annotated[
-        str | None, typer.Option("--max-cost", help="Hard cap in USD per trial.")
-    ] = None,
+    max_steps: MaxStepsOption = DEFAULT_MAX_STEPS,
+    max_cost: RunMaxCostOption = None,
     sim_policy: SimPolicyOption = None,
     sim_latency: SimLatencyOption = 0.0,
     sandbox: TaskSandboxOption = None,
@@ -123,13 +125,7 @@ def eval_command(
             help="Run tasks that fail the preflight; their unjudgeable trials count in infra_errors.",
         ),
     ] = False,
-    otlp: Annotated[
-        str | None,
-        typer.Option(
-            "--otlp",
-            help="Export each trial's OpenTelemetry spans to this OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT).",
-        ),
-    ] = None,
+    otlp: OtlpOption = None,
     ray: Annotated[
         str | None,
         ray_option(

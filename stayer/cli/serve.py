@@ -9,10 +9,7 @@ from typing import Annotated
 import typer
 
 from stayer.cli.common import (
-    HostOption,
     JsonFlag,
-    MetricsTokenOption,
-    SandboxOption,
     app,
     bad_input,
     console,
@@ -20,6 +17,13 @@ from stayer.cli.common import (
     parse_decimal,
     stderr,
     sub_app,
+)
+from stayer.cli.options import (
+    HostOption,
+    MetricsTokenOption,
+    OtlpOption,
+    PrivateWebhooksOption,
+    SandboxOption,
 )
 from stayer.errors import ConfigError
 
@@ -29,17 +33,12 @@ tenants_app = sub_app("Tenants of the runtime: API keys and dollar budgets.")
 app.add_typer(tenants_app, name="tenants")
 
 TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+TenantArgument = Annotated[str, typer.Argument(help="Tenant name: letters, digits, '.', '_', '-'.")]
 
 
 # Options that `serve` (for its embedded worker) and `worker` share.
 TasksDirOption = Annotated[
     str, typer.Option("--tasks-dir", help="Directory of tasks that runs may name.")
-]
-PrivateWebhooksOption = Annotated[
-    bool,
-    typer.Option(
-        "--allow-private-webhooks", help="Let webhooks target loopback and private addresses."
-    ),
 ]
 LeaseTtlOption = Annotated[
     float,
@@ -57,13 +56,6 @@ DrainTimeoutOption = Annotated[
         help="On SIGTERM, seconds to hand the runs back (at a step boundary) and exit.",
         min=1.0,
         max=86400.0,
-    ),
-]
-OtlpOption = Annotated[
-    str | None,
-    typer.Option(
-        "--otlp",
-        help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).",
     ),
 ]
 
@@ -143,7 +135,7 @@ SessionMaxCostOption = Annotated[
 
 @tenants_app.command("create")
 def tenants_create(
-    name: Annotated[str, typer.Argument(help="Tenant name: letters, digits, '.', '_', '-'.")],
+    name: TenantArgument,
     max_cost: Annotated[
         str | None, typer.Option("--max-cost", help="The tenant's budget in USD over all its runs.")
     ] = None,
@@ -192,7 +184,7 @@ def tenants_create(
 
 @tenants_app.command("budget")
 def tenants_budget(
-    name: Annotated[str, typer.Argument(help="Tenant name.")],
+    name: TenantArgument,
     max_cost: Annotated[
         str | None, typer.Option("--max-cost", help="New budget in USD ('none' for unlimited).")
     ] = None,
@@ -236,7 +228,7 @@ def tenants_budget(
 
 @tenants_app.command("webhook")
 def tenants_webhook(
-    name: Annotated[str, typer.Argument(help="Tenant name.")],
+    name: TenantArgument,
     url: Annotated[str, typer.Argument(help="http(s) URL, or 'none' to stop sending.")],
     allow_private_webhooks: PrivateWebhooksOption = False,
     json_out: JsonFlag = False,

@@ -9,6 +9,7 @@ import typer
 
 from stayer.choices import POLICY_HELP
 from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json
+from stayer.cli.options import MaxContextOption
 from stayer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -40,9 +41,7 @@ def whatif(
             help=f"{POLICY_HELP}; comma-separated to compare several.",
         ),
     ] = "auto",
-    max_context: Annotated[
-        int | None, typer.Option("--max-context", help="Hard limit on prompt tokens.")
-    ] = None,
+    max_context: MaxContextOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Replay a trajectory (actions and observations fixed) through context policies; an estimate.

@@ -1,0 +1,111 @@
+"""The options that several ``stayer`` commands take: one declaration each, one help text.
+
+A command declares a parameter with one of these (``max_steps: MaxStepsOption = …``);
+the flag's name, type and help are said here once, and its default where it is declared.
+An option one command alone takes is declared in that command (``--json``: common.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from stayer.choices import kinds_help
+
+# How one run is bounded and where it runs (``stayer run``; each trial or sample of
+# ``stayer eval`` and ``stayer rollouts``; each command of ``stayer sandbox exec``).
+MaxStepsOption = Annotated[int, typer.Option("--max-steps", help="Model calls at most per run.")]
+RunMaxCostOption = Annotated[
+    str | None, typer.Option("--max-cost", help="Hard cap in USD per run; never overshot.")
+]
+MaxContextOption = Annotated[
+    int | None, typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded.")
+]
+SandboxOption = Annotated[str, typer.Option("--sandbox", help=f"{kinds_help()}. Default: bwrap.")]
+TaskSandboxOption = Annotated[
+    str | None,
+    typer.Option(
+        "--sandbox",
+        help=f"{kinds_help()}. Default: task.toml's [environment] sandbox, else the task's image where it has a Dockerfile (docker where a daemon answers, else bwrap-image), else bwrap.",
+    ),
+]
+MaxProcessesOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-processes",
+        help="Processes at once per sandboxed command (default: the agent's limit).",
+    ),
+]
+StorageMbOption = Annotated[
+    int | None,
+    typer.Option(
+        "--storage-mb",
+        help="What /app and /tmp may hold, MiB (default: the task's, else the agent's).",
+    ),
+]
+SimPolicyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--sim-policy",
+        help="For sim: models: oracle (default) | team | "
+        "synthetic:steps=N,obs_tokens=T,out_tokens=U | replay:PATH",
+    ),
+]
+SimLatencyOption = Annotated[
+    float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
+]
+RunsAtOnceOption = Annotated[int, typer.Option("--concurrency", help="Runs at once.")]
+OtlpOption = Annotated[
+    str | None,
+    typer.Option(
+        "--otlp",
+        help="Export OpenTelemetry spans to this OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT).",
+    ),
+]
+RunIdArgument = Annotated[str, typer.Argument(help="Id of the run (see `stayer runs`).")]
+
+
+def ray_option(help: str) -> Any:
+    """``--ray ADDRESS|local``: the work as Ray tasks, on a cluster started here ('local') or
+    the one at ADDRESS. The help says what the work is (trials, samples)."""
+    return typer.Option("--ray", metavar="ADDRESS|local", help=help)
+
+
+# Selecting what a listing shows or a prune removes (``runs``, ``audit``, ``images prune``).
+def since_option(what: str) -> Any:
+    """``--since DATE``: only ``what`` (runs, calls) from that UTC date on (``parse_since``)."""
+    return typer.Option("--since", help=f"Only {what} on or after this UTC date (YYYY-MM-DD).")
+
+
+def older_than_option(what: str) -> Any:
+    """``--older-than DURATION``: ``what`` (say, "Runs not updated") for this long."""
+    return typer.Option(
+        "--older-than", metavar="DURATION", help=f"{what} for this long (30m, 12h, 7d, 1d12h)."
+    )
+
+
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")
+]
+
+# The servers (``stayer serve``, ``worker``, ``gateway``, ``sim serve``): their address,
+# /metrics token and webhooks.
+HostOption = Annotated[str, typer.Option("--host", help="Address to listen on.")]
+FreePortOption = Annotated[
+    int, typer.Option("--port", help="Port to listen on (0: a free one).", min=0, max=65535)
+]
+MetricsTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics-token",
+        envvar="STAYER_METRICS_TOKEN",
+        help="Bearer token of GET /metrics (Prometheus); off without one.",
+    ),
+]
+PrivateWebhooksOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-private-webhooks", help="Let webhooks target loopback and private addresses."
+    ),
+]
