@@ -115,6 +115,13 @@ def _worker(  # noqa: ANN202 - Worker (imported lazily: the CLI starts fast)
     )
 
 
+# A tenant's caps, as `tenants create` and `tenants budget` take them.
+TenantMaxCostOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-cost", help="The tenant's budget in USD over all its runs ('none' for unlimited)."
+    ),
+]
 KeyMaxCostOption = Annotated[
     str | None,
     typer.Option(
@@ -136,9 +143,7 @@ SessionMaxCostOption = Annotated[
 @tenants_app.command("create")
 def tenants_create(
     name: TenantArgument,
-    max_cost: Annotated[
-        str | None, typer.Option("--max-cost", help="The tenant's budget in USD over all its runs.")
-    ] = None,
+    max_cost: TenantMaxCostOption = None,
     key_max_cost: KeyMaxCostOption = None,
     session_max_cost: SessionMaxCostOption = None,
     json_out: JsonFlag = False,
@@ -150,9 +155,7 @@ def tenants_create(
 
     if not re.fullmatch(TENANT_NAME, name):
         bad_input(f"tenant {name!r}: use letters, digits, '.', '_' and '-' (at most 64)")
-    cap = _cap(max_cost)
-    key_cap = _cap(key_max_cost, "--key-max-cost")
-    session_cap = _session_cap(session_max_cost)
+    cap, key_cap, session_cap = _caps(max_cost, key_max_cost, session_max_cost)
     try:
         db = _service_db()
         key = db.create_tenant(name)
@@ -185,9 +188,7 @@ def tenants_create(
 @tenants_app.command("budget")
 def tenants_budget(
     name: TenantArgument,
-    max_cost: Annotated[
-        str | None, typer.Option("--max-cost", help="New budget in USD ('none' for unlimited).")
-    ] = None,
+    max_cost: TenantMaxCostOption = None,
     key_max_cost: KeyMaxCostOption = None,
     session_max_cost: SessionMaxCostOption = None,
     json_out: JsonFlag = False,
@@ -198,9 +199,7 @@ def tenants_budget(
     Example: stayer tenants budget acme --max-cost 80 --key-max-cost 20"""
     if max_cost is None and key_max_cost is None and session_max_cost is None:
         bad_input("stayer tenants budget: give --max-cost, --key-max-cost or --session-max-cost")
-    cap = _cap_or_none(max_cost, "--max-cost")
-    key_cap = _cap_or_none(key_max_cost, "--key-max-cost")
-    session_cap = _session_cap(session_max_cost)
+    cap, key_cap, session_cap = _caps(max_cost, key_max_cost, session_max_cost)
     try:
         db = _service_db()
         if not db.tenant_exists(name):
@@ -314,6 +313,17 @@ def _cap(text: str | None, flag: str = "--max-cost"):  # noqa: ANN202 - Decimal 
 
 def _cap_or_none(text: str | None, flag: str) -> Decimal | None:
     return None if text is None or text.lower() in ("none", "unlimited") else _cap(text, flag)
+
+
+def _caps(
+    max_cost: str | None, key_max_cost: str | None, session_max_cost: str | None
+) -> tuple[Decimal | None, Decimal | None, Decimal | None]:
+    """The tenant's budget, its key's and its sessions' default cap; None: unlimited."""
+    return (
+        _cap_or_none(max_cost, "--max-cost"),
+        _cap_or_none(key_max_cost, "--key-max-cost"),
+        _session_cap(session_max_cost),
+    )
 
 
 def _session_cap(text: str | None) -> Decimal | None:
