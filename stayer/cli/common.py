@@ -261,9 +261,11 @@ HELP_SETTINGS: dict[str, Any] = {
 }
 
 
-def sub_app(help: str, **extra: Any) -> typer.Typer:
-    """A command group (``stayer sandbox …``) that looks like the main app."""
-    return typer.Typer(help=help, **{**HELP_SETTINGS, **extra})
+def sub_app(name: str, help: str, **extra: Any) -> typer.Typer:
+    """The command group ``stayer NAME …``, registered on the app and looking like it."""
+    group = typer.Typer(help=help, **{**HELP_SETTINGS, **extra})
+    app.add_typer(group, name=name)
+    return group
 
 
 app = StayerApp(

@@ -7,11 +7,10 @@ from typing import Annotated
 
 import typer
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json
+from stayer.cli.common import JsonFlag, bad_input, emit_json, sub_app
 from stayer.cli.options import RunIdArgument
 
-export_app = typer.Typer(help="Write a run in another system's format.", no_args_is_help=True)
-app.add_typer(export_app, name="export")
+export_app = sub_app("export", "Write a run in another system's format.")
 
 
 @export_app.command("a2a")

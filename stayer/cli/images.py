@@ -9,11 +9,10 @@ from typing import Annotated, Any
 
 import typer
 
-from stayer.cli.common import JsonFlag, app, bad_input, console, dash, emit_json, stderr, sub_app
+from stayer.cli.common import JsonFlag, bad_input, console, dash, emit_json, stderr, sub_app
 from stayer.cli.options import DryRunOption, older_than_option
 
-images_app = sub_app("List and prune the cached layers of images built without Docker.")
-app.add_typer(images_app, name="images")
+images_app = sub_app("images", "List and prune the cached layers of images built without Docker.")
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -9,7 +9,6 @@ import typer
 from stayer.cli.common import (
     EXIT_BAD_INPUT,
     JsonFlag,
-    app,
     bad_input,
     emit_json,
     error_line,
@@ -44,8 +43,7 @@ RUNS_HELP = """List runs, newest first: id, task, model, status, steps, cost, st
     Example:  stayer runs --status failed --since 2026-01-01
     """
 # A group that lists when no command follows: ``stayer runs`` and ``stayer runs prune``.
-runs_app = sub_app(RUNS_HELP, no_args_is_help=False, invoke_without_command=True)
-app.add_typer(runs_app, name="runs")
+runs_app = sub_app("runs", RUNS_HELP, no_args_is_help=False, invoke_without_command=True)
 
 
 @runs_app.callback()

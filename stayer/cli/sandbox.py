@@ -19,7 +19,6 @@ import typer
 from stayer.choices import HOST_KINDS, kinds_help
 from stayer.cli.common import (
     JsonFlag,
-    app,
     bad_input,
     emit_json,
     stderr,
@@ -28,8 +27,7 @@ from stayer.cli.common import (
 from stayer.cli.options import MaxProcessesOption, StorageMbOption
 from stayer.errors import ConfigError
 
-sandbox_app = sub_app("Run commands in the agent's sandbox.")
-app.add_typer(sandbox_app, name="sandbox")
+sandbox_app = sub_app("sandbox", "Run commands in the agent's sandbox.")
 
 # timeout(1)'s exit status for a command it had to kill.
 EXIT_TIMED_OUT = 124

@@ -29,8 +29,7 @@ from stayer.errors import ConfigError
 
 # asyncio, signal and rich are imported inside the commands: `stayer --help` and the
 # other commands load this module too (see stayer.cli.common).
-tenants_app = sub_app("Tenants of the runtime: API keys and dollar budgets.")
-app.add_typer(tenants_app, name="tenants")
+tenants_app = sub_app("tenants", "Tenants of the runtime: API keys and dollar budgets.")
 
 TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 TenantArgument = Annotated[str, typer.Argument(help="Tenant name: letters, digits, '.', '_', '-'.")]

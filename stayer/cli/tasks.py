@@ -10,7 +10,6 @@ from stayer.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     JsonFlag,
-    app,
     bad_input,
     console,
     emit_json,
@@ -20,8 +19,7 @@ from stayer.cli.common import (
 from stayer.cli.eval import report_problems
 from stayer.errors import ConfigError
 
-tasks_app = sub_app("Check task suites; import Terminal-Bench tasks.")
-app.add_typer(tasks_app, name="tasks")
+tasks_app = sub_app("tasks", "Check task suites; import Terminal-Bench tasks.")
 
 
 @tasks_app.command("check")

@@ -14,11 +14,10 @@ from typing import Annotated, Any
 
 import typer
 
-from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json, stderr, sub_app
+from stayer.cli.common import JsonFlag, bad_input, console, emit_json, stderr, sub_app
 from stayer.errors import ConfigError
 
-tools_app = sub_app("The tools an agent sees: stayer's own and its MCP servers'.")
-app.add_typer(tools_app, name="tools")
+tools_app = sub_app("tools", "The tools an agent sees: stayer's own and its MCP servers'.")
 
 DEFAULT_MODEL = "sim:claude-sonnet-4-5"
 
