@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from stayer.choices import DEFAULT_MAX_STEPS, DEFAULT_POLICY, POLICY_HELP
+from stayer.choices import DEFAULT_MAX_STEPS, DEFAULT_POLICY
 from stayer.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -30,12 +30,13 @@ from stayer.cli.common import (
 from stayer.cli.options import (
     MaxStepsOption,
     OtlpOption,
+    PoliciesOption,
+    RayOption,
     RunMaxCostOption,
     RunsAtOnceOption,
     SimLatencyOption,
     SimPolicyOption,
     TaskSandboxOption,
-    ray_option,
 )
 from stayer.errors import ConfigError
 
@@ -91,12 +92,7 @@ def eval_command(
             "--model", "-m", help="Comma-separated models, e.g. sim:claude-sonnet-4-5,sim:gpt-5."
         ),
     ],
-    policy: Annotated[
-        str | None,
-        typer.Option(
-            "--policy", help=f"Context policy: {POLICY_HELP}; comma-separated to compare several."
-        ),
-    ] = None,
+    policy: PoliciesOption = None,
     epochs: Annotated[int, typer.Option("--epochs", help="Trials per task and configuration.")] = 1,
     concurrency: RunsAtOnceOption = 4,
     out: Annotated[
@@ -126,12 +122,7 @@ def eval_command(
         ),
     ] = False,
     otlp: OtlpOption = None,
-    ray: Annotated[
-        str | None,
-        ray_option(
-            "Run trials on Ray: 'local' starts a one-machine cluster, else the address of one (with STAYER_DB)."
-        ),
-    ] = None,
+    ray: RayOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Evaluate models (and policies) on a task suite, with success and cost with confidence.

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from stayer.choices import kinds_help
+from stayer.choices import POLICY_HELP, kinds_help
 
 # How one run is bounded and where it runs (``stayer run``; each trial or sample of
 # ``stayer eval`` and ``stayer rollouts``; each command of ``stayer sandbox exec``).
@@ -66,10 +66,37 @@ OtlpOption = Annotated[
 RunIdArgument = Annotated[str, typer.Argument(help="Id of the run (see `stayer runs`).")]
 
 
-def ray_option(help: str) -> Any:
-    """``--ray ADDRESS|local``: the work as Ray tasks, on a cluster started here ('local') or
-    the one at ADDRESS. The help says what the work is (trials, samples)."""
-    return typer.Option("--ray", metavar="ADDRESS|local", help=help)
+RayOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        metavar="ADDRESS|local",
+        help="Run on Ray: 'local' starts a one-machine cluster, else the address of one "
+        "(with STAYER_DB).",
+    ),
+]
+# What the agent is given (``stayer run``; ``eval`` and ``whatif`` compare policies).
+ConfigOption = Annotated[
+    str | None,
+    typer.Option(
+        "--config",
+        help="stayer.toml: models by role, cascade, tiers, failover, sub-agents, breakers, "
+        "MCP servers.",
+    ),
+]
+McpToolsOption = Annotated[
+    str,
+    typer.Option(
+        "--mcp-tools",
+        help="MCP schemas: eager (all in the prompt), lazy (tool_search), auto (cheaper).",
+    ),
+]
+PoliciesOption = Annotated[
+    str | None,
+    typer.Option(
+        "--policy", help=f"Context policy: {POLICY_HELP}; comma-separated to compare several."
+    ),
+]
 
 
 # Selecting what a listing shows or a prune removes (``runs``, ``audit``, ``images prune``).

@@ -26,10 +26,10 @@ from stayer.cli.common import (
 )
 from stayer.cli.options import (
     MaxStepsOption,
+    RayOption,
     RunsAtOnceOption,
     SimPolicyOption,
     TaskSandboxOption,
-    ray_option,
 )
 from stayer.errors import ConfigError
 
@@ -103,9 +103,7 @@ def rollouts_command(
             help="`stayer tasks check --json` output: flagged tasks are excluded or down-weighted.",
         ),
     ] = None,
-    ray: Annotated[
-        str | None, ray_option("Run samples as Ray tasks ('local': a one-machine cluster).")
-    ] = None,
+    ray: RayOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Collect rollouts for training: K samples per task across domains, with token ids,

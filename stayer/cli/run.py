@@ -35,9 +35,11 @@ from stayer.cli.common import (
     usd,
 )
 from stayer.cli.options import (
+    ConfigOption,
     MaxContextOption,
     MaxProcessesOption,
     MaxStepsOption,
+    McpToolsOption,
     OtlpOption,
     RunMaxCostOption,
     SimLatencyOption,
@@ -89,20 +91,8 @@ def run(
         typer.Option("--policy", help=f"Context policy: {POLICY_HELP}."),
     ] = DEFAULT_POLICY,
     max_context: MaxContextOption = None,
-    mcp_tools: Annotated[
-        str,
-        typer.Option(
-            "--mcp-tools",
-            help="MCP schemas: eager (all in the prompt), lazy (tool_search), auto (cheaper).",
-        ),
-    ] = DEFAULT_MCP_TOOLS,
-    config_file: Annotated[
-        str | None,
-        typer.Option(
-            "--config",
-            help="stayer.toml: models by role, cascade, tiers, failover, sub-agents, breakers.",
-        ),
-    ] = None,
+    mcp_tools: McpToolsOption = DEFAULT_MCP_TOOLS,
+    config_file: ConfigOption = None,
     team: Annotated[
         str | None,
         typer.Option(
