@@ -3,6 +3,7 @@
 A command declares a parameter with one of these (``max_steps: MaxStepsOption = …``);
 the flag's name, type and help are said here once, and its default where it is declared.
 An option one command alone takes is declared in that command (``--json``: common.py).
+tests/test_cli_options.py lists the flags that mean something else in some commands.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import typer
 
 from stayer.choices import POLICY_HELP, kinds_help
 
-# How one run is bounded and where it runs (``stayer run``; each trial or sample of
-# ``stayer eval`` and ``stayer rollouts``; each command of ``stayer sandbox exec``).
+# One run: its bounds, its sandbox, its trace (``stayer run``; each trial or sample of
+# ``stayer eval`` and ``stayer rollouts``; the command of ``stayer sandbox exec``).
 MaxStepsOption = Annotated[int, typer.Option("--max-steps", help="Model calls at most per run.")]
 RunMaxCostOption = Annotated[
     str | None, typer.Option("--max-cost", help="Hard cap in USD per run; never overshot.")
@@ -22,7 +23,6 @@ RunMaxCostOption = Annotated[
 MaxContextOption = Annotated[
     int | None, typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded.")
 ]
-SandboxOption = Annotated[str, typer.Option("--sandbox", help=f"{kinds_help()}. Default: bwrap.")]
 TaskSandboxOption = Annotated[
     str | None,
     typer.Option(
@@ -44,18 +44,6 @@ StorageMbOption = Annotated[
         help="What /app and /tmp may hold, MiB (default: the task's, else the agent's).",
     ),
 ]
-SimPolicyOption = Annotated[
-    str | None,
-    typer.Option(
-        "--sim-policy",
-        help="For sim: models: oracle (default) | team | "
-        "synthetic:steps=N,obs_tokens=T,out_tokens=U | replay:PATH",
-    ),
-]
-SimLatencyOption = Annotated[
-    float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
-]
-RunsAtOnceOption = Annotated[int, typer.Option("--concurrency", help="Runs at once.")]
 OtlpOption = Annotated[
     str | None,
     typer.Option(
@@ -65,17 +53,8 @@ OtlpOption = Annotated[
 ]
 RunIdArgument = Annotated[str, typer.Argument(help="Id of the run (see `stayer runs`).")]
 
-
-RayOption = Annotated[
-    str | None,
-    typer.Option(
-        "--ray",
-        metavar="ADDRESS|local",
-        help="Run on Ray: 'local' starts a one-machine cluster, else the address of one "
-        "(with STAYER_DB).",
-    ),
-]
-# What the agent is given (``stayer run``; ``eval`` and ``whatif`` compare policies).
+# What the agent is given (``stayer run``, ``tools list``); the policies that ``eval`` and
+# ``whatif`` compare.
 ConfigOption = Annotated[
     str | None,
     typer.Option(
@@ -98,6 +77,31 @@ PoliciesOption = Annotated[
     ),
 ]
 
+# The simulated provider (``sim:`` models of ``run``, ``eval`` and ``rollouts``).
+SimPolicyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--sim-policy",
+        help="For sim: models: oracle (default) | team | "
+        "synthetic:steps=N,obs_tokens=T,out_tokens=U | replay:PATH",
+    ),
+]
+SimLatencyOption = Annotated[
+    float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
+]
+
+# Many runs (``eval``, ``rollouts``).
+RunsAtOnceOption = Annotated[int, typer.Option("--concurrency", help="Runs at once.")]
+RayOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        metavar="ADDRESS|local",
+        help="Run on Ray: 'local' starts a one-machine cluster, else the address of one "
+        "(with STAYER_DB).",
+    ),
+]
+
 
 # Selecting what a listing shows or a prune removes (``runs``, ``audit``, ``images prune``).
 def since_option(what: str) -> Any:
@@ -117,7 +121,7 @@ DryRunOption = Annotated[
 ]
 
 # The servers (``stayer serve``, ``worker``, ``gateway``, ``sim serve``): their address,
-# /metrics token and webhooks.
+# /metrics token and webhooks, and the sandbox of runs that come with no task.toml.
 HostOption = Annotated[str, typer.Option("--host", help="Address to listen on.")]
 FreePortOption = Annotated[
     int, typer.Option("--port", help="Port to listen on (0: a free one).", min=0, max=65535)
@@ -136,3 +140,4 @@ PrivateWebhooksOption = Annotated[
         "--allow-private-webhooks", help="Let webhooks target loopback and private addresses."
     ),
 ]
+SandboxOption = Annotated[str, typer.Option("--sandbox", help=f"{kinds_help()}. Default: bwrap.")]
