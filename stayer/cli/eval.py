@@ -36,6 +36,7 @@ from stayer.cli.options import (
     RunsAtOnceOption,
     SimLatencyOption,
     SimPolicyOption,
+    SuiteArgument,
     TaskSandboxOption,
 )
 from stayer.errors import ConfigError
@@ -83,9 +84,7 @@ def _tracing(otlp: str | None) -> Iterator[Any]:
 
 @app.command("eval")
 def eval_command(
-    suite: Annotated[
-        str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")
-    ],
+    suite: SuiteArgument,
     model: Annotated[
         str,
         typer.Option(

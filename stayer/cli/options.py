@@ -90,7 +90,10 @@ SimLatencyOption = Annotated[
     float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
 ]
 
-# Many runs (``eval``, ``rollouts``).
+# Many runs, a suite's (``eval``, ``rollouts``, ``tasks check``).
+SuiteArgument = Annotated[
+    str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")
+]
 RunsAtOnceOption = Annotated[int, typer.Option("--concurrency", help="Runs at once.")]
 RayOption = Annotated[
     str | None,

@@ -17,6 +17,7 @@ from stayer.cli.common import (
     sub_app,
 )
 from stayer.cli.eval import report_problems
+from stayer.cli.options import SuiteArgument
 from stayer.errors import ConfigError
 
 tasks_app = sub_app("tasks", "Check task suites; import Terminal-Bench tasks.")
@@ -24,9 +25,7 @@ tasks_app = sub_app("tasks", "Check task suites; import Terminal-Bench tasks.")
 
 @tasks_app.command("check")
 def check(
-    suite: Annotated[
-        str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")
-    ],
+    suite: SuiteArgument,
     reruns: Annotated[
         int,
         typer.Option("--reruns", help="Extra verifications of the oracle's workspace (flakiness)."),
