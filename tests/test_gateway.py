@@ -312,6 +312,19 @@ def test_a_tenants_gateway_settings_refuse_bad_values_and_write_nothing(
     assert _cli(env, "tenants", "list", "--json") == before
 
 
+def test_tenants_create_takes_none_for_unlimited_as_tenants_budget_does(
+    env: dict[str, str],
+) -> None:
+    """Both commands' help says of each cap "'none' for unlimited"; create took it too."""
+    args = ("--max-cost", "none", "--key-max-cost", "none", "--session-max-cost", "none")
+    doc = json.loads(_cli(env, "tenants", "create", "unlimited", *args, "--json"))
+    caps = (doc["max_cost"], doc["key_max_cost"], doc["session_max_cost"])
+    assert caps == (None, None, None)
+    assert (
+        json.loads(_cli(env, "tenants", "budget", "unlimited", *args, "--json"))["max_cost"] is None
+    )
+
+
 def test_a_key_deleted_from_the_database_is_refused_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

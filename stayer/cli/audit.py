@@ -23,6 +23,7 @@ from stayer.cli.common import (
     plain_reading,
     stderr,
 )
+from stayer.cli.options import since_option
 from stayer.errors import ConfigError
 
 
@@ -65,10 +66,7 @@ def audit(
             "Default: ~/.claude/projects, $CLAUDE_CONFIG_DIR, ~/.codex/sessions, $STAYER_HOME/runs."
         ),
     ] = None,
-    since: Annotated[
-        str | None,
-        typer.Option("--since", help="Only calls on or after this UTC date (YYYY-MM-DD)."),
-    ] = None,
+    since: Annotated[str | None, since_option("calls")] = None,
     group: Annotated[
         str, typer.Option("--group", help="Rows of the table: session, day (UTC) or model.")
     ] = "session",

@@ -20,7 +20,6 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 from typer.main import get_command
 
-from stayer.choices import kinds_help
 from stayer.errors import ConfigError
 from stayer.money import Usd
 
@@ -262,9 +261,11 @@ HELP_SETTINGS: dict[str, Any] = {
 }
 
 
-def sub_app(help: str, **extra: Any) -> typer.Typer:
-    """A command group (``stayer sandbox …``) that looks like the main app."""
-    return typer.Typer(help=help, **{**HELP_SETTINGS, **extra})
+def sub_app(name: str, help: str, **extra: Any) -> typer.Typer:
+    """The command group ``stayer NAME …``, registered on the app and looking like it."""
+    group = typer.Typer(help=help, **{**HELP_SETTINGS, **extra})
+    app.add_typer(group, name=name)
+    return group
 
 
 app = StayerApp(
@@ -301,43 +302,8 @@ def _main(
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_BUDGET = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C (128 + SIGINT)
 
+# The options that several commands take are stayer.cli.options's; --json is every one's.
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
-
-# Options that several commands take with one meaning and one help text.
-SandboxOption = Annotated[str, typer.Option("--sandbox", help=f"{kinds_help()}. Default: bwrap.")]
-# Over a suite each task may name its own sandbox (task.toml's [environment] sandbox).
-TaskSandboxOption = Annotated[
-    str | None,
-    typer.Option(
-        "--sandbox",
-        help=f"For every task: {kinds_help()}. Default: each task's [environment] sandbox, else its image where it has a Dockerfile (docker where a daemon answers, else bwrap-image), else bwrap.",
-    ),
-]
-SimPolicyOption = Annotated[
-    str | None, typer.Option("--sim-policy", help="For sim: models (default oracle).")
-]
-SimLatencyOption = Annotated[
-    float, typer.Option("--sim-latency", help="Simulated seconds per model call.")
-]
-# The servers' address (``stayer serve``, ``gateway``, ``sim serve``) and /metrics token.
-HostOption = Annotated[str, typer.Option("--host", help="Address to listen on.")]
-FreePortOption = Annotated[
-    int, typer.Option("--port", help="Port to listen on (0: a free one).", min=0, max=65535)
-]
-MetricsTokenOption = Annotated[
-    str | None,
-    typer.Option(
-        "--metrics-token",
-        envvar="STAYER_METRICS_TOKEN",
-        help="Bearer token of GET /metrics (Prometheus); off without one.",
-    ),
-]
-
-
-def ray_option(help: str) -> Any:
-    """``--ray ADDRESS|local``: the work as Ray tasks, on a cluster started here ('local') or
-    the one at ADDRESS. The help says what the work is (trials, samples)."""
-    return typer.Option("--ray", metavar="ADDRESS|local", help=help)
 
 
 def run_async(main: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -9,16 +9,13 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from stayer.choices import DEFAULT_MAX_STEPS, DEFAULT_POLICY, POLICY_HELP
+from stayer.choices import DEFAULT_MAX_STEPS, DEFAULT_POLICY
 from stayer.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     JsonFlag,
-    SimLatencyOption,
-    SimPolicyOption,
-    TaskSandboxOption,
     app,
     bad_input,
     check_writable_dir,
@@ -26,10 +23,21 @@ from stayer.cli.common import (
     emit_json,
     error_line,
     parse_decimal,
-    ray_option,
     run_async,
     stderr,
     usd,
+)
+from stayer.cli.options import (
+    MaxStepsOption,
+    OtlpOption,
+    PoliciesOption,
+    RayOption,
+    RunMaxCostOption,
+    RunsAtOnceOption,
+    SimLatencyOption,
+    SimPolicyOption,
+    SuiteArgument,
+    TaskSandboxOption,
 )
 from stayer.errors import ConfigError
 
@@ -76,23 +84,16 @@ def _tracing(otlp: str | None) -> Iterator[Any]:
 
 @app.command("eval")
 def eval_command(
-    suite: Annotated[
-        str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")
-    ],
+    suite: SuiteArgument,
     model: Annotated[
         str,
         typer.Option(
             "--model", "-m", help="Comma-separated models, e.g. sim:claude-sonnet-4-5,sim:gpt-5."
         ),
     ],
-    policy: Annotated[
-        str | None,
-        typer.Option(
-            "--policy", help=f"Context policy: {POLICY_HELP}; comma-separated to compare several."
-        ),
-    ] = None,
+    policy: PoliciesOption = None,
     epochs: Annotated[int, typer.Option("--epochs", help="Trials per task and configuration.")] = 1,
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Trials running at once.")] = 4,
+    concurrency: RunsAtOnceOption = 4,
     out: Annotated[
         str | None,
         typer.Option(
@@ -100,12 +101,8 @@ def eval_command(
             help="Directory for trial records, eval.json and report.html; re-running resumes.",
         ),
     ] = None,
-    max_steps: Annotated[
-        int, typer.Option("--max-steps", help="Model calls at most per trial.")
-    ] = DEFAULT_MAX_STEPS,
-    max_cost: Annotated[
-        str | None, typer.Option("--max-cost", help="Hard cap in USD per trial.")
-    ] = None,
+    max_steps: MaxStepsOption = DEFAULT_MAX_STEPS,
+    max_cost: RunMaxCostOption = None,
     sim_policy: SimPolicyOption = None,
     sim_latency: SimLatencyOption = 0.0,
     sandbox: TaskSandboxOption = None,
@@ -123,19 +120,8 @@ def eval_command(
             help="Run tasks that fail the preflight; their unjudgeable trials count in infra_errors.",
         ),
     ] = False,
-    otlp: Annotated[
-        str | None,
-        typer.Option(
-            "--otlp",
-            help="Export each trial's OpenTelemetry spans to this OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT).",
-        ),
-    ] = None,
-    ray: Annotated[
-        str | None,
-        ray_option(
-            "Run trials on Ray: 'local' starts a one-machine cluster, else the address of one (with STAYER_DB)."
-        ),
-    ] = None,
+    otlp: OtlpOption = None,
+    ray: RayOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Evaluate models (and policies) on a task suite, with success and cost with confidence.

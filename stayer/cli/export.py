@@ -7,15 +7,15 @@ from typing import Annotated
 
 import typer
 
-from stayer.cli.common import JsonFlag, app, bad_input, emit_json
+from stayer.cli.common import JsonFlag, bad_input, emit_json, sub_app
+from stayer.cli.options import RunIdArgument
 
-export_app = typer.Typer(help="Write a run in another system's format.", no_args_is_help=True)
-app.add_typer(export_app, name="export")
+export_app = sub_app("export", "Write a run in another system's format.")
 
 
 @export_app.command("a2a")
 def a2a(
-    run_id: Annotated[str, typer.Argument(help="Id of the run (see `stayer runs`).")],
+    run_id: RunIdArgument,
     out: Annotated[
         str | None, typer.Option("--out", help="Write the tasks to this file instead of stdout.")
     ] = None,

@@ -7,13 +7,12 @@ from typing import Annotated
 
 import typer
 
-from stayer.cli.common import (
+from stayer.cli.common import app, bad_input, serve_app
+from stayer.cli.options import (
     FreePortOption,
     HostOption,
     MetricsTokenOption,
-    app,
-    bad_input,
-    serve_app,
+    PrivateWebhooksOption,
 )
 
 
@@ -72,13 +71,7 @@ def gateway(
             "tools and system prompt, and at the last message); the saving is on the ledger.",
         ),
     ] = False,
-    allow_private_webhooks: Annotated[
-        bool,
-        typer.Option(
-            "--allow-private-webhooks",
-            help="Let the tenants' cache-miss webhooks target loopback and private addresses.",
-        ),
-    ] = False,
+    allow_private_webhooks: PrivateWebhooksOption = False,
     metrics_token: MetricsTokenOption = None,
 ) -> None:
     """Meter any agent: point its base URL here and authenticate with a stayer tenant key

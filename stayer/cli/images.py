@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 import typer
 
-from stayer.cli.common import JsonFlag, app, bad_input, console, dash, emit_json, stderr, sub_app
+from stayer.cli.common import JsonFlag, bad_input, console, dash, emit_json, stderr, sub_app
+from stayer.cli.options import DryRunOption, older_than_option
 
-images_app = sub_app("List and prune the cached layers of images built without Docker.")
-app.add_typer(images_app, name="images")
+images_app = sub_app("images", "List and prune the cached layers of images built without Docker.")
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -102,14 +102,7 @@ def list_command(json_out: JsonFlag = False) -> None:
 
 @images_app.command("prune")
 def prune_command(
-    older_than: Annotated[
-        str | None,
-        typer.Option(
-            "--older-than",
-            metavar="DURATION",
-            help="Remove images not used for this long (30m, 12h, 7d, 1d12h).",
-        ),
-    ] = None,
+    older_than: Annotated[str | None, older_than_option("Remove images not used")] = None,
     keep_bytes: Annotated[
         str | None,
         typer.Option(
@@ -121,9 +114,7 @@ def prune_command(
     everything: Annotated[
         bool, typer.Option("--all", help="Remove every layer not in use.")
     ] = False,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")
-    ] = False,
+    dry_run: DryRunOption = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Remove the least recently used layers that no kept image needs.

@@ -13,15 +13,12 @@ from typing import Annotated
 
 import typer
 
-from stayer.cli.common import EXIT_FAILED, JsonFlag, app, bad_input, emit_json, stderr
+from stayer.cli.common import EXIT_FAILED, JsonFlag, bad_input, emit_json, stderr, sub_app
 from stayer.errors import ConfigError
 
-local_app = typer.Typer(
-    no_args_is_help=True,
-    help="A real model on this machine: llama.cpp's server and Qwen2.5-Coder-0.5B.",
-    add_completion=False,
+local_app = sub_app(
+    "local-model", "A real model on this machine: llama.cpp's server and Qwen2.5-Coder-0.5B."
 )
-app.add_typer(local_app, name="local-model")
 
 
 def _log(message: str) -> None:

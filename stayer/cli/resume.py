@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
 from stayer.cli.common import EXIT_OK, JsonFlag, app, bad_input, console, emit_json, stderr
+from stayer.cli.options import RunIdArgument
 from stayer.cli.run import finish, sandbox_line, step_printer, summary_table, traced
 from stayer.errors import ConfigError
 
 
 @app.command()
 def resume(
-    run_id: Annotated[str, typer.Argument(help="Id of the run to continue (see `stayer runs`).")],
+    run_id: RunIdArgument,
     json_out: JsonFlag = False,
 ) -> None:
     """Continue an interrupted run from its journal: same result as if it had never stopped.

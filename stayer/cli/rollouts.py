@@ -15,17 +15,21 @@ from stayer.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     JsonFlag,
-    SimPolicyOption,
-    TaskSandboxOption,
     app,
     bad_input,
     check_writable_dir,
     console,
     emit_json,
     parse_decimal,
-    ray_option,
     stderr,
     usd,
+)
+from stayer.cli.options import (
+    MaxStepsOption,
+    RayOption,
+    RunsAtOnceOption,
+    SimPolicyOption,
+    TaskSandboxOption,
 )
 from stayer.errors import ConfigError
 
@@ -88,10 +92,8 @@ def rollouts_command(
     fmt: Annotated[
         str, typer.Option("--format", help="jsonl, atif, verl, skyrl or verifiers.")
     ] = "jsonl",
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Samples running at once.")] = 4,
-    max_steps: Annotated[
-        int, typer.Option("--max-steps", help="Model calls at most per sample.")
-    ] = DEFAULT_MAX_STEPS,
+    concurrency: RunsAtOnceOption = 4,
+    max_steps: MaxStepsOption = DEFAULT_MAX_STEPS,
     sim_policy: SimPolicyOption = None,
     sandbox: TaskSandboxOption = None,
     checks: Annotated[
@@ -101,9 +103,7 @@ def rollouts_command(
             help="`stayer tasks check --json` output: flagged tasks are excluded or down-weighted.",
         ),
     ] = None,
-    ray: Annotated[
-        str | None, ray_option("Run samples as Ray tasks ('local': a one-machine cluster).")
-    ] = None,
+    ray: RayOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Collect rollouts for training: K samples per task across domains, with token ids,

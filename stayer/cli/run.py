@@ -14,7 +14,6 @@ from stayer.choices import (
     DEFAULT_MCP_TOOLS,
     DEFAULT_POLICY,
     POLICY_HELP,
-    kinds_help,
 )
 from stayer.cli.common import (
     EXIT_BUDGET,
@@ -22,7 +21,6 @@ from stayer.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     JsonFlag,
-    SimLatencyOption,
     app,
     bad_input,
     console,
@@ -35,6 +33,19 @@ from stayer.cli.common import (
     stderr,
     step_notes,
     usd,
+)
+from stayer.cli.options import (
+    ConfigOption,
+    MaxContextOption,
+    MaxProcessesOption,
+    MaxStepsOption,
+    McpToolsOption,
+    OtlpOption,
+    RunMaxCostOption,
+    SimLatencyOption,
+    SimPolicyOption,
+    StorageMbOption,
+    TaskSandboxOption,
 )
 from stayer.errors import ConfigError, StoreUnavailable
 from stayer.money import Usd
@@ -57,12 +68,8 @@ def run(
             help="PROVIDER:MODEL, e.g. sim:claude-sonnet-4-5 (with --team: the entry agent's).",
         ),
     ] = None,
-    max_steps: Annotated[
-        int, typer.Option("--max-steps", help="Model calls at most.")
-    ] = DEFAULT_MAX_STEPS,
-    max_cost: Annotated[
-        str | None, typer.Option("--max-cost", help="Hard cap in USD; never overshot.")
-    ] = None,
+    max_steps: MaxStepsOption = DEFAULT_MAX_STEPS,
+    max_cost: RunMaxCostOption = None,
     run_id: Annotated[
         str | None, typer.Option("--run-id", help="Id of this run (default: time + random).")
     ] = None,
@@ -72,21 +79,9 @@ def run(
             "--base-url", help="OpenAI-compatible server for openai-chat: and local: models."
         ),
     ] = None,
-    sim_policy: Annotated[
-        str | None,
-        typer.Option(
-            "--sim-policy",
-            help="oracle | team | synthetic:steps=N,obs_tokens=T,out_tokens=U | replay:PATH",
-        ),
-    ] = None,
+    sim_policy: SimPolicyOption = None,
     sim_latency: SimLatencyOption = 0.0,
-    sandbox: Annotated[
-        str | None,
-        typer.Option(
-            "--sandbox",
-            help=f"{kinds_help()}. Default: task.toml's [environment] sandbox, else the task's image where it has a Dockerfile (docker where a daemon answers, else bwrap-image), else bwrap.",
-        ),
-    ] = None,
+    sandbox: TaskSandboxOption = None,
     service_tier: Annotated[
         str | None,
         typer.Option("--service-tier", help="Provider service tier (flex, priority, fast…)."),
@@ -95,24 +90,9 @@ def run(
         str,
         typer.Option("--policy", help=f"Context policy: {POLICY_HELP}."),
     ] = DEFAULT_POLICY,
-    max_context: Annotated[
-        int | None,
-        typer.Option("--max-context", help="Hard limit on prompt tokens; never exceeded."),
-    ] = None,
-    mcp_tools: Annotated[
-        str,
-        typer.Option(
-            "--mcp-tools",
-            help="MCP schemas: eager (all in the prompt), lazy (tool_search), auto (cheaper).",
-        ),
-    ] = DEFAULT_MCP_TOOLS,
-    config_file: Annotated[
-        str | None,
-        typer.Option(
-            "--config",
-            help="stayer.toml: models by role, cascade, tiers, failover, sub-agents, breakers.",
-        ),
-    ] = None,
+    max_context: MaxContextOption = None,
+    mcp_tools: McpToolsOption = DEFAULT_MCP_TOOLS,
+    config_file: ConfigOption = None,
     team: Annotated[
         str | None,
         typer.Option(
@@ -131,20 +111,9 @@ def run(
         int | None,
         typer.Option("--memory-mb", help="Memory per sandboxed process (default: task.toml's)."),
     ] = None,
-    storage_mb: Annotated[
-        int | None,
-        typer.Option("--storage-mb", help="What /app and /tmp may hold (default: task.toml's)."),
-    ] = None,
-    max_processes: Annotated[
-        int | None, typer.Option("--max-processes", help="Processes per sandboxed command.")
-    ] = None,
-    otlp: Annotated[
-        str | None,
-        typer.Option(
-            "--otlp",
-            help="Export OpenTelemetry spans to this OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT).",
-        ),
-    ] = None,
+    storage_mb: StorageMbOption = None,
+    max_processes: MaxProcessesOption = None,
+    otlp: OtlpOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Run an agent on one task, verify the result, and report cost per step.

@@ -9,7 +9,6 @@ import typer
 from stayer.cli.common import (
     EXIT_BAD_INPUT,
     JsonFlag,
-    app,
     bad_input,
     emit_json,
     error_line,
@@ -17,6 +16,7 @@ from stayer.cli.common import (
     sub_app,
     usd,
 )
+from stayer.cli.options import DryRunOption, older_than_option, since_option
 from stayer.errors import ConfigError
 from stayer.journal.lease import SHOWN_STATUSES
 
@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 
 # What a run's row says (``run_status``), and ``corrupt``: a journal that cannot be read.
 STATUSES = (*SHOWN_STATUSES, "corrupt")
+StatusOption = Annotated[  # of `stayer runs` and `stayer runs prune`
+    str | None,
+    typer.Option("--status", help=f"Only runs with this status: {', '.join(STATUSES)}."),
+]
 # Dropped first to last when the terminal is too narrow: the id is what people copy, so it
 # is never cut.
 DROPPABLE = ("updated", "steps", "started", "task", "model", "cost (USD)")
@@ -39,28 +43,21 @@ RUNS_HELP = """List runs, newest first: id, task, model, status, steps, cost, st
     Example:  stayer runs --status failed --since 2026-01-01
     """
 # A group that lists when no command follows: ``stayer runs`` and ``stayer runs prune``.
-runs_app = sub_app(RUNS_HELP, no_args_is_help=False, invoke_without_command=True)
-app.add_typer(runs_app, name="runs")
+runs_app = sub_app("runs", RUNS_HELP, no_args_is_help=False, invoke_without_command=True)
 
 
 @runs_app.callback()
 def runs(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option("--limit", help="Show at most this many runs.")] = 50,
-    status: Annotated[
-        str | None,
-        typer.Option("--status", help=f"Only runs with this status: {', '.join(STATUSES)}."),
-    ] = None,
+    status: StatusOption = None,
     task: Annotated[
         str | None, typer.Option("--task", help="Only runs whose task name contains this text.")
     ] = None,
     model: Annotated[
         str | None, typer.Option("--model", help="Only runs whose model contains this text.")
     ] = None,
-    since: Annotated[
-        str | None,
-        typer.Option("--since", help="Only runs started on or after this UTC date (YYYY-MM-DD)."),
-    ] = None,
+    since: Annotated[str | None, since_option("runs started")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """The runs in the journal (RUNS_HELP is the help text)."""
@@ -188,25 +185,13 @@ def print_table(console: Console, docs: list[dict[str, Any]]) -> None:
 
 @runs_app.command("prune")
 def prune(
-    older_than: Annotated[
-        str | None,
-        typer.Option(
-            "--older-than",
-            metavar="DURATION",
-            help="Runs not updated for this long (30m, 12h, 7d, 1d12h).",
-        ),
-    ] = None,
-    status: Annotated[
-        str | None,
-        typer.Option("--status", help="Runs with this status (as `stayer runs` shows it)."),
-    ] = None,
+    older_than: Annotated[str | None, older_than_option("Runs not updated")] = None,
+    status: StatusOption = None,
     keep: Annotated[
         int | None,
         typer.Option("--keep", metavar="N", help="Never the N most recently started runs."),
     ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Say what would be deleted; delete nothing.")
-    ] = False,
+    dry_run: DryRunOption = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Delete runs: their journal (run row and events), the blobs no other run refers to,

@@ -19,16 +19,15 @@ import typer
 from stayer.choices import HOST_KINDS, kinds_help
 from stayer.cli.common import (
     JsonFlag,
-    app,
     bad_input,
     emit_json,
     stderr,
     sub_app,
 )
+from stayer.cli.options import MaxProcessesOption, StorageMbOption
 from stayer.errors import ConfigError
 
-sandbox_app = sub_app("Run commands in the agent's sandbox.")
-app.add_typer(sandbox_app, name="sandbox")
+sandbox_app = sub_app("sandbox", "Run commands in the agent's sandbox.")
 
 # timeout(1)'s exit status for a command it had to kill.
 EXIT_TIMED_OUT = 124
@@ -73,16 +72,11 @@ def exec_command(
         int | None,
         typer.Option("--memory", help="Address space per process, MiB (default: unlimited)."),
     ] = None,
-    max_processes: Annotated[
-        int | None,
-        typer.Option("--max-processes", help="Processes at once (default: the agent's limit)."),
-    ] = None,
+    max_processes: MaxProcessesOption = None,
     max_file_mb: Annotated[
         int | None, typer.Option("--max-file-mb", help="Largest file a process may write, MiB.")
     ] = None,
-    storage_mb: Annotated[
-        int | None, typer.Option("--storage-mb", help="What /app (and /tmp) may hold, MiB.")
-    ] = None,
+    storage_mb: StorageMbOption = None,
     sandbox: Annotated[
         str,
         typer.Option("--sandbox", help=f"{kinds_help(HOST_KINDS)}. Default: bwrap."),

@@ -9,10 +9,7 @@ from typing import Annotated
 import typer
 
 from stayer.cli.common import (
-    HostOption,
     JsonFlag,
-    MetricsTokenOption,
-    SandboxOption,
     app,
     bad_input,
     console,
@@ -21,25 +18,26 @@ from stayer.cli.common import (
     stderr,
     sub_app,
 )
+from stayer.cli.options import (
+    HostOption,
+    MetricsTokenOption,
+    OtlpOption,
+    PrivateWebhooksOption,
+    SandboxOption,
+)
 from stayer.errors import ConfigError
 
 # asyncio, signal and rich are imported inside the commands: `stayer --help` and the
 # other commands load this module too (see stayer.cli.common).
-tenants_app = sub_app("Tenants of the runtime: API keys and dollar budgets.")
-app.add_typer(tenants_app, name="tenants")
+tenants_app = sub_app("tenants", "Tenants of the runtime: API keys and dollar budgets.")
 
 TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+TenantArgument = Annotated[str, typer.Argument(help="Tenant name: letters, digits, '.', '_', '-'.")]
 
 
 # Options that `serve` (for its embedded worker) and `worker` share.
 TasksDirOption = Annotated[
     str, typer.Option("--tasks-dir", help="Directory of tasks that runs may name.")
-]
-PrivateWebhooksOption = Annotated[
-    bool,
-    typer.Option(
-        "--allow-private-webhooks", help="Let webhooks target loopback and private addresses."
-    ),
 ]
 LeaseTtlOption = Annotated[
     float,
@@ -57,13 +55,6 @@ DrainTimeoutOption = Annotated[
         help="On SIGTERM, seconds to hand the runs back (at a step boundary) and exit.",
         min=1.0,
         max=86400.0,
-    ),
-]
-OtlpOption = Annotated[
-    str | None,
-    typer.Option(
-        "--otlp",
-        help="Export the runs' OpenTelemetry spans here (default: OTEL_EXPORTER_OTLP_ENDPOINT).",
     ),
 ]
 
@@ -123,6 +114,13 @@ def _worker(  # noqa: ANN202 - Worker (imported lazily: the CLI starts fast)
     )
 
 
+# A tenant's caps, as `tenants create` and `tenants budget` take them.
+TenantMaxCostOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-cost", help="The tenant's budget in USD over all its runs ('none' for unlimited)."
+    ),
+]
 KeyMaxCostOption = Annotated[
     str | None,
     typer.Option(
@@ -143,10 +141,8 @@ SessionMaxCostOption = Annotated[
 
 @tenants_app.command("create")
 def tenants_create(
-    name: Annotated[str, typer.Argument(help="Tenant name: letters, digits, '.', '_', '-'.")],
-    max_cost: Annotated[
-        str | None, typer.Option("--max-cost", help="The tenant's budget in USD over all its runs.")
-    ] = None,
+    name: TenantArgument,
+    max_cost: TenantMaxCostOption = None,
     key_max_cost: KeyMaxCostOption = None,
     session_max_cost: SessionMaxCostOption = None,
     json_out: JsonFlag = False,
@@ -158,9 +154,7 @@ def tenants_create(
 
     if not re.fullmatch(TENANT_NAME, name):
         bad_input(f"tenant {name!r}: use letters, digits, '.', '_' and '-' (at most 64)")
-    cap = _cap(max_cost)
-    key_cap = _cap(key_max_cost, "--key-max-cost")
-    session_cap = _session_cap(session_max_cost)
+    cap, key_cap, session_cap = _caps(max_cost, key_max_cost, session_max_cost)
     try:
         db = _service_db()
         key = db.create_tenant(name)
@@ -192,10 +186,8 @@ def tenants_create(
 
 @tenants_app.command("budget")
 def tenants_budget(
-    name: Annotated[str, typer.Argument(help="Tenant name.")],
-    max_cost: Annotated[
-        str | None, typer.Option("--max-cost", help="New budget in USD ('none' for unlimited).")
-    ] = None,
+    name: TenantArgument,
+    max_cost: TenantMaxCostOption = None,
     key_max_cost: KeyMaxCostOption = None,
     session_max_cost: SessionMaxCostOption = None,
     json_out: JsonFlag = False,
@@ -206,9 +198,7 @@ def tenants_budget(
     Example: stayer tenants budget acme --max-cost 80 --key-max-cost 20"""
     if max_cost is None and key_max_cost is None and session_max_cost is None:
         bad_input("stayer tenants budget: give --max-cost, --key-max-cost or --session-max-cost")
-    cap = _cap_or_none(max_cost, "--max-cost")
-    key_cap = _cap_or_none(key_max_cost, "--key-max-cost")
-    session_cap = _session_cap(session_max_cost)
+    cap, key_cap, session_cap = _caps(max_cost, key_max_cost, session_max_cost)
     try:
         db = _service_db()
         if not db.tenant_exists(name):
@@ -236,7 +226,7 @@ def tenants_budget(
 
 @tenants_app.command("webhook")
 def tenants_webhook(
-    name: Annotated[str, typer.Argument(help="Tenant name.")],
+    name: TenantArgument,
     url: Annotated[str, typer.Argument(help="http(s) URL, or 'none' to stop sending.")],
     allow_private_webhooks: PrivateWebhooksOption = False,
     json_out: JsonFlag = False,
@@ -322,6 +312,17 @@ def _cap(text: str | None, flag: str = "--max-cost"):  # noqa: ANN202 - Decimal 
 
 def _cap_or_none(text: str | None, flag: str) -> Decimal | None:
     return None if text is None or text.lower() in ("none", "unlimited") else _cap(text, flag)
+
+
+def _caps(
+    max_cost: str | None, key_max_cost: str | None, session_max_cost: str | None
+) -> tuple[Decimal | None, Decimal | None, Decimal | None]:
+    """The tenant's budget, its key's and its sessions' default cap; None: unlimited."""
+    return (
+        _cap_or_none(max_cost, "--max-cost"),
+        _cap_or_none(key_max_cost, "--key-max-cost"),
+        _session_cap(session_max_cost),
+    )
 
 
 def _session_cap(text: str | None) -> Decimal | None:

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from stayer.cli.common import FreePortOption, HostOption, app, bad_input, serve_app, sub_app
+from stayer.cli.common import bad_input, serve_app, sub_app
+from stayer.cli.options import FreePortOption, HostOption
 from stayer.errors import ConfigError
 
-sim_app = sub_app("The offline provider simulator, as a server on the providers' wire APIs.")
-app.add_typer(sim_app, name="sim")
+sim_app = sub_app("sim", "The offline provider simulator, as a server on the providers' wire APIs.")
 
 
 @sim_app.command("serve")

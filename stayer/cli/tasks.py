@@ -10,7 +10,6 @@ from stayer.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     JsonFlag,
-    app,
     bad_input,
     console,
     emit_json,
@@ -18,17 +17,15 @@ from stayer.cli.common import (
     sub_app,
 )
 from stayer.cli.eval import report_problems
+from stayer.cli.options import SuiteArgument
 from stayer.errors import ConfigError
 
-tasks_app = sub_app("Check task suites; import Terminal-Bench tasks.")
-app.add_typer(tasks_app, name="tasks")
+tasks_app = sub_app("tasks", "Check task suites; import Terminal-Bench tasks.")
 
 
 @tasks_app.command("check")
 def check(
-    suite: Annotated[
-        str, typer.Argument(help="Suite directory (Harbor-layout tasks), or one task.")
-    ],
+    suite: SuiteArgument,
     reruns: Annotated[
         int,
         typer.Option("--reruns", help="Extra verifications of the oracle's workspace (flakiness)."),

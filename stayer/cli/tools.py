@@ -14,11 +14,12 @@ from typing import Annotated, Any
 
 import typer
 
-from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json, stderr, sub_app
+from stayer.choices import DEFAULT_MCP_TOOLS
+from stayer.cli.common import JsonFlag, bad_input, console, emit_json, stderr, sub_app
+from stayer.cli.options import ConfigOption, McpToolsOption
 from stayer.errors import ConfigError
 
-tools_app = sub_app("The tools an agent sees: stayer's own and its MCP servers'.")
-app.add_typer(tools_app, name="tools")
+tools_app = sub_app("tools", "The tools an agent sees: stayer's own and its MCP servers'.")
 
 DEFAULT_MODEL = "sim:claude-sonnet-4-5"
 
@@ -28,9 +29,7 @@ def list_command(
     task: Annotated[
         str | None, typer.Option("--task", help="A task directory (its task.toml's [mcp]).")
     ] = None,
-    config_file: Annotated[
-        str | None, typer.Option("--config", help="A stayer.toml (its [mcp.servers]).")
-    ] = None,
+    config_file: ConfigOption = None,
     model: Annotated[
         str | None,
         typer.Option(
@@ -39,13 +38,11 @@ def list_command(
             f"models.main, else {DEFAULT_MODEL}).",
         ),
     ] = None,
-    mcp_tools: Annotated[
-        str,
-        typer.Option("--mcp-tools", help="eager, lazy or auto, as for stayer run (50 steps)."),
-    ] = "auto",
+    mcp_tools: McpToolsOption = DEFAULT_MCP_TOOLS,
     json_out: JsonFlag = False,
 ) -> None:
-    """Each tool: name, source (stayer or the server), schema tokens; and the total.
+    """Each tool: name, source (stayer or the server), schema tokens; and the total, with
+    the tools offered as --mcp-tools says (auto: as a run of 50 steps would have them).
 
     \b
     Example:  stayer tools list --task examples/hello-file --config stayer.toml

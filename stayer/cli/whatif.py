@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from stayer.choices import POLICY_HELP
 from stayer.cli.common import JsonFlag, app, bad_input, console, emit_json
+from stayer.cli.options import MaxContextOption, PoliciesOption
 from stayer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -33,16 +33,8 @@ def whatif(
             help="Model whose caching rules and prices apply (sim:ID or ID; default: the recorded one).",
         ),
     ] = None,
-    policy: Annotated[
-        str,
-        typer.Option(
-            "--policy",
-            help=f"{POLICY_HELP}; comma-separated to compare several.",
-        ),
-    ] = "auto",
-    max_context: Annotated[
-        int | None, typer.Option("--max-context", help="Hard limit on prompt tokens.")
-    ] = None,
+    policy: PoliciesOption = "auto",
+    max_context: MaxContextOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Replay a trajectory (actions and observations fixed) through context policies; an estimate.
@@ -67,7 +59,7 @@ def whatif(
     from stayer.whatif import compare, load_trace
 
     model_id = None if model is None else model.split(":", 1)[1] if ":" in model else model
-    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    policies = [p.strip() for p in (policy or "").split(",") if p.strip()]
     try:
         check_flags(RunFlags, {"max_context": max_context})
         prices = PriceBook.load()
