@@ -527,7 +527,8 @@ def result_document(
     for entry in lost:
         u += entry.usage
         cost += entry.cost.total
-    ledger = to_json(sorted([*result.ledger, *lost], key=ledger_order))
+    entries = sorted([*result.ledger, *lost], key=ledger_order)
+    ledger = to_json(entries)
     counter = p.counter.counter
     return RunReport(
         run_id=p.run_id,
@@ -546,7 +547,7 @@ def result_document(
         compactions=sum(1 for e in result.ledger if e.compaction),
         summary=result.summary,
         breakers=result.breakers,
-        agents=per_agent(ledger),
+        agents=to_json(per_agent(entries)),
         error=result.error or (verdict.infrastructure if verdict else None),
         ledger=ledger,
         started=started.isoformat(),
