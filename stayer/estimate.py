@@ -16,16 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from stayer.errors import ConfigError
 from stayer.money import MTOK
 from stayer.pricing import Rates
+from stayer.records import Record
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["estimate", "rates_from_flags", "render_estimate"]
+__all__ = ["Estimate", "estimate", "rates_from_flags", "render_estimate"]
 
 
 def _s(d: Decimal) -> str:
@@ -69,6 +70,48 @@ def rates_from_flags(
     )
 
 
+class EstimateInputs(Record, kw_only=True):
+    steps: int
+    new_tokens: int
+    output_tokens: int
+    cache_ttl: str
+    rates: dict[str, str]  # per million tokens, and the currency (``Rates.to_dict``)
+
+
+class WithCache(Record, kw_only=True):
+    total: str
+    cache_read: str
+    cache_write: str
+    output: str
+    input_tokens: int
+    cached_tokens: int
+
+
+class WithoutCache(Record, kw_only=True):
+    total: str
+    input: str
+    output: str
+    input_tokens: int
+
+
+class StepEstimate(Record, kw_only=True):
+    step: int
+    context_tokens: int
+    with_cache: str
+    without_cache: str
+
+
+class Estimate(Record, kw_only=True):
+    """The estimate (``stayer estimate --json``): money as strings, token counts as ints."""
+
+    inputs: EstimateInputs
+    currency: str
+    with_cache: WithCache
+    without_cache: WithoutCache
+    savings: str
+    steps: list[StepEstimate]
+
+
 def estimate(
     steps: int,
     new_tokens: int,
@@ -76,23 +119,13 @@ def estimate(
     rates: Rates | Callable[[int], Rates],
     *,
     cache_ttl: Literal["5m", "1h"] = "5m",
-) -> dict[str, Any]:
-    """Per-step and total cost of an agent loop with ideal caching and with none.
-
-    Returns a JSON-ready dict: money as strings, token counts as ints (see module doc)::
-
-        {"inputs": {...}, "currency": "USD",
-         "with_cache": {"total", "cache_read", "cache_write", "output", "input_tokens",
-                        "cached_tokens"},
-         "without_cache": {"total", "input", "output", "input_tokens"},
-         "savings": "…",
-         "steps": [{"step", "context_tokens", "with_cache", "without_cache"}, ...]}
-    """
+) -> Estimate:
+    """Per-step and total cost of an agent loop with ideal caching and with none."""
     for name, v in (("steps", steps), ("new_tokens", new_tokens), ("output_tokens", output_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ConfigError(f"--{name.replace('_', '-')}: must be a whole number >= 0, got {v!r}")
     rates_at = rates if callable(rates) else (lambda _tokens: rates)
-    rows: list[dict[str, Any]] = []
+    rows: list[StepEstimate] = []
     read_total = write_total = miss_total = output_total = Decimal(0)
     cached_tokens = context_total = 0
     for t in range(1, steps + 1):
@@ -111,49 +144,49 @@ def estimate(
         cached_tokens += cached
         context_total += context
         rows.append(
-            {
-                "step": t,
-                "context_tokens": context,
-                "with_cache": _s(read + write + out_cost),
-                "without_cache": _s(miss + out_cost),
-            }
+            StepEstimate(
+                step=t,
+                context_tokens=context,
+                with_cache=_s(read + write + out_cost),
+                without_cache=_s(miss + out_cost),
+            )
         )
 
     with_total = read_total + write_total + output_total
     without_total = miss_total + output_total
-    return {
-        "inputs": {
-            "steps": steps,
-            "new_tokens": new_tokens,
-            "output_tokens": output_tokens,
-            "cache_ttl": cache_ttl,
-            "rates": rates_at(new_tokens).to_dict(),
-        },
-        "currency": rates_at(new_tokens).currency,
-        "with_cache": {
-            "total": _s(with_total),
-            "cache_read": _s(read_total),
-            "cache_write": _s(write_total),
-            "output": _s(output_total),
-            "input_tokens": context_total,
-            "cached_tokens": cached_tokens,
-        },
-        "without_cache": {
-            "total": _s(without_total),
-            "input": _s(miss_total),
-            "output": _s(output_total),
-            "input_tokens": context_total,
-        },
-        "savings": _s(without_total - with_total),
-        "steps": rows,
-    }
+    return Estimate(
+        inputs=EstimateInputs(
+            steps=steps,
+            new_tokens=new_tokens,
+            output_tokens=output_tokens,
+            cache_ttl=cache_ttl,
+            rates=rates_at(new_tokens).to_dict(),
+        ),
+        currency=rates_at(new_tokens).currency,
+        with_cache=WithCache(
+            total=_s(with_total),
+            cache_read=_s(read_total),
+            cache_write=_s(write_total),
+            output=_s(output_total),
+            input_tokens=context_total,
+            cached_tokens=cached_tokens,
+        ),
+        without_cache=WithoutCache(
+            total=_s(without_total),
+            input=_s(miss_total),
+            output=_s(output_total),
+            input_tokens=context_total,
+        ),
+        savings=_s(without_total - with_total),
+        steps=rows,
+    )
 
 
-def render_estimate(result: dict[str, Any], console: Console, *, max_rows: int = 20) -> None:
+def render_estimate(result: Estimate, console: Console, *, max_rows: int = 20) -> None:
     """Print a per-step table and the totals; only the first and last rows when long."""
     from stayer.tables import Col, FitTable, print_table
 
-    cur = result.get("currency", "USD")
+    cur = result.currency
     table = FitTable(
         Col("step", number=True),
         Col("context tokens", number=True),
@@ -162,26 +195,24 @@ def render_estimate(result: dict[str, Any], console: Console, *, max_rows: int =
         title="Cost per step",
         title_justify="left",
     )
-    rows = result["steps"]
+    rows = result.steps
     if len(rows) > max_rows:
         head, tail = max_rows // 2, max_rows - max_rows // 2
-        shown: list[dict[str, Any] | None] = [*rows[:head], None, *rows[-tail:]]
+        shown: list[StepEstimate | None] = [*rows[:head], None, *rows[-tail:]]
     else:
         shown = list(rows)
     for r in shown:
         if r is None:
             table.add_row("…", f"({len(rows) - max_rows} steps)", "…", "…")
         else:
-            table.add_row(
-                str(r["step"]), f"{r['context_tokens']:,}", r["with_cache"], r["without_cache"]
-            )
+            table.add_row(str(r.step), f"{r.context_tokens:,}", r.with_cache, r.without_cache)
     print_table(console, table)
-    w, wo = result["with_cache"], result["without_cache"]
+    w, wo = result.with_cache, result.without_cache
     console.print(
-        f"[bold]with cache[/]    {w['total']} {cur}  "
-        f"(reads {w['cache_read']}, writes {w['cache_write']}, output {w['output']})"
+        f"[bold]with cache[/]    {w.total} {cur}  "
+        f"(reads {w.cache_read}, writes {w.cache_write}, output {w.output})"
     )
     console.print(
-        f"[bold]without cache[/] {wo['total']} {cur}  (input {wo['input']}, output {wo['output']})"
+        f"[bold]without cache[/] {wo.total} {cur}  (input {wo.input}, output {wo.output})"
     )
-    console.print(f"[bold]savings[/]       {result['savings']} {cur}")
+    console.print(f"[bold]savings[/]       {result.savings} {cur}")

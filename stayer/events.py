@@ -17,6 +17,15 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event"):
     """An event; its tag (``type(e).__struct_config__.tag``) is the journal's kind."""
 
 
+class ChangedMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """A message a compaction rewrote, as it became."""
+
+    role: str
+    content: str
+    tool_call_id: str | None
+    kind: str
+
+
 class Compaction(Event, frozen=True, kw_only=True, tag="compaction", omit_defaults=True):
     """The context was rewritten (enough to rewrite it again on resume); ``agent`` only
     in a team (a single agent's compactions are its own)."""
@@ -26,7 +35,7 @@ class Compaction(Event, frozen=True, kw_only=True, tag="compaction", omit_defaul
     first_index: int
     tokens_before: int
     tokens_after: int
-    changes: dict[str, dict[str, Any]]
+    changes: dict[str, ChangedMessage]  # by the index of the message in the context
     head_insert: str | None
     summary_input_tokens: int
     summary_output_tokens: int

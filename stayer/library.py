@@ -19,6 +19,7 @@ from stayer.money import usd_argument
 from stayer.settings import RunSettings
 
 if TYPE_CHECKING:
+    from stayer.ledger import LedgerEntry
     from stayer.run import RunReport
 
 
@@ -35,24 +36,27 @@ class RunOutcome:
     steps: int
     cost_usd: Decimal
     stop_reason: str | None
-    ledger: list[dict[str, Any]]
+    ledger: list[LedgerEntry]  # ``e[name]``: a field as the JSON document has it
     run_dir: Path
-    document: dict[str, Any]
+    document: dict[str, Any]  # as JSON: the API's boundary (``stayer run --json``)
 
     @classmethod
-    def from_document(cls, doc: dict[str, Any]) -> RunOutcome:
+    def of(cls, report: RunReport) -> RunOutcome:
+        from stayer.ledger import LedgerEntry
+        from stayer.records import from_json
+
         return cls(
-            run_id=doc["run_id"],
-            task=doc["task"],
-            model=doc["model"],
-            status=doc["status"],
-            reward=doc["reward"],
-            steps=doc["steps"],
-            cost_usd=Decimal(doc["cost_usd"]),
-            stop_reason=doc["stop_reason"],
-            ledger=list(doc["ledger"]),
-            run_dir=Path(doc["run_dir"]),
-            document=doc,
+            run_id=report.run_id,
+            task=report.task,
+            model=report.model,
+            status=report.status,
+            reward=report.reward,
+            steps=report.steps,
+            cost_usd=Decimal(report.cost_usd),
+            stop_reason=report.stop_reason,
+            ledger=from_json(report.ledger, list[LedgerEntry]),
+            run_dir=Path(report.run_dir),
+            document=report.to_json(),
         )
 
     @property
@@ -121,4 +125,4 @@ def run_task(
         max_processes=max_processes,
     )
     report = asyncio.run(_execute_run(settings, on_step))
-    return RunOutcome.from_document(report.to_json())
+    return RunOutcome.of(report)

@@ -49,6 +49,7 @@ from stayer.journal import (
     lost_ledger_entries,
 )
 from stayer.journal.codec import message_record
+from stayer.journal.session import LEASE_TTL_S
 from stayer.ledger import ledger_order
 from stayer.messages import Message
 from stayer.models.base import Model
@@ -73,7 +74,7 @@ from stayer.prepare import (  # noqa: F401  (re-exported: a run's names in one p
     run_tools,
     run_workspace,
 )
-from stayer.records import to_json
+from stayer.records import Record, from_json, to_json
 from stayer.sandbox import released
 from stayer.teams.runner import Team, TeamServices
 from stayer.tools.base import Tool, ToolContext
@@ -140,10 +141,10 @@ def _journal(p: PreparedRun) -> RunJournal:
     """A new run's journal, its directory and its workspace, materialised and snapshotted."""
     assert p.store is not None
     workspace = new_workspace()
-    lease: dict[str, Any] = {"owner": p.lease_owner}
-    if p.lease_ttl_s is not None:
-        lease["ttl_s"] = p.lease_ttl_s
-    journal = RunJournal.create(p.store, p.run_id, run_header(p), workspace, p.prices, **lease)
+    ttl_s = LEASE_TTL_S if p.lease_ttl_s is None else p.lease_ttl_s
+    journal = RunJournal.create(
+        p.store, p.run_id, run_header(p), workspace, p.prices, owner=p.lease_owner, ttl_s=ttl_s
+    )
     make_run_dir(p.run_dir, exist_ok=False)
     link_workspace(p.run_dir, workspace)
     p.task.materialise(workspace, p.task.kind(p.config.sandbox))
@@ -359,13 +360,21 @@ class Controls:
         return raised
 
 
-class Inbox:
-    """Messages people send a running agent (``fetch(after)`` → ``[{"n", "content"}]``,
-    numbered from 1), delivered at the agent's next step. What each step received is
-    journaled, so a resumed run replays the same messages at the same steps and then
-    continues with the ones it has not seen."""
+class InboxMessage(Record, kw_only=True):
+    """A message a person sent a running agent: its number in the run (from 1) and text."""
 
-    def __init__(self, fetch: Callable[[int], list[dict[str, Any]]]) -> None:
+    n: int
+    content: str
+    created_at: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class Inbox:
+    """Messages people send a running agent (``fetch(after)``: those numbered after
+    ``after``), delivered at the agent's next step. What each step received is journaled,
+    so a resumed run replays the same messages at the same steps and then continues with
+    the ones it has not seen."""
+
+    def __init__(self, fetch: Callable[[int], list[InboxMessage]]) -> None:
         self.fetch = fetch
 
     def reader(self, journal: RunJournal) -> Callable[[], list[Message]]:
@@ -373,9 +382,10 @@ class Inbox:
 
         def read() -> list[Message]:
             nonlocal seen
-            got = journal.read_outside(lambda: self.fetch(seen))
-            seen = max((int(m["n"]) for m in got), default=seen)
-            return [Message("user", str(m["content"]), kind="person") for m in got]
+            got = journal.read_outside(lambda: to_json(self.fetch(seen)))
+            messages = from_json(got, list[InboxMessage])
+            seen = max((m.n for m in messages), default=seen)
+            return [Message("user", m.content, kind="person") for m in messages]
 
         return read
 
@@ -527,7 +537,8 @@ def result_document(
     for entry in lost:
         u += entry.usage
         cost += entry.cost.total
-    ledger = to_json(sorted([*result.ledger, *lost], key=ledger_order))
+    entries = sorted([*result.ledger, *lost], key=ledger_order)
+    ledger = to_json(entries)
     counter = p.counter.counter
     return RunReport(
         run_id=p.run_id,
@@ -546,7 +557,7 @@ def result_document(
         compactions=sum(1 for e in result.ledger if e.compaction),
         summary=result.summary,
         breakers=result.breakers,
-        agents=per_agent(ledger),
+        agents=to_json(per_agent(entries)),
         error=result.error or (verdict.infrastructure if verdict else None),
         ledger=ledger,
         started=started.isoformat(),

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from prometheus_client import CollectorRegistry
 
+    from stayer.context.forensics import CacheBreak
     from stayer.ledger import LedgerEntry
     from stayer.telemetry.metrics import WorkerMetrics
 
@@ -212,18 +213,24 @@ class Session:
         return doc
 
     @property
-    def ledger(self) -> list[dict[str, Any]]:
-        return list(self.report()["ledger"]) if _db(self.store.run, self.id) else []
+    def ledger(self) -> list[LedgerEntry]:
+        """The entries of ``report()``'s ledger, as records (``e[name]`` reads a field as
+        the JSON has it, ``e.cost.total`` the amount)."""
+        from stayer.ledger import LedgerEntry
+        from stayer.records import from_json
+
+        if not _db(self.store.run, self.id):
+            return []
+        return from_json(self.report()["ledger"], list[LedgerEntry])
 
     @property
     def cost(self) -> Decimal:
-        return sum(
-            (Decimal(e["cost_usd"]) for e in self.ledger if e["cost_usd"] != "unknown"), Decimal(0)
-        )
+        """What the priced calls cost (an unpriced one adds nothing)."""
+        return sum((e.cost.total for e in self.ledger if e.cost.total is not None), Decimal(0))
 
     @property
-    def cache_breaks(self) -> list[dict[str, Any]]:
-        return [e["cache_break"] for e in self.ledger if e.get("cache_break")]
+    def cache_breaks(self) -> list[CacheBreak]:
+        return [e.cache_break for e in self.ledger if e.cache_break]
 
 
 _TELEMETRY_LOCK = threading.Lock()

@@ -24,18 +24,21 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from msgspec import UNSET, UnsetType
 
 from stayer.agent import SYSTEM_PROMPT, Agent, AgentSettings, Limits
 from stayer.context.policies import ContextPolicy, make_policy
 from stayer.errors import ConfigError
 from stayer.guard.breakers import GuardConfig
+from stayer.ledger import LedgerEntry
 from stayer.messages import Message, ToolCall, ToolSpec
 from stayer.models.base import ModelRequest
 from stayer.models.caching import provider_of
 from stayer.models.sim import SimModel
+from stayer.money import Usd
 from stayer.pricing import PriceBook
-from stayer.records import Record
+from stayer.records import Record, decode
 from stayer.settings import read_text
 from stayer.tokens import Counters, MessageCounter, TiktokenCounter
 from stayer.tools import check_args, default_tools
@@ -388,9 +391,9 @@ def _stayer_run(run_dir: Path) -> Trace:
     result = _run_result(run_dir)
     # Reasoning tokens per assistant message: the main agent's ledger, one entry per call.
     reasoning_by_call = [
-        (e.get("usage") or {}).get("reasoning_tokens", 0)
-        for e in result.get("ledger", [])
-        if e.get("agent", "main") == "main" and e.get("kind") != "lost_in_flight"
+        e.usage.reasoning_tokens
+        for e in (result.ledger if result else [])
+        if e.agent == "main" and e.kind != "lost_in_flight"
     ]
     instruction, turns, observations, reasoning = "", [], {}, []
     calls_seen = 0
@@ -416,25 +419,36 @@ def _stayer_run(run_dir: Path) -> Trace:
         elif rec.get("role") == "tool":
             observations[str(rec.get("tool_call_id", ""))] = _text(rec.get("content"))
     tools = [t.spec for t in default_tools(TiktokenCounter())]
-    cost = result.get("cost_usd")
-    recorded = Recorded(
-        Decimal(cost) if isinstance(cost, str) and cost != "unknown" else None,
-        _model_id(result.get("model")),
-        result.get("policy") or "none",
-        len(reasoning_by_call) if result else None,
+    recorded = (
+        Recorded(
+            result.cost.amount,
+            _model_id(result.model),
+            result.policy or "none",
+            len(reasoning_by_call),
+        )
+        if result
+        else Recorded()
     )
     return Trace(
         str(run_dir), SYSTEM_PROMPT, instruction, turns, observations, tools, reasoning, recorded
     )
 
 
-def _run_result(run_dir: Path) -> dict[str, Any]:
-    """The run's result.json ({} if it has none yet: a run still going or killed)."""
+class _RunDocument(Record, kw_only=True):
+    """What a replay reads of a run's ``result.json``."""
+
+    cost: Usd = msgspec.field(default=Usd(None), name="cost_usd")
+    model: str | None = None
+    policy: str | None = None
+    ledger: list[LedgerEntry] = msgspec.field(default_factory=list)
+
+
+def _run_result(run_dir: Path) -> _RunDocument | None:
+    """The run's result.json (None if it has none yet: a run still going or killed)."""
     try:
-        doc = json.loads((run_dir / "result.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+        return decode((run_dir / "result.json").read_bytes(), _RunDocument)
+    except (OSError, msgspec.DecodeError):
+        return None
 
 
 def _recorded_calls(value: Any, file: Path, n: int) -> tuple[ToolCall, ...]:

@@ -431,3 +431,27 @@ def test_summarize_with_a_real_model_asks_it_for_the_summary(tmp_path):
     assert result.cost_usd == sum((e.cost.total for e in result.ledger), Decimal(0)) + sum(
         Decimal(c["cost_usd"]) for c in compactions
     )
+
+
+def test_a_compaction_s_event_carries_its_rewritten_messages_as_records() -> None:
+    from stayer.context.policies import Compaction
+    from stayer.events import ChangedMessage, event_record
+
+    c = Compaction(
+        changes={3: Message("tool", "[evicted]", tool_call_id="t1", kind="observation")},
+        reason="evict",
+        tokens_before=900,
+        tokens_after=400,
+        first_index=3,
+        head_insert=Message("user", "summary"),
+    )
+    event = c.event(7, "0.01")
+    assert event.changes == {
+        "3": ChangedMessage(role="tool", content="[evicted]", tool_call_id="t1", kind="observation")
+    }
+    kind, payload = event_record(event)
+    assert kind == "compaction" and payload["changes"] == {
+        "3": {"role": "tool", "content": "[evicted]", "tool_call_id": "t1", "kind": "observation"}
+    }
+    assert (payload["step"], payload["head_insert"], payload["cost_usd"]) == (7, "summary", "0.01")
+    assert "agent" not in payload  # a single agent's compaction names none

@@ -97,3 +97,13 @@ def test_render_abbreviates_long_runs() -> None:
     assert "17.7" in text and "96" in text and "78.3" in text
     assert "600,000" in text and "(10 steps)" in text
     assert " 15 " not in text  # a middle row is elided
+
+
+def test_the_estimate_is_a_record_read_by_attribute() -> None:
+    from stayer.estimate import Estimate
+
+    r = estimate(2, 1_000, 100, PUBLISHED)
+    assert isinstance(r, Estimate) and r.currency == "USD" and r.inputs.steps == 2
+    assert [s.step for s in r.steps] == [1, 2] and D(r.savings) == D(r.without_cache.total) - D(
+        r.with_cache.total
+    )

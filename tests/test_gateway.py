@@ -625,3 +625,25 @@ def test_a_session_id_that_is_no_plain_name_is_filed_under_a_digest(
     sid = session_id(weird.encode().decode("latin-1"))
     assert sid.startswith("gw-") and "/" not in sid
     assert _wait_steps(env, sid, 1)["steps"] == 1
+
+
+def test_the_cache_miss_webhook_is_a_record_with_the_documented_fields() -> None:
+    import msgspec
+
+    from stayer.context.forensics import CacheBreak
+    from stayer.gateway.app import CacheMiss
+    from stayer.money import Usd
+    from stayer.records import to_json
+
+    brk = CacheBreak(position_tokens=10, reason="prefix_edit", detail="d")
+    miss = CacheMiss(
+        run_id="s", session="s", step=2, model="m", reason="x", miss_cost=None, cache_break=brk
+    )
+    doc = to_json(miss)
+    assert list(doc) == [
+        "type", "run_id", "session", "step", "model", "reason", "miss_cost_usd", "cache_break",
+    ]  # fmt: skip
+    assert doc["type"] == "gateway.cache_miss" and doc["miss_cost_usd"] is None
+    assert doc["cache_break"] == {"position_tokens": 10, "reason": "prefix_edit", "detail": "d"}
+    priced = to_json(msgspec.structs.replace(miss, miss_cost=Usd(Decimal("0.5"))))
+    assert priced["miss_cost_usd"] == "0.5"

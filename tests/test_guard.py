@@ -383,6 +383,29 @@ def test_per_agent_attribution_sums_each_subtree():
     )
 
 
+def test_per_agent_reads_ledger_entries_as_records_and_as_json_alike():
+    from stayer.ledger import LedgerEntry
+    from stayer.records import from_json, to_json
+
+    docs = [
+        {
+            "agent": "main",
+            "step": 1,
+            "model": "m",
+            "usage": {"input_tokens": 7},
+            "cost_usd": "0.10",
+        },
+        {"agent": "main/sub-1", "step": 1, "model": "m", "usage": {}, "cost_usd": "0.05"},
+        {"agent": "main", "step": 2, "model": "m", "usage": {}, "cost_usd": "unknown"},
+    ]
+    entries = from_json(docs, list[LedgerEntry])
+    rows = per_agent(entries)
+    assert to_json(rows) == to_json(per_agent(to_json(entries)))
+    main, sub = rows
+    assert (main.agent, main.steps, main.input_tokens, main.cost) == ("main", 2, 7, "unknown")
+    assert (sub.parent, sub.cost, sub.subtree_cost) == ("main", "0.05", "0.05")
+
+
 def test_memory_store_is_isolated_per_budget():
     store = MemoryBudgetStore()
     a, b = Budget(D("1"), store=store, name="a"), Budget(D("1"), store=store, name="b")

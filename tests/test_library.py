@@ -128,3 +128,19 @@ def test_a_directory_of_no_task_beside_the_tasks_is_not_a_task(tmp_path: Path) -
     assert [i.path.name for i in suite.invalid] == ["half"]
     examples = scan_suite(EXAMPLES)
     assert examples.invalid == [] and len(examples.tasks) == 4
+
+
+def test_a_run_outcome_is_read_from_the_run_s_report() -> None:
+    from stayer.ledger import LedgerEntry
+    from stayer.records import from_json, to_json
+    from stayer.run import RunReport
+
+    made = {"step": 1, "model": "m", "usage": {"input_tokens": 3}, "cost_usd": "0.25"}
+    entry = to_json(from_json(made, LedgerEntry))  # as result.json has it: every field
+    report = RunReport(
+        run_id="r", status="succeeded", cost_usd="0.25", run_dir="/r", ledger=[entry]
+    )
+    outcome = lib.RunOutcome.of(report)
+    assert outcome.succeeded and outcome.cost_usd == Decimal("0.25")
+    assert outcome.ledger[0].cost.total == Decimal("0.25") and outcome.ledger == [entry]
+    assert outcome.document == report.to_json() and outcome.run_dir == Path("/r")

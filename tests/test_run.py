@@ -495,3 +495,31 @@ def test_ctrl_c_names_the_resume_that_continues_the_run(tmp_path):
     assert p.wait(timeout=120) == 130
     assert "interrupted: run cc1 stopped; `stayer resume cc1` continues it" in rest
     assert "Traceback" not in rest
+
+
+def test_the_inbox_journals_people_s_messages_as_json_and_reads_them_back() -> None:
+    from stayer.run import Inbox, InboxMessage
+
+    class Journal:  # what the reader needs of a RunJournal: values kept as JSON
+        def __init__(self) -> None:
+            self.kept: list[str] = []
+
+        def read_outside(self, compute):  # type: ignore[no-untyped-def]
+            self.kept.append(json.dumps(compute()))
+            return json.loads(self.kept[-1])
+
+    sent = [
+        InboxMessage(n=1, content="use printf", created_at="t1"),
+        InboxMessage(n=2, content="x"),
+    ]
+    asked: list[int] = []
+
+    def fetch(after: int) -> list[InboxMessage]:
+        asked.append(after)
+        return [m for m in sent if m.n > after]
+
+    journal = Journal()
+    read = Inbox(fetch).reader(journal)  # type: ignore[arg-type]
+    assert [(m.content, m.kind) for m in read()] == [("use printf", "person"), ("x", "person")]
+    assert read() == [] and asked == [0, 2]
+    assert json.loads(journal.kept[0])[0] == {"n": 1, "content": "use printf", "created_at": "t1"}

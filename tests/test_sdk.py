@@ -323,3 +323,17 @@ def test_bad_input_to_the_library_is_refused_in_one_line() -> None:
     assert parent.remaining == Decimal("0.75") and child.remaining == Decimal("0.25")
     child.close()
     assert parent.remaining == Decimal(1)
+
+
+def test_a_session_s_ledger_is_ledger_entry_records(sim: str, tmp_path: Path) -> None:
+    from stayer.ledger import LedgerEntry
+
+    session = stayer.Session(home=tmp_path)
+    client = stayer.meter(anthropic.Anthropic(base_url=sim, api_key="sk-x"), session=session)
+    client.messages.create(
+        model="claude-sonnet-4-5", max_tokens=100, messages=[{"role": "user", "content": "hi"}]
+    )
+    (entry,) = session.ledger
+    assert isinstance(entry, LedgerEntry) and entry.cost.total == session.cost > 0
+    assert entry["cost_usd"] == str(session.cost) and entry == session.report()["ledger"][0]
+    assert session.cache_breaks == [e.cache_break for e in session.ledger if e.cache_break]

@@ -239,6 +239,32 @@ def test_handoff_price_prefers_history_for_short_receivers_and_less_for_long():
     assert price_handoff(None, sizes, 10, "x").chosen == "none"  # unpriced: the brief alone
 
 
+def test_a_priced_handoff_is_its_handoff_event() -> None:
+    from stayer.events import Handoff, event_record
+
+    sizes = HandoffSizes(brief=200, summary=500, full=20_000)
+    quote = price_handoff(None, sizes, 10, "sim:x")
+    event = quote.event("lead", "worker", None, "none")
+    assert isinstance(event, Handoff) and (event.agent, event.to, event.passed) == (
+        "lead",
+        "worker",
+        "none",
+    )
+    kind, payload = event_record(event)
+    assert kind == "handoff" and payload == {
+        "agent": "lead",
+        "kind": "handoff",
+        "chosen": "none",
+        "receiver_model": "sim:x",
+        "expected_steps": 10,
+        "tokens": {"brief": 200, "summary": 500, "full": 20_000},
+        "expected_cost_usd": {"none": None, "summary": None, "full": None},
+        "to": "worker",
+        "asked": None,
+        "passed": "none",
+    }
+
+
 # --- the budget property with concurrent threads ------------------------------------------
 
 

@@ -260,3 +260,61 @@ def test_check_args_bool_is_not_an_integer() -> None:
         == "argument 'limit' must be integer, got boolean"
     )
     assert check_args(schema, {"path": "a", "limit": 3}) is None
+
+
+def test_file_and_team_tools_read_the_model_s_arguments_into_records(ws: Path) -> None:
+    from stayer.tools.files import EditArgs, ReadArgs
+    from stayer.tools.messaging import (
+        HandoffArgs,
+        HandoffTool,
+        SendMessageTool,
+        WaitArgs,
+        WaitForMessageTool,
+    )
+
+    asked: list[tuple[object, ...]] = []
+
+    class Thread:
+        async def send(self, to: str, content: str) -> str:
+            asked.append(("send", to, content))
+            return "sent"
+
+        async def wait(self, sender: str | None, timeout: float) -> str:
+            asked.append(("wait", sender, timeout))
+            return "waited"
+
+        async def handoff(self, to: str, brief: str, history: str | None) -> str:
+            asked.append(("handoff", to, brief, history))
+            return "handed"
+
+    ctx = ToolContext(sandbox=LocalSandbox(ws), workspace=str(ws))
+    thread, peers = Thread(), ["b"]
+    tools = {
+        t.spec.name: t
+        for t in (
+            SendMessageTool(thread, peers),
+            WaitForMessageTool(thread, peers),
+            HandoffTool(thread, peers),
+        )
+    }
+    assert WaitForMessageTool.Args is WaitArgs and HandoffTool.Args is HandoffArgs
+    assert TOOLS["read_file"].Args is ReadArgs and TOOLS["edit_file"].Args is EditArgs
+    for name, arguments in [
+        ("send_message", '{"to": "b", "content": "hi"}'),
+        ("wait_for_message", '{"from": "b", "timeout": 7200}'),
+        ("wait_for_message", "{}"),
+        ("handoff", '{"to": "b", "brief": "do it", "history": null}'),
+    ]:
+        assert not asyncio.run(run_tool(tools, ToolCall("c", name, arguments), ctx)).is_error
+    assert asked == [
+        ("send", "b", "hi"),
+        ("wait", "b", 3600.0),
+        ("wait", None, 600.0),
+        ("handoff", "b", "do it", None),
+    ]
+    bad = asyncio.run(
+        run_tool(
+            tools, ToolCall("c", "handoff", '{"to": "b", "brief": "x", "history": "all"}'), ctx
+        )
+    )
+    assert bad.is_error and bad.output.startswith("handoff: ")

@@ -40,6 +40,7 @@ def estimate(
     from stayer.estimate import estimate as run_estimate
     from stayer.estimate import rates_from_flags, render_estimate
     from stayer.pricing import PriceBook, Rates
+    from stayer.records import to_json
     from stayer.settings import EstimateSettings, check_flags
 
     flags = {"--price-miss": price_miss, "--price-hit": price_hit, "--price-out": price_out}
@@ -97,7 +98,7 @@ def estimate(
         bad_input(str(e))
     result = run_estimate(steps, new_tokens, output_tokens, rates)
     if json_out:
-        emit_json(result)
+        emit_json(to_json(result))
         render_estimate(result, stderr())
     else:
         render_estimate(result, console())

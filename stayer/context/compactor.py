@@ -18,7 +18,6 @@ from msgspec import UNSET, UnsetType
 from stayer.context.layout import Context
 from stayer.context.policies import Compaction, policy_cost
 from stayer.context.summarizer import ModelSummarizer
-from stayer.events import Compaction as CompactionEvent
 from stayer.events import Event, SummaryFailed
 from stayer.models.base import Message, ModelError
 from stayer.money import Usd
@@ -116,7 +115,7 @@ class Compactor:
         if self.summarizer is not None and c.summary_input_tokens:
             cost = await self._summarize(ctx, c, cost)
         first = c.apply(ctx)
-        self.emit(CompactionEvent(step=step, **c.to_event(), cost_usd=str(cost)))
+        self.emit(c.event(step, str(cost)))
         return Compacted(
             reason=c.reason,
             first_index=first,

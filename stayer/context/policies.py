@@ -20,12 +20,14 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Protocol
 
 from stayer.choices import POLICY_FORMS
 from stayer.context.layout import Context
 from stayer.context.retention import Retention, retention_of
 from stayer.errors import Failed
+from stayer.events import ChangedMessage
+from stayer.events import Compaction as CompactionEvent
 from stayer.messages import Message, tool_outcomes
 from stayer.pricing import Rates
 
@@ -72,25 +74,25 @@ class Compaction:
             first = ctx.prefix_messages
         return first
 
-    def to_event(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "first_index": self.first_index,
-            "tokens_before": self.tokens_before,
-            "tokens_after": self.tokens_after,
-            "changes": {
-                str(i): {
-                    "role": m.role,
-                    "content": m.content,
-                    "tool_call_id": m.tool_call_id,
-                    "kind": m.kind,
-                }
+    def event(self, step: int, cost_usd: str) -> CompactionEvent:
+        """The compaction as the journal keeps it, carried out at ``step`` for ``cost_usd``."""
+        return CompactionEvent(
+            step=step,
+            reason=self.reason,
+            first_index=self.first_index,
+            tokens_before=self.tokens_before,
+            tokens_after=self.tokens_after,
+            changes={
+                str(i): ChangedMessage(
+                    role=m.role, content=m.content, tool_call_id=m.tool_call_id, kind=m.kind
+                )
                 for i, m in sorted(self.changes.items())
             },
-            "head_insert": None if self.head_insert is None else self.head_insert.content,
-            "summary_input_tokens": self.summary_input_tokens,
-            "summary_output_tokens": self.summary_output_tokens,
-        }
+            head_insert=None if self.head_insert is None else self.head_insert.content,
+            summary_input_tokens=self.summary_input_tokens,
+            summary_output_tokens=self.summary_output_tokens,
+            cost_usd=cost_usd,
+        )
 
 
 class ContextPolicy(Protocol):

@@ -29,11 +29,13 @@ from typing import Any, TypeVar
 
 import httpx
 import msgspec
+from msgspec import UNSET, UnsetType
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from stayer.context.forensics import CacheBreak
 from stayer.errors import ConfigError
 from stayer.gateway.metrics import GatewayMetrics
 from stayer.journal.metered import TRIPPED, SessionLedger, SessionRefused, session_id
@@ -45,7 +47,7 @@ from stayer.metering.session import SessionState, SessionStates, settle_call
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
 from stayer.money import Usd
-from stayer.records import to_json
+from stayer.records import Record, to_json
 from stayer.runtime.db import GatewayKey
 from stayer.runtime.tenants import account_name, key_account_name
 from stayer.runtime.webhooks import Webhooks
@@ -211,7 +213,7 @@ def create_app(gw: Gateway) -> Starlette:
                 if not isinstance(body, dict):
                     raise _Error(400, "the body must be a JSON object")
                 body, notes, cache_marks = _rewrite(gw, api, body)
-                if notes or cache_marks:
+                if notes.alias or cache_marks:
                     raw = json.dumps(body).encode()
                 parsed = parse(body)
                 upstream = gw.upstreams.get("anthropic" if api == "anthropic" else "openai")
@@ -276,8 +278,7 @@ def create_app(gw: Gateway) -> Starlette:
                     return Response(content, status_code=response.status_code, headers=back)
                 break
             if len(candidates) > 1:
-                notes["upstream"] = up.base_url
-                notes["failed_attempts"] = failed
+                notes.upstream, notes.failed_attempts = up.base_url, failed
             done = _Call(
                 gw, admission, who, session, api, started, parsed, raw, state, notes, cache_marks
             )
@@ -395,17 +396,40 @@ def _url(up: Upstream, request: Request) -> str:
     return url
 
 
+class _Notes(msgspec.Struct):
+    """What a call's ledger entry notes of the gateway's doing: the alias served, the
+    upstream that answered after a failover and the attempts before it."""
+
+    alias: ModelAlias | UnsetType = UNSET
+    upstream: str | UnsetType = UNSET
+    failed_attempts: list[FailedAttempt] | UnsetType = UNSET
+
+
+class CacheMiss(Record, kw_only=True):
+    """A ``gateway.cache_miss`` webhook: a call of a session that missed the cache."""
+
+    type: str = "gateway.cache_miss"
+    run_id: str
+    session: str
+    step: int
+    model: str
+    reason: str
+    miss_cost: Usd | None = msgspec.field(name="miss_cost_usd")
+    cache_break: CacheBreak
+
+
 def _rewrite(
     gw: Gateway, api: wire.Api, body: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any], int]:
-    """The body as forwarded: its model aliased, its cache breakpoints added (Anthropic, a
-    body that marks none, with ``--auto-cache``); the ledger's notes; breakpoints added."""
-    notes: dict[str, Any] = {}
+) -> tuple[dict[str, Any], _Notes, int]:
+    """The body as forwarded (the provider's JSON): its model aliased, its cache
+    breakpoints added (Anthropic, a body that marks none, with ``--auto-cache``); the
+    ledger's notes; breakpoints added."""
+    notes = _Notes()
     asked = body.get("model")
     served = gw.aliases.get(asked) if isinstance(asked, str) else None
     if isinstance(asked, str) and served is not None:
         body = dict(body, model=served)
-        notes["alias"] = ModelAlias(asked, served)
+        notes.alias = ModelAlias(asked, served)
     added = 0
     if gw.auto_cache and api == "anthropic" and not has_cache_control(body):
         body, added = add_cache_breakpoints(body)
@@ -477,8 +501,7 @@ class _Call:
     parsed: wire.Parsed
     body: bytes
     state: SessionState
-    # The entry's alias, upstream and failed_attempts, where the call had them.
-    notes: dict[str, Any] = field(default_factory=dict)
+    notes: _Notes = field(default_factory=_Notes)
     cache_marks: int = 0  # breakpoints --auto-cache added
 
     async def pump(self, response: httpx.Response, queue: asyncio.Queue[bytes | None]) -> None:
@@ -502,7 +525,10 @@ class _Call:
             settle_call, gw.meter, self.state, self.admission, self.parsed, self.body, reading,
             time.perf_counter() - self.started,
         )  # fmt: skip
-        entry = msgspec.structs.replace(done.step, **self.notes)
+        n = self.notes
+        entry = msgspec.structs.replace(
+            done.step, alias=n.alias, upstream=n.upstream, failed_attempts=n.failed_attempts
+        )
         if self.cache_marks:
             entry.auto_cache = self._auto_cache(done.metered, reading)
         status = TRIPPED if done.trips else None
@@ -511,21 +537,17 @@ class _Call:
         model = entry.model
         gw.metrics.observe(tenant, model, done.metered.charged, done.cache_break, done.trips)
         if done.cache_break is not None and self.who.webhook:
-            brk = to_json(done.cache_break)  # the CacheBreak as the ledger has it
-            gw.webhooks.send(
-                self.who.webhook,
-                self.who.webhook_secret,
-                {
-                    "type": "gateway.cache_miss",
-                    "run_id": self.session,
-                    "session": self.session,
-                    "step": step,
-                    "model": model,
-                    "reason": brk.get("reason"),
-                    "miss_cost_usd": brk.get("cost_usd"),
-                    "cache_break": brk,
-                },
+            brk = done.cache_break
+            miss = CacheMiss(
+                run_id=self.session,
+                session=self.session,
+                step=step,
+                model=model,
+                reason=brk.reason,
+                miss_cost=None if isinstance(brk.cost, UnsetType) else brk.cost,
+                cache_break=brk,
             )
+            gw.webhooks.send(self.who.webhook, self.who.webhook_secret, to_json(miss))
 
     def _auto_cache(self, metered: Metered, reading: Reading) -> AutoCache:
         """The breakpoints added, and the call priced as it would have been without them."""

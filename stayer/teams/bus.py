@@ -10,30 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
+
+from stayer.records import Record
 
 
-@dataclass(frozen=True)
-class TeamMessage:
+class TeamMessage(Record):
     id: str  # sender#n
     sender: str
     to: str
     content: str
     kind: str = "message"  # message, handoff (a brief that starts work), report (a thread's end)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TeamMessage:
-        return cls(
-            str(d["id"]),
-            str(d["sender"]),
-            str(d["to"]),
-            str(d["content"]),
-            str(d.get("kind", "message")),
-        )
 
 
 class MessageBus:

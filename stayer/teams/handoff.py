@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
+from stayer.events import Handoff
 from stayer.pricing import Rates
 
 OPTIONS = ("none", "summary", "full")
@@ -39,19 +39,25 @@ class HandoffQuote:
     steps: int
     receiver_model: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "handoff",
-            "chosen": self.chosen,
-            "receiver_model": self.receiver_model,
-            "expected_steps": self.steps,
-            "tokens": {
+    def event(self, agent: str, to: str, asked: str | None, passed: str) -> Handoff:
+        """The handoff as ``agent`` made it: to ``to``, the history ``asked`` for and the
+        one ``passed``."""
+        return Handoff(
+            agent=agent,
+            kind="handoff",
+            chosen=self.chosen,
+            receiver_model=self.receiver_model,
+            expected_steps=self.steps,
+            tokens={
                 "brief": self.sizes.brief,
                 "summary": self.sizes.summary,
                 "full": self.sizes.full,
             },
-            "expected_cost_usd": {k: None if v is None else str(v) for k, v in self.costs.items()},
-        }
+            expected_cost_usd={k: None if v is None else str(v) for k, v in self.costs.items()},
+            to=to,
+            asked=asked,
+            passed=passed,
+        )
 
 
 def price_handoff(

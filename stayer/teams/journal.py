@@ -12,9 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from stayer.journal.log import RunLog
 from stayer.journal.session import RunJournal
-from stayer.records import to_json
+from stayer.records import Record, to_json
+
+
+class RunTotals(Record):
+    """The run row's totals after a thread's step: the team's steps and cost."""
+
+    steps: int
+    cost: str = msgspec.field(name="cost_usd")  # ``Usd``'s text, as the journal writes it
 
 
 class ThreadJournal(RunJournal):
@@ -22,7 +31,7 @@ class ThreadJournal(RunJournal):
         self,
         run: RunJournal,
         name: str,
-        row_update: Callable[[], dict[str, Any]],
+        row_update: Callable[[], RunTotals],
         snapshot: Callable[[], None],
     ) -> None:
         log = run.log.threads.get(name) or RunLog(
@@ -58,6 +67,8 @@ class ThreadJournal(RunJournal):
         self.steps_cost += entry.cost.total  # ``Usd``: an unpriced step makes it unknown
         if entry.step not in self.log.steps:
             self.record(
-                "step", {"step": entry.step, "entry": to_json(entry)}, update=self.row_update()
+                "step",
+                {"step": entry.step, "entry": to_json(entry)},
+                update=to_json(self.row_update()),
             )
         self.snapshot()

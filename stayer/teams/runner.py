@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -41,11 +41,12 @@ from stayer.mcp.views import McpView
 from stayer.models.base import Message, Model
 from stayer.money import usd_sum
 from stayer.pricing import PriceBook
+from stayer.records import Record, from_json, to_json
 from stayer.routing.router import RouteRecord
 from stayer.teams.bus import MessageBus, TeamMessage
 from stayer.teams.config import BUILTIN_TOOLS, TeamSpec, shares
 from stayer.teams.handoff import HandoffSizes, price_handoff
-from stayer.teams.journal import ThreadJournal
+from stayer.teams.journal import RunTotals, ThreadJournal
 from stayer.tokens import MessageCounter
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.tools.messaging import (
@@ -55,6 +56,8 @@ from stayer.tools.messaging import (
     WaitForMessageTool,
 )
 from stayer.usage import Usage
+
+T = TypeVar("T")
 
 #: Tools that read or write the workspace: run one at a time across the team.
 WORKSPACE_TOOLS = frozenset({"bash", "read_file", "write_file", "edit_file"})
@@ -158,7 +161,9 @@ class Team:
         message = TeamMessage(f"{sender.name}#{sender.sent}", sender.name, to, content, kind)
         self.bus.post(message)
         tokens = self.s.counter.counter.count(content)
-        sender.event(MessageSent(agent=sender.name, **message.to_dict(), tokens=tokens))
+        sender.event(
+            MessageSent(agent=sender.name, **msgspec.structs.asdict(message), tokens=tokens)
+        )
         target = self.threads[to]
         if target.task is None and not self.bus.finished(to) and self._starts(target, message):
             target.start(message)
@@ -194,9 +199,9 @@ class Team:
             steps = (snap or {}).get("thread_steps", {}).get(name, 0)
             t.journal.restored_tools_done, t.journal.restored_step = int(done), int(steps)
 
-    def row_update(self) -> dict[str, Any]:
+    def row_update(self) -> RunTotals:
         steps = sum(t.journal.steps_done for t in self.threads.values() if t.journal is not None)
-        return {"steps": steps, "cost_usd": self._cost_text()}
+        return RunTotals(steps, self._cost_text())
 
     def _cost_text(self) -> str:
         threads = self.threads.values()
@@ -237,6 +242,14 @@ class Team:
         journal.snapshot_step = step
 
 
+class _Waited(Record):
+    """What waiting for a message got: the messages, and whether the sender waited for
+    has finished."""
+
+    messages: list[TeamMessage]
+    finished: bool
+
+
 class _ThreadHooks(Observer):
     """What a thread's agent reports goes through its thread (journal, then observers)."""
 
@@ -271,7 +284,7 @@ class Thread:
         self.transcript: list[Message] = []
         self.agent: Agent | None = None
         self.task: asyncio.Task[RunResult] | None = None
-        self.quote: dict[str, Any] | None = None  # a handoff priced during the step in progress
+        self.quote: Handoff | None = None  # a handoff priced during the step in progress
 
     @property
     def result(self) -> RunResult | None:
@@ -393,7 +406,10 @@ class Thread:
     def _on_step(self, entry: LedgerEntry) -> None:
         if self.quote is not None:  # on the ledger like a route switch
             route = entry.route or RouteRecord()
-            entry.route, self.quote = msgspec.structs.replace(route, handoff=self.quote), None
+            _, handoff = event_record(self.quote)
+            del handoff["agent"]  # the route's handoff: the event without its agent
+            entry.route = msgspec.structs.replace(route, handoff=handoff)
+            self.quote = None
         if self.journal is not None:
             self.journal.on_step(entry)
         for o in self.team.s.observers:
@@ -404,23 +420,34 @@ class Thread:
         for o in self.team.s.observers:
             o.on_message(m)
 
-    def _observe(self, compute: Callable[[], Any]) -> Any:
-        return self.journal.read_outside(compute) if self.journal else compute()
+    def _observe(self, compute: Callable[[], T], type_: type[T]) -> T:
+        """What ``compute`` reads from outside the thread: journaled (as JSON) live, the
+        journaled one on replay."""
+        if self.journal is None:
+            return compute()
+        return from_json(self.journal.read_outside(lambda: to_json(compute())), type_)
+
+    async def _observe_waiting(self, compute: Callable[[], Awaitable[T]], type_: type[T]) -> T:
+        """``_observe`` for what takes waiting for."""
+        if self.journal is None:
+            return await compute()
+
+        async def journaled() -> Any:  # the record's JSON builtins
+            return to_json(await compute())
+
+        return from_json(await self.journal.observe_waiting(journaled), type_)
 
     def _inbox(self) -> list[Message]:
         """Messages that arrived since the last step, appended to the context. Read at the
         top of every step: where a thread stops once the team has finished."""
         if self.team.stopping and self.name != self.team.spec.entry:
             raise Stopped(TEAM_FINISHED)  # like a limit: its wrap-up slice is given back, not spent
-        got = self._observe(
-            lambda: [m.to_dict() for m in self.team.bus.unread(self.name, self.seen)]
-        )
+        got = self._observe(lambda: self.team.bus.unread(self.name, self.seen), list[TeamMessage])
         return [Message("user", self._text(m), kind="message") for m in self._read(got)]
 
-    def _read(self, records: Sequence[dict[str, Any]]) -> list[TeamMessage]:
+    def _read(self, messages: Sequence[TeamMessage]) -> list[TeamMessage]:
         out = []
-        for r in records:
-            m = TeamMessage.from_dict(r)
+        for m in messages:
             self.seen.add(m.id)
             self.event(self._receipt(m))
             out.append(m)
@@ -444,7 +471,7 @@ class Thread:
         )
         return MessageReceived(
             agent=self.name,
-            **m.to_dict(),
+            **msgspec.structs.asdict(m),
             tokens=tokens,
             read_cost_usd="unknown" if cost is None else str(cost),
         )
@@ -471,20 +498,17 @@ class Thread:
             self._peer(sender)
         bus = self.team.bus
 
-        async def waited() -> dict[str, Any]:
+        async def waited() -> _Waited:
             got = await bus.wait(
                 self.name, self.seen, sender, timeout, until=lambda: self.team.stopping
             )
-            return {
-                "messages": [m.to_dict() for m in got],
-                "finished": sender is not None and bus.finished(sender),
-            }
+            return _Waited(got, sender is not None and bus.finished(sender))
 
-        value = await (self.journal.observe_waiting(waited) if self.journal else waited())
-        got = self._read(value["messages"])
+        waited_for = await self._observe_waiting(waited, _Waited)
+        got = self._read(waited_for.messages)
         if got:
             return "\n\n".join(self._text(m) for m in got)
-        if value["finished"]:
+        if waited_for.finished:
             return f"no message: {sender} has finished"
         return f"no message within {timeout:g} s"
 
@@ -505,8 +529,8 @@ class Thread:
             rediscovery_steps=cfg.rediscovery_steps,
         )
         passed = history or quote.chosen
-        self.quote = {**quote.to_dict(), "to": to, "asked": history, "passed": passed}
-        self.event(Handoff(agent=self.name, **self.quote))
+        self.quote = quote.event(self.name, to, history, passed)
+        self.event(self.quote)
         body = {
             "none": brief,
             "summary": f"{brief}\n\nWhat {self.name} did so far (summary):\n{summary}",

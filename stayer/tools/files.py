@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+import msgspec
 
 from stayer.messages import ToolSpec
 from stayer.tokens import TokenCounter
@@ -109,20 +111,46 @@ async def _write_whole(ctx: ToolContext, rel: str, content: str) -> ToolResult |
     return None
 
 
-class FileTool:
-    """A tool whose ``path`` argument names a file under /app. The path is checked here,
-    once for every such tool, and each error the tool reports starts with its name."""
+class FileArgs(msgspec.Struct, kw_only=True):
+    path: str
+
+
+class ReadArgs(FileArgs, kw_only=True):
+    offset: int | None = None
+    limit: int | None = None
+
+
+class WriteArgs(FileArgs, kw_only=True):
+    content: str
+
+
+class EditArgs(FileArgs, kw_only=True):
+    old_string: str
+    new_string: str
+    replace_all: bool = False
+
+
+A = TypeVar("A", bound=FileArgs)
+
+
+class FileTool(Generic[A]):
+    """A tool whose ``path`` argument names a file under /app. Its arguments (the model's
+    JSON, checked against ``spec.parameters`` by ``run_tool``) are read into its ``Args``
+    record and the path checked here, once for every such tool; each error the tool
+    reports starts with its name."""
 
     spec: ToolSpec
+    Args: type[A]
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        given = msgspec.convert(args, self.Args, strict=False)
         try:
-            rel = app_relative(args["path"])
+            rel = app_relative(given.path)
         except PathError as e:
             return self.error(str(e))
-        return await self.on_file(rel, args, ctx)
+        return await self.on_file(rel, given, ctx)
 
-    async def on_file(self, rel: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def on_file(self, rel: str, args: A, ctx: ToolContext) -> ToolResult:
         """The tool's work on ``rel`` (relative to /app, already checked)."""
         raise NotImplementedError
 
@@ -130,8 +158,10 @@ class FileTool:
         return ToolResult(f"{self.spec.name}: {message}", is_error=True)
 
 
-class ReadFileTool(FileTool):
+class ReadFileTool(FileTool[ReadArgs]):
     """Numbered lines of a text file, a window at a time, cut to the output budget."""
+
+    Args = ReadArgs
 
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
@@ -162,9 +192,9 @@ class ReadFileTool(FileTool):
             ),
         )
 
-    async def on_file(self, rel: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        offset = int(args.get("offset") or 1)
-        limit = int(args.get("limit") or DEFAULT_LIMIT)
+    async def on_file(self, rel: str, args: ReadArgs, ctx: ToolContext) -> ToolResult:
+        offset = args.offset or 1
+        limit = args.limit or DEFAULT_LIMIT
         last = offset + limit  # one line past the window: tells us whether more follow
         # sed stops reading at `last`, so a window near the top of a huge file is cheap.
         res = await ctx.sandbox.exec(
@@ -214,8 +244,10 @@ class ReadFileTool(FileTool):
         return ToolResult(text)
 
 
-class WriteFileTool(FileTool):
+class WriteFileTool(FileTool[WriteArgs]):
     """Create or overwrite a file with exactly the given content."""
+
+    Args = WriteArgs
 
     spec = ToolSpec(
         name="write_file",
@@ -230,10 +262,10 @@ class WriteFileTool(FileTool):
         ),
     )
 
-    async def on_file(self, rel: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def on_file(self, rel: str, args: WriteArgs, ctx: ToolContext) -> ToolResult:
         if rel == ".":
             return self.error("/app is a directory, give a file path")
-        content: str = args["content"]
+        content = args.content
         err = await _write_whole(ctx, rel, content)
         if err is not None:
             return self.error(err.output)
@@ -242,8 +274,10 @@ class WriteFileTool(FileTool):
         return ToolResult(f"wrote {n_bytes} bytes ({n_lines} lines) to {_shown(rel)}")
 
 
-class EditFileTool(FileTool):
+class EditFileTool(FileTool[EditArgs]):
     """Exact string replacement in a text file: the cheap way to change a large file."""
+
+    Args = EditArgs
 
     spec = ToolSpec(
         name="edit_file",
@@ -267,10 +301,8 @@ class EditFileTool(FileTool):
         ),
     )
 
-    async def on_file(self, rel: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        old: str = args["old_string"]
-        new: str = args["new_string"]
-        replace_all = bool(args.get("replace_all", False))
+    async def on_file(self, rel: str, args: EditArgs, ctx: ToolContext) -> ToolResult:
+        old, new, replace_all = args.old_string, args.new_string, args.replace_all
         if not old:
             return self.error("old_string is empty; to create or overwrite a file use write_file")
         if old == new:

@@ -7,7 +7,9 @@ talk to) comes back as a tool error the model reads and can correct.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
 
 from stayer.models.base import ToolSpec
 from stayer.tools.base import ToolContext, ToolResult
@@ -35,11 +37,32 @@ def _peers(peers: list[str]) -> dict[str, Any]:
     return {"type": "string", "enum": sorted(peers), "description": "An agent of your team."}
 
 
-class _TeamTool:
-    """A tool that asks the team through ``thread``: its spec from the class's name,
-    description and parameters (its ``peer`` one of ``peers``), and a refusal as a tool
-    error naming the tool."""
+class SendArgs(msgspec.Struct, kw_only=True):
+    to: str
+    content: str
 
+
+class WaitArgs(msgspec.Struct, kw_only=True):
+    sender: str | None = msgspec.field(default=None, name="from")
+    timeout: float = 600.0
+
+
+class HandoffArgs(msgspec.Struct, kw_only=True):
+    to: str
+    brief: str
+    history: str | None = None
+
+
+A = TypeVar("A", bound=msgspec.Struct)
+
+
+class _TeamTool(Generic[A]):
+    """A tool that asks the team through ``thread``: its spec from the class's name,
+    description and parameters (its ``peer`` one of ``peers``), its arguments (the model's
+    JSON, checked against them by ``run_tool``) read into its ``Args`` record, and a
+    refusal as a tool error naming the tool."""
+
+    Args: type[A]
     name = ""
     description = ""
     peer = "to"  # the parameter naming the other agent
@@ -59,15 +82,18 @@ class _TeamTool:
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            return ToolResult(await self.ask(args), kind="result")
+            return ToolResult(
+                await self.ask(msgspec.convert(args, self.Args, strict=False)), kind="result"
+            )
         except MessagingRefused as e:
             return ToolResult(f"{self.name}: {e}", is_error=True)
 
-    async def ask(self, args: dict[str, Any]) -> str:
+    async def ask(self, args: A) -> str:
         raise NotImplementedError
 
 
-class SendMessageTool(_TeamTool):
+class SendMessageTool(_TeamTool[SendArgs]):
+    Args = SendArgs
     name = "send_message"
     description = (
         "Send a message to another agent of your team. It does not wait: the receiver "
@@ -76,11 +102,12 @@ class SendMessageTool(_TeamTool):
     properties = {"content": {"type": "string"}}
     required = ("to", "content")
 
-    async def ask(self, args: dict[str, Any]) -> str:
-        return await self.thread.send(str(args["to"]), str(args["content"]))
+    async def ask(self, args: SendArgs) -> str:
+        return await self.thread.send(args.to, args.content)
 
 
-class WaitForMessageTool(_TeamTool):
+class WaitForMessageTool(_TeamTool[WaitArgs]):
+    Args = WaitArgs
     name = "wait_for_message"
     description = (
         "Wait until a message arrives (from one agent, if `from` is given) or the timeout "
@@ -96,12 +123,12 @@ class WaitForMessageTool(_TeamTool):
         }
     }
 
-    async def ask(self, args: dict[str, Any]) -> str:
-        timeout = min(float(args.get("timeout", 600)), MAX_WAIT_S)
-        return await self.thread.wait(args.get("from"), timeout)
+    async def ask(self, args: WaitArgs) -> str:
+        return await self.thread.wait(args.sender, min(args.timeout, MAX_WAIT_S))
 
 
-class HandoffTool(_TeamTool):
+class HandoffTool(_TeamTool[HandoffArgs]):
+    Args = HandoffArgs
     name = "handoff"
     description = (
         "Hand work to another agent of your team: it starts (or continues) with your brief "
@@ -114,14 +141,7 @@ class HandoffTool(_TeamTool):
     }
     required = ("to", "brief")
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        history = args.get("history")
-        if history is not None and history not in HISTORY_CHOICES:
-            return ToolResult(
-                f"handoff: history must be one of {', '.join(HISTORY_CHOICES)}", is_error=True
-            )
-        return await super().__call__(args, ctx)
-
-    async def ask(self, args: dict[str, Any]) -> str:
-        to, brief = str(args["to"]), str(args["brief"])
-        return await self.thread.handoff(to, brief, args.get("history"))
+    async def ask(self, args: HandoffArgs) -> str:
+        if args.history is not None and args.history not in HISTORY_CHOICES:
+            raise MessagingRefused(f"history must be one of {', '.join(HISTORY_CHOICES)}")
+        return await self.thread.handoff(args.to, args.brief, args.history)
