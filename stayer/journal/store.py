@@ -12,10 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from stayer.errors import JournalError as JournalError  # re-exported: it lives at the floor
 from stayer.errors import StoreUnavailable as StoreUnavailable
+from stayer.records import Record, to_json
 
 if TYPE_CHECKING:  # the snapshot code is only needed by runs, not by `stayer runs`
     from stayer.workspace.snapshot import SnapshotStore
@@ -92,6 +96,24 @@ class RunRow:
             "started": self.started,
             "updated": self.updated,
         }
+
+
+class RunUpdate(Record, kw_only=True):
+    """What a write changes in the run's row besides ``updated``: its status, its steps and
+    what it has spent (the total's text, or "unknown"); a field left out stays as it is."""
+
+    status: str | UnsetType = UNSET
+    steps: int | UnsetType = UNSET
+    cost: str | UnsetType = msgspec.field(default=UNSET, name="cost_usd")
+
+    def merged(self, later: RunUpdate) -> RunUpdate:
+        """This update, then ``later`` (its fields win)."""
+        given = {f: v for f in later.__struct_fields__ if (v := getattr(later, f)) is not UNSET}
+        return msgspec.structs.replace(self, **given)
+
+    def columns(self) -> dict[str, Any]:
+        """The row's columns it sets, by name (``Store.append``'s ``update``)."""
+        return cast(dict[str, Any], to_json(self))
 
 
 @dataclass

@@ -29,11 +29,13 @@ from stayer.journal.codec import canonical
 from stayer.journal.lease import new_owner, owner_is_dead
 from stayer.journal.run_report import journal_unknown
 from stayer.journal.sql import SqlStore, record_of, utc_now
+from stayer.journal.store import RunUpdate
+from stayer.ledger import RunReport, TokenTotals
 from stayer.models.base import Model
 from stayer.models.caching import miss_premium
 from stayer.money import MTOK, usd_sum
 from stayer.pricing import PriceBook
-from stayer.records import to_json
+from stayer.records import from_json
 from stayer.routing.router import rules_for
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage
@@ -237,7 +239,7 @@ def note_in_journal(
     run_id: str,
     events: list[tuple[str, dict[str, Any]]],
     blobs: dict[str, bytes] | None = None,
-    update: dict[str, Any] | None = None,
+    update: RunUpdate | None = None,
 ) -> None:
     """Append events to a run that no process is running (the runtime's notes, or its
     final status), under a lease of our own for the one write."""
@@ -248,41 +250,40 @@ def note_in_journal(
     try:
         tail = store._read("SELECT MAX(seq) FROM stayer_events WHERE run_id = ?", (run_id,))
         first = 0 if not tail or tail[0][0] is None else int(tail[0][0]) + 1
-        store.append(run_id, owner, first, events, blobs or {}, update)
+        columns = None if update is None else update.columns()
+        store.append(run_id, owner, first, events, blobs or {}, columns)
     finally:
         store.release(run_id, owner)
 
 
-def close_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -> dict[str, Any]:
+def close_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -> RunReport:
     """Finish a run no process is running (cancelled while it waited): its result carries
     every step the journal holds and every lost call, so all it spent is accounted."""
     log = load_log(store, run_id)
     ledger = [log.steps[s] for s in sorted(log.steps)] + lost_ledger_entries(log.lost)
     usage = sum((e.usage for e in ledger), Usage())
-    cost = usd_sum(e.cost.total for e in ledger)
     header = log.header
-    doc = {
-        "run_id": run_id,
-        "task": header.get("task"),
-        "model": header.get("model"),
-        "status": status,
-        "stop_reason": stop_reason,
-        "reward": None,
-        "steps": max(log.steps, default=0),
-        "usage": usage.to_dict(),
-        "cost_usd": str(cost),
-        "ledger": to_json(ledger),
-        "finished": datetime.now(UTC).isoformat(),
-    }
-    if unknown := journal_unknown(log):  # as ``stayer.run.RunReport`` has them
-        doc["outcome_unknown"] = to_json(unknown)
-    raw = canonical(doc)
+    report = RunReport(
+        run_id=run_id,
+        task=header.get("task") or "",
+        model=header.get("model") or "",
+        status=status,
+        stop_reason=stop_reason,
+        steps=max(log.steps, default=0),
+        usage=from_json(usage.to_dict(), TokenTotals),
+        cost_usd=str(usd_sum(e.cost.total for e in ledger)),
+        ledger=ledger,
+        finished=datetime.now(UTC).isoformat(),
+    )
+    if unknown := journal_unknown(log):
+        report.outcome_unknown = unknown
+    raw = canonical(report.to_json())
     address = digest(raw)
     note_in_journal(
         store,
         run_id,
         [("run_finished", {"status": status, "result": address})],
         {address: raw},
-        {"status": status, "steps": doc["steps"], "cost_usd": doc["cost_usd"]},
+        RunUpdate(status=status, steps=report.steps, cost=report.cost_usd),
     )
-    return doc
+    return report

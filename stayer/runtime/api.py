@@ -454,13 +454,11 @@ def create_app(
             before, after = db.request_cancel(run_id)
             ended_here = after == CANCELLED and before != CANCELLED
             if ended_here:
-                doc = close_idle_journal(db.store, run_id, CANCELLED, "cancelled")
+                report = close_idle_journal(db.store, run_id, CANCELLED, "cancelled")
                 # Its hold as the row says now: a worker may have paused it (and cut the
                 # hold down) since it was read above; no worker holds it any more.
-                settle_hold(dbs.budgets(), own_run(run_id, tenant), doc)
-                db.record_result(
-                    run_id, steps=int(doc.get("steps") or 0), cost_usd=doc.get("cost_usd", "0")
-                )
+                settle_hold(dbs.budgets(), own_run(run_id, tenant), report)
+                db.record_result(run_id, steps=report.steps, cost_usd=report.cost_usd)
             return own_run(run_id, tenant), ended_here
 
         run, ended_here = await run_in_threadpool(cancel)
