@@ -85,17 +85,31 @@ class RunRow:
     lease_owner: str | None = None
     lease_live: bool = False  # the lease has not expired (on the database's clock)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "task": self.task,
-            "model": self.model,
-            "status": self.status,
-            "steps": self.steps,
-            "cost_usd": self.cost_usd,
-            "started": self.started,
-            "updated": self.updated,
-        }
+    def listing(self, status: str | None = None) -> RunListing:
+        """The row as ``stayer runs`` lists it (``status``: as the lease makes it)."""
+        return RunListing(
+            id=self.id,
+            task=self.task,
+            model=self.model,
+            status=self.status if status is None else status,
+            steps=self.steps,
+            cost=self.cost_usd,
+            started=self.started,
+            updated=self.updated,
+        )
+
+
+class RunListing(Record, kw_only=True):
+    """A run as ``stayer runs`` lists it (``--json``: one of ``runs``)."""
+
+    id: str
+    task: str
+    model: str
+    status: str
+    steps: int
+    cost: str = msgspec.field(name="cost_usd")  # decimal string, or "unknown"
+    started: str
+    updated: str
 
 
 class RunUpdate(Record, kw_only=True):
