@@ -36,7 +36,7 @@ from stayer.agent import (
 from stayer.context.summarizer import ModelSummarizer
 from stayer.delegation import ChildAgents, ChildSettings
 from stayer.eval.verify import Verdict, passes, verify
-from stayer.events import Event, McpOffered, event_record
+from stayer.events import Event, McpOffered
 from stayer.guard.attribution import per_agent
 from stayer.guard.breakers import GuardConfig, TreeFingerprint
 from stayer.guard.budget import Budget
@@ -191,7 +191,7 @@ class Journaling(Observer):
         self.journal.on_step(entry)
 
     def on_event(self, event: Event) -> None:
-        self.journal.on_event(*event_record(event))
+        self.journal.on_event(event)
 
 
 class _Trajectory(Observer):

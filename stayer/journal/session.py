@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stayer.errors import OrderlyStop
+from stayer.events import Event, event_record
 from stayer.journal.blobs import BlobError, digest
 from stayer.journal.codec import canonical
 from stayer.journal.digest import RequestDigest
@@ -97,7 +98,7 @@ class RunJournal:
         # a run's own queue, untagged; a team thread's go to the run's, tagged with the
         # thread's name (``teams.journal``).
         self.writer: RunJournal = self
-        self.tags: dict[str, Any] = {}
+        self.tags: dict[str, str] = {}
         # Replay cursors: the n-th model call, t-th tool call, e-th agent event and o-th
         # observation of the run, counted the same way on every replay.
         self.n = self.t = self.e = self.o = 0
@@ -443,10 +444,11 @@ class RunJournal:
         )
         self.snapshot_step = step
 
-    def on_event(self, kind: str, payload: dict[str, Any]) -> None:
-        """The loop's ``on_event``: any structured event, stored as given (its payload in a
-        blob) and, on replay, checked against the journaled one."""
+    def on_event(self, event: Event) -> None:
+        """The loop's ``on_event``: any structured event, stored as ``event_record`` gives
+        it (its payload in a blob) and, on replay, checked against the journaled one."""
         t0 = time.perf_counter()
+        kind, payload = event_record(event)
         i, self.e = self.e, self.e + 1
         raw = canonical(payload)
         address = digest(raw)

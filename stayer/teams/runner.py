@@ -400,7 +400,7 @@ class Thread:
         if isinstance(event, CompactionEvent) and event.agent is None:
             event = msgspec.structs.replace(event, agent=self.name)
         if self.journal is not None:
-            self.journal.on_event(*event_record(event))
+            self.journal.on_event(event)
         for o in self.team.s.observers:
             o.on_event(event)
 
