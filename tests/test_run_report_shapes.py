@@ -9,13 +9,25 @@ import json
 from pathlib import Path
 from typing import Any
 
-from service_helpers import Env, copy_tasks, finished, start_server, wait_for
+from service_helpers import Env, copy_tasks, finished, read_events, start_server, wait_for
 from test_doc_shapes import check
 from test_eval_fixtures import EXAMPLES, needs_bwrap, stayer
 
 SIM = "sim:claude-sonnet-4-5"
 # Values that change from run to run besides those test_doc_shapes knows.
-CHANGING = {"latency_s", "updated", "blob_bytes", "store", "sent_at", "created_at", "updated_at"}
+CHANGING = {
+    "latency_s",
+    "updated",
+    "blob_bytes",
+    "store",
+    "sent_at",
+    "created_at",
+    "updated_at",
+    "requested_at",
+    "decided_at",
+    "cache_expires_at",
+    "at",
+}
 
 
 def steady(value: Any) -> Any:
@@ -63,5 +75,18 @@ def test_the_runtimes_run_ledger_and_events_keep_their_shape(tmp_path: Path) -> 
             check("runtime-ledger", steady(ledger), tmp_path)
             listed = c.get("/v1/runs").json()
             check("runtime-runs", steady(listed), tmp_path)
+            body = {"task": "hello-file", "model": SIM, "confirm_tools": ["bash"]}
+            waiting = c.post("/v1/runs", json=body).json()["id"]
+            run = wait_for(c, waiting, lambda r: r["status"] == "requires_action")
+            check("runtime-pending-run", steady(run), tmp_path)
+            decided = c.post(
+                f"/v1/runs/{waiting}/actions", json={"call_id": "act-1", "decision": "reject"}
+            )
+            assert decided.status_code < 300, decided.text
+            wait_for(c, waiting, finished)
+            actions = c.get(f"/v1/runs/{waiting}/actions").json()
+            check("runtime-actions", steady(actions), tmp_path)
+            events = [e for e in read_events(c, waiting) if e["event"] == "requires_action"]
+            check("runtime-requires-action", steady(events), tmp_path)
     finally:
         server.process.kill()
