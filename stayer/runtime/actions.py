@@ -22,6 +22,8 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import msgspec
+
 from stayer.errors import OrderlyStop
 from stayer.journal import load_log, lost_ledger_entries
 from stayer.journal.blobs import digest
@@ -33,9 +35,9 @@ from stayer.journal.store import RunUpdate
 from stayer.ledger import RunReport, TokenTotals
 from stayer.models.base import Model
 from stayer.models.caching import miss_premium
-from stayer.money import MTOK, usd_sum
+from stayer.money import MTOK, Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.records import from_json
+from stayer.records import Record, decode, encode, from_json
 from stayer.routing.router import rules_for
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage
@@ -64,6 +66,31 @@ class RunSuspended(OrderlyStop):
         self.action = action
 
 
+class WaitCost(Record, kw_only=True):
+    """What waiting for a person costs (``pause_price``): the prompt cache of
+    ``context_tokens`` expires at ``cache_expires_at``; a decision after it makes the next
+    call write them again, at ``cost_if_cache_expires_usd`` ("unknown" without prices)."""
+
+    context_tokens: int
+    cache_ttl_s: float
+    cache_expires_at: str
+    cost_if_expired: str = msgspec.field(name="cost_if_cache_expires_usd")
+
+
+class ActionView(Record, kw_only=True):
+    """A confirmable call as the API shows it (``pending_action``, ``GET .../actions``)
+    and the journal's ``requires_action`` event holds it. ``arguments``: the model's."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    status: str
+    message: str | None
+    requested_at: str
+    decided_at: str | None
+    wait_cost: WaitCost | None
+
+
 @dataclass
 class Action:
     run_id: str
@@ -74,23 +101,23 @@ class Action:
     message: str | None = None
     requested_at: str = ""
     decided_at: str | None = None
-    price: dict[str, Any] | None = None
+    price: WaitCost | None = None
 
     @property
     def call_id(self) -> str:
         return f"act-{self.n}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "call_id": self.call_id,
-            "tool": self.tool,
-            "arguments": self.arguments,
-            "status": self.status,
-            "message": self.message,
-            "requested_at": self.requested_at,
-            "decided_at": self.decided_at,
-            "wait_cost": self.price,
-        }
+    def view(self) -> ActionView:
+        return ActionView(
+            call_id=self.call_id,
+            tool=self.tool,
+            arguments=self.arguments,
+            status=self.status,
+            message=self.message,
+            requested_at=self.requested_at,
+            decided_at=self.decided_at,
+            wait_cost=self.price,
+        )
 
 
 _COLUMNS = "run_id, n, tool, arguments, status, message, requested_at, decided_at, price"
@@ -113,7 +140,7 @@ class Actions:
                 r,
                 n=int,
                 arguments=json.loads,
-                price=lambda v: json.loads(v) if v else None,
+                price=lambda v: decode(v, WaitCost) if v else None,
             )
             for r in rows
         ]
@@ -143,11 +170,11 @@ class Actions:
         assert action is not None
         return action
 
-    def set_price(self, run_id: str, n: int, price: dict[str, Any]) -> None:
+    def set_price(self, run_id: str, n: int, price: WaitCost) -> None:
         with self.store._tx() as cur:
             cur.execute(
                 "UPDATE stayer_actions SET price = ? WHERE run_id = ? AND n = ?",
-                (json.dumps(price), run_id, n),
+                (encode(price).decode(), run_id, n),
             )
 
     def decide(self, run_id: str, n: int, approve: bool, message: str | None) -> bool:
@@ -208,7 +235,7 @@ class Gate:
 
 def pause_price(
     model: Model, prices: PriceBook, context_tokens: int, now: datetime | None = None
-) -> dict[str, Any]:
+) -> WaitCost:
     """What waiting costs: the prompt cache expires ``cache_ttl_s`` after the last call;
     a decision after ``cache_expires_at`` makes the next call write ``context_tokens`` again
     instead of reading them (``cost_if_cache_expires_usd``, "unknown" without prices)."""
@@ -216,12 +243,12 @@ def pause_price(
     now = now or datetime.now(UTC)
     rates = prices.rates(model.model_id, model.provider, None, context_tokens)
     extra = None if rates is None else Decimal(context_tokens) * miss_premium(rules, rates) / MTOK
-    return {
-        "context_tokens": context_tokens,
-        "cache_ttl_s": rules.ttl_s,
-        "cache_expires_at": (now + timedelta(seconds=rules.ttl_s)).isoformat(timespec="seconds"),
-        "cost_if_cache_expires_usd": "unknown" if extra is None else str(extra),
-    }
+    return WaitCost(
+        context_tokens=context_tokens,
+        cache_ttl_s=rules.ttl_s,
+        cache_expires_at=(now + timedelta(seconds=rules.ttl_s)).isoformat(timespec="seconds"),
+        cost_if_expired=str(Usd(extra)),
+    )
 
 
 def last_context_tokens(store: SqlStore, run_id: str) -> int:

@@ -35,7 +35,7 @@ from stayer.journal.store import RunHeld, StoreUnavailable
 from stayer.ledger import LedgerEntry, RunReport, RunResult
 from stayer.money import Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.records import encode, from_json
+from stayer.records import encode, from_json, to_json
 from stayer.runtime.actions import (
     Actions,
     Gate,
@@ -536,7 +536,10 @@ class Worker:
         note_in_journal(
             self.store,
             run.id,
-            [("requires_action", action.to_dict()), ("suspended", {"status": REQUIRES_ACTION})],
+            [
+                ("requires_action", to_json(action.view())),
+                ("suspended", {"status": REQUIRES_ACTION}),
+            ],
         )
         self._set(run, status=REQUIRES_ACTION, stop_reason=REQUIRES_ACTION, release=True)
 
