@@ -258,7 +258,7 @@ class RunResult:
     error: str | None = None
     stop_reason: str = ""
     peak_context_tokens: int = 0
-    breakers: list[dict[str, Any]] = field(default_factory=list)
+    breakers: list[BreakerTrip] = field(default_factory=list)  # every agent's trips
 
     def add_cost(self, amount: Decimal | None) -> None:
         """Unknown stays unknown: one unpriced call makes the total unknown, never 0."""

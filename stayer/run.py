@@ -413,14 +413,14 @@ def timed_out(
     detail = f"the task's agent time limit of {limit_s:g} s ran out during step {result.steps + (not cuts)}"
     result.status, result.stop_reason = "budget_exhausted", "agent_timeout"
     result.breakers.append(
-        {
-            "agent": "main",
-            "reason": "agent_timeout",
-            "detail": detail,
-            "step": result.steps,
-            "action": "stop",
-            "soft": False,
-        }
+        BreakerTrip(
+            agent="main",
+            reason="agent_timeout",
+            detail=detail,
+            step=result.steps,
+            action="stop",
+            soft=False,
+        )
     )
     result.summary = (
         result.summary or f"Stopped: {detail}. The workspace holds the work done until then."
@@ -464,7 +464,6 @@ def result_document(
         u += entry.usage
         cost += entry.cost.total
     ledger = sorted([*result.ledger, *lost], key=ledger_order)
-    breakers = from_json(result.breakers, list[BreakerTrip])
     counter = p.counter.counter
     return RunReport(
         run_id=p.run_id,
@@ -477,12 +476,12 @@ def result_document(
         usage=from_json(u.to_dict(), TokenTotals),
         cost_usd=str(cost),
         stop_reason=result.stop_reason,
-        stop_detail=stop_detail(result.stop_reason, breakers),
+        stop_detail=stop_detail(result.stop_reason, result.breakers),
         policy=p.config.policy,
         peak_context_tokens=result.peak_context_tokens,
         compactions=sum(1 for e in result.ledger if e.compaction),
         summary=result.summary,
-        breakers=breakers,
+        breakers=list(result.breakers),
         agents=per_agent(ledger),
         error=result.error or (verdict.infrastructure if verdict else None),
         ledger=ledger,
