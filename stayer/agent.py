@@ -577,7 +577,7 @@ class Agent:
         left = self._trips(guard)
         if left and result.ledger:
             result.ledger[-1].trips.extend(BreakerTrip(**t) for t in left)
-        result.breakers = [{"agent": self.path, **t.to_dict()} for t in guard.trips]
+        result.breakers = [BreakerTrip.of(t, self.path) for t in guard.trips]
         if result.status == "budget_exhausted":
             result.summary = guard.final_summary(
                 result.summary, s.ctx.messages, result.steps, result.cost_usd

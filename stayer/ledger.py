@@ -8,11 +8,14 @@ entry the step a time limit stopped. An ``OutcomeUnknown`` is a tool call of a s
 outcome was lost at a crash (its ``ToolCallEntry`` says ``outcome: unknown``). All share the one record, so totals and reports treat
 them alike. A field a kind never has is ``UNSET`` and absent from its JSON, so an entry
 read back (an older journal's too) is written out with exactly the fields it had.
+
+``RunReport`` is a finished run (``result.json``, ``stayer run --json``, the journal's
+result and the runtime's): its ledger, totals, breaker trips and verdict, as records.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any, cast
@@ -22,10 +25,11 @@ from msgspec import UNSET, UnsetType
 
 from stayer.context.compactor import Compacted, ToolsTaken
 from stayer.context.forensics import CacheBreak
+from stayer.guard.attribution import AgentCost
 from stayer.guard.breakers import ToolCallRecord, Trip
 from stayer.money import Usd
 from stayer.pricing import Cost
-from stayer.records import Record, to_json
+from stayer.records import Record, decode, from_json, to_json
 from stayer.routing.router import RouteRecord
 from stayer.tokens import PromptEstimate
 from stayer.usage import Usage
@@ -254,7 +258,7 @@ class RunResult:
     error: str | None = None
     stop_reason: str = ""
     peak_context_tokens: int = 0
-    breakers: list[dict[str, Any]] = field(default_factory=list)
+    breakers: list[BreakerTrip] = field(default_factory=list)  # every agent's trips
 
     def add_cost(self, amount: Decimal | None) -> None:
         """Unknown stays unknown: one unpriced call makes the total unknown, never 0."""
@@ -265,3 +269,96 @@ class RunResult:
         self.usage += child.usage
         self.add_cost(child.cost_usd)
         self.ledger.extend(child.ledger)
+
+
+class TokenTotals(msgspec.Struct, kw_only=True):
+    """A run's tokens, every call of every agent (``usage`` of the result)."""
+
+    input_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_5m_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+class VerifierReport(Record, kw_only=True):
+    """What the task's tests said (``verifier`` of the result; ``Verdict.to_dict``)."""
+
+    outcome: str
+    infrastructure: str | None = None
+    exit_code: int | None = None
+    timed_out: bool = False
+    error: str | None = None
+    voided: str | None = None
+    output_tail: str = ""
+
+
+class RunReport(Record, kw_only=True, eq=False):
+    """A finished run: what ``execute`` returns, ``result.json`` holds and ``stayer run
+    --json`` prints (``to_json``: the fields in this order; ``rewards`` and ``verifier`` only
+    when the verifier ran). Read its attributes; ``report["key"]`` reads the JSON form, for
+    callers that held the document. ``read`` takes a stored document back."""
+
+    run_id: str = ""
+    task: str = ""
+    task_path: str = ""
+    model: str = ""
+    status: str = "error"
+    reward: float | None = None
+    steps: int = 0
+    usage: TokenTotals = msgspec.field(default_factory=TokenTotals)
+    cost_usd: str = "0"  # the total's text, or "unknown"
+    stop_reason: str | None = None
+    stop_detail: str | None = None
+    policy: str = ""
+    peak_context_tokens: int = 0
+    compactions: int = 0
+    summary: str | None = None
+    breakers: list[BreakerTrip] = msgspec.field(default_factory=list)
+    agents: list[AgentCost] = msgspec.field(default_factory=list)
+    error: str | None = None
+    ledger: list[LedgerEntry] = msgspec.field(default_factory=list)
+    started: str = ""
+    finished: str = ""
+    run_dir: str = ""
+    tokenizer: str | None = None
+    rewards: dict[str, float] | UnsetType = UNSET
+    verifier: VerifierReport | UnsetType = UNSET
+    mcp_tools: str | UnsetType = UNSET  # with MCP servers: eager or lazy
+    # Side-effecting calls whose outcome a crash lost: only when there were any.
+    outcome_unknown: list[OutcomeUnknown] | UnsetType = UNSET
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document (``result.json``, ``--json``, the journal's result)."""
+        return cast(dict[str, Any], to_json(self))
+
+    @classmethod
+    def read(cls, doc: dict[str, Any] | bytes) -> RunReport:
+        """A stored document (its builtins or its JSON bytes) as a report."""
+        return decode(doc, cls) if isinstance(doc, bytes) else from_json(doc, cls)
+
+    @property
+    def spent(self) -> Usd:
+        """What the run spent (unknown when a price is)."""
+        return Usd.parse(self.cost_usd)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_json())
+
+    def keys(self) -> Any:
+        return self.to_json().keys()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_json()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_json().get(key, default)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, dict):
+            return self.to_json() == other
+        return isinstance(other, RunReport) and self.to_json() == other.to_json()
+
+    __hash__ = None  # type: ignore[assignment]

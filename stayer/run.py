@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import msgspec
 
@@ -36,7 +36,7 @@ from stayer.agent import (
 from stayer.context.summarizer import ModelSummarizer
 from stayer.delegation import ChildAgents, ChildSettings
 from stayer.eval.verify import Verdict, passes, verify
-from stayer.events import Event, McpOffered, event_record
+from stayer.events import Event, McpOffered
 from stayer.guard.attribution import per_agent
 from stayer.guard.breakers import GuardConfig, TreeFingerprint
 from stayer.guard.budget import Budget
@@ -50,7 +50,13 @@ from stayer.journal import (
 )
 from stayer.journal.codec import message_record
 from stayer.journal.session import LEASE_TTL_S
-from stayer.ledger import ledger_order
+from stayer.ledger import (  # noqa: F401  (RunReport, TokenTotals: re-exported)
+    BreakerTrip,
+    RunReport,
+    TokenTotals,
+    VerifierReport,
+    ledger_order,
+)
 from stayer.messages import Message
 from stayer.models.base import Model
 from stayer.models.sim import SimModel
@@ -130,10 +136,9 @@ async def _execute(
     if p.mcp_servers:
         report.mcp_tools = wiring.mcp_mode
     if journal.unknown:
-        report.outcome_unknown = to_json(journal.unknown)
-    doc = report.to_json()  # the one JSON form, for the journal and result.json
-    journal.finish(doc)
-    write_result(p.run_dir, doc)
+        report.outcome_unknown = list(journal.unknown)
+    journal.finish(report)
+    write_result(p.run_dir, report)
     return report
 
 
@@ -186,7 +191,7 @@ class Journaling(Observer):
         self.journal.on_step(entry)
 
     def on_event(self, event: Event) -> None:
-        self.journal.on_event(*event_record(event))
+        self.journal.on_event(event)
 
 
 class _Trajectory(Observer):
@@ -408,14 +413,14 @@ def timed_out(
     detail = f"the task's agent time limit of {limit_s:g} s ran out during step {result.steps + (not cuts)}"
     result.status, result.stop_reason = "budget_exhausted", "agent_timeout"
     result.breakers.append(
-        {
-            "agent": "main",
-            "reason": "agent_timeout",
-            "detail": detail,
-            "step": result.steps,
-            "action": "stop",
-            "soft": False,
-        }
+        BreakerTrip(
+            agent="main",
+            reason="agent_timeout",
+            detail=detail,
+            step=result.steps,
+            action="stop",
+            soft=False,
+        )
     )
     result.summary = (
         result.summary or f"Stopped: {detail}. The workspace holds the work done until then."
@@ -423,9 +428,10 @@ def timed_out(
     return result, cuts
 
 
-def write_result(run_dir: Path, doc: dict[str, Any]) -> None:
+def write_result(run_dir: Path, report: RunReport) -> None:
+    """The run's ``result.json`` (``report.to_json()``, indented), replaced whole."""
     tmp = run_dir / "result.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.write_text(json.dumps(report.to_json(), indent=2))
     tmp.replace(run_dir / "result.json")
 
 
@@ -440,86 +446,6 @@ def status_of(result: RunResult, verdict: Verdict | None) -> str:
     if result.status in ("error", "budget_exhausted"):
         return result.status
     return "failed"
-
-
-class TokenTotals(msgspec.Struct, kw_only=True):
-    """A run's tokens, every call of every agent (``usage`` of the result)."""
-
-    input_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    cache_write_5m_tokens: int = 0
-    cache_write_1h_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-
-
-class RunReport(msgspec.Struct, kw_only=True, eq=False):
-    """A finished run: what ``execute`` returns, ``result.json`` holds and ``stayer run
-    --json`` prints (``to_json``: the fields in this order; ``rewards`` and ``verifier`` only
-    when the verifier ran). Read its attributes; ``report["key"]`` reads the JSON form, for
-    callers that held the document. ``read`` takes a stored document back."""
-
-    run_id: str = ""
-    task: str = ""
-    task_path: str = ""
-    model: str = ""
-    status: str = "error"
-    reward: float | None = None
-    steps: int = 0
-    usage: TokenTotals = msgspec.field(default_factory=TokenTotals)
-    cost_usd: str = "0"
-    stop_reason: str | None = None
-    stop_detail: str | None = None
-    policy: str = ""
-    peak_context_tokens: int = 0
-    compactions: int = 0
-    summary: str | None = None
-    breakers: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    agents: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    error: str | None = None
-    ledger: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    started: str = ""
-    finished: str = ""
-    run_dir: str = ""
-    tokenizer: str | None = None
-    rewards: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    verifier: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    mcp_tools: str | msgspec.UnsetType = msgspec.UNSET  # with MCP servers: eager or lazy
-    # Side-effecting calls whose outcome a crash lost (``stayer.ledger.OutcomeUnknown``):
-    # only when there were any.
-    outcome_unknown: list[dict[str, Any]] | msgspec.UnsetType = msgspec.UNSET
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON document (``result.json``, ``--json``, the journal's result)."""
-        doc: dict[str, Any] = msgspec.to_builtins(self)
-        return doc
-
-    @classmethod
-    def read(cls, doc: dict[str, Any]) -> RunReport:
-        return msgspec.convert(doc, cls, strict=False)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.to_json()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_json())
-
-    def keys(self) -> Any:
-        return self.to_json().keys()
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.to_json()
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_json().get(key, default)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, dict):
-            return self.to_json() == other
-        return isinstance(other, RunReport) and self.to_json() == other.to_json()
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 def result_document(
@@ -537,8 +463,7 @@ def result_document(
     for entry in lost:
         u += entry.usage
         cost += entry.cost.total
-    entries = sorted([*result.ledger, *lost], key=ledger_order)
-    ledger = to_json(entries)
+    ledger = sorted([*result.ledger, *lost], key=ledger_order)
     counter = p.counter.counter
     return RunReport(
         run_id=p.run_id,
@@ -548,7 +473,7 @@ def result_document(
         status=status_of(result, verdict),
         reward=verdict.reward if verdict else None,
         steps=result.steps,
-        usage=msgspec.convert(u.to_dict(), TokenTotals),
+        usage=from_json(u.to_dict(), TokenTotals),
         cost_usd=str(cost),
         stop_reason=result.stop_reason,
         stop_detail=stop_detail(result.stop_reason, result.breakers),
@@ -556,8 +481,8 @@ def result_document(
         peak_context_tokens=result.peak_context_tokens,
         compactions=sum(1 for e in result.ledger if e.compaction),
         summary=result.summary,
-        breakers=result.breakers,
-        agents=to_json(per_agent(entries)),
+        breakers=list(result.breakers),
+        agents=per_agent(ledger),
         error=result.error or (verdict.infrastructure if verdict else None),
         ledger=ledger,
         started=started.isoformat(),
@@ -565,12 +490,14 @@ def result_document(
         run_dir=str(p.run_dir),
         tokenizer=getattr(counter, "encoding_name", None),
         rewards=verdict.rewards if verdict is not None else msgspec.UNSET,
-        verifier=verdict.to_dict() if verdict is not None else msgspec.UNSET,
+        verifier=(
+            from_json(verdict.to_dict(), VerifierReport) if verdict is not None else msgspec.UNSET
+        ),
     )
 
 
-def stop_detail(reason: str | None, breakers: list[dict[str, Any]]) -> str | None:
+def stop_detail(reason: str | None, breakers: list[BreakerTrip]) -> str | None:
     """Why the run stopped, in the words of the limit or breaker that stopped it (the last
     trip of the stop reason: the one that began the wrap-up, or that ended the run)."""
-    trip = next((b for b in reversed(breakers) if b.get("reason") == reason), None)
-    return None if trip is None else str(trip.get("detail") or "") or None
+    trip = next((b for b in reversed(breakers) if b.reason == reason), None)
+    return None if trip is None else trip.detail or None

@@ -205,11 +205,12 @@ class Session:
     def report(self) -> dict[str, Any]:
         """What ``stayer report ID --json`` prints."""
         from stayer.journal.run_report import run_report
+        from stayer.records import to_json
 
         row: RunRow | None = _db(self.store.run, self.id)
         if row is None:
             raise ConfigError(f"session {self.id}: no call recorded yet")
-        doc: dict[str, Any] = _db(run_report, self.store, row)
+        doc: dict[str, Any] = to_json(_db(run_report, self.store, row))
         return doc
 
     @property

@@ -40,6 +40,8 @@ def report(
     """
     from stayer.journal.backends import open_store, stayer_home
     from stayer.journal.run_report import run_report
+    from stayer.money import Usd
+    from stayer.records import to_json
 
     if run_id is None and not last:
         bad_input("report: name the run: a RUN_ID (see `stayer runs`) or --last")
@@ -63,7 +65,7 @@ def report(
     if follow and not json_out:
         raise typer.Exit(follow_run(store, run_id))
     if json_out:
-        emit_json(doc)
+        emit_json(to_json(doc))
         return
     from stayer.cli.common import console as make_console
     from stayer.tables import Col, FitTable, print_table, say
@@ -71,8 +73,8 @@ def report(
     console = make_console()
     say(
         console,
-        (f"run {doc['run_id']}", "bold"),
-        f" · {doc['task']} · {doc['model']} · {doc['status']}",
+        (f"run {doc.run_id}", "bold"),
+        f" · {doc.task} · {doc.model} · {doc.status}",
     )
     # Left out at a narrow terminal, first to last: tools, cache write, cache %, notes.
     t = FitTable(
@@ -87,39 +89,37 @@ def report(
         Col("tools", drop=4),
         Col("notes", drop=1),
     )
-    for entry in doc["ledger"]:
-        u = entry["usage"]
-        lost = entry.get("kind") == "lost_in_flight"
-        agent = entry.get("agent", "main")
+    for entry in doc.ledger:
+        u = entry.usage
         t.add_row(
-            str(entry["step"]) if agent == "main" else f"{agent} {entry['step']}",
-            entry.get("model") or "—",
-            f"{u['input_tokens']:,}",
-            f"{u['cache_read_tokens']:,}",
-            f"{u['cache_write_tokens']:,}",
-            f"{u['output_tokens']:,}",
-            f"{entry['cache_hit_ratio'] * 100:.1f}",
-            usd(entry["cost_usd"]) + (" (est.)" if lost else ""),
-            "lost in flight" if lost else ",".join(c["name"] for c in entry["tool_calls"]) or "-",
-            "; ".join(step_notes(entry)),
+            str(entry.step) if entry.agent == "main" else f"{entry.agent} {entry.step}",
+            entry.model or "—",
+            f"{u.input_tokens:,}",
+            f"{u.cache_read_tokens:,}",
+            f"{u.cache_write_tokens:,}",
+            f"{u.output_tokens:,}",
+            f"{entry.cache_hit_ratio * 100:.1f}",
+            Usd(entry.cost.total).format() + (" (est.)" if entry.lost else ""),
+            "lost in flight" if entry.lost else ",".join(c.name for c in entry.tool_calls) or "-",
+            "; ".join(step_notes(to_json(entry))),
         )
-    tot = doc["totals"]
-    u = tot["usage"]
+    tot = doc.totals
+    u = tot.usage
     t.add_section()
     t.add_row(
         "total",
         "",
-        f"{u['input_tokens']:,}",
-        f"{u['cache_read_tokens']:,}",
-        f"{u['cache_write_tokens']:,}",
-        f"{u['output_tokens']:,}",
+        f"{u.input_tokens:,}",
+        f"{u.cache_read_tokens:,}",
+        f"{u.cache_write_tokens:,}",
+        f"{u.output_tokens:,}",
         "",
-        usd(tot["cost_usd"]),
-        f"{tot['tool_calls']} tool calls",
+        usd(tot.cost),
+        f"{tot.tool_calls} tool calls",
         "",
     )
     print_table(console, t)
-    if doc["messages"]:
+    if doc.messages:
         m = FitTable(
             Col("message"),
             Col("from"),
@@ -129,33 +129,32 @@ def report(
             Col("read cost (USD)", number=True),
             Col("says", drop=2),
         )
-        for msg in doc["messages"]:
-            said = msg["content"].strip().splitlines()[0][:60] if msg["content"].strip() else ""
+        for msg in doc.messages:
+            said = msg.content.strip().splitlines()[0][:60] if msg.content.strip() else ""
             m.add_row(
-                msg["id"],
-                msg["sender"],
-                msg["to"],
-                msg["kind"],
-                f"{msg['tokens']:,}",
-                usd(msg["read_cost_usd"]) if msg["read_cost_usd"] is not None else "unread",
+                msg.id,
+                msg.sender,
+                msg.to,
+                msg.kind,
+                f"{msg.tokens:,}",
+                usd(msg.read_cost) if msg.read_cost is not None else "unread",
                 said,
             )
         print_table(console, m)
-    j = doc["journal"]
+    j = doc.journal
     say(
         console,
-        f"{tot['model_calls']} model calls ({tot['lost_in_flight']} lost in flight, "
-        f"{usd(tot['lost_in_flight_cost_usd'])}) · "
-        + (f"{tot['outcome_unknown']} outcome(s) unknown · " if tot["outcome_unknown"] else "")
-        + f"{j['events']} events · "
-        f"{j['resumes']} resume(s) · {j['blob_bytes']:,} blob bytes · {j['store']}",
+        f"{tot.model_calls} model calls ({tot.lost_in_flight} lost in flight, "
+        f"{usd(tot.lost_in_flight_cost)}) · "
+        + (f"{tot.outcome_unknown} outcome(s) unknown · " if tot.outcome_unknown else "")
+        + f"{j.events} events · "
+        f"{j.resumes} resume(s) · {j.blob_bytes:,} blob bytes · {j.store}",
     )
 
 
 def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
     """Tail the run's journal: a line per step (and per call lost in flight, and per tool
     call whose outcome is unknown) as it is written, then the final status; the exit code follows it (as ``stayer run``'s)."""
-    import json
     import time
     from decimal import Decimal
 
@@ -164,7 +163,7 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
     from rich.text import Text
 
     from stayer.cli.run import exit_code, step_line
-    from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown
+    from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown, RunReport
     from stayer.money import Usd
     from stayer.records import from_json, to_json
 
@@ -187,14 +186,14 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
                     out.print(escape(line), highlight=False, soft_wrap=True)
                     continue
                 elif ev.kind == "run_finished":
-                    result = json.loads(store.get_blob(ev.data["result"]))
+                    result = RunReport.read(store.get_blob(ev.data["result"]))
                     out.print(
                         Text.assemble(
                             ("finished: ", "bold"),
-                            f"{result['status']} · {result.get('stop_reason') or '—'} · {usd(result['cost_usd'])}",
+                            f"{result.status} · {result.stop_reason or '—'} · {usd(result.cost_usd)}",
                         )
                     )
-                    return exit_code(result["status"])
+                    return exit_code(result.status)
                 else:
                     continue
                 total = (Usd(total) + entry.cost.total).amount

@@ -26,7 +26,6 @@ def resume(
 
     from stayer.eval.resume import prepare_resume
     from stayer.journal import RunFinished
-    from stayer.run import RunReport
 
     err = stderr()
     try:
@@ -35,9 +34,9 @@ def resume(
         # Not an error: there is nothing left to do. Its result, as `stayer run` printed it.
         err.print(Text(f"{e}; its result:"), highlight=False, soft_wrap=True)
         if json_out:
-            emit_json(e.result)
+            emit_json(e.result.to_json())
         else:
-            summary_table(RunReport.read(e.result), console())
+            summary_table(e.result, console())
         raise typer.Exit(EXIT_OK) from None
     except ConfigError as e:
         bad_input(str(e))

@@ -53,7 +53,7 @@ from stayer.money import Usd
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from stayer.ledger import LostCall
+    from stayer.ledger import LedgerEntry, LostCall
     from stayer.run import RunReport
 
 
@@ -261,23 +261,19 @@ def step_printer(err: Console, lost: Sequence[LostCall] = ()) -> Callable[[Any],
     total: list[Decimal | None] = [Decimal(0)]
     shown = [0]
 
-    def show(d: dict[str, Any]) -> None:
-        total[0] = add_cost(total[0], d["cost_usd"])
+    def show(entry: LedgerEntry) -> None:
+        total[0] = (Usd(total[0]) + entry.cost.total).amount
         width = err.width if err.is_terminal else None
-        err.print(escape(step_line(d, total[0], width)), highlight=False, soft_wrap=True)
+        line = step_line(to_json(entry), total[0], width)
+        err.print(escape(line), highlight=False, soft_wrap=True)
 
-    def progress(entry: Any) -> None:
-        for d in lost_ledger_entries(lost[shown[0] :]):
-            show(to_json(d))
+    def progress(entry: LedgerEntry) -> None:
+        for lost_entry in lost_ledger_entries(lost[shown[0] :]):
+            show(lost_entry)
         shown[0] = len(lost)
-        show(to_json(entry))
+        show(entry)
 
     return progress
-
-
-def add_cost(total: Decimal | None, cost: str) -> Decimal | None:
-    """A running total; one unknown price makes it unknown."""
-    return (Usd(total) + Usd.parse(cost)).amount
 
 
 def step_line(d: dict[str, Any], total: Decimal | None, width: int | None = None) -> str:
@@ -351,15 +347,15 @@ def explain(doc: RunReport, console: Console) -> None:
         say("wrap-up summary" if doc.status == "budget_exhausted" else "summary")
         for line in summary.splitlines():
             console.print(f"  {escape(line)}", highlight=False, soft_wrap=not console.is_terminal)
-    verifier = doc.verifier or {}
-    if verifier.get("voided"):
-        say("reward", verifier["voided"])
-    tail = (verifier.get("output_tail") or "").strip()
-    if doc.status != "succeeded" and tail:
+    verifier = doc.verifier or None
+    if verifier and verifier.voided:
+        say("reward", verifier.voided)
+    tail = (verifier.output_tail if verifier else "").strip()
+    if verifier and doc.status != "succeeded" and tail:
         lines = tail.splitlines()[-VERIFIER_TAIL_LINES:]
         say(
             "verifier output",
-            f"(last {len(lines)} lines, exit code {dash(verifier.get('exit_code'))})",
+            f"(last {len(lines)} lines, exit code {dash(verifier.exit_code)})",
         )
         for line in lines:
             console.print(f"  {escape(line)}", highlight=False, soft_wrap=not console.is_terminal)
@@ -374,9 +370,9 @@ def stop_detail(doc: RunReport) -> str:
     reason = doc.stop_reason or ""
     if doc.stop_detail:
         return f"{reason}: {doc.stop_detail}"
-    hard = [b for b in doc.breakers if not b.get("soft")]
+    hard = [b for b in doc.breakers if not b.soft]
     if hard:
-        return f"{hard[-1]['reason']}: {hard[-1]['detail']}"
+        return f"{hard[-1].reason}: {hard[-1].detail}"
     return STOP_WORDS.get(reason, reason)
 
 
@@ -390,7 +386,7 @@ def next_step(doc: RunReport) -> str:
     if status == "budget_exhausted":
         if reason == "max_cost":
             need = next_call_cost(doc)
-            spent = Decimal(doc.cost_usd) if doc.cost_usd != "unknown" else Decimal(0)
+            spent = doc.spent.amount or Decimal(0)
             floor = f" to ≥ {usd(round_up(spent + need))}" if need is not None else ""
             return f"raise --max-cost{floor} (each further step costs about as much again)"
         if reason == "max_steps":
@@ -409,8 +405,8 @@ def next_call_cost(doc: RunReport) -> Decimal | None:
     import re
 
     for b in reversed(doc.breakers):
-        m = re.search(r"worst case \(\$([0-9.]+)", b.get("detail", ""))
-        if b.get("reason") == "max_cost" and m:
+        m = re.search(r"worst case \(\$([0-9.]+)", b.detail)
+        if b.reason == "max_cost" and m:
             return Decimal(m.group(1))
     return None
 

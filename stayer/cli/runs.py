@@ -23,6 +23,8 @@ from stayer.journal.lease import SHOWN_STATUSES
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from stayer.journal.store import RunListing
+
 # What a run's row says (``run_status``), and ``corrupt``: a journal that cannot be read.
 STATUSES = (*SHOWN_STATUSES, "corrupt")
 StatusOption = Annotated[  # of `stayer runs` and `stayer runs prune`
@@ -65,6 +67,7 @@ def runs(
         return
     from stayer.journal.backends import open_store, stayer_home
     from stayer.journal.lease import run_status
+    from stayer.records import to_json
 
     if not 1 <= limit <= 1_000_000:
         # ListSettings (pydantic) says why; a limit in its bounds does not pay for the import.
@@ -83,12 +86,12 @@ def runs(
     except ConfigError as e:
         bad_input(str(e))
     where = store.location if store else str(stayer_home().absolute() / "stayer.db")
-    docs = [{**r.to_dict(), "status": run_status(r)} for r in rows]
+    docs = [r.listing(run_status(r)) for r in rows]
     total = len(docs)
     docs = [d for d in docs if matches(d, status, task, model, since_ts)][:limit]
     corrupt = mark_corrupt(store, docs)
     if json_out:
-        emit_json({"store": store.location if store else None, "runs": docs})
+        emit_json({"store": store.location if store else None, "runs": to_json(docs)})
     else:
         show(
             docs,
@@ -103,7 +106,7 @@ def runs(
         raise typer.Exit(EXIT_BAD_INPUT)
 
 
-def mark_corrupt(store: Any, docs: list[dict[str, Any]]) -> list[str]:
+def mark_corrupt(store: Any, docs: list[RunListing]) -> list[str]:
     """Read each listed run's journal through: a damaged one is listed as ``corrupt``; its
     one-line error is returned, to be said after the listing (the command then exits 2)."""
     from stayer.journal import JournalCorrupt, load_log
@@ -111,14 +114,14 @@ def mark_corrupt(store: Any, docs: list[dict[str, Any]]) -> list[str]:
     errors = []
     for d in docs:
         try:
-            load_log(store, d["id"])
+            load_log(store, d.id)
         except JournalCorrupt as e:
-            d["status"] = "corrupt"
+            d.status = "corrupt"
             errors.append(str(e))
     return errors
 
 
-def show(docs: list[dict[str, Any]], total: int, found: bool, where: str, filters: Any) -> None:
+def show(docs: list[RunListing], total: int, found: bool, where: str, filters: Any) -> None:
     from stayer.cli.common import console as make_console
     from stayer.tables import say
 
@@ -137,7 +140,7 @@ def show(docs: list[dict[str, Any]], total: int, found: bool, where: str, filter
 
 
 def matches(
-    doc: dict[str, Any],
+    doc: RunListing,
     status: str | None,
     task: str | None,
     model: str | None,
@@ -145,16 +148,16 @@ def matches(
 ) -> bool:
     from datetime import datetime
 
-    if status is not None and doc["status"] != status:
+    if status is not None and doc.status != status:
         return False
-    if task is not None and task not in doc["task"]:
+    if task is not None and task not in doc.task:
         return False
-    if model is not None and model not in doc["model"]:
+    if model is not None and model not in doc.model:
         return False
-    return since_ts is None or datetime.fromisoformat(doc["started"]).timestamp() >= since_ts
+    return since_ts is None or datetime.fromisoformat(doc.started).timestamp() >= since_ts
 
 
-def print_table(console: Console, docs: list[dict[str, Any]]) -> None:
+def print_table(console: Console, docs: list[RunListing]) -> None:
     from stayer import tables
     from stayer.tables import Col, FitTable
 
@@ -171,14 +174,14 @@ def print_table(console: Console, docs: list[dict[str, Any]]) -> None:
     )
     for d in docs:
         t.add_row(
-            d["id"],
-            d["task"],
-            d["model"],
-            d["status"],
-            str(d["steps"]),
-            usd(d["cost_usd"]),
-            d["started"][:19].replace("T", " "),
-            d["updated"][:19].replace("T", " "),
+            d.id,
+            d.task,
+            d.model,
+            d.status,
+            str(d.steps),
+            usd(d.cost),
+            d.started[:19].replace("T", " "),
+            d.updated[:19].replace("T", " "),
         )
     tables.print_table(console, t)
 

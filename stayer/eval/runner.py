@@ -148,12 +148,12 @@ def error_class(report: RunReport) -> str | None:
     """None for a trial whose tests passed; else why it did not succeed (module docstring)."""
     if passes(report.reward):
         return None
-    verifier = report.verifier if isinstance(report.verifier, dict) else {}
-    if report.status == "error" or verifier.get("outcome") == "infrastructure":
+    verifier = report.verifier or None  # UNSET: the verifier did not run
+    if report.status == "error" or (verifier and verifier.outcome == "infrastructure"):
         return INFRASTRUCTURE  # the model call failed after retries, or the tests could not run
     if report.status == "budget_exhausted":
         return LIMIT_REACHED
-    if report.reward is None and not verifier.get("timed_out"):
+    if report.reward is None and not (verifier and verifier.timed_out):
         return INFRASTRUCTURE  # no judgement (a record from before outcomes were classified)
     return AGENT_FAILURE
 
@@ -205,7 +205,7 @@ async def run_trial(
         )
     except Exception as e:  # a trial that cannot run is recorded, not fatal to the evaluation
         return crashed_record(trial, run_id, e, time.monotonic() - started)
-    verifier = report.verifier if isinstance(report.verifier, dict) else {}
+    verifier = report.verifier or None  # UNSET: the verifier did not run
     return _record(
         trial,
         status=report.status,
@@ -220,8 +220,8 @@ async def run_trial(
         run_dir=report.run_dir,
         resumed=resumed,
         stop_reason=report.stop_reason,
-        verifier_outcome=verifier.get("outcome"),
-        error=report.error or verifier.get("error"),
+        verifier_outcome=verifier.outcome if verifier else None,
+        error=report.error or (verifier.error if verifier else None),
     )
 
 
@@ -258,7 +258,7 @@ async def _run_or_resume(
     was continued comes second."""
     from stayer.eval.resume import prepare_resume
     from stayer.journal import RunFinished
-    from stayer.run import Controls, RunReport, execute, prepare
+    from stayer.run import Controls, execute, prepare
 
     store = open_store(stayer_home())
     assert store is not None
@@ -273,7 +273,7 @@ async def _run_or_resume(
                 prepared, journal = prepare_resume(run_id, store=store, prices=prices)
             except RunFinished as e:
                 store.close()
-                return RunReport.read(e.result), True
+                return e.result, True
     except BaseException:
         store.close()
         raise

@@ -16,7 +16,7 @@ import re
 import threading
 from decimal import Decimal
 
-from stayer.journal.store import JournalError, RunRow, Store
+from stayer.journal.store import JournalError, RunRow, RunUpdate, Store
 from stayer.ledger import LedgerEntry
 from stayer.money import Usd
 from stayer.records import to_json
@@ -79,11 +79,11 @@ class SessionLedger:
                         OWNER,
                         seq,
                         [("step", {"step": step, "entry": {**to_json(entry), "step": step}})],
-                        update={
-                            "steps": step,
-                            "cost_usd": (total + cost).to_json(),
-                            "status": status or (row.status if row else STATUS),
-                        },
+                        update=RunUpdate(
+                            steps=step,
+                            cost=(total + cost).to_json(),
+                            status=status or (row.status if row else STATUS),
+                        ).columns(),
                     )
                 except Exception:  # noqa: BLE001 - the number was taken: read the tail again
                     self._next.pop(session, None)

@@ -1,65 +1,116 @@
-"""A run's ledger and totals, read from its journal (finished or not)."""
+"""A run's ledger and totals, read from its journal (finished or not): ``JournalReport``,
+what ``stayer report --json`` prints."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
+import msgspec
 
+from stayer.events import MessageReceived, MessageSent
 from stayer.journal.lease import run_status
 from stayer.journal.log import RunLog, load_log
 from stayer.journal.session import lost_ledger_entries
 from stayer.journal.store import RunRow, Store
-from stayer.ledger import LedgerEntry, OutcomeUnknown, ledger_order
+from stayer.ledger import LedgerEntry, OutcomeUnknown, RunReport, ledger_order
 from stayer.money import Usd, usd_sum
-from stayer.records import to_json
+from stayer.records import Record, decode
 from stayer.usage import Usage
 
 
-def run_report(store: Store, row: RunRow) -> dict[str, Any]:
+class Totals(Record, kw_only=True):
+    """What the run's journal adds up to: tokens, cost, calls (lost ones included)."""
+
+    usage: Usage
+    cost: str = msgspec.field(name="cost_usd")  # the total's text, or "unknown"
+    model_calls: int
+    lost_in_flight: int
+    lost_in_flight_cost: str = msgspec.field(name="lost_in_flight_cost_usd")
+    tool_calls: int
+    outcome_unknown: int
+
+
+class TeamMessage(Record, kw_only=True):
+    """A team run's message, with what reading it cost its receiver (None while unread)."""
+
+    id: str
+    sender: str
+    to: str
+    kind: str
+    tokens: int
+    read_cost: str | None = msgspec.field(name="read_cost_usd")
+    content: str
+
+
+class JournalFacts(Record, kw_only=True):
+    """Where the journal is and what it holds."""
+
+    store: str
+    events: int
+    torn_events: int
+    resumes: int
+    snapshots: int
+    blobs: int
+    blob_bytes: int
+
+
+class JournalReport(Record, kw_only=True):
+    """One run as its journal has it (``stayer report --json``, ``Session.report``)."""
+
+    run_id: str
+    task: str
+    model: str
+    status: str
+    reward: float | None
+    started: str
+    updated: str
+    steps: int
+    ledger: list[LedgerEntry]
+    totals: Totals
+    outcome_unknown: list[OutcomeUnknown]
+    messages: list[TeamMessage]
+    journal: JournalFacts
+
+
+def run_report(store: Store, row: RunRow) -> JournalReport:
     """Per-step ledger (``lost_in_flight`` entries included) and totals for ``row``, and
     the calls whose outcome a crash lost (``outcome_unknown``)."""
     log = load_log(store, row.id)
     steps = [*log.steps.values(), *(e for t in log.threads.values() for e in t.steps.values())]
     ledger = journal_ledger(log)
-    usage = sum((e.usage for e in ledger), Usage())
-    cost = ledger_cost(ledger)
     lost = [e for e in ledger if e.lost]
     unknown = journal_unknown(log)
-    result = json.loads(log.blobs[log.finished["result"]]) if log.finished else None
-    return {
-        "run_id": row.id,
-        "task": row.task,
-        "model": row.model,
-        "status": run_status(row),
-        "reward": result.get("reward") if result else None,
-        "started": row.started,
-        "updated": row.updated,
-        "steps": len(steps),
-        "ledger": to_json(ledger),
-        "totals": {
-            "usage": usage.to_dict(),
-            "cost_usd": str(cost),
-            "model_calls": sum(
-                1 for t in (log, *log.threads.values()) for c in t.calls.values() if c.finished
-            )
-            + len(lost),
-            "lost_in_flight": len(lost),
-            "lost_in_flight_cost_usd": str(usd_sum(e.cost.total for e in lost)),
-            "tool_calls": len(log.tools) + sum(len(t.tools) for t in log.threads.values()),
-            "outcome_unknown": len(unknown),
-        },
-        "outcome_unknown": to_json(unknown),
-        "messages": messages(log),
-        "journal": {
-            "store": store.location,
-            "events": len(log.events),
-            "torn_events": log.torn,
-            "resumes": log.resumes,
-            "snapshots": len(log.snapshots),
-            "blobs": len(log.blobs),
-            "blob_bytes": store.blob_bytes(log.blobs),
-        },
-    }
+    result = RunReport.read(log.blobs[log.finished["result"]]) if log.finished else None
+    calls = sum(1 for t in (log, *log.threads.values()) for c in t.calls.values() if c.finished)
+    return JournalReport(
+        run_id=row.id,
+        task=row.task,
+        model=row.model,
+        status=run_status(row),
+        reward=result.reward if result else None,
+        started=row.started,
+        updated=row.updated,
+        steps=len(steps),
+        ledger=ledger,
+        totals=Totals(
+            usage=sum((e.usage for e in ledger), Usage()),
+            cost=str(ledger_cost(ledger)),
+            model_calls=calls + len(lost),
+            lost_in_flight=len(lost),
+            lost_in_flight_cost=str(usd_sum(e.cost.total for e in lost)),
+            tool_calls=len(log.tools) + sum(len(t.tools) for t in log.threads.values()),
+            outcome_unknown=len(unknown),
+        ),
+        outcome_unknown=unknown,
+        messages=messages(log),
+        journal=JournalFacts(
+            store=store.location,
+            events=len(log.events),
+            torn_events=log.torn,
+            resumes=log.resumes,
+            snapshots=len(log.snapshots),
+            blobs=len(log.blobs),
+            blob_bytes=store.blob_bytes(log.blobs),
+        ),
+    )
 
 
 def journal_ledger(log: RunLog) -> list[LedgerEntry]:
@@ -100,32 +151,28 @@ def journal_spend(store: Store, run_id: str) -> Usd:
     return ledger_cost(journal_ledger(load_log(store, run_id)))
 
 
-def messages(log: RunLog) -> list[dict[str, Any]]:
+def messages(log: RunLog) -> list[TeamMessage]:
     """A team run's messages (``message.sent`` events), in the order sent, each with what
     reading it cost its receiver (from its ``message.received``; None while unread)."""
-
-    def events(kind: str) -> list[dict[str, Any]]:
-        found = []
-        for t in log.threads.values():
-            for i in sorted(t.agent_events):
-                k, address = t.agent_events[i]
-                if k == kind:
-                    found.append(json.loads(log.blobs[address]))
-        return found
-
-    read = {m["id"]: m for m in events("message.received")}
-    out = []
-    for m in events("message.sent"):
-        r = read.get(m["id"])
-        out.append(
-            {
-                "id": m["id"],
-                "sender": m["sender"],
-                "to": m["to"],
-                "kind": m["kind"],
-                "tokens": m["tokens"],
-                "read_cost_usd": None if r is None else r["read_cost_usd"],
-                "content": m["content"],
-            }
+    sent: list[MessageSent] = []
+    read: dict[str, MessageReceived] = {}
+    for t in log.threads.values():
+        for i in sorted(t.agent_events):
+            kind, address = t.agent_events[i]
+            if kind == "message.sent":
+                sent.append(decode(log.blobs[address], MessageSent))
+            elif kind == "message.received":
+                received = decode(log.blobs[address], MessageReceived)
+                read[received.id] = received
+    return [
+        TeamMessage(
+            id=m.id,
+            sender=m.sender,
+            to=m.to,
+            kind=m.kind,
+            tokens=m.tokens,
+            read_cost=r.read_cost_usd if (r := read.get(m.id)) is not None else None,
+            content=m.content,
         )
-    return out
+        for m in sent
+    ]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stayer.errors import OrderlyStop
+from stayer.events import Event, event_record
 from stayer.journal.blobs import BlobError, digest
 from stayer.journal.codec import canonical
 from stayer.journal.digest import RequestDigest
@@ -29,8 +29,8 @@ from stayer.journal.lease import new_owner, owner_is_dead
 from stayer.journal.log import JOURNAL_KINDS, RunLog, load_log
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
-from stayer.journal.store import JournalError, RunHeld, RunRow, Store
-from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown, ToolCallEntry
+from stayer.journal.store import JournalError, RunHeld, RunRow, RunUpdate, Store
+from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown, RunReport, ToolCallEntry
 from stayer.models.base import Model, ModelResponse
 from stayer.money import Usd, usd_sum
 from stayer.pricing import Cost, PriceBook
@@ -43,9 +43,9 @@ LEASE_TTL_S = 30.0
 
 
 class RunFinished(JournalError):
-    """The run already finished; ``result`` is its result document."""
+    """The run already finished; ``result`` is its report."""
 
-    def __init__(self, message: str, result: dict[str, Any]) -> None:
+    def __init__(self, message: str, result: RunReport) -> None:
         super().__init__(message)
         self.result = result
 
@@ -92,13 +92,13 @@ class RunJournal:
         self.seq = log.next_seq
         self._events: list[tuple[str, dict[str, Any]]] = []
         self._blobs: dict[str, bytes] = {}
-        self._update: dict[str, Any] = {}
+        self._update = RunUpdate()
         self._stored: set[str] = set(log.blobs)  # addresses known to be in the store
         # The journal whose queue this one's events join, and the keys they are tagged with:
         # a run's own queue, untagged; a team thread's go to the run's, tagged with the
         # thread's name (``teams.journal``).
         self.writer: RunJournal = self
-        self.tags: dict[str, Any] = {}
+        self.tags: dict[str, str] = {}
         # Replay cursors: the n-th model call, t-th tool call, e-th agent event and o-th
         # observation of the run, counted the same way on every replay.
         self.n = self.t = self.e = self.o = 0
@@ -163,7 +163,7 @@ class RunJournal:
             )
         log = load_log(store, run_id)
         if log.finished is not None:
-            result = json.loads(log.blobs[log.finished["result"]])
+            result = RunReport.read(log.blobs[log.finished["result"]])
             raise RunFinished(
                 f"run {run_id} already finished ({log.finished['status']}); nothing to resume",
                 result,
@@ -244,16 +244,17 @@ class RunJournal:
         *,
         durable: bool = False,
         sync: bool = True,
-        update: Mapping[str, Any] | None = None,
+        update: RunUpdate | None = None,
     ) -> None:
-        """Queue an event; ``durable`` writes it (and everything queued) now."""
+        """Queue an event; ``durable`` writes it (and everything queued) now. ``update``:
+        what the write changes in the run's row."""
         w = self.writer
         w._events.append((kind, {**data, **self.tags} if self.tags else data))
         for address, raw in (blobs or {}).items():
             if address not in w._stored:
                 w._blobs[address] = raw
-        if update:
-            w._update.update(update)
+        if update is not None:
+            w._update = w._update.merged(update)
         if durable:
             self.flush(sync=sync)
 
@@ -267,14 +268,14 @@ class RunJournal:
             self.seq,
             self._events,
             self._blobs,
-            self._update or None,
+            self._update.columns() or None,
             sync=sync,
         )
         self.seq += len(self._events)
         self.stats.events += len(self._events)
         self.stats.writes += 1
         self._stored.update(self._blobs)
-        self._events, self._blobs, self._update = [], {}, {}
+        self._events, self._blobs, self._update = [], {}, RunUpdate()
 
     @contextlib.asynccontextmanager
     async def leased(self) -> AsyncIterator[None]:
@@ -305,19 +306,19 @@ class RunJournal:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
-    def finish(self, result: dict[str, Any]) -> None:
-        raw = canonical(result)
+    def finish(self, report: RunReport | dict[str, Any]) -> None:
+        """Journal the run's report (its JSON in a blob) and end the run with its status
+        (a result document is read as a report first)."""
+        if not isinstance(report, RunReport):
+            report = RunReport.read(report)
+        raw = canonical(report.to_json())
         address = digest(raw)
         self.record(
             "run_finished",
-            {"status": result["status"], "result": address},
+            {"status": report.status, "result": address},
             {address: raw},
             durable=True,
-            update={
-                "status": result["status"],
-                "steps": result["steps"],
-                "cost_usd": result["cost_usd"],
-            },
+            update=RunUpdate(status=report.status, steps=report.steps, cost=report.cost_usd),
         )
         self.store.release(self.run_id, self.owner)
 
@@ -383,7 +384,7 @@ class RunJournal:
             self.record(
                 "step",
                 {"step": entry.step, "entry": to_json(entry)},
-                update={"steps": entry.step, "cost_usd": self.cost_text()},
+                update=RunUpdate(steps=entry.step, cost=self.cost_text()),
             )
         if entry.step > self.snapshot_step:
             self.take_snapshot(entry.step)
@@ -431,7 +432,7 @@ class RunJournal:
         self.record(
             "step",
             {"step": step, "entry": to_json(entry)},
-            update={"steps": step, "cost_usd": self.cost_text()},
+            update=RunUpdate(steps=step, cost=self.cost_text()),
         )
         return entry
 
@@ -443,10 +444,11 @@ class RunJournal:
         )
         self.snapshot_step = step
 
-    def on_event(self, kind: str, payload: dict[str, Any]) -> None:
-        """The loop's ``on_event``: any structured event, stored as given (its payload in a
-        blob) and, on replay, checked against the journaled one."""
+    def on_event(self, event: Event) -> None:
+        """The loop's ``on_event``: any structured event, stored as ``event_record`` gives
+        it (its payload in a blob) and, on replay, checked against the journaled one."""
         t0 = time.perf_counter()
+        kind, payload = event_record(event)
         i, self.e = self.e, self.e + 1
         raw = canonical(payload)
         address = digest(raw)

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from stayer.errors import JournalError as JournalError  # re-exported: it lives at the floor
 from stayer.errors import StoreUnavailable as StoreUnavailable
+from stayer.records import Record, to_json
 
 if TYPE_CHECKING:  # the snapshot code is only needed by runs, not by `stayer runs`
     from stayer.workspace.snapshot import SnapshotStore
@@ -81,17 +85,49 @@ class RunRow:
     lease_owner: str | None = None
     lease_live: bool = False  # the lease has not expired (on the database's clock)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "task": self.task,
-            "model": self.model,
-            "status": self.status,
-            "steps": self.steps,
-            "cost_usd": self.cost_usd,
-            "started": self.started,
-            "updated": self.updated,
-        }
+    def listing(self, status: str | None = None) -> RunListing:
+        """The row as ``stayer runs`` lists it (``status``: as the lease makes it)."""
+        return RunListing(
+            id=self.id,
+            task=self.task,
+            model=self.model,
+            status=self.status if status is None else status,
+            steps=self.steps,
+            cost=self.cost_usd,
+            started=self.started,
+            updated=self.updated,
+        )
+
+
+class RunListing(Record, kw_only=True):
+    """A run as ``stayer runs`` lists it (``--json``: one of ``runs``)."""
+
+    id: str
+    task: str
+    model: str
+    status: str
+    steps: int
+    cost: str = msgspec.field(name="cost_usd")  # decimal string, or "unknown"
+    started: str
+    updated: str
+
+
+class RunUpdate(Record, kw_only=True):
+    """What a write changes in the run's row besides ``updated``: its status, its steps and
+    what it has spent (the total's text, or "unknown"); a field left out stays as it is."""
+
+    status: str | UnsetType = UNSET
+    steps: int | UnsetType = UNSET
+    cost: str | UnsetType = msgspec.field(default=UNSET, name="cost_usd")
+
+    def merged(self, later: RunUpdate) -> RunUpdate:
+        """This update, then ``later`` (its fields win)."""
+        given = {f: v for f in later.__struct_fields__ if (v := getattr(later, f)) is not UNSET}
+        return msgspec.structs.replace(self, **given)
+
+    def columns(self) -> dict[str, Any]:
+        """The row's columns it sets, by name (``Store.append``'s ``update``)."""
+        return cast(dict[str, Any], to_json(self))
 
 
 @dataclass

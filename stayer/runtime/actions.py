@@ -22,6 +22,8 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import msgspec
+
 from stayer.errors import OrderlyStop
 from stayer.journal import load_log, lost_ledger_entries
 from stayer.journal.blobs import digest
@@ -29,11 +31,13 @@ from stayer.journal.codec import canonical
 from stayer.journal.lease import new_owner, owner_is_dead
 from stayer.journal.run_report import journal_unknown
 from stayer.journal.sql import SqlStore, record_of, utc_now
+from stayer.journal.store import RunUpdate
+from stayer.ledger import RunReport, TokenTotals
 from stayer.models.base import Model
 from stayer.models.caching import miss_premium
-from stayer.money import MTOK, usd_sum
+from stayer.money import MTOK, Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.records import to_json
+from stayer.records import Record, decode, encode, from_json
 from stayer.routing.router import rules_for
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage
@@ -62,6 +66,31 @@ class RunSuspended(OrderlyStop):
         self.action = action
 
 
+class WaitCost(Record, kw_only=True):
+    """What waiting for a person costs (``pause_price``): the prompt cache of
+    ``context_tokens`` expires at ``cache_expires_at``; a decision after it makes the next
+    call write them again, at ``cost_if_cache_expires_usd`` ("unknown" without prices)."""
+
+    context_tokens: int
+    cache_ttl_s: float
+    cache_expires_at: str
+    cost_if_expired: str = msgspec.field(name="cost_if_cache_expires_usd")
+
+
+class ActionView(Record, kw_only=True):
+    """A confirmable call as the API shows it (``pending_action``, ``GET .../actions``)
+    and the journal's ``requires_action`` event holds it. ``arguments``: the model's."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    status: str
+    message: str | None
+    requested_at: str
+    decided_at: str | None
+    wait_cost: WaitCost | None
+
+
 @dataclass
 class Action:
     run_id: str
@@ -72,23 +101,23 @@ class Action:
     message: str | None = None
     requested_at: str = ""
     decided_at: str | None = None
-    price: dict[str, Any] | None = None
+    price: WaitCost | None = None
 
     @property
     def call_id(self) -> str:
         return f"act-{self.n}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "call_id": self.call_id,
-            "tool": self.tool,
-            "arguments": self.arguments,
-            "status": self.status,
-            "message": self.message,
-            "requested_at": self.requested_at,
-            "decided_at": self.decided_at,
-            "wait_cost": self.price,
-        }
+    def view(self) -> ActionView:
+        return ActionView(
+            call_id=self.call_id,
+            tool=self.tool,
+            arguments=self.arguments,
+            status=self.status,
+            message=self.message,
+            requested_at=self.requested_at,
+            decided_at=self.decided_at,
+            wait_cost=self.price,
+        )
 
 
 _COLUMNS = "run_id, n, tool, arguments, status, message, requested_at, decided_at, price"
@@ -111,7 +140,7 @@ class Actions:
                 r,
                 n=int,
                 arguments=json.loads,
-                price=lambda v: json.loads(v) if v else None,
+                price=lambda v: decode(v, WaitCost) if v else None,
             )
             for r in rows
         ]
@@ -141,11 +170,11 @@ class Actions:
         assert action is not None
         return action
 
-    def set_price(self, run_id: str, n: int, price: dict[str, Any]) -> None:
+    def set_price(self, run_id: str, n: int, price: WaitCost) -> None:
         with self.store._tx() as cur:
             cur.execute(
                 "UPDATE stayer_actions SET price = ? WHERE run_id = ? AND n = ?",
-                (json.dumps(price), run_id, n),
+                (encode(price).decode(), run_id, n),
             )
 
     def decide(self, run_id: str, n: int, approve: bool, message: str | None) -> bool:
@@ -206,7 +235,7 @@ class Gate:
 
 def pause_price(
     model: Model, prices: PriceBook, context_tokens: int, now: datetime | None = None
-) -> dict[str, Any]:
+) -> WaitCost:
     """What waiting costs: the prompt cache expires ``cache_ttl_s`` after the last call;
     a decision after ``cache_expires_at`` makes the next call write ``context_tokens`` again
     instead of reading them (``cost_if_cache_expires_usd``, "unknown" without prices)."""
@@ -214,12 +243,12 @@ def pause_price(
     now = now or datetime.now(UTC)
     rates = prices.rates(model.model_id, model.provider, None, context_tokens)
     extra = None if rates is None else Decimal(context_tokens) * miss_premium(rules, rates) / MTOK
-    return {
-        "context_tokens": context_tokens,
-        "cache_ttl_s": rules.ttl_s,
-        "cache_expires_at": (now + timedelta(seconds=rules.ttl_s)).isoformat(timespec="seconds"),
-        "cost_if_cache_expires_usd": "unknown" if extra is None else str(extra),
-    }
+    return WaitCost(
+        context_tokens=context_tokens,
+        cache_ttl_s=rules.ttl_s,
+        cache_expires_at=(now + timedelta(seconds=rules.ttl_s)).isoformat(timespec="seconds"),
+        cost_if_expired=str(Usd(extra)),
+    )
 
 
 def last_context_tokens(store: SqlStore, run_id: str) -> int:
@@ -237,7 +266,7 @@ def note_in_journal(
     run_id: str,
     events: list[tuple[str, dict[str, Any]]],
     blobs: dict[str, bytes] | None = None,
-    update: dict[str, Any] | None = None,
+    update: RunUpdate | None = None,
 ) -> None:
     """Append events to a run that no process is running (the runtime's notes, or its
     final status), under a lease of our own for the one write."""
@@ -248,41 +277,40 @@ def note_in_journal(
     try:
         tail = store._read("SELECT MAX(seq) FROM stayer_events WHERE run_id = ?", (run_id,))
         first = 0 if not tail or tail[0][0] is None else int(tail[0][0]) + 1
-        store.append(run_id, owner, first, events, blobs or {}, update)
+        columns = None if update is None else update.columns()
+        store.append(run_id, owner, first, events, blobs or {}, columns)
     finally:
         store.release(run_id, owner)
 
 
-def close_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -> dict[str, Any]:
+def close_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -> RunReport:
     """Finish a run no process is running (cancelled while it waited): its result carries
     every step the journal holds and every lost call, so all it spent is accounted."""
     log = load_log(store, run_id)
     ledger = [log.steps[s] for s in sorted(log.steps)] + lost_ledger_entries(log.lost)
     usage = sum((e.usage for e in ledger), Usage())
-    cost = usd_sum(e.cost.total for e in ledger)
     header = log.header
-    doc = {
-        "run_id": run_id,
-        "task": header.get("task"),
-        "model": header.get("model"),
-        "status": status,
-        "stop_reason": stop_reason,
-        "reward": None,
-        "steps": max(log.steps, default=0),
-        "usage": usage.to_dict(),
-        "cost_usd": str(cost),
-        "ledger": to_json(ledger),
-        "finished": datetime.now(UTC).isoformat(),
-    }
-    if unknown := journal_unknown(log):  # as ``stayer.run.RunReport`` has them
-        doc["outcome_unknown"] = to_json(unknown)
-    raw = canonical(doc)
+    report = RunReport(
+        run_id=run_id,
+        task=header.get("task") or "",
+        model=header.get("model") or "",
+        status=status,
+        stop_reason=stop_reason,
+        steps=max(log.steps, default=0),
+        usage=from_json(usage.to_dict(), TokenTotals),
+        cost_usd=str(usd_sum(e.cost.total for e in ledger)),
+        ledger=ledger,
+        finished=datetime.now(UTC).isoformat(),
+    )
+    if unknown := journal_unknown(log):
+        report.outcome_unknown = unknown
+    raw = canonical(report.to_json())
     address = digest(raw)
     note_in_journal(
         store,
         run_id,
         [("run_finished", {"status": status, "result": address})],
         {address: raw},
-        {"status": status, "steps": doc["steps"], "cost_usd": doc["cost_usd"]},
+        RunUpdate(status=status, steps=report.steps, cost=report.cost_usd),
     )
-    return doc
+    return report

@@ -229,7 +229,7 @@ def create_app(
 
     def out(run: ServiceRun) -> RunOut:
         pending = dbs.actions().pending(run.id) if run.status == "requires_action" else None
-        return RunOut.of(run, pending.to_dict() if pending else None)
+        return RunOut.of(run, to_json(pending.view()) if pending else None)
 
     def own_run(run_id: str, tenant: str) -> Any:
         run = dbs.get().run(run_id, tenant)
@@ -454,13 +454,11 @@ def create_app(
             before, after = db.request_cancel(run_id)
             ended_here = after == CANCELLED and before != CANCELLED
             if ended_here:
-                doc = close_idle_journal(db.store, run_id, CANCELLED, "cancelled")
+                report = close_idle_journal(db.store, run_id, CANCELLED, "cancelled")
                 # Its hold as the row says now: a worker may have paused it (and cut the
                 # hold down) since it was read above; no worker holds it any more.
-                settle_hold(dbs.budgets(), own_run(run_id, tenant), doc)
-                db.record_result(
-                    run_id, steps=int(doc.get("steps") or 0), cost_usd=doc.get("cost_usd", "0")
-                )
+                settle_hold(dbs.budgets(), own_run(run_id, tenant), report)
+                db.record_result(run_id, steps=report.steps, cost_usd=report.cost_usd)
             return own_run(run_id, tenant), ended_here
 
         run, ended_here = await run_in_threadpool(cancel)
@@ -493,7 +491,7 @@ def create_app(
     def list_actions(run_id: str, tenant: Tenant) -> ActionList:
         """Every confirmable call of the run: pending, approved or rejected."""
         own_run(run_id, tenant)
-        return ActionList(data=[a.to_dict() for a in dbs.actions().of_run(run_id)])
+        return ActionList(data=to_json([a.view() for a in dbs.actions().of_run(run_id)]))
 
     @app.post("/v1/runs/{run_id}/actions", response_model=RunOut)
     def decide(run_id: str, body: Decision, tenant: Tenant) -> RunOut:

@@ -24,6 +24,7 @@ from typing import Any
 
 from stayer.journal.log import JOURNAL_KINDS
 from stayer.journal.store import Event
+from stayer.ledger import RunReport
 
 #: Tool output beyond this many characters is cut in the stream (the journal has it all).
 TOOL_OUTPUT_LIMIT = 8_000
@@ -67,8 +68,8 @@ def _public(run_id: str, ev: Event, blob: Callable[[str], bytes]) -> PublicEvent
             {"run_id": run_id, "status": "running", "resumed": True, "stop_reason": None},
         )
     if kind == "run_finished":
-        result = json.loads(blob(d["result"]))
-        return status_event(event_id, run_id, d["status"], result.get("stop_reason") or None)
+        result = RunReport.read(blob(d["result"]))
+        return status_event(event_id, run_id, d["status"], result.stop_reason or None)
     if kind == "model_finished":
         message = json.loads(blob(d["message"]))
         return PublicEvent(

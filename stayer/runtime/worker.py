@@ -32,10 +32,10 @@ from stayer.journal.lease import new_owner
 from stayer.journal.run_report import journal_spend
 from stayer.journal.sql import SqlStore
 from stayer.journal.store import RunHeld, StoreUnavailable
-from stayer.ledger import LedgerEntry, RunResult
+from stayer.ledger import LedgerEntry, RunReport, RunResult
 from stayer.money import Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.records import from_json
+from stayer.records import encode, from_json, to_json
 from stayer.runtime.actions import (
     Actions,
     Gate,
@@ -491,9 +491,9 @@ class Worker:
         execution = asyncio.create_task(running)
         beat = asyncio.create_task(self._heartbeat(run, cancel, execution))
         try:
-            doc = (await execution).to_json()  # what the service stores and sends
+            report = await execution  # what the service stores and sends
         except RunCancelled:
-            doc = close_idle_journal(self.store, run.id, CANCELLED, "cancelled")
+            report = close_idle_journal(self.store, run.id, CANCELLED, "cancelled")
         except RunHandedBack:
             self._hand_back(run, "this worker is draining")
             return
@@ -525,7 +525,7 @@ class Worker:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
-        self._finish(run, doc)
+        self._finish(run, report)
 
     def _await_decision(self, run: ServiceRun, model: Any, suspended: RunSuspended) -> None:
         """The run waits for a person: priced, journaled, and given up by this worker."""
@@ -536,7 +536,10 @@ class Worker:
         note_in_journal(
             self.store,
             run.id,
-            [("requires_action", action.to_dict()), ("suspended", {"status": REQUIRES_ACTION})],
+            [
+                ("requires_action", to_json(action.view())),
+                ("suspended", {"status": REQUIRES_ACTION}),
+            ],
         )
         self._set(run, status=REQUIRES_ACTION, stop_reason=REQUIRES_ACTION, release=True)
 
@@ -564,18 +567,18 @@ class Worker:
             if cancel_requested:
                 cancel.set()
 
-    def _finish(self, run: ServiceRun, doc: dict[str, Any]) -> None:
-        settle_hold(self.budgets, run, doc)
+    def _finish(self, run: ServiceRun, report: RunReport) -> None:
+        settle_hold(self.budgets, run, report)
         self._admit()
         self._set(
             run,
-            status=doc["status"],
-            stop_reason=doc.get("stop_reason") or None,
-            steps=int(doc.get("steps") or 0),
-            cost_usd=doc.get("cost_usd", "0"),
-            reward=doc.get("reward"),
-            error=doc.get("error"),
-            usage=_json(doc.get("usage") or {}),
+            status=report.status,
+            stop_reason=report.stop_reason or None,
+            steps=report.steps,
+            cost_usd=report.cost_usd,
+            reward=report.reward,
+            error=report.error,
+            usage=encode(report.usage).decode(),
             release=True,
         )
 
@@ -622,19 +625,19 @@ def serve_health(worker: Worker, port: int) -> Any:
 def settle_hold(
     budgets: TenantBudgets,
     run: ServiceRun,
-    doc: dict[str, Any] | None = None,
+    report: RunReport | None = None,
     *,
     store: SqlStore | None = None,
 ) -> None:
-    """Settle the run's hold on its tenant's budget at what the run spent: its result's
-    ``cost_usd`` (``doc``), else what its journal in ``store`` holds (``journal_spend``:
+    """Settle the run's hold on its tenant's budget at what the run spent: its
+    ``report``'s cost, else what its journal in ``store`` holds (``journal_spend``:
     nothing for a run that never started). The whole hold when a price is unknown: the
     tenant is never charged less than it may have spent. Every path on which a run ends
     (or is given up for good) calls this; settling twice is a no-op."""
     if run.budget_hold is None:
         return
-    if doc is not None:
-        spent = Usd.parse(doc.get("cost_usd", "0"))
+    if report is not None:
+        spent = report.spent
     else:
         assert store is not None
         spent = journal_spend(store, run.id)
@@ -696,9 +699,7 @@ def admit_paused(db: ServiceDB, budgets: TenantBudgets) -> int:
     return queued
 
 
-def close_idle_journal(
-    store: SqlStore, run_id: str, status: str, stop_reason: str
-) -> dict[str, Any]:
+def close_idle_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -> RunReport:
     """The result of a run ended while no process runs it: its journal is closed with
     what it spent (a run that never started has spent nothing)."""
     from stayer.journal import RunFinished, RunJournal
@@ -706,22 +707,16 @@ def close_idle_journal(
     from stayer.run import write_result
 
     if store.run(run_id) is None:
-        return {
-            "status": status,
-            "stop_reason": stop_reason,
-            "steps": 0,
-            "cost_usd": "0",
-            "usage": {},
-        }
+        return RunReport(run_id=run_id, status=status, stop_reason=stop_reason)
     try:
         RunJournal.load(store, run_id)
     except RunFinished as e:
         return e.result
-    doc = close_journal(store, run_id, status, stop_reason)
+    report = close_journal(store, run_id, status, stop_reason)
     run_dir = stayer_home() / "runs" / run_id
     if run_dir.is_dir():
-        write_result(run_dir, doc)
-    return doc
+        write_result(run_dir, report)
+    return report
 
 
 def _json(value: Any) -> str:

@@ -12,18 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 from stayer.journal.log import RunLog
 from stayer.journal.session import RunJournal
-from stayer.records import Record, to_json
-
-
-class RunTotals(Record):
-    """The run row's totals after a thread's step: the team's steps and cost."""
-
-    steps: int
-    cost: str = msgspec.field(name="cost_usd")  # ``Usd``'s text, as the journal writes it
+from stayer.journal.store import RunUpdate
+from stayer.records import to_json
 
 
 class ThreadJournal(RunJournal):
@@ -31,7 +23,7 @@ class ThreadJournal(RunJournal):
         self,
         run: RunJournal,
         name: str,
-        row_update: Callable[[], RunTotals],
+        row_update: Callable[[], RunUpdate],
         snapshot: Callable[[], None],
     ) -> None:
         log = run.log.threads.get(name) or RunLog(
@@ -69,6 +61,6 @@ class ThreadJournal(RunJournal):
             self.record(
                 "step",
                 {"step": entry.step, "entry": to_json(entry)},
-                update=to_json(self.row_update()),
+                update=self.row_update(),
             )
         self.snapshot()

@@ -34,6 +34,7 @@ from stayer.guard.breakers import WorkspaceProbe
 from stayer.guard.budget import Budget
 from stayer.journal.replay import JournaledModel, JournaledTool, ReplayingSandbox
 from stayer.journal.session import RunJournal
+from stayer.journal.store import RunUpdate
 from stayer.ledger import LedgerEntry, RunResult
 from stayer.mcp.config import SEPARATOR
 from stayer.mcp.tools import McpTools
@@ -46,7 +47,7 @@ from stayer.routing.router import RouteRecord
 from stayer.teams.bus import MessageBus, TeamMessage
 from stayer.teams.config import BUILTIN_TOOLS, TeamSpec, shares
 from stayer.teams.handoff import HandoffSizes, price_handoff
-from stayer.teams.journal import RunTotals, ThreadJournal
+from stayer.teams.journal import ThreadJournal
 from stayer.tokens import MessageCounter
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.tools.messaging import (
@@ -199,9 +200,9 @@ class Team:
             steps = (snap or {}).get("thread_steps", {}).get(name, 0)
             t.journal.restored_tools_done, t.journal.restored_step = int(done), int(steps)
 
-    def row_update(self) -> RunTotals:
+    def row_update(self) -> RunUpdate:
         steps = sum(t.journal.steps_done for t in self.threads.values() if t.journal is not None)
-        return RunTotals(steps, self._cost_text())
+        return RunUpdate(steps=steps, cost=self._cost_text())
 
     def _cost_text(self) -> str:
         threads = self.threads.values()
@@ -399,7 +400,7 @@ class Thread:
         if isinstance(event, CompactionEvent) and event.agent is None:
             event = msgspec.structs.replace(event, agent=self.name)
         if self.journal is not None:
-            self.journal.on_event(*event_record(event))
+            self.journal.on_event(event)
         for o in self.team.s.observers:
             o.on_event(event)
 
