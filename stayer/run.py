@@ -49,7 +49,6 @@ from stayer.journal import (
     lost_ledger_entries,
 )
 from stayer.journal.codec import message_record
-from stayer.journal.session import LEASE_TTL_S
 from stayer.ledger import (  # noqa: F401  (RunReport, TokenTotals: re-exported)
     BreakerTrip,
     RunReport,
@@ -146,9 +145,14 @@ def _journal(p: PreparedRun) -> RunJournal:
     """A new run's journal, its directory and its workspace, materialised and snapshotted."""
     assert p.store is not None
     workspace = new_workspace()
-    ttl_s = LEASE_TTL_S if p.lease_ttl_s is None else p.lease_ttl_s
     journal = RunJournal.create(
-        p.store, p.run_id, run_header(p), workspace, p.prices, owner=p.lease_owner, ttl_s=ttl_s
+        p.store,
+        p.run_id,
+        run_header(p),
+        workspace,
+        p.prices,
+        owner=p.lease_owner,
+        ttl_s=p.lease_ttl_s,
     )
     make_run_dir(p.run_dir, exist_ok=False)
     link_workspace(p.run_dir, workspace)

@@ -8,7 +8,6 @@ the latest snapshot and replays the journal (``stayer.journal.session``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from stayer.journal import JournalError, RunJournal, Store, open_store, stayer_home
 from stayer.pricing import PriceBook
@@ -57,11 +56,14 @@ def prepare_resume(
             ) from None
         prepared = prepare(config, prices, store=store, resume=True)
         prepared.close_store = opened
-        lease: dict[str, Any] = {"owner": owner}
-        if ttl_s is not None:
-            lease["ttl_s"] = ttl_s
         journal = RunJournal.reopen(
-            store, row, log, run_workspace(prepared.run_dir), prepared.prices, **lease
+            store,
+            row,
+            log,
+            run_workspace(prepared.run_dir),
+            prepared.prices,
+            owner=owner,
+            ttl_s=ttl_s,
         )
     except BaseException:
         if opened:

@@ -131,12 +131,14 @@ class RunJournal:
         prices: PriceBook,
         *,
         owner: str | None = None,
+        ttl_s: float | None = None,
         **kw: Any,
     ) -> RunJournal:
         """``owner``: the lease owner id to write under (default: a new one of this
-        process); a worker passes the one its run's claim leased."""
+        process); a worker passes the one its run's claim leased. ``ttl_s``: the lease's
+        length (default ``LEASE_TTL_S``)."""
         owner, now = owner or new_owner(), utc_now()
-        ttl_s = kw.get("ttl_s", LEASE_TTL_S)
+        ttl_s = LEASE_TTL_S if ttl_s is None else ttl_s
         row = RunRow(run_id, header["task"], header["model"], "running", 0, "0", now, now, header)
         store.create_run(row, owner, ttl_s)
         journal = cls(
@@ -147,6 +149,7 @@ class RunJournal:
             workspace,
             prices,
             started=now,
+            ttl_s=ttl_s,
             **kw,
         )
         journal.record("run_created", {"header": header}, durable=True)
@@ -184,19 +187,23 @@ class RunJournal:
         prices: PriceBook,
         *,
         owner: str | None = None,
+        ttl_s: float | None = None,
         **kw: Any,
     ) -> RunJournal:
         """Take the lease of a run :meth:`load` returned, to continue it (as ``owner``, a
-        lease the caller may already hold). RunHeld if another live process holds it."""
-        owner = owner or new_owner()
-        holder = store.claim(row.id, owner, kw.get("ttl_s", LEASE_TTL_S), owner_is_dead)
+        lease the caller may already hold, for ``ttl_s``). RunHeld if another live process
+        holds it."""
+        owner, ttl_s = owner or new_owner(), LEASE_TTL_S if ttl_s is None else ttl_s
+        holder = store.claim(row.id, owner, ttl_s, owner_is_dead)
         if holder is not None:
             raise RunHeld(
                 f"run {row.id} is being run by another process ({holder}); wait for it to finish, "
                 "or for its lease to expire if that process is gone",
                 holder,
             )
-        journal = cls(store, row.id, owner, log, workspace, prices, started=row.started, **kw)
+        journal = cls(
+            store, row.id, owner, log, workspace, prices, started=row.started, ttl_s=ttl_s, **kw
+        )
         if log.torn:
             store.truncate(row.id, owner, log.next_seq - 1)
             journal.warn(
