@@ -34,7 +34,9 @@ pytestmark = needs_bwrap
 PROBE = (
     "echo pid=$$ ppid=$PPID; id; pwd; env | sort; ls -l /proc/self/fd | awk '{print $9, $10, $11}' | sed 's/:\\[[0-9]*\\]//';"
     " ulimit -a; awk '{print $5, $6}' /proc/self/mountinfo | sort;"
-    " ls /proc | grep -c '^[0-9]';"
+    # The processes it sees, counted after ls has read them: in ``ls /proc | grep -c``
+    # grep is, or under load is not yet, started when ls reads /proc (3 or 4).
+    " p=$(ls /proc); echo \"$p\" | grep -c '^[0-9]';"
     " ls -A /tmp; stat -c '%a %U' /tmp /app; md5sum /etc/passwd; cat /proc/self/status | grep -E '^(Cap|NoNewPrivs|Seccomp)'"
 )
 
