@@ -34,7 +34,7 @@ class RunOutcome:
     status: str  # succeeded | failed | budget_exhausted | error
     reward: float | None
     steps: int
-    cost_usd: Decimal
+    cost_usd: Decimal | None  # None: unknown (a call's price was), never 0
     stop_reason: str | None
     ledger: list[LedgerEntry]  # ``e[name]``: a field as the JSON document has it
     run_dir: Path
@@ -42,6 +42,7 @@ class RunOutcome:
 
     @classmethod
     def of(cls, report: RunReport) -> RunOutcome:
+        """The outcome of a finished run's report (what ``execute`` returned)."""
         from stayer.ledger import LedgerEntry
         from stayer.records import from_json
 
@@ -52,7 +53,7 @@ class RunOutcome:
             status=report.status,
             reward=report.reward,
             steps=report.steps,
-            cost_usd=Decimal(report.cost_usd),
+            cost_usd=report.spent.amount,
             stop_reason=report.stop_reason,
             ledger=from_json(report.ledger, list[LedgerEntry]),
             run_dir=Path(report.run_dir),

@@ -144,3 +144,13 @@ def test_a_run_outcome_is_read_from_the_run_s_report() -> None:
     assert outcome.succeeded and outcome.cost_usd == Decimal("0.25")
     assert outcome.ledger[0].cost.total == Decimal("0.25") and outcome.ledger == [entry]
     assert outcome.document == report.to_json() and outcome.run_dir == Path("/r")
+
+
+def test_a_run_with_an_unpriced_call_has_an_unknown_cost_not_an_error() -> None:
+    """A run's total is "unknown" when a call's price is: the outcome says None (unknown),
+    as ``RunResult.cost_usd`` does, rather than failing to read it after the run."""
+    from stayer.run import RunReport
+
+    report = RunReport(run_id="r", status="succeeded", cost_usd="unknown", run_dir="/r")
+    outcome = lib.RunOutcome.of(report)
+    assert outcome.cost_usd is None and outcome.document["cost_usd"] == "unknown"
