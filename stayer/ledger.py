@@ -282,6 +282,11 @@ class TokenTotals(msgspec.Struct, kw_only=True):
     output_tokens: int = 0
     reasoning_tokens: int = 0
 
+    @classmethod
+    def of(cls, usage: Usage) -> TokenTotals:
+        """``usage``'s counts (summed over a run's calls), as the report carries them."""
+        return cls(**usage.to_dict())
+
 
 class VerifierReport(Record, kw_only=True):
     """What the task's tests said (``verifier`` of the result; ``Verdict.to_dict``)."""

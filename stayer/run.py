@@ -477,7 +477,7 @@ def result_document(
         status=status_of(result, verdict),
         reward=verdict.reward if verdict else None,
         steps=result.steps,
-        usage=from_json(u.to_dict(), TokenTotals),
+        usage=TokenTotals.of(u),
         cost_usd=str(cost),
         stop_reason=result.stop_reason,
         stop_detail=stop_detail(result.stop_reason, result.breakers),

@@ -37,7 +37,7 @@ from stayer.models.base import Model
 from stayer.models.caching import miss_premium
 from stayer.money import MTOK, Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.records import Record, decode, encode, from_json
+from stayer.records import Record, decode, encode
 from stayer.routing.router import rules_for
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage
@@ -297,7 +297,7 @@ def close_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -
         status=status,
         stop_reason=stop_reason,
         steps=max(log.steps, default=0),
-        usage=from_json(usage.to_dict(), TokenTotals),
+        usage=TokenTotals.of(usage),
         cost_usd=str(usd_sum(e.cost.total for e in ledger)),
         ledger=ledger,
         finished=datetime.now(UTC).isoformat(),
