@@ -18,7 +18,7 @@ import re
 import stat
 import tomllib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -151,18 +151,11 @@ class RunSettings:
         }
 
     def to_record(self) -> dict[str, Any]:
-        """JSON-ready, for the journal (a resume rebuilds the run from it)."""
+        """JSON-ready, for the journal; a resume reads it back with
+        ``stayer.records.from_json(record, RunSettings)``."""
         d = asdict(self)
         d["max_cost"] = None if self.max_cost is None else str(self.max_cost)
         return d
-
-    @classmethod
-    def from_record(cls, d: dict[str, Any]) -> RunSettings:
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        if kw.get("max_cost") is not None:
-            kw["max_cost"] = Decimal(kw["max_cost"])
-        return cls(**kw)
 
 
 class RunFlags(Settings):
