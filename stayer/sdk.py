@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from stayer.context.forensics import CacheBreak
+    from stayer.journal.run_report import JournalReport
     from stayer.ledger import LedgerEntry
     from stayer.telemetry.metrics import WorkerMetrics
 
@@ -204,25 +205,27 @@ class Session:
 
     def report(self) -> dict[str, Any]:
         """What ``stayer report ID --json`` prints."""
-        from stayer.journal.run_report import run_report
         from stayer.records import to_json
+
+        doc: dict[str, Any] = to_json(self._journal_report())
+        return doc
+
+    def _journal_report(self) -> JournalReport:
+        from stayer.journal.run_report import run_report
 
         row: RunRow | None = _db(self.store.run, self.id)
         if row is None:
             raise ConfigError(f"session {self.id}: no call recorded yet")
-        doc: dict[str, Any] = to_json(_db(run_report, self.store, row))
-        return doc
+        report: JournalReport = _db(run_report, self.store, row)
+        return report
 
     @property
     def ledger(self) -> list[LedgerEntry]:
         """The entries of ``report()``'s ledger, as records (``e[name]`` reads a field as
         the JSON has it, ``e.cost.total`` the amount)."""
-        from stayer.ledger import LedgerEntry
-        from stayer.records import from_json
-
         if not _db(self.store.run, self.id):
             return []
-        return from_json(self.report()["ledger"], list[LedgerEntry])
+        return self._journal_report().ledger
 
     @property
     def cost(self) -> Decimal:

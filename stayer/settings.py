@@ -18,10 +18,10 @@ import re
 import stat
 import tomllib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypedDict, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -111,6 +111,34 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+class SandboxLimits(TypedDict, total=False):
+    """The limits a sandbox is made with (``make_sandbox``'s keywords): a limit left out
+    keeps the backend's default; ``None`` is no limit."""
+
+    allow_net: bool
+    memory_mb: int | None
+    storage_mb: int | None
+    max_processes: int | None
+    max_file_mb: int | None
+
+
+def given_limits(limits: SandboxLimits) -> SandboxLimits:
+    """``limits`` less those that are ``None`` (a flag not given): the rest keep their
+    defaults."""
+    given = SandboxLimits()
+    if "allow_net" in limits:
+        given["allow_net"] = limits["allow_net"]
+    if (memory := limits.get("memory_mb")) is not None:
+        given["memory_mb"] = memory
+    if (storage := limits.get("storage_mb")) is not None:
+        given["storage_mb"] = storage
+    if (processes := limits.get("max_processes")) is not None:
+        given["max_processes"] = processes
+    if (file_mb := limits.get("max_file_mb")) is not None:
+        given["max_file_mb"] = file_mb
+    return given
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """What one run was asked to do (``stayer run``, the API, an eval trial), as the journal
@@ -143,26 +171,18 @@ class RunSettings:
     storage_mb: int | None = None
     max_processes: int | None = None
 
-    def sandbox_overrides(self) -> dict[str, Any]:
-        return {
-            "memory_mb": self.memory_mb,
-            "storage_mb": self.storage_mb,
-            "max_processes": self.max_processes,
-        }
+    def sandbox_overrides(self) -> SandboxLimits:
+        """This run's own sandbox limits (``None``: the task's)."""
+        return SandboxLimits(
+            memory_mb=self.memory_mb, storage_mb=self.storage_mb, max_processes=self.max_processes
+        )
 
     def to_record(self) -> dict[str, Any]:
-        """JSON-ready, for the journal (a resume rebuilds the run from it)."""
+        """JSON-ready, for the journal; a resume reads it back with
+        ``stayer.records.from_json(record, RunSettings)``."""
         d = asdict(self)
         d["max_cost"] = None if self.max_cost is None else str(self.max_cost)
         return d
-
-    @classmethod
-    def from_record(cls, d: dict[str, Any]) -> RunSettings:
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        if kw.get("max_cost") is not None:
-            kw["max_cost"] = Decimal(kw["max_cost"])
-        return cls(**kw)
 
 
 class RunFlags(Settings):

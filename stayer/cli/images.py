@@ -60,6 +60,7 @@ def list_command(json_out: JsonFlag = False) -> None:
     Example:  stayer images list --json
     """
     from stayer.environments.layers import list_layers
+    from stayer.records import to_json
 
     cache = _cache()
     found = list_layers(cache)
@@ -68,7 +69,7 @@ def list_command(json_out: JsonFlag = False) -> None:
         emit_json(
             {
                 "cache": str(cache),
-                "layers": [layer.doc() for layer in found],
+                "layers": to_json([layer.doc() for layer in found]),
                 "total_bytes": total,
             }
         )
@@ -86,7 +87,7 @@ def list_command(json_out: JsonFlag = False) -> None:
     )
     for layer in found:
         made_by = f"{layer.dockerfile} {layer.step}" if layer.dockerfile else None
-        used = layer.doc()["last_used"]
+        used = layer.doc().last_used
         table.add_row(
             layer.id,
             _human(layer.size_bytes),

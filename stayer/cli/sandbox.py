@@ -93,7 +93,7 @@ def exec_command(
     import asyncio
 
     from stayer.sandbox import make_sandbox
-    from stayer.settings import SandboxSettings, check_flags
+    from stayer.settings import SandboxLimits, SandboxSettings, check_flags, given_limits
 
     try:
         check_flags(
@@ -112,15 +112,15 @@ def exec_command(
         bad_input(f"--workspace {workspace}: not a directory; create it or leave the flag out")
     # Only the limits given replace the sandbox's defaults, so that "no flag" means exactly
     # what the agent gets.
-    limits: dict[str, Any] = {"allow_net": allow_net}
-    for key, value in (
-        ("memory_mb", memory),
-        ("max_processes", max_processes),
-        ("max_file_mb", max_file_mb),
-        ("storage_mb", storage_mb),
-    ):
-        if value is not None:
-            limits[key] = value
+    limits = given_limits(
+        SandboxLimits(
+            allow_net=allow_net,
+            memory_mb=memory,
+            max_processes=max_processes,
+            max_file_mb=max_file_mb,
+            storage_mb=storage_mb,
+        )
+    )
     # (imported here: every command's start-up imports this module)
     import shlex
     import tempfile

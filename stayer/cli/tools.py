@@ -18,10 +18,32 @@ from stayer.choices import DEFAULT_MCP_TOOLS
 from stayer.cli.common import JsonFlag, bad_input, console, emit_json, stderr, sub_app
 from stayer.cli.options import ConfigOption, McpToolsOption
 from stayer.errors import ConfigError
+from stayer.records import Record, to_json
 
 tools_app = sub_app("tools", "The tools an agent sees: stayer's own and its MCP servers'.")
 
 DEFAULT_MODEL = "sim:claude-sonnet-4-5"
+
+
+class ToolRow(Record):
+    """A tool in ``stayer tools list --json``: ``in_prompt``, its schema is in every
+    prompt; else ``tool_search`` loads it."""
+
+    name: str
+    source: str  # stayer, or the MCP server's name
+    tokens: int
+    in_prompt: bool
+
+
+class ToolsFound(Record):
+    """``stayer tools list --json``."""
+
+    model: str
+    servers: dict[str, str]  # each MCP server: where it runs
+    mcp_tools: str | None  # the mode --mcp-tools came to; None without servers
+    mcp_costs_usd: dict[str, str] | None  # each mode's cost over 50 steps, where priced
+    tools: list[ToolRow]
+    total_tokens: int  # of the schemas in every prompt
 
 
 @tools_app.command("list")
@@ -60,7 +82,7 @@ def list_command(
         stderr().print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     if json_out:
-        emit_json(found)
+        emit_json(to_json(found))
         return
     from stayer.tables import Col, FitTable, print_table, say
 
@@ -71,22 +93,18 @@ def list_command(
         Col("in prompt", drop=1),
         box=None,
     )
-    for t in found["tools"]:
-        table.add_row(
-            t["name"], t["source"], f"{t['tokens']:,}", "yes" if t["in_prompt"] else "on search"
-        )
+    for t in found.tools:
+        table.add_row(t.name, t.source, f"{t.tokens:,}", "yes" if t.in_prompt else "on search")
     out = console()
     print_table(out, table)
-    say(
-        out, f"{len(found['tools'])} tools, {found['total_tokens']:,} schema tokens in every prompt"
-    )
-    mode = f"; --mcp-tools {mcp_tools}: {found['mcp_tools']}" if found["servers"] else ""
-    say(out, f"counted for {found['model']}{mode}")
+    say(out, f"{len(found.tools)} tools, {found.total_tokens:,} schema tokens in every prompt")
+    mode = f"; --mcp-tools {mcp_tools}: {found.mcp_tools}" if found.servers else ""
+    say(out, f"counted for {found.model}{mode}")
 
 
 async def gather(
     task_dir: str | None, config_file: str | None, spec: str | None, mode: str = "auto"
-) -> dict[str, Any]:
+) -> ToolsFound:
     """The ``--json`` document: the model counted for, each tool (``in_prompt``: its
     schema is in every prompt; else loaded by ``tool_search``), the prompt's total, and
     the MCP mode ``mode`` comes to (``auto``: the cheaper over 50 steps)."""
@@ -135,23 +153,18 @@ async def gather(
             await sandbox.close()
         shutil.rmtree(workspace, ignore_errors=True)
     rows = [
-        {
-            "name": t.spec.name,
-            "source": source,
-            "tokens": counter.text(canonical_tools([t.spec])),
-            "in_prompt": shown,
-        }
+        ToolRow(t.spec.name, source, counter.text(canonical_tools([t.spec])), shown)
         for t, source, shown in sorted(tools, key=lambda row: row[0].spec.name)
     ]
     prompt = sorted((t.spec for t, _, shown in tools if shown), key=lambda s: s.name)
-    return {
-        "model": spec,
-        "servers": {n: s.where for n, s in sorted(servers.items())},
-        "mcp_tools": mode if servers else None,
-        "mcp_costs_usd": None if priced is None else {k: str(v) for k, v in priced.items()},
-        "tools": rows,
-        "total_tokens": counter.text(canonical_tools(prompt)),
-    }
+    return ToolsFound(
+        model=spec,
+        servers={n: s.where for n, s in sorted(servers.items())},
+        mcp_tools=mode if servers else None,
+        mcp_costs_usd=None if priced is None else {k: str(v) for k, v in priced.items()},
+        tools=rows,
+        total_tokens=counter.text(canonical_tools(prompt)),
+    )
 
 
 def _sandbox(task: Any, workspace: Path) -> Any:

@@ -23,12 +23,18 @@ import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from stayer.errors import ConfigError
+from stayer.records import Record, decode, to_json
 
+T = TypeVar("T")
+D = TypeVar("D")
 KEY = re.compile(r"[0-9a-f]{24}")
 PRUNE_LOCK = "prune.lock"
 # Left behind by an interrupted build (or prune) of the layer named before the suffix.
@@ -49,10 +55,46 @@ class Layer:
     images: list[str] = field(default_factory=list)  # Dockerfiles whose image it is
     in_use: bool = False
 
-    def doc(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["created"], d["last_used"] = _iso(self.created), _iso(self.last_used)
-        return d
+    def doc(self) -> LayerDoc:
+        """The layer as ``stayer images list --json`` shows it: times as ISO dates."""
+        return LayerDoc(
+            id=self.id,
+            size_bytes=self.size_bytes,
+            created=_iso(self.created),
+            last_used=_iso(self.last_used),
+            parent=self.parent,
+            dockerfile=self.dockerfile,
+            step=self.step,
+            images=self.images,
+            in_use=self.in_use,
+        )
+
+
+class LayerDoc(Record):
+    """A layer in ``stayer images list --json``."""
+
+    id: str
+    size_bytes: int
+    created: str | None
+    last_used: str | None
+    parent: str | None
+    dockerfile: str | None
+    step: str | None
+    images: list[str]
+    in_use: bool
+
+
+class LayerMeta(Record, kw_only=True):
+    """``<key>.json``: what the builder recorded of a layer (a field it never wrote is
+    ``UNSET``, and stays absent when the file is written again)."""
+
+    size_bytes: int | UnsetType = UNSET
+    created: float | None | UnsetType = UNSET
+    last_used: float | None | UnsetType = UNSET
+    parent: str | None | UnsetType = UNSET
+    dockerfile: str | None | UnsetType = UNSET
+    step: str | None | UnsetType = UNSET
+    images: list[str] | UnsetType = UNSET
 
 
 # -- what the builder records ---------------------------------------------------------
@@ -84,31 +126,36 @@ def used(
         _HELD[path] = fd
     meta = _read(layers, key)
     now = time.time()
-    if "size_bytes" not in meta:
-        meta["size_bytes"] = tree_size(layers / key)
-        meta["created"] = min(now, os.stat(path).st_mtime)  # the lock: made with the layer
-        meta["parent"] = made_on
-        meta["dockerfile"], meta["step"] = made_by or (None, None)
-    meta["last_used"] = now
-    images = meta.setdefault("images", [])
-    if image_of is not None and image_of not in images:
-        images.append(image_of)
+    if meta.size_bytes is UNSET:
+        meta.size_bytes = tree_size(layers / key)
+        meta.created = min(now, os.stat(path).st_mtime)  # the lock: made with the layer
+        meta.parent = made_on
+        meta.dockerfile, meta.step = made_by or (None, None)
+    meta.last_used = now
+    if meta.images is UNSET:
+        meta.images = []
+    if image_of is not None and image_of not in meta.images:
+        meta.images.append(image_of)
     _write(layers, key, meta)
 
 
-def _read(layers: Path, key: str) -> dict[str, Any]:
+def _given(value: T | UnsetType, default: D) -> T | D:
+    return default if isinstance(value, UnsetType) else value
+
+
+def _read(layers: Path, key: str) -> LayerMeta:
+    """``key``'s record; an empty one where there is none or it cannot be read."""
     try:
-        with open(layers / f"{key}.json", encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
+        with open(layers / f"{key}.json", "rb") as f:
+            return decode(f.read(), LayerMeta)
+    except (OSError, msgspec.DecodeError):
+        return LayerMeta()
 
 
-def _write(layers: Path, key: str, meta: dict[str, Any]) -> None:
+def _write(layers: Path, key: str, meta: LayerMeta) -> None:
     tmp = layers / f"{key}.json.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(meta, f, sort_keys=True)
+        json.dump(to_json(meta), f, sort_keys=True)
     os.replace(tmp, layers / f"{key}.json")
 
 
@@ -141,17 +188,17 @@ def list_layers(cache: Path) -> list[Layer]:
             continue
         meta = _read(layers, entry.name)
         st = entry.stat(follow_symlinks=False)
-        size = meta.get("size_bytes")
+        size = meta.size_bytes
         found.append(
             Layer(
                 id=entry.name,
                 size_bytes=size if isinstance(size, int) else tree_size(Path(entry.path)),
-                created=meta.get("created", st.st_mtime),
-                last_used=meta.get("last_used", st.st_mtime),
-                parent=meta.get("parent"),
-                dockerfile=meta.get("dockerfile"),
-                step=meta.get("step"),
-                images=list(meta.get("images") or []),
+                created=_given(meta.created, st.st_mtime),
+                last_used=_given(meta.last_used, st.st_mtime),
+                parent=_given(meta.parent, None),
+                dockerfile=_given(meta.dockerfile, None),
+                step=_given(meta.step, None),
+                images=list(_given(meta.images, [])),
                 in_use=_locked(layers / f"{entry.name}.lock"),
             )
         )

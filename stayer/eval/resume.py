@@ -11,6 +11,7 @@ import dataclasses
 
 from stayer.journal import JournalError, RunJournal, Store, open_store, stayer_home
 from stayer.pricing import PriceBook
+from stayer.records import from_json
 from stayer.run import PreparedRun, RunSettings, prepare, run_workspace
 
 
@@ -45,7 +46,7 @@ def prepare_resume(
     try:
         row, log = RunJournal.load(store, run_id)
         try:
-            config = RunSettings.from_record(row.header["config"])
+            config = from_json(row.header["config"], RunSettings)
             if task_dir is not None:
                 config = dataclasses.replace(config, task_dir=task_dir)
             if allow_private_mcp is not None:

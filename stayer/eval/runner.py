@@ -96,9 +96,6 @@ class EvalConfig:
         return f"{_slug(self.model)}-{_slug(self.policy_name, 24)}-{digest[:8]}"
 
     def run_config(self, task: Task, run_id: str) -> RunSettings:
-        extra: dict[str, Any] = {}
-        if self.policy is not None:
-            extra["policy"] = self.policy
         return RunSettings(
             task_dir=str(task.path),
             model=self.model,
@@ -108,7 +105,7 @@ class EvalConfig:
             sim_policy=self.sim_policy,
             sim_latency=self.sim_latency,
             sandbox=self.sandbox,
-            **extra,
+            policy=RunSettings.policy if self.policy is None else self.policy,
         )
 
 

@@ -17,13 +17,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from stayer.environments.prepare import image_kind, prepare_environment, sandbox_for
 from stayer.errors import ConfigError
 from stayer.mcp.config import McpServer, parse_servers
 from stayer.sandbox import IMAGE_KINDS, Sandbox
-from stayer.settings import TaskToml, check_file, read_text, read_toml
+from stayer.settings import (
+    SandboxLimits,
+    TaskToml,
+    check_file,
+    given_limits,
+    read_text,
+    read_toml,
+)
 from stayer.workspace.hostfs import copy_tree
 
 # Files in environment/ that describe a container image rather than workspace content.
@@ -44,15 +51,13 @@ class Task:
     metadata: dict[str, Any] = field(default_factory=dict)
     mcp_servers: dict[str, McpServer] = field(default_factory=dict)  # task.toml [mcp.servers]
 
-    def sandbox_limits(self, **overrides: Any) -> dict[str, Any]:
+    def sandbox_limits(self, **overrides: Unpack[SandboxLimits]) -> SandboxLimits:
         """The limits of the agent's sandbox for this task: task.toml's, then ``overrides``
         (a run's own flags) where given."""
-        limits: dict[str, Any] = {
-            "allow_net": self.allow_internet,
-            "memory_mb": self.memory_mb,
-            "storage_mb": self.storage_mb,
-        }
-        limits.update({k: v for k, v in overrides.items() if v is not None})
+        limits = SandboxLimits(
+            allow_net=self.allow_internet, memory_mb=self.memory_mb, storage_mb=self.storage_mb
+        )
+        limits.update(given_limits(overrides))
         return limits
 
     def kind(self, flag: str | None) -> str:

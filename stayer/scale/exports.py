@@ -161,6 +161,14 @@ class AtifStepExtra(Record):
     stop_reason: str | None
 
 
+class AtifMessageExtra(Record, kw_only=True):
+    """A system step's message: a compaction's summary, or a tool's result shown as one."""
+
+    context_management: str | UnsetType = UNSET  # "summary": a compaction wrote it
+    role: str
+    tool_call_id: str | None | UnsetType = UNSET
+
+
 class AtifCostExtra(Record):
     cost_usd_exact: str
     cost_parts_usd: dict[str, str] | None
@@ -185,7 +193,7 @@ class AtifStep(Record, kw_only=True):
     model_name: str | UnsetType = UNSET
     tool_calls: list[AtifToolCall] | UnsetType = UNSET
     metrics: AtifMetrics | UnsetType = UNSET
-    extra: dict[str, Any] | AtifStepExtra | UnsetType = UNSET
+    extra: AtifStepExtra | AtifMessageExtra | UnsetType = UNSET
     is_copied_context: bool | UnsetType = UNSET
     observation: AtifObservation | UnsetType = UNSET
 
@@ -254,7 +262,7 @@ def atif(record: Sample, normalised: float) -> Trajectory:
                 add(
                     "system",
                     m.content,
-                    extra={"context_management": "summary", "role": m.role},
+                    extra=AtifMessageExtra(context_management="summary", role=m.role),
                     **copied,
                 )
             elif m.role == "tool":
@@ -267,7 +275,7 @@ def atif(record: Sample, normalised: float) -> Trajectory:
                     add(
                         "system",
                         m.content,
-                        extra={"role": "tool", "tool_call_id": call_id},
+                        extra=AtifMessageExtra(role="tool", tool_call_id=call_id),
                         **copied,
                     )
             elif m.role == "assistant":
