@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.journal.blobs import digest
-from stayer.journal.codec import canonical, message_from_record, message_record
+from stayer.journal.codec import MessageRecord, canonical
 from stayer.journal.effects import call_once
 from stayer.journal.session import RunJournal
 from stayer.journal.store import JournalError
@@ -103,7 +103,7 @@ class JournaledModel:
             for _ in range(lost_attempts - 1):
                 lost = lost + response.usage
             response.lost_usage = lost
-        raw = canonical(message_record(response.message))
+        raw = canonical(MessageRecord.of(response.message))
         address = digest(raw)
         journal.record(
             "model_finished",
@@ -163,7 +163,9 @@ class JournaledModel:
         )
 
     def _response(self, d: dict[str, Any]) -> ModelResponse:
-        message = message_from_record(json.loads(self.journal.log.blobs[d["message"]]))
+        # json, not msgspec, reads the blob: it may hold a lone surrogate (see ``canonical``)
+        record = from_json(json.loads(self.journal.log.blobs[d["message"]]), MessageRecord)
+        message = record.message()
         return ModelResponse(
             message=message,
             usage=Usage.from_dict(d["usage"]),
