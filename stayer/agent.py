@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from stayer.context.compactor import Compacted, Compactor, ToolsTaken
 from stayer.context.forensics import CacheBreak, CacheForensics
@@ -468,7 +468,7 @@ class Agent:
             cache_break=call.cache_break,
             compaction=compaction,
             agent=self.path,
-            breakers=[BreakerTrip(**t) for t in self._trips(s.guard)],
+            breakers=self._trips(s.guard),
             route=route.record() if route.switched or route.quote else None,
             prompt_estimate=call.estimate,
         )
@@ -563,12 +563,12 @@ class Agent:
         )
         return taken
 
-    def _trips(self, guard: Guard) -> list[dict[str, Any]]:
+    def _trips(self, guard: Guard) -> list[BreakerTrip]:
         """Breaker trips since the last step, journaled as events and kept on the ledger."""
-        trips = [{"agent": self.path, **t.to_dict()} for t in guard.take_trips()]
+        trips = guard.take_trips()
         for t in trips:
-            self.emit(Breaker(**t))
-        return trips
+            self.emit(Breaker(agent=self.path, **dataclasses.asdict(t)))
+        return [BreakerTrip.of(t, self.path) for t in trips]
 
     def _finish(self, s: RunState) -> None:
         guard, result = s.guard, s.result
@@ -576,7 +576,7 @@ class Agent:
         result.stop_reason = result.stop_reason or guard.stop_reason
         left = self._trips(guard)
         if left and result.ledger:
-            result.ledger[-1].trips.extend(BreakerTrip(**t) for t in left)
+            result.ledger[-1].trips.extend(left)
         result.breakers = [BreakerTrip.of(t, self.path) for t in guard.trips]
         if result.status == "budget_exhausted":
             result.summary = guard.final_summary(

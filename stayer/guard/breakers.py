@@ -18,10 +18,10 @@ import re
 import stat
 import statistics
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from stayer.settings import GuardConfig as GuardConfig  # its home until 36: re-exported
 from stayer.workspace.watch import TreeWatch
@@ -38,9 +38,6 @@ class Trip:
     step: int  # the step after which it was decided (0: before the first call)
     action: str = "wrap_up"  # wrap_up, escalate, stop
     soft: bool = False  # a soft threshold, not the limit itself
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

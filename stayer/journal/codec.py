@@ -9,41 +9,67 @@ from __future__ import annotations
 import dataclasses
 import json
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
-from stayer.messages import Message, ToolCall
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from stayer.messages import Message, Role, ToolCall
+from stayer.records import Record, to_json
+
+
+class MessageCall(Record):
+    """A tool call of a message, as written down."""
+
+    id: str
+    name: str
+    arguments: str  # raw JSON text as the model produced it
+
+
+class MessageRecord(Record):
+    """A message as written down; a field at its default (no calls, no tool call id, not an
+    error, no kind) is left out, ``role`` and ``content`` always kept."""
+
+    role: Role
+    content: str = ""
+    tool_calls: list[MessageCall] | UnsetType = UNSET
+    tool_call_id: str | UnsetType = UNSET
+    is_error: bool | UnsetType = UNSET
+    kind: str | UnsetType = UNSET
+
+    @classmethod
+    def of(cls, m: Message) -> MessageRecord:
+        return cls(
+            m.role,
+            m.content,
+            [MessageCall(c.id, c.name, c.arguments) for c in m.tool_calls]
+            if m.tool_calls
+            else UNSET,
+            m.tool_call_id or UNSET,
+            True if m.is_error else UNSET,
+            m.kind or UNSET,
+        )
+
+    def message(self) -> Message:
+        calls = self.tool_calls if isinstance(self.tool_calls, list) else ()
+        return Message(
+            role=self.role,
+            content=self.content,
+            tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in calls),
+            tool_call_id=self.tool_call_id or None,
+            is_error=self.is_error is True,
+            kind=self.kind or "",
+        )
 
 
 def message_record(m: Message) -> dict[str, Any]:
-    rec: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        rec["tool_calls"] = [
-            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.tool_calls
-        ]
-    if m.tool_call_id:
-        rec["tool_call_id"] = m.tool_call_id
-    if m.is_error:
-        rec["is_error"] = True
-    if m.kind:
-        rec["kind"] = m.kind
-    return rec
-
-
-def message_from_record(rec: dict[str, Any]) -> Message:
-    calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in rec.get("tool_calls", ()))
-    return Message(
-        role=rec["role"],
-        content=rec.get("content", ""),
-        tool_calls=calls,
-        tool_call_id=rec.get("tool_call_id"),
-        is_error=bool(rec.get("is_error", False)),
-        kind=rec.get("kind", ""),
-    )
+    """``m`` as JSON builtins (for writers of ``trajectory.jsonl`` and the scale traces)."""
+    return cast(dict[str, Any], to_json(MessageRecord.of(m)))
 
 
 def _default(o: Any) -> Any:
     if isinstance(o, Message):
-        return message_record(o)
+        return to_json(MessageRecord.of(o))
     if isinstance(o, Decimal):
         return str(o)
     if dataclasses.is_dataclass(o) and not isinstance(o, type):
@@ -53,6 +79,8 @@ def _default(o: Any) -> Any:
     to_dict = getattr(o, "to_dict", None)
     if callable(to_dict):
         return to_dict()
+    if isinstance(o, msgspec.Struct):
+        return to_json(o)
     raise TypeError(f"cannot journal a {type(o).__name__}")
 
 

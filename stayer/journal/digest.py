@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from stayer.journal.codec import canonical, message_record
+from stayer.journal.codec import MessageRecord, canonical
 from stayer.messages import Message
 from stayer.models.base import ModelRequest
 from stayer.tokens import ToolsText
@@ -44,7 +44,9 @@ class RequestDigest:
         for m in messages[keep:]:
             mh = self._message_hashes.get(m)
             if mh is None:
-                mh = self._message_hashes[m] = hashlib.sha256(canonical(message_record(m))).digest()
+                mh = self._message_hashes[m] = hashlib.sha256(
+                    canonical(MessageRecord.of(m))
+                ).digest()
             h.update(mh)
         self._prefix = (head, list(messages), h.copy())
         tail = [

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from stayer.journal.blobs import BlobError
 from stayer.journal.store import Event, JournalCorrupt, Store
+from stayer.records import Record
+from stayer.usage import Usage
 
 if TYPE_CHECKING:
     from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown
@@ -65,6 +67,33 @@ def blob_refs(event: Event) -> list[str]:
     return []
 
 
+class ModelFinishedRecord(Record, kw_only=True):
+    """A ``model_finished`` event: call ``n`` answered, its message in a blob."""
+
+    n: int
+    message: str  # the reply's blob
+    usage: Usage
+    raw_usage: dict[str, Any]  # the provider's own usage object, as it sent it
+    model: str
+    latency_s: float
+    stop_reason: str = ""
+    service_tier: str | None = None
+
+
+class ModelFailedRecord(Record):
+    """A ``model_failed`` event: call ``n`` failed with ``error``."""
+
+    n: int
+    error: str
+
+
+class RunFinishedRecord(Record):
+    """A ``run_finished`` event: the run's final status, its report in a blob."""
+
+    status: str
+    result: str  # the report's blob
+
+
 @dataclass
 class CallRecord:
     """Model call number ``n`` of the run, over all its attempts."""
@@ -72,8 +101,8 @@ class CallRecord:
     attempts: int = 0  # model_started events: a started attempt with no outcome was lost
     digest: str = ""
     now: float | None = None  # the request's timestamp (the simulator's cache clock)
-    finished: dict[str, Any] | None = None
-    failed: dict[str, Any] | None = None
+    finished: ModelFinishedRecord | None = None
+    failed: ModelFailedRecord | None = None
 
 
 @dataclass
@@ -91,7 +120,7 @@ class RunLog:
     snapshots: list[dict[str, Any]] = field(default_factory=list)  # oldest first
     agent_events: dict[int, tuple[str, str]] = field(default_factory=dict)  # i → (kind, payload)
     observations: dict[int, Any] = field(default_factory=dict)  # i → value
-    finished: dict[str, Any] | None = None
+    finished: RunFinishedRecord | None = None
     resumes: int = 0
     # A team run's threads: each one's events (tagged ``thread``), indexed as a log of its own.
     threads: dict[str, RunLog] = field(default_factory=dict)
@@ -176,9 +205,11 @@ def _index(log: RunLog, ev: Event) -> None:
         rec.attempts += 1
         rec.digest, rec.now = d["digest"], d.get("now")
     elif kind == "model_finished":
-        log.calls.setdefault(int(d["n"]), CallRecord()).finished = d
+        done = from_json(d, ModelFinishedRecord)
+        log.calls.setdefault(done.n, CallRecord()).finished = done
     elif kind == "model_failed":
-        log.calls.setdefault(int(d["n"]), CallRecord()).failed = d
+        failed = from_json(d, ModelFailedRecord)
+        log.calls.setdefault(failed.n, CallRecord()).failed = failed
     elif kind == "model_lost":
         log.lost.append(from_json(d, LostCall))
     elif kind == "outcome_unknown":
@@ -190,7 +221,7 @@ def _index(log: RunLog, ev: Event) -> None:
     elif kind == "snapshot":
         log.snapshots.append(d)
     elif kind == "run_finished":
-        log.finished = d
+        log.finished = from_json(d, RunFinishedRecord)
     elif kind == "observed":
         log.observations[int(d["i"])] = d["value"]
     elif kind not in JOURNAL_KINDS:

@@ -15,8 +15,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.journal.blobs import digest
-from stayer.journal.codec import canonical, message_from_record, message_record
+from stayer.journal.codec import MessageRecord, canonical
 from stayer.journal.effects import call_once
+from stayer.journal.log import ModelFailedRecord, ModelFinishedRecord
 from stayer.journal.session import RunJournal
 from stayer.journal.store import JournalError
 from stayer.ledger import LostCall
@@ -27,7 +28,6 @@ from stayer.sandbox.base import ExecResult, Sandbox
 from stayer.tools import run_tool
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.tools.effects import call_spec, effects_of, side_effecting
-from stayer.usage import Usage
 
 
 @runtime_checkable
@@ -77,7 +77,7 @@ class JournaledModel:
             journal.stats.seconds += time.perf_counter() - t0
             return response
         if rec is not None and rec.failed is not None:
-            raise ModelError(rec.failed["error"])
+            raise ModelError(rec.failed.error)
         lost_attempts = rec.attempts if rec is not None else 0
         # Written before the call, so that a crash mid-call is known to have been billed.
         # Not fsynced: the fsync of this call's result, before anything acts on it, covers
@@ -92,7 +92,7 @@ class JournaledModel:
         try:
             response = await inner.complete(request)
         except ModelError as e:
-            journal.record("model_failed", {"n": n, "error": str(e)}, durable=True)
+            journal.record("model_failed", to_json(ModelFailedRecord(n, str(e))), durable=True)
             raise
         t1 = time.perf_counter()
         journal.stats.live_calls += 1
@@ -103,23 +103,19 @@ class JournaledModel:
             for _ in range(lost_attempts - 1):
                 lost = lost + response.usage
             response.lost_usage = lost
-        raw = canonical(message_record(response.message))
+        raw = canonical(MessageRecord.of(response.message))
         address = digest(raw)
-        journal.record(
-            "model_finished",
-            {
-                "n": n,
-                "message": address,
-                "usage": response.usage.to_dict(),
-                "raw_usage": response.raw_usage,
-                "model": response.model,
-                "latency_s": response.latency_s,
-                "stop_reason": response.stop_reason,
-                "service_tier": response.service_tier,
-            },
-            {address: raw},
-            durable=True,
+        finished = ModelFinishedRecord(
+            n=n,
+            message=address,
+            usage=response.usage,
+            raw_usage=response.raw_usage,
+            model=response.model,
+            latency_s=response.latency_s,
+            stop_reason=response.stop_reason,
+            service_tier=response.service_tier,
         )
+        journal.record("model_finished", to_json(finished), {address: raw}, durable=True)
         journal.answered(inner, response)
         journal.stats.seconds += time.perf_counter() - t1
         return response
@@ -162,16 +158,17 @@ class JournaledModel:
             f"attempt is in the ledger as lost_in_flight (estimated ${cost.to_json()})"
         )
 
-    def _response(self, d: dict[str, Any]) -> ModelResponse:
-        message = message_from_record(json.loads(self.journal.log.blobs[d["message"]]))
+    def _response(self, d: ModelFinishedRecord) -> ModelResponse:
+        # json, not msgspec, reads the blob: it may hold a lone surrogate (see ``canonical``)
+        record = from_json(json.loads(self.journal.log.blobs[d.message]), MessageRecord)
         return ModelResponse(
-            message=message,
-            usage=Usage.from_dict(d["usage"]),
-            raw_usage=d["raw_usage"],
-            model=d["model"],
-            latency_s=float(d["latency_s"]),
-            stop_reason=d.get("stop_reason", ""),
-            service_tier=d.get("service_tier"),
+            message=record.message(),
+            usage=d.usage,
+            raw_usage=d.raw_usage,
+            model=d.model,
+            latency_s=d.latency_s,
+            stop_reason=d.stop_reason,
+            service_tier=d.service_tier,
         )
 
 

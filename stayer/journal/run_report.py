@@ -78,7 +78,7 @@ def run_report(store: Store, row: RunRow) -> JournalReport:
     ledger = journal_ledger(log)
     lost = [e for e in ledger if e.lost]
     unknown = journal_unknown(log)
-    result = RunReport.read(log.blobs[log.finished["result"]]) if log.finished else None
+    result = RunReport.read(log.blobs[log.finished.result]) if log.finished else None
     calls = sum(1 for t in (log, *log.threads.values()) for c in t.calls.values() if c.finished)
     return JournalReport(
         run_id=row.id,

@@ -26,7 +26,7 @@ from stayer.journal.blobs import BlobError, digest
 from stayer.journal.codec import canonical
 from stayer.journal.digest import RequestDigest
 from stayer.journal.lease import new_owner, owner_is_dead
-from stayer.journal.log import JOURNAL_KINDS, RunLog, load_log
+from stayer.journal.log import JOURNAL_KINDS, RunFinishedRecord, RunLog, load_log
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
 from stayer.journal.store import JournalError, RunHeld, RunRow, RunUpdate, Store
@@ -166,9 +166,9 @@ class RunJournal:
             )
         log = load_log(store, run_id)
         if log.finished is not None:
-            result = RunReport.read(log.blobs[log.finished["result"]])
+            result = RunReport.read(log.blobs[log.finished.result])
             raise RunFinished(
-                f"run {run_id} already finished ({log.finished['status']}); nothing to resume",
+                f"run {run_id} already finished ({log.finished.status}); nothing to resume",
                 result,
             )
         if not log.events:
@@ -322,7 +322,7 @@ class RunJournal:
         address = digest(raw)
         self.record(
             "run_finished",
-            {"status": report.status, "result": address},
+            to_json(RunFinishedRecord(report.status, address)),
             {address: raw},
             durable=True,
             update=RunUpdate(status=report.status, steps=report.steps, cost=report.cost_usd),
