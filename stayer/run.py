@@ -48,7 +48,7 @@ from stayer.journal import (
     RunJournal,
     lost_ledger_entries,
 )
-from stayer.journal.codec import message_record
+from stayer.journal.codec import MessageRecord
 from stayer.ledger import (  # noqa: F401  (RunReport, TokenTotals: re-exported)
     BreakerTrip,
     RunReport,
@@ -205,7 +205,7 @@ class _Trajectory(Observer):
         self.file = file
 
     def on_message(self, message: Message) -> None:
-        self.file.write(json.dumps(message_record(message)) + "\n")
+        self.file.write(json.dumps(to_json(MessageRecord.of(message))) + "\n")
         self.file.flush()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from stayer.journal.codec import MessageRecord, canonical, message_record
+from stayer.journal.codec import MessageRecord, canonical
 from stayer.journal.log import ModelFinishedRecord
 from stayer.messages import Message, ToolCall
 from stayer.records import from_json, to_json
@@ -14,8 +14,8 @@ from stayer.usage import Usage
 def test_a_message_is_written_as_before_and_reads_back_equal() -> None:
     plain = Message("user", "hi")
     full = Message("assistant", "é \ud800", (ToolCall("c1", "bash", '{"x":1}'),), "t", True, "note")
-    assert json.dumps(message_record(plain)) == '{"role": "user", "content": "hi"}'
-    assert json.dumps(message_record(full)) == (
+    assert json.dumps(to_json(MessageRecord.of(plain))) == '{"role": "user", "content": "hi"}'
+    assert json.dumps(to_json(MessageRecord.of(full))) == (
         '{"role": "assistant", "content": "\\u00e9 \\ud800", "tool_calls": [{"id": "c1", '
         '"name": "bash", "arguments": "{\\"x\\":1}"}], "tool_call_id": "t", '
         '"is_error": true, "kind": "note"}'

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any, Self
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -38,7 +38,7 @@ class MessageRecord(Record):
     kind: str | UnsetType = UNSET
 
     @classmethod
-    def of(cls, m: Message) -> MessageRecord:
+    def of(cls, m: Message) -> Self:
         return cls(
             m.role,
             m.content,
@@ -60,11 +60,6 @@ class MessageRecord(Record):
             is_error=self.is_error is True,
             kind=self.kind or "",
         )
-
-
-def message_record(m: Message) -> dict[str, Any]:
-    """``m`` as JSON builtins (for writers of ``trajectory.jsonl`` and the scale traces)."""
-    return cast(dict[str, Any], to_json(MessageRecord.of(m)))
 
 
 def _default(o: Any) -> Any:

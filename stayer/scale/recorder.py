@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
 
+import msgspec
+
 from stayer.agent import Observer
-from stayer.journal.codec import message_record
 from stayer.ledger import LedgerEntry
 from stayer.models.base import Message, Model, ModelRequest, ModelResponse
 from stayer.pricing import PriceBook
-from stayer.records import from_json
 from stayer.scale.records import ToolDefinition, TraceMessage, TraceStep
 
 
@@ -90,7 +90,7 @@ class StepRecorder(Observer):
         reset = bool(self._context) and kept < len(self._context)
         seen = set(self._context)
         new = [
-            from_json({**message_record(m), "copied": reset and m in seen}, TraceMessage)
+            msgspec.structs.replace(TraceMessage.of(m), copied=reset and m in seen)
             for m in (messages if reset else messages[kept:])
         ]
         first = not self._context and not self.steps
@@ -101,7 +101,7 @@ class StepRecorder(Observer):
             model=entry.model,
             context_reset=reset,
             messages=new,
-            reply=from_json(message_record(call.response.message), TraceMessage),
+            reply=TraceMessage.of(call.response.message),
             stop_reason=call.response.stop_reason,
             prompt_ids=prompt_ids,
             completion_ids=completion_ids,

@@ -15,28 +15,17 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from stayer.eval.records import TrialRecord
+from stayer.journal.codec import MessageCall, MessageRecord
 from stayer.records import Record, from_json
 
 
-class TraceCall(Record):
-    id: str
-    name: str
-    arguments: str
-
-
-class TraceMessage(Record, kw_only=True):
+class TraceMessage(MessageRecord, kw_only=True):
     """A message as the journal writes it; ``copied``: context a compaction kept."""
 
-    role: str
-    content: str = ""
-    tool_calls: list[TraceCall] | UnsetType = UNSET
-    tool_call_id: str | UnsetType = UNSET
-    is_error: bool | UnsetType = UNSET
-    kind: str | UnsetType = UNSET
     copied: bool | UnsetType = UNSET
 
     @property
-    def calls(self) -> list[TraceCall]:
+    def calls(self) -> list[MessageCall]:
         return self.tool_calls if isinstance(self.tool_calls, list) else []
 
 
