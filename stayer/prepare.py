@@ -44,6 +44,7 @@ from stayer.models.sim import SimModel
 from stayer.models.sim_policies import parse_policy
 from stayer.paths import workspaces_root
 from stayer.pricing import PriceBook
+from stayer.records import to_json
 from stayer.routing.setup import RoutingSetup, prepare_routing, require_prices
 from stayer.sandbox import IMAGE_KINDS
 from stayer.sandbox import KINDS as SANDBOX_KINDS
@@ -411,23 +412,23 @@ def build_model(spec: str, config: RunSettings, task: Task, counters: Counters) 
 
 def run_header(p: PreparedRun) -> dict[str, Any]:
     """What the journal records about a run up front: enough to prepare it again."""
-    config = p.config.to_record()
+    c = p.config
     # Paths made absolute, so that a resume from another directory finds the same files.
-    config["task_dir"] = str(Path(p.config.task_dir).resolve())
-    if p.config.team_file:
-        config["team_file"] = str(Path(p.config.team_file).resolve())
-    if p.config.config_file:
-        config["config_file"] = str(Path(p.config.config_file).resolve())
-    if p.config.sim_policy and p.config.sim_policy.startswith("replay:"):
-        config["sim_policy"] = "replay:" + str(
-            Path(p.config.sim_policy.removeprefix("replay:")).resolve()
-        )
-    config["run_id"] = p.run_id
+    config = replace(
+        c,
+        task_dir=str(Path(c.task_dir).resolve()),
+        team_file=c.team_file and str(Path(c.team_file).resolve()),
+        config_file=c.config_file and str(Path(c.config_file).resolve()),
+        sim_policy="replay:" + str(Path(c.sim_policy.removeprefix("replay:")).resolve())
+        if c.sim_policy and c.sim_policy.startswith("replay:")
+        else c.sim_policy,
+        run_id=p.run_id,
+    )
     return {
         "task": p.task.name,
         "task_path": str(p.task.path),
         "model": p.config.model,
-        "config": config,
+        "config": to_json(config),  # read back as ``from_json(config, RunSettings)``
         # Where each MCP server runs: "sandbox", "host" (trust = "host") or "remote" (HTTP).
         "mcp_servers": {name: s.where for name, s in sorted(p.mcp_servers.items())},
     }

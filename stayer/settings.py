@@ -18,7 +18,7 @@ import re
 import stat
 import tomllib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict, TypeVar
@@ -176,13 +176,6 @@ class RunSettings:
         return SandboxLimits(
             memory_mb=self.memory_mb, storage_mb=self.storage_mb, max_processes=self.max_processes
         )
-
-    def to_record(self) -> dict[str, Any]:
-        """JSON-ready, for the journal; a resume reads it back with
-        ``stayer.records.from_json(record, RunSettings)``."""
-        d = asdict(self)
-        d["max_cost"] = None if self.max_cost is None else str(self.max_cost)
-        return d
 
 
 class RunFlags(Settings):
