@@ -156,7 +156,6 @@ class RunOut(BaseModel):
 
     @classmethod
     def of(cls, run: ServiceRun, pending_action: dict[str, Any] | None = None) -> RunOut:
-        usage: dict[str, Any] = {k: run.usage.get(k, 0) for k in Usage.model_fields}
         return cls(
             id=run.id,
             tenant=run.tenant,
@@ -165,7 +164,7 @@ class RunOut(BaseModel):
             status=run.status,
             stop_reason=run.stop_reason,
             steps=run.steps,
-            usage=Usage(**usage),
+            usage=Usage.model_validate(run.usage, from_attributes=True),
             cost_usd=run.cost_usd,
             reward=run.reward,
             error=run.error,
