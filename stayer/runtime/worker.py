@@ -35,11 +35,12 @@ from stayer.journal.store import RunHeld, StoreUnavailable
 from stayer.ledger import LedgerEntry, RunReport, RunResult
 from stayer.money import Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.records import encode, to_json
+from stayer.records import encode
 from stayer.runtime.actions import (
     Actions,
     Gate,
     RunSuspended,
+    Suspended,
     close_journal,
     last_context_tokens,
     note_in_journal,
@@ -502,7 +503,7 @@ class Worker:
             note_in_journal(
                 self.store,
                 run.id,
-                [("suspended", {"status": PAUSED, "reason": "budget_reached", "detail": str(e)})],
+                [Suspended(status=PAUSED, reason="budget_reached", detail=str(e))],
             )
             self._pause(run, "run")
             return
@@ -535,8 +536,8 @@ class Worker:
             self.store,
             run.id,
             [
-                ("requires_action", to_json(action.view())),
-                ("suspended", {"status": REQUIRES_ACTION}),
+                action.note(),
+                Suspended(status=REQUIRES_ACTION),
             ],
         )
         self._set(run, status=REQUIRES_ACTION, stop_reason=REQUIRES_ACTION, release=True)
