@@ -22,7 +22,7 @@ import msgspec
 
 from stayer.journal.store import FINAL_STATUSES
 from stayer.ledger import LedgerEntry, OutcomeUnknown, TokenTotals
-from stayer.records import decode, from_json
+from stayer.records import Record, decode, from_json
 from stayer.runtime.actions import ActionView
 
 T = TypeVar("T")
@@ -45,7 +45,7 @@ def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
             event[field] = value[1:] if value.startswith(" ") else value
 
 
-class RunView(msgspec.Struct, kw_only=True):
+class RunView(Record, kw_only=True):
     """A run as the API answers it (``RunOut``: ``GET /v1/runs/{id}`` and the others)."""
 
     id: str
@@ -66,14 +66,14 @@ class RunView(msgspec.Struct, kw_only=True):
     updated_at: str
 
 
-class RunPage(msgspec.Struct, kw_only=True):
+class RunPage(Record, kw_only=True):
     """A page of ``GET /v1/runs``; ``next_cursor`` None on the last."""
 
     data: list[RunView]
     next_cursor: str | None
 
 
-class RunLedger(msgspec.Struct, kw_only=True):
+class RunLedger(Record, kw_only=True):
     """``GET /v1/runs/{id}/ledger``."""
 
     run_id: str
@@ -81,14 +81,14 @@ class RunLedger(msgspec.Struct, kw_only=True):
     outcome_unknown: list[OutcomeUnknown] = msgspec.field(default_factory=list)
 
 
-class MessageReceipt(msgspec.Struct, kw_only=True):
+class MessageReceipt(Record, kw_only=True):
     """``POST /v1/runs/{id}/messages``: the message's number in the run, from 1."""
 
     run_id: str
     n: int
 
 
-class SseEvent(msgspec.Struct, kw_only=True):
+class SseEvent(Record, kw_only=True):
     """One event of a run's stream; ``data``: its payload, whose fields depend on ``event``
     (``stayer.runtime.events``)."""
 
