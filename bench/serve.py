@@ -54,7 +54,7 @@ from _stdout import json_only  # bench/: --json prints one document on stdout
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stayer.runtime.client import TERMINAL, Client  # noqa: E402
+from stayer.runtime.client import TERMINAL, Client, SseEvent  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -303,23 +303,23 @@ def run_load(
             last = -1
             for event in c.events(run_id):
                 received = time.time()
-                at = event["data"].get("at")
+                at = event.data.get("at")
                 if at:
                     lag_ms.append((received - datetime.fromisoformat(at).timestamp()) * 1000)
-                if int(event["id"]) <= last:
+                if int(event.id) <= last:
                     problems["out_of_order"] += 1
-                last = int(event["id"])
+                last = int(event.id)
 
     def reconnecting(who: int, run_id: str, seed: int) -> None:
         rng = random.Random(seed)
-        got: list[dict[str, Any]] = []
+        got: list[SseEvent] = []
         with Client(base, keys[who]) as c:
             last: str | None = None
             while True:
                 n, ended = rng.randint(1, 4), True
                 for event in c.events(run_id, last):
                     got.append(event)
-                    last = event["id"]
+                    last = event.id
                     n -= 1
                     if n == 0:
                         ended = False
@@ -327,8 +327,8 @@ def run_load(
                 if ended:
                     break
             full = list(c.events(run_id))
-        ids = [int(e["id"]) for e in got]
-        want = [int(e["id"]) for e in full]
+        ids = [int(e.id) for e in got]
+        want = [int(e.id) for e in full]
         problems["repeated"] += len(ids) - len(set(ids))
         problems["lost"] += len(set(want) - set(ids))
         problems["out_of_order"] += int(ids != sorted(ids))
@@ -346,12 +346,12 @@ def run_load(
             task="fix-median", model="sim:claude-sonnet-4-5", sim_latency=args.latency
         )
         with lock:
-            submitted.append((who, run["id"]))
+            submitted.append((who, run.id))
         if i < args.followers:
-            watchers.append(threading.Thread(target=follow, args=(who, run["id"]), daemon=True))
+            watchers.append(threading.Thread(target=follow, args=(who, run.id), daemon=True))
         elif i < args.followers + args.reconnects:
             watchers.append(
-                threading.Thread(target=reconnecting, args=(who, run["id"], i), daemon=True)
+                threading.Thread(target=reconnecting, args=(who, run.id, i), daemon=True)
             )
         else:
             continue
@@ -359,7 +359,7 @@ def run_load(
     statuses: dict[str, int] = {}
     for who, run_id in submitted:
         final = clients[who].wait(run_id, poll_s=0.5)
-        statuses[final["status"]] = statuses.get(final["status"], 0) + 1
+        statuses[final.status] = statuses.get(final.status, 0) + 1
     wall = time.perf_counter() - started
     done.set()
     for t in watchers:

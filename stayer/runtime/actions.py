@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -37,7 +37,7 @@ from stayer.models.base import Model
 from stayer.models.caching import miss_premium
 from stayer.money import MTOK, Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.records import Record, decode, encode
+from stayer.records import Record, decode, encode, to_json
 from stayer.routing.router import rules_for
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage
@@ -91,6 +91,36 @@ class ActionView(Record, kw_only=True):
     wait_cost: WaitCost | None
 
 
+class JournalNote(Record, kw_only=True):
+    """An event the runtime writes to the journal of a run no process is running: of
+    kind ``kind``, its fields the payload."""
+
+    kind: ClassVar[str]
+
+
+class ActionRequired(ActionView, JournalNote, kw_only=True):
+    """The ``requires_action`` note: the action, as the API shows it."""
+
+    kind: ClassVar[str] = "requires_action"
+
+
+class Suspended(JournalNote, kw_only=True, omit_defaults=True):
+    """The ``suspended`` note: the run stopped for now (``status``: why it waits)."""
+
+    kind: ClassVar[str] = "suspended"
+    status: str
+    reason: str | None = None
+    detail: str | None = None
+
+
+class RunFinished(JournalNote, kw_only=True):
+    """The ``run_finished`` note: ``result``, the address of the run's report blob."""
+
+    kind: ClassVar[str] = "run_finished"
+    status: str
+    result: str
+
+
 @dataclass
 class Action:
     run_id: str
@@ -118,6 +148,10 @@ class Action:
             decided_at=self.decided_at,
             wait_cost=self.price,
         )
+
+    def note(self) -> ActionRequired:
+        """The journal's ``requires_action`` note of it."""
+        return ActionRequired(**msgspec.structs.asdict(self.view()))
 
 
 _COLUMNS = "run_id, n, tool, arguments, status, message, requested_at, decided_at, price"
@@ -264,7 +298,7 @@ def last_context_tokens(store: SqlStore, run_id: str) -> int:
 def note_in_journal(
     store: SqlStore,
     run_id: str,
-    events: list[tuple[str, dict[str, Any]]],
+    events: list[JournalNote],
     blobs: dict[str, bytes] | None = None,
     update: RunUpdate | None = None,
 ) -> None:
@@ -278,7 +312,9 @@ def note_in_journal(
         tail = store._read("SELECT MAX(seq) FROM stayer_events WHERE run_id = ?", (run_id,))
         first = 0 if not tail or tail[0][0] is None else int(tail[0][0]) + 1
         columns = None if update is None else update.columns()
-        store.append(run_id, owner, first, events, blobs or {}, columns)
+        store.append(
+            run_id, owner, first, [(e.kind, to_json(e)) for e in events], blobs or {}, columns
+        )
     finally:
         store.release(run_id, owner)
 
@@ -309,7 +345,7 @@ def close_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -
     note_in_journal(
         store,
         run_id,
-        [("run_finished", {"status": status, "result": address})],
+        [RunFinished(status=status, result=address)],
         {address: raw},
         RunUpdate(status=status, steps=report.steps, cost=report.cost_usd),
     )

@@ -229,7 +229,7 @@ def create_app(
 
     def out(run: ServiceRun) -> RunOut:
         pending = dbs.actions().pending(run.id) if run.status == "requires_action" else None
-        return RunOut.of(run, to_json(pending.view()) if pending else None)
+        return RunOut.of(run, pending.view() if pending else None)
 
     def own_run(run_id: str, tenant: str) -> Any:
         run = dbs.get().run(run_id, tenant)
@@ -491,7 +491,7 @@ def create_app(
     def list_actions(run_id: str, tenant: Tenant) -> ActionList:
         """Every confirmable call of the run: pending, approved or rejected."""
         own_run(run_id, tenant)
-        return ActionList(data=to_json([a.view() for a in dbs.actions().of_run(run_id)]))
+        return ActionList(data=[a.view() for a in dbs.actions().of_run(run_id)])
 
     @app.post("/v1/runs/{run_id}/actions", response_model=RunOut)
     def decide(run_id: str, body: Decision, tenant: Tenant) -> RunOut:
@@ -512,7 +512,7 @@ def create_app(
         result = json.loads(log.blobs[log.finished["result"]]) if log.finished is not None else {}
         # Unfinished: every billed call the journal holds, calls lost in flight included.
         entries = result["ledger"] if "ledger" in result else to_json(journal_ledger(log))
-        return Ledger(run_id=run_id, ledger=entries, outcome_unknown=to_json(journal_unknown(log)))
+        return Ledger(run_id=run_id, ledger=entries, outcome_unknown=journal_unknown(log))
 
     @app.get("/v1/runs/{run_id}/events", response_class=EventSourceResponse)
     async def run_events(

@@ -21,11 +21,16 @@ import json
 import secrets
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stayer.errors import ConfigError
 from stayer.journal.sql import SqlStore, record_of, utc_now
 from stayer.journal.store import FINAL_STATUSES, Event
+from stayer.ledger import TokenTotals
+from stayer.records import decode
+
+if TYPE_CHECKING:
+    from stayer.run import InboxMessage
 
 QUEUED, RUNNING, PAUSED, CANCELLED, ERROR = "queued", "running", "paused", "cancelled", "error"
 REQUIRES_ACTION = "requires_action"
@@ -155,7 +160,7 @@ class ServiceRun:
     cancel_requested: bool = False
     budget_hold: int | None = None  # the tenant-budget reservation funding the run
     run_cap: str | None = None  # the run's own cap as held from the tenant's budget
-    usage: dict[str, Any] = field(default_factory=dict)
+    usage: TokenTotals = field(default_factory=TokenTotals)
     paused_on: str | None = (
         None  # "tenant": its budget could not hold the run's cap; "run": the run reached its cap
     )
@@ -337,7 +342,7 @@ class ServiceDB:
                 steps=int,
                 cancel_requested=bool,
                 budget_hold=lambda v: None if v is None else int(v),
-                usage=lambda v: json.loads(v) if v else {},
+                usage=lambda v: decode(v, TokenTotals) if v else TokenTotals(),
             )
             for r in rows
         ]
@@ -496,12 +501,14 @@ class ServiceDB:
             )
             return n
 
-    def messages_after(self, run_id: str, after: int) -> list[dict[str, Any]]:
+    def messages_after(self, run_id: str, after: int) -> list[InboxMessage]:
+        from stayer.run import InboxMessage  # (the loop's side: loaded by a worker only)
+
         rows = self.store._read(
             "SELECT n, content, created_at FROM stayer_messages WHERE run_id = ? AND n > ? ORDER BY n",
             (run_id, after),
         )
-        return [{"n": int(n), "content": c, "created_at": at} for n, c, at in rows]
+        return [InboxMessage(n=int(n), content=c, created_at=at) for n, c, at in rows]
 
     # --- the queue (workers) -------------------------------------------------------------
 

@@ -4,11 +4,17 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import msgspec
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, model_validator
+from pydantic.json_schema import GetJsonSchemaHandler, JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
 from stayer.choices import POLICY_HELP
+from stayer.ledger import OutcomeUnknown
+from stayer.records import from_json, to_json
+from stayer.runtime.actions import ActionView
 from stayer.runtime.db import ServiceRun
 from stayer.settings import RunSettings
 
@@ -54,6 +60,43 @@ class ApiIn(BaseModel):
 def _shown(text: str) -> str:
     """``text`` as UTF-8 can carry it (a lone surrogate stored before it was refused)."""
     return text.encode("utf-8", "replace").decode("utf-8")
+
+
+class _AsRecord:
+    """A msgspec record as a pydantic field: its value is the record (a JSON document is
+    checked into one), written by ``stayer.records.to_json``, and shown in
+    ``/openapi.json`` with msgspec's schema of it."""
+
+    def __get_pydantic_core_schema__(
+        self, source: type[msgspec.Struct], handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            lambda v: v if isinstance(v, source) else from_json(v, source),
+            serialization=core_schema.plain_serializer_function_ser_schema(to_json),
+            metadata={"record": source},
+        )
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        found = msgspec.json.schema(schema["metadata"]["record"])
+        return _inline(found, found.get("$defs", {}))
+
+
+def _inline(schema: Any, defs: dict[str, Any]) -> Any:
+    """``schema`` with its ``$ref``s to ``defs`` replaced by what they name."""
+    if isinstance(schema, dict):
+        if "$ref" in schema:
+            return _inline(defs[schema["$ref"].rsplit("/", 1)[1]], defs)
+        return {k: _inline(v, defs) for k, v in schema.items() if k != "$defs"}
+    if isinstance(schema, list):
+        return [_inline(v, defs) for v in schema]
+    return schema
+
+
+R = TypeVar("R", bound=msgspec.Struct)
+#: ``Recorded[T]``: the record type ``T`` as a field of a response body.
+Recorded = Annotated[R, _AsRecord()]
 
 
 class RunCreate(ApiIn):
@@ -146,7 +189,7 @@ class RunOut(BaseModel):
     reward: float | None
     error: str | None
     cancel_requested: bool
-    pending_action: dict[str, Any] | None = Field(
+    pending_action: Recorded[ActionView] | None = Field(
         default=None,
         description="The call awaiting a decision, with wait_cost: when the prompt cache expires and what that costs.",
     )
@@ -155,8 +198,7 @@ class RunOut(BaseModel):
     updated_at: str
 
     @classmethod
-    def of(cls, run: ServiceRun, pending_action: dict[str, Any] | None = None) -> RunOut:
-        usage: dict[str, Any] = {k: run.usage.get(k, 0) for k in Usage.model_fields}
+    def of(cls, run: ServiceRun, pending_action: ActionView | None = None) -> RunOut:
         return cls(
             id=run.id,
             tenant=run.tenant,
@@ -165,7 +207,7 @@ class RunOut(BaseModel):
             status=run.status,
             stop_reason=run.stop_reason,
             steps=run.steps,
-            usage=Usage(**usage),
+            usage=Usage.model_validate(run.usage, from_attributes=True),
             cost_usd=run.cost_usd,
             reward=run.reward,
             error=run.error,
@@ -205,11 +247,13 @@ class TaskOut(BaseModel):
 
 
 class ActionList(BaseModel):
-    data: list[dict[str, Any]]
+    data: list[Recorded[ActionView]]
 
 
 class Ledger(BaseModel):
     run_id: str
+    # The stored result's entries, forwarded as they are (their keys sorted); an
+    # unfinished run's in LedgerEntry's order.
     ledger: list[dict[str, Any]]
-    # Side-effecting calls whose outcome a crash lost (``stayer.ledger.OutcomeUnknown``).
-    outcome_unknown: list[dict[str, Any]] = []
+    # Side-effecting calls whose outcome a crash lost.
+    outcome_unknown: list[Recorded[OutcomeUnknown]] = []

@@ -105,12 +105,13 @@ class Webhooks:
         self._client: httpx.AsyncClient | None = None
 
     def send(self, url: str, secret: str, payload: dict[str, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(self._deliver(url, secret, payload))
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        delivery = self._deliver(url, secret, body, payload.get("run_id"))
+        task = asyncio.get_running_loop().create_task(delivery)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _deliver(self, url: str, secret: str, payload: dict[str, Any]) -> None:
-        body = json.dumps(payload, separators=(",", ":")).encode()
+    async def _deliver(self, url: str, secret: str, body: bytes, run_id: str | None) -> None:
         delivery_id = uuid.uuid4().hex
         if self._client is None:
             # No redirects: a 30x to an internal address would undo the URL check. No
@@ -127,7 +128,7 @@ class Webhooks:
             )
             if problem is not None:
                 print(
-                    f"stayer: webhook for run {payload.get('run_id')} not sent: {problem}",
+                    f"stayer: webhook for run {run_id} not sent: {problem}",
                     file=sys.stderr,
                 )
                 return
@@ -148,7 +149,7 @@ class Webhooks:
                 break
             await asyncio.sleep(self.backoff_s * 2**attempt)
         print(
-            f"stayer: webhook for run {payload.get('run_id')} failed after {self.attempts} attempts",
+            f"stayer: webhook for run {run_id} failed after {self.attempts} attempts",
             file=sys.stderr,
         )
 

@@ -35,11 +35,12 @@ from stayer.journal.store import RunHeld, StoreUnavailable
 from stayer.ledger import LedgerEntry, RunReport, RunResult
 from stayer.money import Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.records import encode, from_json, to_json
+from stayer.records import encode
 from stayer.runtime.actions import (
     Actions,
     Gate,
     RunSuspended,
+    Suspended,
     close_journal,
     last_context_tokens,
     note_in_journal,
@@ -375,7 +376,7 @@ class Worker:
 
     async def _run(self, run: ServiceRun) -> None:
         from stayer.eval.resume import prepare_resume
-        from stayer.run import Controls, Inbox, InboxMessage, RunSettings, execute, prepare
+        from stayer.run import Controls, Inbox, RunSettings, execute, prepare
 
         if run.cancel_requested:
             self._finish(run, close_idle_journal(self.store, run.id, CANCELLED, "cancelled"))
@@ -474,9 +475,7 @@ class Worker:
         gate = Gate(self.actions, run.id, confirm) if confirm else None
         controls = Controls(
             gate=gate,
-            inbox=Inbox(
-                lambda after: from_json(self.db.messages_after(run.id, after), list[InboxMessage])
-            ),
+            inbox=Inbox(lambda after: self.db.messages_after(run.id, after)),
             pause_at_cap=True,
             cap=lambda: cap if isinstance(cap, Decimal) else None,  # as held at admission
         )
@@ -504,7 +503,7 @@ class Worker:
             note_in_journal(
                 self.store,
                 run.id,
-                [("suspended", {"status": PAUSED, "reason": "budget_reached", "detail": str(e)})],
+                [Suspended(status=PAUSED, reason="budget_reached", detail=str(e))],
             )
             self._pause(run, "run")
             return
@@ -537,8 +536,8 @@ class Worker:
             self.store,
             run.id,
             [
-                ("requires_action", to_json(action.view())),
-                ("suspended", {"status": REQUIRES_ACTION}),
+                action.note(),
+                Suspended(status=REQUIRES_ACTION),
             ],
         )
         self._set(run, status=REQUIRES_ACTION, stop_reason=REQUIRES_ACTION, release=True)

@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from stayer.ledger import LedgerEntry
 from stayer.money import MTOK
+from stayer.records import to_json
 
 TOKEN_KINDS = ("input_uncached", "cache_read", "cache_write", "output", "reasoning")
 #: Cache breaks nobody chose: a prompt that changed under its cache (an edited prefix,
@@ -125,7 +126,7 @@ class ServiceCollector:
                 unpriced_by[(r.tenant, r.model)] += 1
             else:
                 cost_by[key] += Decimal(r.cost_usd)
-            for kind, n in token_counts(r.usage).items():
+            for kind, n in token_counts(to_json(r.usage)).items():
                 tokens_by[(*key, kind)] += n
             status_by[(r.tenant, r.status)] += 1
         for k, v in sorted(cost_by.items()):

@@ -28,6 +28,7 @@ from opentelemetry.trace import (
     StatusCode,
     TraceFlags,
 )
+from opentelemetry.util.types import AttributeValue
 
 from stayer.agent import Observer
 from stayer.events import Event, SubagentStarted, event_record
@@ -170,11 +171,11 @@ def _ids(run_id: str) -> tuple[int, int]:
     return int.from_bytes(h[:16], "big") or 1, int.from_bytes(h[16:24], "big") or 1
 
 
-def _usage_attributes(response: ModelResponse) -> dict[str, Any]:
+def _usage_attributes(response: ModelResponse) -> dict[str, AttributeValue]:
     return usage_attributes(response.usage)
 
 
-def usage_attributes(u: Usage) -> dict[str, Any]:
+def usage_attributes(u: Usage) -> dict[str, AttributeValue]:
     """A call's usage as the GenAI conventions' attributes (and stayer's own)."""
     return {
         "gen_ai.usage.input_tokens": u.input_tokens,
@@ -356,7 +357,7 @@ class RunTracer(Observer):
         self._end_open()  # a call before this one with no step of its own (a summary)
         return self._chat_span(inner, start, {"gen_ai.request.max_tokens": request.max_tokens})
 
-    def _chat_span(self, inner: Model, start: int, attributes: dict[str, Any]) -> Any:
+    def _chat_span(self, inner: Model, start: int, attributes: dict[str, AttributeValue]) -> Any:
         """A model-call span (``chat {model}``, kind CLIENT) with the request's attributes."""
         return self.tracer.start_span(
             f"chat {inner.model_id}",
@@ -382,10 +383,10 @@ class RunTracer(Observer):
         self._open = (span, time.time_ns(), inner, response)
 
 
-def step_attributes(entry: LedgerEntry) -> dict[str, Any]:
+def step_attributes(entry: LedgerEntry) -> dict[str, AttributeValue]:
     """What a step's ledger entry adds to its model-call span: the step, cache break,
     compaction, breaker trips, route."""
-    attributes: dict[str, Any] = {
+    attributes: dict[str, AttributeValue] = {
         "stayer.step": entry.step,
         "stayer.agent": entry.agent,
         "stayer.context_tokens": entry.context_tokens,
@@ -416,7 +417,7 @@ def record_call(
     start_ns: int,
     end_ns: int,
     context: Any = None,
-    attributes: dict[str, Any] | None = None,
+    attributes: dict[str, AttributeValue] | None = None,
 ) -> None:
     """A model call made outside a run (a client metered by ``stayer.meter``), as a run's
     step would have its ``chat {model}`` span: the same usage, cost and step attributes,
@@ -455,7 +456,7 @@ def _lost_attempts(response: ModelResponse) -> int:
 
 def _cost_attributes(span: Any, total: Any) -> None:
     """The call's cost as the conventions' proposal has it, and exactly (``stayer.cost_usd``)."""
-    attributes: dict[str, Any] = {
+    attributes: dict[str, AttributeValue] = {
         "gen_ai.usage.cost.currency": "USD",
         "gen_ai.usage.cost.source": "local",
     }
@@ -520,7 +521,7 @@ class _TracedTool:
             span.end()
             raise
         code = ToolCallRecord.of(name, "", result.is_error, result.output).exit_code
-        done: dict[str, Any] = {
+        done: dict[str, AttributeValue] = {
             "stayer.tool.is_error": result.is_error,
             "stayer.tool.output_bytes": len(result.raw()),
             "stayer.tool.seconds": round(time.perf_counter() - t0, 6),
