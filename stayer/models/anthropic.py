@@ -23,7 +23,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import anthropic
+import msgspec
 from anthropic.types import Message as AnthropicMessage
+from msgspec import UNSET, Struct, UnsetType
 
 from stayer.errors import ConfigError
 from stayer.messages import Message, ToolCall
@@ -34,14 +36,73 @@ from stayer.usage import Usage
 
 MAX_BREAKPOINTS = 4  # Anthropic rejects requests with more cache_control blocks
 FAST_MODE_BETA = "fast-mode-2026-02-01"
-_EPHEMERAL = {"type": "ephemeral"}
 _ERRORS = SdkErrors(
     status=anthropic.APIStatusError,
     connection=anthropic.APIConnectionError,
     base=anthropic.AnthropicError,
 )
 
-Block = dict[str, Any]
+
+class CacheControl(Struct, tag="ephemeral", tag_field="type"):
+    """``{"type": "ephemeral"}``: a cache breakpoint, always a block's last field."""
+
+
+_EPHEMERAL = CacheControl()
+
+
+class TextBlock(Struct, tag="text", tag_field="type"):
+    text: str
+    cache_control: CacheControl | UnsetType = UNSET
+
+
+class ToolUseBlock(Struct, tag="tool_use", tag_field="type"):
+    id: str
+    name: str
+    input: dict[str, Any]  # the call's arguments as the model wrote them (its JSON)
+    cache_control: CacheControl | UnsetType = UNSET
+
+
+class ToolResultBlock(Struct, tag="tool_result", tag_field="type", kw_only=True):
+    tool_use_id: str
+    content: str | UnsetType = UNSET
+    is_error: bool
+    cache_control: CacheControl | UnsetType = UNSET
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock
+
+
+class ToolDef(Struct):
+    name: str
+    description: str
+    input_schema: dict[str, Any]  # the tool's JSON schema, as its author wrote it
+    cache_control: CacheControl | UnsetType = UNSET
+
+
+class Turn(Struct):
+    role: str
+    content: list[Block]
+
+
+class AfterMessages(Struct, kw_only=True):
+    """A request's fields after its messages, in the body's key order."""
+
+    system: list[TextBlock] | UnsetType = UNSET
+    tools: list[ToolDef] | UnsetType = UNSET
+    speed: str | UnsetType = UNSET  # "fast": fast mode
+    service_tier: str | UnsetType = UNSET
+
+
+#: A block's JSON. Text and tool results hold only strings, which msgspec writes as
+#: ``json.dumps`` does; a tool call's input is the model's JSON, whose floats only
+#: ``json.dumps`` spells as the bytes always had them (1e+16, not 1e16).
+_encode = msgspec.json.Encoder().encode
+
+
+def _block_json(block: Block) -> bytes:
+    if isinstance(block, ToolUseBlock):
+        return dumps(msgspec.to_builtins(block)).encode()
+    return _encode(block)
 
 
 class AnthropicModel:
@@ -131,26 +192,24 @@ def build_params(model_id: str, request: ModelRequest) -> dict[str, Any]:
         request.cache_breakpoints, [len(b) for b in per_message], bool(system or tools)
     )
     if _PREFIX in marked:
-        (system or tools)[-1]["cache_control"] = dict(_EPHEMERAL)
-    messages: list[dict[str, Any]] = []
+        (system or tools)[-1].cache_control = _EPHEMERAL
+    messages: list[Turn] = []
     for i, blocks in enumerate(per_message):
         for j, (role, block) in enumerate(blocks):
             if (i, j) in marked:
-                block = {**block, "cache_control": dict(_EPHEMERAL)}
-            if messages and messages[-1]["role"] == role:
-                messages[-1]["content"].append(block)
+                block = msgspec.structs.replace(block, cache_control=_EPHEMERAL)
+            if messages and messages[-1].role == role:
+                messages[-1].content.append(block)
             else:
-                messages.append({"role": role, "content": [block]})
-    params: dict[str, Any] = {
+                messages.append(Turn(role, [block]))
+    params = {
         "model": model_id,
         "max_tokens": request.max_tokens,
-        "messages": messages,
+        "messages": msgspec.to_builtins(messages),
+        **msgspec.to_builtins(_after_messages(request, system, tools)),
     }
-    if system:
-        params["system"] = system
-    if tools:
-        params["tools"] = tools
-    params.update(_tier_params(request.service_tier))
+    if request.service_tier == "fast":
+        params["extra_headers"] = _fast_headers()
     return params
 
 
@@ -167,9 +226,8 @@ def build_body(
         request.cache_breakpoints, [len(b) for b in per_message], bool(system or tools)
     )
     if _PREFIX in marked:
-        (system or tools)[-1]["cache_control"] = dict(_EPHEMERAL)
-    tier = _tier_params(request.service_tier)
-    headers = tier.pop("extra_headers", {})
+        (system or tools)[-1].cache_control = _EPHEMERAL
+    headers = _fast_headers() if request.service_tier == "fast" else {}
     head = {"model": model_id, "max_tokens": request.max_tokens}
     pieces = [dumps(head)[:-1].encode(), b',"messages":[']
     role_now = ""
@@ -188,42 +246,45 @@ def build_body(
                 )
                 role_now = role
     pieces.append(b"]}]" if role_now else b"]")
-    rest = {"system": system, "tools": tools, **tier}
-    pieces += (
-        b"," + dumps({k: v for k, v in rest.items() if v})[1:-1].encode()
-        if any(rest.values())
-        else b"",
-        b"}",
-    )
+    rest = dumps(msgspec.to_builtins(_after_messages(request, system, tools)))[1:-1]
+    pieces += (b"," + rest.encode() if rest else b"", b"}")
     return b"".join(pieces), headers
 
 
 WireBlocks = tuple[tuple[str, bytes], ...]  # (role, block JSON) per block of one message
-_CACHE_CONTROL_FIELD = b',"cache_control":' + dumps(_EPHEMERAL).encode() + b"}"
+_CACHE_CONTROL_FIELD = b',"cache_control":' + _encode(_EPHEMERAL) + b"}"
 _ROLES = {role: dumps(role).encode() for role in ("user", "assistant")}
 
 
 def wire_blocks(m: Message) -> WireBlocks:
-    return tuple((role, dumps(block).encode()) for role, block in _blocks(m))
+    return tuple((role, _block_json(block)) for role, block in _blocks(m))
 
 
-def _tools(request: ModelRequest) -> list[Block]:
-    return [
-        {"name": t.name, "description": t.description, "input_schema": t.parameters}
-        for t in request.tools
-    ]
+def _tools(request: ModelRequest) -> list[ToolDef]:
+    return [ToolDef(t.name, t.description, t.parameters) for t in request.tools]
 
 
-def _system(request: ModelRequest) -> list[Block]:
-    return [{"type": "text", "text": request.system}] if request.system else []
+def _system(request: ModelRequest) -> list[TextBlock]:
+    return [TextBlock(request.system)] if request.system else []
 
 
-def _tier_params(tier: str | None) -> dict[str, Any]:
-    if tier == "fast":
-        return {"speed": "fast", "extra_headers": {"anthropic-beta": FAST_MODE_BETA}}
-    if tier in ("auto", "standard_only"):
-        return {"service_tier": tier}
-    return {}
+def _after_messages(
+    request: ModelRequest, system: list[TextBlock], tools: list[ToolDef]
+) -> AfterMessages:
+    after = AfterMessages()
+    if system:
+        after.system = system
+    if tools:
+        after.tools = tools
+    if request.service_tier == "fast":
+        after.speed = "fast"
+    elif request.service_tier in ("auto", "standard_only"):
+        after.service_tier = request.service_tier
+    return after
+
+
+def _fast_headers() -> dict[str, str]:
+    return {"anthropic-beta": FAST_MODE_BETA}
 
 
 def _breakpoints(
@@ -263,28 +324,19 @@ def _blocks(m: Message) -> list[tuple[str, Block]]:
     if m.role == "assistant":
         blocks: list[tuple[str, Block]] = []
         if m.content.strip():  # the API rejects empty / whitespace-only text blocks
-            blocks.append(("assistant", {"type": "text", "text": m.content}))
+            blocks.append(("assistant", TextBlock(m.content)))
         for call in m.tool_calls:
             blocks.append(
-                (
-                    "assistant",
-                    {
-                        "type": "tool_use",
-                        "id": call.id,
-                        "name": call.name,
-                        "input": _parse_args(call.arguments),
-                    },
-                )
+                ("assistant", ToolUseBlock(call.id, call.name, _parse_args(call.arguments)))
             )
         return blocks
     if m.role == "tool" and m.tool_call_id:
-        block: Block = {"type": "tool_result", "tool_use_id": m.tool_call_id}
+        result = ToolResultBlock(tool_use_id=m.tool_call_id, is_error=m.is_error)
         if m.content:
-            block["content"] = m.content
-        block["is_error"] = m.is_error
-        return [("user", block)]
+            result.content = m.content
+        return [("user", result)]
     if m.content.strip():  # user text (or a tool result with no id: keep its text)
-        return [("user", {"type": "text", "text": m.content})]
+        return [("user", TextBlock(m.content))]
     return []
 
 
