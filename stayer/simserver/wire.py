@@ -21,7 +21,9 @@ import msgspec
 from msgspec import UNSET, Struct, UnsetType, field
 
 from stayer.messages import Message, ToolCall
+from stayer.models import sim
 from stayer.models.base import ModelRequest, ModelResponse
+from stayer.models.sim import AnthropicUsage, ResponsesUsage
 from stayer.usage import Usage
 
 
@@ -43,20 +45,6 @@ def _chunks(text: str, size: int = 48) -> Iterator[str]:
 
 
 # --- Anthropic Messages ---------------------------------------------------------------
-
-
-class AnthropicCacheCreation(Struct):
-    ephemeral_5m_input_tokens: int
-    ephemeral_1h_input_tokens: int
-
-
-class AnthropicUsage(Struct):
-    input_tokens: int
-    cache_creation_input_tokens: int
-    cache_read_input_tokens: int
-    cache_creation: AnthropicCacheCreation
-    output_tokens: int
-    service_tier: str = "standard"
 
 
 class TextBlock(Struct, tag="text", tag_field="type"):
@@ -133,16 +121,15 @@ def _arguments(call: ToolCall) -> dict[str, Any]:
 
 
 def anthropic_usage(u: Usage) -> AnthropicUsage:
-    return AnthropicUsage(
-        input_tokens=u.uncached_input_tokens,
-        cache_creation_input_tokens=u.cache_write_tokens,
-        cache_read_input_tokens=u.cache_read_tokens,
-        cache_creation=AnthropicCacheCreation(
-            ephemeral_5m_input_tokens=u.cache_write_5m_tokens,
-            ephemeral_1h_input_tokens=u.cache_write_1h_tokens,
-        ),
-        output_tokens=u.output_tokens,
+    usage = sim.anthropic_usage(
+        u.uncached_input_tokens,
+        u.cache_write_5m_tokens,
+        u.cache_write_1h_tokens,
+        u.cache_read_tokens,
+        u.output_tokens,
     )
+    usage.service_tier = "standard"
+    return usage
 
 
 def _anthropic_stop(r: ModelResponse) -> str:
@@ -355,22 +342,6 @@ def chat_events(r: ModelResponse, rid: str, include_usage: bool) -> Iterator[byt
 # --- OpenAI Responses -----------------------------------------------------------------
 
 
-class InputTokensDetails(Struct):
-    cached_tokens: int
-
-
-class OutputTokensDetails(Struct):
-    reasoning_tokens: int
-
-
-class ResponsesUsage(Struct):
-    input_tokens: int
-    input_tokens_details: InputTokensDetails
-    output_tokens: int
-    output_tokens_details: OutputTokensDetails
-    total_tokens: int
-
-
 class OutputText(Struct, tag="output_text", tag_field="type"):
     text: str
     annotations: list[str] = []  # always empty: the simulator cites nothing
@@ -479,12 +450,8 @@ class ArgumentsDoneEvent(_OnItem):
 
 
 def responses_usage(u: Usage) -> ResponsesUsage:
-    return ResponsesUsage(
-        input_tokens=u.input_tokens,
-        input_tokens_details=InputTokensDetails(u.cache_read_tokens),
-        output_tokens=u.output_tokens,
-        output_tokens_details=OutputTokensDetails(u.reasoning_tokens),
-        total_tokens=u.input_tokens + u.output_tokens,
+    return sim.responses_usage(
+        u.input_tokens, u.cache_read_tokens, u.output_tokens, u.reasoning_tokens
     )
 
 
