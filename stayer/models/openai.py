@@ -375,6 +375,25 @@ class ChatFields(Struct, kw_only=True):
     max_tokens: int | UnsetType = UNSET
 
 
+class ChatPrompt(Struct, kw_only=True):
+    """What a chat template renders: the messages (the system prompt first) and the tools."""
+
+    messages: list[ChatMessage]
+    tools: list[ChatTool] | UnsetType = UNSET
+
+
+def chat_prompt(request: ModelRequest) -> ChatPrompt:
+    messages = _chat_messages(request) + [_chat_message(m) for m in request.messages]
+    prompt = ChatPrompt(messages=messages)
+    if request.tools:
+        prompt.tools = _chat_tools(request)
+    return prompt
+
+
+def _chat_tools(request: ModelRequest) -> list[ChatTool]:
+    return [ChatTool(FunctionSpec(t.name, t.description, t.parameters)) for t in request.tools]
+
+
 def _chat_message(m: Message) -> ChatMessage:
     """One history message → its Chat Completions message."""
     if m.role == "tool":
@@ -403,9 +422,8 @@ def build_chat_params(
 ) -> dict[str, Any]:
     """Keyword arguments for ``chat.completions.create``; pure, so tests can inspect it.
     ``build_chat_body`` sends the same, encoded from per-message pieces."""
-    messages = _chat_messages(request) + [_chat_message(m) for m in request.messages]
     return {
-        "messages": msgspec.to_builtins(messages),
+        "messages": msgspec.to_builtins(chat_prompt(request).messages),
         **msgspec.to_builtins(_chat_fields(model_id, request, openai_params)),
     }
 
@@ -422,9 +440,7 @@ def build_chat_body(
 def _chat_fields(model_id: str, request: ModelRequest, openai_params: bool) -> ChatFields:
     fields = ChatFields(model=model_id)
     if request.tools:
-        fields.tools = [
-            ChatTool(FunctionSpec(t.name, t.description, t.parameters)) for t in request.tools
-        ]
+        fields.tools = _chat_tools(request)
     if openai_params:
         fields.max_completion_tokens = request.max_tokens
         if request.cache_key:
