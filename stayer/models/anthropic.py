@@ -29,6 +29,15 @@ from msgspec import UNSET, Struct, UnsetType
 
 from stayer.errors import ConfigError
 from stayer.messages import Message, ToolCall
+from stayer.models.anthropic_wire import (
+    EPHEMERAL,
+    Block,
+    TextBlock,
+    ToolDef,
+    ToolResultBlock,
+    ToolUseBlock,
+    tool_input,
+)
 from stayer.models.base import ModelError, ModelRequest, ModelResponse
 from stayer.models.retry import DEFAULT_RETRY, RetryPolicy, SdkErrors, call_with_retries
 from stayer.models.wire import MessageJson, dumps, post_json
@@ -41,42 +50,6 @@ _ERRORS = SdkErrors(
     connection=anthropic.APIConnectionError,
     base=anthropic.AnthropicError,
 )
-
-
-class CacheControl(Struct, tag="ephemeral", tag_field="type"):
-    """``{"type": "ephemeral"}``: a cache breakpoint, always a block's last field."""
-
-
-_EPHEMERAL = CacheControl()
-
-
-class TextBlock(Struct, tag="text", tag_field="type"):
-    text: str
-    cache_control: CacheControl | UnsetType = UNSET
-
-
-class ToolUseBlock(Struct, tag="tool_use", tag_field="type"):
-    id: str
-    name: str
-    input: dict[str, Any]  # the call's arguments as the model wrote them (its JSON)
-    cache_control: CacheControl | UnsetType = UNSET
-
-
-class ToolResultBlock(Struct, tag="tool_result", tag_field="type", kw_only=True):
-    tool_use_id: str
-    content: str | UnsetType = UNSET
-    is_error: bool
-    cache_control: CacheControl | UnsetType = UNSET
-
-
-Block = TextBlock | ToolUseBlock | ToolResultBlock
-
-
-class ToolDef(Struct):
-    name: str
-    description: str
-    input_schema: dict[str, Any]  # the tool's JSON schema, as its author wrote it
-    cache_control: CacheControl | UnsetType = UNSET
 
 
 class Turn(Struct):
@@ -192,12 +165,12 @@ def build_params(model_id: str, request: ModelRequest) -> dict[str, Any]:
         request.cache_breakpoints, [len(b) for b in per_message], bool(system or tools)
     )
     if _PREFIX in marked:
-        (system or tools)[-1].cache_control = _EPHEMERAL
+        (system or tools)[-1].cache_control = EPHEMERAL
     messages: list[Turn] = []
     for i, blocks in enumerate(per_message):
         for j, (role, block) in enumerate(blocks):
             if (i, j) in marked:
-                block = msgspec.structs.replace(block, cache_control=_EPHEMERAL)
+                block = msgspec.structs.replace(block, cache_control=EPHEMERAL)
             if messages and messages[-1].role == role:
                 messages[-1].content.append(block)
             else:
@@ -226,7 +199,7 @@ def build_body(
         request.cache_breakpoints, [len(b) for b in per_message], bool(system or tools)
     )
     if _PREFIX in marked:
-        (system or tools)[-1].cache_control = _EPHEMERAL
+        (system or tools)[-1].cache_control = EPHEMERAL
     headers = _fast_headers() if request.service_tier == "fast" else {}
     head = {"model": model_id, "max_tokens": request.max_tokens}
     pieces = [dumps(head)[:-1].encode(), b',"messages":[']
@@ -252,7 +225,7 @@ def build_body(
 
 
 WireBlocks = tuple[tuple[str, bytes], ...]  # (role, block JSON) per block of one message
-_CACHE_CONTROL_FIELD = b',"cache_control":' + _encode(_EPHEMERAL) + b"}"
+_CACHE_CONTROL_FIELD = b',"cache_control":' + _encode(EPHEMERAL) + b"}"
 _ROLES = {role: dumps(role).encode() for role in ("user", "assistant")}
 
 
@@ -327,7 +300,7 @@ def _blocks(m: Message) -> list[tuple[str, Block]]:
             blocks.append(("assistant", TextBlock(m.content)))
         for call in m.tool_calls:
             blocks.append(
-                ("assistant", ToolUseBlock(call.id, call.name, _parse_args(call.arguments)))
+                ("assistant", ToolUseBlock(call.id, call.name, tool_input(call.arguments)))
             )
         return blocks
     if m.role == "tool" and m.tool_call_id:
@@ -338,16 +311,6 @@ def _blocks(m: Message) -> list[tuple[str, Block]]:
     if m.content.strip():  # user text (or a tool result with no id: keep its text)
         return [("user", TextBlock(m.content))]
     return []
-
-
-def _parse_args(arguments: str) -> dict[str, Any]:
-    """Tool-call arguments as the object the API wants. They came from the model, so they
-    normally parse; if not, send ``{}`` rather than fail the whole call."""
-    try:
-        value = json.loads(arguments) if arguments else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 # --- response --------------------------------------------------------------------------

@@ -20,8 +20,9 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Struct, UnsetType, field
 
-from stayer.messages import Message, ToolCall
+from stayer.messages import Message
 from stayer.models import sim
+from stayer.models.anthropic_wire import TextBlock, ToolUseBlock, tool_input
 from stayer.models.base import ModelRequest, ModelResponse
 from stayer.models.sim import AnthropicUsage, ResponsesUsage
 from stayer.usage import Usage
@@ -45,16 +46,6 @@ def _chunks(text: str, size: int = 48) -> Iterator[str]:
 
 
 # --- Anthropic Messages ---------------------------------------------------------------
-
-
-class TextBlock(Struct, tag="text", tag_field="type"):
-    text: str
-
-
-class ToolUseBlock(Struct, tag="tool_use", tag_field="type"):
-    id: str
-    name: str
-    input: dict[str, Any]  # the call's arguments as the model wrote them (foreign JSON)
 
 
 class AnthropicMessage(Struct, kw_only=True):
@@ -112,14 +103,6 @@ class MessageStop(Struct, tag="message_stop", tag_field="type"):
     pass
 
 
-def _arguments(call: ToolCall) -> dict[str, Any]:
-    try:
-        value = json.loads(call.arguments)
-    except ValueError:  # cut off at max_tokens mid-arguments
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def anthropic_usage(u: Usage) -> AnthropicUsage:
     usage = sim.anthropic_usage(
         u.uncached_input_tokens,
@@ -140,7 +123,7 @@ def anthropic_body(r: ModelResponse, rid: str) -> AnthropicMessage:
     content: list[TextBlock | ToolUseBlock] = []
     if r.message.content or not r.message.tool_calls:
         content.append(TextBlock(r.message.content))
-    content += [ToolUseBlock(c.id, c.name, _arguments(c)) for c in r.message.tool_calls]
+    content += [ToolUseBlock(c.id, c.name, tool_input(c.arguments)) for c in r.message.tool_calls]
     return AnthropicMessage(
         id=rid,
         model=r.model,
