@@ -143,8 +143,8 @@ def _error(api: wire.Api, status: int, message: str) -> JSONResponse:
         else wire.openai_error(status, message)
     )
     if status == 402 and api == "anthropic":
-        body["error"]["type"] = "invalid_request_error"  # a client shows it and does not retry
-    return JSONResponse(body, status_code=status)
+        body.error.kind = "invalid_request_error"  # a client shows it and does not retry
+    return JSONResponse(msgspec.to_builtins(body), status_code=status)
 
 
 def _key(request: Request) -> str | None:

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import msgspec
+
 from stayer.messages import Message, ToolCall, ToolSpec
 from stayer.models.base import ModelRequest
 
@@ -195,7 +197,18 @@ def parse_anthropic(body: dict[str, Any], *, count_only: bool = False) -> Parsed
     )
 
 
-def anthropic_error(status: int, message: str) -> dict[str, Any]:
+class AnthropicErrorDetail(msgspec.Struct):
+    kind: str = msgspec.field(name="type")
+    message: str
+
+
+class AnthropicError(msgspec.Struct, tag="error", tag_field="type"):
+    """Anthropic's error body: ``{"type": "error", "error": {"type", "message"}}``."""
+
+    error: AnthropicErrorDetail
+
+
+def anthropic_error(status: int, message: str) -> AnthropicError:
     kind = {
         400: "invalid_request_error",
         401: "authentication_error",
@@ -203,7 +216,7 @@ def anthropic_error(status: int, message: str) -> dict[str, Any]:
         413: "request_too_large",
         429: "rate_limit_error",
     }.get(status, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
+    return AnthropicError(AnthropicErrorDetail(kind, message))
 
 
 def parse_chat(body: dict[str, Any]) -> Parsed:
@@ -280,16 +293,31 @@ def _openai_parsed(
     return Parsed(model, request, bool(body.get("stream")), include_usage)
 
 
-def openai_error(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+class OpenAIErrorDetail(msgspec.Struct):
+    message: str
+    kind: str = msgspec.field(name="type")
+    param: str | None
+    code: None = None
+
+
+class OpenAIError(msgspec.Struct):
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: OpenAIErrorDetail
+
+
+def openai_error(status: int, message: str, param: str | None = None) -> OpenAIError:
     kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
-    return {
-        "error": {
-            "message": message,
-            "type": kind.get(status, "invalid_request_error" if status < 500 else "server_error"),
-            "param": param,
-            "code": None,
-        }
-    }
+    return OpenAIError(
+        OpenAIErrorDetail(
+            message,
+            kind.get(status, "invalid_request_error" if status < 500 else "server_error"),
+            param,
+        )
+    )
+
+
+ErrorBody = AnthropicError | OpenAIError
 
 
 def parse_responses(body: dict[str, Any]) -> Parsed:

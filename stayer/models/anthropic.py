@@ -23,10 +23,21 @@ from collections.abc import Sequence
 from typing import Any
 
 import anthropic
+import msgspec
 from anthropic.types import Message as AnthropicMessage
+from msgspec import UNSET, Struct, UnsetType
 
 from stayer.errors import ConfigError
 from stayer.messages import Message, ToolCall
+from stayer.models.anthropic_wire import (
+    EPHEMERAL,
+    Block,
+    TextBlock,
+    ToolDef,
+    ToolResultBlock,
+    ToolUseBlock,
+    tool_input,
+)
 from stayer.models.base import ModelError, ModelRequest, ModelResponse
 from stayer.models.retry import DEFAULT_RETRY, RetryPolicy, SdkErrors, call_with_retries
 from stayer.models.wire import MessageJson, dumps, post_json
@@ -34,14 +45,37 @@ from stayer.usage import Usage
 
 MAX_BREAKPOINTS = 4  # Anthropic rejects requests with more cache_control blocks
 FAST_MODE_BETA = "fast-mode-2026-02-01"
-_EPHEMERAL = {"type": "ephemeral"}
 _ERRORS = SdkErrors(
     status=anthropic.APIStatusError,
     connection=anthropic.APIConnectionError,
     base=anthropic.AnthropicError,
 )
 
-Block = dict[str, Any]
+
+class Turn(Struct):
+    role: str
+    content: list[Block]
+
+
+class AfterMessages(Struct, kw_only=True):
+    """A request's fields after its messages, in the body's key order."""
+
+    system: list[TextBlock] | UnsetType = UNSET
+    tools: list[ToolDef] | UnsetType = UNSET
+    speed: str | UnsetType = UNSET  # "fast": fast mode
+    service_tier: str | UnsetType = UNSET
+
+
+#: A block's JSON. Text and tool results hold only strings, which msgspec writes as
+#: ``json.dumps`` does; a tool call's input is the model's JSON, whose floats only
+#: ``json.dumps`` spells as the bytes always had them (1e+16, not 1e16).
+_encode = msgspec.json.Encoder().encode
+
+
+def _block_json(block: Block) -> bytes:
+    if isinstance(block, ToolUseBlock):
+        return dumps(msgspec.to_builtins(block)).encode()
+    return _encode(block)
 
 
 class AnthropicModel:
@@ -131,26 +165,24 @@ def build_params(model_id: str, request: ModelRequest) -> dict[str, Any]:
         request.cache_breakpoints, [len(b) for b in per_message], bool(system or tools)
     )
     if _PREFIX in marked:
-        (system or tools)[-1]["cache_control"] = dict(_EPHEMERAL)
-    messages: list[dict[str, Any]] = []
+        (system or tools)[-1].cache_control = EPHEMERAL
+    messages: list[Turn] = []
     for i, blocks in enumerate(per_message):
         for j, (role, block) in enumerate(blocks):
             if (i, j) in marked:
-                block = {**block, "cache_control": dict(_EPHEMERAL)}
-            if messages and messages[-1]["role"] == role:
-                messages[-1]["content"].append(block)
+                block = msgspec.structs.replace(block, cache_control=EPHEMERAL)
+            if messages and messages[-1].role == role:
+                messages[-1].content.append(block)
             else:
-                messages.append({"role": role, "content": [block]})
-    params: dict[str, Any] = {
+                messages.append(Turn(role, [block]))
+    params = {
         "model": model_id,
         "max_tokens": request.max_tokens,
-        "messages": messages,
+        "messages": msgspec.to_builtins(messages),
+        **msgspec.to_builtins(_after_messages(request, system, tools)),
     }
-    if system:
-        params["system"] = system
-    if tools:
-        params["tools"] = tools
-    params.update(_tier_params(request.service_tier))
+    if request.service_tier == "fast":
+        params["extra_headers"] = _fast_headers()
     return params
 
 
@@ -167,9 +199,8 @@ def build_body(
         request.cache_breakpoints, [len(b) for b in per_message], bool(system or tools)
     )
     if _PREFIX in marked:
-        (system or tools)[-1]["cache_control"] = dict(_EPHEMERAL)
-    tier = _tier_params(request.service_tier)
-    headers = tier.pop("extra_headers", {})
+        (system or tools)[-1].cache_control = EPHEMERAL
+    headers = _fast_headers() if request.service_tier == "fast" else {}
     head = {"model": model_id, "max_tokens": request.max_tokens}
     pieces = [dumps(head)[:-1].encode(), b',"messages":[']
     role_now = ""
@@ -188,42 +219,45 @@ def build_body(
                 )
                 role_now = role
     pieces.append(b"]}]" if role_now else b"]")
-    rest = {"system": system, "tools": tools, **tier}
-    pieces += (
-        b"," + dumps({k: v for k, v in rest.items() if v})[1:-1].encode()
-        if any(rest.values())
-        else b"",
-        b"}",
-    )
+    rest = dumps(msgspec.to_builtins(_after_messages(request, system, tools)))[1:-1]
+    pieces += (b"," + rest.encode() if rest else b"", b"}")
     return b"".join(pieces), headers
 
 
 WireBlocks = tuple[tuple[str, bytes], ...]  # (role, block JSON) per block of one message
-_CACHE_CONTROL_FIELD = b',"cache_control":' + dumps(_EPHEMERAL).encode() + b"}"
+_CACHE_CONTROL_FIELD = b',"cache_control":' + _encode(EPHEMERAL) + b"}"
 _ROLES = {role: dumps(role).encode() for role in ("user", "assistant")}
 
 
 def wire_blocks(m: Message) -> WireBlocks:
-    return tuple((role, dumps(block).encode()) for role, block in _blocks(m))
+    return tuple((role, _block_json(block)) for role, block in _blocks(m))
 
 
-def _tools(request: ModelRequest) -> list[Block]:
-    return [
-        {"name": t.name, "description": t.description, "input_schema": t.parameters}
-        for t in request.tools
-    ]
+def _tools(request: ModelRequest) -> list[ToolDef]:
+    return [ToolDef(t.name, t.description, t.parameters) for t in request.tools]
 
 
-def _system(request: ModelRequest) -> list[Block]:
-    return [{"type": "text", "text": request.system}] if request.system else []
+def _system(request: ModelRequest) -> list[TextBlock]:
+    return [TextBlock(request.system)] if request.system else []
 
 
-def _tier_params(tier: str | None) -> dict[str, Any]:
-    if tier == "fast":
-        return {"speed": "fast", "extra_headers": {"anthropic-beta": FAST_MODE_BETA}}
-    if tier in ("auto", "standard_only"):
-        return {"service_tier": tier}
-    return {}
+def _after_messages(
+    request: ModelRequest, system: list[TextBlock], tools: list[ToolDef]
+) -> AfterMessages:
+    after = AfterMessages()
+    if system:
+        after.system = system
+    if tools:
+        after.tools = tools
+    if request.service_tier == "fast":
+        after.speed = "fast"
+    elif request.service_tier in ("auto", "standard_only"):
+        after.service_tier = request.service_tier
+    return after
+
+
+def _fast_headers() -> dict[str, str]:
+    return {"anthropic-beta": FAST_MODE_BETA}
 
 
 def _breakpoints(
@@ -263,39 +297,20 @@ def _blocks(m: Message) -> list[tuple[str, Block]]:
     if m.role == "assistant":
         blocks: list[tuple[str, Block]] = []
         if m.content.strip():  # the API rejects empty / whitespace-only text blocks
-            blocks.append(("assistant", {"type": "text", "text": m.content}))
+            blocks.append(("assistant", TextBlock(m.content)))
         for call in m.tool_calls:
             blocks.append(
-                (
-                    "assistant",
-                    {
-                        "type": "tool_use",
-                        "id": call.id,
-                        "name": call.name,
-                        "input": _parse_args(call.arguments),
-                    },
-                )
+                ("assistant", ToolUseBlock(call.id, call.name, tool_input(call.arguments)))
             )
         return blocks
     if m.role == "tool" and m.tool_call_id:
-        block: Block = {"type": "tool_result", "tool_use_id": m.tool_call_id}
+        result = ToolResultBlock(tool_use_id=m.tool_call_id, is_error=m.is_error)
         if m.content:
-            block["content"] = m.content
-        block["is_error"] = m.is_error
-        return [("user", block)]
+            result.content = m.content
+        return [("user", result)]
     if m.content.strip():  # user text (or a tool result with no id: keep its text)
-        return [("user", {"type": "text", "text": m.content})]
+        return [("user", TextBlock(m.content))]
     return []
-
-
-def _parse_args(arguments: str) -> dict[str, Any]:
-    """Tool-call arguments as the object the API wants. They came from the model, so they
-    normally parse; if not, send ``{}`` rather than fail the whole call."""
-    try:
-        value = json.loads(arguments) if arguments else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 # --- response --------------------------------------------------------------------------

@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+import msgspec
 
 from stayer.errors import ConfigError
 from stayer.models.base import ModelRequest
-from stayer.models.openai import OpenAIChatModel, build_chat_params
+from stayer.models.openai import OpenAIChatModel, chat_prompt
 from stayer.paths import cache_root
 
 MODEL_NAME = "qwen2.5-coder-0.5b-instruct"  # what the server answers to (``--alias``)
@@ -521,10 +522,7 @@ class LocalChatModel(OpenAIChatModel):
 
     async def count_tokens(self, request: ModelRequest) -> int | None:
         """The server's count of ``request``'s prompt; None when it cannot say."""
-        params = build_chat_params(self.model_id, request, openai_params=False)
-        body: dict[str, Any] = {"messages": params["messages"]}
-        if "tools" in params:
-            body["tools"] = params["tools"]
+        body = msgspec.to_builtins(chat_prompt(request))
         try:
             async with httpx.AsyncClient(timeout=60.0) as http:
                 r = await http.post(self.root_url + "/apply-template", json=body)

@@ -19,17 +19,22 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+import msgspec
 import openai
+from msgspec import UNSET, Struct, UnsetType
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
 from stayer.errors import ConfigError
-from stayer.messages import Message, ToolCall, ToolSpec
+from stayer.messages import Message, ToolCall
 from stayer.models.base import ModelError, ModelRequest, ModelResponse
 from stayer.models.retry import DEFAULT_RETRY, RetryPolicy, SdkErrors, call_with_retries
-from stayer.models.wire import MessageJson, dumps, object_with_array, post_json
+from stayer.models.wire import MessageJson, object_with_array, post_json
 from stayer.usage import Usage
 
+#: A message's wire JSON: its fields are strings, which msgspec writes as ``json.dumps``
+#: does (the bytes of the cached prefix do not change).
+_encode = msgspec.json.Encoder().encode
 _ERRORS = SdkErrors(
     status=openai.APIStatusError,
     connection=openai.APIConnectionError,
@@ -152,39 +157,69 @@ class OpenAIResponsesModel(_OpenAIBase):
         return parse_responses_response(resp, latency, what=f"{self.provider} {self.model_id}")
 
 
-def _responses_items(m: Message) -> list[dict[str, Any]]:
+class FunctionCallOutput(Struct, tag="function_call_output", tag_field="type"):
+    call_id: str
+    output: str
+
+
+class InputMessage(Struct, tag="message", tag_field="type"):
+    role: str
+    content: str
+
+
+class FunctionCall(Struct, tag="function_call", tag_field="type"):
+    call_id: str
+    name: str
+    arguments: str
+
+
+InputItem = FunctionCallOutput | InputMessage | FunctionCall
+
+
+class FunctionTool(Struct, tag="function", tag_field="type"):
+    name: str
+    description: str
+    parameters: dict[str, Any]  # the tool's JSON schema, as its author wrote it
+    strict: bool = False
+
+
+class ResponsesFields(Struct, kw_only=True):
+    """Everything of a Responses request but its input items, in the body's key order."""
+
+    model: str
+    max_output_tokens: int
+    store: bool = False
+    instructions: str | UnsetType = UNSET
+    tools: list[FunctionTool] | UnsetType = UNSET
+    prompt_cache_key: str | UnsetType = UNSET
+    service_tier: str | UnsetType = UNSET
+
+
+def _responses_items(m: Message) -> list[InputItem]:
     """One history message → its Responses API input items."""
     if m.role == "tool":
-        return [
-            {"type": "function_call_output", "call_id": m.tool_call_id or "", "output": m.content}
-        ]
+        return [FunctionCallOutput(m.tool_call_id or "", m.content)]
     if m.role == "assistant":
-        items: list[dict[str, Any]] = []
+        items: list[InputItem] = []
         if m.content:
-            items.append({"type": "message", "role": "assistant", "content": m.content})
-        for call in m.tool_calls:
-            items.append(
-                {
-                    "type": "function_call",
-                    "call_id": call.id,
-                    "name": call.name,
-                    "arguments": call.arguments,
-                }
-            )
+            items.append(InputMessage("assistant", m.content))
+        items += [FunctionCall(c.id, c.name, c.arguments) for c in m.tool_calls]
         return items
-    return [{"type": "message", "role": "user", "content": m.content}]
+    return [InputMessage("user", m.content)]
 
 
 def _responses_wire(m: Message) -> tuple[bytes, ...]:
-    return tuple(dumps(item).encode() for item in _responses_items(m))
+    return tuple(_encode(item) for item in _responses_items(m))
 
 
 def build_responses_params(model_id: str, request: ModelRequest) -> dict[str, Any]:
     """Keyword arguments for ``responses.create``; pure, so tests can inspect it.
     ``build_responses_body`` sends the same, encoded from per-message pieces."""
     return {
-        "input": [item for m in request.messages for item in _responses_items(m)],
-        **_responses_fields(model_id, request),
+        "input": msgspec.to_builtins(
+            [item for m in request.messages for item in _responses_items(m)]
+        ),
+        **msgspec.to_builtins(_responses_fields(model_id, request)),
     }
 
 
@@ -195,33 +230,19 @@ def build_responses_body(
     return object_with_array(_responses_fields(model_id, request), "input", items)
 
 
-def _responses_fields(model_id: str, request: ModelRequest) -> dict[str, Any]:
-    """Everything of a Responses request but its input items."""
-    params: dict[str, Any] = {
-        "model": model_id,
-        "max_output_tokens": request.max_tokens,
-        "store": False,
-    }
+def _responses_fields(model_id: str, request: ModelRequest) -> ResponsesFields:
+    fields = ResponsesFields(model=model_id, max_output_tokens=request.max_tokens)
     if request.system:
-        params["instructions"] = request.system
+        fields.instructions = request.system
     if request.tools:
         # strict=False: the Responses API defaults to strict schemas, which reject ordinary
         # JSON schemas (optional properties, no additionalProperties: false).
-        params["tools"] = [
-            {
-                "type": "function",
-                "name": t.name,
-                "description": t.description,
-                "parameters": t.parameters,
-                "strict": False,
-            }
-            for t in request.tools
-        ]
+        fields.tools = [FunctionTool(t.name, t.description, t.parameters) for t in request.tools]
     if request.cache_key:
-        params["prompt_cache_key"] = request.cache_key
+        fields.prompt_cache_key = request.cache_key
     if request.service_tier:
-        params["service_tier"] = request.service_tier
-    return params
+        fields.service_tier = request.service_tier
+    return fields
 
 
 def parse_responses_response(resp: Any, latency_s: float, *, what: str = "openai") -> ModelResponse:
@@ -300,35 +321,100 @@ class OpenAIChatModel(_OpenAIBase):
         return parse_chat_response(resp, latency, what=f"{self.provider} {self.model_id}")
 
 
-def _chat_tool(t: ToolSpec) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
-    }
+class FunctionSpec(Struct):
+    name: str
+    description: str
+    parameters: dict[str, Any]  # the tool's JSON schema, as its author wrote it
 
 
-def _chat_message(m: Message) -> dict[str, Any]:
+class ChatTool(Struct, tag="function", tag_field="type"):
+    function: FunctionSpec
+
+
+class CalledFunction(Struct):
+    name: str
+    arguments: str
+
+
+class ChatToolCall(Struct, kw_only=True):
+    id: str
+    kind: str = msgspec.field(default="function", name="type")
+    function: CalledFunction
+
+
+class SystemMessage(Struct, tag="system", tag_field="role"):
+    content: str
+
+
+class UserMessage(Struct, tag="user", tag_field="role"):
+    content: str
+
+
+class AssistantMessage(Struct, tag="assistant", tag_field="role"):
+    content: str | None
+    tool_calls: list[ChatToolCall] | UnsetType = UNSET
+
+
+class ToolMessage(Struct, tag="tool", tag_field="role"):
+    tool_call_id: str
+    content: str
+
+
+ChatMessage = SystemMessage | UserMessage | AssistantMessage | ToolMessage
+
+
+class ChatFields(Struct, kw_only=True):
+    """Everything of a Chat Completions request but its messages, in the body's key order:
+    the OpenAI-only parameters, or the portable ``max_tokens``."""
+
+    model: str
+    tools: list[ChatTool] | UnsetType = UNSET
+    max_completion_tokens: int | UnsetType = UNSET
+    prompt_cache_key: str | UnsetType = UNSET
+    service_tier: str | UnsetType = UNSET
+    max_tokens: int | UnsetType = UNSET
+
+
+class ChatPrompt(Struct, kw_only=True):
+    """What a chat template renders: the messages (the system prompt first) and the tools."""
+
+    messages: list[ChatMessage]
+    tools: list[ChatTool] | UnsetType = UNSET
+
+
+def chat_prompt(request: ModelRequest) -> ChatPrompt:
+    messages = _chat_messages(request) + [_chat_message(m) for m in request.messages]
+    prompt = ChatPrompt(messages=messages)
+    if request.tools:
+        prompt.tools = _chat_tools(request)
+    return prompt
+
+
+def _chat_tools(request: ModelRequest) -> list[ChatTool]:
+    return [ChatTool(FunctionSpec(t.name, t.description, t.parameters)) for t in request.tools]
+
+
+def _chat_message(m: Message) -> ChatMessage:
     """One history message → its Chat Completions message."""
     if m.role == "tool":
-        return {"role": "tool", "tool_call_id": m.tool_call_id or "", "content": m.content}
+        return ToolMessage(m.tool_call_id or "", m.content)
     if m.role == "assistant":
-        msg: dict[str, Any] = {"role": "assistant", "content": m.content}
-        if m.tool_calls:
-            msg["content"] = m.content or None  # the spec's "no text" with tool calls
-            msg["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in m.tool_calls
-            ]
-        return msg
-    return {"role": "user", "content": m.content}
+        if not m.tool_calls:
+            return AssistantMessage(m.content)
+        calls = [
+            ChatToolCall(id=c.id, function=CalledFunction(c.name, c.arguments))
+            for c in m.tool_calls
+        ]
+        return AssistantMessage(m.content or None, calls)  # the spec's "no text" with calls
+    return UserMessage(m.content)
 
 
 def _chat_wire(m: Message) -> bytes:
-    return dumps(_chat_message(m)).encode()
+    return _encode(_chat_message(m))
+
+
+def _chat_messages(request: ModelRequest) -> list[ChatMessage]:
+    return [SystemMessage(request.system)] if request.system else []
 
 
 def build_chat_params(
@@ -336,36 +422,34 @@ def build_chat_params(
 ) -> dict[str, Any]:
     """Keyword arguments for ``chat.completions.create``; pure, so tests can inspect it.
     ``build_chat_body`` sends the same, encoded from per-message pieces."""
-    messages = [{"role": "system", "content": request.system}] if request.system else []
-    messages += [_chat_message(m) for m in request.messages]
-    return {"messages": messages, **_chat_fields(model_id, request, openai_params)}
+    return {
+        "messages": msgspec.to_builtins(chat_prompt(request).messages),
+        **msgspec.to_builtins(_chat_fields(model_id, request, openai_params)),
+    }
 
 
 def build_chat_body(
     model_id: str, request: ModelRequest, wire: MessageJson[bytes], *, openai_params: bool
 ) -> bytes:
-    system = (
-        [dumps({"role": "system", "content": request.system}).encode()] if request.system else []
-    )
+    system = [_encode(m) for m in _chat_messages(request)]
     return object_with_array(
         _chat_fields(model_id, request, openai_params), "messages", system + wire(request.messages)
     )
 
 
-def _chat_fields(model_id: str, request: ModelRequest, openai_params: bool) -> dict[str, Any]:
-    """Everything of a Chat Completions request but its messages."""
-    params: dict[str, Any] = {"model": model_id}
+def _chat_fields(model_id: str, request: ModelRequest, openai_params: bool) -> ChatFields:
+    fields = ChatFields(model=model_id)
     if request.tools:
-        params["tools"] = [_chat_tool(t) for t in request.tools]
+        fields.tools = _chat_tools(request)
     if openai_params:
-        params["max_completion_tokens"] = request.max_tokens
+        fields.max_completion_tokens = request.max_tokens
         if request.cache_key:
-            params["prompt_cache_key"] = request.cache_key
+            fields.prompt_cache_key = request.cache_key
         if request.service_tier:
-            params["service_tier"] = request.service_tier
+            fields.service_tier = request.service_tier
     else:
-        params["max_tokens"] = request.max_tokens
-    return params
+        fields.max_tokens = request.max_tokens
+    return fields
 
 
 def parse_chat_response(resp: Any, latency_s: float, *, what: str = "openai") -> ModelResponse:

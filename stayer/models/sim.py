@@ -20,6 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
+
 from stayer.messages import Message, ToolCall
 from stayer.models.base import ModelRequest, ModelResponse
 from stayer.models.caching import CacheRules, cache_rules, provider_of
@@ -114,44 +117,99 @@ class ProviderCache:
         return CacheOutcome(total, read)
 
 
-def provider_usage(shape: str, c: CacheOutcome, output: int, reasoning: int = 0) -> dict[str, Any]:
+class AnthropicCacheCreation(Struct):
+    ephemeral_5m_input_tokens: int
+    ephemeral_1h_input_tokens: int
+
+
+class AnthropicUsage(Struct, kw_only=True):
+    """Anthropic Messages ``usage``: ``input_tokens`` is the uncached remainder."""
+
+    input_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    cache_creation: AnthropicCacheCreation
+    output_tokens: int
+    service_tier: str | UnsetType = UNSET
+
+
+class InputTokensDetails(Struct):
+    cached_tokens: int
+
+
+class OutputTokensDetails(Struct):
+    reasoning_tokens: int
+
+
+class ResponsesUsage(Struct):
+    """OpenAI Responses ``usage``."""
+
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class DeepSeekUsage(Struct):
+    """DeepSeek's Chat Completions ``usage``, with its own cache fields."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_cache_hit_tokens: int
+    prompt_cache_miss_tokens: int
+    completion_tokens_details: OutputTokensDetails
+
+
+class GeminiUsage(Struct, rename="camel"):
+    """Gemini ``usageMetadata``."""
+
+    prompt_token_count: int
+    cached_content_token_count: int
+    candidates_token_count: int
+    thoughts_token_count: int
+    total_token_count: int
+
+
+ProviderUsage = AnthropicUsage | ResponsesUsage | DeepSeekUsage | GeminiUsage
+
+
+def anthropic_usage(
+    uncached: int, write_5m: int, write_1h: int, read: int, output: int
+) -> AnthropicUsage:
+    return AnthropicUsage(
+        input_tokens=uncached,
+        cache_creation_input_tokens=write_5m + write_1h,
+        cache_read_input_tokens=read,
+        cache_creation=AnthropicCacheCreation(write_5m, write_1h),
+        output_tokens=output,
+    )
+
+
+def responses_usage(total: int, read: int, output: int, reasoning: int) -> ResponsesUsage:
+    return ResponsesUsage(
+        total, InputTokensDetails(read), output, OutputTokensDetails(reasoning), total + output
+    )
+
+
+def provider_usage(shape: str, c: CacheOutcome, output: int, reasoning: int = 0) -> ProviderUsage:
     """The usage object exactly as that provider's API would report it."""
     if shape == "anthropic":
         written = c.write_5m + c.write_1h
-        return {
-            "input_tokens": c.total - c.read - written,
-            "cache_creation_input_tokens": written,
-            "cache_read_input_tokens": c.read,
-            "cache_creation": {
-                "ephemeral_5m_input_tokens": c.write_5m,
-                "ephemeral_1h_input_tokens": c.write_1h,
-            },
-            "output_tokens": output,
-        }
+        return anthropic_usage(c.total - c.read - written, c.write_5m, c.write_1h, c.read, output)
     if shape == "openai_responses":
-        return {
-            "input_tokens": c.total,
-            "input_tokens_details": {"cached_tokens": c.read},
-            "output_tokens": output,
-            "output_tokens_details": {"reasoning_tokens": reasoning},
-            "total_tokens": c.total + output,
-        }
+        return responses_usage(c.total, c.read, output, reasoning)
     if shape == "deepseek":
-        return {
-            "prompt_tokens": c.total,
-            "completion_tokens": output,
-            "total_tokens": c.total + output,
-            "prompt_cache_hit_tokens": c.read,
-            "prompt_cache_miss_tokens": c.total - c.read,
-            "completion_tokens_details": {"reasoning_tokens": reasoning},
-        }
-    return {
-        "promptTokenCount": c.total,
-        "cachedContentTokenCount": c.read,
-        "candidatesTokenCount": output - reasoning,
-        "thoughtsTokenCount": reasoning,
-        "totalTokenCount": c.total + output,
-    }
+        return DeepSeekUsage(
+            c.total,
+            output,
+            c.total + output,
+            c.read,
+            c.total - c.read,
+            OutputTokensDetails(reasoning),
+        )
+    return GeminiUsage(c.total, c.read, output - reasoning, reasoning, c.total + output)
 
 
 #: Why a reply ended, as each usage shape's API reports it (what its adapter puts in
@@ -304,7 +362,9 @@ class SimModel:
             output, stop = request.max_tokens, cut
         else:
             stop = with_tools if message.tool_calls else text_only
-        raw = provider_usage(self.rules.usage_shape, outcome, output, reasoning)
+        raw = msgspec.to_builtins(
+            provider_usage(self.rules.usage_shape, outcome, output, reasoning)
+        )
         return ModelResponse(
             message=message,
             usage=_NORMALISE[self.rules.usage_shape](raw),

@@ -16,6 +16,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -52,6 +53,10 @@ async def _body(request: Request, limit: int) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise _HttpError(400, "the body must be a JSON object")
     return body
+
+
+def _json(document: msgspec.Struct, status: int = 200) -> JSONResponse:
+    return JSONResponse(wire.json_body(document), status_code=status)
 
 
 class SimServer:
@@ -96,9 +101,9 @@ class SimServer:
 def create_app(server: SimServer) -> Starlette:
     def route(
         parse: Callable[[dict[str, Any]], wire_in.Parsed],
-        body_of: Callable[[Any, str, wire_in.Parsed], dict[str, Any]],
+        body_of: Callable[[Any, str, wire_in.Parsed], msgspec.Struct],
         events_of: Callable[[Any, str, wire_in.Parsed], Iterator[bytes]],
-        error: Callable[[int, str, str | None], dict[str, Any]],
+        error: Callable[[int, str, str | None], wire_in.ErrorBody],
         prefix: str,
     ) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
@@ -110,14 +115,14 @@ def create_app(server: SimServer) -> Starlette:
                 except ConfigError as e:  # the policy cannot answer this request
                     raise _HttpError(400, str(e)) from None
             except wire_in.WireError as e:
-                return JSONResponse(error(400, str(e), e.param), status_code=400)
+                return _json(error(400, str(e), e.param), 400)
             except _HttpError as e:
-                return JSONResponse(error(e.status, str(e), e.param), status_code=e.status)
+                return _json(error(e.status, str(e), e.param), e.status)
             rid = f"{prefix}{next(server.ids):08d}"
             if not parsed.stream:
                 if server.latency_s:
                     await asyncio.sleep(server.latency_s)
-                return JSONResponse(body_of(response, rid, parsed))
+                return _json(body_of(response, rid, parsed))
 
             async def stream() -> AsyncIterator[bytes]:
                 if server.latency_s:
@@ -133,7 +138,9 @@ def create_app(server: SimServer) -> Starlette:
 
         return endpoint
 
-    def anthropic_error(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    def anthropic_error(
+        status: int, message: str, param: str | None = None
+    ) -> wire_in.AnthropicError:
         return wire_in.anthropic_error(status, message)
 
     async def count_tokens(request: Request) -> Response:
@@ -141,16 +148,16 @@ def create_app(server: SimServer) -> Starlette:
             parsed = wire_in.parse_anthropic(await _body(request, server.max_body), count_only=True)
             return JSONResponse({"input_tokens": server.count(parsed)})
         except wire_in.WireError as e:
-            return JSONResponse(wire_in.anthropic_error(400, str(e)), status_code=400)
+            return _json(wire_in.anthropic_error(400, str(e)), 400)
         except _HttpError as e:
-            return JSONResponse(wire_in.anthropic_error(e.status, str(e)), status_code=e.status)
+            return _json(wire_in.anthropic_error(e.status, str(e)), e.status)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
         message = f"{request.method} {request.url.path}: not an endpoint of the simulator"
         if request.url.path.startswith("/v1/messages"):
-            return JSONResponse(wire_in.anthropic_error(status, message), status_code=status)
-        return JSONResponse(wire_in.openai_error(status, message), status_code=status)
+            return _json(wire_in.anthropic_error(status, message), status)
+        return _json(wire_in.openai_error(status, message), status)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -2,69 +2,42 @@
 Completions and OpenAI Responses, as JSON bodies and as server-sent events.
 
 ``*_body`` and ``*_events`` turn a :class:`ModelResponse` into that API's response object
-or its stream of events. Usage is written from the normalised :class:`Usage` in each API's
-own field names, so a client reads what the provider would report. Requests are read by
+or its stream of events: msgspec Structs whose fields are the API's keys in its order
+(``UNSET`` where a key is absent), made into JSON only by :func:`json_body` and :func:`sse`.
+Usage is written from the normalised :class:`Usage` in each API's own field names, so a
+client reads what the provider would report. Requests are read by
 ``stayer.metering.requests``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from stayer.messages import Message, ToolCall
+import msgspec
+from msgspec import UNSET, Struct, UnsetType, field
+
+from stayer.messages import Message
+from stayer.models import sim
+from stayer.models.anthropic_wire import TextBlock, ToolUseBlock, tool_input
 from stayer.models.base import ModelRequest, ModelResponse
+from stayer.models.sim import AnthropicUsage, ResponsesUsage
 from stayer.usage import Usage
 
-# --- Anthropic Messages ---------------------------------------------------------------
+
+def json_body(document: Struct) -> Any:
+    """A reply document as the builtins a JSON response encodes (``json.dumps``, whose
+    float spelling the bytes keep)."""
+    return msgspec.to_builtins(document)
 
 
-def _arguments(call: ToolCall) -> dict[str, Any]:
-    try:
-        value = json.loads(call.arguments)
-    except ValueError:  # cut off at max_tokens mid-arguments
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def anthropic_usage(u: Usage) -> dict[str, Any]:
-    return {
-        "input_tokens": u.uncached_input_tokens,
-        "cache_creation_input_tokens": u.cache_write_tokens,
-        "cache_read_input_tokens": u.cache_read_tokens,
-        "cache_creation": {
-            "ephemeral_5m_input_tokens": u.cache_write_5m_tokens,
-            "ephemeral_1h_input_tokens": u.cache_write_1h_tokens,
-        },
-        "output_tokens": u.output_tokens,
-        "service_tier": "standard",
-    }
-
-
-def _anthropic_stop(r: ModelResponse) -> str:
-    return "max_tokens" if r.cut_off else "tool_use" if r.message.tool_calls else "end_turn"
-
-
-def anthropic_body(r: ModelResponse, rid: str) -> dict[str, Any]:
-    content: list[dict[str, Any]] = []
-    if r.message.content or not r.message.tool_calls:
-        content.append({"type": "text", "text": r.message.content})
-    content += [
-        {"type": "tool_use", "id": c.id, "name": c.name, "input": _arguments(c)}
-        for c in r.message.tool_calls
-    ]
-    return {
-        "id": rid,
-        "type": "message",
-        "role": "assistant",
-        "model": r.model,
-        "content": content,
-        "stop_reason": _anthropic_stop(r),
-        "stop_sequence": None,
-        "usage": anthropic_usage(r.usage),
-    }
+def sse(event: str | None, data: Struct | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(json_body(data), ensure_ascii=False)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
 
 
 def _chunks(text: str, size: int = 48) -> Iterator[str]:
@@ -72,144 +45,279 @@ def _chunks(text: str, size: int = 48) -> Iterator[str]:
         yield text[i : i + size]
 
 
-def sse(event: str | None, data: dict[str, Any] | str) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
+# --- Anthropic Messages ---------------------------------------------------------------
+
+
+class AnthropicMessage(Struct, kw_only=True):
+    id: str
+    kind: str = field(default="message", name="type")
+    role: str = "assistant"
+    model: str
+    content: list[TextBlock | ToolUseBlock]
+    stop_reason: str | None
+    stop_sequence: None = None
+    usage: AnthropicUsage
+
+
+class MessageStart(Struct, tag="message_start", tag_field="type"):
+    message: AnthropicMessage
+
+
+class Ping(Struct, tag="ping", tag_field="type"):
+    pass
+
+
+class BlockStart(Struct, tag="content_block_start", tag_field="type"):
+    index: int
+    content_block: TextBlock | ToolUseBlock
+
+
+class TextDelta(Struct, tag="text_delta", tag_field="type"):
+    text: str
+
+
+class InputJsonDelta(Struct, tag="input_json_delta", tag_field="type"):
+    partial_json: str
+
+
+class BlockDelta(Struct, tag="content_block_delta", tag_field="type"):
+    index: int
+    delta: TextDelta | InputJsonDelta
+
+
+class BlockStop(Struct, tag="content_block_stop", tag_field="type"):
+    index: int
+
+
+class StopDelta(Struct):
+    stop_reason: str
+    stop_sequence: None = None
+
+
+class MessageDelta(Struct, tag="message_delta", tag_field="type"):
+    delta: StopDelta
+    usage: AnthropicUsage
+
+
+class MessageStop(Struct, tag="message_stop", tag_field="type"):
+    pass
+
+
+def anthropic_usage(u: Usage) -> AnthropicUsage:
+    usage = sim.anthropic_usage(
+        u.uncached_input_tokens,
+        u.cache_write_5m_tokens,
+        u.cache_write_1h_tokens,
+        u.cache_read_tokens,
+        u.output_tokens,
+    )
+    usage.service_tier = "standard"
+    return usage
+
+
+def _anthropic_stop(r: ModelResponse) -> str:
+    return "max_tokens" if r.cut_off else "tool_use" if r.message.tool_calls else "end_turn"
+
+
+def anthropic_body(r: ModelResponse, rid: str) -> AnthropicMessage:
+    content: list[TextBlock | ToolUseBlock] = []
+    if r.message.content or not r.message.tool_calls:
+        content.append(TextBlock(r.message.content))
+    content += [ToolUseBlock(c.id, c.name, tool_input(c.arguments)) for c in r.message.tool_calls]
+    return AnthropicMessage(
+        id=rid,
+        model=r.model,
+        content=content,
+        stop_reason=_anthropic_stop(r),
+        usage=anthropic_usage(r.usage),
+    )
 
 
 def anthropic_events(r: ModelResponse, rid: str) -> Iterator[bytes]:
     usage = anthropic_usage(r.usage)
-    start = dict(anthropic_body(r, rid), content=[], stop_reason=None)
-    start["usage"] = dict(usage, output_tokens=1)
-    yield sse("message_start", {"type": "message_start", "message": start})
-    yield sse("ping", {"type": "ping"})
+    start = msgspec.structs.replace(
+        anthropic_body(r, rid),
+        content=[],
+        stop_reason=None,
+        usage=msgspec.structs.replace(usage, output_tokens=1),
+    )
+    yield sse("message_start", MessageStart(start))
+    yield sse("ping", Ping())
     index = 0
     if r.message.content or not r.message.tool_calls:
-        yield sse(
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
-        )
+        yield sse("content_block_start", BlockStart(0, TextBlock("")))
         for piece in _chunks(r.message.content):
-            yield sse(
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": 0,
-                    "delta": {"type": "text_delta", "text": piece},
-                },
-            )
-        yield sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+            yield sse("content_block_delta", BlockDelta(0, TextDelta(piece)))
+        yield sse("content_block_stop", BlockStop(0))
         index = 1
     for call in r.message.tool_calls:
-        block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
-        yield sse(
-            "content_block_start",
-            {"type": "content_block_start", "index": index, "content_block": block},
-        )
+        yield sse("content_block_start", BlockStart(index, ToolUseBlock(call.id, call.name, {})))
         for piece in _chunks(call.arguments):
-            delta = {"type": "input_json_delta", "partial_json": piece}
-            yield sse(
-                "content_block_delta",
-                {"type": "content_block_delta", "index": index, "delta": delta},
-            )
-        yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
+            yield sse("content_block_delta", BlockDelta(index, InputJsonDelta(piece)))
+        yield sse("content_block_stop", BlockStop(index))
         index += 1
-    end = {"stop_reason": _anthropic_stop(r), "stop_sequence": None}
-    yield sse("message_delta", {"type": "message_delta", "delta": end, "usage": usage})
-    yield sse("message_stop", {"type": "message_stop"})
+    yield sse("message_delta", MessageDelta(StopDelta(_anthropic_stop(r)), usage))
+    yield sse("message_stop", MessageStop())
 
 
 # --- OpenAI Chat Completions ----------------------------------------------------------
 
 
-def chat_usage(u: Usage) -> dict[str, Any]:
-    return {
-        "prompt_tokens": u.input_tokens,
-        "completion_tokens": u.output_tokens,
-        "total_tokens": u.input_tokens + u.output_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cache_read_tokens, "audio_tokens": 0},
-        "completion_tokens_details": {
-            "reasoning_tokens": u.reasoning_tokens,
-            "audio_tokens": 0,
-            "accepted_prediction_tokens": 0,
-            "rejected_prediction_tokens": 0,
-        },
-    }
+class PromptTokensDetails(Struct):
+    cached_tokens: int
+    audio_tokens: int = 0
+
+
+class CompletionTokensDetails(Struct):
+    reasoning_tokens: int
+    audio_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
+class ChatUsage(Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
+
+
+class ChatFunction(Struct):
+    name: str
+    arguments: str
+
+
+class ChatToolCall(Struct, kw_only=True):
+    id: str
+    kind: str = field(default="function", name="type")
+    function: ChatFunction
+
+
+class ChatMessage(Struct, kw_only=True):
+    role: str = "assistant"
+    content: str | None
+    refusal: None = None
+    tool_calls: list[ChatToolCall] | UnsetType = UNSET
+
+
+class ChatChoice(Struct, kw_only=True):
+    index: int = 0
+    message: ChatMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletion(Struct, kw_only=True):
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: ChatUsage
+    service_tier: str | None
+    system_fingerprint: None = None
+
+
+class FunctionDelta(Struct, kw_only=True):
+    name: str | UnsetType = UNSET
+    arguments: str
+
+
+class ToolCallDelta(Struct, kw_only=True):
+    index: int
+    id: str | UnsetType = UNSET
+    kind: str | UnsetType = field(default=UNSET, name="type")
+    function: FunctionDelta
+
+
+class ChatDelta(Struct, kw_only=True):
+    role: str | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
+
+
+class ChunkChoice(Struct, kw_only=True):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatChunk(Struct, kw_only=True):
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: ChatUsage | None | UnsetType = UNSET
+
+
+def chat_usage(u: Usage) -> ChatUsage:
+    return ChatUsage(
+        prompt_tokens=u.input_tokens,
+        completion_tokens=u.output_tokens,
+        total_tokens=u.input_tokens + u.output_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cache_read_tokens),
+        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=u.reasoning_tokens),
+    )
 
 
 def _chat_finish(r: ModelResponse) -> str:
     return "length" if r.cut_off else "tool_calls" if r.message.tool_calls else "stop"
 
 
-def _chat_calls(message: Message) -> list[dict[str, Any]]:
+def _chat_calls(message: Message) -> list[ChatToolCall]:
     return [
-        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        ChatToolCall(id=c.id, function=ChatFunction(c.name, c.arguments))
         for c in message.tool_calls
     ]
 
 
-def chat_body(r: ModelResponse, rid: str) -> dict[str, Any]:
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": r.message.content or (None if r.message.tool_calls else ""),
-        "refusal": None,
-    }
+def chat_body(r: ModelResponse, rid: str) -> ChatCompletion:
+    message = ChatMessage(content=r.message.content or (None if r.message.tool_calls else ""))
     if r.message.tool_calls:
-        message["tool_calls"] = _chat_calls(r.message)
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": r.model,
-        "choices": [
-            {"index": 0, "message": message, "finish_reason": _chat_finish(r), "logprobs": None}
-        ],
-        "usage": chat_usage(r.usage),
-        "service_tier": r.service_tier,
-        "system_fingerprint": None,
-    }
+        message.tool_calls = _chat_calls(r.message)
+    return ChatCompletion(
+        id=rid,
+        created=int(time.time()),
+        model=r.model,
+        choices=[ChatChoice(message=message, finish_reason=_chat_finish(r))],
+        usage=chat_usage(r.usage),
+        service_tier=r.service_tier,
+    )
 
 
 def chat_events(r: ModelResponse, rid: str, include_usage: bool) -> Iterator[bytes]:
     created = int(time.time())
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        data: dict[str, Any] = {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": r.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
+    def chunk(delta: ChatDelta, finish: str | None = None) -> bytes:
+        choice = ChunkChoice(delta=delta, finish_reason=finish)
+        data = ChatChunk(id=rid, created=created, model=r.model, choices=[choice])
         if include_usage:
-            data["usage"] = None
+            data.usage = None
         return sse(None, data)
 
-    yield chunk({"role": "assistant", "content": ""})
+    yield chunk(ChatDelta(role="assistant", content=""))
     for piece in _chunks(r.message.content):
-        yield chunk({"content": piece})
+        yield chunk(ChatDelta(content=piece))
     for k, call in enumerate(r.message.tool_calls):
-        head = {"index": k, "id": call.id, "type": "function"}
-        yield chunk({"tool_calls": [dict(head, function={"name": call.name, "arguments": ""})]})
+        head = FunctionDelta(name=call.name, arguments="")
+        yield chunk(
+            ChatDelta(
+                tool_calls=[ToolCallDelta(index=k, id=call.id, kind="function", function=head)]
+            )
+        )
         for piece in _chunks(call.arguments):
-            yield chunk({"tool_calls": [{"index": k, "function": {"arguments": piece}}]})
-    yield chunk({}, _chat_finish(r))
+            delta = ToolCallDelta(index=k, function=FunctionDelta(arguments=piece))
+            yield chunk(ChatDelta(tool_calls=[delta]))
+    yield chunk(ChatDelta(), _chat_finish(r))
     if include_usage:
         yield sse(
             None,
-            {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": r.model,
-                "choices": [],
-                "usage": chat_usage(r.usage),
-            },
+            ChatChunk(
+                id=rid, created=created, model=r.model, choices=[], usage=chat_usage(r.usage)
+            ),
         )
     yield sse(None, "[DONE]")
 
@@ -217,37 +325,125 @@ def chat_events(r: ModelResponse, rid: str, include_usage: bool) -> Iterator[byt
 # --- OpenAI Responses -----------------------------------------------------------------
 
 
-def responses_usage(u: Usage) -> dict[str, Any]:
-    return {
-        "input_tokens": u.input_tokens,
-        "input_tokens_details": {"cached_tokens": u.cache_read_tokens},
-        "output_tokens": u.output_tokens,
-        "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-        "total_tokens": u.input_tokens + u.output_tokens,
-    }
+class OutputText(Struct, tag="output_text", tag_field="type"):
+    text: str
+    annotations: list[str] = []  # always empty: the simulator cites nothing
 
 
-def _responses_items(r: ModelResponse, rid: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
+class OutputMessage(Struct, tag="message", tag_field="type", kw_only=True):
+    id: str
+    status: str = "completed"
+    role: str = "assistant"
+    content: list[OutputText]
+
+
+class FunctionCallItem(Struct, tag="function_call", tag_field="type", kw_only=True):
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: str = "completed"
+
+
+OutputItem = OutputMessage | FunctionCallItem
+
+
+class IncompleteDetails(Struct):
+    reason: str
+
+
+class TextFormat(Struct, tag="text", tag_field="type"):
+    pass
+
+
+class TextConfig(Struct):
+    format: TextFormat
+
+
+class ResponseObject(Struct, kw_only=True):
+    id: str
+    object: str = "response"
+    created_at: int
+    status: str
+    incomplete_details: IncompleteDetails | None
+    error: None = None
+    model: str
+    output: list[OutputItem]
+    usage: ResponsesUsage | None
+    instructions: str | None
+    max_output_tokens: int | None
+    parallel_tool_calls: bool = True
+    tool_choice: str = "auto"
+    tools: list[str] = []  # always empty: the simulator's replies name no tools
+    temperature: float = 1.0
+    top_p: float = 1.0
+    metadata: dict[str, str] = {}
+    text: TextConfig = field(default_factory=lambda: TextConfig(TextFormat()))
+    truncation: str = "disabled"
+    service_tier: str | None
+    store: bool = False
+
+
+# The stream's events: ``type`` names the event, ``sequence_number`` counts from 0.
+class ResponseState(Struct):
+    kind: str = field(name="type")
+    sequence_number: int
+    response: ResponseObject
+
+
+class ItemEvent(Struct):
+    kind: str = field(name="type")
+    sequence_number: int
+    output_index: int
+    item: OutputItem
+
+
+class _OnItem(Struct):
+    kind: str = field(name="type")
+    sequence_number: int
+    item_id: str
+    output_index: int
+
+
+class _OnContent(_OnItem):
+    content_index: int
+
+
+class PartEvent(_OnContent):
+    part: OutputText
+
+
+class TextDeltaEvent(_OnContent):
+    delta: str
+    logprobs: list[str] = []
+
+
+class TextDoneEvent(_OnContent):
+    text: str
+    logprobs: list[str] = []
+
+
+class ArgumentsDeltaEvent(_OnItem):
+    delta: str
+
+
+class ArgumentsDoneEvent(_OnItem):
+    name: str
+    arguments: str
+
+
+def responses_usage(u: Usage) -> ResponsesUsage:
+    return sim.responses_usage(
+        u.input_tokens, u.cache_read_tokens, u.output_tokens, u.reasoning_tokens
+    )
+
+
+def _responses_items(r: ModelResponse, rid: str) -> list[OutputItem]:
+    items: list[OutputItem] = []
     if r.message.content or not r.message.tool_calls:
-        items.append(
-            {
-                "type": "message",
-                "id": f"msg_{rid}",
-                "status": "completed",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": r.message.content, "annotations": []}],
-            }
-        )
+        items.append(OutputMessage(id=f"msg_{rid}", content=[OutputText(r.message.content)]))
     items += [
-        {
-            "type": "function_call",
-            "id": f"fc_{rid}_{k}",
-            "call_id": c.id,
-            "name": c.name,
-            "arguments": c.arguments,
-            "status": "completed",
-        }
+        FunctionCallItem(id=f"fc_{rid}_{k}", call_id=c.id, name=c.name, arguments=c.arguments)
         for k, c in enumerate(r.message.tool_calls)
     ]
     return items
@@ -255,87 +451,55 @@ def _responses_items(r: ModelResponse, rid: str) -> list[dict[str, Any]]:
 
 def responses_body(
     r: ModelResponse, rid: str, request: ModelRequest | None = None, *, done: bool = True
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": ("incomplete" if r.cut_off else "completed") if done else "in_progress",
-        "incomplete_details": {"reason": "max_output_tokens"} if done and r.cut_off else None,
-        "error": None,
-        "model": r.model,
-        "output": _responses_items(r, rid) if done else [],
-        "usage": responses_usage(r.usage) if done else None,
-        "instructions": request.system if request else None,
-        "max_output_tokens": request.max_tokens if request else None,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "metadata": {},
-        "text": {"format": {"type": "text"}},
-        "truncation": "disabled",
-        "service_tier": r.service_tier,
-        "store": False,
-    }
+) -> ResponseObject:
+    return ResponseObject(
+        id=rid,
+        created_at=int(time.time()),
+        status=("incomplete" if r.cut_off else "completed") if done else "in_progress",
+        incomplete_details=IncompleteDetails("max_output_tokens") if done and r.cut_off else None,
+        model=r.model,
+        output=_responses_items(r, rid) if done else [],
+        usage=responses_usage(r.usage) if done else None,
+        instructions=request.system if request else None,
+        max_output_tokens=request.max_tokens if request else None,
+        service_tier=r.service_tier,
+    )
 
 
 def responses_events(r: ModelResponse, rid: str, request: ModelRequest) -> Iterator[bytes]:
-    seq = 0
-
-    def event(kind: str, **data: Any) -> bytes:
-        nonlocal seq
-        seq += 1
-        return sse(kind, {"type": kind, "sequence_number": seq - 1, **data})
-
+    seq = itertools.count()
+    replace = msgspec.structs.replace
     pending = responses_body(r, rid, request, done=False)
-    yield event("response.created", response=pending)
-    yield event("response.in_progress", response=pending)
+    for kind in ("response.created", "response.in_progress"):
+        yield sse(kind, ResponseState(kind, next(seq), pending))
     for index, item in enumerate(_responses_items(r, rid)):
-        if item["type"] == "message":
-            text = item["content"][0]["text"]
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item=dict(item, status="in_progress", content=[]),
-            )
-            part = {"type": "output_text", "text": "", "annotations": []}
-            yield event(
-                "response.content_part.added",
-                item_id=item["id"], output_index=index, content_index=0, part=part,
-            )  # fmt: skip
+        kind = "response.output_item.added"
+        if isinstance(item, OutputMessage):
+            text = item.content[0].text
+            opened: OutputItem = replace(item, status="in_progress", content=[])
+            yield sse(kind, ItemEvent(kind, next(seq), index, opened))
+            kind = "response.content_part.added"
+            yield sse(kind, PartEvent(kind, next(seq), item.id, index, 0, OutputText("")))
+            kind = "response.output_text.delta"
             for piece in _chunks(text):
-                yield event(
-                    "response.output_text.delta",
-                    item_id=item["id"], output_index=index, content_index=0, delta=piece,
-                    logprobs=[],
-                )  # fmt: skip
-            yield event(
-                "response.output_text.done",
-                item_id=item["id"], output_index=index, content_index=0, text=text, logprobs=[],
-            )  # fmt: skip
-            yield event(
-                "response.content_part.done",
-                item_id=item["id"], output_index=index, content_index=0,
-                part=dict(part, text=text),
-            )  # fmt: skip
+                yield sse(kind, TextDeltaEvent(kind, next(seq), item.id, index, 0, piece))
+            kind = "response.output_text.done"
+            yield sse(kind, TextDoneEvent(kind, next(seq), item.id, index, 0, text))
+            kind = "response.content_part.done"
+            yield sse(kind, PartEvent(kind, next(seq), item.id, index, 0, OutputText(text)))
         else:
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item=dict(item, status="in_progress", arguments=""),
+            opened = replace(item, status="in_progress", arguments="")
+            yield sse(kind, ItemEvent(kind, next(seq), index, opened))
+            kind = "response.function_call_arguments.delta"
+            for piece in _chunks(item.arguments):
+                yield sse(kind, ArgumentsDeltaEvent(kind, next(seq), item.id, index, piece))
+            kind = "response.function_call_arguments.done"
+            yield sse(
+                kind,
+                ArgumentsDoneEvent(kind, next(seq), item.id, index, item.name, item.arguments),
             )
-            for piece in _chunks(item["arguments"]):
-                yield event(
-                    "response.function_call_arguments.delta",
-                    item_id=item["id"], output_index=index, delta=piece,
-                )  # fmt: skip
-            yield event(
-                "response.function_call_arguments.done",
-                item_id=item["id"], output_index=index, name=item["name"],
-                arguments=item["arguments"],
-            )  # fmt: skip
-        yield event("response.output_item.done", output_index=index, item=item)
+        kind = "response.output_item.done"
+        yield sse(kind, ItemEvent(kind, next(seq), index, item))
     final = responses_body(r, rid, request)
-    yield event("response.incomplete" if r.cut_off else "response.completed", response=final)
+    kind = "response.incomplete" if r.cut_off else "response.completed"
+    yield sse(kind, ResponseState(kind, next(seq), final))
