@@ -291,7 +291,7 @@ def last_context_tokens(store: SqlStore, run_id: str) -> int:
     finished = [c.finished for _, c in sorted(log.calls.items()) if c.finished is not None]
     if not finished:
         return 0
-    usage = Usage.from_dict(finished[-1]["usage"])
+    usage = finished[-1].usage
     return usage.input_tokens + usage.output_tokens
 
 

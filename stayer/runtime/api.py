@@ -509,7 +509,7 @@ def create_app(
     def get_ledger(run_id: str, tenant: Tenant) -> Ledger:
         own_run(run_id, tenant)
         log = load_log(dbs.get().store, run_id)
-        result = json.loads(log.blobs[log.finished["result"]]) if log.finished is not None else {}
+        result = json.loads(log.blobs[log.finished.result]) if log.finished is not None else {}
         # Unfinished: every billed call the journal holds, calls lost in flight included.
         entries = result["ledger"] if "ledger" in result else to_json(journal_ledger(log))
         return Ledger(run_id=run_id, ledger=entries, outcome_unknown=journal_unknown(log))
