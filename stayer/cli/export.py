@@ -30,6 +30,7 @@ def a2a(
     from stayer.journal.backends import open_store, stayer_home
     from stayer.journal.lease import run_status
     from stayer.journal.log import load_log
+    from stayer.records import to_json
     from stayer.teams.a2a import a2a_tasks
 
     store = open_store(stayer_home(), create=False)
@@ -38,7 +39,7 @@ def a2a(
         if store is None or row is None:
             where = store.location if store else stayer_home()
             bad_input(f"run {run_id}: no such run in {where}; `stayer runs` lists the runs there")
-        tasks = a2a_tasks(load_log(store, run_id), run_status(row))
+        tasks = to_json(a2a_tasks(load_log(store, run_id), run_status(row)))
     finally:
         if store is not None:
             store.close()

@@ -11,13 +11,12 @@ hold the thread's final summary. stayer's figures (steps, cost) are in ``metadat
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from stayer.journal.log import RunLog
-from stayer.records import Record, decode, to_json
+from stayer.records import Record, decode
 from stayer.teams.bus import TeamMessage
 
 #: stayer run statuses as A2A task states.
@@ -107,12 +106,12 @@ class _Outcome(Record):
     summary: str | None = ""
 
 
-def a2a_tasks(log: RunLog, run_status: str) -> list[dict[str, Any]]:
-    """The run's threads as A2A tasks: the document (JSON builtins) ``export a2a`` writes."""
-    result = decode(log.blobs[log.finished["result"]], _Outcome) if log.finished else None
+def a2a_tasks(log: RunLog, run_status: str) -> list[A2aTask]:
+    """The run's threads as A2A tasks (``export a2a`` writes them as JSON)."""
+    result = decode(log.blobs[log.finished.result], _Outcome) if log.finished else None
     threads = log.threads or {"main": log}
     last_at = log.events[-1].at if log.events else None
-    tasks = []
+    tasks: list[A2aTask] = []
     for name, thread in threads.items():
         task_id = f"{log.run_id}/{name}"
         history: list[A2aMessage] = []
@@ -161,8 +160,7 @@ def a2a_tasks(log: RunLog, run_status: str) -> list[dict[str, Any]]:
                 ),
             )
         )
-    doc: list[dict[str, Any]] = to_json(tasks)
-    return doc
+    return tasks
 
 
 def _text_message(
