@@ -9,12 +9,15 @@ skipped when already there); ``start`` runs it on 127.0.0.1 and prints the base 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from stayer.cli.common import EXIT_FAILED, JsonFlag, bad_input, emit_json, stderr, sub_app
 from stayer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stayer.models.local import LocalStatus
 
 local_app = sub_app(
     "local-model", "A real model on this machine: llama.cpp's server and Qwen2.5-Coder-0.5B."
@@ -96,11 +99,13 @@ def stop_command(json_out: JsonFlag = False) -> None:
     \b
     Example:  stayer local-model stop
     """
+    import msgspec
+
     from stayer.models import local
 
     paths = local.LocalModelPaths.default()
     stopped = local.stop(paths)
-    doc = {**local.status(paths), "stopped": stopped.pid if stopped else None}
+    doc = msgspec.structs.replace(local.status(paths), stopped=stopped.pid if stopped else None)
     _emit(doc, json_out)
 
 
@@ -115,22 +120,24 @@ def status_command(json_out: JsonFlag = False) -> None:
 
     doc = local.status(local.LocalModelPaths.default())
     _emit(doc, json_out)
-    if not doc["running"]:
+    if not doc.running:
         raise typer.Exit(EXIT_FAILED)
 
 
-def _emit(doc: dict, json_out: bool) -> None:
+def _emit(doc: LocalStatus, json_out: bool) -> None:
     if json_out:
-        emit_json(doc)
+        import msgspec
+
+        emit_json(msgspec.to_builtins(doc))
         return
     from rich.markup import escape
 
     out = stderr()
-    built = "built" if doc["built"] else "missing: " + ", ".join(doc["missing"])
+    built = "built" if doc.built else "missing: " + ", ".join(doc.missing)
     out.print(f"cache: {escape(built)}", highlight=False)
-    if doc["running"]:
+    if doc.running:
         out.print(
-            f"running (pid {doc['pid']}): --model {escape(doc['model'])} --base-url {escape(doc['base_url'])}",
+            f"running (pid {doc.pid}): --model {escape(doc.model)} --base-url {escape(str(doc.base_url))}",
             highlight=False,
         )
     else:

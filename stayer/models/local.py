@@ -29,12 +29,13 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from stayer.errors import ConfigError
 from stayer.models.base import ModelRequest
@@ -351,23 +352,46 @@ def build(
 # --- the server -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ServerState:
+class ServerState(msgspec.Struct, frozen=True):
+    """The server ``start`` began, as its state file records it; ``base_url`` is always
+    made from ``port`` (whatever was given or read)."""
+
     pid: int
     port: int
     model: str
     started: float
+    base_url: str = ""
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "base_url", f"{self.root_url}/v1")
 
     @property
     def root_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"base_url": self.base_url}
+
+class LocalStatus(msgspec.Struct):
+    """What ``stayer local-model`` reports (``--json``): the cache, and the server while one
+    is recorded (``pid``, ``base_url``); ``stopped``: ``stop``'s only, the pid it stopped
+    (null: none). Unset fields are left out."""
+
+    built: bool
+    missing: list[str]
+    server: str
+    weights: str
+    weights_sha256: str
+    model: str
+    running: bool
+    pid: int | UnsetType = UNSET
+    base_url: str | UnsetType = UNSET
+    stopped: int | None | UnsetType = UNSET
+
+
+def write_state(paths: LocalModelPaths, state: ServerState) -> None:
+    """Record ``state`` in ``paths.state`` (replaced whole)."""
+    tmp = paths.state.with_suffix(".tmp")
+    tmp.write_text(json.dumps(msgspec.to_builtins(state), indent=2) + "\n")
+    tmp.replace(paths.state)
 
 
 def _free_port() -> int:
@@ -447,9 +471,7 @@ def start(
             start_new_session=True,
         )
     state = ServerState(proc.pid, port, MODEL_NAME, time.time())
-    tmp = paths.state.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state.to_dict(), indent=2) + "\n")
-    tmp.replace(paths.state)
+    write_state(paths, state)
     deadline = time.monotonic() + START_TIMEOUT_S
     while not healthy(state):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -489,18 +511,19 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def status(paths: LocalModelPaths) -> dict[str, Any]:
+def status(paths: LocalModelPaths) -> LocalStatus:
     state, gaps = read_state(paths), missing(paths)
-    return {
-        "built": not gaps,
-        "missing": gaps,
-        "server": str(paths.server),
-        "weights": str(paths.weights),
-        "weights_sha256": WEIGHTS_SHA256,
-        "model": SPEC,
-        "running": state is not None and healthy(state),
-        **({"pid": state.pid, "base_url": state.base_url} if state else {}),
-    }
+    return LocalStatus(
+        built=not gaps,
+        missing=gaps,
+        server=str(paths.server),
+        weights=str(paths.weights),
+        weights_sha256=WEIGHTS_SHA256,
+        model=SPEC,
+        running=state is not None and healthy(state),
+        pid=state.pid if state else UNSET,
+        base_url=state.base_url if state else UNSET,
+    )
 
 
 def running_base_url(paths: LocalModelPaths | None = None) -> str | None:

@@ -31,7 +31,8 @@ import subprocess
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from stayer.sandbox.ahead import Starts, spawn
 from stayer.sandbox.base import ExecResult
@@ -65,6 +66,43 @@ BOOT = "import socket,sys;ctl=socket.socket(fileno=int(sys.argv[1]));exec(ctl.re
 def runner_code() -> bytes:
     """The runner's program, :mod:`stayer.sandbox.runner`'s file as shipped."""
     return (Path(__file__).parent / "runner.py").read_bytes()
+
+
+class _Setup(msgspec.Struct, kw_only=True):
+    """What the runner sets up for a command, as a fresh sandbox would: its directory,
+    environment and rlimits (runner.py's ``Setup``); keyword-only, so sent after the
+    fields of the request that holds them."""
+
+    cwd: str
+    env: dict[str, str]
+    rlimits: list[tuple[int, int]]
+
+
+class _Ahead(_Setup):
+    """Start command ``ahead``'s bash now (runner.py's ``Ahead``)."""
+
+    ahead: int
+
+
+class _Run(_Setup):
+    """Run command ``seq`` in a bash of its own (runner.py's ``Run``)."""
+
+    seq: int
+    command: str
+
+
+class _Go(msgspec.Struct):
+    """Run command ``seq`` in the bash started ahead for it (runner.py's ``Go``)."""
+
+    seq: int
+    command: str
+    go: int = 1
+
+
+def _message(request: _Ahead | _Run | _Go) -> bytes:
+    """``request`` as the runner reads it: the standard library's JSON (its ``\\u``
+    escapes carry a command's lone surrogates, which UTF-8 cannot)."""
+    return json.dumps(msgspec.to_builtins(request)).encode()
 
 
 class _Gone(Exception):
@@ -304,13 +342,13 @@ class PersistentBwrap:
         if self._live is not live or live.slot is not None:
             return  # dropped since, or started
         try:
-            setup = self._setup(live, AHEAD_CWD)
+            env, rlimits = self._setup(live)
         except ReferenceError:  # the sandbox is gone (its finaliser kills this one)
             return
-        if "BASH_ENV" in setup["env"]:  # bash reads it as it starts: the command's to read
+        if "BASH_ENV" in env:  # bash reads it as it starts: the command's to read
             return
         self._seq += 1
-        request = {"ahead": self._seq, **setup}
+        request = _message(_Ahead(self._seq, cwd=AHEAD_CWD, env=env, rlimits=rlimits))
         ours: list[int] = []
         theirs = [os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)]
         try:
@@ -318,7 +356,7 @@ class PersistentBwrap:
                 r, w = os.pipe()
                 ours.append(r)
                 theirs.append(w)
-            socket.send_fds(live.sock, [json.dumps(request).encode()], theirs)
+            socket.send_fds(live.sock, [request], theirs)
         except OSError as e:  # the runner is gone: the next command finds out
             log.debug("persistent sandbox: no command started ahead: %s", e)
             for fd in ours:
@@ -329,14 +367,9 @@ class PersistentBwrap:
                 os.close(fd)
         live.slot = _Slot(self._seq, ours[0], ours[1])
 
-    def _setup(self, live: _Live, cwd: str) -> dict[str, Any]:
-        """What the runner sets up for a command of ``live`` in ``cwd``, as a fresh sandbox
-        would: its directory, environment and rlimits."""
-        return {
-            "cwd": cwd,
-            "env": self.box.env,
-            "rlimits": _rlimits(self.box.limits, live.cgroup),
-        }
+    def _setup(self, live: _Live) -> tuple[dict[str, str], list[tuple[int, int]]]:
+        """The environment and rlimits the runner sets up for a command of ``live``."""
+        return self.box.env, _rlimits(self.box.limits, live.cgroup)
 
     async def _waiting(self, live: _Live, timeout: float) -> _Slot | None:
         """The next command's bash, once the runner says it waits; None when there is
@@ -465,13 +498,12 @@ class PersistentBwrap:
         (about 200 KiB, where bash -c refuses 128 KiB anyway: a fresh sandbox says what it
         says), or the runner is gone (the sandbox is dropped)."""
         self._seq += 1
-        request: dict[str, Any] = {"seq": self._seq, "command": cmd.command}
         ours: list[int] = []  # stdout's and stderr's read ends, stdin's write end
         theirs: list[int] = []  # the command's: stdin, stdout, stderr
         try:
             if slot is not None:
                 ours += slot.take()
-                live.sock.send(json.dumps({**request, "go": 1}).encode())
+                live.sock.send(_message(_Go(self._seq, cmd.command)))
             else:
                 if cmd.stdin is not None:
                     in_r, in_w = os.pipe()
@@ -483,8 +515,9 @@ class PersistentBwrap:
                     r, w = os.pipe()
                     ours.append(r)
                     theirs.append(w)
-                request |= self._setup(live, cmd.cwd)
-                socket.send_fds(live.sock, [json.dumps(request).encode()], theirs)
+                env, rlimits = self._setup(live)
+                request = _Run(self._seq, cmd.command, cwd=cmd.cwd, env=env, rlimits=rlimits)
+                socket.send_fds(live.sock, [_message(request)], theirs)
         except OSError as e:
             for fd in ours:
                 os.close(fd)

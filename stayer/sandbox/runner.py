@@ -25,7 +25,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 # What a command's bash started ahead runs (fd 3: its text, until EOF; fd 4: closed once
 # it waits), on one line so that ``$LINENO`` counts from the command's first line: the
@@ -39,11 +39,41 @@ AHEAD = (
 )
 _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER = 4, 36
 
-Request = dict[str, Any]
+
+class Setup(TypedDict):
+    """What a command's process gets, as in a fresh sandbox: directory, environment, and
+    ``[RLIMIT_*, value]`` pairs (soft = hard)."""
+
+    cwd: str
+    env: dict[str, str]
+    rlimits: list[list[int]]
+
+
+class Ahead(Setup):
+    """Start command ``ahead``'s bash now, to wait in :data:`AHEAD` (descriptors attached)."""
+
+    ahead: int
+
+
+class Run(Setup):
+    """Run command ``seq`` in a bash of its own (descriptors attached)."""
+
+    seq: int
+    command: str
+
+
+class Go(TypedDict):
+    """Run command ``seq`` in the bash started ahead for it (``go``: 1; no descriptors)."""
+
+    seq: int
+    command: str
+    go: int
+
+
 Waiting = tuple[int, int]  # a bash started ahead: its pid, the write end of its text pipe
 
 
-def child(req: Request, fds: Sequence[int], argv: list[str], extra: Sequence[int] = ()) -> None:
+def child(req: Setup, fds: Sequence[int], argv: list[str], extra: Sequence[int] = ()) -> None:
     """In a forked child: become the command (``argv``) as ``req`` says; never returns."""
     try:
         os.setsid()
@@ -85,7 +115,7 @@ def clean() -> None:
         time.sleep(0.0002)
 
 
-def start_ahead(req: Request, fds: Sequence[int]) -> Waiting | None:
+def start_ahead(req: Ahead, fds: Sequence[int]) -> Waiting | None:
     """The next command's bash, waiting on a pipe for its text; ready once it closes fd 4."""
     text_r, text_w = os.pipe()
     ready_r, ready_w = os.pipe()
@@ -106,7 +136,7 @@ def start_ahead(req: Request, fds: Sequence[int]) -> Waiting | None:
     return pid, text_w
 
 
-def go(req: Request, waiting: Waiting) -> int:
+def go(req: Go, waiting: Waiting) -> int:
     """Hand ``req``'s command to the bash started ahead for it; its pid."""
     pid, text_w = waiting
     with contextlib.suppress(OSError):  # it died: its status says how
