@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 
+from stayer.journal import open_store
 from stayer.journal.codec import MessageRecord, canonical
-from stayer.journal.log import ModelFinishedRecord
+from stayer.journal.log import ModelFailedRecord, ModelFinishedRecord
+from stayer.journal.session import RunJournal
+from stayer.ledger import OutcomeUnknown
 from stayer.messages import Message, ToolCall
+from stayer.pricing import PriceBook
 from stayer.records import from_json, to_json
 from stayer.usage import Usage
 
@@ -51,3 +55,29 @@ def test_a_model_finished_row_keeps_its_keys_in_order() -> None:
     del old["stop_reason"], old["service_tier"]  # written before those fields existed
     back = from_json(old, ModelFinishedRecord)
     assert (back.latency_s, back.stop_reason, back.service_tier) == (1.0, "", None)
+
+
+def test_rows_of_several_kinds_are_stored_as_these_bytes(tmp_path) -> None:
+    """The bytes of a few kinds of rows, as the store writes them (ASCII-escaped, no
+    spaces, the keys in the order they were written; a thread's tag last)."""
+    store = open_store(tmp_path / "home", "")
+    header = {"task": "é", "model": "m"}
+    journal = RunJournal.create(store, "pin", header, tmp_path / "ws", PriceBook.load())
+    journal.record("model_failed", to_json(ModelFailedRecord(0, "boom ü")))
+    unknown = OutcomeUnknown(step=1, tool="t", call_id="c", idempotency_key="k", sent_at="s")
+    journal.outcome_unknown(unknown)
+    journal.tags = {"thread": "w"}
+    journal.record("model_failed", ModelFailedRecord(1, "x"))  # a record, tagged
+    journal.record("thread_started", {"thread": "w", "message": 3}, durable=True)
+    rows = store._read("SELECT kind, data FROM stayer_events WHERE run_id = 'pin' ORDER BY seq", ())
+    assert rows == [
+        ("run_created", '{"header":{"task":"\\u00e9","model":"m"}}'),
+        ("model_failed", '{"n":0,"error":"boom \\u00fc"}'),
+        (
+            "outcome_unknown",
+            '{"agent":"main","step":1,"tool":"t","call_id":"c","idempotency_key":"k","sent_at":"s"}',
+        ),
+        ("model_failed", '{"n":1,"error":"x","thread":"w"}'),
+        ("thread_started", '{"thread":"w","message":3}'),
+    ]
+    store.close()

@@ -29,12 +29,12 @@ from stayer.journal.lease import new_owner, owner_is_dead
 from stayer.journal.log import JOURNAL_KINDS, RunFinishedRecord, RunLog, load_log
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
-from stayer.journal.store import JournalError, RunHeld, RunRow, RunUpdate, Store
+from stayer.journal.store import JournalError, RunHeld, RunRow, RunUpdate, Store, Tagged
 from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown, RunReport, ToolCallEntry
 from stayer.models.base import Model, ModelResponse
 from stayer.money import Usd, usd_sum
 from stayer.pricing import Cost, PriceBook
-from stayer.records import to_json
+from stayer.records import Record, to_json
 from stayer.usage import Usage
 from stayer.workspace.snapshot import SnapshotNotFound, SnapshotStore
 
@@ -90,7 +90,7 @@ class RunJournal:
         self.stats = JournalStats()
         self.agent = "main"  # whose calls this journal records (a team thread's: its name)
         self.seq = log.next_seq
-        self._events: list[tuple[str, dict[str, Any]]] = []
+        self._events: list[tuple[str, Record | Tagged | dict[str, Any]]] = []
         self._blobs: dict[str, bytes] = {}
         self._update = RunUpdate()
         self._stored: set[str] = set(log.blobs)  # addresses known to be in the store
@@ -246,17 +246,18 @@ class RunJournal:
     def record(
         self,
         kind: str,
-        data: dict[str, Any],
+        data: Record | dict[str, Any],
         blobs: Mapping[str, bytes] | None = None,
         *,
         durable: bool = False,
         sync: bool = True,
         update: RunUpdate | None = None,
     ) -> None:
-        """Queue an event; ``durable`` writes it (and everything queued) now. ``update``:
-        what the write changes in the run's row."""
+        """Queue an event (``data``: a record, or a document; encoded by the store);
+        ``durable`` writes it (and everything queued) now. ``update``: what the write
+        changes in the run's row."""
         w = self.writer
-        w._events.append((kind, {**data, **self.tags} if self.tags else data))
+        w._events.append((kind, Tagged(data, self.tags) if self.tags else data))
         for address, raw in (blobs or {}).items():
             if address not in w._stored:
                 w._blobs[address] = raw
@@ -275,7 +276,7 @@ class RunJournal:
             self.seq,
             self._events,
             self._blobs,
-            self._update.columns() or None,
+            self._update,
             sync=sync,
         )
         self.seq += len(self._events)
@@ -475,7 +476,7 @@ class RunJournal:
         if any(u.idempotency_key == rec.idempotency_key for u in self.unknown):
             return
         self.unknown.append(rec)
-        self.record("outcome_unknown", to_json(rec))
+        self.record("outcome_unknown", rec)
 
     def cost_text(self) -> str:
         return str(self.steps_cost + usd_sum(lost.cost.total for lost in self.lost))
