@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from stayer.events import Handoff, event_record
 from stayer.journal import open_store
 from stayer.journal.codec import MessageRecord, canonical
 from stayer.journal.log import ModelFailedRecord, ModelFinishedRecord
@@ -12,6 +13,7 @@ from stayer.ledger import OutcomeUnknown
 from stayer.messages import Message, ToolCall
 from stayer.pricing import PriceBook
 from stayer.records import from_json, to_json
+from stayer.routing.router import RouteRecord
 from stayer.usage import Usage
 
 
@@ -81,3 +83,23 @@ def test_rows_of_several_kinds_are_stored_as_these_bytes(tmp_path) -> None:
         ("thread_started", '{"thread":"w","message":3}'),
     ]
     store.close()
+
+
+def test_a_routes_handoff_is_the_event_without_its_agent() -> None:
+    handoff = Handoff(
+        agent="lead",
+        kind="handoff",
+        chosen="summary",
+        receiver_model="m",
+        expected_steps=3,
+        tokens={"brief": 1, "summary": 2, "full": 3},
+        expected_cost_usd={"brief": "0.1", "summary": None},
+        to="coder",
+        asked=None,
+        passed="summary",
+    )
+    kind, payload = event_record(handoff)
+    del payload["agent"]
+    route = to_json(RouteRecord(handoff=handoff.priced()))
+    assert (kind, list(route["handoff"].items())) == ("handoff", list(payload.items()))
+    assert from_json(route, RouteRecord).handoff == handoff.priced()

@@ -29,7 +29,7 @@ from stayer.agent import SYSTEM_PROMPT, Agent, AgentSettings, Limits, Observer
 from stayer.context.policies import ContextPolicy
 from stayer.errors import Stopped
 from stayer.events import Compaction as CompactionEvent
-from stayer.events import Event, Handoff, MessageReceived, MessageSent, event_record
+from stayer.events import Event, Handoff, MessageReceived, MessageSent
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.guard.budget import Budget
 from stayer.journal.replay import JournaledModel, JournaledTool, ReplayingSandbox
@@ -407,9 +407,7 @@ class Thread:
     def _on_step(self, entry: LedgerEntry) -> None:
         if self.quote is not None:  # on the ledger like a route switch
             route = entry.route or RouteRecord()
-            _, handoff = event_record(self.quote)
-            del handoff["agent"]  # the route's handoff: the event without its agent
-            entry.route = msgspec.structs.replace(route, handoff=handoff)
+            entry.route = msgspec.structs.replace(route, handoff=self.quote.priced())
             self.quote = None
         if self.journal is not None:
             self.journal.on_step(entry)
