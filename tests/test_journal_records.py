@@ -7,7 +7,7 @@ import json
 from stayer.events import Handoff, event_record
 from stayer.journal import open_store
 from stayer.journal.codec import MessageRecord, canonical
-from stayer.journal.log import ModelFailedRecord, ModelFinishedRecord
+from stayer.journal.log import ModelFailedRecord, ModelFinishedRecord, SnapshotRecord, load_log
 from stayer.journal.session import RunJournal
 from stayer.ledger import OutcomeUnknown
 from stayer.messages import Message, ToolCall
@@ -103,3 +103,24 @@ def test_a_routes_handoff_is_the_event_without_its_agent() -> None:
     route = to_json(RouteRecord(handoff=handoff.priced()))
     assert (kind, list(route["handoff"].items())) == ("handoff", list(payload.items()))
     assert from_json(route, RouteRecord).handoff == handoff.priced()
+
+
+def test_snapshot_rows_are_written_as_before_and_read_back(tmp_path) -> None:
+    store = open_store(tmp_path / "home", "")
+    (tmp_path / "ws").mkdir()
+    header = {"task": "t", "model": "m"}
+    journal = RunJournal.create(store, "snap", header, tmp_path / "ws", PriceBook.load())
+    journal.take_snapshot(1)
+    team = SnapshotRecord(
+        step=2, id="x", tools_done=0, model_calls=0, threads={"a": 3}, thread_steps={"a": 1}
+    )
+    journal.record("snapshot", team, durable=True)
+    rows = store._read("SELECT data FROM stayer_events WHERE kind = 'snapshot' ORDER BY seq", ())
+    own = rows[0][0]
+    assert own.startswith('{"step":1,"id":"') and own.endswith('","tools_done":0,"model_calls":0}')
+    assert rows[1][0] == (
+        '{"step":2,"id":"x","tools_done":0,"model_calls":0,'
+        '"threads":{"a":3},"thread_steps":{"a":1}}'
+    )
+    assert load_log(store, "snap").snapshots[1] == team
+    store.close()

@@ -26,7 +26,13 @@ from stayer.journal.blobs import BlobError, digest
 from stayer.journal.codec import canonical
 from stayer.journal.digest import RequestDigest
 from stayer.journal.lease import new_owner, owner_is_dead
-from stayer.journal.log import JOURNAL_KINDS, RunFinishedRecord, RunLog, load_log
+from stayer.journal.log import (
+    JOURNAL_KINDS,
+    RunFinishedRecord,
+    RunLog,
+    SnapshotRecord,
+    load_log,
+)
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
 from stayer.journal.store import JournalError, RunHeld, RunRow, RunUpdate, Store, Tagged
@@ -105,7 +111,7 @@ class RunJournal:
         self.steps_done = 0
         self.restored_tools_done = 0
         self.restored_step = 0  # the step whose snapshot the workspace was restored from
-        self.snapshot_step = max((s["step"] for s in log.snapshots), default=-1)
+        self.snapshot_step = max((s.step for s in log.snapshots), default=-1)
         self.steps_cost = Usd()
         self.lost: list[LostCall] = list(log.lost)
         # The run's outcome_unknown records, a team's threads' too (one per call: see
@@ -223,16 +229,13 @@ class RunJournal:
         t0 = time.perf_counter()
         for snap in reversed(self.log.snapshots):
             try:
-                self.snapshots.restore(snap["id"], self.workspace)
+                self.snapshots.restore(snap.id, self.workspace)
             except (BlobError, SnapshotNotFound, OSError, ValueError, KeyError) as e:
                 self.warn(
-                    f"run {self.run_id}: snapshot of step {snap['step']} unusable ({e}); trying an older one"
+                    f"run {self.run_id}: snapshot of step {snap.step} unusable ({e}); trying an older one"
                 )
                 continue
-            self.restored_tools_done, self.snapshot_step = (
-                int(snap["tools_done"]),
-                int(snap["step"]),
-            )
+            self.restored_tools_done, self.snapshot_step = snap.tools_done, snap.step
             self.restored_step = self.snapshot_step
             break
         else:
@@ -448,7 +451,7 @@ class RunJournal:
         snapshot_id = self.snapshots.snapshot(self.workspace)
         self.record(
             "snapshot",
-            {"step": step, "id": snapshot_id, "tools_done": self.t, "model_calls": self.n},
+            SnapshotRecord(step=step, id=snapshot_id, tools_done=self.t, model_calls=self.n),
         )
         self.snapshot_step = step
 
