@@ -106,10 +106,12 @@ class MessageReceived(_TeamMessage, frozen=True, kw_only=True, tag="message.rece
     read_cost_usd: str
 
 
-class Handoff(Event, frozen=True, kw_only=True, tag="handoff"):
-    """A team agent handed its work to another, priced (``stayer.teams.handoff``)."""
+class HandoffPriced(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A handoff as priced (``stayer.teams.handoff``). On the ledger, the route's note of it
+    (``RouteRecord.handoff``: ``agent`` left out); the ``Handoff`` event is it with the
+    agent who made it."""
 
-    agent: str
+    agent: str = ""
     kind: str
     chosen: str
     receiver_model: str
@@ -119,6 +121,15 @@ class Handoff(Event, frozen=True, kw_only=True, tag="handoff"):
     to: str
     asked: str | None
     passed: str
+
+
+class Handoff(Event, HandoffPriced, frozen=True, kw_only=True, tag="handoff", omit_defaults=True):
+    """A team agent handed its work to another, priced."""
+
+    def priced(self) -> HandoffPriced:
+        """The route's note of it: every field but ``agent``."""
+        fields = HandoffPriced.__struct_fields__
+        return HandoffPriced(**{f: getattr(self, f) for f in fields if f != "agent"})
 
 
 class McpOffered(Event, frozen=True, kw_only=True, tag="mcp_tools"):

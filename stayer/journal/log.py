@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from msgspec import UNSET, UnsetType
+
 from stayer.journal.blobs import BlobError
 from stayer.journal.store import Event, JournalCorrupt, Store
 from stayer.records import Record
@@ -94,6 +96,19 @@ class RunFinishedRecord(Record):
     result: str  # the report's blob
 
 
+class SnapshotRecord(Record, kw_only=True):
+    """A ``snapshot`` event: the workspace after step ``step`` (snapshot ``id``) and how
+    many tool and model calls the run had made; a team's also each thread's tool calls and
+    steps, by thread."""
+
+    step: int
+    id: str
+    tools_done: int
+    model_calls: int
+    threads: dict[str, int] | UnsetType = UNSET
+    thread_steps: dict[str, int] | UnsetType = UNSET
+
+
 @dataclass
 class CallRecord:
     """Model call number ``n`` of the run, over all its attempts."""
@@ -117,7 +132,7 @@ class RunLog:
     steps: dict[int, LedgerEntry] = field(default_factory=dict)  # step → its ledger entry
     lost: list[LostCall] = field(default_factory=list)  # model_lost records
     unknown: list[OutcomeUnknown] = field(default_factory=list)  # outcome_unknown records
-    snapshots: list[dict[str, Any]] = field(default_factory=list)  # oldest first
+    snapshots: list[SnapshotRecord] = field(default_factory=list)  # oldest first
     agent_events: dict[int, tuple[str, str]] = field(default_factory=dict)  # i → (kind, payload)
     observations: dict[int, Any] = field(default_factory=dict)  # i → value
     finished: RunFinishedRecord | None = None
@@ -219,7 +234,7 @@ def _index(log: RunLog, ev: Event) -> None:
     elif kind == "step":
         log.steps[int(d["step"])] = from_json(d["entry"], LedgerEntry)
     elif kind == "snapshot":
-        log.snapshots.append(d)
+        log.snapshots.append(from_json(d, SnapshotRecord))
     elif kind == "run_finished":
         log.finished = from_json(d, RunFinishedRecord)
     elif kind == "observed":

@@ -83,7 +83,7 @@ class SessionLedger:
                             steps=step,
                             cost=(total + cost).to_json(),
                             status=status or (row.status if row else STATUS),
-                        ).columns(),
+                        ),
                     )
                 except Exception:  # noqa: BLE001 - the number was taken: read the tail again
                     self._next.pop(session, None)

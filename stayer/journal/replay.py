@@ -92,7 +92,7 @@ class JournaledModel:
         try:
             response = await inner.complete(request)
         except ModelError as e:
-            journal.record("model_failed", to_json(ModelFailedRecord(n, str(e))), durable=True)
+            journal.record("model_failed", ModelFailedRecord(n, str(e)), durable=True)
             raise
         t1 = time.perf_counter()
         journal.stats.live_calls += 1
@@ -115,7 +115,7 @@ class JournaledModel:
             stop_reason=response.stop_reason,
             service_tier=response.service_tier,
         )
-        journal.record("model_finished", to_json(finished), {address: raw}, durable=True)
+        journal.record("model_finished", finished, {address: raw}, durable=True)
         journal.answered(inner, response)
         journal.stats.seconds += time.perf_counter() - t1
         return response
@@ -150,9 +150,8 @@ class JournaledModel:
             usage=reissued.usage,
             cost=cost,
         )
-        record = to_json(call)
-        journal.lost.append(from_json(record, LostCall))  # as a reload will read it
-        journal.record("model_lost", record)
+        journal.lost.append(from_json(to_json(call), LostCall))  # as a reload will read it
+        journal.record("model_lost", call)
         journal.warn(
             f"run {journal.run_id}: model call {n + 1} was in flight at the crash; issued again, and the lost "
             f"attempt is in the ledger as lost_in_flight (estimated ${cost.to_json()})"

@@ -26,15 +26,21 @@ from stayer.journal.blobs import BlobError, digest
 from stayer.journal.codec import canonical
 from stayer.journal.digest import RequestDigest
 from stayer.journal.lease import new_owner, owner_is_dead
-from stayer.journal.log import JOURNAL_KINDS, RunFinishedRecord, RunLog, load_log
+from stayer.journal.log import (
+    JOURNAL_KINDS,
+    RunFinishedRecord,
+    RunLog,
+    SnapshotRecord,
+    load_log,
+)
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
-from stayer.journal.store import JournalError, RunHeld, RunRow, RunUpdate, Store
+from stayer.journal.store import JournalError, RunHeld, RunRow, RunUpdate, Store, Tagged
 from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown, RunReport, ToolCallEntry
 from stayer.models.base import Model, ModelResponse
 from stayer.money import Usd, usd_sum
 from stayer.pricing import Cost, PriceBook
-from stayer.records import to_json
+from stayer.records import Record, to_json
 from stayer.usage import Usage
 from stayer.workspace.snapshot import SnapshotNotFound, SnapshotStore
 
@@ -90,7 +96,7 @@ class RunJournal:
         self.stats = JournalStats()
         self.agent = "main"  # whose calls this journal records (a team thread's: its name)
         self.seq = log.next_seq
-        self._events: list[tuple[str, dict[str, Any]]] = []
+        self._events: list[tuple[str, Record | Tagged | dict[str, Any]]] = []
         self._blobs: dict[str, bytes] = {}
         self._update = RunUpdate()
         self._stored: set[str] = set(log.blobs)  # addresses known to be in the store
@@ -105,7 +111,7 @@ class RunJournal:
         self.steps_done = 0
         self.restored_tools_done = 0
         self.restored_step = 0  # the step whose snapshot the workspace was restored from
-        self.snapshot_step = max((s["step"] for s in log.snapshots), default=-1)
+        self.snapshot_step = max((s.step for s in log.snapshots), default=-1)
         self.steps_cost = Usd()
         self.lost: list[LostCall] = list(log.lost)
         # The run's outcome_unknown records, a team's threads' too (one per call: see
@@ -223,16 +229,13 @@ class RunJournal:
         t0 = time.perf_counter()
         for snap in reversed(self.log.snapshots):
             try:
-                self.snapshots.restore(snap["id"], self.workspace)
+                self.snapshots.restore(snap.id, self.workspace)
             except (BlobError, SnapshotNotFound, OSError, ValueError, KeyError) as e:
                 self.warn(
-                    f"run {self.run_id}: snapshot of step {snap['step']} unusable ({e}); trying an older one"
+                    f"run {self.run_id}: snapshot of step {snap.step} unusable ({e}); trying an older one"
                 )
                 continue
-            self.restored_tools_done, self.snapshot_step = (
-                int(snap["tools_done"]),
-                int(snap["step"]),
-            )
+            self.restored_tools_done, self.snapshot_step = snap.tools_done, snap.step
             self.restored_step = self.snapshot_step
             break
         else:
@@ -246,17 +249,18 @@ class RunJournal:
     def record(
         self,
         kind: str,
-        data: dict[str, Any],
+        data: Record | dict[str, Any],
         blobs: Mapping[str, bytes] | None = None,
         *,
         durable: bool = False,
         sync: bool = True,
         update: RunUpdate | None = None,
     ) -> None:
-        """Queue an event; ``durable`` writes it (and everything queued) now. ``update``:
-        what the write changes in the run's row."""
+        """Queue an event (``data``: a record, or a document; encoded by the store);
+        ``durable`` writes it (and everything queued) now. ``update``: what the write
+        changes in the run's row."""
         w = self.writer
-        w._events.append((kind, {**data, **self.tags} if self.tags else data))
+        w._events.append((kind, Tagged(data, self.tags) if self.tags else data))
         for address, raw in (blobs or {}).items():
             if address not in w._stored:
                 w._blobs[address] = raw
@@ -275,7 +279,7 @@ class RunJournal:
             self.seq,
             self._events,
             self._blobs,
-            self._update.columns() or None,
+            self._update,
             sync=sync,
         )
         self.seq += len(self._events)
@@ -447,7 +451,7 @@ class RunJournal:
         snapshot_id = self.snapshots.snapshot(self.workspace)
         self.record(
             "snapshot",
-            {"step": step, "id": snapshot_id, "tools_done": self.t, "model_calls": self.n},
+            SnapshotRecord(step=step, id=snapshot_id, tools_done=self.t, model_calls=self.n),
         )
         self.snapshot_step = step
 
@@ -475,7 +479,7 @@ class RunJournal:
         if any(u.idempotency_key == rec.idempotency_key for u in self.unknown):
             return
         self.unknown.append(rec)
-        self.record("outcome_unknown", to_json(rec))
+        self.record("outcome_unknown", rec)
 
     def cost_text(self) -> str:
         return str(self.steps_cost + usd_sum(lost.cost.total for lost in self.lost))

@@ -23,8 +23,12 @@ from stayer.journal.store import (
     LeaseLost,
     Pruned,
     RunRow,
+    RunUpdate,
     StoreUnavailable,
+    Tagged,
+    row_json,
 )
+from stayer.records import Record, to_json
 
 if TYPE_CHECKING:
     from stayer.workspace.snapshot import SnapshotStore
@@ -228,9 +232,9 @@ class SqlStore:
 
     # --- events ------------------------------------------------------------------------
 
-    def _fence(self, cur: Any, run_id: str, owner: str, update: Mapping[str, Any] | None) -> None:
+    def _fence(self, cur: Any, run_id: str, owner: str, update: RunUpdate | None) -> None:
         sets, params = ["updated = ?"], [utc_now()]
-        for key, value in (update or {}).items():
+        for key, value in (to_json(update) if update is not None else {}).items():
             if key not in _UPDATABLE:
                 raise ValueError(f"run column {key!r} is not updatable")
             sets.append(f"{key} = ?")
@@ -249,9 +253,9 @@ class SqlStore:
         run_id: str,
         owner: str,
         first_seq: int,
-        events: Sequence[tuple[str, dict[str, Any]]],
+        events: Sequence[tuple[str, Record | Tagged | dict[str, Any]]],
         blobs: Mapping[str, bytes] | None = None,
-        update: Mapping[str, Any] | None = None,
+        update: RunUpdate | None = None,
         *,
         sync: bool = True,
     ) -> None:
@@ -259,7 +263,7 @@ class SqlStore:
         # tells the last write (which a crash may have torn) from the ones before it.
         at = datetime.now(UTC).isoformat(timespec="microseconds")
         rows = [
-            (run_id, first_seq + i, kind, json.dumps(data, separators=(",", ":")), at)
+            (run_id, first_seq + i, kind, row_json(data), at)
             for i, (kind, data) in enumerate(events)
         ]
         with self._tx(sync=sync) as cur:

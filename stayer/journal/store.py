@@ -10,9 +10,10 @@ claim runs with leases. ``stayer.journal.backends`` chooses one.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -112,6 +113,23 @@ class RunListing(Record, kw_only=True):
     updated: str
 
 
+class Tagged(msgspec.Struct, frozen=True):
+    """A row's data with the keys that tag it (a team thread's name) after its own."""
+
+    data: Record | dict[str, Any]
+    tags: dict[str, str]
+
+
+def row_json(data: Record | Tagged | dict[str, Any]) -> str:
+    """The stored text of an event's data: compact JSON, ASCII-escaped, keys in the order
+    the record declares them (a ``Tagged`` row's tags last): the one place a row is encoded.
+    A record is its JSON document; a dict (a document built by the caller) is written as is."""
+    tags = data.tags if isinstance(data, Tagged) else {}
+    own = data.data if isinstance(data, Tagged) else data
+    document = own if isinstance(own, dict) else to_json(own)
+    return json.dumps({**document, **tags} if tags else document, separators=(",", ":"))
+
+
 class RunUpdate(Record, kw_only=True):
     """What a write changes in the run's row besides ``updated``: its status, its steps and
     what it has spent (the total's text, or "unknown"); a field left out stays as it is."""
@@ -124,10 +142,6 @@ class RunUpdate(Record, kw_only=True):
         """This update, then ``later`` (its fields win)."""
         given = {f: v for f in later.__struct_fields__ if (v := getattr(later, f)) is not UNSET}
         return msgspec.structs.replace(self, **given)
-
-    def columns(self) -> dict[str, Any]:
-        """The row's columns it sets, by name (``Store.append``'s ``update``)."""
-        return cast(dict[str, Any], to_json(self))
 
 
 @dataclass
@@ -159,16 +173,16 @@ class Store(Protocol):
         run_id: str,
         owner: str,
         first_seq: int,
-        events: Sequence[tuple[str, dict[str, Any]]],
+        events: Sequence[tuple[str, Record | Tagged | dict[str, Any]]],
         blobs: Mapping[str, bytes] = ...,
-        update: Mapping[str, Any] | None = None,
+        update: RunUpdate | None = None,
         *,
         sync: bool = True,
     ) -> None:
         """Atomically store ``blobs`` and ``events`` (numbered from ``first_seq``) and apply
-        ``update`` (status, steps, cost_usd) to the run row. LeaseLost if ``owner`` no
-        longer holds the run. ``sync=False``: durable against the process dying on return,
-        against a power cut only once a later synced append returns."""
+        ``update`` (the status, steps and cost_usd it sets) to the run row. LeaseLost if
+        ``owner`` no longer holds the run. ``sync=False``: durable against the process
+        dying on return, against a power cut only once a later synced append returns."""
 
     def events(self, run_id: str) -> list[Event]: ...
 

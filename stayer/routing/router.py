@@ -18,11 +18,11 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
 
 from msgspec import UNSET, UnsetType
 
 from stayer.context.policies import remaining_steps
+from stayer.events import HandoffPriced
 from stayer.guard.breakers import StepRecord, Trip
 from stayer.models.base import Model
 from stayer.models.caching import CacheRules, cache_rules
@@ -93,7 +93,7 @@ class RouteRecord(Record):
     switched: bool | UnsetType = UNSET
     quote: QuoteRecord | UnsetType = UNSET
     modelled_latency_s: float | UnsetType = UNSET
-    handoff: dict[str, Any] | UnsetType = UNSET  # a team's handoff, priced (stayer.teams)
+    handoff: HandoffPriced | UnsetType = UNSET  # a team's handoff (stayer.teams)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from stayer.models.base import Model
 from stayer.models.caching import miss_premium
 from stayer.money import MTOK, Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.records import Record, decode, encode, to_json
+from stayer.records import Record, decode, encode
 from stayer.routing.router import rules_for
 from stayer.tools.base import Tool, ToolContext, ToolResult
 from stayer.usage import Usage
@@ -311,10 +311,7 @@ def note_in_journal(
     try:
         tail = store._read("SELECT MAX(seq) FROM stayer_events WHERE run_id = ?", (run_id,))
         first = 0 if not tail or tail[0][0] is None else int(tail[0][0]) + 1
-        columns = None if update is None else update.columns()
-        store.append(
-            run_id, owner, first, [(e.kind, to_json(e)) for e in events], blobs or {}, columns
-        )
+        store.append(run_id, owner, first, [(e.kind, e) for e in events], blobs or {}, update)
     finally:
         store.release(run_id, owner)
 

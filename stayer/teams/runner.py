@@ -29,9 +29,10 @@ from stayer.agent import SYSTEM_PROMPT, Agent, AgentSettings, Limits, Observer
 from stayer.context.policies import ContextPolicy
 from stayer.errors import Stopped
 from stayer.events import Compaction as CompactionEvent
-from stayer.events import Event, Handoff, MessageReceived, MessageSent, event_record
+from stayer.events import Event, Handoff, MessageReceived, MessageSent
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.guard.budget import Budget
+from stayer.journal.log import SnapshotRecord
 from stayer.journal.replay import JournaledModel, JournaledTool, ReplayingSandbox
 from stayer.journal.session import RunJournal
 from stayer.journal.store import RunUpdate
@@ -102,7 +103,7 @@ class Team:
         self.stopping = False  # the entry agent has finished: the others end their step and stop
         journal = services.journal
         self._snapshots = (
-            1 + max((int(s["step"]) for s in journal.log.snapshots), default=0) if journal else 0
+            1 + max((s.step for s in journal.log.snapshots), default=0) if journal else 0
         )
         if journal is not None:
             self._restore_cursors(journal)
@@ -188,17 +189,16 @@ class Team:
     def _restore_cursors(self, journal: RunJournal) -> None:
         """After the run's workspace came back from a team snapshot: where each thread's
         tool calls and steps stood when it was taken."""
-        snap = next(
-            (s for s in journal.log.snapshots if int(s["step"]) == journal.snapshot_step), None
-        )
+        snap = next((s for s in journal.log.snapshots if s.step == journal.snapshot_step), None)
+        threads = (snap.threads or {}) if snap is not None else {}
+        thread_steps = (snap.thread_steps or {}) if snap is not None else {}
         # The run's own cursors never move (its threads replay, each by its own), so the
         # run's sandbox must not hold commands back as replayed: each thread's does.
         journal.restored_step = journal.restored_tools_done = 0
         for name, t in self.threads.items():
             assert t.journal is not None
-            done = (snap or {}).get("threads", {}).get(name, 0)
-            steps = (snap or {}).get("thread_steps", {}).get(name, 0)
-            t.journal.restored_tools_done, t.journal.restored_step = int(done), int(steps)
+            t.journal.restored_tools_done = threads.get(name, 0)
+            t.journal.restored_step = thread_steps.get(name, 0)
 
     def row_update(self) -> RunUpdate:
         steps = sum(t.journal.steps_done for t in self.threads.values() if t.journal is not None)
@@ -231,14 +231,14 @@ class Team:
         step, self._snapshots = self._snapshots, self._snapshots + 1
         journal.record(
             "snapshot",
-            {
-                "step": step,
-                "id": snapshot_id,
-                "tools_done": 0,
-                "model_calls": 0,
-                "threads": cursors,
-                "thread_steps": steps,
-            },
+            SnapshotRecord(
+                step=step,
+                id=snapshot_id,
+                tools_done=0,
+                model_calls=0,
+                threads=cursors,
+                thread_steps=steps,
+            ),
         )
         journal.snapshot_step = step
 
@@ -407,9 +407,7 @@ class Thread:
     def _on_step(self, entry: LedgerEntry) -> None:
         if self.quote is not None:  # on the ledger like a route switch
             route = entry.route or RouteRecord()
-            _, handoff = event_record(self.quote)
-            del handoff["agent"]  # the route's handoff: the event without its agent
-            entry.route = msgspec.structs.replace(route, handoff=handoff)
+            entry.route = msgspec.structs.replace(route, handoff=self.quote.priced())
             self.quote = None
         if self.journal is not None:
             self.journal.on_step(entry)
