@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import shlex
 import shutil
 import socket
 import subprocess
@@ -40,7 +41,7 @@ def _as_server_user(argv: list[str]) -> list[str]:
     return (
         ["runuser", "-u", "postgres", "--", *argv]
         if shutil.which("runuser")
-        else ["su", "postgres", "-s", "/bin/sh", "-c", " ".join(argv)]
+        else ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(argv)]
     )
 
 
