@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypedDict, TypeVar
+from typing import Annotated, Any, Literal, TypedDict, TypeVar, cast
 
 from pydantic import (
     AfterValidator,
@@ -125,18 +125,7 @@ class SandboxLimits(TypedDict, total=False):
 def given_limits(limits: SandboxLimits) -> SandboxLimits:
     """``limits`` less those that are ``None`` (a flag not given): the rest keep their
     defaults."""
-    given = SandboxLimits()
-    if "allow_net" in limits:
-        given["allow_net"] = limits["allow_net"]
-    if (memory := limits.get("memory_mb")) is not None:
-        given["memory_mb"] = memory
-    if (storage := limits.get("storage_mb")) is not None:
-        given["storage_mb"] = storage
-    if (processes := limits.get("max_processes")) is not None:
-        given["max_processes"] = processes
-    if (file_mb := limits.get("max_file_mb")) is not None:
-        given["max_file_mb"] = file_mb
-    return given
+    return cast(SandboxLimits, {k: v for k, v in limits.items() if v is not None})
 
 
 @dataclass(frozen=True)
