@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-import orjson
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from stayer.audit.calls import (
     Call,
@@ -24,7 +24,38 @@ from stayer.audit.calls import (
     open_logs,
     parse_ts,
 )
+from stayer.records import Record, decode
 from stayer.usage import Usage
+
+
+class CacheVerdict(Record):
+    """A ledger entry's ``cache_break``, as far as the audit reads it."""
+
+    reason: str | None = None
+
+
+class RunStep(Record):
+    """A ledger entry of ``result.json`` as the audit reads it (``stayer.ledger``'s
+    ``LedgerEntry``; ``ts`` and ``service_tier`` where a ledger has them)."""
+
+    model: str
+    usage: Usage
+    latency_s: float | None = None
+    # None: the forensics saw no break; UNSET: an older ledger without verdicts.
+    cache_break: CacheVerdict | None | UnsetType = UNSET
+    ts: str | None = None
+    service_tier: str | None = None
+
+
+class RunDoc(Record):
+    """``result.json`` as the audit reads it; its entries are read one by one, so a bad
+    one is a skipped line, not a skipped run."""
+
+    ledger: list[msgspec.Raw]
+    run_id: str | None = None
+    task: str | None = None
+    started: str | None = None
+    service_tier: str | None = None
 
 
 class StayerRunImporter:
@@ -46,44 +77,47 @@ class StayerRunImporter:
             try:
                 with f:
                     raw = f.read()
-                doc = orjson.loads(raw)
-            except (OSError, orjson.JSONDecodeError):
+            except OSError:
+                out.skipped_lines += 1
+                continue
+            try:
+                doc = decode(raw, RunDoc)
+            except msgspec.ValidationError:  # JSON, but not a run's result
+                out.bytes += len(raw)
+                out.skipped_lines += 1
+                continue
+            except msgspec.DecodeError:
                 out.skipped_lines += 1
                 continue
             out.bytes += len(raw)
-            if not isinstance(doc, dict) or not isinstance(doc.get("ledger"), list):
-                out.skipped_lines += 1
-                continue
-            out.id = str(doc.get("run_id") or ref.id)
-            out.project = str(doc.get("task") or "")
+            out.id = doc.run_id or ref.id
+            out.project = doc.task or ""
             self._ledger(doc, out)
         return out
 
     @staticmethod
-    def _ledger(doc: dict[str, Any], out: ImportedSession) -> None:
-        clock = parse_ts(doc.get("started")) or 0.0
-        for entry in doc["ledger"]:
+    def _ledger(doc: RunDoc, out: ImportedSession) -> None:
+        clock = parse_ts(doc.started) or 0.0
+        for raw in doc.ledger:
             try:
-                usage = Usage.from_dict(entry["usage"])
-                model = str(entry["model"])
-                latency = float(entry.get("latency_s") or 0.0)
-            except (KeyError, TypeError, ValueError, AttributeError):
+                entry = decode(raw, RunStep)
+            except msgspec.ValidationError:
                 out.skipped_lines += 1
                 continue
-            verdict = entry.get("cache_break")
-            if isinstance(verdict, dict):
-                reason: str | None = str(verdict.get("reason") or "unknown")
+            verdict = entry.cache_break
+            if isinstance(verdict, CacheVerdict):
+                reason: str | None = verdict.reason or "unknown"
             else:  # null: the forensics saw no break; absent: an older ledger without them
-                reason = "" if "cache_break" in entry else None
-            at = parse_ts(entry.get("ts"))
+                reason = None if verdict is UNSET else ""
+            at = parse_ts(entry.ts)
             out.calls.append(
                 Call(
                     ts=at if at is not None else clock,
-                    model=model,
-                    usage=usage,
-                    service_tier=entry.get("service_tier") or doc.get("service_tier"),
+                    model=entry.model,
+                    usage=entry.usage,
+                    service_tier=entry.service_tier or doc.service_tier,
                     cache_break_reason=reason,
                     approximate_ts=at is None,
                 )
             )
-            clock += latency
+            clock += entry.latency_s or 0.0

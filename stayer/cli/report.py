@@ -165,7 +165,7 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
     from stayer.cli.run import exit_code, step_line
     from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown, RunReport
     from stayer.money import Usd
-    from stayer.records import from_json, to_json
+    from stayer.records import from_json
 
     out = Console(emoji=False)
     seen = 0
@@ -198,7 +198,7 @@ def follow_run(store: Any, run_id: str, poll_s: float = 0.5) -> int:
                     continue
                 total = (Usd(total) + entry.cost.total).amount
                 width = out.width if out.is_terminal else None
-                line = step_line(to_json(entry), total, width)
+                line = step_line(entry, total, width)
                 out.print(escape(line), highlight=False, soft_wrap=True)
             seen = len(events)
             time.sleep(poll_s)

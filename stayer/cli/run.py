@@ -256,7 +256,6 @@ def step_printer(err: Console, lost: Sequence[LostCall] = ()) -> Callable[[Any],
     from rich.markup import escape
 
     from stayer.journal.session import lost_ledger_entries
-    from stayer.records import to_json
 
     total: list[Decimal | None] = [Decimal(0)]
     shown = [0]
@@ -264,7 +263,7 @@ def step_printer(err: Console, lost: Sequence[LostCall] = ()) -> Callable[[Any],
     def show(entry: LedgerEntry) -> None:
         total[0] = (Usd(total[0]) + entry.cost.total).amount
         width = err.width if err.is_terminal else None
-        line = step_line(to_json(entry), total[0], width)
+        line = step_line(entry, total[0], width)
         err.print(escape(line), highlight=False, soft_wrap=True)
 
     def progress(entry: LedgerEntry) -> None:
@@ -276,20 +275,22 @@ def step_printer(err: Console, lost: Sequence[LostCall] = ()) -> Callable[[Any],
     return progress
 
 
-def step_line(d: dict[str, Any], total: Decimal | None, width: int | None = None) -> str:
+def step_line(entry: LedgerEntry, total: Decimal | None, width: int | None = None) -> str:
     """A ledger entry in one line: model, context, cache, cost with the running total,
     tools, and why the cache broke or the context was compacted. Within ``width`` (a
     terminal's) the model (the run's header names it) goes first, then the text at the
     end is cut; the numbers stay whole. No ``width`` (a pipe): the whole line."""
-    tools = ",".join(c["name"] for c in d["tool_calls"]) or "-"
-    agent = "" if d.get("agent", "main") == "main" else f"{d['agent']} "
-    head = f"{agent}step {d['step']:>3} │ "
+    from stayer.records import to_json
+
+    tools = ",".join(c.name for c in entry.tool_calls) or "-"
+    agent = "" if entry.agent == "main" else f"{entry.agent} "
+    head = f"{agent}step {entry.step:>3} │ "
     numbers = (
-        f"ctx {d['context_tokens'] or 0:>9,} │ cache {d['cache_hit_ratio'] * 100:5.1f}% │ "
-        f"{usd(d['cost_usd'])} │ total {usd(total)}"
+        f"ctx {entry.context_tokens or 0:>9,} │ cache {entry.cache_hit_ratio * 100:5.1f}% │ "
+        f"{Usd(entry.cost.total).format()} │ total {usd(total)}"
     )
-    text = " │ ".join([tools, *step_notes(d)])
-    line = f"{head}{d['model']} │ {numbers} │ {text}"
+    text = " │ ".join([tools, *step_notes(to_json(entry))])
+    line = f"{head}{entry.model} │ {numbers} │ {text}"
     if width is None or len(line) <= width:
         return line
     line = f"{head}{numbers} │ {text}"

@@ -46,11 +46,6 @@ class _File(BaseModel):
     mcp: McpSection
 
 
-def servers_record(servers: dict[str, McpServer]) -> dict[str, Any]:
-    """JSON-ready, for a run's record (a resume connects to the same servers)."""
-    return {name: s.model_dump(exclude_defaults=True) for name, s in servers.items()}
-
-
 def run_servers(
     task: dict[str, McpServer],
     task_source: str,
