@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from stayer.addresses import resolve
 from stayer.mcp.config import McpServer
 from stayer.sandbox.base import Sandbox
+from stayer.tools.effects import META_KEY
 
 # The SDK logs a traceback for each line a server sends that is not JSON-RPC; here that is
 # a tool error the model reads (see ``Connection.call``), not the operator's business.
@@ -264,19 +265,20 @@ class Connection:
     # --- calls --------------------------------------------------------------------------
 
     async def call(
-        self, tool: str, args: dict[str, Any], timeout: float, meta: dict[str, Any] | None = None
+        self, tool: str, args: dict[str, Any], timeout: float, idempotency_key: str | None = None
     ) -> Any:
         """The ``CallToolResult`` of ``tool``; McpCallError when there is none. A server
-        that exited, hung or sent garbage before is started again first."""
+        that exited, hung or sent garbage before is started again first. The call's
+        ``idempotency_key`` travels in the request's ``_meta``."""
         if not self.alive:
             try:
                 await self.restart()
             except McpStartError as e:
                 raise McpCallError(str(e)) from None
         coro = (
-            self._session.call_tool(tool, args, meta=meta)
-            if meta
-            else (self._session.call_tool(tool, args))
+            self._session.call_tool(tool, args, meta={META_KEY: idempotency_key})
+            if idempotency_key
+            else self._session.call_tool(tool, args)
         )
         return await self._guarded(coro, timeout, f"{tool}")
 

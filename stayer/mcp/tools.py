@@ -29,7 +29,7 @@ from stayer.messages import ToolSpec
 from stayer.sandbox.base import Sandbox
 from stayer.tokens import TokenCounter, truncate_middle
 from stayer.tools.base import ToolContext, ToolResult
-from stayer.tools.effects import META_KEY, from_mcp_annotations
+from stayer.tools.effects import from_mcp_annotations
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_NAME = 64  # what Anthropic's and OpenAI's APIs accept
@@ -87,10 +87,10 @@ class McpTool:
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         timeout = self.connection.server.call_timeout_s or ctx.command_timeout
-        meta = {META_KEY: ctx.call.idempotency_key} if ctx.call is not None else None
+        key = ctx.call.idempotency_key if ctx.call is not None else None
         try:
             async with self.lock:
-                result = await self.connection.call(self.tool.name, args, timeout, meta)
+                result = await self.connection.call(self.tool.name, args, timeout, key)
         except McpCallError as e:
             return ToolResult(str(e), is_error=True)
         text = render(result)
