@@ -28,7 +28,8 @@ from stayer.journal.codec import canonical
 from stayer.journal.sql import SqlStore, utc_now
 from stayer.ledger import OutcomeUnknown
 from stayer.messages import Effects
-from stayer.tools.base import ToolContext, ToolResult
+from stayer.records import from_json, to_json
+from stayer.tools.base import ResultFields, ToolContext, ToolResult
 from stayer.tools.effects import CallRef
 
 if TYPE_CHECKING:
@@ -58,9 +59,8 @@ class Effect:
     done_at: str | None
 
     def tool_result(self) -> ToolResult:
-        return ToolResult.of(
-            ToolResult.text(bytes(self.output or b"")), json.loads(self.result or "{}")
-        )
+        kept = from_json(json.loads(self.result or "{}"), ResultFields)
+        return ToolResult.of(ToolResult.text(bytes(self.output or b"")), kept)
 
 
 class EffectLog:
@@ -100,7 +100,7 @@ class EffectLog:
     def settle(self, run_id: str, key: str, state: str, result: ToolResult) -> None:
         """Commit the call's result (``done``) or that it is ``unknown``. Not fenced: what
         a call did is true whoever holds the run now; a row already settled is kept."""
-        fields = json.dumps(result.fields())
+        fields = json.dumps(to_json(result.fields()))
         with self.store._tx() as cur:
             cur.execute(
                 "UPDATE stayer_effects SET state = ?, output = ?, result = ?, done_at = ? "

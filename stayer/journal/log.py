@@ -13,9 +13,9 @@ run or resumed by paying for that work again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET, UnsetType, structs
 
 from stayer.journal.blobs import BlobError
 from stayer.journal.store import Event, JournalCorrupt, Store
@@ -24,6 +24,7 @@ from stayer.usage import Usage
 
 if TYPE_CHECKING:
     from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown
+    from stayer.tools.base import ResultFields, ToolResult
 
 #: Event kinds the journal itself writes. Any other kind is an agent event (compaction,
 #: breaker, …) recorded through ``on_event``; an agent kind that collides with one of these
@@ -67,6 +68,95 @@ def blob_refs(event: Event) -> list[str]:
     if event.kind not in JOURNAL_KINDS and "payload" in d:
         return [d["payload"]]
     return []
+
+
+class RunCreatedRecord(Record):
+    """A ``run_created`` event: the run's header (``stayer.prepare.run_header``)."""
+
+    header: dict[str, Any]
+
+
+class ResumedRecord(Record):
+    """A ``resumed`` event: ``owner`` took the run over at event ``from_seq``, after
+    dropping ``torn`` torn events."""
+
+    owner: str
+    from_seq: int
+    torn: int
+
+
+class ThreadStartedRecord(Record):
+    """A ``thread_started`` event: a team's ``thread`` began on ``message`` (its id)."""
+
+    thread: str
+    message: str
+
+
+class ModelStartedRecord(Record, kw_only=True):
+    """A ``model_started`` event: attempt ``attempt`` at call ``n`` (its request's digest
+    and timestamp) was sent."""
+
+    n: int
+    digest: str
+    now: float | None = None
+    attempt: int = 1
+
+
+class ToolStartedRecord(Record):
+    """A ``tool_started`` event: tool call ``t`` (of tool ``name``) began."""
+
+    t: int
+    name: str
+
+
+class ToolFinishedRecord(Record, kw_only=True):
+    """A ``tool_finished`` event: tool call ``t`` (of tool ``name``) done, its output in a
+    blob; ``nested``: it made journaled calls of its own (a sub-agent). The result's other
+    fields follow, as ``ToolResult.fields`` gives them."""
+
+    t: int
+    name: str = ""  # a row without one reads as ""
+    output: str
+    nested: bool = False
+    is_error: bool = False
+    submitted: bool = False
+    kind: str = "observation"
+    outcome: str | UnsetType = UNSET
+
+    @classmethod
+    def of(cls, t: int, name: str, output: str, nested: bool, kept: ResultFields) -> Self:
+        return cls(t=t, name=name, output=output, nested=nested, **structs.asdict(kept))
+
+    def result(self, text: str) -> ToolResult:
+        """The journaled result, its text ``text`` (the output's blob)."""
+        from stayer.tools.base import ResultFields, ToolResult  # not for listing runs
+
+        kept = ResultFields(self.is_error, self.submitted, self.kind, self.outcome)
+        return ToolResult.of(text, kept)
+
+
+class ToolDivergedRecord(Record):
+    """A ``tool_diverged`` event: tool call ``t``, run again, gave another output (its
+    blob) than the journaled one, which is kept."""
+
+    t: int
+    name: str
+    output: str
+
+
+class ObservedRecord(Record):
+    """An ``observed`` event: the ``i``-th value the loop read from outside itself."""
+
+    i: int
+    value: Any  # whatever JSON value was read: a time, a fingerprint, a message document
+
+
+class AgentEventRecord(Record):
+    """An agent event (any kind not in ``JOURNAL_KINDS``): the ``i``-th, its payload in a
+    blob."""
+
+    i: int
+    payload: str
 
 
 class ModelFinishedRecord(Record, kw_only=True):
@@ -128,7 +218,7 @@ class RunLog:
     blobs: dict[str, bytes] = field(default_factory=dict)  # every blob the events refer to
     header: dict[str, Any] = field(default_factory=dict)
     calls: dict[int, CallRecord] = field(default_factory=dict)
-    tools: dict[int, dict[str, Any]] = field(default_factory=dict)  # t → tool_finished
+    tools: dict[int, ToolFinishedRecord] = field(default_factory=dict)
     steps: dict[int, LedgerEntry] = field(default_factory=dict)  # step → its ledger entry
     lost: list[LostCall] = field(default_factory=list)  # model_lost records
     unknown: list[OutcomeUnknown] = field(default_factory=list)  # outcome_unknown records
@@ -216,9 +306,10 @@ def _index(log: RunLog, ev: Event) -> None:
     elif kind == "resumed":
         log.resumes += 1
     elif kind == "model_started":
-        rec = log.calls.setdefault(int(d["n"]), CallRecord())
+        sent = from_json(d, ModelStartedRecord)
+        rec = log.calls.setdefault(sent.n, CallRecord())
         rec.attempts += 1
-        rec.digest, rec.now = d["digest"], d.get("now")
+        rec.digest, rec.now = sent.digest, sent.now
     elif kind == "model_finished":
         done = from_json(d, ModelFinishedRecord)
         log.calls.setdefault(done.n, CallRecord()).finished = done
@@ -230,7 +321,8 @@ def _index(log: RunLog, ev: Event) -> None:
     elif kind == "outcome_unknown":
         log.unknown.append(from_json(d, OutcomeUnknown))
     elif kind == "tool_finished":
-        log.tools[int(d["t"])] = d
+        done_tool = from_json(d, ToolFinishedRecord)
+        log.tools[done_tool.t] = done_tool
     elif kind == "step":
         log.steps[int(d["step"])] = from_json(d["entry"], LedgerEntry)
     elif kind == "snapshot":
@@ -238,6 +330,8 @@ def _index(log: RunLog, ev: Event) -> None:
     elif kind == "run_finished":
         log.finished = from_json(d, RunFinishedRecord)
     elif kind == "observed":
-        log.observations[int(d["i"])] = d["value"]
+        seen = from_json(d, ObservedRecord)
+        log.observations[seen.i] = seen.value
     elif kind not in JOURNAL_KINDS:
-        log.agent_events[int(d["i"])] = (kind, d["payload"])
+        event = from_json(d, AgentEventRecord)
+        log.agent_events[event.i] = (kind, event.payload)

@@ -16,10 +16,12 @@ import re
 import threading
 from decimal import Decimal
 
+import msgspec
+
+from stayer.journal.steps import StepRecord
 from stayer.journal.store import JournalError, RunRow, RunUpdate, Store
 from stayer.ledger import LedgerEntry
 from stayer.money import Usd
-from stayer.records import to_json
 
 OWNER = "stayer-gateway"
 STATUS = "open"
@@ -78,7 +80,7 @@ class SessionLedger:
                         session,
                         OWNER,
                         seq,
-                        [("step", {"step": step, "entry": {**to_json(entry), "step": step}})],
+                        [("step", StepRecord(step, msgspec.structs.replace(entry, step=step)))],
                         update=RunUpdate(
                             steps=step,
                             cost=(total + cost).to_json(),

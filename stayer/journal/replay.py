@@ -17,7 +17,14 @@ from stayer.guard.breakers import WorkspaceProbe
 from stayer.journal.blobs import digest
 from stayer.journal.codec import MessageRecord, canonical
 from stayer.journal.effects import call_once
-from stayer.journal.log import ModelFailedRecord, ModelFinishedRecord
+from stayer.journal.log import (
+    ModelFailedRecord,
+    ModelFinishedRecord,
+    ModelStartedRecord,
+    ToolDivergedRecord,
+    ToolFinishedRecord,
+    ToolStartedRecord,
+)
 from stayer.journal.session import RunJournal
 from stayer.journal.store import JournalError
 from stayer.ledger import LostCall
@@ -82,12 +89,10 @@ class JournaledModel:
         # Written before the call, so that a crash mid-call is known to have been billed.
         # Not fsynced: the fsync of this call's result, before anything acts on it, covers
         # it; only a power cut mid-call could lose it (and with it the lost call's estimate).
-        journal.record(
-            "model_started",
-            {"n": n, "digest": request_digest, "now": request.now, "attempt": lost_attempts + 1},
-            durable=True,
-            sync=False,
+        started = ModelStartedRecord(
+            n=n, digest=request_digest, now=request.now, attempt=lost_attempts + 1
         )
+        journal.record("model_started", started, durable=True, sync=False)
         journal.stats.seconds += time.perf_counter() - t0
         try:
             response = await inner.complete(request)
@@ -192,26 +197,24 @@ class JournaledTool:
         effects = effects_of(runs, ctx.sandbox)
         once = side_effecting(effects)
         if rec is not None:
-            recorded = ToolResult.of(ToolResult.text(journal.log.blobs[rec["output"]]), rec)
+            recorded = rec.result(ToolResult.text(journal.log.blobs[rec.output]))
             # A tool that made journaled calls of its own (a sub-agent) is run again even
             # before the snapshot: its calls replay from the journal, and whatever it does
             # to the agent (adopting the sub-agent's ledger) happens again. A plain tool is
             # run again only after the snapshot, to redo its effect on the workspace; a
             # side-effecting one never (its effect is outside the workspace).
-            if rec.get("nested") or (t >= journal.restored_tools_done and not once):
+            if rec.nested or (t >= journal.restored_tools_done and not once):
                 live = await _invoke(tool, args, ctx)
                 if live != recorded:
                     output = digest(live.raw())
-                    journal.record(
-                        "tool_diverged", {"t": t, "name": tool.spec.name, "output": output}
-                    )
+                    journal.record("tool_diverged", ToolDivergedRecord(t, tool.spec.name, output))
                     journal.warn(
                         f"run {journal.run_id}: re-executed {tool.spec.name} call #{t + 1} gave a different result "
                         "than journaled; the journaled one is kept in the context"
                     )
             return recorded
         t0 = time.perf_counter()
-        journal.record("tool_started", {"t": t, "name": tool.spec.name})
+        journal.record("tool_started", ToolStartedRecord(t, tool.spec.name))
         journal.stats.seconds += time.perf_counter() - t0
         if once:  # sent at most once, whatever crashes (stayer.journal.effects)
             result = await call_once(
@@ -222,17 +225,9 @@ class JournaledTool:
         t1 = time.perf_counter()
         raw = result.raw()
         address = digest(raw)
-        journal.record(
-            "tool_finished",
-            {
-                "t": t,
-                "name": tool.spec.name,
-                "output": address,
-                "nested": journal.cursors() != before,
-                **result.fields(),
-            },
-            {address: raw},
-        )
+        nested = journal.cursors() != before
+        finished = ToolFinishedRecord.of(t, tool.spec.name, address, nested, result.fields())
+        journal.record("tool_finished", finished, {address: raw})
         journal.stats.seconds += time.perf_counter() - t1
         return result
 

@@ -28,6 +28,10 @@ from stayer.journal.digest import RequestDigest
 from stayer.journal.lease import new_owner, owner_is_dead
 from stayer.journal.log import (
     JOURNAL_KINDS,
+    AgentEventRecord,
+    ObservedRecord,
+    ResumedRecord,
+    RunCreatedRecord,
     RunFinishedRecord,
     RunLog,
     SnapshotRecord,
@@ -35,12 +39,13 @@ from stayer.journal.log import (
 )
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
+from stayer.journal.steps import StepRecord
 from stayer.journal.store import JournalError, RunHeld, RunRow, RunUpdate, Store, Tagged
 from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown, RunReport, ToolCallEntry
 from stayer.models.base import Model, ModelResponse
 from stayer.money import Usd, usd_sum
 from stayer.pricing import Cost, PriceBook
-from stayer.records import Record, to_json
+from stayer.records import Record
 from stayer.usage import Usage
 from stayer.workspace.snapshot import SnapshotNotFound, SnapshotStore
 
@@ -96,7 +101,7 @@ class RunJournal:
         self.stats = JournalStats()
         self.agent = "main"  # whose calls this journal records (a team thread's: its name)
         self.seq = log.next_seq
-        self._events: list[tuple[str, Record | Tagged | dict[str, Any]]] = []
+        self._events: list[tuple[str, Record | Tagged]] = []
         self._blobs: dict[str, bytes] = {}
         self._update = RunUpdate()
         self._stored: set[str] = set(log.blobs)  # addresses known to be in the store
@@ -158,7 +163,7 @@ class RunJournal:
             ttl_s=ttl_s,
             **kw,
         )
-        journal.record("run_created", {"header": header}, durable=True)
+        journal.record("run_created", RunCreatedRecord(header), durable=True)
         return journal
 
     @staticmethod
@@ -215,9 +220,7 @@ class RunJournal:
             journal.warn(
                 f"run {row.id}: dropped {log.torn} torn event(s) at the end of the journal"
             )
-        journal.record(
-            "resumed", {"owner": owner, "from_seq": log.next_seq, "torn": log.torn}, durable=True
-        )
+        journal.record("resumed", ResumedRecord(owner, log.next_seq, log.torn), durable=True)
         return journal
 
     def release(self) -> None:
@@ -249,14 +252,14 @@ class RunJournal:
     def record(
         self,
         kind: str,
-        data: Record | dict[str, Any],
+        data: Record,
         blobs: Mapping[str, bytes] | None = None,
         *,
         durable: bool = False,
         sync: bool = True,
         update: RunUpdate | None = None,
     ) -> None:
-        """Queue an event (``data``: a record, or a document; encoded by the store);
+        """Queue an event (``data``: its record, encoded by the store);
         ``durable`` writes it (and everything queued) now. ``update``: what the write
         changes in the run's row."""
         w = self.writer
@@ -326,7 +329,7 @@ class RunJournal:
         address = digest(raw)
         self.record(
             "run_finished",
-            to_json(RunFinishedRecord(report.status, address)),
+            RunFinishedRecord(report.status, address),
             {address: raw},
             durable=True,
             update=RunUpdate(status=report.status, steps=report.steps, cost=report.cost_usd),
@@ -361,7 +364,7 @@ class RunJournal:
         value = compute()
         if keep is None or keep(value):
             self.o += 1
-            self.record("observed", {"i": i, "value": value})
+            self.record("observed", ObservedRecord(i, value))
         return value
 
     async def observe_waiting(self, compute: Callable[[], Awaitable[Any]]) -> Any:
@@ -372,7 +375,7 @@ class RunJournal:
         if i in self.log.observations:
             return self.log.observations[i]
         value = await compute()
-        self.record("observed", {"i": i, "value": value})
+        self.record("observed", ObservedRecord(i, value))
         return value
 
     def clock(self) -> float:
@@ -394,7 +397,7 @@ class RunJournal:
         if entry.step not in self.log.steps:
             self.record(
                 "step",
-                {"step": entry.step, "entry": to_json(entry)},
+                StepRecord(entry.step, entry),
                 update=RunUpdate(steps=entry.step, cost=self.cost_text()),
             )
         if entry.step > self.snapshot_step:
@@ -441,9 +444,7 @@ class RunJournal:
         self.steps_done = step
         self.steps_cost += cost
         self.record(
-            "step",
-            {"step": step, "entry": to_json(entry)},
-            update=RunUpdate(steps=step, cost=self.cost_text()),
+            "step", StepRecord(step, entry), update=RunUpdate(steps=step, cost=self.cost_text())
         )
         return entry
 
@@ -466,7 +467,7 @@ class RunJournal:
         stored_kind = f"agent:{kind}" if kind in JOURNAL_KINDS else kind
         recorded = self.log.agent_events.get(i)
         if recorded is None:
-            self.record(stored_kind, {"i": i, "payload": address}, {address: raw})
+            self.record(stored_kind, AgentEventRecord(i, address), {address: raw})
         elif recorded != (stored_kind, address):
             self.warn(
                 f"run {self.run_id}: replay emitted a different {kind!r} event than the journal holds (#{i})"

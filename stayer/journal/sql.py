@@ -253,7 +253,7 @@ class SqlStore:
         run_id: str,
         owner: str,
         first_seq: int,
-        events: Sequence[tuple[str, Record | Tagged | dict[str, Any]]],
+        events: Sequence[tuple[str, Record | Tagged]],
         blobs: Mapping[str, bytes] | None = None,
         update: RunUpdate | None = None,
         *,

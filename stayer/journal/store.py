@@ -116,17 +116,15 @@ class RunListing(Record, kw_only=True):
 class Tagged(msgspec.Struct, frozen=True):
     """A row's data with the keys that tag it (a team thread's name) after its own."""
 
-    data: Record | dict[str, Any]
+    data: Record
     tags: dict[str, str]
 
 
-def row_json(data: Record | Tagged | dict[str, Any]) -> str:
+def row_json(data: Record | Tagged) -> str:
     """The stored text of an event's data: compact JSON, ASCII-escaped, keys in the order
-    the record declares them (a ``Tagged`` row's tags last): the one place a row is encoded.
-    A record is its JSON document; a dict (a document built by the caller) is written as is."""
+    the record declares them (a ``Tagged`` row's tags last): the one place a row is encoded."""
     tags = data.tags if isinstance(data, Tagged) else {}
-    own = data.data if isinstance(data, Tagged) else data
-    document = own if isinstance(own, dict) else to_json(own)
+    document = to_json(data.data if isinstance(data, Tagged) else data)
     return json.dumps({**document, **tags} if tags else document, separators=(",", ":"))
 
 
@@ -173,7 +171,7 @@ class Store(Protocol):
         run_id: str,
         owner: str,
         first_seq: int,
-        events: Sequence[tuple[str, Record | Tagged | dict[str, Any]]],
+        events: Sequence[tuple[str, Record | Tagged]],
         blobs: Mapping[str, bytes] = ...,
         update: RunUpdate | None = None,
         *,

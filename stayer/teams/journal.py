@@ -14,8 +14,8 @@ from typing import Any
 
 from stayer.journal.log import RunLog
 from stayer.journal.session import RunJournal
+from stayer.journal.steps import StepRecord
 from stayer.journal.store import RunUpdate
-from stayer.records import to_json
 
 
 class ThreadJournal(RunJournal):
@@ -58,9 +58,5 @@ class ThreadJournal(RunJournal):
         self._unstepped.clear()
         self.steps_cost += entry.cost.total  # ``Usd``: an unpriced step makes it unknown
         if entry.step not in self.log.steps:
-            self.record(
-                "step",
-                {"step": entry.step, "entry": to_json(entry)},
-                update=self.row_update(),
-            )
+            self.record("step", StepRecord(entry.step, entry), update=self.row_update())
         self.snapshot()

@@ -32,7 +32,7 @@ from stayer.events import Compaction as CompactionEvent
 from stayer.events import Event, Handoff, MessageReceived, MessageSent
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.guard.budget import Budget
-from stayer.journal.log import SnapshotRecord
+from stayer.journal.log import SnapshotRecord, ThreadStartedRecord
 from stayer.journal.replay import JournaledModel, JournaledTool, ReplayingSandbox
 from stayer.journal.session import RunJournal
 from stayer.journal.store import RunUpdate
@@ -181,7 +181,7 @@ class Team:
         if recorded is not None:
             return recorded == message.id
         journal.log.thread_starts[target.name] = message.id
-        journal.record("thread_started", {"thread": target.name, "message": message.id})
+        journal.record("thread_started", ThreadStartedRecord(target.name, message.id))
         return True
 
     # --- the journal ---------------------------------------------------------------------

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from msgspec import UNSET, UnsetType
+
 from stayer.messages import ToolSpec
+from stayer.records import Record
 from stayer.sandbox.base import Sandbox
 from stayer.tools.effects import CallRef
 
@@ -33,19 +34,28 @@ class ToolResult:
     def text(raw: bytes) -> str:
         return raw.decode("utf-8", "surrogatepass")
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> ResultFields:
         """Everything the result says besides its text (is_error, submitted, kind, ...): what
-        a journal keeps beside the output, so that the result read back is equal to it.
-        A field that is None is left out (as records written before it existed have it)."""
-        return {k: v for k in _RESULT_FIELDS if (v := getattr(self, k)) is not None}
+        a journal keeps beside the output, so that the result read back is equal to it."""
+        outcome = UNSET if self.outcome is None else self.outcome
+        return ResultFields(self.is_error, self.submitted, self.kind, outcome)
 
     @classmethod
-    def of(cls, output: str, kept: Mapping[str, Any]) -> ToolResult:
-        """The result of ``output`` and the ``fields()`` kept (those ``kept`` has)."""
-        return cls(output, **{k: kept[k] for k in _RESULT_FIELDS if k in kept})
+    def of(cls, output: str, kept: ResultFields) -> ToolResult:
+        """The result of ``output`` and the ``fields()`` kept."""
+        outcome = None if isinstance(kept.outcome, UnsetType) else kept.outcome
+        return cls(output, kept.is_error, kept.submitted, kept.kind, outcome)
 
 
-_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(ToolResult) if f.name != "output")
+class ResultFields(Record):
+    """A ``ToolResult``'s fields besides its text, as journals keep them: a field missing
+    from a document written before it existed reads as its default, and an outcome that
+    is None is left out."""
+
+    is_error: bool = False
+    submitted: bool = False
+    kind: str = "observation"
+    outcome: str | UnsetType = UNSET
 
 
 @dataclass(slots=True)
