@@ -35,7 +35,7 @@ from stayer.journal.store import RunHeld, StoreUnavailable
 from stayer.ledger import LedgerEntry, RunReport, RunResult
 from stayer.money import Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.records import encode
+from stayer.records import Record, encode, to_json
 from stayer.runtime.actions import (
     Actions,
     Gate,
@@ -108,6 +108,17 @@ def resolve_task(
     )
 
 
+class WorkerHealth(Record, kw_only=True):
+    """The worker's ``/healthz`` document: ``ok`` or ``unavailable`` (and why), its runs
+    and slots, whether it drains."""
+
+    status: str
+    store: str  # "ok", or why the database did not answer last time
+    runs: int
+    slots: int
+    draining: bool
+
+
 class Worker:
     def __init__(
         self,
@@ -166,16 +177,16 @@ class Worker:
 
         return forget
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
+    def health(self) -> tuple[bool, WorkerHealth]:
         """Whether the worker can work (its database answered last time), and a summary."""
         ok = self.store_problem is None
-        return ok, {
-            "status": "ok" if ok else "unavailable",
-            "store": self.store_problem or "ok",
-            "runs": len(self.running),
-            "slots": self.concurrency,
-            "draining": self.draining,
-        }
+        return ok, WorkerHealth(
+            status="ok" if ok else "unavailable",
+            store=self.store_problem or "ok",
+            runs=len(self.running),
+            slots=self.concurrency,
+            draining=self.draining,
+        )
 
     def _store_down(self, e: StoreUnavailable) -> None:
         if self.store_problem is None:
@@ -596,7 +607,7 @@ def serve_health(worker: Worker, port: int) -> Any:
             path = self.path.split("?", 1)[0]
             if path == "/healthz":
                 ok, doc = worker.health()
-                body, kind, status = json.dumps(doc).encode(), "application/json", 200
+                body, kind, status = json.dumps(to_json(doc)).encode(), "application/json", 200
                 if not ok:
                     status = 503
             elif path == "/metrics":
