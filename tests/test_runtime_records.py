@@ -4,10 +4,15 @@ stored run request, the SSE stream)."""
 
 from __future__ import annotations
 
+import asyncio
+import http.server
+import json
+import threading
 from pathlib import Path
 
 import httpx
 
+from stayer.runtime.webhooks import RunStatusHook, Webhooks, verify
 from stayer.runtime.worker import Worker, serve_health
 from tests.service_helpers import free_port
 
@@ -30,3 +35,45 @@ def test_the_workers_health_is_a_record_served_as_the_same_bytes(tmp_path: Path)
         )
     finally:
         server.shutdown()
+
+
+def test_a_status_webhook_is_a_record_sent_as_the_same_signed_bytes() -> None:
+    got: list[tuple[bytes, dict[str, str]]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            got.append((self.rfile.read(int(self.headers["Content-Length"])), dict(self.headers)))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+    hook = RunStatusHook(run_id="r-1", status="failed", stop_reason="caf\u00e9 closed")
+    assert (hook.type, hook.run_id) == ("run.status", "r-1")
+
+    async def send() -> None:
+        webhooks = Webhooks(allow_private=True)
+        webhooks.send(url, "s3cret", hook)
+        await webhooks.aclose(timeout_s=30)
+
+    try:
+        asyncio.run(send())
+    finally:
+        receiver.shutdown()
+    ((body, headers),) = got
+    before = {
+        "type": "run.status",
+        "run_id": "r-1",
+        "status": "failed",
+        "stop_reason": "caf\u00e9 closed",
+    }
+    assert body == json.dumps(before, separators=(",", ":")).encode()
+    assert (
+        body
+        == b'{"type":"run.status","run_id":"r-1","status":"failed","stop_reason":"caf\\u00e9 closed"}'
+    )
+    assert verify("s3cret", body, headers)

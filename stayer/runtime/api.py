@@ -66,7 +66,7 @@ from stayer.runtime.schemas import (
 )
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
 from stayer.runtime.uploads import MAX_ARCHIVE_BYTES, TaskUploads
-from stayer.runtime.webhooks import Webhooks, url_problem
+from stayer.runtime.webhooks import RunStatusHook, Webhooks, url_problem
 from stayer.runtime.worker import close_idle_journal, resolve_task, settle_hold
 
 #: How often an open event stream looks for new journal events. The journal is the one
@@ -467,12 +467,7 @@ def create_app(
             webhooks.send(
                 run.request["webhook"],
                 secret,
-                {
-                    "type": "run.status",
-                    "run_id": run.id,
-                    "status": CANCELLED,
-                    "stop_reason": "cancelled",
-                },
+                RunStatusHook(run_id=run.id, status=CANCELLED, stop_reason="cancelled"),
             )
         return out(run)
 

@@ -57,7 +57,7 @@ from stayer.runtime.db import (
 )
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
 from stayer.runtime.uploads import TaskUploads
-from stayer.runtime.webhooks import Webhooks
+from stayer.runtime.webhooks import RunStatusHook, Webhooks
 
 #: How often an idle worker looks for holds of ended runs left open (``settle_ended``).
 SWEEP_S = 5.0
@@ -343,14 +343,7 @@ class Worker:
         secret = self.db.webhook_secret(run.tenant)
         if url and secret:
             self.webhooks.send(
-                url,
-                secret,
-                {
-                    "type": "run.status",
-                    "run_id": run.id,
-                    "status": status,
-                    "stop_reason": stop_reason,
-                },
+                url, secret, RunStatusHook(run_id=run.id, status=status, stop_reason=stop_reason)
             )
 
     def _hold_budget(self, run: ServiceRun) -> Decimal | None | bool:
