@@ -11,7 +11,12 @@ import threading
 from pathlib import Path
 
 import httpx
+import msgspec
 
+from stayer.journal import open_store
+from stayer.records import from_json
+from stayer.runtime.db import RunRequest, ServiceDB
+from stayer.runtime.schemas import RunCreate
 from stayer.runtime.webhooks import RunStatusHook, Webhooks, verify
 from stayer.runtime.worker import Worker, serve_health
 from tests.service_helpers import free_port
@@ -77,3 +82,49 @@ def test_a_status_webhook_is_a_record_sent_as_the_same_signed_bytes() -> None:
         == b'{"type":"run.status","run_id":"r-1","status":"failed","stop_reason":"caf\\u00e9 closed"}'
     )
     assert verify("s3cret", body, headers)
+
+
+def test_a_stored_run_request_is_a_record_whose_column_keeps_its_json(tmp_path: Path) -> None:
+    fields = [f.encode_name for f in msgspec.structs.fields(RunRequest)]
+    assert fields == [*RunCreate.model_fields, "max_cost_default"]  # none dropped, same order
+    body = RunCreate.model_validate(
+        {
+            "task": "hello-file",
+            "model": "sim:claude-sonnet-4-5",
+            "max_cost": "2.50",
+            "max_steps": 7,
+            "sim_latency": 1,
+            "webhook": "https://example.org/h",
+            "metadata": {"who": "caf\u00e9"},
+            "team": {"lead": "a", "agents": {"a": {"model": "sim:x", "n": [1, 2.5, None]}}},
+            "mcp_servers": {"fs": {"command": ["x"], "env": {}}},
+            "confirm_tools": ["bash"],
+        }
+    )
+    asked = body.model_dump(mode="json")
+    request = from_json(asked, RunRequest)
+    request.max_cost_default = "1"
+    store = open_store(tmp_path / "home")
+    try:
+        db = ServiceDB(store)
+        db.insert_run("r-1", "t", body.task, body.model, request)
+        ((column,),) = store._read("SELECT request FROM stayer_service_runs WHERE id = 'r-1'", ())
+        assert column == json.dumps({**asked, "max_cost_default": "1"})  # as stored before
+        run = db.run("r-1")
+        assert run is not None and run.request == request
+        assert (run.request.max_cost, run.request.max_steps, run.request.sim_latency) == (
+            "2.50",
+            7,
+            1.0,
+        )
+        assert run.request.metadata == {"who": "caf\u00e9"} and run.request.confirm_tools == [
+            "bash"
+        ]
+        # A row stored before a field existed (or an empty request) reads its defaults.
+        with store._tx() as cur:
+            cur.execute("UPDATE stayer_service_runs SET request = '{}' WHERE id = 'r-1'")
+        run = db.run("r-1")
+        assert run is not None and run.request == RunRequest()
+        assert run.request.max_cost_default is msgspec.UNSET and run.request.metadata == {}
+    finally:
+        store.close()

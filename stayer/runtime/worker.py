@@ -339,7 +339,7 @@ class Worker:
         admit_paused(self.db, self.budgets)
 
     def _notify(self, run: ServiceRun, status: str, stop_reason: str | None) -> None:
-        url = run.request.get("webhook")
+        url = run.request.webhook
         secret = self.db.webhook_secret(run.tenant)
         if url and secret:
             self.webhooks.send(
@@ -352,7 +352,7 @@ class Worker:
         The cap is ``run_cap`` (set when the run was first admitted, or raised since by a
         person) or the request's ``max_cost``; the hold is grown to it in one transaction
         (``TenantBudgets.regrow``), so a raised cap is covered before the run uses it."""
-        asked = run.run_cap or run.request.get("max_cost")
+        asked = run.run_cap or run.request.max_cost
         cap = Decimal(asked) if asked is not None else None
         account = self.budgets.account(run.tenant)
         if account.cap is None and run.budget_hold is None:
@@ -362,8 +362,8 @@ class Worker:
             return cap
         if cap is None:  # what the tenant can afford, up to the server's default cap
             cap = account.available
-            default = run.request.get("max_cost_default")
-            if cap is not None and default is not None:
+            default = run.request.max_cost_default
+            if cap is not None and isinstance(default, str):
                 cap = min(cap, Decimal(default))
         if run.budget_hold is not None and run.held == str(cap):
             return cap
@@ -399,16 +399,16 @@ class Worker:
                 config = RunSettings(
                     task_dir=task_dir,
                     model=run.model,
-                    max_steps=int(req.get("max_steps") or RunSettings.max_steps),
+                    max_steps=req.max_steps,
                     max_cost=cap if isinstance(cap, Decimal) else None,
                     run_id=run.id,
-                    sim_policy=req.get("sim_policy"),
-                    sim_latency=float(req.get("sim_latency") or 0.0),
+                    sim_policy=req.sim_policy,
+                    sim_latency=req.sim_latency,
                     sandbox=self.sandbox,
-                    policy=req.get("policy") or RunSettings.policy,
-                    team=req.get("team"),
-                    mcp_servers=req.get("mcp_servers"),
-                    mcp_tools=req.get("mcp_tools") or RunSettings.mcp_tools,
+                    policy=req.policy or RunSettings.policy,
+                    team=req.team,
+                    mcp_servers=req.mcp_servers,
+                    mcp_tools=req.mcp_tools or RunSettings.mcp_tools,
                     allow_private_mcp=self.webhooks.allow_private,
                 )
                 prepared, journal = prepare(config, self.prices, store=self.store), None
@@ -475,7 +475,7 @@ class Worker:
             if self.draining:
                 raise RunHandedBack
 
-        confirm = req.get("confirm_tools") or []
+        confirm = req.confirm_tools
         gate = Gate(self.actions, run.id, confirm) if confirm else None
         controls = Controls(
             gate=gate,
@@ -692,7 +692,7 @@ def admit_paused(db: ServiceDB, budgets: TenantBudgets) -> int:
         if run.tenant not in available:
             available[run.tenant] = budgets.account(run.tenant).available
         left = available[run.tenant]
-        asked = run.run_cap or run.request.get("max_cost")
+        asked = run.run_cap or run.request.max_cost
         need = Decimal(asked) - Decimal(run.held or 0) if asked is not None else None
         if left is not None:
             if left <= 0 or (need is not None and need > left):
