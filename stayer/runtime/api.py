@@ -40,7 +40,7 @@ from stayer.journal.sql import SqlStore
 from stayer.journal.store import StoreUnavailable
 from stayer.mcp.config import check_api_servers
 from stayer.pricing import PriceBook
-from stayer.records import to_json
+from stayer.records import from_json, to_json
 from stayer.runtime.actions import Actions
 from stayer.runtime.db import (
     CANCELLED,
@@ -48,6 +48,7 @@ from stayer.runtime.db import (
     QUEUED,
     STATUSES,
     IdempotencyClash,
+    RunRequest,
     ServiceDB,
     ServiceRun,
 )
@@ -66,7 +67,7 @@ from stayer.runtime.schemas import (
 )
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
 from stayer.runtime.uploads import MAX_ARCHIVE_BYTES, TaskUploads
-from stayer.runtime.webhooks import Webhooks, url_problem
+from stayer.runtime.webhooks import RunStatusHook, Webhooks, url_problem
 from stayer.runtime.worker import close_idle_journal, resolve_task, settle_hold
 
 #: How often an open event stream looks for new journal events. The journal is the one
@@ -321,9 +322,9 @@ def create_app(
         from stayer.run import check_model, check_policies
 
         key = None if idempotency_key is None else _idempotency_key(idempotency_key)
-        request = body.model_dump(mode="json")
+        request = from_json(body.model_dump(mode="json"), RunRequest)
         digest = hashlib.sha256(
-            json.dumps(request, sort_keys=True, separators=(",", ":")).encode()
+            json.dumps(to_json(request), sort_keys=True, separators=(",", ":")).encode()
         ).hexdigest()
         if key is not None:  # a retry gets its run, whatever changed since (e.g. the budget)
             first = dbs.get().idempotent(tenant, key)
@@ -372,7 +373,7 @@ def create_app(
         if body.max_cost is None:
             # A run without a cap of its own gets what its tenant can afford when it starts,
             # up to the default cap; a tenant with nothing left to spend is told now.
-            request["max_cost_default"] = str(default_max_cost)
+            request.max_cost_default = str(default_max_cost)
             if account.cap is not None and account.cap - account.spent <= 0:
                 raise ConfigError(
                     f"max_cost: tenant {tenant} has spent its whole budget "
@@ -435,7 +436,7 @@ def create_app(
                 409,
                 f"run {run_id} is {run.status}; its cap can be raised while it is queued or waiting",
             )
-        asked = run.run_cap or run.request.get("max_cost")
+        asked = run.run_cap or run.request.max_cost
         old = Decimal(asked) if asked is not None else None
         if old is not None and body.max_cost <= old:
             raise HTTPException(422, f"max_cost: {body.max_cost} is not above the run's cap {old}")
@@ -463,16 +464,11 @@ def create_app(
 
         run, ended_here = await run_in_threadpool(cancel)
         secret = await run_in_threadpool(lambda: dbs.get().webhook_secret(run.tenant))
-        if ended_here and run.request.get("webhook") and secret:
+        if ended_here and run.request.webhook and secret:
             webhooks.send(
-                run.request["webhook"],
+                run.request.webhook,
                 secret,
-                {
-                    "type": "run.status",
-                    "run_id": run.id,
-                    "status": CANCELLED,
-                    "stop_reason": "cancelled",
-                },
+                RunStatusHook(run_id=run.id, status=CANCELLED, stop_reason="cancelled"),
             )
         return out(run)
 

@@ -33,16 +33,15 @@ TERMINAL = frozenset(FINAL_STATUSES)
 def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
     """Server-Sent Events from a stream's lines: ``{"id", "event", "data"}`` with ``data``
     parsed as JSON; comments (keep-alive pings) skipped."""
-    event: dict[str, Any] = {}
+    fields: dict[str, str] = {}
     for line in lines:
         if not line:
-            if "data" in event:
-                event["data"] = json.loads(event["data"])
-                yield event
-            event = {}
+            if "data" in fields:
+                yield {**fields, "data": json.loads(fields["data"])}
+            fields = {}
         elif not line.startswith(":"):
             field, _, value = line.partition(":")
-            event[field] = value[1:] if value.startswith(" ") else value
+            fields[field] = value[1:] if value.startswith(" ") else value
 
 
 class RunView(Record, kw_only=True):

@@ -23,11 +23,15 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+from msgspec import UNSET, UnsetType
+
 from stayer.errors import ConfigError
 from stayer.journal.sql import SqlStore, record_of, utc_now
 from stayer.journal.store import FINAL_STATUSES, Event
 from stayer.ledger import TokenTotals
-from stayer.records import decode
+from stayer.records import Record, decode, to_json
+from stayer.settings import RunSettings
 
 if TYPE_CHECKING:
     from stayer.run import InboxMessage
@@ -141,13 +145,36 @@ def key_hash(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
 
+class RunRequest(Record, kw_only=True):
+    """What a tenant asked for (``RunCreate``, as validated), stored as the run's
+    ``request`` column, with ``max_cost_default`` (the server's cap then) for a run
+    without a cap of its own. Fields in RunCreate's order: the column's JSON is
+    ``json.dumps`` of its document. A row stored before a field existed reads it as its
+    default."""
+
+    task: str = ""
+    model: str = ""
+    max_cost: str | None = None  # Decimal USD as text
+    max_steps: int = RunSettings.max_steps
+    policy: str = RunSettings.policy
+    sim_policy: str | None = None
+    sim_latency: float = 0.0
+    webhook: str | None = None
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    team: dict[str, Any] | None = None  # team.toml's contents: the user's config
+    mcp_servers: dict[str, dict[str, Any]] | None = None  # [mcp.servers]: the user's config
+    mcp_tools: str = RunSettings.mcp_tools
+    confirm_tools: list[str] = msgspec.field(default_factory=list)
+    max_cost_default: str | UnsetType = UNSET
+
+
 @dataclass
 class ServiceRun:
     id: str
     tenant: str
     task: str
     model: str
-    request: dict[str, Any]
+    request: RunRequest
     status: str
     stop_reason: str | None = None
     steps: int = 0
@@ -282,7 +309,7 @@ class ServiceDB:
         tenant: str,
         task: str,
         model: str,
-        request: dict[str, Any],
+        request: RunRequest,
         idempotency: tuple[str, str] | None = None,
     ) -> tuple[ServiceRun, bool]:
         """Queue a run; (the run, True). With ``idempotency`` (the tenant's key, the
@@ -317,7 +344,7 @@ class ServiceDB:
                 cur.execute(
                     "INSERT INTO stayer_service_runs (id, tenant, task, model, request, status, created_at, updated_at) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (run_id, tenant, task, model, json.dumps(request), QUEUED, now, now),
+                    (run_id, tenant, task, model, json.dumps(to_json(request)), QUEUED, now, now),
                 )
         run = self.run(run_id)
         assert run is not None
@@ -338,7 +365,7 @@ class ServiceDB:
                 ServiceRun,
                 _FIELDS,
                 r,
-                request=json.loads,
+                request=lambda v: decode(v, RunRequest),
                 steps=int,
                 cancel_requested=bool,
                 budget_hold=lambda v: None if v is None else int(v),

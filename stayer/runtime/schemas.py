@@ -213,7 +213,7 @@ class RunOut(BaseModel):
             error=run.error,
             cancel_requested=run.cancel_requested,
             pending_action=pending_action,
-            metadata={_shown(k): _shown(v) for k, v in (run.request.get("metadata") or {}).items()},
+            metadata={_shown(k): _shown(v) for k, v in run.request.metadata.items()},
             created_at=run.created_at,
             updated_at=run.updated_at,
         )

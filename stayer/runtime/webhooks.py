@@ -22,18 +22,27 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
 
 import httpx
 
 from stayer import addresses as _addresses
 from stayer.addresses import Address, is_public
+from stayer.records import Record, to_json
 
 SIGNATURE_HEADER = "X-Stayer-Signature"
 ID_HEADER = "X-Stayer-Webhook-Id"
 TIMESTAMP_HEADER = "X-Stayer-Timestamp"
 #: How old a delivery ``verify`` accepts, in seconds (either way: clocks differ).
 TOLERANCE_S = 300
+
+
+class RunStatusHook(Record, kw_only=True):
+    """The body of a run's status change."""
+
+    type: str = "run.status"
+    run_id: str
+    status: str
+    stop_reason: str | None
 
 
 def sign(secret: str, body: bytes, *, delivery_id: str, timestamp: int) -> str:
@@ -104,9 +113,11 @@ class Webhooks:
         self._tasks: set[asyncio.Task[None]] = set()
         self._client: httpx.AsyncClient | None = None
 
-    def send(self, url: str, secret: str, payload: dict[str, Any]) -> None:
-        body = json.dumps(payload, separators=(",", ":")).encode()
-        delivery = self._deliver(url, secret, body, payload.get("run_id"))
+    def send(self, url: str, secret: str, payload: Record) -> None:
+        """Deliver ``payload`` (its JSON document, compact and ASCII) to ``url``."""
+        doc = to_json(payload)
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        delivery = self._deliver(url, secret, body, doc.get("run_id"))
         task = asyncio.get_running_loop().create_task(delivery)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

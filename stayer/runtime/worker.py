@@ -35,7 +35,7 @@ from stayer.journal.store import RunHeld, StoreUnavailable
 from stayer.ledger import LedgerEntry, RunReport, RunResult
 from stayer.money import Usd, usd_sum
 from stayer.pricing import PriceBook
-from stayer.records import encode
+from stayer.records import Record, encode, to_json
 from stayer.runtime.actions import (
     Actions,
     Gate,
@@ -57,7 +57,7 @@ from stayer.runtime.db import (
 )
 from stayer.runtime.tenants import TenantBudgets, open_budget_store
 from stayer.runtime.uploads import TaskUploads
-from stayer.runtime.webhooks import Webhooks
+from stayer.runtime.webhooks import RunStatusHook, Webhooks
 
 #: How often an idle worker looks for holds of ended runs left open (``settle_ended``).
 SWEEP_S = 5.0
@@ -106,6 +106,17 @@ def resolve_task(
     raise ConfigError(
         f"task {name!r}: no such task (upload it with POST /v1/tasks, or ask for one in the server's tasks)"
     )
+
+
+class WorkerHealth(Record, kw_only=True):
+    """The worker's ``/healthz`` document: ``ok`` or ``unavailable`` (and why), its runs
+    and slots, whether it drains."""
+
+    status: str
+    store: str  # "ok", or why the database did not answer last time
+    runs: int
+    slots: int
+    draining: bool
 
 
 class Worker:
@@ -166,16 +177,16 @@ class Worker:
 
         return forget
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
+    def health(self) -> tuple[bool, WorkerHealth]:
         """Whether the worker can work (its database answered last time), and a summary."""
         ok = self.store_problem is None
-        return ok, {
-            "status": "ok" if ok else "unavailable",
-            "store": self.store_problem or "ok",
-            "runs": len(self.running),
-            "slots": self.concurrency,
-            "draining": self.draining,
-        }
+        return ok, WorkerHealth(
+            status="ok" if ok else "unavailable",
+            store=self.store_problem or "ok",
+            runs=len(self.running),
+            slots=self.concurrency,
+            draining=self.draining,
+        )
 
     def _store_down(self, e: StoreUnavailable) -> None:
         if self.store_problem is None:
@@ -328,18 +339,11 @@ class Worker:
         admit_paused(self.db, self.budgets)
 
     def _notify(self, run: ServiceRun, status: str, stop_reason: str | None) -> None:
-        url = run.request.get("webhook")
+        url = run.request.webhook
         secret = self.db.webhook_secret(run.tenant)
         if url and secret:
             self.webhooks.send(
-                url,
-                secret,
-                {
-                    "type": "run.status",
-                    "run_id": run.id,
-                    "status": status,
-                    "stop_reason": stop_reason,
-                },
+                url, secret, RunStatusHook(run_id=run.id, status=status, stop_reason=stop_reason)
             )
 
     def _hold_budget(self, run: ServiceRun) -> Decimal | None | bool:
@@ -348,7 +352,7 @@ class Worker:
         The cap is ``run_cap`` (set when the run was first admitted, or raised since by a
         person) or the request's ``max_cost``; the hold is grown to it in one transaction
         (``TenantBudgets.regrow``), so a raised cap is covered before the run uses it."""
-        asked = run.run_cap or run.request.get("max_cost")
+        asked = run.run_cap or run.request.max_cost
         cap = Decimal(asked) if asked is not None else None
         account = self.budgets.account(run.tenant)
         if account.cap is None and run.budget_hold is None:
@@ -358,8 +362,8 @@ class Worker:
             return cap
         if cap is None:  # what the tenant can afford, up to the server's default cap
             cap = account.available
-            default = run.request.get("max_cost_default")
-            if cap is not None and default is not None:
+            default = run.request.max_cost_default
+            if cap is not None and isinstance(default, str):
                 cap = min(cap, Decimal(default))
         if run.budget_hold is not None and run.held == str(cap):
             return cap
@@ -395,16 +399,16 @@ class Worker:
                 config = RunSettings(
                     task_dir=task_dir,
                     model=run.model,
-                    max_steps=int(req.get("max_steps") or RunSettings.max_steps),
+                    max_steps=req.max_steps,
                     max_cost=cap if isinstance(cap, Decimal) else None,
                     run_id=run.id,
-                    sim_policy=req.get("sim_policy"),
-                    sim_latency=float(req.get("sim_latency") or 0.0),
+                    sim_policy=req.sim_policy,
+                    sim_latency=req.sim_latency,
                     sandbox=self.sandbox,
-                    policy=req.get("policy") or RunSettings.policy,
-                    team=req.get("team"),
-                    mcp_servers=req.get("mcp_servers"),
-                    mcp_tools=req.get("mcp_tools") or RunSettings.mcp_tools,
+                    policy=req.policy or RunSettings.policy,
+                    team=req.team,
+                    mcp_servers=req.mcp_servers,
+                    mcp_tools=req.mcp_tools or RunSettings.mcp_tools,
                     allow_private_mcp=self.webhooks.allow_private,
                 )
                 prepared, journal = prepare(config, self.prices, store=self.store), None
@@ -471,7 +475,7 @@ class Worker:
             if self.draining:
                 raise RunHandedBack
 
-        confirm = req.get("confirm_tools") or []
+        confirm = req.confirm_tools
         gate = Gate(self.actions, run.id, confirm) if confirm else None
         controls = Controls(
             gate=gate,
@@ -596,7 +600,7 @@ def serve_health(worker: Worker, port: int) -> Any:
             path = self.path.split("?", 1)[0]
             if path == "/healthz":
                 ok, doc = worker.health()
-                body, kind, status = json.dumps(doc).encode(), "application/json", 200
+                body, kind, status = json.dumps(to_json(doc)).encode(), "application/json", 200
                 if not ok:
                     status = 503
             elif path == "/metrics":
@@ -688,7 +692,7 @@ def admit_paused(db: ServiceDB, budgets: TenantBudgets) -> int:
         if run.tenant not in available:
             available[run.tenant] = budgets.account(run.tenant).available
         left = available[run.tenant]
-        asked = run.run_cap or run.request.get("max_cost")
+        asked = run.run_cap or run.request.max_cost
         need = Decimal(asked) - Decimal(run.held or 0) if asked is not None else None
         if left is not None:
             if left <= 0 or (need is not None and need > left):
