@@ -47,7 +47,7 @@ from stayer.metering.session import SessionState, SessionStates, settle_call
 from stayer.metering.usage import Reading, StreamReader, read_body
 from stayer.models.caching import provider_of
 from stayer.money import Usd
-from stayer.records import Record, to_json
+from stayer.records import Record
 from stayer.runtime.db import GatewayKey
 from stayer.runtime.tenants import account_name, key_account_name
 from stayer.runtime.webhooks import Webhooks
@@ -547,7 +547,7 @@ class _Call:
                 miss_cost=None if isinstance(brk.cost, UnsetType) else brk.cost,
                 cache_break=brk,
             )
-            gw.webhooks.send(self.who.webhook, self.who.webhook_secret, to_json(miss))
+            gw.webhooks.send(self.who.webhook, self.who.webhook_secret, miss)
 
     def _auto_cache(self, metered: Metered, reading: Reading) -> AutoCache:
         """The breakpoints added, and the call priced as it would have been without them."""
