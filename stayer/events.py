@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from stayer.records import to_json
+
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event"):
     """An event; its tag (``type(e).__struct_config__.tag``) is the journal's kind."""
@@ -168,5 +170,5 @@ AnyEvent = (
 
 def event_record(event: Event) -> tuple[str, dict[str, Any]]:
     """``(kind, payload)``: the event as the journal stores it and the feed sends it."""
-    payload: dict[str, Any] = msgspec.to_builtins(event)
+    payload = to_json(event)
     return str(payload.pop("event")), payload

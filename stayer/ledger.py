@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -190,7 +190,7 @@ class LedgerEntry(Record, kw_only=True):
 
     def to_dict(self) -> dict[str, Any]:
         """The entry's JSON document (``stayer.records.to_json``)."""
-        return cast(dict[str, Any], to_json(self))
+        return to_json(self)
 
     @property
     def trips(self) -> list[BreakerTrip]:
@@ -337,7 +337,7 @@ class RunReport(Record, kw_only=True, eq=False):
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (``result.json``, ``--json``, the journal's result)."""
-        return cast(dict[str, Any], to_json(self))
+        return to_json(self)
 
     @classmethod
     def read(cls, doc: dict[str, Any] | bytes) -> RunReport:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import sys
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -81,8 +81,13 @@ def _dec_hook(t: type, o: Any) -> Any:
 _encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
 
 
+@overload
+def to_json(value: msgspec.Struct) -> dict[str, Any]: ...
+@overload
+def to_json(value: Any) -> Any: ...
 def to_json(value: Any) -> Any:
-    """``value`` (records, Usd, containers of them) as JSON builtins."""
+    """``value`` (records, Usd, containers of them) as JSON builtins: a record as an
+    object."""
     return msgspec.to_builtins(value, enc_hook=_enc_hook)
 
 

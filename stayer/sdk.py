@@ -207,8 +207,7 @@ class Session:
         """What ``stayer report ID --json`` prints."""
         from stayer.records import to_json
 
-        doc: dict[str, Any] = to_json(self._journal_report())
-        return doc
+        return to_json(self._journal_report())
 
     def _journal_report(self) -> JournalReport:
         from stayer.journal.run_report import run_report
