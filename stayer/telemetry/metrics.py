@@ -25,9 +25,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from stayer.ledger import LedgerEntry
+from stayer.ledger import LedgerEntry, TokenTotals
 from stayer.money import MTOK
-from stayer.records import to_json
+from stayer.records import from_json
 
 TOKEN_KINDS = ("input_uncached", "cache_read", "cache_write", "output", "reasoning")
 #: Cache breaks nobody chose: a prompt that changed under its cache (an edited prefix,
@@ -53,17 +53,16 @@ COST_BUCKETS = (
 )
 
 
-def token_counts(usage: dict[str, Any]) -> dict[str, int]:
-    """A ledger usage document as the exported token kinds."""
-    read = int(usage.get("cache_read_tokens", 0))
-    write = int(usage.get("cache_write_tokens", 0))
-    total_in = int(usage.get("input_tokens", 0))
+def token_counts(usage: TokenTotals | dict[str, Any]) -> dict[str, int]:
+    """A run's tokens (or a ledger usage document) as the exported token kinds."""
+    u = usage if isinstance(usage, TokenTotals) else from_json(usage, TokenTotals)
+    read, write = u.cache_read_tokens, u.cache_write_tokens
     return {
-        "input_uncached": max(total_in - read - write, 0),
+        "input_uncached": max(u.input_tokens - read - write, 0),
         "cache_read": read,
         "cache_write": write,
-        "output": int(usage.get("output_tokens", 0)),
-        "reasoning": int(usage.get("reasoning_tokens", 0)),
+        "output": u.output_tokens,
+        "reasoning": u.reasoning_tokens,
     }
 
 
@@ -126,7 +125,7 @@ class ServiceCollector:
                 unpriced_by[(r.tenant, r.model)] += 1
             else:
                 cost_by[key] += Decimal(r.cost_usd)
-            for kind, n in token_counts(to_json(r.usage)).items():
+            for kind, n in token_counts(r.usage).items():
                 tokens_by[(*key, kind)] += n
             status_by[(r.tenant, r.status)] += 1
         for k, v in sorted(cost_by.items()):
