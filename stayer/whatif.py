@@ -43,6 +43,7 @@ from stayer.settings import read_text
 from stayer.tokens import Counters, MessageCounter, TiktokenCounter
 from stayer.tools import check_args, default_tools
 from stayer.tools.base import ToolContext, ToolResult
+from stayer.usage import Usage
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class Replay(Record, kw_only=True):
     policy: str
     max_context: int | None
     cost_usd: str
-    usage: dict[str, int]
+    usage: Usage
     cache_hit_ratio: float
     peak_context_tokens: int
     requests: int
@@ -543,7 +544,7 @@ async def replay(
         policy=policy.name,
         max_context=max_context,
         cost_usd="unknown" if result.cost_usd is None else str(result.cost_usd),
-        usage=u.to_dict(),
+        usage=u,
         cache_hit_ratio=round(u.cache_hit_ratio, 4),
         peak_context_tokens=result.peak_context_tokens,
         requests=result.steps,

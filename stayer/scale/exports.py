@@ -25,6 +25,7 @@ from stayer._version import __version__
 from stayer.eval.runner import write_atomic
 from stayer.records import Record, from_json, to_json
 from stayer.scale.records import ExportSummary, Sample, TraceStep, as_samples
+from stayer.usage import Usage
 
 FORMATS = ("jsonl", "atif", "verl", "skyrl", "verifiers")
 ATIF_VERSION = "ATIF-v1.7"
@@ -172,7 +173,7 @@ class AtifMessageExtra(Record, kw_only=True):
 class AtifCostExtra(Record):
     cost_usd_exact: str
     cost_parts_usd: dict[str, str] | None
-    usage: dict[str, int]
+    usage: Usage
 
 
 class AtifMetrics(Record, kw_only=True):
@@ -283,9 +284,9 @@ def atif(record: Sample, normalised: float) -> Trajectory:
             else:
                 add("user", m.content, **copied)
         metrics = AtifMetrics(
-            prompt_tokens=s.usage["input_tokens"],
-            completion_tokens=s.usage["output_tokens"],
-            cached_tokens=s.usage["cache_read_tokens"],
+            prompt_tokens=s.usage.input_tokens,
+            completion_tokens=s.usage.output_tokens,
+            cached_tokens=s.usage.cache_read_tokens,
             cost_usd=_float(s.cost_usd),
             prompt_token_ids=s.prompt_ids,
             completion_token_ids=s.completion_ids,
@@ -312,9 +313,9 @@ def atif(record: Sample, normalised: float) -> Trajectory:
         ),
         steps=steps,
         final_metrics=AtifFinalMetrics(
-            total_prompt_tokens=sum(s.usage["input_tokens"] for s in trace),
-            total_completion_tokens=sum(s.usage["output_tokens"] for s in trace),
-            total_cached_tokens=sum(s.usage["cache_read_tokens"] for s in trace),
+            total_prompt_tokens=sum(s.usage.input_tokens for s in trace),
+            total_completion_tokens=sum(s.usage.output_tokens for s in trace),
+            total_cached_tokens=sum(s.usage.cache_read_tokens for s in trace),
             total_cost_usd=_float(record.cost_usd),
             total_steps=len(steps),
             extra=AtifFinalExtra(

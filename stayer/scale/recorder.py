@@ -105,7 +105,7 @@ class StepRecorder(Observer):
             stop_reason=call.response.stop_reason,
             prompt_ids=prompt_ids,
             completion_ids=completion_ids,
-            usage=entry.usage.to_dict(),
+            usage=entry.usage,
             cost_usd=entry.cost.to_json(),
             cost_parts=self._cost_parts(entry),
             auxiliary_calls=auxiliary_calls,

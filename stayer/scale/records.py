@@ -17,6 +17,7 @@ from msgspec import UNSET, UnsetType
 from stayer.eval.records import TrialRecord
 from stayer.journal.codec import MessageCall, MessageRecord
 from stayer.records import Record, from_json
+from stayer.usage import Usage
 
 
 class TraceMessage(MessageRecord, kw_only=True):
@@ -49,7 +50,7 @@ class TraceStep(Record, kw_only=True):
     stop_reason: str | None
     prompt_ids: list[int] | None
     completion_ids: list[int] | None
-    usage: dict[str, int]
+    usage: Usage
     cost_usd: str
     cost_parts: dict[str, str] | None
     auxiliary_calls: int
