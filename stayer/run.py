@@ -494,9 +494,7 @@ def result_document(
         run_dir=str(p.run_dir),
         tokenizer=getattr(counter, "encoding_name", None),
         rewards=verdict.rewards if verdict is not None else msgspec.UNSET,
-        verifier=(
-            from_json(verdict.to_dict(), VerifierReport) if verdict is not None else msgspec.UNSET
-        ),
+        verifier=(verdict.report() if verdict is not None else msgspec.UNSET),
     )
 
 

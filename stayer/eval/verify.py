@@ -20,10 +20,12 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stayer.errors import ConfigError
 from stayer.eval.evidence import environment_evidence
 from stayer.eval.task import Task
+from stayer.records import to_json
 from stayer.sandbox.base import ExecResult, Mount, Sandbox
 from stayer.workspace.hostfs import (
     UnsafeFile,
@@ -32,6 +34,9 @@ from stayer.workspace.hostfs import (
     open_regular,
     read_regular,
 )
+
+if TYPE_CHECKING:
+    from stayer.ledger import VerifierReport
 
 # What a test script's exit status says about the host: bash's "found but not executable"
 # and "command not found".
@@ -67,16 +72,24 @@ class Verdict:
             return "infrastructure"
         return "timed_out" if self.exec.timed_out else "failed"
 
+    def report(self) -> VerifierReport:
+        """The verdict as the run's result keeps it (``verifier``)."""
+        # Imported here, not with the module: re-rendering a finished eval loads no ledger.
+        from stayer.ledger import VerifierReport
+
+        return VerifierReport(
+            outcome=self.outcome,
+            infrastructure=self.infrastructure,
+            exit_code=self.exec.exit_code if self.exec else None,
+            timed_out=self.exec.timed_out if self.exec else False,
+            error=self.error,
+            voided=self.voided,
+            output_tail=(self.exec.stdout + self.exec.stderr)[-2000:] if self.exec else "",
+        )
+
     def to_dict(self) -> dict[str, object]:
-        return {
-            "outcome": self.outcome,
-            "infrastructure": self.infrastructure,
-            "exit_code": self.exec.exit_code if self.exec else None,
-            "timed_out": self.exec.timed_out if self.exec else False,
-            "error": self.error,
-            "voided": self.voided,
-            "output_tail": (self.exec.stdout + self.exec.stderr)[-2000:] if self.exec else "",
-        }
+        """:meth:`report` as JSON builtins."""
+        return to_json(self.report())
 
 
 def infrastructure_reason(verdict: Verdict, task: Task) -> str | None:
