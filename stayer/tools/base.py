@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar, get_args
 
+import msgspec
 from msgspec import UNSET, UnsetType
 
 from stayer.messages import ToolSpec
@@ -72,3 +73,29 @@ class Tool(Protocol):
     spec: ToolSpec
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...
+
+
+A = TypeVar("A", bound=msgspec.Struct)
+
+
+class TypedTool(Generic[A]):
+    """A tool whose arguments are a record: the model's JSON, already checked against
+    ``spec.parameters`` by ``run_tool``, is read into ``Args`` (the record that a subclass
+    names as its type parameter: ``class BashTool(TypedTool[BashArgs])``) and handed to
+    ``run``."""
+
+    spec: ToolSpec
+    Args: type[A]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            named = get_args(base)
+            if named and isinstance(named[0], type) and issubclass(named[0], msgspec.Struct):
+                cls.Args = named[0]  # type: ignore[assignment]  # A, bound at run time
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        return await self.run(msgspec.convert(args, self.Args, strict=False), ctx)
+
+    async def run(self, args: A, ctx: ToolContext) -> ToolResult:
+        raise NotImplementedError

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import msgspec
 
 from stayer.messages import ToolSpec
 from stayer.tokens import TokenCounter, truncate_middle
-from stayer.tools.base import ToolContext, ToolResult
+from stayer.tools.base import ToolContext, ToolResult, TypedTool
 
 # Saves stdin as the next free .stayer/outputs/<n>.txt and prints the path it used. Runs in
 # the sandbox (not by the host opening the path) so that a .stayer symlink planted by the
@@ -20,7 +20,11 @@ _SAVE = (
 )
 
 
-class BashTool:
+class BashArgs(msgspec.Struct, kw_only=True):
+    command: str
+
+
+class BashTool(TypedTool[BashArgs]):
     """Runs ``command`` with ``/bin/bash -c`` via the sandbox, stderr merged into stdout."""
 
     def __init__(self, counter: TokenCounter) -> None:
@@ -52,8 +56,8 @@ class BashTool:
             effects="sandboxed",  # restorable unless the sandbox has the network
         )
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        command: str = args["command"]
+    async def run(self, args: BashArgs, ctx: ToolContext) -> ToolResult:
+        command = args.command
         if not command.strip():
             return ToolResult("bash: the command is empty", is_error=True)
         # A first line `exec 2>&1` interleaves stderr with stdout in order, as in a terminal,

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
 from stayer.messages import ToolSpec
 from stayer.tokens import TokenCounter
-from stayer.tools.base import ToolContext, ToolResult
+from stayer.tools.base import ToolContext, ToolResult, TypedTool
 
 DEFAULT_LIMIT = 2000  # lines per read_file call
 MAX_LINE_CHARS = 2000  # longer lines (minified code, data) are cut in the listing
@@ -133,22 +133,16 @@ class EditArgs(FileArgs, kw_only=True):
 A = TypeVar("A", bound=FileArgs)
 
 
-class FileTool(Generic[A]):
-    """A tool whose ``path`` argument names a file under /app. Its arguments (the model's
-    JSON, checked against ``spec.parameters`` by ``run_tool``) are read into its ``Args``
-    record and the path checked here, once for every such tool; each error the tool
-    reports starts with its name."""
+class FileTool(TypedTool[A]):
+    """A tool whose ``path`` argument names a file under /app: the path is checked here,
+    once for every such tool; each error the tool reports starts with its name."""
 
-    spec: ToolSpec
-    Args: type[A]
-
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        given = msgspec.convert(args, self.Args, strict=False)
+    async def run(self, args: A, ctx: ToolContext) -> ToolResult:
         try:
-            rel = app_relative(given.path)
+            rel = app_relative(args.path)
         except PathError as e:
             return self.error(str(e))
-        return await self.on_file(rel, given, ctx)
+        return await self.on_file(rel, args, ctx)
 
     async def on_file(self, rel: str, args: A, ctx: ToolContext) -> ToolResult:
         """The tool's work on ``rel`` (relative to /app, already checked)."""
@@ -160,8 +154,6 @@ class FileTool(Generic[A]):
 
 class ReadFileTool(FileTool[ReadArgs]):
     """Numbered lines of a text file, a window at a time, cut to the output budget."""
-
-    Args = ReadArgs
 
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
@@ -247,8 +239,6 @@ class ReadFileTool(FileTool[ReadArgs]):
 class WriteFileTool(FileTool[WriteArgs]):
     """Create or overwrite a file with exactly the given content."""
 
-    Args = WriteArgs
-
     spec = ToolSpec(
         name="write_file",
         description=(
@@ -276,8 +266,6 @@ class WriteFileTool(FileTool[WriteArgs]):
 
 class EditFileTool(FileTool[EditArgs]):
     """Exact string replacement in a text file: the cheap way to change a large file."""
-
-    Args = EditArgs
 
     spec = ToolSpec(
         name="edit_file",

@@ -8,15 +8,20 @@ to remember is present verbatim however often old tool output is elided.
 
 from __future__ import annotations
 
-from typing import Any
+import msgspec
 
 from stayer.messages import ToolSpec
-from stayer.tools.base import ToolContext, ToolResult
+from stayer.tools.base import ToolContext, ToolResult, TypedTool
 
 MEMORY_FILE = ".stayer/memory.md"
 
 
-class MemoryTool:
+class MemoryArgs(msgspec.Struct, kw_only=True):
+    action: str
+    note: str | None = None
+
+
+class MemoryTool(TypedTool[MemoryArgs]):
     spec = ToolSpec(
         name="memory",
         description=(
@@ -36,10 +41,10 @@ class MemoryTool:
         },
     )
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        action = args["action"]
+    async def run(self, args: MemoryArgs, ctx: ToolContext) -> ToolResult:
+        action = args.action
         if action == "save":
-            note = str(args.get("note") or "").strip()
+            note = (args.note or "").strip()
             if not note:
                 return ToolResult("memory save needs a non-empty `note`", is_error=True)
             res = await ctx.sandbox.exec(

@@ -7,12 +7,12 @@ talk to) comes back as a tool error the model reads and can correct.
 
 from __future__ import annotations
 
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
 from stayer.models.base import ToolSpec
-from stayer.tools.base import ToolContext, ToolResult
+from stayer.tools.base import ToolContext, ToolResult, TypedTool
 
 #: The longest a ``wait_for_message`` may wait, in seconds.
 MAX_WAIT_S = 3600.0
@@ -56,13 +56,11 @@ class HandoffArgs(msgspec.Struct, kw_only=True):
 A = TypeVar("A", bound=msgspec.Struct)
 
 
-class _TeamTool(Generic[A]):
+class _TeamTool(TypedTool[A]):
     """A tool that asks the team through ``thread``: its spec from the class's name,
-    description and parameters (its ``peer`` one of ``peers``), its arguments (the model's
-    JSON, checked against them by ``run_tool``) read into its ``Args`` record, and a
-    refusal as a tool error naming the tool."""
+    description and parameters (its ``peer`` one of ``peers``), and a refusal as a tool
+    error naming the tool."""
 
-    Args: type[A]
     name = ""
     description = ""
     peer = "to"  # the parameter naming the other agent
@@ -80,11 +78,9 @@ class _TeamTool(Generic[A]):
         parameters["additionalProperties"] = False
         self.spec = ToolSpec(name=self.name, description=self.description, parameters=parameters)
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def run(self, args: A, ctx: ToolContext) -> ToolResult:
         try:
-            return ToolResult(
-                await self.ask(msgspec.convert(args, self.Args, strict=False)), kind="result"
-            )
+            return ToolResult(await self.ask(args), kind="result")
         except MessagingRefused as e:
             return ToolResult(f"{self.name}: {e}", is_error=True)
 
@@ -93,7 +89,6 @@ class _TeamTool(Generic[A]):
 
 
 class SendMessageTool(_TeamTool[SendArgs]):
-    Args = SendArgs
     name = "send_message"
     description = (
         "Send a message to another agent of your team. It does not wait: the receiver "
@@ -107,7 +102,6 @@ class SendMessageTool(_TeamTool[SendArgs]):
 
 
 class WaitForMessageTool(_TeamTool[WaitArgs]):
-    Args = WaitArgs
     name = "wait_for_message"
     description = (
         "Wait until a message arrives (from one agent, if `from` is given) or the timeout "
@@ -128,7 +122,6 @@ class WaitForMessageTool(_TeamTool[WaitArgs]):
 
 
 class HandoffTool(_TeamTool[HandoffArgs]):
-    Args = HandoffArgs
     name = "handoff"
     description = (
         "Hand work to another agent of your team: it starts (or continues) with your brief "

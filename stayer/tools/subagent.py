@@ -14,11 +14,13 @@ silent overspend.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
-from typing import Any, Protocol
+from decimal import Decimal
+from typing import Protocol
+
+import msgspec
 
 from stayer.messages import ToolSpec
-from stayer.tools.base import ToolContext, ToolResult
+from stayer.tools.base import ToolContext, ToolResult, TypedTool
 
 #: The result the parent sees is cut to this many characters: concise by construction.
 MAX_RESULT_CHARS = 2000
@@ -48,7 +50,13 @@ class Delegator(Protocol):
     async def delegate(self, subtask: Subtask) -> SubtaskOutcome: ...
 
 
-class SubagentTool:
+class SubagentArgs(msgspec.Struct, kw_only=True):
+    task: str
+    budget_usd: int | float | None = None  # as the model wrote it: an error quotes it
+    max_steps: int | None = None
+
+
+class SubagentTool(TypedTool[SubagentArgs]):
     spec = ToolSpec(
         name="subagent",
         description=(
@@ -80,23 +88,18 @@ class SubagentTool:
     def __init__(self, delegator: Delegator) -> None:
         self.delegator = delegator
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        task = str(args["task"]).strip()
+    async def run(self, args: SubagentArgs, ctx: ToolContext) -> ToolResult:
+        task = args.task.strip()
         if not task:
             return ToolResult("subagent: `task` is empty; describe the subtask", is_error=True)
-        budget = None
-        if "budget_usd" in args:
-            try:
-                budget = Decimal(str(args["budget_usd"]))
-            except InvalidOperation:
-                budget = None
-            if budget is None or not budget.is_finite() or budget <= 0:
-                return ToolResult(
-                    f"subagent: budget_usd must be a positive amount, got {args['budget_usd']!r}",
-                    is_error=True,
-                )
+        budget = None if args.budget_usd is None else Decimal(str(args.budget_usd))
+        if budget is not None and (not budget.is_finite() or budget <= 0):
+            return ToolResult(
+                f"subagent: budget_usd must be a positive amount, got {args.budget_usd!r}",
+                is_error=True,
+            )
         try:
-            out = await self.delegator.delegate(Subtask(task, budget, args.get("max_steps")))
+            out = await self.delegator.delegate(Subtask(task, budget, args.max_steps))
         except DelegationRefused as e:
             return ToolResult(f"subagent: {e}", is_error=True)
         cost = "unknown" if out.cost_usd is None else f"${out.cost_usd:.6f}"

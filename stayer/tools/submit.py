@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+import msgspec
 
 from stayer.messages import ToolSpec
-from stayer.tools.base import ToolContext, ToolResult
+from stayer.tools.base import ToolContext, ToolResult, TypedTool
 
 
-class SubmitTool:
+class SubmitArgs(msgspec.Struct, kw_only=True):
+    summary: str | None = None
+
+
+class SubmitTool(TypedTool[SubmitArgs]):
     """Ends the episode. Verification happens outside, so this only records the summary."""
 
     spec = ToolSpec(
@@ -32,8 +36,8 @@ class SubmitTool:
         },
     )
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        summary = str(args.get("summary") or "").strip()
+    async def run(self, args: SubmitArgs, ctx: ToolContext) -> ToolResult:
+        summary = (args.summary or "").strip()
         return ToolResult(
             "submitted" + (f": {summary}" if summary else ""), submitted=True, kind="result"
         )
