@@ -28,7 +28,7 @@ from stayer.journal.codec import canonical
 from stayer.journal.sql import SqlStore, utc_now
 from stayer.ledger import OutcomeUnknown
 from stayer.messages import Effects
-from stayer.records import from_json, to_json
+from stayer.records import decode, to_json
 from stayer.tools.base import ResultFields, ToolContext, ToolResult
 from stayer.tools.effects import CallRef
 
@@ -59,7 +59,7 @@ class Effect:
     done_at: str | None
 
     def tool_result(self) -> ToolResult:
-        kept = from_json(json.loads(self.result or "{}"), ResultFields)
+        kept = decode(self.result or "{}", ResultFields)
         return ToolResult.of(ToolResult.text(bytes(self.output or b"")), kept)
 
 
