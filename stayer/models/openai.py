@@ -28,6 +28,7 @@ from openai.types.responses import Response
 from stayer.errors import ConfigError
 from stayer.messages import Message, ToolCall
 from stayer.models.base import ModelError, ModelRequest, ModelResponse
+from stayer.models.openai_wire import ChatToolCall, chat_tool_calls
 from stayer.models.retry import DEFAULT_RETRY, RetryPolicy, SdkErrors, call_with_retries
 from stayer.models.wire import MessageJson, object_with_array, post_json
 from stayer.usage import Usage
@@ -331,17 +332,6 @@ class ChatTool(Struct, tag="function", tag_field="type"):
     function: FunctionSpec
 
 
-class CalledFunction(Struct):
-    name: str
-    arguments: str
-
-
-class ChatToolCall(Struct, kw_only=True):
-    id: str
-    kind: str = msgspec.field(default="function", name="type")
-    function: CalledFunction
-
-
 class SystemMessage(Struct, tag="system", tag_field="role"):
     content: str
 
@@ -401,11 +391,8 @@ def _chat_message(m: Message) -> ChatMessage:
     if m.role == "assistant":
         if not m.tool_calls:
             return AssistantMessage(m.content)
-        calls = [
-            ChatToolCall(id=c.id, function=CalledFunction(c.name, c.arguments))
-            for c in m.tool_calls
-        ]
-        return AssistantMessage(m.content or None, calls)  # the spec's "no text" with calls
+        # With calls, no text is sent as the spec's null.
+        return AssistantMessage(m.content or None, chat_tool_calls(m))
     return UserMessage(m.content)
 
 

@@ -20,10 +20,10 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Struct, UnsetType, field
 
-from stayer.messages import Message
 from stayer.models import sim
 from stayer.models.anthropic_wire import TextBlock, ToolUseBlock, tool_input
 from stayer.models.base import ModelRequest, ModelResponse
+from stayer.models.openai_wire import ChatToolCall, chat_tool_calls
 from stayer.models.sim import AnthropicUsage, ResponsesUsage
 from stayer.usage import Usage
 
@@ -183,17 +183,6 @@ class ChatUsage(Struct):
     completion_tokens_details: CompletionTokensDetails
 
 
-class ChatFunction(Struct):
-    name: str
-    arguments: str
-
-
-class ChatToolCall(Struct, kw_only=True):
-    id: str
-    kind: str = field(default="function", name="type")
-    function: ChatFunction
-
-
 class ChatMessage(Struct, kw_only=True):
     role: str = "assistant"
     content: str | None
@@ -267,17 +256,10 @@ def _chat_finish(r: ModelResponse) -> str:
     return "length" if r.cut_off else "tool_calls" if r.message.tool_calls else "stop"
 
 
-def _chat_calls(message: Message) -> list[ChatToolCall]:
-    return [
-        ChatToolCall(id=c.id, function=ChatFunction(c.name, c.arguments))
-        for c in message.tool_calls
-    ]
-
-
 def chat_body(r: ModelResponse, rid: str) -> ChatCompletion:
     message = ChatMessage(content=r.message.content or (None if r.message.tool_calls else ""))
     if r.message.tool_calls:
-        message.tool_calls = _chat_calls(r.message)
+        message.tool_calls = chat_tool_calls(r.message)
     return ChatCompletion(
         id=rid,
         created=int(time.time()),
