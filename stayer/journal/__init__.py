@@ -34,7 +34,7 @@ _EXPORTS = {
     "lost_ledger_entries": "session",
     "BlobSnapshots": "snapshot",
     "SCHEMA_VERSION": "store",
-    "Event": "store",
+    "JournalEvent": "store",
     "JournalCorrupt": "store",
     "JournalError": "store",
     "LeaseLost": "store",
@@ -59,9 +59,9 @@ if TYPE_CHECKING:
     from stayer.journal.snapshot import BlobSnapshots
     from stayer.journal.store import (
         SCHEMA_VERSION,
-        Event,
         JournalCorrupt,
         JournalError,
+        JournalEvent,
         LeaseLost,
         RunRow,
         Store,
@@ -78,7 +78,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BlobSnapshots",
     "CacheStateful",
-    "Event",
+    "JournalEvent",
     "JournalCorrupt",
     "JournalError",
     "JournalStats",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Self
 from msgspec import UNSET, UnsetType, structs
 
 from stayer.journal.blobs import BlobError
-from stayer.journal.store import Event, JournalCorrupt, Store
+from stayer.journal.store import JournalCorrupt, JournalEvent, Store
 from stayer.records import Record
 from stayer.usage import Usage
 
@@ -55,7 +55,7 @@ JOURNAL_KINDS = frozenset(
 )
 
 
-def blob_refs(event: Event) -> list[str]:
+def blob_refs(event: JournalEvent) -> list[str]:
     """The blobs an event cannot be used without."""
     d = event.data
     key = {
@@ -213,7 +213,7 @@ class CallRecord:
 @dataclass
 class RunLog:
     run_id: str
-    events: list[Event] = field(default_factory=list)  # the complete prefix
+    events: list[JournalEvent] = field(default_factory=list)  # the complete prefix
     torn: int = 0  # events dropped after it
     blobs: dict[str, bytes] = field(default_factory=dict)  # every blob the events refer to
     header: dict[str, Any] = field(default_factory=dict)
@@ -256,14 +256,14 @@ def load_log(store: Store, run_id: str) -> RunLog:
     return log
 
 
-def _refs(ev: Event) -> list[str]:
+def _refs(ev: JournalEvent) -> list[str]:
     try:
         return blob_refs(ev)
     except (KeyError, TypeError):
         return []  # a malformed record: reported as damaged when it is reached
 
 
-def _damage(store: Store, log: RunLog, ev: Event, i: int, missing: set[str]) -> str | None:
+def _damage(store: Store, log: RunLog, ev: JournalEvent, i: int, missing: set[str]) -> str | None:
     """Why event ``ev`` (the ``i``-th) cannot be used, or None once it is indexed."""
     if ev.seq != i:
         return f"event {i} is missing (the next one is numbered {ev.seq})"
@@ -284,7 +284,7 @@ def _damage(store: Store, log: RunLog, ev: Event, i: int, missing: set[str]) -> 
     return None
 
 
-def _index(log: RunLog, ev: Event) -> None:
+def _index(log: RunLog, ev: JournalEvent) -> None:
     # The records' modules load with the first log read, not with every journal import
     # (``stayer runs`` lists rows without them).
     from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown

@@ -18,7 +18,7 @@ from decimal import Decimal
 
 import msgspec
 
-from stayer.journal.steps import StepRecord
+from stayer.journal.steps import StepEntryRecord
 from stayer.journal.store import JournalError, RunRow, RunUpdate, Store
 from stayer.ledger import LedgerEntry
 from stayer.money import Usd
@@ -75,12 +75,13 @@ class SessionLedger:
                 row = self.store.run(session)
                 total = Usd.parse(row.cost_usd) if row else Usd(Decimal(0))
                 cost = Usd(entry.cost.total)
+                done = StepEntryRecord(step, msgspec.structs.replace(entry, step=step))
                 try:  # the lease, taken for a century at open, is never renewed
                     self.store.append(
                         session,
                         OWNER,
                         seq,
-                        [("step", StepRecord(step, msgspec.structs.replace(entry, step=step)))],
+                        [("step", done)],
                         update=RunUpdate(
                             steps=step,
                             cost=(total + cost).to_json(),

@@ -28,7 +28,7 @@ class Totals(Record, kw_only=True):
     outcome_unknown: int
 
 
-class TeamMessage(Record, kw_only=True):
+class ReportedMessage(Record, kw_only=True):
     """A team run's message, with what reading it cost its receiver (None while unread)."""
 
     id: str
@@ -66,7 +66,7 @@ class JournalReport(Record, kw_only=True):
     ledger: list[LedgerEntry]
     totals: Totals
     outcome_unknown: list[OutcomeUnknown]
-    messages: list[TeamMessage]
+    messages: list[ReportedMessage]
     journal: JournalFacts
 
 
@@ -151,7 +151,7 @@ def journal_spend(store: Store, run_id: str) -> Usd:
     return ledger_cost(journal_ledger(load_log(store, run_id)))
 
 
-def messages(log: RunLog) -> list[TeamMessage]:
+def messages(log: RunLog) -> list[ReportedMessage]:
     """A team run's messages (``message.sent`` events), in the order sent, each with what
     reading it cost its receiver (from its ``message.received``; None while unread)."""
     sent: list[MessageSent] = []
@@ -165,7 +165,7 @@ def messages(log: RunLog) -> list[TeamMessage]:
                 received = decode(log.blobs[address], MessageReceived)
                 read[received.id] = received
     return [
-        TeamMessage(
+        ReportedMessage(
             id=m.id,
             sender=m.sender,
             to=m.to,

@@ -39,7 +39,7 @@ from stayer.journal.log import (
 )
 from stayer.journal.snapshot import clear_workspace
 from stayer.journal.sql import utc_now
-from stayer.journal.steps import StepRecord
+from stayer.journal.steps import StepEntryRecord
 from stayer.journal.store import JournalError, RunHeld, RunRow, RunUpdate, Store, Tagged
 from stayer.ledger import LedgerEntry, LostCall, OutcomeUnknown, RunReport, ToolCallEntry
 from stayer.models.base import Model, ModelResponse
@@ -397,7 +397,7 @@ class RunJournal:
         if entry.step not in self.log.steps:
             self.record(
                 "step",
-                StepRecord(entry.step, entry),
+                StepEntryRecord(entry.step, entry),
                 update=RunUpdate(steps=entry.step, cost=self.cost_text()),
             )
         if entry.step > self.snapshot_step:
@@ -444,7 +444,9 @@ class RunJournal:
         self.steps_done = step
         self.steps_cost += cost
         self.record(
-            "step", StepRecord(step, entry), update=RunUpdate(steps=step, cost=self.cost_text())
+            "step",
+            StepEntryRecord(step, entry),
+            update=RunUpdate(steps=step, cost=self.cost_text()),
         )
         return entry
 

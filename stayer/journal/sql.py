@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from stayer.journal.blobs import BlobError, decode, encode
 from stayer.journal.store import (
     SCHEMA_VERSION,
-    Event,
     JournalError,
+    JournalEvent,
     LeaseLost,
-    Pruned,
+    PrunedRuns,
     RunRow,
     RunUpdate,
     StoreUnavailable,
@@ -290,7 +290,7 @@ class SqlStore:
         ).fetchone()
         return found is not None
 
-    def events(self, run_id: str) -> list[Event]:
+    def events(self, run_id: str) -> list[JournalEvent]:
         rows = self._read(
             f"SELECT seq, kind, {self.EVENT_DATA}, at FROM stayer_events WHERE run_id = ? ORDER BY seq",
             (run_id,),
@@ -304,12 +304,12 @@ class SqlStore:
             except ValueError as e:
                 # Returned, not skipped: whether it is a torn tail or corruption depends on
                 # where it is (``load_log`` decides).
-                out.append(Event(int(seq), kind, {}, at, damage=f"unreadable record ({e})"))
+                out.append(JournalEvent(int(seq), kind, {}, at, damage=f"unreadable record ({e})"))
                 continue
-            out.append(Event(int(seq), kind, parsed, at))
+            out.append(JournalEvent(int(seq), kind, parsed, at))
         return out
 
-    def delete_runs(self, run_ids: Sequence[str], *, dry_run: bool = False) -> Pruned:
+    def delete_runs(self, run_ids: Sequence[str], *, dry_run: bool = False) -> PrunedRuns:
         """Delete these runs (their rows and events), except one whose lease is live (a
         process may be running it), and every blob they referred to that no other run's
         event refers to; in one write transaction. ``dry_run``: say what, delete nothing."""
@@ -319,13 +319,13 @@ class SqlStore:
             out: set[str] = set()
             for seq, kind, data in rows:
                 try:
-                    out.update(blob_refs(Event(int(seq), kind, json.loads(data), "")))
+                    out.update(blob_refs(JournalEvent(int(seq), kind, json.loads(data), "")))
                 except (ValueError, KeyError, TypeError):
                     continue  # a damaged record: nothing can be read through it
             return out
 
         live = f"lease_owner IS NOT NULL AND lease_expires > {self.NOW}"
-        done = Pruned()
+        done = PrunedRuns()
         with self._tx() as cur:
             cur.execute(f"SELECT id FROM stayer_runs WHERE NOT ({live})")
             free = {r[0] for r in cur.fetchall()}

@@ -7,7 +7,7 @@ from stayer.ledger import LedgerEntry
 from stayer.records import Record
 
 
-class StepRecord(Record):
+class StepEntryRecord(Record):
     """A ``step`` event: step ``step`` done, its ledger entry."""
 
     step: int

@@ -59,7 +59,7 @@ class LeaseLost(JournalError):
 
 
 @dataclass(frozen=True)
-class Event:
+class JournalEvent:
     seq: int
     kind: str
     data: dict[str, Any]
@@ -143,7 +143,7 @@ class RunUpdate(Record, kw_only=True):
 
 
 @dataclass
-class Pruned:
+class PrunedRuns:
     """What ``Store.delete_runs`` deleted (or, on a dry run, would)."""
 
     runs: list[str] = field(default_factory=list)
@@ -182,12 +182,12 @@ class Store(Protocol):
         ``owner`` no longer holds the run. ``sync=False``: durable against the process
         dying on return, against a power cut only once a later synced append returns."""
 
-    def events(self, run_id: str) -> list[Event]: ...
+    def events(self, run_id: str) -> list[JournalEvent]: ...
 
     def truncate(self, run_id: str, owner: str, after_seq: int) -> None:
         """Drop events numbered above ``after_seq`` (a torn tail found on resume)."""
 
-    def delete_runs(self, run_ids: Sequence[str], *, dry_run: bool = False) -> Pruned:
+    def delete_runs(self, run_ids: Sequence[str], *, dry_run: bool = False) -> PrunedRuns:
         """Delete these runs (rows, events), but not one with a live lease, and the blobs
         no remaining event refers to (``dry_run``: say which, delete nothing)."""
 

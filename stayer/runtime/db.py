@@ -28,7 +28,7 @@ from msgspec import UNSET, UnsetType
 
 from stayer.errors import ConfigError
 from stayer.journal.sql import SqlStore, record_of, utc_now
-from stayer.journal.store import FINAL_STATUSES, Event
+from stayer.journal.store import FINAL_STATUSES, JournalEvent
 from stayer.ledger import TokenTotals
 from stayer.records import Record, decode, to_json
 from stayer.settings import RunSettings
@@ -641,7 +641,7 @@ class ServiceDB:
         top, finished = rows[0] if rows else (None, None)
         return (0 if top is None else int(top) + 1), bool(finished)
 
-    def events_after(self, run_id: str, after_seq: int, limit: int = 500) -> list[Event]:
+    def events_after(self, run_id: str, after_seq: int, limit: int = 500) -> list[JournalEvent]:
         """Journal events of ``run_id`` numbered above ``after_seq``, oldest first."""
         after_seq = max(min(after_seq, MAX_SEQ), -1)  # a number both databases can compare
         rows = self.store._read(
@@ -654,5 +654,5 @@ class ServiceDB:
                 parsed = json.loads(data)
             except ValueError:
                 break  # a damaged record: the stream stops before it, like the journal's reader
-            out.append(Event(int(seq), str(kind), parsed, str(at)))
+            out.append(JournalEvent(int(seq), str(kind), parsed, str(at)))
         return out

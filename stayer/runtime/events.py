@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stayer.journal.log import JOURNAL_KINDS
-from stayer.journal.store import Event
+from stayer.journal.store import JournalEvent
 from stayer.ledger import RunReport
 
 #: Tool output beyond this many characters is cut in the stream (the journal has it all).
@@ -48,7 +48,7 @@ def status_event(
     )
 
 
-def public_event(run_id: str, ev: Event, blob: Callable[[str], bytes]) -> PublicEvent | None:
+def public_event(run_id: str, ev: JournalEvent, blob: Callable[[str], bytes]) -> PublicEvent | None:
     """The public form of journal event ``ev`` (with ``at``, when it was journaled), or
     None for bookkeeping events."""
     event = _public(run_id, ev, blob)
@@ -57,7 +57,7 @@ def public_event(run_id: str, ev: Event, blob: Callable[[str], bytes]) -> Public
     return event
 
 
-def _public(run_id: str, ev: Event, blob: Callable[[str], bytes]) -> PublicEvent | None:
+def _public(run_id: str, ev: JournalEvent, blob: Callable[[str], bytes]) -> PublicEvent | None:
     d, kind, event_id = ev.data, ev.kind, ev.seq + 1
     if kind == "run_created":
         return status_event(event_id, run_id, "running")

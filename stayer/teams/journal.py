@@ -14,7 +14,7 @@ from typing import Any
 
 from stayer.journal.log import RunLog
 from stayer.journal.session import RunJournal
-from stayer.journal.steps import StepRecord
+from stayer.journal.steps import StepEntryRecord
 from stayer.journal.store import RunUpdate
 
 
@@ -58,5 +58,5 @@ class ThreadJournal(RunJournal):
         self._unstepped.clear()
         self.steps_cost += entry.cost.total  # ``Usd``: an unpriced step makes it unknown
         if entry.step not in self.log.steps:
-            self.record("step", StepRecord(entry.step, entry), update=self.row_update())
+            self.record("step", StepEntryRecord(entry.step, entry), update=self.row_update())
         self.snapshot()
