@@ -28,7 +28,7 @@ class ChangedMessage(msgspec.Struct, frozen=True, kw_only=True):
     kind: str
 
 
-class Compaction(Event, frozen=True, kw_only=True, tag="compaction", omit_defaults=True):
+class CompactionEvent(Event, frozen=True, kw_only=True, tag="compaction", omit_defaults=True):
     """The context was rewritten (enough to rewrite it again on resume); ``agent`` only
     in a team (a single agent's compactions are its own)."""
 
@@ -153,7 +153,7 @@ class ToolsChanged(Event, frozen=True, kw_only=True, tag="tools_changed"):
 
 
 AnyEvent = (
-    Compaction
+    CompactionEvent
     | SummaryFailed
     | Said
     | Failover

@@ -68,7 +68,7 @@ ARCHIVE_SCRIPT = (
 
 class Compactor:
     """Executes planned compactions for one agent. ``rates_at`` prices a call on the
-    agent's current model; ``emit`` receives ``Compaction`` and ``SummaryFailed``."""
+    agent's current model; ``emit`` receives ``CompactionEvent`` and ``SummaryFailed``."""
 
     def __init__(
         self,

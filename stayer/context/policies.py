@@ -26,13 +26,13 @@ from stayer.choices import POLICY_FORMS
 from stayer.context.layout import Context
 from stayer.context.retention import Retention, retention_of
 from stayer.errors import Failed
-from stayer.events import ChangedMessage
-from stayer.events import Compaction as CompactionEvent
+from stayer.events import ChangedMessage, CompactionEvent
 from stayer.messages import Message, tool_outcomes
+from stayer.money import MTOK
 from stayer.pricing import Rates
 
 OUTPUTS_DIR = "/app/.stayer/outputs"
-MTOK = 1_000_000
+FLOAT_MTOK = float(MTOK)  # the trade-off below is estimated in floats
 
 
 class ContextOverflow(Failed):
@@ -298,11 +298,11 @@ class AutoPolicy:
             ctx.counter.message(c.changes[i]) if i in c.changes else ctx.sizes[i]
             for i in range(max(self._previous, ctx.prefix_messages), len(ctx.messages))
         )
-        miss = max(c.tokens_after - new - prefix, 0) * (miss_rate - read) / MTOK
+        miss = max(c.tokens_after - new - prefix, 0) * (miss_rate - read) / FLOAT_MTOK
         miss += (
             c.summary_input_tokens * float(rates_after.input)
             + c.summary_output_tokens * float(rates_after.output)
-        ) / MTOK
+        ) / FLOAT_MTOK
         evicted = c.tokens_before - c.tokens_after
         if evicted <= 0:
             return False
@@ -317,7 +317,7 @@ class AutoPolicy:
         )
         if crosses_tier:
             return True
-        eoq = math.sqrt(2 * miss * max(growth, 1.0) / (read / MTOK)) if read > 0 else 0.0
+        eoq = math.sqrt(2 * miss * max(growth, 1.0) / (read / FLOAT_MTOK)) if read > 0 else 0.0
         return evicted >= eoq
 
     @staticmethod
@@ -332,7 +332,7 @@ class AutoPolicy:
             context * float(rates.cache_read)
             + growth * float(write)
             + view.output_tokens * float(rates.output)
-        ) / MTOK
+        ) / FLOAT_MTOK
 
 
 @dataclass

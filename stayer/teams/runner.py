@@ -28,8 +28,7 @@ import msgspec
 from stayer.agent import SYSTEM_PROMPT, Agent, AgentSettings, Limits, Observer
 from stayer.context.policies import ContextPolicy
 from stayer.errors import Stopped
-from stayer.events import Compaction as CompactionEvent
-from stayer.events import Event, Handoff, MessageReceived, MessageSent
+from stayer.events import CompactionEvent, Event, Handoff, MessageReceived, MessageSent
 from stayer.guard.breakers import WorkspaceProbe
 from stayer.guard.budget import Budget
 from stayer.journal.log import SnapshotRecord, ThreadStartedRecord
