@@ -122,7 +122,7 @@ class RunState:
 
 
 @dataclass(frozen=True)
-class Call:
+class SettledCall:
     """A step's model call, made and settled."""
 
     response: ModelResponse
@@ -406,7 +406,7 @@ class Agent:
         s.compactions += 1
         return record
 
-    async def _call(self, s: RunState, now: float, compaction: Compacted | None) -> Call:
+    async def _call(self, s: RunState, now: float, compaction: Compacted | None) -> SettledCall:
         """Hold the call's worst case, make it, and settle its real cost. A call the budget
         cannot hold starts the step again (the guard has begun the wrap-up or stopped); a
         model that failed past its retries is replaced by another provider's, if one is
@@ -443,12 +443,12 @@ class Agent:
             now,
             compaction_at=compaction.first_index if compaction else None,
         )
-        return Call(response, cost, context_tokens, estimate, cache_break)
+        return SettledCall(response, cost, context_tokens, estimate, cache_break)
 
     def _record(
         self,
         s: RunState,
-        call: Call,
+        call: SettledCall,
         tool_calls: list[ToolCallEntry],
         compaction: Compacted | None,
         route: Route,

@@ -44,7 +44,9 @@ class Held:
 
 
 @dataclass(frozen=True)
-class Gate:
+class Clearance:
+    """Whether a step may call the model (``go``), and what to append before it does."""
+
     go: bool
     instruction: Message | None = None  # append before the call: the wrap-up has begun
 
@@ -103,7 +105,7 @@ class Guard:
 
     # --- before a step ----------------------------------------------------------------
 
-    def begin_step(self, step: int) -> Gate:
+    def begin_step(self, step: int) -> Clearance:
         done = self._steps_done = step - 1
         if not self.stopped:
             hard = self._hard_limit(done)
@@ -114,9 +116,9 @@ class Guard:
         if self.phase == "wrap_up" and self._wrapup_steps >= self.config.wrapup_steps:
             self._stop(None)  # the wrap-up had its steps
         if self.stopped:
-            return Gate(False)
+            return Clearance(False)
         pending, self._pending = self._pending, None
-        return Gate(True, pending)
+        return Clearance(True, pending)
 
     def admit(self, step: int) -> Message | None:
         """``begin_step`` for the loop: the wrap-up instruction to append, if it has just
