@@ -21,7 +21,7 @@ import msgspec
 import orjson
 from msgspec import UNSET, UnsetType
 
-from stayer.audit.calls import MAIN_CHAIN, Call, Check, ImportedSession, same_cost
+from stayer.audit.calls import MAIN_CHAIN, Call, ImportedSession, LoggedTotal, same_cost
 from stayer.audit.costing import PER_CURRENCY, CallPricer, Units, usd
 from stayer.errors import ConfigError
 from stayer.models.caching import CacheRules, cache_rules, cached_length, provider_of
@@ -230,7 +230,7 @@ class CallAt(msgspec.Struct):
         return kind(call=self.call, chain=self.chain or "main", ts=iso(self.ts), **rest)
 
 
-class CacheBreak(CallAt):
+class CacheBreakAt(CallAt):
     reason: str
     lost_tokens: int  # reusable prompt tokens that were not read from cache
     gap_s: float | None
@@ -304,7 +304,7 @@ def context_growth(contexts: list[int]) -> ContextGrowth | None:
     )
 
 
-class Series(msgspec.Struct):
+class CallSeries(msgspec.Struct):
     """Per-call values for plots, in session order."""
 
     ts: list[float] = msgspec.field(default_factory=list)
@@ -339,10 +339,10 @@ class SessionReport(msgspec.Struct):
     by_model: dict[str, Tally] = msgspec.field(default_factory=dict)
     by_day: dict[str, Tally] = msgspec.field(default_factory=dict)
     by_chain: dict[str, Tally] = msgspec.field(default_factory=dict)
-    cache_breaks: list[CacheBreak] = msgspec.field(default_factory=list)
+    cache_breaks: list[CacheBreakAt] = msgspec.field(default_factory=list)
     costliest: list[CallCost] = msgspec.field(default_factory=list)
     context: ContextGrowth | None = None
-    series: Series | None = None
+    series: CallSeries | None = None
     ref_id: str = ""  # the id discovery gave the session (before its log named it)
     first_main_context: int = 0  # prompt size of the session's own agent's first call
     main_models: dict[str, int] = msgspec.field(
@@ -477,7 +477,7 @@ def analyse(
         return r
     r.first_ts, r.last_ts = calls[0].ts, calls[-1].ts
     r.approximate_ts = any(c.approximate_ts for c in calls)
-    r.series = Series() if keep_series else None
+    r.series = CallSeries() if keep_series else None
     # chain → (its previous call, the lifetime of what that call left in the cache)
     chains: dict[str, tuple[Call, float]] = {}
     # Each call is tallied once, in its (model, day, chain) group; the session's total and
@@ -570,7 +570,7 @@ def _audited(what: str, total: Tally) -> int | str:
     return int(getattr(total, what))
 
 
-def references(checks: list[Check], total: Tally, price_note: str) -> list[Reference]:
+def references(checks: list[LoggedTotal], total: Tally, price_note: str) -> list[Reference]:
     """The log's totals next to the audit's, each with why they differ."""
     out = []
     for c in checks:
@@ -627,7 +627,7 @@ def _break(
     call: Call,
     rules: CacheRules,
     rates: Rates | None,
-) -> CacheBreak | None:
+) -> CacheBreakAt | None:
     """The break at the ``n``-th call, which read ``lost`` reusable tokens less than
     ``previous`` left in the cache for ``ttl_s``; None when there is none."""
     gap = call.ts - previous.ts
@@ -639,7 +639,7 @@ def _break(
         return None
     else:
         reason = _reason(previous, call, gap, ttl_s, rules)
-    return CacheBreak(
+    return CacheBreakAt(
         call=n,
         chain=call.chain,
         ts=call.ts,

@@ -50,7 +50,7 @@ class Call(msgspec.Struct, gc=False):
     count: int = 1
 
 
-class Check(msgspec.Struct, frozen=True):
+class LoggedTotal(msgspec.Struct, frozen=True):
     """One total a log records of itself, the reference its audit is checked against."""
 
     what: str  # the audit's quantity: calls, input_tokens, cache_read_tokens,
@@ -70,18 +70,18 @@ class ImportedSession(msgspec.Struct):
     skipped_lines: int = 0
     files: int = 0
     bytes: int = 0
-    recorded: list[Check] = msgspec.field(default_factory=list)  # the log's own totals
+    recorded: list[LoggedTotal] = msgspec.field(default_factory=list)  # the log's own totals
 
     def check(self, what: str, field: str, value: int | None, why: str = "") -> None:
         """A total the log records of itself at ``field`` (None: it records none)."""
         if value is not None:
-            self.recorded.append(Check(what, field, value, why))
+            self.recorded.append(LoggedTotal(what, field, value, why))
 
     def check_cost(self, field: str, value: float | None, why: str = "") -> None:
         """The cost the log records of itself at ``field``, a JSON number (None: none)."""
         cost = logged_cost(value)
         if cost is not None:
-            self.recorded.append(Check("cost_usd", field, cost, why))
+            self.recorded.append(LoggedTotal("cost_usd", field, cost, why))
 
 
 class SessionRef(msgspec.Struct, frozen=True):

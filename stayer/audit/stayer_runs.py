@@ -34,7 +34,7 @@ class CacheVerdict(Record):
     reason: str | None = None
 
 
-class RunStep(Record):
+class LedgerStep(Record):
     """A ledger entry of ``result.json`` as the audit reads it (``stayer.ledger``'s
     ``LedgerEntry``; ``ts`` and ``service_tier`` where a ledger has them)."""
 
@@ -100,7 +100,7 @@ class StayerRunImporter:
         clock = parse_ts(doc.started) or 0.0
         for raw in doc.ledger:
             try:
-                entry = decode(raw, RunStep)
+                entry = decode(raw, LedgerStep)
             except msgspec.ValidationError:
                 out.skipped_lines += 1
                 continue
