@@ -74,7 +74,7 @@ def configurations(
 
 
 @dataclass(frozen=True)
-class Plan:
+class EvalPlan:
     """A suite's trials, and of its tasks those with a trial still to run (``to_check``),
     priced with ``prices`` (None when nothing is left to run)."""
 
@@ -87,7 +87,7 @@ class Plan:
 
 def plan(
     suite: str | Path, configs: Sequence[EvalConfig], epochs: int, out_dir: Path | None
-) -> Plan:
+) -> EvalPlan:
     """The trials of ``suite`` × ``configs`` × ``epochs``; those not kept in ``out_dir``
     already are checked runnable (``runnable_prices``). Only what is still to run is
     checked: re-rendering a finished ``--out`` checks nothing again, and imports neither
@@ -101,7 +101,7 @@ def plan(
     todo = {(t.task.path, t.config) for t in trials if store is None or store.load(t) is None}
     prices = runnable_prices(tasks, configs, todo) if todo else None
     to_check = [t for t in tasks if any(path == t.path for path, _ in todo)]
-    return Plan(tasks, trials, store, prices, to_check)
+    return EvalPlan(tasks, trials, store, prices, to_check)
 
 
 def runnable_prices(

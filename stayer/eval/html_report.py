@@ -338,7 +338,7 @@ class _Verifier(Record, kw_only=True):
     output_tail: str | None = None
 
 
-class RunPage(Record, kw_only=True):
+class ResultPage(Record, kw_only=True):
     """What a run page shows of a run's ``result.json`` (read without ``stayer.run``: a
     re-rendered evaluation loads neither the agent nor the price data)."""
 
@@ -364,10 +364,10 @@ class TranscriptMessage(Record, kw_only=True):
     kind: str | None = None
 
 
-def read_run(run_dir: Path) -> tuple[RunPage, list[TranscriptMessage]] | None:
+def read_run(run_dir: Path) -> tuple[ResultPage, list[TranscriptMessage]] | None:
     """A run's result document and transcript, or None if it left no result."""
     try:
-        result = decode((run_dir / "result.json").read_bytes(), RunPage)
+        result = decode((run_dir / "result.json").read_bytes(), ResultPage)
     except (OSError, ValueError):  # msgspec's errors are ValueErrors
         return None
     transcript = []
@@ -383,7 +383,7 @@ def read_run(run_dir: Path) -> tuple[RunPage, list[TranscriptMessage]] | None:
     return result, transcript
 
 
-def run_page(result: RunPage, transcript: Sequence[TranscriptMessage]) -> str:
+def run_page(result: ResultPage, transcript: Sequence[TranscriptMessage]) -> str:
     """One run: summary, per-step plots, the ledger with cache breaks and compactions, and
     the transcript."""
     ledger = [e for e in result.ledger if e.kind != "lost_in_flight"]
