@@ -136,7 +136,7 @@ def _image_env(plan: Plan) -> dict[str, str]:
     return {"PATH": SANDBOX_PATH, **dict(plan.env)}
 
 
-def _layer_key(parent: str, step: Step, sent: dockerignore.Context, where: Path) -> str:
+def _layer_key(parent: str, step: Step, sent: dockerignore.BuildContext, where: Path) -> str:
     """The layer's content hash: its parent's, the step, and for a ``COPY`` the names and
     contents of what it copies, as the context sends them (what .dockerignore leaves out
     counts for nothing); read from the context without following a link."""
@@ -157,7 +157,7 @@ def _layer_key(parent: str, step: Step, sent: dockerignore.Context, where: Path)
     return h.hexdigest()[:24]
 
 
-def _sources(step: CopyStep, sent: dockerignore.Context, where: Path) -> list[str]:
+def _sources(step: CopyStep, sent: dockerignore.BuildContext, where: Path) -> list[str]:
     """The context-relative paths ``step`` copies: wildcards expanded, nothing outside the
     context, nothing .dockerignore leaves out, nothing through a link."""
     found: list[str] = []
@@ -183,7 +183,7 @@ def _layer(
     parent: Path,
     key: str,
     step: Step,
-    sent: dockerignore.Context,
+    sent: dockerignore.BuildContext,
     store: Path,
     where: Path,
     ids: IdRange | None,
@@ -269,7 +269,7 @@ def _run_step(
     bwrap: str,
     root: Path,
     step: Step,
-    sent: dockerignore.Context,
+    sent: dockerignore.BuildContext,
     where: Path,
     ids: IdRange | None,
     stage: str,

@@ -192,7 +192,7 @@ FILE, DIR, LINK, OTHER = "file", "dir", "link", "other"
 
 
 @dataclass(frozen=True)
-class Context:
+class BuildContext:
     """The files of a build context that Docker would send, walked once: by relative
     path, what each is. Directories that hold only re-included entries are there too
     (their children need them). Nothing under a link is walked."""
@@ -241,7 +241,7 @@ class Context:
         return h.hexdigest()
 
 
-def walk(context: Path, rules: Rules | None = None) -> Context:
+def walk(context: Path, rules: Rules | None = None) -> BuildContext:
     """``context``'s entries that ``rules`` (default: its ``.dockerignore``'s) keep. An
     excluded directory is walked only where an exception could re-include something
     below it."""
@@ -287,10 +287,10 @@ def walk(context: Path, rules: Rules | None = None) -> Context:
         return kept
 
     visit(context, "")
-    return Context(context, entries, complete, rules)
+    return BuildContext(context, entries, complete, rules)
 
 
-def stage(context: Context, dest: Path) -> None:
+def stage(context: BuildContext, dest: Path) -> None:
     """Copy what ``context`` sends into the new directory ``dest``: regular files (content,
     mode, times), directories, links as links; never through a link, nothing else."""
     os.mkdir(dest, 0o700)
@@ -340,7 +340,7 @@ def _regular(path: Path) -> bool:
 __all__ = [
     "BUILDER_FILES",
     "IGNORE_FILE",
-    "Context",
+    "BuildContext",
     "Pattern",
     "Rules",
     "compile_pattern",

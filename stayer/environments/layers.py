@@ -206,7 +206,7 @@ def list_layers(cache: Path) -> list[Layer]:
 
 
 @dataclass
-class Pruned:
+class PrunedLayers:
     removed: list[Layer]
     kept: list[Layer]
     in_use: list[Layer]  # chosen, but in use: left
@@ -226,14 +226,14 @@ def prune(
     dry_run: bool = False,
     now: float | None = None,
     log: Callable[[str], None] = lambda _: None,
-) -> Pruned:
+) -> PrunedLayers:
     """Remove the least recently used layers that no kept image needs (its own layer and
     those it was built on). Images are kept, most recently used first, while each was used
     within ``older_than`` seconds and all they need fits in ``keep_bytes``; ``everything``
     keeps none. A layer in use is never removed. ``dry_run``: say, remove nothing."""
     layers = layers_dir(cache)
     if layers is None:
-        return Pruned([], [], [], [])
+        return PrunedLayers([], [], [], [])
     now = time.time() if now is None else now
     with open(layers / PRUNE_LOCK, "a") as lock:
         try:
@@ -257,7 +257,7 @@ def prune(
             else:
                 busy.append(layer)
         leftovers = _leftovers(layers, remove=not dry_run)
-    return Pruned(removed, [found[k] for k in found if k in kept], busy, leftovers)
+    return PrunedLayers(removed, [found[k] for k in found if k in kept], busy, leftovers)
 
 
 def _kept(
@@ -389,7 +389,7 @@ def _iso(ts: float | None) -> str | None:
 
 __all__ = [
     "Layer",
-    "Pruned",
+    "PrunedLayers",
     "building",
     "layers_dir",
     "list_layers",
