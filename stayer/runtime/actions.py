@@ -113,7 +113,7 @@ class Suspended(JournalNote, kw_only=True, omit_defaults=True):
     detail: str | None = None
 
 
-class RunFinished(JournalNote, kw_only=True):
+class RunFinishedNote(JournalNote, kw_only=True):
     """The ``run_finished`` note: ``result``, the address of the run's report blob."""
 
     kind: ClassVar[str] = "run_finished"
@@ -342,7 +342,7 @@ def close_journal(store: SqlStore, run_id: str, status: str, stop_reason: str) -
     note_in_journal(
         store,
         run_id,
-        [RunFinished(status=status, result=address)],
+        [RunFinishedNote(status=status, result=address)],
         {address: raw},
         RunUpdate(status=status, steps=report.steps, cost=report.cost_usd),
     )

@@ -168,7 +168,7 @@ class Decision(ApiIn):
     )
 
 
-class Usage(BaseModel):
+class UsageOut(BaseModel):
     input_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
@@ -184,7 +184,7 @@ class RunOut(BaseModel):
     status: str
     stop_reason: str | None
     steps: int
-    usage: Usage
+    usage: UsageOut
     cost_usd: str = Field(description="Decimal USD as a string, or 'unknown'.")
     reward: float | None
     error: str | None
@@ -207,7 +207,7 @@ class RunOut(BaseModel):
             status=run.status,
             stop_reason=run.stop_reason,
             steps=run.steps,
-            usage=Usage.model_validate(run.usage, from_attributes=True),
+            usage=UsageOut.model_validate(run.usage, from_attributes=True),
             cost_usd=run.cost_usd,
             reward=run.reward,
             error=run.error,
