@@ -13,6 +13,7 @@ from decimal import Decimal
 
 #: Prices are quoted per million tokens.
 MTOK = Decimal(1_000_000)
+ZERO = Decimal(0)
 
 UNKNOWN = "unknown"
 

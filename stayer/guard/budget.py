@@ -21,8 +21,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from stayer.errors import ConfigError
-
-ZERO = Decimal(0)
+from stayer.money import ZERO
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from stayer.eval.verify import passes
 from stayer.guard.budget import MemoryBudgetStore
 from stayer.journal import open_store
 from stayer.journal.backends import stayer_home
-from stayer.money import Usd
+from stayer.money import ZERO, Usd
 from stayer.pricing import PriceBook
 from stayer.records import decode, to_json
 from stayer.scale.recorder import StepRecorder
@@ -50,8 +50,6 @@ from stayer.scale.records import (
     Sample,
 )
 from stayer.scale.scheduler import Job, Scheduler, StragglerAction, straggler_action
-
-ZERO = Decimal(0)
 
 #: ``scheduler.straggler_action``'s signature.
 StragglerPolicy = Callable[..., StragglerAction]

@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
 
+from stayer.money import ZERO
 from stayer.scale.records import AllocationSnapshot
-
-ZERO = Decimal(0)
 
 
 @dataclass
