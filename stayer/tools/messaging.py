@@ -7,12 +7,12 @@ talk to) comes back as a tool error the model reads and can correct.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import msgspec
 
 from stayer.models.base import ToolSpec
-from stayer.tools.base import ToolContext, ToolResult, TypedTool
+from stayer.tools.base import A, ToolContext, ToolResult, TypedTool
 
 #: The longest a ``wait_for_message`` may wait, in seconds.
 MAX_WAIT_S = 3600.0
@@ -51,9 +51,6 @@ class HandoffArgs(msgspec.Struct, kw_only=True):
     to: str
     brief: str
     history: str | None = None
-
-
-A = TypeVar("A", bound=msgspec.Struct)
 
 
 class _TeamTool(TypedTool[A]):
