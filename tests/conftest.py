@@ -22,6 +22,7 @@ if "STAYER_WORKSPACES" not in os.environ:
     import shutil
     import tempfile
 
-    _workspaces = tempfile.mkdtemp(prefix="stayer-test-workspaces-")
+    # (the pid in its name: tests/leftovers.py removes it once this process is gone)
+    _workspaces = tempfile.mkdtemp(prefix=f"stayer-test-workspaces-{os.getpid()}-")
     os.environ["STAYER_WORKSPACES"] = _workspaces
     atexit.register(shutil.rmtree, _workspaces, ignore_errors=True)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from leftovers import mounts_under
 
 from stayer.environments.base import base_for, build_base
 from stayer.sandbox.docker import check_docker
@@ -79,7 +80,7 @@ def private_dockerd() -> Iterator[str]:
             daemon.wait()
         log.close()
         # dockerd leaves a mount or two behind (its network namespace): undo them first.
-        for mount in _mounts_under(home):
+        for mount in mounts_under(home):
             subprocess.run(["umount", "--lazy", mount], check=False)
         subprocess.run(["rm", "-rf", "--one-file-system", str(home)], check=False)
 
@@ -102,16 +103,6 @@ def docker_host(_dockerd: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     check_docker.cache_clear()  # a docker probed without the daemon
     yield _dockerd
     check_docker.cache_clear()
-
-
-def _mounts_under(path: Path) -> list[str]:
-    """Mount points under ``path``, deepest first."""
-    found = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        point = line.split()[1].encode().decode("unicode_escape")
-        if point.startswith(f"{path}/"):
-            found.append(point)
-    return sorted(found, key=len, reverse=True)
 
 
 @pytest.fixture(scope="session")
