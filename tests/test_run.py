@@ -26,8 +26,9 @@ needs_bwrap = pytest.mark.skipif(locate_bwrap() is None, reason="bubblewrap not 
 
 
 def stayer(
-    *args: str, home: Path, env: dict[str, str] | None = None
+    *args: str, home: Path, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess:
+    """``stayer ARGS`` with ``home`` as STAYER_HOME; ``timeout`` only stops a hang."""
     full_env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     full_env.update({"STAYER_HOME": str(home)}, **(env or {}))
     return subprocess.run(
@@ -36,7 +37,7 @@ def stayer(
         text=True,
         env=full_env,
         cwd=home.parent,
-        timeout=120,
+        timeout=timeout,
     )
 
 
@@ -165,9 +166,12 @@ def test_third_party_harbor_task(tmp_path):
     """simple-task from the Harbor repository: its verifier installs pytest from the network,
     which the sandbox does not have, so we also run its own test file offline."""
     home = tmp_path / "home"
+    # Where mmdebstrap is installed and ~/.cache/stayer is cold, the run first makes the
+    # image's base: minutes, more on a loaded machine (it once took over 120 s here).
     original = stayer(
-        "run", str(CORPUS_TASK), "--model", "sim:claude-sonnet-4-5", "--json", home=home
-    )
+        "run", str(CORPUS_TASK), "--model", "sim:claude-sonnet-4-5", "--json", home=home,
+        timeout=1800,
+    )  # fmt: skip
     doc = json.loads(original.stdout)
     # It ran (in its image, as it has a Dockerfile), and its verifier could install nothing
     # (no network, no root for apt): the environment's failure, not the agent's.
