@@ -27,13 +27,7 @@ _WORKSPACES = re.compile(r"stayer-test-workspaces-(\d+)-")  # the session's pid 
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid > 0 and Path(f"/proc/{pid}").is_dir()
 
 
 def _pid_in(path: Path) -> int | None:

@@ -69,7 +69,7 @@ def test_the_script_says_what_it_removed(tmp_path: Path) -> None:
     assert not (tmp_path / "stayer-pg-old").exists()
 
 
-@pytest.mark.parametrize("text", ["", "not a pid\n", "-1\n"])
+@pytest.mark.parametrize("text", ["", "not a pid\n", "-1\n", "0\n"])
 def test_a_pid_file_that_names_no_pid_counts_as_gone(tmp_path: Path, text: str) -> None:
     d = _dir(tmp_path, "stayer-dockerd-x", {"dockerd.pid": text})
     assert [p for p, _ in sweep(tmp_path)] == [d]
