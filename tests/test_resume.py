@@ -29,6 +29,7 @@ from stayer.journal import (
     JournaledModel,
     JournaledTool,
     JournalError,
+    LeaseLost,
     ReplayDiverged,
     RunFinished,
     RunJournal,
@@ -706,4 +707,46 @@ def test_a_step_stopped_mid_way_is_kept_as_cut_short_and_replays_as_journaled(tm
     assert (
         provider.calls == 0 and again.cut_short() == entry
     )  # the journaled step, not a second one
+    store.close()
+
+
+def test_a_lost_attempt_is_said_only_by_the_journal_that_wrote_it(tmp_path):
+    """A rescuer whose lease lapses mid-call (a loaded machine) is taken over while its
+    re-issued call is in flight. The new holder writes both lost attempts and says so; the
+    old one, whose write is refused, says nothing: each line has its ledger entry."""
+    store, ws, prices = open_store(tmp_path / "home", ""), tmp_path / "ws", PriceBook.load()
+    ws.mkdir()
+    request = lambda: ModelRequest("system", [], [Message("user", "hi")])  # noqa: E731
+    header = {"task": "t", "model": "m"}
+    # Owners on other hosts, leases of 0 s: each is taken over as a stalled one would be.
+    stalled = RunJournal.create(store, "r", header, ws, prices, owner="h1:1:1:a", ttl_s=0)
+
+    class Stalls(Provider):
+        async def complete(self, request: ModelRequest) -> ModelResponse:
+            raise Crash("stopped with call 1 in flight")
+
+    with pytest.raises(Crash):
+        asyncio.run(JournaledModel(Stalls(), stalled).complete(request()))  # attempt 1 lost
+
+    def reopen(owner: str, said: list[str]) -> RunJournal:
+        row, log = RunJournal.load(store, "r")
+        return RunJournal.reopen(
+            store, row, log, ws, prices, owner=owner, ttl_s=0, warn=said.append
+        )
+
+    said_by_first, said_by_second = [], []
+    first = reopen("h2:2:2:b", said_by_first)
+
+    class TakenOverMidCall(Provider):
+        async def complete(self, request: ModelRequest) -> ModelResponse:
+            second = reopen("h3:3:3:c", said_by_second)  # attempt 2, this one, is in flight
+            await JournaledModel(Provider(), second).complete(request)
+            return await super().complete(request)
+
+    with pytest.raises(LeaseLost):
+        asyncio.run(JournaledModel(TakenOverMidCall(), first).complete(request()))
+    _row, log = RunJournal.load(store, "r")
+    assert [c.attempt for c in log.lost] == [1, 2]
+    assert len(said_by_second) == 2 and all("lost_in_flight" in line for line in said_by_second)
+    assert said_by_first == []  # its lost entry was never written
     store.close()

@@ -101,8 +101,7 @@ class JournaledModel:
             raise
         t1 = time.perf_counter()
         journal.stats.live_calls += 1
-        for attempt in range(1, lost_attempts + 1):
-            self._record_lost(n, attempt, response)
+        said = [self._record_lost(n, attempt, response) for attempt in range(1, lost_attempts + 1)]
         if lost_attempts:
             lost = response.usage
             for _ in range(lost_attempts - 1):
@@ -121,6 +120,10 @@ class JournaledModel:
             service_tier=response.service_tier,
         )
         journal.record("model_finished", finished, {address: raw}, durable=True)
+        # Said once written: a journal that lost its lease meanwhile (LeaseLost above) wrote
+        # none of them, and its successor says its own.
+        for line in said:
+            journal.warn(line)
         journal.answered(inner, response)
         journal.stats.seconds += time.perf_counter() - t1
         return response
@@ -139,9 +142,10 @@ class JournaledModel:
         count = getattr(self.inner, "count_tokens", None)
         return None if count is None else await count(request)
 
-    def _record_lost(self, n: int, attempt: int, reissued: ModelResponse) -> None:
+    def _record_lost(self, n: int, attempt: int, reissued: ModelResponse) -> str:
         """The attempt in flight at a crash: billed by the provider, its reply never seen.
-        Its usage is estimated as the re-issued call's (the same request)."""
+        Its usage is estimated as the re-issued call's (the same request). Returns the
+        line to say once the record is written."""
         journal, inner = self.journal, self.inner
         cost = journal.prices.cost(
             reissued.usage, inner.model_id, inner.provider, reissued.service_tier
@@ -157,7 +161,7 @@ class JournaledModel:
         )
         journal.lost.append(from_json(to_json(call), LostCall))  # as a reload will read it
         journal.record("model_lost", call)
-        journal.warn(
+        return (
             f"run {journal.run_id}: model call {n + 1} was in flight at the crash; issued again, and the lost "
             f"attempt is in the ledger as lost_in_flight (estimated ${cost.to_json()})"
         )
