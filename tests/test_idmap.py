@@ -75,3 +75,27 @@ def test_a_program_runs_as_root_of_its_namespace(tmp_path: Path) -> None:
     # only the stage is covered: the rest of /tmp is still there (the stage's own name in it)
     assert os.path.basename(stage).encode() in lines[2:]
     assert os.lstat(tmp_path / "made").st_uid == ids.uid
+
+
+@needs_root
+def test_the_shifted_base_never_enters_a_mount_left_inside_the_base(tmp_path: Path) -> None:
+    """A proc left mounted on a base (a build killed mid-way) once made the copy read
+    /proc/*/pagemap until the disk was full: the copy stays on the base's file system."""
+    import subprocess
+
+    from stayer.environments.build import _shifted_base
+
+    base = tmp_path / "cache" / "rootfs" / "base"
+    (base / "etc").mkdir(parents=True)
+    (base / "etc" / "os-release").write_text("ID=debian\n")
+    (base / "proc").mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "none", str(base / "proc")])
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (base / "proc" / "pagemap").write_text("not to be copied\n")
+        done = _shifted_base(base, IdRange(DEFAULT_START, DEFAULT_START), "img", lambda _: None)
+    finally:
+        subprocess.run(["umount", str(base / "proc")], check=True)
+    assert (done / "etc" / "os-release").read_text() == "ID=debian\n"
+    assert (done / "proc").is_dir() and list((done / "proc").iterdir()) == []

@@ -122,7 +122,10 @@ def _shifted_base(base: Path, ids: IdRange, image: str, log: Callable[[str], Non
         partial = real.parent / f"{done.name}.partial"
         _remove(partial)
         log(f"{image}: giving the base's files to the build namespace's ids {ids.uid}… (once)")
-        subprocess.run(["cp", "-a", "--reflink=auto", f"{real}/.", str(partial)], check=True)
+        # --one-file-system: a mount left inside the base (a proc that a killed build left
+        # behind) is not entered; without it, cp read /proc/*/pagemap until the disk was full.
+        argv = ["cp", "-a", "--reflink=auto", "--one-file-system", f"{real}/.", str(partial)]
+        subprocess.run(argv, check=True)
         try:
             shift_tree(partial, ids)
         except BaseException:
