@@ -173,6 +173,13 @@ def build_base(
                 f"exit {proc.returncode}"
             ]
             raise ConfigError(f"FROM {base.image}: mmdebstrap failed: {tail[0]}")
+        # As root, mmdebstrap mounts proc on the target and only warns when it cannot unmount
+        # it again: a base is never cached with a mount inside it.
+        left = _unmount_under(partial)
+        if left:
+            raise ConfigError(
+                f"FROM {base.image}: mmdebstrap left {left[0]} mounted and it could not be unmounted"
+            )
         # apt's sandbox user must be able to write temporary files, as in any image.
         os.chmod(partial / "tmp", 0o1777)
         partial.rename(done)
@@ -231,6 +238,22 @@ def private_dir(path: Path) -> None:
         os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
+
+
+def _unmount_under(path: Path) -> list[str]:
+    """Unmount whatever is mounted under ``path``, deepest first: what stays mounted."""
+
+    def mounted() -> list[str]:
+        points = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4].encode().decode("unicode_escape")  # \040 for a space
+            if point.startswith(f"{path}/"):
+                points.append(point)
+        return sorted(points, key=len, reverse=True)
+
+    for point in mounted():
+        subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
+    return mounted()
 
 
 def _remove(path: Path) -> None:
