@@ -19,9 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from leftovers import mounts_under
 
-from stayer.environments.base import base_for, build_base
+from stayer.environments.base import base_for, build_base, mounts_under
 from stayer.sandbox.docker import check_docker
 
 # The base of the fixture task and of the escape suite's containers: Python for the probes.

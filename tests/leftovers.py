@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from stayer.environments.base import mounts_under
+
 # What the suite and .ci/run create, and the file that names the process using each.
 _PG = ("stayer-ci-pg.", "stayer-pg-")  # a server's base: data/postmaster.pid while it runs
 _DOCKERD = "stayer-dockerd-"  # a dockerd's home: dockerd.pid while it runs
@@ -50,16 +52,6 @@ def _in_use(top: Path) -> bool:
     else:
         return True  # not ours: never touched
     return pid is not None and _alive(pid)
-
-
-def mounts_under(path: Path) -> list[str]:
-    """Mount points under ``path``, deepest first."""
-    found = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        point = line.split()[1].encode().decode("unicode_escape")
-        if point.startswith(f"{path}/"):
-            found.append(point)
-    return sorted(found, key=len, reverse=True)
 
 
 def sweep(where: Path) -> list[tuple[Path, int]]:

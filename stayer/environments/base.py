@@ -240,20 +240,21 @@ def private_dir(path: Path) -> None:
         os.close(fd)
 
 
+def mounts_under(path: Path) -> list[str]:
+    """The mount points under ``path`` (not ``path`` itself), deepest first."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")  # \040 for a space
+        if point.startswith(f"{path}/"):
+            points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
 def _unmount_under(path: Path) -> list[str]:
     """Unmount whatever is mounted under ``path``, deepest first: what stays mounted."""
-
-    def mounted() -> list[str]:
-        points = []
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            point = line.split()[4].encode().decode("unicode_escape")  # \040 for a space
-            if point.startswith(f"{path}/"):
-                points.append(point)
-        return sorted(points, key=len, reverse=True)
-
-    for point in mounted():
+    for point in mounts_under(path):
         subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
-    return mounted()
+    return mounts_under(path)
 
 
 def _remove(path: Path) -> None:
